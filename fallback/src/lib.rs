@@ -1,0 +1,2 @@
+//! mwcap confirm-protocol engine (being written).
+#![forbid(unsafe_code)]

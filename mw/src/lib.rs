@@ -1,0 +1,2 @@
+//! mwcap memory-window lease engine (being written).
+#![forbid(unsafe_code)]

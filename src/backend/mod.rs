@@ -1,0 +1,78 @@
+//! The backend interface: what mwcap needs from a NIC, and nothing more.
+//!
+//! Two backends implement [`Nic`]: the real verbs layer (`crate::verbs`, behind
+//! the `verbs` feature) and the simulated NIC ([`crate::sim`]). The protocol
+//! drivers, the capability probe and the differential test table are written
+//! once against this trait and run unchanged on either.
+//!
+//! The interface is shaped around mwcap's needs rather than mirroring
+//! libibverbs: one protection domain per [`Nic`] handle is enough for a
+//! connection, memory regions own their memory (so the simulated NIC can be
+//! written without `unsafe`), scatter entries name a region and an offset
+//! instead of a raw address and lkey (so a backend checks bounds before it
+//! posts), and every object is addressed by a small copyable id.
+//!
+//! # Keys
+//! A type-2 window's rkey is `index << 8 | key`. libibverbs never updates
+//! `ibv_mw.rkey` after a type-2 bind, so the caller tracks the current rkey
+//! and passes the *new* rkey in [`SendWr::BindMw`]; [`rkey::rebind`] computes
+//! it from the old one and a fresh random consumer key, wrapping correctly.
+
+pub mod rkey;
+mod types;
+
+pub use types::*;
+
+/// A NIC as mwcap uses it: one protection domain, its memory, windows,
+/// completion queues and RC queue pairs.
+///
+/// All methods take `&self` and are safe to call from several threads; a
+/// backend serialises internally where it must.
+///
+/// Methods that post work (`post_send`, `post_recv`) only enqueue; results
+/// arrive as [`Completion`]s from [`Nic::poll_cq`].
+pub trait Nic: Send + Sync {
+    /// What the device says about itself. Flags are claims, not facts: the
+    /// capability probe ([`crate::probe()`]) tries the operations instead.
+    fn device_info(&self) -> DeviceInfo;
+
+    /// Allocate `len` bytes of memory and register them with `access`.
+    fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError>;
+    /// Deregister a region and free its memory.
+    fn dereg_mr(&self, mr: MrId) -> Result<(), NicError>;
+    /// Copy `data` into a region with the CPU (not a DMA).
+    fn write_mr(&self, mr: MrId, offset: usize, data: &[u8]) -> Result<(), NicError>;
+    /// Copy bytes out of a region with the CPU (not a DMA).
+    fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError>;
+
+    /// Allocate a type-2 memory window. It starts unbound; its rkey's index
+    /// bits are fixed for its life.
+    fn alloc_mw(&self) -> Result<MwInfo, NicError>;
+    /// Free a window. Freeing a bound window invalidates it.
+    fn dealloc_mw(&self, mw: MwId) -> Result<(), NicError>;
+
+    /// Create a completion queue with room for `depth` entries.
+    fn create_cq(&self, depth: u32) -> Result<CqId, NicError>;
+    /// Destroy a completion queue. Its queue pairs must be gone first.
+    fn destroy_cq(&self, cq: CqId) -> Result<(), NicError>;
+
+    /// Create an RC queue pair in RESET, moved to INIT. The returned
+    /// [`QpEndpoint`] is what the peer needs to connect to it.
+    fn create_qp(&self, cfg: QpConfig) -> Result<QpEndpoint, NicError>;
+    /// Move a queue pair through RTR to RTS towards `remote`.
+    fn connect_qp(&self, qp: QpId, remote: &QpEndpoint) -> Result<(), NicError>;
+    /// Force a queue pair to ERR; every outstanding work request is flushed.
+    fn set_qp_error(&self, qp: QpId) -> Result<(), NicError>;
+    /// The queue pair's current state.
+    fn qp_state(&self, qp: QpId) -> Result<QpState, NicError>;
+    /// Destroy a queue pair. After this returns no DMA of it is in flight.
+    fn destroy_qp(&self, qp: QpId) -> Result<(), NicError>;
+
+    /// Post a chain of send-queue work requests with one doorbell. Either all
+    /// are posted or none is (an error names the first bad one).
+    fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError>;
+    /// Post one receive buffer.
+    fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError>;
+    /// Take up to `max` completions off a completion queue.
+    fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError>;
+}

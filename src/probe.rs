@@ -1,0 +1,1 @@
+//! Capability probe (being written).

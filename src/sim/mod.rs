@@ -1,0 +1,1 @@
+//! The simulated NIC (being written; see issue 3).
