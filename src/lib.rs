@@ -29,9 +29,9 @@
 
 pub mod backend;
 pub mod bootstrap;
-// mod probe;
+mod probe;
 pub mod sim;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-
+pub use probe::{probe, ProbeReport, ProbeStep, StepOutcome};

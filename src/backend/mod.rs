@@ -18,6 +18,7 @@
 //! and passes the *new* rkey in [`SendWr::BindMw`]; [`rkey::rebind`] computes
 //! it from the old one and a fresh random consumer key, wrapping correctly.
 
+pub mod loopback;
 pub mod rkey;
 mod types;
 
