@@ -35,3 +35,5 @@ pub mod sim;
 pub mod verbs;
 
 pub use probe::{probe, ProbeReport, ProbeStep, StepOutcome};
+pub mod handle;
+mod sync;

@@ -1,0 +1,173 @@
+//! The rendezvous between the engine driver and the handle a user holds for
+//! one operation (a read in flight, a lease awaiting its return).
+//!
+//! The driver fulfils a [`Slot`] from its thread; the user polls it, takes
+//! the value, or drops the handle. Whatever the interleaving, a value (a
+//! buffer, a result that owns a buffer) ends in exactly one place: with the
+//! user, or — when the user had given up — back with the driver through
+//! [`Slot::fulfil`]'s `Err`, or through the [`Recycle`] queue when it arrived
+//! just before the user gave up. The loom models in `tests/loom_handle.rs`
+//! check this.
+
+use std::task::{Context, Poll, Waker};
+
+use crate::sync::{Arc, Mutex};
+
+enum State<T> {
+    Waiting(Option<Waker>),
+    Ready(T),
+    Taken,
+    Abandoned,
+}
+
+/// A one-shot slot shared between the driver and one user handle.
+pub struct Slot<T> {
+    state: Mutex<State<T>>,
+}
+
+impl<T> Slot<T> {
+    /// A new, empty slot.
+    pub fn new() -> Arc<Slot<T>> {
+        Arc::new(Slot { state: Mutex::new(State::Waiting(None)) })
+    }
+
+    /// Driver side: deliver `value`. Returns it back when the user has
+    /// already given up, so the driver can recycle it.
+    pub fn fulfil(&self, value: T) -> Result<(), T> {
+        let waker = {
+            let mut st = self.state.lock();
+            match std::mem::replace(&mut *st, State::Taken) {
+                State::Waiting(w) => {
+                    *st = State::Ready(value);
+                    w
+                }
+                State::Abandoned => {
+                    *st = State::Abandoned;
+                    return Err(value);
+                }
+                // Fulfilled twice: a driver bug. Keep the first value, hand
+                // the second back rather than lose or double-deliver it.
+                other => {
+                    *st = other;
+                    return Err(value);
+                }
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Driver side: whether the user gave up (the operation may be cancelled).
+    pub fn is_abandoned(&self) -> bool {
+        matches!(*self.state.lock(), State::Abandoned)
+    }
+
+    /// User side: take the value if it has arrived, else register `cx`'s waker.
+    pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<T> {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut *st, State::Taken) {
+            State::Ready(v) => Poll::Ready(v),
+            State::Waiting(_) => {
+                *st = State::Waiting(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+            other => {
+                *st = other;
+                Poll::Pending
+            }
+        }
+    }
+
+    /// User side: take the value if it has arrived, without waiting.
+    pub fn try_take(&self) -> Option<T> {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut *st, State::Taken) {
+            State::Ready(v) => Some(v),
+            other => {
+                *st = other;
+                None
+            }
+        }
+    }
+
+    /// User side: give up. Returns a value that had already arrived (the
+    /// caller must recycle it); afterwards [`Slot::fulfil`] hands values back.
+    pub fn abandon(&self) -> Option<T> {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut *st, State::Abandoned) {
+            State::Ready(v) => Some(v),
+            State::Taken => {
+                *st = State::Taken;
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Where values go back to the driver when their user gave up after they
+/// arrived. The driver drains it on every turn.
+pub struct Recycle<T> {
+    queue: Mutex<Vec<T>>,
+}
+
+impl<T> Recycle<T> {
+    /// An empty queue.
+    pub fn new() -> Arc<Recycle<T>> {
+        Arc::new(Recycle { queue: Mutex::new(Vec::new()) })
+    }
+    /// Hand a value back.
+    pub fn put(&self, value: T) {
+        self.queue.lock().push(value);
+    }
+    /// Take everything handed back so far.
+    pub fn drain(&self) -> Vec<T> {
+        std::mem::take(&mut *self.queue.lock())
+    }
+}
+
+/// A user's handle on a [`Slot`]: a future of the value that, when dropped
+/// before taking it, gives up and recycles anything that arrived.
+pub struct Handle<T> {
+    slot: Arc<Slot<T>>,
+    recycle: Arc<Recycle<T>>,
+    done: bool,
+}
+
+impl<T> Handle<T> {
+    /// A handle on `slot` recycling into `recycle`.
+    pub fn new(slot: Arc<Slot<T>>, recycle: Arc<Recycle<T>>) -> Handle<T> {
+        Handle { slot, recycle, done: false }
+    }
+    /// Take the value if it has arrived.
+    pub fn try_take(&mut self) -> Option<T> {
+        let v = self.slot.try_take();
+        self.done |= v.is_some();
+        v
+    }
+}
+
+impl<T> std::future::Future for Handle<T> {
+    type Output = T;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let p = self.slot.poll_take(cx);
+        if p.is_ready() {
+            self.done = true;
+        }
+        p
+    }
+}
+
+impl<T> Unpin for Handle<T> {}
+
+impl<T> Drop for Handle<T> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(v) = self.slot.abandon() {
+                self.recycle.put(v);
+            }
+        }
+    }
+}

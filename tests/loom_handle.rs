@@ -1,0 +1,87 @@
+//! loom models of the driver/handle rendezvous (`mwcap::handle`): whatever
+//! the interleaving of the driver fulfilling a slot and the user taking or
+//! dropping its handle, the value (standing for a buffer) ends in exactly one
+//! place.
+//!
+//! Run: `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test --release --test loom_handle`
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use mwcap::handle::{Handle, Recycle, Slot};
+
+/// A value whose drop is counted, so a lost or duplicated buffer shows up.
+struct Buf(Arc<AtomicUsize>);
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn fulfil_races_with_drop_of_the_handle() {
+    loom::model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let slot = Slot::new();
+        let recycle = Recycle::new();
+        let handle = Handle::new(slot.clone(), recycle.clone());
+        let d = drops.clone();
+        let driver = thread::spawn(move || {
+            // The driver gets the value back iff the user had given up.
+            match slot.fulfil(Buf(d)) {
+                Ok(()) => 0,
+                Err(b) => {
+                    drop(b);
+                    1
+                }
+            }
+        });
+        drop(handle);
+        let returned_to_driver = driver.join().unwrap();
+        let recycled = recycle.drain();
+        // Exactly one of: the driver got it back, or it went to the recycle queue.
+        assert_eq!(returned_to_driver + recycled.len(), 1);
+        drop(recycled);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn fulfil_races_with_take() {
+    loom::model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let slot = Slot::new();
+        let recycle = Recycle::new();
+        let mut handle = Handle::new(slot.clone(), recycle.clone());
+        let d = drops.clone();
+        let driver = thread::spawn(move || slot.fulfil(Buf(d)).is_ok());
+        let taken = handle.try_take();
+        let delivered = driver.join().unwrap();
+        assert!(delivered, "the user never gave up, so the driver must deliver");
+        let got = taken.or_else(|| handle.try_take());
+        assert!(got.is_some(), "a delivered value must be takeable");
+        drop(handle);
+        assert!(recycle.drain().is_empty(), "a taken value is never also recycled");
+        drop(got);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn abandon_is_visible_to_the_driver_or_the_value_is_recycled() {
+    loom::model(|| {
+        let slot: Arc<Slot<u32>> = Slot::new();
+        let recycle = Recycle::new();
+        let handle = Handle::new(slot.clone(), recycle.clone());
+        let s2 = slot.clone();
+        let user = thread::spawn(move || drop(handle));
+        let saw_abandon = s2.is_abandoned();
+        let r = if saw_abandon { s2.fulfil(7) } else { Ok(()) };
+        user.join().unwrap();
+        if saw_abandon {
+            assert_eq!(r, Err(7), "after an abandon the driver keeps its value");
+        }
+        assert!(slot.is_abandoned());
+    });
+}
