@@ -1,0 +1,2 @@
+//! Connections: the driver that runs the protocol engines over a [`Nic`](crate::backend::Nic).
+pub mod frame;
