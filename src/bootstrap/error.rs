@@ -1,0 +1,186 @@
+//! What can go wrong while connecting two queue pairs over TCP.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::caps::PolicySet;
+use super::wire::DecodeError;
+
+/// The step of the exchange an error happened in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Opening the TCP connection (client) or accepting it (server).
+    Connect,
+    /// Sending our hello and reading the peer's.
+    Hello,
+    /// Sending our ready byte and reading the peer's.
+    Ready,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Connect => "connect",
+            Phase::Hello => "hello",
+            Phase::Ready => "ready",
+        })
+    }
+}
+
+/// Which end of the connection something is wrong with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// This process.
+    Local,
+    /// The remote peer.
+    Peer,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Local => "this side's",
+            Side::Peer => "the peer's",
+        })
+    }
+}
+
+/// Why the bootstrap exchange failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// No TCP connection could be opened to the peer.
+    #[error(
+        "cannot reach the mwcap peer at {addr}: {source}; is the server running? check the address and port"
+    )]
+    Unreachable {
+        /// The address tried.
+        addr: SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer did not answer in time.
+    #[error(
+        "timed out after {after:?} in the {phase} phase; the peer may be stuck, \
+         or it may not be an mwcap peer: check the address and port"
+    )]
+    TimedOut {
+        /// Where it stopped.
+        phase: Phase,
+        /// The time allowed.
+        after: Duration,
+    },
+    /// The peer runs another version of the protocol.
+    #[error(
+        "mwcap protocol version mismatch: this side speaks {ours}, the peer {theirs}; \
+         upgrade the older side so both run the same mwcap"
+    )]
+    VersionMismatch {
+        /// Our version.
+        ours: u16,
+        /// The peer's version.
+        theirs: u16,
+    },
+    /// Whatever answered is not mwcap.
+    #[error("{peer} is not an mwcap peer (it sent {prefix:02x?} where \"MWCP\" belongs); check the address and port")]
+    NotMwcapPeer {
+        /// Who answered.
+        peer: SocketAddr,
+        /// The bytes it sent where the magic belongs.
+        prefix: Vec<u8>,
+    },
+    /// The peer's message is damaged or does not follow the protocol.
+    #[error("malformed message from {peer}: {source}")]
+    Malformed {
+        /// Who sent it.
+        peer: SocketAddr,
+        /// What is wrong with it.
+        #[source]
+        source: DecodeError,
+    },
+    /// The peer closed the connection before the exchange finished.
+    #[error("{peer} closed the connection in the {phase} phase; see the peer's log for why")]
+    PeerClosed {
+        /// Who closed.
+        peer: SocketAddr,
+        /// Where it happened.
+        phase: Phase,
+    },
+    /// A device or GID cannot carry the connection (an all-zero GID, an invalid path MTU).
+    #[error("{side} device or GID is unusable: {source}")]
+    Unusable {
+        /// Whose device.
+        side: Side,
+        /// What is wrong.
+        #[source]
+        source: DecodeError,
+    },
+    /// The caller's own hello is invalid (a QPN, PSN or limit out of range).
+    #[error("invalid local hello: {0}; this is a bug in the caller")]
+    InvalidHello(#[source] DecodeError),
+    /// No direction has a policy both sides support.
+    #[error(
+        "no policy in common: this side serves {local_serve:?} and reads {local_read:?}, \
+         the peer serves {peer_serve:?} and reads {peer_read:?}; enable confirm on both sides \
+         (it works on every NIC)"
+    )]
+    NoCommonPolicy {
+        /// Policies this side can serve.
+        local_serve: PolicySet,
+        /// Policies this side can read under.
+        local_read: PolicySet,
+        /// Policies the peer can serve.
+        peer_serve: PolicySet,
+        /// Policies the peer can read under.
+        peer_read: PolicySet,
+    },
+    /// Another socket error.
+    #[error("tcp error in the {phase} phase: {source}")]
+    Io {
+        /// Where it happened.
+        phase: Phase,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl BootstrapError {
+    /// The error for a peer's hello or ready byte that failed to decode.
+    pub(super) fn from_peer(peer: SocketAddr, e: DecodeError) -> BootstrapError {
+        match e {
+            DecodeError::NotMwcap { prefix } => BootstrapError::NotMwcapPeer { peer, prefix },
+            DecodeError::VersionMismatch { ours, theirs } => BootstrapError::VersionMismatch { ours, theirs },
+            DecodeError::ZeroGid | DecodeError::InvalidMtu(_) => {
+                BootstrapError::Unusable { side: Side::Peer, source: e }
+            }
+            e => BootstrapError::Malformed { peer, source: e },
+        }
+    }
+
+    /// The error for our own hello failing validation.
+    pub(super) fn from_local(e: DecodeError) -> BootstrapError {
+        match e {
+            DecodeError::ZeroGid | DecodeError::InvalidMtu(_) => {
+                BootstrapError::Unusable { side: Side::Local, source: e }
+            }
+            e => BootstrapError::InvalidHello(e),
+        }
+    }
+
+    /// The error for a failed socket read or write.
+    pub(super) fn from_io(peer: SocketAddr, phase: Phase, after: Duration, e: io::Error) -> BootstrapError {
+        use io::ErrorKind::*;
+        match e.kind() {
+            WouldBlock | TimedOut => BootstrapError::TimedOut { phase, after },
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
+                BootstrapError::PeerClosed { peer, phase }
+            }
+            _ => BootstrapError::Io { phase, source: e },
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The outcome of the hello phase, shared by the blocking and async exchanges.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::backend::QpEndpoint;
+
+use super::error::{BootstrapError, Phase};
+use super::negotiate::{negotiate, Negotiated};
+use super::wire::{DecodeError, Hello, READY_BYTE};
+
+/// Both hellos are exchanged and valid; the ready phase remains.
+///
+/// Next: connect the local queue pair to
+/// [`remote_endpoint`](Handshake::remote_endpoint) (through RTR to RTS), then
+/// call `ready`, which returns once the peer's queue pair is in RTS too.
+/// Only then may either side post a SEND. `S` is the stream: a
+/// `std::net::TcpStream` from [`exchange_client`](super::exchange_client)
+/// and friends, an `Async<TcpStream>` from the `_async` functions.
+#[derive(Debug)]
+#[must_use = "the exchange is not finished: connect the queue pair, then call ready"]
+pub struct Handshake<S> {
+    pub(super) stream: S,
+    pub(super) peer_addr: SocketAddr,
+    pub(super) local: Hello,
+    pub(super) peer: Hello,
+    pub(super) negotiated: Negotiated,
+}
+
+impl<S> Handshake<S> {
+    /// The hello this side sent.
+    pub fn local(&self) -> &Hello {
+        &self.local
+    }
+    /// The hello the peer sent (its endpoint's `id` is [`PEER_QP_ID`](super::PEER_QP_ID)).
+    pub fn peer(&self) -> &Hello {
+        &self.peer
+    }
+    /// What both sides agreed on.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+    /// The peer's TCP address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+    /// The endpoint to hand to [`Nic::connect_qp`](crate::backend::Nic::connect_qp):
+    /// the peer's queue pair with the negotiated MTU.
+    pub fn remote_endpoint(&self) -> QpEndpoint {
+        QpEndpoint { mtu: self.negotiated.mtu, ..self.peer.endpoint }
+    }
+}
+
+/// Validate the peer's decoded hello against ours and build the handshake.
+pub(super) fn conclude<S>(
+    stream: S,
+    peer_addr: SocketAddr,
+    local: &Hello,
+    peer: Hello,
+) -> Result<Handshake<S>, BootstrapError> {
+    let negotiated = negotiate(local, &peer)?;
+    tracing::debug!(
+        %peer_addr,
+        local_conn = format_args!("{:016x}", local.conn_id),
+        peer_conn = format_args!("{:016x}", peer.conn_id),
+        peer_qpn = peer.endpoint.qpn,
+        ?negotiated,
+        "bootstrap hello exchanged"
+    );
+    Ok(Handshake { stream, peer_addr, local: *local, peer, negotiated })
+}
+
+/// Check the peer's ready byte.
+pub(super) fn check_ready(peer_addr: SocketAddr, byte: u8) -> Result<(), BootstrapError> {
+    if byte == READY_BYTE {
+        Ok(())
+    } else {
+        Err(BootstrapError::from_peer(peer_addr, DecodeError::BadReady(byte)))
+    }
+}
+
+/// A time limit for one phase.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deadline {
+    at: Instant,
+    allowed: Duration,
+    phase: Phase,
+}
+
+impl Deadline {
+    pub(super) fn after(allowed: Duration, phase: Phase) -> Deadline {
+        Deadline { at: Instant::now() + allowed, allowed, phase }
+    }
+    /// The same deadline, for the next phase (the time left carries over).
+    pub(super) fn with_phase(self, phase: Phase) -> Deadline {
+        Deadline { phase, ..self }
+    }
+    pub(super) fn at(&self) -> Instant {
+        self.at
+    }
+    pub(super) fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// The time left, or the timeout error once none is.
+    pub(super) fn remaining(&self) -> Result<Duration, BootstrapError> {
+        match self.at.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Ok(left),
+            _ => Err(self.expired()),
+        }
+    }
+    pub(super) fn expired(&self) -> BootstrapError {
+        BootstrapError::TimedOut { phase: self.phase, after: self.allowed }
+    }
+    pub(super) fn io_error(&self, peer: SocketAddr, e: std::io::Error) -> BootstrapError {
+        BootstrapError::from_io(peer, self.phase, self.allowed, e)
+    }
+}
