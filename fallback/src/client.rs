@@ -1,0 +1,304 @@
+//! The client engine: reader in direction 1 (fetches reply data), owner in
+//! direction 2 (exposes request data).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
+use crate::output::{Action, Config, Event, ReadError, ReadRequest, Release, UsageError};
+use crate::owner::Owner;
+use crate::read::{Exposure, Reads};
+use crate::wire::Message;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Phase {
+    /// `Fetch` sent, waiting for the server's offer.
+    AwaitOffer,
+    /// READ posted, waiting for its completion.
+    Reading(Exposure),
+    /// READ completed, `Confirm` sent, waiting for the verdict.
+    Confirming(Exposure),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Fetch {
+    attempt: u32,
+    max_len: u32,
+    deadline: Duration,
+    phase: Phase,
+}
+
+/// The client side of one connection.
+///
+/// Direction 1 ([`Client::fetch`]): asks the server for reply data, READs the
+/// offered buffer, confirms, and reports [`Event::ReadVerified`] only on an
+/// `Intact` verdict; a stale read is discarded and fetched again, at most
+/// [`Config::max_attempts`] times.
+///
+/// Direction 2 ([`Client::send_request`]): exposes a request buffer for the
+/// server to READ and answers the server's confirm `Intact` only while the
+/// request is alive: exposed, not cancelled, not timed out.
+///
+/// Call order: see the crate doc.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    config: Config,
+    owner: Owner,
+    /// The last message id handed out (0: none yet).
+    last_msg: u64,
+    fetches: BTreeMap<MsgId, Fetch>,
+    reads: Reads,
+    actions: VecDeque<Action>,
+    events: VecDeque<Event>,
+    lost: bool,
+    violations: u64,
+}
+
+impl Client {
+    /// A client for a new connection.
+    pub fn new(config: Config) -> Client {
+        Client {
+            config,
+            owner: Owner::default(),
+            last_msg: 0,
+            fetches: BTreeMap::new(),
+            reads: Reads::default(),
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            lost: false,
+            violations: 0,
+        }
+    }
+
+    /// Registers a buffer that requests may expose (direction 2): a range of a
+    /// region registered with remote read in this connection's protection domain.
+    pub fn add_buffer(&mut self, region: Region) -> BufferId {
+        self.owner.add(region)
+    }
+
+    fn next_msg(&mut self) -> Result<MsgId, UsageError> {
+        if self.lost {
+            return Err(UsageError::ConnectionLost);
+        }
+        let next = self.last_msg.checked_add(1).ok_or(UsageError::MsgIdsExhausted)?;
+        Ok(MsgId::from_raw(next))
+    }
+
+    /// Direction 1: asks the server for the reply data of a new request, at
+    /// most `max_len` bytes (and at most [`Config::max_read_len`]). Ends with
+    /// exactly one [`Event::ReadVerified`] or [`Event::ReadFailed`] for the
+    /// returned id.
+    pub fn fetch(&mut self, now: Duration, max_len: u32) -> Result<MsgId, UsageError> {
+        let msg = self.next_msg()?;
+        self.last_msg = msg.raw();
+        let fetch = Fetch {
+            attempt: 1,
+            max_len: max_len.min(self.config.max_read_len),
+            deadline: now.saturating_add(self.config.request_timeout),
+            phase: Phase::AwaitOffer,
+        };
+        self.fetches.insert(msg, fetch);
+        self.actions.push_back(Action::Send(Message::Fetch { msg, attempt: 1 }));
+        Ok(msg)
+    }
+
+    /// Direction 2: exposes `buffer[..len]` as the data of a new request. The
+    /// buffer comes back with exactly one [`Event::BufferFree`] for the
+    /// returned id: `Confirmed` once the server has the data, or why not.
+    pub fn send_request(&mut self, now: Duration, buffer: BufferId, len: u32) -> Result<MsgId, UsageError> {
+        let msg = self.next_msg()?;
+        let deadline = now.saturating_add(self.config.request_timeout);
+        let (generation, region) = self.owner.hold(buffer, len, msg, deadline)?;
+        self.last_msg = msg.raw();
+        self.actions.push_back(Action::Send(Message::Expose { msg, buffer, generation, region }));
+        Ok(msg)
+    }
+
+    /// Cancels a fetch (reported as [`ReadError::Cancelled`]) or an exposed
+    /// request (its buffer returns with [`Release::Cancelled`]; from now on
+    /// the server's confirm gets `Reused`). Returns whether `msg` was live.
+    pub fn cancel(&mut self, now: Duration, msg: MsgId) -> bool {
+        let _ = now;
+        if self.fetches.contains_key(&msg) {
+            self.end_fetch(msg, ReadError::Cancelled);
+            return true;
+        }
+        self.owner.release_msg(msg, Release::Cancelled, &mut self.events)
+    }
+
+    /// A message from the server.
+    pub fn handle_message(&mut self, now: Duration, message: Message) {
+        let _ = now;
+        if self.lost {
+            return;
+        }
+        match message {
+            Message::Offer { msg, buffer, generation, region } => {
+                self.on_offer(msg, buffer, generation, region)
+            }
+            Message::ConfirmReply { msg, buffer, generation, verdict } => {
+                let Some(fetch) = self.fetches.get_mut(&msg) else {
+                    self.violations += 1;
+                    return;
+                };
+                let Phase::Confirming(e) = fetch.phase else {
+                    self.violations += 1;
+                    return;
+                };
+                if (e.buffer, e.generation) != (buffer, generation) {
+                    self.violations += 1;
+                    return;
+                }
+                if verdict.is_intact() {
+                    self.fetches.remove(&msg);
+                    self.events.push_back(Event::ReadVerified { msg, token: e.token, len: e.len });
+                } else if fetch.attempt < self.config.max_attempts {
+                    // Stale: throw the bytes away and ask for a fresh offer.
+                    fetch.attempt += 1;
+                    fetch.phase = Phase::AwaitOffer;
+                    let attempt = fetch.attempt;
+                    self.events.push_back(Event::ReadDiscarded { token: e.token });
+                    self.actions.push_back(Action::Send(Message::Fetch { msg, attempt }));
+                } else {
+                    let attempts = fetch.attempt;
+                    self.end_fetch(msg, ReadError::StaleRetriesExhausted { attempts });
+                }
+            }
+            Message::Confirm { msg, buffer, generation } => {
+                let verdict = self.owner.answer(msg, buffer, generation, &mut self.events);
+                self.actions.push_back(Action::Send(Message::ConfirmReply {
+                    msg,
+                    buffer,
+                    generation,
+                    verdict,
+                }));
+            }
+            Message::Refuse { msg } => {
+                if self.fetches.contains_key(&msg) {
+                    self.end_fetch(msg, ReadError::Refused);
+                } else if !self.owner.release_msg(msg, Release::Refused, &mut self.events) {
+                    self.violations += 1;
+                }
+            }
+            Message::Fetch { .. } | Message::Expose { .. } => self.violations += 1,
+        }
+    }
+
+    fn on_offer(&mut self, msg: MsgId, buffer: BufferId, generation: Generation, region: Region) {
+        let Some(fetch) = self.fetches.get_mut(&msg) else {
+            self.violations += 1;
+            return;
+        };
+        if fetch.phase != Phase::AwaitOffer {
+            self.violations += 1;
+            return;
+        }
+        if region.len() > fetch.max_len {
+            let limit = fetch.max_len;
+            self.end_fetch(msg, ReadError::TooLong { offered: region.len(), limit });
+            return;
+        }
+        let token = self.reads.token();
+        fetch.phase = Phase::Reading(Exposure { token, buffer, generation, len: region.len() });
+        self.actions.push_back(Action::Read(ReadRequest::new(token, region)));
+    }
+
+    /// The completion of the READ `token` (`success`: status was success).
+    /// Also call it for flushed READs after a connection loss.
+    pub fn handle_read_completion(&mut self, now: Duration, token: ReadToken, success: bool) {
+        let _ = now;
+        if self.reads.complete_orphan(token, &mut self.events) {
+            return;
+        }
+        let found =
+            self.fetches.iter_mut().find(|(_, f)| matches!(f.phase, Phase::Reading(e) if e.token == token));
+        let Some((&msg, fetch)) = found else { return };
+        let Phase::Reading(e) = fetch.phase else { return };
+        // Completed either way: the NIC is done with the destination.
+        fetch.phase = Phase::Confirming(e);
+        if success {
+            let Exposure { buffer, generation, .. } = e;
+            self.actions.push_back(Action::Send(Message::Confirm { msg, buffer, generation }));
+        } else {
+            self.end_fetch(msg, ReadError::ReadFailed);
+        }
+    }
+
+    /// Fires every deadline at or before `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        let due: Vec<MsgId> =
+            self.fetches.iter().filter(|(_, f)| f.deadline <= now).map(|(&m, _)| m).collect();
+        for msg in due {
+            self.end_fetch(msg, ReadError::TimedOut);
+        }
+        self.owner.expire(now, &mut self.events);
+    }
+
+    /// The queue pair went to error (or was destroyed): every request fails,
+    /// every exposed buffer returns. READs still in flight return their
+    /// destinations when their flush completions are handed in.
+    pub fn handle_connection_lost(&mut self, now: Duration) {
+        let _ = now;
+        self.lost = true;
+        let all: Vec<MsgId> = self.fetches.keys().copied().collect();
+        for msg in all {
+            self.end_fetch(msg, ReadError::ConnectionLost);
+        }
+        self.owner.release_all(Release::ConnectionLost, &mut self.events);
+    }
+
+    fn end_fetch(&mut self, msg: MsgId, error: ReadError) {
+        let Some(fetch) = self.fetches.remove(&msg) else { return };
+        match fetch.phase {
+            Phase::AwaitOffer => {}
+            Phase::Reading(e) => self.reads.abandon(e.token, false, &mut self.events),
+            Phase::Confirming(e) => self.reads.abandon(e.token, true, &mut self.events),
+        }
+        self.events.push_back(Event::ReadFailed { msg, error });
+    }
+
+    /// The next work request to post or message to send.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Client::handle_timeout`] next, if ever.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let fetches = self.fetches.values().map(|f| f.deadline).min();
+        match (fetches, self.owner.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The generation `buffer` will be (or is) exposed at; `None` if unknown or retired.
+    pub fn buffer_generation(&self, buffer: BufferId) -> Option<Generation> {
+        self.owner.generation(buffer)
+    }
+
+    /// Whether `buffer` is the user's (not exposed, not retired).
+    pub fn is_buffer_free(&self, buffer: BufferId) -> bool {
+        self.owner.is_free(buffer)
+    }
+
+    /// Nothing outstanding: no fetch, no READ in flight, no exposed buffer.
+    pub fn is_idle(&self) -> bool {
+        self.fetches.is_empty() && self.reads.orphans() == 0 && self.owner.held() == 0
+    }
+
+    /// Whether [`Client::handle_connection_lost`] was called.
+    pub fn is_connection_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// How many server messages did not fit the protocol and were ignored. A
+    /// driver may close a connection whose peer misbehaves.
+    pub fn peer_violations(&self) -> u64 {
+        self.violations
+    }
+}

@@ -1,0 +1,111 @@
+//! Small opaque identifiers that cross the engine boundary.
+
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$m:meta])* $name:ident($inner:ty)) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name($inner);
+
+        impl $name {
+            /// Wraps a raw value (from the wire, a work request id, or a test).
+            pub const fn from_raw(raw: $inner) -> $name {
+                $name(raw)
+            }
+            /// The raw value, for the wire, a work request id, or logs.
+            pub const fn raw(self) -> $inner {
+                self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({})"), self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A message id: names one logical request on one connection.
+    ///
+    /// The client allocates them, starting at 1, strictly increasing, never
+    /// reused for another request (see the crate doc, "Message ids").
+    MsgId(u64)
+);
+id_type!(
+    /// An owner-side buffer, as handed out by `add_buffer`. Meaningful only to
+    /// the engine that created it and on the wire to its peer.
+    BufferId(u32)
+);
+id_type!(
+    /// A buffer's generation: bumped every time the owner takes the buffer
+    /// back (confirmed, expired, cancelled, refused, connection lost), so each
+    /// exposure of a buffer has a generation no other exposure ever had.
+    Generation(u64)
+);
+id_type!(
+    /// Names one RDMA READ posted by a reader engine. Post it as the work
+    /// request's `wr_id` (or map it to one) and hand it back with the completion.
+    ReadToken(u64)
+);
+
+impl Generation {
+    /// The generation after this one, or `None` after 2^64 - 1 reuses.
+    pub(crate) fn next(self) -> Option<Generation> {
+        self.0.checked_add(1).map(Generation)
+    }
+}
+
+/// A range of a registered memory region as a remote peer names it: virtual
+/// address, length and the region's own rkey.
+///
+/// The rkey is region-wide: whoever holds it (any QP of the same protection
+/// domain) can READ the *whole* region for as long as it stays registered, not
+/// just this range. See the crate doc, "Security cost".
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Region {
+    addr: u64,
+    len: u32,
+    rkey: u32,
+}
+
+impl Region {
+    /// A region of `len` bytes at remote address `addr`, readable with `rkey`.
+    pub const fn new(addr: u64, len: u32, rkey: u32) -> Region {
+        Region { addr, len, rkey }
+    }
+    /// The virtual address.
+    pub const fn addr(self) -> u64 {
+        self.addr
+    }
+    /// The length in bytes.
+    pub const fn len(self) -> u32 {
+        self.len
+    }
+    /// Whether the region is empty.
+    pub const fn is_empty(self) -> bool {
+        self.len == 0
+    }
+    /// The remote key.
+    pub const fn rkey(self) -> u32 {
+        self.rkey
+    }
+    /// The first `len` bytes of this region (`len` must not exceed [`Region::len`]).
+    pub(crate) const fn prefix(self, len: u32) -> Region {
+        Region { addr: self.addr, len, rkey: self.rkey }
+    }
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Region({:#x}+{}, rkey {:#x})", self.addr, self.len, self.rkey)
+    }
+}

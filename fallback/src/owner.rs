@@ -1,0 +1,218 @@
+//! The owner's half, shared by both directions: buffers, their generations,
+//! holds, and the answer to a confirm.
+
+use std::time::Duration;
+
+use crate::ids::{BufferId, Generation, MsgId, Region};
+use crate::output::{Event, Release, UsageError};
+use crate::wire::Verdict;
+
+/// One exposure: `buffer` at its current generation is held for `msg`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Hold {
+    msg: MsgId,
+    deadline: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Slot {
+    region: Region,
+    /// The generation of the current (or next) exposure. `None`: retired.
+    generation: Option<Generation>,
+    hold: Option<Hold>,
+}
+
+/// The buffers one side exposes on one connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Owner {
+    slots: Vec<Slot>,
+}
+
+impl Owner {
+    pub(crate) fn add(&mut self, region: Region) -> BufferId {
+        let id = BufferId::from_raw(u32::try_from(self.slots.len()).unwrap_or(u32::MAX));
+        if self.slots.len() < u32::MAX as usize {
+            self.slots.push(Slot { region, generation: Some(Generation::from_raw(0)), hold: None });
+        }
+        id
+    }
+
+    fn slot(&self, buffer: BufferId) -> Option<&Slot> {
+        self.slots.get(buffer.raw() as usize)
+    }
+
+    pub(crate) fn generation(&self, buffer: BufferId) -> Option<Generation> {
+        self.slot(buffer).and_then(|s| s.generation)
+    }
+
+    pub(crate) fn is_free(&self, buffer: BufferId) -> bool {
+        self.slot(buffer).is_some_and(|s| s.hold.is_none() && s.generation.is_some())
+    }
+
+    pub(crate) fn held(&self) -> usize {
+        self.slots.iter().filter(|s| s.hold.is_some()).count()
+    }
+
+    /// Exposes `buffer[..len]` for `msg` until `deadline`: the generation and
+    /// region to put in the offer.
+    pub(crate) fn hold(
+        &mut self,
+        buffer: BufferId,
+        len: u32,
+        msg: MsgId,
+        deadline: Duration,
+    ) -> Result<(Generation, Region), UsageError> {
+        let slot = self.slots.get_mut(buffer.raw() as usize).ok_or(UsageError::UnknownBuffer(buffer))?;
+        let generation = slot.generation.ok_or(UsageError::BufferRetired(buffer))?;
+        if slot.hold.is_some() {
+            return Err(UsageError::BufferBusy(buffer));
+        }
+        if len > slot.region.len() {
+            return Err(UsageError::TooLong { len, capacity: slot.region.len() });
+        }
+        slot.hold = Some(Hold { msg, deadline });
+        Ok((generation, slot.region.prefix(len)))
+    }
+
+    /// The answer to a confirm of (`msg`, `buffer`, `generation`). `Intact`
+    /// releases the hold (the reader has the data), so the same confirm asked
+    /// again gets `Reused`: `Intact` is said at most once per exposure.
+    pub(crate) fn answer(
+        &mut self,
+        msg: MsgId,
+        buffer: BufferId,
+        generation: Generation,
+        events: &mut impl Extend<Event>,
+    ) -> Verdict {
+        let Some(slot) = self.slots.get_mut(buffer.raw() as usize) else {
+            return Verdict::Unknown;
+        };
+        let Some(current) = slot.generation else {
+            // Retired after its last exposure: every generation it had is past.
+            return Verdict::Reused;
+        };
+        if generation < current {
+            return Verdict::Reused;
+        }
+        if generation > current {
+            return Verdict::Unknown;
+        }
+        match slot.hold {
+            Some(hold) if hold.msg == msg => {
+                release(slot, buffer, Release::Confirmed, events);
+                Verdict::Intact
+            }
+            // The current generation was never exposed for `msg`.
+            _ => Verdict::Unknown,
+        }
+    }
+
+    /// Releases the hold for `msg`, if any.
+    pub(crate) fn release_msg(
+        &mut self,
+        msg: MsgId,
+        reason: Release,
+        events: &mut impl Extend<Event>,
+    ) -> bool {
+        let mut found = false;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.hold.is_some_and(|h| h.msg == msg) {
+                release(slot, BufferId::from_raw(i as u32), reason, events);
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// Releases every hold whose deadline is at or before `now`.
+    pub(crate) fn expire(&mut self, now: Duration, events: &mut impl Extend<Event>) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.hold.is_some_and(|h| h.deadline <= now) {
+                release(slot, BufferId::from_raw(i as u32), Release::Expired, events);
+            }
+        }
+    }
+
+    pub(crate) fn release_all(&mut self, reason: Release, events: &mut impl Extend<Event>) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.hold.is_some() {
+                release(slot, BufferId::from_raw(i as u32), reason, events);
+            }
+        }
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Duration> {
+        self.slots.iter().filter_map(|s| s.hold.map(|h| h.deadline)).min()
+    }
+}
+
+/// Ends the current exposure: the generation moves on, so nothing said about
+/// the old one can ever match again, and the buffer is the user's.
+fn release(slot: &mut Slot, buffer: BufferId, reason: Release, events: &mut impl Extend<Event>) {
+    if let Some(hold) = slot.hold.take() {
+        slot.generation = slot.generation.and_then(Generation::next);
+        events.extend([Event::BufferFree { buffer, msg: hold.msg, reason }]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn verdicts_follow_the_generation_rules() {
+        let mut o = Owner::default();
+        let mut ev = Vec::new();
+        let b = o.add(Region::new(0x1000, 64, 7));
+        let (m1, m2) = (MsgId::from_raw(1), MsgId::from_raw(2));
+        let (g0, r) = o.hold(b, 16, m1, secs(5)).unwrap();
+        assert_eq!((g0.raw(), r.len(), r.addr()), (0, 16, 0x1000));
+        assert_eq!(o.hold(b, 16, m2, secs(5)), Err(UsageError::BufferBusy(b)));
+        // Wrong message, future generation, unknown buffer: never intact.
+        assert_eq!(o.answer(m2, b, g0, &mut ev), Verdict::Unknown);
+        assert_eq!(o.answer(m1, b, Generation::from_raw(1), &mut ev), Verdict::Unknown);
+        assert_eq!(o.answer(m1, BufferId::from_raw(9), g0, &mut ev), Verdict::Unknown);
+        assert!(ev.is_empty());
+        assert_eq!(o.answer(m1, b, g0, &mut ev), Verdict::Intact);
+        assert_eq!(ev, vec![Event::BufferFree { buffer: b, msg: m1, reason: Release::Confirmed }]);
+        // A replay of an answered confirm: the exposure is over.
+        assert_eq!(o.answer(m1, b, g0, &mut ev), Verdict::Reused);
+        assert_eq!(o.generation(b), Some(Generation::from_raw(1)));
+        assert!(o.is_free(b));
+    }
+
+    #[test]
+    fn expiry_bumps_the_generation_and_frees() {
+        let mut o = Owner::default();
+        let mut ev = Vec::new();
+        let b = o.add(Region::new(0, 8, 1));
+        let m = MsgId::from_raw(1);
+        let (g, _) = o.hold(b, 8, m, secs(5)).unwrap();
+        assert_eq!(o.next_deadline(), Some(secs(5)));
+        o.expire(secs(4), &mut ev);
+        assert!(ev.is_empty());
+        o.expire(secs(5), &mut ev);
+        assert_eq!(ev, vec![Event::BufferFree { buffer: b, msg: m, reason: Release::Expired }]);
+        assert_eq!(o.answer(m, b, g, &mut ev), Verdict::Reused);
+        assert_eq!(o.next_deadline(), None);
+        assert_eq!(o.hold(b, 9, m, secs(9)), Err(UsageError::TooLong { len: 9, capacity: 8 }));
+    }
+
+    #[test]
+    fn a_retired_buffer_cannot_be_exposed_and_is_never_intact() {
+        let mut o = Owner::default();
+        let mut ev = Vec::new();
+        let b = o.add(Region::new(0, 8, 1));
+        o.slots[0].generation = Some(Generation::from_raw(u64::MAX));
+        let m = MsgId::from_raw(1);
+        let (g, _) = o.hold(b, 8, m, secs(1)).unwrap();
+        assert!(o.release_msg(m, Release::Cancelled, &mut ev));
+        assert_eq!(o.hold(b, 8, m, secs(1)), Err(UsageError::BufferRetired(b)));
+        assert_eq!(o.answer(m, b, g, &mut ev), Verdict::Reused);
+        assert!(!o.is_free(b));
+    }
+}

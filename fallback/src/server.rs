@@ -1,0 +1,289 @@
+//! The server engine: owner in direction 1 (offers reply data), reader in
+//! direction 2 (READs request data, then asks the client whether it is alive).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
+use crate::output::{Action, Config, Event, ReadError, ReadRequest, Release, UsageError};
+use crate::owner::Owner;
+use crate::read::{Exposure, Reads};
+use crate::wire::Message;
+
+/// A direction-2 request being read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Incoming {
+    exposure: Exposure,
+    /// `None` while the READ is in flight; then the confirm's deadline.
+    confirm_deadline: Option<Duration>,
+}
+
+/// The server side of one connection.
+///
+/// Direction 1: on a client's `Fetch` it reports [`Event::ReplyWanted`]; the
+/// user writes the reply into a free buffer and calls [`Server::offer`]. The
+/// buffer stays held until the client's confirm is answered `Intact` or
+/// [`Config::hold_timeout`] passes; either way its generation moves on.
+///
+/// Direction 2: on a client's `Expose` it READs the request data, confirms,
+/// and reports [`Event::ReadVerified`] (process the request) only if the
+/// client answers `Intact`; otherwise the request is dropped with
+/// [`ReadError::Withdrawn`]. There is no retry: `Reused` means the request
+/// itself is gone.
+///
+/// Call order: see the crate doc.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Server {
+    config: Config,
+    owner: Owner,
+    /// The highest new message id seen (0: none). New ids must exceed it.
+    last_msg: u64,
+    wanted: BTreeMap<MsgId, u32>,
+    incoming: BTreeMap<MsgId, Incoming>,
+    reads: Reads,
+    actions: VecDeque<Action>,
+    events: VecDeque<Event>,
+    lost: bool,
+    violations: u64,
+}
+
+impl Server {
+    /// A server for a new connection.
+    pub fn new(config: Config) -> Server {
+        Server {
+            config,
+            owner: Owner::default(),
+            last_msg: 0,
+            wanted: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            reads: Reads::default(),
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            lost: false,
+            violations: 0,
+        }
+    }
+
+    /// Registers a buffer that replies may be offered from (direction 1): a
+    /// range of a region registered with remote read in this connection's
+    /// protection domain.
+    pub fn add_buffer(&mut self, region: Region) -> BufferId {
+        self.owner.add(region)
+    }
+
+    /// Direction 1: offers `buffer[..len]`, already holding the reply, for the
+    /// wanted `msg`. The buffer is exposed until its [`Event::BufferFree`].
+    pub fn offer(&mut self, now: Duration, msg: MsgId, buffer: BufferId, len: u32) -> Result<(), UsageError> {
+        if self.lost {
+            return Err(UsageError::ConnectionLost);
+        }
+        if !self.wanted.contains_key(&msg) {
+            return Err(UsageError::NotWanted(msg));
+        }
+        let deadline = now.saturating_add(self.config.hold_timeout);
+        let (generation, region) = self.owner.hold(buffer, len, msg, deadline)?;
+        self.wanted.remove(&msg);
+        self.actions.push_back(Action::Send(Message::Offer { msg, buffer, generation, region }));
+        Ok(())
+    }
+
+    /// Direction 1: declines the wanted `msg` (the client's fetch fails with
+    /// [`ReadError::Refused`]).
+    pub fn refuse(&mut self, now: Duration, msg: MsgId) -> Result<(), UsageError> {
+        let _ = now;
+        if self.lost {
+            return Err(UsageError::ConnectionLost);
+        }
+        self.wanted.remove(&msg).ok_or(UsageError::NotWanted(msg))?;
+        self.actions.push_back(Action::Send(Message::Refuse { msg }));
+        Ok(())
+    }
+
+    fn outstanding(&self) -> usize {
+        self.wanted.len() + self.incoming.len()
+    }
+
+    /// A message from the client.
+    pub fn handle_message(&mut self, now: Duration, message: Message) {
+        let _ = now;
+        if self.lost {
+            return;
+        }
+        match message {
+            Message::Fetch { msg, attempt } => self.on_fetch(msg, attempt),
+            Message::Expose { msg, buffer, generation, region } => {
+                self.on_expose(msg, buffer, generation, region)
+            }
+            Message::Confirm { msg, buffer, generation } => {
+                let verdict = self.owner.answer(msg, buffer, generation, &mut self.events);
+                self.actions.push_back(Action::Send(Message::ConfirmReply {
+                    msg,
+                    buffer,
+                    generation,
+                    verdict,
+                }));
+            }
+            Message::ConfirmReply { msg, buffer, generation, verdict } => {
+                let matches = self.incoming.get(&msg).is_some_and(|i| {
+                    i.confirm_deadline.is_some()
+                        && (i.exposure.buffer, i.exposure.generation) == (buffer, generation)
+                });
+                if !matches {
+                    self.violations += 1;
+                    return;
+                }
+                let Some(inc) = self.incoming.remove(&msg) else { return };
+                let e = inc.exposure;
+                if verdict.is_intact() {
+                    self.events.push_back(Event::ReadVerified { msg, token: e.token, len: e.len });
+                } else {
+                    self.events.push_back(Event::ReadDiscarded { token: e.token });
+                    self.events.push_back(Event::ReadFailed { msg, error: ReadError::Withdrawn });
+                }
+            }
+            Message::Offer { .. } | Message::Refuse { .. } => self.violations += 1,
+        }
+    }
+
+    fn on_fetch(&mut self, msg: MsgId, attempt: u32) {
+        let fresh = attempt == 1 && msg.raw() > self.last_msg;
+        let retry = attempt > 1
+            && attempt <= self.config.max_attempts
+            && msg.raw() != 0
+            && msg.raw() <= self.last_msg
+            && !self.wanted.contains_key(&msg)
+            && !self.incoming.contains_key(&msg);
+        if !fresh && !retry {
+            self.violations += 1;
+            return;
+        }
+        if fresh {
+            self.last_msg = msg.raw();
+        }
+        if self.outstanding() >= self.config.max_outstanding {
+            self.actions.push_back(Action::Send(Message::Refuse { msg }));
+            return;
+        }
+        self.wanted.insert(msg, attempt);
+        self.events.push_back(Event::ReplyWanted { msg, attempt });
+    }
+
+    fn on_expose(&mut self, msg: MsgId, buffer: BufferId, generation: Generation, region: Region) {
+        if msg.raw() <= self.last_msg {
+            self.violations += 1;
+            return;
+        }
+        self.last_msg = msg.raw();
+        if self.outstanding() >= self.config.max_outstanding || region.len() > self.config.max_read_len {
+            self.actions.push_back(Action::Send(Message::Refuse { msg }));
+            return;
+        }
+        let token = self.reads.token();
+        let exposure = Exposure { token, buffer, generation, len: region.len() };
+        self.incoming.insert(msg, Incoming { exposure, confirm_deadline: None });
+        self.actions.push_back(Action::Read(ReadRequest::new(token, region)));
+    }
+
+    /// The completion of the READ `token` (`success`: status was success).
+    /// Also call it for flushed READs after a connection loss.
+    pub fn handle_read_completion(&mut self, now: Duration, token: ReadToken, success: bool) {
+        if self.reads.complete_orphan(token, &mut self.events) {
+            return;
+        }
+        let found =
+            self.incoming.iter_mut().find(|(_, i)| i.confirm_deadline.is_none() && i.exposure.token == token);
+        let Some((&msg, inc)) = found else { return };
+        if success {
+            // Only now, with the bytes landed, may the client be asked.
+            inc.confirm_deadline = Some(now.saturating_add(self.config.confirm_timeout));
+            let Exposure { buffer, generation, .. } = inc.exposure;
+            self.actions.push_back(Action::Send(Message::Confirm { msg, buffer, generation }));
+        } else {
+            self.incoming.remove(&msg);
+            self.events.push_back(Event::ReadDiscarded { token });
+            self.events.push_back(Event::ReadFailed { msg, error: ReadError::ReadFailed });
+        }
+    }
+
+    /// Fires every deadline at or before `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        let due: Vec<MsgId> = self
+            .incoming
+            .iter()
+            .filter(|(_, i)| i.confirm_deadline.is_some_and(|d| d <= now))
+            .map(|(&m, _)| m)
+            .collect();
+        for msg in due {
+            if let Some(inc) = self.incoming.remove(&msg) {
+                self.events.push_back(Event::ReadDiscarded { token: inc.exposure.token });
+                self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConfirmTimedOut });
+            }
+        }
+        self.owner.expire(now, &mut self.events);
+    }
+
+    /// The queue pair went to error (or was destroyed): every request fails,
+    /// every offered buffer returns. READs still in flight return their
+    /// destinations when their flush completions are handed in.
+    pub fn handle_connection_lost(&mut self, now: Duration) {
+        let _ = now;
+        self.lost = true;
+        self.wanted.clear();
+        let incoming = std::mem::take(&mut self.incoming);
+        for (msg, inc) in incoming {
+            let completed = inc.confirm_deadline.is_some();
+            self.reads.abandon(inc.exposure.token, completed, &mut self.events);
+            self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConnectionLost });
+        }
+        self.owner.release_all(Release::ConnectionLost, &mut self.events);
+    }
+
+    /// The next work request to post or message to send.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Server::handle_timeout`] next, if ever.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let confirms = self.incoming.values().filter_map(|i| i.confirm_deadline).min();
+        match (confirms, self.owner.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The generation `buffer` will be (or is) exposed at; `None` if unknown or retired.
+    pub fn buffer_generation(&self, buffer: BufferId) -> Option<Generation> {
+        self.owner.generation(buffer)
+    }
+
+    /// Whether `buffer` is the user's (not offered, not retired).
+    pub fn is_buffer_free(&self, buffer: BufferId) -> bool {
+        self.owner.is_free(buffer)
+    }
+
+    /// Nothing outstanding: no wanted reply, no request being read, no READ in
+    /// flight, no offered buffer.
+    pub fn is_idle(&self) -> bool {
+        self.wanted.is_empty()
+            && self.incoming.is_empty()
+            && self.reads.orphans() == 0
+            && self.owner.held() == 0
+    }
+
+    /// Whether [`Server::handle_connection_lost`] was called.
+    pub fn is_connection_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// How many client messages did not fit the protocol and were ignored. A
+    /// driver may close a connection whose peer misbehaves.
+    pub fn peer_violations(&self) -> u64 {
+        self.violations
+    }
+}
