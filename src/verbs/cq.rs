@@ -1,0 +1,285 @@
+//! Completion queues with a completion channel usable from async code.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+use async_io::Async;
+use rdma_mummy_sys as sys;
+
+use super::device::Context;
+use super::sys::{check, errno, from_errno, last_error, wc_opcode, wc_status};
+use crate::backend::{Completion, NicError, OsError};
+
+/// A completion channel: `struct ibv_comp_channel`, its fd non-blocking.
+pub struct CompChannel {
+    ptr: NonNull<sys::ibv_comp_channel>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: the channel is a file descriptor wrapper; libibverbs allows using
+// it from any thread.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    /// Create a channel on `ctx` and make its fd non-blocking.
+    pub fn create(ctx: &Arc<Context>) -> Result<Arc<CompChannel>, NicError> {
+        // SAFETY: the context is open while `ctx` lives.
+        let raw = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_comp_channel"))?;
+        let chan = Arc::new(CompChannel { ptr, ctx: Arc::clone(ctx) });
+        let fd = chan.raw_fd();
+        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL take
+        // and return plain integers.
+        let rc = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 {
+                flags
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            return Err(last_error("fcntl(O_NONBLOCK)"));
+        }
+        Ok(chan)
+    }
+
+    fn raw_fd(&self) -> i32 {
+        // SAFETY: the channel is valid while `self` lives; `fd` is set at creation.
+        unsafe { (*self.ptr.as_ptr()).fd }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
+        self.ptr.as_ptr()
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open until ibv_destroy_comp_channel in `drop`,
+        // which cannot run while `self` is borrowed.
+        unsafe { BorrowedFd::borrow_raw(self.raw_fd()) }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ using the channel holds an Arc to it, so none is
+        // left; destroyed once.
+        let rc = unsafe { sys::ibv_destroy_comp_channel(self.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, device = self.ctx.name(), "ibv_destroy_comp_channel failed");
+        }
+    }
+}
+
+/// A handle on the channel that async-io may own.
+struct ChannelFd(Arc<CompChannel>);
+
+impl AsFd for ChannelFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// A completion queue with its own completion channel: `struct ibv_cq`.
+pub struct Cq {
+    ptr: NonNull<sys::ibv_cq>,
+    channel: Arc<CompChannel>,
+    reactor: OnceLock<Async<ChannelFd>>,
+    depth: u32,
+    destroyed: bool,
+}
+
+// SAFETY: polling, arming and reading events are thread-safe in libibverbs
+// (providers lock the CQ internally); the OnceLock is thread-safe.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+/// How many completions one `ibv_poll_cq` call takes at most.
+const POLL_BATCH: usize = 32;
+
+impl Cq {
+    /// Create a CQ of at least `depth` entries with a fresh completion channel.
+    pub fn create(ctx: &Arc<Context>, depth: u32) -> Result<Cq, NicError> {
+        let channel = CompChannel::create(ctx)?;
+        let cqe = i32::try_from(depth.max(1)).unwrap_or(i32::MAX);
+        // SAFETY: the context and the channel are alive (the Cq keeps an Arc
+        // to the channel, which keeps the context).
+        let raw = unsafe { sys::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), channel.as_ptr(), 0) };
+        let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_cq"))?;
+        Ok(Cq { ptr, channel, reactor: OnceLock::new(), depth, destroyed: false })
+    }
+
+    /// The requested depth.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
+        self.ptr.as_ptr()
+    }
+
+    /// Take up to `max` completions without waiting.
+    pub fn poll(&self, max: usize) -> Result<Vec<Completion>, NicError> {
+        let mut out = Vec::new();
+        // SAFETY: ibv_wc is a C struct of integers and a union of integers;
+        // all-zero bytes are a valid value.
+        let mut wcs: [sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        while out.len() < max {
+            let want = (max - out.len()).min(POLL_BATCH);
+            // SAFETY: the CQ is alive; `wcs` has room for `want` entries and
+            // its layout matches the C header (tests/verbs_layout.rs).
+            let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), want as i32, wcs.as_mut_ptr()) };
+            if n < 0 {
+                return Err(from_errno("ibv_poll_cq", -n));
+            }
+            let n = n as usize;
+            out.extend(wcs[..n].iter().map(completion));
+            if n < want {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ask for an event on the channel at the next completion.
+    pub fn arm(&self) -> Result<(), NicError> {
+        // SAFETY: the CQ is alive and was created with a channel.
+        check("ibv_req_notify_cq", unsafe { sys::ibv_req_notify_cq(self.as_ptr(), 0) })
+    }
+
+    /// Consume and acknowledge the events waiting on the channel, without
+    /// blocking. Returns how many there were.
+    pub fn take_events(&self) -> Result<usize, NicError> {
+        let mut n = 0u32;
+        loop {
+            let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::os::raw::c_void = std::ptr::null_mut();
+            // SAFETY: the channel is alive; its fd is non-blocking so this
+            // returns -1/EAGAIN instead of blocking; the out-pointers are valid.
+            let rc = unsafe { sys::ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut ctx) };
+            if rc != 0 {
+                let e = errno();
+                if n > 0 {
+                    // SAFETY: `n` events of this CQ (the channel is ours
+                    // alone) were received and not yet acknowledged.
+                    unsafe { sys::ibv_ack_cq_events(self.as_ptr(), n) };
+                }
+                return if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
+                    Ok(n as usize)
+                } else {
+                    Err(NicError::Os { op: "ibv_get_cq_event", source: OsError::from_errno(e) })
+                };
+            }
+            n += 1;
+        }
+    }
+
+    /// Wait until at least one completion is available and return up to
+    /// `max` of them.
+    ///
+    /// The loop polls, arms the CQ, polls again (a completion may have landed
+    /// between the first poll and the arming, and would raise no event),
+    /// and only then waits for the channel's fd to become readable, so a
+    /// completion is never missed. Works under any executor that async-io
+    /// supports (smol, tokio via async-io's reactor thread, `block_on`).
+    pub async fn wait(&self, max: usize) -> Result<Vec<Completion>, NicError> {
+        let max = max.max(1);
+        loop {
+            let got = self.poll(max)?;
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            self.arm()?;
+            let got = self.poll(max)?;
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            self.reactor()?
+                .readable()
+                .await
+                .map_err(|e| NicError::Os { op: "wait for completion event", source: io_error(&e) })?;
+            self.take_events()?;
+        }
+    }
+
+    fn reactor(&self) -> Result<&Async<ChannelFd>, NicError> {
+        if let Some(r) = self.reactor.get() {
+            return Ok(r);
+        }
+        let r = Async::new(ChannelFd(Arc::clone(&self.channel)))
+            .map_err(|e| NicError::Os { op: "register completion channel", source: io_error(&e) })?;
+        // Another thread may have won the race; either registration is fine.
+        Ok(self.reactor.get_or_init(|| r))
+    }
+
+    /// Destroy now, reporting failure (e.g. queue pairs still use the CQ).
+    pub fn close(mut self) -> Result<(), (Cq, NicError)> {
+        match self.destroy() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn destroy(&mut self) -> Result<(), NicError> {
+        if self.destroyed {
+            return Ok(());
+        }
+        // Unregister from the reactor before the fd can go away.
+        drop(self.reactor.take());
+        // Events must be acknowledged before ibv_destroy_cq, or it blocks.
+        self.take_events()?;
+        // SAFETY: the CQ exists (flag), all its events are acknowledged, and
+        // it is destroyed at most once.
+        check("ibv_destroy_cq", unsafe { sys::ibv_destroy_cq(self.as_ptr()) })?;
+        self.destroyed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            tracing::warn!(error = %e, "ibv_destroy_cq failed");
+        }
+    }
+}
+
+fn io_error(e: &std::io::Error) -> OsError {
+    OsError::from_errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// `IBV_WC_WITH_INV`.
+const WITH_INV: u32 = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+/// The bit rxe sets for a received SEND_WITH_INV (see [`completion`]).
+const RXE_WITH_INV: u32 = 0x4;
+
+/// An owned completion from a C work completion.
+fn completion(wc: &sys::ibv_wc) -> Completion {
+    // SAFETY: both union members are plain u32; reading either is defined.
+    let inv = unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey };
+    let status = wc_status(wc.status);
+    let opcode = wc_opcode(wc.opcode);
+    // rxe reports a SEND_WITH_INV with 0x4 (the kernel's IB_WC_WITH_INVALIDATE,
+    // which is IBV_WC_IP_CSUM_OK in user space) instead of IBV_WC_WITH_INV
+    // (0x8). Take the field when either bit is set on a successful receive:
+    // RC receives never carry a checksum flag, and mwcap never sends
+    // immediate data (IBV_WC_WITH_IMM, 0x2, is not accepted).
+    let with_inv_or_imm = wc.wc_flags & (WITH_INV | RXE_WITH_INV) != 0;
+    let invalidated_rkey =
+        (status.is_success() && opcode == crate::backend::WcOpcode::Recv && with_inv_or_imm).then_some(inv);
+    Completion {
+        wr_id: wc.wr_id,
+        status,
+        opcode,
+        byte_len: wc.byte_len,
+        invalidated_rkey,
+        qpn: wc.qp_num,
+        vendor_err: wc.vendor_err,
+    }
+}

@@ -1,0 +1,57 @@
+//! The real verbs backend: safe RAII types over libibverbs, and
+//! [`VerbsNic`], the [`Nic`](crate::backend::Nic) implementation on top.
+//!
+//! This is the only module of mwcap with `unsafe` code. Every `unsafe` block
+//! carries a `// SAFETY:` comment naming the invariant it relies on; the
+//! struct layouts we or `rdma-mummy-sys` declare by hand are checked against
+//! the system's `<infiniband/verbs.h>` by `tests/verbs_layout.rs`.
+//!
+//! # Objects and ownership
+//! Each verbs object is a Rust value holding a `NonNull` to the C object and
+//! an `Arc` to its parent, so a parent can never be destroyed before its
+//! children: [`Context`] ← [`Pd`] ← [`Mr`], [`Mw`], [`Qp`]; [`Context`] ←
+//! [`CompChannel`] ← [`Cq`] ← [`Qp`]. Dropping an object destroys the C
+//! object; `close(self)` does the same but hands the object back with the
+//! error when the verb fails (a region with windows still bound, a CQ still
+//! used by a QP).
+//!
+//! # Memory
+//! A [`Mr`] owns its memory (page-aligned, zeroed) and the CPU touches it only
+//! through copies. The memory goes back to the allocator only after
+//! `ibv_dereg_mr` succeeded, because from then on the device cannot reach it;
+//! if deregistration fails the memory is leaked. Work requests name memory as
+//! bounds-checked [`Slice`]s of a region, so posting never points the NIC
+//! outside registered memory.
+//!
+//! # Keys
+//! libibverbs does not update `ibv_mw.rkey` after a type-2 bind. [`Mw`]
+//! tracks the current rkey itself: [`Mw::next_rkey`] draws a random 8-bit
+//! consumer key ([`crate::backend::rkey::rebind`], which wraps correctly,
+//! unlike the crates' `ibv_inc_rkey`), and a successful post of the bind
+//! records it.
+//!
+//! # Loading
+//! rdma-mummy-sys loads `libibverbs.so.1` at run time. Without it every verb
+//! fails with EOPNOTSUPP; [`Context::open`] and [`list_devices`] check first
+//! and return [`OpenError::LibraryMissing`] with an install hint.
+
+mod cq;
+mod device;
+mod error;
+mod mr;
+mod mw;
+mod nic;
+mod pd;
+mod post;
+mod qp;
+mod sys;
+
+pub use cq::{CompChannel, Cq};
+pub use device::{list_devices, Context, DeviceAttrs, ListedDevice, PortAttrs};
+pub use error::OpenError;
+pub use mr::Mr;
+pub use mw::Mw;
+pub use nic::VerbsNic;
+pub use pd::Pd;
+pub use post::{PostError, SendOp, SendRequest, Slice};
+pub use qp::{PortInfo, Qp};
