@@ -1,0 +1,419 @@
+//! [`SimNic`]: one protection domain of a simulated device, behind the
+//! [`Nic`] trait.
+
+use parking_lot::MutexGuard;
+
+use super::config::{MwSupport, Progress};
+use super::oracle::{DeviceId, QpAddr};
+use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, World, WrState};
+use super::Fabric;
+use crate::backend::{
+    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
+    QpEndpoint, QpId, QpState, SendWr, Sge,
+};
+
+const ENODEV: i32 = 19;
+const EBUSY: i32 = 16;
+const EINVAL: i32 = 22;
+const ENOMEM: i32 = 12;
+
+/// One protection domain of a simulated device. Cheap to clone; clones
+/// share the PD. Objects of other PDs (even on the same device) are
+/// invisible through it.
+#[derive(Clone, Debug)]
+pub struct SimNic {
+    fabric: Fabric,
+    dev: u32,
+    pd: u32,
+}
+
+fn os(op: &'static str, errno: i32) -> NicError {
+    NicError::Os { op, source: OsError::from_errno(errno) }
+}
+
+fn no_such(what: &'static str, id: u32) -> NicError {
+    NicError::NoSuchObject { what, id }
+}
+
+impl SimNic {
+    pub(crate) fn new(fabric: Fabric, dev: u32, pd: u32) -> SimNic {
+        SimNic { fabric, dev, pd }
+    }
+
+    /// The fabric this device belongs to.
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// The device, for fault knobs and the oracle.
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.dev)
+    }
+
+    /// Another protection domain on the same device (keys are shared by the
+    /// device, objects are not).
+    pub fn new_pd(&self) -> Result<SimNic, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "alloc_pd")?;
+        let pd = d.next_pd;
+        d.next_pd += 1;
+        Ok(SimNic::new(self.fabric.clone(), self.dev, pd))
+    }
+
+    /// The fabric address of one of this handle's queue pairs.
+    pub fn qp_addr(&self, qp: QpId) -> Result<QpAddr, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "qp_addr")?;
+        let q = d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or(no_such("queue pair", qp.0))?;
+        Ok(QpAddr { device: DeviceId(self.dev), qpn: q.qpn })
+    }
+
+    /// The process owning this device dies ([`Fabric::kill_device`]).
+    pub fn kill(&self) {
+        self.fabric.kill_device(self.device());
+    }
+}
+
+fn live<'a>(
+    w: &'a mut MutexGuard<'_, World>,
+    dev: u32,
+    op: &'static str,
+) -> Result<&'a mut Device, NicError> {
+    match w.devs.get_mut(dev as usize) {
+        Some(d) if d.alive => Ok(d),
+        _ => Err(os(op, ENODEV)),
+    }
+}
+
+impl SimNic {
+    fn qp_of<'a>(&self, d: &'a Device, qp: QpId) -> Result<&'a Qp, NicError> {
+        d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or(no_such("queue pair", qp.0))
+    }
+
+    fn mr_of<'a>(&self, d: &'a Device, mr: MrId) -> Result<&'a Mr, NicError> {
+        d.mr(mr.0).filter(|m| m.pd == self.pd).ok_or(no_such("memory region", mr.0))
+    }
+
+    fn check_sge(&self, d: &Device, s: &Sge) -> Result<(), NicError> {
+        let mr = self.mr_of(d, s.mr)?;
+        let end = s.offset.checked_add(s.len as usize);
+        match end {
+            Some(end) if end <= mr.data.len() => Ok(()),
+            _ => Err(NicError::OutOfRange {
+                mr: s.mr.0,
+                offset: s.offset,
+                end: end.unwrap_or(usize::MAX),
+                len: mr.data.len(),
+            }),
+        }
+    }
+
+    fn check_wr(&self, d: &Device, q: &Qp, wr: &SendWr) -> Result<(), NicError> {
+        let max_sge = q.cfg.max_sge.min(d.cfg.max_sge) as usize;
+        let sges = match wr {
+            SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } => sge.as_slice(),
+            SendWr::Read { local, .. } => local.as_slice(),
+            SendWr::BindMw { mw, mr, .. } => {
+                if d.cfg.mw == MwSupport::AllocNoBind {
+                    let detail = "the provider cannot post a window bind".to_string();
+                    return Err(NicError::Unsupported { op: "bind_mw", detail });
+                }
+                d.mw(mw.0).filter(|w| w.pd == self.pd).ok_or(no_such("memory window", mw.0))?;
+                self.mr_of(d, *mr)?;
+                &[]
+            }
+            SendWr::LocalInv { .. } => {
+                if d.cfg.mw == MwSupport::AllocNoBind {
+                    let detail = "the provider cannot post a local invalidation".to_string();
+                    return Err(NicError::Unsupported { op: "local_inv", detail });
+                }
+                &[]
+            }
+        };
+        if sges.len() > max_sge {
+            return Err(NicError::InvalidWr(format!("{} scatter entries, at most {max_sge}", sges.len())));
+        }
+        let total: u64 = sges.iter().map(|s| s.len as u64).sum();
+        if total > 1 << 31 {
+            return Err(NicError::InvalidWr(format!("{total} bytes in one request, at most 2 GiB")));
+        }
+        sges.iter().try_for_each(|s| self.check_sge(d, s))
+    }
+}
+
+impl Nic for SimNic {
+    fn device_info(&self) -> DeviceInfo {
+        let w = self.fabric.lock();
+        let d = &w.devs[self.dev as usize];
+        let (mem_window, max_mw) = match d.cfg.mw {
+            MwSupport::None => (false, 0),
+            _ => (true, d.cfg.max_mw),
+        };
+        DeviceInfo {
+            name: d.cfg.name.clone(),
+            driver: if d.cfg.rxe_quirks { "sim-rxe".into() } else { "sim".into() },
+            mem_window,
+            mw_type_2a: false,
+            mw_type_2b: mem_window,
+            max_mw,
+            max_sge: d.cfg.max_sge,
+            max_qp_rd_atom: 16,
+            mtu: d.cfg.mtu,
+        }
+    }
+
+    fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
+        let mut w = self.fabric.lock();
+        let World { devs, rng, .. } = &mut *w;
+        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or(os("reg_mr", ENODEV))?;
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(os("reg_mr", EINVAL));
+        }
+        if len > 1 << 32 {
+            return Err(os("reg_mr", ENOMEM));
+        }
+        let idx = d.mrs.len() as u32;
+        let rkey = d.new_key(KeyObj::Mr(idx), rng);
+        let addr = d.next_addr;
+        // Regions are spaced apart so that an overrun never lands in a neighbour.
+        d.next_addr += (len as u64).div_ceil(4096) * 4096 + 0x10_0000;
+        d.mrs.push(Some(Mr { pd: self.pd, data: vec![0; len], access, addr, rkey, bound_mws: 0 }));
+        Ok(MrInfo { id: MrId(idx), addr, len, lkey: rkey, rkey })
+    }
+
+    fn dereg_mr(&self, mr: MrId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "dereg_mr")?;
+        let m = self.mr_of(d, mr)?;
+        if m.bound_mws > 0 {
+            return Err(os("dereg_mr", EBUSY));
+        }
+        let index = m.rkey >> 8;
+        d.keys.remove(&index);
+        d.mrs[mr.0 as usize] = None;
+        Ok(())
+    }
+
+    fn write_mr(&self, mr: MrId, offset: usize, data: &[u8]) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "write_mr")?;
+        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(data.len()).unwrap_or(u32::MAX) })?;
+        let m = d.mr_mut(mr.0).expect("checked");
+        m.data[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "read_mr")?;
+        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(out.len()).unwrap_or(u32::MAX) })?;
+        let m = self.mr_of(d, mr)?;
+        out.copy_from_slice(&m.data[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn alloc_mw(&self) -> Result<MwInfo, NicError> {
+        let mut w = self.fabric.lock();
+        let World { devs, rng, .. } = &mut *w;
+        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or(os("alloc_mw", ENODEV))?;
+        match d.cfg.mw {
+            MwSupport::None => {
+                let detail = "the device has no memory windows".to_string();
+                return Err(NicError::Unsupported { op: "alloc_mw", detail });
+            }
+            MwSupport::AdvertisedNoAlloc => {
+                let detail = "the provider has no alloc_mw (EOPNOTSUPP), although the device advertises \
+                              type-2B windows"
+                    .to_string();
+                return Err(NicError::Unsupported { op: "alloc_mw", detail });
+            }
+            MwSupport::Full | MwSupport::AllocNoBind => {}
+        }
+        if d.mws.iter().flatten().count() >= d.cfg.max_mw as usize {
+            return Err(os("alloc_mw", ENOMEM));
+        }
+        let idx = d.mws.len() as u32;
+        let rkey = d.new_key(KeyObj::Mw(idx), rng);
+        d.mws.push(Some(Mw { pd: self.pd, rkey, state: MwState::Unbound }));
+        Ok(MwInfo { id: MwId(idx), rkey })
+    }
+
+    fn dealloc_mw(&self, mw: MwId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "dealloc_mw")?;
+        let m = d.mw(mw.0).filter(|m| m.pd == self.pd).ok_or(no_such("memory window", mw.0))?;
+        let (rkey, bound) = (m.rkey, matches!(m.state, MwState::Bound { .. }));
+        let mut to_err = Vec::new();
+        if bound {
+            // Freeing a bound window invalidates it (a legitimate invalidation, never a hazard).
+            to_err = w.invalidate(self.dev, self.pd, rkey).unwrap_or_default();
+        }
+        let d = &mut w.devs[self.dev as usize];
+        d.keys.remove(&(rkey >> 8));
+        d.mws[mw.0 as usize] = None;
+        w.error_all(to_err);
+        Ok(())
+    }
+
+    fn create_cq(&self, _depth: u32) -> Result<CqId, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "create_cq")?;
+        d.cqs.push(Some(Cq { pd: self.pd, entries: Default::default(), users: 0 }));
+        Ok(CqId(d.cqs.len() as u32 - 1))
+    }
+
+    fn destroy_cq(&self, cq: CqId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "destroy_cq")?;
+        let c = d.cqs.get(cq.0 as usize).and_then(Option::as_ref).filter(|c| c.pd == self.pd);
+        match c {
+            None => Err(no_such("completion queue", cq.0)),
+            Some(c) if c.users > 0 => Err(os("destroy_cq", EBUSY)),
+            Some(_) => {
+                d.cqs[cq.0 as usize] = None;
+                Ok(())
+            }
+        }
+    }
+
+    fn create_qp(&self, cfg: QpConfig) -> Result<QpEndpoint, NicError> {
+        let mut w = self.fabric.lock();
+        let (retry, rnr) = (w.cfg.faults.retry_cnt, w.cfg.faults.rnr_retry);
+        let d = live(&mut w, self.dev, "create_qp")?;
+        for cq in [cfg.send_cq, cfg.recv_cq] {
+            if !d.cqs.get(cq.0 as usize).and_then(Option::as_ref).is_some_and(|c| c.pd == self.pd) {
+                return Err(no_such("completion queue", cq.0));
+            }
+        }
+        for cq in [cfg.send_cq, cfg.recv_cq] {
+            d.cqs[cq.0 as usize].as_mut().expect("checked").users += 1;
+        }
+        let qpn = d.next_qpn;
+        d.next_qpn += 1;
+        let idx = d.qps.len() as u32;
+        d.qps.push(Some(Qp::new(self.pd, qpn, cfg, retry, rnr)));
+        let (gid, mtu) = (d.gid, d.cfg.mtu);
+        Ok(QpEndpoint { id: QpId(idx), qpn, gid, psn: 0, mtu, lid: 0 })
+    }
+
+    fn connect_qp(&self, qp: QpId, remote: &QpEndpoint) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "connect_qp")?;
+        let state = self.qp_of(d, qp)?.state;
+        if state != QpState::Init {
+            return Err(NicError::BadQpState { qp: qp.0, state, op: "connect_qp", needs: "INIT" });
+        }
+        let q = d.qp_mut(qp.0).expect("checked");
+        q.remote = Some((remote.gid, remote.qpn));
+        q.state = QpState::Rts;
+        let qpn = q.qpn;
+        w.log(|| format!("dev{} qpn {qpn:#x} -> RTS towards qpn {:#x}", self.dev, remote.qpn));
+        Ok(())
+    }
+
+    fn set_qp_error(&self, qp: QpId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "set_qp_error")?;
+        self.qp_of(d, qp)?;
+        w.to_error(self.dev, qp.0, None);
+        Ok(())
+    }
+
+    fn qp_state(&self, qp: QpId) -> Result<QpState, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "qp_state")?;
+        Ok(self.qp_of(d, qp)?.state)
+    }
+
+    fn destroy_qp(&self, qp: QpId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "destroy_qp")?;
+        let cfg = self.qp_of(d, qp)?.cfg;
+        for cq in [cfg.send_cq, cfg.recv_cq] {
+            if let Some(Some(c)) = d.cqs.get_mut(cq.0 as usize) {
+                c.users -= 1;
+            }
+        }
+        d.qps[qp.0 as usize] = None;
+        Ok(())
+    }
+
+    fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let now = w.now;
+        let d = live(&mut w, self.dev, "post_send")?;
+        let q = self.qp_of(d, qp)?;
+        if !matches!(q.state, QpState::Rts | QpState::Err) {
+            return Err(NicError::BadQpState { qp: qp.0, state: q.state, op: "post_send", needs: "RTS" });
+        }
+        if q.sq.len() + wrs.len() > q.cfg.max_send_wr as usize {
+            return Err(NicError::QueueFull { queue: "send queue", depth: q.cfg.max_send_wr });
+        }
+        for wr in wrs {
+            self.check_wr(d, q, wr)?;
+        }
+        let q = d.qp_mut(qp.0).expect("checked");
+        let err = q.state == QpState::Err;
+        for wr in wrs {
+            q.counters.sends_posted += 1;
+            q.sq.push_back(SqEntry {
+                wr: wr.clone(),
+                posted_at: now,
+                st: WrState::Pending,
+                psn: None,
+                payload: None,
+                served: None,
+                hung: false,
+            });
+        }
+        if err {
+            // Work posted to a QP in ERR completes at once with WR_FLUSH_ERR.
+            w.to_error(self.dev, qp.0, None);
+        } else {
+            w.schedule_issue(self.dev, qp.0);
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "post_recv")?;
+        let q = self.qp_of(d, qp)?;
+        if q.state == QpState::Reset {
+            return Err(NicError::BadQpState { qp: qp.0, state: q.state, op: "post_recv", needs: "INIT" });
+        }
+        if q.rq.len() >= q.cfg.max_recv_wr as usize {
+            return Err(NicError::QueueFull { queue: "receive queue", depth: q.cfg.max_recv_wr });
+        }
+        self.check_sge(d, &sge)?;
+        let q = d.qp_mut(qp.0).expect("checked");
+        q.counters.recvs_posted += 1;
+        q.rq.push_back(RqEntry { wr_id, sge });
+        if q.state == QpState::Err {
+            w.to_error(self.dev, qp.0, None);
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
+        let mut w = self.fabric.lock();
+        live(&mut w, self.dev, "poll_cq")?;
+        let (dev, pd) = (self.dev as usize, self.pd);
+        let has = |w: &World| -> Result<bool, NicError> {
+            let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
+            let c = c.filter(|c| c.pd == pd).ok_or(no_such("completion queue", cq.0))?;
+            Ok(!c.entries.is_empty())
+        };
+        has(&w)?;
+        if w.cfg.progress == Progress::Auto {
+            w.run_due();
+            if !has(&w)? && w.advance_to_next() {
+                w.run_due();
+            }
+        }
+        let c = w.devs[self.dev as usize].cqs.get_mut(cq.0 as usize).and_then(Option::as_mut);
+        let c = c.ok_or(no_such("completion queue", cq.0))?;
+        let n = max.min(c.entries.len());
+        Ok(c.entries.drain(..n).collect())
+    }
+}

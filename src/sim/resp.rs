@@ -1,0 +1,334 @@
+//! The responder side and the memory-protection rules: remote access checks,
+//! receives, binds and invalidations.
+
+use std::ops::Range;
+
+use super::event::{EvKind, Packet, Resp};
+use super::oracle::HazardKind;
+use super::sched::Lane;
+use super::world::{KeyObj, MwState, Served, World, WrState};
+use crate::backend::{rkey, Access, Completion, QpState, WcOpcode, WcStatus};
+
+/// Why an invalidation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InvError {
+    /// No object of this PD has the key's index.
+    UnknownKey,
+    /// The key names a memory region, which cannot be invalidated.
+    NotAWindow,
+    /// The window is bound, with another consumer key.
+    WrongKey,
+    /// The window is not bound (never bound, or already invalidated).
+    NotBound,
+}
+
+impl InvError {
+    /// rxe dereferences the window's (absent) region here and panics.
+    pub(crate) fn would_crash_rxe(self) -> bool {
+        self == InvError::NotBound
+    }
+}
+
+/// `addr..addr+len` as offsets into an object at `base` of `size` bytes.
+fn offsets(base: u64, size: usize, addr: u64, len: u64) -> Option<Range<usize>> {
+    let start = usize::try_from(addr.checked_sub(base)?).ok()?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    (end <= size).then_some(start..end)
+}
+
+impl World {
+    pub(crate) fn on_request(&mut self, dev: u32, qp: u32, src_dev: u32, src_qp: u32, psn: u64, pkt: Packet) {
+        if !self.path_up(src_dev, dev) {
+            self.log(|| format!("dev{dev} request psn {psn} from dev{src_dev} lost"));
+            return;
+        }
+        let src_gid = self.devs[src_dev as usize].gid;
+        let Some(src_qpn) = self.devs[src_dev as usize].qp(src_qp).map(|q| q.qpn) else { return };
+        let Some(q) = self.devs[dev as usize].qp(qp) else { return };
+        // A QP in ERR (or not yet connected) silently drops what arrives.
+        if !matches!(q.state, QpState::Rtr | QpState::Rts) || q.remote != Some((src_gid, src_qpn)) {
+            return;
+        }
+        if psn > q.epsn {
+            return; // out of sequence: the requester goes back and resends
+        }
+        let dup = psn < q.epsn;
+        match pkt {
+            Packet::Send { payload, invalidate } => {
+                self.on_send(dev, qp, (src_dev, src_qp), psn, dup, payload, invalidate)
+            }
+            Packet::Read { addr, len, rkey } => {
+                self.on_read(dev, qp, (src_dev, src_qp), psn, dup, addr, len, rkey)
+            }
+        }
+    }
+
+    fn respond(&mut self, dev: u32, to: (u32, u32), psn: u64, resp: Resp) {
+        let bytes = match &resp {
+            Resp::ReadData(d) => d.len() as u64,
+            _ => 0,
+        };
+        let at = self.now + self.wire_time(dev, to.0, bytes);
+        let kind = EvKind::Response { dev: to.0, qp: to.1, src_dev: dev, psn, resp };
+        self.sched.push(Lane::Req(to.0, to.1), at, kind);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_send(
+        &mut self,
+        dev: u32,
+        qp: u32,
+        src: (u32, u32),
+        psn: u64,
+        dup: bool,
+        payload: Vec<u8>,
+        invalidate: Option<u32>,
+    ) {
+        if dup {
+            return self.respond(dev, src, psn, Resp::Ack);
+        }
+        let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");
+        let Some(r) = q.rq.pop_front() else {
+            let qpn = q.qpn;
+            self.log(|| format!("dev{dev} qpn {qpn:#x} RNR: no receive posted"));
+            return self.respond(dev, src, psn, Resp::RnrNak);
+        };
+        q.epsn += 1;
+        let (qpn, pd, recv_cq) = (q.qpn, q.pd, q.cfg.recv_cq.0);
+        let d = &self.devs[dev as usize];
+        let check = match d.mr(r.sge.mr.0) {
+            None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr, true)),
+            Some(mr) if !mr.access.contains(Access::LOCAL_WRITE) => {
+                Err((WcStatus::LocProtErr, WcStatus::RemOpErr, false))
+            }
+            Some(_) if payload.len() > r.sge.len as usize => {
+                Err((WcStatus::LocLenErr, WcStatus::RemInvReqErr, false))
+            }
+            Some(_) => Ok(()),
+        };
+        let mut to_err = Vec::new();
+        let result = check.and_then(|()| match invalidate {
+            None => Ok(None),
+            Some(rk) => match self.invalidate(dev, pd, rk) {
+                Ok(qps) => {
+                    to_err = qps;
+                    Ok(Some(rk))
+                }
+                Err(e) => {
+                    if e.would_crash_rxe() {
+                        let detail = format!("SEND_WITH_INV of rkey {rk:#x} received on qpn {qpn:#x}: {e:?}");
+                        self.hazard(dev, HazardKind::WouldCrashRxe, detail);
+                    }
+                    Err((WcStatus::RemInvReqErr, WcStatus::RemInvReqErr, false))
+                }
+            },
+        });
+        let mut wc = Completion {
+            wr_id: r.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: payload.len() as u32,
+            invalidated_rkey: None,
+            qpn,
+            vendor_err: 0,
+        };
+        match result {
+            Ok(inv) => {
+                let mr = self.devs[dev as usize].mr_mut(r.sge.mr.0).expect("checked above");
+                mr.data[r.sge.offset..r.sge.offset + payload.len()].copy_from_slice(&payload);
+                wc.invalidated_rkey = inv;
+                self.deliver(dev, recv_cq, wc);
+                self.respond(dev, src, psn, Resp::Ack);
+                self.error_all(to_err);
+            }
+            Err((local, nak, freed)) => {
+                if freed {
+                    let detail =
+                        format!("SEND landed in deregistered region {} (recv wr_id {})", r.sge.mr.0, r.wr_id);
+                    self.hazard(dev, HazardKind::DmaIntoFreedMemory, detail);
+                }
+                wc.status = local;
+                wc.byte_len = 0;
+                self.deliver(dev, recv_cq, wc);
+                self.respond(dev, src, psn, Resp::Nak(nak));
+                self.to_error(dev, qp, None);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_read(
+        &mut self,
+        dev: u32,
+        qp: u32,
+        src: (u32, u32),
+        psn: u64,
+        dup: bool,
+        addr: u64,
+        len: u64,
+        rk: u32,
+    ) {
+        match self.check_read(dev, qp, addr, len, rk) {
+            Ok((mr, range, mw)) => {
+                let data = self.devs[dev as usize].mr(mr).expect("checked").data[range.clone()].to_vec();
+                let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");
+                if !dup {
+                    q.epsn += 1;
+                }
+                q.counters.bytes_served += data.len() as u64;
+                let served = Served { at: self.now, dev, qp, mr, range, mw };
+                if let Some(e) = self.devs[src.0 as usize]
+                    .qp_mut(src.1)
+                    .and_then(|q| q.sq.iter_mut().find(|e| e.psn == Some(psn) && e.st == WrState::Issued))
+                {
+                    e.served = Some(served);
+                }
+                self.respond(dev, src, psn, Resp::ReadData(data));
+            }
+            Err(why) => {
+                let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");
+                q.counters.resp_remote_access_errors += 1;
+                let qpn = q.qpn;
+                self.log(|| format!("dev{dev} qpn {qpn:#x} remote access error, rkey {rk:#x}: {why}"));
+                self.respond(dev, src, psn, Resp::Nak(WcStatus::RemAccessErr));
+                self.to_error(dev, qp, None);
+            }
+        }
+    }
+
+    /// Check a READ of `addr..+len` through `rk` arriving at responder `qp`;
+    /// on success the region and offsets to copy, and the window used.
+    pub(crate) fn check_read(
+        &self,
+        dev: u32,
+        qp: u32,
+        addr: u64,
+        len: u64,
+        rk: u32,
+    ) -> Result<(u32, Range<usize>, Option<u32>), &'static str> {
+        let d = &self.devs[dev as usize];
+        let pd = d.qp(qp).ok_or("no such queue pair")?.pd;
+        match d.keys.get(&(rk >> 8)).copied().ok_or("unknown rkey")? {
+            KeyObj::Mr(m) => {
+                let mr = d.mr(m).filter(|mr| mr.pd == pd).ok_or("region of another protection domain")?;
+                if mr.rkey != rk {
+                    return Err("wrong consumer key");
+                }
+                if !mr.access.contains(Access::REMOTE_READ) {
+                    return Err("region grants no remote read");
+                }
+                let range = offsets(mr.addr, mr.data.len(), addr, len).ok_or("outside the region")?;
+                Ok((m, range, None))
+            }
+            KeyObj::Mw(w) => {
+                let mw = d.mw(w).filter(|mw| mw.pd == pd).ok_or("window of another protection domain")?;
+                let MwState::Bound { qp: bound, mr: m, offset, len: wlen, access } = mw.state else {
+                    return Err("window not bound");
+                };
+                if mw.rkey != rk {
+                    return Err("stale or wrong consumer key");
+                }
+                if bound != qp {
+                    return Err("window bound to another queue pair");
+                }
+                if !access.contains(Access::REMOTE_READ) {
+                    return Err("window grants no remote read");
+                }
+                let mr = d.mr(m).ok_or("window's region is gone")?;
+                let range = if d.cfg.rxe_quirks {
+                    offsets(mr.addr, mr.data.len(), addr, len).ok_or("outside the region")?
+                } else {
+                    let r = offsets(mr.addr + offset as u64, wlen, addr, len).ok_or("outside the window")?;
+                    r.start + offset..r.end + offset
+                };
+                Ok((m, range, Some(w)))
+            }
+        }
+    }
+
+    /// Bind window `mw` for queue pair `qp`, following the spec's checks.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind(
+        &mut self,
+        dev: u32,
+        qp: u32,
+        mw: u32,
+        new_rkey: u32,
+        mr: u32,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<(), &'static str> {
+        let d = &mut self.devs[dev as usize];
+        let pd = d.qp(qp).ok_or("no such queue pair")?.pd;
+        let m = d.mr(mr).filter(|m| m.pd == pd).ok_or("region is gone")?;
+        let w = d.mw(mw).filter(|w| w.pd == pd).ok_or("window is gone")?;
+        if rkey::index(new_rkey) != rkey::index(w.rkey) {
+            return Err("new rkey has another window's index bits");
+        }
+        if matches!(w.state, MwState::Bound { .. }) {
+            return Err("window is still bound; invalidate it first");
+        }
+        if !m.access.contains(Access::MW_BIND) {
+            return Err("region lacks MW_BIND");
+        }
+        if len == 0 {
+            return Err("zero-length window");
+        }
+        if !offset.checked_add(len).is_some_and(|end| end <= m.data.len()) {
+            return Err("window extends past the region");
+        }
+        if access.contains(Access::REMOTE_WRITE) && !m.access.contains(Access::LOCAL_WRITE) {
+            return Err("a writable window needs LOCAL_WRITE on the region");
+        }
+        d.mr_mut(mr).expect("checked").bound_mws += 1;
+        let w = d.mw_mut(mw).expect("checked");
+        w.rkey = new_rkey;
+        w.state = MwState::Bound { qp, mr, offset, len, access };
+        Ok(())
+    }
+
+    /// Invalidate the window named by `rk` in protection domain `pd`.
+    /// Returns the queue pairs rxe's in-flight quirk moves to ERR.
+    pub(crate) fn invalidate(&mut self, dev: u32, pd: u32, rk: u32) -> Result<Vec<(u32, u32)>, InvError> {
+        let d = &mut self.devs[dev as usize];
+        let w = match d.keys.get(&(rk >> 8)) {
+            Some(KeyObj::Mw(w)) => *w,
+            Some(KeyObj::Mr(m)) if d.mr(*m).is_some_and(|m| m.pd == pd) => return Err(InvError::NotAWindow),
+            _ => return Err(InvError::UnknownKey),
+        };
+        let mw = d.mw_mut(w).filter(|mw| mw.pd == pd).ok_or(InvError::UnknownKey)?;
+        let MwState::Bound { mr, .. } = mw.state else { return Err(InvError::NotBound) };
+        if mw.rkey != rk {
+            return Err(InvError::WrongKey);
+        }
+        mw.state = MwState::Invalidated;
+        if let Some(m) = d.mr_mut(mr) {
+            m.bound_mws -= 1;
+        }
+        self.log(|| format!("dev{dev} window rkey {rk:#x} invalidated"));
+        Ok(if self.devs[dev as usize].cfg.rxe_quirks { self.hang_reads_through(dev, w) } else { Vec::new() })
+    }
+
+    /// rxe: READs being answered through an invalidated window never
+    /// complete, and the responder's QP goes to ERR.
+    fn hang_reads_through(&mut self, dev: u32, w: u32) -> Vec<(u32, u32)> {
+        let mut owners = Vec::new();
+        for d in &mut self.devs {
+            for q in d.qps.iter_mut().flatten() {
+                for e in q.sq.iter_mut().filter(|e| e.st == WrState::Issued && !e.hung) {
+                    if let Some(s) = e.served.as_ref().filter(|s| s.dev == dev && s.mw == Some(w)) {
+                        e.hung = true;
+                        if !owners.contains(&(dev, s.qp)) {
+                            owners.push((dev, s.qp));
+                        }
+                    }
+                }
+            }
+        }
+        if !owners.is_empty() {
+            self.log(|| format!("rxe quirk: READs through window {w} on dev{dev} will never complete"));
+        }
+        owners
+    }
+}

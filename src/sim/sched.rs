@@ -1,0 +1,89 @@
+//! The seeded scheduler: events in FIFO lanes, earliest head first, ties
+//! broken by the seeded generator.
+//!
+//! A lane keeps what RC orders: one queue pair's send-queue execution, the
+//! requests arriving at a responder, the responses arriving at a requester,
+//! the completions of one CQ. Only a lane's head can run, so a later event
+//! of the same lane never overtakes an earlier one, whatever their times.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rand::rngs::SmallRng;
+use rand::Rng;
+
+use super::event::EvKind;
+
+/// A FIFO of events that must run in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Lane {
+    /// Send-queue execution of (device, qp index).
+    Sq(u32, u32),
+    /// Request packets arriving at (device, qp index) as responder.
+    Resp(u32, u32),
+    /// Response packets arriving at (device, qp index) as requester.
+    Req(u32, u32),
+    /// Completions delivered to (device, cq index).
+    Cq(u32, u32),
+    /// An unordered event (timers), unique by its sequence number.
+    Free(u64),
+}
+
+#[derive(Debug)]
+pub(crate) struct Ev {
+    pub(crate) at: u64,
+    pub(crate) kind: EvKind,
+}
+
+#[derive(Default)]
+pub(crate) struct Scheduler {
+    lanes: BTreeMap<Lane, VecDeque<Ev>>,
+    next_free: u64,
+}
+
+impl Scheduler {
+    /// Queue `kind` at the back of `lane`, no earlier than `at` nor than the
+    /// lane's last event.
+    pub(crate) fn push(&mut self, lane: Lane, at: u64, kind: EvKind) {
+        let q = self.lanes.entry(lane).or_default();
+        let at = q.back().map_or(at, |b| b.at.max(at));
+        q.push_back(Ev { at, kind });
+    }
+
+    /// Queue an unordered event.
+    pub(crate) fn push_free(&mut self, at: u64, kind: EvKind) {
+        self.next_free += 1;
+        self.push(Lane::Free(self.next_free), at, kind);
+    }
+
+    /// The time of the earliest runnable event.
+    pub(crate) fn next_at(&self) -> Option<u64> {
+        self.lanes.values().filter_map(|q| q.front()).map(|e| e.at).min()
+    }
+
+    /// How many events are queued.
+    pub(crate) fn len(&self) -> usize {
+        self.lanes.values().map(VecDeque::len).sum()
+    }
+
+    /// Take one of the earliest runnable events if it is due at `now`,
+    /// choosing among simultaneous ones with `rng`.
+    pub(crate) fn pop_due(&mut self, now: u64, rng: &mut SmallRng) -> Option<Ev> {
+        let at = self.next_at()?;
+        if at > now {
+            return None;
+        }
+        let ready: Vec<Lane> = self
+            .lanes
+            .iter()
+            .filter(|(_, q)| q.front().is_some_and(|e| e.at == at))
+            .map(|(l, _)| *l)
+            .collect();
+        let lane = if ready.len() == 1 { ready[0] } else { ready[rng.gen_range(0..ready.len())] };
+        let q = self.lanes.get_mut(&lane)?;
+        let ev = q.pop_front();
+        if q.is_empty() {
+            self.lanes.remove(&lane);
+        }
+        ev
+    }
+}

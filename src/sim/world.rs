@@ -1,0 +1,352 @@
+//! The fabric's state: devices, their objects, the clock and the scheduler.
+//!
+//! Everything lives behind one lock in [`super::Fabric`]; objects are kept
+//! in slabs whose indexes are never reused, so an event naming a destroyed
+//! object finds nothing and is dropped.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::config::{DeviceConfig, FabricConfig};
+use super::event::EvKind;
+use super::oracle::{Hazard, HazardKind, QpCounters, TraceEntry};
+use super::sched::{Lane, Scheduler};
+use super::DeviceId;
+use crate::backend::{Access, Completion, QpConfig, QpState, SendWr, Sge, WcOpcode, WcStatus};
+
+pub(crate) struct World {
+    pub(crate) cfg: FabricConfig,
+    pub(crate) now: u64,
+    pub(crate) rng: SmallRng,
+    pub(crate) sched: Scheduler,
+    pub(crate) devs: Vec<Device>,
+    /// Per unordered device pair: (cut, extra delay in ns).
+    pub(crate) links: BTreeMap<(u32, u32), (bool, u64)>,
+    pub(crate) hazards: Vec<Hazard>,
+    pub(crate) trace: Vec<TraceEntry>,
+}
+
+pub(crate) struct Device {
+    pub(crate) cfg: DeviceConfig,
+    pub(crate) alive: bool,
+    pub(crate) gid: [u8; 16],
+    pub(crate) next_pd: u32,
+    /// Key index (rkey >> 8) to the object it names; shared by all PDs, as on real devices.
+    pub(crate) keys: BTreeMap<u32, KeyObj>,
+    pub(crate) next_index: u32,
+    pub(crate) next_addr: u64,
+    pub(crate) next_qpn: u32,
+    pub(crate) mrs: Vec<Option<Mr>>,
+    pub(crate) mws: Vec<Option<Mw>>,
+    pub(crate) cqs: Vec<Option<Cq>>,
+    pub(crate) qps: Vec<Option<Qp>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyObj {
+    Mr(u32),
+    Mw(u32),
+}
+
+pub(crate) struct Mr {
+    pub(crate) pd: u32,
+    pub(crate) data: Vec<u8>,
+    pub(crate) access: Access,
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) bound_mws: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MwState {
+    Unbound,
+    Bound { qp: u32, mr: u32, offset: usize, len: usize, access: Access },
+    Invalidated,
+}
+
+pub(crate) struct Mw {
+    pub(crate) pd: u32,
+    pub(crate) rkey: u32,
+    pub(crate) state: MwState,
+}
+
+pub(crate) struct Cq {
+    pub(crate) pd: u32,
+    pub(crate) entries: VecDeque<Completion>,
+    pub(crate) users: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WrState {
+    Pending,
+    Issued,
+    Done { status: WcStatus, byte_len: u32 },
+}
+
+/// Where a READ was served from, for the oracle and rxe's in-flight quirk.
+#[derive(Clone, Debug)]
+pub(crate) struct Served {
+    pub(crate) at: u64,
+    pub(crate) dev: u32,
+    pub(crate) qp: u32,
+    pub(crate) mr: u32,
+    pub(crate) range: Range<usize>,
+    pub(crate) mw: Option<u32>,
+}
+
+pub(crate) struct SqEntry {
+    pub(crate) wr: SendWr,
+    pub(crate) posted_at: u64,
+    pub(crate) st: WrState,
+    pub(crate) psn: Option<u64>,
+    /// The SEND payload gathered at issue, kept for retransmission.
+    pub(crate) payload: Option<Vec<u8>>,
+    pub(crate) served: Option<Served>,
+    /// rxe quirk: the response will never come and no retry is made.
+    pub(crate) hung: bool,
+}
+
+pub(crate) struct RqEntry {
+    pub(crate) wr_id: u64,
+    pub(crate) sge: Sge,
+}
+
+pub(crate) struct Qp {
+    pub(crate) pd: u32,
+    pub(crate) qpn: u32,
+    pub(crate) cfg: QpConfig,
+    pub(crate) state: QpState,
+    /// The peer's (gid, qpn).
+    pub(crate) remote: Option<([u8; 16], u32)>,
+    pub(crate) sq: VecDeque<SqEntry>,
+    pub(crate) rq: VecDeque<RqEntry>,
+    pub(crate) next_psn: u64,
+    /// Responder side: the next expected request sequence number.
+    pub(crate) epsn: u64,
+    pub(crate) issue_scheduled: bool,
+    pub(crate) timer_gen: u64,
+    pub(crate) timer_armed: bool,
+    pub(crate) retries_left: u8,
+    pub(crate) rnr_left: u8,
+    pub(crate) counters: QpCounters,
+}
+
+impl Qp {
+    pub(crate) fn new(pd: u32, qpn: u32, cfg: QpConfig, retry: u8, rnr: u8) -> Qp {
+        Qp {
+            pd,
+            qpn,
+            cfg,
+            state: QpState::Init,
+            remote: None,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            next_psn: 0,
+            epsn: 0,
+            issue_scheduled: false,
+            timer_gen: 0,
+            timer_armed: false,
+            retries_left: retry,
+            rnr_left: rnr,
+            counters: QpCounters::default(),
+        }
+    }
+}
+
+impl Device {
+    pub(crate) fn new(idx: u32, cfg: DeviceConfig) -> Device {
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[12..16].copy_from_slice(&(idx + 1).to_be_bytes());
+        Device {
+            cfg,
+            alive: true,
+            gid,
+            next_pd: 0,
+            keys: BTreeMap::new(),
+            next_index: 1,
+            next_addr: 0x10_0000,
+            next_qpn: 0x11,
+            mrs: Vec::new(),
+            mws: Vec::new(),
+            cqs: Vec::new(),
+            qps: Vec::new(),
+        }
+    }
+
+    pub(crate) fn qp(&self, qp: u32) -> Option<&Qp> {
+        self.qps.get(qp as usize).and_then(Option::as_ref)
+    }
+    pub(crate) fn qp_mut(&mut self, qp: u32) -> Option<&mut Qp> {
+        self.qps.get_mut(qp as usize).and_then(Option::as_mut)
+    }
+    pub(crate) fn mr(&self, mr: u32) -> Option<&Mr> {
+        self.mrs.get(mr as usize).and_then(Option::as_ref)
+    }
+    pub(crate) fn mr_mut(&mut self, mr: u32) -> Option<&mut Mr> {
+        self.mrs.get_mut(mr as usize).and_then(Option::as_mut)
+    }
+    pub(crate) fn mw(&self, mw: u32) -> Option<&Mw> {
+        self.mws.get(mw as usize).and_then(Option::as_ref)
+    }
+    pub(crate) fn mw_mut(&mut self, mw: u32) -> Option<&mut Mw> {
+        self.mws.get_mut(mw as usize).and_then(Option::as_mut)
+    }
+    pub(crate) fn qp_by_qpn(&self, qpn: u32) -> Option<u32> {
+        self.qps.iter().position(|q| q.as_ref().is_some_and(|q| q.qpn == qpn)).map(|i| i as u32)
+    }
+    /// A fresh key index with a random consumer key.
+    pub(crate) fn new_key(&mut self, obj: KeyObj, rng: &mut SmallRng) -> u32 {
+        let index = self.next_index;
+        self.next_index += 1;
+        self.keys.insert(index, obj);
+        (index << 8) | rng.gen::<u8>() as u32
+    }
+}
+
+impl World {
+    pub(crate) fn new(cfg: FabricConfig) -> World {
+        World {
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            cfg,
+            now: 0,
+            sched: Scheduler::default(),
+            devs: Vec::new(),
+            links: BTreeMap::new(),
+            hazards: Vec::new(),
+            trace: Vec::new(),
+        }
+    }
+
+    pub(crate) fn log(&mut self, what: impl FnOnce() -> String) {
+        if self.cfg.record_trace {
+            let what = what();
+            tracing::trace!(at_ns = self.now, "{what}");
+            self.trace.push(TraceEntry { at: Duration::from_nanos(self.now), what });
+        }
+    }
+
+    pub(crate) fn hazard(&mut self, dev: u32, kind: HazardKind, detail: String) {
+        tracing::warn!(device = dev, ?kind, "{detail}");
+        self.log(|| format!("HAZARD {kind:?} dev{dev}: {detail}"));
+        self.hazards.push(Hazard { at: Duration::from_nanos(self.now), device: DeviceId(dev), kind, detail });
+    }
+
+    pub(crate) fn dev_by_gid(&self, gid: &[u8; 16]) -> Option<u32> {
+        self.devs.iter().position(|d| &d.gid == gid).map(|i| i as u32)
+    }
+
+    fn link_key(a: u32, b: u32) -> (u32, u32) {
+        (a.min(b), a.max(b))
+    }
+
+    /// Whether packets can currently travel between two devices.
+    pub(crate) fn path_up(&self, a: u32, b: u32) -> bool {
+        let alive = |d: u32| self.devs.get(d as usize).is_some_and(|d| d.alive);
+        alive(a) && alive(b) && !self.links.get(&World::link_key(a, b)).is_some_and(|l| l.0)
+    }
+
+    pub(crate) fn set_link(&mut self, a: u32, b: u32, f: impl FnOnce(&mut (bool, u64))) {
+        f(self.links.entry(World::link_key(a, b)).or_insert((false, 0)))
+    }
+
+    /// One packet's travel time between two devices.
+    pub(crate) fn wire_time(&mut self, a: u32, b: u32, bytes: u64) -> u64 {
+        let lat = self.cfg.latency;
+        let f = self.cfg.faults;
+        let link = self.links.get(&World::link_key(a, b)).map_or(0, |l| l.1);
+        let jitter = f.jitter.as_nanos() as u64;
+        let jitter = if jitter > 0 { self.rng.gen_range(0..=jitter) } else { 0 };
+        lat.wire.as_nanos() as u64
+            + f.extra_delay.as_nanos() as u64
+            + link
+            + jitter
+            + (lat.per_kib.as_nanos() as u64).saturating_mul(bytes) / 1024
+    }
+
+    /// Queue a completion for the CQ after the completion latency.
+    pub(crate) fn deliver(&mut self, dev: u32, cq: u32, wc: Completion) {
+        let at = self.now + self.cfg.latency.completion.as_nanos() as u64;
+        self.sched.push(Lane::Cq(dev, cq), at, EvKind::Deliver { dev, cq, wc });
+    }
+
+    /// Hand the send queue's finished head entries to the CQ, in order.
+    pub(crate) fn retire(&mut self, dev: u32, qp: u32) {
+        let mut out = Vec::new();
+        let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
+        while let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) {
+            let e = q.sq.pop_front().expect("front exists");
+            if status != WcStatus::Success || e.wr.signaled() {
+                out.push(Completion {
+                    wr_id: e.wr.wr_id(),
+                    status,
+                    opcode: e.wr.opcode(),
+                    byte_len,
+                    invalidated_rkey: None,
+                    qpn: q.qpn,
+                    vendor_err: 0,
+                });
+            }
+        }
+        let cq = q.cfg.send_cq.0;
+        for wc in out {
+            self.deliver(dev, cq, wc);
+        }
+    }
+
+    /// Move a queue pair to ERR: `cause` (a send-queue entry index and its
+    /// status) completes with its error, every other outstanding work
+    /// request with `WR_FLUSH_ERR`.
+    pub(crate) fn to_error(&mut self, dev: u32, qp: u32, cause: Option<(usize, WcStatus)>) {
+        let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
+        let was = q.state;
+        q.state = QpState::Err;
+        q.timer_gen += 1;
+        q.timer_armed = false;
+        for (i, e) in q.sq.iter_mut().enumerate() {
+            if !matches!(e.st, WrState::Done { .. }) {
+                let status = match cause {
+                    Some((c, s)) if c == i => s,
+                    _ => WcStatus::WrFlushErr,
+                };
+                e.st = WrState::Done { status, byte_len: 0 };
+            }
+        }
+        let qpn = q.qpn;
+        let recv_cq = q.cfg.recv_cq.0;
+        let rq: Vec<RqEntry> = q.rq.drain(..).collect();
+        self.log(|| format!("dev{dev} qpn {qpn:#x} {was:?} -> ERR"));
+        self.retire(dev, qp);
+        for r in rq {
+            let wc = Completion {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                invalidated_rkey: None,
+                qpn,
+                vendor_err: 0,
+            };
+            self.deliver(dev, recv_cq, wc);
+        }
+    }
+
+    /// Schedule the send queue's next execution if it has pending work.
+    pub(crate) fn schedule_issue(&mut self, dev: u32, qp: u32) {
+        let post = self.cfg.latency.post.as_nanos() as u64;
+        let now = self.now;
+        let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
+        if q.issue_scheduled || q.state != QpState::Rts {
+            return;
+        }
+        let Some(e) = q.sq.iter().find(|e| e.st == WrState::Pending) else { return };
+        let at = now.max(e.posted_at + post);
+        q.issue_scheduled = true;
+        self.sched.push(Lane::Sq(dev, qp), at, EvKind::Issue { dev, qp });
+    }
+}

@@ -1,0 +1,479 @@
+//! The type-2 window rows of rdma-facts.md's behaviour table, in spec form
+//! (and the rxe deviations where the sim models them).
+
+use mwcap::backend::{
+    rkey, Access, Completion, MrInfo, MwInfo, Nic, QpState, SendWr, Sge, WcOpcode, WcStatus,
+};
+use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, WindowState};
+
+struct Setup {
+    p: Pair,
+    /// Owner's region (MW_BIND | LOCAL_WRITE), 4096 bytes of a pattern.
+    mr: MrInfo,
+    mw: MwInfo,
+    /// Reader's READ destination.
+    dst: MrInfo,
+    /// Owner's SEND source and reader's RECV buffer.
+    sbuf: MrInfo,
+    rbuf: MrInfo,
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+fn setup(dev: DeviceConfig) -> Setup {
+    let f = Fabric::new(FabricConfig { record_trace: true, ..FabricConfig::with_seed(7) });
+    let p = Pair::new(&f, dev.clone(), dev).unwrap();
+    let mr = p.a.nic.reg_mr(4096, Access::MW_BIND | Access::LOCAL_WRITE).unwrap();
+    p.a.nic.write_mr(mr.id, 0, &pattern(4096)).unwrap();
+    let mw = p.a.nic.alloc_mw().unwrap();
+    let dst = p.b.nic.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let sbuf = p.a.nic.reg_mr(64, Access::NONE).unwrap();
+    let rbuf = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    Setup { p, mr, mw, dst, sbuf, rbuf }
+}
+
+fn bind(s: &Setup, rkey: u32, offset: usize, len: usize, access: Access, signaled: bool) -> SendWr {
+    SendWr::BindMw { wr_id: 1, signaled, mw: s.mw.id, rkey, mr: s.mr.id, offset, len, access }
+}
+
+fn send(s: &Setup, wr_id: u64) -> SendWr {
+    SendWr::Send { wr_id, signaled: true, sge: vec![Sge { mr: s.sbuf.id, offset: 0, len: 8 }] }
+}
+
+fn read(s: &Setup, wr_id: u64, addr: u64, len: u32, rkey: u32) -> SendWr {
+    SendWr::Read {
+        wr_id,
+        signaled: true,
+        local: vec![Sge { mr: s.dst.id, offset: 0, len }],
+        remote_addr: addr,
+        rkey,
+    }
+}
+
+fn recv(s: &Setup, wr_id: u64) {
+    s.p.b.nic.post_recv(s.p.b.qp, wr_id, Sge { mr: s.rbuf.id, offset: 0, len: 64 }).unwrap();
+}
+
+fn statuses(v: &[Completion]) -> Vec<(u64, WcOpcode, WcStatus)> {
+    v.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect()
+}
+
+/// Bind [256, 256+512) readable, chained with a SEND; returns the new rkey.
+fn bind_and_send(s: &Setup) -> u32 {
+    recv(s, 900);
+    let rk = rkey::rebind(s.mw.rkey, 0x5a);
+    s.p.a.nic.post_send(s.p.a.qp, &[bind(s, rk, 256, 512, Access::REMOTE_READ, false), send(s, 2)]).unwrap();
+    let (a, b) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(2, WcOpcode::Send, WcStatus::Success)]);
+    assert_eq!(statuses(&b), vec![(900, WcOpcode::Recv, WcStatus::Success)]);
+    rk
+}
+
+fn read_one(s: &Setup, addr: u64, len: u32, rk: u32) -> Completion {
+    s.p.b.nic.post_send(s.p.b.qp, &[read(s, 3, addr, len, rk)]).unwrap();
+    let (_, b) = s.p.settle();
+    assert_eq!(b.len(), 1, "{b:?}");
+    b[0].clone()
+}
+
+fn dst_bytes(s: &Setup, n: usize) -> Vec<u8> {
+    let mut out = vec![0; n];
+    s.p.b.nic.read_mr(s.dst.id, 0, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn bind_chained_before_send_then_read_inside_the_window() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    let c = read_one(&s, s.mr.addr + 300, 100, rk);
+    assert_eq!((c.opcode, c.status, c.byte_len), (WcOpcode::RdmaRead, WcStatus::Success, 100));
+    assert_eq!(dst_bytes(&s, 100), pattern(4096)[300..400].to_vec());
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Rts, QpState::Rts));
+}
+
+#[test]
+fn signaled_bind_completes_before_the_send() {
+    let s = setup(DeviceConfig::spec());
+    recv(&s, 900);
+    let rk = rkey::rebind(s.mw.rkey, 1);
+    s.p.a.nic.post_send(s.p.a.qp, &[bind(&s, rk, 0, 64, Access::REMOTE_READ, true), send(&s, 2)]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(
+        statuses(&a),
+        vec![(1, WcOpcode::BindMw, WcStatus::Success), (2, WcOpcode::Send, WcStatus::Success)]
+    );
+}
+
+#[test]
+fn a_region_without_remote_rights_rejects_its_own_rkey() {
+    let s = setup(DeviceConfig::spec());
+    let c = read_one(&s, s.mr.addr, 16, s.mr.rkey);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Err, QpState::Err));
+    assert_eq!(s.p.fabric.qp_counters(s.p.a.addr).unwrap().resp_remote_access_errors, 1);
+}
+
+#[test]
+fn a_writable_window_needs_local_write_on_the_region() {
+    let f = Fabric::with_seed(1);
+    let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
+    let mr = p.a.nic.reg_mr(128, Access::MW_BIND).unwrap();
+    let mw = p.a.nic.alloc_mw().unwrap();
+    let rk = rkey::rebind(mw.rkey, 9);
+    let wr = |access| SendWr::BindMw {
+        wr_id: 1,
+        signaled: true,
+        mw: mw.id,
+        rkey: rk,
+        mr: mr.id,
+        offset: 0,
+        len: 64,
+        access,
+    };
+    p.a.nic.post_send(p.a.qp, &[wr(Access::REMOTE_READ)]).unwrap();
+    let (a, _) = p.settle();
+    assert_eq!(a[0].status, WcStatus::Success, "a read-only window needs nothing but MW_BIND");
+    p.a.nic.post_send(p.a.qp, &[SendWr::LocalInv { wr_id: 5, signaled: false, rkey: rk }]).unwrap();
+    let rk2 = rkey::rebind(rk, 10);
+    let wr2 = SendWr::BindMw {
+        wr_id: 1,
+        signaled: true,
+        mw: mw.id,
+        rkey: rk2,
+        mr: mr.id,
+        offset: 0,
+        len: 64,
+        access: Access::REMOTE_READ | Access::REMOTE_WRITE,
+    };
+    p.a.nic.post_send(p.a.qp, &[wr2]).unwrap();
+    let (a, _) = p.settle();
+    assert_eq!(statuses(&a), vec![(1, WcOpcode::BindMw, WcStatus::MwBindErr)]);
+    assert_eq!(p.a.state(), QpState::Err);
+}
+
+fn bind_error_case(make: impl Fn(&Setup) -> Vec<SendWr>, prepare: impl Fn(&Setup)) {
+    let s = setup(DeviceConfig::spec());
+    prepare(&s);
+    recv(&s, 900);
+    let mut wrs = make(&s);
+    wrs.push(send(&s, 2));
+    s.p.a.nic.post_send(s.p.a.qp, &wrs).unwrap();
+    let (a, b) = s.p.settle();
+    let last = statuses(&a).into_iter().rev().take(2).collect::<Vec<_>>();
+    assert_eq!(
+        last,
+        vec![(2, WcOpcode::Send, WcStatus::WrFlushErr), (1, WcOpcode::BindMw, WcStatus::MwBindErr)]
+    );
+    assert_eq!(s.p.a.state(), QpState::Err, "the binding QP goes to ERR");
+    assert_eq!(s.p.b.state(), QpState::Rts, "the peer is unaffected");
+    assert!(b.is_empty(), "nothing reached the peer: {b:?}");
+}
+
+#[test]
+fn bind_without_mw_bind_on_the_region() {
+    bind_error_case(
+        |s| {
+            let plain = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+            let rk = rkey::rebind(s.mw.rkey, 3);
+            vec![SendWr::BindMw {
+                wr_id: 1,
+                signaled: false,
+                mw: s.mw.id,
+                rkey: rk,
+                mr: plain.id,
+                offset: 0,
+                len: 64,
+                access: Access::REMOTE_READ,
+            }]
+        },
+        |_| {},
+    );
+}
+
+#[test]
+fn bind_past_the_region_end() {
+    bind_error_case(
+        |s| vec![bind(s, rkey::rebind(s.mw.rkey, 3), 4000, 200, Access::REMOTE_READ, false)],
+        |_| {},
+    );
+}
+
+#[test]
+fn bind_of_zero_length() {
+    bind_error_case(|s| vec![bind(s, rkey::rebind(s.mw.rkey, 3), 0, 0, Access::REMOTE_READ, false)], |_| {});
+}
+
+#[test]
+fn bind_with_another_windows_index_bits() {
+    bind_error_case(|s| vec![bind(s, s.mw.rkey ^ 0x100, 0, 64, Access::REMOTE_READ, false)], |_| {});
+}
+
+#[test]
+fn rebinding_a_still_bound_window() {
+    bind_error_case(
+        |s| vec![bind(s, rkey::rebind(s.mw.rkey, 4), 0, 64, Access::REMOTE_READ, false)],
+        |s| {
+            s.p.a
+                .nic
+                .post_send(
+                    s.p.a.qp,
+                    &[bind(s, rkey::rebind(s.mw.rkey, 3), 0, 64, Access::REMOTE_READ, false)],
+                )
+                .unwrap();
+            s.p.settle();
+        },
+    );
+}
+
+#[test]
+fn read_outside_the_window_inside_the_region_fails_per_spec() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    let c = read_one(&s, s.mr.addr + 200, 100, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Err, QpState::Err));
+}
+
+#[test]
+fn read_outside_the_window_inside_the_region_succeeds_on_rxe() {
+    let s = setup(DeviceConfig::rxe());
+    let rk = bind_and_send(&s);
+    let c = read_one(&s, s.mr.addr + 200, 100, rk);
+    assert_eq!(c.status, WcStatus::Success, "rxe checks only the region's bounds");
+    assert_eq!(dst_bytes(&s, 100), pattern(4096)[200..300].to_vec());
+}
+
+#[test]
+fn read_past_the_region_end_fails_in_both_modes() {
+    for dev in [DeviceConfig::spec(), DeviceConfig::rxe()] {
+        let s = setup(dev);
+        let rk = bind_and_send(&s);
+        let c = read_one(&s, s.mr.addr + 4000, 200, rk);
+        assert_eq!(c.status, WcStatus::RemAccessErr);
+        assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Err, QpState::Err));
+    }
+}
+
+#[test]
+fn read_with_the_rkey_from_before_the_bind_fails() {
+    let s = setup(DeviceConfig::spec());
+    bind_and_send(&s);
+    let c = read_one(&s, s.mr.addr + 300, 16, s.mw.rkey);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Err, QpState::Err));
+}
+
+#[test]
+fn a_window_without_remote_read_rejects_reads() {
+    let s = setup(DeviceConfig::spec());
+    let rk = rkey::rebind(s.mw.rkey, 8);
+    s.p.a.nic.post_send(s.p.a.qp, &[bind(&s, rk, 0, 64, Access::NONE, false)]).unwrap();
+    s.p.settle();
+    let c = read_one(&s, s.mr.addr, 16, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_window_is_scoped_to_its_queue_pair() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    // A second connection between the same PDs.
+    let a2 = End::new(&s.p.a.nic).unwrap();
+    let b2 = End::new(&s.p.b.nic).unwrap();
+    End::connect(&a2, &b2).unwrap();
+    b2.nic.post_send(b2.qp, &[read(&s, 4, s.mr.addr + 300, 16, rk)]).unwrap();
+    s.p.fabric.run_until_idle();
+    assert_eq!(statuses(&b2.poll()), vec![(4, WcOpcode::RdmaRead, WcStatus::RemAccessErr)]);
+    assert_eq!((a2.state(), b2.state()), (QpState::Err, QpState::Err), "the foreign pair goes to ERR");
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Rts, QpState::Rts), "the bound pair is unaffected");
+    let c = read_one(&s, s.mr.addr + 300, 16, rk);
+    assert_eq!(c.status, WcStatus::Success);
+}
+
+#[test]
+fn local_inv_with_the_right_key_then_the_old_rkey_fails() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    s.p.a.nic.post_send(s.p.a.qp, &[SendWr::LocalInv { wr_id: 6, signaled: true, rkey: rk }]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(6, WcOpcode::LocalInv, WcStatus::Success)]);
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Rts, QpState::Rts));
+    assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
+    let c = read_one(&s, s.mr.addr + 300, 16, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Err, QpState::Err));
+    assert!(s.p.fabric.would_crash_rxe().is_empty());
+}
+
+#[test]
+fn local_inv_with_a_wrong_key_is_a_local_qp_error() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    s.p.a
+        .nic
+        .post_send(s.p.a.qp, &[SendWr::LocalInv { wr_id: 6, signaled: true, rkey: rkey::inc(rk) }])
+        .unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(6, WcOpcode::LocalInv, WcStatus::LocQpOpErr)]);
+    assert_eq!(s.p.a.state(), QpState::Err);
+    assert!(matches!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Bound { .. })));
+    assert!(s.p.fabric.would_crash_rxe().is_empty(), "a wrong key on a bound window is not the crash case");
+}
+
+#[test]
+fn send_with_inv_invalidates_and_reports_the_rkey() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    // The reader tells the owner it is done, invalidating the window.
+    let bsrc = s.p.b.nic.reg_mr(8, Access::NONE).unwrap();
+    let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.p.a.nic.post_recv(s.p.a.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
+    let wr = SendWr::SendWithInv {
+        wr_id: 8,
+        signaled: true,
+        sge: vec![Sge { mr: bsrc.id, offset: 0, len: 8 }],
+        invalidate_rkey: rk,
+    };
+    s.p.b.nic.post_send(s.p.b.qp, &[wr]).unwrap();
+    let (a, b) = s.p.settle();
+    assert_eq!(statuses(&b), vec![(8, WcOpcode::Send, WcStatus::Success)]);
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].opcode, a[0].status, a[0].invalidated_rkey),
+        (WcOpcode::Recv, WcStatus::Success, Some(rk))
+    );
+    let c = read_one(&s, s.mr.addr + 300, 16, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr, "the window really is invalid");
+}
+
+#[test]
+fn send_with_inv_on_another_connection_of_the_pd_also_invalidates() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    let a2 = End::new(&s.p.a.nic).unwrap();
+    let b2 = End::new(&s.p.b.nic).unwrap();
+    End::connect(&a2, &b2).unwrap();
+    let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    a2.nic.post_recv(a2.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
+    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: vec![], invalidate_rkey: rk };
+    b2.nic.post_send(b2.qp, &[wr]).unwrap();
+    s.p.fabric.run_until_idle();
+    assert_eq!(a2.poll()[0].invalidated_rkey, Some(rk));
+    assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
+}
+
+#[test]
+fn rebind_after_invalidation_works_with_a_new_key_only() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    s.p.a.nic.post_send(s.p.a.qp, &[SendWr::LocalInv { wr_id: 6, signaled: false, rkey: rk }]).unwrap();
+    let rk2 = rkey::rebind(rk, 0x77);
+    s.p.a.nic.post_send(s.p.a.qp, &[bind(&s, rk2, 1024, 128, Access::REMOTE_READ, true)]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(1, WcOpcode::BindMw, WcStatus::Success)]);
+    let c = read_one(&s, s.mr.addr + 1024, 128, rk2);
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(dst_bytes(&s, 128), pattern(4096)[1024..1152].to_vec());
+    let c = read_one(&s, s.mr.addr + 1024, 16, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr, "the old rkey stays dead");
+}
+
+#[test]
+fn the_crash_cases_are_errors_and_are_counted() {
+    // LOCAL_INV of a never-bound window.
+    let s = setup(DeviceConfig::spec());
+    s.p.a.nic.post_send(s.p.a.qp, &[SendWr::LocalInv { wr_id: 6, signaled: true, rkey: s.mw.rkey }]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(6, WcOpcode::LocalInv, WcStatus::LocQpOpErr)]);
+    assert_eq!(s.p.fabric.would_crash_rxe().len(), 1);
+
+    // LOCAL_INV twice.
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    let inv = |id| SendWr::LocalInv { wr_id: id, signaled: true, rkey: rk };
+    s.p.a.nic.post_send(s.p.a.qp, &[inv(6), inv(7)]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(
+        statuses(&a),
+        vec![(6, WcOpcode::LocalInv, WcStatus::Success), (7, WcOpcode::LocalInv, WcStatus::LocQpOpErr)]
+    );
+    assert_eq!(s.p.fabric.would_crash_rxe().len(), 1);
+
+    // SEND_WITH_INV of an already invalidated rkey (a peer can do this).
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
+    s.p.settle();
+    let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.p.a.nic.post_recv(s.p.a.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
+    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: vec![], invalidate_rkey: rk };
+    s.p.b.nic.post_send(s.p.b.qp, &[wr]).unwrap();
+    let (a, b) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(77, WcOpcode::Recv, WcStatus::RemInvReqErr)]);
+    assert_eq!(statuses(&b), vec![(8, WcOpcode::Send, WcStatus::RemInvReqErr)]);
+    let crashes = s.p.fabric.would_crash_rxe();
+    assert_eq!(crashes.len(), 1);
+    assert!(crashes[0].detail.contains("SEND_WITH_INV"), "{crashes:?}");
+}
+
+fn inv_wr(rk: u32) -> SendWr {
+    SendWr::LocalInv { wr_id: 6, signaled: false, rkey: rk }
+}
+
+#[test]
+fn dealloc_of_a_bound_window_invalidates_it_without_a_hazard() {
+    let s = setup(DeviceConfig::spec());
+    let rk = bind_and_send(&s);
+    assert!(s.p.a.nic.dereg_mr(s.mr.id).is_err(), "a region under a bound window cannot be deregistered");
+    s.p.a.nic.dealloc_mw(s.mw.id).unwrap();
+    assert!(s.p.fabric.hazards().is_empty());
+    let c = read_one(&s, s.mr.addr + 300, 16, rk);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    s.p.a.nic.dereg_mr(s.mr.id).unwrap();
+}
+
+#[test]
+fn read_in_flight_when_invalidated_spec_and_rxe() {
+    // Spec: the READ's bytes are copied when the responder processes it; an
+    // invalidation that lands first makes it fail, one that lands after
+    // leaves it successful.
+    let s = setup(DeviceConfig::spec());
+    s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
+    let rk = bind_and_send(&s);
+    s.p.b.nic.post_send(s.p.b.qp, &[read(&s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
+    s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
+    let (_, b) = s.p.settle();
+    assert_eq!(statuses(&b), vec![(3, WcOpcode::RdmaRead, WcStatus::RemAccessErr)]);
+
+    for dev in [DeviceConfig::spec(), DeviceConfig::rxe()] {
+        let rxe = dev.rxe_quirks;
+        let s = setup(dev);
+        s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
+        let rk = bind_and_send(&s);
+        s.p.b.nic.post_send(s.p.b.qp, &[read(&s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
+        // Run until the responder has copied the bytes.
+        while !s.p.fabric.in_flight().iter().any(|r| r.source.is_some()) {
+            assert!(s.p.fabric.step());
+        }
+        s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
+        let (_, b) = s.p.settle();
+        if rxe {
+            assert!(b.is_empty(), "rxe: the requester gets no completion at all");
+            assert_eq!(s.p.b.state(), QpState::Rts);
+            assert_eq!(s.p.a.state(), QpState::Err, "rxe: the owner's QP goes to ERR");
+            let inflight = s.p.fabric.in_flight();
+            assert!(inflight.len() == 1 && inflight[0].hung);
+            // The library's way out: flush the reader's QP.
+            s.p.b.nic.set_qp_error(s.p.b.qp).unwrap();
+            let (_, b) = s.p.settle();
+            assert_eq!(statuses(&b), vec![(3, WcOpcode::RdmaRead, WcStatus::WrFlushErr)]);
+            assert!(s.p.fabric.in_flight().is_empty());
+        } else {
+            assert_eq!(statuses(&b), vec![(3, WcOpcode::RdmaRead, WcStatus::Success)]);
+            assert_eq!((s.p.a.state(), s.p.b.state()), (QpState::Rts, QpState::Rts));
+        }
+    }
+}
