@@ -151,10 +151,16 @@ impl Fabric {
         self.lock().cfg.faults
     }
 
-    /// Change the transport and fault settings (extra delay, jitter, retry counts and timers).
+    /// Change the transport and fault settings (extra delay, jitter, retry
+    /// counts and timers). Every queue pair's retry budgets restart from the
+    /// new counts.
     pub fn set_faults(&self, f: Faults) {
         let mut w = self.lock();
         w.cfg.faults = f;
+        for q in w.devs.iter_mut().flat_map(|d| d.qps.iter_mut().flatten()) {
+            q.retries_left = f.retry_cnt;
+            q.rnr_left = f.rnr_retry;
+        }
         w.log(|| format!("faults set: {f:?}"));
     }
 
