@@ -29,6 +29,7 @@
 
 pub mod backend;
 pub mod bootstrap;
+pub mod conformance;
 pub mod conn;
 mod probe;
 pub mod sim;
