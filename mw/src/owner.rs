@@ -1,0 +1,619 @@
+//! The owner engine: exposes buffers through a pool of type-2 windows.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+use crate::rng::SplitMix64;
+use crate::types::TokenKind;
+use crate::wire::MAX_LEASE_TIME;
+use crate::{rkey, Buffer, Grant, LeaseId, Release, Status, Token, Window};
+
+/// The owner side of the MW policy for one connection (one RC QP).
+///
+/// It binds a window of its pool over a buffer, chained with the SEND that
+/// carries the [`Grant`], and takes the buffer back only on NIC evidence that
+/// no remote access is possible any more: the successful completion of its own
+/// LOCAL_INV of that bind, or the QP flushed or destroyed. It is the only
+/// party that invalidates, exactly once per bind. See the crate docs for the
+/// call order and `docs/protocol-mw.md` for the argument.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    slots: Vec<Slot>,
+    rng: SplitMix64,
+    link: Link,
+    actions: VecDeque<OwnerAction>,
+    events: VecDeque<OwnerEvent>,
+    stats: OwnerStats,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Link {
+    /// The QP is usable.
+    Up,
+    /// The QP is unusable; `in_err` once there is evidence it is in ERR (an
+    /// error or flush completion, or the driver said so).
+    Down { in_err: bool },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Slot {
+    window: Window,
+    /// Binds so far; the current bind's number.
+    epoch: u32,
+    state: SlotState,
+    /// The grant SEND (signaled) has not completed.
+    send_pending: bool,
+    /// The LOCAL_INV has not completed.
+    inv_pending: bool,
+    /// The peer invalidated this bind with SEND_WITH_INV: never LOCAL_INV it.
+    peer_invalidated: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum SlotState {
+    /// Unbound, ready for the next bind.
+    Free,
+    /// Bound; the grant is out.
+    Leased { buffer: Buffer, expiry: Duration, cancelled: bool },
+    /// LOCAL_INV posted; the buffer returns on its successful completion.
+    Invalidating { buffer: Buffer, end: LeaseEnd, cancelled: bool },
+    /// The QP is down; the buffer returns on flush evidence.
+    Stranded { buffer: Buffer, end: LeaseEnd, cancelled: bool },
+    /// The QP is down and the buffer is back: never rebound; the driver
+    /// deallocates the window.
+    Retired,
+}
+
+/// How a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseEnd {
+    /// The peer released it (it will not READ again).
+    Released,
+    /// The owner's expiry timer fired.
+    Expired,
+    /// The QP died before the lease ended otherwise.
+    ConnectionLost,
+}
+
+/// Why the owner considers its QP unusable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossCause {
+    /// One of its work requests completed with this error status.
+    WorkRequestFailed(Status),
+    /// The driver reported the QP in ERR ([`Owner::handle_qp_error`]).
+    QpError,
+    /// The driver destroyed the QP.
+    QpDestroyed,
+    /// The peer broke the protocol; the owner asked for the QP to be flushed.
+    HostilePeer,
+}
+
+/// Peer behaviour the protocol forbids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Misbehavior {
+    /// The peer sent SEND_WITH_INV (only the owner invalidates). `window` is
+    /// the window whose current bind carried that rkey, if any.
+    SendWithInvalidate {
+        /// The rkey the peer invalidated.
+        rkey: u32,
+        /// The window it belongs to, if it names a bound window of the pool.
+        window: Option<u32>,
+    },
+}
+
+/// What the driver must do for the owner. Post work requests in the order
+/// the actions come out.
+#[must_use = "an owner action must be carried out, or buffers never return"]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OwnerAction {
+    /// Post, in one `post_send` (one doorbell), the bind then the SEND of
+    /// the grant; see [`BindAndGrant`].
+    BindAndGrant(BindAndGrant),
+    /// Post a signaled `LocalInv { wr_id: token.wr_id(), rkey }` for `window`.
+    Invalidate {
+        /// The work request id.
+        token: Token,
+        /// The window being invalidated (for logs; the verb names it by rkey).
+        window: u32,
+        /// The window's current rkey.
+        rkey: u32,
+    },
+    /// Move the QP to ERR (the peer is hostile). Afterwards call
+    /// [`Owner::handle_qp_error`] (and the reader's) on this connection.
+    FlushQp,
+}
+
+/// A bind chained with the SEND of its grant.
+///
+/// Post `BindMw { wr_id: bind_token, signaled: false, mw: window, rkey, mr:
+/// buffer.mr, offset: buffer.offset, len: buffer.len, access: REMOTE_READ }`
+/// followed by `Send { wr_id: send_token, signaled: true }` whose payload is
+/// `Message::Grant(grant)` encoded. Both go in one `post_send`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BindAndGrant {
+    /// The bind's work request id (the bind is unsignaled: its completion
+    /// only arrives on error).
+    pub bind_token: Token,
+    /// The window handle.
+    pub window: u32,
+    /// The new rkey for this bind.
+    pub rkey: u32,
+    /// The buffer the window covers, exactly.
+    pub buffer: Buffer,
+    /// The SEND's work request id (signaled).
+    pub send_token: Token,
+    /// The message to encode into the SEND.
+    pub grant: Grant,
+}
+
+/// What the owner tells its user.
+#[must_use = "owner events return buffers; dropping one leaks it"]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OwnerEvent {
+    /// The buffer is the owner's again: no remote access to it is possible.
+    BufferReturned {
+        /// The lease that covered it.
+        lease: LeaseId,
+        /// The buffer, as given to [`Owner::grant`].
+        buffer: Buffer,
+        /// How the lease ended.
+        end: LeaseEnd,
+        /// Whether the user cancelled the lease before it ended.
+        cancelled: bool,
+    },
+    /// The QP is unusable; no new grants. Leased buffers return as flush
+    /// evidence arrives.
+    ConnectionLost {
+        /// Why.
+        cause: LossCause,
+    },
+    /// The peer broke the protocol; the connection is being torn down.
+    PeerMisbehaved(Misbehavior),
+    /// The window will never be bound again: deallocate it once the QP is
+    /// destroyed.
+    WindowRetired {
+        /// The window handle.
+        window: u32,
+    },
+}
+
+/// Counters for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnerStats {
+    /// Grants issued.
+    pub grants: u64,
+    /// Leases ended by a valid release.
+    pub released: u64,
+    /// Leases ended by the expiry timer.
+    pub expired: u64,
+    /// LOCAL_INVs posted.
+    pub invalidations: u64,
+    /// Releases for a lease that already ended (late after expiry, duplicate, replay).
+    pub stale_releases: u64,
+    /// Releases naming no lease ever granted, or with the wrong rkey.
+    pub forged_releases: u64,
+    /// SEND_WITH_INV received from the peer.
+    pub peer_invalidations: u64,
+    /// Completions whose token is not one of this owner's outstanding ones.
+    pub unknown_completions: u64,
+}
+
+/// Why [`Owner::grant`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GrantError {
+    /// Every window of the pool is leased (backpressure).
+    NoFreeWindow {
+        /// The pool size.
+        pool: usize,
+    },
+    /// The buffer has zero length (a zero-length bind fails and kills the QP).
+    EmptyBuffer,
+    /// The lease time is zero or longer than [`MAX_LEASE_TIME`].
+    BadLeaseTime(Duration),
+    /// The QP is down.
+    ConnectionLost,
+}
+
+impl fmt::Display for GrantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantError::NoFreeWindow { pool } => write!(
+                f,
+                "all {pool} memory windows are leased; wait for a buffer to return or size the pool to the queue depth"
+            ),
+            GrantError::EmptyBuffer => f.write_str("cannot grant an empty buffer"),
+            GrantError::BadLeaseTime(t) => {
+                write!(f, "lease time {t:?} is not in 1µs..={MAX_LEASE_TIME:?}")
+            }
+            GrantError::ConnectionLost => f.write_str("the connection is lost; open a new one"),
+        }
+    }
+}
+
+impl std::error::Error for GrantError {}
+
+/// Why [`Owner::cancel`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// No active lease has this id (it already returned, or never existed).
+    NotActive(LeaseId),
+}
+
+impl fmt::Display for CancelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CancelError::NotActive(l) => {
+                write!(f, "lease {l:?} is not active (its buffer already returned?)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CancelError {}
+
+impl Owner {
+    /// An owner over a pool of freshly allocated (unbound) windows; `seed`
+    /// seeds the consumer keys.
+    ///
+    /// # Panics
+    /// If the pool holds more than 2^24 windows (tokens carry a 24-bit index).
+    pub fn new(seed: u64, windows: impl IntoIterator<Item = Window>) -> Owner {
+        let slots: Vec<Slot> = windows
+            .into_iter()
+            .map(|window| Slot {
+                window,
+                epoch: 0,
+                state: SlotState::Free,
+                send_pending: false,
+                inv_pending: false,
+                peer_invalidated: false,
+            })
+            .collect();
+        assert!(slots.len() <= 1 << 24, "a window pool holds at most 2^24 windows");
+        Owner {
+            slots,
+            rng: SplitMix64::new(seed),
+            link: Link::Up,
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: OwnerStats::default(),
+        }
+    }
+
+    /// Expose `buffer` for `lease_time` from `now`: binds a free window and
+    /// queues a [`OwnerAction::BindAndGrant`]. The buffer comes back in an
+    /// [`OwnerEvent::BufferReturned`].
+    pub fn grant(
+        &mut self,
+        now: Duration,
+        buffer: Buffer,
+        lease_time: Duration,
+    ) -> Result<LeaseId, GrantError> {
+        if self.link != Link::Up {
+            return Err(GrantError::ConnectionLost);
+        }
+        if buffer.len == 0 {
+            return Err(GrantError::EmptyBuffer);
+        }
+        if lease_time < Duration::from_micros(1) || lease_time > MAX_LEASE_TIME {
+            return Err(GrantError::BadLeaseTime(lease_time));
+        }
+        let pool = self.slots.len();
+        let Some(idx) = self.slots.iter().position(|s| s.state == SlotState::Free) else {
+            return Err(GrantError::NoFreeWindow { pool });
+        };
+        let random = self.rng.next_u8();
+        let slot = &mut self.slots[idx];
+        let idx = idx as u32;
+        slot.epoch = slot.epoch.wrapping_add(1);
+        slot.window.rkey = rkey::rebind(slot.window.rkey, random);
+        slot.send_pending = true;
+        slot.peer_invalidated = false;
+        slot.state = SlotState::Leased { buffer, expiry: now + lease_time, cancelled: false };
+        let lease = LeaseId::new(idx, slot.epoch);
+        let grant = Grant {
+            lease,
+            addr: buffer.addr,
+            len: buffer.len,
+            rkey: slot.window.rkey,
+            time_left: lease_time,
+        };
+        self.actions.push_back(OwnerAction::BindAndGrant(BindAndGrant {
+            bind_token: Token::new(TokenKind::Bind, idx, slot.epoch),
+            window: slot.window.handle,
+            rkey: slot.window.rkey,
+            buffer,
+            send_token: Token::new(TokenKind::GrantSend, idx, slot.epoch),
+            grant,
+        }));
+        self.stats.grants += 1;
+        Ok(lease)
+    }
+
+    /// The user no longer needs the lease. The window stays bound until the
+    /// peer releases it or it expires, so that a healthy peer never READs an
+    /// invalidated window; the [`OwnerEvent::BufferReturned`] then says
+    /// `cancelled`.
+    pub fn cancel(&mut self, _now: Duration, lease: LeaseId) -> Result<(), CancelError> {
+        let slot = self.slot_of(lease).ok_or(CancelError::NotActive(lease))?;
+        match &mut slot.state {
+            SlotState::Leased { cancelled, .. }
+            | SlotState::Invalidating { cancelled, .. }
+            | SlotState::Stranded { cancelled, .. } => {
+                *cancelled = true;
+                Ok(())
+            }
+            SlotState::Free | SlotState::Retired => Err(CancelError::NotActive(lease)),
+        }
+    }
+
+    /// A [`Release`] arrived from the peer. A valid one (active lease,
+    /// current rkey) ends the lease with a LOCAL_INV; anything else is
+    /// counted and ignored.
+    pub fn handle_release(&mut self, _now: Duration, release: Release) {
+        let idx = release.lease.slot() as usize;
+        let Some(slot) = self.slots.get(idx) else {
+            self.stats.forged_releases += 1;
+            return;
+        };
+        let epoch = release.lease.epoch();
+        if epoch != slot.epoch {
+            if epoch != 0 && epoch < slot.epoch {
+                self.stats.stale_releases += 1;
+            } else {
+                self.stats.forged_releases += 1;
+            }
+            return;
+        }
+        if release.rkey != slot.window.rkey {
+            self.stats.forged_releases += 1;
+            return;
+        }
+        match slot.state {
+            SlotState::Leased { .. } if self.link == Link::Up => {
+                self.stats.released += 1;
+                self.invalidate(idx, LeaseEnd::Released);
+            }
+            SlotState::Leased { .. }
+            | SlotState::Invalidating { .. }
+            | SlotState::Stranded { .. }
+            | SlotState::Retired => self.stats.stale_releases += 1,
+            // Epoch 0 is never granted, so a Free slot with a matching epoch
+            // had a lease that already returned.
+            SlotState::Free if epoch == 0 => self.stats.forged_releases += 1,
+            SlotState::Free => self.stats.stale_releases += 1,
+        }
+    }
+
+    /// A completion of one of the owner's work requests (route by
+    /// [`Token::engine`]). Error statuses put the QP on the ERR path.
+    pub fn handle_completion(&mut self, _now: Duration, token: Token, status: Status) {
+        let idx = token.slot() as usize;
+        let known =
+            matches!(token.kind(), Some(TokenKind::Bind | TokenKind::GrantSend | TokenKind::Invalidate))
+                && self.slots.get(idx).is_some_and(|s| s.epoch == token.epoch() && s.epoch != 0);
+        if !known {
+            self.stats.unknown_completions += 1;
+            return;
+        }
+        let slot = &mut self.slots[idx];
+        match token.kind() {
+            Some(TokenKind::GrantSend) if slot.send_pending => slot.send_pending = false,
+            Some(TokenKind::Invalidate) if slot.inv_pending => {
+                slot.inv_pending = false;
+                if status.is_success() {
+                    // The window is unbound now; the buffer may return.
+                    if let SlotState::Invalidating { buffer, end, cancelled } = slot.state {
+                        slot.state = SlotState::Stranded { buffer, end, cancelled };
+                    }
+                }
+            }
+            // The bind is unsignaled; its completion only matters as an error.
+            Some(TokenKind::Bind) => {}
+            _ => {
+                self.stats.unknown_completions += 1;
+                return;
+            }
+        }
+        if !status.is_success() {
+            self.go_down(LossCause::WorkRequestFailed(status), true);
+        }
+        self.settle();
+    }
+
+    /// The owner's expiry timers: every lease whose time is up is invalidated.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.link != Link::Up {
+            return;
+        }
+        for idx in 0..self.slots.len() {
+            if matches!(self.slots[idx].state, SlotState::Leased { expiry, .. } if expiry <= now) {
+                self.stats.expired += 1;
+                self.invalidate(idx, LeaseEnd::Expired);
+            }
+        }
+    }
+
+    /// A receive completed carrying `invalidated_rkey`: the peer used
+    /// SEND_WITH_INV, which this protocol forbids. That bind is never
+    /// LOCAL_INVed; the connection is torn down ([`OwnerAction::FlushQp`]).
+    pub fn handle_peer_invalidation(&mut self, _now: Duration, rkey: u32) {
+        self.stats.peer_invalidations += 1;
+        let hit = self.slots.iter_mut().find(|s| {
+            s.window.rkey == rkey
+                && matches!(
+                    s.state,
+                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
+                )
+        });
+        let window = hit.map(|s| {
+            s.peer_invalidated = true;
+            s.window.handle
+        });
+        self.events.push_back(OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey, window }));
+        if self.link == Link::Up {
+            self.actions.push_back(OwnerAction::FlushQp);
+            self.go_down(LossCause::HostilePeer, false);
+        }
+        self.settle();
+    }
+
+    /// The QP is in ERR (async event, a flush the driver did, or the other
+    /// engine's error). Leased buffers return once every outstanding work
+    /// request of the owner has completed (flushed).
+    pub fn handle_qp_error(&mut self, _now: Duration) {
+        self.go_down(LossCause::QpError, true);
+        self.settle();
+    }
+
+    /// The QP is destroyed: no DMA of it can happen any more, so every
+    /// buffer returns now and every window is retired.
+    pub fn handle_qp_destroyed(&mut self, _now: Duration) {
+        self.go_down(LossCause::QpDestroyed, true);
+        for s in &mut self.slots {
+            s.send_pending = false;
+            s.inv_pending = false;
+        }
+        self.settle();
+    }
+
+    /// The next work to post, in order.
+    pub fn poll_action(&mut self) -> Option<OwnerAction> {
+        self.actions.pop_front()
+    }
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<OwnerEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Owner::handle_timeout`] must be called next, if ever.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.link != Link::Up {
+            return None;
+        }
+        self.slots
+            .iter()
+            .filter_map(|s| match s.state {
+                SlotState::Leased { expiry, .. } => Some(expiry),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Windows free for a grant now.
+    pub fn free_windows(&self) -> usize {
+        if self.link != Link::Up {
+            return 0;
+        }
+        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
+    }
+
+    /// Buffers not yet returned.
+    pub fn outstanding_buffers(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.state,
+                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
+                )
+            })
+            .count()
+    }
+
+    /// Whether the QP is considered unusable.
+    pub fn is_connection_lost(&self) -> bool {
+        self.link != Link::Up
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> OwnerStats {
+        self.stats
+    }
+
+    fn slot_of(&mut self, lease: LeaseId) -> Option<&mut Slot> {
+        let slot = self.slots.get_mut(lease.slot() as usize)?;
+        (slot.epoch == lease.epoch() && slot.epoch != 0).then_some(slot)
+    }
+
+    /// Post the one LOCAL_INV of the current bind of slot `idx` (which is
+    /// `Leased`: a bind is posted, and no invalidation yet).
+    fn invalidate(&mut self, idx: usize, end: LeaseEnd) {
+        let slot = &mut self.slots[idx];
+        let SlotState::Leased { buffer, cancelled, .. } = slot.state else { return };
+        if slot.peer_invalidated {
+            slot.state = SlotState::Stranded { buffer, end, cancelled };
+            return;
+        }
+        slot.state = SlotState::Invalidating { buffer, end, cancelled };
+        slot.inv_pending = true;
+        self.stats.invalidations += 1;
+        self.actions.push_back(OwnerAction::Invalidate {
+            token: Token::new(TokenKind::Invalidate, idx as u32, slot.epoch),
+            window: slot.window.handle,
+            rkey: slot.window.rkey,
+        });
+    }
+
+    fn go_down(&mut self, cause: LossCause, in_err: bool) {
+        match &mut self.link {
+            Link::Up => {
+                self.link = Link::Down { in_err };
+                self.events.push_back(OwnerEvent::ConnectionLost { cause });
+                for s in &mut self.slots {
+                    s.state = match s.state {
+                        SlotState::Free => {
+                            self.events.push_back(OwnerEvent::WindowRetired { window: s.window.handle });
+                            SlotState::Retired
+                        }
+                        SlotState::Leased { buffer, cancelled, .. } => {
+                            SlotState::Stranded { buffer, end: LeaseEnd::ConnectionLost, cancelled }
+                        }
+                        SlotState::Invalidating { buffer, end, cancelled } => {
+                            SlotState::Stranded { buffer, end, cancelled }
+                        }
+                        other => other,
+                    };
+                }
+            }
+            Link::Down { in_err: e } => *e |= in_err,
+        }
+    }
+
+    /// Return every buffer that has its evidence.
+    fn settle(&mut self) {
+        // With the QP up, a Stranded slot is one whose LOCAL_INV succeeded:
+        // it returns once its grant SEND has completed too. With the QP down,
+        // a buffer returns once the QP is known to be in ERR and no work
+        // request of the owner is outstanding (all flushed).
+        let all_flushed = match self.link {
+            Link::Up => None,
+            Link::Down { in_err } => {
+                Some(in_err && self.slots.iter().all(|s| !s.send_pending && !s.inv_pending))
+            }
+        };
+        for (idx, s) in self.slots.iter_mut().enumerate() {
+            let SlotState::Stranded { buffer, end, cancelled } = s.state else { continue };
+            let ready = match all_flushed {
+                None => !s.send_pending && !s.inv_pending,
+                Some(flushed) => flushed,
+            };
+            if !ready {
+                continue;
+            }
+            let lease = LeaseId::new(idx as u32, s.epoch);
+            self.events.push_back(OwnerEvent::BufferReturned { lease, buffer, end, cancelled });
+            if all_flushed.is_some() {
+                s.state = SlotState::Retired;
+                self.events.push_back(OwnerEvent::WindowRetired { window: s.window.handle });
+            } else {
+                s.state = SlotState::Free;
+            }
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The reader engine: READs what an owner granted, then releases it.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::types::TokenKind;
+use crate::{Buffer, Grant, LeaseId, Release, Status, Token};
+
+/// How the reader's [`Release`] travels back to the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReleaseMode {
+    /// A SEND of its own right after the READ ([`ReaderAction::SendRelease`]).
+    /// Used when the owner is the server (reply data): the client releases.
+    Message,
+    /// Handed to the user in the event ([`ReaderEvent::ReadDone::release`]),
+    /// to be carried inside the response. Used when the owner is the client
+    /// (request data): the server's response implies the release.
+    Piggyback,
+}
+
+/// Reader settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReaderConfig {
+    /// Time subtracted from a grant's time left before deciding to READ. It
+    /// must cover the grant's one-way delay, the clock-rate difference
+    /// between the two hosts over a lease time, and the READ's worst latency.
+    pub safety_margin: Duration,
+    /// How releases travel.
+    pub release: ReleaseMode,
+}
+
+/// The reader side of the MW policy for one connection (one RC QP).
+///
+/// On a [`Grant`] it computes its own deadline from the time left and READs
+/// only if the safety margin fits; after a successful READ it releases. A
+/// READ still outstanding when the owner's lease may have ended (receive
+/// time + time left) is treated as hung (rxe never completes a READ whose
+/// window was invalidated under it): the reader asks for the QP to be
+/// flushed, and the destination comes back with the READ's flush completion.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Reader {
+    config: ReaderConfig,
+    slots: Vec<ReadSlot>,
+    link: Link,
+    actions: VecDeque<ReaderAction>,
+    events: VecDeque<ReaderEvent>,
+    stats: ReaderStats,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Link {
+    Up,
+    /// The reader asked for the QP to be flushed.
+    Flushing,
+    Down,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ReadSlot {
+    epoch: u32,
+    read: Option<Read>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Read {
+    grant: Grant,
+    dest: Buffer,
+    /// Receive time + time left: after this the window may be gone.
+    deadline: Duration,
+    timed_out: bool,
+}
+
+/// What the driver must do for the reader.
+#[must_use = "a reader action must be carried out"]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReaderAction {
+    /// Post a signaled `Read { wr_id: token.wr_id(), local: dest[..len],
+    /// remote_addr, rkey }`.
+    Read {
+        /// The work request id.
+        token: Token,
+        /// Where the bytes go (the first `len` bytes of it).
+        dest: Buffer,
+        /// The owner's address.
+        remote_addr: u64,
+        /// The window's rkey.
+        rkey: u32,
+        /// Bytes to read.
+        len: u32,
+    },
+    /// Encode `Message::Release` and SEND it (mode [`ReleaseMode::Message`]).
+    SendRelease(Release),
+    /// Move the QP to ERR: a READ is late and may never complete. Afterwards
+    /// call [`Reader::handle_qp_error`] and the owner's.
+    FlushQp,
+}
+
+/// Why a grant was declined without reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeclineReason {
+    /// The time left does not exceed the safety margin.
+    LeaseTooShort {
+        /// The time the grant said was left.
+        time_left: Duration,
+        /// The reader's margin.
+        margin: Duration,
+    },
+    /// The destination is shorter than the grant.
+    DestinationTooSmall {
+        /// Bytes granted.
+        need: u32,
+        /// Bytes of destination.
+        have: u32,
+    },
+    /// The grant covers zero bytes.
+    EmptyGrant,
+    /// The QP is down; nothing can be read or released.
+    ConnectionLost,
+}
+
+/// Why a READ failed. The QP is in ERR after any of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// It did not complete in time; the reader flushed the QP.
+    TimedOut,
+    /// The owner refused the access (`REM_ACCESS_ERR`): the window was
+    /// already invalidated or the grant was bad.
+    RemoteAccess,
+    /// Flushed: the QP went to ERR for another reason.
+    Flushed,
+    /// Another error status (raw).
+    Failed(u32),
+}
+
+/// What the reader tells its user.
+#[must_use = "reader events hand back destination buffers"]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReaderEvent {
+    /// The READ completed: `dest[..len]` holds the granted bytes.
+    ReadDone {
+        /// The lease.
+        lease: LeaseId,
+        /// The destination, free again.
+        dest: Buffer,
+        /// Bytes read.
+        len: u32,
+        /// In [`ReleaseMode::Piggyback`], the release to carry in the
+        /// response; `None` in [`ReleaseMode::Message`] (already queued) or
+        /// when the QP is going down (nothing can be sent; the owner gets its
+        /// buffer back on flush evidence).
+        release: Option<Release>,
+    },
+    /// The grant was not read; `dest` is untouched and free.
+    Declined {
+        /// The lease.
+        lease: LeaseId,
+        /// The destination, free.
+        dest: Buffer,
+        /// Why.
+        reason: DeclineReason,
+        /// As in [`ReaderEvent::ReadDone::release`].
+        release: Option<Release>,
+    },
+    /// A READ is late; the QP is being flushed. Its destination returns with
+    /// [`ReaderEvent::ReadFailed`] once the flush completion arrives.
+    ReadTimedOut {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// The READ failed; `dest` is free (its completion arrived) but its
+    /// contents are garbage.
+    ReadFailed {
+        /// The lease.
+        lease: LeaseId,
+        /// The destination, free.
+        dest: Buffer,
+        /// Why.
+        error: ReadError,
+    },
+    /// The QP is unusable (first time only).
+    ConnectionLost,
+}
+
+/// Counters for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReaderStats {
+    /// READs posted.
+    pub reads: u64,
+    /// READs completed successfully.
+    pub reads_done: u64,
+    /// Grants declined.
+    pub declined: u64,
+    /// READs that failed (including timed out).
+    pub reads_failed: u64,
+    /// READs that timed out.
+    pub timed_out: u64,
+    /// Completions whose token is not an outstanding READ of this reader.
+    pub unknown_completions: u64,
+}
+
+impl Reader {
+    /// A reader with no READ outstanding.
+    pub fn new(config: ReaderConfig) -> Reader {
+        Reader {
+            config,
+            slots: Vec::new(),
+            link: Link::Up,
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ReaderStats::default(),
+        }
+    }
+
+    /// A grant arrived at `now`; `dest` is where to READ it. Either a
+    /// [`ReaderAction::Read`] is queued, or the grant is declined at once
+    /// (with a release, so the owner need not wait for the expiry).
+    pub fn handle_grant(&mut self, now: Duration, grant: Grant, dest: Buffer) {
+        let reason = if self.link != Link::Up {
+            Some(DeclineReason::ConnectionLost)
+        } else if grant.len == 0 {
+            Some(DeclineReason::EmptyGrant)
+        } else if dest.len < grant.len {
+            Some(DeclineReason::DestinationTooSmall { need: grant.len, have: dest.len })
+        } else if grant.time_left <= self.config.safety_margin {
+            Some(DeclineReason::LeaseTooShort {
+                time_left: grant.time_left,
+                margin: self.config.safety_margin,
+            })
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.stats.declined += 1;
+            let release = self.release(&grant);
+            self.events.push_back(ReaderEvent::Declined { lease: grant.lease, dest, reason, release });
+            return;
+        }
+        let idx = match self.slots.iter().position(|s| s.read.is_none()) {
+            Some(i) => i,
+            None => {
+                self.slots.push(ReadSlot { epoch: 0, read: None });
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[idx];
+        slot.epoch = slot.epoch.wrapping_add(1);
+        slot.read = Some(Read { grant, dest, deadline: now + grant.time_left, timed_out: false });
+        self.stats.reads += 1;
+        self.actions.push_back(ReaderAction::Read {
+            token: Token::new(TokenKind::Read, idx as u32, slot.epoch),
+            dest,
+            remote_addr: grant.addr,
+            rkey: grant.rkey,
+            len: grant.len,
+        });
+    }
+
+    /// A READ completed (route by [`Token::engine`]).
+    pub fn handle_completion(&mut self, _now: Duration, token: Token, status: Status) {
+        let idx = token.slot() as usize;
+        let slot = match self.slots.get_mut(idx) {
+            Some(s)
+                if token.kind() == Some(TokenKind::Read) && s.epoch == token.epoch() && s.read.is_some() =>
+            {
+                s
+            }
+            _ => {
+                self.stats.unknown_completions += 1;
+                return;
+            }
+        };
+        let Some(read) = slot.read.take() else { return };
+        let lease = read.grant.lease;
+        if status.is_success() {
+            self.stats.reads_done += 1;
+            let release = self.release(&read.grant);
+            self.events.push_back(ReaderEvent::ReadDone {
+                lease,
+                dest: read.dest,
+                len: read.grant.len,
+                release,
+            });
+            return;
+        }
+        self.stats.reads_failed += 1;
+        let error = match status {
+            _ if read.timed_out => ReadError::TimedOut,
+            Status::RemoteAccess => ReadError::RemoteAccess,
+            Status::Flushed => ReadError::Flushed,
+            Status::Failed(raw) => ReadError::Failed(raw),
+            Status::Success => ReadError::Failed(0),
+        };
+        self.events.push_back(ReaderEvent::ReadFailed { lease, dest: read.dest, error });
+        self.go_down();
+    }
+
+    /// READ timeouts: a READ outstanding past its deadline makes the reader
+    /// flush the QP (once).
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.link != Link::Up {
+            return;
+        }
+        let mut late = false;
+        for read in self.slots.iter_mut().filter_map(|s| s.read.as_mut()) {
+            if !read.timed_out && read.deadline <= now {
+                read.timed_out = true;
+                late = true;
+                self.stats.timed_out += 1;
+                self.events.push_back(ReaderEvent::ReadTimedOut { lease: read.grant.lease });
+            }
+        }
+        if late {
+            // The other outstanding READs are flushed with the QP and come
+            // back as ReadError::Flushed.
+            self.link = Link::Flushing;
+            self.events.push_back(ReaderEvent::ConnectionLost);
+            self.actions.push_back(ReaderAction::FlushQp);
+        }
+    }
+
+    /// The QP is in ERR. Outstanding READs return their destinations as
+    /// their flush completions arrive.
+    pub fn handle_qp_error(&mut self, _now: Duration) {
+        self.go_down();
+    }
+
+    /// The QP is destroyed: every outstanding READ's destination is free.
+    pub fn handle_qp_destroyed(&mut self, _now: Duration) {
+        self.go_down();
+        for slot in &mut self.slots {
+            if let Some(read) = slot.read.take() {
+                self.stats.reads_failed += 1;
+                let error = if read.timed_out { ReadError::TimedOut } else { ReadError::Flushed };
+                self.events.push_back(ReaderEvent::ReadFailed {
+                    lease: read.grant.lease,
+                    dest: read.dest,
+                    error,
+                });
+            }
+        }
+    }
+
+    /// The next work to post, in order.
+    pub fn poll_action(&mut self) -> Option<ReaderAction> {
+        self.actions.pop_front()
+    }
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<ReaderEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Reader::handle_timeout`] must be called next, if ever.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.link != Link::Up {
+            return None;
+        }
+        self.slots.iter().filter_map(|s| s.read.as_ref()).filter(|r| !r.timed_out).map(|r| r.deadline).min()
+    }
+
+    /// READs posted and not yet completed.
+    pub fn outstanding_reads(&self) -> usize {
+        self.slots.iter().filter(|s| s.read.is_some()).count()
+    }
+
+    /// Whether the QP is considered unusable.
+    pub fn is_connection_lost(&self) -> bool {
+        self.link != Link::Up
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ReaderStats {
+        self.stats
+    }
+
+    /// The release for `grant`: queued as a message, or returned for the
+    /// user to piggyback. Nothing when the QP is down.
+    fn release(&mut self, grant: &Grant) -> Option<Release> {
+        if self.link != Link::Up {
+            return None;
+        }
+        let release = Release { lease: grant.lease, rkey: grant.rkey };
+        match self.config.release {
+            ReleaseMode::Message => {
+                self.actions.push_back(ReaderAction::SendRelease(release));
+                None
+            }
+            ReleaseMode::Piggyback => Some(release),
+        }
+    }
+
+    fn go_down(&mut self) {
+        if self.link == Link::Up {
+            self.events.push_back(ReaderEvent::ConnectionLost);
+        }
+        self.link = Link::Down;
+    }
+}
