@@ -220,7 +220,7 @@ fn posting_checks_ranges_state_and_depth() {
     assert!(matches!(a.post_recv(e.qp, 1, bad), Err(NicError::OutOfRange { .. })));
     let send = SendWr::Send { wr_id: 1, signaled: true, sge: vec![] };
     assert!(
-        matches!(a.post_send(e.qp, &[send.clone()]), Err(NicError::BadQpState { .. })),
+        matches!(a.post_send(e.qp, std::slice::from_ref(&send)), Err(NicError::BadQpState { .. })),
         "INIT cannot send"
     );
     let b = f.add_device(DeviceConfig::spec());

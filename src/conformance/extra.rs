@@ -189,6 +189,7 @@ fn expose(
 }
 
 /// READ `len` bytes at `remote` through `rk` into the reader's destination (wr id `wr_id`).
+#[allow(clippy::too_many_arguments)]
 fn read(
     s: &Session<'_>,
     out: &mut Outcome,

@@ -85,7 +85,7 @@ impl World {
                     Ok(()) => self.done(dev, qp, i, 0),
                     Err(why) => {
                         self.log(|| format!("dev{dev} qpn {qpn:#x} bind error: {why}"));
-                        self.to_error(dev, qp, Some((i, WcStatus::MwBindErr)));
+                        self.enter_error(dev, qp, Some((i, WcStatus::MwBindErr)));
                     }
                 }
             }
@@ -101,7 +101,7 @@ impl World {
                             let detail = format!("LOCAL_INV of rkey {rkey:#x} on qpn {qpn:#x}: {e:?}");
                             self.hazard(dev, HazardKind::WouldCrashRxe, detail);
                         }
-                        self.to_error(dev, qp, Some((i, WcStatus::LocQpOpErr)));
+                        self.enter_error(dev, qp, Some((i, WcStatus::LocQpOpErr)));
                     }
                 }
             }
@@ -110,14 +110,14 @@ impl World {
                     self.start(dev, qp, i, Some(payload));
                     self.transmit(dev, qp, i);
                 }
-                None => self.to_error(dev, qp, Some((i, WcStatus::LocProtErr))),
+                None => self.enter_error(dev, qp, Some((i, WcStatus::LocProtErr))),
             },
             SendWr::Read { local, .. } => {
                 if self.local_writable(dev, qp, local) {
                     self.start(dev, qp, i, None);
                     self.transmit(dev, qp, i);
                 } else {
-                    self.to_error(dev, qp, Some((i, WcStatus::LocProtErr)));
+                    self.enter_error(dev, qp, Some((i, WcStatus::LocProtErr)));
                 }
             }
         }
@@ -133,7 +133,7 @@ impl World {
 
     pub(crate) fn error_all(&mut self, qps: Vec<(u32, u32)>) {
         for (d, q) in qps {
-            self.to_error(d, q, None);
+            self.enter_error(d, q, None);
         }
     }
 
@@ -217,13 +217,19 @@ impl World {
         q.timer_gen += 1;
         q.timer_armed = true;
         let gen = q.timer_gen;
-        self.sched.push_free(at, EvKind::AckTimer { dev, qp, gen });
+        let lane = self.sched.push_free(at, EvKind::AckTimer { dev, qp, gen });
+        if let Some(q) = self.devs[dev as usize].qp_mut(qp) {
+            q.timer_lane = Some(lane);
+        }
     }
 
     fn disarm_timer(&mut self, dev: u32, qp: u32) {
         if let Some(q) = self.devs[dev as usize].qp_mut(qp) {
             q.timer_gen += 1;
             q.timer_armed = false;
+            if let Some(lane) = q.timer_lane.take() {
+                self.sched.cancel(lane);
+            }
         }
     }
 
@@ -243,13 +249,14 @@ impl World {
             return;
         }
         q.timer_armed = false;
+        q.timer_lane = None;
         let out = self.outstanding(dev, qp, 0);
         let Some(&first) = out.first() else { return };
         let q = self.devs[dev as usize].qp_mut(qp).expect("checked above");
         if q.retries_left == 0 {
             let qpn = q.qpn;
             self.log(|| format!("dev{dev} qpn {qpn:#x} transport retries exhausted"));
-            self.to_error(dev, qp, Some((first, WcStatus::RetryExcErr)));
+            self.enter_error(dev, qp, Some((first, WcStatus::RetryExcErr)));
             return;
         }
         q.retries_left -= 1;
@@ -305,7 +312,7 @@ impl World {
             Resp::ReadData(data) => {
                 if let Err(detail) = self.scatter(dev, qp, i, &data) {
                     self.hazard(dev, HazardKind::DmaIntoFreedMemory, detail);
-                    self.to_error(dev, qp, Some((i, WcStatus::LocProtErr)));
+                    self.enter_error(dev, qp, Some((i, WcStatus::LocProtErr)));
                     return;
                 }
                 let q = self.devs[dev as usize].qp_mut(qp).expect("checked above");
@@ -315,7 +322,7 @@ impl World {
             Resp::RnrNak => {
                 q.counters.rnr_naks += 1;
                 if q.rnr_left == 0 {
-                    self.to_error(dev, qp, Some((i, WcStatus::RnrRetryExcErr)));
+                    self.enter_error(dev, qp, Some((i, WcStatus::RnrRetryExcErr)));
                     return;
                 }
                 q.rnr_left -= 1;
@@ -326,7 +333,7 @@ impl World {
                 return;
             }
             Resp::Nak(status) => {
-                self.to_error(dev, qp, Some((i, status)));
+                self.enter_error(dev, qp, Some((i, status)));
                 return;
             }
         }

@@ -216,7 +216,7 @@ impl Fabric {
         let Some(idx) = w.devs.get(qp.device.0 as usize).and_then(|d| d.qp_by_qpn(qp.qpn)) else {
             return false;
         };
-        w.to_error(qp.device.0, idx, None);
+        w.enter_error(qp.device.0, idx, None);
         true
     }
 

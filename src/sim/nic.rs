@@ -315,7 +315,7 @@ impl Nic for SimNic {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "set_qp_error")?;
         self.qp_of(d, qp)?;
-        w.to_error(self.dev, qp.0, None);
+        w.enter_error(self.dev, qp.0, None);
         Ok(())
     }
 
@@ -368,7 +368,7 @@ impl Nic for SimNic {
         }
         if err {
             // Work posted to a QP in ERR completes at once with WR_FLUSH_ERR.
-            w.to_error(self.dev, qp.0, None);
+            w.enter_error(self.dev, qp.0, None);
         } else {
             w.schedule_issue(self.dev, qp.0);
         }
@@ -390,7 +390,7 @@ impl Nic for SimNic {
         q.counters.recvs_posted += 1;
         q.rq.push_back(RqEntry { wr_id, sge });
         if q.state == QpState::Err {
-            w.to_error(self.dev, qp.0, None);
+            w.enter_error(self.dev, qp.0, None);
         }
         Ok(())
     }

@@ -151,7 +151,7 @@ impl World {
                 wc.byte_len = 0;
                 self.deliver(dev, recv_cq, wc);
                 self.respond(dev, src, psn, Resp::Nak(nak));
-                self.to_error(dev, qp, None);
+                self.enter_error(dev, qp, None);
             }
         }
     }
@@ -191,7 +191,7 @@ impl World {
                 let qpn = q.qpn;
                 self.log(|| format!("dev{dev} qpn {qpn:#x} remote access error, rkey {rk:#x}: {why}"));
                 self.respond(dev, src, psn, Resp::Nak(WcStatus::RemAccessErr));
-                self.to_error(dev, qp, None);
+                self.enter_error(dev, qp, None);
             }
         }
     }

@@ -49,10 +49,17 @@ impl Scheduler {
         q.push_back(Ev { at, kind });
     }
 
-    /// Queue an unordered event.
-    pub(crate) fn push_free(&mut self, at: u64, kind: EvKind) {
+    /// Queue an unordered event; its lane can be passed to [`Scheduler::cancel`].
+    pub(crate) fn push_free(&mut self, at: u64, kind: EvKind) -> Lane {
         self.next_free += 1;
-        self.push(Lane::Free(self.next_free), at, kind);
+        let lane = Lane::Free(self.next_free);
+        self.push(lane, at, kind);
+        lane
+    }
+
+    /// Drop whatever is queued in `lane`.
+    pub(crate) fn cancel(&mut self, lane: Lane) {
+        self.lanes.remove(&lane);
     }
 
     /// The time of the earliest runnable event.

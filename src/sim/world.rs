@@ -130,6 +130,8 @@ pub(crate) struct Qp {
     pub(crate) issue_scheduled: bool,
     pub(crate) timer_gen: u64,
     pub(crate) timer_armed: bool,
+    /// The armed timer's event, cancelled when the timer is disarmed.
+    pub(crate) timer_lane: Option<Lane>,
     pub(crate) retries_left: u8,
     pub(crate) rnr_left: u8,
     pub(crate) counters: QpCounters,
@@ -150,6 +152,7 @@ impl Qp {
             issue_scheduled: false,
             timer_gen: 0,
             timer_armed: false,
+            timer_lane: None,
             retries_left: retry,
             rnr_left: rnr,
             counters: QpCounters::default(),
@@ -302,12 +305,16 @@ impl World {
     /// Move a queue pair to ERR: `cause` (a send-queue entry index and its
     /// status) completes with its error, every other outstanding work
     /// request with `WR_FLUSH_ERR`.
-    pub(crate) fn to_error(&mut self, dev: u32, qp: u32, cause: Option<(usize, WcStatus)>) {
+    pub(crate) fn enter_error(&mut self, dev: u32, qp: u32, cause: Option<(usize, WcStatus)>) {
         let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
         let was = q.state;
         q.state = QpState::Err;
         q.timer_gen += 1;
         q.timer_armed = false;
+        if let Some(lane) = q.timer_lane.take() {
+            self.sched.cancel(lane);
+        }
+        let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
         for (i, e) in q.sq.iter_mut().enumerate() {
             if !matches!(e.st, WrState::Done { .. }) {
                 let status = match cause {
