@@ -4,6 +4,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use parking_lot::{Mutex, MutexGuard};
+
 use rdma_mummy_sys as sys;
 
 use super::pd::Pd;
@@ -17,9 +19,17 @@ use crate::backend::{rkey, NicError};
 /// window's current rkey lives here: [`Mw::next_rkey`] proposes a new one
 /// with a random consumer key, and a successful post of the bind records it
 /// ([`Mw::rkey`]).
+///
+/// The record is also written back into `ibv_mw.rkey`: rxe's provider puts
+/// that field in the bind work request as the window's *current* key and the
+/// kernel refuses the bind (`MW_BIND_ERR`) when it is stale, so without the
+/// write-back every second bind of a window fails (measured on Linux 6.1).
+/// The write happens under the window's bind lock, which a post holds from
+/// before the provider reads the field until after the write.
 pub struct Mw {
     ptr: NonNull<sys::ibv_mw>,
     rkey: AtomicU32,
+    bind_lock: Mutex<()>,
     deallocated: bool,
     pd: Arc<Pd>,
 }
@@ -40,7 +50,13 @@ impl Mw {
         // SAFETY: `ptr` is the window libibverbs just returned; its rkey field
         // was set at allocation.
         let initial = unsafe { (*ptr.as_ptr()).rkey };
-        Ok(Mw { ptr, rkey: AtomicU32::new(initial), deallocated: false, pd: Arc::clone(pd) })
+        Ok(Mw {
+            ptr,
+            rkey: AtomicU32::new(initial),
+            bind_lock: Mutex::new(()),
+            deallocated: false,
+            pd: Arc::clone(pd),
+        })
     }
 
     /// The current rkey: the one of the last bind posted successfully (or the
@@ -60,9 +76,24 @@ impl Mw {
         rkey::index(new) == rkey::index(self.rkey())
     }
 
-    /// Record that a bind with `new` was posted.
-    pub(crate) fn set_rkey(&self, new: u32) {
+    /// Take the window's bind lock: held across a post that binds it and
+    /// the [`Mw::set_rkey`] that follows.
+    pub(crate) fn lock_binds(&self) -> MutexGuard<'_, ()> {
+        self.bind_lock.lock()
+    }
+
+    /// Record that a bind with `new` was posted, here and in `ibv_mw.rkey`.
+    ///
+    /// # Safety
+    /// The caller holds this window's [`Mw::lock_binds`] guard, so no other
+    /// thread is inside a post that reads `ibv_mw.rkey` of this window.
+    pub(crate) unsafe fn set_rkey(&self, new: u32) {
         self.rkey.store(new, Ordering::Release);
+        // SAFETY: the ibv_mw is allocated (we own it until dealloc, which
+        // needs `&mut self`); the only readers of its `rkey` are posts binding
+        // this window and `rkey()`-like reads in libibverbs, all of which run
+        // under the bind lock the caller holds (see the contract above).
+        unsafe { (*self.ptr.as_ptr()).rkey = new };
     }
 
     /// The protection domain.

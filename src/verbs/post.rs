@@ -180,6 +180,15 @@ impl Qp {
             wrs[i - 1].next = next;
         }
         let Some(first) = wrs.first_mut() else { return Ok(()) };
+        // Lock every window bound in the chain (in address order, so two
+        // chains cannot deadlock) across the post and the rkey write-back.
+        let mut bound: Vec<&Mw> = reqs
+            .iter()
+            .filter_map(|r| if let SendOp::BindMw { mw, .. } = &r.op { Some(*mw) } else { None })
+            .collect();
+        bound.sort_by_key(|m| m.as_ptr() as usize);
+        bound.dedup_by(|a, b| std::ptr::eq(*a, *b));
+        let _guards: Vec<_> = bound.iter().map(|m| m.lock_binds()).collect();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; the chain and the scatter lists it points
         // to live in `wrs`/`sges` until the call returns (the provider copies
@@ -191,7 +200,8 @@ impl Qp {
             if rc == 0 { reqs.len() } else { wrs.iter().position(|w| std::ptr::eq(w, bad)).unwrap_or(0) };
         for r in &reqs[..posted] {
             if let SendOp::BindMw { mw, rkey, .. } = &r.op {
-                mw.set_rkey(*rkey);
+                // SAFETY: `_guards` holds the bind lock of every window in the chain.
+                unsafe { mw.set_rkey(*rkey) };
             }
         }
         if rc == 0 {
