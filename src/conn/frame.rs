@@ -2,10 +2,10 @@
 //!
 //! ```text
 //! frame   := version:u8 (=1) kind:u8 body
-//! kind 1  Request  msg_id:u64 header_len:u16 header attach
-//! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header attach
+//! kind 1  Request  msg_id:u64 header_len:u16 header attaches
+//! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header attaches
 //! kind 3  Engine   engine:u8 rest-of-frame  (a mwcap-mw or mwcap-fallback message)
-//! attach  := engine:u8 (0 none, 1 mw, 2 confirm) len:u16 bytes
+//! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
 //! All integers little-endian. The decoder reads untrusted bytes: it never
 //! panics, checks every length against what is left and against
@@ -17,6 +17,9 @@ use std::fmt;
 pub const MAX_FRAME: usize = 4096;
 /// The largest application header in a request or reply.
 pub const MAX_HEADER: usize = 2048;
+/// The most engine messages one request or reply carries (a grant or offer
+/// for its payload, a fetch for the reply, a piggybacked release).
+pub const MAX_ATTACH: usize = 4;
 const VERSION: u8 = 1;
 
 /// Which protocol engine a message or attachment belongs to.
@@ -63,8 +66,9 @@ pub enum Frame {
         msg_id: u64,
         /// The application's header bytes.
         header: Vec<u8>,
-        /// The exposure of the request's payload, if any.
-        attach: Option<Attach>,
+        /// Engine messages riding along: the exposure of the request's
+        /// payload, a confirm-policy fetch of the reply.
+        attach: Vec<Attach>,
     },
     /// A server's reply.
     Reply {
@@ -74,8 +78,9 @@ pub enum Frame {
         status: u8,
         /// The application's header bytes.
         header: Vec<u8>,
-        /// The exposure of the reply's payload, if any.
-        attach: Option<Attach>,
+        /// Engine messages riding along: the exposure of the reply's payload,
+        /// the release of the request's payload.
+        attach: Vec<Attach>,
     },
     /// A message for a protocol engine (release, confirm, answer...).
     Engine(Attach),
@@ -152,12 +157,18 @@ impl<'a> Reader<'a> {
         }
         Ok(self.take(len)?.to_vec())
     }
-    fn attach(&mut self) -> Result<Option<Attach>, FrameError> {
-        let Some(engine) = EngineTag::from_u8(self.u8()?)? else {
-            return Ok(None);
-        };
-        let len = self.u16()? as usize;
-        Ok(Some(Attach { engine, bytes: self.take(len)?.to_vec() }))
+    fn attaches(&mut self) -> Result<Vec<Attach>, FrameError> {
+        let count = self.u8()? as usize;
+        if count > MAX_ATTACH {
+            return Err(FrameError::TooLarge { what: "attachment count", len: count, max: MAX_ATTACH });
+        }
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let engine = EngineTag::from_u8(self.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
+            let len = self.u16()? as usize;
+            out.push(Attach { engine, bytes: self.take(len)?.to_vec() });
+        }
+        Ok(out)
     }
 }
 
@@ -166,15 +177,20 @@ fn put_header(out: &mut Vec<u8>, header: &[u8]) {
     out.extend_from_slice(header);
 }
 
-fn put_attach(out: &mut Vec<u8>, attach: &Option<Attach>) {
-    match attach {
-        None => out.push(0),
-        Some(a) => {
-            out.push(a.engine.to_u8());
-            out.extend_from_slice(&(a.bytes.len() as u16).to_le_bytes());
-            out.extend_from_slice(&a.bytes);
-        }
+fn put_attaches(out: &mut Vec<u8>, attach: &[Attach]) -> Result<(), FrameError> {
+    if attach.len() > MAX_ATTACH {
+        return Err(FrameError::TooLarge { what: "attachment count", len: attach.len(), max: MAX_ATTACH });
     }
+    out.push(attach.len() as u8);
+    for a in attach {
+        if a.bytes.len() > MAX_FRAME {
+            return Err(FrameError::TooLarge { what: "attachment", len: a.bytes.len(), max: MAX_FRAME });
+        }
+        out.push(a.engine.to_u8());
+        out.extend_from_slice(&(a.bytes.len() as u16).to_le_bytes());
+        out.extend_from_slice(&a.bytes);
+    }
+    Ok(())
 }
 
 impl Frame {
@@ -187,7 +203,7 @@ impl Frame {
                 out.push(1);
                 out.extend_from_slice(&msg_id.to_le_bytes());
                 put_header(&mut out, header);
-                put_attach(&mut out, attach);
+                put_attaches(&mut out, attach)?;
             }
             Frame::Reply { msg_id, status, header, attach } => {
                 check_header(header)?;
@@ -195,7 +211,7 @@ impl Frame {
                 out.extend_from_slice(&msg_id.to_le_bytes());
                 out.push(*status);
                 put_header(&mut out, header);
-                put_attach(&mut out, attach);
+                put_attaches(&mut out, attach)?;
             }
             Frame::Engine(a) => {
                 out.push(3);
@@ -220,8 +236,8 @@ impl Frame {
             return Err(FrameError::Version(version));
         }
         let frame = match r.u8()? {
-            1 => Frame::Request { msg_id: r.u64()?, header: r.header()?, attach: r.attach()? },
-            2 => Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attach()? },
+            1 => Frame::Request { msg_id: r.u64()?, header: r.header()?, attach: r.attaches()? },
+            2 => Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? },
             3 => {
                 let engine = EngineTag::from_u8(r.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
                 let bytes = r.take(buf.len() - r.at)?.to_vec();
@@ -257,10 +273,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn attach() -> impl Strategy<Value = Option<Attach>> {
-        proptest::option::of(
+    fn attach() -> impl Strategy<Value = Vec<Attach>> {
+        proptest::collection::vec(
             (prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)], proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(engine, bytes)| Attach { engine, bytes }),
+            0..=MAX_ATTACH,
         )
     }
 
@@ -306,7 +323,7 @@ mod tests {
 
     #[test]
     fn rejects_wrong_version_and_trailing_bytes() {
-        let f = Frame::Request { msg_id: 7, header: b"hi".to_vec(), attach: None };
+        let f = Frame::Request { msg_id: 7, header: b"hi".to_vec(), attach: vec![] };
         let mut b = f.encode().unwrap();
         b.push(0);
         assert_eq!(Frame::decode(&b), Err(FrameError::Trailing(1)));
@@ -317,7 +334,7 @@ mod tests {
 
     #[test]
     fn oversized_header_is_refused_both_ways() {
-        let f = Frame::Request { msg_id: 1, header: vec![0; MAX_HEADER + 1], attach: None };
+        let f = Frame::Request { msg_id: 1, header: vec![0; MAX_HEADER + 1], attach: vec![] };
         assert!(matches!(f.encode(), Err(FrameError::TooLarge { .. })));
         let mut b = vec![1, 1];
         b.extend_from_slice(&0u64.to_le_bytes());

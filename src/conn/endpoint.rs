@@ -1,0 +1,777 @@
+//! The endpoint: engines, slots and the NIC, wired together.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use super::pool::{Holder, Slots};
+use super::types::*;
+use crate::backend::{
+    Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint, SendWr, Sge, WcStatus,
+};
+
+mod calls;
+mod recv;
+
+/// Tags in the top byte of the work request ids the endpoint itself makes.
+/// (`mwcap-mw` tokens use 0xa1..=0xb1.)
+const TAG_SEND: u8 = 0xc1;
+const TAG_RECV: u8 = 0xc2;
+const TAG_FB_CLIENT: u8 = 0xd1;
+const TAG_FB_SERVER: u8 = 0xd2;
+const LOW56: u64 = (1 << 56) - 1;
+
+fn wr(tag: u8, low: u64) -> u64 {
+    (u64::from(tag) << 56) | (low & LOW56)
+}
+
+fn tag_of(wr_id: u64) -> u8 {
+    (wr_id >> 56) as u8
+}
+
+static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
+
+/// A client call in progress.
+#[derive(Debug)]
+struct Call {
+    deadline: Duration,
+    /// Request payload exposure, to cancel on timeout.
+    req_lease: Option<mw::LeaseId>,
+    req_fb: Option<fb::MsgId>,
+    /// Confirm-policy fetch of the reply data.
+    fetch_fb: Option<fb::MsgId>,
+    reply: Option<(u8, Vec<u8>)>,
+    data: Data,
+}
+
+/// Where a payload stands.
+#[derive(Debug, PartialEq, Eq)]
+enum Data {
+    /// Not known yet (no reply frame).
+    Unknown,
+    /// None was sent.
+    Absent,
+    /// Being read.
+    Reading,
+    /// Read and verified into a pool slot.
+    Ready(u32, u32),
+    /// Could not be read.
+    Failed(String),
+}
+
+/// A server request in progress.
+#[derive(Debug)]
+struct Request {
+    header: Vec<u8>,
+    data: Data,
+    /// The release of the request payload, to piggyback on the reply.
+    release: Option<mw::Release>,
+    fetch_fb: Option<fb::MsgId>,
+    surfaced: bool,
+}
+
+/// One side of one RC connection running mwcap's protocols. See the
+/// [module docs](super) for the call order.
+pub struct Endpoint<N: Nic> {
+    nic: N,
+    id: u64,
+    cfg: Config,
+    cq: CqId,
+    local: QpEndpoint,
+    ctrl: MrInfo,
+    sends: Slots,
+    /// Work request ids of in-flight SENDs made by the mw owner (grant SENDs) → send slot.
+    grant_sends: HashMap<u64, u32>,
+    data: MrInfo,
+    bufs: Slots,
+    windows: Vec<MwId>,
+    owner: Option<mw::Owner>,
+    reader: Option<mw::Reader>,
+    fbc: Option<fb::Client>,
+    fbs: Option<fb::Server>,
+    fb_bufs: Vec<fb::BufferId>,
+    fb_slot: HashMap<fb::BufferId, u32>,
+    /// mw owner lease → data slot.
+    owner_leases: HashMap<mw::LeaseId, u32>,
+    /// mw reader lease → message id.
+    reader_leases: HashMap<mw::LeaseId, u64>,
+    /// fallback message id → our message id.
+    fb_msgs: HashMap<fb::MsgId, u64>,
+    /// fallback READ token → destination slot.
+    fb_reads: HashMap<u64, u32>,
+    /// Grants waiting for a free destination: (msg, grant, received at).
+    pending_grants: VecDeque<(u64, mw::Grant, Duration)>,
+    /// Fallback READs waiting for a free destination: (client side?, request).
+    pending_fb_reads: VecDeque<(bool, fb::ReadRequest)>,
+    next_msg: u64,
+    last_request: u64,
+    calls: BTreeMap<u64, Call>,
+    requests: BTreeMap<u64, Request>,
+    events: VecDeque<Event>,
+    down: Option<LossReason>,
+    destroyed: bool,
+}
+
+impl<N: Nic> Endpoint<N> {
+    /// Create the endpoint's resources on `nic` (which should be a protection
+    /// domain of its own: see the confirm policy's security note). Returns
+    /// it with its QP in INIT; give [`Endpoint::local`] to the peer and call
+    /// [`Endpoint::connect`] with the peer's.
+    pub fn new(nic: N, cfg: Config) -> Result<Endpoint<N>, NicError> {
+        let is_client = cfg.role == Role::Client;
+        let (owns, reads) = if is_client {
+            (cfg.policies.request, cfg.policies.reply)
+        } else {
+            (cfg.policies.reply, cfg.policies.request)
+        };
+        let mut access = Access::LOCAL_WRITE;
+        if owns == Policy::Mw {
+            access = access | Access::MW_BIND;
+        } else {
+            access = access | Access::REMOTE_READ;
+        }
+        let depth = cfg.ctrl_slots * 2 + cfg.buffers * 3 + 8;
+        let cq = nic.create_cq(depth)?;
+        let mut qcfg = QpConfig::new(cq, cq);
+        qcfg.max_send_wr = cfg.ctrl_slots + cfg.buffers * 3 + 8;
+        qcfg.max_recv_wr = cfg.ctrl_slots;
+        let local = nic.create_qp(qcfg)?;
+        let ctrl = nic.reg_mr(MAX_FRAME * 2 * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
+        let data = nic.reg_mr(cfg.buffer_size as usize * cfg.buffers as usize, access)?;
+        let mut windows = Vec::new();
+        let owner = if owns == Policy::Mw {
+            let mut ws = Vec::new();
+            for _ in 0..cfg.buffers {
+                let w = nic.alloc_mw()?;
+                windows.push(w.id);
+                ws.push(mw::Window { handle: w.id.raw(), rkey: w.rkey });
+            }
+            Some(mw::Owner::new(cfg.seed, ws))
+        } else {
+            None
+        };
+        let reader = (reads == Policy::Mw).then(|| {
+            let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
+            mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release })
+        });
+        let mut fcfg = fb::Config::default();
+        fcfg.hold_timeout = cfg.lease_time;
+        fcfg.request_timeout = cfg.call_timeout;
+        fcfg.confirm_timeout = cfg.lease_time;
+        fcfg.max_attempts = cfg.max_attempts;
+        fcfg.max_read_len = cfg.buffer_size;
+        let any_confirm = owns == Policy::Confirm || reads == Policy::Confirm;
+        let mut fbc = (is_client && any_confirm).then(|| fb::Client::new(fcfg.clone()));
+        let mut fbs = (!is_client && any_confirm).then(|| fb::Server::new(fcfg));
+        let mut fb_bufs = Vec::new();
+        let mut fb_slot = HashMap::new();
+        if owns == Policy::Confirm {
+            for slot in 0..cfg.buffers {
+                let off = u64::from(slot) * u64::from(cfg.buffer_size);
+                let region = fb::Region::new(data.addr + off, cfg.buffer_size, data.rkey);
+                let id = match (&mut fbc, &mut fbs) {
+                    (Some(c), _) => c.add_buffer(region),
+                    (_, Some(s)) => s.add_buffer(region),
+                    _ => unreachable!("a confirm owner has a fallback engine"),
+                };
+                fb_bufs.push(id);
+                fb_slot.insert(id, slot);
+            }
+        }
+        Ok(Endpoint {
+            id: NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed),
+            sends: Slots::new(cfg.ctrl_slots),
+            bufs: Slots::new(cfg.buffers),
+            nic,
+            cq,
+            local,
+            ctrl,
+            grant_sends: HashMap::new(),
+            data,
+            windows,
+            owner,
+            reader,
+            fbc,
+            fbs,
+            fb_bufs,
+            fb_slot,
+            owner_leases: HashMap::new(),
+            reader_leases: HashMap::new(),
+            fb_msgs: HashMap::new(),
+            fb_reads: HashMap::new(),
+            pending_grants: VecDeque::new(),
+            pending_fb_reads: VecDeque::new(),
+            next_msg: 1,
+            last_request: 0,
+            calls: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            events: VecDeque::new(),
+            down: None,
+            destroyed: false,
+            cfg,
+        })
+    }
+
+    /// What the peer needs to connect to this endpoint.
+    pub fn local(&self) -> QpEndpoint {
+        self.local
+    }
+
+    /// The NIC handle (for tests and the oracle).
+    pub fn nic(&self) -> &N {
+        &self.nic
+    }
+
+    /// The data region (for tests and the oracle).
+    pub fn data_region(&self) -> MrInfo {
+        self.data
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Connect to the peer's endpoint (QP to RTS) and post the receive buffers.
+    pub fn connect(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
+        self.nic.connect_qp(self.local.id, peer)?;
+        for slot in 0..self.cfg.ctrl_slots {
+            self.post_recv(slot)?;
+        }
+        Ok(())
+    }
+
+    /// Why the connection is down, if it is.
+    pub fn is_down(&self) -> Option<&LossReason> {
+        self.down.as_ref()
+    }
+
+    fn recv_offset(&self, slot: u32) -> usize {
+        (self.cfg.ctrl_slots as usize + slot as usize) * MAX_FRAME
+    }
+
+    fn post_recv(&mut self, slot: u32) -> Result<(), NicError> {
+        let sge = Sge { mr: self.ctrl.id, offset: self.recv_offset(slot), len: MAX_FRAME as u32 };
+        self.nic.post_recv(self.local.id, wr(TAG_RECV, u64::from(slot)), sge)
+    }
+
+    fn slot_offset(&self, slot: u32) -> u64 {
+        u64::from(slot) * u64::from(self.cfg.buffer_size)
+    }
+
+    fn mw_buffer(&self, slot: u32, len: u32) -> mw::Buffer {
+        let offset = self.slot_offset(slot);
+        mw::Buffer { mr: self.data.id.raw(), offset, len, addr: self.data.addr + offset }
+    }
+
+    fn slot_of_mw(&self, b: &mw::Buffer) -> Option<u32> {
+        if b.mr != self.data.id.raw() {
+            return None;
+        }
+        Some((b.offset / u64::from(self.cfg.buffer_size)) as u32)
+    }
+
+    fn buf(&self, slot: u32, len: u32) -> Buf {
+        Buf { endpoint: self.id, slot, len }
+    }
+
+    // ---- the user's buffers ----
+
+    /// Take a free buffer from the pool, or `None` when all are in use.
+    pub fn alloc(&mut self) -> Option<Buf> {
+        let slot = self.bufs.take(Holder::User)?;
+        Some(self.buf(slot, 0))
+    }
+
+    /// Put a buffer back in the pool.
+    pub fn free(&mut self, buf: Buf) {
+        if buf.endpoint == self.id {
+            self.bufs.hand(buf.slot, Holder::User, Holder::Free);
+        }
+    }
+
+    /// Fill `buf` with `bytes` (its length becomes `bytes.len()`).
+    pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
+        self.check_buf(buf)?;
+        if bytes.len() > self.cfg.buffer_size as usize {
+            return Err(UseError::TooLong { len: bytes.len(), cap: self.cfg.buffer_size });
+        }
+        self.nic.write_mr(self.data.id, self.slot_offset(buf.slot) as usize, bytes)?;
+        buf.len = bytes.len() as u32;
+        Ok(())
+    }
+
+    /// The bytes in `buf`.
+    pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
+        self.check_buf(buf)?;
+        let mut out = vec![0; buf.len as usize];
+        self.nic.read_mr(self.data.id, self.slot_offset(buf.slot) as usize, &mut out)?;
+        Ok(out)
+    }
+
+    fn check_buf(&self, buf: &Buf) -> Result<(), UseError> {
+        if buf.endpoint != self.id || self.bufs.holder(buf.slot) != Some(Holder::User) {
+            return Err(UseError::ForeignBuffer(buf.slot));
+        }
+        Ok(())
+    }
+
+    /// Buffers currently exposed to the peer or being read into (for tests).
+    pub fn busy_buffers(&self) -> usize {
+        self.bufs.count(Holder::Exposed) + self.bufs.count(Holder::Reading)
+    }
+
+    /// Buffers free in the pool.
+    pub fn free_buffers(&self) -> usize {
+        self.bufs.count(Holder::Free)
+    }
+
+    /// Byte ranges of the data region that are exposed to the peer or being
+    /// read into: every other byte must be unreachable by the peer (mw policy).
+    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        (0..self.cfg.buffers)
+            .filter(|s| matches!(self.bufs.holder(*s), Some(Holder::Exposed | Holder::Reading)))
+            .map(|s| {
+                let o = self.slot_offset(s) as usize;
+                o..o + self.cfg.buffer_size as usize
+            })
+            .collect()
+    }
+
+    // ---- events and time ----
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Endpoint::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let engines = [
+            self.owner.as_ref().and_then(|e| e.poll_timeout()),
+            self.reader.as_ref().and_then(|e| e.poll_timeout()),
+            self.fbc.as_ref().and_then(|e| e.poll_timeout()),
+            self.fbs.as_ref().and_then(|e| e.poll_timeout()),
+        ];
+        let calls = self.calls.values().map(|c| c.deadline).min();
+        engines.into_iter().flatten().chain(calls).min()
+    }
+
+    /// Time has reached `now`: fire the engines' timers and call deadlines.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if let Some(e) = &mut self.owner {
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        }
+        if let Some(e) = &mut self.reader {
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        }
+        if let Some(e) = &mut self.fbc {
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        }
+        if let Some(e) = &mut self.fbs {
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        }
+        let late: Vec<u64> = self.calls.iter().filter(|(_, c)| c.deadline <= now).map(|(m, _)| *m).collect();
+        for msg in late {
+            self.abandon_call(now, msg, CallError::TimedOut);
+        }
+        self.pump(now);
+    }
+
+    /// Poll the completion queue, feed every completion and message to the
+    /// engines, and carry out what they ask for.
+    pub fn drive(&mut self, now: Duration) {
+        loop {
+            let batch = match self.nic.poll_cq(self.cq, 64) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.go_down(now, LossReason::Nic(e));
+                    break;
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for c in batch {
+                self.on_completion(now, c);
+            }
+            self.pump(now);
+        }
+        self.pump(now);
+    }
+
+    fn status(c: &Completion) -> mw::Status {
+        match c.status {
+            WcStatus::Success => mw::Status::Success,
+            WcStatus::WrFlushErr => mw::Status::Flushed,
+            WcStatus::RemAccessErr => mw::Status::RemoteAccess,
+            other => mw::Status::Failed(match other {
+                WcStatus::Other(n) => n,
+                _ => 0xffff,
+            }),
+        }
+    }
+
+    fn on_completion(&mut self, now: Duration, c: Completion) {
+        if !c.status.is_success() && c.status != WcStatus::WrFlushErr {
+            self.go_down(now, LossReason::Completion(format!("{:?} {:?} (wr_id {:#x})", c.opcode, c.status, c.wr_id)));
+        }
+        let status = Self::status(&c);
+        let low = c.wr_id & LOW56;
+        match tag_of(c.wr_id) {
+            TAG_SEND => {
+                self.sends.hand(low as u32, Holder::Exposed, Holder::Free);
+            }
+            TAG_RECV => {
+                if c.status.is_success() {
+                    self.on_recv(now, low as u32, c.byte_len, c.invalidated_rkey);
+                    if self.down.is_none() {
+                        if let Err(e) = self.post_recv(low as u32) {
+                            self.go_down(now, LossReason::Nic(e));
+                        }
+                    }
+                }
+            }
+            TAG_FB_CLIENT | TAG_FB_SERVER => {
+                let token = fb::ReadToken::from_raw(low);
+                let engine_done = if tag_of(c.wr_id) == TAG_FB_CLIENT {
+                    self.fbc.as_mut().map(|e| e.handle_read_completion(now, token, c.status.is_success()))
+                } else {
+                    self.fbs.as_mut().map(|e| e.handle_read_completion(now, token, c.status.is_success()))
+                };
+                if engine_done.is_none() {
+                    tracing::warn!(wr_id = c.wr_id, "confirm READ completion with no confirm engine");
+                }
+            }
+            _ => {
+                let token = mw::Token::from_wr_id(c.wr_id);
+                match token.engine() {
+                    Some(mw::Engine::Owner) => {
+                        if let Some(slot) = self.grant_sends.remove(&c.wr_id) {
+                            self.sends.hand(slot, Holder::Exposed, Holder::Free);
+                        }
+                        if let Some(o) = &mut self.owner {
+                            o.handle_completion(now, token, status);
+                        }
+                    }
+                    Some(mw::Engine::Reader) => {
+                        if let Some(r) = &mut self.reader {
+                            r.handle_completion(now, token, status);
+                        }
+                    }
+                    None => tracing::warn!(wr_id = c.wr_id, "completion with an unknown work request id"),
+                }
+            }
+        }
+    }
+
+    /// The connection is down: QP to ERR (every work request flushes), the
+    /// engines told, calls failed. Buffers come back as the flushes arrive.
+    fn go_down(&mut self, now: Duration, reason: LossReason) {
+        if self.down.is_some() {
+            return;
+        }
+        tracing::info!(%reason, "connection down");
+        self.down = Some(reason.clone());
+        let _ = self.nic.set_qp_error(self.local.id);
+        if let Some(o) = &mut self.owner {
+            o.handle_qp_error(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.handle_qp_error(now);
+        }
+        if let Some(c) = &mut self.fbc {
+            c.handle_connection_lost(now);
+        }
+        if let Some(s) = &mut self.fbs {
+            s.handle_connection_lost(now);
+        }
+        for (msg, _) in std::mem::take(&mut self.calls) {
+            self.events.push_back(Event::CallFailed {
+                call: CallId(msg),
+                error: CallError::ConnectionLost(reason.clone()),
+            });
+        }
+        for (msg, r) in std::mem::take(&mut self.requests) {
+            if !r.surfaced {
+                self.events.push_back(Event::RequestDropped {
+                    req: RequestId(msg),
+                    error: CallError::ConnectionLost(reason.clone()),
+                });
+            }
+        }
+        self.events.push_back(Event::ConnectionLost(reason));
+    }
+
+    /// Close the connection: QP to ERR, reap the flushes, destroy the QP
+    /// (after which no DMA of it is possible) and return every buffer.
+    pub fn close(&mut self, now: Duration) {
+        self.go_down(now, LossReason::Closed);
+        self.drive(now);
+        if self.destroyed {
+            return;
+        }
+        if let Err(e) = self.nic.destroy_qp(self.local.id) {
+            tracing::warn!(%e, "destroy QP");
+        }
+        self.destroyed = true;
+        if let Some(o) = &mut self.owner {
+            o.handle_qp_destroyed(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.handle_qp_destroyed(now);
+        }
+        self.pump(now);
+        // The QP is gone: nothing can reach or fill any buffer any more.
+        for slot in 0..self.cfg.buffers {
+            match self.bufs.holder(slot) {
+                Some(Holder::Exposed) => {
+                    self.bufs.hand(slot, Holder::Exposed, Holder::User);
+                    let b = self.buf(slot, 0);
+                    self.events.push_back(Event::BufferReturned(b));
+                }
+                Some(Holder::Reading) => {
+                    self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                }
+                _ => {}
+            }
+        }
+        self.owner_leases.clear();
+        self.fb_reads.clear();
+    }
+
+    // ---- carrying out engine actions ----
+
+    /// Drain every engine's actions and events until all are quiet.
+    fn pump(&mut self, now: Duration) {
+        loop {
+            let mut progressed = self.retry_pending(now);
+            while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
+                progressed = true;
+                self.owner_action(now, a, None);
+            }
+            while let Some(a) = self.reader.as_mut().and_then(|r| r.poll_action()) {
+                progressed = true;
+                self.reader_action(now, a);
+            }
+            while let Some(a) = self.fbc.as_mut().and_then(|c| c.poll_action()) {
+                progressed = true;
+                self.fb_action(now, true, a, None);
+            }
+            while let Some(a) = self.fbs.as_mut().and_then(|s| s.poll_action()) {
+                progressed = true;
+                self.fb_action(now, false, a, None);
+            }
+            progressed |= self.owner_events(now);
+            progressed |= self.reader_events(now);
+            progressed |= self.fb_events(now);
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// Carry out an owner action. A `BindAndGrant` goes out chained with the
+    /// frame in `frame` (the request or reply carrying the grant).
+    fn owner_action(&mut self, now: Duration, a: mw::OwnerAction, frame: Option<&mut Frame>) {
+        match a {
+            mw::OwnerAction::BindAndGrant(b) => {
+                let mut bytes = Vec::new();
+                mw::Message::Grant(b.grant).encode(&mut bytes);
+                let attach = Attach { engine: EngineTag::Mw, bytes };
+                let frame = match frame {
+                    Some(f) => {
+                        push_attach(f, attach);
+                        f.clone()
+                    }
+                    None => Frame::Engine(attach),
+                };
+                let bind = SendWr::BindMw {
+                    wr_id: b.bind_token.wr_id(),
+                    signaled: false,
+                    mw: MwId(b.window),
+                    rkey: b.rkey,
+                    mr: self.data.id,
+                    offset: b.buffer.offset as usize,
+                    len: b.buffer.len as usize,
+                    access: Access::REMOTE_READ,
+                };
+                match self.send_frame_with(now, &frame, Some((bind, b.send_token.wr_id()))) {
+                    Ok(()) => {}
+                    Err(e) => self.go_down(now, LossReason::Nic(e)),
+                }
+            }
+            mw::OwnerAction::Invalidate { token, rkey, .. } => {
+                let wr = SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey };
+                if let Err(e) = self.nic.post_send(self.local.id, &[wr]) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::OwnerAction::FlushQp => {
+                self.go_down(now, LossReason::PeerMisbehaved("the peer invalidated a window itself".into()))
+            }
+        }
+    }
+
+    fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
+        match a {
+            mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
+                let local = vec![Sge { mr: self.data.id, offset: dest.offset as usize, len }];
+                let wr = SendWr::Read { wr_id: token.wr_id(), signaled: true, local, remote_addr, rkey };
+                if let Err(e) = self.nic.post_send(self.local.id, &[wr]) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::ReaderAction::SendRelease(r) => {
+                let mut bytes = Vec::new();
+                mw::Message::Release(r).encode(&mut bytes);
+                let f = Frame::Engine(Attach { engine: EngineTag::Mw, bytes });
+                if let Err(e) = self.send_frame_with(now, &f, None) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::ReaderAction::FlushQp => self.go_down(now, LossReason::ReadHung),
+        }
+    }
+
+    /// Carry out a confirm-engine action; its messages ride in `frame` when given.
+    fn fb_action(&mut self, now: Duration, client: bool, a: fb::Action, frame: Option<&mut Frame>) {
+        match a {
+            fb::Action::Read(rr) => self.start_fb_read(now, client, rr),
+            fb::Action::Send(m) => {
+                let mut bytes = Vec::new();
+                m.encode(&mut bytes);
+                let attach = Attach { engine: EngineTag::Confirm, bytes };
+                match frame {
+                    Some(f) => push_attach(f, attach),
+                    None => {
+                        if let Err(e) = self.send_frame_with(now, &Frame::Engine(attach), None) {
+                            self.go_down(now, LossReason::Nic(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_fb_read(&mut self, now: Duration, client: bool, rr: fb::ReadRequest) {
+        let Some(slot) = self.bufs.take(Holder::Reading) else {
+            self.pending_fb_reads.push_back((client, rr));
+            return;
+        };
+        let token = rr.token().raw();
+        let tag = if client { TAG_FB_CLIENT } else { TAG_FB_SERVER };
+        let len = rr.remote().len().min(self.cfg.buffer_size);
+        let local = vec![Sge { mr: self.data.id, offset: self.slot_offset(slot) as usize, len }];
+        let w = SendWr::Read {
+            wr_id: wr(tag, token),
+            signaled: true,
+            local,
+            remote_addr: rr.remote().addr(),
+            rkey: rr.remote().rkey(),
+        };
+        self.fb_reads.insert(token, slot);
+        if let Err(e) = self.nic.post_send(self.local.id, &[w]) {
+            self.go_down(now, LossReason::Nic(e));
+        }
+    }
+
+    /// Start READs that waited for a free destination. Returns whether any did.
+    fn retry_pending(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        while self.bufs.count(Holder::Free) > 0 {
+            if let Some((client, rr)) = self.pending_fb_reads.pop_front() {
+                self.start_fb_read(now, client, rr);
+                any = true;
+            } else if let Some((msg, mut g, at)) = self.pending_grants.pop_front() {
+                g.time_left = g.time_left.saturating_sub(now.saturating_sub(at));
+                self.start_grant(now, msg, g);
+                any = true;
+            } else {
+                break;
+            }
+        }
+        any
+    }
+
+    /// Hand a grant to the reader with a destination (or queue it).
+    fn start_grant(&mut self, now: Duration, msg: u64, g: mw::Grant) {
+        let Some(reader) = self.reader.as_mut() else { return };
+        if g.len > self.cfg.buffer_size {
+            // Decline: the destination offered is too small.
+            reader.handle_grant(now, g, mw::Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 });
+            self.reader_leases.insert(g.lease, msg);
+            return;
+        }
+        match self.bufs.take(Holder::Reading) {
+            Some(slot) => {
+                let dest = self.mw_buffer(slot, self.cfg.buffer_size);
+                self.reader_leases.insert(g.lease, msg);
+                if let Some(reader) = self.reader.as_mut() {
+                    reader.handle_grant(now, g, dest);
+                }
+            }
+            None => self.pending_grants.push_back((msg, g, now)),
+        }
+    }
+
+    /// Post one frame in a fresh control slot, after `chain` (a bind) when given.
+    fn send_frame_with(&mut self, _now: Duration, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
+        let bytes = f.encode().map_err(|e| NicError::InvalidWr(e.to_string()))?;
+        let slot = self
+            .sends
+            .take(Holder::Exposed)
+            .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
+        let offset = slot as usize * MAX_FRAME;
+        self.nic.write_mr(self.ctrl.id, offset, &bytes)?;
+        let sge = vec![Sge { mr: self.ctrl.id, offset, len: bytes.len() as u32 }];
+        let result = match chain {
+            Some((bind, send_wr_id)) => {
+                let send = SendWr::Send { wr_id: send_wr_id, signaled: true, sge };
+                let r = self.nic.post_send(self.local.id, &[bind, send]);
+                if r.is_ok() {
+                    self.grant_sends.insert(send_wr_id, slot);
+                }
+                r
+            }
+            None => self.nic.post_send(self.local.id, &[SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled: true, sge }]),
+        };
+        if result.is_err() {
+            self.sends.hand(slot, Holder::Exposed, Holder::Free);
+        }
+        result
+    }
+}
+
+impl<N: Nic> Drop for Endpoint<N> {
+    fn drop(&mut self) {
+        if !self.destroyed {
+            let _ = self.nic.destroy_qp(self.local.id);
+        }
+        for w in self.windows.drain(..) {
+            let _ = self.nic.dealloc_mw(w);
+        }
+        let _ = self.nic.dereg_mr(self.data.id);
+        let _ = self.nic.dereg_mr(self.ctrl.id);
+        let _ = self.nic.destroy_cq(self.cq);
+    }
+}
+
+fn push_attach(f: &mut Frame, a: Attach) {
+    match f {
+        Frame::Request { attach, .. } | Frame::Reply { attach, .. } => attach.push(a),
+        Frame::Engine(_) => {}
+    }
+}

@@ -1,0 +1,386 @@
+//! Incoming frames and the engines' events.
+//!
+//! Everything here reads what the peer sent: a malformed frame, a message
+//! for the wrong role, a replayed request id, or a grant for a direction that
+//! does not use windows takes the connection down with
+//! [`LossReason::PeerMisbehaved`]; nothing panics.
+
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+use super::super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use super::super::pool::Holder;
+use super::super::types::*;
+use super::{Data, Endpoint, Request};
+use crate::backend::Nic;
+
+impl<N: Nic> Endpoint<N> {
+    fn misbehaved(&mut self, now: Duration, what: impl Into<String>) {
+        let what = what.into();
+        tracing::warn!(%what, "peer misbehaved");
+        self.go_down(now, LossReason::PeerMisbehaved(what));
+    }
+
+    pub(super) fn on_recv(&mut self, now: Duration, slot: u32, len: u32, invalidated: Option<u32>) {
+        if let Some(rkey) = invalidated {
+            match self.owner.as_mut() {
+                Some(o) => o.handle_peer_invalidation(now, rkey),
+                None => return self.misbehaved(now, format!("SEND_WITH_INV of rkey {rkey:#x}; we bind no windows")),
+            }
+        }
+        let len = (len as usize).min(MAX_FRAME);
+        let mut bytes = vec![0; len];
+        if let Err(e) = self.nic.read_mr(self.ctrl.id, self.recv_offset(slot), &mut bytes) {
+            return self.go_down(now, LossReason::Nic(e));
+        }
+        let frame = match Frame::decode(&bytes) {
+            Ok(f) => f,
+            Err(e) => return self.misbehaved(now, format!("malformed frame: {e}")),
+        };
+        match (frame, self.cfg.role) {
+            (Frame::Request { msg_id, header, attach }, Role::Server) => {
+                self.on_request(now, msg_id, header, attach)
+            }
+            (Frame::Reply { msg_id, status, header, attach }, Role::Client) => {
+                self.on_reply(now, msg_id, status, header, attach)
+            }
+            (Frame::Engine(a), _) => self.on_attach(now, None, a),
+            (f, role) => self.misbehaved(now, format!("a {role:?} endpoint got {}", kind(&f))),
+        }
+    }
+
+    fn on_request(&mut self, now: Duration, msg: u64, header: Vec<u8>, attach: Vec<Attach>) {
+        if msg <= self.last_request {
+            return self.misbehaved(now, format!("request id {msg} not above the last one ({})", self.last_request));
+        }
+        self.last_request = msg;
+        self.requests.insert(
+            msg,
+            Request { header, data: Data::Absent, release: None, fetch_fb: None, surfaced: false },
+        );
+        for a in attach {
+            self.on_attach(now, Some(msg), a);
+            if self.down.is_some() {
+                return;
+            }
+        }
+        self.maybe_surface(msg);
+    }
+
+    fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: Vec<u8>, attach: Vec<Attach>) {
+        let carries_data = attach.iter().any(|a| is_data_exposure(a));
+        for a in attach {
+            self.on_attach(now, Some(msg), a);
+            if self.down.is_some() {
+                return;
+            }
+        }
+        if let Some(call) = self.calls.get_mut(&msg) {
+            call.reply = Some((status, header));
+            if call.data == Data::Unknown {
+                call.data = if carries_data { Data::Reading } else { Data::Absent };
+            }
+            self.maybe_finish(msg);
+        }
+    }
+
+    /// One engine message, riding in a request or reply for `msg`, or alone.
+    fn on_attach(&mut self, now: Duration, msg: Option<u64>, a: Attach) {
+        match a.engine {
+            EngineTag::Mw => match mw::Message::decode(&a.bytes) {
+                Ok(mw::Message::Grant(g)) => {
+                    let Some(msg) = msg else {
+                        return self.misbehaved(now, "a grant outside a request or reply");
+                    };
+                    if self.reader.is_none() {
+                        return self.misbehaved(now, "a window grant, but the peer's direction uses confirm");
+                    }
+                    if self.cfg.role == Role::Server {
+                        if let Some(r) = self.requests.get_mut(&msg) {
+                            r.data = Data::Reading;
+                        }
+                    } else if let Some(c) = self.calls.get_mut(&msg) {
+                        c.data = Data::Reading;
+                    }
+                    self.start_grant(now, msg, g);
+                }
+                Ok(mw::Message::Release(r)) => match self.owner.as_mut() {
+                    Some(o) => o.handle_release(now, r),
+                    None => self.misbehaved(now, "a release, but we grant no windows"),
+                },
+                Err(e) => self.misbehaved(now, format!("malformed mw message: {e:?}")),
+            },
+            EngineTag::Confirm => {
+                let m = match fb::Message::decode(&a.bytes) {
+                    Ok((m, rest)) if rest.is_empty() => m,
+                    Ok(_) => return self.misbehaved(now, "trailing bytes after a confirm message"),
+                    Err(e) => return self.misbehaved(now, format!("malformed confirm message: {e:?}")),
+                };
+                if let Some(msg) = msg {
+                    match m {
+                        fb::Message::Expose { msg: fm, .. } | fb::Message::Fetch { msg: fm, .. } => {
+                            if let Some(r) = self.requests.get_mut(&msg) {
+                                if matches!(m, fb::Message::Expose { .. }) {
+                                    r.data = Data::Reading;
+                                } else {
+                                    r.fetch_fb = Some(fm);
+                                }
+                            }
+                            self.fb_msgs.insert(fm, msg);
+                        }
+                        _ => {}
+                    }
+                }
+                match (self.fbc.as_mut(), self.fbs.as_mut()) {
+                    (Some(c), _) => c.handle_message(now, m),
+                    (_, Some(s)) => s.handle_message(now, m),
+                    _ => self.misbehaved(now, "a confirm message, but no direction uses confirm"),
+                }
+            }
+        }
+    }
+
+    /// Client: deliver the call once both its reply and its data are in.
+    fn maybe_finish(&mut self, msg: u64) {
+        let Some(call) = self.calls.get(&msg) else { return };
+        let ready = call.reply.is_some() && matches!(call.data, Data::Absent | Data::Ready(..) | Data::Failed(_));
+        if !ready {
+            return;
+        }
+        let call = self.calls.remove(&msg).expect("present");
+        let (status, header) = call.reply.expect("checked");
+        let ev = match call.data {
+            Data::Ready(slot, len) => {
+                Event::Reply { call: CallId(msg), status, header, data: Some(self.buf(slot, len)) }
+            }
+            Data::Failed(why) => Event::CallFailed { call: CallId(msg), error: CallError::Payload(why) },
+            _ => Event::Reply { call: CallId(msg), status, header, data: None },
+        };
+        self.events.push_back(ev);
+    }
+
+    /// Server: hand the request to the user once its payload is in.
+    fn maybe_surface(&mut self, msg: u64) {
+        let Some(r) = self.requests.get_mut(&msg) else { return };
+        if r.surfaced {
+            return;
+        }
+        let data = match &r.data {
+            Data::Absent | Data::Unknown => None,
+            Data::Ready(slot, len) => Some((*slot, *len)),
+            Data::Reading => return,
+            Data::Failed(why) => {
+                let error = CallError::Payload(why.clone());
+                self.requests.remove(&msg);
+                self.events.push_back(Event::RequestDropped { req: RequestId(msg), error });
+                return;
+            }
+        };
+        r.surfaced = true;
+        let header = r.header.clone();
+        let data = data.map(|(s, l)| self.buf(s, l));
+        self.events.push_back(Event::Request { req: RequestId(msg), header, data });
+    }
+
+    /// A payload for `msg` is resolved: on a server the request, on a client the call.
+    fn payload_done(&mut self, msg: u64, data: Data) {
+        if self.cfg.role == Role::Server {
+            match self.requests.get_mut(&msg) {
+                Some(r) => r.data = data,
+                None => return self.drop_payload(data),
+            }
+            self.maybe_surface(msg);
+        } else {
+            match self.calls.get_mut(&msg) {
+                Some(c) => c.data = data,
+                None => return self.drop_payload(data),
+            }
+            self.maybe_finish(msg);
+        }
+    }
+
+    /// Nobody wants this payload any more: its buffer goes back to the pool.
+    fn drop_payload(&mut self, data: Data) {
+        if let Data::Ready(slot, _) = data {
+            self.bufs.hand(slot, Holder::User, Holder::Free);
+        }
+    }
+
+    pub(super) fn owner_events(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        while let Some(ev) = self.owner.as_mut().and_then(|o| o.poll_event()) {
+            any = true;
+            match ev {
+                mw::OwnerEvent::BufferReturned { lease, buffer, .. } => {
+                    let slot = self.owner_leases.remove(&lease).or_else(|| self.slot_of_mw(&buffer));
+                    if let Some(slot) = slot {
+                        if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
+                            let b = self.buf(slot, buffer.len);
+                            self.events.push_back(Event::BufferReturned(b));
+                        }
+                    }
+                }
+                mw::OwnerEvent::ConnectionLost { cause } => {
+                    self.go_down(now, LossReason::Completion(format!("{cause:?}")));
+                }
+                mw::OwnerEvent::PeerMisbehaved(m) => self.misbehaved(now, format!("{m:?}")),
+                mw::OwnerEvent::WindowRetired { window } => {
+                    tracing::debug!(window, "window retired with its QP");
+                }
+            }
+        }
+        any
+    }
+
+    pub(super) fn reader_events(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        while let Some(ev) = self.reader.as_mut().and_then(|r| r.poll_event()) {
+            any = true;
+            match ev {
+                mw::ReaderEvent::ReadDone { lease, dest, len, release } => {
+                    let slot = self.slot_of_mw(&dest);
+                    let msg = self.reader_leases.remove(&lease);
+                    if let Some(slot) = slot {
+                        self.bufs.hand(slot, Holder::Reading, Holder::User);
+                    }
+                    if let (Some(rel), Some(msg)) = (release, msg) {
+                        match self.requests.get_mut(&msg) {
+                            Some(r) => r.release = Some(rel),
+                            None => self.send_release(now, rel),
+                        }
+                    }
+                    match (msg, slot) {
+                        (Some(msg), Some(slot)) => self.payload_done(msg, Data::Ready(slot, len)),
+                        (None, Some(slot)) => self.drop_payload(Data::Ready(slot, len)),
+                        _ => {}
+                    }
+                }
+                mw::ReaderEvent::Declined { lease, dest, reason, release } => {
+                    if let Some(slot) = self.slot_of_mw(&dest) {
+                        self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                    }
+                    if let Some(rel) = release {
+                        self.send_release(now, rel);
+                    }
+                    if let Some(msg) = self.reader_leases.remove(&lease) {
+                        self.payload_done(msg, Data::Failed(format!("declined: {reason:?}")));
+                    }
+                }
+                mw::ReaderEvent::ReadTimedOut { lease } => {
+                    tracing::warn!(?lease, "READ timed out; flushing the QP");
+                }
+                mw::ReaderEvent::ReadFailed { lease, dest, error } => {
+                    if let Some(slot) = self.slot_of_mw(&dest) {
+                        self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                    }
+                    if let Some(msg) = self.reader_leases.remove(&lease) {
+                        self.payload_done(msg, Data::Failed(format!("read failed: {error:?}")));
+                    }
+                }
+                mw::ReaderEvent::ConnectionLost => {
+                    self.go_down(now, LossReason::Completion("reader lost its QP".into()))
+                }
+            }
+        }
+        any
+    }
+
+    /// A server's release that cannot ride on a reply goes alone.
+    fn send_release(&mut self, now: Duration, rel: mw::Release) {
+        if self.down.is_some() {
+            return;
+        }
+        let mut bytes = Vec::new();
+        mw::Message::Release(rel).encode(&mut bytes);
+        let f = Frame::Engine(Attach { engine: EngineTag::Mw, bytes });
+        if let Err(e) = self.send_frame_with(now, &f, None) {
+            self.go_down(now, LossReason::Nic(e));
+        }
+    }
+
+    pub(super) fn fb_events(&mut self, _now: Duration) -> bool {
+        let mut any = false;
+        loop {
+            let ev = match (self.fbc.as_mut(), self.fbs.as_mut()) {
+                (Some(c), _) => c.poll_event(),
+                (_, Some(s)) => s.poll_event(),
+                _ => None,
+            };
+            let Some(ev) = ev else { break };
+            any = true;
+            match ev {
+                fb::Event::ReadVerified { msg, token, len } => {
+                    let slot = self.fb_reads.remove(&token.raw());
+                    if let Some(slot) = slot {
+                        self.bufs.hand(slot, Holder::Reading, Holder::User);
+                    }
+                    match (self.fb_msgs.get(&msg).copied(), slot) {
+                        (Some(m), Some(slot)) => self.payload_done(m, Data::Ready(slot, len)),
+                        (None, Some(slot)) => self.drop_payload(Data::Ready(slot, len)),
+                        _ => {}
+                    }
+                }
+                fb::Event::ReadDiscarded { token } => {
+                    if let Some(slot) = self.fb_reads.remove(&token.raw()) {
+                        self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                    }
+                }
+                fb::Event::ReadFailed { msg, error } => {
+                    if let Some(m) = self.fb_msgs.get(&msg).copied() {
+                        let refused_without_data = error == fb::ReadError::Refused
+                            && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
+                        if !refused_without_data {
+                            self.payload_done(m, Data::Failed(error.to_string()));
+                        }
+                    }
+                }
+                fb::Event::ReplyWanted { msg, attempt } => {
+                    if let Some(m) = self.fb_msgs.get(&msg).copied() {
+                        if attempt > 1 {
+                            // The client read a stale reply: it needs the data again.
+                            self.requests.insert(
+                                m,
+                                Request {
+                                    header: Vec::new(),
+                                    data: Data::Absent,
+                                    release: None,
+                                    fetch_fb: Some(msg),
+                                    surfaced: true,
+                                },
+                            );
+                            self.events.push_back(Event::ReplyAgain { req: RequestId(m) });
+                        } else if let Some(r) = self.requests.get_mut(&m) {
+                            r.fetch_fb = Some(msg);
+                        }
+                    }
+                }
+                fb::Event::BufferFree { buffer, .. } => {
+                    if let Some(&slot) = self.fb_slot.get(&buffer) {
+                        if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
+                            let b = self.buf(slot, 0);
+                            self.events.push_back(Event::BufferReturned(b));
+                        }
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+fn is_data_exposure(a: &Attach) -> bool {
+    match a.engine {
+        EngineTag::Mw => matches!(mw::Message::decode(&a.bytes), Ok(mw::Message::Grant(_))),
+        EngineTag::Confirm => matches!(fb::Message::decode(&a.bytes), Ok((fb::Message::Offer { .. }, _))),
+    }
+}
+
+fn kind(f: &Frame) -> &'static str {
+    match f {
+        Frame::Request { .. } => "request",
+        Frame::Reply { .. } => "reply",
+        Frame::Engine(_) => "engine message",
+    }
+}

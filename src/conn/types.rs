@@ -1,0 +1,269 @@
+//! Public types of the connection layer.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::backend::NicError;
+
+pub use crate::bootstrap::Policy;
+
+/// The policy of each direction. With `auto`, each side's capability probe
+/// decides the direction it owns: the client's for `request`, the server's
+/// for `reply`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policies {
+    /// Request payloads (client memory, READ by the server).
+    pub request: Policy,
+    /// Reply payloads (server memory, READ by the client).
+    pub reply: Policy,
+}
+
+impl Policies {
+    /// The same policy both ways.
+    pub fn both(p: Policy) -> Policies {
+        Policies { request: p, reply: p }
+    }
+}
+
+/// Which side of a connection an endpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Sends requests, receives replies.
+    Client,
+    /// Receives requests, sends replies.
+    Server,
+}
+
+/// Endpoint settings. Start from [`Config::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Client or server.
+    pub role: Role,
+    /// The policy of each direction; both sides must agree (the bootstrap
+    /// exchanges them).
+    pub policies: Policies,
+    /// Data buffers in the pool (also the number of memory windows).
+    pub buffers: u32,
+    /// Bytes per data buffer.
+    pub buffer_size: u32,
+    /// Control slots for SENDs, and as many for RECVs.
+    pub ctrl_slots: u32,
+    /// How long an exposure lives before the owner takes it back.
+    pub lease_time: Duration,
+    /// Reader side: the time a lease must have left to be worth READing.
+    pub safety_margin: Duration,
+    /// Client: how long a call may take before it fails.
+    pub call_timeout: Duration,
+    /// Confirm policy: READs of a reply before giving up on stale reads.
+    pub max_attempts: u32,
+    /// Seed for the consumer keys of window binds.
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for `role` and `policies`: 16 buffers of 64 KiB, 5 s leases,
+    /// a 500 ms safety margin, 10 s calls.
+    pub fn new(role: Role, policies: Policies) -> Config {
+        Config {
+            role,
+            policies,
+            buffers: 16,
+            buffer_size: 64 << 10,
+            ctrl_slots: 64,
+            lease_time: Duration::from_secs(5),
+            safety_margin: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+            seed: 0x6d77_6361_7000_0001,
+        }
+    }
+}
+
+/// A data buffer of an endpoint's pool, owned by whoever holds this handle.
+///
+/// Not `Clone`: handing it to [`Endpoint::call`](super::Endpoint::call) or
+/// [`Endpoint::reply`](super::Endpoint::reply) gives it to the NIC, and only
+/// an [`Event::BufferReturned`] gives it back.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Buf {
+    pub(crate) endpoint: u64,
+    pub(crate) slot: u32,
+    pub(crate) len: u32,
+}
+
+impl Buf {
+    /// Bytes of valid data in it.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    /// Whether it holds no data.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Its index in the pool (for logs).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+/// A call made by a client, named in its events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallId(pub(crate) u64);
+
+/// A request received by a server, named when replying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub(crate) u64);
+
+impl CallId {
+    /// The message id on the wire.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+impl RequestId {
+    /// The message id on the wire.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+/// What an endpoint tells its user.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "events may carry buffers; dropping one leaks it from the pool"]
+pub enum Event {
+    /// Client: a call's reply, with its payload read and verified.
+    Reply {
+        /// The call.
+        call: CallId,
+        /// The server's status byte (0 = success).
+        status: u8,
+        /// The reply header.
+        header: Vec<u8>,
+        /// The reply payload, now the user's.
+        data: Option<Buf>,
+    },
+    /// Client: a call failed; nothing of its reply is returned.
+    CallFailed {
+        /// The call.
+        call: CallId,
+        /// Why.
+        error: CallError,
+    },
+    /// Server: a request, with its payload read and verified.
+    Request {
+        /// Name it in [`Endpoint::reply`](super::Endpoint::reply).
+        req: RequestId,
+        /// The request header.
+        header: Vec<u8>,
+        /// The request payload, now the user's.
+        data: Option<Buf>,
+    },
+    /// Server: a request was dropped before it reached the user (its payload
+    /// was withdrawn, could not be read, or was stale).
+    RequestDropped {
+        /// The request.
+        req: RequestId,
+        /// Why.
+        error: CallError,
+    },
+    /// Server, confirm policy: the client read a stale reply and asks again;
+    /// reply to `req` again with [`Endpoint::reply`](super::Endpoint::reply).
+    ReplyAgain {
+        /// The request.
+        req: RequestId,
+    },
+    /// A buffer given to the NIC is the user's again: no remote access to it
+    /// is possible any more.
+    BufferReturned(Buf),
+    /// The connection is down; every call fails, buffers return as the NIC
+    /// flushes. Close it with [`Endpoint::close`](super::Endpoint::close).
+    ConnectionLost(LossReason),
+}
+
+/// Why a connection went down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A work request failed with this completion status.
+    Completion(String),
+    /// The peer broke the protocol (malformed frame, forged grant, SEND_WITH_INV).
+    PeerMisbehaved(String),
+    /// A READ did not complete in time and the QP was flushed.
+    ReadHung,
+    /// The user closed it.
+    Closed,
+    /// The NIC refused an operation.
+    Nic(NicError),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Completion(s) => write!(f, "a work request failed: {s}; reconnect"),
+            LossReason::PeerMisbehaved(s) => write!(f, "the peer broke the protocol: {s}; connection closed"),
+            LossReason::ReadHung => f.write_str("a READ never completed; the QP was flushed, reconnect"),
+            LossReason::Closed => f.write_str("closed by the user"),
+            LossReason::Nic(e) => write!(f, "the NIC refused an operation: {e}"),
+        }
+    }
+}
+
+/// Why a call (or a request's payload) failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// No reply within [`Config::call_timeout`].
+    #[error("no reply within the call timeout; the server may be overloaded or gone")]
+    TimedOut,
+    /// The user cancelled it.
+    #[error("cancelled")]
+    Cancelled,
+    /// The connection went down.
+    #[error("connection lost: {0}")]
+    ConnectionLost(LossReason),
+    /// Every read of the payload was stale (confirm policy) or refused.
+    #[error("the payload could not be read intact: {0}")]
+    Payload(String),
+    /// No free buffer to read the payload into.
+    #[error("no free buffer to read a {0}-byte payload into; return buffers to the pool faster or add more")]
+    NoBuffer(u32),
+}
+
+/// Why a local call on an endpoint was refused. Nothing was sent.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UseError {
+    /// The operation belongs to the other role.
+    #[error("this is a {0:?} endpoint; that operation is for the other role")]
+    WrongRole(Role),
+    /// The buffer belongs to another endpoint.
+    #[error("buffer {0} belongs to another endpoint")]
+    ForeignBuffer(u32),
+    /// Data longer than a buffer.
+    #[error("{len} bytes do not fit a {cap}-byte buffer")]
+    TooLong {
+        /// Bytes given.
+        len: usize,
+        /// Buffer size.
+        cap: u32,
+    },
+    /// A header longer than a frame allows.
+    #[error("header of {0} bytes exceeds the limit of {max}", max = super::frame::MAX_HEADER)]
+    HeaderTooLong(usize),
+    /// No such request (already replied to, or dropped).
+    #[error("request {0} is not waiting for a reply")]
+    NoSuchRequest(u64),
+    /// Every memory window or confirm slot is busy (backpressure).
+    #[error("no free exposure slot: {0}; wait for buffers to return")]
+    Busy(String),
+    /// Every control slot is in use.
+    #[error("all control slots are in use; drive the endpoint to reap completions")]
+    NoCtrlSlot,
+    /// The connection is down.
+    #[error("connection is down: {0}")]
+    Down(LossReason),
+    /// The NIC refused.
+    #[error(transparent)]
+    Nic(#[from] NicError),
+}
