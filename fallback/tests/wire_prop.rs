@@ -14,19 +14,19 @@ fn messages() -> impl Strategy<Value = Message> {
     prop_oneof![
         (any::<u64>(), any::<u32>())
             .prop_map(|(m, attempt)| Message::Fetch { msg: MsgId::from_raw(m), attempt }),
-        (ids.clone(), region.clone()).prop_map(|((m, b, g), region)| Message::Offer {
+        (ids, region.clone()).prop_map(|((m, b, g), region)| Message::Offer {
             msg: MsgId::from_raw(m),
             buffer: BufferId::from_raw(b),
             generation: Generation::from_raw(g),
             region
         }),
-        (ids.clone(), region).prop_map(|((m, b, g), region)| Message::Expose {
+        (ids, region).prop_map(|((m, b, g), region)| Message::Expose {
             msg: MsgId::from_raw(m),
             buffer: BufferId::from_raw(b),
             generation: Generation::from_raw(g),
             region
         }),
-        ids.clone().prop_map(|(m, b, g)| Message::Confirm {
+        ids.prop_map(|(m, b, g)| Message::Confirm {
             msg: MsgId::from_raw(m),
             buffer: BufferId::from_raw(b),
             generation: Generation::from_raw(g)
