@@ -31,7 +31,9 @@
 mod endpoint;
 pub mod frame;
 mod pool;
+mod simpair;
 mod types;
 
 pub use endpoint::Endpoint;
+pub use simpair::SimPair;
 pub use types::*;
