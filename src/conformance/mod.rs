@@ -112,7 +112,13 @@ pub struct Rig<'a> {
 impl<'a> Rig<'a> {
     /// A rig with a 10 s completion timeout and a 100 ms state settle time.
     pub fn new(owner: &'a dyn Nic, reader: &'a dyn Nic) -> Rig<'a> {
-        Rig { owner, reader, timeout: Duration::from_secs(10), settle: Duration::from_millis(100), idle: None }
+        Rig {
+            owner,
+            reader,
+            timeout: Duration::from_secs(10),
+            settle: Duration::from_millis(100),
+            idle: None,
+        }
     }
 
     /// The handle of `side`.
@@ -364,7 +370,7 @@ enum Obj {
 }
 
 /// The objects one scenario run created, destroyed in a safe order
-/// (queue pairs, windows, regions, completion queues) when it is dropped,
+/// (windows, queue pairs, regions, completion queues) when it is dropped,
 /// whether the scenario finished or not.
 pub struct Session<'r> {
     rig: &'r Rig<'r>,
@@ -469,9 +475,12 @@ impl<'r> Session<'r> {
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
+        // Windows first: deallocating a bound window unbinds it (no
+        // invalidation verb, so no rxe crash path), and rxe's QP teardown
+        // stalls for tens of seconds while a bound window still refers to it.
         let rank = |o: &Obj| match o {
-            Obj::Qp(_) => 0,
-            Obj::Mw(_) => 1,
+            Obj::Mw(_) => 0,
+            Obj::Qp(_) => 1,
             Obj::Mr(_) => 2,
             Obj::Cq(_) => 3,
         };

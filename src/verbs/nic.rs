@@ -77,14 +77,17 @@ impl Track {
     }
 }
 
+/// Fields drop in declaration order, which is the safe teardown order:
+/// windows (unbinding them), queue pairs, regions (refused while a window
+/// is bound), completion queues.
 #[derive(Default)]
 struct Tables {
-    next: u32,
-    mrs: HashMap<u32, Arc<Mr>>,
     mws: HashMap<u32, Arc<Mw>>,
-    cqs: HashMap<u32, Arc<Cq>>,
     qps: HashMap<u32, Arc<QpSlot>>,
+    mrs: HashMap<u32, Arc<Mr>>,
+    cqs: HashMap<u32, Arc<Cq>>,
     by_qpn: HashMap<u32, u32>,
+    next: u32,
 }
 
 impl Tables {

@@ -11,8 +11,8 @@
 #
 # Fails with a message naming the log when the kernel panics or oopses, when
 # the run exceeds SOFTROCE_TIMEOUT seconds (default 900), or when the VM
-# ends without reporting a status. Each run keeps its console log under
-# tests/softroce/logs/.
+# ends without reporting a status. Each run keeps its console log (and the
+# VM's dmesg, scanned for oopses too) under tests/softroce/logs/.
 #
 # Knobs: SOFTROCE_TIMEOUT, SOFTROCE_KERNEL (a /boot/vmlinuz-*),
 # SOFTROCE_MEMORY (2G), SOFTROCE_CPUS (2).
@@ -81,6 +81,7 @@ ulimit -l unlimited
 echo "softroce: running: $cmd"
 $cmd
 rc=\$?
+dmesg > $(printf '%q' "$logs/$run_id.dmesg") 2>&1
 echo \$rc > $(printf '%q' "$status")
 echo "$marker=\$rc"
 INNER
@@ -100,6 +101,18 @@ if grep -aqE "Kernel panic|BUG:|Oops|RIP:" "$log"; then
     echo "softroce: FAILED: the VM kernel panicked or oopsed (see $log)" >&2
     grep -anE "Kernel panic|BUG:|Oops|RIP:" "$log" | head -n 5 >&2
     exit 3
+fi
+dmesg_file="$logs/$run_id.dmesg"
+if [ -s "$dmesg_file" ]; then
+    if grep -aqE "Kernel panic|BUG:|Oops" "$dmesg_file"; then
+        echo "softroce: FAILED: the VM kernel oopsed (see $dmesg_file)" >&2
+        grep -anE "Kernel panic|BUG:|Oops" "$dmesg_file" | head -n 5 >&2
+        exit 3
+    fi
+    warnings=$(grep -acE "WARNING:|rxe.*(timed out|error)" "$dmesg_file" || true)
+    if [ "$warnings" -gt 0 ]; then
+        echo "softroce: note: $warnings kernel warning line(s) in $dmesg_file" >&2
+    fi
 fi
 if [ "$vng_rc" -eq 124 ] || [ "$vng_rc" -eq 137 ]; then
     echo "softroce: FAILED: no result after ${timeout_s}s, the VM or the command hung (see $log)" >&2

@@ -10,7 +10,9 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 
 build_start=$(date +%s)
-bin=$(cargo test --features verbs --test verbs_suite --no-run --message-format=json 2>/dev/null |
+build_log=$(mktemp)
+trap 'rm -f "$build_log"' EXIT
+bin=$(cargo test --features verbs --test verbs_suite --no-run --message-format=json-render-diagnostics 2>"$build_log" |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -20,11 +22,13 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "verbs_suite" and m.get("executable"):
         print(m["executable"])
-')
+') || true
 if [ -z "$bin" ]; then
-    echo "verbs-suite: building the verbs suite failed; run: cargo test --features verbs --test verbs_suite --no-run" >&2
+    cat "$build_log" >&2
+    echo "verbs-suite: building the verbs suite failed (output above)" >&2
     exit 1
 fi
 echo "verbs-suite: built $bin in $(( $(date +%s) - build_start ))s" >&2
 
-exec "$here/run.sh" env RUST_BACKTRACE=1 "$bin" --test-threads=1 "$@"
+# RUSTC_BOOTSTRAP lets the stable libtest print each test's time (--report-time).
+"$here/run.sh" env RUST_BACKTRACE=1 RUSTC_BOOTSTRAP=1 "$bin" --test-threads=1 -Zunstable-options --report-time "$@"
