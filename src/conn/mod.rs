@@ -30,10 +30,14 @@
 
 mod endpoint;
 pub mod frame;
+#[cfg(not(loom))]
+mod live;
 mod pool;
 mod simpair;
 mod types;
 
 pub use endpoint::Endpoint;
 pub use simpair::SimPair;
+#[cfg(not(loom))]
+pub use live::{Connection, Driver, Reply, Request};
 pub use types::*;
