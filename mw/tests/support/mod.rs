@@ -140,8 +140,6 @@ pub enum Step {
     PeerDies,
     /// A's QP goes to ERR (its peer's QP is gone: retries exhausted).
     OwnerQpFails,
-    /// B's QP goes to ERR (its peer's QP is gone).
-    ReaderQpFails,
     /// A's driver notices its QP is in ERR.
     OwnerNoticesErr,
     /// B's driver notices its QP is in ERR.
@@ -348,7 +346,13 @@ impl World {
             out.push(Step::ReaderTimer);
         }
         let must_die_first = cfg.peer_death.is_some_and(|by| self.now >= by && b_alive);
-        if self.now < cfg.t_end && !must_die_first {
+        // The clock runs to `t_end`, and beyond only up to the next armed
+        // deadline (so every armed timer can fire; grants stop at
+        // `grant_until`, so this ends).
+        let future = |t: Option<Duration>| t.is_some_and(|t| t > at(self.now));
+        let timer_pending =
+            future(self.owner.poll_timeout()) || (b_alive && future(self.reader.poll_timeout()));
+        if (self.now < cfg.t_end || timer_pending) && !must_die_first {
             out.push(Step::Tick);
         }
         if cfg.peer_death.is_some() && b_alive {
@@ -357,9 +361,9 @@ impl World {
         if !self.a_err && (self.b_err || self.peer_dead) {
             out.push(Step::OwnerQpFails);
         }
-        if b_alive && !self.b_err && self.a_err {
-            out.push(Step::ReaderQpFails);
-        }
+        // No step moves B's QP to ERR because A's did: on rxe a READ whose
+        // window was invalidated under it hangs with the requester in RTS,
+        // so the reader's own timeout and flush are its only way out.
         if self.a_err && !self.owner.is_connection_lost() {
             out.push(Step::OwnerNoticesErr);
         }
@@ -410,7 +414,7 @@ impl World {
                     self.to_reader.push_back(Packet::ReadResp { token: s.token, version });
                 }
             }
-            Step::ToOwner => self.to_owner_step(),
+            Step::ToOwner => self.deliver_to_owner(),
             Step::ReaderSq => match self.reader_sq.pop_front() {
                 Some(ReaderWr::Read { token, dest, addr, rkey, len }) => {
                     self.b_reads.push((token, dest));
@@ -425,7 +429,7 @@ impl World {
                     self.drive_reader();
                 }
             }
-            Step::ToReader => self.to_reader_step(),
+            Step::ToReader => self.deliver_to_reader(),
             Step::Respond => {
                 if let Some(release) = self.responses.pop_front() {
                     if !self.b_err {
@@ -452,7 +456,6 @@ impl World {
                 self.responses.clear();
             }
             Step::OwnerQpFails => self.fail_a(),
-            Step::ReaderQpFails => self.fail_b(),
             Step::OwnerNoticesErr => {
                 self.owner.handle_qp_error(now);
                 self.drive_owner();
@@ -526,7 +529,7 @@ impl World {
         }
     }
 
-    fn to_owner_step(&mut self) {
+    fn deliver_to_owner(&mut self) {
         let Some(packet) = self.to_owner.pop_front() else { return };
         if self.a_err {
             return;
@@ -581,7 +584,7 @@ impl World {
         }
     }
 
-    fn to_reader_step(&mut self) {
+    fn deliver_to_reader(&mut self) {
         let Some(packet) = self.to_reader.pop_front() else { return };
         if self.b_err {
             return;
