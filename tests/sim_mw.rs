@@ -1,7 +1,7 @@
 //! The type-2 window rows of rdma-facts.md's behaviour table, in spec form
 //! (and the rxe deviations where the sim models them).
 
-use mwcap::backend::{
+use mwcap::backend::{NicError, 
     rkey, Access, Completion, MrInfo, MwInfo, Nic, QpState, SendWr, Sge, WcOpcode, WcStatus,
 };
 use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, WindowState};
@@ -194,11 +194,16 @@ fn bind_without_mw_bind_on_the_region() {
 }
 
 #[test]
-fn bind_past_the_region_end() {
-    bind_error_case(
-        |s| vec![bind(s, rkey::rebind(s.mw.rkey, 3), 4000, 200, Access::REMOTE_READ, false)],
-        |_| {},
-    );
+fn bind_past_the_region_end_is_refused_at_post_time() {
+    // A NIC answers MW_BIND_ERR and kills the binding QP (rdma-facts.md);
+    // the backend contract checks the range first, as the verbs backend does.
+    let s = setup(DeviceConfig::spec());
+    let wrs = vec![bind(&s, rkey::rebind(s.mw.rkey, 3), 4000, 200, Access::REMOTE_READ, false), send(&s, 2)];
+    let err = s.p.a.nic.post_send(s.p.a.qp, &wrs).unwrap_err();
+    assert!(matches!(err, NicError::OutOfRange { offset: 4000, end: 4200, .. }), "{err:?}");
+    let (a, b) = s.p.settle();
+    assert!(a.is_empty() && b.is_empty(), "nothing was posted");
+    assert_eq!(s.p.a.state(), QpState::Rts);
 }
 
 #[test]

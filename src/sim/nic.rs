@@ -113,13 +113,17 @@ impl SimNic {
         let sges = match wr {
             SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } => sge.as_slice(),
             SendWr::Read { local, .. } => local.as_slice(),
-            SendWr::BindMw { mw, mr, .. } => {
+            SendWr::BindMw { mw, mr, offset, len, .. } => {
                 if d.cfg.mw == MwSupport::AllocNoBind {
                     let detail = "the provider cannot post a window bind".to_string();
                     return Err(NicError::Unsupported { op: "bind_mw", detail });
                 }
                 d.mw(mw.0).filter(|w| w.pd == self.pd).ok_or(no_such("memory window", mw.0))?;
-                self.mr_of(d, *mr)?;
+                // Like the verbs backend: a range past the region's end is
+                // refused at post time (the NIC would answer MW_BIND_ERR and
+                // kill the QP). Zero length is left to the NIC.
+                let len = u32::try_from(*len).map_err(|_| NicError::InvalidWr(format!("bind of {len} bytes")))?;
+                self.check_sge(d, &Sge { mr: *mr, offset: *offset, len })?;
                 &[]
             }
             SendWr::LocalInv { .. } => {
