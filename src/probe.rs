@@ -293,8 +293,16 @@ impl<'a> Prober<'a> {
     }
 
     /// Alloc, bind, READ inside, LOCAL_INV, READ after.
+    ///
+    /// In each scenario the QP pair is created before the `Setup` so that it
+    /// is dropped after it: windows are freed before their QPs are destroyed
+    /// (rxe stalls for ~50 s destroying a QP with a valid window bound to it).
     fn run_main(&mut self) -> bool {
         let nic = self.nic;
+        let pair = match LoopbackPair::new(nic) {
+            Ok(p) => p,
+            Err(e) => return self.fail(ProbeStep::Alloc, format!("could not create a loopback QP pair: {e}")),
+        };
         let mut setup = match self.setup() {
             Ok(s) => s,
             Err(e) => return self.fail(ProbeStep::Alloc, format!("could not set up memory: {e}")),
@@ -305,11 +313,6 @@ impl<'a> Prober<'a> {
         };
         setup.mws.push(mw.id);
         self.record(ProbeStep::Alloc, StepOutcome::Ok(format!("rkey {:#010x}", mw.rkey)));
-
-        let pair = match LoopbackPair::new(nic) {
-            Ok(p) => p,
-            Err(e) => return self.fail(ProbeStep::Bind, format!("could not create a loopback QP pair: {e}")),
-        };
         let rk = match self.bind(&setup, &pair, mw.id, mw.rkey) {
             Ok(rk) => rk,
             Err(e) => return self.fail(ProbeStep::Bind, e),
@@ -361,10 +364,10 @@ impl<'a> Prober<'a> {
     /// On a fresh pair and window: READ just past the window's end.
     fn run_bounds(&mut self) -> Option<bool> {
         let nic = self.nic;
+        let pair = LoopbackPair::new(nic).ok()?;
         let mut setup = self.setup().ok()?;
         let mw = nic.alloc_mw().ok()?;
         setup.mws.push(mw.id);
-        let pair = LoopbackPair::new(nic).ok()?;
         let rk = match self.bind(&setup, &pair, mw.id, mw.rkey) {
             Ok(rk) => rk,
             Err(e) => {
@@ -405,10 +408,10 @@ impl<'a> Prober<'a> {
     /// On a fresh pair and window: the peer SENDs WITH_INV carrying the rkey.
     fn run_send_with_inv(&mut self) -> Option<bool> {
         let nic = self.nic;
+        let pair = LoopbackPair::new(nic).ok()?;
         let mut setup = self.setup().ok()?;
         let mw = nic.alloc_mw().ok()?;
         setup.mws.push(mw.id);
-        let pair = LoopbackPair::new(nic).ok()?;
         let rk = match self.bind(&setup, &pair, mw.id, mw.rkey) {
             Ok(rk) => rk,
             Err(e) => {

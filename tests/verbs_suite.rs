@@ -309,3 +309,138 @@ fn region_under_a_bound_window_is_not_freed() {
     nic.dealloc_mw(mw.id).expect("dealloc");
     nic.dereg_mr(src.id).expect("dereg after the window is gone");
 }
+
+// ---- whole connections on real verbs: the Endpoint over two PDs of rxe0 ----
+
+mod endpoints {
+    use std::time::{Duration, Instant};
+
+    use mwcap::conn::{CallError, Config, Endpoint, Event, Policies, Policy, Role};
+    use mwcap::verbs::VerbsNic;
+
+    struct Live {
+        epoch: Instant,
+        client: Endpoint<VerbsNic>,
+        server: Endpoint<VerbsNic>,
+        cev: Vec<Event>,
+        sev: Vec<Event>,
+    }
+
+    impl Live {
+        fn new(p: Policies, tweak: impl Fn(&mut Config)) -> Live {
+            let cfg = |role| {
+                let mut c = Config::new(role, p);
+                c.buffers = 4;
+                c.buffer_size = 16 << 10;
+                c.ctrl_slots = 16;
+                tweak(&mut c);
+                c
+            };
+            let mut client = Endpoint::new(super::open(), cfg(Role::Client)).expect("client endpoint");
+            let mut server = Endpoint::new(super::open(), cfg(Role::Server)).expect("server endpoint");
+            let (c, s) = (client.local(), server.local());
+            client.connect(&s).expect("connect client");
+            server.connect(&c).expect("connect server");
+            Live { epoch: Instant::now(), client, server, cev: Vec::new(), sev: Vec::new() }
+        }
+
+        fn now(&self) -> Duration {
+            self.epoch.elapsed()
+        }
+
+        /// Drive both endpoints in real time until `pred` holds (or 10 s pass).
+        fn until(&mut self, what: &str, mut pred: impl FnMut(&mut Live) -> bool) {
+            let end = Instant::now() + Duration::from_secs(10);
+            loop {
+                let now = self.now();
+                for ep in [&mut self.client, &mut self.server] {
+                    ep.handle_timeout(now);
+                    ep.drive(now);
+                }
+                while let Some(e) = self.client.poll_event() {
+                    self.cev.push(e);
+                }
+                while let Some(e) = self.server.poll_event() {
+                    self.sev.push(e);
+                }
+                if pred(self) {
+                    return;
+                }
+                assert!(Instant::now() < end, "timed out waiting for: {what}\nclient: {:?}\nserver: {:?}", self.cev, self.sev);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    const ALL: [Policies; 4] = [
+        Policies { request: Policy::Mw, reply: Policy::Mw },
+        Policies { request: Policy::Mw, reply: Policy::Confirm },
+        Policies { request: Policy::Confirm, reply: Policy::Mw },
+        Policies { request: Policy::Confirm, reply: Policy::Confirm },
+    ];
+
+    #[test]
+    fn endpoint_calls_with_payloads_both_ways_in_every_policy_combination() {
+        for pol in ALL {
+            let mut l = Live::new(pol, |_| {});
+            for i in 0..4u8 {
+                let mut b = l.client.alloc().unwrap();
+                l.client.write(&mut b, &vec![i; 3000]).unwrap();
+                let now = l.now();
+                let call = l.client.call(now, b"req", Some(b)).unwrap();
+                l.until("the request", |l| l.sev.iter().any(|e| matches!(e, Event::Request { .. })));
+                let i_req = l.sev.iter().position(|e| matches!(e, Event::Request { .. })).unwrap();
+                let Event::Request { req, data: Some(d), .. } = l.sev.remove(i_req) else { panic!("no payload") };
+                assert_eq!(l.server.read(&d).unwrap(), vec![i; 3000], "{pol:?}");
+                l.server.free(d);
+                let mut out = l.server.alloc().unwrap();
+                l.server.write(&mut out, &vec![!i; 5000]).unwrap();
+                let now = l.now();
+                l.server.reply(now, req, 0, b"rep", Some(out)).unwrap();
+                l.until("the reply", |l| l.cev.iter().any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })));
+                let i_rep = l.cev.iter().position(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })).unwrap();
+                match l.cev.remove(i_rep) {
+                    Event::Reply { call: c, data: Some(d), .. } => {
+                        assert_eq!(c, call);
+                        assert_eq!(l.client.read(&d).unwrap(), vec![!i; 5000], "{pol:?}");
+                        l.client.free(d);
+                    }
+                    other => panic!("{pol:?}: {other:?}"),
+                }
+            }
+            l.until("every buffer back", |l| l.client.busy_buffers() == 0 && l.server.busy_buffers() == 0);
+            assert!(l.client.is_down().is_none() && l.server.is_down().is_none(), "{pol:?}");
+            let now = l.now();
+            l.client.close(now);
+            l.server.close(now);
+        }
+    }
+
+    #[test]
+    fn endpoint_call_timeout_keeps_the_buffer_exposed_until_the_lease_ends_and_the_connection_up() {
+        let mut l = Live::new(Policies::both(Policy::Mw), |c| {
+            c.call_timeout = Duration::from_millis(100);
+            c.lease_time = Duration::from_millis(600);
+            c.safety_margin = Duration::from_millis(100);
+        });
+        let mut b = l.client.alloc().unwrap();
+        l.client.write(&mut b, b"never answered").unwrap();
+        let now = l.now();
+        let call = l.client.call(now, b"slow", Some(b)).unwrap();
+        l.until("the call to time out", |l| l.cev.contains(&Event::CallFailed { call, error: CallError::TimedOut }));
+        assert_eq!(l.client.busy_buffers(), 1, "a timeout alone must not return the buffer");
+        l.until("the buffer back after the lease", |l| l.client.busy_buffers() == 0);
+        assert!(l.now() >= Duration::from_millis(600), "returned before the lease could have ended");
+        assert!(l.client.is_down().is_none() && l.server.is_down().is_none(), "a timeout must not tear down the connection");
+        let now = l.now();
+        let ping = l.client.call(now, b"ping", None).unwrap();
+        l.until("the ping request", |l| l.sev.iter().filter(|e| matches!(e, Event::Request { .. })).count() == 2);
+        let Some(Event::Request { req, .. }) = l.sev.iter().rev().find(|e| matches!(e, Event::Request { .. })).map(|e| match e {
+            Event::Request { req, header, .. } => Event::Request { req: *req, header: header.clone(), data: None },
+            _ => unreachable!(),
+        }) else { unreachable!() };
+        let now = l.now();
+        l.server.reply(now, req, 0, b"pong", None).unwrap();
+        l.until("the pong", |l| l.cev.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == ping)));
+    }
+}

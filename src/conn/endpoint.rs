@@ -523,6 +523,13 @@ impl<N: Nic> Endpoint<N> {
         if self.destroyed {
             return;
         }
+        // The QP is in ERR: no remote access through it is possible. Free the
+        // windows first (freeing a bound window invalidates it without an
+        // invalidation work request); rxe stalls ~50 s destroying a QP that
+        // still has valid windows bound to it.
+        for w in self.windows.drain(..) {
+            let _ = self.nic.dealloc_mw(w);
+        }
         if let Err(e) = self.nic.destroy_qp(self.local.id) {
             tracing::warn!(%e, "destroy QP");
         }
@@ -757,11 +764,16 @@ impl<N: Nic> Endpoint<N> {
 
 impl<N: Nic> Drop for Endpoint<N> {
     fn drop(&mut self) {
+        // Order: QP to ERR (no more remote access), windows freed, QP
+        // destroyed, then the memory and the CQ.
         if !self.destroyed {
-            let _ = self.nic.destroy_qp(self.local.id);
+            let _ = self.nic.set_qp_error(self.local.id);
         }
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
+        }
+        if !self.destroyed {
+            let _ = self.nic.destroy_qp(self.local.id);
         }
         let _ = self.nic.dereg_mr(self.data.id);
         let _ = self.nic.dereg_mr(self.ctrl.id);
