@@ -787,3 +787,16 @@ fn push_attach(f: &mut Frame, a: Attach) {
         Frame::Engine(_) => {}
     }
 }
+
+#[cfg(fuzzing)]
+impl<N: Nic> Endpoint<N> {
+    /// Fuzzing hook: handle `bytes` as if a SEND carrying them had arrived
+    /// (with `invalidated` as a SEND_WITH_INV's rkey), then run the engines.
+    pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
+        let len = bytes.len().min(MAX_FRAME);
+        if self.nic.write_mr(self.ctrl.id, self.recv_offset(0), &bytes[..len]).is_ok() {
+            self.on_recv(now, 0, len as u32, invalidated);
+            self.pump(now);
+        }
+    }
+}
