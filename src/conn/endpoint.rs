@@ -122,100 +122,28 @@ impl<N: Nic> Endpoint<N> {
     /// it with its QP in INIT; give [`Endpoint::local`] to the peer and call
     /// [`Endpoint::connect`] with the peer's.
     pub fn new(nic: N, cfg: Config) -> Result<Endpoint<N>, NicError> {
-        let is_client = cfg.role == Role::Client;
-        let (owns, reads) = if is_client {
-            (cfg.policies.request, cfg.policies.reply)
-        } else {
-            (cfg.policies.reply, cfg.policies.request)
-        };
-        let mut access = Access::LOCAL_WRITE;
-        if owns == Policy::Mw {
-            access = access | Access::MW_BIND;
-        } else {
-            access = access | Access::REMOTE_READ;
-        }
+        let policies = cfg.policies;
+        Endpoint::prepare(nic, cfg)?.finish(policies)
+    }
+
+    /// The first half of [`Endpoint::new`], for when the policies are only
+    /// known after the bootstrap exchange (which needs the QP number): the
+    /// completion queue and the QP. `cfg.policies` is ignored.
+    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let depth = cfg.ctrl_slots * 2 + cfg.buffers * 3 + 8;
         let cq = nic.create_cq(depth)?;
         let mut qcfg = QpConfig::new(cq, cq);
         qcfg.max_send_wr = cfg.ctrl_slots + cfg.buffers * 3 + 8;
         qcfg.max_recv_wr = cfg.ctrl_slots;
-        let local = nic.create_qp(qcfg)?;
-        let ctrl = nic.reg_mr(MAX_FRAME * 2 * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
-        let data = nic.reg_mr(cfg.buffer_size as usize * cfg.buffers as usize, access)?;
-        let mut windows = Vec::new();
-        let owner = if owns == Policy::Mw {
-            let mut ws = Vec::new();
-            for _ in 0..cfg.buffers {
-                let w = nic.alloc_mw()?;
-                windows.push(w.id);
-                ws.push(mw::Window { handle: w.id.raw(), rkey: w.rkey });
+        let local = match nic.create_qp(qcfg) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = nic.destroy_cq(cq);
+                return Err(e);
             }
-            Some(mw::Owner::new(cfg.seed, ws))
-        } else {
-            None
         };
-        let reader = (reads == Policy::Mw).then(|| {
-            let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
-            mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release })
-        });
-        let mut fcfg = fb::Config::default();
-        fcfg.hold_timeout = cfg.lease_time;
-        fcfg.request_timeout = cfg.call_timeout;
-        fcfg.confirm_timeout = cfg.lease_time;
-        fcfg.max_attempts = cfg.max_attempts;
-        fcfg.max_read_len = cfg.buffer_size;
-        let any_confirm = owns == Policy::Confirm || reads == Policy::Confirm;
-        let mut fbc = (is_client && any_confirm).then(|| fb::Client::new(fcfg.clone()));
-        let mut fbs = (!is_client && any_confirm).then(|| fb::Server::new(fcfg));
-        let mut fb_bufs = Vec::new();
-        let mut fb_slot = HashMap::new();
-        if owns == Policy::Confirm {
-            for slot in 0..cfg.buffers {
-                let off = u64::from(slot) * u64::from(cfg.buffer_size);
-                let region = fb::Region::new(data.addr + off, cfg.buffer_size, data.rkey);
-                let id = match (&mut fbc, &mut fbs) {
-                    (Some(c), _) => c.add_buffer(region),
-                    (_, Some(s)) => s.add_buffer(region),
-                    _ => unreachable!("a confirm owner has a fallback engine"),
-                };
-                fb_bufs.push(id);
-                fb_slot.insert(id, slot);
-            }
-        }
-        Ok(Endpoint {
-            id: NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed),
-            sends: Slots::new(cfg.ctrl_slots),
-            bufs: Slots::new(cfg.buffers),
-            nic,
-            cq,
-            local,
-            ctrl,
-            grant_sends: HashMap::new(),
-            data,
-            windows,
-            owner,
-            reader,
-            fbc,
-            fbs,
-            fb_bufs,
-            fb_slot,
-            owner_leases: HashMap::new(),
-            reader_leases: HashMap::new(),
-            fb_msgs: HashMap::new(),
-            fb_reads: HashMap::new(),
-            pending_grants: VecDeque::new(),
-            pending_fb_reads: VecDeque::new(),
-            next_msg: 1,
-            last_request: 0,
-            calls: BTreeMap::new(),
-            requests: BTreeMap::new(),
-            events: VecDeque::new(),
-            down: None,
-            destroyed: false,
-            cfg,
-        })
+        Ok(Prepared { nic: Some(nic), cfg, cq, local })
     }
-
     /// What the peer needs to connect to this endpoint.
     pub fn local(&self) -> QpEndpoint {
         self.local
@@ -759,6 +687,133 @@ impl<N: Nic> Endpoint<N> {
             self.sends.hand(slot, Holder::Exposed, Holder::Free);
         }
         result
+    }
+}
+
+/// An endpoint whose QP exists but whose policies are not chosen yet; see
+/// [`Endpoint::prepare`]. Dropping it destroys the QP and the CQ.
+pub struct Prepared<N: Nic> {
+    nic: Option<N>,
+    cfg: Config,
+    cq: CqId,
+    local: QpEndpoint,
+}
+
+impl<N: Nic> Prepared<N> {
+    /// What the peer needs to connect to this endpoint.
+    pub fn local(&self) -> QpEndpoint {
+        self.local
+    }
+
+    /// The settings `finish` will use (adjust them after the bootstrap, e.g.
+    /// to the negotiated lease time).
+    pub fn config_mut(&mut self) -> &mut Config {
+        &mut self.cfg
+    }
+
+    /// Create the rest for `policies`: regions, windows, engines.
+    pub fn finish(mut self, policies: Policies) -> Result<Endpoint<N>, NicError> {
+        // The NIC stays in `self` until success, so that an error drops the QP and CQ.
+        let nic = self.nic.as_ref().expect("finish runs once");
+        let mut cfg = self.cfg.clone();
+        cfg.policies = policies;
+        let (cq, local) = (self.cq, self.local);
+        let is_client = cfg.role == Role::Client;
+        let (owns, reads) = if is_client {
+            (cfg.policies.request, cfg.policies.reply)
+        } else {
+            (cfg.policies.reply, cfg.policies.request)
+        };
+        let mut access = Access::LOCAL_WRITE;
+        if owns == Policy::Mw {
+            access = access | Access::MW_BIND;
+        } else {
+            access = access | Access::REMOTE_READ;
+        }
+        let ctrl = nic.reg_mr(MAX_FRAME * 2 * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
+        let data = nic.reg_mr(cfg.buffer_size as usize * cfg.buffers as usize, access)?;
+        let mut windows = Vec::new();
+        let owner = if owns == Policy::Mw {
+            let mut ws = Vec::new();
+            for _ in 0..cfg.buffers {
+                let w = nic.alloc_mw()?;
+                windows.push(w.id);
+                ws.push(mw::Window { handle: w.id.raw(), rkey: w.rkey });
+            }
+            Some(mw::Owner::new(cfg.seed, ws))
+        } else {
+            None
+        };
+        let reader = (reads == Policy::Mw).then(|| {
+            let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
+            mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release })
+        });
+        let mut fcfg = fb::Config::default();
+        fcfg.hold_timeout = cfg.lease_time;
+        fcfg.request_timeout = cfg.call_timeout;
+        fcfg.confirm_timeout = cfg.lease_time;
+        fcfg.max_attempts = cfg.max_attempts;
+        fcfg.max_read_len = cfg.buffer_size;
+        let any_confirm = owns == Policy::Confirm || reads == Policy::Confirm;
+        let mut fbc = (is_client && any_confirm).then(|| fb::Client::new(fcfg.clone()));
+        let mut fbs = (!is_client && any_confirm).then(|| fb::Server::new(fcfg));
+        let mut fb_bufs = Vec::new();
+        let mut fb_slot = HashMap::new();
+        if owns == Policy::Confirm {
+            for slot in 0..cfg.buffers {
+                let off = u64::from(slot) * u64::from(cfg.buffer_size);
+                let region = fb::Region::new(data.addr + off, cfg.buffer_size, data.rkey);
+                let id = match (&mut fbc, &mut fbs) {
+                    (Some(c), _) => c.add_buffer(region),
+                    (_, Some(s)) => s.add_buffer(region),
+                    _ => unreachable!("a confirm owner has a fallback engine"),
+                };
+                fb_bufs.push(id);
+                fb_slot.insert(id, slot);
+            }
+        }
+        let nic = self.nic.take().expect("finish runs once");
+        Ok(Endpoint {
+            id: NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed),
+            sends: Slots::new(cfg.ctrl_slots),
+            bufs: Slots::new(cfg.buffers),
+            nic,
+            cq,
+            local,
+            ctrl,
+            grant_sends: HashMap::new(),
+            data,
+            windows,
+            owner,
+            reader,
+            fbc,
+            fbs,
+            fb_bufs,
+            fb_slot,
+            owner_leases: HashMap::new(),
+            reader_leases: HashMap::new(),
+            fb_msgs: HashMap::new(),
+            fb_reads: HashMap::new(),
+            pending_grants: VecDeque::new(),
+            pending_fb_reads: VecDeque::new(),
+            next_msg: 1,
+            last_request: 0,
+            calls: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            events: VecDeque::new(),
+            down: None,
+            destroyed: false,
+            cfg,
+        })
+    }
+}
+
+impl<N: Nic> Drop for Prepared<N> {
+    fn drop(&mut self) {
+        if let Some(nic) = self.nic.take() {
+            let _ = nic.destroy_qp(self.local.id);
+            let _ = nic.destroy_cq(self.cq);
+        }
     }
 }
 

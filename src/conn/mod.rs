@@ -33,10 +33,12 @@ pub mod frame;
 #[cfg(not(loom))]
 mod live;
 mod pool;
+mod setup;
 mod simpair;
 mod types;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, Prepared};
+pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
 pub use simpair::SimPair;
 #[cfg(not(loom))]
 pub use live::{Connection, Driver, Reply, Request};

@@ -1,0 +1,138 @@
+//! Connecting two endpoints over TCP with a policy choice: `mw`, `confirm`
+//! or `auto`.
+//!
+//! Each side says which policies it can *serve* for memory it exposes (with
+//! `auto`: what its own capability probe found) and which it can *read*
+//! (both, always: a reader only READs and, under confirm, confirms). The
+//! bootstrap picks per direction the owner's `serve` ∩ the reader's `read`,
+//! preferring mw, so a mixed pair (an mlx5 client, a cloud server without
+//! working windows) runs mw for requests and confirm for replies.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::{Config, Endpoint, Policies, Role};
+use crate::backend::{Nic, NicError};
+use crate::bootstrap::{self, BootstrapError, Capabilities, Hello, PolicySet};
+
+/// What a side asks for when it connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyChoice {
+    /// Serve only type-2 windows; fail if the device cannot (see `mwcap probe`).
+    Mw,
+    /// Serve only the confirm protocol.
+    Confirm,
+    /// Probe the device and serve mw where it works, else confirm.
+    Auto,
+}
+
+/// Why setting up a connection failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The TCP exchange failed (unreachable, version mismatch, no common policy...).
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    /// The NIC refused to create or connect the endpoint's resources.
+    #[error("the NIC refused: {0}")]
+    Nic(#[from] NicError),
+    /// `mw` was asked for but the device's type-2 windows do not work.
+    #[error("the mw policy was requested but type-2 windows fail on {device} ({why}); use confirm or auto")]
+    MwUnusable {
+        /// The device.
+        device: String,
+        /// The probe's first failing step.
+        why: String,
+    },
+}
+
+/// A connected endpoint and the TCP stream of its bootstrap; keep the stream
+/// open: its closing tells that the peer went away.
+pub struct Connected<N: Nic> {
+    /// The endpoint, QP in RTS, receives posted.
+    pub endpoint: Endpoint<N>,
+    /// The bootstrap's TCP stream.
+    pub stream: TcpStream,
+    /// The policies chosen for the two directions.
+    pub policies: Policies,
+}
+
+fn serve_set(nic: &dyn Nic, choice: PolicyChoice) -> Result<PolicySet, SetupError> {
+    match choice {
+        PolicyChoice::Confirm => Ok(PolicySet::CONFIRM),
+        PolicyChoice::Mw | PolicyChoice::Auto => {
+            let report = crate::probe(nic);
+            match (report.mw_usable, choice) {
+                (true, PolicyChoice::Mw) => Ok(PolicySet::MW),
+                (true, _) => Ok(PolicySet::BOTH),
+                (false, PolicyChoice::Mw) => Err(SetupError::MwUnusable {
+                    device: report.device.name.clone(),
+                    why: report.first_failure().map(|(s, t)| format!("{s}: {t}")).unwrap_or_default(),
+                }),
+                (false, _) => Ok(PolicySet::CONFIRM),
+            }
+        }
+    }
+}
+
+fn connect_with<N: Nic>(
+    nic: N,
+    mut cfg: Config,
+    choice: PolicyChoice,
+    exchange: impl FnOnce(&Hello) -> Result<bootstrap::Handshake<TcpStream>, BootstrapError>,
+    timeout: Duration,
+) -> Result<Connected<N>, SetupError> {
+    let mut caps = Capabilities::new();
+    caps.serve = serve_set(&nic, choice)?;
+    caps.read = PolicySet::BOTH;
+    caps.lease_ms = u32::try_from(cfg.lease_time.as_millis()).unwrap_or(u32::MAX).max(1);
+    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
+    let hello = Hello::new(prepared.local(), caps);
+    let hs = exchange(&hello)?;
+    let n = hs.negotiated();
+    let (Some(we), Some(they)) = (n.we_expose, n.peer_exposes) else {
+        // `negotiate` already refuses this; kept as an error, not a panic.
+        let (l, p) = (&hs.local().caps, &hs.peer().caps);
+        return Err(SetupError::Bootstrap(BootstrapError::NoCommonPolicy {
+            local_serve: l.serve,
+            local_read: l.read,
+            peer_serve: p.serve,
+            peer_read: p.read,
+        }));
+    };
+    let policies = match cfg.role {
+        Role::Client => Policies { request: we, reply: they },
+        Role::Server => Policies { request: they, reply: we },
+    };
+    // The shorter of the two sides' lease times applies.
+    cfg.lease_time = cfg.lease_time.min(n.lease);
+    prepared.config_mut().lease_time = cfg.lease_time;
+    let mut endpoint = prepared.finish(policies)?;
+    endpoint.connect(&hs.remote_endpoint())?;
+    let stream = hs.ready(timeout)?;
+    Ok(Connected { endpoint, stream, policies })
+}
+
+/// Client: connect to a server listening at `addr`.
+pub fn connect<N: Nic>(
+    nic: N,
+    addr: SocketAddr,
+    cfg: Config,
+    choice: PolicyChoice,
+    timeout: Duration,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Client);
+    connect_with(nic, cfg, choice, |h| bootstrap::exchange_client(addr, h, timeout), timeout)
+}
+
+/// Server: accept one client on `listener`.
+pub fn accept<N: Nic>(
+    nic: N,
+    listener: &TcpListener,
+    cfg: Config,
+    choice: PolicyChoice,
+    timeout: Duration,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Server);
+    connect_with(nic, cfg, choice, |h| bootstrap::exchange_server(listener, h, timeout), timeout)
+}
