@@ -155,6 +155,15 @@ const ALL_STEPS: [ProbeStep; 7] = [
     ProbeStep::SendWithInv,
 ];
 
+/// A bound window with its memory and QP pair. Field order is drop order:
+/// the window is freed before its QPs are destroyed (rxe stalls ~50 s
+/// destroying a QP with a valid window bound to it).
+struct Bound<'a> {
+    setup: Setup<'a>,
+    pair: LoopbackPair<'a>,
+    rkey: u32,
+}
+
 struct Prober<'a> {
     nic: &'a dyn Nic,
     steps: Vec<(ProbeStep, StepOutcome)>,
@@ -361,20 +370,26 @@ impl<'a> Prober<'a> {
         }
     }
 
-    /// On a fresh pair and window: READ just past the window's end.
-    fn run_bounds(&mut self) -> Option<bool> {
+    /// A fresh loopback pair and memory with a newly allocated window bound
+    /// on it, for one more step; a failure is recorded against `step`.
+    fn fresh_bound(&mut self, step: ProbeStep) -> Option<Bound<'a>> {
         let nic = self.nic;
         let pair = LoopbackPair::new(nic).ok()?;
         let mut setup = self.setup().ok()?;
         let mw = nic.alloc_mw().ok()?;
         setup.mws.push(mw.id);
-        let rk = match self.bind(&setup, &pair, mw.id, mw.rkey) {
-            Ok(rk) => rk,
+        match self.bind(&setup, &pair, mw.id, mw.rkey) {
+            Ok(rkey) => Some(Bound { setup, pair, rkey }),
             Err(e) => {
-                self.fail(ProbeStep::ReadOutside, format!("second bind failed: {e}"));
-                return None;
+                self.fail(step, format!("bind of a fresh window failed: {e}"));
+                None
             }
-        };
+        }
+    }
+
+    /// On a fresh pair and window: READ just past the window's end.
+    fn run_bounds(&mut self) -> Option<bool> {
+        let Bound { setup, pair, rkey: rk } = self.fresh_bound(ProbeStep::ReadOutside)?;
         // 64 bytes starting right after the window, still inside the region.
         match self.read(&setup, &pair, rk, WIN_LEN as i64, 64) {
             Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
@@ -402,23 +417,12 @@ impl<'a> Prober<'a> {
                 None
             }
         }
-        // Dropping `setup` deallocates the (possibly still bound) window.
     }
 
     /// On a fresh pair and window: the peer SENDs WITH_INV carrying the rkey.
     fn run_send_with_inv(&mut self) -> Option<bool> {
         let nic = self.nic;
-        let pair = LoopbackPair::new(nic).ok()?;
-        let mut setup = self.setup().ok()?;
-        let mw = nic.alloc_mw().ok()?;
-        setup.mws.push(mw.id);
-        let rk = match self.bind(&setup, &pair, mw.id, mw.rkey) {
-            Ok(rk) => rk,
-            Err(e) => {
-                self.fail(ProbeStep::SendWithInv, format!("third bind failed: {e}"));
-                return None;
-            }
-        };
+        let Bound { setup, pair, rkey: rk } = self.fresh_bound(ProbeStep::SendWithInv)?;
         let step = ProbeStep::SendWithInv;
         if let Err(e) = nic.post_recv(pair.a.id, 2, Sge { mr: setup.owner_mr.id, offset: 0, len: MSG_LEN }) {
             self.fail(step, format!("post RECV: {e}"));
