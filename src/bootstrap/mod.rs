@@ -43,6 +43,8 @@ mod caps;
 mod error;
 mod handshake;
 mod negotiate;
+// async-io is left out of loom builds (see Cargo.toml).
+#[cfg(not(loom))]
 mod nonblocking;
 mod wire;
 
@@ -51,6 +53,7 @@ pub use caps::{Capabilities, Features, Policy, PolicySet};
 pub use error::{BootstrapError, Phase, Side};
 pub use handshake::Handshake;
 pub use negotiate::{negotiate, Negotiated};
+#[cfg(not(loom))]
 pub use nonblocking::{exchange_accepted_async, exchange_client_async, exchange_server_async};
 pub use wire::{
     decode, encode, DecodeError, Hello, HelloDecoder, HEADER_LEN, HELLO_BODY_LEN, MAGIC, MAX_BODY_LEN,
