@@ -357,11 +357,18 @@ mod endpoints {
                     ep.handle_timeout(now);
                     ep.drive(now);
                 }
+                // Returned buffers go straight back to the pools.
                 while let Some(e) = self.client.poll_event() {
-                    self.cev.push(e);
+                    match e {
+                        Event::BufferReturned(b) => self.client.free(b),
+                        e => self.cev.push(e),
+                    }
                 }
                 while let Some(e) = self.server.poll_event() {
-                    self.sev.push(e);
+                    match e {
+                        Event::BufferReturned(b) => self.server.free(b),
+                        e => self.sev.push(e),
+                    }
                 }
                 if pred(self) {
                     return;
