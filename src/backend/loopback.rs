@@ -45,6 +45,24 @@ fn placeholder() -> QpEndpoint {
 
 impl Drop for LoopbackPair<'_> {
     fn drop(&mut self) {
+        // Move both QPs to ERR and reap the flushes before destroying them
+        // (bounded: quiet for 50 ms, or 500 ms in all).
+        for qp in [self.a.id, self.b.id].into_iter().filter(|q| q.0 != u32::MAX) {
+            let _ = self.nic.set_qp_error(qp);
+        }
+        let start = Instant::now();
+        let mut quiet_since = Instant::now();
+        while start.elapsed() < Duration::from_millis(500) && quiet_since.elapsed() < Duration::from_millis(50) {
+            let mut any = false;
+            for cq in [self.cq_a, self.cq_b] {
+                any |= self.nic.poll_cq(cq, 64).is_ok_and(|v| !v.is_empty());
+            }
+            if any {
+                quiet_since = Instant::now();
+            } else {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         for qp in [self.a.id, self.b.id] {
             if qp.0 != u32::MAX {
                 let _ = self.nic.destroy_qp(qp);

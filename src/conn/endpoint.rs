@@ -451,6 +451,18 @@ impl<N: Nic> Endpoint<N> {
         if self.destroyed {
             return;
         }
+        // Reap the flushes before destroying the QP (rxe warns, and waits,
+        // when a QP is destroyed while its flushes are still being
+        // generated). Bounded: a backend whose clock does not move (the sim
+        // in manual mode) simply falls through to the destroy, which is
+        // evidence enough.
+        for _ in 0..2000 {
+            if self.sends.count(Holder::Exposed) == 0 && self.busy_buffers() == 0 {
+                break;
+            }
+            std::thread::yield_now();
+            self.drive(now);
+        }
         // The QP is in ERR: no remote access through it is possible. Free the
         // windows first (freeing a bound window invalidates it without an
         // invalidation work request); rxe stalls ~50 s destroying a QP that

@@ -22,4 +22,19 @@ echo "$probe_out" | grep -q "type-2 memory windows usable: yes" || { echo "probe
 echo "$probe_out" | grep -qE "window bounds enforced: +no" || { echo "probe: expected window bounds NOT enforced on rxe0 (rxe deviation)"; fail=1; }
 [ "$fail" -eq 0 ] && echo "probe: as expected on rxe (windows usable, bounds not enforced)"
 
+# Figures only (docs/benchmarks.md): mwcap's call latency and perftest's
+# floor on the same device in the same VM. Not a pass/fail step.
+if [ "${MWCAP_BENCH:-1}" = 1 ]; then
+    echo "=== benchmark (informational): mwcap bench vs perftest on rxe0, 4 KiB"
+    timeout 300 "$mwcap" bench --device rxe0 --iters 500 --size 4096 || echo "bench: did not finish (informational)"
+    for t in ib_send_lat ib_read_lat; do
+        if command -v "$t" >/dev/null; then
+            "$t" -d rxe0 -x 1 -s 4096 -n 500 >/tmp/"$t".server 2>&1 &
+            sleep 1
+            timeout 60 "$t" -d rxe0 -x 1 -s 4096 -n 500 127.0.0.1 2>&1 | grep -aE "bytes|^ *4096" || echo "$t: no result"
+            wait
+        fi
+    done
+fi
+
 [ "$suite_rc" -eq 0 ] && [ "$fail" -eq 0 ]

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench;
 mod demo;
 mod probe_cmd;
 
@@ -32,6 +33,22 @@ enum Cmd {
         /// Probe a simulated NIC of this kind instead of real devices.
         #[arg(long, value_enum)]
         sim: Option<SimKind>,
+    },
+    /// Measure call latency over real verbs (client and server on one
+    /// device, loopback); compare with perftest in the same run.
+    Bench {
+        /// The device.
+        #[arg(long, default_value = "rxe0")]
+        device: String,
+        /// GID index.
+        #[arg(long, default_value_t = 1)]
+        gid_index: u8,
+        /// Calls per case.
+        #[arg(long, default_value_t = 1000)]
+        iters: u32,
+        /// Payload bytes.
+        #[arg(long, default_value_t = 4096)]
+        size: u32,
     },
     /// Show the protocols at work on the simulated NIC: leases, expiry
     /// without teardown, a stale read caught, a dead peer, the probe.
@@ -62,5 +79,6 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Probe { device, port, gid_index, sim } => probe_cmd::run(device.as_deref(), port, gid_index, sim),
         Cmd::Demo { seed } => demo::run(seed),
+        Cmd::Bench { device, gid_index, iters, size } => bench::run(&device, gid_index, iters, size),
     }
 }
