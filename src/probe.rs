@@ -389,9 +389,12 @@ impl<'a> Prober<'a> {
 
     /// On a fresh pair and window: READ just past the window's end.
     fn run_bounds(&mut self) -> Option<bool> {
-        let Bound { setup, pair, rkey: rk } = self.fresh_bound(ProbeStep::ReadOutside)?;
+        // Not destructured: `Bound` must drop as a whole, window before QPs
+        // (destructured bindings would drop in reverse order, QPs first).
+        let bound = self.fresh_bound(ProbeStep::ReadOutside)?;
+        let (setup, pair, rk) = (&bound.setup, &bound.pair, bound.rkey);
         // 64 bytes starting right after the window, still inside the region.
-        match self.read(&setup, &pair, rk, WIN_LEN as i64, 64) {
+        match self.read(setup, pair, rk, WIN_LEN as i64, 64) {
             Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
                 self.record(ProbeStep::ReadOutside, StepOutcome::Ok("REM_ACCESS_ERR: bounds enforced".into()));
                 Some(true)
@@ -422,7 +425,8 @@ impl<'a> Prober<'a> {
     /// On a fresh pair and window: the peer SENDs WITH_INV carrying the rkey.
     fn run_send_with_inv(&mut self) -> Option<bool> {
         let nic = self.nic;
-        let Bound { setup, pair, rkey: rk } = self.fresh_bound(ProbeStep::SendWithInv)?;
+        let bound = self.fresh_bound(ProbeStep::SendWithInv)?;
+        let (setup, pair, rk) = (&bound.setup, &bound.pair, bound.rkey);
         let step = ProbeStep::SendWithInv;
         if let Err(e) = nic.post_recv(pair.a.id, 2, Sge { mr: setup.owner_mr.id, offset: 0, len: MSG_LEN }) {
             self.fail(step, format!("post RECV: {e}"));
@@ -455,7 +459,7 @@ impl<'a> Prober<'a> {
         }
         // The window must now be invalid: a READ through it fails. (It is never
         // invalidated again: the Setup drop only deallocates it.)
-        match self.read(&setup, &pair, rk, 0, 64) {
+        match self.read(setup, pair, rk, 0, 64) {
             Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
                 self.record(step, StepOutcome::Ok("peer invalidated the window; READ then REM_ACCESS_ERR".into()));
                 Some(true)
