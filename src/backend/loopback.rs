@@ -75,24 +75,37 @@ impl Drop for LoopbackPair<'_> {
 
 /// Poll `cq` until `n` completions arrived or `timeout` passed; returns what
 /// arrived (possibly fewer than `n`: a READ whose window was invalidated while
-/// it was in flight never completes on rxe).
+/// it was in flight never completes on rxe). Sleeps 200 µs between empty polls.
 pub fn wait_completions(
     nic: &dyn Nic,
     cq: CqId,
     n: usize,
     timeout: Duration,
 ) -> Result<Vec<Completion>, NicError> {
+    wait_completions_with(nic, cq, n, timeout, || std::thread::sleep(Duration::from_micros(200)))
+}
+
+/// [`wait_completions`] with the caller's `pause` between empty polls (a
+/// simulated fabric's test rig advances its clock there).
+pub fn wait_completions_with(
+    nic: &dyn Nic,
+    cq: CqId,
+    n: usize,
+    timeout: Duration,
+    mut pause: impl FnMut(),
+) -> Result<Vec<Completion>, NicError> {
     let deadline = Instant::now() + timeout;
     let mut got = Vec::new();
     while got.len() < n {
         let batch = nic.poll_cq(cq, n - got.len())?;
-        if batch.is_empty() {
-            if Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        let empty = batch.is_empty();
         got.extend(batch);
+        if got.len() >= n || Instant::now() >= deadline {
+            break;
+        }
+        if empty {
+            pause();
+        }
     }
     Ok(got)
 }

@@ -421,16 +421,10 @@ impl<'r> Session<'r> {
     /// Wait for up to `n` completions on `side`'s `cq`, at most the rig's
     /// timeout; returns what arrived (possibly fewer).
     pub fn wait(&self, side: Side, cq: CqId, n: usize) -> Result<Vec<Completion>, ScenarioError> {
-        let deadline = Instant::now() + self.rig.timeout;
-        let mut got = Vec::new();
-        while got.len() < n {
-            got.extend(self.nic(side).poll_cq(cq, n - got.len()).map_err(at("poll a CQ"))?);
-            if got.len() >= n || Instant::now() >= deadline {
-                break;
-            }
-            self.rig.pause();
-        }
-        Ok(got)
+        crate::backend::loopback::wait_completions_with(self.nic(side), cq, n, self.rig.timeout, || {
+            self.rig.pause()
+        })
+        .map_err(at("poll a CQ"))
     }
 
     /// Wait for one completion and record it (or its absence) under `name`.
