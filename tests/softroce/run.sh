@@ -33,7 +33,7 @@ sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo -n); fi
 
 ensure_packages() {
-    local want=(qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils
+    local want=(qemu-system-x86 linux-image-amd64 busybox-static bc rdma-core ibverbs-providers ibverbs-utils
         libibverbs-dev librdmacm-dev perftest cmake libclang-dev pkg-config)
     local missing=()
     for p in "${want[@]}"; do
