@@ -44,7 +44,7 @@ async fn echo(server: Connection<SimNic>) {
         let out = if bytes.is_empty() {
             None
         } else {
-            let mut b = server.alloc().unwrap();
+            let mut b = server.alloc().await.unwrap();
             server.write(&mut b, &bytes).unwrap();
             Some(b)
         };
@@ -61,7 +61,7 @@ fn calls_over_the_async_api_in_every_policy_combination() {
         let (client, cdrv, server, sdrv) = connected(Policies { request, reply });
         let app = async {
             for i in 0..5u8 {
-                let mut b = client.alloc().unwrap();
+                let mut b = client.alloc().await.unwrap();
                 client.write(&mut b, &[i, 1, 2, 3]).unwrap();
                 let r = client.call(b"hi", Some(b)).await.expect("call");
                 assert_eq!(r.header, b"echo");
@@ -84,7 +84,7 @@ fn calls_over_the_async_api_in_every_policy_combination() {
 fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
     let app = async {
-        let mut b = client.alloc().unwrap();
+        let mut b = client.alloc().await.unwrap();
         client.write(&mut b, b"abandon me").unwrap();
         // Nobody serves requests: the call future is dropped after a moment.
         let call = client.call(b"x", Some(b));

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use mwcap_fallback::{
-    Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadToken, Region, Server, Verdict,
+    Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadToken, Region, Server, UsageError, Verdict,
 };
 use stateright::{Checker, Model, Property};
 
@@ -468,8 +468,12 @@ impl Model for ConfirmModel {
                 s.wants.remove(&msg);
                 let gen = s.generation(Side::Server, b).unwrap_or(Generation::from_raw(0));
                 s.server_mem[b as usize] = Tag::Data { msg, gen };
-                if s.server.offer(now, msg, BufferId::from_raw(b), LEN).is_err() {
-                    s.fail("offer refused");
+                match s.server.offer(now, msg, BufferId::from_raw(b), LEN) {
+                    Ok(()) => {}
+                    // The client's fetch ended and its Refuse reached the
+                    // server first: the reply is no longer wanted.
+                    Err(UsageError::NotWanted(_)) if !s.live.contains(&msg) => {}
+                    Err(_) => s.fail("offer refused"),
                 }
             }
             Act::Scribble(side, b) => {

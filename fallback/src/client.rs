@@ -114,9 +114,12 @@ impl Client {
         Ok(msg)
     }
 
-    /// Cancels a fetch (reported as [`ReadError::Cancelled`]) or an exposed
-    /// request (its buffer returns with [`Release::Cancelled`]; from now on
-    /// the server's confirm gets `Reused`). Returns whether `msg` was live.
+    /// Cancels a fetch (reported as [`ReadError::Cancelled`]; a `Refuse`
+    /// tells the server at once, so it drops the wanted reply or releases
+    /// the buffer it offered instead of holding it until `hold_timeout`) or
+    /// an exposed request (its buffer returns with [`Release::Cancelled`];
+    /// from now on the server's confirm gets `Reused`). Returns whether
+    /// `msg` was live.
     pub fn cancel(&mut self, now: Duration, msg: MsgId) -> bool {
         let _ = now;
         if self.fetches.contains_key(&msg) {
@@ -186,7 +189,12 @@ impl Client {
 
     fn on_offer(&mut self, msg: MsgId, buffer: BufferId, generation: Generation, region: Region) {
         let Some(fetch) = self.fetches.get_mut(&msg) else {
-            self.violations += 1;
+            if msg.raw() == 0 || msg.raw() > self.last_msg {
+                self.violations += 1;
+            }
+            // Otherwise the fetch already ended here (cancelled, timed out)
+            // and its Refuse crossed this offer: the server releases the
+            // buffer when the Refuse arrives. Nothing to read.
             return;
         };
         if fetch.phase != Phase::AwaitOffer {
@@ -253,6 +261,16 @@ impl Client {
             Phase::AwaitOffer => {}
             Phase::Reading(e) => self.reads.abandon(e.token, false, &mut self.events),
             Phase::Confirming(e) => self.reads.abandon(e.token, true, &mut self.events),
+        }
+        // Tell the server when it may still hold something for this fetch (a
+        // wanted reply, an offered buffer): it lets go at once.
+        let server_may_hold = match error {
+            ReadError::Cancelled | ReadError::TimedOut | ReadError::TooLong { .. } => true,
+            ReadError::ConfirmTimedOut => !matches!(fetch.phase, Phase::AwaitOffer),
+            _ => false,
+        };
+        if server_may_hold && !self.lost {
+            self.actions.push_back(Action::Send(Message::Refuse { msg }));
         }
         self.events.push_back(Event::ReadFailed { msg, error });
     }

@@ -141,7 +141,22 @@ impl Server {
                     self.events.push_back(Event::ReadFailed { msg, error: ReadError::Withdrawn });
                 }
             }
-            Message::Offer { .. } | Message::Refuse { .. } => self.violations += 1,
+            Message::Refuse { msg } => self.on_refuse(msg),
+            Message::Offer { .. } => self.violations += 1,
+        }
+    }
+
+    /// The client no longer wants the reply of `msg` (its fetch was
+    /// cancelled or timed out): forget the wanted reply (a later `offer`
+    /// gets [`UsageError::NotWanted`](crate::UsageError::NotWanted)) and
+    /// release a buffer offered for it, with [`Release::Refused`].
+    fn on_refuse(&mut self, msg: MsgId) {
+        let wanted = self.wanted.remove(&msg).is_some();
+        let held = self.owner.release_msg(msg, Release::Refused, &mut self.events);
+        if !wanted && !held && (msg.raw() == 0 || msg.raw() > self.last_msg) {
+            // A refusal of a message never asked for. (One that is already
+            // over, e.g. confirmed as the Refuse crossed it, is harmless.)
+            self.violations += 1;
         }
     }
 

@@ -173,9 +173,33 @@ fn direction1_cancel_with_read_in_flight_frees_the_destination_only_on_completio
     let ev = p.take_client_events();
     assert!(matches!(ev[..], [Event::ReadDiscarded { .. }]), "{ev:?}");
     assert!(p.client.is_idle());
-    // No confirm was sent: the server's buffer comes back by its hold timeout.
-    p.advance(secs(5));
-    assert_eq!(p.take_server_events(), vec![Event::BufferFree { buffer: B0, msg, reason: Release::Expired }]);
+    // No confirm was sent, but the cancel's Refuse released the server's
+    // buffer at once, without waiting for its hold timeout.
+    assert_eq!(p.take_server_events(), vec![Event::BufferFree { buffer: B0, msg, reason: Release::Refused }]);
+    assert!(p.server.is_idle());
+    assert_eq!(p.server.peer_violations(), 0);
+}
+
+#[test]
+fn direction1_cancel_before_the_offer_withdraws_the_wanted_reply() {
+    let mut p = Pair::new(config(), 1);
+    let msg = p.client.fetch(p.now, BUF_LEN).unwrap();
+    p.drive();
+    assert_eq!(wanted(&p.take_server_events()), vec![(msg, 1)]);
+    assert!(p.client.cancel(p.now, msg));
+    p.drive();
+    // The server user's offer now finds nothing to answer; the buffer stays free.
+    assert_eq!(p.server.offer(p.now, msg, B0, 1), Err(UsageError::NotWanted(msg)));
+    assert!(p.server.is_buffer_free(B0));
+    assert!(p.server.is_idle());
+    assert_eq!((p.server.peer_violations(), p.client.peer_violations()), (0, 0));
+}
+
+#[test]
+fn direction1_a_refuse_never_asked_for_is_a_violation() {
+    let mut p = Pair::new(config(), 1);
+    p.server.handle_message(p.now, Message::Refuse { msg: MsgId::from_raw(99) });
+    assert_eq!(p.server.peer_violations(), 1);
 }
 
 #[test]

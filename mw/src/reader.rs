@@ -117,6 +117,9 @@ pub enum DeclineReason {
     EmptyGrant,
     /// The QP is down; nothing can be read or released.
     ConnectionLost,
+    /// The reader's user no longer wants the data (its call was cancelled
+    /// or timed out): released without reading.
+    Unwanted,
 }
 
 /// Why a READ failed. The QP is in ERR after any of these.
@@ -255,6 +258,17 @@ impl Reader {
             rkey: grant.rkey,
             len: grant.len,
         });
+    }
+
+    /// Decline a grant without reading it (its data is no longer wanted):
+    /// a [`ReaderEvent::Declined`] with a release is queued, so the owner
+    /// invalidates at once instead of waiting for the lease to expire.
+    pub fn decline(&mut self, _now: Duration, grant: Grant, reason: DeclineReason) {
+        let reason = if self.link != Link::Up { DeclineReason::ConnectionLost } else { reason };
+        self.stats.declined += 1;
+        let release = self.release(&grant);
+        let dest = Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 };
+        self.events.push_back(ReaderEvent::Declined { lease: grant.lease, dest, reason, release });
     }
 
     /// A READ completed (route by [`Token::engine`]).

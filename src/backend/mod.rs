@@ -76,4 +76,18 @@ pub trait Nic: Send + Sync {
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError>;
     /// Take up to `max` completions off a completion queue.
     fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError>;
+
+    /// Readiness of a completion queue, for a driver that sleeps instead of
+    /// spinning. `Ready` means "poll the queue again": a completion may be
+    /// waiting. `Pending` means the queue is armed and `cx`'s waker will be
+    /// woken at the next completion.
+    ///
+    /// Use it as `ibv_req_notify_cq(3)` says: poll until empty, then call
+    /// this; on `Ready` poll again. The first call after a wake-up re-arms
+    /// and returns `Ready`, so a completion that lands between the last poll
+    /// and the arming is never missed. On verbs the waker is the completion
+    /// channel's fd, registered with `async-io`; the simulator wakes it when
+    /// it queues a completion (in [`Progress::Auto`](crate::sim::Progress)
+    /// it first runs the fabric, as `poll_cq` does).
+    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>>;
 }

@@ -151,12 +151,16 @@ pub struct QpConfig {
     pub max_sge: u32,
     /// Outstanding READs as requester and responder.
     pub max_rd_atomic: u8,
+    /// Receiver-not-ready retries of a SEND before it fails with
+    /// `RnrRetryExcErr`. 0..=6; 7 means "retry forever" on real NICs, which
+    /// lets a peer that stops posting receives stall the sender for good.
+    pub rnr_retry: u8,
 }
 
 impl QpConfig {
     /// A configuration with moderate depths over the given completion queues.
     pub fn new(send_cq: CqId, recv_cq: CqId) -> QpConfig {
-        QpConfig { send_cq, recv_cq, max_send_wr: 128, max_recv_wr: 128, max_sge: 4, max_rd_atomic: 16 }
+        QpConfig { send_cq, recv_cq, max_send_wr: 128, max_recv_wr: 128, max_sge: 4, max_rd_atomic: 16, rnr_retry: 6 }
     }
 }
 

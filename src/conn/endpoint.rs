@@ -101,6 +101,9 @@ pub struct Endpoint<N: Nic> {
     reader_leases: HashMap<mw::LeaseId, u64>,
     /// fallback message id → our message id.
     fb_msgs: HashMap<fb::MsgId, u64>,
+    /// Server: confirm messages whose offer expired, with when (their
+    /// `fb_msgs` entries go once the client can no longer retry).
+    fb_expired: VecDeque<(fb::MsgId, Duration)>,
     /// fallback READ token → destination slot.
     fb_reads: HashMap<u64, u32>,
     /// Grants waiting for a free destination: (msg, grant, received at).
@@ -135,6 +138,7 @@ impl<N: Nic> Endpoint<N> {
         let mut qcfg = QpConfig::new(cq, cq);
         qcfg.max_send_wr = cfg.ctrl_slots + cfg.buffers * 3 + 8;
         qcfg.max_recv_wr = cfg.ctrl_slots;
+        qcfg.rnr_retry = cfg.rnr_retry.min(6);
         let local = match nic.create_qp(qcfg) {
             Ok(l) => l,
             Err(e) => {
@@ -162,6 +166,22 @@ impl<N: Nic> Endpoint<N> {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The completion queue (for a driver waiting on its readiness).
+    pub fn cq(&self) -> CqId {
+        self.cq
+    }
+
+    /// Whether `buf` is one of this endpoint's buffers.
+    pub fn owns(&self, buf: &Buf) -> bool {
+        buf.endpoint == self.id
+    }
+
+    /// Confirm-policy messages the endpoint is tracking (diagnostics: stays
+    /// bounded by the calls and requests in progress).
+    pub fn tracked_messages(&self) -> usize {
+        self.fb_msgs.len()
     }
 
     /// Connect to the peer's endpoint (QP to RTS) and post the receive buffers.
@@ -353,7 +373,10 @@ impl<N: Nic> Endpoint<N> {
     }
 
     fn on_completion(&mut self, now: Duration, c: Completion) {
-        if !c.status.is_success() && c.status != WcStatus::WrFlushErr {
+        if !c.status.is_success() && self.down.is_none() {
+            // Any error, a flush included: the QP is in ERR. A flushed receive
+            // may be the first sign (the peer's bad READ took both QPs down
+            // while we had nothing of our own outstanding).
             self.go_down(now, LossReason::Completion(format!("{:?} {:?} (wr_id {:#x})", c.opcode, c.status, c.wr_id)));
         }
         let status = Self::status(&c);
@@ -443,10 +466,28 @@ impl<N: Nic> Endpoint<N> {
         self.events.push_back(Event::ConnectionLost(reason));
     }
 
+    /// Start closing: the QP goes to ERR (no remote access through it is
+    /// possible any more), every call fails, and the flushes start arriving.
+    /// [`Endpoint::drive`] reaps them; [`Endpoint::finish_close`] then
+    /// destroys the QP. Never blocks.
+    pub fn begin_close(&mut self, now: Duration) {
+        self.go_down(now, LossReason::Closed);
+    }
+
+    /// Send-queue work requests whose completions have not been reaped.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends.count(Holder::Exposed)
+    }
+
     /// Close the connection: QP to ERR, reap the flushes, destroy the QP
     /// (after which no DMA of it is possible) and return every buffer.
+    ///
+    /// This waits (a bounded number of polls) for the flushes; a driver that
+    /// must not block calls [`Endpoint::begin_close`], drives until
+    /// [`Endpoint::sends_in_flight`] and [`Endpoint::busy_buffers`] are 0,
+    /// then [`Endpoint::finish_close`].
     pub fn close(&mut self, now: Duration) {
-        self.go_down(now, LossReason::Closed);
+        self.begin_close(now);
         self.drive(now);
         if self.destroyed {
             return;
@@ -462,6 +503,16 @@ impl<N: Nic> Endpoint<N> {
             }
             std::thread::yield_now();
             self.drive(now);
+        }
+        self.finish_close(now);
+    }
+
+    /// Destroy the QP of a connection that is down, and return every buffer
+    /// (nothing can reach or fill one after the destroy). Idempotent.
+    pub fn finish_close(&mut self, now: Duration) {
+        self.go_down(now, LossReason::Closed);
+        if self.destroyed {
+            return;
         }
         // The QP is in ERR: no remote access through it is possible. Free the
         // windows first (freeing a bound window invalidates it without an
@@ -656,6 +707,16 @@ impl<N: Nic> Endpoint<N> {
     /// Hand a grant to the reader with a destination (or queue it).
     fn start_grant(&mut self, now: Duration, msg: u64, g: mw::Grant) {
         let Some(reader) = self.reader.as_mut() else { return };
+        let wanted = match self.cfg.role {
+            Role::Client => self.calls.contains_key(&msg),
+            Role::Server => self.requests.contains_key(&msg),
+        };
+        if !wanted {
+            // The call was cancelled or timed out: release the lease without
+            // reading a byte.
+            reader.decline(now, g, mw::DeclineReason::Unwanted);
+            return;
+        }
         if g.len > self.cfg.buffer_size {
             // Decline: the destination offered is too small.
             reader.handle_grant(now, g, mw::Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 });
@@ -805,6 +866,7 @@ impl<N: Nic> Prepared<N> {
             owner_leases: HashMap::new(),
             reader_leases: HashMap::new(),
             fb_msgs: HashMap::new(),
+            fb_expired: VecDeque::new(),
             fb_reads: HashMap::new(),
             pending_grants: VecDeque::new(),
             pending_fb_reads: VecDeque::new(),

@@ -1,25 +1,41 @@
 //! The async face of an [`Endpoint`]: a [`Connection`] handle for the user
 //! and one [`Driver`] future that runs the endpoint (house style: quinn's
-//! `ConnectionDriver`). The driver works under any executor: it only needs
-//! `async-io`'s timer, so tokio, smol, or `futures::executor::block_on` on a
+//! `ConnectionDriver`). The driver works under any executor: it needs only
+//! `async-io` (its timer, and on verbs its reactor for the completion
+//! channel's fd), so smol, tokio, or `futures::executor::block_on` on a
 //! plain thread all do.
 //!
+//! # The driver's loop
+//! Each turn fires due timers, polls the completion queue until it is
+//! empty, carries out what the engines ask for, and hands events to the
+//! waiting calls. After a turn that did something the driver yields to its
+//! executor (so a busy connection cannot starve other tasks) and goes on.
+//! After a turn that did nothing it keeps polling for
+//! [`Config::busy_poll`](super::Config::busy_poll) (the cheapest way to catch
+//! a completion that is microseconds away), then arms the completion queue
+//! and sleeps until a completion ([`Nic::poll_cq_ready`]), the user (a
+//! call, a reply, a dropped call future, a close) or the next timer wakes
+//! it. An idle connection costs no CPU.
+//!
+//! # Hand-over
 //! A call's result travels from the driver to the caller through a
 //! [`Slot`](crate::handle::Slot). If the caller drops the call's future, the
-//! driver sees the slot abandoned and cancels the call; a reply that had
-//! already arrived comes back through the [`Recycle`](crate::handle::Recycle)
-//! queue and its buffer returns to the pool. The loom models in
-//! `tests/loom_handle.rs` check that hand-over under every interleaving.
+//! driver is woken, sees the slot abandoned and cancels the call; a reply
+//! that had already arrived comes back through the
+//! [`Recycle`](crate::handle::Recycle) queue and its buffer returns to the
+//! pool. The loom models in `tests/loom_handle.rs` check that hand-over
+//! under every interleaving.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Buf, CallError, CallId, Endpoint, Event, LossReason, RequestId, UseError};
+use super::{Buf, CallError, CallId, Endpoint, Event, LossReason, Refused, RequestId, UseError};
 use crate::backend::Nic;
 use crate::handle::{Handle, Recycle, Slot};
 
@@ -47,16 +63,52 @@ pub struct Request {
 
 type CallResult = Result<Reply, CallError>;
 
+/// Wakers of tasks waiting for one kind of thing; a task polled again
+/// replaces its own registration instead of adding one.
+#[derive(Default)]
+struct Waiters(Vec<Waker>);
+
+impl Waiters {
+    fn register(&mut self, w: &Waker) {
+        if !self.0.iter().any(|x| x.will_wake(w)) {
+            self.0.push(w.clone());
+        }
+    }
+    fn wake_all(&mut self) {
+        self.0.drain(..).for_each(Waker::wake);
+    }
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 struct State<N: Nic> {
     ep: Endpoint<N>,
     calls: HashMap<CallId, Arc<Slot<CallResult>>>,
     requests: VecDeque<Request>,
     returned: VecDeque<Buf>,
-    waiters: Vec<Waker>,
+    /// Tasks in `next_request`.
+    request_waiters: Waiters,
+    /// Tasks waiting for a free buffer, control slot or window.
+    capacity_waiters: Waiters,
     driver: Option<Waker>,
     /// The user did something the driver should look at now.
     kicked: bool,
+    /// The user asked to close.
+    closing: bool,
+    /// When the connection went down (to bound the wait for flushes).
+    down_at: Option<Duration>,
     down: Option<LossReason>,
+}
+
+impl<N: Nic> State<N> {
+    fn kick(&mut self) {
+        self.kicked = true;
+        if let Some(w) = self.driver.take() {
+            w.wake();
+        }
+    }
 }
 
 struct Inner<N: Nic> {
@@ -83,10 +135,16 @@ impl<N: Nic> Clone for Connection<N> {
 }
 
 /// The future that runs a connection; spawn it (or poll it alongside the
-/// user's work). It finishes when the connection is down, with the reason.
+/// user's work). It finishes when the connection is down and every buffer
+/// is back, with the reason.
 pub struct Driver<N: Nic> {
     inner: Arc<Inner<N>>,
 }
+
+/// How long a closing or lost connection waits for the NIC to flush its
+/// work requests before destroying the QP anyway (destroying it is evidence
+/// too: no DMA of it is possible afterwards).
+const FLUSH_GRACE: Duration = Duration::from_secs(1);
 
 impl<N: Nic> Connection<N> {
     /// Wrap a connected endpoint.
@@ -97,9 +155,12 @@ impl<N: Nic> Connection<N> {
                 calls: HashMap::new(),
                 requests: VecDeque::new(),
                 returned: VecDeque::new(),
-                waiters: Vec::new(),
+                request_waiters: Waiters::default(),
+                capacity_waiters: Waiters::default(),
                 driver: None,
                 kicked: false,
+                closing: false,
+                down_at: None,
                 down: None,
             }),
             recycle: Recycle::new(),
@@ -108,55 +169,94 @@ impl<N: Nic> Connection<N> {
         (Connection { inner: inner.clone() }, Driver { inner })
     }
 
+    /// Run `f` on the state, then wake the driver to act on it.
     fn with<T>(&self, f: impl FnOnce(&mut State<N>) -> T) -> T {
         let mut st = self.inner.state.lock();
         let out = f(&mut st);
-        st.kicked = true;
-        if let Some(w) = st.driver.take() {
-            w.wake();
-        }
+        st.kick();
         out
     }
 
-    /// Take a free buffer from the pool.
-    pub fn alloc(&self) -> Option<Buf> {
-        self.with(|s| s.ep.alloc())
+    /// Run `f` on the state without waking the driver (nothing for it to do).
+    fn peek<T>(&self, f: impl FnOnce(&mut State<N>) -> T) -> T {
+        f(&mut self.inner.state.lock())
     }
-    /// Fill a buffer.
+
+    /// Take a free buffer from the pool, or `None` when every buffer is in
+    /// use. [`Connection::alloc`] waits for one instead.
+    pub fn try_alloc(&self) -> Option<Buf> {
+        self.peek(|s| s.ep.alloc())
+    }
+
+    /// Take a free buffer from the pool, waiting until one is free. Fails
+    /// only when the connection is down.
+    pub async fn alloc(&self) -> Result<Buf, UseError> {
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            if let Some(r) = &st.down {
+                return Poll::Ready(Err(UseError::Down(r.clone())));
+            }
+            if let Some(b) = st.ep.alloc() {
+                return Poll::Ready(Ok(b));
+            }
+            st.capacity_waiters.register(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Fill a buffer (a copy; see [`Endpoint::write`]).
     pub fn write(&self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
-        self.with(|s| s.ep.write(buf, bytes))
+        self.peek(|s| s.ep.write(buf, bytes))
     }
-    /// Read a buffer.
+    /// Read a buffer (a copy; see [`Endpoint::read`]).
     pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
-        self.with(|s| s.ep.read(buf))
+        self.peek(|s| s.ep.read(buf))
     }
     /// Return a buffer to the pool.
     pub fn free(&self, buf: Buf) {
-        self.with(|s| s.ep.free(buf))
+        let mut st = self.inner.state.lock();
+        st.ep.free(buf);
+        st.capacity_waiters.wake_all();
     }
 
     /// Buffers the NIC gave back (request or reply payloads whose exposure ended).
     pub fn take_returned(&self) -> Vec<Buf> {
-        self.with(|s| s.returned.drain(..).collect())
+        self.peek(|s| s.returned.drain(..).collect())
     }
 
     /// Client: make a call and wait for its reply. Dropping the future
     /// cancels the call; its buffers still return only on evidence.
+    ///
+    /// A call that finds no free control slot or memory window waits for
+    /// one. A call refused for any other reason (wrong role, a header that
+    /// is too long, a foreign or empty buffer, the connection down) fails
+    /// with [`CallError::Refused`], which hands `data` back.
     pub async fn call(&self, header: &[u8], data: Option<Buf>) -> Result<Reply, CallError> {
-        let now = self.inner.now();
         let slot = Slot::new();
-        let started = self.with(|s| {
-            let id = s.ep.call(now, header, data)?;
-            s.calls.insert(id, slot.clone());
-            Ok::<_, UseError>(id)
-        });
-        if let Err(e) = started {
-            return Err(match e {
-                UseError::Down(r) => CallError::ConnectionLost(r),
-                other => CallError::Payload(other.to_string()),
-            });
-        }
-        Handle::new(slot, self.inner.recycle.clone()).await
+        let mut data = data;
+        let started = poll_fn(|cx| {
+            let now = self.inner.now();
+            let mut st = self.inner.state.lock();
+            match st.ep.call(now, header, data.take()) {
+                Ok(id) => {
+                    st.calls.insert(id, slot.clone());
+                    st.kick();
+                    Poll::Ready(Ok(()))
+                }
+                Err(Refused { error: UseError::Busy(_) | UseError::NoCtrlSlot, data: back }) => {
+                    data = back;
+                    st.capacity_waiters.register(cx.waker());
+                    // The driver frees capacity as completions arrive.
+                    st.kick();
+                    Poll::Pending
+                }
+                Err(Refused { error, data }) => Poll::Ready(Err(CallError::Refused { error, data })),
+            }
+        })
+        .await;
+        started?;
+        CallFuture { handle: Handle::new(slot, self.inner.recycle.clone()), inner: self.inner.clone(), done: false }.await
     }
 
     /// Server: the next request, or `None` once the connection is down.
@@ -169,22 +269,63 @@ impl<N: Nic> Connection<N> {
             if st.down.is_some() {
                 return Poll::Ready(None);
             }
-            st.waiters.push(cx.waker().clone());
+            st.request_waiters.register(cx.waker());
             Poll::Pending
         })
         .await
     }
 
-    /// Server: answer a request.
-    pub fn reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), UseError> {
+    /// Server: answer a request. A refusal hands `data` back; see
+    /// [`Endpoint::reply`].
+    pub fn reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
         let now = self.inner.now();
         self.with(|s| s.ep.reply(now, req, status, header, data))
     }
 
-    /// Close: the QP is flushed and destroyed; every buffer returns.
+    /// Close: the QP goes to ERR at once, every call fails, and the driver
+    /// reaps the flushes, destroys the QP (after which no DMA of it is
+    /// possible) and ends once every buffer is back. Does not block.
     pub fn close(&self) {
-        let now = self.inner.now();
-        self.with(|s| s.ep.close(now));
+        self.with(|s| s.closing = true);
+    }
+
+    /// Why the connection is down, if it is.
+    pub fn is_down(&self) -> Option<LossReason> {
+        self.peek(|s| s.down.clone())
+    }
+
+    #[cfg(test)]
+    fn request_waiters(&self) -> usize {
+        self.peek(|s| s.request_waiters.len())
+    }
+}
+
+/// A call in flight: the result's handle, and a kick for the driver when the
+/// caller gives up (so a sleeping driver cancels the call at once).
+struct CallFuture<N: Nic> {
+    handle: Handle<CallResult>,
+    inner: Arc<Inner<N>>,
+    done: bool,
+}
+
+impl<N: Nic> Future for CallFuture<N> {
+    type Output = CallResult;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
+        let r = Pin::new(&mut self.handle).poll(cx);
+        if r.is_ready() {
+            self.done = true;
+        }
+        r
+    }
+}
+
+impl<N: Nic> Drop for CallFuture<N> {
+    fn drop(&mut self) {
+        if !self.done {
+            // `handle` is dropped after this (field order), marking the slot
+            // abandoned; the driver, once woken, takes the lock after that.
+            self.inner.state.lock().kick();
+        }
     }
 }
 
@@ -195,19 +336,20 @@ impl<N: Nic> State<N> {
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
             Event::Request { req, header, data } => {
                 self.requests.push_back(Request { id: req, header, data });
-                self.waiters.drain(..).for_each(Waker::wake);
+                self.request_waiters.wake_all();
             }
             Event::ReplyAgain { req } => {
                 // Confirm policy: the client read a stale reply. The request
                 // comes again (same id, empty header): reply with fresh data.
                 self.requests.push_back(Request { id: req, header: Vec::new(), data: None });
-                self.waiters.drain(..).for_each(Waker::wake);
+                self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
             Event::BufferReturned(b) => self.returned.push_back(b),
             Event::ConnectionLost(r) => {
                 self.down = Some(r);
-                self.waiters.drain(..).for_each(Waker::wake);
+                self.request_waiters.wake_all();
+                self.capacity_waiters.wake_all();
             }
         }
     }
@@ -231,70 +373,184 @@ impl<N: Nic> State<N> {
     }
 }
 
+/// Returns `Pending` once, after asking to be polled again: lets the
+/// executor run other tasks. (`futures::future::ready(())` does not yield.)
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// What one turn of the driver found.
+struct Turn {
+    /// Anything happened.
+    busy: bool,
+    /// The next timer, as time since the epoch.
+    next: Option<Duration>,
+    /// The connection is down, closed and every buffer is back.
+    finished: bool,
+}
+
 impl<N: Nic> Driver<N> {
-    /// One turn: timers, completions, events, abandoned calls. Returns
-    /// whether anything happened and when to wake up next.
-    fn turn(&self) -> (bool, Option<Duration>, bool) {
+    /// One turn: timers, completions, events, abandoned calls.
+    fn turn(&self) -> Turn {
         let inner = &self.inner;
         let now = inner.now();
         let mut st = inner.state.lock();
+        st.kicked = false;
+        if st.closing && st.ep.is_down().is_none() {
+            st.ep.begin_close(now);
+        }
         if st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);
         }
         st.ep.drive(now);
-        let abandoned: Vec<CallId> =
-            st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
-        for id in &abandoned {
-            st.calls.remove(id);
-            st.ep.cancel(now, *id);
+        let mut busy = false;
+        if !st.calls.is_empty() {
+            let abandoned: Vec<CallId> =
+                st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
+            for id in &abandoned {
+                st.calls.remove(id);
+                st.ep.cancel(now, *id);
+            }
+            busy |= !abandoned.is_empty();
         }
-        let mut any = !abandoned.is_empty();
         while let Some(ev) = st.ep.poll_event() {
-            any = true;
+            busy = true;
             st.dispatch(ev);
         }
         for r in inner.recycle.drain() {
-            any = true;
+            busy = true;
             if let Ok(Reply { data: Some(b), .. }) = r {
                 st.ep.free(b);
             }
         }
-        let finished = st.down.is_some() && st.calls.is_empty() && st.ep.busy_buffers() == 0;
-        (any, st.ep.poll_timeout(), finished)
+        if busy {
+            st.capacity_waiters.wake_all();
+        }
+        let mut next = st.ep.poll_timeout();
+        let mut finished = false;
+        if st.down.is_some() {
+            let down_at = *st.down_at.get_or_insert(now);
+            let drained = st.calls.is_empty() && st.ep.busy_buffers() == 0 && st.ep.sends_in_flight() == 0;
+            if drained || now >= down_at + FLUSH_GRACE {
+                // Destroying the QP is the evidence for whatever is left.
+                st.ep.close(now);
+                while let Some(ev) = st.ep.poll_event() {
+                    st.dispatch(ev);
+                }
+                finished = st.calls.is_empty();
+            } else {
+                let grace = down_at + FLUSH_GRACE;
+                next = Some(next.map_or(grace, |t| t.min(grace)));
+            }
+        }
+        Turn { busy, next, finished }
     }
 
     /// Run the connection until it is down and every buffer is back.
     pub async fn run(self) -> LossReason {
-        let mut idle_for = 0u32;
+        let spin = self.inner.state.lock().ep.config().busy_poll;
+        let mut idle_since: Option<Instant> = None;
         loop {
-            let (any, next, finished) = self.turn();
-            if finished {
+            let t = self.turn();
+            if t.finished {
                 let st = self.inner.state.lock();
                 return st.down.clone().unwrap_or(LossReason::Closed);
             }
-            if any {
-                idle_for = 0;
-                futures::future::ready(()).await;
+            if t.busy {
+                idle_since = None;
+                YieldNow(false).await;
                 continue;
             }
-            // Nothing to do: sleep until the next timer, polling the CQ with
-            // a backoff from 10 µs to 1 ms. (A CQ event channel would let
-            // the verbs backend sleep on the fd instead.)
-            idle_for = idle_for.saturating_add(1);
-            let backoff = Duration::from_micros(10u64 << idle_for.min(7)).min(Duration::from_millis(1));
-            let now = self.inner.now();
-            let wait = next.map_or(backoff, |t| t.saturating_sub(now).min(backoff));
-            let timer = async_io::Timer::after(wait);
-            let kicked = poll_fn(|cx| {
-                let mut st = self.inner.state.lock();
-                if std::mem::take(&mut st.kicked) {
+            let idle = *idle_since.get_or_insert_with(Instant::now);
+            if idle.elapsed() < spin {
+                YieldNow(false).await;
+                continue;
+            }
+            self.sleep(t.next).await;
+            idle_since = None;
+        }
+    }
+
+    /// Sleep until a completion may be waiting, the user kicks, or `next`.
+    async fn sleep(&self, next: Option<Duration>) {
+        let mut timer = next.map(|t| async_io::Timer::at(self.inner.epoch + t));
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            if st.kicked {
+                return Poll::Ready(());
+            }
+            match &st.driver {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => st.driver = Some(cx.waker().clone()),
+            }
+            let cq = st.ep.cq();
+            if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
+                // A completion may be waiting (or the CQ is gone: the next
+                // turn's poll reports it).
+                return Poll::Ready(());
+            }
+            drop(st);
+            if let Some(t) = timer.as_mut() {
+                if Pin::new(t).poll(cx).is_ready() {
                     return Poll::Ready(());
                 }
-                st.driver = Some(cx.waker().clone());
-                Poll::Pending
-            });
-            futures::pin_mut!(kicked);
-            futures::future::select(timer, kicked).await;
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{Config, Policies, Policy, Role};
+    use crate::sim::{DeviceConfig, Fabric};
+
+    fn client() -> Connection<crate::sim::SimNic> {
+        let fabric = Fabric::with_seed(1);
+        let nic = fabric.add_device(DeviceConfig::spec());
+        let ep = Endpoint::new(nic, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
+        Connection::new(ep).0
+    }
+
+    #[test]
+    fn polling_next_request_again_does_not_pile_up_wakers() {
+        let conn = client();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let fut = conn.next_request();
+        futures::pin_mut!(fut);
+        for _ in 0..100 {
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
         }
+        assert_eq!(conn.request_waiters(), 1);
+    }
+
+    #[test]
+    fn yield_now_returns_pending_once_and_wakes_itself() {
+        let woke = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl futures::task::ArcWake for Count {
+            fn wake_by_ref(a: &Arc<Self>) {
+                a.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let waker = futures::task::waker(Arc::new(Count(woke.clone())));
+        let mut cx = Context::from_waker(&waker);
+        let mut y = YieldNow(false);
+        assert!(Pin::new(&mut y).poll(&mut cx).is_pending());
+        assert_eq!(woke.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(Pin::new(&mut y).poll(&mut cx).is_ready());
     }
 }

@@ -59,6 +59,15 @@ pub struct Config {
     pub max_attempts: u32,
     /// Seed for the consumer keys of window binds.
     pub seed: u64,
+    /// How long the async [`Driver`](super::Driver) keeps polling an idle
+    /// completion queue before it arms it and sleeps. Longer costs CPU,
+    /// shorter costs a wake-up's latency on the next completion.
+    pub busy_poll: Duration,
+    /// Receiver-not-ready retries before a SEND fails with
+    /// `RnrRetryExcErr` and the connection is declared dead (0..=6; the
+    /// verbs value 7, "retry forever", is never used: a peer that stops
+    /// posting receives must not hold exposed buffers forever).
+    pub rnr_retry: u8,
 }
 
 impl Config {
@@ -76,6 +85,8 @@ impl Config {
             call_timeout: Duration::from_secs(10),
             max_attempts: 3,
             seed: 0x6d77_6361_7000_0001,
+            busy_poll: Duration::from_micros(50),
+            rnr_retry: 6,
         }
     }
 }
@@ -210,9 +221,18 @@ impl fmt::Display for LossReason {
 }
 
 /// Why a call (or a request's payload) failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
+    /// The call was refused before anything was sent; the request payload
+    /// (if one was given) comes back here, untouched and still the caller's.
+    #[error("the call was not sent: {error}")]
+    Refused {
+        /// Why.
+        error: UseError,
+        /// The request payload, handed back.
+        data: Option<Buf>,
+    },
     /// No reply within [`Config::call_timeout`].
     #[error("no reply within the call timeout; the server may be overloaded or gone")]
     TimedOut,
@@ -228,6 +248,24 @@ pub enum CallError {
     /// No free buffer to read the payload into.
     #[error("no free buffer to read a {0}-byte payload into; return buffers to the pool faster or add more")]
     NoBuffer(u32),
+}
+
+/// A call or reply that was refused before anything was sent: why, and the
+/// payload buffer handed back to the caller (never lost from the pool).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+#[must_use = "a refusal may carry the caller's buffer; dropping it leaks it from the pool"]
+pub struct Refused {
+    /// Why.
+    pub error: UseError,
+    /// The payload buffer given to the refused operation, untouched.
+    pub data: Option<Buf>,
+}
+
+impl Refused {
+    pub(crate) fn new(error: impl Into<UseError>, data: Option<Buf>) -> Refused {
+        Refused { error: error.into(), data }
+    }
 }
 
 /// Why a local call on an endpoint was refused. Nothing was sent.
@@ -248,6 +286,9 @@ pub enum UseError {
         /// Buffer size.
         cap: u32,
     },
+    /// A payload buffer with no bytes in it (write it first).
+    #[error("the payload buffer is empty; write the payload into it first")]
+    EmptyPayload,
     /// A header longer than a frame allows.
     #[error("header of {0} bytes exceeds the limit of {max}", max = super::frame::MAX_HEADER)]
     HeaderTooLong(usize),

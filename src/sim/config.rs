@@ -59,8 +59,10 @@ pub struct Faults {
     pub retry_cnt: u8,
     /// How long the requester waits for an ACK or response before retrying.
     pub ack_timeout: Duration,
-    /// Receiver-not-ready retries before `RNR_RETRY_EXC_ERR`. Unlike the
-    /// verbs attribute, 7 does not mean "forever": every value is a count.
+    /// Receiver-not-ready retries before `RNR_RETRY_EXC_ERR`, at most: a
+    /// queue pair retries `min(its QpConfig::rnr_retry, this)` times, except
+    /// that a queue pair created with `rnr_retry` 7 retries forever, as the
+    /// verbs attribute says.
     pub rnr_retry: u8,
     /// How long the requester waits after an RNR NAK before resending.
     pub rnr_timer: Duration,

@@ -61,6 +61,9 @@ impl World {
         }
         let Some(Some(c)) = d.cqs.get_mut(cq as usize) else { return };
         c.entries.push_back(wc.clone());
+        if let Some(waker) = c.waker.take() {
+            waker.wake();
+        }
         self.log(|| {
             format!(
                 "dev{dev} cq{cq} <- wr_id {} {:?} {:?} len {} qpn {:#x} inv {:?}",
@@ -325,7 +328,9 @@ impl World {
                     self.enter_error(dev, qp, Some((i, WcStatus::RnrRetryExcErr)));
                     return;
                 }
-                q.rnr_left -= 1;
+                if q.rnr_left != super::world::RNR_FOREVER {
+                    q.rnr_left -= 1;
+                }
                 self.disarm_timer(dev, qp);
                 let at = self.now + self.cfg.faults.rnr_timer.as_nanos() as u64;
                 self.sched.push_free(at, EvKind::RnrResend { dev, qp, psn });
@@ -339,7 +344,7 @@ impl World {
         }
         let q = self.devs[dev as usize].qp_mut(qp).expect("checked above");
         q.retries_left = retry;
-        q.rnr_left = rnr;
+        q.rnr_left = super::world::rnr_budget(&q.cfg, rnr);
         self.disarm_timer(dev, qp);
         self.arm_timer(dev, qp);
         self.retire(dev, qp);

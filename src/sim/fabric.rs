@@ -159,7 +159,7 @@ impl Fabric {
         w.cfg.faults = f;
         for q in w.devs.iter_mut().flat_map(|d| d.qps.iter_mut().flatten()) {
             q.retries_left = f.retry_cnt;
-            q.rnr_left = f.rnr_retry;
+            q.rnr_left = super::world::rnr_budget(&q.cfg, f.rnr_retry);
         }
         w.log(|| format!("faults set: {f:?}"));
     }
@@ -201,7 +201,10 @@ impl Fabric {
             *v = None;
         }
         for v in d.cqs.iter_mut() {
-            *v = None;
+            // A waiting driver must wake up to find its device gone.
+            if let Some(waker) = v.take().and_then(|c| c.waker) {
+                waker.wake();
+            }
         }
         for v in d.qps.iter_mut() {
             *v = None;

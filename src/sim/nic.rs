@@ -262,7 +262,7 @@ impl Nic for SimNic {
     fn create_cq(&self, _depth: u32) -> Result<CqId, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "create_cq")?;
-        d.cqs.push(Some(Cq { pd: self.pd, entries: Default::default(), users: 0 }));
+        d.cqs.push(Some(Cq { pd: self.pd, entries: Default::default(), users: 0, waker: None }));
         Ok(CqId(d.cqs.len() as u32 - 1))
     }
 
@@ -419,5 +419,49 @@ impl Nic for SimNic {
         let c = c.ok_or(no_such("completion queue", cq.0))?;
         let n = max.min(c.entries.len());
         Ok(c.entries.drain(..n).collect())
+    }
+
+    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+        use std::task::Poll;
+        let mut w = self.fabric.lock();
+        if let Err(e) = live(&mut w, self.dev, "poll_cq_ready") {
+            return Poll::Ready(Err(e));
+        }
+        let (dev, pd) = (self.dev as usize, self.pd);
+        let has = |w: &World| -> Result<bool, NicError> {
+            let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
+            let c = c.filter(|c| c.pd == pd).ok_or(no_such("completion queue", cq.0))?;
+            Ok(!c.entries.is_empty())
+        };
+        if w.cfg.progress == Progress::Auto {
+            // Whoever waits runs the fabric: events due for other queues
+            // wake their waiters as they land.
+            loop {
+                match has(&w) {
+                    Ok(true) => return Poll::Ready(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                w.run_due();
+                if has(&w).unwrap_or(true) {
+                    continue;
+                }
+                if !w.advance_to_next() {
+                    break;
+                }
+            }
+        }
+        match has(&w) {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => {
+                let c = w.devs[dev].cqs[cq.0 as usize].as_mut().expect("checked by has");
+                match &c.waker {
+                    Some(old) if old.will_wake(cx.waker()) => {}
+                    _ => c.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }

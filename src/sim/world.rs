@@ -78,6 +78,8 @@ pub(crate) struct Cq {
     pub(crate) pd: u32,
     pub(crate) entries: VecDeque<Completion>,
     pub(crate) users: u32,
+    /// Armed by `poll_cq_ready`: woken at the next completion queued.
+    pub(crate) waker: Option<std::task::Waker>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,8 +139,22 @@ pub(crate) struct Qp {
     pub(crate) counters: QpCounters,
 }
 
+/// `Qp::rnr_left` of a queue pair that retries forever.
+pub(crate) const RNR_FOREVER: u8 = u8::MAX;
+
+/// A queue pair's RNR budget: its own `rnr_retry`, capped by the fabric's.
+/// 7 means "retry forever", as on real NICs.
+pub(crate) fn rnr_budget(cfg: &QpConfig, fabric_rnr: u8) -> u8 {
+    if cfg.rnr_retry >= 7 {
+        RNR_FOREVER
+    } else {
+        cfg.rnr_retry.min(fabric_rnr)
+    }
+}
+
 impl Qp {
     pub(crate) fn new(pd: u32, qpn: u32, cfg: QpConfig, retry: u8, rnr: u8) -> Qp {
+        let rnr = rnr_budget(&cfg, rnr);
         Qp {
             pd,
             qpn,

@@ -90,6 +90,8 @@ pub struct Cq {
     ptr: NonNull<sys::ibv_cq>,
     channel: Arc<CompChannel>,
     reactor: OnceLock<Async<ChannelFd>>,
+    /// Armed with `ibv_req_notify_cq` and no event taken since.
+    armed: std::sync::atomic::AtomicBool,
     depth: u32,
     destroyed: bool,
 }
@@ -112,7 +114,7 @@ impl Cq {
         // to the channel, which keeps the context).
         let raw = unsafe { sys::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), channel.as_ptr(), 0) };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_cq"))?;
-        Ok(Cq { ptr, channel, reactor: OnceLock::new(), depth, destroyed: false })
+        Ok(Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), depth, destroyed: false })
     }
 
     /// The requested depth.
@@ -205,6 +207,41 @@ impl Cq {
                 .await
                 .map_err(|e| NicError::Os { op: "wait for completion event", source: io_error(&e) })?;
             self.take_events()?;
+        }
+    }
+
+    /// Readiness for a driver (see [`Nic::poll_cq_ready`](crate::backend::Nic::poll_cq_ready)):
+    /// `Ready` means poll the CQ again. Takes and acknowledges channel
+    /// events; arms the CQ (returning `Ready`, so the caller re-polls and no
+    /// completion between its last poll and the arming is missed); once
+    /// armed, waits for the channel's fd through async-io's reactor.
+    pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+        use std::sync::atomic::Ordering;
+        use std::task::Poll;
+        match self.take_events() {
+            Ok(0) => {}
+            Ok(_) => self.armed.store(false, Ordering::Release),
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        if !self.armed.swap(true, Ordering::AcqRel) {
+            return Poll::Ready(self.arm().inspect_err(|_| self.armed.store(false, Ordering::Release)));
+        }
+        let reactor = match self.reactor() {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        match reactor.poll_readable(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                if let Err(e) = self.take_events() {
+                    return Poll::Ready(Err(e));
+                }
+                self.armed.store(false, Ordering::Release);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                Poll::Ready(Err(NicError::Os { op: "wait for completion event", source: io_error(&e) }))
+            }
         }
     }
 

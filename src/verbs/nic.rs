@@ -451,6 +451,13 @@ impl Nic for VerbsNic {
         })
     }
 
+    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+        match self.cq(cq) {
+            Ok(c) => c.poll_ready(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
     fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
         let mut got = self.cq(cq)?.poll(max)?;
         self.settle(cq, &mut got);

@@ -33,6 +33,7 @@ pub struct Qp {
     port: PortInfo,
     psn: u32,
     max_rd_atomic: u8,
+    rnr_retry: u8,
     max_sge: u32,
     destroyed: bool,
     send_cq: Arc<Cq>,
@@ -76,6 +77,7 @@ impl Qp {
             port,
             psn: rand::random::<u32>() & 0x00ff_ffff,
             max_rd_atomic: cfg.max_rd_atomic.max(1),
+            rnr_retry: cfg.rnr_retry.min(7),
             max_sge: cfg.max_sge,
             destroyed: false,
             send_cq: Arc::clone(send_cq),
@@ -151,7 +153,9 @@ impl Qp {
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
         a.max_dest_rd_atomic = self.max_rd_atomic;
-        a.min_rnr_timer = 12;
+        // 20.48 ms between a peer's RNR retries (encoding 22): with its rnr_retry of 6
+        // a driver may stall ~120 ms before the peer declares it dead.
+        a.min_rnr_timer = 22;
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid.raw = remote.gid;
         a.ah_attr.grh.sgid_index = self.port.gid_index;
@@ -173,7 +177,7 @@ impl Qp {
         a.qp_state = qps::IBV_QPS_RTS;
         a.timeout = 14;
         a.retry_cnt = 7;
-        a.rnr_retry = 7;
+        a.rnr_retry = self.rnr_retry;
         a.sq_psn = self.psn;
         a.max_rd_atomic = self.max_rd_atomic;
         self.modify(

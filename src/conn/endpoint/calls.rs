@@ -31,13 +31,11 @@ impl<N: Nic> Endpoint<N> {
     /// server will READ from `data` (which returns in an
     /// [`Event::BufferReturned`]). The reply comes as [`Event::Reply`] or
     /// [`Event::CallFailed`].
-    pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, UseError> {
-        self.ready_to_send(Role::Client, header)?;
-        if let Some(b) = &data {
-            self.check_buf(b)?;
-            if b.len == 0 {
-                return Err(UseError::TooLong { len: 0, cap: self.cfg.buffer_size });
-            }
+    ///
+    /// A refusal sends nothing and hands `data` back in [`Refused::data`].
+    pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
+        if let Err(e) = self.check_call(header, data.as_ref()) {
+            return Err(Refused::new(e, data));
         }
         let msg = self.next_msg;
         let mut frame = Frame::Request { msg_id: msg, header: header.to_vec(), attach: Vec::new() };
@@ -49,86 +47,93 @@ impl<N: Nic> Endpoint<N> {
             reply: None,
             data: Data::Unknown,
         };
-        // Check that the payload can be exposed before anything is queued.
-        if let Some(b) = &data {
-            match self.cfg.policies.request {
-                Policy::Mw => {
-                    let free = self.owner.as_ref().map_or(0, |o| o.free_windows());
-                    if free == 0 {
-                        return Err(UseError::Busy("every memory window is leased".into()));
-                    }
-                }
-                Policy::Confirm => {
-                    let id = self.fb_bufs[b.slot as usize];
-                    if !self.fbc.as_ref().is_some_and(|c| c.is_buffer_free(id)) {
-                        return Err(UseError::Busy(format!("buffer {} is still exposed", b.slot)));
-                    }
-                }
-            }
-        }
-        self.next_msg += 1;
         if self.cfg.policies.reply == Policy::Confirm {
             let fbc = self.fbc.as_mut().expect("confirm reply policy has a client engine");
             match fbc.fetch(now, self.cfg.buffer_size) {
-                Ok(fm) => {
-                    call.fetch_fb = Some(fm);
-                    self.fb_msgs.insert(fm, msg);
-                    self.drain_fb_into(now, true, &mut frame);
-                }
-                Err(e) => return Err(UseError::Busy(e.to_string())),
+                Ok(fm) => call.fetch_fb = Some(fm),
+                Err(e) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
             }
         }
-        match data {
-            None => {
-                self.calls.insert(msg, call);
-                self.send_frame_with(now, &frame, None)?;
-            }
-            Some(b) => {
-                let slot = b.slot;
-                self.bufs.hand(slot, Holder::User, Holder::Exposed);
-                match self.cfg.policies.request {
-                    Policy::Mw => {
-                        let buffer = self.mw_buffer(slot, b.len);
-                        let owner = self.owner.as_mut().expect("mw request policy has an owner engine");
-                        match owner.grant(now, buffer, self.cfg.lease_time) {
-                            Ok(lease) => {
-                                call.req_lease = Some(lease);
-                                self.owner_leases.insert(lease, slot);
-                            }
-                            Err(e) => {
-                                self.bufs.hand(slot, Holder::Exposed, Holder::User);
-                                return Err(UseError::Busy(e.to_string()));
-                            }
-                        }
-                        self.calls.insert(msg, call);
-                        // The grant's BindAndGrant goes out chained with this request.
-                        while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
-                            let chained = matches!(a, mwcap_mw::OwnerAction::BindAndGrant(_));
-                            self.owner_action(now, a, if chained { Some(&mut frame) } else { None });
-                        }
-                    }
-                    Policy::Confirm => {
-                        let id = self.fb_bufs[slot as usize];
-                        let fbc = self.fbc.as_mut().expect("confirm request policy has a client engine");
-                        match fbc.send_request(now, id, b.len) {
-                            Ok(fm) => {
-                                call.req_fb = Some(fm);
-                                self.fb_msgs.insert(fm, msg);
-                            }
-                            Err(e) => {
-                                self.bufs.hand(slot, Holder::Exposed, Holder::User);
-                                return Err(UseError::Busy(e.to_string()));
-                            }
-                        }
-                        self.drain_fb_into(now, true, &mut frame);
-                        self.calls.insert(msg, call);
-                        self.send_frame_with(now, &frame, None)?;
-                    }
+        // An engine refusal below unwinds the fetch and hands the buffer back.
+        if let Some(b) = &data {
+            let slot = b.slot;
+            let exposed = match self.cfg.policies.request {
+                Policy::Mw => {
+                    let buffer = self.mw_buffer(slot, b.len);
+                    let owner = self.owner.as_mut().expect("mw request policy has an owner engine");
+                    owner.grant(now, buffer, self.cfg.lease_time).map(|lease| call.req_lease = Some(lease)).map_err(|e| e.to_string())
                 }
+                Policy::Confirm => {
+                    let id = self.fb_bufs[slot as usize];
+                    let fbc = self.fbc.as_mut().expect("confirm request policy has a client engine");
+                    fbc.send_request(now, id, b.len).map(|fm| call.req_fb = Some(fm)).map_err(|e| e.to_string())
+                }
+            };
+            if let Err(why) = exposed {
+                if let (Some(fm), Some(c)) = (call.fetch_fb, self.fbc.as_mut()) {
+                    c.cancel(now, fm);
+                    // The engine's cancellation notice is for no call of ours.
+                    while c.poll_action().is_some() {}
+                    while c.poll_event().is_some() {}
+                }
+                return Err(Refused::new(UseError::Busy(why), data));
+            }
+            self.bufs.hand(slot, Holder::User, Holder::Exposed);
+            if let Some(lease) = call.req_lease {
+                self.owner_leases.insert(lease, slot);
             }
         }
+        // Committed: the call is registered and nothing below refuses it.
+        for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
+            self.fb_msgs.insert(fm, msg);
+        }
+        self.next_msg += 1;
+        self.calls.insert(msg, call);
+        if self.fbc.is_some() {
+            self.drain_fb_into(now, true, &mut frame);
+        }
+        self.send_with_grant(now, &mut frame);
         self.pump(now);
         Ok(CallId(msg))
+    }
+
+    /// Send `frame`, chained after the window bind of a grant the owner
+    /// engine just queued (one doorbell), or alone.
+    fn send_with_grant(&mut self, now: Duration, frame: &mut Frame) {
+        let mut sent = false;
+        while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
+            let chained = !sent && matches!(a, mwcap_mw::OwnerAction::BindAndGrant(_));
+            sent |= chained;
+            self.owner_action(now, a, if chained { Some(&mut *frame) } else { None });
+        }
+        if !sent {
+            if let Err(e) = self.send_frame_with(now, frame, None) {
+                // The call or reply is committed: going down fails it with the
+                // reason, and its buffer returns on the flush evidence.
+                self.go_down(now, LossReason::Nic(e));
+            }
+        }
+    }
+
+    /// Everything that can refuse a call before it is registered.
+    fn check_call(&self, header: &[u8], data: Option<&Buf>) -> Result<(), UseError> {
+        self.ready_to_send(Role::Client, header)?;
+        let Some(b) = data else { return Ok(()) };
+        self.check_buf(b)?;
+        if b.len == 0 {
+            return Err(UseError::EmptyPayload);
+        }
+        match self.cfg.policies.request {
+            Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
+                Err(UseError::Busy("every memory window is leased".into()))
+            }
+            Policy::Confirm
+                if !self.fbc.as_ref().is_some_and(|c| c.is_buffer_free(self.fb_bufs[b.slot as usize])) =>
+            {
+                Err(UseError::Busy(format!("buffer {} is still exposed", b.slot)))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Client: give up on a call. Its exposures end as the protocols allow
@@ -161,6 +166,9 @@ impl<N: Nic> Endpoint<N> {
     /// Server: answer `req` with `status`, `header` and optionally a payload
     /// the client will READ from `data` (it returns in an
     /// [`Event::BufferReturned`]).
+    ///
+    /// A refusal sends nothing, leaves the request waiting for a reply, and
+    /// hands `data` back in [`Refused::data`].
     pub fn reply(
         &mut self,
         now: Duration,
@@ -168,83 +176,89 @@ impl<N: Nic> Endpoint<N> {
         status: u8,
         header: &[u8],
         data: Option<Buf>,
-    ) -> Result<(), UseError> {
-        self.ready_to_send(Role::Server, header)?;
-        let r = self.requests.get(&req.0).ok_or(UseError::NoSuchRequest(req.0))?;
-        if !r.surfaced {
-            return Err(UseError::NoSuchRequest(req.0));
-        }
-        let fetch = r.fetch_fb;
-        if let Some(b) = &data {
-            self.check_buf(b)?;
-            if b.len == 0 {
-                return Err(UseError::TooLong { len: 0, cap: self.cfg.buffer_size });
-            }
-            match self.cfg.policies.reply {
-                Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
-                    return Err(UseError::Busy("every memory window is leased".into()))
+    ) -> Result<(), Refused> {
+        let fetch = match self.check_reply(req, header, data.as_ref()) {
+            Ok(f) => f,
+            Err(e) => return Err(Refused::new(e, data)),
+        };
+        let mut unexposed = false;
+        match (&data, self.cfg.policies.reply) {
+            (Some(b), Policy::Mw) => {
+                let buffer = self.mw_buffer(b.slot, b.len);
+                let owner = self.owner.as_mut().expect("mw reply policy has an owner engine");
+                match owner.grant(now, buffer, self.cfg.lease_time) {
+                    Ok(lease) => {
+                        self.owner_leases.insert(lease, b.slot);
+                    }
+                    Err(e) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
                 }
-                Policy::Confirm if fetch.is_none() => {
-                    return Err(UseError::Busy("the client did not ask for reply data".into()))
+            }
+            (Some(b), Policy::Confirm) => {
+                let id = self.fb_bufs[b.slot as usize];
+                let fbs = self.fbs.as_mut().expect("confirm reply policy has a server engine");
+                match fetch.map(|fm| fbs.offer(now, fm, id, b.len)) {
+                    Some(Ok(())) => {}
+                    // The client's call ended (cancelled, timed out) and it
+                    // said so: the reply goes without data, and the buffer,
+                    // never exposed, comes straight back.
+                    None | Some(Err(fb::UsageError::NotWanted(_))) => unexposed = true,
+                    Some(Err(e)) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
                 }
-                _ => {}
+            }
+            (None, _) => {
+                if let (Some(fm), Some(fbs)) = (fetch, self.fbs.as_mut()) {
+                    let _ = fbs.refuse(now, fm);
+                    self.fb_msgs.remove(&fm);
+                }
             }
         }
-        let mut r = self.requests.remove(&req.0).expect("checked above");
+        // Committed: nothing below refuses.
+        match data {
+            Some(b) if unexposed => self.events.push_back(Event::BufferReturned(b)),
+            Some(b) => {
+                self.bufs.hand(b.slot, Holder::User, Holder::Exposed);
+            }
+            None => {}
+        }
+        if let Some(fm) = fetch.filter(|_| unexposed) {
+            self.fb_msgs.remove(&fm);
+        }
+        let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
         let mut frame = Frame::Reply { msg_id: req.0, status, header: header.to_vec(), attach: Vec::new() };
         if let Some(rel) = r.release.take() {
             let mut bytes = Vec::new();
             mwcap_mw::Message::Release(rel).encode(&mut bytes);
             super::push_attach(&mut frame, Attach { engine: EngineTag::Mw, bytes });
         }
-        if let Data::Ready(slot, _) = r.data {
-            // The request payload buffer was the user's (delivered with the
-            // request); the reply ends the request, so it stays theirs.
-            let _ = slot;
+        if self.fbs.is_some() {
+            self.drain_fb_into(now, false, &mut frame);
         }
-        match (data, self.cfg.policies.reply) {
-            (Some(b), Policy::Mw) => {
-                let slot = b.slot;
-                self.bufs.hand(slot, Holder::User, Holder::Exposed);
-                let buffer = self.mw_buffer(slot, b.len);
-                let owner = self.owner.as_mut().expect("mw reply policy has an owner engine");
-                match owner.grant(now, buffer, self.cfg.lease_time) {
-                    Ok(lease) => {
-                        self.owner_leases.insert(lease, slot);
-                    }
-                    Err(e) => {
-                        self.bufs.hand(slot, Holder::Exposed, Holder::User);
-                        self.requests.insert(req.0, r);
-                        return Err(UseError::Busy(e.to_string()));
-                    }
-                }
-                while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
-                    let chained = matches!(a, mwcap_mw::OwnerAction::BindAndGrant(_));
-                    self.owner_action(now, a, if chained { Some(&mut frame) } else { None });
-                }
-            }
-            (Some(b), Policy::Confirm) => {
-                let fm = fetch.expect("checked above");
-                let id = self.fb_bufs[b.slot as usize];
-                let fbs = self.fbs.as_mut().expect("confirm reply policy has a server engine");
-                if let Err(e) = fbs.offer(now, fm, id, b.len) {
-                    self.requests.insert(req.0, r);
-                    return Err(UseError::Busy(e.to_string()));
-                }
-                self.bufs.hand(b.slot, Holder::User, Holder::Exposed);
-                self.drain_fb_into(now, false, &mut frame);
-                self.send_frame_with(now, &frame, None)?;
-            }
-            (None, _) => {
-                if let (Some(fm), Some(fbs)) = (fetch, self.fbs.as_mut()) {
-                    let _ = fbs.refuse(now, fm);
-                    self.drain_fb_into(now, false, &mut frame);
-                }
-                self.send_frame_with(now, &frame, None)?;
-            }
-        }
+        self.send_with_grant(now, &mut frame);
         self.pump(now);
         Ok(())
+    }
+
+    /// Everything that can refuse a reply; returns the request's confirm fetch.
+    fn check_reply(&self, req: RequestId, header: &[u8], data: Option<&Buf>) -> Result<Option<fb::MsgId>, UseError> {
+        self.ready_to_send(Role::Server, header)?;
+        let r = self.requests.get(&req.0).ok_or(UseError::NoSuchRequest(req.0))?;
+        if !r.surfaced {
+            return Err(UseError::NoSuchRequest(req.0));
+        }
+        let fetch = r.fetch_fb;
+        if let Some(b) = data {
+            self.check_buf(b)?;
+            if b.len == 0 {
+                return Err(UseError::EmptyPayload);
+            }
+            match self.cfg.policies.reply {
+                Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
+                    return Err(UseError::Busy("every memory window is leased".into()))
+                }
+                _ => {}
+            }
+        }
+        Ok(fetch)
     }
 
     /// Take a confirm engine's queued messages into `frame`; READs are started.

@@ -52,6 +52,9 @@ impl<N: Nic> Endpoint<N> {
     }
 
     fn on_request(&mut self, now: Duration, msg: u64, header: Vec<u8>, attach: Vec<Attach>) {
+        if let Some(n) = too_many_payloads(&attach) {
+            return self.misbehaved(now, format!("request {msg} carries {n} payloads; at most one is allowed"));
+        }
         if msg <= self.last_request {
             return self.misbehaved(now, format!("request id {msg} not above the last one ({})", self.last_request));
         }
@@ -70,7 +73,10 @@ impl<N: Nic> Endpoint<N> {
     }
 
     fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: Vec<u8>, attach: Vec<Attach>) {
-        let carries_data = attach.iter().any(|a| is_data_exposure(a));
+        if let Some(n) = too_many_payloads(&attach) {
+            return self.misbehaved(now, format!("reply {msg} carries {n} payloads; at most one is allowed"));
+        }
+        let carries_data = attach.iter().any(is_data_exposure);
         for a in attach {
             self.on_attach(now, Some(msg), a);
             if self.down.is_some() {
@@ -186,16 +192,18 @@ impl<N: Nic> Endpoint<N> {
 
     /// A payload for `msg` is resolved: on a server the request, on a client the call.
     fn payload_done(&mut self, msg: u64, data: Data) {
+        // A payload for a message that is gone, or whose payload is already
+        // resolved, has nobody to go to: its buffer goes back to the pool.
         if self.cfg.role == Role::Server {
             match self.requests.get_mut(&msg) {
-                Some(r) => r.data = data,
-                None => return self.drop_payload(data),
+                Some(r) if !r.surfaced && matches!(r.data, Data::Reading | Data::Unknown) => r.data = data,
+                _ => return self.drop_payload(data),
             }
             self.maybe_surface(msg);
         } else {
             match self.calls.get_mut(&msg) {
-                Some(c) => c.data = data,
-                None => return self.drop_payload(data),
+                Some(c) if matches!(c.data, Data::Reading | Data::Unknown) => c.data = data,
+                _ => return self.drop_payload(data),
             }
             self.maybe_finish(msg);
         }
@@ -300,8 +308,19 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
-    pub(super) fn fb_events(&mut self, _now: Duration) -> bool {
+    pub(super) fn fb_events(&mut self, now: Duration) -> bool {
         let mut any = false;
+        // Expired offers' entries outlive any retry of the client's fetch
+        // (which ends within the call timeout) and then go.
+        while let Some(&(msg, at)) = self.fb_expired.front() {
+            if now < at + self.cfg.call_timeout {
+                break;
+            }
+            self.fb_expired.pop_front();
+            if !self.requests.values().any(|r| r.fetch_fb == Some(msg)) {
+                self.fb_msgs.remove(&msg);
+            }
+        }
         loop {
             let ev = match (self.fbc.as_mut(), self.fbs.as_mut()) {
                 (Some(c), _) => c.poll_event(),
@@ -316,7 +335,9 @@ impl<N: Nic> Endpoint<N> {
                     if let Some(slot) = slot {
                         self.bufs.hand(slot, Holder::Reading, Holder::User);
                     }
-                    match (self.fb_msgs.get(&msg).copied(), slot) {
+                    // The read side of `msg` is over (a fetch's reply, or an
+                    // exposed request's data).
+                    match (self.fb_msgs.remove(&msg), slot) {
                         (Some(m), Some(slot)) => self.payload_done(m, Data::Ready(slot, len)),
                         (None, Some(slot)) => self.drop_payload(Data::Ready(slot, len)),
                         _ => {}
@@ -328,7 +349,7 @@ impl<N: Nic> Endpoint<N> {
                     }
                 }
                 fb::Event::ReadFailed { msg, error } => {
-                    if let Some(m) = self.fb_msgs.get(&msg).copied() {
+                    if let Some(m) = self.fb_msgs.remove(&msg) {
                         let refused_without_data = error == fb::ReadError::Refused
                             && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
                         if !refused_without_data {
@@ -356,7 +377,17 @@ impl<N: Nic> Endpoint<N> {
                         }
                     }
                 }
-                fb::Event::BufferFree { buffer, .. } => {
+                fb::Event::BufferFree { buffer, msg, reason } => {
+                    // The owner side of `msg` is over. On a client that ends
+                    // an exposed request; on a server an offer ends it unless
+                    // the client may ask again after a stale read (the hold
+                    // expired), in which case the entry lives until the
+                    // client's fetch is over (pruned by age).
+                    if self.cfg.role == Role::Client || reason != fb::Release::Expired {
+                        self.fb_msgs.remove(&msg);
+                    } else {
+                        self.fb_expired.push_back((msg, now));
+                    }
                     if let Some(&slot) = self.fb_slot.get(&buffer) {
                         if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
                             let b = self.buf(slot, 0);
@@ -373,8 +404,18 @@ impl<N: Nic> Endpoint<N> {
 fn is_data_exposure(a: &Attach) -> bool {
     match a.engine {
         EngineTag::Mw => matches!(mw::Message::decode(&a.bytes), Ok(mw::Message::Grant(_))),
-        EngineTag::Confirm => matches!(fb::Message::decode(&a.bytes), Ok((fb::Message::Offer { .. }, _))),
+        EngineTag::Confirm => matches!(
+            fb::Message::decode(&a.bytes),
+            Ok((fb::Message::Offer { .. } | fb::Message::Expose { .. }, _))
+        ),
     }
+}
+
+/// A request or reply carries at most one payload (one grant, offer or
+/// exposure); more would make the reader fill buffers nobody is handed.
+fn too_many_payloads(attach: &[Attach]) -> Option<usize> {
+    let n = attach.iter().filter(|a| is_data_exposure(a)).count();
+    (n > 1).then_some(n)
 }
 
 fn kind(f: &Frame) -> &'static str {
