@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
+mod simbench;
+
+#[global_allocator]
+static ALLOC: simbench::Counting = simbench::Counting;
 mod demo;
 mod probe_cmd;
 
@@ -49,6 +53,10 @@ enum Cmd {
         /// Payload bytes.
         #[arg(long, default_value_t = 4096)]
         size: u32,
+        /// Run on the simulated NIC instead (no RDMA needed): the async API
+        /// next to the sans-IO loop, with heap allocations per call.
+        #[arg(long)]
+        sim: bool,
     },
     /// Show the protocols at work on the simulated NIC: leases, expiry
     /// without teardown, a stale read caught, a dead peer, the probe.
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Probe { device, port, gid_index, sim } => probe_cmd::run(device.as_deref(), port, gid_index, sim),
         Cmd::Demo { seed } => demo::run(seed),
-        Cmd::Bench { device, gid_index, iters, size } => bench::run(&device, gid_index, iters, size),
+        Cmd::Bench { sim: true, iters, size, .. } => simbench::run(iters, size),
+        Cmd::Bench { device, gid_index, iters, size, .. } => bench::run(&device, gid_index, iters, size),
     }
 }
