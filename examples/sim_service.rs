@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{rkey, Access, Nic, NicError, SendWr, Sge, WcStatus};
+use mwcap::backend::{rkey, Access, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Faults, Pair, Progress};
 
 const BLOB: &[u8] = b"a blob served by the owner through a type-2 window";
@@ -46,7 +46,7 @@ fn serve_once(p: &Pair, cut_link_after_bind: bool) -> Result<Option<Vec<u8>>, Ni
                 len,
                 access: Access::REMOTE_READ,
             },
-            SendWr::Send { wr_id: 2, signaled: true, sge: vec![Sge { mr: msg.id, offset: 0, len: 12 }] },
+            SendWr::Send { wr_id: 2, signaled: true, sge: SgeList::from([Sge { mr: msg.id, offset: 0, len: 12 }]) },
         ],
     )?;
     p.fabric.run_until_idle();
@@ -60,7 +60,7 @@ fn serve_once(p: &Pair, cut_link_after_bind: bool) -> Result<Option<Vec<u8>>, Ni
     if cut_link_after_bind {
         p.fabric.cut_link(owner.device(), reader.device());
     }
-    let local = vec![Sge { mr: dst.id, offset: 0, len: len as u32 }];
+    let local = SgeList::from([Sge { mr: dst.id, offset: 0, len: len as u32 }]);
     reader.nic.post_send(
         reader.qp,
         &[SendWr::Read { wr_id: 3, signaled: true, local, remote_addr: blob.addr, rkey: rk }],
@@ -78,7 +78,7 @@ fn serve_once(p: &Pair, cut_link_after_bind: bool) -> Result<Option<Vec<u8>>, Ni
         return Ok(None);
     }
     // Release: SEND_WITH_INV of exactly the bound rkey.
-    let wr = SendWr::SendWithInv { wr_id: 4, signaled: true, sge: vec![], invalidate_rkey: rk };
+    let wr = SendWr::SendWithInv { wr_id: 4, signaled: true, sge: SgeList::new(), invalidate_rkey: rk };
     reader.nic.post_send(reader.qp, &[wr])?;
     p.fabric.run_until_idle();
     let got = owner.poll();

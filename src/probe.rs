@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::backend::loopback::{wait_completions, LoopbackPair};
 use crate::backend::{
-    rkey, Access, Completion, DeviceInfo, MrInfo, MwId, Nic, NicError, SendWr, Sge, WcOpcode, WcStatus,
+    rkey, Access, Completion, DeviceInfo, MrInfo, MwId, Nic, NicError, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 
 /// How long the probe waits for one step's completions.
@@ -244,7 +244,7 @@ impl<'a> Prober<'a> {
             SendWr::Send {
                 wr_id: 11,
                 signaled: true,
-                sge: vec![Sge { mr: setup.owner_mr.id, offset: 0, len: MSG_LEN }],
+                sge: SgeList::from([Sge { mr: setup.owner_mr.id, offset: 0, len: MSG_LEN }]),
             },
         ];
         nic.post_send(pair.a.id, &wrs).map_err(|e| format!("post BIND_MW+SEND: {e}"))?;
@@ -276,7 +276,7 @@ impl<'a> Prober<'a> {
         let wr = SendWr::Read {
             wr_id: 20,
             signaled: true,
-            local: vec![Sge { mr: setup.reader_mr.id, offset: 0, len }],
+            local: SgeList::from([Sge { mr: setup.reader_mr.id, offset: 0, len }]),
             remote_addr,
             rkey,
         };
@@ -435,7 +435,7 @@ impl<'a> Prober<'a> {
         let wr = SendWr::SendWithInv {
             wr_id: 40,
             signaled: true,
-            sge: vec![Sge { mr: setup.reader_mr.id, offset: 0, len: 8 }],
+            sge: SgeList::from([Sge { mr: setup.reader_mr.id, offset: 0, len: 8 }]),
             invalidate_rkey: rk,
         };
         if let Err(e) = nic.post_send(pair.b.id, &[wr]) {

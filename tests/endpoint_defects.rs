@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge};
+use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList};
 use mwcap::conn::frame::{Attach, EngineTag, Frame};
 use mwcap::conn::{Buf, CallError, Config, Endpoint, Event, LossReason, Policies, Policy, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
@@ -116,7 +116,7 @@ fn a_victim_whose_qp_was_flushed_reports_the_connection_down() {
             &[SendWr::Read {
                 wr_id: 0x77,
                 signaled: true,
-                local: vec![Sge { mr: dst.id, offset: 0, len: 64 }],
+                local: SgeList::from([Sge { mr: dst.id, offset: 0, len: 64 }]),
                 remote_addr: region.addr,
                 rkey: region.rkey ^ 0x5a5a_0000,
             }],
@@ -203,7 +203,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
                     len: 64,
                     access: Access::REMOTE_READ,
                 },
-                SendWr::Send { wr_id: 3, signaled: true, sge: vec![Sge { mr: ctrl.id, offset: 0, len: bytes.len() as u32 }] },
+                SendWr::Send { wr_id: 3, signaled: true, sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: bytes.len() as u32 }]) },
             ],
         )
         .unwrap();
@@ -216,7 +216,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
         while let Some(e) = server.poll_event() {
             events.push(e);
         }
-        let _ = raw.nic.poll_cq(raw.cq, 16);
+        let _ = raw.nic.poll_cq_vec(raw.cq, 16);
     }
     let mut surfaced = 0;
     for e in events.drain(..) {

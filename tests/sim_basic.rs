@@ -1,6 +1,6 @@
 //! Regions, receives, RNR, ordering, flushes and stale reads on the sim.
 
-use mwcap::backend::{Access, Completion, Nic, NicError, QpState, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::sim::{DeviceConfig, End, Fabric, Faults, Pair, Progress};
 
 fn pair() -> Pair {
@@ -20,7 +20,7 @@ fn read(
     addr: u64,
     rkey: u32,
 ) -> SendWr {
-    SendWr::Read { wr_id, signaled, local: vec![Sge { mr: dst, offset: off, len }], remote_addr: addr, rkey }
+    SendWr::Read { wr_id, signaled, local: SgeList::from([Sge { mr: dst, offset: off, len }]), remote_addr: addr, rkey }
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn a_recv_buffer_needs_local_write() {
     let p = pair();
     let rbuf = p.b.nic.reg_mr(64, Access::NONE).unwrap();
     p.b.nic.post_recv(p.b.qp, 5, Sge { mr: rbuf.id, offset: 0, len: 64 }).unwrap();
-    p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge: vec![] }]).unwrap();
+    p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::new() }]).unwrap();
     let (a, b) = p.settle();
     assert_eq!(st(&b), vec![(5, WcOpcode::Recv, WcStatus::LocProtErr)]);
     assert_eq!(st(&a), vec![(1, WcOpcode::Send, WcStatus::RemOpErr)]);
@@ -68,7 +68,7 @@ fn a_send_larger_than_the_recv_buffer_is_a_length_error() {
     let sbuf = p.a.nic.reg_mr(64, Access::NONE).unwrap();
     let rbuf = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     p.b.nic.post_recv(p.b.qp, 5, Sge { mr: rbuf.id, offset: 0, len: 8 }).unwrap();
-    let sge = vec![Sge { mr: sbuf.id, offset: 0, len: 16 }];
+    let sge = SgeList::from([Sge { mr: sbuf.id, offset: 0, len: 16 }]);
     p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge }]).unwrap();
     let (a, b) = p.settle();
     assert_eq!(st(&b), vec![(5, WcOpcode::Recv, WcStatus::LocLenErr)]);
@@ -79,7 +79,7 @@ fn a_send_larger_than_the_recv_buffer_is_a_length_error() {
 fn send_without_a_posted_recv_ends_in_rnr_retry_exceeded() {
     let p = pair();
     p.fabric.set_faults(Faults { rnr_retry: 3, ..Faults::default() });
-    p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge: vec![] }]).unwrap();
+    p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::new() }]).unwrap();
     let (a, _) = p.settle();
     assert_eq!(st(&a), vec![(1, WcOpcode::Send, WcStatus::RnrRetryExcErr)]);
     assert_eq!(p.a.state(), QpState::Err);
@@ -97,7 +97,7 @@ fn a_recv_posted_during_rnr_retries_receives_the_send_in_order() {
     let s = |id, off| SendWr::Send {
         wr_id: id,
         signaled: true,
-        sge: vec![Sge { mr: sbuf.id, offset: off, len: 1 }],
+        sge: SgeList::from([Sge { mr: sbuf.id, offset: off, len: 1 }]),
     };
     p.a.nic.post_send(p.a.qp, &[s(1, 0), s(2, 1)]).unwrap();
     while p.fabric.qp_counters(p.a.addr).unwrap().rnr_naks == 0 {
@@ -218,7 +218,7 @@ fn posting_checks_ranges_state_and_depth() {
     let mr = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     let bad = Sge { mr: mr.id, offset: 60, len: 8 };
     assert!(matches!(a.post_recv(e.qp, 1, bad), Err(NicError::OutOfRange { .. })));
-    let send = SendWr::Send { wr_id: 1, signaled: true, sge: vec![] };
+    let send = SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::new() };
     assert!(
         matches!(a.post_send(e.qp, std::slice::from_ref(&send)), Err(NicError::BadQpState { .. })),
         "INIT cannot send"

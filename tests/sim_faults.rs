@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{rkey, Access, Completion, Nic, NicError, QpState, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{rkey, Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Faults, Latency, MwSupport, Pair, Progress};
 
 fn st(v: &[Completion]) -> Vec<(u64, WcOpcode, WcStatus)> {
@@ -29,7 +29,7 @@ impl Rd {
         let wr = SendWr::Read {
             wr_id,
             signaled: true,
-            local: vec![Sge { mr: self.dst.id, offset: 0, len: 8 }],
+            local: SgeList::from([Sge { mr: self.dst.id, offset: 0, len: 8 }]),
             remote_addr: self.src.addr,
             rkey: self.src.rkey,
         };
@@ -144,7 +144,7 @@ fn peer_death_gives_the_survivor_retry_exceeded_and_frees_the_dead_sides_memory(
     assert_eq!(r.p.b.state(), QpState::Err);
     assert!(r.p.fabric.exposure(r.p.a.device(), r.p.b.addr).is_empty());
     assert!(matches!(r.p.a.nic.reg_mr(8, Access::NONE), Err(NicError::Os { .. })));
-    assert!(r.p.a.nic.poll_cq(r.p.a.cq, 1).is_err());
+    assert!(r.p.a.nic.poll_cq_vec(r.p.a.cq, 1).is_err());
     assert!(r.p.fabric.qp_state(r.p.a.addr).is_none(), "the dead side's QPs vanished");
 }
 

@@ -2,7 +2,7 @@
 //! (and the rxe deviations where the sim models them).
 
 use mwcap::backend::{NicError, 
-    rkey, Access, Completion, MrInfo, MwInfo, Nic, QpState, SendWr, Sge, WcOpcode, WcStatus,
+    rkey, Access, Completion, MrInfo, MwInfo, Nic, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, WindowState};
 
@@ -39,14 +39,14 @@ fn bind(s: &Setup, rkey: u32, offset: usize, len: usize, access: Access, signale
 }
 
 fn send(s: &Setup, wr_id: u64) -> SendWr {
-    SendWr::Send { wr_id, signaled: true, sge: vec![Sge { mr: s.sbuf.id, offset: 0, len: 8 }] }
+    SendWr::Send { wr_id, signaled: true, sge: SgeList::from([Sge { mr: s.sbuf.id, offset: 0, len: 8 }]) }
 }
 
 fn read(s: &Setup, wr_id: u64, addr: u64, len: u32, rkey: u32) -> SendWr {
     SendWr::Read {
         wr_id,
         signaled: true,
-        local: vec![Sge { mr: s.dst.id, offset: 0, len }],
+        local: SgeList::from([Sge { mr: s.dst.id, offset: 0, len }]),
         remote_addr: addr,
         rkey,
     }
@@ -75,7 +75,7 @@ fn read_one(s: &Setup, addr: u64, len: u32, rk: u32) -> Completion {
     s.p.b.nic.post_send(s.p.b.qp, &[read(s, 3, addr, len, rk)]).unwrap();
     let (_, b) = s.p.settle();
     assert_eq!(b.len(), 1, "{b:?}");
-    b[0].clone()
+    b[0]
 }
 
 fn dst_bytes(s: &Setup, n: usize) -> Vec<u8> {
@@ -339,7 +339,7 @@ fn send_with_inv_invalidates_and_reports_the_rkey() {
     let wr = SendWr::SendWithInv {
         wr_id: 8,
         signaled: true,
-        sge: vec![Sge { mr: bsrc.id, offset: 0, len: 8 }],
+        sge: SgeList::from([Sge { mr: bsrc.id, offset: 0, len: 8 }]),
         invalidate_rkey: rk,
     };
     s.p.b.nic.post_send(s.p.b.qp, &[wr]).unwrap();
@@ -363,7 +363,7 @@ fn send_with_inv_on_another_connection_of_the_pd_also_invalidates() {
     End::connect(&a2, &b2).unwrap();
     let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     a2.nic.post_recv(a2.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
-    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: vec![], invalidate_rkey: rk };
+    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: SgeList::new(), invalidate_rkey: rk };
     b2.nic.post_send(b2.qp, &[wr]).unwrap();
     s.p.fabric.run_until_idle();
     assert_eq!(a2.poll()[0].invalidated_rkey, Some(rk));
@@ -414,7 +414,7 @@ fn the_crash_cases_are_errors_and_are_counted() {
     s.p.settle();
     let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     s.p.a.nic.post_recv(s.p.a.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
-    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: vec![], invalidate_rkey: rk };
+    let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: SgeList::new(), invalidate_rkey: rk };
     s.p.b.nic.post_send(s.p.b.qp, &[wr]).unwrap();
     let (a, b) = s.p.settle();
     assert_eq!(statuses(&a), vec![(77, WcOpcode::Recv, WcStatus::RemInvReqErr)]);

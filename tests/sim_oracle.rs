@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{rkey, Access, Completion, Nic, SendWr, Sge, WcStatus};
+use mwcap::backend::{rkey, Access, Completion, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::sim::{
     DeviceConfig, End, Fabric, FabricConfig, Faults, Pair, Progress, ReadPhase, TraceEntry, Via,
 };
@@ -11,7 +11,7 @@ fn read(wr_id: u64, dst: mwcap::backend::MrId, off: usize, len: u32, addr: u64, 
     SendWr::Read {
         wr_id,
         signaled: true,
-        local: vec![Sge { mr: dst, offset: off, len }],
+        local: SgeList::from([Sge { mr: dst, offset: off, len }]),
         remote_addr: addr,
         rkey,
     }
@@ -106,7 +106,7 @@ fn auto_progress_lets_nic_only_code_wait_for_completions() {
     // Written against the trait only: no fabric calls.
     fn wait_one(nic: &dyn Nic, cq: mwcap::backend::CqId) -> (Completion, usize) {
         for polls in 1..10_000 {
-            if let Some(c) = nic.poll_cq(cq, 1).unwrap().pop() {
+            if let Some(c) = nic.poll_cq_vec(cq, 1).unwrap().pop() {
                 return (c, polls);
             }
         }
@@ -122,7 +122,7 @@ fn auto_progress_lets_nic_only_code_wait_for_completions() {
     assert!(polls <= 10, "each empty poll advances to the next event ({polls} polls)");
     // Nothing pending: polling an empty queue returns at once, empty.
     f.run_until_idle();
-    assert!(p.b.nic.poll_cq(p.b.cq, 8).unwrap().is_empty());
+    assert!(p.b.nic.poll_cq_vec(p.b.cq, 8).unwrap().is_empty());
 }
 
 #[test]
@@ -133,15 +133,15 @@ fn manual_progress_moves_only_when_told() {
     let dst = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     p.b.nic.post_send(p.b.qp, &[read(1, dst.id, 0, 8, src.addr, src.rkey)]).unwrap();
     for _ in 0..100 {
-        assert!(p.b.nic.poll_cq(p.b.cq, 8).unwrap().is_empty());
+        assert!(p.b.nic.poll_cq_vec(p.b.cq, 8).unwrap().is_empty());
     }
     assert_eq!(f.now(), Duration::ZERO);
     assert_eq!(f.next_event_at(), Some(Duration::from_nanos(200)));
     f.run_until(Duration::from_nanos(1000));
     assert_eq!(f.now(), Duration::from_nanos(1000));
-    assert!(p.b.nic.poll_cq(p.b.cq, 8).unwrap().is_empty());
+    assert!(p.b.nic.poll_cq_vec(p.b.cq, 8).unwrap().is_empty());
     f.run_until_idle();
-    assert_eq!(p.b.nic.poll_cq(p.b.cq, 8).unwrap().len(), 1);
+    assert_eq!(p.b.nic.poll_cq_vec(p.b.cq, 8).unwrap().len(), 1);
     assert_eq!(f.pending_events(), 0);
 }
 
@@ -164,12 +164,12 @@ fn workload(seed: u64) -> (Vec<TraceEntry>, Vec<Completion>) {
         b2.nic
             .post_send(b2.qp, &[read(50 + i, dst.id, 2048 + i as usize * 64, 64, src.addr, src.rkey)])
             .unwrap();
-        p.b.nic.post_send(p.b.qp, &[SendWr::Send { wr_id: 200 + i, signaled: true, sge: vec![] }]).unwrap();
+        p.b.nic.post_send(p.b.qp, &[SendWr::Send { wr_id: 200 + i, signaled: true, sge: SgeList::new() }]).unwrap();
     }
     let mut all = Vec::new();
     for _ in 0..1000 {
         for e in [&p.a, &p.b, &b2] {
-            all.extend(e.nic.poll_cq(e.cq, 4).unwrap());
+            all.extend(e.nic.poll_cq_vec(e.cq, 4).unwrap());
         }
     }
     (f.trace(), all)

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use futures::future::{select, Either};
-use mwcap::backend::{rkey, Access, Nic, NicError, QpConfig, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{rkey, Access, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conformance::{check, table, Flavor, Rig};
 use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic};
 
@@ -204,7 +204,7 @@ fn rkey_is_tracked_across_rebinds() {
         let read = SendWr::Read {
             wr_id: 100 + round,
             signaled: true,
-            local: vec![Sge { mr: dst.id, offset: 0, len: 64 }],
+            local: SgeList::from([Sge { mr: dst.id, offset: 0, len: 64 }]),
             remote_addr: src.addr,
             rkey: new,
         };
@@ -235,7 +235,7 @@ fn async_wait_wakes_on_a_completion() {
             // Give the waiter time to park on the channel before anything arrives.
             std::thread::sleep(Duration::from_millis(300));
             let send =
-                SendWr::Send { wr_id: 2, signaled: true, sge: vec![Sge { mr: buf.id, offset: 0, len: 5 }] };
+                SendWr::Send { wr_id: 2, signaled: true, sge: SgeList::from([Sge { mr: buf.id, offset: 0, len: 5 }]) };
             nic.post_send(l.a.id, &[send]).expect("send");
         });
         let c = poll_one(&nic, l.cq_b);
@@ -272,7 +272,7 @@ fn bad_ranges_are_refused_before_posting() {
     let read = SendWr::Read {
         wr_id: 1,
         signaled: true,
-        local: vec![Sge { mr: mr.id, offset: 90, len: 20 }],
+        local: SgeList::from([Sge { mr: mr.id, offset: 90, len: 20 }]),
         remote_addr: 0,
         rkey: 0,
     };
@@ -281,7 +281,7 @@ fn bad_ranges_are_refused_before_posting() {
         other => panic!("expected OutOfRange, got {other:?}"),
     }
     assert!(matches!(nic.write_mr(mr.id, 99, b"xy"), Err(NicError::OutOfRange { .. })));
-    assert!(nic.poll_cq(l.cq_a, 4).expect("poll").is_empty(), "nothing was posted");
+    assert!(nic.poll_cq_vec(l.cq_a, 4).expect("poll").is_empty(), "nothing was posted");
 }
 
 #[test]

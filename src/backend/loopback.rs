@@ -55,7 +55,7 @@ impl Drop for LoopbackPair<'_> {
         while start.elapsed() < Duration::from_millis(500) && quiet_since.elapsed() < Duration::from_millis(50) {
             let mut any = false;
             for cq in [self.cq_a, self.cq_b] {
-                any |= self.nic.poll_cq(cq, 64).is_ok_and(|v| !v.is_empty());
+                any |= self.nic.poll_cq_vec(cq, 64).is_ok_and(|v| !v.is_empty());
             }
             if any {
                 quiet_since = Instant::now();
@@ -97,7 +97,7 @@ pub fn wait_completions_with(
     let deadline = Instant::now() + timeout;
     let mut got = Vec::new();
     while got.len() < n {
-        let batch = nic.poll_cq(cq, n - got.len())?;
+        let batch = nic.poll_cq_vec(cq, n - got.len())?;
         let empty = batch.is_empty();
         got.extend(batch);
         if got.len() >= n || Instant::now() >= deadline {

@@ -45,6 +45,24 @@ pub trait Nic: Send + Sync {
     fn write_mr(&self, mr: MrId, offset: usize, data: &[u8]) -> Result<(), NicError>;
     /// Copy bytes out of a region with the CPU (not a DMA).
     fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError>;
+    /// Lend `offset..offset + len` of a region to `f` for the CPU to read,
+    /// without a copy. CPU accesses to a region are serialised (a reader
+    /// never sees another thread's write half done).
+    ///
+    /// The caller must own the range in the protocol's sense: no local work
+    /// request (a posted RECV, a READ in flight) may target it, or `f` may
+    /// see the NIC's DMA half done.
+    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError>;
+    /// Lend `offset..offset + len` of a region to `f` for the CPU to write,
+    /// without a copy; exclusive of every other CPU access to the region.
+    /// The same ownership rule as [`Nic::with_mr`] applies.
+    fn with_mr_mut(
+        &self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), NicError>;
 
     /// Allocate a type-2 memory window. It starts unbound; its rkey's index
     /// bits are fixed for its life.
@@ -74,8 +92,18 @@ pub trait Nic: Send + Sync {
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError>;
     /// Post one receive buffer.
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError>;
-    /// Take up to `max` completions off a completion queue.
-    fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError>;
+    /// Take completions off a completion queue into `out` (at most
+    /// `out.len()`); returns how many. Allocates nothing.
+    fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError>;
+
+    /// [`Nic::poll_cq`] into a fresh vector of at most `max` (a convenience
+    /// for tests and tools; the data path polls into its own array).
+    fn poll_cq_vec(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
+        let mut out = vec![Completion::EMPTY; max];
+        let n = self.poll_cq(cq, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
 
     /// Readiness of a completion queue, for a driver that sleeps instead of
     /// spinning. `Ready` means "poll the queue again": a completion may be

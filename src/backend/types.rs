@@ -212,9 +212,109 @@ pub struct Sge {
     pub len: u32,
 }
 
+impl Sge {
+    const EMPTY: Sge = Sge { mr: MrId(u32::MAX), offset: 0, len: 0 };
+}
+
+/// The most scatter entries one work request carries in mwcap.
+pub const MAX_SGE: usize = 4;
+
+/// A work request's scatter/gather list, held inline (on the stack, or
+/// inside the work request): posting allocates nothing. At most
+/// [`MAX_SGE`] entries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SgeList {
+    len: u8,
+    items: [Sge; MAX_SGE],
+}
+
+impl SgeList {
+    /// An empty list (a zero-length SEND).
+    pub const fn new() -> SgeList {
+        SgeList { len: 0, items: [Sge::EMPTY; MAX_SGE] }
+    }
+    /// A list of one entry.
+    pub const fn one(sge: Sge) -> SgeList {
+        let mut l = SgeList::new();
+        l.items[0] = sge;
+        l.len = 1;
+        l
+    }
+    /// Append an entry; gives it back when the list is full.
+    pub fn push(&mut self, sge: Sge) -> Result<(), Sge> {
+        let i = self.len as usize;
+        if i == MAX_SGE {
+            return Err(sge);
+        }
+        self.items[i] = sge;
+        self.len += 1;
+        Ok(())
+    }
+    /// The total number of bytes.
+    pub fn bytes(&self) -> u64 {
+        self.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
+impl Default for SgeList {
+    fn default() -> SgeList {
+        SgeList::new()
+    }
+}
+
+impl<'a> IntoIterator for &'a SgeList {
+    type Item = &'a Sge;
+    type IntoIter = std::slice::Iter<'a, Sge>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl std::ops::Deref for SgeList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        &self.items[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for SgeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgeList {
+    /// # Panics
+    /// If `N` exceeds [`MAX_SGE`].
+    fn from(a: [Sge; N]) -> SgeList {
+        assert!(N <= MAX_SGE, "a work request carries at most {MAX_SGE} scatter entries, not {N}");
+        let mut l = SgeList::new();
+        l.items[..N].copy_from_slice(&a);
+        l.len = N as u8;
+        l
+    }
+}
+
+impl TryFrom<&[Sge]> for SgeList {
+    type Error = NicError;
+    fn try_from(s: &[Sge]) -> Result<SgeList, NicError> {
+        if s.len() > MAX_SGE {
+            return Err(NicError::InvalidWr(format!(
+                "{} scatter entries; a work request carries at most {MAX_SGE}",
+                s.len()
+            )));
+        }
+        let mut l = SgeList::new();
+        l.items[..s.len()].copy_from_slice(s);
+        l.len = s.len() as u8;
+        Ok(l)
+    }
+}
+
 /// A send-queue work request. Lists of these are posted with one doorbell by
-/// [`Nic::post_send`](super::Nic::post_send).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// [`Nic::post_send`](super::Nic::post_send). Plain data (`Copy`): a chain
+/// is built on the stack and posting allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendWr {
     /// A two-sided SEND of the bytes in `sge`.
     Send {
@@ -223,7 +323,7 @@ pub enum SendWr {
         /// Whether a successful completion is generated.
         signaled: bool,
         /// The payload.
-        sge: Vec<Sge>,
+        sge: SgeList,
     },
     /// A SEND that also invalidates `invalidate_rkey` at the receiver.
     SendWithInv {
@@ -232,7 +332,7 @@ pub enum SendWr {
         /// Whether a successful completion is generated.
         signaled: bool,
         /// The payload.
-        sge: Vec<Sge>,
+        sge: SgeList,
         /// The remote window's rkey to invalidate. Invalidating a window that
         /// is not bound with exactly this key is a protocol bug (and crashes rxe).
         invalidate_rkey: u32,
@@ -244,7 +344,7 @@ pub enum SendWr {
         /// Whether a successful completion is generated.
         signaled: bool,
         /// The destination scatter list.
-        local: Vec<Sge>,
+        local: SgeList,
         /// The remote virtual address.
         remote_addr: u64,
         /// The remote key (window or region).
@@ -374,7 +474,7 @@ pub enum WcOpcode {
 /// For flushed work requests ([`WcStatus::WrFlushErr`]) the verbs spec leaves
 /// `opcode` and `byte_len` undefined; backends report the posted opcode where
 /// they know it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
     /// The posted work request's id.
     pub wr_id: u64,
@@ -392,6 +492,20 @@ pub struct Completion {
     pub qpn: u32,
     /// The provider's vendor error, 0 if none.
     pub vendor_err: u32,
+}
+
+impl Completion {
+    /// A placeholder to fill arrays that [`Nic::poll_cq`](super::Nic::poll_cq)
+    /// writes into.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Other(0),
+        byte_len: 0,
+        invalidated_rkey: None,
+        qpn: 0,
+        vendor_err: 0,
+    };
 }
 
 /// Why a [`Nic`](super::Nic) call failed.

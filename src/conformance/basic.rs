@@ -6,7 +6,7 @@
 //! and the reader READs with a two-entry scatter list.
 
 use super::{at, Outcome, QpPair, Scenario, ScenarioError, Session, Side};
-use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, WcOpcode, WcStatus};
+use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 
 use QpState::{Err as ERR, Rts as RTS};
 use WcOpcode::{LocalInv, RdmaRead, Recv, Send};
@@ -152,7 +152,7 @@ fn expose(
         SendWr::Send {
             wr_id: 2,
             signaled: true,
-            sge: vec![Sge { mr: owner.ctrl.id, offset: 0, len: MSG_LEN }],
+            sge: SgeList::from([Sge { mr: owner.ctrl.id, offset: 0, len: MSG_LEN }]),
         },
     ];
     o.post_send(pair.owner_qp, &chain).map_err(at("post BIND_MW + SEND"))?;
@@ -187,10 +187,10 @@ fn read(
     let r = s.nic(Side::Reader);
     r.write_mr(reader.dst.id, 0, &vec![0; MR_LEN]).map_err(at("clear the READ destination"))?;
     let first = len / 2;
-    let local = vec![
+    let local = SgeList::from([
         Sge { mr: reader.dst.id, offset: 0, len: first },
         Sge { mr: reader.dst.id, offset: SPLIT_AT, len: len - first },
-    ];
+    ]);
     r.post_send(qp, &[SendWr::Read { wr_id: 3, signaled: true, local, remote_addr, rkey }])
         .map_err(at("post the READ"))?;
     s.expect_one(out, name, Side::Reader, cq)
@@ -351,7 +351,7 @@ fn send_with_inv_invalidates(rig: &super::Rig<'_>) -> Result<Outcome, ScenarioEr
     r.write_mr(reader.inbox.id, 3 * SLOT, DONE).map_err(at("write the done message"))?;
     let done = Sge { mr: reader.inbox.id, offset: 3 * SLOT, len: DONE.len() as u32 };
     // The rkey is bound right now and invalidated exactly once.
-    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: vec![done], invalidate_rkey: key };
+    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: key };
     r.post_send(pair.reader_qp, &[wr]).map_err(at("post SEND_WITH_INV"))?;
     s.expect_one(&mut out, "reader: SEND_WITH_INV", Side::Reader, pair.reader_cq)?;
     let got = s.expect_one(&mut out, "owner: RECV of the SEND_WITH_INV", Side::Owner, pair.owner_cq)?;

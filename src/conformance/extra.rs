@@ -12,7 +12,7 @@
 //! that a backend can match error completions with what was posted.
 
 use super::{at, Observed, Outcome, QpPair, Rig, Scenario, ScenarioError, Session, Side};
-use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, WcOpcode, WcStatus};
+use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 
 use QpState::{Err as ERR, Rts as RTS};
 use WcOpcode::{BindMw, LocalInv, RdmaRead, Recv, Send};
@@ -157,7 +157,7 @@ fn bind_and_send(owner: &Owner, mr: &MrInfo, offset: usize, len: usize, new: u32
         SendWr::Send {
             wr_id: 2,
             signaled: true,
-            sge: vec![Sge { mr: owner.ctrl.id, offset: 0, len: MSG_LEN }],
+            sge: SgeList::from([Sge { mr: owner.ctrl.id, offset: 0, len: MSG_LEN }]),
         },
     ]
 }
@@ -202,7 +202,7 @@ fn read(
 ) -> Result<Option<Completion>, ScenarioError> {
     let r = s.nic(Side::Reader);
     r.write_mr(reader.dst.id, 0, &vec![0; PAGE]).map_err(at("clear the READ destination"))?;
-    let local = vec![Sge { mr: reader.dst.id, offset: 0, len }];
+    let local = SgeList::from([Sge { mr: reader.dst.id, offset: 0, len }]);
     r.post_send(
         pair.reader_qp,
         &[SendWr::Read { wr_id, signaled: true, local, remote_addr: remote, rkey: rk }],
@@ -239,7 +239,7 @@ fn forced_err_flushes_outstanding(rig: &Rig<'_>) -> Result<Outcome, ScenarioErro
     // The owner's QP drops what arrives, so the READ stays outstanding (its
     // transport retries take far longer than this scenario).
     s.nic(Side::Owner).set_qp_error(pair.owner_qp).map_err(at("force the owner's QP to ERR"))?;
-    let local = vec![Sge { mr: reader.dst.id, offset: 0, len: READ_LEN }];
+    let local = SgeList::from([Sge { mr: reader.dst.id, offset: 0, len: READ_LEN }]);
     let wr = SendWr::Read { wr_id: 3, signaled: true, local, remote_addr: public.addr, rkey: public.rkey };
     let r = s.nic(Side::Reader);
     r.post_send(pair.reader_qp, &[wr]).map_err(at("post the READ"))?;
@@ -486,7 +486,7 @@ fn rebind_after_send_with_inv(rig: &Rig<'_>) -> Result<Outcome, ScenarioError> {
     let Some((addr, first)) = expose(&s, &mut out, &pair, &mut owner)? else { return Ok(out) };
     // The reader releases the window: exactly one invalidation of a bound key.
     let done = Sge { mr: reader.inbox.id, offset: 3 * SLOT, len: 4 };
-    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: vec![done], invalidate_rkey: first };
+    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: first };
     s.nic(Side::Reader).post_send(pair.reader_qp, &[wr]).map_err(at("post SEND_WITH_INV"))?;
     s.expect_one(&mut out, "reader: SEND_WITH_INV", Side::Reader, pair.reader_cq)?;
     let got = s.expect_one(&mut out, "owner: RECV of the SEND_WITH_INV", Side::Owner, pair.owner_cq)?;

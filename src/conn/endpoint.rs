@@ -11,7 +11,7 @@ use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
 use super::pool::{Holder, Slots};
 use super::types::*;
 use crate::backend::{
-    Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint, SendWr, Sge, WcStatus,
+    Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
 };
 
 mod calls;
@@ -32,6 +32,9 @@ fn wr(tag: u8, low: u64) -> u64 {
 fn tag_of(wr_id: u64) -> u8 {
     (wr_id >> 56) as u8
 }
+
+/// Completions taken per `poll_cq` call (an array on the stack).
+const POLL_BATCH: usize = 32;
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
@@ -88,6 +91,9 @@ pub struct Endpoint<N: Nic> {
     grant_sends: HashMap<u64, u32>,
     data: MrInfo,
     bufs: Slots,
+    /// Handles dropped by the user, to take back.
+    returns: std::sync::Arc<Returns>,
+    reclaimed: Vec<(u32, u32)>,
     windows: Vec<MwId>,
     owner: Option<mw::Owner>,
     reader: Option<mw::Reader>,
@@ -223,49 +229,109 @@ impl<N: Nic> Endpoint<N> {
         Some((b.offset / u64::from(self.cfg.buffer_size)) as u32)
     }
 
+    /// A handle for a slot the user now holds (its current lending).
     fn buf(&self, slot: u32, len: u32) -> Buf {
-        Buf { endpoint: self.id, slot, len }
+        debug_assert_eq!(self.bufs.holder(slot), Some(Holder::User));
+        Buf { endpoint: self.id, slot, len, lending: self.bufs.lending(slot), home: Some(self.returns.clone()) }
+    }
+
+    /// Take back the buffers whose handles were dropped; returns how many.
+    pub(crate) fn reclaim(&mut self) -> usize {
+        self.returns.take_all(&mut self.reclaimed);
+        let mut n = 0;
+        for (slot, lending) in self.reclaimed.drain(..) {
+            if self.bufs.lent(slot, lending) {
+                self.bufs.hand(slot, Holder::User, Holder::Free);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Wake `w` when a buffer handle is dropped (the async driver).
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
+        self.returns.set_waker(w);
+    }
+
+    /// The endpoint takes `buf` from the user (into the NIC's hands).
+    fn take_buf(&mut self, buf: Buf) -> u32 {
+        buf.disarm().0
     }
 
     // ---- the user's buffers ----
 
     /// Take a free buffer from the pool, or `None` when all are in use.
     pub fn alloc(&mut self) -> Option<Buf> {
+        self.reclaim();
         let slot = self.bufs.take(Holder::User)?;
         Some(self.buf(slot, 0))
     }
 
-    /// Put a buffer back in the pool.
+    /// Put a buffer back in the pool (dropping it does the same, a little later).
     pub fn free(&mut self, buf: Buf) {
         if buf.endpoint == self.id {
-            self.bufs.hand(buf.slot, Holder::User, Holder::Free);
+            let lending = buf.lending;
+            let (slot, _) = buf.disarm();
+            if self.bufs.lent(slot, lending) {
+                self.bufs.hand(slot, Holder::User, Holder::Free);
+            }
         }
     }
 
-    /// Fill `buf` with `bytes` (its length becomes `bytes.len()`).
-    pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
-        self.check_buf(buf)?;
-        if bytes.len() > self.cfg.buffer_size as usize {
-            return Err(UseError::TooLong { len: bytes.len(), cap: self.cfg.buffer_size });
-        }
-        self.nic.write_mr(self.data.id, self.slot_offset(buf.slot) as usize, bytes)?;
-        buf.len = bytes.len() as u32;
-        Ok(())
-    }
-
-    /// The bytes in `buf`.
-    pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
-        self.check_buf(buf)?;
-        let mut out = vec![0; buf.len as usize];
-        self.nic.read_mr(self.data.id, self.slot_offset(buf.slot) as usize, &mut out)?;
-        Ok(out)
-    }
-
+    /// Whether `buf` is one of this endpoint's buffers, held by the user.
     fn check_buf(&self, buf: &Buf) -> Result<(), UseError> {
-        if buf.endpoint != self.id || self.bufs.holder(buf.slot) != Some(Holder::User) {
+        if buf.endpoint != self.id || !self.bufs.lent(buf.slot, buf.lending) {
             return Err(UseError::ForeignBuffer(buf.slot));
         }
         Ok(())
+    }
+
+    /// Lend the bytes of `buf` (its `len()` valid bytes) to `f`, without a
+    /// copy, and return what `f` returns.
+    pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {
+        self.check_buf(buf)?;
+        let mut f = Some(f);
+        let mut out = None;
+        self.nic.with_mr(self.data.id, self.slot_offset(buf.slot) as usize, buf.len as usize, &mut |b| {
+            out = f.take().map(|f| f(b));
+        })?;
+        Ok(out.expect("with_mr calls the closure once on success"))
+    }
+
+    /// Lend the whole of `buf` (its capacity, [`Config::buffer_size`]) to `f`
+    /// to write a payload in place, without a copy; `f` returns how many
+    /// bytes it wrote, which become the buffer's `len()`.
+    pub fn fill(&mut self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
+        self.check_buf(buf)?;
+        let cap = self.cfg.buffer_size;
+        let mut f = Some(f);
+        let mut wrote = 0;
+        self.nic.with_mr_mut(self.data.id, self.slot_offset(buf.slot) as usize, cap as usize, &mut |b| {
+            wrote = f.take().map_or(0, |f| f(b));
+        })?;
+        if wrote > cap as usize {
+            return Err(UseError::TooLong { len: wrote, cap });
+        }
+        buf.len = wrote as u32;
+        Ok(())
+    }
+
+    /// Fill `buf` with a copy of `bytes` (its length becomes `bytes.len()`);
+    /// [`Endpoint::fill`] writes in place instead.
+    pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
+        if bytes.len() > self.cfg.buffer_size as usize {
+            self.check_buf(buf)?;
+            return Err(UseError::TooLong { len: bytes.len(), cap: self.cfg.buffer_size });
+        }
+        self.fill(buf, |b| {
+            b[..bytes.len()].copy_from_slice(bytes);
+            bytes.len()
+        })
+    }
+
+    /// A copy of the bytes in `buf`; [`Endpoint::bytes`] lends them instead.
+    pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
+        self.bytes(buf, <[u8]>::to_vec)
     }
 
     /// Buffers currently exposed to the peer or being read into (for tests).
@@ -273,8 +339,9 @@ impl<N: Nic> Endpoint<N> {
         self.bufs.count(Holder::Exposed) + self.bufs.count(Holder::Reading)
     }
 
-    /// Buffers free in the pool.
-    pub fn free_buffers(&self) -> usize {
+    /// Buffers free in the pool (dropped handles included).
+    pub fn free_buffers(&mut self) -> usize {
+        self.reclaim();
         self.bufs.count(Holder::Free)
     }
 
@@ -341,19 +408,21 @@ impl<N: Nic> Endpoint<N> {
     /// Poll the completion queue, feed every completion and message to the
     /// engines, and carry out what they ask for.
     pub fn drive(&mut self, now: Duration) {
+        self.reclaim();
+        let mut batch = [Completion::EMPTY; POLL_BATCH];
         loop {
-            let batch = match self.nic.poll_cq(self.cq, 64) {
-                Ok(b) => b,
+            let n = match self.nic.poll_cq(self.cq, &mut batch) {
+                Ok(n) => n,
                 Err(e) => {
                     self.go_down(now, LossReason::Nic(e));
                     break;
                 }
             };
-            if batch.is_empty() {
+            if n == 0 {
                 break;
             }
-            for c in batch {
-                self.on_completion(now, c);
+            for c in &batch[..n] {
+                self.on_completion(now, *c);
             }
             self.pump(now);
         }
@@ -626,7 +695,7 @@ impl<N: Nic> Endpoint<N> {
     fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
         match a {
             mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
-                let local = vec![Sge { mr: self.data.id, offset: dest.offset as usize, len }];
+                let local = SgeList::from([Sge { mr: self.data.id, offset: dest.offset as usize, len }]);
                 let wr = SendWr::Read { wr_id: token.wr_id(), signaled: true, local, remote_addr, rkey };
                 if let Err(e) = self.nic.post_send(self.local.id, &[wr]) {
                     self.go_down(now, LossReason::Nic(e));
@@ -672,7 +741,7 @@ impl<N: Nic> Endpoint<N> {
         let token = rr.token().raw();
         let tag = if client { TAG_FB_CLIENT } else { TAG_FB_SERVER };
         let len = rr.remote().len().min(self.cfg.buffer_size);
-        let local = vec![Sge { mr: self.data.id, offset: self.slot_offset(slot) as usize, len }];
+        let local = SgeList::from([Sge { mr: self.data.id, offset: self.slot_offset(slot) as usize, len }]);
         let w = SendWr::Read {
             wr_id: wr(tag, token),
             signaled: true,
@@ -737,14 +806,27 @@ impl<N: Nic> Endpoint<N> {
 
     /// Post one frame in a fresh control slot, after `chain` (a bind) when given.
     fn send_frame_with(&mut self, _now: Duration, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
-        let bytes = f.encode().map_err(|e| NicError::InvalidWr(e.to_string()))?;
         let slot = self
             .sends
             .take(Holder::Exposed)
             .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
         let offset = slot as usize * MAX_FRAME;
-        self.nic.write_mr(self.ctrl.id, offset, &bytes)?;
-        let sge = vec![Sge { mr: self.ctrl.id, offset, len: bytes.len() as u32 }];
+        // Encoded straight into the send slot (no intermediate buffer): the
+        // slot is ours until its SEND completes.
+        let mut encoded = Ok(0);
+        let lent = self.nic.with_mr_mut(self.ctrl.id, offset, MAX_FRAME, &mut |b| encoded = f.encode_into(b));
+        let len = match (lent, encoded) {
+            (Ok(()), Ok(n)) => n,
+            (Err(e), _) => {
+                self.sends.hand(slot, Holder::Exposed, Holder::Free);
+                return Err(e);
+            }
+            (_, Err(e)) => {
+                self.sends.hand(slot, Holder::Exposed, Holder::Free);
+                return Err(NicError::InvalidWr(e.to_string()));
+            }
+        };
+        let sge = SgeList::one(Sge { mr: self.ctrl.id, offset, len: len as u32 });
         let result = match chain {
             Some((bind, send_wr_id)) => {
                 let send = SendWr::Send { wr_id: send_wr_id, signaled: true, sge };
@@ -850,6 +932,8 @@ impl<N: Nic> Prepared<N> {
             id: NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed),
             sends: Slots::new(cfg.ctrl_slots),
             bufs: Slots::new(cfg.buffers),
+            returns: Default::default(),
+            reclaimed: Vec::with_capacity(cfg.buffers as usize),
             nic,
             cq,
             local,

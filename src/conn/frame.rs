@@ -172,57 +172,80 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn put_header(out: &mut Vec<u8>, header: &[u8]) {
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header);
+/// A cursor writing into a caller's slice (a control slot of registered
+/// memory): encoding allocates nothing.
+struct Writer<'a> {
+    out: &'a mut [u8],
+    at: usize,
 }
 
-fn put_attaches(out: &mut Vec<u8>, attach: &[Attach]) -> Result<(), FrameError> {
-    if attach.len() > MAX_ATTACH {
-        return Err(FrameError::TooLarge { what: "attachment count", len: attach.len(), max: MAX_ATTACH });
-    }
-    out.push(attach.len() as u8);
-    for a in attach {
-        if a.bytes.len() > MAX_FRAME {
-            return Err(FrameError::TooLarge { what: "attachment", len: a.bytes.len(), max: MAX_FRAME });
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), FrameError> {
+        let end = self.at + bytes.len();
+        if end > self.out.len() {
+            return Err(FrameError::TooLarge { what: "frame", len: end, max: self.out.len().min(MAX_FRAME) });
         }
-        out.push(a.engine.to_u8());
-        out.extend_from_slice(&(a.bytes.len() as u16).to_le_bytes());
-        out.extend_from_slice(&a.bytes);
+        self.out[self.at..end].copy_from_slice(bytes);
+        self.at = end;
+        Ok(())
     }
-    Ok(())
+    fn header(&mut self, header: &[u8]) -> Result<(), FrameError> {
+        check_header(header)?;
+        self.put(&(header.len() as u16).to_le_bytes())?;
+        self.put(header)
+    }
+    fn attaches(&mut self, attach: &[Attach]) -> Result<(), FrameError> {
+        if attach.len() > MAX_ATTACH {
+            return Err(FrameError::TooLarge { what: "attachment count", len: attach.len(), max: MAX_ATTACH });
+        }
+        self.put(&[attach.len() as u8])?;
+        for a in attach {
+            if a.bytes.len() > MAX_FRAME {
+                return Err(FrameError::TooLarge { what: "attachment", len: a.bytes.len(), max: MAX_FRAME });
+            }
+            self.put(&[a.engine.to_u8()])?;
+            self.put(&(a.bytes.len() as u16).to_le_bytes())?;
+            self.put(&a.bytes)?;
+        }
+        Ok(())
+    }
 }
 
 impl Frame {
     /// Encode; fails when the result would exceed [`MAX_FRAME`] or a header [`MAX_HEADER`].
     pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
-        let mut out = vec![VERSION];
+        let mut out = vec![0; MAX_FRAME];
+        let n = self.encode_into(&mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Encode straight into `out` (a control slot); returns the length.
+    /// Fails when the frame does not fit `out` or [`MAX_FRAME`].
+    pub fn encode_into(&self, out: &mut [u8]) -> Result<usize, FrameError> {
+        let limit = out.len().min(MAX_FRAME);
+        let mut w = Writer { out: &mut out[..limit], at: 0 };
+        w.put(&[VERSION])?;
         match self {
             Frame::Request { msg_id, header, attach } => {
-                check_header(header)?;
-                out.push(1);
-                out.extend_from_slice(&msg_id.to_le_bytes());
-                put_header(&mut out, header);
-                put_attaches(&mut out, attach)?;
+                w.put(&[1])?;
+                w.put(&msg_id.to_le_bytes())?;
+                w.header(header)?;
+                w.attaches(attach)?;
             }
             Frame::Reply { msg_id, status, header, attach } => {
-                check_header(header)?;
-                out.push(2);
-                out.extend_from_slice(&msg_id.to_le_bytes());
-                out.push(*status);
-                put_header(&mut out, header);
-                put_attaches(&mut out, attach)?;
+                w.put(&[2])?;
+                w.put(&msg_id.to_le_bytes())?;
+                w.put(&[*status])?;
+                w.header(header)?;
+                w.attaches(attach)?;
             }
             Frame::Engine(a) => {
-                out.push(3);
-                out.push(a.engine.to_u8());
-                out.extend_from_slice(&a.bytes);
+                w.put(&[3, a.engine.to_u8()])?;
+                w.put(&a.bytes)?;
             }
         }
-        if out.len() > MAX_FRAME {
-            return Err(FrameError::TooLarge { what: "frame", len: out.len(), max: MAX_FRAME });
-        }
-        Ok(out)
+        Ok(w.at)
     }
 
     /// Decode one frame from untrusted bytes.

@@ -205,6 +205,16 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
+    /// Lend the bytes of `buf` to `f` without a copy (see
+    /// [`Endpoint::bytes`]). `f` runs under the connection's lock: keep it short.
+    pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {
+        self.peek(|s| s.ep.bytes(buf, f))
+    }
+    /// Write a payload into `buf` in place (see [`Endpoint::fill`]). `f`
+    /// runs under the connection's lock: keep it short.
+    pub fn fill(&self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
+        self.peek(|s| s.ep.fill(buf, f))
+    }
     /// Fill a buffer (a copy; see [`Endpoint::write`]).
     pub fn write(&self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
         self.peek(|s| s.ep.write(buf, bytes))
@@ -213,7 +223,7 @@ impl<N: Nic> Connection<N> {
     pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
         self.peek(|s| s.ep.read(buf))
     }
-    /// Return a buffer to the pool.
+    /// Return a buffer to the pool (dropping it does the same).
     pub fn free(&self, buf: Buf) {
         let mut st = self.inner.state.lock();
         st.ep.free(buf);
@@ -412,8 +422,8 @@ impl<N: Nic> Driver<N> {
         if st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);
         }
+        let mut busy = st.ep.reclaim() > 0;
         st.ep.drive(now);
-        let mut busy = false;
         if !st.calls.is_empty() {
             let abandoned: Vec<CallId> =
                 st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
@@ -493,6 +503,7 @@ impl<N: Nic> Driver<N> {
                 Some(w) if w.will_wake(cx.waker()) => {}
                 _ => st.driver = Some(cx.waker().clone()),
             }
+            st.ep.wake_on_return(cx.waker());
             let cq = st.ep.cq();
             if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
                 // A completion may be waiting (or the CQ is gone: the next

@@ -13,33 +13,60 @@ pub(crate) enum Holder {
     Reading,
 }
 
-/// A fixed set of equal slots with an owner each.
+/// A fixed set of equal slots with an owner each. Each hand-over to the
+/// user starts a new *lending* (a generation), so a handle from an earlier
+/// lending can never give back a later one.
 #[derive(Debug)]
 pub(crate) struct Slots {
     holder: Vec<Holder>,
+    lending: Vec<u32>,
+    /// Free slots, so taking one is O(1).
+    free: Vec<u32>,
 }
 
 impl Slots {
     pub(crate) fn new(n: u32) -> Slots {
-        Slots { holder: vec![Holder::Free; n as usize] }
+        Slots { holder: vec![Holder::Free; n as usize], lending: vec![0; n as usize], free: (0..n).rev().collect() }
     }
 
     /// Take a free slot for `to`.
     pub(crate) fn take(&mut self, to: Holder) -> Option<u32> {
-        let i = self.holder.iter().position(|h| *h == Holder::Free)?;
-        self.holder[i] = to;
-        Some(i as u32)
+        let i = self.free.pop()?;
+        debug_assert_eq!(self.holder[i as usize], Holder::Free);
+        self.set(i, to);
+        Some(i)
+    }
+
+    fn set(&mut self, i: u32, to: Holder) {
+        let h = &mut self.holder[i as usize];
+        if to == Holder::User {
+            self.lending[i as usize] = self.lending[i as usize].wrapping_add(1);
+        }
+        if to == Holder::Free && *h != Holder::Free {
+            self.free.push(i);
+        }
+        *h = to;
     }
 
     /// Move slot `i` from `from` to `to`; false (and no change) if it was not held by `from`.
     pub(crate) fn hand(&mut self, i: u32, from: Holder, to: Holder) -> bool {
-        match self.holder.get_mut(i as usize) {
-            Some(h) if *h == from => {
-                *h = to;
+        match self.holder.get(i as usize) {
+            Some(h) if *h == from && from != Holder::Free => {
+                self.set(i, to);
                 true
             }
             _ => false,
         }
+    }
+
+    /// The current lending of slot `i` (meaningful while the user holds it).
+    pub(crate) fn lending(&self, i: u32) -> u32 {
+        self.lending.get(i as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether the user holds slot `i` under lending `lending`.
+    pub(crate) fn lent(&self, i: u32, lending: u32) -> bool {
+        self.holder(i) == Some(Holder::User) && self.lending(i) == lending
     }
 
     pub(crate) fn holder(&self, i: u32) -> Option<Holder> {
@@ -47,6 +74,9 @@ impl Slots {
     }
 
     pub(crate) fn count(&self, h: Holder) -> usize {
+        if h == Holder::Free {
+            return self.free.len();
+        }
         self.holder.iter().filter(|x| **x == h).count()
     }
 }

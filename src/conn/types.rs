@@ -95,12 +95,51 @@ impl Config {
 ///
 /// Not `Clone`: handing it to [`Endpoint::call`](super::Endpoint::call) or
 /// [`Endpoint::reply`](super::Endpoint::reply) gives it to the NIC, and only
-/// an [`Event::BufferReturned`] gives it back.
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// an [`Event::BufferReturned`] gives it back. Its bytes are lent without a
+/// copy by [`Endpoint::bytes`](super::Endpoint::bytes) and
+/// [`Endpoint::fill`](super::Endpoint::fill).
+///
+/// Dropping a `Buf` returns it to its pool (the endpoint takes it back at
+/// its next `alloc`, `drive` or `free`): a buffer can be forgotten, never
+/// lost. Each hand-over to the user is a new *lending*, so a stale handle
+/// can never free a buffer lent again since.
 pub struct Buf {
     pub(crate) endpoint: u64,
     pub(crate) slot: u32,
     pub(crate) len: u32,
+    pub(crate) lending: u32,
+    /// Where a dropped handle goes; `None` once the endpoint took it back.
+    pub(crate) home: Option<std::sync::Arc<Returns>>,
+}
+
+/// Buffers dropped by their holders, waiting for their endpoint to take
+/// them back: (slot, lending).
+#[derive(Default)]
+pub(crate) struct Returns {
+    queue: parking_lot::Mutex<Vec<(u32, u32)>>,
+    /// Woken when a handle is dropped (the async driver's waker).
+    waker: parking_lot::Mutex<Option<std::task::Waker>>,
+}
+
+impl Returns {
+    pub(crate) fn take_all(&self, out: &mut Vec<(u32, u32)>) {
+        let mut q = self.queue.lock();
+        if !q.is_empty() {
+            out.append(&mut q);
+        }
+    }
+    fn put(&self, slot: u32, lending: u32) {
+        self.queue.lock().push((slot, lending));
+        if let Some(w) = self.waker.lock().take() {
+            w.wake();
+        }
+    }
+    pub(crate) fn set_waker(&self, w: &std::task::Waker) {
+        let mut cur = self.waker.lock();
+        if !cur.as_ref().is_some_and(|c| c.will_wake(w)) {
+            *cur = Some(w.clone());
+        }
+    }
 }
 
 impl Buf {
@@ -115,6 +154,39 @@ impl Buf {
     /// Its index in the pool (for logs).
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+    /// The endpoint takes the handle back: dropping it no longer returns it.
+    pub(crate) fn disarm(mut self) -> (u32, u32) {
+        self.home = None;
+        (self.slot, self.len)
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.put(self.slot, self.lending);
+        }
+    }
+}
+
+impl fmt::Debug for Buf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buf").field("slot", &self.slot).field("len", &self.len).finish()
+    }
+}
+
+impl PartialEq for Buf {
+    fn eq(&self, o: &Buf) -> bool {
+        (self.endpoint, self.slot, self.len, self.lending) == (o.endpoint, o.slot, o.len, o.lending)
+    }
+}
+
+impl Eq for Buf {}
+
+impl std::hash::Hash for Buf {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.endpoint, self.slot, self.len, self.lending).hash(h);
     }
 }
 

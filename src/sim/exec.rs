@@ -60,7 +60,7 @@ impl World {
             }
         }
         let Some(Some(c)) = d.cqs.get_mut(cq as usize) else { return };
-        c.entries.push_back(wc.clone());
+        c.entries.push_back(wc);
         if let Some(waker) = c.waker.take() {
             waker.wake();
         }
@@ -79,7 +79,7 @@ impl World {
             return;
         }
         let Some(i) = q.sq.iter().position(|e| e.st == WrState::Pending) else { return };
-        let wr = q.sq[i].wr.clone();
+        let wr = q.sq[i].wr;
         let qpn = q.qpn;
         self.log(|| format!("dev{dev} qpn {qpn:#x} executes {wr:?}"));
         match &wr {
@@ -355,7 +355,7 @@ impl World {
     fn scatter(&mut self, dev: u32, qp: u32, i: usize, data: &[u8]) -> Result<(), String> {
         let d = &mut self.devs[dev as usize];
         let Some(q) = d.qp(qp) else { return Ok(()) };
-        let SendWr::Read { local, wr_id, .. } = q.sq[i].wr.clone() else { return Ok(()) };
+        let SendWr::Read { local, wr_id, .. } = q.sq[i].wr else { return Ok(()) };
         let mut at = 0;
         for s in &local {
             let n = s.len as usize;

@@ -111,8 +111,8 @@ impl SimNic {
     fn check_wr(&self, d: &Device, q: &Qp, wr: &SendWr) -> Result<(), NicError> {
         let max_sge = q.cfg.max_sge.min(d.cfg.max_sge) as usize;
         let sges = match wr {
-            SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } => sge.as_slice(),
-            SendWr::Read { local, .. } => local.as_slice(),
+            SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } => &sge[..],
+            SendWr::Read { local, .. } => &local[..],
             SendWr::BindMw { mw, mr, offset, len, .. } => {
                 if d.cfg.mw == MwSupport::AllocNoBind {
                     let detail = "the provider cannot post a window bind".to_string();
@@ -213,6 +213,30 @@ impl Nic for SimNic {
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(out.len()).unwrap_or(u32::MAX) })?;
         let m = self.mr_of(d, mr)?;
         out.copy_from_slice(&m.data[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "with_mr")?;
+        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
+        let m = self.mr_of(d, mr)?;
+        f(&m.data[offset..offset + len]);
+        Ok(())
+    }
+
+    fn with_mr_mut(
+        &self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "with_mr_mut")?;
+        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
+        let m = d.mr_mut(mr.0).expect("checked");
+        f(&mut m.data[offset..offset + len]);
         Ok(())
     }
 
@@ -361,7 +385,7 @@ impl Nic for SimNic {
         for wr in wrs {
             q.counters.sends_posted += 1;
             q.sq.push_back(SqEntry {
-                wr: wr.clone(),
+                wr: *wr,
                 posted_at: now,
                 st: WrState::Pending,
                 psn: None,
@@ -399,7 +423,7 @@ impl Nic for SimNic {
         Ok(())
     }
 
-    fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
+    fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {
         let mut w = self.fabric.lock();
         live(&mut w, self.dev, "poll_cq")?;
         let (dev, pd) = (self.dev as usize, self.pd);
@@ -417,8 +441,11 @@ impl Nic for SimNic {
         }
         let c = w.devs[self.dev as usize].cqs.get_mut(cq.0 as usize).and_then(Option::as_mut);
         let c = c.ok_or(no_such("completion queue", cq.0))?;
-        let n = max.min(c.entries.len());
-        Ok(c.entries.drain(..n).collect())
+        let n = out.len().min(c.entries.len());
+        for (o, e) in out.iter_mut().zip(c.entries.drain(..n)) {
+            *o = e;
+        }
+        Ok(n)
     }
 
     fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {

@@ -298,7 +298,7 @@ impl World {
                         rkey: *rkey,
                         remote_addr: *remote_addr,
                         len: local.iter().map(|s| s.len as u64).sum(),
-                        dest: local.clone(),
+                        dest: local.to_vec(),
                         phase,
                         source,
                         hung: e.hung,

@@ -42,7 +42,7 @@ impl End {
     pub fn poll(&self) -> Vec<Completion> {
         let mut out = Vec::new();
         loop {
-            match self.nic.poll_cq(self.cq, 64) {
+            match self.nic.poll_cq_vec(self.cq, 64) {
                 Ok(v) if !v.is_empty() => out.extend(v),
                 _ => return out,
             }

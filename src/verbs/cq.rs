@@ -126,6 +126,33 @@ impl Cq {
         self.ptr.as_ptr()
     }
 
+    /// Take completions into `out` (at most `out.len()`) without waiting;
+    /// returns how many. Allocates nothing.
+    pub fn poll_into(&self, out: &mut [Completion]) -> Result<usize, NicError> {
+        // SAFETY: ibv_wc is a C struct of integers and a union of integers;
+        // all-zero bytes are a valid value.
+        let mut wcs: [sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let mut got = 0;
+        while got < out.len() {
+            let want = (out.len() - got).min(POLL_BATCH);
+            // SAFETY: the CQ is alive; `wcs` has room for `want` entries and
+            // its layout matches the C header (tests/verbs_layout.rs).
+            let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), want as i32, wcs.as_mut_ptr()) };
+            if n < 0 {
+                return Err(from_errno("ibv_poll_cq", -n));
+            }
+            let n = n as usize;
+            for (o, wc) in out[got..got + n].iter_mut().zip(&wcs[..n]) {
+                *o = completion(wc);
+            }
+            got += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(got)
+    }
+
     /// Take up to `max` completions without waiting.
     pub fn poll(&self, max: usize) -> Result<Vec<Completion>, NicError> {
         let mut out = Vec::new();

@@ -51,22 +51,27 @@ impl Drop for PageBuf {
 /// memory is leaked rather than handed back to the allocator while a DMA
 /// might still reach it.
 ///
-/// The CPU accesses the memory only by copying ([`Mr::write`], [`Mr::read`]);
-/// no Rust reference to it ever exists, because the NIC may write it at any
-/// time.
+/// The CPU accesses the memory by copying ([`Mr::write`], [`Mr::read`]) or
+/// through a borrow lent to a closure ([`Mr::with_bytes`],
+/// [`Mr::with_bytes_mut`]), always under the region's CPU lock: reads share
+/// it, writes take it alone, so two threads never race on the same bytes.
+/// The NIC's own DMA is outside that lock; the protocol layer lends only
+/// ranges no local work request targets (see `Nic::with_mr`).
 pub struct Mr {
     ptr: NonNull<sys::ibv_mr>,
     buf: PageBuf,
+    /// Serialises CPU accesses to `buf`.
+    cpu: parking_lot::RwLock<()>,
     len: usize,
     access: Access,
     deregistered: bool,
     pd: Arc<Pd>,
 }
 
-// SAFETY: the ibv_mr is immutable after registration and the owned memory is
-// only touched through raw copies (no Rust references), so sharing `&Mr`
-// across threads creates no data race Rust could observe beyond what DMA
-// already implies.
+// SAFETY: the ibv_mr is immutable after registration and every CPU access to
+// the owned memory happens under `cpu` (shared for reads, exclusive for
+// writes), so sharing `&Mr` across threads creates no data race between
+// threads; the NIC's DMA is governed by the protocol (see `with_bytes`).
 unsafe impl Send for Mr {}
 // SAFETY: as above.
 unsafe impl Sync for Mr {}
@@ -86,7 +91,7 @@ impl Mr {
             sys::ibv_reg_mr(pd.as_ptr(), buf.ptr.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
         };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_reg_mr"))?;
-        Ok(Mr { ptr, buf, len, access, deregistered: false, pd: Arc::clone(pd) })
+        Ok(Mr { ptr, buf, cpu: parking_lot::RwLock::new(()), len, access, deregistered: false, pd: Arc::clone(pd) })
     }
 
     /// The region's length in bytes.
@@ -146,23 +151,40 @@ impl Mr {
 
     /// Copy `data` into the region at `offset` with the CPU.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), NicError> {
-        self.check_range(offset, data.len())?;
-        // SAFETY: the range is inside the owned allocation (checked), `data`
-        // cannot overlap it (no Rust reference into the region exists), and
-        // raw copies tolerate concurrent DMA.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.ptr.as_ptr().add(offset), data.len())
-        };
-        Ok(())
+        self.with_bytes_mut(offset, data.len(), &mut |b| b.copy_from_slice(data))
     }
 
     /// Copy bytes at `offset` out of the region with the CPU.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
-        self.check_range(offset, out.len())?;
-        // SAFETY: as in `write`, with the roles swapped.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.buf.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len())
-        };
+        self.with_bytes(offset, out.len(), &mut |b| out.copy_from_slice(b))
+    }
+
+    /// Lend `offset..offset + len` to `f` for reading, under the shared CPU
+    /// lock. The caller must own the range in the protocol's sense: no
+    /// local work request (posted RECV, READ in flight) targets it.
+    pub fn with_bytes(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
+        self.check_range(offset, len)?;
+        let _cpu = self.cpu.read();
+        // SAFETY: the range is inside the owned allocation (checked), which
+        // lives as long as `self`; no thread writes it with the CPU while the
+        // shared lock is held; the NIC does not write it, because the caller
+        // owns the range (no RECV or READ targets it), and remote peers can
+        // only read (mwcap never grants REMOTE_WRITE). The borrow ends with
+        // `f`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.buf.ptr.as_ptr().add(offset), len) };
+        f(bytes);
+        Ok(())
+    }
+
+    /// Lend `offset..offset + len` to `f` for writing, under the exclusive
+    /// CPU lock; the ownership rule of [`Mr::with_bytes`] applies.
+    pub fn with_bytes_mut(&self, offset: usize, len: usize, f: &mut dyn FnMut(&mut [u8])) -> Result<(), NicError> {
+        self.check_range(offset, len)?;
+        let _cpu = self.cpu.write();
+        // SAFETY: as in `with_bytes`; the exclusive lock also keeps every
+        // other CPU reader away, so this is the only reference to the range.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr.as_ptr().add(offset), len) };
+        f(bytes);
         Ok(())
     }
 

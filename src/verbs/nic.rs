@@ -252,6 +252,20 @@ impl Nic for VerbsNic {
         self.mr(mr)?.read(offset, out).map_err(|e| relabel(e, mr))
     }
 
+    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
+        self.mr(mr)?.with_bytes(offset, len, f).map_err(|e| relabel(e, mr))
+    }
+
+    fn with_mr_mut(
+        &self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), NicError> {
+        self.mr(mr)?.with_bytes_mut(offset, len, f).map_err(|e| relabel(e, mr))
+    }
+
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {
         let mw = Mw::alloc(&self.pd)?;
         let rkey = mw.rkey();
@@ -458,10 +472,10 @@ impl Nic for VerbsNic {
         }
     }
 
-    fn poll_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
-        let mut got = self.cq(cq)?.poll(max)?;
-        self.settle(cq, &mut got);
-        Ok(got)
+    fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {
+        let n = self.cq(cq)?.poll_into(out)?;
+        self.settle(cq, &mut out[..n]);
+        Ok(n)
     }
 }
 

@@ -83,6 +83,9 @@ impl<N: Nic> Endpoint<N> {
                 self.owner_leases.insert(lease, slot);
             }
         }
+        if let Some(b) = data {
+            self.take_buf(b);
+        }
         // Committed: the call is registered and nothing below refuses it.
         for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
             self.fb_msgs.insert(fm, msg);
@@ -217,6 +220,7 @@ impl<N: Nic> Endpoint<N> {
             Some(b) if unexposed => self.events.push_back(Event::BufferReturned(b)),
             Some(b) => {
                 self.bufs.hand(b.slot, Holder::User, Holder::Exposed);
+                self.take_buf(b);
             }
             None => {}
         }

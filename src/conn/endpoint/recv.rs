@@ -31,13 +31,18 @@ impl<N: Nic> Endpoint<N> {
             }
         }
         let len = (len as usize).min(MAX_FRAME);
-        let mut bytes = vec![0; len];
-        if let Err(e) = self.nic.read_mr(self.ctrl.id, self.recv_offset(slot), &mut bytes) {
+        // Decoded in place from the receive slot (it is ours: its RECV
+        // completed and it is re-posted only after this).
+        let mut decoded = None;
+        if let Err(e) = self.nic.with_mr(self.ctrl.id, self.recv_offset(slot), len, &mut |b| {
+            decoded = Some(Frame::decode(b));
+        }) {
             return self.go_down(now, LossReason::Nic(e));
         }
-        let frame = match Frame::decode(&bytes) {
-            Ok(f) => f,
-            Err(e) => return self.misbehaved(now, format!("malformed frame: {e}")),
+        let frame = match decoded {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => return self.misbehaved(now, format!("malformed frame: {e}")),
+            None => return self.go_down(now, LossReason::Completion("a receive slot could not be read".into())),
         };
         match (frame, self.cfg.role) {
             (Frame::Request { msg_id, header, attach }, Role::Server) => {

@@ -1,0 +1,124 @@
+//! Zero-copy buffers: bytes lent in place, a dropped handle returns to its
+//! pool, a buffer never lost (issue 7, section 3).
+
+use std::time::Duration;
+
+use futures::executor::block_on;
+use mwcap::conn::{Config, Connection, Endpoint, Event, Policies, Policy, Role, SimPair, UseError};
+use mwcap::sim::{DeviceConfig, Fabric, FabricConfig};
+
+fn pair(p: Policies) -> SimPair {
+    SimPair::new(
+        FabricConfig::with_seed(21),
+        DeviceConfig::spec(),
+        DeviceConfig::spec(),
+        Config::new(Role::Client, p),
+        Config::new(Role::Server, p),
+    )
+    .expect("pair")
+}
+
+#[test]
+fn a_payload_written_in_place_is_read_in_place_by_the_peer() {
+    for pol in [Policy::Mw, Policy::Confirm] {
+        let mut p = pair(Policies::both(pol));
+        let mut b = p.client.alloc().unwrap();
+        p.client
+            .fill(&mut b, |bytes| {
+                for (i, x) in bytes[..5000].iter_mut().enumerate() {
+                    *x = i as u8;
+                }
+                5000
+            })
+            .unwrap();
+        assert_eq!(b.len(), 5000);
+        let now = p.now();
+        p.client.call(now, b"put", Some(b)).unwrap();
+        assert!(p.drive_until(Duration::from_secs(1), |p| p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))));
+        let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else { panic!("{:?}", p.server_events) };
+        let sum = p.server.bytes(&d, |b| b.iter().map(|&x| u64::from(x)).sum::<u64>()).unwrap();
+        let want: u64 = (0..5000u32).map(|i| u64::from(i as u8)).sum();
+        assert_eq!(sum, want, "{pol:?}");
+        drop(d);
+    }
+}
+
+#[test]
+fn fill_refuses_a_length_beyond_the_buffer() {
+    let mut p = pair(Policies::both(Policy::Mw));
+    let mut b = p.client.alloc().unwrap();
+    let cap = p.client.config().buffer_size as usize;
+    let err = p.client.fill(&mut b, |_| cap + 1).unwrap_err();
+    assert_eq!(err, UseError::TooLong { len: cap + 1, cap: cap as u32 });
+    assert_eq!(b.len(), 0, "the length is unchanged");
+}
+
+#[test]
+fn a_dropped_buffer_returns_to_its_pool() {
+    let mut p = pair(Policies::both(Policy::Mw));
+    let total = p.client.free_buffers();
+    let held: Vec<_> = std::iter::from_fn(|| p.client.alloc()).collect();
+    assert_eq!(held.len(), total);
+    assert!(p.client.alloc().is_none());
+    drop(held);
+    assert_eq!(p.client.free_buffers(), total);
+}
+
+#[test]
+fn a_dropped_event_gives_its_buffer_back() {
+    let mut p = pair(Policies::both(Policy::Mw));
+    let total = p.client.free_buffers();
+    let now = p.now();
+    p.client.call(now, b"q", None).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
+    let Some(Event::Request { req, .. }) = p.server_events.pop() else { panic!() };
+    let mut out = p.server.alloc().unwrap();
+    p.server.write(&mut out, &[1; 100]).unwrap();
+    let now = p.now();
+    p.server.reply(now, req, 0, b"r", Some(out)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { .. }))));
+    // The application ignores the reply, payload and all.
+    p.client_events.clear();
+    assert_eq!(p.client.free_buffers(), total, "the reply's buffer is back in the pool");
+}
+
+#[test]
+fn a_buffer_of_another_endpoint_is_refused_and_handed_back() {
+    let mut p = pair(Policies::both(Policy::Mw));
+    let mut foreign = p.server.alloc().unwrap();
+    p.server.write(&mut foreign, b"x").unwrap();
+    let now = p.now();
+    let r = p.client.call(now, b"q", Some(foreign)).unwrap_err();
+    assert!(matches!(r.error, UseError::ForeignBuffer(_)));
+    let total = p.server.config().buffers as usize;
+    drop(r);
+    assert_eq!(p.server.free_buffers(), total, "the refused buffer went home");
+}
+
+#[test]
+fn alloc_waits_for_a_buffer_dropped_by_another_task() {
+    let fabric = Fabric::with_seed(8);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    cfg.buffers = 1;
+    let ep = Endpoint::new(nic, cfg).unwrap();
+    let (conn, driver) = Connection::new(ep);
+    let only = conn.try_alloc().unwrap();
+    assert!(conn.try_alloc().is_none());
+    let waiter = async {
+        let b = conn.alloc().await.expect("a buffer comes back");
+        assert_eq!(b.slot(), 0);
+    };
+    let dropper = async move {
+        async_io::Timer::after(Duration::from_millis(20)).await;
+        drop(only);
+    };
+    let work = futures::future::join(waiter, dropper);
+    futures::pin_mut!(work);
+    let drive = driver.run();
+    futures::pin_mut!(drive);
+    match block_on(futures::future::select(work, drive)) {
+        futures::future::Either::Left(_) => {}
+        futures::future::Either::Right((reason, _)) => panic!("the driver ended: {reason}"),
+    }
+}
