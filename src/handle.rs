@@ -171,3 +171,64 @@ impl<T> Drop for Handle<T> {
         }
     }
 }
+
+/// The driver's doorbell: a user rings it after changing something the
+/// driver must look at (a new call, a dropped call future, a close); the
+/// driver clears it at the start of each turn and, before it sleeps, checks
+/// it and leaves its waker. Whatever the interleaving, a ring after the
+/// driver's last look either is seen by [`Doorbell::poll_rung`] or wakes the
+/// waker it left: the driver never sleeps through a ring. The loom model
+/// `tests/loom_handle.rs::a_ring_is_never_slept_through` checks this.
+pub struct Doorbell {
+    state: Mutex<Bell>,
+}
+
+struct Bell {
+    rung: bool,
+    waker: Option<Waker>,
+}
+
+impl Default for Doorbell {
+    fn default() -> Doorbell {
+        Doorbell::new()
+    }
+}
+
+impl Doorbell {
+    /// A silent doorbell.
+    pub fn new() -> Doorbell {
+        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }) }
+    }
+
+    /// User side: ring, waking the driver if it sleeps.
+    pub fn ring(&self) {
+        let waker = {
+            let mut b = self.state.lock();
+            b.rung = true;
+            b.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Driver side, at the start of a turn: clear the bell; returns whether
+    /// it had been rung.
+    pub fn take(&self) -> bool {
+        std::mem::take(&mut self.state.lock().rung)
+    }
+
+    /// Driver side, before sleeping: `Ready` if rung since the last
+    /// [`Doorbell::take`], else leave `cx`'s waker for the next ring.
+    pub fn poll_rung(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut b = self.state.lock();
+        if b.rung {
+            return Poll::Ready(());
+        }
+        match &b.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => b.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}

@@ -85,3 +85,28 @@ fn abandon_is_visible_to_the_driver_or_the_value_is_recycled() {
         assert!(slot.is_abandoned());
     });
 }
+
+#[test]
+fn a_ring_is_never_slept_through() {
+    use mwcap::handle::Doorbell;
+    loom::model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let work = Arc::new(AtomicUsize::new(0));
+        let (b, w) = (bell.clone(), work.clone());
+        // The user: does something for the driver, then rings.
+        let user = thread::spawn(move || {
+            w.store(1, Ordering::SeqCst);
+            b.ring();
+        });
+        // The driver: a turn looks for work; with none, it sleeps on the
+        // bell. If a ring could be slept through, loom reports a deadlock.
+        loop {
+            bell.take();
+            if work.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            loom::future::block_on(std::future::poll_fn(|cx| bell.poll_rung(cx)));
+        }
+        user.join().unwrap();
+    });
+}

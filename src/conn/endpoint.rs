@@ -249,6 +249,7 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Wake `w` when a buffer handle is dropped (the async driver).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
         self.returns.set_waker(w);
     }

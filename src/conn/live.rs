@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 
 use super::{Buf, CallError, CallId, Endpoint, Event, LossReason, Refused, RequestId, UseError};
 use crate::backend::Nic;
-use crate::handle::{Handle, Recycle, Slot};
+use crate::handle::{Doorbell, Handle, Recycle, Slot};
 
 /// A reply to a call.
 #[derive(Debug, PartialEq, Eq)]
@@ -92,9 +92,6 @@ struct State<N: Nic> {
     request_waiters: Waiters,
     /// Tasks waiting for a free buffer, control slot or window.
     capacity_waiters: Waiters,
-    driver: Option<Waker>,
-    /// The user did something the driver should look at now.
-    kicked: bool,
     /// The user asked to close.
     closing: bool,
     /// When the connection went down (to bound the wait for flushes).
@@ -102,17 +99,10 @@ struct State<N: Nic> {
     down: Option<LossReason>,
 }
 
-impl<N: Nic> State<N> {
-    fn kick(&mut self) {
-        self.kicked = true;
-        if let Some(w) = self.driver.take() {
-            w.wake();
-        }
-    }
-}
-
 struct Inner<N: Nic> {
     state: Mutex<State<N>>,
+    /// Rung by the user whenever the driver should take a turn.
+    bell: Doorbell,
     recycle: Arc<Recycle<CallResult>>,
     epoch: Instant,
 }
@@ -157,12 +147,11 @@ impl<N: Nic> Connection<N> {
                 returned: VecDeque::new(),
                 request_waiters: Waiters::default(),
                 capacity_waiters: Waiters::default(),
-                driver: None,
-                kicked: false,
                 closing: false,
                 down_at: None,
                 down: None,
             }),
+            bell: Doorbell::new(),
             recycle: Recycle::new(),
             epoch: Instant::now(),
         });
@@ -171,9 +160,8 @@ impl<N: Nic> Connection<N> {
 
     /// Run `f` on the state, then wake the driver to act on it.
     fn with<T>(&self, f: impl FnOnce(&mut State<N>) -> T) -> T {
-        let mut st = self.inner.state.lock();
-        let out = f(&mut st);
-        st.kick();
+        let out = f(&mut self.inner.state.lock());
+        self.inner.bell.ring();
         out
     }
 
@@ -251,14 +239,14 @@ impl<N: Nic> Connection<N> {
             match st.ep.call(now, header, data.take()) {
                 Ok(id) => {
                     st.calls.insert(id, slot.clone());
-                    st.kick();
+                    self.inner.bell.ring();
                     Poll::Ready(Ok(()))
                 }
                 Err(Refused { error: UseError::Busy(_) | UseError::NoCtrlSlot, data: back }) => {
                     data = back;
                     st.capacity_waiters.register(cx.waker());
                     // The driver frees capacity as completions arrive.
-                    st.kick();
+                    self.inner.bell.ring();
                     Poll::Pending
                 }
                 Err(Refused { error, data }) => Poll::Ready(Err(CallError::Refused { error, data })),
@@ -332,9 +320,11 @@ impl<N: Nic> Future for CallFuture<N> {
 impl<N: Nic> Drop for CallFuture<N> {
     fn drop(&mut self) {
         if !self.done {
-            // `handle` is dropped after this (field order), marking the slot
-            // abandoned; the driver, once woken, takes the lock after that.
-            self.inner.state.lock().kick();
+            // Mark the slot abandoned first, then ring: the driver's next
+            // turn sees the abandonment and cancels the call.
+            let handle = std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
+            drop(handle);
+            self.inner.bell.ring();
         }
     }
 }
@@ -414,8 +404,8 @@ impl<N: Nic> Driver<N> {
     fn turn(&self) -> Turn {
         let inner = &self.inner;
         let now = inner.now();
+        inner.bell.take();
         let mut st = inner.state.lock();
-        st.kicked = false;
         if st.closing && st.ep.is_down().is_none() {
             st.ep.begin_close(now);
         }
@@ -495,14 +485,10 @@ impl<N: Nic> Driver<N> {
     async fn sleep(&self, next: Option<Duration>) {
         let mut timer = next.map(|t| async_io::Timer::at(self.inner.epoch + t));
         poll_fn(|cx| {
-            let mut st = self.inner.state.lock();
-            if st.kicked {
+            if self.inner.bell.poll_rung(cx).is_ready() {
                 return Poll::Ready(());
             }
-            match &st.driver {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => st.driver = Some(cx.waker().clone()),
-            }
+            let st = self.inner.state.lock();
             st.ep.wake_on_return(cx.waker());
             let cq = st.ep.cq();
             if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {

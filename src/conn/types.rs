@@ -134,6 +134,7 @@ impl Returns {
             w.wake();
         }
     }
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
         let mut cur = self.waker.lock();
         if !cur.as_ref().is_some_and(|c| c.will_wake(w)) {
