@@ -31,6 +31,13 @@ impl<T> Slot<T> {
         Arc::new(Slot { state: Mutex::new(State::Waiting(None)) })
     }
 
+    /// Make a used slot new again, for reuse by another operation. Only
+    /// for a slot nobody else holds (its handle is gone): a value still in
+    /// it is dropped.
+    pub fn reset(&self) {
+        *self.state.lock() = State::Waiting(None);
+    }
+
     /// Driver side: deliver `value`. Returns it back when the user has
     /// already given up, so the driver can recycle it.
     pub fn fulfil(&self, value: T) -> Result<(), T> {

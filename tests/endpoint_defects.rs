@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList};
-use mwcap::conn::frame::{Attach, EngineTag, Frame};
+use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame};
 use mwcap::conn::{Buf, CallError, Config, Endpoint, Event, LossReason, Policies, Policy, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
@@ -177,14 +177,9 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
     let mw = raw.nic.alloc_mw().unwrap();
     let rkey = mwcap::backend::rkey::rebind(mw.rkey, 0x42);
     // ...granted twice in one request.
-    let frame = Frame::Request {
-        msg_id: 1,
-        header: b"two".to_vec(),
-        attach: vec![
-            Attach { engine: EngineTag::Mw, bytes: grant_bytes(1 << 32 | 1, mr.addr, 64, rkey) },
-            Attach { engine: EngineTag::Mw, bytes: grant_bytes(1 << 32 | 1, mr.addr, 64, rkey) },
-        ],
-    };
+    let grant = grant_bytes(1 << 32 | 1, mr.addr, 64, rkey);
+    let twice = [Attach::new(EngineTag::Mw, &grant).unwrap(), Attach::new(EngineTag::Mw, &grant).unwrap()];
+    let frame = Frame::Request { msg_id: 1, header: b"two", attach: Attaches::from_slice(&twice).unwrap() };
     let bytes = frame.encode().unwrap();
     let ctrl = raw.nic.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     raw.nic.write_mr(ctrl.id, 0, &bytes).unwrap();

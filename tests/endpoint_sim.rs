@@ -50,7 +50,7 @@ fn round_trip(p: &mut SimPair, req: &[u8], rep: &[u8]) -> Vec<u8> {
     match p.client_events.remove(pos) {
         Event::Reply { call: c, status, header, data } => {
             assert_eq!(c, call);
-            assert_eq!((status, header.as_slice()), (0, &b"ok"[..]));
+            assert_eq!((status, &header[..]), (0, &b"ok"[..]));
             let d = data.expect("reply payload");
             let bytes = p.client.read(&d).unwrap();
             p.client.free(d);
@@ -92,7 +92,7 @@ fn a_call_without_payloads_is_a_plain_rpc() {
         assert!(p.drive_until(Duration::from_secs(1), |p| !p.client_events.is_empty()));
         assert_eq!(
             p.client_events.pop(),
-            Some(Event::Reply { call, status: 3, header: b"pong".to_vec(), data: None }),
+            Some(Event::Reply { call, status: 3, header: b"pong".into(), data: None }),
             "{pol:?}"
         );
     }

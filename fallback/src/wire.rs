@@ -196,6 +196,22 @@ impl Message {
 
     /// Appends the encoding to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_to(out);
+    }
+
+    /// Encode into the front of `out` without allocating; returns the
+    /// length, or `None` (and writes nothing) when `out` is shorter than
+    /// [`Message::encoded_len`].
+    pub fn encode_into(&self, out: &mut [u8]) -> Option<usize> {
+        let n = self.encoded_len();
+        let out = out.get_mut(..n)?;
+        let mut sink = SliceSink { out, at: 0 };
+        self.encode_to(&mut sink);
+        debug_assert_eq!(sink.at, n);
+        Some(n)
+    }
+
+    fn encode_to(&self, out: &mut impl Sink) {
         out.push(WIRE_VERSION);
         match *self {
             Message::Fetch { msg, attempt } => {
@@ -291,7 +307,7 @@ impl Message {
     }
 }
 
-fn put_ids(out: &mut Vec<u8>, msg: MsgId, buffer: BufferId, generation: Generation) {
+fn put_ids(out: &mut impl Sink, msg: MsgId, buffer: BufferId, generation: Generation) {
     out.extend_from_slice(&msg.raw().to_le_bytes());
     out.extend_from_slice(&buffer.raw().to_le_bytes());
     out.extend_from_slice(&generation.raw().to_le_bytes());
@@ -322,6 +338,38 @@ impl Reader<'_> {
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.take()?))
+    }
+}
+
+/// Where an encoding goes: a growing vector or a fixed slice.
+trait Sink {
+    fn push(&mut self, b: u8);
+    fn extend_from_slice(&mut self, s: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn push(&mut self, b: u8) {
+        Vec::push(self, b);
+    }
+    fn extend_from_slice(&mut self, s: &[u8]) {
+        Vec::extend_from_slice(self, s);
+    }
+}
+
+/// A slice known to be long enough (checked against `encoded_len` first).
+struct SliceSink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    fn push(&mut self, b: u8) {
+        self.out[self.at] = b;
+        self.at += 1;
+    }
+    fn extend_from_slice(&mut self, s: &[u8]) {
+        self.out[self.at..self.at + s.len()].copy_from_slice(s);
+        self.at += s.len();
     }
 }
 

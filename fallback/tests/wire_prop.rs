@@ -55,6 +55,17 @@ fn untrusted_bytes() -> impl Strategy<Value = Vec<u8>> {
 
 proptest! {
     #[test]
+    fn encode_into_writes_the_same_bytes_without_allocating(m in messages(), spare in 0usize..8) {
+        let want = m.to_bytes();
+        let mut exact = vec![0u8; want.len() + spare];
+        prop_assert_eq!(m.encode_into(&mut exact), Some(want.len()));
+        prop_assert_eq!(&exact[..want.len()], &want[..]);
+        let mut short = vec![0u8; want.len() - 1];
+        prop_assert_eq!(m.encode_into(&mut short), None);
+        prop_assert!(short.iter().all(|&b| b == 0), "nothing written when too short");
+    }
+
+    #[test]
     fn decode_never_panics_and_accepts_only_canonical_prefixes(bytes in untrusted_bytes()) {
         if let Ok((m, rest)) = Message::decode(&bytes) {
             let used = bytes.len() - rest.len();

@@ -118,6 +118,22 @@ impl Message {
     /// Append the encoding to `out`. A grant's time left is truncated to
     /// microseconds and saturates at [`MAX_LEASE_TIME`].
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_to(out);
+    }
+
+    /// Encode into the front of `out` without allocating; returns the
+    /// length, or `None` (and writes nothing) when `out` is shorter than
+    /// [`Message::encoded_len`].
+    pub fn encode_into(&self, out: &mut [u8]) -> Option<usize> {
+        let n = self.encoded_len();
+        let out = out.get_mut(..n)?;
+        let mut sink = SliceSink { out, at: 0 };
+        self.encode_to(&mut sink);
+        debug_assert_eq!(sink.at, n);
+        Some(n)
+    }
+
+    fn encode_to(&self, out: &mut impl Sink) {
         out.push(WIRE_VERSION);
         match self {
             Message::Grant(g) => {
@@ -190,6 +206,38 @@ fn field<const N: usize, const M: usize>(b: &[u8; M], at: usize) -> [u8; N] {
         *o = b.get(at + i).copied().unwrap_or(0);
     }
     out
+}
+
+/// Where an encoding goes: a growing vector or a fixed slice.
+trait Sink {
+    fn push(&mut self, b: u8);
+    fn extend_from_slice(&mut self, s: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn push(&mut self, b: u8) {
+        Vec::push(self, b);
+    }
+    fn extend_from_slice(&mut self, s: &[u8]) {
+        Vec::extend_from_slice(self, s);
+    }
+}
+
+/// A slice known to be long enough (checked against `encoded_len` first).
+struct SliceSink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    fn push(&mut self, b: u8) {
+        self.out[self.at] = b;
+        self.at += 1;
+    }
+    fn extend_from_slice(&mut self, s: &[u8]) {
+        self.out[self.at..self.at + s.len()].copy_from_slice(s);
+        self.at += s.len();
+    }
 }
 
 #[cfg(test)]

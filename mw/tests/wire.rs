@@ -42,6 +42,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
     #[test]
+    fn encode_into_writes_the_same_bytes_without_allocating(m in messages(), spare in 0usize..8) {
+        let want = m.to_bytes();
+        let mut exact = vec![0u8; want.len() + spare];
+        prop_assert_eq!(m.encode_into(&mut exact), Some(want.len()));
+        prop_assert_eq!(&exact[..want.len()], &want[..]);
+        let mut short = vec![0u8; want.len() - 1];
+        prop_assert_eq!(m.encode_into(&mut short), None);
+        prop_assert!(short.iter().all(|&b| b == 0), "nothing written when too short");
+    }
+
+    #[test]
     fn random_bytes_never_panic(bytes in frames()) {
         if let Ok(m) = Message::decode(&bytes) {
             // Whatever decodes re-encodes to the same bytes.

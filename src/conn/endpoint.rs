@@ -47,7 +47,7 @@ struct Call {
     req_fb: Option<fb::MsgId>,
     /// Confirm-policy fetch of the reply data.
     fetch_fb: Option<fb::MsgId>,
-    reply: Option<(u8, Vec<u8>)>,
+    reply: Option<(u8, Header)>,
     data: Data,
 }
 
@@ -69,7 +69,7 @@ enum Data {
 /// A server request in progress.
 #[derive(Debug)]
 struct Request {
-    header: Vec<u8>,
+    header: Header,
     data: Data,
     /// The release of the request payload, to piggyback on the reply.
     release: Option<mw::Release>,
@@ -91,6 +91,8 @@ pub struct Endpoint<N: Nic> {
     grant_sends: HashMap<u64, u32>,
     data: MrInfo,
     bufs: Slots,
+    /// Where a received frame is copied to be decoded (capacity MAX_FRAME).
+    scratch: Vec<u8>,
     /// Handles dropped by the user, to take back.
     returns: std::sync::Arc<Returns>,
     reclaimed: Vec<(u32, u32)>,
@@ -653,16 +655,14 @@ impl<N: Nic> Endpoint<N> {
 
     /// Carry out an owner action. A `BindAndGrant` goes out chained with the
     /// frame in `frame` (the request or reply carrying the grant).
-    fn owner_action(&mut self, now: Duration, a: mw::OwnerAction, frame: Option<&mut Frame>) {
+    fn owner_action(&mut self, now: Duration, a: mw::OwnerAction, frame: Option<&mut Frame<'_>>) {
         match a {
             mw::OwnerAction::BindAndGrant(b) => {
-                let mut bytes = Vec::new();
-                mw::Message::Grant(b.grant).encode(&mut bytes);
-                let attach = Attach { engine: EngineTag::Mw, bytes };
+                let attach = mw_attach(&mw::Message::Grant(b.grant));
                 let frame = match frame {
                     Some(f) => {
                         push_attach(f, attach);
-                        f.clone()
+                        *f
                     }
                     None => Frame::Engine(attach),
                 };
@@ -703,9 +703,7 @@ impl<N: Nic> Endpoint<N> {
                 }
             }
             mw::ReaderAction::SendRelease(r) => {
-                let mut bytes = Vec::new();
-                mw::Message::Release(r).encode(&mut bytes);
-                let f = Frame::Engine(Attach { engine: EngineTag::Mw, bytes });
+                let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
                 if let Err(e) = self.send_frame_with(now, &f, None) {
                     self.go_down(now, LossReason::Nic(e));
                 }
@@ -715,13 +713,11 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Carry out a confirm-engine action; its messages ride in `frame` when given.
-    fn fb_action(&mut self, now: Duration, client: bool, a: fb::Action, frame: Option<&mut Frame>) {
+    fn fb_action(&mut self, now: Duration, client: bool, a: fb::Action, frame: Option<&mut Frame<'_>>) {
         match a {
             fb::Action::Read(rr) => self.start_fb_read(now, client, rr),
             fb::Action::Send(m) => {
-                let mut bytes = Vec::new();
-                m.encode(&mut bytes);
-                let attach = Attach { engine: EngineTag::Confirm, bytes };
+                let attach = fb_attach(&m);
                 match frame {
                     Some(f) => push_attach(f, attach),
                     None => {
@@ -934,6 +930,7 @@ impl<N: Nic> Prepared<N> {
             sends: Slots::new(cfg.ctrl_slots),
             bufs: Slots::new(cfg.buffers),
             returns: Default::default(),
+            scratch: Vec::with_capacity(MAX_FRAME),
             reclaimed: Vec::with_capacity(cfg.buffers as usize),
             nic,
             cq,
@@ -995,11 +992,28 @@ impl<N: Nic> Drop for Endpoint<N> {
     }
 }
 
-fn push_attach(f: &mut Frame, a: Attach) {
+/// Add an engine message to a request or reply. At most three ride in one
+/// (a payload's grant or offer, a fetch, a release), below `MAX_ATTACH`.
+fn push_attach(f: &mut Frame<'_>, a: Attach) {
     match f {
-        Frame::Request { attach, .. } | Frame::Reply { attach, .. } => attach.push(a),
+        Frame::Request { attach, .. } | Frame::Reply { attach, .. } => {
+            let pushed = attach.push(a);
+            debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
+        }
         Frame::Engine(_) => {}
     }
+}
+
+/// An mw engine message as an attachment, encoded in place.
+pub(super) fn mw_attach(m: &mw::Message) -> Attach {
+    Attach::encoded(EngineTag::Mw, |b| m.encode_into(b).unwrap_or(usize::MAX))
+        .expect("mw messages are shorter than MAX_ATTACH_LEN")
+}
+
+/// A confirm engine message as an attachment, encoded in place.
+pub(super) fn fb_attach(m: &fb::Message) -> Attach {
+    Attach::encoded(EngineTag::Confirm, |b| m.encode_into(b).unwrap_or(usize::MAX))
+        .expect("confirm messages are shorter than MAX_ATTACH_LEN")
 }
 
 #[cfg(fuzzing)]

@@ -48,27 +48,137 @@ impl EngineTag {
     }
 }
 
-/// An engine message carried along with a request or reply (a grant, an offer).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// The longest engine message an attachment carries (the longest today is
+/// a confirm `Offer`, 38 bytes).
+pub const MAX_ATTACH_LEN: usize = 64;
+
+/// An engine message carried along with a request or reply (a grant, an
+/// offer), held inline: building or decoding one allocates nothing.
+#[derive(Clone, Copy)]
 pub struct Attach {
     /// Whose message.
     pub engine: EngineTag,
-    /// The engine's own encoding.
-    pub bytes: Vec<u8>,
+    len: u8,
+    buf: [u8; MAX_ATTACH_LEN],
 }
 
-/// One decoded frame.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Frame {
+impl Attach {
+    const EMPTY: Attach = Attach { engine: EngineTag::Mw, len: 0, buf: [0; MAX_ATTACH_LEN] };
+
+    /// An attachment of `bytes` (the engine's own encoding).
+    pub fn new(engine: EngineTag, bytes: &[u8]) -> Result<Attach, FrameError> {
+        Attach::encoded(engine, |b| {
+            let n = bytes.len().min(b.len());
+            b[..n].copy_from_slice(&bytes[..n]);
+            bytes.len()
+        })
+    }
+
+    /// An attachment written in place by `f`, which returns the length.
+    pub fn encoded(engine: EngineTag, f: impl FnOnce(&mut [u8]) -> usize) -> Result<Attach, FrameError> {
+        let mut a = Attach { engine, ..Attach::EMPTY };
+        let n = f(&mut a.buf);
+        if n > MAX_ATTACH_LEN {
+            return Err(FrameError::TooLarge { what: "attachment", len: n, max: MAX_ATTACH_LEN });
+        }
+        a.len = n as u8;
+        Ok(a)
+    }
+
+    /// The engine's encoding.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+}
+
+impl PartialEq for Attach {
+    fn eq(&self, o: &Attach) -> bool {
+        self.engine == o.engine && self.bytes() == o.bytes()
+    }
+}
+
+impl Eq for Attach {}
+
+impl std::hash::Hash for Attach {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.engine.hash(h);
+        self.bytes().hash(h);
+    }
+}
+
+impl fmt::Debug for Attach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Attach({}, {:02x?})", self.engine, self.bytes())
+    }
+}
+
+/// The attachments of a request or reply: at most [`MAX_ATTACH`], inline.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Attaches {
+    len: u8,
+    items: [Attach; MAX_ATTACH],
+}
+
+impl Attaches {
+    /// None.
+    pub const fn new() -> Attaches {
+        Attaches { len: 0, items: [Attach::EMPTY; MAX_ATTACH] }
+    }
+
+    /// Add one; fails past [`MAX_ATTACH`].
+    pub fn push(&mut self, a: Attach) -> Result<(), FrameError> {
+        let i = self.len as usize;
+        if i == MAX_ATTACH {
+            return Err(FrameError::TooLarge { what: "attachment count", len: i + 1, max: MAX_ATTACH });
+        }
+        self.items[i] = a;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// From a slice; fails past [`MAX_ATTACH`].
+    pub fn from_slice(s: &[Attach]) -> Result<Attaches, FrameError> {
+        let mut out = Attaches::new();
+        for a in s {
+            out.push(*a)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Default for Attaches {
+    fn default() -> Attaches {
+        Attaches::new()
+    }
+}
+
+impl std::ops::Deref for Attaches {
+    type Target = [Attach];
+    fn deref(&self) -> &[Attach] {
+        &self.items[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for Attaches {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// One frame, borrowing its header: encoded from the caller's bytes,
+/// decoded from the receive slot's. Building or decoding one allocates
+/// nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Frame<'a> {
     /// A client's request.
     Request {
         /// The request's id on this connection.
         msg_id: u64,
         /// The application's header bytes.
-        header: Vec<u8>,
+        header: &'a [u8],
         /// Engine messages riding along: the exposure of the request's
         /// payload, a confirm-policy fetch of the reply.
-        attach: Vec<Attach>,
+        attach: Attaches,
     },
     /// A server's reply.
     Reply {
@@ -77,10 +187,10 @@ pub enum Frame {
         /// 0 for success; otherwise an application or mwcap error code.
         status: u8,
         /// The application's header bytes.
-        header: Vec<u8>,
+        header: &'a [u8],
         /// Engine messages riding along: the exposure of the reply's payload,
         /// the release of the request's payload.
-        attach: Vec<Attach>,
+        attach: Attaches,
     },
     /// A message for a protocol engine (release, confirm, answer...).
     Engine(Attach),
@@ -150,23 +260,23 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
-    fn header(&mut self) -> Result<Vec<u8>, FrameError> {
+    fn header(&mut self) -> Result<&'a [u8], FrameError> {
         let len = self.u16()? as usize;
         if len > MAX_HEADER {
             return Err(FrameError::TooLarge { what: "header", len, max: MAX_HEADER });
         }
-        Ok(self.take(len)?.to_vec())
+        self.take(len)
     }
-    fn attaches(&mut self) -> Result<Vec<Attach>, FrameError> {
+    fn attaches(&mut self) -> Result<Attaches, FrameError> {
         let count = self.u8()? as usize;
         if count > MAX_ATTACH {
             return Err(FrameError::TooLarge { what: "attachment count", len: count, max: MAX_ATTACH });
         }
-        let mut out = Vec::with_capacity(count);
+        let mut out = Attaches::new();
         for _ in 0..count {
             let engine = EngineTag::from_u8(self.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
             let len = self.u16()? as usize;
-            out.push(Attach { engine, bytes: self.take(len)?.to_vec() });
+            out.push(Attach::new(engine, self.take(len)?)?)?;
         }
         Ok(out)
     }
@@ -200,18 +310,15 @@ impl Writer<'_> {
         }
         self.put(&[attach.len() as u8])?;
         for a in attach {
-            if a.bytes.len() > MAX_FRAME {
-                return Err(FrameError::TooLarge { what: "attachment", len: a.bytes.len(), max: MAX_FRAME });
-            }
             self.put(&[a.engine.to_u8()])?;
-            self.put(&(a.bytes.len() as u16).to_le_bytes())?;
-            self.put(&a.bytes)?;
+            self.put(&(a.bytes().len() as u16).to_le_bytes())?;
+            self.put(a.bytes())?;
         }
         Ok(())
     }
 }
 
-impl Frame {
+impl<'a> Frame<'a> {
     /// Encode; fails when the result would exceed [`MAX_FRAME`] or a header [`MAX_HEADER`].
     pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
         let mut out = vec![0; MAX_FRAME];
@@ -242,14 +349,14 @@ impl Frame {
             }
             Frame::Engine(a) => {
                 w.put(&[3, a.engine.to_u8()])?;
-                w.put(&a.bytes)?;
+                w.put(a.bytes())?;
             }
         }
         Ok(w.at)
     }
 
     /// Decode one frame from untrusted bytes.
-    pub fn decode(buf: &[u8]) -> Result<Frame, FrameError> {
+    pub fn decode(buf: &'a [u8]) -> Result<Frame<'a>, FrameError> {
         if buf.len() > MAX_FRAME {
             return Err(FrameError::TooLarge { what: "frame", len: buf.len(), max: MAX_FRAME });
         }
@@ -263,8 +370,8 @@ impl Frame {
             2 => Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? },
             3 => {
                 let engine = EngineTag::from_u8(r.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
-                let bytes = r.take(buf.len() - r.at)?.to_vec();
-                Frame::Engine(Attach { engine, bytes })
+                let bytes = r.take(buf.len() - r.at)?;
+                Frame::Engine(Attach::new(engine, bytes)?)
             }
             k => return Err(FrameError::UnknownKind(k)),
         };
@@ -296,35 +403,38 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn attach() -> impl Strategy<Value = Vec<Attach>> {
-        proptest::collection::vec(
-            (prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)], proptest::collection::vec(any::<u8>(), 0..64))
-                .prop_map(|(engine, bytes)| Attach { engine, bytes }),
-            0..=MAX_ATTACH,
-        )
+    fn one_attach() -> impl Strategy<Value = Attach> {
+        (prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)], proptest::collection::vec(any::<u8>(), 0..=MAX_ATTACH_LEN))
+            .prop_map(|(engine, bytes)| Attach::new(engine, &bytes).unwrap())
     }
 
-    fn frames() -> impl Strategy<Value = Frame> {
-        let header = || proptest::collection::vec(any::<u8>(), 0..128);
-        prop_oneof![
-            (any::<u64>(), header(), attach()).prop_map(|(msg_id, header, attach)| Frame::Request {
-                msg_id,
-                header,
-                attach
-            }),
-            (any::<u64>(), any::<u8>(), header(), attach()).prop_map(|(msg_id, status, header, attach)| {
-                Frame::Reply { msg_id, status, header, attach }
-            }),
-            (prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)], proptest::collection::vec(any::<u8>(), 0..64))
-                .prop_map(|(engine, bytes)| Frame::Engine(Attach { engine, bytes })),
-        ]
+    fn attach() -> impl Strategy<Value = Attaches> {
+        proptest::collection::vec(one_attach(), 0..=MAX_ATTACH).prop_map(|v| Attaches::from_slice(&v).unwrap())
+    }
+
+    /// Frames with their header bytes (owned by the strategy's value).
+    fn frames() -> impl Strategy<Value = (u8, u64, u8, Vec<u8>, Attaches, Attach)> {
+        (0..3u8, any::<u64>(), any::<u8>(), proptest::collection::vec(any::<u8>(), 0..128), attach(), one_attach())
+    }
+
+    fn frame(v: &(u8, u64, u8, Vec<u8>, Attaches, Attach)) -> Frame<'_> {
+        let (kind, msg_id, status, header, attach, one) = v;
+        match kind {
+            0 => Frame::Request { msg_id: *msg_id, header, attach: *attach },
+            1 => Frame::Reply { msg_id: *msg_id, status: *status, header, attach: *attach },
+            _ => Frame::Engine(*one),
+        }
     }
 
     proptest! {
         #[test]
-        fn round_trip(f in frames()) {
+        fn round_trip(v in frames()) {
+            let f = frame(&v);
             let bytes = f.encode().unwrap();
             prop_assert_eq!(Frame::decode(&bytes).unwrap(), f);
+            let mut slot = [0u8; MAX_FRAME];
+            let n = f.encode_into(&mut slot).unwrap();
+            prop_assert_eq!(&slot[..n], &bytes[..]);
         }
 
         #[test]
@@ -333,7 +443,8 @@ mod tests {
         }
 
         #[test]
-        fn every_truncation_is_an_error(f in frames()) {
+        fn every_truncation_is_an_error(v in frames()) {
+            let f = frame(&v);
             let bytes = f.encode().unwrap();
             // Engine frames run to the end, so a shorter one can still parse; all others must not.
             if !matches!(f, Frame::Engine(_)) {
@@ -346,7 +457,7 @@ mod tests {
 
     #[test]
     fn rejects_wrong_version_and_trailing_bytes() {
-        let f = Frame::Request { msg_id: 7, header: b"hi".to_vec(), attach: vec![] };
+        let f = Frame::Request { msg_id: 7, header: b"hi", attach: Attaches::new() };
         let mut b = f.encode().unwrap();
         b.push(0);
         assert_eq!(Frame::decode(&b), Err(FrameError::Trailing(1)));
@@ -357,11 +468,28 @@ mod tests {
 
     #[test]
     fn oversized_header_is_refused_both_ways() {
-        let f = Frame::Request { msg_id: 1, header: vec![0; MAX_HEADER + 1], attach: vec![] };
+        let big = vec![0; MAX_HEADER + 1];
+        let f = Frame::Request { msg_id: 1, header: &big, attach: Attaches::new() };
         assert!(matches!(f.encode(), Err(FrameError::TooLarge { .. })));
         let mut b = vec![1, 1];
         b.extend_from_slice(&0u64.to_le_bytes());
         b.extend_from_slice(&((MAX_HEADER + 1) as u16).to_le_bytes());
         assert!(matches!(Frame::decode(&b), Err(FrameError::TooLarge { what: "header", .. })));
+    }
+
+    #[test]
+    fn an_oversized_attachment_is_refused() {
+        let mut b = vec![1, 3, 1];
+        b.extend_from_slice(&[0; MAX_ATTACH_LEN + 1]);
+        assert!(matches!(Frame::decode(&b), Err(FrameError::TooLarge { what: "attachment", .. })));
+        assert!(Attach::new(EngineTag::Mw, &[0; MAX_ATTACH_LEN + 1]).is_err());
+    }
+
+    #[test]
+    fn a_frame_too_big_for_its_slot_is_refused() {
+        let header = [7u8; 100];
+        let f = Frame::Request { msg_id: 1, header: &header, attach: Attaches::new() };
+        let mut small = [0u8; 64];
+        assert!(matches!(f.encode_into(&mut small), Err(FrameError::TooLarge { .. })));
     }
 }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Buf, CallError, CallId, Endpoint, Event, LossReason, Refused, RequestId, UseError};
+use super::{Buf, CallError, CallId, Endpoint, Event, Header, LossReason, Refused, RequestId, UseError};
 use crate::backend::Nic;
 use crate::handle::{Doorbell, Handle, Recycle, Slot};
 
@@ -45,7 +45,7 @@ pub struct Reply {
     /// The server's status byte.
     pub status: u8,
     /// The reply header.
-    pub header: Vec<u8>,
+    pub header: Header,
     /// The reply payload; give it back with [`Connection::free`].
     pub data: Option<Buf>,
 }
@@ -56,7 +56,7 @@ pub struct Request {
     /// Name it in [`Connection::reply`].
     pub id: RequestId,
     /// The request header.
-    pub header: Vec<u8>,
+    pub header: Header,
     /// The request payload; give it back with [`Connection::free`].
     pub data: Option<Buf>,
 }
@@ -86,8 +86,10 @@ impl Waiters {
 struct State<N: Nic> {
     ep: Endpoint<N>,
     calls: HashMap<CallId, Arc<Slot<CallResult>>>,
+    /// Slots of finished calls, reused once their handle is gone (a call
+    /// allocates nothing in steady state).
+    spare_slots: Vec<Arc<Slot<CallResult>>>,
     requests: VecDeque<Request>,
-    returned: VecDeque<Buf>,
     /// Tasks in `next_request`.
     request_waiters: Waiters,
     /// Tasks waiting for a free buffer, control slot or window.
@@ -142,9 +144,9 @@ impl<N: Nic> Connection<N> {
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 ep,
-                calls: HashMap::new(),
+                calls: HashMap::with_capacity(64),
+                spare_slots: Vec::with_capacity(64),
                 requests: VecDeque::new(),
-                returned: VecDeque::new(),
                 request_waiters: Waiters::default(),
                 capacity_waiters: Waiters::default(),
                 closing: false,
@@ -218,9 +220,10 @@ impl<N: Nic> Connection<N> {
         st.capacity_waiters.wake_all();
     }
 
-    /// Buffers the NIC gave back (request or reply payloads whose exposure ended).
-    pub fn take_returned(&self) -> Vec<Buf> {
-        self.peek(|s| s.returned.drain(..).collect())
+    /// Buffers free in the pool. A buffer given to a call or reply comes
+    /// back to the pool by itself, once no remote access to it is possible.
+    pub fn free_buffers(&self) -> usize {
+        self.peek(|s| s.ep.free_buffers())
     }
 
     /// Client: make a call and wait for its reply. Dropping the future
@@ -231,7 +234,7 @@ impl<N: Nic> Connection<N> {
     /// is too long, a foreign or empty buffer, the connection down) fails
     /// with [`CallError::Refused`], which hands `data` back.
     pub async fn call(&self, header: &[u8], data: Option<Buf>) -> Result<Reply, CallError> {
-        let slot = Slot::new();
+        let slot = self.peek(|s| s.spare_slot());
         let mut data = data;
         let started = poll_fn(|cx| {
             let now = self.inner.now();
@@ -330,6 +333,16 @@ impl<N: Nic> Drop for CallFuture<N> {
 }
 
 impl<N: Nic> State<N> {
+    /// A slot for a new call: a finished call's, if its handle is gone.
+    fn spare_slot(&mut self) -> Arc<Slot<CallResult>> {
+        if let Some(i) = self.spare_slots.iter().position(|s| Arc::strong_count(s) == 1) {
+            let slot = self.spare_slots.swap_remove(i);
+            slot.reset();
+            return slot;
+        }
+        Slot::new()
+    }
+
     fn dispatch(&mut self, ev: Event) {
         match ev {
             Event::Reply { call, status, header, data } => self.finish(call, Ok(Reply { status, header, data })),
@@ -341,11 +354,12 @@ impl<N: Nic> State<N> {
             Event::ReplyAgain { req } => {
                 // Confirm policy: the client read a stale reply. The request
                 // comes again (same id, empty header): reply with fresh data.
-                self.requests.push_back(Request { id: req, header: Vec::new(), data: None });
+                self.requests.push_back(Request { id: req, header: Header::default(), data: None });
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
-            Event::BufferReturned(b) => self.returned.push_back(b),
+            // No remote access to it is possible any more: back to the pool.
+            Event::BufferReturned(b) => self.ep.free(b),
             Event::ConnectionLost(r) => {
                 self.down = Some(r);
                 self.request_waiters.wake_all();
@@ -362,6 +376,9 @@ impl<N: Nic> State<N> {
                     if let Some(b) = reply.data {
                         self.ep.free(b);
                     }
+                }
+                if self.spare_slots.len() < self.spare_slots.capacity() {
+                    self.spare_slots.push(slot);
                 }
             }
             None => {

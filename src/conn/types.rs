@@ -191,6 +191,88 @@ impl std::hash::Hash for Buf {
     }
 }
 
+/// An application header (of a request or reply): inline up to 64 bytes,
+/// so small headers cost no allocation; on the heap beyond.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Header(smallvec::SmallVec<[u8; 64]>);
+
+impl Header {
+    /// The bytes, as a vector.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0.into_vec()
+    }
+}
+
+impl std::ops::Deref for Header {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for Header {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) => write!(f, "Header({s:?})"),
+            Err(_) => write!(f, "Header({:02x?})", &self.0[..]),
+        }
+    }
+}
+
+impl From<&[u8]> for Header {
+    fn from(b: &[u8]) -> Header {
+        Header(smallvec::SmallVec::from_slice(b))
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for Header {
+    fn from(b: &[u8; N]) -> Header {
+        Header(smallvec::SmallVec::from_slice(b))
+    }
+}
+
+impl From<Vec<u8>> for Header {
+    fn from(v: Vec<u8>) -> Header {
+        Header(smallvec::SmallVec::from_vec(v))
+    }
+}
+
+impl PartialEq<[u8]> for Header {
+    fn eq(&self, o: &[u8]) -> bool {
+        self.0[..] == *o
+    }
+}
+
+impl PartialEq<&[u8]> for Header {
+    fn eq(&self, o: &&[u8]) -> bool {
+        self.0[..] == **o
+    }
+}
+
+impl<const N: usize> PartialEq<[u8; N]> for Header {
+    fn eq(&self, o: &[u8; N]) -> bool {
+        self.0[..] == o[..]
+    }
+}
+
+impl<const N: usize> PartialEq<&[u8; N]> for Header {
+    fn eq(&self, o: &&[u8; N]) -> bool {
+        self.0[..] == o[..]
+    }
+}
+
+impl PartialEq<Vec<u8>> for Header {
+    fn eq(&self, o: &Vec<u8>) -> bool {
+        self.0[..] == o[..]
+    }
+}
+
 /// A call made by a client, named in its events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallId(pub(crate) u64);
@@ -223,7 +305,7 @@ pub enum Event {
         /// The server's status byte (0 = success).
         status: u8,
         /// The reply header.
-        header: Vec<u8>,
+        header: Header,
         /// The reply payload, now the user's.
         data: Option<Buf>,
     },
@@ -239,7 +321,7 @@ pub enum Event {
         /// Name it in [`Endpoint::reply`](super::Endpoint::reply).
         req: RequestId,
         /// The request header.
-        header: Vec<u8>,
+        header: Header,
         /// The request payload, now the user's.
         data: Option<Buf>,
     },

@@ -34,16 +34,27 @@ pub(crate) struct Ev {
     pub(crate) kind: EvKind,
 }
 
+/// Ordered lanes stay (empty) once created, so a busy fabric reuses their
+/// queues; free events (timers) are kept apart by sequence number. The
+/// runnable choice scans lanes in `Lane` order, free events last, exactly
+/// as one map of lanes would, so a seed gives the same schedule.
 #[derive(Default)]
 pub(crate) struct Scheduler {
     lanes: BTreeMap<Lane, VecDeque<Ev>>,
+    free: BTreeMap<u64, Ev>,
     next_free: u64,
+    /// Scratch for `pop_due`.
+    ready: Vec<Lane>,
 }
 
 impl Scheduler {
     /// Queue `kind` at the back of `lane`, no earlier than `at` nor than the
     /// lane's last event.
     pub(crate) fn push(&mut self, lane: Lane, at: u64, kind: EvKind) {
+        if let Lane::Free(seq) = lane {
+            self.free.insert(seq, Ev { at, kind });
+            return;
+        }
         let q = self.lanes.entry(lane).or_default();
         let at = q.back().map_or(at, |b| b.at.max(at));
         q.push_back(Ev { at, kind });
@@ -59,17 +70,27 @@ impl Scheduler {
 
     /// Drop whatever is queued in `lane`.
     pub(crate) fn cancel(&mut self, lane: Lane) {
-        self.lanes.remove(&lane);
+        match lane {
+            Lane::Free(seq) => {
+                self.free.remove(&seq);
+            }
+            _ => {
+                if let Some(q) = self.lanes.get_mut(&lane) {
+                    q.clear();
+                }
+            }
+        }
     }
 
     /// The time of the earliest runnable event.
     pub(crate) fn next_at(&self) -> Option<u64> {
-        self.lanes.values().filter_map(|q| q.front()).map(|e| e.at).min()
+        let ordered = self.lanes.values().filter_map(|q| q.front()).map(|e| e.at);
+        ordered.chain(self.free.values().map(|e| e.at)).min()
     }
 
     /// How many events are queued.
     pub(crate) fn len(&self) -> usize {
-        self.lanes.values().map(VecDeque::len).sum()
+        self.lanes.values().map(VecDeque::len).sum::<usize>() + self.free.len()
     }
 
     /// Take one of the earliest runnable events if it is due at `now`,
@@ -79,18 +100,16 @@ impl Scheduler {
         if at > now {
             return None;
         }
-        let ready: Vec<Lane> = self
-            .lanes
-            .iter()
-            .filter(|(_, q)| q.front().is_some_and(|e| e.at == at))
-            .map(|(l, _)| *l)
-            .collect();
-        let lane = if ready.len() == 1 { ready[0] } else { ready[rng.gen_range(0..ready.len())] };
-        let q = self.lanes.get_mut(&lane)?;
-        let ev = q.pop_front();
-        if q.is_empty() {
-            self.lanes.remove(&lane);
+        self.ready.clear();
+        self.ready.extend(
+            self.lanes.iter().filter(|(_, q)| q.front().is_some_and(|e| e.at == at)).map(|(l, _)| *l),
+        );
+        self.ready.extend(self.free.iter().filter(|(_, e)| e.at == at).map(|(seq, _)| Lane::Free(*seq)));
+        let n = self.ready.len();
+        let lane = if n == 1 { self.ready[0] } else { self.ready[rng.gen_range(0..n)] };
+        match lane {
+            Lane::Free(seq) => self.free.remove(&seq),
+            _ => self.lanes.get_mut(&lane)?.pop_front(),
         }
-        ev
     }
 }

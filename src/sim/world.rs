@@ -296,12 +296,12 @@ impl World {
 
     /// Hand the send queue's finished head entries to the CQ, in order.
     pub(crate) fn retire(&mut self, dev: u32, qp: u32) {
-        let mut out = Vec::new();
-        let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
-        while let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) {
+        loop {
+            let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
+            let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) else { return };
             let e = q.sq.pop_front().expect("front exists");
             if status != WcStatus::Success || e.wr.signaled() {
-                out.push(Completion {
+                let wc = Completion {
                     wr_id: e.wr.wr_id(),
                     status,
                     opcode: e.wr.opcode(),
@@ -309,12 +309,10 @@ impl World {
                     invalidated_rkey: None,
                     qpn: q.qpn,
                     vendor_err: 0,
-                });
+                };
+                let cq = q.cfg.send_cq.0;
+                self.deliver(dev, cq, wc);
             }
-        }
-        let cq = q.cfg.send_cq.0;
-        for wc in out {
-            self.deliver(dev, cq, wc);
         }
     }
 

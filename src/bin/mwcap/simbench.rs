@@ -120,9 +120,6 @@ fn async_case(c: &Case, iters: u32) -> Result<(Vec<Duration>, u64), String> {
         let payload = payload.clone();
         async move {
             while let Some(req) = server.next_request().await {
-                for b in server.take_returned() {
-                    server.free(b);
-                }
                 let data = if with_data {
                     let mut b = server.alloc().await.map_err(|e| e.to_string())?;
                     server.write(&mut b, &payload).map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use mwcap_fallback as fb;
 
-use super::super::frame::{Attach, EngineTag, Frame, MAX_HEADER};
+use super::super::frame::{Attaches, Frame, MAX_HEADER};
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::{Call, Data, Endpoint};
@@ -38,7 +38,7 @@ impl<N: Nic> Endpoint<N> {
             return Err(Refused::new(e, data));
         }
         let msg = self.next_msg;
-        let mut frame = Frame::Request { msg_id: msg, header: header.to_vec(), attach: Vec::new() };
+        let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
         let mut call = Call {
             deadline: now + self.cfg.call_timeout,
             req_lease: None,
@@ -102,7 +102,7 @@ impl<N: Nic> Endpoint<N> {
 
     /// Send `frame`, chained after the window bind of a grant the owner
     /// engine just queued (one doorbell), or alone.
-    fn send_with_grant(&mut self, now: Duration, frame: &mut Frame) {
+    fn send_with_grant(&mut self, now: Duration, frame: &mut Frame<'_>) {
         let mut sent = false;
         while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
             let chained = !sent && matches!(a, mwcap_mw::OwnerAction::BindAndGrant(_));
@@ -228,11 +228,9 @@ impl<N: Nic> Endpoint<N> {
             self.fb_msgs.remove(&fm);
         }
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
-        let mut frame = Frame::Reply { msg_id: req.0, status, header: header.to_vec(), attach: Vec::new() };
+        let mut frame = Frame::Reply { msg_id: req.0, status, header, attach: Attaches::new() };
         if let Some(rel) = r.release.take() {
-            let mut bytes = Vec::new();
-            mwcap_mw::Message::Release(rel).encode(&mut bytes);
-            super::push_attach(&mut frame, Attach { engine: EngineTag::Mw, bytes });
+            super::push_attach(&mut frame, super::mw_attach(&mwcap_mw::Message::Release(rel)));
         }
         if self.fbs.is_some() {
             self.drain_fb_into(now, false, &mut frame);
@@ -266,7 +264,7 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Take a confirm engine's queued messages into `frame`; READs are started.
-    pub(super) fn drain_fb_into(&mut self, now: Duration, client: bool, frame: &mut Frame) {
+    pub(super) fn drain_fb_into(&mut self, now: Duration, client: bool, frame: &mut Frame<'_>) {
         loop {
             let a = if client {
                 self.fbc.as_mut().and_then(fb::Client::poll_action)

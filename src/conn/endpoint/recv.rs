@@ -10,7 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use super::super::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::{Data, Endpoint, Request};
@@ -31,19 +31,21 @@ impl<N: Nic> Endpoint<N> {
             }
         }
         let len = (len as usize).min(MAX_FRAME);
-        // Decoded in place from the receive slot (it is ours: its RECV
-        // completed and it is re-posted only after this).
-        let mut decoded = None;
-        if let Err(e) = self.nic.with_mr(self.ctrl.id, self.recv_offset(slot), len, &mut |b| {
-            decoded = Some(Frame::decode(b));
-        }) {
-            return self.go_down(now, LossReason::Nic(e));
+        // Copied once out of the receive slot into a scratch buffer kept for
+        // the connection's life (no allocation), and decoded borrowing it.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        match self.nic.with_mr(self.ctrl.id, self.recv_offset(slot), len, &mut |b| scratch.extend_from_slice(b)) {
+            Ok(()) => match Frame::decode(&scratch) {
+                Ok(frame) => self.on_frame(now, frame),
+                Err(e) => self.misbehaved(now, format!("malformed frame: {e}")),
+            },
+            Err(e) => self.go_down(now, LossReason::Nic(e)),
         }
-        let frame = match decoded {
-            Some(Ok(f)) => f,
-            Some(Err(e)) => return self.misbehaved(now, format!("malformed frame: {e}")),
-            None => return self.go_down(now, LossReason::Completion("a receive slot could not be read".into())),
-        };
+        self.scratch = scratch;
+    }
+
+    fn on_frame(&mut self, now: Duration, frame: Frame<'_>) {
         match (frame, self.cfg.role) {
             (Frame::Request { msg_id, header, attach }, Role::Server) => {
                 self.on_request(now, msg_id, header, attach)
@@ -56,7 +58,7 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
-    fn on_request(&mut self, now: Duration, msg: u64, header: Vec<u8>, attach: Vec<Attach>) {
+    fn on_request(&mut self, now: Duration, msg: u64, header: &[u8], attach: Attaches) {
         if let Some(n) = too_many_payloads(&attach) {
             return self.misbehaved(now, format!("request {msg} carries {n} payloads; at most one is allowed"));
         }
@@ -66,9 +68,9 @@ impl<N: Nic> Endpoint<N> {
         self.last_request = msg;
         self.requests.insert(
             msg,
-            Request { header, data: Data::Absent, release: None, fetch_fb: None, surfaced: false },
+            Request { header: header.into(), data: Data::Absent, release: None, fetch_fb: None, surfaced: false },
         );
-        for a in attach {
+        for &a in attach.iter() {
             self.on_attach(now, Some(msg), a);
             if self.down.is_some() {
                 return;
@@ -77,19 +79,19 @@ impl<N: Nic> Endpoint<N> {
         self.maybe_surface(msg);
     }
 
-    fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: Vec<u8>, attach: Vec<Attach>) {
+    fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: &[u8], attach: Attaches) {
         if let Some(n) = too_many_payloads(&attach) {
             return self.misbehaved(now, format!("reply {msg} carries {n} payloads; at most one is allowed"));
         }
         let carries_data = attach.iter().any(is_data_exposure);
-        for a in attach {
+        for &a in attach.iter() {
             self.on_attach(now, Some(msg), a);
             if self.down.is_some() {
                 return;
             }
         }
         if let Some(call) = self.calls.get_mut(&msg) {
-            call.reply = Some((status, header));
+            call.reply = Some((status, header.into()));
             if call.data == Data::Unknown {
                 call.data = if carries_data { Data::Reading } else { Data::Absent };
             }
@@ -100,7 +102,7 @@ impl<N: Nic> Endpoint<N> {
     /// One engine message, riding in a request or reply for `msg`, or alone.
     fn on_attach(&mut self, now: Duration, msg: Option<u64>, a: Attach) {
         match a.engine {
-            EngineTag::Mw => match mw::Message::decode(&a.bytes) {
+            EngineTag::Mw => match mw::Message::decode(a.bytes()) {
                 Ok(mw::Message::Grant(g)) => {
                     let Some(msg) = msg else {
                         return self.misbehaved(now, "a grant outside a request or reply");
@@ -124,8 +126,8 @@ impl<N: Nic> Endpoint<N> {
                 Err(e) => self.misbehaved(now, format!("malformed mw message: {e:?}")),
             },
             EngineTag::Confirm => {
-                let m = match fb::Message::decode(&a.bytes) {
-                    Ok((m, rest)) if rest.is_empty() => m,
+                let m = match fb::Message::decode(a.bytes()) {
+                    Ok((m, [])) => m,
                     Ok(_) => return self.misbehaved(now, "trailing bytes after a confirm message"),
                     Err(e) => return self.misbehaved(now, format!("malformed confirm message: {e:?}")),
                 };
@@ -190,7 +192,7 @@ impl<N: Nic> Endpoint<N> {
             }
         };
         r.surfaced = true;
-        let header = r.header.clone();
+        let header = std::mem::take(&mut r.header);
         let data = data.map(|(s, l)| self.buf(s, l));
         self.events.push_back(Event::Request { req: RequestId(msg), header, data });
     }
@@ -305,9 +307,7 @@ impl<N: Nic> Endpoint<N> {
         if self.down.is_some() {
             return;
         }
-        let mut bytes = Vec::new();
-        mw::Message::Release(rel).encode(&mut bytes);
-        let f = Frame::Engine(Attach { engine: EngineTag::Mw, bytes });
+        let f = Frame::Engine(super::mw_attach(&mw::Message::Release(rel)));
         if let Err(e) = self.send_frame_with(now, &f, None) {
             self.go_down(now, LossReason::Nic(e));
         }
@@ -369,7 +369,7 @@ impl<N: Nic> Endpoint<N> {
                             self.requests.insert(
                                 m,
                                 Request {
-                                    header: Vec::new(),
+                                    header: Header::default(),
                                     data: Data::Absent,
                                     release: None,
                                     fetch_fb: Some(msg),
@@ -408,9 +408,9 @@ impl<N: Nic> Endpoint<N> {
 
 fn is_data_exposure(a: &Attach) -> bool {
     match a.engine {
-        EngineTag::Mw => matches!(mw::Message::decode(&a.bytes), Ok(mw::Message::Grant(_))),
+        EngineTag::Mw => matches!(mw::Message::decode(a.bytes()), Ok(mw::Message::Grant(_))),
         EngineTag::Confirm => matches!(
-            fb::Message::decode(&a.bytes),
+            fb::Message::decode(a.bytes()),
             Ok((fb::Message::Offer { .. } | fb::Message::Expose { .. }, _))
         ),
     }
@@ -423,7 +423,7 @@ fn too_many_payloads(attach: &[Attach]) -> Option<usize> {
     (n > 1).then_some(n)
 }
 
-fn kind(f: &Frame) -> &'static str {
+fn kind(f: &Frame<'_>) -> &'static str {
     match f {
         Frame::Request { .. } => "request",
         Frame::Reply { .. } => "reply",
