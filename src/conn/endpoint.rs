@@ -91,6 +91,8 @@ pub struct Endpoint<N: Nic> {
     grant_sends: HashMap<u64, u32>,
     data: MrInfo,
     bufs: Slots,
+    /// Where `drive` polls completions into (POLL_BATCH entries).
+    batch: Vec<Completion>,
     /// Where a received frame is copied to be decoded (capacity MAX_FRAME).
     scratch: Vec<u8>,
     /// Handles dropped by the user, to take back.
@@ -375,7 +377,9 @@ impl<N: Nic> Endpoint<N> {
             self.fbc.as_ref().and_then(|e| e.poll_timeout()),
             self.fbs.as_ref().and_then(|e| e.poll_timeout()),
         ];
-        let calls = self.calls.values().map(|c| c.deadline).min();
+        // Every call gets the same timeout as it starts and message ids grow
+        // with time, so the oldest call has the earliest deadline.
+        let calls = self.calls.values().next().map(|c| c.deadline);
         engines.into_iter().flatten().chain(calls).min()
     }
 
@@ -401,8 +405,8 @@ impl<N: Nic> Endpoint<N> {
                 e.handle_timeout(now);
             }
         }
-        let late: Vec<u64> = self.calls.iter().filter(|(_, c)| c.deadline <= now).map(|(m, _)| *m).collect();
-        for msg in late {
+        // Oldest first: deadlines grow with message ids (see poll_timeout).
+        while let Some((&msg, _)) = self.calls.iter().next().filter(|(_, c)| c.deadline <= now) {
             self.abandon_call(now, msg, CallError::TimedOut);
         }
         self.pump(now);
@@ -412,7 +416,8 @@ impl<N: Nic> Endpoint<N> {
     /// engines, and carry out what they ask for.
     pub fn drive(&mut self, now: Duration) {
         self.reclaim();
-        let mut batch = [Completion::EMPTY; POLL_BATCH];
+        // Polled into an array kept for the connection's life.
+        let mut batch = std::mem::take(&mut self.batch);
         loop {
             let n = match self.nic.poll_cq(self.cq, &mut batch) {
                 Ok(n) => n,
@@ -429,6 +434,7 @@ impl<N: Nic> Endpoint<N> {
             }
             self.pump(now);
         }
+        self.batch = batch;
         self.pump(now);
     }
 
@@ -806,7 +812,7 @@ impl<N: Nic> Endpoint<N> {
         let slot = self
             .sends
             .take(Holder::Exposed)
-            .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
+            .ok_or_else(|| NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
         let offset = slot as usize * MAX_FRAME;
         // Encoded straight into the send slot (no intermediate buffer): the
         // slot is ours until its SEND completes.
@@ -931,6 +937,7 @@ impl<N: Nic> Prepared<N> {
             bufs: Slots::new(cfg.buffers),
             returns: Default::default(),
             scratch: Vec::with_capacity(MAX_FRAME),
+            batch: vec![Completion::EMPTY; POLL_BATCH],
             reclaimed: Vec::with_capacity(cfg.buffers as usize),
             nic,
             cq,

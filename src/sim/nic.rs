@@ -64,7 +64,7 @@ impl SimNic {
     pub fn qp_addr(&self, qp: QpId) -> Result<QpAddr, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "qp_addr")?;
-        let q = d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or(no_such("queue pair", qp.0))?;
+        let q = d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or_else(|| no_such("queue pair", qp.0))?;
         Ok(QpAddr { device: DeviceId(self.dev), qpn: q.qpn })
     }
 
@@ -87,11 +87,11 @@ fn live<'a>(
 
 impl SimNic {
     fn qp_of<'a>(&self, d: &'a Device, qp: QpId) -> Result<&'a Qp, NicError> {
-        d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or(no_such("queue pair", qp.0))
+        d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or_else(|| no_such("queue pair", qp.0))
     }
 
     fn mr_of<'a>(&self, d: &'a Device, mr: MrId) -> Result<&'a Mr, NicError> {
-        d.mr(mr.0).filter(|m| m.pd == self.pd).ok_or(no_such("memory region", mr.0))
+        d.mr(mr.0).filter(|m| m.pd == self.pd).ok_or_else(|| no_such("memory region", mr.0))
     }
 
     fn check_sge(&self, d: &Device, s: &Sge) -> Result<(), NicError> {
@@ -118,7 +118,7 @@ impl SimNic {
                     let detail = "the provider cannot post a window bind".to_string();
                     return Err(NicError::Unsupported { op: "bind_mw", detail });
                 }
-                d.mw(mw.0).filter(|w| w.pd == self.pd).ok_or(no_such("memory window", mw.0))?;
+                d.mw(mw.0).filter(|w| w.pd == self.pd).ok_or_else(|| no_such("memory window", mw.0))?;
                 // Like the verbs backend: a range past the region's end is
                 // refused at post time (the NIC would answer MW_BIND_ERR and
                 // kill the QP). Zero length is left to the NIC.
@@ -169,7 +169,7 @@ impl Nic for SimNic {
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
         let mut w = self.fabric.lock();
         let World { devs, rng, .. } = &mut *w;
-        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or(os("reg_mr", ENODEV))?;
+        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or_else(|| os("reg_mr", ENODEV))?;
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(os("reg_mr", EINVAL));
         }
@@ -243,7 +243,7 @@ impl Nic for SimNic {
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {
         let mut w = self.fabric.lock();
         let World { devs, rng, .. } = &mut *w;
-        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or(os("alloc_mw", ENODEV))?;
+        let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or_else(|| os("alloc_mw", ENODEV))?;
         match d.cfg.mw {
             MwSupport::None => {
                 let detail = "the device has no memory windows".to_string();
@@ -269,7 +269,7 @@ impl Nic for SimNic {
     fn dealloc_mw(&self, mw: MwId) -> Result<(), NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "dealloc_mw")?;
-        let m = d.mw(mw.0).filter(|m| m.pd == self.pd).ok_or(no_such("memory window", mw.0))?;
+        let m = d.mw(mw.0).filter(|m| m.pd == self.pd).ok_or_else(|| no_such("memory window", mw.0))?;
         let (rkey, bound) = (m.rkey, matches!(m.state, MwState::Bound { .. }));
         let mut to_err = Vec::new();
         if bound {
@@ -429,7 +429,7 @@ impl Nic for SimNic {
         let (dev, pd) = (self.dev as usize, self.pd);
         let has = |w: &World| -> Result<bool, NicError> {
             let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
-            let c = c.filter(|c| c.pd == pd).ok_or(no_such("completion queue", cq.0))?;
+            let c = c.filter(|c| c.pd == pd).ok_or_else(|| no_such("completion queue", cq.0))?;
             Ok(!c.entries.is_empty())
         };
         has(&w)?;
@@ -440,7 +440,7 @@ impl Nic for SimNic {
             }
         }
         let c = w.devs[self.dev as usize].cqs.get_mut(cq.0 as usize).and_then(Option::as_mut);
-        let c = c.ok_or(no_such("completion queue", cq.0))?;
+        let c = c.ok_or_else(|| no_such("completion queue", cq.0))?;
         let n = out.len().min(c.entries.len());
         for (o, e) in out.iter_mut().zip(c.entries.drain(..n)) {
             *o = e;
@@ -457,7 +457,7 @@ impl Nic for SimNic {
         let (dev, pd) = (self.dev as usize, self.pd);
         let has = |w: &World| -> Result<bool, NicError> {
             let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
-            let c = c.filter(|c| c.pd == pd).ok_or(no_such("completion queue", cq.0))?;
+            let c = c.filter(|c| c.pd == pd).ok_or_else(|| no_such("completion queue", cq.0))?;
             Ok(!c.entries.is_empty())
         };
         if w.cfg.progress == Progress::Auto {

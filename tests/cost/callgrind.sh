@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Instructions per call, per side, of mwcap (the connection layer, the
+# engines, the async driver and hand-over, and the std code they call:
+# allocation, hashing, copies, the executor), with the simulated NIC
+# excluded, counted with callgrind through the async API.
+#
+#   tests/cost/callgrind.sh [CASE...]      (CASE: rpc, mw, confirm; default all)
+#
+# The simulator is reached only through the `Nic` trait, so its cost is the
+# inclusive cost of `<SimNic as Nic>::*`; mwcap's is the program total minus
+# that. Two runs of the same binary (N1 and N2 measured calls after the same
+# warm-up) are subtracted, so setup and teardown cancel out, and the
+# difference is divided by the calls and by 2 (client and server). The
+# driver's busy-poll is off in the example, so spinning is not counted.
+# Prints one machine-readable line per case.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+command -v valgrind >/dev/null || { echo "cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+cargo build --release --quiet --example call_cost
+bin=target/release/examples/call_cost
+n1=${COST_N1:-500}
+n2=${COST_N2:-1500}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(rpc mw confirm)
+for c in "${cases[@]}"; do
+    for n in "$n1" "$n2"; do
+        valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" >/dev/null 2>"$work/$c.$n.log"
+        callgrind_annotate --inclusive=yes --threshold=100 "$work/$c.$n.out" >"$work/$c.$n.txt" 2>/dev/null
+    done
+    python3 - "$work/$c.$n1.txt" "$work/$c.$n2.txt" "$c" "$n1" "$n2" <<'PY'
+import re, sys
+def costs(path):
+    total, sim = 0, {}
+    for line in open(path, errors="replace"):
+        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+(.*)$", line)
+        if not m:
+            continue
+        ir, rest = int(m.group(1).replace(",", "")), m.group(2)
+        if rest.startswith("PROGRAM TOTALS"):
+            total = ir
+            continue
+        f = re.search(r"<mwcap::sim::nic::SimNic as mwcap::backend::Nic>::(\w+)", rest)
+        if f and not rest.startswith("=>"):
+            sim[f.group(1)] = max(sim.get(f.group(1), 0), ir)
+    return total, sum(sim.values())
+(t1, s1), (t2, s2) = costs(sys.argv[1]), costs(sys.argv[2])
+case, n1, n2 = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+calls = n2 - n1
+mw = ((t2 - s2) - (t1 - s1)) / calls / 2
+print(f"cost case={case} mwcap_ir_per_call_per_side={mw:.0f} sim_ir_per_call={(s2 - s1) / calls:.0f} total_ir_per_call={(t2 - t1) / calls:.0f}")
+PY
+done
