@@ -812,7 +812,7 @@ impl<N: Nic> Endpoint<N> {
         let slot = self
             .sends
             .take(Holder::Exposed)
-            .ok_or_else(|| NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
+            .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
         let offset = slot as usize * MAX_FRAME;
         // Encoded straight into the send slot (no intermediate buffer): the
         // slot is ours until its SEND completes.
