@@ -9,14 +9,20 @@ use futures::FutureExt;
 use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
-fn connected(p: Policies) -> (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>) {
+type Pair = (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
+
+fn connected(p: Policies) -> Pair {
+    connected_with(p, Duration::from_millis(300))
+}
+
+fn connected_with(p: Policies, lease: Duration) -> Pair {
     let fabric = Fabric::with_seed(3);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let cfg = |role| {
         let mut c = Config::new(role, p);
         c.call_timeout = Duration::from_secs(2);
-        c.lease_time = Duration::from_millis(300);
+        c.lease_time = lease;
         c.safety_margin = Duration::from_millis(50);
         c
     };
@@ -106,4 +112,84 @@ fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let r = block_on(select(Box::pin(app), Box::pin(drivers)));
     assert!(matches!(r, Either::Left(_)), "drivers ended first");
     drop(server);
+}
+
+#[test]
+fn an_idle_connection_sleeps_instead_of_polling() {
+    let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let app = async {
+        // One call, so that everything has run once, then nothing.
+        client.call(b"ping", None).await.expect("call");
+        async_io::Timer::after(Duration::from_millis(100)).await;
+        let at_100ms = (client.driver_stats(), server.driver_stats());
+        async_io::Timer::after(Duration::from_millis(200)).await;
+        let at_300ms = (client.driver_stats(), server.driver_stats());
+        (at_100ms, at_300ms)
+    };
+    let rest = futures::future::join3(cdrv.run(), sdrv.run(), echo(server.clone()));
+    let Either::Left(((a, b), _)) = block_on(select(Box::pin(app), Box::pin(rest))) else {
+        panic!("drivers ended first")
+    };
+    // Asleep: not a single turn between 100 ms and 300 ms of idleness.
+    assert_eq!(a.0.turns, b.0.turns, "the client driver kept polling: {a:?} -> {b:?}");
+    assert_eq!(a.1.turns, b.1.turns, "the server driver kept polling: {a:?} -> {b:?}");
+    assert!(b.0.sleeps >= 1 && b.1.sleeps >= 1);
+}
+
+/// A server that answers every request with a 64-byte payload.
+async fn answer_with_data(server: Connection<SimNic>) {
+    while let Some(req) = server.next_request().await {
+        let mut b = server.alloc().await.expect("server buffer");
+        server.write(&mut b, &[0x42; 64]).unwrap();
+        server.reply(req.id, 0, b"data", Some(b)).unwrap();
+    }
+}
+
+#[test]
+fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
+    // Issue 7 §5.4: with 10 % of calls cancelled and 8 in flight, a server
+    // pool of 16 buffers used to starve (each cancelled fetch left its reply
+    // buffer held for a whole 5 s lease) and every call timed out.
+    let (client, cdrv, server, sdrv) = connected_with(Policies::both(Policy::Confirm), Duration::from_secs(5));
+    let app = async {
+        let mut ok = 0;
+        let mut cancelled = 0;
+        for round in 0..25u32 {
+            let calls = (0..8u32).map(|i| {
+                let client = client.clone();
+                async move {
+                    let n = round * 8 + i;
+                    let mut call = Box::pin(client.call(b"get", None));
+                    if n % 10 == 3 {
+                        // Cancel this one as soon as its request is out.
+                        match futures::poll!(call.as_mut()) {
+                            std::task::Poll::Ready(r) => r.map(|_| false),
+                            std::task::Poll::Pending => Ok(true),
+                        }
+                    } else {
+                        call.await.map(|r| {
+                            assert_eq!(r.data.map(|d| client.read(&d).unwrap()), Some(vec![0x42; 64]));
+                            false
+                        })
+                    }
+                }
+            });
+            for r in futures::future::join_all(calls).await {
+                match r {
+                    Ok(true) => cancelled += 1,
+                    Ok(false) => ok += 1,
+                    Err(e) => panic!("a call failed: {e}"),
+                }
+            }
+        }
+        (ok, cancelled)
+    };
+    let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with_data(server.clone()));
+    let Either::Left(((ok, cancelled), _)) = block_on(select(Box::pin(app), Box::pin(rest))) else {
+        panic!("drivers ended first")
+    };
+    // Every call that was not cancelled succeeded (none timed out waiting
+    // for a server buffer).
+    assert_eq!(ok + cancelled, 200);
+    assert!(cancelled >= 16, "enough cancelled calls to starve the pool without the fix: {cancelled}");
 }

@@ -102,6 +102,8 @@ struct State<N: Nic> {
 }
 
 struct Inner<N: Nic> {
+    /// What the driver did (read without the state lock).
+    counters: DriverCounters,
     state: Mutex<State<N>>,
     /// Rung by the user whenever the driver should take a turn.
     bell: Doorbell,
@@ -113,6 +115,26 @@ impl<N: Nic> Inner<N> {
     fn now(&self) -> Duration {
         self.epoch.elapsed()
     }
+}
+
+/// What a connection's driver has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DriverStats {
+    /// Turns taken (poll the CQ, run the engines, hand out events).
+    pub turns: u64,
+    /// Turns that found something to do.
+    pub busy_turns: u64,
+    /// Times the driver went to sleep (CQ armed, waiting for a completion,
+    /// the user or a timer). An idle connection sleeps and takes no turns.
+    pub sleeps: u64,
+}
+
+#[derive(Default)]
+struct DriverCounters {
+    turns: std::sync::atomic::AtomicU64,
+    busy_turns: std::sync::atomic::AtomicU64,
+    sleeps: std::sync::atomic::AtomicU64,
 }
 
 /// The user's handle on a connection. Cheap to clone.
@@ -154,6 +176,7 @@ impl<N: Nic> Connection<N> {
                 down: None,
             }),
             bell: Doorbell::new(),
+            counters: DriverCounters::default(),
             recycle: Recycle::new(),
             epoch: Instant::now(),
         });
@@ -288,6 +311,13 @@ impl<N: Nic> Connection<N> {
     /// possible) and ends once every buffer is back. Does not block.
     pub fn close(&self) {
         self.with(|s| s.closing = true);
+    }
+
+    /// What the driver has done so far.
+    pub fn driver_stats(&self) -> DriverStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.inner.counters;
+        DriverStats { turns: c.turns.load(Relaxed), busy_turns: c.busy_turns.load(Relaxed), sleeps: c.sleeps.load(Relaxed) }
     }
 
     /// Why the connection is down, if it is.
@@ -477,8 +507,14 @@ impl<N: Nic> Driver<N> {
     pub async fn run(self) -> LossReason {
         let spin = self.inner.state.lock().ep.config().busy_poll;
         let mut idle_since: Option<Instant> = None;
+        use std::sync::atomic::Ordering::Relaxed;
+        let counters = &self.inner.counters;
         loop {
             let t = self.turn();
+            counters.turns.fetch_add(1, Relaxed);
+            if t.busy {
+                counters.busy_turns.fetch_add(1, Relaxed);
+            }
             if t.finished {
                 let st = self.inner.state.lock();
                 return st.down.clone().unwrap_or(LossReason::Closed);
@@ -493,6 +529,7 @@ impl<N: Nic> Driver<N> {
                 YieldNow(false).await;
                 continue;
             }
+            counters.sleeps.fetch_add(1, Relaxed);
             self.sleep(t.next).await;
             idle_since = None;
         }

@@ -41,5 +41,5 @@ pub use endpoint::{Endpoint, Prepared};
 pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
 pub use simpair::SimPair;
 #[cfg(not(loom))]
-pub use live::{Connection, Driver, Reply, Request};
+pub use live::{Connection, Driver, DriverStats, Reply, Request};
 pub use types::*;
