@@ -268,7 +268,7 @@ impl<N: Nic> Connection<N> {
                     self.inner.bell.ring();
                     Poll::Ready(Ok(()))
                 }
-                Err(Refused { error: UseError::Busy(_) | UseError::NoCtrlSlot, data: back }) => {
+                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
                     data = back;
                     st.capacity_waiters.register(cx.waker());
                     // The driver frees capacity as completions arrive.

@@ -450,9 +450,19 @@ pub enum UseError {
     /// No such request (already replied to, or dropped).
     #[error("request {0} is not waiting for a reply")]
     NoSuchRequest(u64),
-    /// Every memory window or confirm slot is busy (backpressure).
-    #[error("no free exposure slot: {0}; wait for buffers to return")]
-    Busy(String),
+    /// Every memory window is leased (backpressure; the async API waits).
+    #[error("every memory window is leased; wait for an exposed buffer to return")]
+    NoFreeWindow,
+    /// Confirm policy: the buffer is still exposed to the peer (a handle to
+    /// it should not exist: it comes back only once the exposure ended).
+    #[error("buffer {0} is still exposed to the peer; use a buffer from alloc()")]
+    BufferExposed(u32),
+    /// The mw lease engine refused the exposure.
+    #[error("the memory window could not be leased: {0}")]
+    Lease(mwcap_mw::GrantError),
+    /// The confirm engine refused the operation.
+    #[error("the confirm protocol refused: {0}")]
+    Confirm(mwcap_fallback::UsageError),
     /// Every control slot is in use.
     #[error("all control slots are in use; drive the endpoint to reap completions")]
     NoCtrlSlot,

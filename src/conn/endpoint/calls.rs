@@ -51,7 +51,7 @@ impl<N: Nic> Endpoint<N> {
             let fbc = self.fbc.as_mut().expect("confirm reply policy has a client engine");
             match fbc.fetch(now, self.cfg.buffer_size) {
                 Ok(fm) => call.fetch_fb = Some(fm),
-                Err(e) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
+                Err(e) => return Err(Refused::new(UseError::Confirm(e), data)),
             }
         }
         // An engine refusal below unwinds the fetch and hands the buffer back.
@@ -61,12 +61,12 @@ impl<N: Nic> Endpoint<N> {
                 Policy::Mw => {
                     let buffer = self.mw_buffer(slot, b.len);
                     let owner = self.owner.as_mut().expect("mw request policy has an owner engine");
-                    owner.grant(now, buffer, self.cfg.lease_time).map(|lease| call.req_lease = Some(lease)).map_err(|e| e.to_string())
+                    owner.grant(now, buffer, self.cfg.lease_time).map(|lease| call.req_lease = Some(lease)).map_err(lease_error)
                 }
                 Policy::Confirm => {
                     let id = self.fb_bufs[slot as usize];
                     let fbc = self.fbc.as_mut().expect("confirm request policy has a client engine");
-                    fbc.send_request(now, id, b.len).map(|fm| call.req_fb = Some(fm)).map_err(|e| e.to_string())
+                    fbc.send_request(now, id, b.len).map(|fm| call.req_fb = Some(fm)).map_err(UseError::Confirm)
                 }
             };
             if let Err(why) = exposed {
@@ -76,7 +76,7 @@ impl<N: Nic> Endpoint<N> {
                     while c.poll_action().is_some() {}
                     while c.poll_event().is_some() {}
                 }
-                return Err(Refused::new(UseError::Busy(why), data));
+                return Err(Refused::new(why, data));
             }
             self.bufs.hand(slot, Holder::User, Holder::Exposed);
             if let Some(lease) = call.req_lease {
@@ -128,12 +128,12 @@ impl<N: Nic> Endpoint<N> {
         }
         match self.cfg.policies.request {
             Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
-                Err(UseError::Busy("every memory window is leased".into()))
+                Err(UseError::NoFreeWindow)
             }
             Policy::Confirm
                 if !self.fbc.as_ref().is_some_and(|c| c.is_buffer_free(self.fb_bufs[b.slot as usize])) =>
             {
-                Err(UseError::Busy(format!("buffer {} is still exposed", b.slot)))
+                Err(UseError::BufferExposed(b.slot))
             }
             _ => Ok(()),
         }
@@ -193,7 +193,7 @@ impl<N: Nic> Endpoint<N> {
                     Ok(lease) => {
                         self.owner_leases.insert(lease, b.slot);
                     }
-                    Err(e) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
+                    Err(e) => return Err(Refused::new(lease_error(e), data)),
                 }
             }
             (Some(b), Policy::Confirm) => {
@@ -205,7 +205,7 @@ impl<N: Nic> Endpoint<N> {
                     // said so: the reply goes without data, and the buffer,
                     // never exposed, comes straight back.
                     None | Some(Err(fb::UsageError::NotWanted(_))) => unexposed = true,
-                    Some(Err(e)) => return Err(Refused::new(UseError::Busy(e.to_string()), data)),
+                    Some(Err(e)) => return Err(Refused::new(UseError::Confirm(e), data)),
                 }
             }
             (None, _) => {
@@ -255,7 +255,7 @@ impl<N: Nic> Endpoint<N> {
             }
             match self.cfg.policies.reply {
                 Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
-                    return Err(UseError::Busy("every memory window is leased".into()))
+                    return Err(UseError::NoFreeWindow)
                 }
                 _ => {}
             }
@@ -274,5 +274,14 @@ impl<N: Nic> Endpoint<N> {
             let Some(a) = a else { break };
             self.fb_action(now, client, a, Some(frame));
         }
+    }
+}
+
+/// An mw grant refusal as the user's error: a full window pool is plain
+/// backpressure.
+fn lease_error(e: mwcap_mw::GrantError) -> UseError {
+    match e {
+        mwcap_mw::GrantError::NoFreeWindow { .. } => UseError::NoFreeWindow,
+        other => UseError::Lease(other),
     }
 }
