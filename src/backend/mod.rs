@@ -64,6 +64,16 @@ pub trait Nic: Send + Sync {
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), NicError>;
 
+    /// Testing aid: `mr[offset..offset + len]` is lent to the CPU (a user
+    /// holds it: no DMA may write it, and, unless `remote_reads_allowed`, no
+    /// remote READ may reach it), or no longer (`CpuHold::Released`, with the
+    /// same `offset`). The simulator reports a violation as a hazard
+    /// ([`crate::sim::HazardKind::DmaIntoHeldBuffer`],
+    /// [`crate::sim::HazardKind::RemoteReadOfHeldBuffer`]); real NICs ignore it.
+    fn set_cpu_held(&self, mr: MrId, offset: usize, len: usize, hold: CpuHold) {
+        let _ = (mr, offset, len, hold);
+    }
+
     /// Allocate a type-2 memory window. It starts unbound; its rkey's index
     /// bits are fixed for its life.
     fn alloc_mw(&self) -> Result<MwInfo, NicError>;

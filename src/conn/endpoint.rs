@@ -11,7 +11,7 @@ use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
 use super::pool::{Holder, Slots};
 use super::types::*;
 use crate::backend::{
-    Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
+    Access, Completion, CpuHold, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
 };
 
 mod calls;
@@ -95,6 +95,8 @@ pub struct Endpoint<N: Nic> {
     batch: Vec<Completion>,
     /// Where a received frame is copied to be decoded (capacity MAX_FRAME).
     scratch: Vec<u8>,
+    /// Scratch for `flush_holds`.
+    hold_changes: Vec<(u32, bool)>,
     /// Handles dropped by the user, to take back.
     returns: std::sync::Arc<Returns>,
     reclaimed: Vec<(u32, u32)>,
@@ -249,6 +251,9 @@ impl<N: Nic> Endpoint<N> {
                 n += 1;
             }
         }
+        if n > 0 {
+            self.flush_holds();
+        }
         n
     }
 
@@ -256,6 +261,24 @@ impl<N: Nic> Endpoint<N> {
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
         self.returns.set_waker(w);
+    }
+
+    /// Tell the NIC which data buffers the user now holds (a testing aid:
+    /// the simulator reports a DMA into one, or under mw a remote READ of
+    /// one, as a hazard; real NICs ignore it). Called before the NIC can
+    /// act again: before each poll and at the end of every operation.
+    fn flush_holds(&mut self) {
+        self.bufs.take_changes(&mut self.hold_changes);
+        if self.hold_changes.is_empty() {
+            return;
+        }
+        let owns = if self.cfg.role == Role::Client { self.cfg.policies.request } else { self.cfg.policies.reply };
+        let remote_reads_allowed = owns == Policy::Confirm;
+        let len = self.cfg.buffer_size as usize;
+        for &(slot, held) in &self.hold_changes {
+            let hold = if held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
+            self.nic.set_cpu_held(self.data.id, self.slot_offset(slot) as usize, len, hold);
+        }
     }
 
     /// The endpoint takes `buf` from the user (into the NIC's hands).
@@ -269,6 +292,7 @@ impl<N: Nic> Endpoint<N> {
     pub fn alloc(&mut self) -> Option<Buf> {
         self.reclaim();
         let slot = self.bufs.take(Holder::User)?;
+        self.flush_holds();
         Some(self.buf(slot, 0))
     }
 
@@ -280,6 +304,7 @@ impl<N: Nic> Endpoint<N> {
             if self.bufs.lent(slot, lending) {
                 self.bufs.hand(slot, Holder::User, Holder::Free);
             }
+            self.flush_holds();
         }
     }
 
@@ -419,6 +444,7 @@ impl<N: Nic> Endpoint<N> {
         // Polled into an array kept for the connection's life.
         let mut batch = std::mem::take(&mut self.batch);
         loop {
+            self.flush_holds();
             let n = match self.nic.poll_cq(self.cq, &mut batch) {
                 Ok(n) => n,
                 Err(e) => {
@@ -626,6 +652,7 @@ impl<N: Nic> Endpoint<N> {
         }
         self.owner_leases.clear();
         self.fb_reads.clear();
+        self.flush_holds();
     }
 
     // ---- carrying out engine actions ----
@@ -657,6 +684,7 @@ impl<N: Nic> Endpoint<N> {
                 break;
             }
         }
+        self.flush_holds();
     }
 
     /// Carry out an owner action. A `BindAndGrant` goes out chained with the
@@ -936,6 +964,7 @@ impl<N: Nic> Prepared<N> {
             sends: Slots::new(cfg.ctrl_slots),
             bufs: Slots::new(cfg.buffers),
             returns: Default::default(),
+            hold_changes: Vec::with_capacity(2 * cfg.buffers as usize),
             scratch: Vec::with_capacity(MAX_FRAME),
             batch: vec![Completion::EMPTY; POLL_BATCH],
             reclaimed: Vec::with_capacity(cfg.buffers as usize),

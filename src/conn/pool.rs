@@ -22,11 +22,19 @@ pub(crate) struct Slots {
     lending: Vec<u32>,
     /// Free slots, so taking one is O(1).
     free: Vec<u32>,
+    /// Slots that entered (true) or left (false) the user's hands since the
+    /// last `take_changes`, for `Nic::set_cpu_held`.
+    changes: Vec<(u32, bool)>,
 }
 
 impl Slots {
     pub(crate) fn new(n: u32) -> Slots {
-        Slots { holder: vec![Holder::Free; n as usize], lending: vec![0; n as usize], free: (0..n).rev().collect() }
+        Slots {
+            holder: vec![Holder::Free; n as usize],
+            lending: vec![0; n as usize],
+            free: (0..n).rev().collect(),
+            changes: Vec::with_capacity(2 * n as usize),
+        }
     }
 
     /// Take a free slot for `to`.
@@ -45,6 +53,9 @@ impl Slots {
         if to == Holder::Free && *h != Holder::Free {
             self.free.push(i);
         }
+        if (to == Holder::User) != (*h == Holder::User) {
+            self.changes.push((i, to == Holder::User));
+        }
         *h = to;
     }
 
@@ -57,6 +68,12 @@ impl Slots {
             }
             _ => false,
         }
+    }
+
+    /// Move the recorded user hand-overs into `out` (emptied first).
+    pub(crate) fn take_changes(&mut self, out: &mut Vec<(u32, bool)>) {
+        out.clear();
+        std::mem::swap(out, &mut self.changes);
     }
 
     /// The current lending of slot `i` (meaningful while the user holds it).

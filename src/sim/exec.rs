@@ -357,13 +357,26 @@ impl World {
         let Some(q) = d.qp(qp) else { return Ok(()) };
         let SendWr::Read { local, wr_id, .. } = q.sq[i].wr else { return Ok(()) };
         let mut at = 0;
+        let mut held = None;
         for s in &local {
             let n = s.len as usize;
             let Some(mr) = d.mr_mut(s.mr.0) else {
                 return Err(format!("READ wr_id {wr_id} landed in deregistered region {}", s.mr.0));
             };
             mr.data[s.offset..s.offset + n].copy_from_slice(&data[at..at + n]);
+            if let Some((o, l, _)) = mr.held_overlap(s.offset..s.offset + n) {
+                held = Some(format!(
+                    "READ wr_id {wr_id} landed in region {} bytes {}..{}, lent to the CPU at {o}..{}",
+                    s.mr.0,
+                    s.offset,
+                    s.offset + n,
+                    o + l
+                ));
+            }
             at += n;
+        }
+        if let Some(detail) = held {
+            self.hazard(dev, HazardKind::DmaIntoHeldBuffer, detail);
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use super::config::{MwSupport, Progress};
 use super::oracle::{DeviceId, QpAddr};
 use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, World, WrState};
 use super::Fabric;
-use crate::backend::{
+use crate::backend::{CpuHold, 
     Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
     QpEndpoint, QpId, QpState, SendWr, Sge,
 };
@@ -181,7 +181,7 @@ impl Nic for SimNic {
         let addr = d.next_addr;
         // Regions are spaced apart so that an overrun never lands in a neighbour.
         d.next_addr += (len as u64).div_ceil(4096) * 4096 + 0x10_0000;
-        d.mrs.push(Some(Mr { pd: self.pd, data: vec![0; len], access, addr, rkey, bound_mws: 0 }));
+        d.mrs.push(Some(Mr { pd: self.pd, data: vec![0; len], access, addr, rkey, bound_mws: 0, held: Default::default() }));
         Ok(MrInfo { id: MrId(idx), addr, len, lkey: rkey, rkey })
     }
 
@@ -238,6 +238,19 @@ impl Nic for SimNic {
         let m = d.mr_mut(mr.0).expect("checked");
         f(&mut m.data[offset..offset + len]);
         Ok(())
+    }
+
+    fn set_cpu_held(&self, mr: MrId, offset: usize, len: usize, hold: CpuHold) {
+        let mut w = self.fabric.lock();
+        let Some(m) = w.devs.get_mut(self.dev as usize).and_then(|d| d.mr_mut(mr.0)) else { return };
+        match hold {
+            CpuHold::Released => {
+                m.held.remove(&offset);
+            }
+            CpuHold::Held { remote_reads_allowed } => {
+                m.held.insert(offset, (len, remote_reads_allowed));
+            }
+        }
     }
 
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {

@@ -112,6 +112,14 @@ pub enum HazardKind {
     /// A READ response or a SEND landed in a region deregistered meanwhile:
     /// on a real NIC, a DMA into freed memory.
     DmaIntoFreedMemory,
+    /// A READ response or a SEND landed in memory lent to the CPU (a buffer
+    /// a user holds, see `Nic::set_cpu_held`): the user's bytes changed
+    /// under them.
+    DmaIntoHeldBuffer,
+    /// A remote READ was served from memory lent to the CPU whose holder
+    /// forbids remote reads (under the mw policy a user-held buffer must be
+    /// unreachable).
+    RemoteReadOfHeldBuffer,
 }
 
 /// A recorded hazard.

@@ -135,7 +135,17 @@ impl World {
         match result {
             Ok(inv) => {
                 let mr = self.devs[dev as usize].mr_mut(r.sge.mr.0).expect("checked above");
-                mr.data[r.sge.offset..r.sge.offset + payload.len()].copy_from_slice(&payload);
+                let range = r.sge.offset..r.sge.offset + payload.len();
+                mr.data[range.clone()].copy_from_slice(&payload);
+                if let Some((o, l, _)) = mr.held_overlap(range.clone()) {
+                    let detail = format!(
+                        "SEND landed in region {} bytes {range:?}, lent to the CPU at {o}..{} (recv wr_id {})",
+                        r.sge.mr.0,
+                        o + l,
+                        r.wr_id
+                    );
+                    self.hazard(dev, HazardKind::DmaIntoHeldBuffer, detail);
+                }
                 wc.invalidated_rkey = inv;
                 self.deliver(dev, recv_cq, wc);
                 self.respond(dev, src, psn, Resp::Ack);
@@ -170,7 +180,12 @@ impl World {
     ) {
         match self.check_read(dev, qp, addr, len, rk) {
             Ok((mr, range, mw)) => {
-                let data = self.devs[dev as usize].mr(mr).expect("checked").data[range.clone()].to_vec();
+                let m = self.devs[dev as usize].mr(mr).expect("checked");
+                let data = m.data[range.clone()].to_vec();
+                if let Some((o, l, false)) = m.held_overlap(range.clone()) {
+                    let detail = format!("a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}", o + l);
+                    self.hazard(dev, HazardKind::RemoteReadOfHeldBuffer, detail);
+                }
                 let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");
                 if !dup {
                     q.epsn += 1;

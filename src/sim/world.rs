@@ -59,6 +59,21 @@ pub(crate) struct Mr {
     pub(crate) addr: u64,
     pub(crate) rkey: u32,
     pub(crate) bound_mws: u32,
+    /// Ranges lent to the CPU (a user holds them): offset -> (len, whether
+    /// remote READs of them are allowed). See `Nic::set_cpu_held`.
+    pub(crate) held: std::collections::BTreeMap<usize, (usize, bool)>,
+}
+
+impl Mr {
+    /// The first CPU-held range overlapping `range` (with its remote-read
+    /// permission), if any.
+    pub(crate) fn held_overlap(&self, range: std::ops::Range<usize>) -> Option<(usize, usize, bool)> {
+        self.held
+            .range(..range.end)
+            .next_back()
+            .filter(|(&o, &(l, _))| o + l > range.start)
+            .map(|(&o, &(l, ok))| (o, l, ok))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
