@@ -2,11 +2,11 @@
 //! flight.
 //!
 //! A steady-state loop over a `Client` and a `Server` joined by an ideal NIC
-//! and wire. Every iteration starts one *call* and finishes the one started
-//! about `buffers - 4` iterations earlier, because READ completions and the
-//! client's messages to the server are delayed (by `buffers / 2` and the
-//! rest iterations), so almost every owner buffer is held all the time and
-//! the reader has about half as many READs in flight.
+//! and wire. Every iteration starts one *call* and finishes an earlier one,
+//! because READ completions and the client's messages to the server are
+//! delayed (by `buffers / 2` and `buffers / 2 - 4` iterations): an owner
+//! buffer is held for `buffers - 3` iterations, so almost every one is held
+//! all the time, and the reader has about half as many READs in flight.
 //!
 //! - direction 1 (`fetch`): fetch → `Fetch` → `ReplyWanted` → offer →
 //!   `Offer` → READ → completion → `Confirm` → `Intact` → `ConfirmReply` →

@@ -3,7 +3,7 @@
 //! A steady-state loop over an `Owner` and a `Reader` joined by an ideal
 //! NIC and wire: every iteration grants one buffer (BIND_MW + grant SEND),
 //! the reader READs it, and the release that arrives at the owner is the one
-//! of a lease granted `windows - 1` iterations earlier (READ completions and
+//! of a lease granted `windows - 2` iterations earlier (READ completions and
 //! releases are delayed in FIFOs), so almost every window of the pool is
 //! leased all the time and the reader has half as many READs outstanding.
 //! Each iteration is one *call*: one grant, one grant-SEND completion, one
