@@ -8,6 +8,7 @@ use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
 use crate::output::{Action, Config, Event, ReadError, ReadRequest, Release, UsageError};
 use crate::owner::Owner;
 use crate::read::{Exposure, Reads};
+use crate::sorted::SortedDeque;
 use crate::wire::Message;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,13 +41,22 @@ struct Fetch {
 /// request is alive: exposed, not cancelled, not timed out.
 ///
 /// Call order: see the crate doc.
+///
+/// Every call is O(log n) amortized in the fetches, READs and buffers it
+/// tracks (sorted deques, mostly appended to and removed from the front),
+/// except [`Client::handle_connection_lost`] (once per connection).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     config: Config,
     owner: Owner,
     /// The last message id handed out (0: none yet).
     last_msg: u64,
-    fetches: BTreeMap<MsgId, Fetch>,
+    fetches: SortedDeque<MsgId, Fetch>,
+    /// `(deadline, msg)` of every fetch, earliest first.
+    deadlines: SortedDeque<(Duration, MsgId), ()>,
+    /// The fetch each READ in flight belongs to (the fetches in
+    /// `Phase::Reading`).
+    reading: SortedDeque<ReadToken, MsgId>,
     reads: Reads,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
@@ -61,7 +71,9 @@ impl Client {
             config,
             owner: Owner::default(),
             last_msg: 0,
-            fetches: BTreeMap::new(),
+            fetches: SortedDeque::default(),
+            deadlines: SortedDeque::default(),
+            reading: SortedDeque::default(),
             reads: Reads::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -98,7 +110,9 @@ impl Client {
             phase: Phase::AwaitOffer,
         };
         self.fetches.insert(msg, fetch);
+        self.deadlines.insert((fetch.deadline, msg), ());
         self.actions.push_back(Action::Send(Message::Fetch { msg, attempt: 1 }));
+        self.check_indexes();
         Ok(msg)
     }
 
@@ -122,11 +136,14 @@ impl Client {
     /// `msg` was live.
     pub fn cancel(&mut self, now: Duration, msg: MsgId) -> bool {
         let _ = now;
-        if self.fetches.contains_key(&msg) {
+        let live = if self.fetches.contains_key(&msg) {
             self.end_fetch(msg, ReadError::Cancelled);
-            return true;
-        }
-        self.owner.release_msg(msg, Release::Cancelled, &mut self.events)
+            true
+        } else {
+            self.owner.release_msg(msg, Release::Cancelled, &mut self.events)
+        };
+        self.check_indexes();
+        live
     }
 
     /// A message from the server.
@@ -135,6 +152,11 @@ impl Client {
         if self.lost {
             return;
         }
+        self.on_message(message);
+        self.check_indexes();
+    }
+
+    fn on_message(&mut self, message: Message) {
         match message {
             Message::Offer { msg, buffer, generation, region } => {
                 self.on_offer(msg, buffer, generation, region)
@@ -153,7 +175,7 @@ impl Client {
                     return;
                 }
                 if verdict.is_intact() {
-                    self.fetches.remove(&msg);
+                    self.remove_fetch(msg);
                     self.events.push_back(Event::ReadVerified { msg, token: e.token, len: e.len });
                 } else if fetch.attempt < self.config.max_attempts {
                     // Stale: throw the bytes away and ask for a fresh offer.
@@ -208,6 +230,7 @@ impl Client {
         }
         let token = self.reads.token();
         fetch.phase = Phase::Reading(Exposure { token, buffer, generation, len: region.len() });
+        self.reading.insert(token, msg);
         self.actions.push_back(Action::Read(ReadRequest::new(token, region)));
     }
 
@@ -218,10 +241,10 @@ impl Client {
         if self.reads.complete_orphan(token, &mut self.events) {
             return;
         }
-        let found =
-            self.fetches.iter_mut().find(|(_, f)| matches!(f.phase, Phase::Reading(e) if e.token == token));
-        let Some((&msg, fetch)) = found else { return };
+        let Some(msg) = self.reading.remove(&token) else { return };
+        let Some(fetch) = self.fetches.get_mut(&msg) else { return };
         let Phase::Reading(e) = fetch.phase else { return };
+        debug_assert_eq!(e.token, token);
         // Completed either way: the NIC is done with the destination.
         fetch.phase = Phase::Confirming(e);
         if success {
@@ -230,16 +253,24 @@ impl Client {
         } else {
             self.end_fetch(msg, ReadError::ReadFailed);
         }
+        self.check_indexes();
     }
 
-    /// Fires every deadline at or before `now`.
+    /// Fires every deadline at or before `now`: fetches in message order,
+    /// then exposed buffers in buffer order.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let due: Vec<MsgId> =
-            self.fetches.iter().filter(|(_, f)| f.deadline <= now).map(|(&m, _)| m).collect();
+        let mut due: Vec<MsgId> = self
+            .deadlines
+            .iter()
+            .take_while(|&(&(deadline, _), ())| deadline <= now)
+            .map(|(&(_, m), ())| m)
+            .collect();
+        due.sort_unstable();
         for msg in due {
             self.end_fetch(msg, ReadError::TimedOut);
         }
         self.owner.expire(now, &mut self.events);
+        self.check_indexes();
     }
 
     /// The queue pair went to error (or was destroyed): every request fails,
@@ -248,15 +279,26 @@ impl Client {
     pub fn handle_connection_lost(&mut self, now: Duration) {
         let _ = now;
         self.lost = true;
-        let all: Vec<MsgId> = self.fetches.keys().copied().collect();
+        let all: Vec<MsgId> = self.fetches.iter().map(|(&m, _)| m).collect();
         for msg in all {
             self.end_fetch(msg, ReadError::ConnectionLost);
         }
         self.owner.release_all(Release::ConnectionLost, &mut self.events);
+        self.check_indexes();
+    }
+
+    /// Forgets a fetch, and its entries in the indexes.
+    fn remove_fetch(&mut self, msg: MsgId) -> Option<Fetch> {
+        let fetch = self.fetches.remove(&msg)?;
+        self.deadlines.remove(&(fetch.deadline, msg));
+        if let Phase::Reading(e) = fetch.phase {
+            self.reading.remove(&e.token);
+        }
+        Some(fetch)
     }
 
     fn end_fetch(&mut self, msg: MsgId, error: ReadError) {
-        let Some(fetch) = self.fetches.remove(&msg) else { return };
+        let Some(fetch) = self.remove_fetch(msg) else { return };
         match fetch.phase {
             Phase::AwaitOffer => {}
             Phase::Reading(e) => self.reads.abandon(e.token, false, &mut self.events),
@@ -287,7 +329,7 @@ impl Client {
 
     /// When to call [`Client::handle_timeout`] next, if ever.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let fetches = self.fetches.values().map(|f| f.deadline).min();
+        let fetches = self.deadlines.first().map(|(&(deadline, _), ())| deadline);
         match (fetches, self.owner.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -318,5 +360,26 @@ impl Client {
     /// driver may close a connection whose peer misbehaves.
     pub fn peer_violations(&self) -> u64 {
         self.violations
+    }
+
+    /// Debug builds: the indexes agree with the fetches (O(fetches), so not
+    /// in release builds).
+    fn check_indexes(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let mut deadlines: Vec<(Duration, MsgId)> =
+            self.fetches.iter().map(|(&m, f)| (f.deadline, m)).collect();
+        deadlines.sort_unstable();
+        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "fetch deadlines");
+        let reading: BTreeMap<ReadToken, MsgId> = self
+            .fetches
+            .iter()
+            .filter_map(|(&m, f)| match f.phase {
+                Phase::Reading(e) => Some((e.token, m)),
+                _ => None,
+            })
+            .collect();
+        assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
     }
 }

@@ -112,6 +112,7 @@ mod output;
 mod owner;
 mod read;
 mod server;
+mod sorted;
 mod wire;
 
 pub use client::Client;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::ids::{BufferId, Generation, MsgId, Region};
 use crate::output::{Event, Release, UsageError};
+use crate::sorted::SortedDeque;
 use crate::wire::Verdict;
 
 /// One exposure: `buffer` at its current generation is held for `msg`.
@@ -23,9 +24,18 @@ struct Slot {
 }
 
 /// The buffers one side exposes on one connection.
+///
+/// Holds are indexed by message and by deadline, so every call is
+/// O(log buffers) amortized (an offer far out of message order shifts the
+/// holds between, see [`SortedDeque`]), but [`Owner::release_all`] (once per
+/// connection).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Owner {
     slots: Vec<Slot>,
+    /// `(msg, buffer)` of every hold, for [`Owner::release_msg`].
+    by_msg: SortedDeque<(MsgId, BufferId), ()>,
+    /// `(deadline, buffer)` of every hold, earliest first.
+    deadlines: SortedDeque<(Duration, BufferId), ()>,
 }
 
 impl Owner {
@@ -50,7 +60,7 @@ impl Owner {
     }
 
     pub(crate) fn held(&self) -> usize {
-        self.slots.iter().filter(|s| s.hold.is_some()).count()
+        self.deadlines.len()
     }
 
     /// Exposes `buffer[..len]` for `msg` until `deadline`: the generation and
@@ -71,7 +81,11 @@ impl Owner {
             return Err(UsageError::TooLong { len, capacity: slot.region.len() });
         }
         slot.hold = Some(Hold { msg, deadline });
-        Ok((generation, slot.region.prefix(len)))
+        let region = slot.region.prefix(len);
+        self.by_msg.insert((msg, buffer), ());
+        self.deadlines.insert((deadline, buffer), ());
+        self.check_indexes();
+        Ok((generation, region))
     }
 
     /// The answer to a confirm of (`msg`, `buffer`, `generation`). `Intact`
@@ -84,7 +98,7 @@ impl Owner {
         generation: Generation,
         events: &mut impl Extend<Event>,
     ) -> Verdict {
-        let Some(slot) = self.slots.get_mut(buffer.raw() as usize) else {
+        let Some(slot) = self.slots.get(buffer.raw() as usize) else {
             return Verdict::Unknown;
         };
         let Some(current) = slot.generation else {
@@ -99,7 +113,7 @@ impl Owner {
         }
         match slot.hold {
             Some(hold) if hold.msg == msg => {
-                release(slot, buffer, Release::Confirmed, events);
+                self.release(buffer, Release::Confirmed, events);
                 Verdict::Intact
             }
             // The current generation was never exposed for `msg`.
@@ -107,7 +121,8 @@ impl Owner {
         }
     }
 
-    /// Releases the hold for `msg`, if any.
+    /// Releases the holds for `msg`, if any, in buffer order. (A well-behaved
+    /// peer gets at most one buffer per message.)
     pub(crate) fn release_msg(
         &mut self,
         msg: MsgId,
@@ -115,43 +130,73 @@ impl Owner {
         events: &mut impl Extend<Event>,
     ) -> bool {
         let mut found = false;
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if slot.hold.is_some_and(|h| h.msg == msg) {
-                release(slot, BufferId::from_raw(i as u32), reason, events);
-                found = true;
-            }
+        let (lo, hi) = ((msg, BufferId::from_raw(0)), (msg, BufferId::from_raw(u32::MAX)));
+        while let Some((_, buffer)) = self.by_msg.first_in(&lo, &hi) {
+            self.release(buffer, reason, events);
+            found = true;
         }
         found
     }
 
-    /// Releases every hold whose deadline is at or before `now`.
+    /// Releases every hold whose deadline is at or before `now`, in buffer
+    /// order.
     pub(crate) fn expire(&mut self, now: Duration, events: &mut impl Extend<Event>) {
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if slot.hold.is_some_and(|h| h.deadline <= now) {
-                release(slot, BufferId::from_raw(i as u32), Release::Expired, events);
-            }
+        let mut due: Vec<BufferId> = self
+            .deadlines
+            .iter()
+            .take_while(|&(&(deadline, _), ())| deadline <= now)
+            .map(|(&(_, b), ())| b)
+            .collect();
+        due.sort_unstable();
+        for buffer in due {
+            self.release(buffer, Release::Expired, events);
         }
     }
 
+    /// Releases every hold (once per connection: visits every buffer).
     pub(crate) fn release_all(&mut self, reason: Release, events: &mut impl Extend<Event>) {
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if slot.hold.is_some() {
-                release(slot, BufferId::from_raw(i as u32), reason, events);
+        for i in 0..self.slots.len() {
+            if self.slots[i].hold.is_some() {
+                self.release(BufferId::from_raw(i as u32), reason, events);
             }
         }
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Duration> {
-        self.slots.iter().filter_map(|s| s.hold.map(|h| h.deadline)).min()
+        self.deadlines.first().map(|(&(deadline, _), ())| deadline)
     }
-}
 
-/// Ends the current exposure: the generation moves on, so nothing said about
-/// the old one can ever match again, and the buffer is the user's.
-fn release(slot: &mut Slot, buffer: BufferId, reason: Release, events: &mut impl Extend<Event>) {
-    if let Some(hold) = slot.hold.take() {
-        slot.generation = slot.generation.and_then(Generation::next);
-        events.extend([Event::BufferFree { buffer, msg: hold.msg, reason }]);
+    /// Ends the current exposure of `buffer`: the generation moves on, so
+    /// nothing said about the old one can ever match again, and the buffer is
+    /// the user's.
+    fn release(&mut self, buffer: BufferId, reason: Release, events: &mut impl Extend<Event>) {
+        let Some(slot) = self.slots.get_mut(buffer.raw() as usize) else { return };
+        if let Some(hold) = slot.hold.take() {
+            slot.generation = slot.generation.and_then(Generation::next);
+            self.by_msg.remove(&(hold.msg, buffer));
+            self.deadlines.remove(&(hold.deadline, buffer));
+            events.extend([Event::BufferFree { buffer, msg: hold.msg, reason }]);
+        }
+        self.check_indexes();
+    }
+
+    /// Debug builds: the indexes agree with the holds (O(buffers), so not
+    /// in release builds).
+    fn check_indexes(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let holds = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.hold.map(|h| (BufferId::from_raw(i as u32), h)));
+        let mut by_msg: Vec<(MsgId, BufferId)> = holds.clone().map(|(b, h)| (h.msg, b)).collect();
+        let mut deadlines: Vec<(Duration, BufferId)> = holds.map(|(b, h)| (h.deadline, b)).collect();
+        by_msg.sort_unstable();
+        deadlines.sort_unstable();
+        assert!(self.by_msg.iter().map(|(&k, ())| k).eq(by_msg), "holds by message");
+        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "hold deadlines");
     }
 }
 
@@ -208,6 +253,7 @@ mod tests {
         let mut ev = Vec::new();
         let b = o.add(Region::new(0, 8, 1));
         o.slots[0].generation = Some(Generation::from_raw(u64::MAX));
+        o.check_indexes();
         let m = MsgId::from_raw(1);
         let (g, _) = o.hold(b, 8, m, secs(1)).unwrap();
         assert!(o.release_msg(m, Release::Cancelled, &mut ev));

@@ -8,6 +8,7 @@ use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
 use crate::output::{Action, Config, Event, ReadError, ReadRequest, Release, UsageError};
 use crate::owner::Owner;
 use crate::read::{Exposure, Reads};
+use crate::sorted::SortedDeque;
 use crate::wire::Message;
 
 /// A direction-2 request being read.
@@ -32,6 +33,10 @@ struct Incoming {
 /// itself is gone.
 ///
 /// Call order: see the crate doc.
+///
+/// Every call is O(log n) amortized in the requests, READs and buffers it
+/// tracks (sorted deques, mostly appended to and removed from the front),
+/// except [`Server::handle_connection_lost`] (once per connection).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Server {
     config: Config,
@@ -39,7 +44,13 @@ pub struct Server {
     /// The highest new message id seen (0: none). New ids must exceed it.
     last_msg: u64,
     wanted: BTreeMap<MsgId, u32>,
-    incoming: BTreeMap<MsgId, Incoming>,
+    incoming: SortedDeque<MsgId, Incoming>,
+    /// The request each READ in flight belongs to (the incoming requests
+    /// with no confirm deadline yet).
+    reading: SortedDeque<ReadToken, MsgId>,
+    /// `(confirm deadline, msg)` of every incoming request waiting for its
+    /// answer, earliest first.
+    confirm_deadlines: SortedDeque<(Duration, MsgId), ()>,
     reads: Reads,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
@@ -55,7 +66,9 @@ impl Server {
             owner: Owner::default(),
             last_msg: 0,
             wanted: BTreeMap::new(),
-            incoming: BTreeMap::new(),
+            incoming: SortedDeque::default(),
+            reading: SortedDeque::default(),
+            confirm_deadlines: SortedDeque::default(),
             reads: Reads::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -84,6 +97,7 @@ impl Server {
         let (generation, region) = self.owner.hold(buffer, len, msg, deadline)?;
         self.wanted.remove(&msg);
         self.actions.push_back(Action::Send(Message::Offer { msg, buffer, generation, region }));
+        self.check_indexes();
         Ok(())
     }
 
@@ -109,6 +123,11 @@ impl Server {
         if self.lost {
             return;
         }
+        self.on_message(message);
+        self.check_indexes();
+    }
+
+    fn on_message(&mut self, message: Message) {
         match message {
             Message::Fetch { msg, attempt } => self.on_fetch(msg, attempt),
             Message::Expose { msg, buffer, generation, region } => {
@@ -132,7 +151,7 @@ impl Server {
                     self.violations += 1;
                     return;
                 }
-                let Some(inc) = self.incoming.remove(&msg) else { return };
+                let Some(inc) = self.remove_incoming(msg) else { return };
                 let e = inc.exposure;
                 if verdict.is_intact() {
                     self.events.push_back(Event::ReadVerified { msg, token: e.token, len: e.len });
@@ -196,6 +215,7 @@ impl Server {
         let token = self.reads.token();
         let exposure = Exposure { token, buffer, generation, len: region.len() };
         self.incoming.insert(msg, Incoming { exposure, confirm_deadline: None });
+        self.reading.insert(token, msg);
         self.actions.push_back(Action::Read(ReadRequest::new(token, region)));
     }
 
@@ -205,36 +225,56 @@ impl Server {
         if self.reads.complete_orphan(token, &mut self.events) {
             return;
         }
-        let found =
-            self.incoming.iter_mut().find(|(_, i)| i.confirm_deadline.is_none() && i.exposure.token == token);
-        let Some((&msg, inc)) = found else { return };
+        let Some(msg) = self.reading.remove(&token) else { return };
+        let Some(inc) = self.incoming.get_mut(&msg) else { return };
+        debug_assert!(inc.confirm_deadline.is_none() && inc.exposure.token == token);
         if success {
             // Only now, with the bytes landed, may the client be asked.
-            inc.confirm_deadline = Some(now.saturating_add(self.config.confirm_timeout));
+            let deadline = now.saturating_add(self.config.confirm_timeout);
+            inc.confirm_deadline = Some(deadline);
             let Exposure { buffer, generation, .. } = inc.exposure;
+            self.confirm_deadlines.insert((deadline, msg), ());
             self.actions.push_back(Action::Send(Message::Confirm { msg, buffer, generation }));
         } else {
-            self.incoming.remove(&msg);
+            self.remove_incoming(msg);
             self.events.push_back(Event::ReadDiscarded { token });
             self.events.push_back(Event::ReadFailed { msg, error: ReadError::ReadFailed });
         }
+        self.check_indexes();
     }
 
-    /// Fires every deadline at or before `now`.
+    /// Fires every deadline at or before `now`: confirms in message order,
+    /// then offered buffers in buffer order.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let due: Vec<MsgId> = self
-            .incoming
+        let mut due: Vec<MsgId> = self
+            .confirm_deadlines
             .iter()
-            .filter(|(_, i)| i.confirm_deadline.is_some_and(|d| d <= now))
-            .map(|(&m, _)| m)
+            .take_while(|&(&(deadline, _), ())| deadline <= now)
+            .map(|(&(_, m), ())| m)
             .collect();
+        due.sort_unstable();
         for msg in due {
-            if let Some(inc) = self.incoming.remove(&msg) {
+            if let Some(inc) = self.remove_incoming(msg) {
                 self.events.push_back(Event::ReadDiscarded { token: inc.exposure.token });
                 self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConfirmTimedOut });
             }
         }
         self.owner.expire(now, &mut self.events);
+        self.check_indexes();
+    }
+
+    /// Forgets an incoming request, and its entries in the indexes.
+    fn remove_incoming(&mut self, msg: MsgId) -> Option<Incoming> {
+        let inc = self.incoming.remove(&msg)?;
+        match inc.confirm_deadline {
+            None => {
+                self.reading.remove(&inc.exposure.token);
+            }
+            Some(deadline) => {
+                self.confirm_deadlines.remove(&(deadline, msg));
+            }
+        }
+        Some(inc)
     }
 
     /// The queue pair went to error (or was destroyed): every request fails,
@@ -245,12 +285,15 @@ impl Server {
         self.lost = true;
         self.wanted.clear();
         let incoming = std::mem::take(&mut self.incoming);
-        for (msg, inc) in incoming {
+        self.reading = SortedDeque::default();
+        self.confirm_deadlines = SortedDeque::default();
+        for (msg, inc) in incoming.into_entries() {
             let completed = inc.confirm_deadline.is_some();
             self.reads.abandon(inc.exposure.token, completed, &mut self.events);
             self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConnectionLost });
         }
         self.owner.release_all(Release::ConnectionLost, &mut self.events);
+        self.check_indexes();
     }
 
     /// The next work request to post or message to send.
@@ -265,7 +308,7 @@ impl Server {
 
     /// When to call [`Server::handle_timeout`] next, if ever.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let confirms = self.incoming.values().filter_map(|i| i.confirm_deadline).min();
+        let confirms = self.confirm_deadlines.first().map(|(&(deadline, _), ())| deadline);
         match (confirms, self.owner.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -300,5 +343,24 @@ impl Server {
     /// driver may close a connection whose peer misbehaves.
     pub fn peer_violations(&self) -> u64 {
         self.violations
+    }
+
+    /// Debug builds: the indexes agree with the incoming requests
+    /// (O(requests), so not in release builds).
+    fn check_indexes(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let reading: BTreeMap<ReadToken, MsgId> = self
+            .incoming
+            .iter()
+            .filter(|(_, i)| i.confirm_deadline.is_none())
+            .map(|(&m, i)| (i.exposure.token, m))
+            .collect();
+        assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
+        let mut deadlines: Vec<(Duration, MsgId)> =
+            self.incoming.iter().filter_map(|(&m, i)| i.confirm_deadline.map(|d| (d, m))).collect();
+        deadlines.sort_unstable();
+        assert!(self.confirm_deadlines.iter().map(|(&k, ())| k).eq(deadlines), "confirm deadlines");
     }
 }

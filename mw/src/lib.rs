@@ -56,6 +56,7 @@ mod owner;
 mod reader;
 mod rkey;
 mod rng;
+mod slot_heap;
 mod types;
 mod wire;
 

@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::rng::SplitMix64;
+use crate::slot_heap::SlotHeap;
 use crate::types::TokenKind;
 use crate::wire::MAX_LEASE_TIME;
 use crate::{rkey, Buffer, Grant, LeaseId, Release, Status, Token, Window};
@@ -17,9 +18,26 @@ use crate::{rkey, Buffer, Grant, LeaseId, Release, Status, Token, Window};
 /// LOCAL_INV of that bind, or the QP flushed or destroyed. It is the only
 /// party that invalidates, exactly once per bind. See the crate docs for the
 /// call order and `docs/protocol-mw.md` for the argument.
+///
+/// Every call costs O(log windows) at most, except the ones that happen
+/// once per connection (losing the QP) or only to a hostile peer
+/// ([`Owner::handle_peer_invalidation`]), which visit every window.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Owner {
     slots: Vec<Slot>,
+    /// The `Free` slots while the QP is up, lowest first: a grant binds the
+    /// lowest free window.
+    free: SlotHeap<()>,
+    /// The expiry of every `Leased` slot while the QP is up, earliest first.
+    expiries: SlotHeap<Duration>,
+    /// Slots `Leased`, `Invalidating` or `Stranded`: buffers not returned.
+    outstanding: usize,
+    /// Grant SENDs and LOCAL_INVs posted and not completed (the slots'
+    /// `send_pending` and `inv_pending` flags that are set).
+    pending_wrs: usize,
+    /// Scratch for [`Owner::handle_timeout`]: the slots due, to be
+    /// invalidated in slot order. Empty between calls.
+    due: Vec<u32>,
     rng: SplitMix64,
     link: Link,
     actions: VecDeque<OwnerAction>,
@@ -274,8 +292,16 @@ impl Owner {
             })
             .collect();
         assert!(slots.len() <= 1 << 24, "a window pool holds at most 2^24 windows");
+        let free = SlotHeap::full(slots.len(), ());
+        let mut expiries = SlotHeap::full(slots.len(), Duration::ZERO);
+        expiries.clear();
         Owner {
             slots,
+            free,
+            expiries,
+            outstanding: 0,
+            pending_wrs: 0,
+            due: Vec::new(),
             rng: SplitMix64::new(seed),
             link: Link::Up,
             actions: VecDeque::new(),
@@ -302,18 +328,21 @@ impl Owner {
         if lease_time < Duration::from_micros(1) || lease_time > MAX_LEASE_TIME {
             return Err(GrantError::BadLeaseTime(lease_time));
         }
-        let pool = self.slots.len();
-        let Some(idx) = self.slots.iter().position(|s| s.state == SlotState::Free) else {
-            return Err(GrantError::NoFreeWindow { pool });
+        let Some(((), idx)) = self.free.pop() else {
+            return Err(GrantError::NoFreeWindow { pool: self.slots.len() });
         };
         let random = self.rng.next_u8();
-        let slot = &mut self.slots[idx];
-        let idx = idx as u32;
+        let slot = &mut self.slots[idx as usize];
+        debug_assert!(slot.state == SlotState::Free && !slot.send_pending && !slot.inv_pending);
+        let expiry = now + lease_time;
         slot.epoch = slot.epoch.wrapping_add(1);
         slot.window.rkey = rkey::rebind(slot.window.rkey, random);
         slot.send_pending = true;
         slot.peer_invalidated = false;
-        slot.state = SlotState::Leased { buffer, expiry: now + lease_time, cancelled: false };
+        slot.state = SlotState::Leased { buffer, expiry, cancelled: false };
+        self.expiries.insert(idx, expiry);
+        self.outstanding += 1;
+        self.pending_wrs += 1;
         let lease = LeaseId::new(idx, slot.epoch);
         let grant = Grant {
             lease,
@@ -331,6 +360,7 @@ impl Owner {
             grant,
         }));
         self.stats.grants += 1;
+        self.check_indexes();
         Ok(lease)
     }
 
@@ -387,6 +417,7 @@ impl Owner {
             SlotState::Free if epoch == 0 => self.stats.forged_releases += 1,
             SlotState::Free => self.stats.stale_releases += 1,
         }
+        self.check_indexes();
     }
 
     /// A completion of one of the owner's work requests (route by
@@ -402,9 +433,13 @@ impl Owner {
         }
         let slot = &mut self.slots[idx];
         match token.kind() {
-            Some(TokenKind::GrantSend) if slot.send_pending => slot.send_pending = false,
+            Some(TokenKind::GrantSend) if slot.send_pending => {
+                slot.send_pending = false;
+                self.pending_wrs -= 1;
+            }
             Some(TokenKind::Invalidate) if slot.inv_pending => {
                 slot.inv_pending = false;
+                self.pending_wrs -= 1;
                 if status.is_success() {
                     // The window is unbound now; the buffer may return.
                     if let SlotState::Invalidating { buffer, end, cancelled } = slot.state {
@@ -422,20 +457,32 @@ impl Owner {
         if !status.is_success() {
             self.go_down(LossCause::WorkRequestFailed(status), true);
         }
-        self.settle();
+        self.settle(Some(idx));
+        self.check_indexes();
     }
 
-    /// The owner's expiry timers: every lease whose time is up is invalidated.
+    /// The owner's expiry timers: every lease whose time is up is invalidated
+    /// (in window order when several are).
     pub fn handle_timeout(&mut self, now: Duration) {
         if self.link != Link::Up {
             return;
         }
-        for idx in 0..self.slots.len() {
-            if matches!(self.slots[idx].state, SlotState::Leased { expiry, .. } if expiry <= now) {
-                self.stats.expired += 1;
-                self.invalidate(idx, LeaseEnd::Expired);
+        let mut due = std::mem::take(&mut self.due);
+        while let Some((expiry, idx)) = self.expiries.peek() {
+            if expiry > now {
+                break;
             }
+            self.expiries.pop();
+            due.push(idx);
         }
+        due.sort_unstable();
+        for &idx in &due {
+            self.stats.expired += 1;
+            self.invalidate(idx as usize, LeaseEnd::Expired);
+        }
+        due.clear();
+        self.due = due;
+        self.check_indexes();
     }
 
     /// A receive completed carrying `invalidated_rkey`: the peer used
@@ -443,6 +490,8 @@ impl Owner {
     /// LOCAL_INVed; the connection is torn down ([`OwnerAction::FlushQp`]).
     pub fn handle_peer_invalidation(&mut self, _now: Duration, rkey: u32) {
         self.stats.peer_invalidations += 1;
+        // A search by rkey over the pool: only a hostile peer gets here, and
+        // the connection is over.
         let hit = self.slots.iter_mut().find(|s| {
             s.window.rkey == rkey
                 && matches!(
@@ -459,7 +508,8 @@ impl Owner {
             self.actions.push_back(OwnerAction::FlushQp);
             self.go_down(LossCause::HostilePeer, false);
         }
-        self.settle();
+        self.settle(None);
+        self.check_indexes();
     }
 
     /// The QP is in ERR (async event, a flush the driver did, or the other
@@ -467,7 +517,8 @@ impl Owner {
     /// request of the owner has completed (flushed).
     pub fn handle_qp_error(&mut self, _now: Duration) {
         self.go_down(LossCause::QpError, true);
-        self.settle();
+        self.settle(None);
+        self.check_indexes();
     }
 
     /// The QP is destroyed: no DMA of it can happen any more, so every
@@ -478,7 +529,9 @@ impl Owner {
             s.send_pending = false;
             s.inv_pending = false;
         }
-        self.settle();
+        self.pending_wrs = 0;
+        self.settle(None);
+        self.check_indexes();
     }
 
     /// The next work to post, in order.
@@ -496,13 +549,7 @@ impl Owner {
         if self.link != Link::Up {
             return None;
         }
-        self.slots
-            .iter()
-            .filter_map(|s| match s.state {
-                SlotState::Leased { expiry, .. } => Some(expiry),
-                _ => None,
-            })
-            .min()
+        self.expiries.peek().map(|(expiry, _)| expiry)
     }
 
     /// Windows free for a grant now.
@@ -510,20 +557,12 @@ impl Owner {
         if self.link != Link::Up {
             return 0;
         }
-        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
+        self.free.len()
     }
 
     /// Buffers not yet returned.
     pub fn outstanding_buffers(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| {
-                matches!(
-                    s.state,
-                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
-                )
-            })
-            .count()
+        self.outstanding
     }
 
     /// Whether the QP is considered unusable.
@@ -546,12 +585,16 @@ impl Owner {
     fn invalidate(&mut self, idx: usize, end: LeaseEnd) {
         let slot = &mut self.slots[idx];
         let SlotState::Leased { buffer, cancelled, .. } = slot.state else { return };
+        self.expiries.remove(idx as u32);
         if slot.peer_invalidated {
+            // Unreachable while the QP is up (a peer invalidation takes it
+            // down at once), hence no settle here.
             slot.state = SlotState::Stranded { buffer, end, cancelled };
             return;
         }
         slot.state = SlotState::Invalidating { buffer, end, cancelled };
         slot.inv_pending = true;
+        self.pending_wrs += 1;
         self.stats.invalidations += 1;
         self.actions.push_back(OwnerAction::Invalidate {
             token: Token::new(TokenKind::Invalidate, idx as u32, slot.epoch),
@@ -565,6 +608,9 @@ impl Owner {
             Link::Up => {
                 self.link = Link::Down { in_err };
                 self.events.push_back(OwnerEvent::ConnectionLost { cause });
+                // Once per connection: no grant, no expiry from now on.
+                self.free.clear();
+                self.expiries.clear();
                 for s in &mut self.slots {
                     s.state = match s.state {
                         SlotState::Free => {
@@ -585,35 +631,87 @@ impl Owner {
         }
     }
 
-    /// Return every buffer that has its evidence.
-    fn settle(&mut self) {
-        // With the QP up, a Stranded slot is one whose LOCAL_INV succeeded:
-        // it returns once its grant SEND has completed too. With the QP down,
-        // a buffer returns once the QP is known to be in ERR and no work
-        // request of the owner is outstanding (all flushed).
-        let all_flushed = match self.link {
-            Link::Up => None,
-            Link::Down { in_err } => {
-                Some(in_err && self.slots.iter().all(|s| !s.send_pending && !s.inv_pending))
-            }
-        };
-        for (idx, s) in self.slots.iter_mut().enumerate() {
-            let SlotState::Stranded { buffer, end, cancelled } = s.state else { continue };
-            let ready = match all_flushed {
-                None => !s.send_pending && !s.inv_pending,
-                Some(flushed) => flushed,
-            };
-            if !ready {
-                continue;
-            }
-            let lease = LeaseId::new(idx as u32, s.epoch);
-            self.events.push_back(OwnerEvent::BufferReturned { lease, buffer, end, cancelled });
-            if all_flushed.is_some() {
-                s.state = SlotState::Retired;
-                self.events.push_back(OwnerEvent::WindowRetired { window: s.window.handle });
-            } else {
+    /// Return every buffer that has its evidence. `touched` is the slot a
+    /// completion just changed.
+    ///
+    /// With the QP up, a `Stranded` slot is one whose LOCAL_INV succeeded:
+    /// it returns once its grant SEND has completed too. Only a completion
+    /// changes that, and only for its own slot, so only `touched` needs a
+    /// look (no other slot is `Stranded` and ready after any call). With
+    /// the QP down, a buffer returns once the QP is known to be in ERR and no
+    /// work request of the owner is outstanding (all flushed): then every
+    /// outstanding buffer is `Stranded` and returns, in slot order.
+    fn settle(&mut self, touched: Option<usize>) {
+        match self.link {
+            Link::Up => {
+                let Some(idx) = touched else { return };
+                let s = &mut self.slots[idx];
+                let SlotState::Stranded { buffer, end, cancelled } = s.state else { return };
+                if s.send_pending || s.inv_pending {
+                    return;
+                }
+                let lease = LeaseId::new(idx as u32, s.epoch);
+                self.events.push_back(OwnerEvent::BufferReturned { lease, buffer, end, cancelled });
                 s.state = SlotState::Free;
+                self.free.insert(idx as u32, ());
+                self.outstanding -= 1;
+            }
+            Link::Down { in_err } => {
+                if !in_err || self.pending_wrs != 0 || self.outstanding == 0 {
+                    return;
+                }
+                for (idx, s) in self.slots.iter_mut().enumerate() {
+                    let SlotState::Stranded { buffer, end, cancelled } = s.state else { continue };
+                    let lease = LeaseId::new(idx as u32, s.epoch);
+                    self.events.push_back(OwnerEvent::BufferReturned { lease, buffer, end, cancelled });
+                    s.state = SlotState::Retired;
+                    self.events.push_back(OwnerEvent::WindowRetired { window: s.window.handle });
+                    self.outstanding -= 1;
+                }
             }
         }
+    }
+
+    /// Debug builds: the indexes agree with the slots (O(windows), so not
+    /// in release builds).
+    fn check_indexes(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let up = self.link == Link::Up;
+        let free: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| up && self.slots[i as usize].state == SlotState::Free)
+            .collect();
+        assert_eq!(self.free.entries().map(|(i, ())| i).collect::<Vec<_>>(), free, "free list");
+        let expiries: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
+            .filter_map(|i| match self.slots[i as usize].state {
+                SlotState::Leased { expiry, .. } if up => Some((i, expiry)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(self.expiries.entries().collect::<Vec<_>>(), expiries, "expiry timers");
+        let outstanding = self
+            .slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.state,
+                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
+                )
+            })
+            .count();
+        assert_eq!(self.outstanding, outstanding, "outstanding buffers");
+        let pending: usize =
+            self.slots.iter().map(|s| usize::from(s.send_pending) + usize::from(s.inv_pending)).sum();
+        assert_eq!(self.pending_wrs, pending, "pending work requests");
+        if up {
+            assert!(
+                !self.slots.iter().any(|s| matches!(s.state, SlotState::Stranded { .. })
+                    && !s.send_pending
+                    && !s.inv_pending),
+                "a returnable buffer was kept"
+            );
+        }
+        assert!(self.due.is_empty());
     }
 }

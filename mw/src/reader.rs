@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::slot_heap::SlotHeap;
 use crate::types::TokenKind;
 use crate::{Buffer, Grant, LeaseId, Release, Status, Token};
 
@@ -37,10 +38,21 @@ pub struct ReaderConfig {
 /// time + time left) is treated as hung (rxe never completes a READ whose
 /// window was invalidated under it): the reader asks for the QP to be
 /// flushed, and the destination comes back with the READ's flush completion.
+///
+/// Every call costs O(log reads) at most, except the ones that happen once
+/// per connection (losing the QP), which visit every READ slot.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reader {
     config: ReaderConfig,
     slots: Vec<ReadSlot>,
+    /// The slots with no READ, lowest first: a READ takes the lowest.
+    free: SlotHeap<()>,
+    /// The deadline of every outstanding READ while the QP is up, earliest
+    /// first.
+    deadlines: SlotHeap<Duration>,
+    /// Scratch for [`Reader::handle_timeout`]: the slots due, reported in
+    /// slot order. Empty between calls.
+    due: Vec<u32>,
     link: Link,
     actions: VecDeque<ReaderAction>,
     events: VecDeque<ReaderEvent>,
@@ -209,6 +221,9 @@ impl Reader {
         Reader {
             config,
             slots: Vec::new(),
+            free: SlotHeap::default(),
+            deadlines: SlotHeap::default(),
+            due: Vec::new(),
             link: Link::Up,
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -240,16 +255,21 @@ impl Reader {
             self.events.push_back(ReaderEvent::Declined { lease: grant.lease, dest, reason, release });
             return;
         }
-        let idx = match self.slots.iter().position(|s| s.read.is_none()) {
-            Some(i) => i,
+        let idx = match self.free.pop() {
+            Some(((), i)) => i as usize,
             None => {
                 self.slots.push(ReadSlot { epoch: 0, read: None });
+                self.free.add_slot();
+                self.deadlines.add_slot();
                 self.slots.len() - 1
             }
         };
         let slot = &mut self.slots[idx];
+        debug_assert!(slot.read.is_none());
+        let deadline = now + grant.time_left;
         slot.epoch = slot.epoch.wrapping_add(1);
-        slot.read = Some(Read { grant, dest, deadline: now + grant.time_left, timed_out: false });
+        slot.read = Some(Read { grant, dest, deadline, timed_out: false });
+        self.deadlines.insert(idx as u32, deadline);
         self.stats.reads += 1;
         self.actions.push_back(ReaderAction::Read {
             token: Token::new(TokenKind::Read, idx as u32, slot.epoch),
@@ -258,6 +278,7 @@ impl Reader {
             rkey: grant.rkey,
             len: grant.len,
         });
+        self.check_indexes();
     }
 
     /// Decline a grant without reading it (its data is no longer wanted):
@@ -286,6 +307,8 @@ impl Reader {
             }
         };
         let Some(read) = slot.read.take() else { return };
+        self.free.insert(idx as u32, ());
+        self.deadlines.remove(idx as u32);
         let lease = read.grant.lease;
         if status.is_success() {
             self.stats.reads_done += 1;
@@ -296,6 +319,7 @@ impl Reader {
                 len: read.grant.len,
                 release,
             });
+            self.check_indexes();
             return;
         }
         self.stats.reads_failed += 1;
@@ -308,43 +332,58 @@ impl Reader {
         };
         self.events.push_back(ReaderEvent::ReadFailed { lease, dest: read.dest, error });
         self.go_down();
+        self.check_indexes();
     }
 
     /// READ timeouts: a READ outstanding past its deadline makes the reader
-    /// flush the QP (once).
+    /// flush the QP (once). Every READ late at `now` is reported, in slot
+    /// order.
     pub fn handle_timeout(&mut self, now: Duration) {
         if self.link != Link::Up {
             return;
         }
-        let mut late = false;
-        for read in self.slots.iter_mut().filter_map(|s| s.read.as_mut()) {
-            if !read.timed_out && read.deadline <= now {
+        let mut due = std::mem::take(&mut self.due);
+        while let Some((deadline, idx)) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            due.push(idx);
+        }
+        due.sort_unstable();
+        for &idx in &due {
+            if let Some(read) = self.slots[idx as usize].read.as_mut() {
                 read.timed_out = true;
-                late = true;
                 self.stats.timed_out += 1;
                 self.events.push_back(ReaderEvent::ReadTimedOut { lease: read.grant.lease });
             }
         }
-        if late {
+        if !due.is_empty() {
             // The other outstanding READs are flushed with the QP and come
             // back as ReadError::Flushed.
             self.link = Link::Flushing;
+            self.deadlines.clear();
             self.events.push_back(ReaderEvent::ConnectionLost);
             self.actions.push_back(ReaderAction::FlushQp);
         }
+        due.clear();
+        self.due = due;
+        self.check_indexes();
     }
 
     /// The QP is in ERR. Outstanding READs return their destinations as
     /// their flush completions arrive.
     pub fn handle_qp_error(&mut self, _now: Duration) {
         self.go_down();
+        self.check_indexes();
     }
 
     /// The QP is destroyed: every outstanding READ's destination is free.
     pub fn handle_qp_destroyed(&mut self, _now: Duration) {
         self.go_down();
-        for slot in &mut self.slots {
+        for (idx, slot) in self.slots.iter_mut().enumerate() {
             if let Some(read) = slot.read.take() {
+                self.free.insert(idx as u32, ());
                 self.stats.reads_failed += 1;
                 let error = if read.timed_out { ReadError::TimedOut } else { ReadError::Flushed };
                 self.events.push_back(ReaderEvent::ReadFailed {
@@ -354,6 +393,7 @@ impl Reader {
                 });
             }
         }
+        self.check_indexes();
     }
 
     /// The next work to post, in order.
@@ -371,12 +411,12 @@ impl Reader {
         if self.link != Link::Up {
             return None;
         }
-        self.slots.iter().filter_map(|s| s.read.as_ref()).filter(|r| !r.timed_out).map(|r| r.deadline).min()
+        self.deadlines.peek().map(|(deadline, _)| deadline)
     }
 
     /// READs posted and not yet completed.
     pub fn outstanding_reads(&self) -> usize {
-        self.slots.iter().filter(|s| s.read.is_some()).count()
+        self.slots.len() - self.free.len()
     }
 
     /// Whether the QP is considered unusable.
@@ -410,5 +450,26 @@ impl Reader {
             self.events.push_back(ReaderEvent::ConnectionLost);
         }
         self.link = Link::Down;
+        // Once per connection: no READ times out from now on.
+        self.deadlines.clear();
+    }
+
+    /// Debug builds: the indexes agree with the slots (O(slots), so not in
+    /// release builds).
+    fn check_indexes(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let free: Vec<u32> =
+            (0..self.slots.len() as u32).filter(|&i| self.slots[i as usize].read.is_none()).collect();
+        assert_eq!(self.free.entries().map(|(i, ())| i).collect::<Vec<_>>(), free, "free READ slots");
+        let deadlines: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
+            .filter_map(|i| match &self.slots[i as usize].read {
+                Some(r) if self.link == Link::Up && !r.timed_out => Some((i, r.deadline)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(self.deadlines.entries().collect::<Vec<_>>(), deadlines, "READ deadlines");
+        assert!(self.due.is_empty());
     }
 }
