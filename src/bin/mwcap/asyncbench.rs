@@ -24,11 +24,15 @@ use crate::count;
 const STUCK: Duration = Duration::from_secs(10);
 
 /// Endpoint settings for a benchmark side: `buffers` buffers of
-/// `buffer_size` bytes, the same policy both ways.
-pub fn config(role: Role, policy: Policy, buffers: u32, buffer_size: u32) -> Config {
+/// `buffer_size` bytes, the same policy both ways, the driver's busy poll
+/// in µs if given.
+pub fn config(role: Role, policy: Policy, buffers: u32, buffer_size: u32, busy_poll_us: Option<u64>) -> Config {
     let mut c = Config::new(role, Policies::both(policy));
     c.buffers = buffers;
     c.buffer_size = buffer_size;
+    if let Some(us) = busy_poll_us {
+        c.busy_poll = Duration::from_micros(us);
+    }
     c
 }
 

@@ -87,7 +87,7 @@ mod imp {
                 Policy::Mw => PolicyChoice::Mw,
                 Policy::Confirm => PolicyChoice::Confirm,
             };
-            let cfg = config(Role::Client, policy, o.buffers, o.buffer_size());
+            let cfg = config(Role::Client, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
             let c = connect(open(o)?, to, cfg, choice, SETUP).map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
             if c.policies != Policies::both(policy) {
                 return Err(format!(
@@ -114,7 +114,7 @@ mod imp {
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
-            let cfg = |role| config(role, policy, o.buffers, o.buffer_size());
+            let cfg = |role| config(role, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
             let nic_err = |e: mwcap::backend::NicError| format!("setting up the {policy:?} endpoints: {e}");
             let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(nic_err)?;
             let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(nic_err)?;

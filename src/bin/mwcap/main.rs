@@ -113,6 +113,10 @@ pub struct BenchOpts {
     /// Data buffers per side.
     #[arg(long, default_value_t = 32)]
     pub buffers: u32,
+    /// How long each driver polls an idle completion queue before it sleeps
+    /// on the completion channel, in µs (default: the library's).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     /// Run on the simulated NIC instead (no RDMA needed): the async API
     /// next to the sans-IO loop.
     #[arg(long, conflicts_with = "addr")]
@@ -147,6 +151,10 @@ pub struct ServeOpts {
     /// Bytes per data buffer (the largest reply payload served).
     #[arg(long, default_value_t = 64 << 10)]
     pub buffer_size: u32,
+    /// How long each driver polls an idle completion queue before it sleeps
+    /// on the completion channel, in µs (default: the library's).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
 }
 
 /// Kinds of simulated NIC for `probe --sim`.

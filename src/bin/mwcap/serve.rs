@@ -87,7 +87,7 @@ mod imp {
                     continue;
                 }
             };
-            let cfg = config(Role::Server, policy, o.buffers, o.buffer_size);
+            let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
             match accept(nic, listener, cfg, choice, SETUP) {
                 Ok(c) => serve_one(c, policy, o.buffer_size),
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
@@ -119,11 +119,12 @@ mod imp {
             }
             server.close();
         };
-        let work = async {
+        let serving = async {
             let r = serve(&server, max_payload).await;
             server.close();
-            (r, driver.run().await)
+            r
         };
+        let work = futures::future::join(serving, driver.run());
         let ((served, reason), _) = async_io::block_on(async {
             match select(pin!(work), pin!(watch)).await {
                 Either::Left((out, _)) => (out, ()),
