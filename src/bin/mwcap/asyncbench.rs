@@ -26,7 +26,13 @@ const STUCK: Duration = Duration::from_secs(10);
 /// Endpoint settings for a benchmark side: `buffers` buffers of
 /// `buffer_size` bytes, the same policy both ways, the driver's busy poll
 /// in µs if given.
-pub fn config(role: Role, policy: Policy, buffers: u32, buffer_size: u32, busy_poll_us: Option<u64>) -> Config {
+pub fn config(
+    role: Role,
+    policy: Policy,
+    buffers: u32,
+    buffer_size: u32,
+    busy_poll_us: Option<u64>,
+) -> Config {
     let mut c = Config::new(role, Policies::both(policy));
     c.buffers = buffers;
     c.buffer_size = buffer_size;
@@ -64,13 +70,21 @@ async fn alloc<N: Nic>(conn: &Connection<N>) -> Result<Buf, String> {
 }
 
 /// Reply, waiting (and reaping) while every exposure slot or control slot is busy.
-async fn reply<N: Nic>(conn: &Connection<N>, req: mwcap::conn::RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), String> {
+async fn reply<N: Nic>(
+    conn: &Connection<N>,
+    req: mwcap::conn::RequestId,
+    status: u8,
+    header: &[u8],
+    data: Option<Buf>,
+) -> Result<(), String> {
     let give_up = Instant::now() + STUCK;
     let mut data = data;
     loop {
         match conn.reply(req, status, header, data.take()) {
             Ok(()) => return Ok(()),
-            Err(Refused { error: UseError::Busy(_) | UseError::NoCtrlSlot, data: back }) if Instant::now() < give_up => {
+            Err(Refused { error: UseError::Busy(_) | UseError::NoCtrlSlot, data: back })
+                if Instant::now() < give_up =>
+            {
                 data = back;
                 reap(conn);
                 async_io::Timer::after(Duration::from_micros(200)).await;
@@ -157,7 +171,10 @@ async fn caller<N: Nic>(
         } else {
             None
         };
-        let r = conn.call(&Ask::Call { reply_size, tag }.encode(), data).await.map_err(|e| format!("call failed: {e}"))?;
+        let r = conn
+            .call(&Ask::Call { reply_size, tag }.encode(), data)
+            .await
+            .map_err(|e| format!("call failed: {e}"))?;
         let got = match r.data {
             Some(d) => {
                 let ok = conn.read(&d).is_ok_and(|b| cases::tagged(&b, reply_size, tag));
@@ -167,12 +184,19 @@ async fn caller<N: Nic>(
             None => None,
         };
         if r.status != cases::STATUS_OK {
-            return Err(format!("the server answered status {} (1: request payload not this call's, 2: bad request)", r.status));
+            return Err(format!(
+                "the server answered status {} (1: request payload not this call's, 2: bad request)",
+                r.status
+            ));
         }
         match got {
             None if reply_size == 0 => {}
             Some(true) => {}
-            Some(false) => return Err(format!("the reply payload read is not this call's {reply_size} bytes tagged {tag}")),
+            Some(false) => {
+                return Err(format!(
+                    "the reply payload read is not this call's {reply_size} bytes tagged {tag}"
+                ))
+            }
             None => return Err(format!("asked for a {reply_size}-byte reply payload, got none")),
         }
         hist.borrow_mut().saturating_record(t0.elapsed().as_nanos() as u64);
@@ -182,11 +206,18 @@ async fn caller<N: Nic>(
 
 /// The server process's allocation count (asked for over the connection).
 async fn server_allocs<N: Nic>(conn: &Connection<N>) -> Result<u64, String> {
-    let r = conn.call(&Ask::Allocs.encode(), None).await.map_err(|e| format!("asking the server's allocations: {e}"))?;
+    let r = conn
+        .call(&Ask::Allocs.encode(), None)
+        .await
+        .map_err(|e| format!("asking the server's allocations: {e}"))?;
     if let Some(d) = r.data {
         conn.free(d);
     }
-    let b: [u8; 8] = r.header.as_slice().try_into().map_err(|_| "the server's allocation count is malformed".to_string())?;
+    let b: [u8; 8] = r
+        .header
+        .as_slice()
+        .try_into()
+        .map_err(|_| "the server's allocation count is malformed".to_string())?;
     Ok(u64::from_le_bytes(b))
 }
 
@@ -221,7 +252,13 @@ pub enum Server {
 
 /// Run `case` on a connected client: `warmup` calls, then `iters` calls
 /// measured, `case.inflight` at a time.
-pub async fn run_case<N: Nic>(conn: &Connection<N>, case: &Case, iters: u32, warmup: u32, server: Server) -> Result<Measured, String> {
+pub async fn run_case<N: Nic>(
+    conn: &Connection<N>,
+    case: &Case,
+    iters: u32,
+    warmup: u32,
+    server: Server,
+) -> Result<Measured, String> {
     let payload = RefCell::new(Payload::new(case.size));
     let tags = Cell::new(0u8);
     let scratch = RefCell::new(cases::histogram());
@@ -280,9 +317,15 @@ pub async fn run_cases<N: Nic>(
     (mode, backend): (&str, &str),
 ) -> Result<(), String> {
     for case in cases {
-        let m = run_case(conn, case, iters, warmup, server)
-            .await
-            .map_err(|e| format!("case {} policy {} size {} inflight {}: {e}", case.name(), case.policy_name(), case.size, case.inflight))?;
+        let m = run_case(conn, case, iters, warmup, server).await.map_err(|e| {
+            format!(
+                "case {} policy {} size {} inflight {}: {e}",
+                case.name(),
+                case.policy_name(),
+                case.size,
+                case.inflight
+            )
+        })?;
         println!("{}", cases::line(case, mode, backend, &m));
     }
     Ok(())

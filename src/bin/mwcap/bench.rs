@@ -37,11 +37,16 @@ pub fn run(o: &BenchOpts) -> ExitCode {
 /// The address of a `mwcap serve`'s listener for `policy`: the given port
 /// for mw, the next one for confirm.
 #[cfg(all(feature = "verbs", not(loom)))]
-pub fn policy_addr(mw: std::net::SocketAddr, policy: mwcap::conn::Policy) -> Result<std::net::SocketAddr, String> {
+pub fn policy_addr(
+    mw: std::net::SocketAddr,
+    policy: mwcap::conn::Policy,
+) -> Result<std::net::SocketAddr, String> {
     let mut a = mw;
     if policy == mwcap::conn::Policy::Confirm {
         let p = mw.port().checked_add(1).filter(|_| mw.port() != 0);
-        a.set_port(p.ok_or_else(|| format!("port {} has no next port for confirm; pick a port below 65535, not 0", mw.port()))?);
+        a.set_port(p.ok_or_else(|| {
+            format!("port {} has no next port for confirm; pick a port below 65535, not 0", mw.port())
+        })?);
     }
     Ok(a)
 }
@@ -63,8 +68,9 @@ mod imp {
     const SETUP: Duration = Duration::from_secs(60);
 
     fn open(o: &BenchOpts) -> Result<VerbsNic, String> {
-        VerbsNic::open(Some(&o.device), 1, o.gid_index)
-            .map_err(|e| format!("cannot open {} (GID index {}): {e}; check `mwcap probe`", o.device, o.gid_index))
+        VerbsNic::open(Some(&o.device), 1, o.gid_index).map_err(|e| {
+            format!("cannot open {} (GID index {}): {e}; check `mwcap probe`", o.device, o.gid_index)
+        })
     }
 
     fn header(o: &BenchOpts, how: &str) {
@@ -88,7 +94,8 @@ mod imp {
                 Policy::Confirm => PolicyChoice::Confirm,
             };
             let cfg = config(Role::Client, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
-            let c = connect(open(o)?, to, cfg, choice, SETUP).map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
+            let c = connect(open(o)?, to, cfg, choice, SETUP)
+                .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
             if c.policies != Policies::both(policy) {
                 return Err(format!(
                     "the connection to {to} runs {:?}, not {policy:?} both ways; is {to} the server's {policy:?} port (mw: the --listen port, confirm: the next)?",
@@ -98,7 +105,8 @@ mod imp {
             let Connected { endpoint, stream, .. } = c;
             let (client, driver) = Connection::new(endpoint);
             let app = async {
-                let r = run_cases(&client, &group, o.iters, o.warmup, Server::Remote, ("async", "verbs")).await;
+                let r =
+                    run_cases(&client, &group, o.iters, o.warmup, Server::Remote, ("async", "verbs")).await;
                 client.close();
                 r
             };

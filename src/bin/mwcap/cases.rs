@@ -275,7 +275,9 @@ mod tests {
 
     #[test]
     fn headers_round_trip() {
-        for ask in [Ask::Call { reply_size: 65536, tag: 7 }, Ask::Call { reply_size: 0, tag: 255 }, Ask::Allocs] {
+        for ask in
+            [Ask::Call { reply_size: 65536, tag: 7 }, Ask::Call { reply_size: 0, tag: 255 }, Ask::Allocs]
+        {
             assert_eq!(Ask::decode(&ask.encode()), Some(ask));
         }
         assert_eq!(Ask::decode(b"short"), None);
@@ -297,7 +299,10 @@ mod tests {
     fn a_request_that_comes_again_gets_the_same_plan() {
         let mut r = Responder::default();
         let id = 5;
-        assert_eq!(r.plan(id, &Ask::Call { reply_size: 64, tag: 1 }.encode()), Plan::Call { reply_size: 64, tag: 1 });
+        assert_eq!(
+            r.plan(id, &Ask::Call { reply_size: 64, tag: 1 }.encode()),
+            Plan::Call { reply_size: 64, tag: 1 }
+        );
         assert_eq!(r.plan(id, &[]), Plan::Call { reply_size: 64, tag: 1 });
     }
 

@@ -175,7 +175,9 @@ pub enum SimKind {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Probe { device, port, gid_index, sim } => probe_cmd::run(device.as_deref(), port, gid_index, sim),
+        Cmd::Probe { device, port, gid_index, sim } => {
+            probe_cmd::run(device.as_deref(), port, gid_index, sim)
+        }
         Cmd::Demo { seed } => demo::run(seed),
         Cmd::Bench(mut o) => {
             o.policies = o.policy.iter().map(|&p| p.into()).collect();

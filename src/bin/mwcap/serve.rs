@@ -46,8 +46,9 @@ mod imp {
     const SETUP: Duration = Duration::from_secs(60);
 
     fn open(o: &ServeOpts) -> Result<VerbsNic, String> {
-        VerbsNic::open(Some(&o.device), 1, o.gid_index)
-            .map_err(|e| format!("cannot open {} (GID index {}): {e}; check `mwcap probe`", o.device, o.gid_index))
+        VerbsNic::open(Some(&o.device), 1, o.gid_index).map_err(|e| {
+            format!("cannot open {} (GID index {}): {e}; check `mwcap probe`", o.device, o.gid_index)
+        })
     }
 
     pub fn run(o: &ServeOpts) -> Result<(), String> {
@@ -56,7 +57,8 @@ mod imp {
         let mut listeners = Vec::new();
         for policy in [Policy::Mw, Policy::Confirm] {
             let addr = policy_addr(o.listen, policy)?;
-            let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}; pick another --listen port"))?;
+            let l = TcpListener::bind(addr)
+                .map_err(|e| format!("cannot listen on {addr}: {e}; pick another --listen port"))?;
             listeners.push((policy, l, addr));
         }
         println!(
@@ -132,8 +134,12 @@ mod imp {
             }
         });
         match served {
-            Ok(n) => println!("mwcap serve: {policy:?} connection from {peer} done after {n} requests ({reason})"),
-            Err(e) => eprintln!("mwcap serve: {policy:?} connection from {peer} failed after: {e} ({reason})"),
+            Ok(n) => {
+                println!("mwcap serve: {policy:?} connection from {peer} done after {n} requests ({reason})")
+            }
+            Err(e) => {
+                eprintln!("mwcap serve: {policy:?} connection from {peer} failed after: {e} ({reason})")
+            }
         }
     }
 }

@@ -32,7 +32,12 @@ pub fn run(o: &BenchOpts) -> ExitCode {
             match sansio_case(o, case) {
                 Ok(m) => println!("{}", cases::line(case, "sansio", "sim", &m)),
                 Err(e) => {
-                    eprintln!("mwcap bench --sim: sansio, case {} policy {} size {}: {e}", case.name(), case.policy_name(), case.size);
+                    eprintln!(
+                        "mwcap bench --sim: sansio, case {} policy {} size {}: {e}",
+                        case.name(),
+                        case.policy_name(),
+                        case.size
+                    );
                     return ExitCode::FAILURE;
                 }
             }
@@ -81,8 +86,14 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
         c.buffer_size = o.buffer_size();
         c
     };
-    let mut pair = SimPair::new(FabricConfig::with_seed(1), DeviceConfig::spec(), DeviceConfig::spec(), cfg(Role::Client), cfg(Role::Server))
-        .map_err(|e| e.to_string())?;
+    let mut pair = SimPair::new(
+        FabricConfig::with_seed(1),
+        DeviceConfig::spec(),
+        DeviceConfig::spec(),
+        cfg(Role::Client),
+        cfg(Role::Server),
+    )
+    .map_err(|e| e.to_string())?;
     let mut state = Loop {
         client_payload: Payload::new(case.size),
         server_payload: Payload::new(case.size),
@@ -116,7 +127,13 @@ struct Loop {
 
 impl Loop {
     /// Make `n` calls, `case.inflight` at a time, recording each latency.
-    fn calls(&mut self, pair: &mut SimPair, case: &Case, n: u32, hist: &mut hdrhistogram::Histogram<u64>) -> Result<(), String> {
+    fn calls(
+        &mut self,
+        pair: &mut SimPair,
+        case: &Case,
+        n: u32,
+        hist: &mut hdrhistogram::Histogram<u64>,
+    ) -> Result<(), String> {
         let (req_size, reply_size) = (case.request_size(), case.reply_size());
         let (mut started, mut done) = (0, 0);
         let give_up = pair.now() + Duration::from_secs(60);
@@ -124,7 +141,10 @@ impl Loop {
             while started < n && self.pending.len() < case.inflight as usize {
                 let data = if req_size > 0 {
                     let Some(mut b) = pair.client.alloc() else { break };
-                    let bytes = self.client_payload.tagged(req_size, self.tag.wrapping_add(1)).ok_or("no request payload")?;
+                    let bytes = self
+                        .client_payload
+                        .tagged(req_size, self.tag.wrapping_add(1))
+                        .ok_or("no request payload")?;
                     pair.client.write(&mut b, bytes).map_err(|e| e.to_string())?;
                     Some(b)
                 } else {
@@ -154,18 +174,25 @@ impl Loop {
                 progress = true;
                 match e {
                     Event::Reply { call, status, data, .. } => {
-                        let i = self.pending.iter().position(|p| p.id == call).ok_or("a reply to no call in flight")?;
+                        let i = self
+                            .pending
+                            .iter()
+                            .position(|p| p.id == call)
+                            .ok_or("a reply to no call in flight")?;
                         let p = self.pending.swap_remove(i);
                         let ok = match data {
                             Some(d) => {
-                                let ok = pair.client.read(&d).is_ok_and(|b| cases::tagged(&b, reply_size, p.tag));
+                                let ok =
+                                    pair.client.read(&d).is_ok_and(|b| cases::tagged(&b, reply_size, p.tag));
                                 pair.client.free(d);
                                 ok
                             }
                             None => reply_size == 0,
                         };
                         if status != cases::STATUS_OK || !ok {
-                            return Err(format!("call answered status {status}, reply payload as asked: {ok}"));
+                            return Err(format!(
+                                "call answered status {status}, reply payload as asked: {ok}"
+                            ));
                         }
                         hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         done += 1;
@@ -209,7 +236,9 @@ impl Loop {
                 }
             }
             self.deferred.push_back(match plan {
-                Plan::Call { reply_size, tag } if status == cases::STATUS_OK => (req, status, tag, reply_size),
+                Plan::Call { reply_size, tag } if status == cases::STATUS_OK => {
+                    (req, status, tag, reply_size)
+                }
                 Plan::Call { tag, .. } => (req, status, tag, 0),
                 Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0),
             });
