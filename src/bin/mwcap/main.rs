@@ -1,18 +1,26 @@
-//! `mwcap`: probe devices for what mwcap needs, and a demo on the simulated NIC.
+//! `mwcap`: probe devices for what mwcap needs, a demo on the simulated NIC,
+//! and the benchmark (`bench`, with `serve` as its server over real verbs).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use mwcap::conn::Policy;
 
+#[cfg(not(loom))]
+mod asyncbench;
 mod bench;
+mod cases;
+mod count;
+mod demo;
+mod probe_cmd;
+mod serve;
 mod simbench;
 
 #[global_allocator]
-static ALLOC: simbench::Counting = simbench::Counting;
-mod demo;
-mod probe_cmd;
+static ALLOC: count::Counting = count::Counting;
 
-/// Safe zero-copy RDMA: probe devices and run the demo.
+/// Safe zero-copy RDMA: probe devices, run the demo, measure.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -38,26 +46,15 @@ enum Cmd {
         #[arg(long, value_enum)]
         sim: Option<SimKind>,
     },
-    /// Measure call latency over real verbs (client and server on one
-    /// device, loopback); compare with perftest in the same run.
-    Bench {
-        /// The device.
-        #[arg(long, default_value = "rxe0")]
-        device: String,
-        /// GID index.
-        #[arg(long, default_value_t = 1)]
-        gid_index: u8,
-        /// Calls per case.
-        #[arg(long, default_value_t = 1000)]
-        iters: u32,
-        /// Payload bytes.
-        #[arg(long, default_value_t = 4096)]
-        size: u32,
-        /// Run on the simulated NIC instead (no RDMA needed): the async API
-        /// next to the sans-IO loop, with heap allocations per call.
-        #[arg(long)]
-        sim: bool,
-    },
+    /// Measure calls through the async API: rpc, reply_read and
+    /// request_read, per policy, size and calls in flight; one
+    /// machine-readable line per case. With ADDR, this is the client of a
+    /// `mwcap serve` there; without, both sides run in this process (two
+    /// protection domains of one device), or on the simulated NIC (--sim).
+    Bench(BenchOpts),
+    /// The server side of `mwcap bench ADDR`: answers calls as each request
+    /// header asks, one connection at a time per policy, until killed.
+    Serve(ServeOpts),
     /// Show the protocols at work on the simulated NIC: leases, expiry
     /// without teardown, a stale read caught, a dead peer, the probe.
     Demo {
@@ -65,6 +62,99 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+}
+
+/// A policy for exposed memory, on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PolicyArg {
+    /// Type-2 memory windows.
+    Mw,
+    /// The confirm protocol.
+    Confirm,
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(p: PolicyArg) -> Policy {
+        match p {
+            PolicyArg::Mw => Policy::Mw,
+            PolicyArg::Confirm => Policy::Confirm,
+        }
+    }
+}
+
+/// Options of `mwcap bench`.
+#[derive(Args)]
+pub struct BenchOpts {
+    /// Address of a `mwcap serve` (its mw port; confirm is on the next
+    /// port). Without it, the server runs in this process.
+    pub addr: Option<SocketAddr>,
+    /// The device.
+    #[arg(long, default_value = "rxe0")]
+    pub device: String,
+    /// GID index (1 is `::ffff:127.0.0.1` on rxe over `lo`).
+    #[arg(long, default_value_t = 1)]
+    pub gid_index: u8,
+    /// Measured calls per case.
+    #[arg(long, default_value_t = 1000)]
+    pub iters: u32,
+    /// Warm-up calls per case, before the measured ones.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u32,
+    /// Payload sizes in bytes (rpc runs at 64 only).
+    #[arg(long, value_delimiter = ',', default_value = "64,4096,65536")]
+    pub sizes: Vec<u32>,
+    /// Calls in flight at once (1: latency; more: throughput).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub inflight: Vec<u32>,
+    /// Policies, one connection each (confirm alone on a NIC without
+    /// working type-2 windows).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "mw,confirm")]
+    pub policy: Vec<PolicyArg>,
+    /// Data buffers per side.
+    #[arg(long, default_value_t = 32)]
+    pub buffers: u32,
+    /// How long each driver polls an idle completion queue before it sleeps
+    /// on the completion channel, in µs (default: the library's).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
+    /// Run on the simulated NIC instead (no RDMA needed): the async API
+    /// next to the sans-IO loop.
+    #[arg(long, conflicts_with = "addr")]
+    pub sim: bool,
+    #[arg(skip)]
+    pub policies: Vec<Policy>,
+}
+
+impl BenchOpts {
+    /// Bytes per data buffer: the largest size, at least 64 KiB.
+    pub fn buffer_size(&self) -> u32 {
+        self.sizes.iter().copied().max().unwrap_or(0).max(64 << 10)
+    }
+}
+
+/// Options of `mwcap serve`.
+#[derive(Args)]
+pub struct ServeOpts {
+    /// The device.
+    #[arg(long, default_value = "rxe0")]
+    pub device: String,
+    /// GID index (1 is `::ffff:127.0.0.1` on rxe over `lo`).
+    #[arg(long, default_value_t = 1)]
+    pub gid_index: u8,
+    /// Where to listen for mw connections; confirm connections are taken
+    /// on the next port.
+    #[arg(long, default_value = "0.0.0.0:18600")]
+    pub listen: SocketAddr,
+    /// Data buffers per connection.
+    #[arg(long, default_value_t = 32)]
+    pub buffers: u32,
+    /// Bytes per data buffer (the largest reply payload served).
+    #[arg(long, default_value_t = 64 << 10)]
+    pub buffer_size: u32,
+    /// How long each driver polls an idle completion queue before it sleeps
+    /// on the completion channel, in µs (default: the library's).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
 }
 
 /// Kinds of simulated NIC for `probe --sim`.
@@ -85,9 +175,42 @@ pub enum SimKind {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Probe { device, port, gid_index, sim } => probe_cmd::run(device.as_deref(), port, gid_index, sim),
+        Cmd::Probe { device, port, gid_index, sim } => {
+            probe_cmd::run(device.as_deref(), port, gid_index, sim)
+        }
         Cmd::Demo { seed } => demo::run(seed),
-        Cmd::Bench { sim: true, iters, size, .. } => simbench::run(iters, size),
-        Cmd::Bench { device, gid_index, iters, size, .. } => bench::run(&device, gid_index, iters, size),
+        Cmd::Bench(mut o) => {
+            o.policies = o.policy.iter().map(|&p| p.into()).collect();
+            if let Err(e) = check(&o) {
+                eprintln!("mwcap bench: {e}");
+                return ExitCode::from(2);
+            }
+            if o.sim {
+                simbench::run(&o)
+            } else {
+                bench::run(&o)
+            }
+        }
+        Cmd::Serve(o) => serve::run(&o),
     }
+}
+
+/// Refuse options that cannot make a run.
+fn check(o: &BenchOpts) -> Result<(), String> {
+    if o.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    if o.sizes.is_empty() || o.sizes.contains(&0) {
+        return Err("--sizes needs sizes of at least 1 byte".into());
+    }
+    if o.inflight.is_empty() || o.inflight.contains(&0) {
+        return Err("--inflight needs counts of at least 1".into());
+    }
+    if let Some(&n) = o.inflight.iter().find(|&&n| n > o.buffers / 2) {
+        return Err(format!("--inflight {n} needs --buffers of at least {} (two per call in flight)", 2 * n));
+    }
+    if o.policies.is_empty() {
+        return Err("--policy needs mw, confirm or both".into());
+    }
+    Ok(())
 }

@@ -1,68 +1,43 @@
-//! `mwcap bench --sim`: the cost of mwcap's own code, on the simulated NIC
-//! (no RDMA needed), through the async `Connection`/`Driver` API users run
-//! and, as a reference, through the sans-IO `Endpoint` loop (`SimPair`).
-//! Heap allocations per call are counted by the binary's counting global
-//! allocator, in steady state (after warm-up).
-//!
-//! Each case prints one machine-readable line:
-//! `case=<name> policy=<mw|confirm|none> size=<bytes> inflight=1 mode=<async|sansio> backend=sim p50_us=<x> p99_us=<x> calls_per_s=<x> allocs_per_call=<x>`
+//! `mwcap bench --sim`: the cost of mwcap's own code on the simulated NIC
+//! (no RDMA needed), the same case matrix as over real verbs, through the
+//! async `Connection`/`Driver` API users run and, as a reference, through
+//! the sans-IO `Endpoint` loop (`SimPair`). Heap allocations per call come
+//! from the binary's counting allocator, in steady state (after warm-up).
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-#[cfg(not(loom))]
-use futures::{executor::block_on, FutureExt};
-#[cfg(not(loom))]
-use mwcap::conn::{Connection, Endpoint};
-use mwcap::conn::{Config, Event, Policies, Policy, Role, SimPair};
-#[cfg(not(loom))]
-use mwcap::sim::Fabric;
+use std::collections::VecDeque;
+
+use mwcap::conn::{CallId, Event, Policies, Refused, RequestId, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, FabricConfig};
 
-/// Heap allocations made by this process (counted by `main`'s allocator).
-pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
+use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
+use crate::count;
+use crate::BenchOpts;
 
-/// A global allocator that counts allocations, for `allocs_per_call`.
-pub struct Counting;
-
-// SAFETY: forwards every call unchanged to the system allocator.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed through unchanged.
-        unsafe { std::alloc::System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: `p` came from `alloc` above with layout `l`.
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { std::alloc::System.realloc(p, l, n) }
-    }
-}
-
-struct Case {
-    name: &'static str,
-    policy: Option<Policy>,
-    size: u32,
-}
-
-pub fn run(iters: u32, size: u32) -> ExitCode {
-    let cases = [
-        Case { name: "rpc", policy: None, size: 64 },
-        Case { name: "reply_read", policy: Some(Policy::Mw), size },
-        Case { name: "reply_read", policy: Some(Policy::Confirm), size },
-    ];
-    for c in &cases {
-        for mode in ["async", "sansio"] {
-            let r = if mode == "async" { async_case(c, iters) } else { sansio_case(c, iters) };
-            match r {
-                Ok((mut lat, allocs)) => print_line(c, mode, &mut lat, allocs, iters),
+/// Run every case in both modes; print a line for each.
+pub fn run(o: &BenchOpts) -> ExitCode {
+    let buffer_size = o.buffer_size();
+    println!(
+        "# mwcap bench --sim: simulated NIC, {} calls per case after {} warm-up calls, {} buffers of {buffer_size} bytes per side",
+        o.iters, o.warmup, o.buffers
+    );
+    for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
+        if let Err(e) = async_group(o, policy, &group) {
+            eprintln!("mwcap bench --sim: async, {policy:?} connection: {e}");
+            return ExitCode::FAILURE;
+        }
+        for case in &group {
+            match sansio_case(o, case) {
+                Ok(m) => println!("{}", cases::line(case, "sansio", "sim", &m)),
                 Err(e) => {
-                    eprintln!("mwcap bench --sim: {} {mode}: {e}", c.name);
+                    eprintln!(
+                        "mwcap bench --sim: sansio, case {} policy {} size {}: {e}",
+                        case.name(),
+                        case.policy_name(),
+                        case.size
+                    );
                     return ExitCode::FAILURE;
                 }
             }
@@ -71,163 +46,228 @@ pub fn run(iters: u32, size: u32) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn print_line(c: &Case, mode: &str, lat: &mut [Duration], allocs: u64, iters: u32) {
-    lat.sort_unstable();
-    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
-    let total: Duration = lat.iter().sum();
-    let policy = match c.policy {
-        None => "none",
-        Some(Policy::Mw) => "mw",
-        Some(Policy::Confirm) => "confirm",
-    };
-    println!(
-        "case={} policy={policy} size={} inflight=1 mode={mode} backend=sim p50_us={:.1} p99_us={:.1} calls_per_s={:.0} allocs_per_call={:.1}",
-        c.name,
-        c.size,
-        pct(0.5),
-        pct(0.99),
-        lat.len() as f64 / total.as_secs_f64(),
-        allocs as f64 / f64::from(iters)
-    );
-}
-
-fn policies(c: &Case) -> Policies {
-    Policies::both(c.policy.unwrap_or(Policy::Mw))
-}
-
 #[cfg(loom)]
-fn async_case(_: &Case, _: u32) -> Result<(Vec<Duration>, u64), String> {
+fn async_group(_: &BenchOpts, _: mwcap::conn::Policy, _: &[Case]) -> Result<(), String> {
     Err("the loom build has no async runtime".into())
 }
 
+/// One connection on two simulated devices, both sides' drivers in one
+/// executor, every case of `group` on it.
 #[cfg(not(loom))]
-fn async_case(c: &Case, iters: u32) -> Result<(Vec<Duration>, u64), String> {
+fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Result<(), String> {
+    use mwcap::conn::Endpoint;
+    use mwcap::sim::Fabric;
+
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let p = policies(c);
-    let mut ce = Endpoint::new(cn, Config::new(Role::Client, p)).map_err(|e| e.to_string())?;
-    let mut se = Endpoint::new(sn, Config::new(Role::Server, p)).map_err(|e| e.to_string())?;
+    let cfg = |role| crate::asyncbench::config(role, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
+    let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
+    let mut se = Endpoint::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).map_err(|e| e.to_string())?;
     se.connect(&a).map_err(|e| e.to_string())?;
-    let (client, cdrv) = Connection::new(ce);
-    let (server, sdrv) = Connection::new(se);
-    let payload = vec![0x5a; c.size as usize];
-    let with_data = c.policy.is_some();
-    let serve = {
-        let server = server.clone();
-        let payload = payload.clone();
-        async move {
-            while let Some(req) = server.next_request().await {
-                let data = if with_data {
-                    let mut b = server.alloc().await.map_err(|e| e.to_string())?;
-                    server.write(&mut b, &payload).map_err(|e| e.to_string())?;
-                    Some(b)
-                } else {
-                    None
-                };
-                server.reply(req.id, 0, b"ok", data).map_err(|e| e.to_string())?;
-            }
-            Ok::<(), String>(())
-        }
-    };
-    let app = async {
-        let warmup = 200;
-        let mut lat = Vec::with_capacity(iters as usize);
-        let mut allocs = 0;
-        for i in 0..warmup + iters {
-            if i == warmup {
-                allocs = ALLOCS.load(Ordering::Relaxed);
-            }
-            let t = Instant::now();
-            let r = client.call(b"bench", None).await.map_err(|e| e.to_string())?;
-            if let Some(d) = r.data {
-                client.free(d);
-            }
-            if i >= warmup {
-                lat.push(t.elapsed());
-            }
-        }
-        let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
-        client.close();
-        server.close();
-        Ok::<_, String>((lat, allocs))
-    };
-    let drivers = futures::future::join(cdrv.run(), sdrv.run());
-    let (r, _) = block_on(futures::future::join(futures::future::join(app, serve).map(|(a, _)| a), drivers));
-    r
+    crate::asyncbench::one_process(ce, se, group, o.iters, o.warmup, ("async", "sim"))
 }
 
-fn sansio_case(c: &Case, iters: u32) -> Result<(Vec<Duration>, u64), String> {
-    let p = policies(c);
+/// A call in flight in the sans-IO loop.
+struct Pending {
+    id: CallId,
+    tag: u8,
+    started: Instant,
+}
+
+/// `case` through the sans-IO loop: `warmup` calls, then `iters` measured.
+fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
+    let p = Policies::both(case.policy);
+    let cfg = |role| {
+        let mut c = mwcap::conn::Config::new(role, p);
+        c.buffers = o.buffers;
+        c.buffer_size = o.buffer_size();
+        c
+    };
     let mut pair = SimPair::new(
         FabricConfig::with_seed(1),
         DeviceConfig::spec(),
         DeviceConfig::spec(),
-        Config::new(Role::Client, p),
-        Config::new(Role::Server, p),
+        cfg(Role::Client),
+        cfg(Role::Server),
     )
     .map_err(|e| e.to_string())?;
-    let payload = vec![0x5a; c.size as usize];
-    let warmup = 200;
-    let mut lat = Vec::with_capacity(iters as usize);
-    let mut allocs = 0;
-    for i in 0..warmup + iters {
-        if i == warmup {
-            allocs = ALLOCS.load(Ordering::Relaxed);
-        }
-        let t = Instant::now();
-        let now = pair.now();
-        pair.client.call(now, b"bench", None).map_err(|e| e.to_string())?;
-        let mut replied = false;
-        let mut done = false;
-        while !done {
-            pair.settle();
-            for e in std::mem::take(&mut pair.server_events) {
-                match e {
-                    Event::Request { req, data, .. } => {
-                        if let Some(d) = data {
-                            pair.server.free(d);
-                        }
-                        let data = if c.policy.is_some() {
-                            let mut b = pair.server.alloc().ok_or("server pool empty")?;
-                            pair.server.write(&mut b, &payload).map_err(|e| e.to_string())?;
-                            Some(b)
-                        } else {
-                            None
-                        };
-                        let now = pair.now();
-                        pair.server.reply(now, req, 0, b"ok", data).map_err(|e| e.to_string())?;
-                        replied = true;
+    let mut state = Loop {
+        client_payload: Payload::new(case.size),
+        server_payload: Payload::new(case.size),
+        responder: Responder::default(),
+        pending: Vec::with_capacity(case.inflight as usize),
+        deferred: VecDeque::with_capacity(64),
+        tag: 0,
+    };
+    let mut scratch = cases::histogram();
+    state.calls(&mut pair, case, o.warmup, &mut scratch)?;
+    let mut hist = cases::histogram();
+    let a0 = count::allocs();
+    let t0 = Instant::now();
+    state.calls(&mut pair, case, o.iters, &mut hist)?;
+    let elapsed = t0.elapsed();
+    let allocs = count::allocs() - a0;
+    Ok(Measured { hist, elapsed, allocs: Some(allocs) })
+}
+
+/// The sans-IO loop's state, kept across its warm-up and measured phases.
+struct Loop {
+    client_payload: Payload,
+    server_payload: Payload,
+    responder: Responder,
+    pending: Vec<Pending>,
+    /// Replies not sent yet (waiting for a free buffer or slot): request,
+    /// status, tag, reply payload size.
+    deferred: VecDeque<(RequestId, u8, u8, u32)>,
+    tag: u8,
+}
+
+impl Loop {
+    /// Make `n` calls, `case.inflight` at a time, recording each latency.
+    fn calls(
+        &mut self,
+        pair: &mut SimPair,
+        case: &Case,
+        n: u32,
+        hist: &mut hdrhistogram::Histogram<u64>,
+    ) -> Result<(), String> {
+        let (req_size, reply_size) = (case.request_size(), case.reply_size());
+        let (mut started, mut done) = (0, 0);
+        let give_up = pair.now() + Duration::from_secs(60);
+        while done < n {
+            while started < n && self.pending.len() < case.inflight as usize {
+                let data = if req_size > 0 {
+                    let Some(mut b) = pair.client.alloc() else { break };
+                    let bytes = self
+                        .client_payload
+                        .tagged(req_size, self.tag.wrapping_add(1))
+                        .ok_or("no request payload")?;
+                    pair.client.write(&mut b, bytes).map_err(|e| e.to_string())?;
+                    Some(b)
+                } else {
+                    None
+                };
+                self.tag = self.tag.wrapping_add(1);
+                let now = pair.now();
+                let t = Instant::now();
+                match pair.client.call(now, &Ask::Call { reply_size, tag: self.tag }.encode(), data) {
+                    Ok(id) => {
+                        self.pending.push(Pending { id, tag: self.tag, started: t });
+                        started += 1;
                     }
-                    Event::BufferReturned(b) => pair.server.free(b),
-                    _ => {}
+                    // No free window or control slot yet: try again after the next turn.
+                    Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data }) => {
+                        if let Some(b) = data {
+                            pair.client.free(b);
+                        }
+                        break;
+                    }
+                    Err(r) => return Err(format!("call refused: {}", r.error)),
                 }
             }
+            pair.settle();
+            let mut progress = self.server_turn(pair)?;
             for e in std::mem::take(&mut pair.client_events) {
+                progress = true;
                 match e {
-                    Event::Reply { data, .. } => {
-                        if let Some(d) = data {
-                            pair.client.free(d);
+                    Event::Reply { call, status, data, .. } => {
+                        let i = self
+                            .pending
+                            .iter()
+                            .position(|p| p.id == call)
+                            .ok_or("a reply to no call in flight")?;
+                        let p = self.pending.swap_remove(i);
+                        let ok = match data {
+                            Some(d) => {
+                                let ok =
+                                    pair.client.bytes(&d, |b| cases::tagged(b, reply_size, p.tag)).unwrap_or(false);
+                                pair.client.free(d);
+                                ok
+                            }
+                            None => reply_size == 0,
+                        };
+                        if status != cases::STATUS_OK || !ok {
+                            return Err(format!(
+                                "call answered status {status}, reply payload as asked: {ok}"
+                            ));
                         }
-                        done = true;
+                        hist.saturating_record(p.started.elapsed().as_nanos() as u64);
+                        done += 1;
                     }
                     Event::CallFailed { error, .. } => return Err(error.to_string()),
                     Event::BufferReturned(b) => pair.client.free(b),
                     _ => {}
                 }
             }
-            if !done {
-                let limit = pair.now() + Duration::from_secs(1);
-                if !pair.step(limit) && replied {
-                    pair.run_for(Duration::from_micros(10));
-                }
+            if !progress && !pair.step(pair.now() + Duration::from_secs(1)) {
+                pair.run_for(Duration::from_micros(10));
+            }
+            if pair.now() > give_up {
+                return Err(format!("{done} of {n} calls done after 60 s of simulated time"));
             }
         }
-        if i >= warmup {
-            lat.push(t.elapsed());
-        }
+        Ok(())
     }
-    Ok((lat, ALLOCS.load(Ordering::Relaxed) - allocs))
+
+    /// Take the server's events and reply; whether anything happened.
+    fn server_turn(&mut self, pair: &mut SimPair) -> Result<bool, String> {
+        let mut progress = false;
+        for e in std::mem::take(&mut pair.server_events) {
+            progress = true;
+            let (req, header, data) = match e {
+                Event::Request { req, header, data } => (req, header, data),
+                Event::ReplyAgain { req } => (req, Default::default(), None),
+                Event::BufferReturned(b) => {
+                    pair.server.free(b);
+                    continue;
+                }
+                _ => continue,
+            };
+            let plan = self.responder.plan(req.raw(), &header);
+            let mut status = cases::STATUS_OK;
+            if let Some(d) = data {
+                let ok = matches!(plan, Plan::Call { tag, .. } if pair.server.bytes(&d, |b| cases::tagged(b, d.len(), tag)).unwrap_or(false));
+                pair.server.free(d);
+                if !ok {
+                    status = cases::STATUS_BAD_PAYLOAD;
+                }
+            }
+            self.deferred.push_back(match plan {
+                Plan::Call { reply_size, tag } if status == cases::STATUS_OK => {
+                    (req, status, tag, reply_size)
+                }
+                Plan::Call { tag, .. } => (req, status, tag, 0),
+                Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0),
+            });
+        }
+        // Reply in order, as far as the server has free buffers and slots.
+        while let Some(&(req, status, tag, size)) = self.deferred.front() {
+            let data = if size > 0 {
+                let Some(mut b) = pair.server.alloc() else { break };
+                let bytes = self.server_payload.tagged(size, tag).ok_or("reply size out of range")?;
+                pair.server.write(&mut b, bytes).map_err(|e| e.to_string())?;
+                Some(b)
+            } else {
+                None
+            };
+            let now = pair.now();
+            match pair.server.reply(now, req, status, &[], data) {
+                Ok(()) => {
+                    self.deferred.pop_front();
+                    progress = true;
+                }
+                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data }) => {
+                    if let Some(b) = data {
+                        pair.server.free(b);
+                    }
+                    break;
+                }
+                Err(r) => return Err(format!("reply refused: {}", r.error)),
+            }
+        }
+        Ok(progress)
+    }
 }

@@ -1,0 +1,312 @@
+//! The benchmark over the async API (`Connection` + `Driver`), on any NIC:
+//! the server's loop, the client's calls with 1 or many in flight, and one
+//! process running both sides of a connection in one executor.
+//!
+//! Everything here runs on one thread under `async_io::block_on`, which
+//! also drives async-io's reactor (the completion channel's fd) while the
+//! thread would otherwise sleep.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use futures::future::{select, try_join_all, Either};
+use hdrhistogram::Histogram;
+use mwcap::backend::Nic;
+use mwcap::conn::{Buf, Config, Connection, Endpoint, Policies, Policy, Refused, Role, UseError};
+
+use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
+use crate::count;
+
+/// How long to wait for a buffer or an exposure slot before calling the
+/// run stuck.
+const STUCK: Duration = Duration::from_secs(10);
+
+/// Endpoint settings for a benchmark side: `buffers` buffers of
+/// `buffer_size` bytes, the same policy both ways, the driver's busy poll
+/// in µs if given.
+pub fn config(
+    role: Role,
+    policy: Policy,
+    buffers: u32,
+    buffer_size: u32,
+    busy_poll_us: Option<u64>,
+) -> Config {
+    let mut c = Config::new(role, Policies::both(policy));
+    c.buffers = buffers;
+    c.buffer_size = buffer_size;
+    if let Some(us) = busy_poll_us {
+        c.busy_poll = Duration::from_micros(us);
+    }
+    c
+}
+
+/// A free buffer: returned buffers go back to the pool by themselves and
+/// wake `alloc`; give up after `STUCK`.
+async fn alloc<N: Nic>(conn: &Connection<N>) -> Result<Buf, String> {
+    let wait = pin!(conn.alloc());
+    match select(wait, async_io::Timer::after(STUCK)).await {
+        Either::Left((b, _)) => b.map_err(|e| format!("waiting for a buffer: {e}")),
+        Either::Right(_) => Err(format!("no buffer came back to the pool in {STUCK:?}; is the peer still reading?")),
+    }
+}
+
+/// Reply, waiting (and reaping) while every exposure slot or control slot is busy.
+async fn reply<N: Nic>(
+    conn: &Connection<N>,
+    req: mwcap::conn::RequestId,
+    status: u8,
+    header: &[u8],
+    data: Option<Buf>,
+) -> Result<(), String> {
+    let give_up = Instant::now() + STUCK;
+    let mut data = data;
+    loop {
+        match conn.reply(req, status, header, data.take()) {
+            Ok(()) => return Ok(()),
+            Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back })
+                if Instant::now() < give_up =>
+            {
+                data = back;
+                async_io::Timer::after(Duration::from_micros(200)).await;
+            }
+            Err(Refused { error, data: back }) => {
+                if let Some(b) = back {
+                    conn.free(b);
+                }
+                return Err(format!("the reply was refused: {error}"));
+            }
+        }
+    }
+}
+
+/// Serve requests until the connection is down: check each request
+/// payload's tag, reply with the payload the header asks for (or the
+/// allocation count). Returns the number of requests served.
+pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64, String> {
+    let mut payload = Payload::new(max_payload);
+    let mut responder = Responder::default();
+    let mut served = 0;
+    while let Some(req) = conn.next_request().await {
+        served += 1;
+        let plan = responder.plan(req.id.raw(), &req.header);
+        let mut status = cases::STATUS_OK;
+        if let Some(d) = req.data {
+            let ok = match plan {
+                Plan::Call { tag, .. } => conn.bytes(&d, |b| cases::tagged(b, d.len(), tag)).unwrap_or(false),
+                _ => false,
+            };
+            conn.free(d);
+            if !ok {
+                status = cases::STATUS_BAD_PAYLOAD;
+            }
+        }
+        match plan {
+            Plan::Allocs => reply(conn, req.id, status, &count::allocs().to_le_bytes(), None).await?,
+            Plan::Call { reply_size, tag } if status == cases::STATUS_OK && reply_size > 0 => {
+                let Some(bytes) = payload.tagged(reply_size, tag) else {
+                    reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?;
+                    continue;
+                };
+                let mut b = alloc(conn).await?;
+                if let Err(e) = conn.write(&mut b, bytes) {
+                    conn.free(b);
+                    return Err(format!("writing a {reply_size}-byte reply: {e}"));
+                }
+                reply(conn, req.id, status, &[], Some(b)).await?;
+            }
+            Plan::Call { .. } => reply(conn, req.id, status, &[], None).await?,
+            Plan::Bad => reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?,
+        }
+    }
+    Ok(served)
+}
+
+/// One client task: `calls` calls of `case`, one after the other, each
+/// recorded in `hist`.
+async fn caller<N: Nic>(
+    conn: &Connection<N>,
+    case: &Case,
+    calls: u32,
+    first_tag: u8,
+    payload: &RefCell<Payload>,
+    hist: &RefCell<Histogram<u64>>,
+) -> Result<(), String> {
+    let (req_size, reply_size) = (case.request_size(), case.reply_size());
+    let mut tag = first_tag;
+    for _ in 0..calls {
+        tag = tag.wrapping_add(1);
+        let t0 = Instant::now();
+        let data = if req_size > 0 {
+            let mut b = alloc(conn).await?;
+            let w = match payload.borrow_mut().tagged(req_size, tag) {
+                Some(bytes) => conn.write(&mut b, bytes).map_err(|e| e.to_string()),
+                None => Err(format!("no {req_size}-byte payload")),
+            };
+            if let Err(e) = w {
+                conn.free(b);
+                return Err(format!("writing the request payload: {e}"));
+            }
+            Some(b)
+        } else {
+            None
+        };
+        let r = conn
+            .call(&Ask::Call { reply_size, tag }.encode(), data)
+            .await
+            .map_err(|e| format!("call failed: {e}"))?;
+        let got = match r.data {
+            Some(d) => {
+                let ok = conn.bytes(&d, |b| cases::tagged(b, reply_size, tag)).unwrap_or(false);
+                conn.free(d);
+                Some(ok)
+            }
+            None => None,
+        };
+        if r.status != cases::STATUS_OK {
+            return Err(format!(
+                "the server answered status {} (1: request payload not this call's, 2: bad request)",
+                r.status
+            ));
+        }
+        match got {
+            None if reply_size == 0 => {}
+            Some(true) => {}
+            Some(false) => {
+                return Err(format!(
+                    "the reply payload read is not this call's {reply_size} bytes tagged {tag}"
+                ))
+            }
+            None => return Err(format!("asked for a {reply_size}-byte reply payload, got none")),
+        }
+        hist.borrow_mut().saturating_record(t0.elapsed().as_nanos() as u64);
+    }
+    Ok(())
+}
+
+/// The server process's allocation count (asked for over the connection).
+async fn server_allocs<N: Nic>(conn: &Connection<N>) -> Result<u64, String> {
+    let r = conn
+        .call(&Ask::Allocs.encode(), None)
+        .await
+        .map_err(|e| format!("asking the server's allocations: {e}"))?;
+    if let Some(d) = r.data {
+        conn.free(d);
+    }
+    let b: [u8; 8] = r
+        .header[..]
+        .try_into()
+        .map_err(|_| "the server's allocation count is malformed".to_string())?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// `calls` calls of `case`, `case.inflight` at a time (built at once, so
+/// that awaiting it allocates nothing more).
+fn batch<'a, N: Nic>(
+    conn: &'a Connection<N>,
+    case: &'a Case,
+    calls: u32,
+    payload: &'a RefCell<Payload>,
+    tags: &'a Cell<u8>,
+    hist: &'a RefCell<Histogram<u64>>,
+) -> impl Future<Output = Result<Vec<()>, String>> + 'a {
+    let n = case.inflight.max(1);
+    try_join_all((0..n).map(move |k| {
+        let share = calls / n + u32::from(k < calls % n);
+        // Each caller starts its tags elsewhere, so that two calls in
+        // flight rarely share one.
+        tags.set(tags.get().wrapping_add(97));
+        caller(conn, case, share, tags.get(), payload, hist)
+    }))
+}
+
+/// Whether the server runs in this process (its allocations are counted here).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// In this process.
+    Here,
+    /// In another process: ask it for its count over the connection.
+    Remote,
+}
+
+/// Run `case` on a connected client: `warmup` calls, then `iters` calls
+/// measured, `case.inflight` at a time.
+pub async fn run_case<N: Nic>(
+    conn: &Connection<N>,
+    case: &Case,
+    iters: u32,
+    warmup: u32,
+    server: Server,
+) -> Result<Measured, String> {
+    let payload = RefCell::new(Payload::new(case.size));
+    let tags = Cell::new(0u8);
+    let scratch = RefCell::new(cases::histogram());
+    batch(conn, case, warmup, &payload, &tags, &scratch).await?;
+    let hist = RefCell::new(cases::histogram());
+    let remote0 = if server == Server::Remote { Some(server_allocs(conn).await?) } else { None };
+    let run = batch(conn, case, iters, &payload, &tags, &hist);
+    let a0 = count::allocs();
+    let t0 = Instant::now();
+    run.await?;
+    let elapsed = t0.elapsed();
+    let local = count::allocs() - a0;
+    let allocs = match remote0 {
+        Some(r0) => local + server_allocs(conn).await?.saturating_sub(r0),
+        None => local,
+    };
+    Ok(Measured { hist: hist.into_inner(), elapsed, allocs: Some(allocs) })
+}
+
+/// Both sides of one connection in this process, each with its own
+/// driver, in one executor: run `cases` and print a line for each.
+pub fn one_process<N: Nic>(
+    client: Endpoint<N>,
+    server: Endpoint<N>,
+    cases: &[Case],
+    iters: u32,
+    warmup: u32,
+    mode_backend: (&str, &str),
+) -> Result<(), String> {
+    let max_payload = server.config().buffer_size;
+    let (client, cdrv) = Connection::new(client);
+    let (server, sdrv) = Connection::new(server);
+    let app = async {
+        let r = run_cases(&client, cases, iters, warmup, Server::Here, mode_backend).await;
+        client.close();
+        server.close();
+        r
+    };
+    let srv = async {
+        let r = serve(&server, max_payload).await;
+        server.close();
+        r
+    };
+    let (r, s, _, _) = async_io::block_on(futures::future::join4(app, srv, cdrv.run(), sdrv.run()));
+    r?;
+    s.map(|_| ())
+}
+
+/// Run `cases` on a connected client, printing a line for each.
+pub async fn run_cases<N: Nic>(
+    conn: &Connection<N>,
+    cases: &[Case],
+    iters: u32,
+    warmup: u32,
+    server: Server,
+    (mode, backend): (&str, &str),
+) -> Result<(), String> {
+    for case in cases {
+        let m = run_case(conn, case, iters, warmup, server).await.map_err(|e| {
+            format!(
+                "case {} policy {} size {} inflight {}: {e}",
+                case.name(),
+                case.policy_name(),
+                case.size,
+                case.inflight
+            )
+        })?;
+        println!("{}", cases::line(case, mode, backend, &m));
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! What every `mwcap bench` mode shares: the case matrix, the per-call
+//! instructions the client puts in the request header for the server, the
+//! server's side of those instructions, and the machine-readable result line.
+//!
+//! A request header is [`HEADER_LEN`] bytes: an operation byte, the reply
+//! payload size the client wants (u32, little-endian) and a tag. The tag is
+//! the first and last byte of the call's payload, whichever side writes it,
+//! and the reader checks both (a cheap check that it READ this call's bytes).
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use mwcap::conn::Policy;
+
+/// Bytes of every request header.
+pub const HEADER_LEN: usize = 6;
+/// Filler of every payload between its first and last byte.
+const FILL: u8 = 0x5a;
+/// Reply status: done.
+pub const STATUS_OK: u8 = 0;
+/// Reply status: the request payload was not this call's.
+pub const STATUS_BAD_PAYLOAD: u8 = 1;
+/// Reply status: the header made no sense (or a request came again unknown).
+pub const STATUS_BAD_REQUEST: u8 = 2;
+
+/// What a case measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A call with no payload either way.
+    Rpc,
+    /// The server replies with a payload the client READs.
+    ReplyRead,
+    /// The client sends a payload the server READs; the reply has none.
+    RequestRead,
+}
+
+/// One line of results: a kind of call, the policy of its payload, its
+/// size and how many calls are in flight at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    /// What is measured.
+    pub kind: Kind,
+    /// The policy of the connection the case runs on.
+    pub policy: Policy,
+    /// Payload bytes (64 for `rpc`, which has none).
+    pub size: u32,
+    /// Calls in flight at once.
+    pub inflight: u32,
+}
+
+impl Case {
+    /// The case's name in result lines.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Rpc => "rpc",
+            Kind::ReplyRead => "reply_read",
+            Kind::RequestRead => "request_read",
+        }
+    }
+
+    /// The policy in result lines: `none` for a call without payload.
+    pub fn policy_name(&self) -> &'static str {
+        match (self.kind, self.policy) {
+            (Kind::Rpc, _) => "none",
+            (_, Policy::Mw) => "mw",
+            (_, Policy::Confirm) => "confirm",
+        }
+    }
+
+    /// Bytes of the request payload (0: none).
+    pub fn request_size(&self) -> u32 {
+        if self.kind == Kind::RequestRead {
+            self.size
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the reply payload (0: none).
+    pub fn reply_size(&self) -> u32 {
+        if self.kind == Kind::ReplyRead {
+            self.size
+        } else {
+            0
+        }
+    }
+}
+
+/// The cases, grouped by the policy of the connection they run on: `rpc`
+/// (at 64 B) on the first policy's connection, then for each policy its
+/// `reply_read` and `request_read` cases at every size; each case at every
+/// in-flight count.
+pub fn matrix(policies: &[Policy], sizes: &[u32], inflights: &[u32]) -> Vec<(Policy, Vec<Case>)> {
+    let mut groups = Vec::new();
+    for (i, &policy) in policies.iter().enumerate() {
+        let mut cases = Vec::new();
+        if i == 0 {
+            for &inflight in inflights {
+                cases.push(Case { kind: Kind::Rpc, policy, size: 64, inflight });
+            }
+        }
+        for kind in [Kind::ReplyRead, Kind::RequestRead] {
+            for &size in sizes {
+                for &inflight in inflights {
+                    cases.push(Case { kind, policy, size, inflight });
+                }
+            }
+        }
+        groups.push((policy, cases));
+    }
+    groups
+}
+
+/// What a client asks of the server in a request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Answer the call: check the request payload's tag (if there is one),
+    /// reply with a payload of `reply_size` bytes tagged `tag` (none if 0).
+    Call {
+        /// Reply payload bytes.
+        reply_size: u32,
+        /// First and last byte of both payloads.
+        tag: u8,
+    },
+    /// Reply with the server process's allocation count (u64 LE in the
+    /// reply header), for `allocs_per_call` across two processes.
+    Allocs,
+}
+
+impl Ask {
+    /// The request header.
+    pub fn encode(self) -> [u8; HEADER_LEN] {
+        let mut h = [0; HEADER_LEN];
+        match self {
+            Ask::Call { reply_size, tag } => {
+                h[1..5].copy_from_slice(&reply_size.to_le_bytes());
+                h[5] = tag;
+            }
+            Ask::Allocs => h[0] = 1,
+        }
+        h
+    }
+
+    /// Parse a request header.
+    pub fn decode(h: &[u8]) -> Option<Ask> {
+        let h: &[u8; HEADER_LEN] = h.try_into().ok()?;
+        match h[0] {
+            0 => Some(Ask::Call { reply_size: u32::from_le_bytes([h[1], h[2], h[3], h[4]]), tag: h[5] }),
+            1 => Some(Ask::Allocs),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `bytes` is a payload of `len` bytes tagged `tag`.
+pub fn tagged(bytes: &[u8], len: u32, tag: u8) -> bool {
+    bytes.len() == len as usize && bytes.first() == Some(&tag) && bytes.last() == Some(&tag)
+}
+
+/// A payload source: one buffer of filler whose ends are re-tagged per call,
+/// so filling a payload allocates nothing.
+pub struct Payload(Vec<u8>);
+
+impl Payload {
+    /// Payloads of up to `max` bytes.
+    pub fn new(max: u32) -> Payload {
+        Payload(vec![FILL; max.max(1) as usize])
+    }
+
+    /// The first `len` bytes, with first and last byte `tag`; `None` if
+    /// `len` is 0 or larger than the source.
+    pub fn tagged(&mut self, len: u32, tag: u8) -> Option<&[u8]> {
+        let b = self.0.get_mut(..len as usize).filter(|b| !b.is_empty())?;
+        b[0] = tag;
+        let last = b.len() - 1;
+        b[last] = tag;
+        // Old tags left inside by longer payloads are harmless: only the
+        // ends are checked.
+        Some(b)
+    }
+}
+
+/// What the server does with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Reply with a payload (`reply_size` > 0) or none, tagged `tag`, after
+    /// checking the request payload against `tag`.
+    Call {
+        /// Reply payload bytes.
+        reply_size: u32,
+        /// The call's tag.
+        tag: u8,
+    },
+    /// Reply with the allocation count.
+    Allocs,
+    /// Reply [`STATUS_BAD_REQUEST`].
+    Bad,
+}
+
+/// The server's memory of recent calls, for a request that comes again
+/// (confirm policy: the client read a stale reply and asks again, with an
+/// empty header). Fixed size: remembering allocates nothing.
+pub struct Responder {
+    recent: [(u64, u32, u8); 64],
+    next: usize,
+}
+
+impl Default for Responder {
+    fn default() -> Self {
+        Responder { recent: [(u64::MAX, 0, 0); 64], next: 0 }
+    }
+}
+
+impl Responder {
+    /// What to do with request `id` (its raw id) carrying `header`.
+    pub fn plan(&mut self, id: u64, header: &[u8]) -> Plan {
+        if header.is_empty() {
+            return match self.recent.iter().find(|r| r.0 == id) {
+                Some(&(_, reply_size, tag)) => Plan::Call { reply_size, tag },
+                None => Plan::Bad,
+            };
+        }
+        match Ask::decode(header) {
+            Some(Ask::Call { reply_size, tag }) => {
+                self.recent[self.next] = (id, reply_size, tag);
+                self.next = (self.next + 1) % self.recent.len();
+                Plan::Call { reply_size, tag }
+            }
+            Some(Ask::Allocs) => Plan::Allocs,
+            None => Plan::Bad,
+        }
+    }
+}
+
+/// Latencies of the measured calls of one case.
+pub struct Measured {
+    /// Call latencies in nanoseconds.
+    pub hist: Histogram<u64>,
+    /// Wall time of the measured calls, all of them.
+    pub elapsed: Duration,
+    /// Heap allocations during the measured calls (both sides), if counted.
+    pub allocs: Option<u64>,
+}
+
+/// A histogram of call latencies in nanoseconds, 1 ns to 100 s, 3 significant
+/// digits; recording into it allocates nothing.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// The case's result line (see the crate's `bench` docs for its fields).
+pub fn line(case: &Case, mode: &str, backend: &str, m: &Measured) -> String {
+    let us = |q: f64| m.hist.value_at_quantile(q) as f64 / 1e3;
+    let calls = m.hist.len();
+    let mut s = format!(
+        "case={} policy={} size={} inflight={} mode={mode} backend={backend} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
+        case.name(),
+        case.policy_name(),
+        case.size,
+        case.inflight,
+        us(0.5),
+        us(0.99),
+        us(0.999),
+        calls as f64 / m.elapsed.as_secs_f64().max(1e-9),
+    );
+    if let Some(a) = m.allocs {
+        s += &format!(" allocs_per_call={:.1}", a as f64 / calls.max(1) as f64);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        for ask in
+            [Ask::Call { reply_size: 65536, tag: 7 }, Ask::Call { reply_size: 0, tag: 255 }, Ask::Allocs]
+        {
+            assert_eq!(Ask::decode(&ask.encode()), Some(ask));
+        }
+        assert_eq!(Ask::decode(b"short"), None);
+        assert_eq!(Ask::decode(&[9, 0, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn payloads_carry_their_tag_at_both_ends() {
+        let mut p = Payload::new(4096);
+        let b = p.tagged(4096, 3).unwrap().to_vec();
+        assert!(tagged(&b, 4096, 3));
+        assert!(!tagged(&b, 4096, 4));
+        let b = p.tagged(64, 9).unwrap().to_vec();
+        assert!(tagged(&b, 64, 9) && !tagged(&b, 4096, 9));
+        assert!(p.tagged(0, 1).is_none() && p.tagged(4097, 1).is_none());
+    }
+
+    #[test]
+    fn a_request_that_comes_again_gets_the_same_plan() {
+        let mut r = Responder::default();
+        let id = 5;
+        assert_eq!(
+            r.plan(id, &Ask::Call { reply_size: 64, tag: 1 }.encode()),
+            Plan::Call { reply_size: 64, tag: 1 }
+        );
+        assert_eq!(r.plan(id, &[]), Plan::Call { reply_size: 64, tag: 1 });
+    }
+
+    #[test]
+    fn the_matrix_puts_rpc_on_the_first_connection_only() {
+        let m = matrix(&[Policy::Mw, Policy::Confirm], &[64, 4096, 65536], &[1, 16]);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].1.len(), 2 + 2 * 3 * 2);
+        assert_eq!(m[1].1.len(), 2 * 3 * 2);
+        assert!(m[1].1.iter().all(|c| c.kind != Kind::Rpc));
+    }
+}

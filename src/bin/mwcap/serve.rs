@@ -1,0 +1,145 @@
+//! `mwcap serve`: the server of `mwcap bench ADDR`, over real verbs and the
+//! async API. It listens on two ports, one per policy (the `--listen` port
+//! serves mw, the next one confirm), and serves one connection at a time on
+//! each: every request is answered as its header asks (see `cases`). A
+//! connection ends when its client closes the bootstrap TCP stream.
+
+use std::process::ExitCode;
+
+use crate::ServeOpts;
+
+#[cfg(not(all(feature = "verbs", not(loom))))]
+pub fn run(_: &ServeOpts) -> ExitCode {
+    eprintln!("mwcap serve: this build has no verbs backend; rebuild with `--features verbs`");
+    ExitCode::from(2)
+}
+
+/// Serve until killed.
+#[cfg(all(feature = "verbs", not(loom)))]
+pub fn run(o: &ServeOpts) -> ExitCode {
+    match imp::run(o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mwcap serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(all(feature = "verbs", not(loom)))]
+mod imp {
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::pin::pin;
+    use std::time::Duration;
+
+    use futures::future::{select, Either};
+    use futures::AsyncReadExt;
+    use mwcap::conn::{accept, Connected, Connection, Policy, PolicyChoice, Role};
+    use mwcap::verbs::VerbsNic;
+
+    use crate::asyncbench::{config, serve};
+    use crate::bench::policy_addr;
+    use crate::ServeOpts;
+
+    /// How long the hellos and the ready phase may take once a client connected.
+    const SETUP: Duration = Duration::from_secs(60);
+
+    fn open(o: &ServeOpts) -> Result<VerbsNic, String> {
+        VerbsNic::open(Some(&o.device), 1, o.gid_index).map_err(|e| {
+            format!("cannot open {} (GID index {}): {e}; check `mwcap probe`", o.device, o.gid_index)
+        })
+    }
+
+    pub fn run(o: &ServeOpts) -> Result<(), String> {
+        // Fail at once, not at the first client, when the device is unusable.
+        drop(open(o)?);
+        let mut listeners = Vec::new();
+        for policy in [Policy::Mw, Policy::Confirm] {
+            let addr = policy_addr(o.listen, policy)?;
+            let l = TcpListener::bind(addr)
+                .map_err(|e| format!("cannot listen on {addr}: {e}; pick another --listen port"))?;
+            listeners.push((policy, l, addr));
+        }
+        println!(
+            "mwcap serve: listening on {} (mw) and {} (confirm), device {}",
+            listeners[0].2, listeners[1].2, o.device
+        );
+        let _ = std::io::stdout().flush();
+        std::thread::scope(|s| {
+            for (policy, l, _) in &listeners {
+                s.spawn(move || accept_loop(o, l, *policy));
+            }
+        });
+        Ok(())
+    }
+
+    /// Accept and serve connections one after the other, forever.
+    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy) {
+        let choice = match policy {
+            Policy::Mw => PolicyChoice::Mw,
+            Policy::Confirm => PolicyChoice::Confirm,
+        };
+        loop {
+            let nic = match open(o) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("mwcap serve: {e}; trying again in 1 s");
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
+            match accept(nic, listener, cfg, choice, SETUP) {
+                Ok(c) => serve_one(c, policy, o.buffer_size),
+                Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
+            }
+        }
+    }
+
+    /// Serve one connection until its client closes the bootstrap stream
+    /// (or the connection goes down).
+    fn serve_one(c: Connected<VerbsNic>, policy: Policy, max_payload: u32) {
+        let Connected { endpoint, stream, policies } = c;
+        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        println!("mwcap serve: {policy:?} connection from {peer} ({policies:?})");
+        let (server, driver) = Connection::new(endpoint);
+        let stream = match async_io::Async::new(stream) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("mwcap serve: cannot watch the bootstrap stream of {peer} ({e}); the connection ends with its QP");
+                None
+            }
+        };
+        // The client closing its stream (or dying) ends the connection.
+        let watch = async {
+            if let Some(mut s) = stream {
+                let mut b = [0u8; 64];
+                while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
+            } else {
+                futures::future::pending::<()>().await;
+            }
+            server.close();
+        };
+        let serving = async {
+            let r = serve(&server, max_payload).await;
+            server.close();
+            r
+        };
+        let work = futures::future::join(serving, driver.run());
+        let ((served, reason), _) = async_io::block_on(async {
+            match select(pin!(work), pin!(watch)).await {
+                Either::Left((out, _)) => (out, ()),
+                Either::Right(((), work)) => (work.await, ()),
+            }
+        });
+        match served {
+            Ok(n) => {
+                println!("mwcap serve: {policy:?} connection from {peer} done after {n} requests ({reason})")
+            }
+            Err(e) => {
+                eprintln!("mwcap serve: {policy:?} connection from {peer} failed after: {e} ({reason})")
+            }
+        }
+    }
+}
