@@ -45,6 +45,7 @@ mod pd;
 mod post;
 mod qp;
 mod sys;
+mod track;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{list_devices, Context, DeviceAttrs, ListedDevice, PortAttrs};

@@ -1,6 +1,6 @@
 //! [`VerbsNic`]: the [`Nic`] interface over a real verbs device.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -13,9 +13,10 @@ use super::mw::Mw;
 use super::pd::Pd;
 use super::post::{SendOp, SendRequest, Slice};
 use super::qp::{PortInfo, Qp};
+use super::track::Track;
 use crate::backend::{
     Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge, WcOpcode,
+    QpEndpoint, QpId, QpState, SendWr, Sge,
 };
 
 /// A queue pair with the record of what was posted on it, used to report
@@ -26,55 +27,6 @@ struct QpSlot {
     send_cq: CqId,
     recv_cq: CqId,
     track: Mutex<Track>,
-}
-
-#[derive(Default)]
-struct Track {
-    sq: VecDeque<(u64, WcOpcode)>,
-    rq: VecDeque<u64>,
-    cap: usize,
-}
-
-impl Track {
-    fn push_sq(&mut self, wr_id: u64, op: WcOpcode) {
-        if self.sq.len() >= self.cap {
-            self.sq.pop_front();
-        }
-        self.sq.push_back((wr_id, op));
-    }
-
-    fn push_rq(&mut self, wr_id: u64) {
-        if self.rq.len() >= self.cap {
-            self.rq.pop_front();
-        }
-        self.rq.push_back(wr_id);
-    }
-
-    /// Match a completion with what was posted; fill in the opcode of
-    /// unsuccessful ones. `from_sq`: Some(true) if it can only be a send
-    /// completion, Some(false) if only a receive, None if unknown.
-    fn settle(&mut self, c: &mut Completion, from_sq: Option<bool>) {
-        let in_sq = self.sq.iter().position(|(id, _)| *id == c.wr_id);
-        let in_rq = self.rq.iter().position(|id| *id == c.wr_id);
-        let sq_side = match from_sq {
-            Some(side) => side,
-            None if c.status.is_success() => c.opcode != WcOpcode::Recv,
-            None => in_sq.is_some(),
-        };
-        if sq_side {
-            if let Some(p) = in_sq {
-                if !c.status.is_success() {
-                    c.opcode = self.sq[p].1;
-                }
-                self.sq.drain(..=p);
-            }
-        } else if let Some(p) = in_rq {
-            if !c.status.is_success() {
-                c.opcode = WcOpcode::Recv;
-            }
-            self.rq.drain(..=p);
-        }
-    }
 }
 
 /// Fields drop in declaration order, which is the safe teardown order:
@@ -336,7 +288,7 @@ impl Nic for VerbsNic {
         let id = QpId(t.id());
         let endpoint = qp.endpoint(Some(id));
         let cap = (cfg.max_send_wr.max(cfg.max_recv_wr) as usize) * 2;
-        let track = Mutex::new(Track { cap, ..Track::default() });
+        let track = Mutex::new(Track::new(cap));
         t.qps.insert(id.0, Arc::new(QpSlot { qp, send_cq: cfg.send_cq, recv_cq: cfg.recv_cq, track }));
         t.by_qpn.insert(qpn, id.0);
         Ok(endpoint)
@@ -442,9 +394,7 @@ impl Nic for VerbsNic {
         match slot.qp.post_send(&reqs) {
             Ok(()) => Ok(()),
             Err(e) => {
-                let unposted = wrs.len() - e.posted;
-                let keep = track.sq.len().saturating_sub(unposted);
-                track.sq.truncate(keep);
+                track.unpush_sq(wrs.len() - e.posted);
                 if e.posted == 0 {
                     Err(e.error)
                 } else {
@@ -461,7 +411,7 @@ impl Nic for VerbsNic {
         let mut track = slot.track.lock();
         track.push_rq(wr_id);
         slot.qp.post_recv(wr_id, &[slice]).inspect_err(|_| {
-            track.rq.pop_back();
+            track.unpush_rq();
         })
     }
 
