@@ -44,6 +44,7 @@ mod nic;
 mod pd;
 mod post;
 mod qp;
+mod slots;
 mod sys;
 mod track;
 
