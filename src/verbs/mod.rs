@@ -55,5 +55,5 @@ pub use mr::Mr;
 pub use mw::Mw;
 pub use nic::VerbsNic;
 pub use pd::Pd;
-pub use post::{PostError, SendOp, SendRequest, Slice};
+pub use post::{PostError, SendChain, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 pub use qp::{PortInfo, Qp};

@@ -1,16 +1,24 @@
 //! [`VerbsNic`]: the [`Nic`] interface over a real verbs device.
 //!
-//! # Locks
-//! Ids resolve through lock-free [`Slots`] tables: one compare-and-swap to
-//! pin each object a call names and one atomic decrement to unpin it. Per
-//! queue pair, a post holds that queue's post mutex across recording and
-//! `ibv_post_send`/`ibv_post_recv` (so records are in queue order), and the
-//! QP's track mutex only while it records; a poll pins the CQ, and for each
-//! run of completions of one QP in the batch pins that QP (found through a
-//! per-CQ hint, validated) and takes its track mutex once. A poll never
-//! waits for a post's system call, and nothing on these paths takes a lock
-//! that covers the whole handle. Creating and destroying objects takes the
-//! kind's admin mutex.
+//! # The hot path
+//! `post_send`, `post_recv`, `poll_cq` and the CPU accessors (`with_mr`,
+//! `write_mr`, ...) allocate nothing and take no lock that covers the
+//! whole handle:
+//!
+//! - ids resolve through lock-free [`Slots`] tables: one compare-and-swap
+//!   to pin each object the call names (each distinct region and window of
+//!   a chain once) and one atomic decrement to unpin it;
+//! - a chain of up to [`MAX_CHAIN`] work requests and their scatter lists
+//!   are built as C structs on the stack ([`SendChain`](super::post::SendChain));
+//! - per queue pair, a post holds that queue's post mutex across recording
+//!   and `ibv_post_send`/`ibv_post_recv` (so records are in queue order),
+//!   and the QP's track mutex only while it records;
+//! - a poll pins the CQ, and for each run of completions of one QP in the
+//!   batch, pins that QP (found through a per-CQ hint, validated) and takes
+//!   its track mutex once. A poll never waits for a post's system call.
+//!
+//! Creating and destroying objects takes the kind's admin mutex and may
+//! allocate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,13 +31,13 @@ use super::error::OpenError;
 use super::mr::Mr;
 use super::mw::Mw;
 use super::pd::Pd;
-use super::post::{SendOp, SendRequest, Slice};
+use super::post::{chain_too_long, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 use super::qp::{PortInfo, Qp};
-use super::slots::{Pinned, Removal, Slots};
+use super::slots::{PinSet, Pinned, Removal, Slots};
 use super::track::Track;
 use crate::backend::{
     Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge,
+    QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, MAX_SGE,
 };
 
 /// A queue pair with the record of what was posted on it, used to report
@@ -365,35 +373,38 @@ impl Nic for VerbsNic {
 
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError> {
         let slot = self.qp(qp)?;
-        // Pin every region and window the chain names (each once) for the post.
-        let mut mrs: Vec<Pinned<'_, Mr>> = Vec::new();
-        let mut mws: Vec<Pinned<'_, Mw>> = Vec::new();
+        if wrs.len() > MAX_CHAIN {
+            return Err(chain_too_long(wrs.len()));
+        }
+        // Pin every region and window the chain names (each once) for the
+        // post. A work request has scatter entries or a bind's region, not
+        // both, so MAX_SGE regions per request is enough.
+        let mut mrs: PinSet<'_, Mr, { MAX_CHAIN * MAX_SGE }> = PinSet::new();
+        let mut mws: PinSet<'_, Mw, MAX_CHAIN> = PinSet::new();
         for wr in wrs {
-            let mut need_mr = |id: MrId| -> Result<(), NicError> {
-                if !mrs.iter().any(|p| p.id() == id.0) {
-                    mrs.push(self.mrs.pin(id.0).ok_or(missing("memory region", id.0))?);
-                }
-                Ok(())
-            };
+            let mut pin_mr = |id: MrId| mrs.pin(&self.mrs, id.0).ok_or(missing("memory region", id.0));
             match wr {
                 SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } | SendWr::Read { local: sge, .. } => {
-                    sge.iter().try_for_each(|s| need_mr(s.mr))?
+                    sge.iter().try_for_each(|s| pin_mr(s.mr))?
                 }
                 SendWr::BindMw { mw, mr, .. } => {
-                    need_mr(*mr)?;
-                    if !mws.iter().any(|p| p.id() == mw.0) {
-                        mws.push(self.mws.pin(mw.0).ok_or(missing("memory window", mw.0))?);
-                    }
+                    pin_mr(*mr)?;
+                    mws.pin(&self.mws, mw.0).ok_or(missing("memory window", mw.0))?;
                 }
                 SendWr::LocalInv { .. } => {}
             }
         }
-        let mr = |id: MrId| -> &Mr { mrs.iter().find(|p| p.id() == id.0).expect("pinned above") };
-        let slices = |list: &[Sge]| -> Result<Vec<Slice<'_>>, NicError> {
-            list.iter().map(|s| Slice::new(mr(s.mr), s.offset, s.len).map_err(|e| relabel(e, s.mr))).collect()
+        let mr = |id: MrId| mrs.get(id.0).ok_or(missing("memory region", id.0));
+        let slices = |list: &SgeList| -> Result<SliceList<'_>, NicError> {
+            let mut out = SliceList::new();
+            for s in list.iter() {
+                let slice = Slice::new(mr(s.mr)?, s.offset, s.len).map_err(|e| relabel(e, s.mr))?;
+                out.push(slice).map_err(|_| NicError::InvalidWr(format!("more than {MAX_SGE} scatter entries")))?;
+            }
+            Ok(out)
         };
-        let mut reqs = Vec::with_capacity(wrs.len());
-        for wr in wrs {
+        let mut reqs = [SendRequest::EMPTY; MAX_CHAIN];
+        for (req, wr) in reqs.iter_mut().zip(wrs) {
             let op = match wr {
                 SendWr::Send { sge, .. } => SendOp::Send(slices(sge)?),
                 SendWr::SendWithInv { sge, invalidate_rkey, .. } => SendOp::SendWithInv(slices(sge)?, *invalidate_rkey),
@@ -401,10 +412,10 @@ impl Nic for VerbsNic {
                     SendOp::Read { local: slices(local)?, remote_addr: *remote_addr, rkey: *rkey }
                 }
                 SendWr::BindMw { mw, rkey, mr: id, offset, len, access, .. } => {
-                    let region = mr(*id);
+                    let region = mr(*id)?;
                     region.check_range(*offset, *len).map_err(|e| relabel(e, *id))?;
                     SendOp::BindMw {
-                        mw: mws.iter().find(|p| p.id() == mw.0).expect("pinned above"),
+                        mw: mws.get(mw.0).ok_or(missing("memory window", mw.0))?,
                         rkey: *rkey,
                         mr: region,
                         offset: *offset,
@@ -414,8 +425,9 @@ impl Nic for VerbsNic {
                 }
                 SendWr::LocalInv { rkey, .. } => SendOp::LocalInv(*rkey),
             };
-            reqs.push(SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op });
+            *req = SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op };
         }
+        let chain = slot.qp.prepare_send(&reqs[..wrs.len()]).map_err(|e| e.error)?;
         // Record, then post, under the send queue's post mutex: the records
         // are in the queue's order and exist before any completion can.
         let _order = slot.sq_post.lock();
@@ -425,7 +437,7 @@ impl Nic for VerbsNic {
                 track.push_sq(wr.wr_id(), wr.opcode());
             }
         }
-        slot.qp.post_send(&reqs).map_err(|e| {
+        chain.post().map_err(|e| {
             slot.track.lock().unpush_sq(wrs.len() - e.posted);
             if e.posted == 0 {
                 e.error

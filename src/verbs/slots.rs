@@ -168,6 +168,38 @@ impl<T> Drop for Pinned<'_, T> {
     }
 }
 
+/// At most `N` objects of one table pinned for one operation, each once
+/// (a chain naming one region in eight work requests pins it once).
+pub(super) struct PinSet<'a, T, const N: usize> {
+    pins: [Option<Pinned<'a, T>>; N],
+    len: usize,
+}
+
+impl<'a, T, const N: usize> PinSet<'a, T, N> {
+    pub(super) fn new() -> PinSet<'a, T, N> {
+        PinSet { pins: std::array::from_fn(|_| None), len: 0 }
+    }
+
+    /// Pin `id` in `table` unless it is pinned here already; `None` if
+    /// there is no such object.
+    ///
+    /// # Panics
+    /// When asked for more than `N` distinct objects (callers size `N` for
+    /// the most an operation can name).
+    pub(super) fn pin(&mut self, table: &'a Slots<T>, id: u32) -> Option<()> {
+        if self.get(id).is_none() {
+            self.pins[self.len] = Some(table.pin(id)?);
+            self.len += 1;
+        }
+        Some(())
+    }
+
+    /// The object `id`, if pinned here.
+    pub(super) fn get(&self, id: u32) -> Option<&T> {
+        self.pins[..self.len].iter().flatten().find(|p| p.id() == id).map(|p| &**p)
+    }
+}
+
 /// Puts a slot in a safe final state if a close function panics.
 struct Closing<'a, T> {
     slot: &'a Slot<T>,
