@@ -441,7 +441,10 @@ fn send_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64, k: usize) {
             "round {round}: {c:?}"
         );
         nic.with_mr(b.rx.id, j * SLOT, len(j) as usize, &mut |m| {
-            assert!(m.iter().enumerate().all(|(i, x)| *x == pattern(round + j as u64, i)), "round {round} msg {j}");
+            assert!(
+                m.iter().enumerate().all(|(i, x)| *x == pattern(round + j as u64, i)),
+                "round {round} msg {j}"
+            );
         })
         .expect("check");
     }
@@ -502,12 +505,19 @@ fn read_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64) {
     })
     .expect("check");
     nic.with_mr(b.dst.id, 0, 156, &mut |m| {
-        assert!(m.iter().enumerate().all(|(i, x)| *x == pattern(round, 100 + i)), "round {round}, second entry");
+        assert!(
+            m.iter().enumerate().all(|(i, x)| *x == pattern(round, 100 + i)),
+            "round {round}, second entry"
+        );
     })
     .expect("check");
-    nic.post_send(l.a.id, &[SendWr::LocalInv { wr_id: round << 8 | 3, signaled: true, rkey: new }]).expect("inv");
+    nic.post_send(l.a.id, &[SendWr::LocalInv { wr_id: round << 8 | 3, signaled: true, rkey: new }])
+        .expect("inv");
     reap(nic, l.cq_a, &mut c);
-    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (round << 8 | 3, WcStatus::Success, WcOpcode::LocalInv));
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode),
+        (round << 8 | 3, WcStatus::Success, WcOpcode::LocalInv)
+    );
 }
 
 fn teardown(nic: &VerbsNic, l: Loop, b: LoopBufs) {
@@ -543,7 +553,8 @@ fn post_poll_loop_delivers_every_chain_in_order() {
         }
     }
     // A chain one longer than the limit is refused whole.
-    let send = SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::one(Sge { mr: b.tx.id, offset: 0, len: 8 }) };
+    let send =
+        SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::one(Sge { mr: b.tx.id, offset: 0, len: 8 }) };
     match nic.post_send(l.a.id, &[send; MAX_CHAIN + 1]) {
         Err(NicError::InvalidWr(m)) => assert!(m.contains("at most 8"), "{m}"),
         other => panic!("expected InvalidWr, got {other:?}"),
@@ -556,7 +567,11 @@ fn post_poll_loop_delivers_every_chain_in_order() {
     let mut flushed = [Completion::EMPTY; 5];
     reap(&nic, l.cq_b, &mut flushed);
     for (j, c) in flushed.iter().enumerate() {
-        assert_eq!((c.wr_id, c.status, c.opcode), (900 + j as u64, WcStatus::WrFlushErr, WcOpcode::Recv), "{c:?}");
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (900 + j as u64, WcStatus::WrFlushErr, WcOpcode::Recv),
+            "{c:?}"
+        );
     }
     std::thread::sleep(Duration::from_millis(50));
     assert!(nic.poll_cq_vec(l.cq_a, 4).expect("poll").is_empty(), "the refused chain posted nothing");
@@ -582,7 +597,10 @@ fn steady_state_post_and_poll_allocate_nothing() {
         round(r);
     }
     let allocs = allocations_here() - before;
-    assert_eq!(allocs, 0, "100 rounds of post_recv/post_send/bind/READ/LOCAL_INV/poll_cq/with_mr allocated {allocs} times");
+    assert_eq!(
+        allocs, 0,
+        "100 rounds of post_recv/post_send/bind/READ/LOCAL_INV/poll_cq/with_mr allocated {allocs} times"
+    );
     teardown(&nic, l, b);
 }
 

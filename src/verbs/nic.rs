@@ -314,9 +314,10 @@ impl Nic for VerbsNic {
                 // Queue pairs hold the other references to the Cq.
                 match Arc::try_unwrap(cq) {
                     Ok(cq) => cq.close().map_err(|(cq, e)| (CqSlot { cq: Arc::new(cq), hints }, e)),
-                    Err(cq) => {
-                        Err((CqSlot { cq, hints }, busy("destroy completion queue (queue pairs still use it)")))
-                    }
+                    Err(cq) => Err((
+                        CqSlot { cq, hints },
+                        busy("destroy completion queue (queue pairs still use it)"),
+                    )),
                 }
             })
             .map_err(|r| removal(r, "completion queue", id.0, "destroy completion queue (in use)"))
@@ -384,9 +385,9 @@ impl Nic for VerbsNic {
         for wr in wrs {
             let mut pin_mr = |id: MrId| mrs.pin(&self.mrs, id.0).ok_or(missing("memory region", id.0));
             match wr {
-                SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } | SendWr::Read { local: sge, .. } => {
-                    sge.iter().try_for_each(|s| pin_mr(s.mr))?
-                }
+                SendWr::Send { sge, .. }
+                | SendWr::SendWithInv { sge, .. }
+                | SendWr::Read { local: sge, .. } => sge.iter().try_for_each(|s| pin_mr(s.mr))?,
                 SendWr::BindMw { mw, mr, .. } => {
                     pin_mr(*mr)?;
                     mws.pin(&self.mws, mw.0).ok_or(missing("memory window", mw.0))?;
@@ -399,7 +400,8 @@ impl Nic for VerbsNic {
             let mut out = SliceList::new();
             for s in list.iter() {
                 let slice = Slice::new(mr(s.mr)?, s.offset, s.len).map_err(|e| relabel(e, s.mr))?;
-                out.push(slice).map_err(|_| NicError::InvalidWr(format!("more than {MAX_SGE} scatter entries")))?;
+                out.push(slice)
+                    .map_err(|_| NicError::InvalidWr(format!("more than {MAX_SGE} scatter entries")))?;
             }
             Ok(out)
         };
@@ -407,7 +409,9 @@ impl Nic for VerbsNic {
         for (req, wr) in reqs.iter_mut().zip(wrs) {
             let op = match wr {
                 SendWr::Send { sge, .. } => SendOp::Send(slices(sge)?),
-                SendWr::SendWithInv { sge, invalidate_rkey, .. } => SendOp::SendWithInv(slices(sge)?, *invalidate_rkey),
+                SendWr::SendWithInv { sge, invalidate_rkey, .. } => {
+                    SendOp::SendWithInv(slices(sge)?, *invalidate_rkey)
+                }
                 SendWr::Read { local, remote_addr, rkey, .. } => {
                     SendOp::Read { local: slices(local)?, remote_addr: *remote_addr, rkey: *rkey }
                 }
@@ -456,7 +460,11 @@ impl Nic for VerbsNic {
         slot.qp.post_recv(wr_id, &[slice]).inspect_err(|_| slot.track.lock().unpush_rq())
     }
 
-    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+    fn poll_cq_ready(
+        &self,
+        cq: CqId,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), NicError>> {
         match self.cq(cq) {
             Ok(c) => c.cq.poll_ready(cx),
             Err(e) => std::task::Poll::Ready(Err(e)),

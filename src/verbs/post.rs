@@ -374,7 +374,8 @@ impl SendChain<'_> {
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
         // Which requests the provider took: those before `bad` (pointer
         // comparisons only).
-        let posted = if rc == 0 { n } else { (0..n).find(|&i| ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(0) };
+        let posted =
+            if rc == 0 { n } else { (0..n).find(|&i| ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(0) };
         for (mw, new) in self.binds[..posted].iter().flatten() {
             // SAFETY: `guards` holds the bind lock of every window in the chain.
             unsafe { mw.set_rkey(*new) };

@@ -91,7 +91,11 @@ struct Slot<T> {
 
 impl<T> Slot<T> {
     fn free() -> Slot<T> {
-        Slot { state: AtomicU64::new(state(1, 0)), key: AtomicU32::new(0), val: UnsafeCell::new(MaybeUninit::uninit()) }
+        Slot {
+            state: AtomicU64::new(state(1, 0)),
+            key: AtomicU32::new(0),
+            val: UnsafeCell::new(MaybeUninit::uninit()),
+        }
     }
 }
 
@@ -344,7 +348,8 @@ impl<T> Slots<T> {
         let live = state(gen, LIVE);
         // Acquire: every pin's release decrement happened before; no
         // reference to the value is left.
-        if let Err(s) = slot.state.compare_exchange(live, state(gen, CLOSING), Ordering::Acquire, Ordering::Relaxed)
+        if let Err(s) =
+            slot.state.compare_exchange(live, state(gen, CLOSING), Ordering::Acquire, Ordering::Relaxed)
         {
             let pinned = gen_of(s) == gen && s & LIVE != 0;
             return Err(if pinned { Removal::Busy } else { Removal::Missing });
@@ -540,7 +545,8 @@ mod tests {
     fn concurrent_pins_inserts_and_removes() {
         const ROUNDS: usize = if cfg!(miri) { 30 } else { 3000 };
         let t: Slots<(u32, Box<u64>)> = Slots::new();
-        let stable: Vec<u32> = (0..4).map(|i| t.insert((i, Box::new(u64::from(i) * 7)), 0).unwrap()).collect();
+        let stable: Vec<u32> =
+            (0..4).map(|i| t.insert((i, Box::new(u64::from(i) * 7)), 0).unwrap()).collect();
         let churn = Mutex::new(Vec::<u32>::new());
         let busy = AtomicUsize::new(0);
         std::thread::scope(|s| {
