@@ -7,12 +7,62 @@
 //! `MWCAP_PORT` (1) and `MWCAP_GID_INDEX` (1).
 #![cfg(feature = "verbs")]
 
-use std::time::Duration;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
-use mwcap::backend::{rkey, Access, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use mwcap::backend::{
+    rkey, Access, Completion, CqId, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+};
 use mwcap::conformance::{check, table, Flavor, Rig};
-use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic};
+use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic, MAX_CHAIN};
+
+thread_local! {
+    /// Heap allocations made by this thread (counted by [`Counting`]).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting each thread's allocations, so a test can
+/// assert that its own steady-state loop allocates nothing (other threads,
+/// libtest's included, do not disturb the count).
+struct Counting;
+
+fn count_one() {
+    // `try_with`: the allocator also runs while thread-locals are torn down.
+    let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// count is a thread-local `Cell` with a const initialiser and no destructor,
+// so touching it never allocates or re-enters the allocator.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: as above.
+        unsafe { std::alloc::System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: `p` was allocated by `System` (through us) with layout `l`.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: `p` was allocated by `System` (through us) with layout `l`.
+        unsafe { std::alloc::System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn allocations_here() -> u64 {
+    ALLOCS.with(Cell::get)
+}
 
 fn device() -> String {
     std::env::var("MWCAP_DEVICE").unwrap_or_else(|_| "rxe0".into())
@@ -308,6 +358,284 @@ fn region_under_a_bound_window_is_not_freed() {
     nic.write_mr(src.id, 0, b"still here").expect("region still usable");
     nic.dealloc_mw(mw.id).expect("dealloc");
     nic.dereg_mr(src.id).expect("dereg after the window is gone");
+}
+
+// ---- the hot path: post/poll loops, allocations, concurrency ----
+
+/// Poll `cq` (busy, into `out`) until `out` is full; allocates nothing.
+/// Panics after 30 s.
+fn reap(nic: &VerbsNic, cq: CqId, out: &mut [Completion]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = 0;
+    while got < out.len() {
+        got += nic.poll_cq(cq, &mut out[got..]).expect("poll");
+        if got < out.len() {
+            assert!(Instant::now() < deadline, "only {got} of {} completions within 30 s", out.len());
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The byte at `i` of message `round`.
+fn pattern(round: u64, i: usize) -> u8 {
+    (round as usize * 31 + i * 7) as u8
+}
+
+/// Regions and a window for the loops: A sends from `tx` into B's `rx`,
+/// and B reads A's `src` through `mw` into `dst`.
+struct LoopBufs {
+    tx: mwcap::backend::MrInfo,
+    rx: mwcap::backend::MrInfo,
+    src: mwcap::backend::MrInfo,
+    dst: mwcap::backend::MrInfo,
+    mw: mwcap::backend::MwInfo,
+}
+
+/// Room per message in `tx`/`rx`.
+const SLOT: usize = 512;
+
+impl LoopBufs {
+    fn new(nic: &VerbsNic) -> LoopBufs {
+        let tx = nic.reg_mr(MAX_CHAIN * SLOT, Access::LOCAL_WRITE).expect("tx");
+        let rx = nic.reg_mr(MAX_CHAIN * SLOT, Access::LOCAL_WRITE).expect("rx");
+        let src = nic.reg_mr(8192, Access::MW_BIND | Access::LOCAL_WRITE).expect("src");
+        let dst = nic.reg_mr(8192, Access::LOCAL_WRITE).expect("dst");
+        let mw = nic.alloc_mw().expect("mw");
+        LoopBufs { tx, rx, src, dst, mw }
+    }
+
+    fn free(self, nic: &VerbsNic) {
+        nic.dealloc_mw(self.mw.id).expect("dealloc");
+        for mr in [self.tx, self.rx, self.src, self.dst] {
+            nic.dereg_mr(mr.id).expect("dereg");
+        }
+    }
+}
+
+/// One round of `k` SENDs from A to B in one chain (only the last
+/// signaled), each message's bytes checked on arrival. Allocates nothing.
+fn send_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64, k: usize) {
+    let len = |j: usize| (1 + (round as usize * 13 + j * 29) % SLOT) as u32;
+    for j in 0..k {
+        let slot = Sge { mr: b.rx.id, offset: j * SLOT, len: SLOT as u32 };
+        nic.post_recv(l.b.id, round << 8 | j as u64, slot).expect("post recv");
+        nic.with_mr_mut(b.tx.id, j * SLOT, len(j) as usize, &mut |m| {
+            for (i, x) in m.iter_mut().enumerate() {
+                *x = pattern(round + j as u64, i);
+            }
+        })
+        .expect("fill");
+    }
+    let mut chain = [SendWr::LocalInv { wr_id: 0, signaled: false, rkey: 0 }; MAX_CHAIN];
+    for (j, wr) in chain[..k].iter_mut().enumerate() {
+        let sge = SgeList::one(Sge { mr: b.tx.id, offset: j * SLOT, len: len(j) });
+        *wr = SendWr::Send { wr_id: round << 8 | j as u64, signaled: j + 1 == k, sge };
+    }
+    nic.post_send(l.a.id, &chain[..k]).expect("post sends");
+    let mut recvs = [Completion::EMPTY; MAX_CHAIN];
+    reap(nic, l.cq_b, &mut recvs[..k]);
+    for (j, c) in recvs[..k].iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (round << 8 | j as u64, WcStatus::Success, WcOpcode::Recv, len(j)),
+            "round {round}: {c:?}"
+        );
+        nic.with_mr(b.rx.id, j * SLOT, len(j) as usize, &mut |m| {
+            assert!(
+                m.iter().enumerate().all(|(i, x)| *x == pattern(round + j as u64, i)),
+                "round {round} msg {j}"
+            );
+        })
+        .expect("check");
+    }
+    let mut sent = [Completion::EMPTY; 1];
+    reap(nic, l.cq_a, &mut sent);
+    assert_eq!(
+        (sent[0].wr_id, sent[0].status, sent[0].opcode),
+        (round << 8 | (k as u64 - 1), WcStatus::Success, WcOpcode::Send),
+        "round {round}"
+    );
+}
+
+/// One round of bind (A), READ with two scatter entries through the new
+/// rkey (B), LOCAL_INV (A); the bytes read are checked. Allocates nothing.
+fn read_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64) {
+    let off = (round as usize * 64) % 4096;
+    nic.with_mr_mut(b.src.id, off, 256, &mut |m| {
+        for (i, x) in m.iter_mut().enumerate() {
+            *x = pattern(round, i);
+        }
+    })
+    .expect("fill src");
+    let new = rkey::rebind(nic.mw_rkey(b.mw.id).expect("rkey"), round as u8);
+    let bind = SendWr::BindMw {
+        wr_id: round << 8 | 1,
+        signaled: true,
+        mw: b.mw.id,
+        rkey: new,
+        mr: b.src.id,
+        offset: 0,
+        len: 8192,
+        access: Access::REMOTE_READ,
+    };
+    nic.post_send(l.a.id, &[bind]).expect("bind");
+    let mut c = [Completion::EMPTY; 1];
+    reap(nic, l.cq_a, &mut c);
+    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (round << 8 | 1, WcStatus::Success, WcOpcode::BindMw));
+    let local = SgeList::from([
+        Sge { mr: b.dst.id, offset: 4096, len: 100 },
+        Sge { mr: b.dst.id, offset: 0, len: 156 },
+    ]);
+    let read = SendWr::Read {
+        wr_id: round << 8 | 2,
+        signaled: true,
+        local,
+        remote_addr: b.src.addr + off as u64,
+        rkey: new,
+    };
+    nic.post_send(l.b.id, &[read]).expect("read");
+    reap(nic, l.cq_b, &mut c);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode, c[0].byte_len),
+        (round << 8 | 2, WcStatus::Success, WcOpcode::RdmaRead, 256),
+        "round {round}"
+    );
+    nic.with_mr(b.dst.id, 4096, 100, &mut |m| {
+        assert!(m.iter().enumerate().all(|(i, x)| *x == pattern(round, i)), "round {round}, first entry");
+    })
+    .expect("check");
+    nic.with_mr(b.dst.id, 0, 156, &mut |m| {
+        assert!(
+            m.iter().enumerate().all(|(i, x)| *x == pattern(round, 100 + i)),
+            "round {round}, second entry"
+        );
+    })
+    .expect("check");
+    nic.post_send(l.a.id, &[SendWr::LocalInv { wr_id: round << 8 | 3, signaled: true, rkey: new }])
+        .expect("inv");
+    reap(nic, l.cq_a, &mut c);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode),
+        (round << 8 | 3, WcStatus::Success, WcOpcode::LocalInv)
+    );
+}
+
+fn teardown(nic: &VerbsNic, l: Loop, b: LoopBufs) {
+    // Windows first (a QP destroyed under a valid window stalls rxe).
+    b.free(nic);
+    for qp in [l.a.id, l.b.id] {
+        nic.set_qp_error(qp).expect("to ERR");
+    }
+    // Reap the flushes before destroying the QPs (until quiet for 50 ms).
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_millis(50) {
+        if [l.cq_a, l.cq_b].iter().any(|cq| !nic.poll_cq_vec(*cq, 16).expect("reap").is_empty()) {
+            quiet_since = Instant::now();
+        } else {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    nic.destroy_qp(l.a.id).expect("destroy a");
+    nic.destroy_qp(l.b.id).expect("destroy b");
+    nic.destroy_cq(l.cq_a).expect("destroy cq a");
+    nic.destroy_cq(l.cq_b).expect("destroy cq b");
+}
+
+#[test]
+fn post_poll_loop_delivers_every_chain_in_order() {
+    let nic = open();
+    let l = connect(&nic);
+    let b = LoopBufs::new(&nic);
+    for round in 0..240u64 {
+        send_round(&nic, &l, &b, round, 1 + round as usize % MAX_CHAIN);
+        if round % 4 == 0 {
+            read_round(&nic, &l, &b, round);
+        }
+    }
+    // A chain one longer than the limit is refused whole.
+    let send =
+        SendWr::Send { wr_id: 1, signaled: true, sge: SgeList::one(Sge { mr: b.tx.id, offset: 0, len: 8 }) };
+    match nic.post_send(l.a.id, &[send; MAX_CHAIN + 1]) {
+        Err(NicError::InvalidWr(m)) => assert!(m.contains("at most 8"), "{m}"),
+        other => panic!("expected InvalidWr, got {other:?}"),
+    }
+    // Flushed receives report their opcode and ids, in order, in one poll.
+    for j in 0..5u64 {
+        nic.post_recv(l.b.id, 900 + j, Sge { mr: b.rx.id, offset: 0, len: 64 }).expect("recv");
+    }
+    nic.set_qp_error(l.b.id).expect("to ERR");
+    let mut flushed = [Completion::EMPTY; 5];
+    reap(&nic, l.cq_b, &mut flushed);
+    for (j, c) in flushed.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (900 + j as u64, WcStatus::WrFlushErr, WcOpcode::Recv),
+            "{c:?}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(nic.poll_cq_vec(l.cq_a, 4).expect("poll").is_empty(), "the refused chain posted nothing");
+    teardown(&nic, l, b);
+}
+
+#[test]
+fn steady_state_post_and_poll_allocate_nothing() {
+    let nic = open();
+    let l = connect(&nic);
+    let b = LoopBufs::new(&nic);
+    let round = |r: u64| {
+        send_round(&nic, &l, &b, r, 1 + r as usize % 3);
+        read_round(&nic, &l, &b, r);
+        let mut none = [Completion::EMPTY; 4];
+        assert_eq!(nic.poll_cq(l.cq_a, &mut none).expect("poll"), 0);
+    };
+    for r in 0..10 {
+        round(r);
+    }
+    let before = allocations_here();
+    for r in 10..110 {
+        round(r);
+    }
+    let allocs = allocations_here() - before;
+    assert_eq!(
+        allocs, 0,
+        "100 rounds of post_recv/post_send/bind/READ/LOCAL_INV/poll_cq/with_mr allocated {allocs} times"
+    );
+    teardown(&nic, l, b);
+}
+
+#[test]
+fn concurrent_loops_and_table_changes_on_one_handle() {
+    let nic = open();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let nic = &nic;
+            s.spawn(move || {
+                let l = connect(nic);
+                let b = LoopBufs::new(nic);
+                for r in 0..60 {
+                    send_round(nic, &l, &b, t << 32 | r, 1 + r as usize % 4);
+                    if r % 3 == 0 {
+                        read_round(nic, &l, &b, r);
+                    }
+                }
+                teardown(nic, l, b);
+            });
+        }
+        // Meanwhile objects come and go in every table the loops read.
+        s.spawn(|| {
+            for _ in 0..40 {
+                let mr = nic.reg_mr(4096, Access::LOCAL_WRITE).expect("mr");
+                nic.write_mr(mr.id, 0, b"churn").expect("write");
+                let mw = nic.alloc_mw().expect("mw");
+                let cq = nic.create_cq(4).expect("cq");
+                nic.destroy_cq(cq).expect("destroy cq");
+                nic.dealloc_mw(mw.id).expect("dealloc");
+                nic.dereg_mr(mr.id).expect("dereg");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+    });
 }
 
 // ---- whole connections on real verbs: the Endpoint over two PDs of rxe0 ----

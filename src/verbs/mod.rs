@@ -23,6 +23,12 @@
 //! bounds-checked [`Slice`]s of a region, so posting never points the NIC
 //! outside registered memory.
 //!
+//! # The hot path
+//! Posting, polling and lending a region's bytes allocate nothing and take
+//! no lock that covers a whole [`VerbsNic`]: ids resolve through lock-free
+//! slot tables, and a chain of at most [`MAX_CHAIN`] work requests is built
+//! on the stack (the `nic` module's documentation lists the cost per call).
+//!
 //! # Keys
 //! libibverbs does not update `ibv_mw.rkey` after a type-2 bind. [`Mw`]
 //! tracks the current rkey itself: [`Mw::next_rkey`] draws a random 8-bit
@@ -44,7 +50,9 @@ mod nic;
 mod pd;
 mod post;
 mod qp;
+mod slots;
 mod sys;
+mod track;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{list_devices, Context, DeviceAttrs, ListedDevice, PortAttrs};
@@ -53,5 +61,5 @@ pub use mr::Mr;
 pub use mw::Mw;
 pub use nic::VerbsNic;
 pub use pd::Pd;
-pub use post::{PostError, SendOp, SendRequest, Slice};
+pub use post::{PostError, SendChain, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 pub use qp::{PortInfo, Qp};

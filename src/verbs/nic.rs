@@ -1,6 +1,26 @@
 //! [`VerbsNic`]: the [`Nic`] interface over a real verbs device.
+//!
+//! # The hot path
+//! `post_send`, `post_recv`, `poll_cq` and the CPU accessors (`with_mr`,
+//! `write_mr`, ...) allocate nothing and take no lock that covers the
+//! whole handle:
+//!
+//! - ids resolve through lock-free [`Slots`] tables: one compare-and-swap
+//!   to pin each object the call names (each distinct region and window of
+//!   a chain once) and one atomic decrement to unpin it;
+//! - a chain of up to [`MAX_CHAIN`] work requests and their scatter lists
+//!   are built as C structs on the stack ([`SendChain`](super::post::SendChain));
+//! - per queue pair, a post holds that queue's post mutex across recording
+//!   and `ibv_post_send`/`ibv_post_recv` (so records are in queue order),
+//!   and the QP's track mutex only while it records;
+//! - a poll pins the CQ, and for each run of completions of one QP in the
+//!   batch, pins that QP (found through a per-CQ hint, validated) and takes
+//!   its track mutex once. A poll never waits for a post's system call.
+//!
+//! Creating and destroying objects takes the kind's admin mutex and may
+//! allocate.
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,11 +31,13 @@ use super::error::OpenError;
 use super::mr::Mr;
 use super::mw::Mw;
 use super::pd::Pd;
-use super::post::{SendOp, SendRequest, Slice};
+use super::post::{chain_too_long, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 use super::qp::{PortInfo, Qp};
+use super::slots::{PinSet, Pinned, Removal, Slots};
+use super::track::Track;
 use crate::backend::{
     Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge, WcOpcode,
+    QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, MAX_SGE,
 };
 
 /// A queue pair with the record of what was posted on it, used to report
@@ -23,79 +45,38 @@ use crate::backend::{
 /// leaves undefined).
 struct QpSlot {
     qp: Qp,
+    qpn: u32,
     send_cq: CqId,
     recv_cq: CqId,
+    /// Held across recording send requests and posting them, so the records
+    /// are in the send queue's order.
+    sq_post: Mutex<()>,
+    /// The same for the receive queue.
+    rq_post: Mutex<()>,
+    /// Held briefly: by a post while it records, by a poll while it settles
+    /// a run of this QP's completions.
     track: Mutex<Track>,
 }
 
-#[derive(Default)]
-struct Track {
-    sq: VecDeque<(u64, WcOpcode)>,
-    rq: VecDeque<u64>,
-    cap: usize,
-}
-
-impl Track {
-    fn push_sq(&mut self, wr_id: u64, op: WcOpcode) {
-        if self.sq.len() >= self.cap {
-            self.sq.pop_front();
-        }
-        self.sq.push_back((wr_id, op));
-    }
-
-    fn push_rq(&mut self, wr_id: u64) {
-        if self.rq.len() >= self.cap {
-            self.rq.pop_front();
-        }
-        self.rq.push_back(wr_id);
-    }
-
-    /// Match a completion with what was posted; fill in the opcode of
-    /// unsuccessful ones. `from_sq`: Some(true) if it can only be a send
-    /// completion, Some(false) if only a receive, None if unknown.
-    fn settle(&mut self, c: &mut Completion, from_sq: Option<bool>) {
-        let in_sq = self.sq.iter().position(|(id, _)| *id == c.wr_id);
-        let in_rq = self.rq.iter().position(|id| *id == c.wr_id);
-        let sq_side = match from_sq {
-            Some(side) => side,
-            None if c.status.is_success() => c.opcode != WcOpcode::Recv,
-            None => in_sq.is_some(),
-        };
-        if sq_side {
-            if let Some(p) = in_sq {
-                if !c.status.is_success() {
-                    c.opcode = self.sq[p].1;
-                }
-                self.sq.drain(..=p);
-            }
-        } else if let Some(p) = in_rq {
-            if !c.status.is_success() {
-                c.opcode = WcOpcode::Recv;
-            }
-            self.rq.drain(..=p);
-        }
+impl QpSlot {
+    /// Destroy the QP; on failure the slot comes back whole (to go back
+    /// into its table, as [`Slots::remove`] wants: a move, on a cold path).
+    #[allow(clippy::result_large_err)]
+    fn close(self) -> Result<(), (QpSlot, NicError)> {
+        let QpSlot { qp, qpn, send_cq, recv_cq, sq_post, rq_post, track } = self;
+        qp.close().map_err(|(qp, e)| (QpSlot { qp, qpn, send_cq, recv_cq, sq_post, rq_post, track }, e))
     }
 }
 
-/// Fields drop in declaration order, which is the safe teardown order:
-/// windows (unbinding them), queue pairs, regions (refused while a window
-/// is bound), completion queues.
-#[derive(Default)]
-struct Tables {
-    mws: HashMap<u32, Arc<Mw>>,
-    qps: HashMap<u32, Arc<QpSlot>>,
-    mrs: HashMap<u32, Arc<Mr>>,
-    cqs: HashMap<u32, Arc<Cq>>,
-    by_qpn: HashMap<u32, u32>,
-    next: u32,
-}
+/// How many QP-number hints a CQ keeps (direct-mapped by QPN).
+const HINTS: usize = 8;
 
-impl Tables {
-    /// Ids are never reused, so a stale id cannot name a newer object.
-    fn id(&mut self) -> u32 {
-        self.next = self.next.wrapping_add(1);
-        self.next
-    }
+/// A completion queue, with hints from the QP numbers in its completions
+/// to the QPs' ids (`qpn << 32 | id`; checked on use, so a stale one only
+/// costs a scan of the QP table).
+struct CqSlot {
+    cq: Arc<Cq>,
+    hints: [AtomicU64; HINTS],
 }
 
 fn missing(what: &'static str, id: u32) -> NicError {
@@ -104,6 +85,20 @@ fn missing(what: &'static str, id: u32) -> NicError {
 
 fn busy(op: &'static str) -> NicError {
     NicError::Os { op, source: OsError::from_errno(libc::EBUSY) }
+}
+
+/// A table has no id left (after about 2^32 creations of one kind).
+fn no_id(op: &'static str) -> NicError {
+    NicError::Os { op, source: OsError::from_errno(libc::ENOSPC) }
+}
+
+/// The error of a failed [`Slots::remove`].
+fn removal(r: Removal<NicError>, what: &'static str, id: u32, busy_op: &'static str) -> NicError {
+    match r {
+        Removal::Missing => missing(what, id),
+        Removal::Busy => busy(busy_op),
+        Removal::Failed(e) => e,
+    }
 }
 
 /// Put the mwcap id into a region error coming from the verbs layer.
@@ -115,14 +110,20 @@ fn relabel(e: NicError, id: MrId) -> NicError {
 }
 
 /// A verbs device as a [`Nic`]: one context, one protection domain, and
-/// tables mapping mwcap's small ids to the RAII verbs objects.
+/// tables mapping mwcap's small ids (never reused) to the RAII verbs objects.
 pub struct VerbsNic {
     ctx: Arc<Context>,
     pd: Arc<Pd>,
     port: PortInfo,
     attrs: DeviceAttrs,
     info: DeviceInfo,
-    t: Mutex<Tables>,
+    // The tables drop in declaration order, which is the safe teardown
+    // order: windows (unbinding them), queue pairs, regions (refused while
+    // a window is bound), completion queues.
+    mws: Slots<Mw>,
+    qps: Slots<QpSlot>,
+    mrs: Slots<Mr>,
+    cqs: Slots<CqSlot>,
 }
 
 impl VerbsNic {
@@ -147,7 +148,17 @@ impl VerbsNic {
         let info = ctx.device_info(port)?;
         let pd = Pd::alloc(&ctx)?;
         let port = PortInfo { port, gid_index, gid, lid: p.lid, mtu: p.active_mtu };
-        Ok(VerbsNic { ctx, pd, port, attrs, info, t: Mutex::new(Tables::default()) })
+        Ok(VerbsNic {
+            ctx,
+            pd,
+            port,
+            attrs,
+            info,
+            mws: Slots::new(),
+            qps: Slots::new(),
+            mrs: Slots::new(),
+            cqs: Slots::new(),
+        })
     }
 
     /// The device context.
@@ -172,43 +183,65 @@ impl VerbsNic {
     }
 
     /// Wait (asynchronously, on the CQ's completion channel) until a CQ has
-    /// completions and return up to `max` of them.
+    /// completions and return up to `max` of them. A convenience that
+    /// allocates the vector; the data path uses [`Nic::poll_cq`] and
+    /// [`Nic::poll_cq_ready`].
     pub async fn wait_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
-        let q = self.cq(cq)?;
-        let mut got = q.wait(max).await?;
-        self.settle(cq, &mut got);
+        let slot = self.cq(cq)?;
+        let mut got = slot.cq.wait(max).await?;
+        self.settle(cq, &slot, &mut got);
         Ok(got)
     }
 
-    fn mr(&self, id: MrId) -> Result<Arc<Mr>, NicError> {
-        self.t.lock().mrs.get(&id.0).cloned().ok_or(missing("memory region", id.0))
+    fn mr(&self, id: MrId) -> Result<Pinned<'_, Mr>, NicError> {
+        self.mrs.pin(id.0).ok_or(missing("memory region", id.0))
     }
 
-    fn mw(&self, id: MwId) -> Result<Arc<Mw>, NicError> {
-        self.t.lock().mws.get(&id.0).cloned().ok_or(missing("memory window", id.0))
+    fn mw(&self, id: MwId) -> Result<Pinned<'_, Mw>, NicError> {
+        self.mws.pin(id.0).ok_or(missing("memory window", id.0))
     }
 
-    fn cq(&self, id: CqId) -> Result<Arc<Cq>, NicError> {
-        self.t.lock().cqs.get(&id.0).cloned().ok_or(missing("completion queue", id.0))
+    fn cq(&self, id: CqId) -> Result<Pinned<'_, CqSlot>, NicError> {
+        self.cqs.pin(id.0).ok_or(missing("completion queue", id.0))
     }
 
-    fn qp(&self, id: QpId) -> Result<Arc<QpSlot>, NicError> {
-        self.t.lock().qps.get(&id.0).cloned().ok_or(missing("queue pair", id.0))
+    fn qp(&self, id: QpId) -> Result<Pinned<'_, QpSlot>, NicError> {
+        self.qps.pin(id.0).ok_or(missing("queue pair", id.0))
     }
 
-    fn settle(&self, cq: CqId, got: &mut [Completion]) {
-        for c in got.iter_mut() {
-            let slot = {
-                let t = self.t.lock();
-                t.by_qpn.get(&c.qpn).and_then(|id| t.qps.get(id)).cloned()
+    /// The QP with number `qpn`, through `cq`'s hint or else a scan.
+    fn qp_by_qpn(&self, cq: &CqSlot, qpn: u32) -> Option<Pinned<'_, QpSlot>> {
+        let hint = &cq.hints[qpn as usize % HINTS];
+        let h = hint.load(Ordering::Relaxed);
+        if (h >> 32) as u32 == qpn {
+            if let Some(qp) = self.qps.pin(h as u32).filter(|qp| qp.qpn == qpn) {
+                return Some(qp);
+            }
+        }
+        let qp = self.qps.find(qpn, |qp| qp.qpn == qpn)?;
+        hint.store(u64::from(qpn) << 32 | u64::from(qp.id()), Ordering::Relaxed);
+        Some(qp)
+    }
+
+    /// Match polled completions with what their QPs posted (see
+    /// [`Track::settle`]): one pin and one track lock per run of
+    /// completions of the same QP.
+    fn settle(&self, cq: CqId, slot: &CqSlot, got: &mut [Completion]) {
+        let mut rest = got;
+        while let Some(first) = rest.first() {
+            let qpn = first.qpn;
+            let run = rest.iter().position(|c| c.qpn != qpn).unwrap_or(rest.len());
+            let (now, later) = std::mem::take(&mut rest).split_at_mut(run);
+            rest = later;
+            let Some(qp) = self.qp_by_qpn(slot, qpn) else { continue };
+            let from_sq = match (qp.send_cq == cq, qp.recv_cq == cq) {
+                (true, false) => Some(true),
+                (false, true) => Some(false),
+                _ => None,
             };
-            if let Some(slot) = slot {
-                let from_sq = match (slot.send_cq == cq, slot.recv_cq == cq) {
-                    (true, false) => Some(true),
-                    (false, true) => Some(false),
-                    _ => None,
-                };
-                slot.track.lock().settle(c, from_sq);
+            let mut track = qp.track.lock();
+            for c in now {
+                track.settle(c, from_sq);
             }
         }
     }
@@ -222,26 +255,14 @@ impl Nic for VerbsNic {
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
         let mr = Mr::alloc(&self.pd, len, access)?;
         let info = MrInfo { id: MrId(0), addr: mr.addr(), len: mr.len(), lkey: mr.lkey(), rkey: mr.rkey() };
-        let mut t = self.t.lock();
-        let id = MrId(t.id());
-        t.mrs.insert(id.0, Arc::new(mr));
-        Ok(MrInfo { id, ..info })
+        let id = self.mrs.insert(mr, 0).map_err(|_| no_id("register memory region"))?;
+        Ok(MrInfo { id: MrId(id), ..info })
     }
 
     fn dereg_mr(&self, id: MrId) -> Result<(), NicError> {
-        let mut t = self.t.lock();
-        let arc = t.mrs.remove(&id.0).ok_or(missing("memory region", id.0))?;
-        let mr = match Arc::try_unwrap(arc) {
-            Ok(mr) => mr,
-            Err(arc) => {
-                t.mrs.insert(id.0, arc);
-                return Err(busy("deregister memory region (a post is using it)"));
-            }
-        };
-        mr.close().map_err(|(mr, e)| {
-            t.mrs.insert(id.0, Arc::new(mr));
-            e
-        })
+        self.mrs
+            .remove(id.0, Mr::close)
+            .map_err(|r| removal(r, "memory region", id.0, "deregister memory region (a post is using it)"))
     }
 
     fn write_mr(&self, mr: MrId, offset: usize, data: &[u8]) -> Result<(), NicError> {
@@ -269,58 +290,40 @@ impl Nic for VerbsNic {
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {
         let mw = Mw::alloc(&self.pd)?;
         let rkey = mw.rkey();
-        let mut t = self.t.lock();
-        let id = MwId(t.id());
-        t.mws.insert(id.0, Arc::new(mw));
-        Ok(MwInfo { id, rkey })
+        let id = self.mws.insert(mw, 0).map_err(|_| no_id("allocate memory window"))?;
+        Ok(MwInfo { id: MwId(id), rkey })
     }
 
     fn dealloc_mw(&self, id: MwId) -> Result<(), NicError> {
-        let mut t = self.t.lock();
-        let arc = t.mws.remove(&id.0).ok_or(missing("memory window", id.0))?;
-        let mw = match Arc::try_unwrap(arc) {
-            Ok(mw) => mw,
-            Err(arc) => {
-                t.mws.insert(id.0, arc);
-                return Err(busy("deallocate memory window (a post is using it)"));
-            }
-        };
-        mw.close().map_err(|(mw, e)| {
-            t.mws.insert(id.0, Arc::new(mw));
-            e
-        })
+        self.mws
+            .remove(id.0, Mw::close)
+            .map_err(|r| removal(r, "memory window", id.0, "deallocate memory window (a post is using it)"))
     }
 
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
         let cq = Cq::create(&self.ctx, depth.min(self.attrs.max_cqe.max(1)))?;
-        let mut t = self.t.lock();
-        let id = CqId(t.id());
-        t.cqs.insert(id.0, Arc::new(cq));
-        Ok(id)
+        let slot = CqSlot { cq: Arc::new(cq), hints: Default::default() };
+        let id = self.cqs.insert(slot, 0).map_err(|_| no_id("create completion queue"))?;
+        Ok(CqId(id))
     }
 
     fn destroy_cq(&self, id: CqId) -> Result<(), NicError> {
-        let mut t = self.t.lock();
-        if t.qps.values().any(|s| s.send_cq == id || s.recv_cq == id) {
-            return Err(busy("destroy completion queue (queue pairs still use it)"));
-        }
-        let arc = t.cqs.remove(&id.0).ok_or(missing("completion queue", id.0))?;
-        let cq = match Arc::try_unwrap(arc) {
-            Ok(cq) => cq,
-            Err(arc) => {
-                t.cqs.insert(id.0, arc);
-                return Err(busy("destroy completion queue (in use)"));
-            }
-        };
-        cq.close().map_err(|(cq, e)| {
-            t.cqs.insert(id.0, Arc::new(cq));
-            e
-        })
+        self.cqs
+            .remove(id.0, |slot| {
+                let CqSlot { cq, hints } = slot;
+                // Queue pairs hold the other references to the Cq.
+                match Arc::try_unwrap(cq) {
+                    Ok(cq) => cq.close().map_err(|(cq, e)| (CqSlot { cq: Arc::new(cq), hints }, e)),
+                    Err(cq) => Err((
+                        CqSlot { cq, hints },
+                        busy("destroy completion queue (queue pairs still use it)"),
+                    )),
+                }
+            })
+            .map_err(|r| removal(r, "completion queue", id.0, "destroy completion queue (in use)"))
     }
 
     fn create_qp(&self, cfg: QpConfig) -> Result<QpEndpoint, NicError> {
-        let scq = self.cq(cfg.send_cq)?;
-        let rcq = self.cq(cfg.recv_cq)?;
         let a = &self.attrs;
         let rd = a.max_qp_rd_atom.min(a.max_qp_init_rd_atom).clamp(1, 255) as u8;
         let cfg = QpConfig {
@@ -330,15 +333,24 @@ impl Nic for VerbsNic {
             max_recv_wr: cfg.max_recv_wr.clamp(1, a.max_qp_wr.max(1)),
             ..cfg
         };
-        let qp = Qp::create(&self.pd, &scq, &rcq, &cfg, self.port)?;
+        let qp = {
+            let scq = self.cq(cfg.send_cq)?;
+            let rcq = self.cq(cfg.recv_cq)?;
+            Qp::create(&self.pd, &scq.cq, &rcq.cq, &cfg, self.port)?
+        };
         let qpn = qp.qpn();
-        let mut t = self.t.lock();
-        let id = QpId(t.id());
-        let endpoint = qp.endpoint(Some(id));
+        let mut endpoint = qp.endpoint(None);
         let cap = (cfg.max_send_wr.max(cfg.max_recv_wr) as usize) * 2;
-        let track = Mutex::new(Track { cap, ..Track::default() });
-        t.qps.insert(id.0, Arc::new(QpSlot { qp, send_cq: cfg.send_cq, recv_cq: cfg.recv_cq, track }));
-        t.by_qpn.insert(qpn, id.0);
+        let slot = QpSlot {
+            qp,
+            qpn,
+            send_cq: cfg.send_cq,
+            recv_cq: cfg.recv_cq,
+            sq_post: Mutex::new(()),
+            rq_post: Mutex::new(()),
+            track: Mutex::new(Track::new(cap)),
+        };
+        endpoint.id = QpId(self.qps.insert(slot, qpn).map_err(|_| no_id("create queue pair"))?);
         Ok(endpoint)
     }
 
@@ -355,62 +367,46 @@ impl Nic for VerbsNic {
     }
 
     fn destroy_qp(&self, id: QpId) -> Result<(), NicError> {
-        let mut t = self.t.lock();
-        let arc = t.qps.remove(&id.0).ok_or(missing("queue pair", id.0))?;
-        let slot = match Arc::try_unwrap(arc) {
-            Ok(slot) => slot,
-            Err(arc) => {
-                t.qps.insert(id.0, arc);
-                return Err(busy("destroy queue pair (a post is using it)"));
-            }
-        };
-        let qpn = slot.qp.qpn();
-        let QpSlot { qp, send_cq, recv_cq, track } = slot;
-        match qp.close() {
-            Ok(()) => {
-                t.by_qpn.remove(&qpn);
-                Ok(())
-            }
-            Err((qp, e)) => {
-                t.qps.insert(id.0, Arc::new(QpSlot { qp, send_cq, recv_cq, track }));
-                Err(e)
-            }
-        }
+        self.qps
+            .remove(id.0, QpSlot::close)
+            .map_err(|r| removal(r, "queue pair", id.0, "destroy queue pair (a post is using it)"))
     }
 
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError> {
         let slot = self.qp(qp)?;
-        // Resolve every id first (holding Arcs keeps the objects alive for the post).
-        let mut mrs: HashMap<u32, Arc<Mr>> = HashMap::new();
-        let mut mws: HashMap<u32, Arc<Mw>> = HashMap::new();
-        {
-            let t = self.t.lock();
-            let mut need_mr = |id: MrId| -> Result<(), NicError> {
-                let mr = t.mrs.get(&id.0).ok_or(missing("memory region", id.0))?;
-                mrs.entry(id.0).or_insert_with(|| Arc::clone(mr));
-                Ok(())
-            };
-            for wr in wrs {
-                match wr {
-                    SendWr::Send { sge, .. }
-                    | SendWr::SendWithInv { sge, .. }
-                    | SendWr::Read { local: sge, .. } => sge.iter().try_for_each(|s| need_mr(s.mr))?,
-                    SendWr::BindMw { mw, mr, .. } => {
-                        need_mr(*mr)?;
-                        let w = t.mws.get(&mw.0).ok_or(missing("memory window", mw.0))?;
-                        mws.entry(mw.0).or_insert_with(|| Arc::clone(w));
-                    }
-                    SendWr::LocalInv { .. } => {}
+        if wrs.len() > MAX_CHAIN {
+            return Err(chain_too_long(wrs.len()));
+        }
+        // Pin every region and window the chain names (each once) for the
+        // post. A work request has scatter entries or a bind's region, not
+        // both, so MAX_SGE regions per request is enough.
+        let mut mrs: PinSet<'_, Mr, { MAX_CHAIN * MAX_SGE }> = PinSet::new();
+        let mut mws: PinSet<'_, Mw, MAX_CHAIN> = PinSet::new();
+        for wr in wrs {
+            let mut pin_mr = |id: MrId| mrs.pin(&self.mrs, id.0).ok_or(missing("memory region", id.0));
+            match wr {
+                SendWr::Send { sge, .. }
+                | SendWr::SendWithInv { sge, .. }
+                | SendWr::Read { local: sge, .. } => sge.iter().try_for_each(|s| pin_mr(s.mr))?,
+                SendWr::BindMw { mw, mr, .. } => {
+                    pin_mr(*mr)?;
+                    mws.pin(&self.mws, mw.0).ok_or(missing("memory window", mw.0))?;
                 }
+                SendWr::LocalInv { .. } => {}
             }
         }
-        let slices = |list: &[Sge]| -> Result<Vec<Slice<'_>>, NicError> {
-            list.iter()
-                .map(|s| Slice::new(&mrs[&s.mr.0], s.offset, s.len).map_err(|e| relabel(e, s.mr)))
-                .collect()
+        let mr = |id: MrId| mrs.get(id.0).ok_or(missing("memory region", id.0));
+        let slices = |list: &SgeList| -> Result<SliceList<'_>, NicError> {
+            let mut out = SliceList::new();
+            for s in list.iter() {
+                let slice = Slice::new(mr(s.mr)?, s.offset, s.len).map_err(|e| relabel(e, s.mr))?;
+                out.push(slice)
+                    .map_err(|_| NicError::InvalidWr(format!("more than {MAX_SGE} scatter entries")))?;
+            }
+            Ok(out)
         };
-        let mut reqs = Vec::with_capacity(wrs.len());
-        for wr in wrs {
+        let mut reqs = [SendRequest::EMPTY; MAX_CHAIN];
+        for (req, wr) in reqs.iter_mut().zip(wrs) {
             let op = match wr {
                 SendWr::Send { sge, .. } => SendOp::Send(slices(sge)?),
                 SendWr::SendWithInv { sge, invalidate_rkey, .. } => {
@@ -419,13 +415,13 @@ impl Nic for VerbsNic {
                 SendWr::Read { local, remote_addr, rkey, .. } => {
                     SendOp::Read { local: slices(local)?, remote_addr: *remote_addr, rkey: *rkey }
                 }
-                SendWr::BindMw { mw, rkey, mr, offset, len, access, .. } => {
-                    let mrr = &mrs[&mr.0];
-                    mrr.check_range(*offset, *len).map_err(|e| relabel(e, *mr))?;
+                SendWr::BindMw { mw, rkey, mr: id, offset, len, access, .. } => {
+                    let region = mr(*id)?;
+                    region.check_range(*offset, *len).map_err(|e| relabel(e, *id))?;
                     SendOp::BindMw {
-                        mw: &mws[&mw.0],
+                        mw: mws.get(mw.0).ok_or(missing("memory window", mw.0))?,
                         rkey: *rkey,
-                        mr: mrr,
+                        mr: region,
                         offset: *offset,
                         len: *len,
                         access: *access,
@@ -433,48 +429,52 @@ impl Nic for VerbsNic {
                 }
                 SendWr::LocalInv { rkey, .. } => SendOp::LocalInv(*rkey),
             };
-            reqs.push(SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op });
+            *req = SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op };
         }
-        let mut track = slot.track.lock();
-        for wr in wrs {
-            track.push_sq(wr.wr_id(), wr.opcode());
-        }
-        match slot.qp.post_send(&reqs) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let unposted = wrs.len() - e.posted;
-                let keep = track.sq.len().saturating_sub(unposted);
-                track.sq.truncate(keep);
-                if e.posted == 0 {
-                    Err(e.error)
-                } else {
-                    Err(NicError::InvalidWr(e.to_string()))
-                }
+        let chain = slot.qp.prepare_send(&reqs[..wrs.len()]).map_err(|e| e.error)?;
+        // Record, then post, under the send queue's post mutex: the records
+        // are in the queue's order and exist before any completion can.
+        let _order = slot.sq_post.lock();
+        {
+            let mut track = slot.track.lock();
+            for wr in wrs {
+                track.push_sq(wr.wr_id(), wr.opcode());
             }
         }
+        chain.post().map_err(|e| {
+            slot.track.lock().unpush_sq(wrs.len() - e.posted);
+            if e.posted == 0 {
+                e.error
+            } else {
+                NicError::InvalidWr(e.to_string())
+            }
+        })
     }
 
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
         let slot = self.qp(qp)?;
         let mr = self.mr(sge.mr)?;
         let slice = Slice::new(&mr, sge.offset, sge.len).map_err(|e| relabel(e, sge.mr))?;
-        let mut track = slot.track.lock();
-        track.push_rq(wr_id);
-        slot.qp.post_recv(wr_id, &[slice]).inspect_err(|_| {
-            track.rq.pop_back();
-        })
+        let _order = slot.rq_post.lock();
+        slot.track.lock().push_rq(wr_id);
+        slot.qp.post_recv(wr_id, &[slice]).inspect_err(|_| slot.track.lock().unpush_rq())
     }
 
-    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+    fn poll_cq_ready(
+        &self,
+        cq: CqId,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), NicError>> {
         match self.cq(cq) {
-            Ok(c) => c.poll_ready(cx),
+            Ok(c) => c.cq.poll_ready(cx),
             Err(e) => std::task::Poll::Ready(Err(e)),
         }
     }
 
     fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {
-        let n = self.cq(cq)?.poll_into(out)?;
-        self.settle(cq, &mut out[..n]);
+        let slot = self.cq(cq)?;
+        let n = slot.cq.poll_into(out)?;
+        self.settle(cq, &slot, &mut out[..n]);
         Ok(n)
     }
 }

@@ -4,7 +4,14 @@
 //! bounds-checked when built, so a post can never point the NIC at memory
 //! the region does not own. Remote addresses and rkeys are the peer's
 //! business: a wrong one only earns a remote access error.
+//!
+//! Nothing here allocates: scatter lists are inline ([`SliceList`]), and a
+//! chain of at most [`MAX_CHAIN`] requests is built as C structs in a
+//! [`SendChain`] on the caller's stack.
 
+use std::ptr;
+
+use parking_lot::MutexGuard;
 use rdma_mummy_sys as sys;
 use sys::{ibv_send_flags, ibv_wr_opcode as op};
 
@@ -12,7 +19,18 @@ use super::mr::Mr;
 use super::mw::Mw;
 use super::qp::Qp;
 use super::sys::{errno, from_errno};
-use crate::backend::{rkey, Access, NicError};
+use crate::backend::{rkey, Access, NicError, MAX_SGE};
+
+/// The most work requests one post chains. Longer chains are refused with
+/// [`NicError::InvalidWr`]: post them in several calls.
+pub const MAX_CHAIN: usize = 8;
+
+/// The error for a chain longer than [`MAX_CHAIN`].
+pub(super) fn chain_too_long(n: usize) -> NicError {
+    NicError::InvalidWr(format!(
+        "{n} work requests in one post; the verbs backend chains at most {MAX_CHAIN}: post the rest in another call"
+    ))
+}
 
 /// A checked range of a registered region, for a scatter/gather entry.
 #[derive(Clone, Copy, Debug)]
@@ -34,17 +52,69 @@ impl<'a> Slice<'a> {
     }
 }
 
+/// A scatter list of at most [`MAX_SGE`] slices, held inline.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SliceList<'a> {
+    len: u8,
+    items: [Option<Slice<'a>>; MAX_SGE],
+}
+
+impl<'a> SliceList<'a> {
+    /// An empty list.
+    pub const fn new() -> SliceList<'a> {
+        SliceList { len: 0, items: [None; MAX_SGE] }
+    }
+
+    /// Append a slice; gives it back when the list is full.
+    pub fn push(&mut self, s: Slice<'a>) -> Result<(), Slice<'a>> {
+        let i = self.len as usize;
+        if i == MAX_SGE {
+            return Err(s);
+        }
+        self.items[i] = Some(s);
+        self.len += 1;
+        Ok(())
+    }
+
+    /// How many slices.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slices in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Slice<'a>> {
+        self.items[..self.len()].iter().flatten()
+    }
+}
+
+impl<'a, const N: usize> From<[Slice<'a>; N]> for SliceList<'a> {
+    /// # Panics
+    /// If `N` exceeds [`MAX_SGE`].
+    fn from(a: [Slice<'a>; N]) -> SliceList<'a> {
+        let mut l = SliceList::new();
+        for s in a {
+            assert!(l.push(s).is_ok(), "a work request carries at most {MAX_SGE} scatter entries, not {N}");
+        }
+        l
+    }
+}
+
 /// What a send-queue work request does.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum SendOp<'a> {
     /// SEND the bytes of the scatter list.
-    Send(Vec<Slice<'a>>),
+    Send(SliceList<'a>),
     /// SEND that also invalidates `rkey` at the receiver.
-    SendWithInv(Vec<Slice<'a>>, u32),
+    SendWithInv(SliceList<'a>, u32),
     /// RDMA READ `remote_addr..+total length` through `rkey` into the scatter list.
     Read {
         /// Destination.
-        local: Vec<Slice<'a>>,
+        local: SliceList<'a>,
         /// Remote virtual address.
         remote_addr: u64,
         /// Remote key.
@@ -70,7 +140,7 @@ pub enum SendOp<'a> {
 }
 
 /// One send-queue work request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct SendRequest<'a> {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -78,6 +148,11 @@ pub struct SendRequest<'a> {
     pub signaled: bool,
     /// The operation.
     pub op: SendOp<'a>,
+}
+
+impl<'a> SendRequest<'a> {
+    /// A placeholder for filling arrays of requests (never posted as such).
+    pub const EMPTY: SendRequest<'a> = SendRequest { wr_id: 0, signaled: false, op: SendOp::LocalInv(0) };
 }
 
 /// Why a post failed, and how many of the chain's requests the provider took.
@@ -93,20 +168,43 @@ pub struct PostError {
     pub posted: usize,
 }
 
+/// A validated chain of send requests as libibverbs structs, built on the
+/// stack by [`Qp::prepare_send`] and posted with one doorbell by
+/// [`SendChain::post`]. It borrows the QP, the regions and the windows it
+/// names, so none can go away before it is posted.
+pub struct SendChain<'a> {
+    qp: &'a Qp,
+    len: usize,
+    wrs: [sys::ibv_send_wr; MAX_CHAIN],
+    sges: [[sys::ibv_sge; MAX_SGE]; MAX_CHAIN],
+    /// For each request that binds a window: the window and its new rkey.
+    binds: [Option<(&'a Mw, u32)>; MAX_CHAIN],
+}
+
 impl Qp {
-    /// Post a chain of send requests with one `ibv_post_send`.
+    /// Validate `reqs` and build them as C work requests, without posting.
     ///
-    /// Every request is validated first (scatter list sizes, bind ranges and
-    /// rkeys), so a malformed chain posts nothing. On success each bound
-    /// window's tracked rkey becomes the bind's new rkey.
-    pub fn post_send(&self, reqs: &[SendRequest<'_>]) -> Result<(), PostError> {
+    /// Checks everything the device would otherwise fail on later or not at
+    /// all: the chain length ([`MAX_CHAIN`]), scatter list sizes, bind
+    /// ranges and that each bind's rkey carries its window's index. A
+    /// malformed chain is refused whole (`posted: 0`).
+    pub fn prepare_send<'a>(&'a self, reqs: &[SendRequest<'a>]) -> Result<SendChain<'a>, PostError> {
         let fail = |failed, error| PostError { error, failed, posted: 0 };
-        // Scatter entries first, all of them, so their addresses are stable
-        // while the work requests point at them.
-        let mut sges: Vec<Vec<sys::ibv_sge>> = Vec::with_capacity(reqs.len());
+        if reqs.len() > MAX_CHAIN {
+            return Err(fail(MAX_CHAIN, chain_too_long(reqs.len())));
+        }
+        let mut chain = SendChain {
+            qp: self,
+            len: reqs.len(),
+            // SAFETY: ibv_send_wr is integers, raw pointers and unions of
+            // those; all-zero (NULL `next`, no scatter list) is valid.
+            wrs: unsafe { std::mem::zeroed() },
+            sges: [[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE]; MAX_CHAIN],
+            binds: [None; MAX_CHAIN],
+        };
         for (i, r) in reqs.iter().enumerate() {
-            let list: &[Slice<'_>] = match &r.op {
-                SendOp::Send(l) | SendOp::SendWithInv(l, _) | SendOp::Read { local: l, .. } => l,
+            let list = match &r.op {
+                SendOp::Send(l) | SendOp::SendWithInv(l, _) | SendOp::Read { local: l, .. } => *l,
                 SendOp::BindMw { mw, rkey: new, mr, offset, len, .. } => {
                     mr.check_range(*offset, *len).map_err(|e| fail(i, e))?;
                     if !mw.owns_rkey(*new) {
@@ -118,9 +216,10 @@ impl Qp {
                             )),
                         ));
                     }
-                    &[]
+                    chain.binds[i] = Some((*mw, *new));
+                    SliceList::new()
                 }
-                SendOp::LocalInv(_) => &[],
+                SendOp::LocalInv(_) => SliceList::new(),
             };
             if list.len() > self.max_sge() as usize {
                 return Err(fail(
@@ -132,17 +231,12 @@ impl Qp {
                     )),
                 ));
             }
-            sges.push(list.iter().map(Slice::sge).collect());
-        }
-
-        let mut wrs: Vec<sys::ibv_send_wr> = Vec::with_capacity(reqs.len());
-        for (r, sg) in reqs.iter().zip(sges.iter_mut()) {
-            // SAFETY: ibv_send_wr is integers, raw pointers and unions of
-            // those; all-zero (NULL `next`, no scatter list) is valid.
-            let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+            for (sge, s) in chain.sges[i].iter_mut().zip(list.iter()) {
+                *sge = s.sge();
+            }
+            let wr = &mut chain.wrs[i];
             wr.wr_id = r.wr_id;
-            wr.sg_list = sg.as_mut_ptr();
-            wr.num_sge = sg.len() as i32;
+            wr.num_sge = list.len() as i32;
             wr.send_flags = if r.signaled { ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
             match &r.op {
                 SendOp::Send(_) => wr.opcode = op::IBV_WR_SEND,
@@ -172,62 +266,41 @@ impl Qp {
                     wr.imm_data_invalidated_rkey_union.invalidated_rkey = *inv;
                 }
             }
-            wrs.push(wr);
         }
-        // Link the chain; the Vec is not resized from here on.
-        for i in 1..wrs.len() {
-            let next: *mut sys::ibv_send_wr = &mut wrs[i];
-            wrs[i - 1].next = next;
-        }
-        let Some(first) = wrs.first_mut() else { return Ok(()) };
-        // Lock every window bound in the chain (in address order, so two
-        // chains cannot deadlock) across the post and the rkey write-back.
-        let mut bound: Vec<&Mw> = reqs
-            .iter()
-            .filter_map(|r| if let SendOp::BindMw { mw, .. } = &r.op { Some(*mw) } else { None })
-            .collect();
-        bound.sort_by_key(|m| m.as_ptr() as usize);
-        bound.dedup_by(|a, b| std::ptr::eq(*a, *b));
-        let _guards: Vec<_> = bound.iter().map(|m| m.lock_binds()).collect();
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is alive; the chain and the scatter lists it points
-        // to live in `wrs`/`sges` until the call returns (the provider copies
-        // them into its queue); every local address is inside a registered
-        // region that outlives the call (the `Slice` borrows); the struct
-        // layouts match the C headers (tests/verbs_layout.rs).
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), first, &mut bad) };
-        let posted =
-            if rc == 0 { reqs.len() } else { wrs.iter().position(|w| std::ptr::eq(w, bad)).unwrap_or(0) };
-        for r in &reqs[..posted] {
-            if let SendOp::BindMw { mw, rkey, .. } = &r.op {
-                // SAFETY: `_guards` holds the bind lock of every window in the chain.
-                unsafe { mw.set_rkey(*rkey) };
-            }
-        }
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(PostError { error: from_errno("ibv_post_send", post_errno(rc)), failed: posted, posted })
-        }
+        Ok(chain)
     }
 
-    /// Post one receive request with a scatter list.
+    /// Post a chain of send requests with one `ibv_post_send`
+    /// ([`Qp::prepare_send`], then [`SendChain::post`]).
+    ///
+    /// Every request is validated first, so a malformed chain posts
+    /// nothing. On success each bound window's tracked rkey becomes the
+    /// bind's new rkey.
+    pub fn post_send(&self, reqs: &[SendRequest<'_>]) -> Result<(), PostError> {
+        self.prepare_send(reqs)?.post()
+    }
+
+    /// Post one receive request with a scatter list of at most
+    /// [`MAX_SGE`] slices.
     pub fn post_recv(&self, wr_id: u64, local: &[Slice<'_>]) -> Result<(), NicError> {
-        if local.len() > self.max_sge() as usize {
+        if local.len() > (self.max_sge() as usize).min(MAX_SGE) {
             return Err(NicError::InvalidWr(format!(
                 "{} scatter entries, the queue pair takes {}",
                 local.len(),
-                self.max_sge()
+                (self.max_sge() as usize).min(MAX_SGE)
             )));
         }
-        let mut sg: Vec<sys::ibv_sge> = local.iter().map(Slice::sge).collect();
+        let mut sg = [sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE];
+        for (sge, s) in sg.iter_mut().zip(local) {
+            *sge = s.sge();
+        }
         let mut wr = sys::ibv_recv_wr {
             wr_id,
-            next: std::ptr::null_mut(),
+            next: ptr::null_mut(),
             sg_list: sg.as_mut_ptr(),
-            num_sge: sg.len() as i32,
+            num_sge: local.len() as i32,
         };
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP is alive; `wr` and `sg` live until the call returns;
         // the scatter entries lie inside registered regions borrowed for the call.
         let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), &mut wr, &mut bad) };
@@ -235,6 +308,83 @@ impl Qp {
             Ok(())
         } else {
             Err(from_errno("ibv_post_recv", post_errno(rc)))
+        }
+    }
+}
+
+impl SendChain<'_> {
+    /// How many requests the chain has.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the chain is empty (posting it does nothing).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Post the chain with one `ibv_post_send`.
+    ///
+    /// The windows it binds are locked (in address order, so two chains
+    /// cannot deadlock) across the post and the rkey write-back: rxe's
+    /// provider reads `ibv_mw.rkey` inside the call. On return, each window
+    /// bound by a posted request tracks the bind's new rkey.
+    pub fn post(mut self) -> Result<(), PostError> {
+        let n = self.len;
+        if n == 0 {
+            return Ok(());
+        }
+        // Link the chain now that it has its final address (`self` is ours
+        // and does not move during this call). All pointers come from one
+        // raw pointer per array, so none is invalidated by a later borrow.
+        let wrs = self.wrs.as_mut_ptr();
+        let sges = self.sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= MAX_CHAIN, and `wrs.add(i + 1)` is formed only
+            // when i + 1 < n, so every pointer is in bounds of its array; no
+            // reference into either array is live while we write through them.
+            unsafe {
+                let wr = &mut *wrs.add(i);
+                wr.sg_list = (*sges.add(i)).as_mut_ptr();
+                wr.next = if i + 1 < n { wrs.add(i + 1) } else { ptr::null_mut() };
+            }
+        }
+        let mut bound = [None::<&Mw>; MAX_CHAIN];
+        let mut k = 0;
+        for (mw, _) in self.binds[..n].iter().flatten() {
+            bound[k] = Some(*mw);
+            k += 1;
+        }
+        bound[..k].sort_unstable_by_key(|m| m.map_or(0, |m| m.as_ptr() as usize));
+        let mut guards: [Option<MutexGuard<'_, ()>>; MAX_CHAIN] = Default::default();
+        let mut last: *const Mw = ptr::null();
+        for (g, mw) in guards.iter_mut().zip(bound[..k].iter().flatten()) {
+            if !ptr::eq(*mw, last) {
+                *g = Some(mw.lock_binds());
+                last = *mw;
+            }
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is alive (borrowed); the chain and the scatter lists
+        // it points to live in `self` until the call returns (the provider
+        // copies them into its queue); every local address is inside a
+        // registered region that outlives the call (the `Slice` borrows
+        // checked at `prepare_send`); every bound window is locked; the
+        // struct layouts match the C headers (tests/verbs_layout.rs).
+        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
+        // Which requests the provider took: those before `bad` (pointer
+        // comparisons only).
+        let posted =
+            if rc == 0 { n } else { (0..n).find(|&i| ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(0) };
+        for (mw, new) in self.binds[..posted].iter().flatten() {
+            // SAFETY: `guards` holds the bind lock of every window in the chain.
+            unsafe { mw.set_rkey(*new) };
+        }
+        drop(guards);
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(PostError { error: from_errno("ibv_post_send", post_errno(rc)), failed: posted, posted })
         }
     }
 }
