@@ -65,7 +65,7 @@ fn main() {
                 } else {
                     None
                 };
-                if server.reply(req.id, 0, b"ok", data).is_err() {
+                if server.reply(req.id, 0, b"ok", data).await.is_err() {
                     break;
                 }
             }

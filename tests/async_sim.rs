@@ -54,7 +54,7 @@ async fn echo(server: Connection<SimNic>) {
             server.write(&mut b, &bytes).unwrap();
             Some(b)
         };
-        server.reply(req.id, 0, b"echo", out).unwrap();
+        server.reply(req.id, 0, b"echo", out).await.unwrap();
     }
 }
 
@@ -141,7 +141,7 @@ async fn answer_with_data(server: Connection<SimNic>) {
     while let Some(req) = server.next_request().await {
         let mut b = server.alloc().await.expect("server buffer");
         server.write(&mut b, &[0x42; 64]).unwrap();
-        server.reply(req.id, 0, b"data", Some(b)).unwrap();
+        server.reply(req.id, 0, b"data", Some(b)).await.unwrap();
     }
 }
 

@@ -754,8 +754,10 @@ mod endpoints {
     #[test]
     fn endpoint_call_timeout_keeps_the_buffer_exposed_until_the_lease_ends_and_the_connection_up() {
         let mut l = Live::new(Policies::both(Policy::Mw), |c| {
-            c.call_timeout = Duration::from_millis(100);
-            c.lease_time = Duration::from_millis(600);
+            // Long enough that the ping below does not time out on a
+            // loaded emulated VM (a 100 ms timeout did, once).
+            c.call_timeout = Duration::from_millis(500);
+            c.lease_time = Duration::from_millis(1500);
             c.safety_margin = Duration::from_millis(100);
         });
         let mut b = l.client.alloc().unwrap();
@@ -765,7 +767,7 @@ mod endpoints {
         l.until("the call to time out", |l| l.cev.contains(&Event::CallFailed { call, error: CallError::TimedOut }));
         assert_eq!(l.client.busy_buffers(), 1, "a timeout alone must not return the buffer");
         l.until("the buffer back after the lease", |l| l.client.busy_buffers() == 0);
-        assert!(l.now() >= Duration::from_millis(600), "returned before the lease could have ended");
+        assert!(l.now() >= Duration::from_millis(1500), "returned before the lease could have ended");
         assert!(l.client.is_down().is_none() && l.server.is_down().is_none(), "a timeout must not tear down the connection");
         let now = l.now();
         let ping = l.client.call(now, b"ping", None).unwrap();

@@ -299,9 +299,33 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Server: answer a request. A refusal hands `data` back; see
-    /// [`Endpoint::reply`].
-    pub fn reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
+    /// Server: answer a request. A reply that finds no free memory window
+    /// or control slot waits for one (like [`Connection::call`]); any other
+    /// refusal (no such request, a header too long, a foreign buffer, the
+    /// connection down) hands `data` back, see [`Endpoint::reply`].
+    pub async fn reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
+        let mut data = data;
+        poll_fn(|cx| {
+            let now = self.inner.now();
+            let mut st = self.inner.state.lock();
+            let r = st.ep.reply(now, req, status, header, data.take());
+            self.inner.bell.ring();
+            match r {
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
+                    data = back;
+                    st.capacity_waiters.register(cx.waker());
+                    Poll::Pending
+                }
+                Err(refused) => Poll::Ready(Err(refused)),
+            }
+        })
+        .await
+    }
+
+    /// Server: answer a request now, or fail (without waiting for a window
+    /// or control slot). A refusal hands `data` back.
+    pub fn try_reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
         let now = self.inner.now();
         self.with(|s| s.ep.reply(now, req, status, header, data))
     }

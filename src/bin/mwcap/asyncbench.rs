@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::future::{select, try_join_all, Either};
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Config, Connection, Endpoint, Policies, Policy, Refused, Role, UseError};
+use mwcap::conn::{Buf, Config, Connection, Endpoint, Policies, Policy, Refused, Role};
 
 use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
 use crate::count;
@@ -52,7 +52,8 @@ async fn alloc<N: Nic>(conn: &Connection<N>) -> Result<Buf, String> {
     }
 }
 
-/// Reply, waiting (and reaping) while every exposure slot or control slot is busy.
+/// Reply (the library waits while every window or control slot is busy);
+/// give up after `STUCK`.
 async fn reply<N: Nic>(
     conn: &Connection<N>,
     req: mwcap::conn::RequestId,
@@ -60,24 +61,11 @@ async fn reply<N: Nic>(
     header: &[u8],
     data: Option<Buf>,
 ) -> Result<(), String> {
-    let give_up = Instant::now() + STUCK;
-    let mut data = data;
-    loop {
-        match conn.reply(req, status, header, data.take()) {
-            Ok(()) => return Ok(()),
-            Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back })
-                if Instant::now() < give_up =>
-            {
-                data = back;
-                async_io::Timer::after(Duration::from_micros(200)).await;
-            }
-            Err(Refused { error, data: back }) => {
-                if let Some(b) = back {
-                    conn.free(b);
-                }
-                return Err(format!("the reply was refused: {error}"));
-            }
-        }
+    let sent = pin!(conn.reply(req, status, header, data));
+    match select(sent, async_io::Timer::after(STUCK)).await {
+        Either::Left((Ok(()), _)) => Ok(()),
+        Either::Left((Err(Refused { error, .. }), _)) => Err(format!("the reply was refused: {error}")),
+        Either::Right(_) => Err(format!("no window or control slot came free in {STUCK:?}")),
     }
 }
 
