@@ -107,6 +107,9 @@ struct Inner<N: Nic> {
     state: Mutex<State<N>>,
     /// Rung by the user whenever the driver should take a turn.
     bell: Doorbell,
+    /// Call futures dropped before their result (the driver looks for
+    /// abandoned calls only when this is non-zero).
+    abandoned: std::sync::atomic::AtomicUsize,
     recycle: Arc<Recycle<CallResult>>,
     epoch: Instant,
 }
@@ -176,6 +179,7 @@ impl<N: Nic> Connection<N> {
                 down: None,
             }),
             bell: Doorbell::new(),
+            abandoned: std::sync::atomic::AtomicUsize::new(0),
             counters: DriverCounters::default(),
             recycle: Recycle::new(),
             epoch: Instant::now(),
@@ -381,6 +385,7 @@ impl<N: Nic> Drop for CallFuture<N> {
             // turn sees the abandonment and cancels the call.
             let handle = std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
             drop(handle);
+            self.inner.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             self.inner.bell.ring();
         }
     }
@@ -485,7 +490,7 @@ impl<N: Nic> Driver<N> {
         }
         let mut busy = st.ep.reclaim() > 0;
         st.ep.drive(now);
-        if !st.calls.is_empty() {
+        if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
             let abandoned: Vec<CallId> =
                 st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
             for id in &abandoned {
@@ -514,7 +519,7 @@ impl<N: Nic> Driver<N> {
             let drained = st.calls.is_empty() && st.ep.busy_buffers() == 0 && st.ep.sends_in_flight() == 0;
             if drained || now >= down_at + FLUSH_GRACE {
                 // Destroying the QP is the evidence for whatever is left.
-                st.ep.close(now);
+                st.ep.finish_close(now);
                 while let Some(ev) = st.ep.poll_event() {
                     st.dispatch(ev);
                 }
