@@ -1,4 +1,5 @@
-//! Connections: the driver that runs the protocol engines over a [`Nic`].
+//! Connections: the driver that runs the protocol engines over a
+//! [`Nic`](crate::backend::Nic).
 //!
 //! An [`Endpoint`] is one side of one RC connection. It owns the queue pair,
 //! its completion queue, a control region for the SENDs and RECVs that carry
@@ -15,12 +16,19 @@
 //! - the **reply** payload is the server's memory, READ by the client
 //!   ([`Policies::reply`]).
 //!
-//! Buffers are move-only [`Buf`] handles: giving one to [`Endpoint::call`] or
-//! [`Endpoint::reply`] hands it to the NIC, and it comes back only in
-//! [`Event::BufferReturned`], which the endpoint emits only on evidence that
-//! no remote access is possible any more (the invalidation's completion, the
-//! confirm answered, the QP flushed or destroyed). A reply payload arrives as
-//! a `Buf` the user owns.
+//! Buffers are move-only [`Buf`] handles into registered memory, whose
+//! bytes are lent without a copy ([`Endpoint::bytes`], [`Endpoint::fill`]):
+//! giving one to [`Endpoint::call`] or [`Endpoint::reply`] hands it to the
+//! NIC, and it comes back only in [`Event::BufferReturned`], which the
+//! endpoint emits only on evidence that no remote access is possible any
+//! more (the invalidation's completion, the confirm answered, the QP flushed
+//! or destroyed). A reply payload arrives as a `Buf` the user owns. Dropping
+//! a `Buf` returns it to the pool; a refused call or reply hands it back in
+//! [`Refused`].
+//!
+//! [`Connection`] and [`Driver`] are the async face (see `live.rs`): the
+//! driver busy-polls briefly, then sleeps on the completion queue's
+//! readiness, the user's doorbell or the next timer.
 //!
 //! Like the engines, an endpoint is sans-clock: the caller passes `now` and
 //! follows the quinn-style loop: `handle_*`/`call`/`reply` inputs, then
