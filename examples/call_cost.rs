@@ -80,6 +80,16 @@ fn main() {
                 assert_eq!(first, 0x5a);
             }
         }
+        let (c, s) = (client.driver_stats(), server.driver_stats());
+        println!(
+            "call_cost: driver turns per call: client {:.1} ({:.1} busy), server {:.1} ({:.1} busy); sleeps per call {:.1} / {:.1}",
+            c.turns as f64 / f64::from(200 + calls),
+            c.busy_turns as f64 / f64::from(200 + calls),
+            s.turns as f64 / f64::from(200 + calls),
+            s.busy_turns as f64 / f64::from(200 + calls),
+            c.sleeps as f64 / f64::from(200 + calls),
+            s.sleeps as f64 / f64::from(200 + calls),
+        );
         client.close();
         server.close();
     };
