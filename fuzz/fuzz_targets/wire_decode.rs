@@ -1,0 +1,46 @@
+//! Any bytes into every decoder of peer bytes on the data path: the frame
+//! envelope, and the mw and confirm engine messages (alone and as a frame's
+//! attachments). Each must return, never panic, and whatever it accepts
+//! must encode back to exactly the bytes it read (one encoding per value,
+//! so a peer cannot smuggle state through alternative forms).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mwcap::conn::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+fn engine_message(engine: EngineTag, bytes: &[u8]) {
+    match engine {
+        EngineTag::Mw => {
+            if let Ok(m) = mw::Message::decode(bytes) {
+                assert_eq!(m.to_bytes(), bytes, "mw message re-encodes differently: {m:?}");
+                let mut slot = [0u8; 64];
+                let n = m.encode_into(&mut slot).expect("an mw message fits an attachment");
+                assert_eq!(&slot[..n], bytes);
+            }
+        }
+        EngineTag::Confirm => {
+            if let Ok((m, rest)) = fb::Message::decode(bytes) {
+                let used = bytes.len() - rest.len();
+                assert_eq!(m.to_bytes(), &bytes[..used], "confirm message re-encodes differently: {m:?}");
+            }
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    engine_message(EngineTag::Mw, data);
+    engine_message(EngineTag::Confirm, data);
+    if let Ok(f) = Frame::decode(data) {
+        assert!(data.len() <= MAX_FRAME);
+        assert_eq!(f.encode().expect("a decoded frame encodes"), data, "frame re-encodes differently: {f:?}");
+        let attaches: &[Attach] = match &f {
+            Frame::Request { attach, .. } | Frame::Reply { attach, .. } => attach,
+            Frame::Engine(a) => std::slice::from_ref(a),
+        };
+        for a in attaches {
+            engine_message(a.engine, a.bytes());
+        }
+    }
+});
