@@ -259,13 +259,7 @@ impl Client {
     /// Fires every deadline at or before `now`: fetches in message order,
     /// then exposed buffers in buffer order.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let mut due: Vec<MsgId> = self
-            .deadlines
-            .iter()
-            .take_while(|&(&(deadline, _), ())| deadline <= now)
-            .map(|(&(_, m), ())| m)
-            .collect();
-        due.sort_unstable();
+        let due = self.deadlines.due(now);
         for msg in due {
             self.end_fetch(msg, ReadError::TimedOut);
         }

@@ -141,13 +141,7 @@ impl Owner {
     /// Releases every hold whose deadline is at or before `now`, in buffer
     /// order.
     pub(crate) fn expire(&mut self, now: Duration, events: &mut impl Extend<Event>) {
-        let mut due: Vec<BufferId> = self
-            .deadlines
-            .iter()
-            .take_while(|&(&(deadline, _), ())| deadline <= now)
-            .map(|(&(_, b), ())| b)
-            .collect();
-        due.sort_unstable();
+        let due = self.deadlines.due(now);
         for buffer in due {
             self.release(buffer, Release::Expired, events);
         }

@@ -246,13 +246,7 @@ impl Server {
     /// Fires every deadline at or before `now`: confirms in message order,
     /// then offered buffers in buffer order.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let mut due: Vec<MsgId> = self
-            .confirm_deadlines
-            .iter()
-            .take_while(|&(&(deadline, _), ())| deadline <= now)
-            .map(|(&(_, m), ())| m)
-            .collect();
-        due.sort_unstable();
+        let due = self.confirm_deadlines.due(now);
         for msg in due {
             if let Some(inc) = self.remove_incoming(msg) {
                 self.events.push_back(Event::ReadDiscarded { token: inc.exposure.token });

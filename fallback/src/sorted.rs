@@ -162,6 +162,16 @@ impl<K: Ord + Copy + Hash, V: Hash> Hash for SortedDeque<K, V> {
     }
 }
 
+impl<T: Ord + Copy> SortedDeque<(std::time::Duration, T), ()> {
+    /// The ids whose deadline is at or before `now`, in id order.
+    pub(crate) fn due(&self, now: std::time::Duration) -> Vec<T> {
+        let mut due: Vec<T> =
+            self.iter().take_while(|&(&(deadline, _), ())| deadline <= now).map(|(&(_, id), ())| id).collect();
+        due.sort_unstable();
+        due
+    }
+}
+
 impl<K: Ord + Copy + fmt::Debug, V: fmt::Debug> fmt::Debug for SortedDeque<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
