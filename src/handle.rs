@@ -179,6 +179,14 @@ impl<T> Drop for Handle<T> {
     }
 }
 
+/// Leave `new` in `slot` to be woken, unless the waker there already wakes
+/// the same task (a task polled again must not clone its waker each time).
+pub(crate) fn store_waker(slot: &mut Option<Waker>, new: &Waker) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(new)) {
+        *slot = Some(new.clone());
+    }
+}
+
 /// The driver's doorbell: a user rings it after changing something the
 /// driver must look at (a new call, a dropped call future, a close); the
 /// driver clears it at the start of each turn and, before it sleeps, checks
@@ -232,10 +240,7 @@ impl Doorbell {
         if b.rung {
             return Poll::Ready(());
         }
-        match &b.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => b.waker = Some(cx.waker().clone()),
-        }
+        store_waker(&mut b.waker, cx.waker());
         Poll::Pending
     }
 }

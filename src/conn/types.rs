@@ -136,10 +136,7 @@ impl Returns {
     }
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
-        let mut cur = self.waker.lock();
-        if !cur.as_ref().is_some_and(|c| c.will_wake(w)) {
-            *cur = Some(w.clone());
-        }
+        crate::handle::store_waker(&mut self.waker.lock(), w);
     }
 }
 

@@ -86,6 +86,13 @@ fn live<'a>(
 }
 
 impl SimNic {
+    /// Whether this handle's completion queue `cq` holds a completion.
+    fn cq_has_entries(&self, w: &World, cq: CqId) -> Result<bool, NicError> {
+        let c = w.devs[self.dev as usize].cqs.get(cq.0 as usize).and_then(Option::as_ref);
+        let c = c.filter(|c| c.pd == self.pd).ok_or_else(|| no_such("completion queue", cq.0))?;
+        Ok(!c.entries.is_empty())
+    }
+
     fn qp_of<'a>(&self, d: &'a Device, qp: QpId) -> Result<&'a Qp, NicError> {
         d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or_else(|| no_such("queue pair", qp.0))
     }
@@ -439,16 +446,10 @@ impl Nic for SimNic {
     fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {
         let mut w = self.fabric.lock();
         live(&mut w, self.dev, "poll_cq")?;
-        let (dev, pd) = (self.dev as usize, self.pd);
-        let has = |w: &World| -> Result<bool, NicError> {
-            let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
-            let c = c.filter(|c| c.pd == pd).ok_or_else(|| no_such("completion queue", cq.0))?;
-            Ok(!c.entries.is_empty())
-        };
-        has(&w)?;
+        self.cq_has_entries(&w, cq)?;
         if w.cfg.progress == Progress::Auto {
             w.run_due();
-            if !has(&w)? && w.advance_to_next() {
+            if !self.cq_has_entries(&w, cq)? && w.advance_to_next() {
                 w.run_due();
             }
         }
@@ -464,43 +465,27 @@ impl Nic for SimNic {
     fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
         use std::task::Poll;
         let mut w = self.fabric.lock();
-        if let Err(e) = live(&mut w, self.dev, "poll_cq_ready") {
-            return Poll::Ready(Err(e));
-        }
-        let (dev, pd) = (self.dev as usize, self.pd);
-        let has = |w: &World| -> Result<bool, NicError> {
-            let c = w.devs[dev].cqs.get(cq.0 as usize).and_then(Option::as_ref);
-            let c = c.filter(|c| c.pd == pd).ok_or_else(|| no_such("completion queue", cq.0))?;
-            Ok(!c.entries.is_empty())
-        };
-        if w.cfg.progress == Progress::Auto {
-            // Whoever waits runs the fabric: events due for other queues
-            // wake their waiters as they land.
-            loop {
-                match has(&w) {
-                    Ok(true) => return Poll::Ready(Ok(())),
-                    Ok(false) => {}
-                    Err(e) => return Poll::Ready(Err(e)),
-                }
-                w.run_due();
-                if has(&w).unwrap_or(true) {
-                    continue;
-                }
-                if !w.advance_to_next() {
-                    break;
+        let ready = (|| {
+            live(&mut w, self.dev, "poll_cq_ready")?;
+            if w.cfg.progress == Progress::Auto {
+                // Whoever waits runs the fabric, until this queue has a
+                // completion or nothing is pending; completions landing on
+                // other queues wake their waiters.
+                while !self.cq_has_entries(&w, cq)? {
+                    if w.run_due() == 0 && !w.advance_to_next() {
+                        break;
+                    }
                 }
             }
-        }
-        match has(&w) {
-            Ok(true) => Poll::Ready(Ok(())),
+            self.cq_has_entries(&w, cq)
+        })();
+        match ready {
             Ok(false) => {
-                let c = w.devs[dev].cqs[cq.0 as usize].as_mut().expect("checked by has");
-                match &c.waker {
-                    Some(old) if old.will_wake(cx.waker()) => {}
-                    _ => c.waker = Some(cx.waker().clone()),
-                }
+                let c = w.devs[self.dev as usize].cqs[cq.0 as usize].as_mut().expect("checked by cq_has_entries");
+                crate::handle::store_waker(&mut c.waker, cx.waker());
                 Poll::Pending
             }
+            Ok(true) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(e)),
         }
     }
