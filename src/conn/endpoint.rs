@@ -246,10 +246,7 @@ impl<N: Nic> Endpoint<N> {
         self.returns.take_all(&mut self.reclaimed);
         let mut n = 0;
         for (slot, lending) in self.reclaimed.drain(..) {
-            if self.bufs.lent(slot, lending) {
-                self.bufs.hand(slot, Holder::User, Holder::Free);
-                n += 1;
-            }
+            n += usize::from(self.bufs.give_back(slot, lending));
         }
         if n > 0 {
             self.flush_holds();
@@ -281,11 +278,6 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
-    /// The endpoint takes `buf` from the user (into the NIC's hands).
-    fn take_buf(&mut self, buf: Buf) -> u32 {
-        buf.disarm().0
-    }
-
     // ---- the user's buffers ----
 
     /// Take a free buffer from the pool, or `None` when all are in use.
@@ -299,11 +291,9 @@ impl<N: Nic> Endpoint<N> {
     /// Put a buffer back in the pool (dropping it does the same, a little later).
     pub fn free(&mut self, buf: Buf) {
         if buf.endpoint == self.id {
-            let lending = buf.lending;
-            let (slot, _) = buf.disarm();
-            if self.bufs.lent(slot, lending) {
-                self.bufs.hand(slot, Holder::User, Holder::Free);
-            }
+            let (slot, lending) = (buf.slot, buf.lending);
+            buf.disarm();
+            self.bufs.give_back(slot, lending);
             self.flush_holds();
         }
     }

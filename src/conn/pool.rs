@@ -81,6 +81,13 @@ impl Slots {
         self.lending.get(i as usize).copied().unwrap_or(0)
     }
 
+    /// The user gives slot `i` back to the pool, if they still hold it
+    /// under `lending` (a stale handle gives back nothing); returns whether
+    /// it went back.
+    pub(crate) fn give_back(&mut self, i: u32, lending: u32) -> bool {
+        self.lent(i, lending) && self.hand(i, Holder::User, Holder::Free)
+    }
+
     /// Whether the user holds slot `i` under lending `lending`.
     pub(crate) fn lent(&self, i: u32, lending: u32) -> bool {
         self.holder(i) == Some(Holder::User) && self.lending(i) == lending

@@ -154,9 +154,8 @@ impl Buf {
         self.slot
     }
     /// The endpoint takes the handle back: dropping it no longer returns it.
-    pub(crate) fn disarm(mut self) -> (u32, u32) {
+    pub(crate) fn disarm(mut self) {
         self.home = None;
-        (self.slot, self.len)
     }
 }
 

@@ -84,7 +84,7 @@ impl<N: Nic> Endpoint<N> {
             }
         }
         if let Some(b) = data {
-            self.take_buf(b);
+            b.disarm(); // now the NIC's: its drop must not return it
         }
         // Committed: the call is registered and nothing below refuses it.
         for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
@@ -220,7 +220,7 @@ impl<N: Nic> Endpoint<N> {
             Some(b) if unexposed => self.events.push_back(Event::BufferReturned(b)),
             Some(b) => {
                 self.bufs.hand(b.slot, Holder::User, Holder::Exposed);
-                self.take_buf(b);
+                b.disarm(); // now the NIC's: its drop must not return it
             }
             None => {}
         }
