@@ -196,7 +196,9 @@ impl Message {
 
     /// Appends the encoding to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        self.encode_to(out);
+        let at = out.len();
+        out.resize(at + self.encoded_len(), 0);
+        self.encode_into(&mut out[at..]).expect("sized to encoded_len");
     }
 
     /// Encode into the front of `out` without allocating; returns the
@@ -205,13 +207,13 @@ impl Message {
     pub fn encode_into(&self, out: &mut [u8]) -> Option<usize> {
         let n = self.encoded_len();
         let out = out.get_mut(..n)?;
-        let mut sink = SliceSink { out, at: 0 };
-        self.encode_to(&mut sink);
-        debug_assert_eq!(sink.at, n);
+        let mut w = Writer { out, at: 0 };
+        self.write(&mut w);
+        debug_assert_eq!(w.at, n);
         Some(n)
     }
 
-    fn encode_to(&self, out: &mut impl Sink) {
+    fn write(&self, out: &mut Writer<'_>) {
         out.push(WIRE_VERSION);
         match *self {
             Message::Fetch { msg, attempt } => {
@@ -307,7 +309,7 @@ impl Message {
     }
 }
 
-fn put_ids(out: &mut impl Sink, msg: MsgId, buffer: BufferId, generation: Generation) {
+fn put_ids(out: &mut Writer<'_>, msg: MsgId, buffer: BufferId, generation: Generation) {
     out.extend_from_slice(&msg.raw().to_le_bytes());
     out.extend_from_slice(&buffer.raw().to_le_bytes());
     out.extend_from_slice(&generation.raw().to_le_bytes());
@@ -341,28 +343,13 @@ impl Reader<'_> {
     }
 }
 
-/// Where an encoding goes: a growing vector or a fixed slice.
-trait Sink {
-    fn push(&mut self, b: u8);
-    fn extend_from_slice(&mut self, s: &[u8]);
-}
-
-impl Sink for Vec<u8> {
-    fn push(&mut self, b: u8) {
-        Vec::push(self, b);
-    }
-    fn extend_from_slice(&mut self, s: &[u8]) {
-        Vec::extend_from_slice(self, s);
-    }
-}
-
 /// A slice known to be long enough (checked against `encoded_len` first).
-struct SliceSink<'a> {
+struct Writer<'a> {
     out: &'a mut [u8],
     at: usize,
 }
 
-impl Sink for SliceSink<'_> {
+impl Writer<'_> {
     fn push(&mut self, b: u8) {
         self.out[self.at] = b;
         self.at += 1;
