@@ -46,7 +46,11 @@ fn serve_once(p: &Pair, cut_link_after_bind: bool) -> Result<Option<Vec<u8>>, Ni
                 len,
                 access: Access::REMOTE_READ,
             },
-            SendWr::Send { wr_id: 2, signaled: true, sge: SgeList::from([Sge { mr: msg.id, offset: 0, len: 12 }]) },
+            SendWr::Send {
+                wr_id: 2,
+                signaled: true,
+                sge: SgeList::from([Sge { mr: msg.id, offset: 0, len: 12 }]),
+            },
         ],
     )?;
     p.fabric.run_until_idle();

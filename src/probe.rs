@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::backend::loopback::{wait_completions, LoopbackPair};
 use crate::backend::{
-    rkey, Access, Completion, DeviceInfo, MrInfo, MwId, Nic, NicError, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    rkey, Access, Completion, DeviceInfo, MrInfo, MwId, Nic, NicError, SendWr, Sge, SgeList, WcOpcode,
+    WcStatus,
 };
 
 /// How long the probe waits for one step's completions.
@@ -310,7 +311,9 @@ impl<'a> Prober<'a> {
         let nic = self.nic;
         let pair = match LoopbackPair::new(nic) {
             Ok(p) => p,
-            Err(e) => return self.fail(ProbeStep::Alloc, format!("could not create a loopback QP pair: {e}")),
+            Err(e) => {
+                return self.fail(ProbeStep::Alloc, format!("could not create a loopback QP pair: {e}"))
+            }
         };
         let mut setup = match self.setup() {
             Ok(s) => s,
@@ -333,10 +336,15 @@ impl<'a> Prober<'a> {
                 if !self.read_matches(&setup, 0, WIN_LEN) {
                     return self.fail(ProbeStep::ReadInside, "READ succeeded but returned the wrong bytes");
                 }
-                self.record(ProbeStep::ReadInside, StepOutcome::Ok(format!("{} bytes, data intact", c.byte_len)));
+                self.record(
+                    ProbeStep::ReadInside,
+                    StepOutcome::Ok(format!("{} bytes, data intact", c.byte_len)),
+                );
             }
             Ok(Some(c)) => return self.fail(ProbeStep::ReadInside, format!("completion {}", describe(&c))),
-            Ok(None) => return self.fail(ProbeStep::ReadInside, format!("no completion within {STEP_TIMEOUT:?}")),
+            Ok(None) => {
+                return self.fail(ProbeStep::ReadInside, format!("no completion within {STEP_TIMEOUT:?}"))
+            }
             Err(e) => return self.fail(ProbeStep::ReadInside, e),
         }
 
@@ -357,15 +365,16 @@ impl<'a> Prober<'a> {
         }
 
         match self.read(&setup, &pair, rk, 0, 64) {
-            Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
-                self.record(ProbeStep::ReadAfterInvalidate, StepOutcome::Ok("REM_ACCESS_ERR, as it must".into()))
-            }
+            Ok(Some(c)) if c.status == WcStatus::RemAccessErr => self
+                .record(ProbeStep::ReadAfterInvalidate, StepOutcome::Ok("REM_ACCESS_ERR, as it must".into())),
             Ok(Some(c)) if c.status.is_success() => self.fail(
                 ProbeStep::ReadAfterInvalidate,
                 "READ through the invalidated rkey SUCCEEDED: invalidation does not revoke access",
             ),
             Ok(Some(c)) => self.fail(ProbeStep::ReadAfterInvalidate, format!("completion {}", describe(&c))),
-            Ok(None) => self.fail(ProbeStep::ReadAfterInvalidate, format!("no completion within {STEP_TIMEOUT:?}")),
+            Ok(None) => {
+                self.fail(ProbeStep::ReadAfterInvalidate, format!("no completion within {STEP_TIMEOUT:?}"))
+            }
             Err(e) => self.fail(ProbeStep::ReadAfterInvalidate, e),
         }
     }
@@ -396,7 +405,10 @@ impl<'a> Prober<'a> {
         // 64 bytes starting right after the window, still inside the region.
         match self.read(setup, pair, rk, WIN_LEN as i64, 64) {
             Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
-                self.record(ProbeStep::ReadOutside, StepOutcome::Ok("REM_ACCESS_ERR: bounds enforced".into()));
+                self.record(
+                    ProbeStep::ReadOutside,
+                    StepOutcome::Ok("REM_ACCESS_ERR: bounds enforced".into()),
+                );
                 Some(true)
             }
             Ok(Some(c)) if c.status.is_success() => {
@@ -447,7 +459,10 @@ impl<'a> Prober<'a> {
         match (sent.first(), recv.first()) {
             (Some(s), Some(r)) if s.status.is_success() && r.status.is_success() => {
                 if r.invalidated_rkey != Some(rk) {
-                    self.fail(step, format!("RECV reported invalidated rkey {:?}, sent {rk:#x}", r.invalidated_rkey));
+                    self.fail(
+                        step,
+                        format!("RECV reported invalidated rkey {:?}, sent {rk:#x}", r.invalidated_rkey),
+                    );
                     return Some(false);
                 }
             }
@@ -461,7 +476,10 @@ impl<'a> Prober<'a> {
         // invalidated again: the Setup drop only deallocates it.)
         match self.read(setup, pair, rk, 0, 64) {
             Ok(Some(c)) if c.status == WcStatus::RemAccessErr => {
-                self.record(step, StepOutcome::Ok("peer invalidated the window; READ then REM_ACCESS_ERR".into()));
+                self.record(
+                    step,
+                    StepOutcome::Ok("peer invalidated the window; READ then REM_ACCESS_ERR".into()),
+                );
                 Some(true)
             }
             Ok(Some(c)) => {

@@ -9,7 +9,8 @@ use futures::FutureExt;
 use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
-type Pair = (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
+type Pair =
+    (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
 
 fn connected(p: Policies) -> Pair {
     connected_with(p, Duration::from_millis(300))
@@ -60,7 +61,12 @@ async fn echo(server: Connection<SimNic>) {
 
 #[test]
 fn calls_over_the_async_api_in_every_policy_combination() {
-    for (request, reply) in [(Policy::Mw, Policy::Mw), (Policy::Confirm, Policy::Mw), (Policy::Mw, Policy::Confirm), (Policy::Confirm, Policy::Confirm)] {
+    for (request, reply) in [
+        (Policy::Mw, Policy::Mw),
+        (Policy::Confirm, Policy::Mw),
+        (Policy::Mw, Policy::Confirm),
+        (Policy::Confirm, Policy::Confirm),
+    ] {
         let (client, cdrv, server, sdrv) = connected(Policies { request, reply });
         let app = async {
             for i in 0..5u8 {
@@ -150,7 +156,8 @@ fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
     // Issue 7 §5.4: with 10 % of calls cancelled and 8 in flight, a server
     // pool of 16 buffers used to starve (each cancelled fetch left its reply
     // buffer held for a whole 5 s lease) and every call timed out.
-    let (client, cdrv, server, sdrv) = connected_with(Policies::both(Policy::Confirm), Duration::from_secs(5));
+    let (client, cdrv, server, sdrv) =
+        connected_with(Policies::both(Policy::Confirm), Duration::from_secs(5));
     let app = async {
         let mut ok = 0;
         let mut cancelled = 0;

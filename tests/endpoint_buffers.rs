@@ -34,8 +34,13 @@ fn a_payload_written_in_place_is_read_in_place_by_the_peer() {
         assert_eq!(b.len(), 5000);
         let now = p.now();
         p.client.call(now, b"put", Some(b)).unwrap();
-        assert!(p.drive_until(Duration::from_secs(1), |p| p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))));
-        let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else { panic!("{:?}", p.server_events) };
+        assert!(p.drive_until(Duration::from_secs(1), |p| p
+            .server_events
+            .iter()
+            .any(|e| matches!(e, Event::Request { .. }))));
+        let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else {
+            panic!("{:?}", p.server_events)
+        };
         let sum = p.server.bytes(&d, |b| b.iter().map(|&x| u64::from(x)).sum::<u64>()).unwrap();
         let want: u64 = (0..5000u32).map(|i| u64::from(i as u8)).sum();
         assert_eq!(sum, want, "{pol:?}");
@@ -76,7 +81,10 @@ fn a_dropped_event_gives_its_buffer_back() {
     p.server.write(&mut out, &[1; 100]).unwrap();
     let now = p.now();
     p.server.reply(now, req, 0, b"r", Some(out)).unwrap();
-    assert!(p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { .. }))));
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .client_events
+        .iter()
+        .any(|e| matches!(e, Event::Reply { .. }))));
     // The application ignores the reply, payload and all.
     p.client_events.clear();
     assert_eq!(p.client.free_buffers(), total, "the reply's buffer is back in the pool");

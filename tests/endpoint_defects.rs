@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame};
-use mwcap::conn::{Buf, CallError, Config, Endpoint, Event, LossReason, Policies, Policy, Role, SimPair, UseError};
+use mwcap::conn::{
+    Buf, CallError, Config, Endpoint, Event, LossReason, Policies, Policy, Role, SimPair, UseError,
+};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
 fn pair(p: Policies) -> SimPair {
@@ -26,7 +28,10 @@ fn filled(ep: &mut Endpoint<SimNic>, bytes: &[u8]) -> Buf {
 }
 
 fn take_request(p: &mut SimPair) -> (mwcap::conn::RequestId, Option<Buf>) {
-    assert!(p.drive_until(Duration::from_secs(1), |p| p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))));
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. }))));
     let pos = p.server_events.iter().position(|e| matches!(e, Event::Request { .. })).unwrap();
     match p.server_events.remove(pos) {
         Event::Request { req, data, .. } => (req, data),
@@ -126,7 +131,11 @@ fn a_victim_whose_qp_was_flushed_reports_the_connection_down() {
         p.drive_until(Duration::from_secs(1), |p| p.client.is_down().is_some()),
         "the victim must notice its QP was flushed"
     );
-    assert!(p.client_events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::Completion(_)))), "{:?}", p.client_events);
+    assert!(
+        p.client_events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::Completion(_)))),
+        "{:?}",
+        p.client_events
+    );
     // A later call fails at once instead of timing out.
     let now = p.now();
     assert!(matches!(p.client.call(now, b"x", None).map_err(|r| r.error), Err(UseError::Down(_))));
@@ -198,7 +207,11 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
                     len: 64,
                     access: Access::REMOTE_READ,
                 },
-                SendWr::Send { wr_id: 3, signaled: true, sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: bytes.len() as u32 }]) },
+                SendWr::Send {
+                    wr_id: 3,
+                    signaled: true,
+                    sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: bytes.len() as u32 }]),
+                },
             ],
         )
         .unwrap();
@@ -294,8 +307,12 @@ fn confirm_message_bookkeeping_stays_bounded_over_many_calls() {
         let b = filled(&mut p.server, b"r");
         let now = p.now();
         p.server.reply(now, req, 0, b"r", Some(b)).unwrap();
-        assert!(p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { .. }))));
-        assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0 && p.server.busy_buffers() == 0));
+        assert!(p.drive_until(Duration::from_secs(1), |p| p
+            .client_events
+            .iter()
+            .any(|e| matches!(e, Event::Reply { .. }))));
+        assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0
+            && p.server.busy_buffers() == 0));
         let events: Vec<Event> = p.client_events.drain(..).chain(p.server_events.drain(..)).collect();
         for e in events {
             if let Event::Reply { data: Some(b), .. } | Event::BufferReturned(b) = e {

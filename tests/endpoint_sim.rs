@@ -36,7 +36,10 @@ fn round_trip(p: &mut SimPair, req: &[u8], rep: &[u8]) -> Vec<u8> {
     let b = filled(p, true, req);
     let now = p.now();
     let call = p.client.call(now, b"get", Some(b)).unwrap();
-    assert!(p.drive_until(Duration::from_secs(1), |p| p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))));
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. }))));
     let Some(Event::Request { req: r, header, data }) = p.server_events.pop() else { panic!("no request") };
     assert_eq!(header, b"get");
     let data = data.expect("request payload");
@@ -45,8 +48,15 @@ fn round_trip(p: &mut SimPair, req: &[u8], rep: &[u8]) -> Vec<u8> {
     let out = filled(p, false, rep);
     let now = p.now();
     p.server.reply(now, r, 0, b"ok", Some(out)).unwrap();
-    assert!(p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))));
-    let pos = p.client_events.iter().position(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .client_events
+        .iter()
+        .any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))));
+    let pos = p
+        .client_events
+        .iter()
+        .position(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))
+        .unwrap();
     match p.client_events.remove(pos) {
         Event::Reply { call: c, status, header, data } => {
             assert_eq!(c, call);
@@ -69,7 +79,8 @@ fn a_call_with_payloads_both_ways_works_in_every_policy_combination() {
             assert_eq!(got, vec![i ^ 0xff; 3000], "{pol:?}");
         }
         // Both exposed buffers come back, on evidence.
-        assert!(p.drive_until(Duration::from_secs(10), |p| p.client.busy_buffers() == 0 && p.server.busy_buffers() == 0));
+        assert!(p.drive_until(Duration::from_secs(10), |p| p.client.busy_buffers() == 0
+            && p.server.busy_buffers() == 0));
         let returned_c = p.client_events.iter().filter(|e| matches!(e, Event::BufferReturned(_))).count();
         let returned_s = p.server_events.iter().filter(|e| matches!(e, Event::BufferReturned(_))).count();
         assert_eq!((returned_c, returned_s), (3, 3), "{pol:?}: {:?} {:?}", p.client_events, p.server_events);
@@ -106,7 +117,11 @@ fn a_call_times_out_when_the_server_never_replies_and_buffers_still_return() {
         let now = p.now();
         let call = p.client.call(now, b"slow", Some(b)).unwrap();
         p.run_for(Duration::from_secs(30));
-        assert!(p.client_events.contains(&Event::CallFailed { call, error: CallError::TimedOut }), "{pol:?}: {:?}", p.client_events);
+        assert!(
+            p.client_events.contains(&Event::CallFailed { call, error: CallError::TimedOut }),
+            "{pol:?}: {:?}",
+            p.client_events
+        );
         assert_eq!(p.client.busy_buffers(), 0, "{pol:?}");
         assert!(p.client.is_down().is_none(), "{pol:?}: a timeout must not tear the connection down");
         assert!(p.fabric.would_crash_rxe().is_empty());

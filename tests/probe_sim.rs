@@ -9,7 +9,11 @@ fn run(cfg: DeviceConfig) -> (mwcap::ProbeReport, Fabric) {
     let fabric = Fabric::with_seed(5);
     let nic = fabric.add_device(cfg.named("dev0"));
     let report = probe(&nic);
-    assert!(fabric.would_crash_rxe().is_empty(), "the probe invalidated badly: {:?}", fabric.would_crash_rxe());
+    assert!(
+        fabric.would_crash_rxe().is_empty(),
+        "the probe invalidated badly: {:?}",
+        fabric.would_crash_rxe()
+    );
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     (report, fabric)
 }

@@ -68,7 +68,10 @@ fn header(seq: u32, len: usize) -> Vec<u8> {
 }
 
 fn parse(h: &[u8]) -> (u32, usize) {
-    (u32::from_le_bytes(h[0..4].try_into().unwrap()), u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize)
+    (
+        u32::from_le_bytes(h[0..4].try_into().unwrap()),
+        u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize,
+    )
 }
 
 struct World {
@@ -105,7 +108,16 @@ impl World {
             cfg(Role::Server),
         )
         .unwrap();
-        World { p, policies, seq: 0, calls: Vec::new(), pending: VecDeque::new(), given: [0; 2], returned: [0; 2], server_dead: false }
+        World {
+            p,
+            policies,
+            seq: 0,
+            calls: Vec::new(),
+            pending: VecDeque::new(),
+            given: [0; 2],
+            returned: [0; 2],
+            server_dead: false,
+        }
     }
 
     fn filled(&mut self, client: bool, seq: u32, len: usize) -> Option<Buf> {
@@ -184,7 +196,11 @@ impl World {
                     let (seq, len) = parse(&header);
                     if let Some(d) = data.filter(|_| !self.server_dead) {
                         let got = self.p.server.read(&d).unwrap();
-                        assert_eq!(got, pattern(seq, len), "server accepted a stale or wrong request payload");
+                        assert_eq!(
+                            got,
+                            pattern(seq, len),
+                            "server accepted a stale or wrong request payload"
+                        );
                         self.p.server.free(d);
                     }
                     self.pending.push_back((req, seq));
@@ -209,7 +225,8 @@ impl World {
             match e {
                 Event::Reply { call, header, data, .. } => {
                     let (rseq, len) = parse(&header);
-                    let (_, seq) = *self.calls.iter().find(|(c, _)| *c == call).expect("reply to a known call");
+                    let (_, seq) =
+                        *self.calls.iter().find(|(c, _)| *c == call).expect("reply to a known call");
                     assert_eq!(rseq, seq | 0x8000_0000, "reply delivered to the wrong call");
                     if let Some(d) = data {
                         let got = self.p.client.read(&d).unwrap();
@@ -240,8 +257,20 @@ impl World {
         assert!(f.would_crash_rxe().is_empty(), "would crash rxe: {:?}", f.would_crash_rxe());
         assert!(f.hazards().is_empty(), "hazards: {:?}", f.hazards());
         let sides = [
-            (&self.p.client, self.p.client_device(), self.p.server_qp(), self.policies.request, self.p.client_qp()),
-            (&self.p.server, self.p.server_device(), self.p.client_qp(), self.policies.reply, self.p.server_qp()),
+            (
+                &self.p.client,
+                self.p.client_device(),
+                self.p.server_qp(),
+                self.policies.request,
+                self.p.client_qp(),
+            ),
+            (
+                &self.p.server,
+                self.p.server_device(),
+                self.p.client_qp(),
+                self.policies.reply,
+                self.p.server_qp(),
+            ),
         ];
         for (ep, dev, peer, owned, me) in sides {
             let busy = ep.busy_ranges();
@@ -261,7 +290,9 @@ impl World {
             for read in f.in_flight().iter().filter(|r| r.requester == me) {
                 for sge in &read.dest {
                     if sge.mr == mr.id {
-                        let inside = busy.iter().any(|b| b.start <= sge.offset && sge.offset + sge.len as usize <= b.end);
+                        let inside = busy
+                            .iter()
+                            .any(|b| b.start <= sge.offset && sge.offset + sge.len as usize <= b.end);
                         assert!(inside, "a READ is in flight into a buffer the user holds: {read:?}");
                     }
                 }

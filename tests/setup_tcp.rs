@@ -15,7 +15,11 @@ fn pair(
     server_dev: DeviceConfig,
     cc: PolicyChoice,
     sc: PolicyChoice,
-) -> (Fabric, Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>, Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>) {
+) -> (
+    Fabric,
+    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
+    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
+) {
     let fabric = Fabric::with_seed(9);
     let cn = fabric.add_device(client_dev.named("client"));
     let sn = fabric.add_device(server_dev.named("server"));

@@ -20,7 +20,13 @@ fn read(
     addr: u64,
     rkey: u32,
 ) -> SendWr {
-    SendWr::Read { wr_id, signaled, local: SgeList::from([Sge { mr: dst, offset: off, len }]), remote_addr: addr, rkey }
+    SendWr::Read {
+        wr_id,
+        signaled,
+        local: SgeList::from([Sge { mr: dst, offset: off, len }]),
+        remote_addr: addr,
+        rkey,
+    }
 }
 
 #[test]

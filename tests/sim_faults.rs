@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{rkey, Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use mwcap::backend::{
+    rkey, Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Faults, Latency, MwSupport, Pair, Progress};
 
 fn st(v: &[Completion]) -> Vec<(u64, WcOpcode, WcStatus)> {

@@ -1,8 +1,9 @@
 //! The type-2 window rows of rdma-facts.md's behaviour table, in spec form
 //! (and the rxe deviations where the sim models them).
 
-use mwcap::backend::{NicError, 
-    rkey, Access, Completion, MrInfo, MwInfo, Nic, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+use mwcap::backend::{
+    rkey, Access, Completion, MrInfo, MwInfo, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode,
+    WcStatus,
 };
 use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, WindowState};
 

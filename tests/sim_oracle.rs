@@ -164,7 +164,9 @@ fn workload(seed: u64) -> (Vec<TraceEntry>, Vec<Completion>) {
         b2.nic
             .post_send(b2.qp, &[read(50 + i, dst.id, 2048 + i as usize * 64, 64, src.addr, src.rkey)])
             .unwrap();
-        p.b.nic.post_send(p.b.qp, &[SendWr::Send { wr_id: 200 + i, signaled: true, sge: SgeList::new() }]).unwrap();
+        p.b.nic
+            .post_send(p.b.qp, &[SendWr::Send { wr_id: 200 + i, signaled: true, sge: SgeList::new() }])
+            .unwrap();
     }
     let mut all = Vec::new();
     for _ in 0..1000 {

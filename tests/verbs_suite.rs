@@ -284,8 +284,11 @@ fn async_wait_wakes_on_a_completion() {
         s.spawn(|| {
             // Give the waiter time to park on the channel before anything arrives.
             std::thread::sleep(Duration::from_millis(300));
-            let send =
-                SendWr::Send { wr_id: 2, signaled: true, sge: SgeList::from([Sge { mr: buf.id, offset: 0, len: 5 }]) };
+            let send = SendWr::Send {
+                wr_id: 2,
+                signaled: true,
+                sge: SgeList::from([Sge { mr: buf.id, offset: 0, len: 5 }]),
+            };
             nic.post_send(l.a.id, &[send]).expect("send");
         });
         let c = poll_one(&nic, l.cq_b);
@@ -701,7 +704,12 @@ mod endpoints {
                 if pred(self) {
                     return;
                 }
-                assert!(Instant::now() < end, "timed out waiting for: {what}\nclient: {:?}\nserver: {:?}", self.cev, self.sev);
+                assert!(
+                    Instant::now() < end,
+                    "timed out waiting for: {what}\nclient: {:?}\nserver: {:?}",
+                    self.cev,
+                    self.sev
+                );
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
@@ -725,15 +733,23 @@ mod endpoints {
                 let call = l.client.call(now, b"req", Some(b)).unwrap();
                 l.until("the request", |l| l.sev.iter().any(|e| matches!(e, Event::Request { .. })));
                 let i_req = l.sev.iter().position(|e| matches!(e, Event::Request { .. })).unwrap();
-                let Event::Request { req, data: Some(d), .. } = l.sev.remove(i_req) else { panic!("no payload") };
+                let Event::Request { req, data: Some(d), .. } = l.sev.remove(i_req) else {
+                    panic!("no payload")
+                };
                 assert_eq!(l.server.read(&d).unwrap(), vec![i; 3000], "{pol:?}");
                 l.server.free(d);
                 let mut out = l.server.alloc().unwrap();
                 l.server.write(&mut out, &vec![!i; 5000]).unwrap();
                 let now = l.now();
                 l.server.reply(now, req, 0, b"rep", Some(out)).unwrap();
-                l.until("the reply", |l| l.cev.iter().any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })));
-                let i_rep = l.cev.iter().position(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })).unwrap();
+                l.until("the reply", |l| {
+                    l.cev.iter().any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))
+                });
+                let i_rep = l
+                    .cev
+                    .iter()
+                    .position(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))
+                    .unwrap();
                 match l.cev.remove(i_rep) {
                     Event::Reply { call: c, data: Some(d), .. } => {
                         assert_eq!(c, call);
@@ -764,20 +780,35 @@ mod endpoints {
         l.client.write(&mut b, b"never answered").unwrap();
         let now = l.now();
         let call = l.client.call(now, b"slow", Some(b)).unwrap();
-        l.until("the call to time out", |l| l.cev.contains(&Event::CallFailed { call, error: CallError::TimedOut }));
+        l.until("the call to time out", |l| {
+            l.cev.contains(&Event::CallFailed { call, error: CallError::TimedOut })
+        });
         assert_eq!(l.client.busy_buffers(), 1, "a timeout alone must not return the buffer");
         l.until("the buffer back after the lease", |l| l.client.busy_buffers() == 0);
         assert!(l.now() >= Duration::from_millis(1500), "returned before the lease could have ended");
-        assert!(l.client.is_down().is_none() && l.server.is_down().is_none(), "a timeout must not tear down the connection");
+        assert!(
+            l.client.is_down().is_none() && l.server.is_down().is_none(),
+            "a timeout must not tear down the connection"
+        );
         let now = l.now();
         let ping = l.client.call(now, b"ping", None).unwrap();
-        l.until("the ping request", |l| l.sev.iter().filter(|e| matches!(e, Event::Request { .. })).count() == 2);
-        let Some(Event::Request { req, .. }) = l.sev.iter().rev().find(|e| matches!(e, Event::Request { .. })).map(|e| match e {
-            Event::Request { req, header, .. } => Event::Request { req: *req, header: header.clone(), data: None },
-            _ => unreachable!(),
-        }) else { unreachable!() };
+        l.until("the ping request", |l| {
+            l.sev.iter().filter(|e| matches!(e, Event::Request { .. })).count() == 2
+        });
+        let Some(Event::Request { req, .. }) =
+            l.sev.iter().rev().find(|e| matches!(e, Event::Request { .. })).map(|e| match e {
+                Event::Request { req, header, .. } => {
+                    Event::Request { req: *req, header: header.clone(), data: None }
+                }
+                _ => unreachable!(),
+            })
+        else {
+            unreachable!()
+        };
         let now = l.now();
         l.server.reply(now, req, 0, b"pong", None).unwrap();
-        l.until("the pong", |l| l.cev.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == ping)));
+        l.until("the pong", |l| {
+            l.cev.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == ping))
+        });
     }
 }

@@ -165,8 +165,11 @@ impl<K: Ord + Copy + Hash, V: Hash> Hash for SortedDeque<K, V> {
 impl<T: Ord + Copy> SortedDeque<(std::time::Duration, T), ()> {
     /// The ids whose deadline is at or before `now`, in id order.
     pub(crate) fn due(&self, now: std::time::Duration) -> Vec<T> {
-        let mut due: Vec<T> =
-            self.iter().take_while(|&(&(deadline, _), ())| deadline <= now).map(|(&(_, id), ())| id).collect();
+        let mut due: Vec<T> = self
+            .iter()
+            .take_while(|&(&(deadline, _), ())| deadline <= now)
+            .map(|(&(_, id), ())| id)
+            .collect();
         due.sort_unstable();
         due
     }

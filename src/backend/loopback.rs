@@ -52,7 +52,9 @@ impl Drop for LoopbackPair<'_> {
         }
         let start = Instant::now();
         let mut quiet_since = Instant::now();
-        while start.elapsed() < Duration::from_millis(500) && quiet_since.elapsed() < Duration::from_millis(50) {
+        while start.elapsed() < Duration::from_millis(500)
+            && quiet_since.elapsed() < Duration::from_millis(50)
+        {
             let mut any = false;
             for cq in [self.cq_a, self.cq_b] {
                 any |= self.nic.poll_cq_vec(cq, 64).is_ok_and(|v| !v.is_empty());

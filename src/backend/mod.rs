@@ -127,5 +127,9 @@ pub trait Nic: Send + Sync {
     /// channel's fd, registered with `async-io`; the simulator wakes it when
     /// it queues a completion (in [`Progress::Auto`](crate::sim::Progress)
     /// it first runs the fabric, as `poll_cq` does).
-    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>>;
+    fn poll_cq_ready(
+        &self,
+        cq: CqId,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), NicError>>;
 }

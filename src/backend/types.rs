@@ -175,7 +175,15 @@ pub struct QpConfig {
 impl QpConfig {
     /// A configuration with moderate depths over the given completion queues.
     pub fn new(send_cq: CqId, recv_cq: CqId) -> QpConfig {
-        QpConfig { send_cq, recv_cq, max_send_wr: 128, max_recv_wr: 128, max_sge: 4, max_rd_atomic: 16, rnr_retry: 6 }
+        QpConfig {
+            send_cq,
+            recv_cq,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_sge: 4,
+            max_rd_atomic: 16,
+            rnr_retry: 6,
+        }
     }
 }
 

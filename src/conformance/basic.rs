@@ -6,7 +6,9 @@
 //! and the reader READs with a two-entry scatter list.
 
 use super::{at, Outcome, QpPair, Scenario, ScenarioError, Session, Side};
-use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use crate::backend::{
+    rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+};
 
 use QpState::{Err as ERR, Rts as RTS};
 use WcOpcode::{LocalInv, RdmaRead, Recv, Send};
@@ -351,7 +353,8 @@ fn send_with_inv_invalidates(rig: &super::Rig<'_>) -> Result<Outcome, ScenarioEr
     r.write_mr(reader.inbox.id, 3 * SLOT, DONE).map_err(at("write the done message"))?;
     let done = Sge { mr: reader.inbox.id, offset: 3 * SLOT, len: DONE.len() as u32 };
     // The rkey is bound right now and invalidated exactly once.
-    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: key };
+    let wr =
+        SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: key };
     r.post_send(pair.reader_qp, &[wr]).map_err(at("post SEND_WITH_INV"))?;
     s.expect_one(&mut out, "reader: SEND_WITH_INV", Side::Reader, pair.reader_cq)?;
     let got = s.expect_one(&mut out, "owner: RECV of the SEND_WITH_INV", Side::Owner, pair.owner_cq)?;

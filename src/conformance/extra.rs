@@ -12,7 +12,9 @@
 //! that a backend can match error completions with what was posted.
 
 use super::{at, Observed, Outcome, QpPair, Rig, Scenario, ScenarioError, Session, Side};
-use crate::backend::{rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use crate::backend::{
+    rkey, Access, Completion, MrInfo, MwInfo, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+};
 
 use QpState::{Err as ERR, Rts as RTS};
 use WcOpcode::{BindMw, LocalInv, RdmaRead, Recv, Send};
@@ -319,7 +321,8 @@ fn bind_error_past_mr_end(rig: &Rig<'_>) -> Result<Outcome, ScenarioError> {
         s.nic(Side::Owner).post_send(pair.owner_qp, &wrs),
         Err(crate::backend::NicError::OutOfRange { .. })
     );
-    let mut out = Outcome::new().fact("owner: the bind past the region's end is refused at post time", refused);
+    let mut out =
+        Outcome::new().fact("owner: the bind past the region's end is refused at post time", refused);
     s.record_state(&mut out, "owner QP (the binder)", Side::Owner, pair.owner_qp)?;
     s.record_state(&mut out, "reader QP (the peer)", Side::Reader, pair.reader_qp)?;
     Ok(out)
@@ -486,7 +489,8 @@ fn rebind_after_send_with_inv(rig: &Rig<'_>) -> Result<Outcome, ScenarioError> {
     let Some((addr, first)) = expose(&s, &mut out, &pair, &mut owner)? else { return Ok(out) };
     // The reader releases the window: exactly one invalidation of a bound key.
     let done = Sge { mr: reader.inbox.id, offset: 3 * SLOT, len: 4 };
-    let wr = SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: first };
+    let wr =
+        SendWr::SendWithInv { wr_id: 5, signaled: true, sge: SgeList::from([done]), invalidate_rkey: first };
     s.nic(Side::Reader).post_send(pair.reader_qp, &[wr]).map_err(at("post SEND_WITH_INV"))?;
     s.expect_one(&mut out, "reader: SEND_WITH_INV", Side::Reader, pair.reader_cq)?;
     let got = s.expect_one(&mut out, "owner: RECV of the SEND_WITH_INV", Side::Owner, pair.owner_cq)?;

@@ -306,7 +306,11 @@ impl Writer<'_> {
     }
     fn attaches(&mut self, attach: &[Attach]) -> Result<(), FrameError> {
         if attach.len() > MAX_ATTACH {
-            return Err(FrameError::TooLarge { what: "attachment count", len: attach.len(), max: MAX_ATTACH });
+            return Err(FrameError::TooLarge {
+                what: "attachment count",
+                len: attach.len(),
+                max: MAX_ATTACH,
+            });
         }
         self.put(&[attach.len() as u8])?;
         for a in attach {
@@ -367,7 +371,9 @@ impl<'a> Frame<'a> {
         }
         let frame = match r.u8()? {
             1 => Frame::Request { msg_id: r.u64()?, header: r.header()?, attach: r.attaches()? },
-            2 => Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? },
+            2 => {
+                Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? }
+            }
             3 => {
                 let engine = EngineTag::from_u8(r.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
                 let bytes = r.take(buf.len() - r.at)?;
@@ -404,17 +410,28 @@ mod tests {
     use proptest::prelude::*;
 
     fn one_attach() -> impl Strategy<Value = Attach> {
-        (prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)], proptest::collection::vec(any::<u8>(), 0..=MAX_ATTACH_LEN))
+        (
+            prop_oneof![Just(EngineTag::Mw), Just(EngineTag::Confirm)],
+            proptest::collection::vec(any::<u8>(), 0..=MAX_ATTACH_LEN),
+        )
             .prop_map(|(engine, bytes)| Attach::new(engine, &bytes).unwrap())
     }
 
     fn attach() -> impl Strategy<Value = Attaches> {
-        proptest::collection::vec(one_attach(), 0..=MAX_ATTACH).prop_map(|v| Attaches::from_slice(&v).unwrap())
+        proptest::collection::vec(one_attach(), 0..=MAX_ATTACH)
+            .prop_map(|v| Attaches::from_slice(&v).unwrap())
     }
 
     /// Frames with their header bytes (owned by the strategy's value).
     fn frames() -> impl Strategy<Value = (u8, u64, u8, Vec<u8>, Attaches, Attach)> {
-        (0..3u8, any::<u64>(), any::<u8>(), proptest::collection::vec(any::<u8>(), 0..128), attach(), one_attach())
+        (
+            0..3u8,
+            any::<u64>(),
+            any::<u8>(),
+            proptest::collection::vec(any::<u8>(), 0..128),
+            attach(),
+            one_attach(),
+        )
     }
 
     fn frame(v: &(u8, u64, u8, Vec<u8>, Attaches, Attach)) -> Frame<'_> {

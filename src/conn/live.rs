@@ -284,7 +284,12 @@ impl<N: Nic> Connection<N> {
         })
         .await;
         started?;
-        CallFuture { handle: Handle::new(slot, self.inner.recycle.clone()), inner: self.inner.clone(), done: false }.await
+        CallFuture {
+            handle: Handle::new(slot, self.inner.recycle.clone()),
+            inner: self.inner.clone(),
+            done: false,
+        }
+        .await
     }
 
     /// Server: the next request, or `None` once the connection is down.
@@ -307,7 +312,13 @@ impl<N: Nic> Connection<N> {
     /// or control slot waits for one (like [`Connection::call`]); any other
     /// refusal (no such request, a header too long, a foreign buffer, the
     /// connection down) hands `data` back, see [`Endpoint::reply`].
-    pub async fn reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
+    pub async fn reply(
+        &self,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<(), Refused> {
         let mut data = data;
         poll_fn(|cx| {
             let now = self.inner.now();
@@ -329,7 +340,13 @@ impl<N: Nic> Connection<N> {
 
     /// Server: answer a request now, or fail (without waiting for a window
     /// or control slot). A refusal hands `data` back.
-    pub fn try_reply(&self, req: RequestId, status: u8, header: &[u8], data: Option<Buf>) -> Result<(), Refused> {
+    pub fn try_reply(
+        &self,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<(), Refused> {
         let now = self.inner.now();
         self.with(|s| s.ep.reply(now, req, status, header, data))
     }
@@ -345,7 +362,11 @@ impl<N: Nic> Connection<N> {
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;
         let c = &self.inner.counters;
-        DriverStats { turns: c.turns.load(Relaxed), busy_turns: c.busy_turns.load(Relaxed), sleeps: c.sleeps.load(Relaxed) }
+        DriverStats {
+            turns: c.turns.load(Relaxed),
+            busy_turns: c.busy_turns.load(Relaxed),
+            sleeps: c.sleeps.load(Relaxed),
+        }
     }
 
     /// Why the connection is down, if it is.
@@ -383,7 +404,8 @@ impl<N: Nic> Drop for CallFuture<N> {
         if !self.done {
             // Mark the slot abandoned first, then ring: the driver's next
             // turn sees the abandonment and cancels the call.
-            let handle = std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
+            let handle =
+                std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
             drop(handle);
             self.inner.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             self.inner.bell.ring();
@@ -404,7 +426,9 @@ impl<N: Nic> State<N> {
 
     fn dispatch(&mut self, ev: Event) {
         match ev {
-            Event::Reply { call, status, header, data } => self.finish(call, Ok(Reply { status, header, data })),
+            Event::Reply { call, status, header, data } => {
+                self.finish(call, Ok(Reply { status, header, data }))
+            }
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
             Event::Request { req, header, data } => {
                 self.requests.push_back(Request { id: req, header, data });

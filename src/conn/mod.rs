@@ -41,13 +41,14 @@ pub mod frame;
 #[cfg(not(loom))]
 mod live;
 mod pool;
+pub mod proto;
 mod setup;
 mod simpair;
 mod types;
 
 pub use endpoint::{Endpoint, Prepared};
-pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
-pub use simpair::SimPair;
 #[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
+pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
+pub use simpair::SimPair;
 pub use types::*;

@@ -89,6 +89,15 @@ impl Config {
             rnr_retry: 6,
         }
     }
+
+    /// The policies of this side's two directions: (the one it owns, whose
+    /// payloads are its memory; the one it reads).
+    pub fn directions(&self) -> (Policy, Policy) {
+        match self.role {
+            Role::Client => (self.policies.request, self.policies.reply),
+            Role::Server => (self.policies.reply, self.policies.request),
+        }
+    }
 }
 
 /// A data buffer of an endpoint's pool, owned by whoever holds this handle.

@@ -7,9 +7,9 @@ use super::config::{MwSupport, Progress};
 use super::oracle::{DeviceId, QpAddr};
 use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, World, WrState};
 use super::Fabric;
-use crate::backend::{CpuHold, 
-    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge,
+use crate::backend::{
+    Access, Completion, CpuHold, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError,
+    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge,
 };
 
 const ENODEV: i32 = 19;
@@ -129,7 +129,8 @@ impl SimNic {
                 // Like the verbs backend: a range past the region's end is
                 // refused at post time (the NIC would answer MW_BIND_ERR and
                 // kill the QP). Zero length is left to the NIC.
-                let len = u32::try_from(*len).map_err(|_| NicError::InvalidWr(format!("bind of {len} bytes")))?;
+                let len =
+                    u32::try_from(*len).map_err(|_| NicError::InvalidWr(format!("bind of {len} bytes")))?;
                 self.check_sge(d, &Sge { mr: *mr, offset: *offset, len })?;
                 &[]
             }
@@ -188,7 +189,15 @@ impl Nic for SimNic {
         let addr = d.next_addr;
         // Regions are spaced apart so that an overrun never lands in a neighbour.
         d.next_addr += (len as u64).div_ceil(4096) * 4096 + 0x10_0000;
-        d.mrs.push(Some(Mr { pd: self.pd, data: vec![0; len], access, addr, rkey, bound_mws: 0, held: Default::default() }));
+        d.mrs.push(Some(Mr {
+            pd: self.pd,
+            data: vec![0; len],
+            access,
+            addr,
+            rkey,
+            bound_mws: 0,
+            held: Default::default(),
+        }));
         Ok(MrInfo { id: MrId(idx), addr, len, lkey: rkey, rkey })
     }
 
@@ -462,7 +471,11 @@ impl Nic for SimNic {
         Ok(n)
     }
 
-    fn poll_cq_ready(&self, cq: CqId, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
+    fn poll_cq_ready(
+        &self,
+        cq: CqId,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), NicError>> {
         use std::task::Poll;
         let mut w = self.fabric.lock();
         let ready = (|| {
@@ -481,7 +494,8 @@ impl Nic for SimNic {
         })();
         match ready {
             Ok(false) => {
-                let c = w.devs[self.dev as usize].cqs[cq.0 as usize].as_mut().expect("checked by cq_has_entries");
+                let c =
+                    w.devs[self.dev as usize].cqs[cq.0 as usize].as_mut().expect("checked by cq_has_entries");
                 crate::handle::store_waker(&mut c.waker, cx.waker());
                 Poll::Pending
             }

@@ -183,7 +183,10 @@ impl World {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
                 let data = m.data[range.clone()].to_vec();
                 if let Some((o, l, false)) = m.held_overlap(range.clone()) {
-                    let detail = format!("a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}", o + l);
+                    let detail = format!(
+                        "a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}",
+                        o + l
+                    );
                     self.hazard(dev, HazardKind::RemoteReadOfHeldBuffer, detail);
                 }
                 let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");

@@ -91,7 +91,15 @@ impl Mr {
             sys::ibv_reg_mr(pd.as_ptr(), buf.ptr.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
         };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_reg_mr"))?;
-        Ok(Mr { ptr, buf, cpu: parking_lot::RwLock::new(()), len, access, deregistered: false, pd: Arc::clone(pd) })
+        Ok(Mr {
+            ptr,
+            buf,
+            cpu: parking_lot::RwLock::new(()),
+            len,
+            access,
+            deregistered: false,
+            pd: Arc::clone(pd),
+        })
     }
 
     /// The region's length in bytes.
@@ -178,7 +186,12 @@ impl Mr {
 
     /// Lend `offset..offset + len` to `f` for writing, under the exclusive
     /// CPU lock; the ownership rule of [`Mr::with_bytes`] applies.
-    pub fn with_bytes_mut(&self, offset: usize, len: usize, f: &mut dyn FnMut(&mut [u8])) -> Result<(), NicError> {
+    pub fn with_bytes_mut(
+        &self,
+        offset: usize,
+        len: usize,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), NicError> {
         self.check_range(offset, len)?;
         let _cpu = self.cpu.write();
         // SAFETY: as in `with_bytes`; the exclusive lock also keeps every

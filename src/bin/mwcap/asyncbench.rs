@@ -48,7 +48,9 @@ async fn alloc<N: Nic>(conn: &Connection<N>) -> Result<Buf, String> {
     let wait = pin!(conn.alloc());
     match select(wait, async_io::Timer::after(STUCK)).await {
         Either::Left((b, _)) => b.map_err(|e| format!("waiting for a buffer: {e}")),
-        Either::Right(_) => Err(format!("no buffer came back to the pool in {STUCK:?}; is the peer still reading?")),
+        Either::Right(_) => {
+            Err(format!("no buffer came back to the pool in {STUCK:?}; is the peer still reading?"))
+        }
     }
 }
 
@@ -182,10 +184,8 @@ async fn server_allocs<N: Nic>(conn: &Connection<N>) -> Result<u64, String> {
     if let Some(d) = r.data {
         conn.free(d);
     }
-    let b: [u8; 8] = r
-        .header[..]
-        .try_into()
-        .map_err(|_| "the server's allocation count is malformed".to_string())?;
+    let b: [u8; 8] =
+        r.header[..].try_into().map_err(|_| "the server's allocation count is malformed".to_string())?;
     Ok(u64::from_le_bytes(b))
 }
 

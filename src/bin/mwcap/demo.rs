@@ -50,7 +50,9 @@ fn t(p: &SimPair) -> String {
 }
 
 fn take_request(p: &mut SimPair) -> Result<(mwcap::conn::RequestId, Option<Buf>), String> {
-    if !p.drive_until(Duration::from_secs(2), |p| p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))) {
+    if !p.drive_until(Duration::from_secs(2), |p| {
+        p.server_events.iter().any(|e| matches!(e, Event::Request { .. }))
+    }) {
         return Err("the server never got the request".into());
     }
     let i = p.server_events.iter().position(|e| matches!(e, Event::Request { .. })).expect("checked");
@@ -61,36 +63,57 @@ fn take_request(p: &mut SimPair) -> Result<(mwcap::conn::RequestId, Option<Buf>)
 }
 
 fn mw_round_trip(seed: u64) -> R {
-    println!("\n1. mw policy both ways: a request payload READ by the server, a reply payload READ by the client");
+    println!(
+        "\n1. mw policy both ways: a request payload READ by the server, a reply payload READ by the client"
+    );
     let mut p = pair(seed, Policies::both(Policy::Mw), |_| {})?;
     let b = filled(&mut p, true, b"put key=42 value=hello")?;
     let now = p.now();
     let call = p.client.call(now, b"PUT", Some(b)).map_err(|e| e.to_string())?;
-    println!("  {} client binds a window over its 22-byte request, chained with the SEND (one doorbell)", t(&p));
+    println!(
+        "  {} client binds a window over its 22-byte request, chained with the SEND (one doorbell)",
+        t(&p)
+    );
     let (req, data) = take_request(&mut p)?;
     let data = data.ok_or("no payload")?;
     let got = p.server.read(&data).map_err(|e| e.to_string())?;
     println!("  {} server READ the request through the window: {:?}", t(&p), String::from_utf8_lossy(&got));
     p.server.free(data);
-    ensure(reachable(&p, true) == 22, "the server's QP can reach exactly the 22 bytes granted, nothing else of the client's region")?;
+    ensure(
+        reachable(&p, true) == 22,
+        "the server's QP can reach exactly the 22 bytes granted, nothing else of the client's region",
+    )?;
     let out = filled(&mut p, false, &[7u8; 1000])?;
     let now = p.now();
     p.server.reply(now, req, 0, b"OK", Some(out)).map_err(|e| e.to_string())?;
-    println!("  {} server replies: its 1000-byte reply under a window, the request's release piggybacked", t(&p));
-    p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { .. })));
+    println!(
+        "  {} server replies: its 1000-byte reply under a window, the request's release piggybacked",
+        t(&p)
+    );
+    p.drive_until(Duration::from_secs(1), |p| {
+        p.client_events.iter().any(|e| matches!(e, Event::Reply { .. }))
+    });
     let reply = p.client_events.iter().find_map(|e| match e {
         Event::Reply { call: c, data: Some(d), .. } if *c == call => Some(d.len()),
         _ => None,
     });
     ensure(reply == Some(1000), "the client READ the 1000-byte reply")?;
     p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0 && p.server.busy_buffers() == 0);
-    println!("  {} both owners posted LOCAL_INV after the releases; buffers returned on its completion", t(&p));
-    ensure(reachable(&p, true) == 0 && reachable(&p, false) == 0, "nothing of either region is reachable any more")?;
+    println!(
+        "  {} both owners posted LOCAL_INV after the releases; buffers returned on its completion",
+        t(&p)
+    );
+    ensure(
+        reachable(&p, true) == 0 && reachable(&p, false) == 0,
+        "nothing of either region is reachable any more",
+    )?;
     ensure(p.fabric.would_crash_rxe().is_empty(), "no window was invalidated twice or while unbound")
 }
 
 fn timeout_without_teardown(seed: u64) -> R {
-    println!("\n2. a call times out: the request buffer is NOT reused on the timeout; the connection stays up");
+    println!(
+        "\n2. a call times out: the request buffer is NOT reused on the timeout; the connection stays up"
+    );
     let mut p = pair(seed, Policies::both(Policy::Mw), |c| {
         c.call_timeout = Duration::from_millis(100);
         c.lease_time = Duration::from_millis(300);
@@ -107,7 +130,10 @@ fn timeout_without_teardown(seed: u64) -> R {
     p.run_for(Duration::from_millis(150));
     let failed = p.client_events.contains(&Event::CallFailed { call, error: CallError::TimedOut });
     ensure(failed, "the call failed with TimedOut after 100 ms")?;
-    ensure(p.client.busy_buffers() == 1, "its request buffer is still with the NIC: the window is still bound")?;
+    ensure(
+        p.client.busy_buffers() == 1,
+        "its request buffer is still with the NIC: the window is still bound",
+    )?;
     println!("  {} the server could still READ it; only the lease expiry (300 ms) may end that", t(&p));
     p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0);
     println!("  {} lease expired -> LOCAL_INV -> its completion -> the buffer is back", t(&p));
@@ -118,8 +144,13 @@ fn timeout_without_teardown(seed: u64) -> R {
     let (req, _) = take_request(&mut p)?;
     let now = p.now();
     p.server.reply(now, req, 0, b"PONG", None).map_err(|e| e.to_string())?;
-    p.drive_until(Duration::from_secs(1), |p| p.client_events.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == again)));
-    ensure(p.client_events.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == again)), "the next call on the same connection works")
+    p.drive_until(Duration::from_secs(1), |p| {
+        p.client_events.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == again))
+    });
+    ensure(
+        p.client_events.iter().any(|e| matches!(e, Event::Reply { call, .. } if *call == again)),
+        "the next call on the same connection works",
+    )
 }
 
 fn stale_read_caught(seed: u64) -> R {
@@ -184,7 +215,9 @@ fn stale_read_caught(seed: u64) -> R {
 }
 
 fn dead_peer(seed: u64) -> R {
-    println!("\n4. the server dies mid-call: calls fail, and every client buffer returns once the QP is flushed");
+    println!(
+        "\n4. the server dies mid-call: calls fail, and every client buffer returns once the QP is flushed"
+    );
     let mut p = pair(seed, Policies::both(Policy::Mw), |_| {})?;
     let mut calls = Vec::new();
     for i in 0..3u8 {
@@ -199,7 +232,11 @@ fn dead_peer(seed: u64) -> R {
     let _ = p.client.call(now, b"PING", None);
     p.run_for(Duration::from_secs(12));
     let failed = p.client_events.iter().filter(|e| matches!(e, Event::CallFailed { .. })).count();
-    println!("  {} {failed} calls failed ({})", t(&p), p.client.is_down().map(|r| r.to_string()).unwrap_or_default());
+    println!(
+        "  {} {failed} calls failed ({})",
+        t(&p),
+        p.client.is_down().map(|r| r.to_string()).unwrap_or_default()
+    );
     let now = p.now();
     p.client.close(now);
     p.settle();

@@ -47,7 +47,10 @@ fn real(device: Option<&str>, port: u8, gid_index: u8) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    println!("{:<12} {:<8} {:>6} {:>6} {:>6} {:>8} {:>6}", "device", "driver", "mw", "2a", "2b", "max_mw", "mtu");
+    println!(
+        "{:<12} {:<8} {:>6} {:>6} {:>6} {:>8} {:>6}",
+        "device", "driver", "mw", "2a", "2b", "max_mw", "mtu"
+    );
     for d in &devices {
         match &d.info {
             Ok(i) => println!(

@@ -182,8 +182,10 @@ impl Loop {
                         let p = self.pending.swap_remove(i);
                         let ok = match data {
                             Some(d) => {
-                                let ok =
-                                    pair.client.bytes(&d, |b| cases::tagged(b, reply_size, p.tag)).unwrap_or(false);
+                                let ok = pair
+                                    .client
+                                    .bytes(&d, |b| cases::tagged(b, reply_size, p.tag))
+                                    .unwrap_or(false);
                                 pair.client.free(d);
                                 ok
                             }

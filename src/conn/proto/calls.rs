@@ -7,10 +7,10 @@ use mwcap_fallback as fb;
 use super::super::frame::{Attaches, Frame, MAX_HEADER};
 use super::super::pool::Holder;
 use super::super::types::*;
-use super::{Call, Data, Endpoint};
-use crate::backend::Nic;
+use super::confirm::ConfirmEngine;
+use super::{Call, Connection, Data};
 
-impl<N: Nic> Endpoint<N> {
+impl Connection {
     fn ready_to_send(&self, role: Role, header: &[u8]) -> Result<(), UseError> {
         if self.cfg.role != role {
             return Err(UseError::WrongRole(self.cfg.role));
@@ -34,6 +34,7 @@ impl<N: Nic> Endpoint<N> {
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
+        self.now = now;
         if let Err(e) = self.check_call(header, data.as_ref()) {
             return Err(Refused::new(e, data));
         }
@@ -48,7 +49,11 @@ impl<N: Nic> Endpoint<N> {
             data: Data::Unknown,
         };
         if self.cfg.policies.reply == Policy::Confirm {
-            let fbc = self.fbc.as_mut().expect("confirm reply policy has a client engine");
+            let fbc = self
+                .confirm
+                .as_mut()
+                .and_then(ConfirmEngine::client)
+                .expect("confirm reply policy has a client engine");
             match fbc.fetch(now, self.cfg.buffer_size) {
                 Ok(fm) => call.fetch_fb = Some(fm),
                 Err(e) => return Err(Refused::new(UseError::Confirm(e), data)),
@@ -61,16 +66,25 @@ impl<N: Nic> Endpoint<N> {
                 Policy::Mw => {
                     let buffer = self.mw_buffer(slot, b.len);
                     let owner = self.owner.as_mut().expect("mw request policy has an owner engine");
-                    owner.grant(now, buffer, self.cfg.lease_time).map(|lease| call.req_lease = Some(lease)).map_err(lease_error)
+                    owner
+                        .engine
+                        .grant(now, buffer, self.cfg.lease_time)
+                        .map(|lease| call.req_lease = Some(lease))
+                        .map_err(lease_error)
                 }
                 Policy::Confirm => {
-                    let id = self.fb_bufs[slot as usize];
-                    let fbc = self.fbc.as_mut().expect("confirm request policy has a client engine");
-                    fbc.send_request(now, id, b.len).map(|fm| call.req_fb = Some(fm)).map_err(UseError::Confirm)
+                    let c = self.confirm.as_mut().expect("confirm request policy has a confirm engine");
+                    let id = c.bufs[slot as usize];
+                    let fbc = c.client().expect("a client's confirm engine is a client");
+                    fbc.send_request(now, id, b.len)
+                        .map(|fm| call.req_fb = Some(fm))
+                        .map_err(UseError::Confirm)
                 }
             };
             if let Err(why) = exposed {
-                if let (Some(fm), Some(c)) = (call.fetch_fb, self.fbc.as_mut()) {
+                if let (Some(fm), Some(c)) =
+                    (call.fetch_fb, self.confirm.as_mut().and_then(ConfirmEngine::client))
+                {
                     c.cancel(now, fm);
                     // The engine's cancellation notice is for no call of ours.
                     while c.poll_action().is_some() {}
@@ -79,22 +93,22 @@ impl<N: Nic> Endpoint<N> {
                 return Err(Refused::new(why, data));
             }
             self.bufs.hand(slot, Holder::User, Holder::Exposed);
-            if let Some(lease) = call.req_lease {
-                self.owner_leases.insert(lease, slot);
+            if let (Some(lease), Some(o)) = (call.req_lease, self.owner.as_mut()) {
+                o.leases.insert(lease, slot);
             }
         }
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
         // Committed: the call is registered and nothing below refuses it.
-        for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
-            self.fb_msgs.insert(fm, msg);
+        if let Some(c) = self.confirm.as_mut() {
+            for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
+                c.msgs.insert(fm, msg);
+            }
         }
         self.next_msg += 1;
         self.calls.insert(msg, call);
-        if self.fbc.is_some() {
-            self.drain_fb_into(now, true, &mut frame);
-        }
+        self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
         Ok(CallId(msg))
@@ -104,13 +118,13 @@ impl<N: Nic> Endpoint<N> {
     /// engine just queued (one doorbell), or alone.
     fn send_with_grant(&mut self, now: Duration, frame: &mut Frame<'_>) {
         let mut sent = false;
-        while let Some(a) = self.owner.as_mut().and_then(|o| o.poll_action()) {
+        while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
             let chained = !sent && matches!(a, mwcap_mw::OwnerAction::BindAndGrant(_));
             sent |= chained;
             self.owner_action(now, a, if chained { Some(&mut *frame) } else { None });
         }
         if !sent {
-            if let Err(e) = self.send_frame_with(now, frame, None) {
+            if let Err(e) = self.send_frame(frame, None) {
                 // The call or reply is committed: going down fails it with the
                 // reason, and its buffer returns on the flush evidence.
                 self.go_down(now, LossReason::Nic(e));
@@ -127,12 +141,10 @@ impl<N: Nic> Endpoint<N> {
             return Err(UseError::EmptyPayload);
         }
         match self.cfg.policies.request {
-            Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
+            Policy::Mw if self.owner.as_ref().map_or(0, |o| o.engine.free_windows()) == 0 => {
                 Err(UseError::NoFreeWindow)
             }
-            Policy::Confirm
-                if !self.fbc.as_ref().is_some_and(|c| c.is_buffer_free(self.fb_bufs[b.slot as usize])) =>
-            {
+            Policy::Confirm if !self.confirm.as_ref().is_some_and(|c| c.is_buffer_free(b.slot)) => {
                 Err(UseError::BufferExposed(b.slot))
             }
             _ => Ok(()),
@@ -142,6 +154,7 @@ impl<N: Nic> Endpoint<N> {
     /// Client: give up on a call. Its exposures end as the protocols allow
     /// (an mw window stays bound until the peer releases or it expires).
     pub fn cancel(&mut self, now: Duration, call: CallId) -> bool {
+        self.now = now;
         let live = self.calls.contains_key(&call.0);
         if live {
             self.abandon_call(now, call.0, CallError::Cancelled);
@@ -153,9 +166,9 @@ impl<N: Nic> Endpoint<N> {
     pub(super) fn abandon_call(&mut self, now: Duration, msg: u64, error: CallError) {
         let Some(call) = self.calls.remove(&msg) else { return };
         if let (Some(lease), Some(o)) = (call.req_lease, self.owner.as_mut()) {
-            let _ = o.cancel(now, lease);
+            let _ = o.engine.cancel(now, lease);
         }
-        if let Some(c) = self.fbc.as_mut() {
+        if let Some(c) = self.confirm.as_mut().and_then(ConfirmEngine::client) {
             for fm in [call.req_fb, call.fetch_fb].into_iter().flatten() {
                 c.cancel(now, fm);
             }
@@ -180,6 +193,7 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
+        self.now = now;
         let fetch = match self.check_reply(req, header, data.as_ref()) {
             Ok(f) => f,
             Err(e) => return Err(Refused::new(e, data)),
@@ -189,16 +203,17 @@ impl<N: Nic> Endpoint<N> {
             (Some(b), Policy::Mw) => {
                 let buffer = self.mw_buffer(b.slot, b.len);
                 let owner = self.owner.as_mut().expect("mw reply policy has an owner engine");
-                match owner.grant(now, buffer, self.cfg.lease_time) {
+                match owner.engine.grant(now, buffer, self.cfg.lease_time) {
                     Ok(lease) => {
-                        self.owner_leases.insert(lease, b.slot);
+                        owner.leases.insert(lease, b.slot);
                     }
                     Err(e) => return Err(Refused::new(lease_error(e), data)),
                 }
             }
             (Some(b), Policy::Confirm) => {
-                let id = self.fb_bufs[b.slot as usize];
-                let fbs = self.fbs.as_mut().expect("confirm reply policy has a server engine");
+                let c = self.confirm.as_mut().expect("confirm reply policy has a confirm engine");
+                let id = c.bufs[b.slot as usize];
+                let fbs = c.server().expect("a server's confirm engine is a server");
                 match fetch.map(|fm| fbs.offer(now, fm, id, b.len)) {
                     Some(Ok(())) => {}
                     // The client's call ended (cancelled, timed out) and it
@@ -209,9 +224,11 @@ impl<N: Nic> Endpoint<N> {
                 }
             }
             (None, _) => {
-                if let (Some(fm), Some(fbs)) = (fetch, self.fbs.as_mut()) {
-                    let _ = fbs.refuse(now, fm);
-                    self.fb_msgs.remove(&fm);
+                if let (Some(fm), Some(c)) = (fetch, self.confirm.as_mut()) {
+                    if let Some(fbs) = c.server() {
+                        let _ = fbs.refuse(now, fm);
+                    }
+                    c.msgs.remove(&fm);
                 }
             }
         }
@@ -224,24 +241,27 @@ impl<N: Nic> Endpoint<N> {
             }
             None => {}
         }
-        if let Some(fm) = fetch.filter(|_| unexposed) {
-            self.fb_msgs.remove(&fm);
+        if let (Some(fm), Some(c)) = (fetch.filter(|_| unexposed), self.confirm.as_mut()) {
+            c.msgs.remove(&fm);
         }
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
         let mut frame = Frame::Reply { msg_id: req.0, status, header, attach: Attaches::new() };
         if let Some(rel) = r.release.take() {
             super::push_attach(&mut frame, super::mw_attach(&mwcap_mw::Message::Release(rel)));
         }
-        if self.fbs.is_some() {
-            self.drain_fb_into(now, false, &mut frame);
-        }
+        self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
         Ok(())
     }
 
     /// Everything that can refuse a reply; returns the request's confirm fetch.
-    fn check_reply(&self, req: RequestId, header: &[u8], data: Option<&Buf>) -> Result<Option<fb::MsgId>, UseError> {
+    fn check_reply(
+        &self,
+        req: RequestId,
+        header: &[u8],
+        data: Option<&Buf>,
+    ) -> Result<Option<fb::MsgId>, UseError> {
         self.ready_to_send(Role::Server, header)?;
         let r = self.requests.get(&req.0).ok_or(UseError::NoSuchRequest(req.0))?;
         if !r.surfaced {
@@ -254,7 +274,7 @@ impl<N: Nic> Endpoint<N> {
                 return Err(UseError::EmptyPayload);
             }
             match self.cfg.policies.reply {
-                Policy::Mw if self.owner.as_ref().map_or(0, |o| o.free_windows()) == 0 => {
+                Policy::Mw if self.owner.as_ref().map_or(0, |o| o.engine.free_windows()) == 0 => {
                     return Err(UseError::NoFreeWindow)
                 }
                 _ => {}
@@ -264,15 +284,9 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Take a confirm engine's queued messages into `frame`; READs are started.
-    pub(super) fn drain_fb_into(&mut self, now: Duration, client: bool, frame: &mut Frame<'_>) {
-        loop {
-            let a = if client {
-                self.fbc.as_mut().and_then(fb::Client::poll_action)
-            } else {
-                self.fbs.as_mut().and_then(fb::Server::poll_action)
-            };
-            let Some(a) = a else { break };
-            self.fb_action(now, client, a, Some(frame));
+    pub(super) fn drain_fb_into(&mut self, now: Duration, frame: &mut Frame<'_>) {
+        while let Some(a) = self.confirm.as_mut().and_then(ConfirmEngine::poll_action) {
+            self.fb_action(now, a, Some(frame));
         }
     }
 }

@@ -10,39 +10,35 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
+use super::super::frame::{Attach, Attaches, EngineTag, Frame};
 use super::super::pool::Holder;
 use super::super::types::*;
-use super::{Data, Endpoint, Request};
-use crate::backend::Nic;
+use super::confirm::ConfirmEngine;
+use super::{Connection, Data, Request};
 
-impl<N: Nic> Endpoint<N> {
+impl Connection {
     fn misbehaved(&mut self, now: Duration, what: impl Into<String>) {
         let what = what.into();
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
     }
 
-    pub(super) fn on_recv(&mut self, now: Duration, slot: u32, len: u32, invalidated: Option<u32>) {
+    /// A frame arrived (`bytes`, decoded borrowing them), with the rkey a
+    /// SEND_WITH_INV invalidated here.
+    pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         if let Some(rkey) = invalidated {
             match self.owner.as_mut() {
-                Some(o) => o.handle_peer_invalidation(now, rkey),
-                None => return self.misbehaved(now, format!("SEND_WITH_INV of rkey {rkey:#x}; we bind no windows")),
+                Some(o) => o.engine.handle_peer_invalidation(now, rkey),
+                None => {
+                    return self
+                        .misbehaved(now, format!("SEND_WITH_INV of rkey {rkey:#x}; we bind no windows"))
+                }
             }
         }
-        let len = (len as usize).min(MAX_FRAME);
-        // Copied once out of the receive slot into a scratch buffer kept for
-        // the connection's life (no allocation), and decoded borrowing it.
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        match self.nic.with_mr(self.ctrl.id, self.recv_offset(slot), len, &mut |b| scratch.extend_from_slice(b)) {
-            Ok(()) => match Frame::decode(&scratch) {
-                Ok(frame) => self.on_frame(now, frame),
-                Err(e) => self.misbehaved(now, format!("malformed frame: {e}")),
-            },
-            Err(e) => self.go_down(now, LossReason::Nic(e)),
+        match Frame::decode(bytes) {
+            Ok(frame) => self.on_frame(now, frame),
+            Err(e) => self.misbehaved(now, format!("malformed frame: {e}")),
         }
-        self.scratch = scratch;
     }
 
     fn on_frame(&mut self, now: Duration, frame: Frame<'_>) {
@@ -60,15 +56,23 @@ impl<N: Nic> Endpoint<N> {
 
     fn on_request(&mut self, now: Duration, msg: u64, header: &[u8], attach: Attaches) {
         if let Some(n) = too_many_payloads(&attach) {
-            return self.misbehaved(now, format!("request {msg} carries {n} payloads; at most one is allowed"));
+            return self
+                .misbehaved(now, format!("request {msg} carries {n} payloads; at most one is allowed"));
         }
         if msg <= self.last_request {
-            return self.misbehaved(now, format!("request id {msg} not above the last one ({})", self.last_request));
+            return self
+                .misbehaved(now, format!("request id {msg} not above the last one ({})", self.last_request));
         }
         self.last_request = msg;
         self.requests.insert(
             msg,
-            Request { header: header.into(), data: Data::Absent, release: None, fetch_fb: None, surfaced: false },
+            Request {
+                header: header.into(),
+                data: Data::Absent,
+                release: None,
+                fetch_fb: None,
+                surfaced: false,
+            },
         );
         for &a in attach.iter() {
             self.on_attach(now, Some(msg), a);
@@ -120,7 +124,7 @@ impl<N: Nic> Endpoint<N> {
                     self.start_grant(now, msg, g);
                 }
                 Ok(mw::Message::Release(r)) => match self.owner.as_mut() {
-                    Some(o) => o.handle_release(now, r),
+                    Some(o) => o.engine.handle_release(now, r),
                     None => self.misbehaved(now, "a release, but we grant no windows"),
                 },
                 Err(e) => self.misbehaved(now, format!("malformed mw message: {e:?}")),
@@ -130,6 +134,9 @@ impl<N: Nic> Endpoint<N> {
                     Ok((m, [])) => m,
                     Ok(_) => return self.misbehaved(now, "trailing bytes after a confirm message"),
                     Err(e) => return self.misbehaved(now, format!("malformed confirm message: {e:?}")),
+                };
+                let Some(c) = self.confirm.as_mut() else {
+                    return self.misbehaved(now, "a confirm message, but no direction uses confirm");
                 };
                 if let Some(msg) = msg {
                     match m {
@@ -141,16 +148,12 @@ impl<N: Nic> Endpoint<N> {
                                     r.fetch_fb = Some(fm);
                                 }
                             }
-                            self.fb_msgs.insert(fm, msg);
+                            c.msgs.insert(fm, msg);
                         }
                         _ => {}
                     }
                 }
-                match (self.fbc.as_mut(), self.fbs.as_mut()) {
-                    (Some(c), _) => c.handle_message(now, m),
-                    (_, Some(s)) => s.handle_message(now, m),
-                    _ => self.misbehaved(now, "a confirm message, but no direction uses confirm"),
-                }
+                c.handle_message(now, m);
             }
         }
     }
@@ -158,7 +161,8 @@ impl<N: Nic> Endpoint<N> {
     /// Client: deliver the call once both its reply and its data are in.
     fn maybe_finish(&mut self, msg: u64) {
         let Some(call) = self.calls.get(&msg) else { return };
-        let ready = call.reply.is_some() && matches!(call.data, Data::Absent | Data::Ready(..) | Data::Failed(_));
+        let ready =
+            call.reply.is_some() && matches!(call.data, Data::Absent | Data::Ready(..) | Data::Failed(_));
         if !ready {
             return;
         }
@@ -225,11 +229,12 @@ impl<N: Nic> Endpoint<N> {
 
     pub(super) fn owner_events(&mut self, now: Duration) -> bool {
         let mut any = false;
-        while let Some(ev) = self.owner.as_mut().and_then(|o| o.poll_event()) {
+        while let Some(ev) = self.owner.as_mut().and_then(|o| o.engine.poll_event()) {
             any = true;
             match ev {
                 mw::OwnerEvent::BufferReturned { lease, buffer, .. } => {
-                    let slot = self.owner_leases.remove(&lease).or_else(|| self.slot_of_mw(&buffer));
+                    let slot = self.owner.as_mut().and_then(|o| o.leases.remove(&lease));
+                    let slot = slot.or_else(|| self.slot_of_mw(&buffer));
                     if let Some(slot) = slot {
                         if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
                             let b = self.buf(slot, buffer.len);
@@ -251,12 +256,12 @@ impl<N: Nic> Endpoint<N> {
 
     pub(super) fn reader_events(&mut self, now: Duration) -> bool {
         let mut any = false;
-        while let Some(ev) = self.reader.as_mut().and_then(|r| r.poll_event()) {
+        while let Some(ev) = self.reader.as_mut().and_then(|r| r.engine.poll_event()) {
             any = true;
             match ev {
                 mw::ReaderEvent::ReadDone { lease, dest, len, release } => {
                     let slot = self.slot_of_mw(&dest);
-                    let msg = self.reader_leases.remove(&lease);
+                    let msg = self.reader.as_mut().and_then(|r| r.leases.remove(&lease));
                     if let Some(slot) = slot {
                         self.bufs.hand(slot, Holder::Reading, Holder::User);
                     }
@@ -279,7 +284,7 @@ impl<N: Nic> Endpoint<N> {
                     if let Some(rel) = release {
                         self.send_release(now, rel);
                     }
-                    if let Some(msg) = self.reader_leases.remove(&lease) {
+                    if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
                         self.payload_done(msg, Data::Failed(format!("declined: {reason:?}")));
                     }
                 }
@@ -290,7 +295,7 @@ impl<N: Nic> Endpoint<N> {
                     if let Some(slot) = self.slot_of_mw(&dest) {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
-                    if let Some(msg) = self.reader_leases.remove(&lease) {
+                    if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
                         self.payload_done(msg, Data::Failed(format!("read failed: {error:?}")));
                     }
                 }
@@ -308,53 +313,48 @@ impl<N: Nic> Endpoint<N> {
             return;
         }
         let f = Frame::Engine(super::mw_attach(&mw::Message::Release(rel)));
-        if let Err(e) = self.send_frame_with(now, &f, None) {
+        if let Err(e) = self.send_frame(&f, None) {
             self.go_down(now, LossReason::Nic(e));
         }
     }
 
     pub(super) fn fb_events(&mut self, now: Duration) -> bool {
         let mut any = false;
+        let Some(c) = self.confirm.as_mut() else { return false };
         // Expired offers' entries outlive any retry of the client's fetch
         // (which ends within the call timeout) and then go.
-        while let Some(&(msg, at)) = self.fb_expired.front() {
+        while let Some(&(msg, at)) = c.expired.front() {
             if now < at + self.cfg.call_timeout {
                 break;
             }
-            self.fb_expired.pop_front();
+            c.expired.pop_front();
             if !self.requests.values().any(|r| r.fetch_fb == Some(msg)) {
-                self.fb_msgs.remove(&msg);
+                c.msgs.remove(&msg);
             }
         }
-        loop {
-            let ev = match (self.fbc.as_mut(), self.fbs.as_mut()) {
-                (Some(c), _) => c.poll_event(),
-                (_, Some(s)) => s.poll_event(),
-                _ => None,
-            };
-            let Some(ev) = ev else { break };
+        while let Some(ev) = self.confirm.as_mut().and_then(ConfirmEngine::poll_event) {
             any = true;
             match ev {
                 fb::Event::ReadVerified { msg, token, len } => {
-                    let slot = self.fb_reads.remove(&token.raw());
+                    let slot = self.cf().reads.remove(&token.raw());
                     if let Some(slot) = slot {
                         self.bufs.hand(slot, Holder::Reading, Holder::User);
                     }
                     // The read side of `msg` is over (a fetch's reply, or an
                     // exposed request's data).
-                    match (self.fb_msgs.remove(&msg), slot) {
+                    match (self.cf().msgs.remove(&msg), slot) {
                         (Some(m), Some(slot)) => self.payload_done(m, Data::Ready(slot, len)),
                         (None, Some(slot)) => self.drop_payload(Data::Ready(slot, len)),
                         _ => {}
                     }
                 }
                 fb::Event::ReadDiscarded { token } => {
-                    if let Some(slot) = self.fb_reads.remove(&token.raw()) {
+                    if let Some(slot) = self.cf().reads.remove(&token.raw()) {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
                 }
                 fb::Event::ReadFailed { msg, error } => {
-                    if let Some(m) = self.fb_msgs.remove(&msg) {
+                    if let Some(m) = self.cf().msgs.remove(&msg) {
                         let refused_without_data = error == fb::ReadError::Refused
                             && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
                         if !refused_without_data {
@@ -363,7 +363,7 @@ impl<N: Nic> Endpoint<N> {
                     }
                 }
                 fb::Event::ReplyWanted { msg, attempt } => {
-                    if let Some(m) = self.fb_msgs.get(&msg).copied() {
+                    if let Some(m) = self.cf().msgs.get(&msg).copied() {
                         if attempt > 1 {
                             // The client read a stale reply: it needs the data again.
                             self.requests.insert(
@@ -389,11 +389,11 @@ impl<N: Nic> Endpoint<N> {
                     // expired), in which case the entry lives until the
                     // client's fetch is over (pruned by age).
                     if self.cfg.role == Role::Client || reason != fb::Release::Expired {
-                        self.fb_msgs.remove(&msg);
+                        self.cf().msgs.remove(&msg);
                     } else {
-                        self.fb_expired.push_back((msg, now));
+                        self.cf().expired.push_back((msg, now));
                     }
-                    if let Some(&slot) = self.fb_slot.get(&buffer) {
+                    if let Some(slot) = self.cf().slot_of.get(&buffer).copied() {
                         if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
                             let b = self.buf(slot, 0);
                             self.events.push_back(Event::BufferReturned(b));
@@ -403,6 +403,11 @@ impl<N: Nic> Endpoint<N> {
             }
         }
         any
+    }
+
+    /// The confirm engine, for its own events (which only it makes).
+    fn cf(&mut self) -> &mut ConfirmEngine {
+        self.confirm.as_mut().expect("confirm events come from the confirm engine")
     }
 }
 

@@ -1,0 +1,164 @@
+//! The confirm engine of a connection: `mwcap-fallback`'s client (on a
+//! client) or server (on a server), which runs the confirm protocol for
+//! every direction that uses it, with the connection's bookkeeping around it.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+
+use super::super::types::{Config, Role};
+use crate::backend::MrInfo;
+
+/// The engine of this side's role.
+pub(super) enum Engine {
+    Client(fb::Client),
+    Server(fb::Server),
+}
+
+pub(super) struct ConfirmEngine {
+    pub(super) engine: Engine,
+    /// Our buffers registered with the engine (when we own a direction
+    /// under confirm), by data slot.
+    pub(super) bufs: Vec<fb::BufferId>,
+    /// Engine buffer → data slot.
+    pub(super) slot_of: HashMap<fb::BufferId, u32>,
+    /// Engine message id → our message id.
+    pub(super) msgs: HashMap<fb::MsgId, u64>,
+    /// Server: messages whose offer expired, with when (their `msgs`
+    /// entries go once the client can no longer retry).
+    pub(super) expired: VecDeque<(fb::MsgId, Duration)>,
+    /// READ token → destination slot.
+    pub(super) reads: HashMap<u64, u32>,
+    /// READs waiting for a free destination.
+    pub(super) pending_reads: VecDeque<fb::ReadRequest>,
+}
+
+impl ConfirmEngine {
+    /// The engine for `cfg`'s role; when `owns` (we expose a direction under
+    /// confirm), every data buffer is registered with it.
+    pub(super) fn new(cfg: &Config, owns: bool, data: &MrInfo) -> ConfirmEngine {
+        let mut fcfg = fb::Config::default();
+        fcfg.hold_timeout = cfg.lease_time;
+        fcfg.request_timeout = cfg.call_timeout;
+        fcfg.confirm_timeout = cfg.lease_time;
+        fcfg.max_attempts = cfg.max_attempts;
+        fcfg.max_read_len = cfg.buffer_size;
+        let mut engine = match cfg.role {
+            Role::Client => Engine::Client(fb::Client::new(fcfg)),
+            Role::Server => Engine::Server(fb::Server::new(fcfg)),
+        };
+        let mut bufs = Vec::new();
+        let mut slot_of = HashMap::new();
+        if owns {
+            for slot in 0..cfg.buffers {
+                let off = u64::from(slot) * u64::from(cfg.buffer_size);
+                let region = fb::Region::new(data.addr + off, cfg.buffer_size, data.rkey);
+                let id = match &mut engine {
+                    Engine::Client(c) => c.add_buffer(region),
+                    Engine::Server(s) => s.add_buffer(region),
+                };
+                bufs.push(id);
+                slot_of.insert(id, slot);
+            }
+        }
+        ConfirmEngine {
+            engine,
+            bufs,
+            slot_of,
+            msgs: HashMap::new(),
+            expired: VecDeque::new(),
+            reads: HashMap::new(),
+            pending_reads: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn is_client(&self) -> bool {
+        matches!(self.engine, Engine::Client(_))
+    }
+
+    /// The client engine (on a client).
+    pub(super) fn client(&mut self) -> Option<&mut fb::Client> {
+        match &mut self.engine {
+            Engine::Client(c) => Some(c),
+            Engine::Server(_) => None,
+        }
+    }
+
+    /// The server engine (on a server).
+    pub(super) fn server(&mut self) -> Option<&mut fb::Server> {
+        match &mut self.engine {
+            Engine::Server(s) => Some(s),
+            Engine::Client(_) => None,
+        }
+    }
+
+    pub(super) fn tracked(&self) -> usize {
+        self.msgs.len()
+    }
+
+    pub(super) fn is_buffer_free(&self, slot: u32) -> bool {
+        let Some(&id) = self.bufs.get(slot as usize) else { return false };
+        match &self.engine {
+            Engine::Client(c) => c.is_buffer_free(id),
+            Engine::Server(s) => s.is_buffer_free(id),
+        }
+    }
+
+    pub(super) fn handle_message(&mut self, now: Duration, m: fb::Message) {
+        match &mut self.engine {
+            Engine::Client(c) => c.handle_message(now, m),
+            Engine::Server(s) => s.handle_message(now, m),
+        }
+    }
+
+    pub(super) fn handle_read_completion(&mut self, now: Duration, token: fb::ReadToken, ok: bool) {
+        match &mut self.engine {
+            Engine::Client(c) => c.handle_read_completion(now, token, ok),
+            Engine::Server(s) => s.handle_read_completion(now, token, ok),
+        }
+    }
+
+    pub(super) fn poll_action(&mut self) -> Option<fb::Action> {
+        match &mut self.engine {
+            Engine::Client(c) => c.poll_action(),
+            Engine::Server(s) => s.poll_action(),
+        }
+    }
+
+    pub(super) fn poll_event(&mut self) -> Option<fb::Event> {
+        match &mut self.engine {
+            Engine::Client(c) => c.poll_event(),
+            Engine::Server(s) => s.poll_event(),
+        }
+    }
+
+    pub(super) fn poll_timeout(&self) -> Option<Duration> {
+        match &self.engine {
+            Engine::Client(c) => c.poll_timeout(),
+            Engine::Server(s) => s.poll_timeout(),
+        }
+    }
+
+    /// Fire the engine's timers if one is due.
+    pub(super) fn handle_timeout(&mut self, now: Duration) {
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            match &mut self.engine {
+                Engine::Client(c) => c.handle_timeout(now),
+                Engine::Server(s) => s.handle_timeout(now),
+            }
+        }
+    }
+
+    pub(super) fn handle_connection_lost(&mut self, now: Duration) {
+        match &mut self.engine {
+            Engine::Client(c) => c.handle_connection_lost(now),
+            Engine::Server(s) => s.handle_connection_lost(now),
+        }
+    }
+
+    /// The QP is gone: no READ of ours will complete.
+    pub(super) fn forget_reads(&mut self) {
+        self.reads.clear();
+    }
+}

@@ -1,0 +1,971 @@
+//! The connection state machine: one peer, one queue pair, and no I/O.
+//!
+//! A [`Connection`] runs mwcap's protocols for one side of one RC
+//! connection, in quinn's sans-IO shape. It never touches a NIC, a clock or
+//! a thread. Its inputs are the user's operations ([`Connection::call`],
+//! [`Connection::reply`], [`Connection::cancel`], buffer handles), the
+//! completions of its work requests with the bytes of received frames
+//! ([`Connection::handle_completion`]) and the time
+//! ([`Connection::handle_timeout`]). Its outputs are [`Command`]s (work
+//! requests to post, the QP to move to ERR) from
+//! [`Connection::poll_command`], [`Event`]s for the user from
+//! [`Connection::poll_event`], and the next deadline from
+//! [`Connection::poll_timeout`].
+//!
+//! The I/O layer that carries the commands out on a
+//! [`Nic`](crate::backend::Nic) is [`Endpoint`](super::Endpoint); a test can
+//! instead carry them out by hand (see `tests/proto_pair.rs`, which runs two
+//! connections against each other with no NIC at all).
+//!
+//! Inside, each direction has one owner side (our memory, exposed to the
+//! peer) and one reader side (the peer's memory, read by us), each run by
+//! the engine of that direction's policy: `mwcap-mw`'s lease owner or
+//! reader, or the confirm engine (`mwcap-fallback`'s client or server,
+//! which serves both directions of its role).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use super::pool::{Holder, Slots};
+use super::types::*;
+use crate::backend::{
+    Access, Completion, CpuHold, MrId, MrInfo, MwId, NicError, SendWr, Sge, SgeList, WcStatus,
+};
+
+mod calls;
+mod confirm;
+mod recv;
+
+use confirm::ConfirmEngine;
+
+/// Tags in the top byte of the work request ids the connection itself
+/// makes. (`mwcap-mw` tokens use 0xa1..=0xb1.)
+const TAG_SEND: u8 = 0xc1;
+const TAG_RECV: u8 = 0xc2;
+const TAG_FB_CLIENT: u8 = 0xd1;
+const TAG_FB_SERVER: u8 = 0xd2;
+const LOW56: u64 = (1 << 56) - 1;
+
+fn wr(tag: u8, low: u64) -> u64 {
+    (u64::from(tag) << 56) | (low & LOW56)
+}
+
+fn tag_of(wr_id: u64) -> u8 {
+    (wr_id >> 56) as u8
+}
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// Up to two send-queue work requests posted together (a window bind
+/// chained with the SEND of its grant, one doorbell). Plain data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chain {
+    wrs: [SendWr; 2],
+    len: u8,
+}
+
+impl Chain {
+    fn one(w: SendWr) -> Chain {
+        Chain { wrs: [w, w], len: 1 }
+    }
+    fn two(a: SendWr, b: SendWr) -> Chain {
+        Chain { wrs: [a, b], len: 2 }
+    }
+    /// The work requests, in posting order.
+    pub fn as_slice(&self) -> &[SendWr] {
+        &self.wrs[..usize::from(self.len)]
+    }
+}
+
+/// A frame staged by the connection for a SEND: copy
+/// [`Connection::staged`] into the control region at `offset` before
+/// posting the chain that sends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staged {
+    /// Where the frame goes in the control region (its send slot).
+    pub offset: usize,
+    start: u32,
+    len: u32,
+}
+
+impl Staged {
+    /// The frame's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    /// Whether the frame is empty (never: a frame has at least a version byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// What the I/O layer must carry out for a connection, in the order given.
+/// A command that fails goes back through [`Connection::post_failed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Post a receive of the control-region bytes `sge`.
+    PostRecv {
+        /// The work request id.
+        wr_id: u64,
+        /// Where the frame is to be received.
+        sge: Sge,
+    },
+    /// Post `chain` to the send queue in one call (one doorbell). When
+    /// `frame` is set, first copy its staged bytes into the control region
+    /// (the chain's SEND names them).
+    PostSend {
+        /// The work requests.
+        chain: Chain,
+        /// The frame the SEND carries.
+        frame: Option<Staged>,
+    },
+    /// Move the QP to the error state: every outstanding work request
+    /// flushes and no remote access through the QP is possible any more.
+    SetQpError,
+    /// Tell the NIC whether the user holds a data buffer's bytes (a
+    /// testing aid, see [`Nic::set_cpu_held`](crate::backend::Nic::set_cpu_held);
+    /// real NICs ignore it).
+    CpuHold {
+        /// Offset in the data region.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Held or released.
+        hold: CpuHold,
+    },
+}
+
+/// The device resources a connection names in its work requests; the I/O
+/// layer creates them (see [`Endpoint`](super::Endpoint)).
+#[derive(Clone, Debug)]
+pub struct Resources {
+    /// The control region: `ctrl_slots` send slots then as many receive
+    /// slots, [`MAX_FRAME`] bytes each.
+    pub ctrl: MrId,
+    /// The data region: `buffers` buffers of `buffer_size` bytes.
+    pub data: MrInfo,
+    /// Under the mw policy for the direction we own, one type-2 window per
+    /// buffer; otherwise empty.
+    pub windows: Vec<MwId>,
+    /// The windows' rkeys at allocation, in the same order.
+    pub window_rkeys: Vec<u32>,
+}
+
+/// A client call in progress.
+#[derive(Debug)]
+struct Call {
+    deadline: Duration,
+    /// Request payload exposure, to cancel on timeout.
+    req_lease: Option<mw::LeaseId>,
+    req_fb: Option<fb::MsgId>,
+    /// Confirm-policy fetch of the reply data.
+    fetch_fb: Option<fb::MsgId>,
+    reply: Option<(u8, Header)>,
+    data: Data,
+}
+
+/// Where a payload stands.
+#[derive(Debug, PartialEq, Eq)]
+enum Data {
+    /// Not known yet (no reply frame).
+    Unknown,
+    /// None was sent.
+    Absent,
+    /// Being read.
+    Reading,
+    /// Read and verified into a pool slot.
+    Ready(u32, u32),
+    /// Could not be read.
+    Failed(String),
+}
+
+/// A server request in progress.
+#[derive(Debug)]
+struct Request {
+    header: Header,
+    data: Data,
+    /// The release of the request payload, to piggyback on the reply.
+    release: Option<mw::Release>,
+    fetch_fb: Option<fb::MsgId>,
+    surfaced: bool,
+}
+
+/// The owner side of our direction under mw: the lease engine, and which
+/// buffer each lease exposes.
+struct MwOwner {
+    engine: mw::Owner,
+    /// Lease → data slot.
+    leases: HashMap<mw::LeaseId, u32>,
+    /// Work request ids of in-flight grant SENDs → send slot.
+    grant_sends: HashMap<u64, u32>,
+}
+
+/// The reader side of the peer's direction under mw.
+struct MwReader {
+    engine: mw::Reader,
+    /// Lease → our message id.
+    leases: HashMap<mw::LeaseId, u64>,
+    /// Grants waiting for a free destination: (msg, grant, received at).
+    pending: VecDeque<(u64, mw::Grant, Duration)>,
+}
+
+/// One side of one RC connection running mwcap's protocols, without I/O.
+/// See the [module docs](self).
+pub struct Connection {
+    id: u64,
+    cfg: Config,
+    res: Resources,
+    /// The last time an input gave (for work done lazily and for failures
+    /// reported without one).
+    now: Duration,
+    /// Inputs arrived since the engines last ran (they run before any output
+    /// is taken).
+    dirty: bool,
+    commands: VecDeque<Command>,
+    /// Frames staged for SENDs whose commands are not taken yet; reused
+    /// from the start once every command is taken (never shrinks).
+    tx: Vec<u8>,
+    tx_used: usize,
+    sends: Slots,
+    bufs: Slots,
+    /// Scratch for `flush_holds`.
+    hold_changes: Vec<(u32, bool)>,
+    /// Handles dropped by the user, to take back.
+    returns: std::sync::Arc<Returns>,
+    reclaimed: Vec<(u32, u32)>,
+    owner: Option<MwOwner>,
+    reader: Option<MwReader>,
+    confirm: Option<ConfirmEngine>,
+    next_msg: u64,
+    last_request: u64,
+    calls: BTreeMap<u64, Call>,
+    requests: BTreeMap<u64, Request>,
+    events: VecDeque<Event>,
+    down: Option<LossReason>,
+    destroyed: bool,
+}
+
+impl Connection {
+    /// A connection for `cfg` (its role and policies) over `res`.
+    ///
+    /// # Panics
+    /// If `res` does not match `cfg`: a window per buffer when we own a
+    /// direction under mw, none otherwise.
+    pub fn new(cfg: Config, res: Resources) -> Connection {
+        let is_client = cfg.role == Role::Client;
+        let (owns, reads) = cfg.directions();
+        assert_eq!(res.windows.len(), res.window_rkeys.len(), "one rkey per window");
+        let owner = (owns == Policy::Mw).then(|| {
+            assert_eq!(res.windows.len(), cfg.buffers as usize, "one window per buffer under mw");
+            let ws: Vec<mw::Window> = res
+                .windows
+                .iter()
+                .zip(&res.window_rkeys)
+                .map(|(w, &rkey)| mw::Window { handle: w.raw(), rkey })
+                .collect();
+            MwOwner {
+                engine: mw::Owner::new(cfg.seed, ws),
+                leases: HashMap::new(),
+                grant_sends: HashMap::new(),
+            }
+        });
+        let reader = (reads == Policy::Mw).then(|| {
+            let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
+            MwReader {
+                engine: mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release }),
+                leases: HashMap::new(),
+                pending: VecDeque::new(),
+            }
+        });
+        let confirm = (owns == Policy::Confirm || reads == Policy::Confirm)
+            .then(|| ConfirmEngine::new(&cfg, owns == Policy::Confirm, &res.data));
+        Connection {
+            id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+            sends: Slots::new(cfg.ctrl_slots),
+            bufs: Slots::new(cfg.buffers),
+            returns: Default::default(),
+            hold_changes: Vec::with_capacity(2 * cfg.buffers as usize),
+            reclaimed: Vec::with_capacity(cfg.buffers as usize),
+            now: Duration::ZERO,
+            dirty: false,
+            commands: VecDeque::with_capacity(2 * cfg.ctrl_slots as usize + cfg.buffers as usize),
+            tx: Vec::new(),
+            tx_used: 0,
+            owner,
+            reader,
+            confirm,
+            next_msg: 1,
+            last_request: 0,
+            calls: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            events: VecDeque::new(),
+            down: None,
+            destroyed: false,
+            res,
+            cfg,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Whether `buf` is one of this connection's buffers.
+    pub fn owns(&self, buf: &Buf) -> bool {
+        buf.endpoint == self.id
+    }
+
+    /// Confirm-policy messages the connection is tracking (diagnostics:
+    /// stays bounded by the calls and requests in progress).
+    pub fn tracked_messages(&self) -> usize {
+        self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
+    }
+
+    /// The QP is connected: post every receive slot.
+    pub fn start(&mut self) {
+        for slot in 0..self.cfg.ctrl_slots {
+            self.post_recv(slot);
+        }
+    }
+
+    /// Why the connection is down, if it is.
+    pub fn is_down(&self) -> Option<&LossReason> {
+        self.down.as_ref()
+    }
+
+    fn recv_offset(&self, slot: u32) -> usize {
+        (self.cfg.ctrl_slots as usize + slot as usize) * MAX_FRAME
+    }
+
+    fn post_recv(&mut self, slot: u32) {
+        let sge = Sge { mr: self.res.ctrl, offset: self.recv_offset(slot), len: MAX_FRAME as u32 };
+        self.commands.push_back(Command::PostRecv { wr_id: wr(TAG_RECV, u64::from(slot)), sge });
+    }
+
+    fn post(&mut self, w: SendWr) {
+        self.commands.push_back(Command::PostSend { chain: Chain::one(w), frame: None });
+    }
+
+    fn slot_offset(&self, slot: u32) -> u64 {
+        u64::from(slot) * u64::from(self.cfg.buffer_size)
+    }
+
+    fn mw_buffer(&self, slot: u32, len: u32) -> mw::Buffer {
+        let offset = self.slot_offset(slot);
+        mw::Buffer { mr: self.res.data.id.raw(), offset, len, addr: self.res.data.addr + offset }
+    }
+
+    fn slot_of_mw(&self, b: &mw::Buffer) -> Option<u32> {
+        if b.mr != self.res.data.id.raw() {
+            return None;
+        }
+        Some((b.offset / u64::from(self.cfg.buffer_size)) as u32)
+    }
+
+    /// A handle for a slot the user now holds (its current lending).
+    fn buf(&self, slot: u32, len: u32) -> Buf {
+        debug_assert_eq!(self.bufs.holder(slot), Some(Holder::User));
+        Buf {
+            endpoint: self.id,
+            slot,
+            len,
+            lending: self.bufs.lending(slot),
+            home: Some(self.returns.clone()),
+        }
+    }
+
+    /// Take back the buffers whose handles were dropped; returns how many.
+    pub fn reclaim(&mut self) -> usize {
+        self.returns.take_all(&mut self.reclaimed);
+        let mut n = 0;
+        for (slot, lending) in self.reclaimed.drain(..) {
+            n += usize::from(self.bufs.give_back(slot, lending));
+        }
+        if n > 0 {
+            self.flush_holds();
+        }
+        n
+    }
+
+    /// Wake `w` when a buffer handle is dropped (the async driver).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
+        self.returns.set_waker(w);
+    }
+
+    /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
+    /// back since the last time. Called before the NIC can act again: at the
+    /// end of every input.
+    fn flush_holds(&mut self) {
+        self.bufs.take_changes(&mut self.hold_changes);
+        if self.hold_changes.is_empty() {
+            return;
+        }
+        let remote_reads_allowed = self.cfg.directions().0 == Policy::Confirm;
+        let len = self.cfg.buffer_size as usize;
+        for i in 0..self.hold_changes.len() {
+            let (slot, held) = self.hold_changes[i];
+            let hold = if held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
+            let offset = self.slot_offset(slot) as usize;
+            self.commands.push_back(Command::CpuHold { offset, len, hold });
+        }
+    }
+
+    // ---- the user's buffers ----
+
+    /// Take a free buffer from the pool, or `None` when all are in use.
+    pub fn alloc(&mut self) -> Option<Buf> {
+        self.reclaim();
+        let slot = self.bufs.take(Holder::User)?;
+        self.flush_holds();
+        Some(self.buf(slot, 0))
+    }
+
+    /// Put a buffer back in the pool (dropping it does the same, a little later).
+    pub fn free(&mut self, buf: Buf) {
+        if buf.endpoint == self.id {
+            let (slot, lending) = (buf.slot, buf.lending);
+            buf.disarm();
+            self.bufs.give_back(slot, lending);
+            self.flush_holds();
+        }
+    }
+
+    /// Whether `buf` is one of this connection's buffers, held by the user.
+    pub fn check_buf(&self, buf: &Buf) -> Result<(), UseError> {
+        if buf.endpoint != self.id || !self.bufs.lent(buf.slot, buf.lending) {
+            return Err(UseError::ForeignBuffer(buf.slot));
+        }
+        Ok(())
+    }
+
+    /// Where `buf`'s bytes are in the data region: (offset, capacity).
+    /// Check the handle first ([`Connection::check_buf`]).
+    pub fn buffer_range(&self, buf: &Buf) -> (usize, u32) {
+        (self.slot_offset(buf.slot) as usize, self.cfg.buffer_size)
+    }
+
+    /// Buffers currently exposed to the peer or being read into (for tests).
+    pub fn busy_buffers(&self) -> usize {
+        self.bufs.count(Holder::Exposed) + self.bufs.count(Holder::Reading)
+    }
+
+    /// Buffers free in the pool (dropped handles included).
+    pub fn free_buffers(&mut self) -> usize {
+        self.reclaim();
+        self.bufs.count(Holder::Free)
+    }
+
+    /// Byte ranges of the data region that are exposed to the peer or being
+    /// read into: every other byte must be unreachable by the peer (mw policy).
+    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        (0..self.cfg.buffers)
+            .filter(|s| matches!(self.bufs.holder(*s), Some(Holder::Exposed | Holder::Reading)))
+            .map(|s| {
+                let o = self.slot_offset(s) as usize;
+                o..o + self.cfg.buffer_size as usize
+            })
+            .collect()
+    }
+
+    // ---- outputs ----
+
+    /// Run the engines if inputs arrived since they last ran.
+    fn settle(&mut self) {
+        if self.dirty {
+            self.dirty = false;
+            self.pump(self.now);
+        }
+    }
+
+    /// The next command for the I/O layer. Carry each out before giving
+    /// the connection any other input; a staged frame is valid until then.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.settle();
+        let c = self.commands.pop_front();
+        if c.is_none() {
+            self.tx_used = 0;
+        }
+        c
+    }
+
+    /// The bytes of a frame staged for a [`Command::PostSend`].
+    pub fn staged(&self, s: &Staged) -> &[u8] {
+        &self.tx[s.start as usize..(s.start + s.len) as usize]
+    }
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.settle();
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] must next be called. Ask after
+    /// taking the commands (the engines run then, and may set timers).
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let engines = [
+            self.owner.as_ref().and_then(|o| o.engine.poll_timeout()),
+            self.reader.as_ref().and_then(|r| r.engine.poll_timeout()),
+            self.confirm.as_ref().and_then(ConfirmEngine::poll_timeout),
+        ];
+        // Every call gets the same timeout as it starts and message ids grow
+        // with time, so the oldest call has the earliest deadline.
+        let calls = self.calls.values().next().map(|c| c.deadline);
+        engines.into_iter().flatten().chain(calls).min()
+    }
+
+    /// Time has reached `now`: fire the engines' timers and call deadlines.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.now = now;
+        if let Some(o) = &mut self.owner {
+            if o.engine.poll_timeout().is_some_and(|t| t <= now) {
+                o.engine.handle_timeout(now);
+            }
+        }
+        if let Some(r) = &mut self.reader {
+            if r.engine.poll_timeout().is_some_and(|t| t <= now) {
+                r.engine.handle_timeout(now);
+            }
+        }
+        if let Some(c) = &mut self.confirm {
+            c.handle_timeout(now);
+        }
+        // Oldest first: deadlines grow with message ids (see poll_timeout).
+        while let Some((&msg, _)) = self.calls.iter().next().filter(|(_, c)| c.deadline <= now) {
+            self.abandon_call(now, msg, CallError::TimedOut);
+        }
+        self.dirty = true;
+    }
+
+    // ---- completions ----
+
+    /// If `c` is a successful receive, where its frame is in the control
+    /// region: (offset, length). Hand those bytes to
+    /// [`Connection::handle_completion`].
+    pub fn received_frame(&self, c: &Completion) -> Option<(usize, usize)> {
+        (tag_of(c.wr_id) == TAG_RECV && c.status.is_success())
+            .then(|| (self.recv_offset((c.wr_id & LOW56) as u32), (c.byte_len as usize).min(MAX_FRAME)))
+    }
+
+    fn status(c: &Completion) -> mw::Status {
+        match c.status {
+            WcStatus::Success => mw::Status::Success,
+            WcStatus::WrFlushErr => mw::Status::Flushed,
+            WcStatus::RemAccessErr => mw::Status::RemoteAccess,
+            other => mw::Status::Failed(match other {
+                WcStatus::Other(n) => n,
+                _ => 0xffff,
+            }),
+        }
+    }
+
+    /// A completion of one of this connection's work requests. For a
+    /// successful receive, `frame` is the received bytes (see
+    /// [`Connection::received_frame`]); otherwise it is ignored.
+    pub fn handle_completion(&mut self, now: Duration, c: &Completion, frame: &[u8]) {
+        self.now = now;
+        self.dirty = true;
+        if !c.status.is_success() && self.down.is_none() {
+            // Any error, a flush included: the QP is in ERR. A flushed receive
+            // may be the first sign (the peer's bad READ took both QPs down
+            // while we had nothing of our own outstanding).
+            self.go_down(
+                now,
+                LossReason::Completion(format!("{:?} {:?} (wr_id {:#x})", c.opcode, c.status, c.wr_id)),
+            );
+        }
+        let low = c.wr_id & LOW56;
+        match tag_of(c.wr_id) {
+            TAG_SEND => {
+                self.sends.hand(low as u32, Holder::Exposed, Holder::Free);
+            }
+            TAG_RECV => {
+                if c.status.is_success() {
+                    self.on_recv(now, frame, c.invalidated_rkey);
+                    if self.down.is_none() {
+                        self.post_recv(low as u32);
+                    }
+                }
+            }
+            TAG_FB_CLIENT | TAG_FB_SERVER => {
+                let token = fb::ReadToken::from_raw(low);
+                match &mut self.confirm {
+                    Some(e) => e.handle_read_completion(now, token, c.status.is_success()),
+                    None => tracing::warn!(wr_id = c.wr_id, "confirm READ completion with no confirm engine"),
+                }
+            }
+            _ => {
+                let token = mw::Token::from_wr_id(c.wr_id);
+                let status = Self::status(c);
+                match token.engine() {
+                    Some(mw::Engine::Owner) => {
+                        if let Some(o) = &mut self.owner {
+                            if let Some(slot) = o.grant_sends.remove(&c.wr_id) {
+                                self.sends.hand(slot, Holder::Exposed, Holder::Free);
+                            }
+                            o.engine.handle_completion(now, token, status);
+                        }
+                    }
+                    Some(mw::Engine::Reader) => {
+                        if let Some(r) = &mut self.reader {
+                            r.engine.handle_completion(now, token, status);
+                        }
+                    }
+                    None => tracing::warn!(wr_id = c.wr_id, "completion with an unknown work request id"),
+                }
+            }
+        }
+    }
+
+    /// The I/O layer could not carry out `cmd`: the connection goes down
+    /// (its resources are what failed), and a frame's send slot is freed.
+    pub fn post_failed(&mut self, cmd: &Command, e: NicError) {
+        if let Command::PostSend { chain, frame: Some(f) } = cmd {
+            let slot = (f.offset / MAX_FRAME) as u32;
+            self.sends.hand(slot, Holder::Exposed, Holder::Free);
+            if let Some(o) = &mut self.owner {
+                for w in chain.as_slice() {
+                    o.grant_sends.remove(&w.wr_id());
+                }
+            }
+        }
+        self.dirty = true;
+        self.go_down(self.now, LossReason::Nic(e));
+    }
+
+    /// The connection is down: QP to ERR (every work request flushes), the
+    /// engines told, calls failed. Buffers come back as the flushes arrive.
+    fn go_down(&mut self, now: Duration, reason: LossReason) {
+        if self.down.is_some() {
+            return;
+        }
+        tracing::info!(%reason, "connection down");
+        self.down = Some(reason.clone());
+        self.commands.push_back(Command::SetQpError);
+        if let Some(o) = &mut self.owner {
+            o.engine.handle_qp_error(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.engine.handle_qp_error(now);
+        }
+        if let Some(c) = &mut self.confirm {
+            c.handle_connection_lost(now);
+        }
+        for (msg, _) in std::mem::take(&mut self.calls) {
+            self.events.push_back(Event::CallFailed {
+                call: CallId(msg),
+                error: CallError::ConnectionLost(reason.clone()),
+            });
+        }
+        for (msg, r) in std::mem::take(&mut self.requests) {
+            if !r.surfaced {
+                self.events.push_back(Event::RequestDropped {
+                    req: RequestId(msg),
+                    error: CallError::ConnectionLost(reason.clone()),
+                });
+            }
+        }
+        self.events.push_back(Event::ConnectionLost(reason));
+    }
+
+    /// Start closing: the QP goes to ERR (no remote access through it is
+    /// possible any more), every call fails, and the flushes start
+    /// arriving. Once the QP is destroyed, tell
+    /// [`Connection::handle_qp_destroyed`].
+    pub fn begin_close(&mut self, now: Duration) {
+        self.now = now;
+        self.dirty = true;
+        self.go_down(now, LossReason::Closed);
+    }
+
+    /// Send-queue work requests whose completions have not come.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends.count(Holder::Exposed)
+    }
+
+    /// Whether the QP was destroyed.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed
+    }
+
+    /// The QP is destroyed: no DMA through it is possible any more, so every
+    /// buffer comes back. Idempotent.
+    pub fn handle_qp_destroyed(&mut self, now: Duration) {
+        self.now = now;
+        self.go_down(now, LossReason::Closed);
+        if self.destroyed {
+            return;
+        }
+        self.destroyed = true;
+        if let Some(o) = &mut self.owner {
+            o.engine.handle_qp_destroyed(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.engine.handle_qp_destroyed(now);
+        }
+        self.pump(now);
+        // The QP is gone: nothing can reach or fill any buffer any more.
+        for slot in 0..self.cfg.buffers {
+            match self.bufs.holder(slot) {
+                Some(Holder::Exposed) => {
+                    self.bufs.hand(slot, Holder::Exposed, Holder::User);
+                    let b = self.buf(slot, 0);
+                    self.events.push_back(Event::BufferReturned(b));
+                }
+                Some(Holder::Reading) => {
+                    self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                }
+                _ => {}
+            }
+        }
+        if let Some(o) = &mut self.owner {
+            o.leases.clear();
+        }
+        if let Some(c) = &mut self.confirm {
+            c.forget_reads();
+        }
+        self.flush_holds();
+    }
+
+    // ---- carrying out engine actions ----
+
+    /// Drain every engine's actions and events until all are quiet.
+    fn pump(&mut self, now: Duration) {
+        loop {
+            let mut progressed = self.retry_pending(now);
+            while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
+                progressed = true;
+                self.owner_action(now, a, None);
+            }
+            while let Some(a) = self.reader.as_mut().and_then(|r| r.engine.poll_action()) {
+                progressed = true;
+                self.reader_action(now, a);
+            }
+            while let Some(a) = self.confirm.as_mut().and_then(ConfirmEngine::poll_action) {
+                progressed = true;
+                self.fb_action(now, a, None);
+            }
+            progressed |= self.owner_events(now);
+            progressed |= self.reader_events(now);
+            progressed |= self.fb_events(now);
+            if !progressed {
+                break;
+            }
+        }
+        self.flush_holds();
+    }
+
+    /// Carry out an owner action. A `BindAndGrant` goes out chained with the
+    /// frame in `frame` (the request or reply carrying the grant).
+    fn owner_action(&mut self, now: Duration, a: mw::OwnerAction, frame: Option<&mut Frame<'_>>) {
+        match a {
+            mw::OwnerAction::BindAndGrant(b) => {
+                let attach = mw_attach(&mw::Message::Grant(b.grant));
+                let frame = match frame {
+                    Some(f) => {
+                        push_attach(f, attach);
+                        *f
+                    }
+                    None => Frame::Engine(attach),
+                };
+                let bind = SendWr::BindMw {
+                    wr_id: b.bind_token.wr_id(),
+                    signaled: false,
+                    mw: MwId(b.window),
+                    rkey: b.rkey,
+                    mr: self.res.data.id,
+                    offset: b.buffer.offset as usize,
+                    len: b.buffer.len as usize,
+                    access: Access::REMOTE_READ,
+                };
+                if let Err(e) = self.send_frame(&frame, Some((bind, b.send_token.wr_id()))) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::OwnerAction::Invalidate { token, rkey, .. } => {
+                self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
+            }
+            mw::OwnerAction::FlushQp => {
+                self.go_down(now, LossReason::PeerMisbehaved("the peer invalidated a window itself".into()))
+            }
+        }
+    }
+
+    fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
+        match a {
+            mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
+                let local = SgeList::from([Sge { mr: self.res.data.id, offset: dest.offset as usize, len }]);
+                self.post(SendWr::Read { wr_id: token.wr_id(), signaled: true, local, remote_addr, rkey });
+            }
+            mw::ReaderAction::SendRelease(r) => {
+                let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
+                if let Err(e) = self.send_frame(&f, None) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::ReaderAction::FlushQp => self.go_down(now, LossReason::ReadHung),
+        }
+    }
+
+    /// Carry out a confirm-engine action; its messages ride in `frame` when given.
+    fn fb_action(&mut self, now: Duration, a: fb::Action, frame: Option<&mut Frame<'_>>) {
+        match a {
+            fb::Action::Read(rr) => self.start_fb_read(rr),
+            fb::Action::Send(m) => {
+                let attach = fb_attach(&m);
+                match frame {
+                    Some(f) => push_attach(f, attach),
+                    None => {
+                        if let Err(e) = self.send_frame(&Frame::Engine(attach), None) {
+                            self.go_down(now, LossReason::Nic(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_fb_read(&mut self, rr: fb::ReadRequest) {
+        let Some(c) = self.confirm.as_mut() else { return };
+        let Some(slot) = self.bufs.take(Holder::Reading) else {
+            c.pending_reads.push_back(rr);
+            return;
+        };
+        let token = rr.token().raw();
+        let tag = if c.is_client() { TAG_FB_CLIENT } else { TAG_FB_SERVER };
+        c.reads.insert(token, slot);
+        let len = rr.remote().len().min(self.cfg.buffer_size);
+        let local =
+            SgeList::from([Sge { mr: self.res.data.id, offset: self.slot_offset(slot) as usize, len }]);
+        self.post(SendWr::Read {
+            wr_id: wr(tag, token),
+            signaled: true,
+            local,
+            remote_addr: rr.remote().addr(),
+            rkey: rr.remote().rkey(),
+        });
+    }
+
+    /// Start READs that waited for a free destination. Returns whether any did.
+    fn retry_pending(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        while self.bufs.count(Holder::Free) > 0 {
+            if let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) {
+                self.start_fb_read(rr);
+                any = true;
+            } else if let Some((msg, mut g, at)) = self.reader.as_mut().and_then(|r| r.pending.pop_front()) {
+                g.time_left = g.time_left.saturating_sub(now.saturating_sub(at));
+                self.start_grant(now, msg, g);
+                any = true;
+            } else {
+                break;
+            }
+        }
+        any
+    }
+
+    /// Hand a grant to the reader with a destination (or queue it).
+    fn start_grant(&mut self, now: Duration, msg: u64, g: mw::Grant) {
+        let wanted = match self.cfg.role {
+            Role::Client => self.calls.contains_key(&msg),
+            Role::Server => self.requests.contains_key(&msg),
+        };
+        let dest =
+            if wanted && g.len <= self.cfg.buffer_size { self.bufs.take(Holder::Reading) } else { None };
+        let dest = dest.map(|slot| self.mw_buffer(slot, self.cfg.buffer_size));
+        let Some(r) = self.reader.as_mut() else { return };
+        if !wanted {
+            // The call was cancelled or timed out: release the lease without
+            // reading a byte.
+            r.engine.decline(now, g, mw::DeclineReason::Unwanted);
+        } else if g.len > self.cfg.buffer_size {
+            // Decline: the destination offered is too small.
+            r.engine.handle_grant(now, g, mw::Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 });
+            r.leases.insert(g.lease, msg);
+        } else if let Some(dest) = dest {
+            r.leases.insert(g.lease, msg);
+            r.engine.handle_grant(now, g, dest);
+        } else {
+            r.pending.push_back((msg, g, now));
+        }
+    }
+
+    /// Stage one frame for a fresh control slot and queue its SEND, after
+    /// `chain` (a bind and the SEND's work request id) when given.
+    fn send_frame(&mut self, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
+        let slot = self
+            .sends
+            .take(Holder::Exposed)
+            .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
+        if self.commands.is_empty() {
+            self.tx_used = 0; // every staged frame was taken
+        }
+        let start = self.tx_used;
+        if self.tx.len() < start + MAX_FRAME {
+            self.tx.resize(start + MAX_FRAME, 0); // grows to the peak burst, once
+        }
+        let len = match f.encode_into(&mut self.tx[start..start + MAX_FRAME]) {
+            Ok(n) => n,
+            Err(e) => {
+                self.sends.hand(slot, Holder::Exposed, Holder::Free);
+                return Err(NicError::InvalidWr(e.to_string()));
+            }
+        };
+        self.tx_used = start + len;
+        let offset = slot as usize * MAX_FRAME;
+        let staged = Staged { offset, start: start as u32, len: len as u32 };
+        let sge = SgeList::one(Sge { mr: self.res.ctrl, offset, len: len as u32 });
+        let chain = match chain {
+            Some((bind, send_wr_id)) => {
+                if let Some(o) = &mut self.owner {
+                    o.grant_sends.insert(send_wr_id, slot);
+                }
+                Chain::two(bind, SendWr::Send { wr_id: send_wr_id, signaled: true, sge })
+            }
+            None => Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled: true, sge }),
+        };
+        self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
+        Ok(())
+    }
+}
+
+/// Add an engine message to a request or reply. At most three ride in one
+/// (a payload's grant or offer, a fetch, a release), below `MAX_ATTACH`.
+fn push_attach(f: &mut Frame<'_>, a: Attach) {
+    match f {
+        Frame::Request { attach, .. } | Frame::Reply { attach, .. } => {
+            let pushed = attach.push(a);
+            debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
+        }
+        Frame::Engine(_) => {}
+    }
+}
+
+/// An mw engine message as an attachment, encoded in place.
+pub(super) fn mw_attach(m: &mw::Message) -> Attach {
+    Attach::encoded(EngineTag::Mw, |b| m.encode_into(b).unwrap_or(usize::MAX))
+        .expect("mw messages are shorter than MAX_ATTACH_LEN")
+}
+
+/// A confirm engine message as an attachment, encoded in place.
+pub(super) fn fb_attach(m: &fb::Message) -> Attach {
+    Attach::encoded(EngineTag::Confirm, |b| m.encode_into(b).unwrap_or(usize::MAX))
+        .expect("confirm messages are shorter than MAX_ATTACH_LEN")
+}
+
+#[cfg(fuzzing)]
+impl Connection {
+    /// Fuzzing hook: handle `bytes` as if a SEND carrying them had arrived
+    /// (with `invalidated` as a SEND_WITH_INV's rkey).
+    pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
+        self.now = now;
+        self.dirty = true;
+        self.on_recv(now, &bytes[..bytes.len().min(MAX_FRAME)], invalidated);
+    }
+}
