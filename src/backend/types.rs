@@ -13,6 +13,12 @@ macro_rules! id_type {
             pub fn raw(self) -> u32 {
                 self.0
             }
+            /// A handle from its raw number: for a backend of one's own, or a
+            /// test that carries out a [`Connection`](crate::conn::proto::Connection)'s
+            /// commands by hand.
+            pub const fn from_raw(raw: u32) -> Self {
+                Self(raw)
+            }
         }
     };
 }

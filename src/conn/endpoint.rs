@@ -212,11 +212,7 @@ impl<N: Nic> Endpoint<N> {
         self.nic.with_mr_mut(self.data.id, offset, cap as usize, &mut |b| {
             wrote = f.take().map_or(0, |f| f(b));
         })?;
-        if wrote > cap as usize {
-            return Err(UseError::TooLong { len: wrote, cap });
-        }
-        buf.len = wrote as u32;
-        Ok(())
+        self.conn.set_payload_len(buf, wrote)
     }
 
     /// Fill `buf` with a copy of `bytes` (its length becomes `bytes.len()`);

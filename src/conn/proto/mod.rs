@@ -451,6 +451,18 @@ impl Connection {
         (self.slot_offset(buf.slot) as usize, self.cfg.buffer_size)
     }
 
+    /// Set how many bytes of `buf` are payload, after writing them at
+    /// [`Connection::buffer_range`] (the I/O layer's job).
+    pub fn set_payload_len(&self, buf: &mut Buf, len: usize) -> Result<(), UseError> {
+        self.check_buf(buf)?;
+        let cap = self.cfg.buffer_size;
+        if len > cap as usize {
+            return Err(UseError::TooLong { len, cap });
+        }
+        buf.len = len as u32;
+        Ok(())
+    }
+
     /// Buffers currently exposed to the peer or being read into (for tests).
     pub fn busy_buffers(&self) -> usize {
         self.bufs.count(Holder::Exposed) + self.bufs.count(Holder::Reading)

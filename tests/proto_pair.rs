@@ -1,0 +1,367 @@
+//! Two sans-IO connections run against each other with no `Nic` at all:
+//! this test carries out their commands by hand on plain byte vectors (a
+//! SEND lands in the peer's oldest posted receive, a READ copies the
+//! peer's bytes through a window or the region key, a bind and an
+//! invalidation edit a table of valid windows), and checks the protocols'
+//! promises as it goes:
+//!
+//! - a READ only reaches bytes a valid window (mw) or the region (confirm)
+//!   covers, and never a buffer its owner's user holds (mw);
+//! - nothing is DMA'd into a buffer the user holds;
+//! - every window bind is invalidated exactly once, and an invalidation of
+//!   a window that is not bound never happens (it crashes rxe);
+//! - a grant's bind goes out in the same post as the SEND carrying it;
+//! - payloads arrive intact, and every buffer comes back.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use mwcap::backend::{Completion, CpuHold, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::conn::frame::MAX_FRAME;
+use mwcap::conn::proto::{Command, Connection, Resources};
+use mwcap::conn::{Buf, Config, Event, Policies, Policy, Role};
+
+const BUFFERS: u32 = 4;
+const SIZE: u32 = 4096;
+const SLOTS: u32 = 8;
+
+struct Side {
+    conn: Connection,
+    ctrl: Vec<u8>,
+    data: Vec<u8>,
+    addr: u64,
+    rkey: u32,
+    owns_mw: bool,
+    recvs: VecDeque<(u64, Sge)>,
+    cq: VecDeque<Completion>,
+    /// Valid windows over our data: rkey → byte range.
+    windows: HashMap<u32, std::ops::Range<usize>>,
+    /// Buffers (by offset) the user holds, and whether the peer may READ them.
+    held: HashMap<usize, bool>,
+    binds: u64,
+    invalidations: u64,
+}
+
+impl Side {
+    fn new(role: Role, policies: Policies, addr: u64, rkey: u32) -> Side {
+        let mut cfg = Config::new(role, policies);
+        cfg.buffers = BUFFERS;
+        cfg.buffer_size = SIZE;
+        cfg.ctrl_slots = SLOTS;
+        let owns_mw = cfg.directions().0 == Policy::Mw;
+        let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };
+        let (windows, window_rkeys) = if owns_mw {
+            (
+                (0..BUFFERS).map(|i| MwId::from_raw(10 + i)).collect(),
+                (0..BUFFERS).map(|i| (0x100 + i) << 8).collect(),
+            )
+        } else {
+            (vec![], vec![])
+        };
+        let conn = Connection::new(cfg, Resources { ctrl: MrId::from_raw(1), data, windows, window_rkeys });
+        Side {
+            conn,
+            ctrl: vec![0; MAX_FRAME * 2 * SLOTS as usize],
+            data: vec![0; (BUFFERS * SIZE) as usize],
+            addr,
+            rkey,
+            owns_mw,
+            recvs: VecDeque::new(),
+            cq: VecDeque::new(),
+            windows: HashMap::new(),
+            held: HashMap::new(),
+            binds: 0,
+            invalidations: 0,
+        }
+    }
+
+    fn done(&mut self, wr_id: u64, opcode: WcOpcode, byte_len: u32) {
+        self.cq.push_back(Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len,
+            invalidated_rkey: None,
+            qpn: 0,
+            vendor_err: 0,
+        });
+    }
+
+    fn write_payload(&mut self, buf: &mut Buf, bytes: &[u8]) {
+        let (offset, _) = self.conn.buffer_range(buf);
+        self.data[offset..offset + bytes.len()].copy_from_slice(bytes);
+        self.conn.set_payload_len(buf, bytes.len()).unwrap();
+    }
+
+    fn payload(&self, buf: &Buf) -> Vec<u8> {
+        self.conn.check_buf(buf).unwrap();
+        let (offset, _) = self.conn.buffer_range(buf);
+        self.data[offset..offset + buf.len() as usize].to_vec()
+    }
+}
+
+/// Carry out `me`'s send-queue chain; `peer` is the other side.
+fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind: &mut u64) {
+    for (i, w) in chain.iter().enumerate() {
+        match *w {
+            SendWr::BindMw { wr_id, signaled, rkey, offset, len, .. } => {
+                assert!(me.owns_mw, "a bind from a side that owns no windows");
+                assert!(
+                    matches!(chain.get(i + 1), Some(SendWr::Send { .. })),
+                    "a grant's bind goes out chained with its SEND (one doorbell)"
+                );
+                *chains_with_bind += 1;
+                assert!(
+                    !me.windows.values().any(|r| r.start < offset + len && offset < r.end),
+                    "overlapping binds"
+                );
+                me.windows.insert(rkey, offset..offset + len);
+                me.binds += 1;
+                if signaled {
+                    me.done(wr_id, WcOpcode::BindMw, 0);
+                }
+            }
+            SendWr::Send { wr_id, sge, .. } => {
+                let s = sge[0];
+                let bytes = me.ctrl[s.offset..s.offset + s.len as usize].to_vec();
+                let (rid, rsge) = peer.recvs.pop_front().expect("the peer keeps receives posted");
+                assert!(bytes.len() <= rsge.len as usize);
+                peer.ctrl[rsge.offset..rsge.offset + bytes.len()].copy_from_slice(&bytes);
+                peer.done(rid, WcOpcode::Recv, bytes.len() as u32);
+                me.done(wr_id, WcOpcode::Send, 0);
+            }
+            SendWr::Read { wr_id, local, remote_addr, rkey, .. } => {
+                let l = local[0];
+                let start = (remote_addr - peer.addr) as usize;
+                let range = start..start + l.len as usize;
+                if peer.owns_mw {
+                    let w = peer.windows.get(&rkey).expect("a READ through a window that is not bound");
+                    assert!(w.start <= range.start && range.end <= w.end, "a READ outside its window");
+                } else {
+                    assert_eq!(rkey, peer.rkey, "a READ with a key that is not the region's");
+                }
+                for (&off, &reads_ok) in &peer.held {
+                    if off < range.end && range.start < off + SIZE as usize {
+                        assert!(reads_ok, "under mw, a READ of a buffer its owner's user holds");
+                    }
+                }
+                for &off in me.held.keys() {
+                    assert!(
+                        !(off < l.offset + l.len as usize && l.offset < off + SIZE as usize),
+                        "a DMA into a held buffer"
+                    );
+                }
+                let bytes = peer.data[range].to_vec();
+                me.data[l.offset..l.offset + bytes.len()].copy_from_slice(&bytes);
+                me.done(wr_id, WcOpcode::RdmaRead, bytes.len() as u32);
+            }
+            SendWr::LocalInv { wr_id, rkey, .. } => {
+                assert!(
+                    me.windows.remove(&rkey).is_some(),
+                    "invalidating a window that is not bound (crashes rxe)"
+                );
+                me.invalidations += 1;
+                me.done(wr_id, WcOpcode::LocalInv, 0);
+            }
+            other => panic!("mwcap posted {other:?}"),
+        }
+    }
+}
+
+struct Pair {
+    c: Side,
+    s: Side,
+    now: Duration,
+    chains_with_bind: u64,
+    /// The server takes no more turns (its receives still land).
+    frozen_server: bool,
+}
+
+impl Pair {
+    fn new(policies: Policies) -> Pair {
+        let mut c = Side::new(Role::Client, policies, 0x1000_0000, 0x77);
+        let mut s = Side::new(Role::Server, policies, 0x2000_0000, 0x88);
+        c.conn.start();
+        s.conn.start();
+        let mut p = Pair { c, s, now: Duration::ZERO, chains_with_bind: 0, frozen_server: false };
+        p.settle();
+        p
+    }
+
+    /// Carry out commands and deliver completions until both sides are quiet.
+    fn settle(&mut self) {
+        loop {
+            let mut busy = false;
+            for client in [true, false] {
+                if !client && self.frozen_server {
+                    continue;
+                }
+                let (me, peer) = if client { (&mut self.c, &mut self.s) } else { (&mut self.s, &mut self.c) };
+                while let Some(cmd) = me.conn.poll_command() {
+                    busy = true;
+                    match cmd {
+                        Command::PostRecv { wr_id, sge } => me.recvs.push_back((wr_id, sge)),
+                        Command::PostSend { chain, frame } => {
+                            if let Some(f) = frame {
+                                let bytes = me.conn.staged(&f).to_vec();
+                                me.ctrl[f.offset..f.offset + bytes.len()].copy_from_slice(&bytes);
+                            }
+                            post_send(me, peer, chain.as_slice(), &mut self.chains_with_bind);
+                        }
+                        Command::SetQpError => {
+                            panic!("a healthy connection went down: {:?}", me.conn.is_down())
+                        }
+                        Command::CpuHold { offset, hold, .. } => match hold {
+                            CpuHold::Held { remote_reads_allowed } => {
+                                me.held.insert(offset, remote_reads_allowed);
+                            }
+                            CpuHold::Released => {
+                                me.held.remove(&offset);
+                            }
+                        },
+                    }
+                }
+                while let Some(c) = me.cq.pop_front() {
+                    busy = true;
+                    let frame = match me.conn.received_frame(&c) {
+                        Some((offset, len)) => me.ctrl[offset..offset + len].to_vec(),
+                        None => vec![],
+                    };
+                    me.conn.handle_completion(self.now, &c, &frame);
+                }
+            }
+            if !busy {
+                break;
+            }
+        }
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed as usize * 31 + i * 7) as u8).collect()
+}
+
+/// `calls` calls, each with a request and a reply payload, checked byte
+/// for byte; afterwards every buffer is back and every window invalidated.
+fn run_calls(policies: Policies, calls: u64) -> Pair {
+    let mut p = Pair::new(policies);
+    for i in 0..calls {
+        p.now += Duration::from_micros(10);
+        let req_len = 1 + (i as usize * 37) % SIZE as usize;
+        let rep_len = 1 + (i as usize * 91) % SIZE as usize;
+        let mut b = p.c.conn.alloc().expect("a free client buffer");
+        p.c.write_payload(&mut b, &pattern(i, req_len));
+        let header = i.to_le_bytes();
+        let call = p.c.conn.call(p.now, &header, Some(b)).expect("call accepted");
+        p.settle();
+        let mut replied = false;
+        while let Some(ev) = p.s.conn.poll_event() {
+            match ev {
+                Event::Request { req, header: h, data } => {
+                    assert_eq!(h, header);
+                    let data = data.expect("the request payload");
+                    assert_eq!(p.s.payload(&data), pattern(i, req_len), "request payload of call {i}");
+                    p.s.conn.free(data);
+                    let mut out = p.s.conn.alloc().expect("a free server buffer");
+                    p.s.write_payload(&mut out, &pattern(i + 1000, rep_len));
+                    p.s.conn.reply(p.now, req, 0, b"ok", Some(out)).expect("reply accepted");
+                    replied = true;
+                }
+                Event::BufferReturned(b) => p.s.conn.free(b),
+                other => panic!("server: {other:?}"),
+            }
+        }
+        assert!(replied, "call {i} reached the server");
+        p.settle();
+        let mut got = false;
+        while let Some(ev) = p.c.conn.poll_event() {
+            match ev {
+                Event::Reply { call: c, status, header: h, data } => {
+                    assert_eq!((c, status, &h[..]), (call, 0, &b"ok"[..]));
+                    let data = data.expect("the reply payload");
+                    assert_eq!(p.c.payload(&data), pattern(i + 1000, rep_len), "reply payload of call {i}");
+                    p.c.conn.free(data);
+                    got = true;
+                }
+                Event::BufferReturned(b) => p.c.conn.free(b),
+                other => panic!("client: {other:?}"),
+            }
+        }
+        assert!(got, "call {i} got its reply");
+        // Returns that finish after the reply (the last release's invalidation).
+        p.settle();
+        for side in [&mut p.c, &mut p.s] {
+            while let Some(ev) = side.conn.poll_event() {
+                match ev {
+                    Event::BufferReturned(b) => side.conn.free(b),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+    assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize, "every client buffer is back");
+    assert_eq!(p.s.conn.free_buffers(), BUFFERS as usize, "every server buffer is back");
+    p.settle();
+    for side in [&mut p.c, &mut p.s] {
+        assert!(side.windows.is_empty(), "every bound window was invalidated");
+        assert_eq!(side.binds, side.invalidations, "each bind invalidated exactly once");
+        assert!(side.held.is_empty(), "no buffer left held");
+    }
+    p
+}
+
+#[test]
+fn mw_calls_run_without_a_nic() {
+    let p = run_calls(Policies::both(Policy::Mw), 300);
+    // One bind per payload, each chained with the SEND of its grant.
+    assert_eq!(p.c.binds, 300);
+    assert_eq!(p.s.binds, 300);
+    assert_eq!(p.chains_with_bind, 600);
+}
+
+#[test]
+fn confirm_calls_run_without_a_nic() {
+    let p = run_calls(Policies::both(Policy::Confirm), 300);
+    assert_eq!(p.c.binds + p.s.binds, 0);
+}
+
+#[test]
+fn mixed_policies_run_without_a_nic() {
+    run_calls(Policies { request: Policy::Mw, reply: Policy::Confirm }, 100);
+    run_calls(Policies { request: Policy::Confirm, reply: Policy::Mw }, 100);
+}
+
+#[test]
+fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    p.frozen_server = true; // it receives, but never runs again
+    let mut b = p.c.conn.alloc().unwrap();
+    p.c.write_payload(&mut b, b"payload");
+    let call = p.c.conn.call(p.now, b"h", Some(b)).unwrap();
+    p.settle();
+    assert_eq!(p.c.windows.len(), 1, "the window is bound while the server sits on the grant");
+    assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize - 1);
+    // Past the lease (5 s), the window is invalidated and the buffer returns;
+    // past the call timeout (10 s), the call fails.
+    for _ in 0..30 {
+        p.now += Duration::from_secs(1);
+        p.c.conn.handle_timeout(p.now);
+        p.settle();
+    }
+    let mut failed = false;
+    let mut returned = false;
+    while let Some(ev) = p.c.conn.poll_event() {
+        match ev {
+            Event::CallFailed { call: c, .. } => failed = c == call,
+            Event::BufferReturned(b) => {
+                returned = true;
+                p.c.conn.free(b);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(failed, "the call timed out");
+    assert!(returned, "the buffer came back on the invalidation's completion");
+    assert!(p.c.windows.is_empty());
+    assert_eq!(p.c.invalidations, 1);
+}
