@@ -8,6 +8,7 @@ use super::super::frame::{Attaches, Frame, MAX_HEADER};
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::confirm::ConfirmEngine;
+use super::sides::Exposure;
 use super::{Call, Connection, Data};
 
 impl Connection {
@@ -38,76 +39,47 @@ impl Connection {
         if let Err(e) = self.check_call(header, data.as_ref()) {
             return Err(Refused::new(e, data));
         }
-        let msg = self.next_msg;
-        let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
-        let mut call = Call {
-            deadline: now + self.cfg.call_timeout,
-            req_lease: None,
-            req_fb: None,
-            fetch_fb: None,
-            reply: None,
-            data: Data::Unknown,
+        let fetch = match self.want_payload(now) {
+            Ok(f) => f,
+            Err(e) => return Err(Refused::new(e, data)),
         };
-        if self.cfg.policies.reply == Policy::Confirm {
-            let fbc = self
-                .confirm
-                .as_mut()
-                .and_then(ConfirmEngine::client)
-                .expect("confirm reply policy has a client engine");
-            match fbc.fetch(now, self.cfg.buffer_size) {
-                Ok(fm) => call.fetch_fb = Some(fm),
-                Err(e) => return Err(Refused::new(UseError::Confirm(e), data)),
-            }
-        }
-        // An engine refusal below unwinds the fetch and hands the buffer back.
-        if let Some(b) = &data {
-            let slot = b.slot;
-            let exposed = match self.cfg.policies.request {
-                Policy::Mw => {
-                    let buffer = self.mw_buffer(slot, b.len);
-                    let owner = self.owner.as_mut().expect("mw request policy has an owner engine");
-                    owner
-                        .engine
-                        .grant(now, buffer, self.cfg.lease_time)
-                        .map(|lease| call.req_lease = Some(lease))
-                        .map_err(lease_error)
+        let req = match &data {
+            Some(b) => match self.expose(now, b.slot, b.len, None) {
+                Ok(e) => e,
+                Err(why) => {
+                    // Unwind the fetch and hand the buffer back.
+                    if let Some(fm) = fetch {
+                        self.unwant(now, fm, true);
+                    }
+                    return Err(Refused::new(why, data));
                 }
-                Policy::Confirm => {
-                    let c = self.confirm.as_mut().expect("confirm request policy has a confirm engine");
-                    let id = c.bufs[slot as usize];
-                    let fbc = c.client().expect("a client's confirm engine is a client");
-                    fbc.send_request(now, id, b.len)
-                        .map(|fm| call.req_fb = Some(fm))
-                        .map_err(UseError::Confirm)
-                }
-            };
-            if let Err(why) = exposed {
-                if let (Some(fm), Some(c)) =
-                    (call.fetch_fb, self.confirm.as_mut().and_then(ConfirmEngine::client))
-                {
-                    c.cancel(now, fm);
-                    // The engine's cancellation notice is for no call of ours.
-                    while c.poll_action().is_some() {}
-                    while c.poll_event().is_some() {}
-                }
-                return Err(Refused::new(why, data));
-            }
-            self.bufs.hand(slot, Holder::User, Holder::Exposed);
-            if let (Some(lease), Some(o)) = (call.req_lease, self.owner.as_mut()) {
-                o.leases.insert(lease, slot);
-            }
-        }
+            },
+            None => None,
+        };
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
         // Committed: the call is registered and nothing below refuses it.
+        let msg = self.next_msg;
+        self.next_msg += 1;
         if let Some(c) = self.confirm.as_mut() {
-            for fm in [call.fetch_fb, call.req_fb].into_iter().flatten() {
+            let exposed = match req {
+                Some(Exposure::Confirm(fm)) => Some(fm),
+                _ => None,
+            };
+            for fm in [fetch, exposed].into_iter().flatten() {
                 c.msgs.insert(fm, msg);
             }
         }
-        self.next_msg += 1;
+        let call = Call {
+            deadline: now + self.cfg.call_timeout,
+            req,
+            fetch_fb: fetch,
+            reply: None,
+            data: Data::Unknown,
+        };
         self.calls.insert(msg, call);
+        let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
@@ -140,15 +112,7 @@ impl Connection {
         if b.len == 0 {
             return Err(UseError::EmptyPayload);
         }
-        match self.cfg.policies.request {
-            Policy::Mw if self.owner.as_ref().map_or(0, |o| o.engine.free_windows()) == 0 => {
-                Err(UseError::NoFreeWindow)
-            }
-            Policy::Confirm if !self.confirm.as_ref().is_some_and(|c| c.is_buffer_free(b.slot)) => {
-                Err(UseError::BufferExposed(b.slot))
-            }
-            _ => Ok(()),
-        }
+        self.expose_ready(b.slot)
     }
 
     /// Client: give up on a call. Its exposures end as the protocols allow
@@ -165,13 +129,11 @@ impl Connection {
 
     pub(super) fn abandon_call(&mut self, now: Duration, msg: u64, error: CallError) {
         let Some(call) = self.calls.remove(&msg) else { return };
-        if let (Some(lease), Some(o)) = (call.req_lease, self.owner.as_mut()) {
-            let _ = o.engine.cancel(now, lease);
+        if let Some(e) = call.req {
+            self.withdraw(now, e);
         }
-        if let Some(c) = self.confirm.as_mut().and_then(ConfirmEngine::client) {
-            for fm in [call.req_fb, call.fetch_fb].into_iter().flatten() {
-                c.cancel(now, fm);
-            }
+        if let Some(fm) = call.fetch_fb {
+            self.unwant(now, fm, false);
         }
         if let Data::Ready(slot, _) = call.data {
             self.bufs.hand(slot, Holder::User, Holder::Free);
@@ -198,50 +160,31 @@ impl Connection {
             Ok(f) => f,
             Err(e) => return Err(Refused::new(e, data)),
         };
-        let mut unexposed = false;
-        match (&data, self.cfg.policies.reply) {
-            (Some(b), Policy::Mw) => {
-                let buffer = self.mw_buffer(b.slot, b.len);
-                let owner = self.owner.as_mut().expect("mw reply policy has an owner engine");
-                match owner.engine.grant(now, buffer, self.cfg.lease_time) {
-                    Ok(lease) => {
-                        owner.leases.insert(lease, b.slot);
-                    }
-                    Err(e) => return Err(Refused::new(lease_error(e), data)),
-                }
-            }
-            (Some(b), Policy::Confirm) => {
-                let c = self.confirm.as_mut().expect("confirm reply policy has a confirm engine");
-                let id = c.bufs[b.slot as usize];
-                let fbs = c.server().expect("a server's confirm engine is a server");
-                match fetch.map(|fm| fbs.offer(now, fm, id, b.len)) {
-                    Some(Ok(())) => {}
-                    // The client's call ended (cancelled, timed out) and it
-                    // said so: the reply goes without data, and the buffer,
-                    // never exposed, comes straight back.
-                    None | Some(Err(fb::UsageError::NotWanted(_))) => unexposed = true,
-                    Some(Err(e)) => return Err(Refused::new(UseError::Confirm(e), data)),
-                }
-            }
-            (None, _) => {
+        let exposed = match &data {
+            Some(b) => match self.expose(now, b.slot, b.len, fetch) {
+                Ok(e) => e.is_some(),
+                Err(e) => return Err(Refused::new(e, data)),
+            },
+            None => {
                 if let (Some(fm), Some(c)) = (fetch, self.confirm.as_mut()) {
                     if let Some(fbs) = c.server() {
                         let _ = fbs.refuse(now, fm);
                     }
-                    c.msgs.remove(&fm);
                 }
+                false
             }
-        }
+        };
         // Committed: nothing below refuses.
-        match data {
-            Some(b) if unexposed => self.events.push_back(Event::BufferReturned(b)),
-            Some(b) => {
-                self.bufs.hand(b.slot, Holder::User, Holder::Exposed);
+        if let Some(b) = data {
+            if exposed {
                 b.disarm(); // now the NIC's: its drop must not return it
+            } else {
+                // The client withdrew its fetch: the reply goes without data,
+                // and the buffer, never exposed, comes straight back.
+                self.events.push_back(Event::BufferReturned(b));
             }
-            None => {}
         }
-        if let (Some(fm), Some(c)) = (fetch.filter(|_| unexposed), self.confirm.as_mut()) {
+        if let (Some(fm), Some(c)) = (fetch.filter(|_| !exposed), self.confirm.as_mut()) {
             c.msgs.remove(&fm);
         }
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
@@ -273,11 +216,8 @@ impl Connection {
             if b.len == 0 {
                 return Err(UseError::EmptyPayload);
             }
-            match self.cfg.policies.reply {
-                Policy::Mw if self.owner.as_ref().map_or(0, |o| o.engine.free_windows()) == 0 => {
-                    return Err(UseError::NoFreeWindow)
-                }
-                _ => {}
+            if self.owner.is_some() {
+                self.expose_ready(b.slot)?;
             }
         }
         Ok(fetch)
@@ -288,14 +228,5 @@ impl Connection {
         while let Some(a) = self.confirm.as_mut().and_then(ConfirmEngine::poll_action) {
             self.fb_action(now, a, Some(frame));
         }
-    }
-}
-
-/// An mw grant refusal as the user's error: a full window pool is plain
-/// backpressure.
-fn lease_error(e: mwcap_mw::GrantError) -> UseError {
-    match e {
-        mwcap_mw::GrantError::NoFreeWindow { .. } => UseError::NoFreeWindow,
-        other => UseError::Lease(other),
     }
 }

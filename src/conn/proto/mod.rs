@@ -40,6 +40,7 @@ use crate::backend::{
 mod calls;
 mod confirm;
 mod recv;
+mod sides;
 
 use confirm::ConfirmEngine;
 
@@ -160,9 +161,8 @@ pub struct Resources {
 #[derive(Debug)]
 struct Call {
     deadline: Duration,
-    /// Request payload exposure, to cancel on timeout.
-    req_lease: Option<mw::LeaseId>,
-    req_fb: Option<fb::MsgId>,
+    /// The request payload's exposure, withdrawn if the call ends early.
+    req: Option<sides::Exposure>,
     /// Confirm-policy fetch of the reply data.
     fetch_fb: Option<fb::MsgId>,
     reply: Option<(u8, Header)>,
