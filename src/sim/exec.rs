@@ -151,10 +151,10 @@ impl World {
     }
 
     /// The bytes of a SEND, read by the NIC when it executes the request.
-    fn gather(&self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
+    fn gather(&mut self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
+        let mut out = World::take_bytes(&mut self.spare);
         let d = &self.devs[dev as usize];
         let pd = d.qp(qp)?.pd;
-        let mut out = Vec::new();
         for s in sges {
             let mr = d.mr(s.mr.0).filter(|m| m.pd == pd)?;
             out.extend_from_slice(mr.data.get(s.offset..s.offset.checked_add(s.len as usize)?)?);
@@ -182,12 +182,14 @@ impl World {
         let (Some(psn), Some((gid, rqpn))) = (e.psn, q.remote) else { return };
         let (pkt, bytes, extra) = match &e.wr {
             SendWr::Send { .. } => {
-                let payload = e.payload.clone().unwrap_or_default();
+                let mut payload = World::take_bytes(&mut self.spare);
+                payload.extend_from_slice(e.payload.as_deref().unwrap_or_default());
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: None }, n, 0)
             }
             SendWr::SendWithInv { invalidate_rkey, .. } => {
-                let payload = e.payload.clone().unwrap_or_default();
+                let mut payload = World::take_bytes(&mut self.spare);
+                payload.extend_from_slice(e.payload.as_deref().unwrap_or_default());
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: Some(*invalidate_rkey) }, n, 0)
             }
@@ -321,6 +323,7 @@ impl World {
                 let q = self.devs[dev as usize].qp_mut(qp).expect("checked above");
                 q.counters.bytes_read += data.len() as u64;
                 q.sq[i].st = WrState::Done { status: WcStatus::Success, byte_len: data.len() as u32 };
+                self.recycle(data);
             }
             Resp::RnrNak => {
                 q.counters.rnr_naks += 1;

@@ -261,10 +261,10 @@ impl Nic for SimNic {
         let Some(m) = w.devs.get_mut(self.dev as usize).and_then(|d| d.mr_mut(mr.0)) else { return };
         match hold {
             CpuHold::Released => {
-                m.held.remove(&offset);
+                m.held.remove(offset);
             }
             CpuHold::Held { remote_reads_allowed } => {
-                m.held.insert(offset, (len, remote_reads_allowed));
+                m.held.insert(offset, len, remote_reads_allowed);
             }
         }
     }

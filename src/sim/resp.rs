@@ -55,7 +55,8 @@ impl World {
         let dup = psn < q.epsn;
         match pkt {
             Packet::Send { payload, invalidate } => {
-                self.on_send(dev, qp, (src_dev, src_qp), psn, dup, payload, invalidate)
+                self.on_send(dev, qp, (src_dev, src_qp), psn, dup, &payload, invalidate);
+                self.recycle(payload);
             }
             Packet::Read { addr, len, rkey } => {
                 self.on_read(dev, qp, (src_dev, src_qp), psn, dup, addr, len, rkey)
@@ -81,7 +82,7 @@ impl World {
         src: (u32, u32),
         psn: u64,
         dup: bool,
-        payload: Vec<u8>,
+        payload: &[u8],
         invalidate: Option<u32>,
     ) {
         if dup {
@@ -136,7 +137,7 @@ impl World {
             Ok(inv) => {
                 let mr = self.devs[dev as usize].mr_mut(r.sge.mr.0).expect("checked above");
                 let range = r.sge.offset..r.sge.offset + payload.len();
-                mr.data[range.clone()].copy_from_slice(&payload);
+                mr.data[range.clone()].copy_from_slice(payload);
                 if let Some((o, l, _)) = mr.held_overlap(range.clone()) {
                     let detail = format!(
                         "SEND landed in region {} bytes {range:?}, lent to the CPU at {o}..{} (recv wr_id {})",
@@ -181,7 +182,8 @@ impl World {
         match self.check_read(dev, qp, addr, len, rk) {
             Ok((mr, range, mw)) => {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
-                let data = m.data[range.clone()].to_vec();
+                let mut data = World::take_bytes(&mut self.spare);
+                data.extend_from_slice(&m.data[range.clone()]);
                 if let Some((o, l, false)) = m.held_overlap(range.clone()) {
                     let detail = format!(
                         "a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}",

@@ -41,7 +41,9 @@ pub(crate) struct Ev {
 #[derive(Default)]
 pub(crate) struct Scheduler {
     lanes: BTreeMap<Lane, VecDeque<Ev>>,
-    free: BTreeMap<u64, Ev>,
+    /// Unordered events by sequence number, ascending (a vector: timers
+    /// armed and cancelled on every call allocate nothing).
+    free: Vec<(u64, Ev)>,
     next_free: u64,
     /// Scratch for `pop_due`.
     ready: Vec<Lane>,
@@ -52,7 +54,8 @@ impl Scheduler {
     /// lane's last event.
     pub(crate) fn push(&mut self, lane: Lane, at: u64, kind: EvKind) {
         if let Lane::Free(seq) = lane {
-            self.free.insert(seq, Ev { at, kind });
+            let i = self.free.partition_point(|&(s, _)| s < seq);
+            self.free.insert(i, (seq, Ev { at, kind }));
             return;
         }
         let q = self.lanes.entry(lane).or_default();
@@ -72,7 +75,7 @@ impl Scheduler {
     pub(crate) fn cancel(&mut self, lane: Lane) {
         match lane {
             Lane::Free(seq) => {
-                self.free.remove(&seq);
+                self.take_free(seq);
             }
             _ => {
                 if let Some(q) = self.lanes.get_mut(&lane) {
@@ -82,10 +85,15 @@ impl Scheduler {
         }
     }
 
+    fn take_free(&mut self, seq: u64) -> Option<Ev> {
+        let i = self.free.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
+        Some(self.free.remove(i).1)
+    }
+
     /// The time of the earliest runnable event.
     pub(crate) fn next_at(&self) -> Option<u64> {
         let ordered = self.lanes.values().filter_map(|q| q.front()).map(|e| e.at);
-        ordered.chain(self.free.values().map(|e| e.at)).min()
+        ordered.chain(self.free.iter().map(|(_, e)| e.at)).min()
     }
 
     /// How many events are queued.
@@ -108,7 +116,7 @@ impl Scheduler {
         let n = self.ready.len();
         let lane = if n == 1 { self.ready[0] } else { self.ready[rng.gen_range(0..n)] };
         match lane {
-            Lane::Free(seq) => self.free.remove(&seq),
+            Lane::Free(seq) => self.take_free(seq),
             _ => self.lanes.get_mut(&lane)?.pop_front(),
         }
     }

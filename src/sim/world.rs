@@ -28,7 +28,13 @@ pub(crate) struct World {
     pub(crate) links: BTreeMap<(u32, u32), (bool, u64)>,
     pub(crate) hazards: Vec<Hazard>,
     pub(crate) trace: Vec<TraceEntry>,
+    /// Byte vectors of finished packets, reused for the next ones (a
+    /// simulated call allocates nothing in steady state).
+    pub(crate) spare: Vec<Vec<u8>>,
 }
+
+/// Spare byte vectors kept at most.
+const MAX_SPARE: usize = 256;
 
 pub(crate) struct Device {
     pub(crate) cfg: DeviceConfig,
@@ -61,18 +67,38 @@ pub(crate) struct Mr {
     pub(crate) bound_mws: u32,
     /// Ranges lent to the CPU (a user holds them): offset -> (len, whether
     /// remote READs of them are allowed). See `Nic::set_cpu_held`.
-    pub(crate) held: std::collections::BTreeMap<usize, (usize, bool)>,
+    pub(crate) held: HeldRanges,
+}
+
+/// CPU-held ranges of a region, sorted by offset (a vector: holding and
+/// releasing a buffer allocates nothing once it has grown).
+#[derive(Default)]
+pub(crate) struct HeldRanges(Vec<(usize, usize, bool)>);
+
+impl HeldRanges {
+    pub(crate) fn insert(&mut self, offset: usize, len: usize, remote_reads_allowed: bool) {
+        match self.0.binary_search_by_key(&offset, |&(o, _, _)| o) {
+            Ok(i) => self.0[i] = (offset, len, remote_reads_allowed),
+            Err(i) => self.0.insert(i, (offset, len, remote_reads_allowed)),
+        }
+    }
+    pub(crate) fn remove(&mut self, offset: usize) {
+        if let Ok(i) = self.0.binary_search_by_key(&offset, |&(o, _, _)| o) {
+            self.0.remove(i);
+        }
+    }
+    /// The last range starting before `end`.
+    fn last_before(&self, end: usize) -> Option<(usize, usize, bool)> {
+        let i = self.0.partition_point(|&(o, _, _)| o < end);
+        i.checked_sub(1).map(|i| self.0[i])
+    }
 }
 
 impl Mr {
     /// The first CPU-held range overlapping `range` (with its remote-read
     /// permission), if any.
     pub(crate) fn held_overlap(&self, range: std::ops::Range<usize>) -> Option<(usize, usize, bool)> {
-        self.held
-            .range(..range.end)
-            .next_back()
-            .filter(|(&o, &(l, _))| o + l > range.start)
-            .map(|(&o, &(l, ok))| (o, l, ok))
+        self.held.last_before(range.end).filter(|&(o, l, _)| o + l > range.start)
     }
 }
 
@@ -254,6 +280,20 @@ impl World {
             links: BTreeMap::new(),
             hazards: Vec::new(),
             trace: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// An empty byte vector, reused when one is spare.
+    pub(crate) fn take_bytes(spare: &mut Vec<Vec<u8>>) -> Vec<u8> {
+        spare.pop().unwrap_or_default()
+    }
+
+    /// Keep `v` for reuse.
+    pub(crate) fn recycle(&mut self, mut v: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
+            v.clear();
+            self.spare.push(v);
         }
     }
 
@@ -314,7 +354,11 @@ impl World {
         loop {
             let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
             let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) else { return };
-            let e = q.sq.pop_front().expect("front exists");
+            let mut e = q.sq.pop_front().expect("front exists");
+            if let Some(p) = e.payload.take() {
+                self.recycle(p);
+            }
+            let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
             if status != WcStatus::Success || e.wr.signaled() {
                 let wc = Completion {
                     wr_id: e.wr.wr_id(),

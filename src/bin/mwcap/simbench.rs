@@ -101,6 +101,8 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
         pending: Vec::with_capacity(case.inflight as usize),
         deferred: VecDeque::with_capacity(64),
         tag: 0,
+        spare_events: Vec::with_capacity(64),
+        spare_server_events: Vec::with_capacity(64),
     };
     let mut scratch = cases::histogram();
     state.calls(&mut pair, case, o.warmup, &mut scratch)?;
@@ -123,6 +125,9 @@ struct Loop {
     /// status, tag, reply payload size.
     deferred: VecDeque<(RequestId, u8, u8, u32)>,
     tag: u8,
+    /// Event vectors swapped with the pair's on each turn (kept, not regrown).
+    spare_events: Vec<Event>,
+    spare_server_events: Vec<Event>,
 }
 
 impl Loop {
@@ -170,7 +175,11 @@ impl Loop {
             }
             pair.settle();
             let mut progress = self.server_turn(pair)?;
-            for e in std::mem::take(&mut pair.client_events) {
+            // Drained from a vector kept across turns (taking the pair's
+            // would leave it a fresh one to grow: an allocation per turn).
+            let mut events =
+                std::mem::replace(&mut pair.client_events, std::mem::take(&mut self.spare_events));
+            for e in events.drain(..) {
                 progress = true;
                 match e {
                     Event::Reply { call, status, data, .. } => {
@@ -204,6 +213,7 @@ impl Loop {
                     _ => {}
                 }
             }
+            self.spare_events = events;
             if !progress && !pair.step(pair.now() + Duration::from_secs(1)) {
                 pair.run_for(Duration::from_micros(10));
             }
@@ -217,7 +227,9 @@ impl Loop {
     /// Take the server's events and reply; whether anything happened.
     fn server_turn(&mut self, pair: &mut SimPair) -> Result<bool, String> {
         let mut progress = false;
-        for e in std::mem::take(&mut pair.server_events) {
+        let mut events =
+            std::mem::replace(&mut pair.server_events, std::mem::take(&mut self.spare_server_events));
+        for e in events.drain(..) {
             progress = true;
             let (req, header, data) = match e {
                 Event::Request { req, header, data } => (req, header, data),
@@ -245,6 +257,7 @@ impl Loop {
                 Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0),
             });
         }
+        self.spare_server_events = events;
         // Reply in order, as far as the server has free buffers and slots.
         while let Some(&(req, status, tag, size)) = self.deferred.front() {
             let data = if size > 0 {

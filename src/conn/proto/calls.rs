@@ -78,7 +78,7 @@ impl Connection {
             reply: None,
             data: Data::Unknown,
         };
-        self.calls.insert(msg, call);
+        self.calls.insert(msg, call.deadline, call);
         let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);

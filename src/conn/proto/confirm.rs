@@ -2,12 +2,13 @@
 //! client) or server (on a server), which runs the confirm protocol for
 //! every direction that uses it, with the connection's bookkeeping around it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use mwcap_fallback as fb;
 
 use super::super::types::{Config, Role};
+use super::ids::{id_map, IdMap};
 use crate::backend::MrInfo;
 
 /// The engine of this side's role.
@@ -22,14 +23,14 @@ pub(super) struct ConfirmEngine {
     /// under confirm), by data slot.
     pub(super) bufs: Vec<fb::BufferId>,
     /// Engine buffer → data slot.
-    pub(super) slot_of: HashMap<fb::BufferId, u32>,
+    pub(super) slot_of: IdMap<fb::BufferId, u32>,
     /// Engine message id → our message id.
-    pub(super) msgs: HashMap<fb::MsgId, u64>,
+    pub(super) msgs: IdMap<fb::MsgId, u64>,
     /// Server: messages whose offer expired, with when (their `msgs`
     /// entries go once the client can no longer retry).
     pub(super) expired: VecDeque<(fb::MsgId, Duration)>,
     /// READ token → destination slot.
-    pub(super) reads: HashMap<u64, u32>,
+    pub(super) reads: IdMap<u64, u32>,
     /// READs waiting for a free destination.
     pub(super) pending_reads: VecDeque<fb::ReadRequest>,
 }
@@ -49,7 +50,7 @@ impl ConfirmEngine {
             Role::Server => Engine::Server(fb::Server::new(fcfg)),
         };
         let mut bufs = Vec::new();
-        let mut slot_of = HashMap::new();
+        let mut slot_of = id_map(cfg.buffers as usize);
         if owns {
             for slot in 0..cfg.buffers {
                 let off = u64::from(slot) * u64::from(cfg.buffer_size);
@@ -66,10 +67,10 @@ impl ConfirmEngine {
             engine,
             bufs,
             slot_of,
-            msgs: HashMap::new(),
+            msgs: id_map(2 * cfg.ctrl_slots as usize),
             expired: VecDeque::new(),
-            reads: HashMap::new(),
-            pending_reads: VecDeque::new(),
+            reads: id_map(cfg.buffers as usize),
+            pending_reads: VecDeque::with_capacity(cfg.buffers as usize),
         }
     }
 

@@ -23,7 +23,7 @@
 //! reader, or the confirm engine (`mwcap-fallback`'s client or server,
 //! which serves both directions of its role).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -39,10 +39,12 @@ use crate::backend::{
 
 mod calls;
 mod confirm;
+mod ids;
 mod recv;
 mod sides;
 
 use confirm::ConfirmEngine;
+use ids::{id_map, IdMap, Timed};
 
 /// Tags in the top byte of the work request ids the connection itself
 /// makes. (`mwcap-mw` tokens use 0xa1..=0xb1.)
@@ -200,16 +202,16 @@ struct Request {
 struct MwOwner {
     engine: mw::Owner,
     /// Lease → data slot.
-    leases: HashMap<mw::LeaseId, u32>,
+    leases: IdMap<mw::LeaseId, u32>,
     /// Work request ids of in-flight grant SENDs → send slot.
-    grant_sends: HashMap<u64, u32>,
+    grant_sends: IdMap<u64, u32>,
 }
 
 /// The reader side of the peer's direction under mw.
 struct MwReader {
     engine: mw::Reader,
     /// Lease → our message id.
-    leases: HashMap<mw::LeaseId, u64>,
+    leases: IdMap<mw::LeaseId, u64>,
     /// Grants waiting for a free destination: (msg, grant, received at).
     pending: VecDeque<(u64, mw::Grant, Duration)>,
 }
@@ -243,8 +245,8 @@ pub struct Connection {
     confirm: Option<ConfirmEngine>,
     next_msg: u64,
     last_request: u64,
-    calls: BTreeMap<u64, Call>,
-    requests: BTreeMap<u64, Request>,
+    calls: Timed<Call>,
+    requests: IdMap<u64, Request>,
     events: VecDeque<Event>,
     down: Option<LossReason>,
     destroyed: bool,
@@ -270,16 +272,16 @@ impl Connection {
                 .collect();
             MwOwner {
                 engine: mw::Owner::new(cfg.seed, ws),
-                leases: HashMap::new(),
-                grant_sends: HashMap::new(),
+                leases: id_map(cfg.buffers as usize),
+                grant_sends: id_map(cfg.buffers as usize),
             }
         });
         let reader = (reads == Policy::Mw).then(|| {
             let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
             MwReader {
                 engine: mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release }),
-                leases: HashMap::new(),
-                pending: VecDeque::new(),
+                leases: id_map(cfg.buffers as usize),
+                pending: VecDeque::with_capacity(cfg.buffers as usize),
             }
         });
         let confirm = (owns == Policy::Confirm || reads == Policy::Confirm)
@@ -301,8 +303,8 @@ impl Connection {
             confirm,
             next_msg: 1,
             last_request: 0,
-            calls: BTreeMap::new(),
-            requests: BTreeMap::new(),
+            calls: Timed::with_capacity(cfg.ctrl_slots as usize),
+            requests: id_map(cfg.ctrl_slots as usize),
             events: VecDeque::new(),
             down: None,
             destroyed: false,
@@ -528,7 +530,7 @@ impl Connection {
         ];
         // Every call gets the same timeout as it starts and message ids grow
         // with time, so the oldest call has the earliest deadline.
-        let calls = self.calls.values().next().map(|c| c.deadline);
+        let calls = self.calls.first_deadline();
         engines.into_iter().flatten().chain(calls).min()
     }
 
@@ -549,7 +551,7 @@ impl Connection {
             c.handle_timeout(now);
         }
         // Oldest first: deadlines grow with message ids (see poll_timeout).
-        while let Some((&msg, _)) = self.calls.iter().next().filter(|(_, c)| c.deadline <= now) {
+        while let Some(msg) = self.calls.first_expired(now) {
             self.abandon_call(now, msg, CallError::TimedOut);
         }
         self.dirty = true;
@@ -669,13 +671,15 @@ impl Connection {
         if let Some(c) = &mut self.confirm {
             c.handle_connection_lost(now);
         }
-        for (msg, _) in std::mem::take(&mut self.calls) {
+        for (msg, _) in self.calls.drain() {
             self.events.push_back(Event::CallFailed {
                 call: CallId(msg),
                 error: CallError::ConnectionLost(reason.clone()),
             });
         }
-        for (msg, r) in std::mem::take(&mut self.requests) {
+        let mut requests: Vec<_> = self.requests.drain().collect();
+        requests.sort_unstable_by_key(|&(msg, _)| msg);
+        for (msg, r) in requests {
             if !r.surfaced {
                 self.events.push_back(Event::RequestDropped {
                     req: RequestId(msg),

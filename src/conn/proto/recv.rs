@@ -202,6 +202,24 @@ impl Connection {
     }
 
     /// A payload for `msg` is resolved: on a server the request, on a client the call.
+    /// Whether `msg` (a request on a server, a call on a client) still waits
+    /// for its payload.
+    fn awaits_payload(&self, msg: u64) -> bool {
+        let pending = |d: &Data| matches!(d, Data::Reading | Data::Unknown);
+        match self.cfg.role {
+            Role::Server => self.requests.get(&msg).is_some_and(|r| !r.surfaced && pending(&r.data)),
+            Role::Client => self.calls.get(&msg).is_some_and(|c| pending(&c.data)),
+        }
+    }
+
+    /// A payload could not be read: the message waiting for it fails (its
+    /// reason formatted only then).
+    fn payload_failed(&mut self, msg: u64, why: impl FnOnce() -> String) {
+        if self.awaits_payload(msg) {
+            self.payload_done(msg, Data::Failed(why()));
+        }
+    }
+
     fn payload_done(&mut self, msg: u64, data: Data) {
         // A payload for a message that is gone, or whose payload is already
         // resolved, has nobody to go to: its buffer goes back to the pool.
@@ -285,7 +303,7 @@ impl Connection {
                         self.send_release(now, rel);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_done(msg, Data::Failed(format!("declined: {reason:?}")));
+                        self.payload_failed(msg, || format!("declined: {reason:?}"));
                     }
                 }
                 mw::ReaderEvent::ReadTimedOut { lease } => {
@@ -296,7 +314,7 @@ impl Connection {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_done(msg, Data::Failed(format!("read failed: {error:?}")));
+                        self.payload_failed(msg, || format!("read failed: {error:?}"));
                     }
                 }
                 mw::ReaderEvent::ConnectionLost => {
@@ -358,7 +376,7 @@ impl Connection {
                         let refused_without_data = error == fb::ReadError::Refused
                             && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
                         if !refused_without_data {
-                            self.payload_done(m, Data::Failed(error.to_string()));
+                            self.payload_failed(m, || error.to_string());
                         }
                     }
                 }

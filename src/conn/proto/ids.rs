@@ -1,0 +1,164 @@
+//! Maps keyed by the connection's own ids (message ids, lease ids, tokens):
+//! sequential numbers, so a multiplicative hash spreads them well and costs
+//! a few instructions instead of SipHash's hundred. Nothing here reads keys
+//! chosen by the peer unchecked: a peer's message id is looked up, never
+//! used to grow a map beyond the calls and requests in progress.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Duration;
+
+/// Fibonacci hashing of a u64 (its high bits, which hashbrown uses for its
+/// control bytes, depend on every bit of the key).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+}
+
+/// A hash map keyed by one of the connection's ids.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// An empty [`IdMap`] with room for `n` entries.
+pub(crate) fn id_map<K, V>(n: usize) -> IdMap<K, V> {
+    HashMap::with_capacity_and_hasher(n, BuildHasherDefault::default())
+}
+
+/// Entries keyed by increasing message ids, each with a deadline that grows
+/// with its id (every entry gets the same timeout when it is made): the
+/// earliest deadline is the oldest live entry's. Allocates nothing in
+/// steady state (a `BTreeMap` allocates a node whenever it goes from empty
+/// to one entry, and splits nodes past eleven).
+pub(crate) struct Timed<V> {
+    map: IdMap<u64, V>,
+    /// (deadline, id) in id order; entries of removed ids are dropped
+    /// lazily (from the front, and by a compaction when more than half are
+    /// stale).
+    order: VecDeque<(Duration, u64)>,
+}
+
+impl<V> Timed<V> {
+    pub(crate) fn with_capacity(n: usize) -> Timed<V> {
+        Timed { map: id_map(n), order: VecDeque::with_capacity(2 * n + 16) }
+    }
+
+    /// Add `id` (above every id added before) with its deadline.
+    pub(crate) fn insert(&mut self, id: u64, deadline: Duration, v: V) {
+        debug_assert!(self.order.back().is_none_or(|&(_, last)| last < id), "ids increase");
+        self.map.insert(id, v);
+        self.order.push_back((deadline, id));
+    }
+
+    pub(crate) fn get(&self, id: &u64) -> Option<&V> {
+        self.map.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &u64) -> Option<&mut V> {
+        self.map.get_mut(id)
+    }
+
+    pub(crate) fn contains_key(&self, id: &u64) -> bool {
+        self.map.contains_key(id)
+    }
+
+    pub(crate) fn remove(&mut self, id: &u64) -> Option<V> {
+        let v = self.map.remove(id)?;
+        self.prune();
+        Some(v)
+    }
+
+    /// Drop stale entries from the front; compact when most are stale.
+    fn prune(&mut self) {
+        while let Some(&(_, id)) = self.order.front() {
+            if self.map.contains_key(&id) {
+                break;
+            }
+            self.order.pop_front();
+        }
+        if self.order.len() > 2 * self.map.len() + 16 {
+            let map = &self.map;
+            self.order.retain(|(_, id)| map.contains_key(id));
+        }
+    }
+
+    /// The earliest deadline of a live entry.
+    pub(crate) fn first_deadline(&self) -> Option<Duration> {
+        self.order.front().map(|&(d, _)| d)
+    }
+
+    /// The oldest live entry whose deadline is at or before `now`.
+    pub(crate) fn first_expired(&self, now: Duration) -> Option<u64> {
+        self.order.front().filter(|&&(d, _)| d <= now).map(|&(_, id)| id)
+    }
+
+    /// Remove every entry, oldest first.
+    pub(crate) fn drain(&mut self) -> Vec<(u64, V)> {
+        let mut out = Vec::with_capacity(self.map.len());
+        for (_, id) in self.order.drain(..) {
+            if let Some(v) = self.map.remove(&id) {
+                out.push((id, v));
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_deadline_is_the_oldest_live_entry() {
+        let mut t = Timed::with_capacity(4);
+        for id in 1..=5u64 {
+            t.insert(id, Duration::from_secs(id), id * 10);
+        }
+        assert_eq!(t.first_deadline(), Some(Duration::from_secs(1)));
+        assert_eq!(t.remove(&1), Some(10));
+        assert_eq!(t.remove(&3), Some(30));
+        assert_eq!(t.first_deadline(), Some(Duration::from_secs(2)));
+        assert_eq!(t.remove(&2), Some(20));
+        // 3 was removed already: the front skips to 4.
+        assert_eq!(t.first_deadline(), Some(Duration::from_secs(4)));
+        assert_eq!(t.first_expired(Duration::from_secs(3)), None);
+        assert_eq!(t.first_expired(Duration::from_secs(4)), Some(4));
+        assert_eq!(t.drain(), vec![(4, 40), (5, 50)]);
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.first_deadline(), None);
+    }
+
+    #[test]
+    fn stale_entries_do_not_pile_up_behind_a_stuck_one() {
+        let mut t = Timed::with_capacity(4);
+        t.insert(1, Duration::from_secs(1), ());
+        for id in 2..10_000u64 {
+            t.insert(id, Duration::from_secs(id), ());
+            t.remove(&id);
+        }
+        assert_eq!(t.len(), 1);
+        assert!(t.order.len() <= 2 * t.len() + 17, "{} entries kept for 1 live", t.order.len());
+        assert_eq!(t.first_deadline(), Some(Duration::from_secs(1)));
+    }
+}
