@@ -61,7 +61,7 @@ impl<V> Timed<V> {
 
     /// Add `id` (above every id added before) with its deadline.
     pub(crate) fn insert(&mut self, id: u64, deadline: Duration, v: V) {
-        debug_assert!(self.order.back().is_none_or(|&(_, last)| last < id), "ids increase");
+        debug_assert!(self.order.back().map_or(true, |&(_, last)| last < id), "ids increase");
         self.map.insert(id, v);
         self.order.push_back((deadline, id));
     }
