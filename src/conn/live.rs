@@ -560,6 +560,11 @@ impl<N: Nic> Driver<N> {
     pub async fn run(self) -> LossReason {
         let spin = self.inner.state.lock().ep.config().busy_poll;
         let mut idle_since: Option<Instant> = None;
+        // The sleep timer is kept across sleeps and moved only when the next
+        // deadline comes before it: a timer that fires early costs one turn,
+        // re-arming one on every sleep costs the reactor thread a
+        // registration and a removal per call.
+        let mut timer = SleepTimer::default();
         use std::sync::atomic::Ordering::Relaxed;
         let counters = &self.inner.counters;
         loop {
@@ -577,20 +582,22 @@ impl<N: Nic> Driver<N> {
                 YieldNow(false).await;
                 continue;
             }
-            let idle = *idle_since.get_or_insert_with(Instant::now);
-            if idle.elapsed() < spin {
-                YieldNow(false).await;
-                continue;
+            if !spin.is_zero() {
+                let idle = *idle_since.get_or_insert_with(Instant::now);
+                if idle.elapsed() < spin {
+                    YieldNow(false).await;
+                    continue;
+                }
             }
             counters.sleeps.fetch_add(1, Relaxed);
-            self.sleep(t.next).await;
+            timer.arm(self.inner.epoch, t.next);
+            self.sleep(&mut timer).await;
             idle_since = None;
         }
     }
 
     /// Sleep until a completion may be waiting, the user kicks, or `next`.
-    async fn sleep(&self, next: Option<Duration>) {
-        let mut timer = next.map(|t| async_io::Timer::at(self.inner.epoch + t));
+    async fn sleep(&self, timer: &mut SleepTimer) {
         poll_fn(|cx| {
             if self.inner.bell.poll_rung(cx).is_ready() {
                 return Poll::Ready(());
@@ -604,14 +611,44 @@ impl<N: Nic> Driver<N> {
                 return Poll::Ready(());
             }
             drop(st);
-            if let Some(t) = timer.as_mut() {
-                if Pin::new(t).poll(cx).is_ready() {
-                    return Poll::Ready(());
-                }
+            if timer.poll(cx).is_ready() {
+                return Poll::Ready(());
             }
             Poll::Pending
         })
         .await
+    }
+}
+
+/// The driver's sleep timer: one `async_io::Timer`, kept armed across
+/// sleeps while its deadline is no later than the next one needed.
+#[derive(Default)]
+struct SleepTimer {
+    /// The armed timer and its deadline (time since the epoch).
+    armed: Option<(Duration, async_io::Timer)>,
+}
+
+impl SleepTimer {
+    /// Make sure the timer fires no later than `next`.
+    fn arm(&mut self, epoch: Instant, next: Option<Duration>) {
+        let Some(next) = next else { return };
+        match &mut self.armed {
+            Some((at, _)) if *at <= next => {}
+            Some((at, t)) => {
+                *at = next;
+                t.set_at(epoch + next);
+            }
+            None => self.armed = Some((next, async_io::Timer::at(epoch + next))),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((_, t)) = self.armed.as_mut() else { return Poll::Pending };
+        if Pin::new(t).poll(cx).is_ready() {
+            self.armed = None;
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
