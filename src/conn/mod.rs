@@ -1,12 +1,17 @@
-//! Connections: the driver that runs the protocol engines over a
-//! [`Nic`](crate::backend::Nic).
+//! Connections: mwcap's protocols over a [`Nic`](crate::backend::Nic), in
+//! three layers.
 //!
-//! An [`Endpoint`] is one side of one RC connection. It owns the queue pair,
-//! its completion queue, a control region for the SENDs and RECVs that carry
-//! [`frame`]s, and a data pool of fixed-size buffers. It runs, per direction,
-//! either the memory-window lease engines of `mwcap-mw` or the confirm
-//! engines of `mwcap-fallback`, and turns their actions into work requests
-//! and their events into [`Event`]s.
+//! - [`proto::Connection`] is one side of one RC connection as a state
+//!   machine with no I/O: it runs, per direction, either the memory-window
+//!   lease engines of `mwcap-mw` or the confirm engines of
+//!   `mwcap-fallback`, takes completions, received [`frame`]s and the time,
+//!   and returns work requests to post ([`proto::Command`]) and
+//!   [`Event`]s.
+//! - An [`Endpoint`] does its I/O: it owns the queue pair, its completion
+//!   queue, a control region for the SENDs and RECVs that carry frames, and
+//!   a data pool of fixed-size buffers, posts the connection's commands and
+//!   feeds back its completions.
+//! - [`Connection`] and [`Driver`] are the async face over an endpoint.
 //!
 //! The model is a request/response call with optional zero-copy payloads in
 //! both directions:
