@@ -123,6 +123,11 @@ impl<N: Nic> Endpoint<N> {
         self.conn.is_down()
     }
 
+    /// Whether events wait to be taken with [`Endpoint::poll_event`].
+    pub fn has_events(&self) -> bool {
+        self.conn.has_events()
+    }
+
     /// Carry out every command the connection has queued. A command the NIC
     /// refuses goes back to the connection, which goes down.
     fn run(&mut self) {

@@ -99,6 +99,27 @@ struct State<N: Nic> {
     /// When the connection went down (to bound the wait for flushes).
     down_at: Option<Duration>,
     down: Option<LossReason>,
+    /// When the driver's sleep timer fires (`None`: none is armed). Set
+    /// under this lock by the turn that arms it; a timer that fired leaves
+    /// it in the past, and the driver is then awake for a turn. A call or
+    /// reply posts its own work requests and the driver wakes on their
+    /// completions, so it is rung only when it has events to hand out or
+    /// must wake earlier than this.
+    driver_next: Option<Duration>,
+}
+
+impl<N: Nic> State<N> {
+    /// Whether the driver must take a turn for what the user just did.
+    fn needs_driver(&self) -> bool {
+        if self.ep.has_events() {
+            return true;
+        }
+        match (self.ep.poll_timeout(), self.driver_next) {
+            (Some(t), Some(armed)) => t < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
 }
 
 struct Inner<N: Nic> {
@@ -177,6 +198,7 @@ impl<N: Nic> Connection<N> {
                 closing: false,
                 down_at: None,
                 down: None,
+                driver_next: None,
             }),
             bell: Doorbell::new(),
             abandoned: std::sync::atomic::AtomicUsize::new(0),
@@ -269,7 +291,9 @@ impl<N: Nic> Connection<N> {
             match st.ep.call(now, header, data.take()) {
                 Ok(id) => {
                     st.calls.insert(id, slot.clone());
-                    self.inner.bell.ring();
+                    if st.needs_driver() {
+                        self.inner.bell.ring();
+                    }
                     Poll::Ready(Ok(()))
                 }
                 Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
@@ -324,15 +348,24 @@ impl<N: Nic> Connection<N> {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = st.ep.reply(now, req, status, header, data.take());
-            self.inner.bell.ring();
             match r {
-                Ok(()) => Poll::Ready(Ok(())),
+                Ok(()) => {
+                    if st.needs_driver() {
+                        self.inner.bell.ring();
+                    }
+                    Poll::Ready(Ok(()))
+                }
                 Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
                     data = back;
                     st.capacity_waiters.register(cx.waker());
+                    // The driver frees capacity as completions arrive.
+                    self.inner.bell.ring();
                     Poll::Pending
                 }
-                Err(refused) => Poll::Ready(Err(refused)),
+                Err(refused) => {
+                    self.inner.bell.ring();
+                    Poll::Ready(Err(refused))
+                }
             }
         })
         .await
@@ -493,15 +526,13 @@ impl Future for YieldNow {
 struct Turn {
     /// Anything happened.
     busy: bool,
-    /// The next timer, as time since the epoch.
-    next: Option<Duration>,
     /// The connection is down, closed and every buffer is back.
     finished: bool,
 }
 
 impl<N: Nic> Driver<N> {
     /// One turn: timers, completions, events, abandoned calls.
-    fn turn(&self) -> Turn {
+    fn turn(&self, timer: &mut SleepTimer) -> Turn {
         let inner = &self.inner;
         let now = inner.now();
         inner.bell.take();
@@ -553,7 +584,11 @@ impl<N: Nic> Driver<N> {
                 next = Some(next.map_or(grace, |t| t.min(grace)));
             }
         }
-        Turn { busy, next, finished }
+        // Armed under the lock, so that a call made after this turn sees
+        // the timer it may rely on (see `State::needs_driver`).
+        timer.arm(inner.epoch, next);
+        st.driver_next = timer.deadline();
+        Turn { busy, finished }
     }
 
     /// Run the connection until it is down and every buffer is back.
@@ -568,7 +603,7 @@ impl<N: Nic> Driver<N> {
         use std::sync::atomic::Ordering::Relaxed;
         let counters = &self.inner.counters;
         loop {
-            let t = self.turn();
+            let t = self.turn(&mut timer);
             counters.turns.fetch_add(1, Relaxed);
             if t.busy {
                 counters.busy_turns.fetch_add(1, Relaxed);
@@ -590,7 +625,6 @@ impl<N: Nic> Driver<N> {
                 }
             }
             counters.sleeps.fetch_add(1, Relaxed);
-            timer.arm(self.inner.epoch, t.next);
             self.sleep(&mut timer).await;
             idle_since = None;
         }
@@ -640,6 +674,11 @@ impl SleepTimer {
             }
             None => self.armed = Some((next, async_io::Timer::at(epoch + next))),
         }
+    }
+
+    /// When the armed timer fires.
+    fn deadline(&self) -> Option<Duration> {
+        self.armed.as_ref().map(|(at, _)| *at)
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {

@@ -514,6 +514,12 @@ impl Connection {
         &self.tx[s.start as usize..(s.start + s.len) as usize]
     }
 
+    /// Whether events wait to be taken (or inputs wait for the engines,
+    /// which may make some).
+    pub fn has_events(&self) -> bool {
+        self.dirty || !self.events.is_empty()
+    }
+
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.settle();
