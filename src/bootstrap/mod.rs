@@ -42,6 +42,7 @@ mod blocking;
 mod caps;
 mod error;
 mod handshake;
+mod key;
 mod negotiate;
 // async-io is left out of loom builds (see Cargo.toml).
 #[cfg(not(loom))]
@@ -52,6 +53,7 @@ pub use blocking::{exchange_accepted, exchange_client, exchange_server};
 pub use caps::{Capabilities, Features, Policy, PolicySet};
 pub use error::{BootstrapError, Phase, Side};
 pub use handshake::Handshake;
+pub use key::{Auth, Key, KeyError, KEY_ENV_VAR};
 pub use negotiate::{negotiate, Negotiated};
 #[cfg(not(loom))]
 pub use nonblocking::{exchange_accepted_async, exchange_client_async, exchange_server_async};
