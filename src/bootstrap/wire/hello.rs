@@ -111,7 +111,7 @@ impl Message for Hello {
     fn body_len(k: u8) -> Result<usize, DecodeError> {
         match k {
             kind::HELLO => Ok(HELLO_BODY_LEN),
-            k => Err(DecodeError::UnknownKind(k)),
+            k => Err(kind::unexpected(k, "a hello")),
         }
     }
 

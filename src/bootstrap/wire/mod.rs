@@ -12,16 +12,24 @@
 //! damaged message before anything else is read: the version sits where every
 //! future version will keep it. Every length is checked against
 //! [`MAX_BODY_LEN`] and against the length of its kind before a byte of the
-//! body is awaited. The bodies are in [`hello`].
+//! body is awaited. The bodies are in [`hello`] and [`auth`].
 
+mod auth;
 mod hello;
 
+pub use auth::{
+    decode_auth, encode_auth, AuthDecoder, AuthFrame, AuthMode, RejectReason, AUTH_HELLO_BODY_LEN, MAC_LEN,
+    NONCE_LEN,
+};
 pub use hello::{decode, encode, Hello, HelloDecoder, HELLO_BODY_LEN, PEER_QP_ID, VALID_MTUS};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MWCP";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// Version 2 added the auth phase before the hello; a version-1 peer is
+/// told apart by the header and fails with a version mismatch.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 9;
 /// The largest body length any frame may announce; longer frames are refused unread.
@@ -35,6 +43,38 @@ pub const READY_BYTE: u8 = 0xA5;
 pub(super) mod kind {
     /// A [`Hello`](super::Hello).
     pub const HELLO: u8 = 1;
+    /// [`AuthFrame::Init`](super::AuthFrame::Init).
+    pub const AUTH_INIT: u8 = 2;
+    /// [`AuthFrame::Challenge`](super::AuthFrame::Challenge).
+    pub const AUTH_CHALLENGE: u8 = 3;
+    /// [`AuthFrame::Proof`](super::AuthFrame::Proof).
+    pub const AUTH_PROOF: u8 = 4;
+    /// [`AuthFrame::Reject`](super::AuthFrame::Reject).
+    pub const AUTH_REJECT: u8 = 5;
+    /// [`AuthFrame::HelloTag`](super::AuthFrame::HelloTag).
+    pub const HELLO_TAG: u8 = 6;
+
+    /// What a frame of `kind` is, for an error that names what arrived;
+    /// `None` for a kind this version does not know.
+    pub fn name(kind: u8) -> Option<&'static str> {
+        Some(match kind {
+            HELLO => "a hello",
+            AUTH_INIT => "an auth init",
+            AUTH_CHALLENGE => "an auth challenge",
+            AUTH_PROOF => "an auth proof",
+            AUTH_REJECT => "an auth reject",
+            HELLO_TAG => "a hello tag",
+            _ => return None,
+        })
+    }
+
+    /// The error for a frame of `kind` where `expected` belongs.
+    pub fn unexpected(kind: u8, expected: &'static str) -> super::DecodeError {
+        match name(kind) {
+            Some(got) => super::DecodeError::UnexpectedFrame { got, expected },
+            None => super::DecodeError::UnknownKind(kind),
+        }
+    }
 }
 
 /// Why bytes are not a valid frame.
@@ -77,6 +117,14 @@ pub enum DecodeError {
     /// The message kind is not one this version knows.
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
+    /// A well-formed frame arrived where another belongs.
+    #[error("{got} arrived where {expected} belongs; the peer does not follow the protocol")]
+    UnexpectedFrame {
+        /// What arrived.
+        got: &'static str,
+        /// What belongs there.
+        expected: &'static str,
+    },
     /// The body length does not fit the message kind.
     #[error("message body is {got} bytes, expected {expected} for its kind")]
     BadLength {
