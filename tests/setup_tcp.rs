@@ -14,16 +14,15 @@ fn key() -> Auth {
     Auth::Key(Key::from_bytes(b"setup_tcp's shared test key".to_vec()).unwrap())
 }
 
+/// One side's outcome.
+type Setup = Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>;
+
 fn pair(
     client_dev: DeviceConfig,
     server_dev: DeviceConfig,
     cc: PolicyChoice,
     sc: PolicyChoice,
-) -> (
-    Fabric,
-    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
-    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
-) {
+) -> (Fabric, Setup, Setup) {
     let fabric = Fabric::with_seed(9);
     let cn = fabric.add_device(client_dev.named("client"));
     let sn = fabric.add_device(server_dev.named("server"));
