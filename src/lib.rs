@@ -21,7 +21,8 @@
 //!   only module with `unsafe`.
 //! - [`sim`]: an in-process simulated NIC that follows the InfiniBand spec,
 //!   deterministic, with fault injection and an oracle for tests.
-//! - [`bootstrap`]: the TCP exchange that connects RC queue pairs.
+//! - [`bootstrap`]: the TCP exchange that connects RC queue pairs, once both
+//!   sides proved a pre-shared key.
 //! - The protocol engines live in the sans-IO crates `mwcap-mw` and
 //!   `mwcap-fallback`.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -67,8 +67,11 @@ fn a_stranger_is_not_an_mwcap_peer() {
 
 #[test]
 fn another_version_is_a_version_mismatch_even_with_a_different_body() {
-    let e = decode(&encoded_with(VERSION, &2u16.to_be_bytes())).unwrap_err();
-    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 2 });
+    let e = decode(&encoded_with(VERSION, &3u16.to_be_bytes())).unwrap_err();
+    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 });
+    // Version 1 (no auth phase) is refused the same way.
+    let e = decode(&encoded_with(VERSION, &1u16.to_be_bytes())).unwrap_err();
+    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 });
     assert!(e.to_string().contains("upgrade"), "{e}");
     // A future version's header with a longer body and another kind: still the version that is reported.
     let future = [b'M', b'W', b'C', b'P', 0, 7, 9, 0xff, 0xff];
@@ -106,7 +109,12 @@ fn lengths_are_capped_and_checked_before_the_body() {
         Err(DecodeError::FrameTooLarge { len: MAX_BODY_LEN + 1, max: MAX_BODY_LEN })
     );
     assert_eq!(decode(&header(53)), Err(DecodeError::BadLength { got: 53, expected: HELLO_BODY_LEN }));
-    assert_eq!(decode(&encoded_with(KIND, &[2])), Err(DecodeError::UnknownKind(2)));
+    assert_eq!(decode(&encoded_with(KIND, &[7])), Err(DecodeError::UnknownKind(7)));
+    // An auth frame where the hello belongs is named as such, before its length is read.
+    assert_eq!(
+        decode(&encoded_with(KIND, &[4])[..KIND + 1]),
+        Err(DecodeError::UnexpectedFrame { got: "an auth proof", expected: "a hello" })
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The seed corpus of the `bootstrap_decode` fuzz target is made of these
-//! encodings. This test checks that the committed files still match the
+//! encodings (hellos and auth frames; the target feeds every input to both
+//! decoders). This test checks that the committed files still match the
 //! current encoder (and that each decodes as intended); after a change of the
 //! wire format, regenerate them with
 //! `MWCAP_WRITE_CORPUS=1 cargo test --test bootstrap_corpus`.
@@ -13,7 +14,8 @@ fn endpoint(qpn: u32, gid: [u8; 16], psn: u32, mtu: u32, lid: u16) -> QpEndpoint
     QpEndpoint { id: PEER_QP_ID, qpn, gid, psn, mtu, lid }
 }
 
-/// The seeds: a name, the bytes, and whether they decode.
+/// The seeds: a name, the bytes, and whether they decode (as a hello, or as
+/// an auth frame for the names that start with `auth_` or `hello_tag`).
 fn seeds() -> Vec<(&'static str, Vec<u8>, Result<(), DecodeError>)> {
     let rxe_gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1];
     let ib_gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x6b, 0x4b, 0x03, 0x00, 0x12, 0x34, 0x56];
@@ -48,14 +50,49 @@ fn seeds() -> Vec<(&'static str, Vec<u8>, Result<(), DecodeError>)> {
         },
         conn_id: u64::MAX,
     };
-    let mut future = encode(&rxe);
-    future[4..6].copy_from_slice(&2u16.to_be_bytes());
+    let with_version = |v: u16| {
+        let mut bytes = encode(&rxe);
+        bytes[4..6].copy_from_slice(&v.to_be_bytes());
+        bytes
+    };
+    let nonce: [u8; NONCE_LEN] = std::array::from_fn(|i| i as u8);
+    let mac: [u8; MAC_LEN] = std::array::from_fn(|i| 0xff - i as u8);
+    let mut bad_mode = encode_auth(&AuthFrame::Init { mode: AuthMode::PreSharedKey, nonce });
+    bad_mode[HEADER_LEN] = 9;
     vec![
         ("hello_rxe_loopback", encode(&rxe), Ok(())),
         ("hello_ib_confirm_serve", encode(&ib), Ok(())),
         ("hello_smallest", encode(&smallest), Ok(())),
         ("hello_largest", encode(&largest), Ok(())),
-        ("hello_version_2", future, Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 2 })),
+        (
+            "hello_version_1",
+            with_version(1),
+            Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 }),
+        ),
+        (
+            "hello_version_3",
+            with_version(3),
+            Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 }),
+        ),
+        ("auth_init_key", encode_auth(&AuthFrame::Init { mode: AuthMode::PreSharedKey, nonce }), Ok(())),
+        ("auth_init_none", encode_auth(&AuthFrame::Init { mode: AuthMode::Unauthenticated, nonce }), Ok(())),
+        (
+            "auth_challenge_key",
+            encode_auth(&AuthFrame::Challenge { mode: AuthMode::PreSharedKey, nonce }),
+            Ok(()),
+        ),
+        ("auth_proof", encode_auth(&AuthFrame::Proof(mac)), Ok(())),
+        ("auth_reject_bad_proof", encode_auth(&AuthFrame::Reject(RejectReason::BadProof)), Ok(())),
+        (
+            "auth_init_bad_mode",
+            bad_mode,
+            Err(DecodeError::InvalidField {
+                field: "auth mode",
+                value: 9,
+                expected: "0 (no key) or 1 (pre-shared key)",
+            }),
+        ),
+        ("hello_tag", encode_auth(&AuthFrame::HelloTag(mac)), Ok(())),
     ]
 }
 
@@ -67,7 +104,11 @@ fn seed_corpus_matches_the_encoder() {
         std::fs::create_dir_all(&dir).unwrap();
     }
     for (name, bytes, expect) in seeds() {
-        assert_eq!(decode(&bytes).map(|_| ()), expect, "{name}");
+        if name.starts_with("auth_") || name == "hello_tag" {
+            assert_eq!(decode_auth(&bytes).map(|_| ()), expect, "{name}");
+        } else {
+            assert_eq!(decode(&bytes).map(|_| ()), expect, "{name}");
+        }
         let path = dir.join(name);
         if write {
             std::fs::write(&path, &bytes).unwrap();

@@ -1,5 +1,8 @@
 //! The bootstrap exchange over loopback TCP (127.0.0.1 only): success with
-//! blocking and async sockets, and each failure a peer can cause.
+//! blocking and async sockets, and each failure a peer can cause. Both
+//! sides run unauthenticated here; the key is `bootstrap_auth.rs`'s.
+// async-io, which these tests use, is left out of loom builds (see Cargo.toml).
+#![cfg(not(loom))]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -38,8 +41,24 @@ fn fake_server(f: impl FnOnce(TcpStream) + Send + 'static) -> (SocketAddr, threa
     (addr, t)
 }
 
-/// Read the client's hello off `s` as a fake peer would, and check it is valid.
+const NO_AUTH: &Auth = &Auth::Unauthenticated;
+
+/// Answer the client's auth init as an unauthenticated server would.
+fn answer_auth(s: &mut TcpStream) {
+    let mut buf = [0u8; HEADER_LEN + AUTH_HELLO_BODY_LEN];
+    s.read_exact(&mut buf).unwrap();
+    assert!(matches!(decode_auth(&buf), Ok(AuthFrame::Init { mode: AuthMode::Unauthenticated, .. })));
+    s.write_all(&encode_auth(&AuthFrame::Challenge {
+        mode: AuthMode::Unauthenticated,
+        nonce: [9; NONCE_LEN],
+    }))
+    .unwrap();
+}
+
+/// Run the auth phase and read the client's hello off `s` as a fake peer
+/// would, and check it is valid.
 fn read_client_hello(s: &mut TcpStream) -> Hello {
+    answer_auth(s);
     let mut buf = [0u8; HEADER_LEN + HELLO_BODY_LEN];
     s.read_exact(&mut buf).unwrap();
     decode(&buf).unwrap()
@@ -57,7 +76,7 @@ fn blocking_exchange_connects_both_sides_with_the_smaller_mtu() {
     let server_hello = hello(0x100, 1024);
     let client_hello = hello(0x200, 4096);
     let server = thread::spawn(move || {
-        let hs = exchange_server(&l, &server_hello, GENEROUS).unwrap();
+        let hs = exchange_server(&l, &server_hello, NO_AUTH, GENEROUS).unwrap();
         assert_eq!(hs.peer().endpoint.qpn, 0x200);
         assert_eq!(hs.peer().conn_id, client_hello.conn_id);
         assert_eq!(hs.remote_endpoint().mtu, 1024);
@@ -67,7 +86,7 @@ fn blocking_exchange_connects_both_sides_with_the_smaller_mtu() {
         s.write_all(b"x").unwrap();
         drain(s);
     });
-    let hs = exchange_client(addr, &client_hello, GENEROUS).unwrap();
+    let hs = exchange_client(addr, &client_hello, NO_AUTH, GENEROUS).unwrap();
     assert_eq!(hs.peer().endpoint.qpn, 0x100);
     assert_eq!(hs.peer().endpoint.id, PEER_QP_ID);
     assert_eq!(hs.local(), &client_hello);
@@ -90,12 +109,12 @@ fn async_exchange_connects_both_sides() {
     let (sh, ch) = (hello(0x300, 2048), hello(0x400, 1024));
     let (server, client) = async_io::block_on(async {
         let server = async {
-            let hs = exchange_server_async(&l, &sh, GENEROUS).await?;
+            let hs = exchange_server_async(&l, &sh, NO_AUTH, GENEROUS).await?;
             let peer = *hs.peer();
             hs.ready(GENEROUS).await.map(|_| peer)
         };
         let client = async {
-            let hs = exchange_client_async(addr, &ch, GENEROUS).await?;
+            let hs = exchange_client_async(addr, &ch, NO_AUTH, GENEROUS).await?;
             let (peer, mtu) = (*hs.peer(), hs.remote_endpoint().mtu);
             hs.ready(GENEROUS).await.map(|_| (peer, mtu))
         };
@@ -111,11 +130,11 @@ fn blocking_client_and_async_server_interoperate() {
     let l = Async::<TcpListener>::bind(([127, 0, 0, 1], 0)).unwrap();
     let addr = l.get_ref().local_addr().unwrap();
     let client = thread::spawn(move || {
-        let hs = exchange_client(addr, &hello(0x500, 256), GENEROUS)?;
+        let hs = exchange_client(addr, &hello(0x500, 256), NO_AUTH, GENEROUS)?;
         hs.ready(GENEROUS).map(|_| ())
     });
     let peer = async_io::block_on(async {
-        let hs = exchange_server_async(&l, &hello(0x600, 4096), GENEROUS).await.unwrap();
+        let hs = exchange_server_async(&l, &hello(0x600, 4096), NO_AUTH, GENEROUS).await.unwrap();
         assert_eq!(hs.negotiated().mtu, 256);
         let peer = *hs.peer();
         hs.ready(GENEROUS).await.unwrap();
@@ -130,14 +149,44 @@ fn a_peer_of_another_version_is_a_version_mismatch() {
     let (addr, t) = fake_server(|mut s| {
         read_client_hello(&mut s);
         let mut theirs = encode(&hello(0x100, 1024));
-        theirs[4..6].copy_from_slice(&2u16.to_be_bytes());
+        theirs[4..6].copy_from_slice(&3u16.to_be_bytes());
         s.write_all(&theirs).unwrap();
         drain(s);
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
-    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 2 }), "{e:?}");
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 }), "{e:?}");
     assert!(e.to_string().contains("upgrade"), "{e}");
     t.join().unwrap();
+}
+
+/// A hello as version 1 sent it (the same body; version 1 had no auth phase).
+fn version_1_hello(qpn: u32) -> Vec<u8> {
+    let mut v1 = encode(&hello(qpn, 1024));
+    v1[4..6].copy_from_slice(&1u16.to_be_bytes());
+    v1
+}
+
+#[test]
+fn a_version_1_peer_is_a_version_mismatch_in_the_auth_phase_both_ways() {
+    // A version-1 server sends its hello at once, where our challenge belongs.
+    let (addr, t) = fake_server(|mut s| {
+        s.write_all(&version_1_hello(0x100)).unwrap();
+        drain(s);
+    });
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: 2, theirs: 1 }), "{e:?}");
+    t.join().unwrap();
+    // A version-1 client's hello arrives where the auth init belongs.
+    let (l, addr) = listener();
+    let client = thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&version_1_hello(0x200)).unwrap();
+        drain(s);
+    });
+    let e = authenticate_server(&l, NO_AUTH, GENEROUS).unwrap_err();
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: 2, theirs: 1 }), "{e:?}");
+    drop(l);
+    client.join().unwrap();
 }
 
 #[test]
@@ -146,7 +195,7 @@ fn a_server_that_is_not_mwcap_is_named_as_such() {
         s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").unwrap();
         drain(s);
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
     match &e {
         BootstrapError::NotMwcapPeer { peer, prefix } => {
             assert_eq!(*peer, addr);
@@ -166,7 +215,7 @@ fn a_client_that_is_not_mwcap_is_named_as_such() {
         s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
         drain(s);
     });
-    let e = exchange_server(&l, &hello(0x100, 1024), GENEROUS).unwrap_err();
+    let e = exchange_server(&l, &hello(0x100, 1024), NO_AUTH, GENEROUS).unwrap_err();
     assert!(matches!(&e, BootstrapError::NotMwcapPeer { prefix, .. } if prefix == b"GET "), "{e:?}");
     drop(l);
     client.join().unwrap();
@@ -179,7 +228,7 @@ fn a_peer_that_closes_mid_hello_is_reported() {
         s.write_all(&encode(&hello(0x100, 1024))[..20]).unwrap();
         // Dropping closes with nothing unread: a clean FIN after 20 bytes.
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
     assert!(matches!(e, BootstrapError::PeerClosed { peer, phase: Phase::Hello } if peer == addr), "{e:?}");
     t.join().unwrap();
 }
@@ -193,7 +242,7 @@ fn a_peer_that_closes_before_ready_is_reported() {
         s.read_exact(&mut ready).unwrap();
         assert_eq!(ready[0], READY_BYTE);
     });
-    let hs = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap();
+    let hs = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap();
     let e = hs.ready(GENEROUS).unwrap_err();
     assert!(matches!(e, BootstrapError::PeerClosed { phase: Phase::Ready, .. }), "{e:?}");
     t.join().unwrap();
@@ -207,7 +256,7 @@ fn a_wrong_ready_byte_is_malformed() {
         s.write_all(&[0x00]).unwrap();
         drain(s);
     });
-    let hs = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap();
+    let hs = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap();
     let e = hs.ready(GENEROUS).unwrap_err();
     assert!(matches!(e, BootstrapError::Malformed { source: DecodeError::BadReady(0), .. }), "{e:?}");
     t.join().unwrap();
@@ -217,7 +266,7 @@ fn a_wrong_ready_byte_is_malformed() {
 fn a_closed_port_is_unreachable() {
     // Bind to learn a free port, then close it: nothing listens there.
     let addr = listener().1;
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
     match &e {
         BootstrapError::Unreachable { addr: a, source } => {
             assert_eq!(*a, addr);
@@ -228,7 +277,8 @@ fn a_closed_port_is_unreachable() {
     let msg = e.to_string();
     assert!(msg.contains(&addr.to_string()) && msg.contains("is the server running"), "{msg}");
     assert!(std::error::Error::source(&e).is_some());
-    let e = async_io::block_on(exchange_client_async(addr, &hello(0x200, 1024), GENEROUS)).unwrap_err();
+    let e =
+        async_io::block_on(exchange_client_async(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS)).unwrap_err();
     assert!(matches!(e, BootstrapError::Unreachable { .. }), "{e:?}");
 }
 
@@ -239,7 +289,7 @@ fn a_silent_server_times_out() {
         read_client_hello(&mut s);
         drain(s);
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), SHORT).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, SHORT).unwrap_err();
     assert!(matches!(e, BootstrapError::TimedOut { phase: Phase::Hello, after } if after == SHORT), "{e:?}");
     drop(e);
     t.join().unwrap();
@@ -251,7 +301,7 @@ fn a_silent_server_times_out_async() {
         read_client_hello(&mut s);
         drain(s);
     });
-    let e = async_io::block_on(exchange_client_async(addr, &hello(0x200, 1024), SHORT)).unwrap_err();
+    let e = async_io::block_on(exchange_client_async(addr, &hello(0x200, 1024), NO_AUTH, SHORT)).unwrap_err();
     assert!(matches!(e, BootstrapError::TimedOut { phase: Phase::Hello, .. }), "{e:?}");
     t.join().unwrap();
 }
@@ -260,8 +310,8 @@ fn a_silent_server_times_out_async() {
 fn a_silent_client_times_out_the_server() {
     let (l, addr) = listener();
     let client = thread::spawn(move || drain(TcpStream::connect(addr).unwrap()));
-    let e = exchange_server(&l, &hello(0x100, 1024), SHORT).unwrap_err();
-    assert!(matches!(e, BootstrapError::TimedOut { phase: Phase::Hello, .. }), "{e:?}");
+    let e = exchange_server(&l, &hello(0x100, 1024), NO_AUTH, SHORT).unwrap_err();
+    assert!(matches!(e, BootstrapError::TimedOut { phase: Phase::Auth, .. }), "{e:?}");
     drop(e);
     drop(l);
     client.join().unwrap();
@@ -274,7 +324,7 @@ fn a_peer_that_never_sends_ready_times_out() {
         s.write_all(&encode(&hello(0x100, 1024))).unwrap();
         drain(s);
     });
-    let hs = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap();
+    let hs = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap();
     let e = hs.ready(SHORT).unwrap_err();
     assert!(matches!(e, BootstrapError::TimedOut { phase: Phase::Ready, .. }), "{e:?}");
     drop(e);
@@ -286,7 +336,7 @@ fn a_zero_gid_is_unusable_on_either_side() {
     // Ours: refused before any connection is tried (the address is never dialled).
     let mut bad = hello(0x200, 1024);
     bad.endpoint.gid = [0; 16];
-    let e = exchange_client(listener().1, &bad, GENEROUS).unwrap_err();
+    let e = exchange_client(listener().1, &bad, NO_AUTH, GENEROUS).unwrap_err();
     assert!(
         matches!(e, BootstrapError::Unusable { side: Side::Local, source: DecodeError::ZeroGid }),
         "{e:?}"
@@ -300,7 +350,7 @@ fn a_zero_gid_is_unusable_on_either_side() {
         s.write_all(&theirs).unwrap();
         drain(s);
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
     assert!(
         matches!(e, BootstrapError::Unusable { side: Side::Peer, source: DecodeError::ZeroGid }),
         "{e:?}"
@@ -317,7 +367,7 @@ fn a_peer_mtu_that_cannot_be_negotiated_is_unusable() {
         s.write_all(&theirs).unwrap();
         drain(s);
     });
-    let e = exchange_client(addr, &hello(0x200, 1024), GENEROUS).unwrap_err();
+    let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
     assert!(
         matches!(e, BootstrapError::Unusable { side: Side::Peer, source: DecodeError::InvalidMtu(1500) }),
         "{e:?}"
@@ -334,8 +384,8 @@ fn peers_without_a_common_policy_are_refused_on_both_sides() {
     let mut confirm_only = hello(0x200, 1024);
     confirm_only.caps.serve = PolicySet::CONFIRM;
     confirm_only.caps.read = PolicySet::CONFIRM;
-    let server = thread::spawn(move || exchange_server(&l, &mw_only, GENEROUS).map(|_| ()));
-    let e = exchange_client(addr, &confirm_only, GENEROUS).unwrap_err();
+    let server = thread::spawn(move || exchange_server(&l, &mw_only, NO_AUTH, GENEROUS).map(|_| ()));
+    let e = exchange_client(addr, &confirm_only, NO_AUTH, GENEROUS).unwrap_err();
     assert!(matches!(e, BootstrapError::NoCommonPolicy { .. }), "{e:?}");
     let e = server.join().unwrap().unwrap_err();
     assert!(matches!(e, BootstrapError::NoCommonPolicy { .. }), "{e:?}");

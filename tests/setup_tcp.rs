@@ -4,31 +4,34 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use mwcap::bootstrap::Policy;
+use mwcap::bootstrap::{Auth, Key, Policy};
 use mwcap::conn::{accept, connect, Config, Event, Policies, PolicyChoice, Role, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, MwSupport};
 
 const T: Duration = Duration::from_secs(5);
+
+fn key() -> Auth {
+    Auth::Key(Key::from_bytes(b"setup_tcp's shared test key".to_vec()).unwrap())
+}
+
+/// One side's outcome.
+type Setup = Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>;
 
 fn pair(
     client_dev: DeviceConfig,
     server_dev: DeviceConfig,
     cc: PolicyChoice,
     sc: PolicyChoice,
-) -> (
-    Fabric,
-    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
-    Result<mwcap::conn::Connected<mwcap::sim::SimNic>, SetupError>,
-) {
+) -> (Fabric, Setup, Setup) {
     let fabric = Fabric::with_seed(9);
     let cn = fabric.add_device(client_dev.named("client"));
     let sn = fabric.add_device(server_dev.named("server"));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
-        accept(sn, &listener, Config::new(Role::Server, Policies::both(Policy::Mw)), sc, T)
+        accept(sn, &listener, Config::new(Role::Server, Policies::both(Policy::Mw)), sc, &key(), T)
     });
-    let client = connect(cn, addr, Config::new(Role::Client, Policies::both(Policy::Mw)), cc, T);
+    let client = connect(cn, addr, Config::new(Role::Client, Policies::both(Policy::Mw)), cc, &key(), T);
     (fabric, client, server.join().unwrap())
 }
 
@@ -104,7 +107,8 @@ fn asking_for_mw_on_a_nic_without_working_windows_is_a_clear_error() {
     let nic = fabric.add_device(DeviceConfig::spec().with_mw(MwSupport::AllocNoBind).named("mana0"));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let err = connect(nic, addr, Config::new(Role::Client, Policies::both(Policy::Mw)), PolicyChoice::Mw, T)
+    let cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    let err = connect(nic, addr, cfg, PolicyChoice::Mw, &Auth::Unauthenticated, T)
         .err()
         .expect("must fail before connecting");
     let msg = err.to_string();

@@ -1,12 +1,12 @@
 //! Bytes that arrive in arbitrary pieces, as from a TCP socket with short
-//! reads, into the streaming hello decoder. It must never panic, never take
-//! more than the frame, and agree with the one-shot decoder on the bytes it
-//! took.
+//! reads, into the streaming hello and auth frame decoders. They must never
+//! panic, never take more than the frame, and agree with their one-shot
+//! decoders on the bytes they took.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use mwcap::bootstrap::{decode, HelloDecoder, MAX_FRAME_LEN};
+use mwcap::bootstrap::{decode, decode_auth, AuthDecoder, DecodeError, HelloDecoder, MAX_FRAME_LEN};
 
 #[derive(Arbitrary, Debug)]
 enum Chunk {
@@ -18,11 +18,63 @@ enum Chunk {
     Drip(Vec<u8>),
 }
 
+/// What the two streaming decoders have in common.
+trait Stream {
+    type Out: PartialEq + std::fmt::Debug + Clone;
+    fn feed(&mut self, input: &[u8]) -> Result<usize, DecodeError>;
+    fn consumed(&self) -> usize;
+    fn wanted(&self) -> usize;
+    fn done(&self) -> Option<Self::Out>;
+    fn one_shot(bytes: &[u8]) -> Result<Self::Out, DecodeError>;
+}
+
+impl Stream for HelloDecoder {
+    type Out = mwcap::bootstrap::Hello;
+    fn feed(&mut self, input: &[u8]) -> Result<usize, DecodeError> {
+        HelloDecoder::feed(self, input)
+    }
+    fn consumed(&self) -> usize {
+        HelloDecoder::consumed(self)
+    }
+    fn wanted(&self) -> usize {
+        HelloDecoder::wanted(self)
+    }
+    fn done(&self) -> Option<Self::Out> {
+        self.hello().copied()
+    }
+    fn one_shot(bytes: &[u8]) -> Result<Self::Out, DecodeError> {
+        decode(bytes)
+    }
+}
+
+impl Stream for AuthDecoder {
+    type Out = mwcap::bootstrap::AuthFrame;
+    fn feed(&mut self, input: &[u8]) -> Result<usize, DecodeError> {
+        AuthDecoder::feed(self, input)
+    }
+    fn consumed(&self) -> usize {
+        AuthDecoder::consumed(self)
+    }
+    fn wanted(&self) -> usize {
+        AuthDecoder::wanted(self)
+    }
+    fn done(&self) -> Option<Self::Out> {
+        self.frame().copied()
+    }
+    fn one_shot(bytes: &[u8]) -> Result<Self::Out, DecodeError> {
+        decode_auth(bytes)
+    }
+}
+
 fuzz_target!(|chunks: Vec<Chunk>| {
-    let mut d = HelloDecoder::new();
+    check(HelloDecoder::new(), &chunks);
+    check(AuthDecoder::new(), &chunks);
+});
+
+fn check<D: Stream>(mut d: D, chunks: &[Chunk]) {
     let mut taken = Vec::new();
     let mut failed = None;
-    'feed: for chunk in &chunks {
+    'feed: for chunk in chunks {
         let pieces: Vec<&[u8]> = match chunk {
             Chunk::Bytes(b) => vec![b.as_slice()],
             Chunk::Empty => vec![&[][..]],
@@ -40,7 +92,7 @@ fuzz_target!(|chunks: Vec<Chunk>| {
                 Ok(n) => {
                     assert_eq!(n, took);
                     // Bytes left over are only ever past the end of the frame.
-                    assert!(n == piece.len() || d.hello().is_some());
+                    assert!(n == piece.len() || d.done().is_some());
                 }
                 Err(e) => {
                     // The error is sticky.
@@ -52,15 +104,15 @@ fuzz_target!(|chunks: Vec<Chunk>| {
             }
         }
     }
-    match (failed, d.hello()) {
+    match (failed, d.done()) {
         // The one-shot decoder finds the same fault in the same bytes.
-        (Some(e), _) => assert_eq!(decode(&taken), Err(e)),
-        (None, Some(hello)) => assert_eq!(decode(&taken), Ok(*hello)),
+        (Some(e), _) => assert_eq!(D::one_shot(&taken), Err(e)),
+        (None, Some(out)) => assert_eq!(D::one_shot(&taken), Ok(out)),
         (None, None) => {
             // Still waiting: what it took so far is a valid prefix, so the
             // one-shot decoder can only say it is truncated.
             assert!(d.wanted() > 0);
-            assert!(matches!(decode(&taken), Err(mwcap::bootstrap::DecodeError::Truncated { .. })));
+            assert!(matches!(D::one_shot(&taken), Err(DecodeError::Truncated { .. })));
         }
     }
-});
+}

@@ -5,6 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::auth::AuthFailure;
 use super::caps::PolicySet;
 use super::wire::DecodeError;
 
@@ -14,6 +15,8 @@ use super::wire::DecodeError;
 pub enum Phase {
     /// Opening the TCP connection (client) or accepting it (server).
     Connect,
+    /// Proving the pre-shared key, both ways (or agreeing to run without).
+    Auth,
     /// Sending our hello and reading the peer's.
     Hello,
     /// Sending our ready byte and reading the peer's.
@@ -24,6 +27,7 @@ impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Phase::Connect => "connect",
+            Phase::Auth => "auth",
             Phase::Hello => "hello",
             Phase::Ready => "ready",
         })
@@ -138,6 +142,49 @@ pub enum BootstrapError {
         /// Policies the peer can read under.
         peer_read: PolicySet,
     },
+    /// The peer did not prove the pre-shared key: its proof does not match
+    /// this side's key.
+    #[error(
+        "{peer} did not prove the pre-shared key: its proof does not match this side's key \
+         (the keys differ, or a recorded handshake was replayed); give both sides the same key"
+    )]
+    AuthFailed {
+        /// Who failed.
+        peer: SocketAddr,
+    },
+    /// The peer refused this side's proof of the pre-shared key.
+    #[error(
+        "{peer} refused this side's proof of the pre-shared key: the two sides have different keys; \
+         give both sides the same key"
+    )]
+    AuthRejected {
+        /// Who refused.
+        peer: SocketAddr,
+    },
+    /// This side requires the pre-shared key and the peer runs without one.
+    #[error(
+        "{peer} runs without authentication, but this side requires the pre-shared key; \
+         give the peer the same key (or, on a trusted network only, run both sides unauthenticated)"
+    )]
+    PeerUnauthenticated {
+        /// The peer.
+        peer: SocketAddr,
+    },
+    /// The peer requires a pre-shared key and this side runs without one.
+    #[error("{peer} requires a pre-shared key, but this side runs without authentication; give this side the peer's key")]
+    PeerRequiresKey {
+        /// The peer.
+        peer: SocketAddr,
+    },
+    /// The peer's hello does not carry a valid tag for this session.
+    #[error(
+        "{peer}'s hello does not carry a valid tag for this session: it was altered on the way, \
+         or someone without the key took over the connection; do not trust this network path"
+    )]
+    HelloNotAuthentic {
+        /// Whose hello.
+        peer: SocketAddr,
+    },
     /// Another socket error.
     #[error("tcp error in the {phase} phase: {source}")]
     Io {
@@ -159,6 +206,19 @@ impl BootstrapError {
                 BootstrapError::Unusable { side: Side::Peer, source: e }
             }
             e => BootstrapError::Malformed { peer, source: e },
+        }
+    }
+
+    /// The error for a failed auth phase.
+    pub(super) fn from_auth(peer: SocketAddr, e: AuthFailure) -> BootstrapError {
+        match e {
+            AuthFailure::ProofInvalid => BootstrapError::AuthFailed { peer },
+            AuthFailure::ProofRejected => BootstrapError::AuthRejected { peer },
+            AuthFailure::PeerUnauthenticated => BootstrapError::PeerUnauthenticated { peer },
+            AuthFailure::PeerRequiresKey => BootstrapError::PeerRequiresKey { peer },
+            AuthFailure::Unexpected { got, expected } => {
+                BootstrapError::Malformed { peer, source: DecodeError::UnexpectedFrame { got, expected } }
+            }
         }
     }
 

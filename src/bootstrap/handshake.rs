@@ -1,13 +1,68 @@
-//! The outcome of the hello phase, shared by the blocking and async exchanges.
+//! The outcomes of the auth and hello phases, shared by the blocking and
+//! async exchanges.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::backend::QpEndpoint;
 
+use super::auth::Session;
 use super::error::{BootstrapError, Phase};
 use super::negotiate::{negotiate, Negotiated};
-use super::wire::{DecodeError, Hello, READY_BYTE};
+use super::wire::{AuthFrame, DecodeError, Hello, READY_BYTE};
+
+/// The auth phase is over: the peer proved the key (or both sides agreed to
+/// run without one); the hello phase remains.
+///
+/// Next: create the local queue pair, then call `hello` with its [`Hello`].
+/// Nothing needs to exist for the peer before this point, so a peer that
+/// cannot prove the key costs nothing but the TCP connection. `S` is the
+/// stream, as for [`Handshake`].
+#[derive(Debug)]
+#[must_use = "the exchange is not finished: create the queue pair, then call hello"]
+pub struct Authenticated<S> {
+    pub(super) stream: S,
+    pub(super) peer_addr: SocketAddr,
+    pub(super) session: Session,
+}
+
+impl<S> Authenticated<S> {
+    /// The peer's TCP address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+    /// Whether the peer proved the pre-shared key (`false` when both sides
+    /// run with [`Auth::Unauthenticated`](super::Auth::Unauthenticated)).
+    pub fn peer_proved_key(&self) -> bool {
+        self.session.is_keyed()
+    }
+}
+
+/// Our hello frame, followed by its tag when the session has a key.
+pub(super) fn hello_frames(session: &Session, local: &Hello) -> Vec<u8> {
+    let mut out = super::wire::encode(local);
+    if let Some(tag) = session.hello_tag(&out) {
+        out.extend_from_slice(&super::wire::encode_auth(&AuthFrame::HelloTag(tag)));
+    }
+    out
+}
+
+/// Check the tag that followed the peer's hello `frame`.
+pub(super) fn check_hello_tag(
+    session: &Session,
+    peer_addr: SocketAddr,
+    frame: &[u8],
+    tag: &AuthFrame,
+) -> Result<(), BootstrapError> {
+    match tag {
+        AuthFrame::HelloTag(tag) if session.check_hello_tag(frame, tag) => Ok(()),
+        AuthFrame::HelloTag(_) => Err(BootstrapError::HelloNotAuthentic { peer: peer_addr }),
+        other => Err(BootstrapError::from_peer(
+            peer_addr,
+            DecodeError::UnexpectedFrame { got: other.name(), expected: "a hello tag" },
+        )),
+    }
+}
 
 /// Both hellos are exchanged and valid; the ready phase remains.
 ///
@@ -95,6 +150,8 @@ impl Deadline {
     pub(super) fn with_phase(self, phase: Phase) -> Deadline {
         Deadline { phase, ..self }
     }
+    // Only the async exchange uses it, which loom builds leave out.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(super) fn at(&self) -> Instant {
         self.at
     }

@@ -10,9 +10,13 @@ use async_io::{Async, Timer};
 use futures::future::{select, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
 
+use super::auth::{fresh_nonce, Machine};
 use super::error::{BootstrapError, Phase};
-use super::handshake::{check_ready, conclude, Deadline, Handshake};
-use super::wire::{encode, Hello, HelloDecoder, MAX_FRAME_LEN, READY_BYTE};
+use super::handshake::{
+    check_hello_tag, check_ready, conclude, hello_frames, Authenticated, Deadline, Handshake,
+};
+use super::key::Auth;
+use super::wire::{encode_auth, AuthFrame, FrameReader, Hello, Message, MAX_FRAME_LEN, READY_BYTE};
 
 /// Run `fut` until the deadline; past it, fail with the deadline's timeout error.
 async fn before<T>(
@@ -26,76 +30,176 @@ async fn before<T>(
     }
 }
 
-/// Connect to the server at `addr` and exchange hellos; the async
-/// [`exchange_client`](super::exchange_client).
+/// Connect to the server at `addr` and run the auth phase; the async
+/// [`authenticate_client`](super::authenticate_client).
+pub async fn authenticate_client_async(
+    addr: SocketAddr,
+    auth: &Auth,
+    timeout: Duration,
+) -> Result<Authenticated<Async<TcpStream>>, BootstrapError> {
+    let connect = Deadline::after(timeout, Phase::Connect);
+    let stream = dial(addr, &connect).await?;
+    auth_phase(stream, addr, Machine::client(auth, fresh_nonce()?), connect.with_phase(Phase::Auth)).await
+}
+
+/// Accept one connection on `listener` and run the auth phase as the
+/// server; the async [`authenticate_server`](super::authenticate_server).
+pub async fn authenticate_server_async(
+    listener: &Async<TcpListener>,
+    auth: &Auth,
+    timeout: Duration,
+) -> Result<Authenticated<Async<TcpStream>>, BootstrapError> {
+    let (stream, _) =
+        listener.accept().await.map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+    authenticate_accepted_async(stream, auth, timeout).await
+}
+
+/// Run the auth phase as the server over a connection the caller accepted itself.
+pub async fn authenticate_accepted_async(
+    stream: Async<TcpStream>,
+    auth: &Auth,
+    timeout: Duration,
+) -> Result<Authenticated<Async<TcpStream>>, BootstrapError> {
+    let peer = peer_addr(&stream)?;
+    let machine = Machine::server(auth, fresh_nonce()?);
+    auth_phase(stream, peer, machine, Deadline::after(timeout, Phase::Auth)).await
+}
+
+impl Authenticated<Async<TcpStream>> {
+    /// The hello phase; the async [`Authenticated::<TcpStream>::hello`].
+    pub async fn hello(
+        self,
+        local: &Hello,
+        timeout: Duration,
+    ) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
+        local.validate().map_err(BootstrapError::from_local)?;
+        hello_phase(self, local, Deadline::after(timeout, Phase::Hello)).await
+    }
+}
+
+/// Connect to the server at `addr`, authenticate and exchange hellos; the
+/// async [`exchange_client`](super::exchange_client).
 pub async fn exchange_client_async(
     addr: SocketAddr,
     local: &Hello,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
     local.validate().map_err(BootstrapError::from_local)?;
     let connect = Deadline::after(timeout, Phase::Connect);
-    let stream = before(&connect, async {
-        Async::<TcpStream>::connect(addr).await.map_err(|e| match e.kind() {
-            std::io::ErrorKind::TimedOut => connect.expired(),
-            _ => BootstrapError::Unreachable { addr, source: e },
-        })
-    })
-    .await?;
-    hello_phase(stream, addr, local, connect.with_phase(Phase::Hello)).await
+    let stream = dial(addr, &connect).await?;
+    let machine = Machine::client(auth, fresh_nonce()?);
+    let authed = auth_phase(stream, addr, machine, connect.with_phase(Phase::Auth)).await?;
+    hello_phase(authed, local, connect.with_phase(Phase::Hello)).await
 }
 
-/// Accept one connection on `listener` and exchange hellos; the async
-/// [`exchange_server`](super::exchange_server). The accept waits as long as
-/// it takes; `timeout` bounds the hello phase.
+/// Accept one connection on `listener`, authenticate and exchange hellos;
+/// the async [`exchange_server`](super::exchange_server). The accept waits
+/// as long as it takes; `timeout` bounds the auth and hello phases.
 pub async fn exchange_server_async(
     listener: &Async<TcpListener>,
     local: &Hello,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
     local.validate().map_err(BootstrapError::from_local)?;
     let (stream, _) =
         listener.accept().await.map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
-    exchange_accepted_async(stream, local, timeout).await
+    exchange_accepted_async(stream, local, auth, timeout).await
 }
 
-/// Exchange hellos over a connection the caller opened or accepted itself.
+/// [`exchange_server_async`] over a connection the caller accepted itself.
 pub async fn exchange_accepted_async(
     stream: Async<TcpStream>,
     local: &Hello,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
     local.validate().map_err(BootstrapError::from_local)?;
-    let peer = stream
-        .get_ref()
-        .peer_addr()
-        .map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
-    hello_phase(stream, peer, local, Deadline::after(timeout, Phase::Hello)).await
+    let peer = peer_addr(&stream)?;
+    let deadline = Deadline::after(timeout, Phase::Auth);
+    let authed = auth_phase(stream, peer, Machine::server(auth, fresh_nonce()?), deadline).await?;
+    hello_phase(authed, local, deadline.with_phase(Phase::Hello)).await
 }
 
-async fn hello_phase(
+fn peer_addr(stream: &Async<TcpStream>) -> Result<SocketAddr, BootstrapError> {
+    stream.get_ref().peer_addr().map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })
+}
+
+async fn dial(addr: SocketAddr, deadline: &Deadline) -> Result<Async<TcpStream>, BootstrapError> {
+    before(deadline, async {
+        Async::<TcpStream>::connect(addr).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => deadline.expired(),
+            _ => BootstrapError::Unreachable { addr, source: e },
+        })
+    })
+    .await
+}
+
+async fn auth_phase(
     mut stream: Async<TcpStream>,
     peer: SocketAddr,
-    local: &Hello,
+    mut machine: Machine,
     deadline: Deadline,
-) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
-    let io = |e| deadline.io_error(peer, e);
-    stream.get_ref().set_nodelay(true).map_err(io)?;
-    let hello = before(&deadline, async {
-        stream.write_all(&encode(local)).await.map_err(io)?;
-        let mut decoder = HelloDecoder::new();
-        let mut buf = [0u8; MAX_FRAME_LEN];
+) -> Result<Authenticated<Async<TcpStream>>, BootstrapError> {
+    stream.get_ref().set_nodelay(true).map_err(|e| deadline.io_error(peer, e))?;
+    let session = before(&deadline, async {
         loop {
-            if let Some(hello) = decoder.hello() {
-                return Ok(*hello);
+            while let Some(frame) = machine.poll_transmit() {
+                stream.write_all(&encode_auth(&frame)).await.map_err(|e| deadline.io_error(peer, e))?;
             }
-            let want = decoder.wanted();
-            let n = read_some(&mut stream, &mut buf[..want], peer, &deadline).await?;
-            decoder.feed(&buf[..n]).map_err(|e| BootstrapError::from_peer(peer, e))?;
+            if let Some(session) = machine.session() {
+                return Ok(session);
+            }
+            let (frame, _) = read_frame::<AuthFrame>(&mut stream, peer, &deadline).await?;
+            if let Err(e) = machine.handle_frame(frame) {
+                // Tell the peer why, if there is something to tell (see blocking).
+                if let Some(frame) = machine.poll_transmit() {
+                    let _ = stream.write_all(&encode_auth(&frame)).await;
+                }
+                return Err(BootstrapError::from_auth(peer, e));
+            }
         }
     })
     .await?;
+    Ok(Authenticated { stream, peer_addr: peer, session })
+}
+
+async fn hello_phase(
+    authed: Authenticated<Async<TcpStream>>,
+    local: &Hello,
+    deadline: Deadline,
+) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
+    let Authenticated { mut stream, peer_addr: peer, session } = authed;
+    let hello = before(&deadline, async {
+        stream.write_all(&hello_frames(&session, local)).await.map_err(|e| deadline.io_error(peer, e))?;
+        let (hello, reader) = read_frame::<Hello>(&mut stream, peer, &deadline).await?;
+        if session.is_keyed() {
+            let (tag, _) = read_frame::<AuthFrame>(&mut stream, peer, &deadline).await?;
+            check_hello_tag(&session, peer, reader.frame(), &tag)?;
+        }
+        Ok(hello)
+    })
+    .await?;
     conclude(stream, peer, local, hello)
+}
+
+/// Read one frame of `M`, never a byte past its end (see blocking).
+async fn read_frame<M: Message + Copy>(
+    stream: &mut Async<TcpStream>,
+    peer: SocketAddr,
+    deadline: &Deadline,
+) -> Result<(M, FrameReader<M>), BootstrapError> {
+    let mut reader = FrameReader::<M>::new();
+    let mut buf = [0u8; MAX_FRAME_LEN];
+    loop {
+        if let Some(m) = reader.message() {
+            return Ok((*m, reader));
+        }
+        let want = reader.wanted();
+        let n = read_some(stream, &mut buf[..want], peer, deadline).await?;
+        reader.feed(&buf[..n]).map_err(|e| BootstrapError::from_peer(peer, e))?;
+    }
 }
 
 async fn read_some(

@@ -7,13 +7,18 @@
 //! bootstrap picks per direction the owner's `serve` ∩ the reader's `read`,
 //! preferring mw, so a mixed pair (an mlx5 client, a cloud server without
 //! working windows) runs mw for requests and confirm for replies.
+//!
+//! Both sides first prove the pre-shared key ([`Auth`]; see
+//! [`bootstrap`](crate::bootstrap)). The server creates nothing for a client
+//! before it proved the key: not the probe's throw-away queue pairs, not the
+//! endpoint's queue pair, completion queue or memory.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use super::{Config, Endpoint, Policies, Role};
 use crate::backend::{Nic, NicError};
-use crate::bootstrap::{self, BootstrapError, Capabilities, Hello, PolicySet};
+use crate::bootstrap::{self, Auth, Authenticated, BootstrapError, Capabilities, Hello, PolicySet};
 
 /// What a side asks for when it connects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,20 +80,22 @@ fn serve_set(nic: &dyn Nic, choice: PolicyChoice) -> Result<PolicySet, SetupErro
     }
 }
 
-fn connect_with<N: Nic>(
+/// The hello and ready phases, once the peer proved the key: only now are
+/// the endpoint's queue pair, completion queue and memory created.
+fn finish_setup<N: Nic>(
     nic: N,
     mut cfg: Config,
-    choice: PolicyChoice,
-    exchange: impl FnOnce(&Hello) -> Result<bootstrap::Handshake<TcpStream>, BootstrapError>,
+    serve: PolicySet,
+    authed: Authenticated<TcpStream>,
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
     let mut caps = Capabilities::new();
-    caps.serve = serve_set(&nic, choice)?;
+    caps.serve = serve;
     caps.read = PolicySet::BOTH;
     caps.lease_ms = u32::try_from(cfg.lease_time.as_millis()).unwrap_or(u32::MAX).max(1);
     let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
     let hello = Hello::new(prepared.local(), caps);
-    let hs = exchange(&hello)?;
+    let hs = authed.hello(&hello, timeout)?;
     let n = hs.negotiated();
     let (Some(we), Some(they)) = (n.we_expose, n.peer_exposes) else {
         // `negotiate` already refuses this; kept as an error, not a panic.
@@ -113,26 +120,42 @@ fn connect_with<N: Nic>(
     Ok(Connected { endpoint, stream, policies })
 }
 
-/// Client: connect to a server listening at `addr`.
+/// Client: connect to a server listening at `addr`, prove `auth`'s key and
+/// check the server's proof, then set up the endpoint.
+///
+/// The client probes its own NIC (for `mw` and `auto`) before it dials, so
+/// a device that cannot do what was asked fails without a connection.
+/// `timeout` bounds each phase: connect and auth, hello, ready.
 pub fn connect<N: Nic>(
     nic: N,
     addr: SocketAddr,
     cfg: Config,
     choice: PolicyChoice,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Client);
-    connect_with(nic, cfg, choice, |h| bootstrap::exchange_client(addr, h, timeout), timeout)
+    let serve = serve_set(&nic, choice)?;
+    let authed = bootstrap::authenticate_client(addr, auth, timeout)?;
+    finish_setup(nic, cfg, serve, authed, timeout)
 }
 
-/// Server: accept one client on `listener`.
+/// Server: accept one client on `listener`; once it proved `auth`'s key,
+/// probe the NIC (for `mw` and `auto`) and set up the endpoint.
+///
+/// A client that fails the auth phase (a wrong key, none, a replay, a
+/// stranger, silence for `timeout`) costs nothing but its TCP connection:
+/// the error is returned and the listener can take the next client.
 pub fn accept<N: Nic>(
     nic: N,
     listener: &TcpListener,
     cfg: Config,
     choice: PolicyChoice,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Server);
-    connect_with(nic, cfg, choice, |h| bootstrap::exchange_server(listener, h, timeout), timeout)
+    let authed = bootstrap::authenticate_server(listener, auth, timeout)?;
+    let serve = serve_set(&nic, choice)?;
+    finish_setup(nic, cfg, serve, authed, timeout)
 }

@@ -176,7 +176,12 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     busy_us=2000
     serve_log=$pdir/serve.log
     bench_out=$pdir/bench.out
-    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
+    # The bootstrap's pre-shared key, as a deployment would give it: a file
+    # of random bytes that only this user can read (mktemp makes it 0600).
+    key_file=$(mktemp)
+    head -c 32 /dev/urandom >"$key_file"
+    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --key-file "$key_file" \
+        --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
     serve_pid=$!
     for _ in $(seq 1 60); do
         grep -q "listening" "$serve_log" 2>/dev/null && break
@@ -184,7 +189,8 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         sleep 1
     done
     if grep -q "listening" "$serve_log"; then
-        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --busy-poll-us "$busy_us" \
+        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+            --busy-poll-us "$busy_us" \
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$bench_out"
         rc=${PIPESTATUS[0]}
         [ "$rc" -eq 0 ] || echo "bench: exit $rc, some cases have no result (informational)"
@@ -193,6 +199,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     fi
     kill "$serve_pid" 2>/dev/null
     wait "$serve_pid" 2>/dev/null
+    rm -f "$key_file"
     sed -e 's/^/serve: /' "$serve_log"
     echo "mwcap: $(( $(date +%s) - bench_start )) s since the benchmark began"
     ratios "$pdir" "$bench_out"

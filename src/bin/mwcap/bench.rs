@@ -10,19 +10,22 @@
 
 use std::process::ExitCode;
 
+use mwcap::bootstrap::Auth;
+
 use crate::BenchOpts;
 
 #[cfg(not(all(feature = "verbs", not(loom))))]
-pub fn run(_: &BenchOpts) -> ExitCode {
+pub fn run(_: &BenchOpts, _: Option<&Auth>) -> ExitCode {
     eprintln!("mwcap bench: this build has no verbs backend; rebuild with `--features verbs`, or use --sim");
     ExitCode::from(2)
 }
 
-/// Run the case matrix over real verbs; print a line per case.
+/// Run the case matrix over real verbs; print a line per case. `auth`
+/// comes with `o.addr`: the bootstrap's authentication.
 #[cfg(all(feature = "verbs", not(loom)))]
-pub fn run(o: &BenchOpts) -> ExitCode {
-    let r = match o.addr {
-        Some(addr) => imp::remote(o, addr),
+pub fn run(o: &BenchOpts, auth: Option<&Auth>) -> ExitCode {
+    let r = match o.addr.zip(auth) {
+        Some((addr, auth)) => imp::remote(o, addr, auth),
         None => imp::local(o),
     };
     match r {
@@ -56,6 +59,7 @@ mod imp {
     use std::net::SocketAddr;
     use std::time::Duration;
 
+    use mwcap::bootstrap::Auth;
     use mwcap::conn::{connect, Connected, Connection, Endpoint, Policies, Policy, PolicyChoice, Role};
     use mwcap::verbs::VerbsNic;
 
@@ -85,7 +89,7 @@ mod imp {
     }
 
     /// Client of a `mwcap serve` at `addr`: one connection per policy.
-    pub fn remote(o: &BenchOpts, addr: SocketAddr) -> Result<(), String> {
+    pub fn remote(o: &BenchOpts, addr: SocketAddr, auth: &Auth) -> Result<(), String> {
         header(o, &format!("two processes, client of mwcap serve at {addr}"));
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
             let to = policy_addr(addr, policy)?;
@@ -94,7 +98,7 @@ mod imp {
                 Policy::Confirm => PolicyChoice::Confirm,
             };
             let cfg = config(Role::Client, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
-            let c = connect(open(o)?, to, cfg, choice, SETUP)
+            let c = connect(open(o)?, to, cfg, choice, auth, SETUP)
                 .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
             if c.policies != Policies::both(policy) {
                 return Err(format!(

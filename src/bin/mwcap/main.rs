@@ -9,6 +9,7 @@ use mwcap::conn::Policy;
 
 #[cfg(not(loom))]
 mod asyncbench;
+mod auth_args;
 mod bench;
 mod cases;
 mod count;
@@ -121,6 +122,9 @@ pub struct BenchOpts {
     /// next to the sans-IO loop.
     #[arg(long, conflicts_with = "addr")]
     pub sim: bool,
+    /// How the bootstrap is authenticated (with ADDR).
+    #[command(flatten)]
+    pub auth: auth_args::AuthArgs,
     #[arg(skip)]
     pub policies: Vec<Policy>,
 }
@@ -155,6 +159,9 @@ pub struct ServeOpts {
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
+    /// How the bootstrap is authenticated.
+    #[command(flatten)]
+    pub auth: auth_args::AuthArgs,
 }
 
 /// Kinds of simulated NIC for `probe --sim`.
@@ -185,13 +192,32 @@ fn main() -> ExitCode {
                 eprintln!("mwcap bench: {e}");
                 return ExitCode::from(2);
             }
+            // Only a client of `mwcap serve` runs a bootstrap.
+            let auth = match o.addr.map(|_| o.auth.resolve()).transpose() {
+                Ok(auth) => auth,
+                Err(e) => {
+                    eprintln!("mwcap bench: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             if o.sim {
                 simbench::run(&o)
             } else {
-                bench::run(&o)
+                bench::run(&o, auth.as_ref())
             }
         }
-        Cmd::Serve(o) => serve::run(&o),
+        Cmd::Serve(o) => match o.auth.resolve() {
+            Ok(auth) => {
+                if matches!(auth, mwcap::bootstrap::Auth::Unauthenticated) {
+                    eprintln!("mwcap serve: --no-auth: anyone who reaches {} gets a connection", o.listen);
+                }
+                serve::run(&o, &auth)
+            }
+            Err(e) => {
+                eprintln!("mwcap serve: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

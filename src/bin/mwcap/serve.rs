@@ -6,18 +6,20 @@
 
 use std::process::ExitCode;
 
+use mwcap::bootstrap::Auth;
+
 use crate::ServeOpts;
 
 #[cfg(not(all(feature = "verbs", not(loom))))]
-pub fn run(_: &ServeOpts) -> ExitCode {
+pub fn run(_: &ServeOpts, _: &Auth) -> ExitCode {
     eprintln!("mwcap serve: this build has no verbs backend; rebuild with `--features verbs`");
     ExitCode::from(2)
 }
 
-/// Serve until killed.
+/// Serve until killed; every client must prove `auth`'s key.
 #[cfg(all(feature = "verbs", not(loom)))]
-pub fn run(o: &ServeOpts) -> ExitCode {
-    match imp::run(o) {
+pub fn run(o: &ServeOpts, auth: &Auth) -> ExitCode {
+    match imp::run(o, auth) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mwcap serve: {e}");
@@ -35,6 +37,7 @@ mod imp {
 
     use futures::future::{select, Either};
     use futures::AsyncReadExt;
+    use mwcap::bootstrap::Auth;
     use mwcap::conn::{accept, Connected, Connection, Policy, PolicyChoice, Role};
     use mwcap::verbs::VerbsNic;
 
@@ -51,7 +54,7 @@ mod imp {
         })
     }
 
-    pub fn run(o: &ServeOpts) -> Result<(), String> {
+    pub fn run(o: &ServeOpts, auth: &Auth) -> Result<(), String> {
         // Fail at once, not at the first client, when the device is unusable.
         drop(open(o)?);
         let mut listeners = Vec::new();
@@ -68,14 +71,14 @@ mod imp {
         let _ = std::io::stdout().flush();
         std::thread::scope(|s| {
             for (policy, l, _) in &listeners {
-                s.spawn(move || accept_loop(o, l, *policy));
+                s.spawn(move || accept_loop(o, l, *policy, auth));
             }
         });
         Ok(())
     }
 
     /// Accept and serve connections one after the other, forever.
-    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy) {
+    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy, auth: &Auth) {
         let choice = match policy {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
@@ -90,7 +93,7 @@ mod imp {
                 }
             };
             let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
-            match accept(nic, listener, cfg, choice, SETUP) {
+            match accept(nic, listener, cfg, choice, auth, SETUP) {
                 Ok(c) => serve_one(c, policy, o.buffer_size),
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }
