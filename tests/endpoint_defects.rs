@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList};
+use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame};
 use mwcap::conn::{
-    Buf, CallError, Config, Endpoint, Event, LossReason, Policies, Policy, Role, SimPair, UseError,
+    Buf, CallError, Config, Endpoint, Event, LossReason, Misbehavior, Policies, Policy, Role, SimPair,
+    UseError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
@@ -132,7 +133,7 @@ fn a_victim_whose_qp_was_flushed_reports_the_connection_down() {
         "the victim must notice its QP was flushed"
     );
     assert!(
-        p.client_events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::Completion(_)))),
+        p.client_events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::Completion { .. }))),
         "{:?}",
         p.client_events
     );
@@ -240,7 +241,14 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
         }
     }
     assert_eq!(surfaced, 0, "a request with two payloads is not handed to the user");
-    assert!(matches!(server.is_down(), Some(LossReason::PeerMisbehaved(_))), "{:?}", server.is_down());
+    assert!(
+        matches!(
+            server.is_down(),
+            Some(LossReason::PeerMisbehaved(Misbehavior::TooManyPayloads { count: 2, .. }))
+        ),
+        "{:?}",
+        server.is_down()
+    );
     assert_eq!(server.free_buffers(), total, "no buffer held");
 }
 
@@ -361,7 +369,7 @@ fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
     }
     assert!(t < Duration::from_secs(1), "took {t:?}: the lease is 5 s, the RNR budget far less");
     assert!(
-        matches!(client.is_down(), Some(LossReason::Completion(s)) if s.contains("RnrRetryExc")),
+        matches!(client.is_down(), Some(LossReason::Completion { status: WcStatus::RnrRetryExcErr, .. })),
         "{:?}",
         client.is_down()
     );

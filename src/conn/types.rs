@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::backend::NicError;
+use crate::backend::{NicError, WcOpcode, WcStatus};
 
 pub use crate::bootstrap::Policy;
 
@@ -356,10 +356,23 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// A work request failed with this completion status.
-    Completion(String),
-    /// The peer broke the protocol (malformed frame, forged grant, SEND_WITH_INV).
-    PeerMisbehaved(String),
+    /// A work request completed with an error (the first one seen; a flush
+    /// of a receive is often the first sign that the peer's side failed).
+    Completion {
+        /// The completion status (`RnrRetryExcErr`: the peer stopped posting
+        /// receives; `RetryExcErr`: it stopped answering).
+        status: WcStatus,
+        /// The operation, as the provider reported it.
+        opcode: WcOpcode,
+        /// The provider's vendor error, 0 if none.
+        vendor_err: u32,
+        /// The work request's id (for matching with logs).
+        wr_id: u64,
+    },
+    /// The memory-window engine found its QP unusable.
+    LeaseEngine(mwcap_mw::LossCause),
+    /// The peer broke the protocol.
+    PeerMisbehaved(Misbehavior),
     /// A READ did not complete in time and the QP was flushed.
     ReadHung,
     /// The user closed it.
@@ -371,13 +384,94 @@ pub enum LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LossReason::Completion(s) => write!(f, "a work request failed: {s}; reconnect"),
-            LossReason::PeerMisbehaved(s) => write!(f, "the peer broke the protocol: {s}; connection closed"),
+            LossReason::Completion { status, opcode, vendor_err, wr_id } => write!(
+                f,
+                "a {opcode:?} work request (wr_id {wr_id:#x}) completed with {status:?} (vendor error {vendor_err:#x}); \
+                 the QP is in error: reconnect, and if it repeats check the peer and the link"
+            ),
+            LossReason::LeaseEngine(c) => write!(f, "the memory-window engine lost its QP ({c:?}); reconnect"),
+            LossReason::PeerMisbehaved(m) => write!(f, "the peer broke the protocol: {m}; connection closed"),
             LossReason::ReadHung => f.write_str("a READ never completed; the QP was flushed, reconnect"),
             LossReason::Closed => f.write_str("closed by the user"),
             LossReason::Nic(e) => write!(f, "the NIC refused an operation: {e}"),
         }
     }
+}
+
+/// What a peer did that the protocol forbids. Each closes the connection
+/// (only that one); none panics or loses a buffer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misbehavior {
+    /// A control message that is not a frame.
+    #[error("malformed frame: {0}")]
+    MalformedFrame(super::frame::FrameError),
+    /// A memory-window engine message that does not decode.
+    #[error("malformed memory-window message: {0:?}")]
+    MalformedLeaseMessage(mwcap_mw::DecodeError),
+    /// A confirm message that does not decode.
+    #[error("malformed confirm message: {0:?}")]
+    MalformedConfirmMessage(mwcap_fallback::DecodeError),
+    /// Bytes after a confirm message.
+    #[error("trailing bytes after a confirm message")]
+    ConfirmTrailingBytes,
+    /// A frame of the other role: a request sent to a client, a reply to a server.
+    #[error("a {role:?} got a {got}")]
+    WrongFrame {
+        /// Our role.
+        role: Role,
+        /// What came: `"request"` or `"reply"`.
+        got: &'static str,
+    },
+    /// A request or reply carrying more than one payload.
+    #[error("message {msg} carries {count} payloads; at most one is allowed")]
+    TooManyPayloads {
+        /// The message id.
+        msg: u64,
+        /// Payloads it carried.
+        count: usize,
+    },
+    /// A request id not above the last one (a replayed or forged request).
+    #[error("request id {msg} is not above the last one ({last})")]
+    RequestIdReused {
+        /// The id received.
+        msg: u64,
+        /// The last id accepted.
+        last: u64,
+    },
+    /// A window grant that rides on no request or reply.
+    #[error("a window grant outside a request or reply")]
+    GrantOutsideMessage,
+    /// A message of a policy neither direction uses (a grant, a release, or
+    /// a confirm message).
+    #[error("a {what}, but no direction of this connection uses that policy")]
+    WrongPolicy {
+        /// What came: `"window grant"`, `"window release"` or `"confirm message"`.
+        what: &'static str,
+    },
+    /// The peer invalidated a window itself (SEND_WITH_INV): only the owner
+    /// may; the owner's engine flushed the QP.
+    #[error("the peer invalidated rkey {rkey:#x} itself (SEND_WITH_INV); only the owner invalidates")]
+    SendWithInvalidate {
+        /// The rkey it invalidated.
+        rkey: u32,
+    },
+}
+
+/// Why a payload could not be read (a call's reply payload, or a request's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PayloadError {
+    /// Memory-window policy: the grant was not read (too little lease time
+    /// left, a destination too small, the connection lost).
+    #[error("the window grant was declined: {0:?}")]
+    Declined(mwcap_mw::DeclineReason),
+    /// Memory-window policy: the READ failed.
+    #[error("the READ of the granted window failed: {0:?}")]
+    ReadFailed(mwcap_mw::ReadError),
+    /// Confirm policy: the read failed or every read was stale.
+    #[error("{0}")]
+    Confirm(mwcap_fallback::ReadError),
 }
 
 /// Why a call (or a request's payload) failed.
@@ -402,9 +496,10 @@ pub enum CallError {
     /// The connection went down.
     #[error("connection lost: {0}")]
     ConnectionLost(LossReason),
-    /// Every read of the payload was stale (confirm policy) or refused.
+    /// The payload could not be read intact (every read of it stale under
+    /// confirm, a grant declined, a READ failed); nothing of it is returned.
     #[error("the payload could not be read intact: {0}")]
-    Payload(String),
+    Payload(PayloadError),
     /// No free buffer to read the payload into.
     #[error("no free buffer to read a {0}-byte payload into; return buffers to the pool faster or add more")]
     NoBuffer(u32),

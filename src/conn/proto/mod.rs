@@ -183,7 +183,7 @@ enum Data {
     /// Read and verified into a pool slot.
     Ready(u32, u32),
     /// Could not be read.
-    Failed(String),
+    Failed(PayloadError),
 }
 
 /// A server request in progress.
@@ -595,10 +595,13 @@ impl Connection {
             // Any error, a flush included: the QP is in ERR. A flushed receive
             // may be the first sign (the peer's bad READ took both QPs down
             // while we had nothing of our own outstanding).
-            self.go_down(
-                now,
-                LossReason::Completion(format!("{:?} {:?} (wr_id {:#x})", c.opcode, c.status, c.wr_id)),
-            );
+            let reason = LossReason::Completion {
+                status: c.status,
+                opcode: c.opcode,
+                vendor_err: c.vendor_err,
+                wr_id: c.wr_id,
+            };
+            self.go_down(now, reason);
         }
         let low = c.wr_id & LOW56;
         match tag_of(c.wr_id) {
@@ -814,7 +817,7 @@ impl Connection {
                 self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
             }
             mw::OwnerAction::FlushQp => {
-                self.go_down(now, LossReason::PeerMisbehaved("the peer invalidated a window itself".into()))
+                self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer))
             }
         }
     }

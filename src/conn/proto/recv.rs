@@ -17,8 +17,7 @@ use super::confirm::ConfirmEngine;
 use super::{Connection, Data, Request};
 
 impl Connection {
-    fn misbehaved(&mut self, now: Duration, what: impl Into<String>) {
-        let what = what.into();
+    fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
     }
@@ -27,17 +26,16 @@ impl Connection {
     /// SEND_WITH_INV invalidated here.
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         if let Some(rkey) = invalidated {
-            match self.owner.as_mut() {
-                Some(o) => o.engine.handle_peer_invalidation(now, rkey),
-                None => {
-                    return self
-                        .misbehaved(now, format!("SEND_WITH_INV of rkey {rkey:#x}; we bind no windows"))
-                }
+            // Only the owner invalidates: the connection is over (the owner
+            // engine, if any, keeps the window's slot until the flush).
+            if let Some(o) = self.owner.as_mut() {
+                o.engine.handle_peer_invalidation(now, rkey);
             }
+            return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
         match Frame::decode(bytes) {
             Ok(frame) => self.on_frame(now, frame),
-            Err(e) => self.misbehaved(now, format!("malformed frame: {e}")),
+            Err(e) => self.misbehaved(now, Misbehavior::MalformedFrame(e)),
         }
     }
 
@@ -50,18 +48,16 @@ impl Connection {
                 self.on_reply(now, msg_id, status, header, attach)
             }
             (Frame::Engine(a), _) => self.on_attach(now, None, a),
-            (f, role) => self.misbehaved(now, format!("a {role:?} endpoint got {}", kind(&f))),
+            (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
 
     fn on_request(&mut self, now: Duration, msg: u64, header: &[u8], attach: Attaches) {
         if let Some(n) = too_many_payloads(&attach) {
-            return self
-                .misbehaved(now, format!("request {msg} carries {n} payloads; at most one is allowed"));
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
         }
         if msg <= self.last_request {
-            return self
-                .misbehaved(now, format!("request id {msg} not above the last one ({})", self.last_request));
+            return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
         }
         self.last_request = msg;
         self.requests.insert(
@@ -85,7 +81,7 @@ impl Connection {
 
     fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: &[u8], attach: Attaches) {
         if let Some(n) = too_many_payloads(&attach) {
-            return self.misbehaved(now, format!("reply {msg} carries {n} payloads; at most one is allowed"));
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
         }
         let carries_data = attach.iter().any(is_data_exposure);
         for &a in attach.iter() {
@@ -109,10 +105,10 @@ impl Connection {
             EngineTag::Mw => match mw::Message::decode(a.bytes()) {
                 Ok(mw::Message::Grant(g)) => {
                     let Some(msg) = msg else {
-                        return self.misbehaved(now, "a grant outside a request or reply");
+                        return self.misbehaved(now, Misbehavior::GrantOutsideMessage);
                     };
                     if self.reader.is_none() {
-                        return self.misbehaved(now, "a window grant, but the peer's direction uses confirm");
+                        return self.misbehaved(now, Misbehavior::WrongPolicy { what: "window grant" });
                     }
                     if self.cfg.role == Role::Server {
                         if let Some(r) = self.requests.get_mut(&msg) {
@@ -125,18 +121,18 @@ impl Connection {
                 }
                 Ok(mw::Message::Release(r)) => match self.owner.as_mut() {
                     Some(o) => o.engine.handle_release(now, r),
-                    None => self.misbehaved(now, "a release, but we grant no windows"),
+                    None => self.misbehaved(now, Misbehavior::WrongPolicy { what: "window release" }),
                 },
-                Err(e) => self.misbehaved(now, format!("malformed mw message: {e:?}")),
+                Err(e) => self.misbehaved(now, Misbehavior::MalformedLeaseMessage(e)),
             },
             EngineTag::Confirm => {
                 let m = match fb::Message::decode(a.bytes()) {
                     Ok((m, [])) => m,
-                    Ok(_) => return self.misbehaved(now, "trailing bytes after a confirm message"),
-                    Err(e) => return self.misbehaved(now, format!("malformed confirm message: {e:?}")),
+                    Ok(_) => return self.misbehaved(now, Misbehavior::ConfirmTrailingBytes),
+                    Err(e) => return self.misbehaved(now, Misbehavior::MalformedConfirmMessage(e)),
                 };
                 let Some(c) = self.confirm.as_mut() else {
-                    return self.misbehaved(now, "a confirm message, but no direction uses confirm");
+                    return self.misbehaved(now, Misbehavior::WrongPolicy { what: "confirm message" });
                 };
                 if let Some(msg) = msg {
                     match m {
@@ -189,7 +185,7 @@ impl Connection {
             Data::Ready(slot, len) => Some((*slot, *len)),
             Data::Reading => return,
             Data::Failed(why) => {
-                let error = CallError::Payload(why.clone());
+                let error = CallError::Payload(*why);
                 self.requests.remove(&msg);
                 self.events.push_back(Event::RequestDropped { req: RequestId(msg), error });
                 return;
@@ -214,9 +210,9 @@ impl Connection {
 
     /// A payload could not be read: the message waiting for it fails (its
     /// reason formatted only then).
-    fn payload_failed(&mut self, msg: u64, why: impl FnOnce() -> String) {
+    fn payload_failed(&mut self, msg: u64, why: PayloadError) {
         if self.awaits_payload(msg) {
-            self.payload_done(msg, Data::Failed(why()));
+            self.payload_done(msg, Data::Failed(why));
         }
     }
 
@@ -261,9 +257,15 @@ impl Connection {
                     }
                 }
                 mw::OwnerEvent::ConnectionLost { cause } => {
-                    self.go_down(now, LossReason::Completion(format!("{cause:?}")));
+                    self.go_down(now, LossReason::LeaseEngine(cause));
                 }
-                mw::OwnerEvent::PeerMisbehaved(m) => self.misbehaved(now, format!("{m:?}")),
+                mw::OwnerEvent::PeerMisbehaved(mw::Misbehavior::SendWithInvalidate { rkey, .. }) => {
+                    self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey })
+                }
+                mw::OwnerEvent::PeerMisbehaved(m) => {
+                    tracing::warn!(?m, "peer misbehaved");
+                    self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer));
+                }
                 mw::OwnerEvent::WindowRetired { window } => {
                     tracing::debug!(window, "window retired with its QP");
                 }
@@ -303,7 +305,7 @@ impl Connection {
                         self.send_release(now, rel);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_failed(msg, || format!("declined: {reason:?}"));
+                        self.payload_failed(msg, PayloadError::Declined(reason));
                     }
                 }
                 mw::ReaderEvent::ReadTimedOut { lease } => {
@@ -314,11 +316,11 @@ impl Connection {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_failed(msg, || format!("read failed: {error:?}"));
+                        self.payload_failed(msg, PayloadError::ReadFailed(error));
                     }
                 }
                 mw::ReaderEvent::ConnectionLost => {
-                    self.go_down(now, LossReason::Completion("reader lost its QP".into()))
+                    self.go_down(now, LossReason::LeaseEngine(mw::LossCause::QpError))
                 }
             }
         }
@@ -376,7 +378,7 @@ impl Connection {
                         let refused_without_data = error == fb::ReadError::Refused
                             && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
                         if !refused_without_data {
-                            self.payload_failed(m, || error.to_string());
+                            self.payload_failed(m, PayloadError::Confirm(error));
                         }
                     }
                 }

@@ -1,0 +1,195 @@
+//! A hostile peer against the sans-IO connection, with no NIC: each test
+//! hands one `proto::Connection` frames written by hand, as a peer that does
+//! not run mwcap's code would send them, and checks that the connection goes
+//! down with the reason a program can match on, asks for its QP to be
+//! flushed, reports it as an event, never panics, and keeps every buffer.
+
+use std::time::Duration;
+
+use mwcap::backend::{Completion, MrId, MrInfo, MwId, WcOpcode, WcStatus};
+use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
+use mwcap::conn::proto::{Command, Connection, Resources};
+use mwcap::conn::{Config, Event, LossReason, Misbehavior, Policies, Policy, Role};
+use mwcap_fallback as fb;
+
+const BUFFERS: u32 = 4;
+
+struct Victim {
+    conn: Connection,
+    /// Posted receives' work request ids, oldest first.
+    recvs: std::collections::VecDeque<u64>,
+    qp_errors: usize,
+}
+
+impl Victim {
+    fn new(role: Role, policy: Policy) -> Victim {
+        let mut cfg = Config::new(role, Policies::both(policy));
+        cfg.buffers = BUFFERS;
+        cfg.buffer_size = 4096;
+        cfg.ctrl_slots = 8;
+        let data = MrInfo { id: MrId::from_raw(2), addr: 0x1000_0000, len: 4 * 4096, lkey: 2, rkey: 0x22 };
+        let (windows, window_rkeys) = if policy == Policy::Mw {
+            (
+                (0..BUFFERS).map(|i| MwId::from_raw(10 + i)).collect(),
+                (0..BUFFERS).map(|i| (0x100 + i) << 8).collect(),
+            )
+        } else {
+            (vec![], vec![])
+        };
+        let mut conn =
+            Connection::new(cfg, Resources { ctrl: MrId::from_raw(1), data, windows, window_rkeys });
+        conn.start();
+        let mut v = Victim { conn, recvs: Default::default(), qp_errors: 0 };
+        v.take_commands();
+        v
+    }
+
+    fn take_commands(&mut self) {
+        while let Some(c) = self.conn.poll_command() {
+            match c {
+                Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
+                Command::SetQpError => self.qp_errors += 1,
+                Command::PostSend { .. } | Command::CpuHold { .. } => {}
+            }
+        }
+    }
+
+    /// The peer's SEND of `bytes` lands in the oldest posted receive.
+    fn receive(&mut self, bytes: &[u8], invalidated: Option<u32>) {
+        let wr_id = self.recvs.pop_front().expect("a receive is posted");
+        let c = Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: bytes.len() as u32,
+            invalidated_rkey: invalidated,
+            qpn: 1,
+            vendor_err: 0,
+        };
+        assert!(self.conn.received_frame(&c).is_some(), "a successful receive carries a frame");
+        self.conn.handle_completion(Duration::from_millis(1), &c, bytes);
+        self.take_commands();
+    }
+
+    /// The connection is down for `want`, said so once in an event, and
+    /// asked for its QP to go to ERR; every buffer is still in the pool.
+    fn assert_down(&mut self, want: impl Fn(&Misbehavior) -> bool) {
+        match self.conn.is_down() {
+            Some(LossReason::PeerMisbehaved(m)) if want(m) => {}
+            other => panic!("unexpected state: {other:?}"),
+        }
+        let mut lost = 0;
+        while let Some(e) = self.conn.poll_event() {
+            if let Event::ConnectionLost(LossReason::PeerMisbehaved(m)) = e {
+                assert!(want(&m));
+                lost += 1;
+            }
+        }
+        assert_eq!(lost, 1, "one ConnectionLost event");
+        assert_eq!(self.qp_errors, 1, "the QP is moved to ERR once");
+        assert_eq!(self.conn.free_buffers(), BUFFERS as usize, "no buffer lost");
+    }
+}
+
+fn request(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
+    Frame::Request { msg_id, header: b"h", attach: Attaches::from_slice(attach).unwrap() }.encode().unwrap()
+}
+
+fn confirm_attach(m: fb::Message) -> Attach {
+    Attach::new(EngineTag::Confirm, &m.to_bytes()).unwrap()
+}
+
+fn expose(msg: u64) -> Attach {
+    confirm_attach(fb::Message::Expose {
+        msg: fb::MsgId::from_raw(msg),
+        buffer: fb::BufferId::from_raw(0),
+        generation: fb::Generation::from_raw(1),
+        region: fb::Region::new(0x2000_0000, 64, 0x33),
+    })
+}
+
+#[test]
+fn bytes_that_are_no_frame_close_the_connection() {
+    for garbage in [&[][..], &[0xff; 7][..], &[1, 9, 9, 9][..], &[0u8; MAX_FRAME][..]] {
+        let mut v = Victim::new(Role::Server, Policy::Mw);
+        v.receive(garbage, None);
+        v.assert_down(|m| matches!(m, Misbehavior::MalformedFrame(_)));
+    }
+}
+
+#[test]
+fn a_replayed_request_id_closes_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    v.receive(&request(5, &[]), None);
+    assert!(v.conn.is_down().is_none(), "the first request is fine");
+    assert!(matches!(v.conn.poll_event(), Some(Event::Request { .. })));
+    v.receive(&request(5, &[]), None);
+    v.assert_down(|m| *m == Misbehavior::RequestIdReused { msg: 5, last: 5 });
+}
+
+#[test]
+fn a_frame_of_the_other_role_closes_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    let reply = Frame::Reply { msg_id: 1, status: 0, header: b"", attach: Attaches::new() }.encode().unwrap();
+    v.receive(&reply, None);
+    v.assert_down(|m| *m == Misbehavior::WrongFrame { role: Role::Server, got: "reply" });
+
+    let mut v = Victim::new(Role::Client, Policy::Mw);
+    v.receive(&request(1, &[]), None);
+    v.assert_down(|m| *m == Misbehavior::WrongFrame { role: Role::Client, got: "request" });
+}
+
+#[test]
+fn a_send_with_invalidate_closes_the_connection() {
+    // Only the owner invalidates its windows; a peer that does, whether we
+    // bind windows or not, has broken the protocol.
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut v = Victim::new(Role::Server, policy);
+        v.receive(&request(1, &[]), Some(0x1234_5601));
+        v.assert_down(|m| *m == Misbehavior::SendWithInvalidate { rkey: 0x1234_5601 });
+    }
+}
+
+#[test]
+fn a_message_of_an_unused_policy_closes_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    v.receive(&request(1, &[expose(1)]), None);
+    v.assert_down(|m| *m == Misbehavior::WrongPolicy { what: "confirm message" });
+}
+
+#[test]
+fn two_payloads_on_one_request_close_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Confirm);
+    v.receive(&request(1, &[expose(1), expose(2)]), None);
+    v.assert_down(|m| *m == Misbehavior::TooManyPayloads { msg: 1, count: 2 });
+}
+
+#[test]
+fn trailing_bytes_after_a_confirm_message_close_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Confirm);
+    let m = fb::Message::Expose {
+        msg: fb::MsgId::from_raw(1),
+        buffer: fb::BufferId::from_raw(0),
+        generation: fb::Generation::from_raw(1),
+        region: fb::Region::new(0x2000_0000, 64, 0x33),
+    };
+    let mut bytes = m.to_bytes();
+    bytes.push(0);
+    v.receive(&request(1, &[Attach::new(EngineTag::Confirm, &bytes).unwrap()]), None);
+    v.assert_down(|m| *m == Misbehavior::ConfirmTrailingBytes);
+}
+
+#[test]
+fn every_reason_says_what_happened() {
+    // The user-facing text names the offence (it goes to logs and errors).
+    let r = LossReason::PeerMisbehaved(Misbehavior::RequestIdReused { msg: 7, last: 9 });
+    assert!(r.to_string().contains("request id 7 is not above the last one (9)"), "{r}");
+    let r = LossReason::Completion {
+        status: WcStatus::RnrRetryExcErr,
+        opcode: WcOpcode::Send,
+        vendor_err: 0x81,
+        wr_id: 0xc1 << 56,
+    };
+    let s = r.to_string();
+    assert!(s.contains("RnrRetryExcErr") && s.contains("0x81") && s.contains("reconnect"), "{s}");
+}
