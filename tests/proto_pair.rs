@@ -245,10 +245,13 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 /// for byte; afterwards every buffer is back and every window invalidated.
 fn run_calls(policies: Policies, calls: u64) -> Pair {
     let mut p = Pair::new(policies);
+    let (mut req_bytes, mut rep_bytes) = (0u64, 0u64);
     for i in 0..calls {
         p.now += Duration::from_micros(10);
         let req_len = 1 + (i as usize * 37) % SIZE as usize;
         let rep_len = 1 + (i as usize * 91) % SIZE as usize;
+        req_bytes += req_len as u64;
+        rep_bytes += rep_len as u64;
         let mut b = p.c.conn.alloc().expect("a free client buffer");
         p.c.write_payload(&mut b, &pattern(i, req_len));
         let header = i.to_le_bytes();
@@ -302,6 +305,33 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
     assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize, "every client buffer is back");
     assert_eq!(p.s.conn.free_buffers(), BUFFERS as usize, "every server buffer is back");
     p.settle();
+    // The counters agree with what the test did.
+    let (c, s) = (p.c.conn.stats(), p.s.conn.stats());
+    assert_eq!((c.calls, c.replies_received, c.calls_failed), (calls, calls, 0));
+    assert_eq!((s.requests, s.replies_sent, s.requests_dropped), (calls, calls, 0));
+    assert_eq!((c.bytes_exposed, s.bytes_read), (req_bytes, req_bytes), "request payload bytes");
+    assert_eq!((s.bytes_exposed, c.bytes_read), (rep_bytes, rep_bytes), "reply payload bytes");
+    assert_eq!((c.stale_reads, s.stale_reads, c.error_completions, s.error_completions), (0, 0, 0, 0));
+    assert_eq!((c.buffers_free, s.buffers_free), (BUFFERS, BUFFERS));
+    for (st, owns_mw, reads_mw) in [
+        (c, policies.request == Policy::Mw, policies.reply == Policy::Mw),
+        (s, policies.reply == Policy::Mw, policies.request == Policy::Mw),
+    ] {
+        match st.lease_owner {
+            Some(o) => {
+                assert!(owns_mw);
+                assert_eq!((o.grants, o.released, o.invalidations, o.expired), (calls, calls, calls, 0));
+            }
+            None => assert!(!owns_mw),
+        }
+        match st.lease_reader {
+            Some(r) => {
+                assert!(reads_mw);
+                assert_eq!((r.reads, r.reads_done, r.reads_failed), (calls, calls, 0));
+            }
+            None => assert!(!reads_mw),
+        }
+    }
     for side in [&mut p.c, &mut p.s] {
         assert!(side.windows.is_empty(), "every bound window was invalidated");
         assert_eq!(side.binds, side.invalidations, "each bind invalidated exactly once");
@@ -364,4 +394,8 @@ fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     assert!(returned, "the buffer came back on the invalidation's completion");
     assert!(p.c.windows.is_empty());
     assert_eq!(p.c.invalidations, 1);
+    let st = p.c.conn.stats();
+    let o = st.lease_owner.expect("the client owns its direction under mw");
+    assert_eq!((o.grants, o.expired, o.invalidations, o.released), (1, 1, 1, 0));
+    assert_eq!((st.calls, st.calls_failed, st.buffers_exposed), (1, 1, 0));
 }

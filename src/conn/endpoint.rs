@@ -34,6 +34,10 @@ pub struct Endpoint<N: Nic> {
     /// decoded (capacity MAX_FRAME; the slot is re-posted at once).
     scratch: Vec<u8>,
     destroyed: bool,
+    /// The connection's span (id, QP number, role, policies): every log
+    /// line of its work is inside it, so many connections' logs can be
+    /// told apart.
+    span: tracing::Span,
 }
 
 impl<N: Nic> Endpoint<N> {
@@ -123,6 +127,11 @@ impl<N: Nic> Endpoint<N> {
         self.conn.is_down()
     }
 
+    /// What the connection has done so far, and where its buffers are.
+    pub fn stats(&self) -> ConnStats {
+        self.conn.stats()
+    }
+
     /// Whether events wait to be taken with [`Endpoint::poll_event`].
     pub fn has_events(&self) -> bool {
         self.conn.has_events()
@@ -131,6 +140,7 @@ impl<N: Nic> Endpoint<N> {
     /// Carry out every command the connection has queued. A command the NIC
     /// refuses goes back to the connection, which goes down.
     fn run(&mut self) {
+        let _in = self.span.enter();
         while let Some(cmd) = self.conn.poll_command() {
             let done = match &cmd {
                 Command::PostSend { chain, frame } => {
@@ -273,7 +283,7 @@ impl<N: Nic> Endpoint<N> {
 
     /// Time has reached `now`: fire the engines' timers and call deadlines.
     pub fn handle_timeout(&mut self, now: Duration) {
-        self.conn.handle_timeout(now);
+        self.span.in_scope(|| self.conn.handle_timeout(now));
         self.run();
     }
 
@@ -294,6 +304,7 @@ impl<N: Nic> Endpoint<N> {
             if n == 0 {
                 break;
             }
+            let _in = self.span.enter();
             for c in &batch[..n] {
                 scratch.clear();
                 if let Some((offset, len)) = self.conn.received_frame(c) {
@@ -307,6 +318,7 @@ impl<N: Nic> Endpoint<N> {
                 }
                 self.conn.handle_completion(now, c, &scratch);
             }
+            drop(_in);
             self.run();
         }
         self.batch = batch;
@@ -323,7 +335,7 @@ impl<N: Nic> Endpoint<N> {
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
-        let r = self.conn.call(now, header, data);
+        let r = self.span.in_scope(|| self.conn.call(now, header, data));
         self.run();
         r
     }
@@ -350,7 +362,7 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
-        let r = self.conn.reply(now, req, status, header, data);
+        let r = self.span.in_scope(|| self.conn.reply(now, req, status, header, data));
         self.run();
         r
     }
@@ -362,7 +374,7 @@ impl<N: Nic> Endpoint<N> {
     /// [`Endpoint::drive`] reaps them; [`Endpoint::finish_close`] then
     /// destroys the QP. Never blocks.
     pub fn begin_close(&mut self, now: Duration) {
-        self.conn.begin_close(now);
+        self.span.in_scope(|| self.conn.begin_close(now));
         self.run();
     }
 
@@ -468,8 +480,17 @@ impl<N: Nic> Prepared<N> {
             }
         }
         let (windows, window_rkeys) = made.keep();
+        let span = tracing::debug_span!(
+            "mwcap.conn",
+            id = tracing::field::Empty,
+            qpn = self.local.qpn,
+            role = ?cfg.role,
+            request = ?cfg.policies.request,
+            reply = ?cfg.policies.reply,
+        );
         let conn =
             Connection::new(cfg, Resources { ctrl: ctrl.id, data, windows: windows.clone(), window_rkeys });
+        span.record("id", conn.id());
         let nic = self.nic.take().expect("finish runs once");
         Ok(Endpoint {
             nic,
@@ -482,6 +503,7 @@ impl<N: Nic> Prepared<N> {
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
             destroyed: false,
+            span,
         })
     }
 }

@@ -391,6 +391,13 @@ impl<N: Nic> Connection<N> {
         self.with(|s| s.closing = true);
     }
 
+    /// What the connection has done so far (calls, bytes, binds,
+    /// invalidations, expiries, stale reads, errors), and where its buffers
+    /// are now.
+    pub fn stats(&self) -> super::ConnStats {
+        self.peek(|s| s.ep.stats())
+    }
+
     /// What the driver has done so far.
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;

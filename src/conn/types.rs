@@ -352,6 +352,58 @@ pub enum Event {
     ConnectionLost(LossReason),
 }
 
+/// What a connection has done so far, and where its buffers are now
+/// (`Connection::stats`). Counters only grow; the buffer counts are a
+/// snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnStats {
+    /// Client: calls sent.
+    pub calls: u64,
+    /// Client: replies delivered (with their payloads read and verified).
+    pub replies_received: u64,
+    /// Client: calls that failed (timed out, cancelled, payload unreadable,
+    /// connection lost).
+    pub calls_failed: u64,
+    /// Server: requests handed to the user.
+    pub requests: u64,
+    /// Server: requests dropped before the user saw them.
+    pub requests_dropped: u64,
+    /// Server: replies sent.
+    pub replies_sent: u64,
+    /// Payload bytes this side READ from the peer and accepted.
+    pub bytes_read: u64,
+    /// Payload bytes this side exposed to the peer.
+    pub bytes_exposed: u64,
+    /// Confirm policy: READs discarded because the owner had reused the
+    /// buffer meanwhile (each is retried, or the call fails).
+    pub stale_reads: u64,
+    /// Control frames sent and received.
+    pub frames_sent: u64,
+    /// Control frames received.
+    pub frames_received: u64,
+    /// Completions reaped.
+    pub completions: u64,
+    /// Completions with an error status (flushes included).
+    pub error_completions: u64,
+    /// Of those, the NIC gave up retrying: `RnrRetryExcErr` (the peer
+    /// posted no receive) or `RetryExcErr` (it did not answer).
+    pub retries_exceeded: u64,
+    /// Memory-window policy, our direction: binds, releases, expiries,
+    /// invalidations, stale and forged releases.
+    pub lease_owner: Option<mwcap_mw::OwnerStats>,
+    /// Memory-window policy, the peer's direction: READs, declines, failures.
+    pub lease_reader: Option<mwcap_mw::ReaderStats>,
+    /// Buffers now free in the pool.
+    pub buffers_free: u32,
+    /// Buffers now held by the user.
+    pub buffers_user: u32,
+    /// Buffers now exposed to the peer (waiting for evidence to come back).
+    pub buffers_exposed: u32,
+    /// Buffers now being READ into.
+    pub buffers_reading: u32,
+}
+
 /// Why a connection went down.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

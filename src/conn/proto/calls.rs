@@ -79,6 +79,7 @@ impl Connection {
             data: Data::Unknown,
         };
         self.calls.insert(msg, call.deadline, call);
+        self.stats.calls += 1;
         let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
@@ -138,7 +139,7 @@ impl Connection {
         if let Data::Ready(slot, _) = call.data {
             self.bufs.hand(slot, Holder::User, Holder::Free);
         }
-        self.events.push_back(Event::CallFailed { call: CallId(msg), error });
+        self.emit(Event::CallFailed { call: CallId(msg), error });
     }
 
     /// Server: answer `req` with `status`, `header` and optionally a payload
@@ -181,13 +182,14 @@ impl Connection {
             } else {
                 // The client withdrew its fetch: the reply goes without data,
                 // and the buffer, never exposed, comes straight back.
-                self.events.push_back(Event::BufferReturned(b));
+                self.emit(Event::BufferReturned(b));
             }
         }
         if let (Some(fm), Some(c)) = (fetch.filter(|_| !exposed), self.confirm.as_mut()) {
             c.msgs.remove(&fm);
         }
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
+        self.stats.replies_sent += 1;
         let mut frame = Frame::Reply { msg_id: req.0, status, header, attach: Attaches::new() };
         if let Some(rel) = r.release.take() {
             super::push_attach(&mut frame, super::mw_attach(&mwcap_mw::Message::Release(rel)));

@@ -245,6 +245,8 @@ pub struct Connection {
     confirm: Option<ConfirmEngine>,
     next_msg: u64,
     last_request: u64,
+    /// Counters for `stats` (the buffer counts are read when asked).
+    stats: ConnStats,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
     events: VecDeque<Event>,
@@ -303,6 +305,7 @@ impl Connection {
             confirm,
             next_msg: 1,
             last_request: 0,
+            stats: ConnStats::default(),
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
             events: VecDeque::new(),
@@ -316,6 +319,12 @@ impl Connection {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// This connection's id in the process (in logs and spans; buffers
+    /// name it).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether `buf` is one of this connection's buffers.
@@ -520,6 +529,33 @@ impl Connection {
         self.dirty || !self.events.is_empty()
     }
 
+    /// Queue an event for the user, counting it.
+    fn emit(&mut self, e: Event) {
+        let s = &mut self.stats;
+        match &e {
+            Event::Reply { .. } => s.replies_received += 1,
+            Event::CallFailed { .. } => s.calls_failed += 1,
+            Event::Request { .. } => s.requests += 1,
+            Event::RequestDropped { .. } => s.requests_dropped += 1,
+            Event::ReplyAgain { .. } | Event::BufferReturned(_) | Event::ConnectionLost(_) => {}
+        }
+        self.events.push_back(e);
+    }
+
+    /// What the connection has done so far, and where its buffers are.
+    pub fn stats(&self) -> ConnStats {
+        let count = |h| self.bufs.count(h) as u32;
+        ConnStats {
+            lease_owner: self.owner.as_ref().map(|o| o.engine.stats()),
+            lease_reader: self.reader.as_ref().map(|r| r.engine.stats()),
+            buffers_free: count(Holder::Free),
+            buffers_user: count(Holder::User),
+            buffers_exposed: count(Holder::Exposed),
+            buffers_reading: count(Holder::Reading),
+            ..self.stats
+        }
+    }
+
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.settle();
@@ -591,6 +627,13 @@ impl Connection {
     pub fn handle_completion(&mut self, now: Duration, c: &Completion, frame: &[u8]) {
         self.now = now;
         self.dirty = true;
+        self.stats.completions += 1;
+        if !c.status.is_success() {
+            self.stats.error_completions += 1;
+            if matches!(c.status, WcStatus::RnrRetryExcErr | WcStatus::RetryExcErr) {
+                self.stats.retries_exceeded += 1;
+            }
+        }
         if !c.status.is_success() && self.down.is_none() {
             // Any error, a flush included: the QP is in ERR. A flushed receive
             // may be the first sign (the peer's bad READ took both QPs down
@@ -681,7 +724,7 @@ impl Connection {
             c.handle_connection_lost(now);
         }
         for (msg, _) in self.calls.drain() {
-            self.events.push_back(Event::CallFailed {
+            self.emit(Event::CallFailed {
                 call: CallId(msg),
                 error: CallError::ConnectionLost(reason.clone()),
             });
@@ -690,13 +733,13 @@ impl Connection {
         requests.sort_unstable_by_key(|&(msg, _)| msg);
         for (msg, r) in requests {
             if !r.surfaced {
-                self.events.push_back(Event::RequestDropped {
+                self.emit(Event::RequestDropped {
                     req: RequestId(msg),
                     error: CallError::ConnectionLost(reason.clone()),
                 });
             }
         }
-        self.events.push_back(Event::ConnectionLost(reason));
+        self.emit(Event::ConnectionLost(reason));
     }
 
     /// Start closing: the QP goes to ERR (no remote access through it is
@@ -741,7 +784,7 @@ impl Connection {
                 Some(Holder::Exposed) => {
                     self.bufs.hand(slot, Holder::Exposed, Holder::User);
                     let b = self.buf(slot, 0);
-                    self.events.push_back(Event::BufferReturned(b));
+                    self.emit(Event::BufferReturned(b));
                 }
                 Some(Holder::Reading) => {
                     self.bufs.hand(slot, Holder::Reading, Holder::Free);
@@ -943,6 +986,7 @@ impl Connection {
             }
         };
         self.tx_used = start + len;
+        self.stats.frames_sent += 1;
         let offset = slot as usize * MAX_FRAME;
         let staged = Staged { offset, start: start as u32, len: len as u32 };
         let sge = SgeList::one(Sge { mr: self.res.ctrl, offset, len: len as u32 });

@@ -25,6 +25,7 @@ impl Connection {
     /// A frame arrived (`bytes`, decoded borrowing them), with the rkey a
     /// SEND_WITH_INV invalidated here.
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
+        self.stats.frames_received += 1;
         if let Some(rkey) = invalidated {
             // Only the owner invalidates: the connection is over (the owner
             // engine, if any, keeps the window's slot until the flush).
@@ -171,7 +172,7 @@ impl Connection {
             Data::Failed(why) => Event::CallFailed { call: CallId(msg), error: CallError::Payload(why) },
             _ => Event::Reply { call: CallId(msg), status, header, data: None },
         };
-        self.events.push_back(ev);
+        self.emit(ev);
     }
 
     /// Server: hand the request to the user once its payload is in.
@@ -187,14 +188,14 @@ impl Connection {
             Data::Failed(why) => {
                 let error = CallError::Payload(*why);
                 self.requests.remove(&msg);
-                self.events.push_back(Event::RequestDropped { req: RequestId(msg), error });
+                self.emit(Event::RequestDropped { req: RequestId(msg), error });
                 return;
             }
         };
         r.surfaced = true;
         let header = std::mem::take(&mut r.header);
         let data = data.map(|(s, l)| self.buf(s, l));
-        self.events.push_back(Event::Request { req: RequestId(msg), header, data });
+        self.emit(Event::Request { req: RequestId(msg), header, data });
     }
 
     /// A payload for `msg` is resolved: on a server the request, on a client the call.
@@ -252,7 +253,7 @@ impl Connection {
                     if let Some(slot) = slot {
                         if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
                             let b = self.buf(slot, buffer.len);
-                            self.events.push_back(Event::BufferReturned(b));
+                            self.emit(Event::BufferReturned(b));
                         }
                     }
                 }
@@ -280,6 +281,7 @@ impl Connection {
             any = true;
             match ev {
                 mw::ReaderEvent::ReadDone { lease, dest, len, release } => {
+                    self.stats.bytes_read += u64::from(len);
                     let slot = self.slot_of_mw(&dest);
                     let msg = self.reader.as_mut().and_then(|r| r.leases.remove(&lease));
                     if let Some(slot) = slot {
@@ -356,6 +358,7 @@ impl Connection {
             any = true;
             match ev {
                 fb::Event::ReadVerified { msg, token, len } => {
+                    self.stats.bytes_read += u64::from(len);
                     let slot = self.cf().reads.remove(&token.raw());
                     if let Some(slot) = slot {
                         self.bufs.hand(slot, Holder::Reading, Holder::User);
@@ -369,6 +372,7 @@ impl Connection {
                     }
                 }
                 fb::Event::ReadDiscarded { token } => {
+                    self.stats.stale_reads += 1;
                     if let Some(slot) = self.cf().reads.remove(&token.raw()) {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
@@ -396,7 +400,7 @@ impl Connection {
                                     surfaced: true,
                                 },
                             );
-                            self.events.push_back(Event::ReplyAgain { req: RequestId(m) });
+                            self.emit(Event::ReplyAgain { req: RequestId(m) });
                         } else if let Some(r) = self.requests.get_mut(&m) {
                             r.fetch_fb = Some(msg);
                         }
@@ -416,7 +420,7 @@ impl Connection {
                     if let Some(slot) = self.cf().slot_of.get(&buffer).copied() {
                         if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
                             let b = self.buf(slot, 0);
-                            self.events.push_back(Event::BufferReturned(b));
+                            self.emit(Event::BufferReturned(b));
                         }
                     }
                 }

@@ -83,6 +83,7 @@ impl Connection {
             Exposure::Confirm(fm)
         };
         self.bufs.hand(slot, Holder::User, Holder::Exposed);
+        self.stats.bytes_exposed += u64::from(len);
         Ok(Some(exposure))
     }
 
