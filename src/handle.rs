@@ -88,6 +88,7 @@ impl<T> Slot<T> {
     }
 
     /// User side: take the value if it has arrived, without waiting.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the loom models use it
     pub fn try_take(&self) -> Option<T> {
         let mut st = self.state.lock();
         match std::mem::replace(&mut *st, State::Taken) {
@@ -149,6 +150,7 @@ impl<T> Handle<T> {
         Handle { slot, recycle, done: false }
     }
     /// Take the value if it has arrived.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the loom models use it
     pub fn try_take(&mut self) -> Option<T> {
         let v = self.slot.try_take();
         self.done |= v.is_some();

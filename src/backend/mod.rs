@@ -18,7 +18,10 @@
 //! and passes the *new* rkey in [`SendWr::BindMw`]; [`rkey::rebind`] computes
 //! it from the old one and a fresh random consumer key, wrapping correctly.
 
+#[cfg(feature = "testing")]
 pub mod loopback;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod loopback;
 pub mod rkey;
 mod types;
 

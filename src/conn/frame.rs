@@ -137,6 +137,7 @@ impl Attaches {
     }
 
     /// From a slice; fails past [`MAX_ATTACH`].
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and fuzzing build frames by hand
     pub fn from_slice(s: &[Attach]) -> Result<Attaches, FrameError> {
         let mut out = Attaches::new();
         for a in s {
@@ -324,6 +325,7 @@ impl Writer<'_> {
 
 impl<'a> Frame<'a> {
     /// Encode; fails when the result would exceed [`MAX_FRAME`] or a header [`MAX_HEADER`].
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and fuzzing build frames by hand
     pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
         let mut out = vec![0; MAX_FRAME];
         let n = self.encode_into(&mut out)?;

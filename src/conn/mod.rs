@@ -4,7 +4,7 @@
 //! - [`proto::Connection`] is one side of one RC connection as a state
 //!   machine with no I/O: it runs, per direction, either the memory-window
 //!   lease engines of `mwcap-mw` or the confirm engines of
-//!   `mwcap-fallback`, takes completions, received [`frame`]s and the time,
+//!   `mwcap-fallback`, takes completions, received frames and the time,
 //!   and returns work requests to post ([`proto::Command`]) and
 //!   [`Event`]s.
 //! - An [`Endpoint`] does its I/O: it owns the queue pair, its completion
@@ -42,7 +42,10 @@
 //! [`Endpoint::poll_timeout`] or the next completion.
 
 mod endpoint;
+#[cfg(feature = "testing")]
 pub mod frame;
+#[cfg(not(feature = "testing"))]
+mod frame;
 #[cfg(not(loom))]
 mod live;
 mod pool;
@@ -56,4 +59,5 @@ pub use endpoint::{Endpoint, Prepared};
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
 pub use simpair::SimPair;
+pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use types::*;
