@@ -1,9 +1,9 @@
 //! The async face of an [`Endpoint`]: a [`Connection`] handle for the user
 //! and one [`Driver`] future that runs the endpoint (house style: quinn's
 //! `ConnectionDriver`). The driver works under any executor: it needs only
-//! `async-io` (its timer, and on verbs its reactor for the completion
-//! channel's fd), so smol, tokio, or `futures::executor::block_on` on a
-//! plain thread all do.
+//! mwcap's alarm thread for its timer (`alarm.rs`) and, on verbs, async-io's
+//! reactor for the completion channel's fd, so smol, tokio, or
+//! `futures::executor::block_on` on a plain thread all do.
 //!
 //! # The driver's loop
 //! Each turn fires due timers, polls the completion queue until it is
@@ -604,8 +604,7 @@ impl<N: Nic> Driver<N> {
         let mut idle_since: Option<Instant> = None;
         // The sleep timer is kept across sleeps and moved only when the next
         // deadline comes before it: a timer that fires early costs one turn,
-        // re-arming one on every sleep costs the reactor thread a
-        // registration and a removal per call.
+        // re-arming one on every sleep costs a registration per call.
         let mut timer = SleepTimer::default();
         use std::sync::atomic::Ordering::Relaxed;
         let counters = &self.inner.counters;
@@ -661,40 +660,30 @@ impl<N: Nic> Driver<N> {
     }
 }
 
-/// The driver's sleep timer: one `async_io::Timer`, kept armed across
-/// sleeps while its deadline is no later than the next one needed.
+/// The driver's sleep timer: an [`Alarm`](super::alarm::Alarm), kept armed
+/// across sleeps while its deadline is no later than the next one needed.
 #[derive(Default)]
 struct SleepTimer {
-    /// The armed timer and its deadline (time since the epoch).
-    armed: Option<(Duration, async_io::Timer)>,
+    alarm: super::alarm::Alarm,
+    /// The epoch the deadlines are counted from (set on first use).
+    epoch: Option<Instant>,
 }
 
 impl SleepTimer {
-    /// Make sure the timer fires no later than `next`.
+    /// Make sure the timer fires no later than `next` (time since `epoch`).
     fn arm(&mut self, epoch: Instant, next: Option<Duration>) {
-        let Some(next) = next else { return };
-        match &mut self.armed {
-            Some((at, _)) if *at <= next => {}
-            Some((at, t)) => {
-                *at = next;
-                t.set_at(epoch + next);
-            }
-            None => self.armed = Some((next, async_io::Timer::at(epoch + next))),
-        }
+        self.epoch = Some(epoch);
+        self.alarm.arm(next.map(|t| epoch + t));
     }
 
-    /// When the armed timer fires.
+    /// When the armed timer fires, as time since the epoch.
     fn deadline(&self) -> Option<Duration> {
-        self.armed.as_ref().map(|(at, _)| *at)
+        let epoch = self.epoch?;
+        self.alarm.deadline().map(|at| at.saturating_duration_since(epoch))
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some((_, t)) = self.armed.as_mut() else { return Poll::Pending };
-        if Pin::new(t).poll(cx).is_ready() {
-            self.armed = None;
-            return Poll::Ready(());
-        }
-        Poll::Pending
+        self.alarm.poll(cx)
     }
 }
 

@@ -41,6 +41,8 @@
 //! then [`Endpoint::poll_event`] until `None`, then wait until
 //! [`Endpoint::poll_timeout`] or the next completion.
 
+#[cfg(not(loom))]
+mod alarm;
 mod endpoint;
 #[cfg(feature = "testing")]
 pub mod frame;

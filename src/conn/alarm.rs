@@ -1,0 +1,198 @@
+//! Alarms for sleeping drivers: one thread for the process that wakes a
+//! driver at its deadline.
+//!
+//! async-io's `Timer` would do, but its reactor allocates each time a thread
+//! parks in it while any timer is registered (it splits its timer map at
+//! "now" on every turn), so a connection whose calls outlast the busy-poll
+//! window would allocate on every call. Here an alarm is a slot shared by
+//! the driver and the alarm thread: arming it stores the deadline and the
+//! waker, and pushes one entry on the thread's heap (a vector that keeps
+//! its capacity); moving it later is free (the thread finds the entry stale
+//! and re-queues it), so nothing allocates in steady state.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+/// One driver's alarm.
+#[derive(Default)]
+pub(crate) struct Alarm {
+    slot: Arc<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// When to ring (`None`: disarmed).
+    at: Option<Instant>,
+    /// Whether `at` has passed and the alarm rang since it was armed.
+    rang: bool,
+    waker: Option<Waker>,
+}
+
+struct Wheel {
+    heap: Mutex<BinaryHeap<Reverse<(Instant, Entry)>>>,
+    wake: Condvar,
+}
+
+/// A heap entry: the slot, compared by address only (entries with the
+/// same instant are ordered arbitrarily).
+struct Entry(Arc<Slot>);
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Entry) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Entry) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Entry) -> std::cmp::Ordering {
+        Arc::as_ptr(&self.0).cmp(&Arc::as_ptr(&o.0))
+    }
+}
+
+fn wheel() -> &'static Wheel {
+    static WHEEL: OnceLock<&'static Wheel> = OnceLock::new();
+    WHEEL.get_or_init(|| {
+        let w: &'static Wheel =
+            Box::leak(Box::new(Wheel { heap: Mutex::new(BinaryHeap::with_capacity(64)), wake: Condvar::new() }));
+        std::thread::Builder::new()
+            .name("mwcap-alarm".into())
+            .spawn(move || w.run())
+            .expect("the alarm thread starts");
+        w
+    })
+}
+
+impl Wheel {
+    fn run(&self) {
+        let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            match heap.peek() {
+                None => heap = self.wake.wait(heap).unwrap_or_else(|p| p.into_inner()),
+                Some(Reverse((at, _))) if *at > now => {
+                    let d = *at - now;
+                    heap = self.wake.wait_timeout(heap, d).unwrap_or_else(|p| p.into_inner()).0;
+                }
+                Some(_) => {
+                    let Reverse((at, Entry(slot))) = heap.pop().expect("peeked");
+                    let mut st = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+                    match st.at {
+                        // Moved later since: queue it again for then.
+                        Some(t) if t > at => {
+                            drop(st);
+                            heap.push(Reverse((t, Entry(slot))));
+                        }
+                        Some(_) => {
+                            st.rang = true;
+                            st.at = None;
+                            if let Some(w) = st.waker.take() {
+                                drop(st);
+                                w.wake();
+                            }
+                        }
+                        None => {} // disarmed
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Alarm {
+    /// Ring no later than `at` (an earlier deadline wins; `None` leaves the
+    /// alarm as it is).
+    pub(crate) fn arm(&mut self, at: Option<Instant>) {
+        let Some(at) = at else { return };
+        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        match st.at {
+            Some(t) if t <= at => {}
+            _ => {
+                st.at = Some(at);
+                st.rang = false;
+                drop(st);
+                let w = wheel();
+                let mut heap = w.heap.lock().unwrap_or_else(|p| p.into_inner());
+                let earliest = heap.peek().map_or(true, |Reverse((t, _))| at < *t);
+                heap.push(Reverse((at, Entry(self.slot.clone()))));
+                drop(heap);
+                if earliest {
+                    w.wake.notify_one();
+                }
+            }
+        }
+    }
+
+    /// When the alarm rings, if it is armed.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.slot.state.lock().unwrap_or_else(|p| p.into_inner()).at
+    }
+
+    /// Ready once the armed deadline passed (then the alarm is disarmed).
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.rang || st.at.is_some_and(|t| t <= Instant::now()) {
+            st.rang = false;
+            st.at = None;
+            return Poll::Ready(());
+        }
+        if st.at.is_some() {
+            crate::handle::store_waker(&mut st.waker, cx.waker());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Alarm {
+    fn drop(&mut self) {
+        // Disarm: the thread drops its entry when it comes due.
+        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.at = None;
+        st.waker = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_alarm_rings_at_its_deadline_and_an_earlier_one_wins() {
+        let mut a = Alarm::default();
+        let start = Instant::now();
+        a.arm(Some(start + Duration::from_secs(3600)));
+        a.arm(Some(start + Duration::from_millis(30)));
+        a.arm(Some(start + Duration::from_secs(60))); // later: ignored
+        assert_eq!(a.deadline(), Some(start + Duration::from_millis(30)));
+        futures::executor::block_on(std::future::poll_fn(|cx| a.poll(cx)));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(30), "rang after {waited:?}");
+        assert_eq!(a.deadline(), None, "disarmed once rung");
+    }
+
+    #[test]
+    fn many_alarms_ring_in_order() {
+        let start = Instant::now();
+        let mut alarms: Vec<Alarm> = (0..20).map(|_| Alarm::default()).collect();
+        for (i, a) in alarms.iter_mut().enumerate() {
+            a.arm(Some(start + Duration::from_millis(5 * (20 - i as u64))));
+        }
+        for a in alarms.iter_mut().rev() {
+            futures::executor::block_on(std::future::poll_fn(|cx| a.poll(cx)));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(100));
+    }
+}
