@@ -17,12 +17,16 @@ fn connected(p: Policies) -> Pair {
 }
 
 fn connected_with(p: Policies, lease: Duration) -> Pair {
+    connected_timeouts(p, lease, Duration::from_secs(2))
+}
+
+fn connected_timeouts(p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
     let fabric = Fabric::with_seed(3);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let cfg = |role| {
         let mut c = Config::new(role, p);
-        c.call_timeout = Duration::from_secs(2);
+        c.call_timeout = call_timeout;
         c.lease_time = lease;
         c.safety_margin = Duration::from_millis(50);
         c
@@ -140,6 +144,43 @@ fn an_idle_connection_sleeps_instead_of_polling() {
     assert_eq!(a.0.turns, b.0.turns, "the client driver kept polling: {a:?} -> {b:?}");
     assert_eq!(a.1.turns, b.1.turns, "the server driver kept polling: {a:?} -> {b:?}");
     assert!(b.0.sleeps >= 1 && b.1.sleeps >= 1);
+}
+
+#[test]
+fn a_call_made_while_the_driver_sleeps_still_times_out() {
+    // The driver is not rung for a call whose deadline comes after the
+    // alarm it already armed; the call must time out all the same, at its
+    // own deadline, not at the first one's.
+    let timeout = Duration::from_millis(300);
+    let (client, cdrv, server, sdrv) = connected_timeouts(Policies::both(Policy::Mw), timeout, timeout);
+    let app = async {
+        client.call(b"first", None).await.expect("the first call is answered");
+        // Idle: both drivers go to sleep (the client's alarm still armed at
+        // the first call's deadline).
+        async_io::Timer::after(Duration::from_millis(100)).await;
+        let start = std::time::Instant::now();
+        // A lost deadline would wait forever: give up after 20 s instead.
+        let call = std::pin::pin!(client.call(b"second", None));
+        match select(call, async_io::Timer::after(Duration::from_secs(20))).await {
+            Either::Left((r, _)) => (r, start.elapsed()),
+            Either::Right(_) => panic!("the call never timed out: its deadline was lost"),
+        }
+    };
+    // A server that answers the first request and swallows the rest.
+    let swallow = async {
+        let mut first = true;
+        while let Some(req) = server.next_request().await {
+            if std::mem::take(&mut first) {
+                server.reply(req.id, 0, b"", None).await.unwrap();
+            }
+        }
+    };
+    let rest = futures::future::join3(cdrv.run(), sdrv.run(), swallow);
+    let Either::Left(((r, took), _)) = block_on(select(Box::pin(app), Box::pin(rest))) else {
+        panic!("drivers ended first")
+    };
+    assert_eq!(r.unwrap_err(), mwcap::conn::CallError::TimedOut);
+    assert!(took >= timeout, "timed out after {took:?}, before its {timeout:?}");
 }
 
 /// A server that answers every request with a 64-byte payload.
