@@ -65,8 +65,10 @@ impl Ord for Entry {
 fn wheel() -> &'static Wheel {
     static WHEEL: OnceLock<&'static Wheel> = OnceLock::new();
     WHEEL.get_or_init(|| {
-        let w: &'static Wheel =
-            Box::leak(Box::new(Wheel { heap: Mutex::new(BinaryHeap::with_capacity(64)), wake: Condvar::new() }));
+        let w: &'static Wheel = Box::leak(Box::new(Wheel {
+            heap: Mutex::new(BinaryHeap::with_capacity(64)),
+            wake: Condvar::new(),
+        }));
         std::thread::Builder::new()
             .name("mwcap-alarm".into())
             .spawn(move || w.run())

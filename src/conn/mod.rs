@@ -57,9 +57,9 @@ mod simpair;
 mod types;
 
 pub use endpoint::{Endpoint, Prepared};
+pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
 pub use simpair::SimPair;
-pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use types::*;

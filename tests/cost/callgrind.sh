@@ -6,6 +6,8 @@
 #
 #   tests/cost/callgrind.sh [CASE...]      (CASE: rpc, mw, confirm; default all)
 #
+# Also prints the sans-IO layer alone (examples/proto_cost.rs), see the end.
+#
 # The simulator is reached only through the `Nic` trait, so its cost is the
 # inclusive cost of `<SimNic as Nic>::*`; mwcap's is the program total minus
 # that. Two runs of the same binary (N1 and N2 measured calls after the same
@@ -16,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
-cargo build --release --quiet --example call_cost
+cargo build --release --quiet --example call_cost --example proto_cost
 bin=target/release/examples/call_cost
 n1=${COST_N1:-500}
 n2=${COST_N2:-1500}
@@ -51,4 +53,19 @@ calls = n2 - n1
 mw = ((t2 - s2) - (t1 - s1)) / calls / 2
 print(f"cost case={case} mwcap_ir_per_call_per_side={mw:.0f} sim_ir_per_call={(s2 - s1) / calls:.0f} total_ir_per_call={(t2 - t1) / calls:.0f}")
 PY
+done
+
+# The sans-IO layer alone: examples/proto_cost.rs runs two proto::Connections
+# whose commands it carries out on byte vectors (no Nic, no simulator, no
+# executor); the difference of two runs, per call and side, is the protocol
+# layer and its engines plus that minimal harness (about 1,000 instructions
+# a call per side: its copies of frames and payloads, and its queues).
+for c in "${cases[@]}"; do
+    for n in "$n1" "$n2"; do
+        valgrind --tool=callgrind --callgrind-out-file="$work/p.$c.$n.out" \
+            target/release/examples/proto_cost "$c" "$n" >/dev/null 2>"$work/p.$c.$n.log"
+    done
+    t1=$(callgrind_annotate "$work/p.$c.$n1.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    t2=$(callgrind_annotate "$work/p.$c.$n2.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    echo "cost case=$c layer=proto ir_per_call_per_side=$(( (t2 - t1) / (n2 - n1) / 2 ))"
 done
