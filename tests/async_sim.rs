@@ -241,3 +241,24 @@ fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
     assert_eq!(ok + cancelled, 200);
     assert!(cancelled >= 16, "enough cancelled calls to starve the pool without the fix: {cancelled}");
 }
+
+#[test]
+fn closed_resolves_with_the_reason_once_the_connection_is_down() {
+    let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let app = async {
+        client.call(b"ping", None).await.expect("call");
+        assert_eq!(client.is_down(), None);
+        // Not down yet: closed() waits.
+        assert!(client.closed().now_or_never().is_none());
+        let waiter = client.clone();
+        let closed = async move { waiter.closed().await };
+        client.close();
+        closed.await
+    };
+    let rest = futures::future::join3(cdrv.run(), sdrv.run(), echo(server.clone()));
+    let Either::Left((reason, _)) = block_on(select(Box::pin(app), Box::pin(rest))) else {
+        panic!("drivers ended first")
+    };
+    assert_eq!(reason, mwcap::conn::LossReason::Closed);
+    assert_eq!(client.is_down(), Some(mwcap::conn::LossReason::Closed));
+}

@@ -94,6 +94,8 @@ struct State<N: Nic> {
     request_waiters: Waiters,
     /// Tasks waiting for a free buffer, control slot or window.
     capacity_waiters: Waiters,
+    /// Tasks in `closed`.
+    closed_waiters: Waiters,
     /// The user asked to close.
     closing: bool,
     /// When the connection went down (to bound the wait for flushes).
@@ -195,6 +197,7 @@ impl<N: Nic> Connection<N> {
                 requests: VecDeque::new(),
                 request_waiters: Waiters::default(),
                 capacity_waiters: Waiters::default(),
+                closed_waiters: Waiters::default(),
                 closing: false,
                 down_at: None,
                 down: None,
@@ -398,6 +401,21 @@ impl<N: Nic> Connection<N> {
         self.peek(|s| s.ep.stats())
     }
 
+    /// Wait until the connection is down, and say why: the peer closed or
+    /// broke the protocol, a work request failed, the user closed it. Every
+    /// call fails once it is; its buffers come back as the NIC flushes.
+    pub async fn closed(&self) -> LossReason {
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            if let Some(r) = &st.down {
+                return Poll::Ready(r.clone());
+            }
+            st.closed_waiters.register(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
     /// What the driver has done so far.
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;
@@ -487,6 +505,7 @@ impl<N: Nic> State<N> {
                 self.down = Some(r);
                 self.request_waiters.wake_all();
                 self.capacity_waiters.wake_all();
+                self.closed_waiters.wake_all();
             }
         }
     }

@@ -2,9 +2,11 @@
 //! the server's loop, the client's calls with 1 or many in flight, and one
 //! process running both sides of a connection in one executor.
 //!
-//! Everything here runs on one thread under `async_io::block_on`, which
-//! also drives async-io's reactor (the completion channel's fd) while the
-//! thread would otherwise sleep.
+//! Everything here runs on one thread under `futures::executor::block_on`;
+//! async-io's own thread drives its reactor (the completion channel's fd)
+//! and mwcap's alarm thread its timers. Not `async_io::block_on`: it polls
+//! the reactor (an `epoll_wait` system call) each time a future yields,
+//! which a busy-polling driver does on every idle turn.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -270,7 +272,7 @@ pub fn one_process<N: Nic>(
         server.close();
         r
     };
-    let (r, s, _, _) = async_io::block_on(futures::future::join4(app, srv, cdrv.run(), sdrv.run()));
+    let (r, s, _, _) = futures::executor::block_on(futures::future::join4(app, srv, cdrv.run(), sdrv.run()));
     r?;
     s.map(|_| ())
 }

@@ -114,7 +114,7 @@ mod imp {
                 client.close();
                 r
             };
-            let (r, _) = async_io::block_on(futures::future::join(app, driver.run()));
+            let (r, _) = futures::executor::block_on(futures::future::join(app, driver.run()));
             // Closing the bootstrap stream tells the server this client is done.
             drop(stream);
             r?;

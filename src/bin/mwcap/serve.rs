@@ -130,7 +130,7 @@ mod imp {
             r
         };
         let work = futures::future::join(serving, driver.run());
-        let ((served, reason), _) = async_io::block_on(async {
+        let ((served, reason), _) = futures::executor::block_on(async {
             match select(pin!(work), pin!(watch)).await {
                 Either::Left((out, _)) => (out, ()),
                 Either::Right(((), work)) => (work.await, ()),
