@@ -173,7 +173,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     # perftest's polled floor does (the default, 50 µs then sleep on the
     # completion channel, pays a wake-up per SEND under TCG: see the
     # event floor).
-    busy_us=500
+    busy_us=2000
     serve_log=$pdir/serve.log
     bench_out=$pdir/bench.out
     # The bootstrap's pre-shared key, as a deployment would give it: a file
