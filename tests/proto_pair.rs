@@ -19,7 +19,7 @@ use std::time::Duration;
 use mwcap::backend::{Completion, CpuHold, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::frame::MAX_FRAME;
 use mwcap::conn::proto::{Command, Connection, Resources};
-use mwcap::conn::{Buf, Config, Event, Policies, Policy, Role};
+use mwcap::conn::{Buf, Config, Event, Keepalive, LossReason, Policies, Policy, Role};
 
 const BUFFERS: u32 = 4;
 const SIZE: u32 = 4096;
@@ -43,8 +43,9 @@ struct Side {
 }
 
 impl Side {
-    fn new(role: Role, policies: Policies, addr: u64, rkey: u32) -> Side {
+    fn with(role: Role, policies: Policies, addr: u64, rkey: u32, keepalive: Option<Keepalive>) -> Side {
         let mut cfg = Config::new(role, policies);
+        cfg.keepalive = keepalive;
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
         cfg.ctrl_slots = SLOTS;
@@ -175,15 +176,22 @@ struct Pair {
     chains_with_bind: u64,
     /// The server takes no more turns (its receives still land).
     frozen_server: bool,
+    /// A side may go down (the test expects it).
+    allow_down: bool,
 }
 
 impl Pair {
     fn new(policies: Policies) -> Pair {
-        let mut c = Side::new(Role::Client, policies, 0x1000_0000, 0x77);
-        let mut s = Side::new(Role::Server, policies, 0x2000_0000, 0x88);
+        Pair::with(policies, None)
+    }
+
+    fn with(policies: Policies, keepalive: Option<Keepalive>) -> Pair {
+        let mut c = Side::with(Role::Client, policies, 0x1000_0000, 0x77, keepalive);
+        let mut s = Side::with(Role::Server, policies, 0x2000_0000, 0x88, keepalive);
         c.conn.start();
         s.conn.start();
-        let mut p = Pair { c, s, now: Duration::ZERO, chains_with_bind: 0, frozen_server: false };
+        let mut p =
+            Pair { c, s, now: Duration::ZERO, chains_with_bind: 0, frozen_server: false, allow_down: false };
         p.settle();
         p
     }
@@ -209,7 +217,11 @@ impl Pair {
                             post_send(me, peer, chain.as_slice(), &mut self.chains_with_bind);
                         }
                         Command::SetQpError => {
-                            panic!("a healthy connection went down: {:?}", me.conn.is_down())
+                            assert!(
+                                self.allow_down,
+                                "a healthy connection went down: {:?}",
+                                me.conn.is_down()
+                            )
                         }
                         Command::CpuHold { offset, hold, .. } => match hold {
                             CpuHold::Held { remote_reads_allowed } => {
@@ -398,4 +410,77 @@ fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     let o = st.lease_owner.expect("the client owns its direction under mw");
     assert_eq!((o.grants, o.expired, o.invalidations, o.released), (1, 1, 1, 0));
     assert_eq!((st.calls, st.calls_failed, st.buffers_exposed), (1, 1, 0));
+}
+
+const KEEPALIVE: Keepalive =
+    Keepalive { interval: Duration::from_millis(100), timeout: Duration::from_millis(300) };
+
+#[test]
+fn an_idle_connection_with_keepalive_pings_and_stays_up() {
+    let mut p = Pair::with(Policies::both(Policy::Mw), Some(KEEPALIVE));
+    for _ in 0..100 {
+        p.now += Duration::from_millis(25);
+        p.c.conn.handle_timeout(p.now);
+        p.s.conn.handle_timeout(p.now);
+        p.settle();
+    }
+    assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none());
+    // 2.5 s of silence at a 100 ms interval: each side pinged and the other
+    // answered, about every interval (both ping: one frame each way resets
+    // both sides' silence).
+    let (c, s) = (p.c.conn.stats(), p.s.conn.stats());
+    assert!(c.frames_sent >= 10 && s.frames_sent >= 10, "{c:?} {s:?}");
+    assert!(c.frames_sent <= 60 && s.frames_sent <= 60, "{c:?} {s:?}");
+    // A call still works afterwards.
+    let call = p.c.conn.call(p.now, b"after", None).unwrap();
+    p.settle();
+    let Some(Event::Request { req, .. }) = p.s.conn.poll_event() else { panic!("no request") };
+    p.s.conn.reply(p.now, req, 0, b"", None).unwrap();
+    p.settle();
+    assert!(matches!(p.c.conn.poll_event(), Some(Event::Reply { call: c, .. }) if c == call));
+}
+
+#[test]
+fn a_silent_peer_is_declared_dead_after_its_ping_goes_unanswered() {
+    let mut p = Pair::with(Policies::both(Policy::Mw), Some(KEEPALIVE));
+    p.frozen_server = true;
+    p.allow_down = true;
+    let mut down_at = None;
+    for i in 1..=40 {
+        p.now = Duration::from_millis(25 * i);
+        p.c.conn.handle_timeout(p.now);
+        p.settle();
+        if down_at.is_none() && p.c.conn.is_down().is_some() {
+            down_at = Some(p.now);
+        }
+    }
+    match p.c.conn.is_down() {
+        Some(LossReason::PeerUnresponsive { silent }) => assert!(*silent >= KEEPALIVE.timeout, "{silent:?}"),
+        other => panic!("unexpected: {other:?}"),
+    }
+    // Silence for `interval`, then an unanswered ping for `timeout`.
+    let at = down_at.unwrap();
+    assert!(at >= KEEPALIVE.interval + KEEPALIVE.timeout, "declared dead at {at:?}");
+    assert!(
+        at <= KEEPALIVE.interval + KEEPALIVE.timeout + Duration::from_millis(50),
+        "declared dead at {at:?}"
+    );
+    let mut lost = 0;
+    while let Some(e) = p.c.conn.poll_event() {
+        lost += usize::from(matches!(e, Event::ConnectionLost(LossReason::PeerUnresponsive { .. })));
+    }
+    assert_eq!(lost, 1);
+}
+
+#[test]
+fn without_keepalive_an_idle_connection_sends_nothing() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    for _ in 0..40 {
+        p.now += Duration::from_millis(100);
+        p.c.conn.handle_timeout(p.now);
+        p.s.conn.handle_timeout(p.now);
+        p.settle();
+    }
+    assert_eq!((p.c.conn.stats().frames_sent, p.s.conn.stats().frames_sent), (0, 0));
+    assert_eq!(p.c.conn.poll_timeout(), None, "no timer to wake for");
 }

@@ -38,6 +38,7 @@ fuzz_target!(|data: &[u8]| {
         let attaches: &[Attach] = match &f {
             Frame::Request { attach, .. } | Frame::Reply { attach, .. } => attach,
             Frame::Engine(a) => std::slice::from_ref(a),
+            Frame::Ping { .. } | Frame::Pong { .. } => &[],
         };
         for a in attaches {
             engine_message(a.engine, a.bytes());

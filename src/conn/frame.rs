@@ -5,6 +5,8 @@
 //! kind 1  Request  msg_id:u64 header_len:u16 header attaches
 //! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header attaches
 //! kind 3  Engine   engine:u8 rest-of-frame  (a mwcap-mw or mwcap-fallback message)
+//! kind 4  Ping     seq:u64                  (keepalive, `Config::keepalive`)
+//! kind 5  Pong     seq:u64                  (the answer to a ping)
 //! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
 //! All integers little-endian. The decoder reads untrusted bytes: it never
@@ -195,6 +197,16 @@ pub enum Frame<'a> {
     },
     /// A message for a protocol engine (release, confirm, answer...).
     Engine(Attach),
+    /// Keepalive: "are you there?" (an idle connection checks its peer).
+    Ping {
+        /// Echoed in the answer.
+        seq: u64,
+    },
+    /// Keepalive: the answer to a [`Frame::Ping`].
+    Pong {
+        /// The ping's.
+        seq: u64,
+    },
 }
 
 /// Why a frame was rejected. The connection treats each as peer misbehaviour.
@@ -357,6 +369,14 @@ impl<'a> Frame<'a> {
                 w.put(&[3, a.engine.to_u8()])?;
                 w.put(a.bytes())?;
             }
+            Frame::Ping { seq } => {
+                w.put(&[4])?;
+                w.put(&seq.to_le_bytes())?;
+            }
+            Frame::Pong { seq } => {
+                w.put(&[5])?;
+                w.put(&seq.to_le_bytes())?;
+            }
         }
         Ok(w.at)
     }
@@ -381,6 +401,8 @@ impl<'a> Frame<'a> {
                 let bytes = r.take(buf.len() - r.at)?;
                 Frame::Engine(Attach::new(engine, bytes)?)
             }
+            4 => Frame::Ping { seq: r.u64()? },
+            5 => Frame::Pong { seq: r.u64()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {
@@ -427,7 +449,7 @@ mod tests {
     /// Frames with their header bytes (owned by the strategy's value).
     fn frames() -> impl Strategy<Value = (u8, u64, u8, Vec<u8>, Attaches, Attach)> {
         (
-            0..3u8,
+            0..5u8,
             any::<u64>(),
             any::<u8>(),
             proptest::collection::vec(any::<u8>(), 0..128),
@@ -441,6 +463,8 @@ mod tests {
         match kind {
             0 => Frame::Request { msg_id: *msg_id, header, attach: *attach },
             1 => Frame::Reply { msg_id: *msg_id, status: *status, header, attach: *attach },
+            2 => Frame::Ping { seq: *msg_id },
+            3 => Frame::Pong { seq: *msg_id },
             _ => Frame::Engine(*one),
         }
     }

@@ -68,6 +68,21 @@ pub struct Config {
     /// verbs value 7, "retry forever", is never used: a peer that stops
     /// posting receives must not hold exposed buffers forever).
     pub rnr_retry: u8,
+    /// Dead-peer detection: with `Some`, a connection that has heard
+    /// nothing from its peer for `interval` sends a ping, and declares the
+    /// peer dead ([`LossReason::PeerUnresponsive`]) if no frame comes back
+    /// within `timeout`. Off by default. Both sides answer pings whether
+    /// or not they send their own.
+    pub keepalive: Option<Keepalive>,
+}
+
+/// Dead-peer detection settings; see [`Config::keepalive`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Silence after which the connection pings its peer.
+    pub interval: Duration,
+    /// How long an unanswered ping may wait before the peer is declared dead.
+    pub timeout: Duration,
 }
 
 impl Config {
@@ -87,6 +102,7 @@ impl Config {
             seed: 0x6d77_6361_7000_0001,
             busy_poll: Duration::from_micros(50),
             rnr_retry: 6,
+            keepalive: None,
         }
     }
 
@@ -427,6 +443,12 @@ pub enum LossReason {
     PeerMisbehaved(Misbehavior),
     /// A READ did not complete in time and the QP was flushed.
     ReadHung,
+    /// Keepalive: the peer answered no ping (nor sent anything) for this
+    /// long; it is dead, hung or cut off.
+    PeerUnresponsive {
+        /// Time since the last frame from the peer.
+        silent: Duration,
+    },
     /// The user closed it.
     Closed,
     /// The NIC refused an operation.
@@ -444,6 +466,10 @@ impl fmt::Display for LossReason {
             LossReason::LeaseEngine(c) => write!(f, "the memory-window engine lost its QP ({c:?}); reconnect"),
             LossReason::PeerMisbehaved(m) => write!(f, "the peer broke the protocol: {m}; connection closed"),
             LossReason::ReadHung => f.write_str("a READ never completed; the QP was flushed, reconnect"),
+            LossReason::PeerUnresponsive { silent } => write!(
+                f,
+                "the peer answered no keepalive ping for {silent:?}: it is dead, hung or cut off; reconnect"
+            ),
             LossReason::Closed => f.write_str("closed by the user"),
             LossReason::Nic(e) => write!(f, "the NIC refused an operation: {e}"),
         }

@@ -247,6 +247,11 @@ pub struct Connection {
     last_request: u64,
     /// Counters for `stats` (the buffer counts are read when asked).
     stats: ConnStats,
+    /// Keepalive: when the peer was last heard from (any frame).
+    last_heard: Option<Duration>,
+    /// Keepalive: the unanswered ping (seq, sent at).
+    ping: Option<(u64, Duration)>,
+    next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
     events: VecDeque<Event>,
@@ -306,6 +311,9 @@ impl Connection {
             next_msg: 1,
             last_request: 0,
             stats: ConnStats::default(),
+            last_heard: None,
+            ping: None,
+            next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
             events: VecDeque::new(),
@@ -573,7 +581,44 @@ impl Connection {
         // Every call gets the same timeout as it starts and message ids grow
         // with time, so the oldest call has the earliest deadline.
         let calls = self.calls.first_deadline();
-        engines.into_iter().flatten().chain(calls).min()
+        engines.into_iter().flatten().chain(calls).chain(self.keepalive_at()).min()
+    }
+
+    /// When keepalive must act next: ping after `interval` of silence, give
+    /// up `timeout` after an unanswered ping.
+    fn keepalive_at(&self) -> Option<Duration> {
+        let k = self.cfg.keepalive?;
+        if self.down.is_some() {
+            return None;
+        }
+        Some(match self.ping {
+            Some((_, sent)) => sent + k.timeout,
+            None => self.last_heard.unwrap_or(self.now) + k.interval,
+        })
+    }
+
+    fn handle_keepalive(&mut self, now: Duration) {
+        let Some(k) = self.cfg.keepalive else { return };
+        if self.down.is_some() {
+            return;
+        }
+        let heard = *self.last_heard.get_or_insert(now);
+        match self.ping {
+            Some((_, sent)) if now >= sent + k.timeout => {
+                let silent = now.saturating_sub(heard);
+                self.go_down(now, LossReason::PeerUnresponsive { silent });
+            }
+            Some(_) => {}
+            None if now >= heard + k.interval => {
+                let seq = self.next_ping;
+                // No free send slot means traffic is flowing: try later.
+                if self.send_frame(&Frame::Ping { seq }, None).is_ok() {
+                    self.next_ping += 1;
+                    self.ping = Some((seq, now));
+                }
+            }
+            None => {}
+        }
     }
 
     /// Time has reached `now`: fire the engines' timers and call deadlines.
@@ -596,6 +641,7 @@ impl Connection {
         while let Some(msg) = self.calls.first_expired(now) {
             self.abandon_call(now, msg, CallError::TimedOut);
         }
+        self.handle_keepalive(now);
         self.dirty = true;
     }
 
@@ -1012,7 +1058,7 @@ fn push_attach(f: &mut Frame<'_>, a: Attach) {
             let pushed = attach.push(a);
             debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
         }
-        Frame::Engine(_) => {}
+        Frame::Engine(_) | Frame::Ping { .. } | Frame::Pong { .. } => {}
     }
 }
 

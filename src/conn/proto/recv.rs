@@ -26,6 +26,9 @@ impl Connection {
     /// SEND_WITH_INV invalidated here.
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.stats.frames_received += 1;
+        // Any frame shows the peer alive: an outstanding ping is answered.
+        self.last_heard = Some(now);
+        self.ping = None;
         if let Some(rkey) = invalidated {
             // Only the owner invalidates: the connection is over (the owner
             // engine, if any, keeps the window's slot until the flush).
@@ -49,6 +52,12 @@ impl Connection {
                 self.on_reply(now, msg_id, status, header, attach)
             }
             (Frame::Engine(a), _) => self.on_attach(now, None, a),
+            (Frame::Ping { seq }, _) => {
+                if let Err(e) = self.send_frame(&Frame::Pong { seq }, None) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            (Frame::Pong { .. }, _) => {} // heard: see above
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
@@ -457,5 +466,7 @@ fn kind(f: &Frame<'_>) -> &'static str {
         Frame::Request { .. } => "request",
         Frame::Reply { .. } => "reply",
         Frame::Engine(_) => "engine message",
+        Frame::Ping { .. } => "ping",
+        Frame::Pong { .. } => "pong",
     }
 }
