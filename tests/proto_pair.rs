@@ -484,3 +484,44 @@ fn without_keepalive_an_idle_connection_sends_nothing() {
     assert_eq!((p.c.conn.stats().frames_sent, p.s.conn.stats().frames_sent), (0, 0));
     assert_eq!(p.c.conn.poll_timeout(), None, "no timer to wake for");
 }
+
+#[test]
+fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
+    // Found by tests/torture.rs: a READ waiting for a free destination was
+    // started after the QP was destroyed, taking a buffer no completion
+    // would ever return.
+    for policy in [Policy::Confirm, Policy::Mw] {
+        let mut p = Pair::new(Policies::both(policy));
+        p.allow_down = true;
+        // The client's user holds every buffer: the reply's READ must wait.
+        let held: Vec<Buf> = (0..BUFFERS).map(|_| p.c.conn.alloc().unwrap()).collect();
+        p.settle();
+        p.c.conn.call(p.now, b"h", None).unwrap();
+        p.settle();
+        let Some(Event::Request { req, .. }) = p.s.conn.poll_event() else { panic!("no request") };
+        let mut out = p.s.conn.alloc().unwrap();
+        p.s.write_payload(&mut out, b"reply payload");
+        p.s.conn.reply(p.now, req, 0, b"", Some(out)).unwrap();
+        p.settle();
+        assert_eq!(p.c.conn.busy_buffers(), 0, "{policy:?}: the READ waits for a buffer");
+        // The connection goes away with the READ still queued.
+        p.c.conn.begin_close(p.now);
+        p.c.conn.handle_qp_destroyed(p.now);
+        while p.c.conn.poll_command().is_some() {}
+        // A buffer comes free: nothing may be read into it any more.
+        for b in held {
+            p.c.conn.free(b);
+        }
+        p.now += Duration::from_millis(1);
+        p.c.conn.handle_timeout(p.now); // any input runs the engines again
+        let mut reads = 0;
+        while let Some(c) = p.c.conn.poll_command() {
+            if let Command::PostSend { chain, .. } = c {
+                reads += chain.as_slice().iter().filter(|w| matches!(w, SendWr::Read { .. })).count();
+            }
+        }
+        assert_eq!(reads, 0, "{policy:?}: a READ was posted after the QP was destroyed");
+        assert_eq!(p.c.conn.busy_buffers(), 0, "{policy:?}: a buffer is stuck");
+        assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize);
+    }
+}

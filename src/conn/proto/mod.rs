@@ -969,6 +969,24 @@ impl Connection {
     /// Start READs that waited for a free destination. Returns whether any did.
     fn retry_pending(&mut self, now: Duration) -> bool {
         let mut any = false;
+        if self.down.is_some() {
+            // Nothing can be read any more: a queued READ would take a
+            // buffer that no completion ever returns once the QP is gone.
+            // Queued grants are declined (the owner's lease ends with the
+            // QP); queued confirm READs are dropped (the engine failed
+            // their fetches when the connection was lost).
+            if let Some(c) = self.confirm.as_mut() {
+                any |= !c.pending_reads.is_empty();
+                c.pending_reads.clear();
+            }
+            if let Some(r) = self.reader.as_mut() {
+                while let Some((_, g, _)) = r.pending.pop_front() {
+                    r.engine.decline(now, g, mw::DeclineReason::ConnectionLost);
+                    any = true;
+                }
+            }
+            return any;
+        }
         while self.bufs.count(Holder::Free) > 0 {
             if let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) {
                 self.start_fb_read(rr);
