@@ -716,5 +716,6 @@ impl Owner {
     }
 }
 
-#[cfg(test)]
+// Tests of the debug self-check, which release builds leave out.
+#[cfg(all(test, debug_assertions))]
 mod tests;

@@ -474,5 +474,6 @@ impl Reader {
     }
 }
 
-#[cfg(test)]
+// Tests of the debug self-check, which release builds leave out.
+#[cfg(all(test, debug_assertions))]
 mod tests;
