@@ -377,3 +377,7 @@ impl Client {
         assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
     }
 }
+
+// Tests of the debug self-check, which release builds leave out.
+#[cfg(all(test, debug_assertions))]
+mod tests;

@@ -358,3 +358,7 @@ impl Server {
         assert!(self.confirm_deadlines.iter().map(|(&k, ())| k).eq(deadlines), "confirm deadlines");
     }
 }
+
+// Tests of the debug self-check, which release builds leave out.
+#[cfg(all(test, debug_assertions))]
+mod tests;
