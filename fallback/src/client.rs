@@ -377,6 +377,5 @@ impl Client {
     }
 }
 
-// Tests of the debug self-check, which release builds leave out.
-#[cfg(all(test, debug_assertions))]
+#[cfg(test)]
 mod tests;

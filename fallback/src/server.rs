@@ -359,6 +359,5 @@ impl Server {
     }
 }
 
-// Tests of the debug self-check, which release builds leave out.
-#[cfg(all(test, debug_assertions))]
+#[cfg(test)]
 mod tests;

@@ -716,6 +716,5 @@ impl Owner {
     }
 }
 
-// Tests of the debug self-check, which release builds leave out.
-#[cfg(all(test, debug_assertions))]
+#[cfg(test)]
 mod tests;

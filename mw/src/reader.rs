@@ -474,6 +474,5 @@ impl Reader {
     }
 }
 
-// Tests of the debug self-check, which release builds leave out.
-#[cfg(all(test, debug_assertions))]
+#[cfg(test)]
 mod tests;

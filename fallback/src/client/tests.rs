@@ -1,6 +1,8 @@
 //! The client's debug self-check: the model checker and the scripted tests
 //! rely on it to notice an index that drifted from the fetches, so it must
 //! be live in debug builds and must fire.
+// The self-check runs in debug builds only.
+#![cfg(debug_assertions)]
 
 use super::*;
 

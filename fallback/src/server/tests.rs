@@ -1,5 +1,7 @@
 //! The server's debug self-check: it must be live in debug builds and fire
 //! when an index drifts from the incoming requests.
+// The self-check runs in debug builds only.
+#![cfg(debug_assertions)]
 
 use super::*;
 

@@ -1,5 +1,7 @@
 //! The reader's debug self-check: it must be live in debug builds and fire
 //! when an index drifts from the READ slots.
+// The self-check runs in debug builds only.
+#![cfg(debug_assertions)]
 
 use super::*;
 
