@@ -34,7 +34,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use mwcap_fallback::{
-    Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadToken, Region, Server, UsageError, Verdict,
+    Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadToken, Region, Server,
+    UsageError, Verdict,
 };
 use stateright::{Checker, Model, Property};
 
