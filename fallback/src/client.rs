@@ -299,12 +299,11 @@ impl Client {
             Phase::Confirming(e) => self.reads.abandon(e.token, true, &mut self.events),
         }
         // Tell the server when it may still hold something for this fetch (a
-        // wanted reply, an offered buffer): it lets go at once.
-        let server_may_hold = match error {
-            ReadError::Cancelled | ReadError::TimedOut | ReadError::TooLong { .. } => true,
-            ReadError::ConfirmTimedOut => !matches!(fetch.phase, Phase::AwaitOffer),
-            _ => false,
-        };
+        // wanted reply, an offered buffer): it lets go at once. (The client
+        // has no confirm timeout of its own: a fetch whose verdict never
+        // comes ends by `TimedOut`.)
+        let server_may_hold =
+            matches!(error, ReadError::Cancelled | ReadError::TimedOut | ReadError::TooLong { .. });
         if server_may_hold && !self.lost {
             self.actions.push_back(Action::Send(Message::Refuse { msg }));
         }
@@ -377,3 +376,6 @@ impl Client {
         assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -109,3 +109,20 @@ impl fmt::Debug for Region {
         write!(f, "Region({:#x}+{}, rkey {:#x})", self.addr, self.len, self.rkey)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_and_ids_print_and_measure() {
+        let r = Region::new(0x1000, 64, 0x5e);
+        assert_eq!((r.addr(), r.len(), r.rkey(), r.is_empty()), (0x1000, 64, 0x5e, false));
+        assert!(Region::new(0x1000, 0, 0x5e).is_empty());
+        assert_eq!(r.prefix(8), Region::new(0x1000, 8, 0x5e));
+        assert_eq!(format!("{r:?}"), "Region(0x1000+64, rkey 0x5e)");
+        assert_eq!(format!("{:?} {}", MsgId::from_raw(7), MsgId::from_raw(7)), "MsgId(7) 7");
+        assert_eq!(Generation::from_raw(3).next(), Some(Generation::from_raw(4)));
+        assert_eq!(Generation::from_raw(u64::MAX).next(), None);
+    }
+}

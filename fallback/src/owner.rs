@@ -241,6 +241,19 @@ mod tests {
         assert_eq!(o.hold(b, 9, m, secs(9)), Err(UsageError::TooLong { len: 9, capacity: 8 }));
     }
 
+    /// The debug self-check is live and fires when an index drifts from the
+    /// holds (the model checker relies on it).
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "hold deadlines")]
+    fn check_indexes_notices_a_lost_hold_deadline() {
+        let mut o = Owner::default();
+        let b = o.add(Region::new(0, 8, 1));
+        o.hold(b, 8, MsgId::from_raw(1), secs(5)).unwrap();
+        o.deadlines.remove(&(secs(5), b));
+        o.check_indexes();
+    }
+
     #[test]
     fn a_retired_buffer_cannot_be_exposed_and_is_never_intact() {
         let mut o = Owner::default();

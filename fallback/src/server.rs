@@ -358,3 +358,6 @@ impl Server {
         assert!(self.confirm_deadlines.iter().map(|(&k, ())| k).eq(deadlines), "confirm deadlines");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -272,6 +272,52 @@ mod tests {
     }
 
     #[test]
+    fn tombstones_are_dropped_once_they_pass_twice_the_live_entries_plus_16() {
+        let mut d: SortedDeque<u32, ()> = SortedDeque::default();
+        for k in 0..40 {
+            d.insert(k, ());
+        }
+        // Remove from the middle, so no tombstone reaches an end.
+        for k in 1..=28 {
+            d.remove(&k);
+            assert_eq!(d.entries.len(), 40, "{} live: 40 <= 2 * live + 16 keeps the tombstones", d.len());
+        }
+        assert_eq!(d.len(), 12);
+        d.remove(&29);
+        assert_eq!(d.len(), 11);
+        assert_eq!(d.entries.len(), 11, "40 > 2 * 11 + 16: every tombstone dropped");
+        assert_eq!(
+            d.iter().map(|(&k, ())| k).collect::<Vec<_>>(),
+            [0, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+        );
+    }
+
+    #[test]
+    fn equality_hash_and_debug_see_the_live_entries() {
+        // The engines' Eq, Hash and Debug include their deques: the model
+        // checker tells states apart by them.
+        let mut a: SortedDeque<u32, u8> = SortedDeque::default();
+        let mut b: SortedDeque<u32, u8> = SortedDeque::default();
+        a.insert(1, 5);
+        b.insert(2, 5);
+        assert_eq!(a.len(), b.len());
+        assert_ne!(a, b, "same length, different key");
+        assert_ne!(hash_of(&a), hash_of(&b));
+        b.remove(&2);
+        b.insert(1, 6);
+        assert_ne!(a, b, "same key, different value");
+        assert_ne!(hash_of(&a), hash_of(&b));
+        b.insert(1, 5);
+        assert_eq!(a, b);
+        assert_eq!(hash_of(&a), hash_of(&b));
+        a.insert(3, 7);
+        assert_ne!(a, b, "one more entry");
+        a.insert(2, 0);
+        a.remove(&2);
+        assert_eq!(format!("{a:?}"), "{1: 5, 3: 7}", "no tombstone shows");
+    }
+
+    #[test]
     fn late_keys_reuse_a_tombstone_next_to_their_place() {
         let mut d: SortedDeque<u32, ()> = SortedDeque::default();
         for k in [10, 20, 30, 40] {

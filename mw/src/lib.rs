@@ -49,12 +49,16 @@
 //!
 //! Messages have their own versioned encoding ([`Message::encode`],
 //! [`Message::decode`]); decoding never panics.
+//!
+//! The type-2 rkey arithmetic (index bits, consumer key, the next bind's key)
+//! lives in [`rkey`], the one implementation of it: the root crate's backends
+//! use it too.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod owner;
 mod reader;
-mod rkey;
+pub mod rkey;
 mod rng;
 mod slot_heap;
 mod types;

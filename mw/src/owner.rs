@@ -715,3 +715,6 @@ impl Owner {
         assert!(self.due.is_empty());
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -473,3 +473,6 @@ impl Reader {
         assert!(self.due.is_empty());
     }
 }
+
+#[cfg(test)]
+mod tests;

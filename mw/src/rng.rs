@@ -31,6 +31,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn known_answers() {
+        // The reference SplitMix64 (splitmix64.c, Vigna) from state 0.
+        let mut g = SplitMix64::new(0);
+        assert_eq!(g.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(g.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+        assert_eq!(g.next_u64(), 0x06c4_5d18_8009_454f);
+        // The consumer keys are the top byte of each output.
+        let mut g = SplitMix64::new(1);
+        let keys: Vec<u8> = (0..8).map(|_| g.next_u8()).collect();
+        assert_eq!(keys, [0x91, 0xbe, 0xf8, 0x71, 0x71, 0xc3, 0xe0, 0x85]);
+        let mut g = SplitMix64::new(7);
+        let keys: Vec<u8> = (0..8).map(|_| g.next_u8()).collect();
+        assert_eq!(keys, [0x63, 0x04, 0xe6, 0x95, 0x73, 0x3f, 0x77, 0x53]);
+    }
+
+    #[test]
     fn same_seed_same_sequence_and_bytes_vary() {
         let mut a = SplitMix64::new(7);
         let mut b = SplitMix64::new(7);

@@ -292,4 +292,28 @@ mod tests {
         assert_eq!(order, vec![0, 2, 4, 5]);
         assert_eq!(free.len(), 0);
     }
+
+    #[test]
+    fn equality_hash_and_debug_see_the_entries() {
+        // The engines' Eq, Hash and Debug include their heaps: the model
+        // checker tells states apart by them.
+        let mut a = SlotHeap::full(3, 0u8);
+        let mut b = SlotHeap::full(3, 0u8);
+        a.clear();
+        b.clear();
+        a.insert(0, 5);
+        b.insert(1, 5);
+        assert_eq!(a.len(), b.len());
+        assert_ne!(a, b, "same length, different slot");
+        assert_ne!(hash_of(&a), hash_of(&b));
+        b.remove(1);
+        b.insert(0, 6);
+        assert_ne!(a, b, "same slot, different key");
+        assert_ne!(hash_of(&a), hash_of(&b));
+        b.insert(0, 5);
+        assert_eq!(a, b);
+        assert_eq!(hash_of(&a), hash_of(&b));
+        a.insert(2, 1);
+        assert_eq!(format!("{a:?}"), "{0: 5, 2: 1}");
+    }
 }

@@ -1,0 +1,275 @@
+//! The server's defensive checks, driven directly with hand-made client
+//! messages (no `Pair`): a verdict it never asked for, READ completions out
+//! of order or unknown, what `is_idle` counts, and the message-id rules at
+//! their edges.
+
+use std::time::Duration;
+
+use mwcap_fallback::{
+    Action, BufferId, Config, Event, Generation, Message, MsgId, ReadError, ReadToken, Region, Release,
+    Server, Verdict,
+};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn msg(n: u64) -> MsgId {
+    MsgId::from_raw(n)
+}
+
+fn buf(n: u32) -> BufferId {
+    BufferId::from_raw(n)
+}
+
+fn generation(n: u64) -> Generation {
+    Generation::from_raw(n)
+}
+
+fn server() -> Server {
+    let mut s = Server::new(Config::default());
+    s.add_buffer(Region::new(0x8000, 64, 0x5e));
+    s
+}
+
+fn actions(s: &mut Server) -> Vec<Action> {
+    std::iter::from_fn(|| s.poll_action()).collect()
+}
+
+fn events(s: &mut Server) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+/// The client exposes its buffer `b` at generation `g` for `m`; the READ
+/// token the server posts.
+fn expose(s: &mut Server, now: Duration, m: u64, b: u32, g: u64) -> ReadToken {
+    let region = Region::new(0x1000 + u64::from(b) * 64, 16, 0xc1);
+    s.handle_message(now, Message::Expose { msg: msg(m), buffer: buf(b), generation: generation(g), region });
+    match actions(s)[..] {
+        [Action::Read(r)] => {
+            assert_eq!(r.remote(), region);
+            r.token()
+        }
+        ref other => panic!("expected one READ, got {other:?}"),
+    }
+}
+
+fn confirm(m: u64, b: u32, g: u64) -> Action {
+    Action::Send(Message::Confirm { msg: msg(m), buffer: buf(b), generation: generation(g) })
+}
+
+fn reply(m: u64, b: u32, g: u64, verdict: Verdict) -> Message {
+    Message::ConfirmReply { msg: msg(m), buffer: buf(b), generation: generation(g), verdict }
+}
+
+#[test]
+fn a_verdict_before_the_confirm_was_sent_is_ignored() {
+    let mut s = server();
+    let t = expose(&mut s, secs(0), 1, 0, 4);
+    assert!(!s.is_idle(), "a request is being read");
+    // The READ has not completed, so the server has not asked anything: an
+    // `Intact` now would vouch for bytes that have not landed.
+    s.handle_message(secs(0), reply(1, 0, 4, Verdict::Intact));
+    assert_eq!(events(&mut s), vec![], "never verified before the READ completed");
+    assert_eq!(s.peer_violations(), 1);
+    s.handle_read_completion(secs(1), t, true);
+    assert_eq!(actions(&mut s), vec![confirm(1, 0, 4)]);
+    s.handle_message(secs(1), reply(1, 0, 4, Verdict::Intact));
+    assert_eq!(events(&mut s), vec![Event::ReadVerified { msg: msg(1), token: t, len: 16 }]);
+    assert_eq!(s.peer_violations(), 1);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_verdict_for_another_exposure_is_ignored() {
+    let mut s = server();
+    let t = expose(&mut s, secs(0), 1, 0, 4);
+    s.handle_read_completion(secs(0), t, true);
+    assert_eq!(actions(&mut s), vec![confirm(1, 0, 4)]);
+    for wrong in
+        [reply(1, 0, 3, Verdict::Intact), reply(1, 1, 4, Verdict::Intact), reply(2, 0, 4, Verdict::Intact)]
+    {
+        s.handle_message(secs(0), wrong);
+    }
+    assert_eq!(events(&mut s), vec![]);
+    assert_eq!(s.peer_violations(), 3);
+    s.handle_message(secs(0), reply(1, 0, 4, Verdict::Reused));
+    assert_eq!(
+        events(&mut s),
+        vec![
+            Event::ReadDiscarded { token: t },
+            Event::ReadFailed { msg: msg(1), error: ReadError::Withdrawn }
+        ]
+    );
+    // The request is over: its verdict again is unasked for.
+    s.handle_message(secs(0), reply(1, 0, 4, Verdict::Intact));
+    assert_eq!(events(&mut s), vec![]);
+    assert_eq!(s.peer_violations(), 4);
+}
+
+#[test]
+fn read_completions_are_matched_by_token_not_by_order() {
+    let mut s = server();
+    let t1 = expose(&mut s, secs(0), 1, 0, 0);
+    let t2 = expose(&mut s, secs(0), 2, 1, 0);
+    let t3 = expose(&mut s, secs(0), 3, 2, 0);
+    assert!(t1 != t2 && t2 != t3 && t1 != t3);
+    // The second READ completes first, then the third fails, then the first.
+    s.handle_read_completion(secs(1), t2, true);
+    assert_eq!(actions(&mut s), vec![confirm(2, 1, 0)]);
+    s.handle_read_completion(secs(1), t3, false);
+    assert_eq!(actions(&mut s), vec![]);
+    assert_eq!(
+        events(&mut s),
+        vec![
+            Event::ReadDiscarded { token: t3 },
+            Event::ReadFailed { msg: msg(3), error: ReadError::ReadFailed }
+        ]
+    );
+    // A completion of no READ of this server, and a second one of t2.
+    s.handle_read_completion(secs(1), ReadToken::from_raw(99), true);
+    s.handle_read_completion(secs(1), t2, true);
+    assert_eq!(actions(&mut s), vec![]);
+    assert_eq!(events(&mut s), vec![]);
+    s.handle_read_completion(secs(2), t1, true);
+    assert_eq!(actions(&mut s), vec![confirm(1, 0, 0)]);
+    s.handle_message(secs(2), reply(2, 1, 0, Verdict::Intact));
+    s.handle_message(secs(2), reply(1, 0, 0, Verdict::Intact));
+    assert_eq!(
+        events(&mut s),
+        vec![
+            Event::ReadVerified { msg: msg(2), token: t2, len: 16 },
+            Event::ReadVerified { msg: msg(1), token: t1, len: 16 },
+        ]
+    );
+    assert!(s.is_idle());
+}
+
+#[test]
+fn confirm_deadlines_start_when_each_read_completes() {
+    let mut s = server();
+    let t1 = expose(&mut s, secs(0), 1, 0, 0);
+    let t2 = expose(&mut s, secs(0), 2, 1, 0);
+    assert_eq!(s.poll_timeout(), None, "no deadline while the READs are in flight");
+    s.handle_read_completion(secs(3), t2, true);
+    s.handle_read_completion(secs(4), t1, true);
+    let _ = actions(&mut s);
+    assert_eq!(s.poll_timeout(), Some(secs(8)), "msg 2's confirm (3 s + 5 s)");
+    s.handle_timeout(secs(8));
+    assert_eq!(
+        events(&mut s),
+        vec![
+            Event::ReadDiscarded { token: t2 },
+            Event::ReadFailed { msg: msg(2), error: ReadError::ConfirmTimedOut }
+        ]
+    );
+    assert_eq!(s.poll_timeout(), Some(secs(9)));
+}
+
+#[test]
+fn a_held_buffer_keeps_the_server_busy() {
+    let mut s = server();
+    assert!(s.is_idle());
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    assert_eq!(events(&mut s), vec![Event::ReplyWanted { msg: msg(1), attempt: 1 }]);
+    assert!(!s.is_idle(), "a reply is wanted");
+    s.offer(secs(0), msg(1), buf(0), 8).unwrap();
+    let _ = actions(&mut s);
+    assert!(!s.is_buffer_free(buf(0)));
+    assert!(!s.is_idle(), "the offered buffer is held for the client's READ");
+    assert_eq!(s.poll_timeout(), Some(secs(5)));
+    s.handle_timeout(secs(5));
+    assert_eq!(
+        events(&mut s),
+        vec![Event::BufferFree { buffer: buf(0), msg: msg(1), reason: Release::Expired }]
+    );
+    assert!(s.is_idle());
+}
+
+#[test]
+fn an_abandoned_read_keeps_the_server_busy_until_its_completion() {
+    let mut s = server();
+    let t = expose(&mut s, secs(0), 1, 0, 0);
+    s.handle_connection_lost(secs(1));
+    assert!(s.is_connection_lost());
+    assert_eq!(events(&mut s), vec![Event::ReadFailed { msg: msg(1), error: ReadError::ConnectionLost }]);
+    assert!(!s.is_idle(), "the READ's destination is still the NIC's");
+    s.handle_read_completion(secs(2), t, false);
+    assert_eq!(events(&mut s), vec![Event::ReadDiscarded { token: t }]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn refuses_and_offers_from_the_client_follow_the_message_id_rules() {
+    let mut s = server();
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    s.handle_message(secs(0), Message::Fetch { msg: msg(2), attempt: 1 });
+    s.handle_message(secs(0), Message::Fetch { msg: msg(3), attempt: 1 });
+    let _ = events(&mut s);
+    s.offer(secs(0), msg(2), buf(0), 8).unwrap();
+    let _ = actions(&mut s);
+    // A wanted reply and an offered buffer are given up without complaint.
+    s.handle_message(secs(1), Message::Refuse { msg: msg(1) });
+    s.handle_message(secs(1), Message::Refuse { msg: msg(2) });
+    assert_eq!(
+        events(&mut s),
+        vec![Event::BufferFree { buffer: buf(0), msg: msg(2), reason: Release::Refused }]
+    );
+    assert_eq!(s.offer(secs(1), msg(1), buf(0), 8), Err(mwcap_fallback::UsageError::NotWanted(msg(1))));
+    // So is a request that is over already (the Refuse crossed its end),
+    // up to the newest id seen.
+    s.handle_message(secs(1), Message::Refuse { msg: msg(1) });
+    assert!(s.refuse(secs(1), msg(3)).is_ok());
+    s.handle_message(secs(1), Message::Refuse { msg: msg(3) });
+    assert_eq!(s.peer_violations(), 0);
+    // Ids never used, and a message only a server sends.
+    s.handle_message(secs(1), Message::Refuse { msg: msg(0) });
+    s.handle_message(secs(1), Message::Refuse { msg: msg(4) });
+    assert_eq!(s.peer_violations(), 2);
+    s.handle_message(
+        secs(1),
+        Message::Offer {
+            msg: msg(5),
+            buffer: buf(0),
+            generation: generation(0),
+            region: Region::new(0, 8, 1),
+        },
+    );
+    assert_eq!(s.peer_violations(), 3);
+    assert_eq!(events(&mut s), vec![]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_request_of_exactly_max_read_len_is_read() {
+    let mut config = Config::default();
+    config.max_read_len = 16;
+    let mut s = Server::new(config);
+    let region = Region::new(0x1000, 16, 0xc1);
+    s.handle_message(
+        secs(0),
+        Message::Expose { msg: msg(1), buffer: buf(0), generation: generation(0), region },
+    );
+    assert!(matches!(actions(&mut s)[..], [Action::Read(r)] if r.remote() == region));
+    let region = Region::new(0x1000, 17, 0xc1);
+    s.handle_message(
+        secs(0),
+        Message::Expose { msg: msg(2), buffer: buf(1), generation: generation(0), region },
+    );
+    assert_eq!(actions(&mut s), vec![Action::Send(Message::Refuse { msg: msg(2) })]);
+}
+
+#[test]
+fn a_lost_connection_is_reported_and_refuses_new_work() {
+    let mut s = server();
+    assert!(!s.is_connection_lost());
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    let _ = events(&mut s);
+    s.handle_connection_lost(secs(1));
+    assert!(s.is_connection_lost());
+    assert_eq!(s.offer(secs(1), msg(1), buf(0), 8), Err(mwcap_fallback::UsageError::ConnectionLost));
+    s.handle_message(secs(1), Message::Fetch { msg: msg(2), attempt: 1 });
+    assert_eq!(events(&mut s), vec![]);
+    assert_eq!(actions(&mut s), vec![]);
+    assert!(s.is_idle());
+}

@@ -1,0 +1,366 @@
+//! The owner's defensive checks, driven directly (no NIC model): what a
+//! completion must match before it counts (kind, window, bind), a failed
+//! bind, duplicate and stale completions, the order of the evidence a buffer
+//! needs, the grant limits, the consumer keys a seed gives, and the counters.
+//! Each test names the misbehaviour a check exists for.
+
+use std::time::Duration;
+
+use mwcap_mw::{
+    Buffer, CancelError, Engine, Grant, GrantError, LeaseEnd, LeaseId, LossCause, Misbehavior, Owner,
+    OwnerAction, OwnerEvent, Reader, ReaderAction, ReaderConfig, Release, ReleaseMode, Status, Token, Window,
+    MAX_LEASE_TIME,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn buffer(i: u32) -> Buffer {
+    Buffer { mr: 1, offset: u64::from(i) * 64, len: 64, addr: 0x1000 + u64::from(i) * 64 }
+}
+
+fn owner(windows: u32) -> Owner {
+    Owner::new(1, (0..windows).map(|i| Window { handle: 100 + i, rkey: (i + 1) << 8 }))
+}
+
+/// One lease as the driver sees it.
+#[derive(Clone, Copy, Debug)]
+struct Granted {
+    lease: LeaseId,
+    rkey: u32,
+    bind: Token,
+    send: Token,
+}
+
+impl Granted {
+    fn release(self) -> Release {
+        Release { lease: self.lease, rkey: self.rkey }
+    }
+}
+
+fn grant(o: &mut Owner, now: Duration, i: u32) -> Granted {
+    let lease = o.grant(now, buffer(i), ms(50)).expect("a window is free");
+    match o.poll_action() {
+        Some(OwnerAction::BindAndGrant(b)) => {
+            assert_eq!(b.grant.lease, lease);
+            assert_eq!(b.buffer, buffer(i));
+            Granted { lease, rkey: b.rkey, bind: b.bind_token, send: b.send_token }
+        }
+        other => panic!("expected a bind and grant, got {other:?}"),
+    }
+}
+
+/// The one LOCAL_INV queued now.
+fn invalidation(o: &mut Owner) -> Token {
+    match (o.poll_action(), o.poll_action()) {
+        (Some(OwnerAction::Invalidate { token, .. }), None) => token,
+        other => panic!("expected one invalidation, got {other:?}"),
+    }
+}
+
+fn events(o: &mut Owner) -> Vec<OwnerEvent> {
+    std::iter::from_fn(|| o.poll_event()).collect()
+}
+
+fn returned(lease: LeaseId, i: u32, end: LeaseEnd) -> OwnerEvent {
+    OwnerEvent::BufferReturned { lease, buffer: buffer(i), end, cancelled: false }
+}
+
+/// Grants `buffer(i)`, completes the grant SEND, releases and completes the
+/// LOCAL_INV: the buffer is back.
+fn full_cycle(o: &mut Owner, now: Duration, i: u32) -> (Granted, Token) {
+    let g = grant(o, now, i);
+    o.handle_completion(now, g.send, Status::Success);
+    o.handle_release(now, g.release());
+    let inv = invalidation(o);
+    o.handle_completion(now, inv, Status::Success);
+    assert_eq!(events(o), vec![returned(g.lease, i, LeaseEnd::Released)]);
+    (g, inv)
+}
+
+#[test]
+fn a_stale_invalidate_completion_does_not_return_the_current_binds_buffer() {
+    let mut o = owner(1);
+    let (first, old_inv) = full_cycle(&mut o, ms(0), 0);
+    // The same window, bound again; its LOCAL_INV is posted, not completed.
+    let second = grant(&mut o, ms(1), 1);
+    assert_eq!(second.lease.raw() >> 32, first.lease.raw() >> 32, "the same window");
+    o.handle_completion(ms(1), second.send, Status::Success);
+    o.handle_release(ms(2), second.release());
+    let inv = invalidation(&mut o);
+    assert_ne!(inv, old_inv);
+    // A completion of the first bind's LOCAL_INV (a duplicate, or a replay
+    // by a broken driver) is not evidence for the second bind.
+    o.handle_completion(ms(3), old_inv, Status::Success);
+    assert_eq!(events(&mut o), vec![], "the window may still be bound");
+    assert_eq!(o.outstanding_buffers(), 1);
+    assert_eq!(o.stats().unknown_completions, 1);
+    // The same for the first bind's grant SEND and bind.
+    o.handle_completion(ms(3), first.send, Status::Success);
+    o.handle_completion(ms(3), first.bind, Status::Failed(1));
+    assert_eq!(o.stats().unknown_completions, 3);
+    assert!(!o.is_connection_lost(), "a stale bind error is not this QP's news");
+    o.handle_completion(ms(4), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(second.lease, 1, LeaseEnd::Released)]);
+}
+
+#[test]
+fn a_stale_grant_send_completion_does_not_stand_for_the_current_one() {
+    let mut o = owner(1);
+    let (first, _) = full_cycle(&mut o, ms(0), 0);
+    let second = grant(&mut o, ms(1), 1);
+    o.handle_release(ms(2), second.release());
+    let inv = invalidation(&mut o);
+    o.handle_completion(ms(3), inv, Status::Success);
+    // The LOCAL_INV is done but the grant SEND is not: no return yet.
+    assert_eq!(events(&mut o), vec![]);
+    o.handle_completion(ms(3), first.send, Status::Success);
+    assert_eq!(events(&mut o), vec![], "the first bind's SEND is not the second's");
+    assert_eq!(o.stats().unknown_completions, 1);
+    o.handle_completion(ms(4), second.send, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(second.lease, 1, LeaseEnd::Released)]);
+}
+
+#[test]
+fn duplicate_completions_are_counted_and_change_nothing() {
+    let mut o = owner(2);
+    let g = grant(&mut o, ms(0), 0);
+    let other = grant(&mut o, ms(0), 1);
+    o.handle_completion(ms(1), g.send, Status::Success);
+    o.handle_completion(ms(1), g.send, Status::Success);
+    assert_eq!(o.stats().unknown_completions, 1, "the SEND completed once");
+    o.handle_release(ms(2), g.release());
+    let inv = invalidation(&mut o);
+    o.handle_completion(ms(3), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(g.lease, 0, LeaseEnd::Released)]);
+    // Now the slot is free: a second copy of its LOCAL_INV's completion (or
+    // an error one) must not touch the next bind or the connection.
+    o.handle_completion(ms(4), inv, Status::Success);
+    o.handle_completion(ms(4), inv, Status::Flushed);
+    o.handle_completion(ms(4), g.send, Status::Success);
+    assert_eq!(o.stats().unknown_completions, 4);
+    assert!(!o.is_connection_lost());
+    assert_eq!(o.outstanding_buffers(), 1);
+    assert_eq!(o.free_windows(), 1);
+    // The other lease is unaffected.
+    o.handle_completion(ms(5), other.send, Status::Success);
+    o.handle_release(ms(5), other.release());
+    let inv = invalidation(&mut o);
+    o.handle_completion(ms(6), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(other.lease, 1, LeaseEnd::Released)]);
+}
+
+#[test]
+fn completions_of_other_engines_and_windows_are_not_the_owners() {
+    let mut o = owner(1);
+    let g = grant(&mut o, ms(0), 0);
+    // A READ of the reader sharing the QP.
+    let mut r = Reader::new(ReaderConfig { safety_margin: ms(1), release: ReleaseMode::Message });
+    let grant_msg = Grant { lease: g.lease, addr: 0x1000, len: 8, rkey: g.rkey, time_left: ms(50) };
+    r.handle_grant(ms(0), grant_msg, buffer(5));
+    let Some(ReaderAction::Read { token: read, .. }) = r.poll_action() else { panic!("a READ") };
+    assert_eq!(read.engine(), Some(Engine::Reader));
+    // A window the pool lacks (slot 1 of a bigger pool).
+    let mut big = owner(2);
+    let _ = grant(&mut big, ms(0), 0);
+    let other_window = grant(&mut big, ms(0), 1);
+    // The driver's own wr_ids.
+    let foreign = [Token::from_wr_id(0), Token::from_wr_id(1), Token::from_wr_id(u64::MAX)];
+    for t in foreign.into_iter().chain([read, other_window.send, other_window.bind]) {
+        o.handle_completion(ms(1), t, Status::Failed(5));
+    }
+    assert_eq!(o.stats().unknown_completions, 6);
+    assert!(!o.is_connection_lost());
+    assert_eq!(events(&mut o), vec![]);
+    o.handle_completion(ms(1), g.send, Status::Success);
+    assert_eq!(o.stats().unknown_completions, 6);
+}
+
+#[test]
+fn a_failed_bind_takes_the_error_path_and_the_buffer_returns_on_flush() {
+    let mut o = owner(2);
+    let g = grant(&mut o, ms(0), 0);
+    assert!(!o.is_connection_lost());
+    // The unsignaled bind completes only on error.
+    o.handle_completion(ms(1), g.bind, Status::Failed(9));
+    assert!(o.is_connection_lost());
+    assert_eq!(o.free_windows(), 0);
+    assert_eq!(o.poll_timeout(), None);
+    assert_eq!(
+        events(&mut o),
+        vec![
+            OwnerEvent::ConnectionLost { cause: LossCause::WorkRequestFailed(Status::Failed(9)) },
+            OwnerEvent::WindowRetired { window: 101 },
+        ]
+    );
+    assert_eq!(o.grant(ms(1), buffer(1), ms(50)), Err(GrantError::ConnectionLost));
+    // The grant SEND chained after the bind is flushed: that is the evidence.
+    o.handle_completion(ms(2), g.send, Status::Flushed);
+    assert_eq!(
+        events(&mut o),
+        vec![returned(g.lease, 0, LeaseEnd::ConnectionLost), OwnerEvent::WindowRetired { window: 100 }]
+    );
+    assert_eq!(o.outstanding_buffers(), 0);
+}
+
+#[test]
+fn a_successful_bind_completion_changes_nothing() {
+    let mut o = owner(1);
+    let g = grant(&mut o, ms(0), 0);
+    o.handle_completion(ms(1), g.bind, Status::Success);
+    assert!(!o.is_connection_lost());
+    assert_eq!(o.stats().unknown_completions, 0);
+    assert_eq!(events(&mut o), vec![]);
+    assert_eq!(o.outstanding_buffers(), 1);
+}
+
+#[test]
+fn the_buffer_waits_for_both_the_local_inv_and_the_grant_send() {
+    let mut o = owner(1);
+    let g = grant(&mut o, ms(0), 0);
+    o.handle_release(ms(1), g.release());
+    let inv = invalidation(&mut o);
+    o.handle_completion(ms(2), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![], "the grant SEND has not completed");
+    assert_eq!(o.outstanding_buffers(), 1);
+    o.handle_completion(ms(3), g.send, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(g.lease, 0, LeaseEnd::Released)]);
+    assert_eq!(o.free_windows(), 1);
+}
+
+#[test]
+fn tokens_round_trip_through_wr_id_and_route_to_their_engine() {
+    let mut o = owner(1);
+    let g = grant(&mut o, ms(0), 0);
+    o.handle_release(ms(1), g.release());
+    let inv = invalidation(&mut o);
+    let tokens = [g.bind, g.send, inv];
+    for t in tokens {
+        assert_eq!(Token::from_wr_id(t.wr_id()), t);
+        assert_eq!(t.engine(), Some(Engine::Owner), "{t:?}");
+    }
+    assert_ne!(g.bind, g.send);
+    assert_ne!(g.send, inv);
+    assert_ne!(g.bind, inv);
+    assert_eq!(Token::from_wr_id(0).engine(), None);
+    assert_eq!(Token::from_wr_id(u64::MAX).engine(), None);
+    assert_eq!(Token::from_wr_id(42).wr_id(), 42);
+    // Debug output names the kind, window and bind; a foreign one its value.
+    assert_eq!(format!("{:?}", g.bind), "Token(Bind 0#1)");
+    assert_eq!(format!("{:?}", g.send), "Token(GrantSend 0#1)");
+    assert_eq!(format!("{inv:?}"), "Token(Invalidate 0#1)");
+    assert_eq!(format!("{:?}", Token::from_wr_id(0x2a)), "Token(0x2a)");
+    assert_eq!(format!("{:?}", g.lease), "LeaseId(0#1)");
+}
+
+#[test]
+fn lease_time_limits_are_inclusive() {
+    let mut o = owner(4);
+    let micro = Duration::from_micros(1);
+    let too_short = micro - Duration::from_nanos(1);
+    let too_long = MAX_LEASE_TIME + Duration::from_nanos(1);
+    assert_eq!(o.grant(ms(0), buffer(0), too_short), Err(GrantError::BadLeaseTime(too_short)));
+    assert_eq!(o.grant(ms(0), buffer(0), Duration::ZERO), Err(GrantError::BadLeaseTime(Duration::ZERO)));
+    assert_eq!(o.grant(ms(0), buffer(0), too_long), Err(GrantError::BadLeaseTime(too_long)));
+    assert!(o.grant(ms(0), buffer(0), micro).is_ok());
+    assert!(o.grant(ms(0), buffer(1), MAX_LEASE_TIME).is_ok());
+    assert!(o.grant(ms(0), buffer(2), MAX_LEASE_TIME - micro).is_ok());
+    let empty = Buffer { len: 0, ..buffer(3) };
+    assert_eq!(o.grant(ms(0), empty, ms(1)), Err(GrantError::EmptyBuffer));
+    assert_eq!(o.stats().grants, 3);
+}
+
+#[test]
+fn error_messages_say_what_happened_and_what_to_do() {
+    let pool = GrantError::NoFreeWindow { pool: 4 }.to_string();
+    assert!(pool.contains("all 4 memory windows are leased") && pool.contains("size the pool"), "{pool}");
+    assert_eq!(GrantError::EmptyBuffer.to_string(), "cannot grant an empty buffer");
+    let t = GrantError::BadLeaseTime(Duration::ZERO).to_string();
+    assert!(t.starts_with("lease time 0ns is not in 1µs..="), "{t}");
+    assert_eq!(GrantError::ConnectionLost.to_string(), "the connection is lost; open a new one");
+    let mut o = owner(1);
+    let (g, _) = full_cycle(&mut o, ms(0), 0);
+    let err = o.cancel(ms(1), g.lease).unwrap_err();
+    assert_eq!(err, CancelError::NotActive(g.lease));
+    assert_eq!(err.to_string(), "lease LeaseId(0#1) is not active (its buffer already returned?)");
+}
+
+#[test]
+fn cancelling_a_stale_lease_does_not_touch_the_windows_current_one() {
+    let mut o = owner(1);
+    let (first, _) = full_cycle(&mut o, ms(0), 0);
+    let second = grant(&mut o, ms(1), 1);
+    assert_eq!(o.cancel(ms(2), first.lease), Err(CancelError::NotActive(first.lease)));
+    let never = LeaseId::from_raw(second.lease.raw() + 1);
+    assert_eq!(o.cancel(ms(2), never), Err(CancelError::NotActive(never)));
+    o.handle_completion(ms(3), second.send, Status::Success);
+    o.handle_release(ms(3), second.release());
+    let inv = invalidation(&mut o);
+    o.handle_completion(ms(4), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(second.lease, 1, LeaseEnd::Released)], "not cancelled");
+}
+
+#[test]
+fn a_peer_invalidation_names_only_the_window_that_carried_the_rkey() {
+    let mut o = owner(3);
+    let (earlier, _) = full_cycle(&mut o, ms(0), 0);
+    let leased = grant(&mut o, ms(1), 1);
+    assert_eq!(leased.lease.raw() >> 32, 0, "window 0 again, rebound");
+    assert!(!o.is_connection_lost());
+    // The rkey of the window's earlier bind, which no window carries now.
+    o.handle_peer_invalidation(ms(2), earlier.rkey);
+    assert_eq!(o.stats().peer_invalidations, 1);
+    assert_eq!(o.poll_action(), Some(OwnerAction::FlushQp));
+    let ev = events(&mut o);
+    assert_eq!(
+        ev[0],
+        OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey: earlier.rkey, window: None })
+    );
+    assert_eq!(ev[1], OwnerEvent::ConnectionLost { cause: LossCause::HostilePeer });
+    // A second one, with the leased window's rkey: named, no second flush.
+    o.handle_peer_invalidation(ms(3), leased.rkey);
+    assert_eq!(o.stats().peer_invalidations, 2);
+    assert_eq!(o.poll_action(), None);
+    assert_eq!(
+        events(&mut o),
+        vec![OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate {
+            rkey: leased.rkey,
+            window: Some(100)
+        })]
+    );
+}
+
+#[test]
+fn a_fixed_seed_gives_a_fixed_sequence_of_consumer_keys() {
+    // Seed 1's key bytes are 91 be f8 71 71 c3 e0 85 (see rng.rs); the
+    // second 0x71 equals the current key and is bumped to 0x72.
+    let mut o = Owner::new(1, [Window { handle: 7, rkey: 0xabcd_ef00 }]);
+    let mut rkeys = Vec::new();
+    for _ in 0..8 {
+        let (g, _) = full_cycle(&mut o, ms(0), 0);
+        rkeys.push(g.rkey);
+    }
+    assert_eq!(
+        rkeys,
+        [
+            0xabcd_ef91,
+            0xabcd_efbe,
+            0xabcd_eff8,
+            0xabcd_ef71,
+            0xabcd_ef72,
+            0xabcd_efc3,
+            0xabcd_efe0,
+            0xabcd_ef85
+        ]
+    );
+}
+
+#[test]
+fn a_new_owner_is_up_with_every_window_free() {
+    let o = owner(3);
+    assert!(!o.is_connection_lost());
+    assert_eq!(o.free_windows(), 3);
+    assert_eq!(o.outstanding_buffers(), 0);
+    assert_eq!(o.poll_timeout(), None);
+}

@@ -1,0 +1,154 @@
+//! The reader's defensive paths, driven directly (no NIC model): declining,
+//! the QP going to ERR or away with READs outstanding, and the counters.
+
+use std::time::Duration;
+
+use mwcap_mw::{
+    Buffer, DeclineReason, Grant, LeaseId, ReadError, Reader, ReaderAction, ReaderConfig, ReaderEvent,
+    ReaderStats, Release, ReleaseMode, Status, Token,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn reader(release: ReleaseMode) -> Reader {
+    Reader::new(ReaderConfig { safety_margin: ms(1), release })
+}
+
+fn grant(slot: u64) -> Grant {
+    Grant {
+        lease: LeaseId::from_raw((slot << 32) | 1),
+        addr: 0x1000,
+        len: 8,
+        rkey: 0x700 | slot as u32,
+        time_left: ms(20),
+    }
+}
+
+fn dest(i: u32) -> Buffer {
+    Buffer { mr: 2, offset: u64::from(i) * 64, len: 64, addr: 0 }
+}
+
+fn release_of(g: Grant) -> Release {
+    Release { lease: g.lease, rkey: g.rkey }
+}
+
+fn read_token(r: &mut Reader) -> Token {
+    match r.poll_action() {
+        Some(ReaderAction::Read { token, .. }) => token,
+        other => panic!("expected a READ, got {other:?}"),
+    }
+}
+
+fn events(r: &mut Reader) -> Vec<ReaderEvent> {
+    std::iter::from_fn(|| r.poll_event()).collect()
+}
+
+#[test]
+fn decline_releases_at_once_and_counts() {
+    let mut r = reader(ReleaseMode::Message);
+    r.decline(ms(0), grant(0), DeclineReason::Unwanted);
+    r.decline(ms(0), grant(1), DeclineReason::Unwanted);
+    assert_eq!(r.poll_action(), Some(ReaderAction::SendRelease(release_of(grant(0)))));
+    assert_eq!(r.poll_action(), Some(ReaderAction::SendRelease(release_of(grant(1)))));
+    assert_eq!(r.poll_action(), None, "nothing is read");
+    let ev = events(&mut r);
+    assert_eq!(ev.len(), 2);
+    assert!(matches!(
+        ev[0],
+        ReaderEvent::Declined { lease, reason: DeclineReason::Unwanted, release: None, .. } if lease == grant(0).lease
+    ));
+    assert_eq!(r.stats(), ReaderStats { declined: 2, ..ReaderStats::default() });
+
+    let mut r = reader(ReleaseMode::Piggyback);
+    r.decline(ms(0), grant(3), DeclineReason::Unwanted);
+    assert_eq!(r.poll_action(), None);
+    assert!(matches!(
+        events(&mut r)[..],
+        [ReaderEvent::Declined { reason: DeclineReason::Unwanted, release: Some(rel), .. }] if rel == release_of(grant(3))
+    ));
+}
+
+#[test]
+fn declines_once_the_qp_is_down_say_so_and_release_nothing() {
+    let mut r = reader(ReleaseMode::Message);
+    r.handle_qp_error(ms(0));
+    assert!(r.is_connection_lost());
+    assert_eq!(events(&mut r), vec![ReaderEvent::ConnectionLost]);
+    r.decline(ms(1), grant(0), DeclineReason::Unwanted);
+    r.handle_grant(ms(1), grant(1), dest(0));
+    assert_eq!(r.poll_action(), None, "no release can be sent, no READ posted");
+    let ev = events(&mut r);
+    assert!(matches!(
+        ev[0],
+        ReaderEvent::Declined { reason: DeclineReason::ConnectionLost, release: None, .. }
+    ));
+    assert!(matches!(
+        ev[1],
+        ReaderEvent::Declined { reason: DeclineReason::ConnectionLost, release: None, .. }
+    ));
+    assert_eq!(r.stats().declined, 2);
+}
+
+#[test]
+fn handle_grant_counts_reads_and_declines() {
+    let mut r = reader(ReleaseMode::Message);
+    assert!(!r.is_connection_lost());
+    r.handle_grant(ms(0), grant(0), dest(0));
+    r.handle_grant(ms(0), grant(1), dest(1));
+    r.handle_grant(ms(0), Grant { time_left: ms(1), ..grant(2) }, dest(2));
+    r.handle_grant(ms(0), Grant { len: 0, ..grant(3) }, dest(3));
+    assert_eq!(r.stats(), ReaderStats { reads: 2, declined: 2, ..ReaderStats::default() });
+    assert_eq!(r.outstanding_reads(), 2);
+}
+
+#[test]
+fn a_qp_error_fails_outstanding_reads_as_their_flushes_arrive() {
+    let mut r = reader(ReleaseMode::Message);
+    r.handle_grant(ms(0), grant(0), dest(0));
+    let t0 = read_token(&mut r);
+    r.handle_grant(ms(0), grant(1), dest(1));
+    let t1 = read_token(&mut r);
+    assert_eq!(r.poll_timeout(), Some(ms(20)));
+    r.handle_qp_error(ms(1));
+    assert!(r.is_connection_lost());
+    assert_eq!(r.poll_timeout(), None, "no READ times out on a dead QP");
+    assert_eq!(events(&mut r), vec![ReaderEvent::ConnectionLost]);
+    r.handle_timeout(ms(30));
+    assert_eq!(r.poll_action(), None, "no flush request: the QP is in ERR already");
+    assert_eq!(r.outstanding_reads(), 2, "the destinations are the NIC's until the flushes");
+    r.handle_completion(ms(2), t1, Status::Flushed);
+    r.handle_completion(ms(2), t0, Status::Failed(12));
+    assert_eq!(
+        events(&mut r),
+        vec![
+            ReaderEvent::ReadFailed { lease: grant(1).lease, dest: dest(1), error: ReadError::Flushed },
+            ReaderEvent::ReadFailed { lease: grant(0).lease, dest: dest(0), error: ReadError::Failed(12) },
+        ]
+    );
+    assert_eq!(r.stats().reads_failed, 2);
+    assert_eq!(r.outstanding_reads(), 0);
+}
+
+#[test]
+fn a_destroyed_qp_returns_every_destination_at_once() {
+    let mut r = reader(ReleaseMode::Piggyback);
+    for i in 0..3 {
+        r.handle_grant(ms(0), grant(u64::from(i)), dest(i));
+        let _ = read_token(&mut r);
+    }
+    r.handle_qp_destroyed(ms(1));
+    let ev = events(&mut r);
+    assert_eq!(ev[0], ReaderEvent::ConnectionLost);
+    let failed: Vec<_> = ev[1..]
+        .iter()
+        .map(|e| match e {
+            ReaderEvent::ReadFailed { dest, error, .. } => (dest.offset, *error),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(failed, vec![(0, ReadError::Flushed), (64, ReadError::Flushed), (128, ReadError::Flushed)]);
+    assert_eq!(r.stats().reads_failed, 3);
+    assert_eq!(r.outstanding_reads(), 0);
+}
