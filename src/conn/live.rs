@@ -291,23 +291,12 @@ impl<N: Nic> Connection<N> {
         let started = poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
-            match st.ep.call(now, header, data.take()) {
-                Ok(id) => {
-                    st.calls.insert(id, slot.clone());
-                    if st.needs_driver() {
-                        self.inner.bell.ring();
-                    }
-                    Poll::Ready(Ok(()))
-                }
-                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
-                    data = back;
-                    st.capacity_waiters.register(cx.waker());
-                    // The driver frees capacity as completions arrive.
-                    self.inner.bell.ring();
-                    Poll::Pending
-                }
-                Err(Refused { error, data }) => Poll::Ready(Err(CallError::Refused { error, data })),
+            let r = st.ep.call(now, header, data.take());
+            let r = self.committed_or_wait(&mut st, cx, r, &mut data);
+            if let Poll::Ready(Ok(id)) = &r {
+                st.calls.insert(*id, slot.clone());
             }
+            r.map_err(|Refused { error, data }| CallError::Refused { error, data }).map_ok(|_| ())
         })
         .await;
         started?;
@@ -317,6 +306,34 @@ impl<N: Nic> Connection<N> {
             done: false,
         }
         .await
+    }
+
+    /// What a call or reply attempt leads to: committed (the driver is rung
+    /// only if it must act), waiting for a window or control slot (`data`
+    /// kept for the retry, the driver rung to free capacity), or refused.
+    fn committed_or_wait<T>(
+        &self,
+        st: &mut State<N>,
+        cx: &mut Context<'_>,
+        r: Result<T, Refused>,
+        data: &mut Option<Buf>,
+    ) -> Poll<Result<T, Refused>> {
+        match r {
+            Ok(v) => {
+                if st.needs_driver() {
+                    self.inner.bell.ring();
+                }
+                Poll::Ready(Ok(v))
+            }
+            Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
+                *data = back;
+                st.capacity_waiters.register(cx.waker());
+                // The driver frees capacity as completions arrive.
+                self.inner.bell.ring();
+                Poll::Pending
+            }
+            Err(refused) => Poll::Ready(Err(refused)),
+        }
     }
 
     /// Server: the next request, or `None` once the connection is down.
@@ -351,25 +368,11 @@ impl<N: Nic> Connection<N> {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = st.ep.reply(now, req, status, header, data.take());
-            match r {
-                Ok(()) => {
-                    if st.needs_driver() {
-                        self.inner.bell.ring();
-                    }
-                    Poll::Ready(Ok(()))
-                }
-                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
-                    data = back;
-                    st.capacity_waiters.register(cx.waker());
-                    // The driver frees capacity as completions arrive.
-                    self.inner.bell.ring();
-                    Poll::Pending
-                }
-                Err(refused) => {
-                    self.inner.bell.ring();
-                    Poll::Ready(Err(refused))
-                }
+            let r = self.committed_or_wait(&mut st, cx, r, &mut data);
+            if matches!(r, Poll::Ready(Err(_))) {
+                self.inner.bell.ring();
             }
+            r
         })
         .await
     }
