@@ -189,7 +189,12 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
     // ...granted twice in one request.
     let grant = grant_bytes(1 << 32 | 1, mr.addr, 64, rkey);
     let twice = [Attach::new(EngineTag::Mw, &grant).unwrap(), Attach::new(EngineTag::Mw, &grant).unwrap()];
-    let frame = Frame::Request { msg_id: 1, header: b"two", attach: Attaches::from_slice(&twice).unwrap() };
+    let frame = Frame::Request {
+        msg_id: 1,
+        trace: None,
+        header: b"two",
+        attach: Attaches::from_slice(&twice).unwrap(),
+    };
     let bytes = frame.encode().unwrap();
     let ctrl = raw.nic.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     raw.nic.write_mr(ctrl.id, 0, &bytes).unwrap();

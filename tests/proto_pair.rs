@@ -17,9 +17,13 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use mwcap::backend::{Completion, CpuHold, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
-use mwcap::conn::frame::MAX_FRAME;
+use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, Resources};
-use mwcap::conn::{Buf, Config, Event, Keepalive, LossReason, Policies, Policy, Role};
+use mwcap::conn::{
+    Buf, CallError, CallId, Config, Event, Keepalive, LossReason, Policies, Policy, RequestId, Role, UseError,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 const BUFFERS: u32 = 4;
 const SIZE: u32 = 4096;
@@ -176,6 +180,8 @@ struct Pair {
     chains_with_bind: u64,
     /// The server takes no more turns (its receives still land).
     frozen_server: bool,
+    /// The client takes no more turns (its receives still land).
+    frozen_client: bool,
     /// A side may go down (the test expects it).
     allow_down: bool,
 }
@@ -190,8 +196,15 @@ impl Pair {
         let mut s = Side::with(Role::Server, policies, 0x2000_0000, 0x88, keepalive);
         c.conn.start();
         s.conn.start();
-        let mut p =
-            Pair { c, s, now: Duration::ZERO, chains_with_bind: 0, frozen_server: false, allow_down: false };
+        let mut p = Pair {
+            c,
+            s,
+            now: Duration::ZERO,
+            chains_with_bind: 0,
+            frozen_server: false,
+            frozen_client: false,
+            allow_down: false,
+        };
         p.settle();
         p
     }
@@ -201,7 +214,7 @@ impl Pair {
         loop {
             let mut busy = false;
             for client in [true, false] {
-                if !client && self.frozen_server {
+                if (!client && self.frozen_server) || (client && self.frozen_client) {
                     continue;
                 }
                 let (me, peer) = if client { (&mut self.c, &mut self.s) } else { (&mut self.s, &mut self.c) };
@@ -272,7 +285,7 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
         let mut replied = false;
         while let Some(ev) = p.s.conn.poll_event() {
             match ev {
-                Event::Request { req, header: h, data } => {
+                Event::Request { req, header: h, data, .. } => {
                     assert_eq!(h, header);
                     let data = data.expect("the request payload");
                     assert_eq!(p.s.payload(&data), pattern(i, req_len), "request payload of call {i}");
@@ -523,5 +536,188 @@ fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
         assert_eq!(reads, 0, "{policy:?}: a READ was posted after the QP was destroyed");
         assert_eq!(p.c.conn.busy_buffers(), 0, "{policy:?}: a buffer is stuck");
         assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize);
+    }
+}
+
+// ---- flow control: a SEND never finds the peer without a posted receive ----
+// (`post_send` above panics if one does: the harness is the RNR oracle.)
+
+#[test]
+fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    p.frozen_server = true; // its receives land, it never reposts them
+    let mut sent = 0;
+    let refused = loop {
+        p.now += Duration::from_micros(10);
+        match p.c.conn.call(p.now, b"q", None) {
+            Ok(_) => sent += 1,
+            Err(r) => break r.error,
+        }
+        p.settle();
+    };
+    // One credit stays in reserve for a grant.
+    assert_eq!(refused, UseError::NoCredit, "backpressure, not an error or an RNR");
+    assert_eq!(sent, INITIAL_CREDITS - 1);
+    assert_eq!(p.s.recvs.len(), 1, "the server's last receive is the reserve");
+    assert!(p.c.conn.is_down().is_none());
+    assert_eq!(p.c.conn.stats().credit_waits, 1);
+    // The server runs again: its grant lets the waiting caller go on.
+    p.frozen_server = false;
+    p.settle();
+    assert!(p.s.conn.stats().credit_frames >= 1, "the server granted its reposted receives");
+    let last = p.c.conn.call(p.now, b"q", None).expect("credit came back");
+    p.settle();
+    let mut reqs = Vec::new();
+    while let Some(ev) = p.s.conn.poll_event() {
+        if let Event::Request { req, .. } = ev {
+            reqs.push(req);
+        }
+    }
+    assert_eq!(reqs.len() as u32, INITIAL_CREDITS);
+    for r in reqs {
+        p.s.conn.reply(p.now, r, 0, b"a", None).expect("reply");
+        p.settle();
+    }
+    let replies: Vec<CallId> = std::iter::from_fn(|| p.c.conn.poll_event())
+        .filter_map(|e| match e {
+            Event::Reply { call, .. } => Some(call),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies.len() as u32, INITIAL_CREDITS);
+    assert_eq!(replies.last(), Some(&last));
+}
+
+/// Random schedules of calls, replies (with and without payloads) and sides
+/// that stall and resume: no SEND ever finds the peer's receive queue empty
+/// (the harness panics), nothing goes down, and once both sides run again
+/// every call completes (credit never deadlocks).
+#[test]
+fn random_stalls_never_overrun_receives_and_never_deadlock() {
+    let (mut waits, mut grants) = (0, 0);
+    for seed in 0..60u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let pol = |r: &mut SmallRng| if r.gen_bool(0.5) { Policy::Mw } else { Policy::Confirm };
+        let policies = Policies { request: pol(&mut rng), reply: pol(&mut rng) };
+        let mut p = Pair::new(policies);
+        let mut pending: Vec<RequestId> = Vec::new();
+        let (mut made, mut done) = (0u64, 0u64);
+        for _ in 0..400 {
+            p.now += Duration::from_micros(rng.gen_range(0..50));
+            match rng.gen_range(0..10) {
+                0..=3 => {
+                    let data = if rng.gen_bool(0.5) { p.c.conn.alloc() } else { None };
+                    let data = data.map(|mut b| {
+                        p.c.write_payload(&mut b, &pattern(made, 100));
+                        b
+                    });
+                    match p.c.conn.call(p.now, b"q", data) {
+                        Ok(_) => made += 1,
+                        Err(r) => {
+                            assert!(
+                                matches!(
+                                    r.error,
+                                    UseError::NoCredit | UseError::NoCtrlSlot | UseError::NoFreeWindow
+                                ),
+                                "{:?}",
+                                r.error
+                            );
+                            if let Some(b) = r.data {
+                                p.c.conn.free(b);
+                            }
+                        }
+                    }
+                }
+                4..=6 if !pending.is_empty() => {
+                    let req = pending.swap_remove(rng.gen_range(0..pending.len()));
+                    let data = if rng.gen_bool(0.5) { p.s.conn.alloc() } else { None };
+                    let data = data.map(|mut b| {
+                        p.s.write_payload(&mut b, &pattern(7, 200));
+                        b
+                    });
+                    if let Err(r) = p.s.conn.reply(p.now, req, 0, b"a", data) {
+                        pending.push(req);
+                        if let Some(b) = r.data {
+                            p.s.conn.free(b);
+                        }
+                    }
+                }
+                7 => p.frozen_server = !p.frozen_server,
+                8 => p.frozen_client = !p.frozen_client,
+                _ => {}
+            }
+            p.settle();
+            drain(&mut p, &mut pending, &mut done);
+        }
+        // Everyone runs again: every call must finish. Time moves on too: a
+        // side whose buffers are all exposed for payloads the peer cannot
+        // read (its buffers exposed in turn) waits for leases to end.
+        p.frozen_server = false;
+        p.frozen_client = false;
+        for _ in 0..200 {
+            if done == made {
+                break;
+            }
+            p.now += Duration::from_millis(500);
+            p.c.conn.handle_timeout(p.now);
+            p.s.conn.handle_timeout(p.now);
+            p.settle();
+            drain(&mut p, &mut pending, &mut done);
+            while let Some(req) = pending.pop() {
+                if let Err(r) = p.s.conn.reply(p.now, req, 0, b"a", None) {
+                    assert!(matches!(r.error, UseError::NoCredit | UseError::NoCtrlSlot), "{:?}", r.error);
+                    pending.push(req);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            done,
+            made,
+            "seed {seed}: every call finished ({policies:?}) pending {pending:?}\nclient {:?}\nserver {:?}",
+            p.c.conn.stats(),
+            p.s.conn.stats()
+        );
+        assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none(), "seed {seed}");
+        let (c, s) = (p.c.conn.stats(), p.s.conn.stats());
+        waits += c.credit_waits + s.credit_waits;
+        grants += c.credit_frames + s.credit_frames;
+    }
+    assert!(waits > 100 && grants > 100, "the schedules ran out of credit ({waits} waits, {grants} grants)");
+}
+
+/// Take both sides' events: requests to answer, finished calls counted,
+/// buffers freed.
+fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, done: &mut u64) {
+    while let Some(ev) = p.s.conn.poll_event() {
+        match ev {
+            Event::Request { req, data, .. } => {
+                if let Some(b) = data {
+                    p.s.conn.free(b);
+                }
+                pending.push(req);
+            }
+            // Confirm: the client read a reply whose buffer was reused; answer again.
+            Event::ReplyAgain { req } => pending.push(req),
+            // A request payload out of time (the call fails at the client).
+            Event::RequestDropped { .. } => {}
+            Event::BufferReturned(b) => p.s.conn.free(b),
+            other => panic!("server: {other:?}"),
+        }
+    }
+    while let Some(ev) = p.c.conn.poll_event() {
+        match ev {
+            Event::Reply { data, .. } => {
+                if let Some(b) = data {
+                    p.c.conn.free(b);
+                }
+                *done += 1;
+            }
+            // A payload the client could not read in time, or a call
+            // out of time: finished, not lost.
+            Event::CallFailed { error: CallError::Payload(_) | CallError::TimedOut, .. } => *done += 1,
+            Event::BufferReturned(b) => p.c.conn.free(b),
+            other => panic!("client: {other:?}"),
+        }
     }
 }

@@ -798,7 +798,7 @@ mod endpoints {
         let Some(Event::Request { req, .. }) =
             l.sev.iter().rev().find(|e| matches!(e, Event::Request { .. })).map(|e| match e {
                 Event::Request { req, header, .. } => {
-                    Event::Request { req: *req, header: header.clone(), data: None }
+                    Event::Request { req: *req, header: header.clone(), data: None, trace: None }
                 }
                 _ => unreachable!(),
             })

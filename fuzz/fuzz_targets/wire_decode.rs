@@ -32,13 +32,15 @@ fn engine_message(engine: EngineTag, bytes: &[u8]) {
 fuzz_target!(|data: &[u8]| {
     engine_message(EngineTag::Mw, data);
     engine_message(EngineTag::Confirm, data);
-    if let Ok(f) = Frame::decode(data) {
+    if let Ok((f, credit)) = Frame::decode_with_credit(data) {
         assert!(data.len() <= MAX_FRAME);
-        assert_eq!(f.encode().expect("a decoded frame encodes"), data, "frame re-encodes differently: {f:?}");
+        let mut again = [0u8; MAX_FRAME];
+        let n = f.encode_with_credit(credit, &mut again).expect("a decoded frame encodes");
+        assert_eq!(&again[..n], data, "frame re-encodes differently: {f:?} (credit {credit})");
         let attaches: &[Attach] = match &f {
             Frame::Request { attach, .. } | Frame::Reply { attach, .. } => attach,
             Frame::Engine(a) => std::slice::from_ref(a),
-            Frame::Ping { .. } | Frame::Pong { .. } => &[],
+            Frame::Ping { .. } | Frame::Pong { .. } | Frame::Credit => &[],
         };
         for a in attaches {
             engine_message(a.engine, a.bytes());

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::frame::MAX_FRAME;
+use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use super::proto::{Command, Connection, Resources};
 use super::types::*;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
@@ -54,6 +54,13 @@ impl<N: Nic> Endpoint<N> {
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+        if cfg.ctrl_slots < INITIAL_CREDITS {
+            return Err(NicError::InvalidWr(format!(
+                "Config::ctrl_slots is {}, below the {INITIAL_CREDITS} receives every peer may \
+                 count on at the start (flow control); raise it",
+                cfg.ctrl_slots
+            )));
+        }
         let depth = cfg.ctrl_slots * 2 + cfg.buffers * 3 + 8;
         let cq = nic.create_cq(depth)?;
         let mut qcfg = QpConfig::new(cq, cq);
@@ -288,9 +295,11 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Poll the completion queue, feed every completion and received frame
-    /// to the connection, and post what it asks for.
-    pub fn drive(&mut self, now: Duration) {
+    /// to the connection, and post what it asks for. Returns how many
+    /// completions it handled.
+    pub fn drive(&mut self, now: Duration) -> usize {
         self.reclaim();
+        let mut handled = 0;
         let mut batch = std::mem::take(&mut self.batch);
         let mut scratch = std::mem::take(&mut self.scratch);
         loop {
@@ -304,6 +313,7 @@ impl<N: Nic> Endpoint<N> {
             if n == 0 {
                 break;
             }
+            handled += n;
             let _in = self.span.enter();
             for c in &batch[..n] {
                 scratch.clear();
@@ -324,6 +334,7 @@ impl<N: Nic> Endpoint<N> {
         self.batch = batch;
         self.scratch = scratch;
         self.run();
+        handled
     }
 
     // ---- calls ----
@@ -335,7 +346,19 @@ impl<N: Nic> Endpoint<N> {
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
-        let r = self.span.in_scope(|| self.conn.call(now, header, data));
+        self.call_traced(now, None, header, data)
+    }
+
+    /// [`Endpoint::call`] carrying the caller's trace id (see
+    /// [`proto::Connection::call_traced`](super::proto::Connection::call_traced)).
+    pub fn call_traced(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<CallId, Refused> {
+        let r = self.span.in_scope(|| self.conn.call_traced(now, trace, header, data));
         self.run();
         r
     }

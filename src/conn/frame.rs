@@ -1,19 +1,28 @@
 //! The envelope of every SEND between two mwcap endpoints.
 //!
 //! ```text
-//! frame   := version:u8 (=1) kind:u8 body
-//! kind 1  Request  msg_id:u64 header_len:u16 header attaches
+//! frame   := version:u8 (=2) kind:u8 credit:u16 body
+//! kind 1  Request  msg_id:u64 flags:u8 [trace:16 bytes if flags & 1] header_len:u16 header attaches
 //! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header attaches
 //! kind 3  Engine   engine:u8 rest-of-frame  (a mwcap-mw or mwcap-fallback message)
 //! kind 4  Ping     seq:u64                  (keepalive, `Config::keepalive`)
 //! kind 5  Pong     seq:u64                  (the answer to a ping)
+//! kind 6  Credit   (nothing: the header's credit is the message)
 //! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
 //! All integers little-endian. The decoder reads untrusted bytes: it never
 //! panics, checks every length against what is left and against
-//! [`MAX_FRAME`], and rejects trailing bytes.
+//! [`MAX_FRAME`], and rejects trailing bytes and unknown flags.
+//!
+//! `credit` is flow control: the number of receives the sender has posted
+//! for its peer since it last said so (see `docs/protocol.md`, "Flow
+//! control"). It sits at a fixed offset ([`CREDIT_AT`]) so that a frame
+//! staged while it waited for credit gets the grant current when it is
+//! finally sent.
 
 use std::fmt;
+
+use super::types::TraceId;
 
 /// The largest frame an endpoint sends or accepts (one receive buffer).
 pub const MAX_FRAME: usize = 4096;
@@ -22,7 +31,15 @@ pub const MAX_HEADER: usize = 2048;
 /// The most engine messages one request or reply carries (a grant or offer
 /// for its payload, a fetch for the reply, a piggybacked release).
 pub const MAX_ATTACH: usize = 4;
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// Where the credit field is in every frame (after version and kind).
+pub const CREDIT_AT: usize = 2;
+/// Receives every endpoint has posted for its peer before the connection
+/// starts: the credit each side may spend before its peer's first grant.
+/// (`Config::ctrl_slots` may not be smaller.)
+pub const INITIAL_CREDITS: u32 = 8;
+/// Request flag: a 16-byte trace id follows.
+const FLAG_TRACE: u8 = 1;
 
 /// Which protocol engine a message or attachment belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -177,6 +194,9 @@ pub enum Frame<'a> {
     Request {
         /// The request's id on this connection.
         msg_id: u64,
+        /// The caller's trace id, if it gave one (joins the server's span
+        /// for the request to the client's across nodes).
+        trace: Option<TraceId>,
         /// The application's header bytes.
         header: &'a [u8],
         /// Engine messages riding along: the exposure of the request's
@@ -207,6 +227,10 @@ pub enum Frame<'a> {
         /// The ping's.
         seq: u64,
     },
+    /// Flow control: a grant of credit (in the header) with nothing else to
+    /// say, sent when enough receives were posted and no other frame is
+    /// going the peer's way.
+    Credit,
 }
 
 /// Why a frame was rejected. The connection treats each as peer misbehaviour.
@@ -233,6 +257,9 @@ pub enum FrameError {
     /// An unknown engine tag.
     #[error("unknown engine tag {0}")]
     UnknownEngine(u8),
+    /// Request flags this build does not know.
+    #[error("unknown request flags {0:#04x}")]
+    UnknownFlags(u8),
     /// A frame or header larger than allowed.
     #[error("{what} of {len} bytes exceeds the limit of {max}")]
     TooLarge {
@@ -262,6 +289,11 @@ impl<'a> Reader<'a> {
     }
     fn u8(&mut self) -> Result<u8, FrameError> {
         Ok(self.take(1)?[0])
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], FrameError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
     }
     fn u16(&mut self) -> Result<u16, FrameError> {
         let b = self.take(2)?;
@@ -345,44 +377,68 @@ impl<'a> Frame<'a> {
         Ok(out)
     }
 
-    /// Encode straight into `out` (a control slot); returns the length.
-    /// Fails when the frame does not fit `out` or [`MAX_FRAME`].
+    /// Encode straight into `out` (a control slot) with no credit; returns
+    /// the length. Fails when the frame does not fit `out` or [`MAX_FRAME`].
     pub fn encode_into(&self, out: &mut [u8]) -> Result<usize, FrameError> {
+        self.encode_with_credit(0, out)
+    }
+
+    /// Encode straight into `out` granting the peer `credit` receives;
+    /// returns the length.
+    pub fn encode_with_credit(&self, credit: u16, out: &mut [u8]) -> Result<usize, FrameError> {
         let limit = out.len().min(MAX_FRAME);
         let mut w = Writer { out: &mut out[..limit], at: 0 };
-        w.put(&[VERSION])?;
+        w.put(&[VERSION, self.kind_byte()])?;
+        w.put(&credit.to_le_bytes())?;
         match self {
-            Frame::Request { msg_id, header, attach } => {
-                w.put(&[1])?;
+            Frame::Request { msg_id, trace, header, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
+                match trace {
+                    Some(t) => {
+                        w.put(&[FLAG_TRACE])?;
+                        w.put(&t.to_bytes())?;
+                    }
+                    None => w.put(&[0])?,
+                }
                 w.header(header)?;
                 w.attaches(attach)?;
             }
             Frame::Reply { msg_id, status, header, attach } => {
-                w.put(&[2])?;
                 w.put(&msg_id.to_le_bytes())?;
                 w.put(&[*status])?;
                 w.header(header)?;
                 w.attaches(attach)?;
             }
             Frame::Engine(a) => {
-                w.put(&[3, a.engine.to_u8()])?;
+                w.put(&[a.engine.to_u8()])?;
                 w.put(a.bytes())?;
             }
-            Frame::Ping { seq } => {
-                w.put(&[4])?;
-                w.put(&seq.to_le_bytes())?;
-            }
-            Frame::Pong { seq } => {
-                w.put(&[5])?;
-                w.put(&seq.to_le_bytes())?;
-            }
+            Frame::Ping { seq } | Frame::Pong { seq } => w.put(&seq.to_le_bytes())?,
+            Frame::Credit => {}
         }
         Ok(w.at)
     }
 
-    /// Decode one frame from untrusted bytes.
+    /// The kind byte (second of every frame).
+    pub(crate) fn kind_byte(&self) -> u8 {
+        match self {
+            Frame::Request { .. } => 1,
+            Frame::Reply { .. } => 2,
+            Frame::Engine(_) => 3,
+            Frame::Ping { .. } => 4,
+            Frame::Pong { .. } => 5,
+            Frame::Credit => 6,
+        }
+    }
+
+    /// Decode one frame from untrusted bytes (its credit ignored).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and fuzzing read frames
     pub fn decode(buf: &'a [u8]) -> Result<Frame<'a>, FrameError> {
+        Frame::decode_with_credit(buf).map(|(f, _)| f)
+    }
+
+    /// Decode one frame from untrusted bytes, with the credit it grants.
+    pub fn decode_with_credit(buf: &'a [u8]) -> Result<(Frame<'a>, u16), FrameError> {
         if buf.len() > MAX_FRAME {
             return Err(FrameError::TooLarge { what: "frame", len: buf.len(), max: MAX_FRAME });
         }
@@ -391,8 +447,18 @@ impl<'a> Frame<'a> {
         if version != VERSION {
             return Err(FrameError::Version(version));
         }
-        let frame = match r.u8()? {
-            1 => Frame::Request { msg_id: r.u64()?, header: r.header()?, attach: r.attaches()? },
+        let kind = r.u8()?;
+        let credit = r.u16()?;
+        let frame = match kind {
+            1 => {
+                let msg_id = r.u64()?;
+                let trace = match r.u8()? {
+                    0 => None,
+                    FLAG_TRACE => Some(TraceId::from_bytes(r.array()?)),
+                    other => return Err(FrameError::UnknownFlags(other)),
+                };
+                Frame::Request { msg_id, trace, header: r.header()?, attach: r.attaches()? }
+            }
             2 => {
                 Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? }
             }
@@ -403,12 +469,13 @@ impl<'a> Frame<'a> {
             }
             4 => Frame::Ping { seq: r.u64()? },
             5 => Frame::Pong { seq: r.u64()? },
+            6 => Frame::Credit,
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {
             return Err(FrameError::Trailing(buf.len() - r.at));
         }
-        Ok(frame)
+        Ok((frame, credit))
     }
 }
 
@@ -446,38 +513,50 @@ mod tests {
             .prop_map(|v| Attaches::from_slice(&v).unwrap())
     }
 
+    type Parts = (u8, u64, u8, Vec<u8>, Attaches, Attach, Option<[u8; 16]>);
+
     /// Frames with their header bytes (owned by the strategy's value).
-    fn frames() -> impl Strategy<Value = (u8, u64, u8, Vec<u8>, Attaches, Attach)> {
+    fn frames() -> impl Strategy<Value = Parts> {
         (
-            0..5u8,
+            0..6u8,
             any::<u64>(),
             any::<u8>(),
             proptest::collection::vec(any::<u8>(), 0..128),
             attach(),
             one_attach(),
+            any::<Option<[u8; 16]>>(),
         )
     }
 
-    fn frame(v: &(u8, u64, u8, Vec<u8>, Attaches, Attach)) -> Frame<'_> {
-        let (kind, msg_id, status, header, attach, one) = v;
+    fn frame(v: &Parts) -> Frame<'_> {
+        let (kind, msg_id, status, header, attach, one, trace) = v;
         match kind {
-            0 => Frame::Request { msg_id: *msg_id, header, attach: *attach },
+            0 => Frame::Request {
+                msg_id: *msg_id,
+                trace: trace.map(TraceId::from_bytes),
+                header,
+                attach: *attach,
+            },
             1 => Frame::Reply { msg_id: *msg_id, status: *status, header, attach: *attach },
             2 => Frame::Ping { seq: *msg_id },
             3 => Frame::Pong { seq: *msg_id },
+            4 => Frame::Credit,
             _ => Frame::Engine(*one),
         }
     }
 
     proptest! {
         #[test]
-        fn round_trip(v in frames()) {
+        fn round_trip(v in frames(), credit in any::<u16>()) {
             let f = frame(&v);
             let bytes = f.encode().unwrap();
             prop_assert_eq!(Frame::decode(&bytes).unwrap(), f);
             let mut slot = [0u8; MAX_FRAME];
             let n = f.encode_into(&mut slot).unwrap();
             prop_assert_eq!(&slot[..n], &bytes[..]);
+            let n = f.encode_with_credit(credit, &mut slot).unwrap();
+            prop_assert_eq!(Frame::decode_with_credit(&slot[..n]).unwrap(), (f, credit));
+            prop_assert_eq!(&slot[CREDIT_AT..CREDIT_AT + 2], &credit.to_le_bytes()[..]);
         }
 
         #[test]
@@ -500,7 +579,7 @@ mod tests {
 
     #[test]
     fn rejects_wrong_version_and_trailing_bytes() {
-        let f = Frame::Request { msg_id: 7, header: b"hi", attach: Attaches::new() };
+        let f = Frame::Request { msg_id: 7, trace: None, header: b"hi", attach: Attaches::new() };
         let mut b = f.encode().unwrap();
         b.push(0);
         assert_eq!(Frame::decode(&b), Err(FrameError::Trailing(1)));
@@ -510,19 +589,30 @@ mod tests {
     }
 
     #[test]
+    fn unknown_request_flags_are_refused() {
+        let t = TraceId::from_bytes([7; 16]);
+        let f = Frame::Request { msg_id: 3, trace: Some(t), header: b"h", attach: Attaches::new() };
+        let mut b = f.encode().unwrap();
+        assert_eq!(b[12], FLAG_TRACE);
+        b[12] = 2;
+        assert_eq!(Frame::decode(&b), Err(FrameError::UnknownFlags(2)));
+    }
+
+    #[test]
     fn oversized_header_is_refused_both_ways() {
         let big = vec![0; MAX_HEADER + 1];
-        let f = Frame::Request { msg_id: 1, header: &big, attach: Attaches::new() };
+        let f = Frame::Request { msg_id: 1, trace: None, header: &big, attach: Attaches::new() };
         assert!(matches!(f.encode(), Err(FrameError::TooLarge { .. })));
-        let mut b = vec![1, 1];
+        let mut b = vec![VERSION, 1, 0, 0];
         b.extend_from_slice(&0u64.to_le_bytes());
+        b.push(0);
         b.extend_from_slice(&((MAX_HEADER + 1) as u16).to_le_bytes());
         assert!(matches!(Frame::decode(&b), Err(FrameError::TooLarge { what: "header", .. })));
     }
 
     #[test]
     fn an_oversized_attachment_is_refused() {
-        let mut b = vec![1, 3, 1];
+        let mut b = vec![VERSION, 3, 0, 0, 1];
         b.extend_from_slice(&[0; MAX_ATTACH_LEN + 1]);
         assert!(matches!(Frame::decode(&b), Err(FrameError::TooLarge { what: "attachment", .. })));
         assert!(Attach::new(EngineTag::Mw, &[0; MAX_ATTACH_LEN + 1]).is_err());
@@ -531,7 +621,7 @@ mod tests {
     #[test]
     fn a_frame_too_big_for_its_slot_is_refused() {
         let header = [7u8; 100];
-        let f = Frame::Request { msg_id: 1, header: &header, attach: Attaches::new() };
+        let f = Frame::Request { msg_id: 1, trace: None, header: &header, attach: Attaches::new() };
         let mut small = [0u8; 64];
         assert!(matches!(f.encode_into(&mut small), Err(FrameError::TooLarge { .. })));
     }

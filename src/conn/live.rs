@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Buf, CallError, CallId, Endpoint, Event, Header, LossReason, Refused, RequestId, UseError};
+use super::{
+    Buf, CallError, CallId, Endpoint, Event, Header, LossReason, Refused, RequestId, TraceId, UseError,
+};
 use crate::backend::Nic;
 use crate::handle::{Doorbell, Handle, Recycle, Slot};
 
@@ -59,6 +61,8 @@ pub struct Request {
     pub header: Header,
     /// The request payload; give it back with [`Connection::free`].
     pub data: Option<Buf>,
+    /// The caller's trace id, if it sent one ([`Connection::call_traced`]).
+    pub trace: Option<TraceId>,
 }
 
 type CallResult = Result<Reply, CallError>;
@@ -281,17 +285,30 @@ impl<N: Nic> Connection<N> {
     /// Client: make a call and wait for its reply. Dropping the future
     /// cancels the call; its buffers still return only on evidence.
     ///
-    /// A call that finds no free control slot or memory window waits for
-    /// one. A call refused for any other reason (wrong role, a header that
-    /// is too long, a foreign or empty buffer, the connection down) fails
-    /// with [`CallError::Refused`], which hands `data` back.
+    /// A call that finds no free control slot, memory window or receive
+    /// credit (the peer has no receive free: flow control) waits for one.
+    /// A call refused for any other reason (wrong role, a header that is
+    /// too long, a foreign or empty buffer, the connection down) fails with
+    /// [`CallError::Refused`], which hands `data` back.
     pub async fn call(&self, header: &[u8], data: Option<Buf>) -> Result<Reply, CallError> {
+        self.call_traced(None, header, data).await
+    }
+
+    /// [`Connection::call`] carrying the caller's trace id to the server:
+    /// the call's span (`mwcap.call`) and the server's (`mwcap.request`)
+    /// both record it, and the server's [`Request::trace`] has it.
+    pub async fn call_traced(
+        &self,
+        trace: Option<TraceId>,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<Reply, CallError> {
         let slot = self.peek(|s| s.spare_slot());
         let mut data = data;
         let started = poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
-            let r = st.ep.call(now, header, data.take());
+            let r = st.ep.call_traced(now, trace, header, data.take());
             let r = self.committed_or_wait(&mut st, cx, r, &mut data);
             if let Poll::Ready(Ok(id)) = &r {
                 st.calls.insert(*id, slot.clone());
@@ -325,7 +342,10 @@ impl<N: Nic> Connection<N> {
                 }
                 Poll::Ready(Ok(v))
             }
-            Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data: back }) => {
+            Err(Refused {
+                error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit,
+                data: back,
+            }) => {
                 *data = back;
                 st.capacity_waiters.register(cx.waker());
                 // The driver frees capacity as completions arrive.
@@ -352,8 +372,8 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Server: answer a request. A reply that finds no free memory window
-    /// or control slot waits for one (like [`Connection::call`]); any other
+    /// Server: answer a request. A reply that finds no free memory window,
+    /// control slot or receive credit waits for one (like [`Connection::call`]); any other
     /// refusal (no such request, a header too long, a foreign buffer, the
     /// connection down) hands `data` back, see [`Endpoint::reply`].
     pub async fn reply(
@@ -491,14 +511,19 @@ impl<N: Nic> State<N> {
                 self.finish(call, Ok(Reply { status, header, data }))
             }
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
-            Event::Request { req, header, data } => {
-                self.requests.push_back(Request { id: req, header, data });
+            Event::Request { req, header, data, trace } => {
+                self.requests.push_back(Request { id: req, header, data, trace });
                 self.request_waiters.wake_all();
             }
             Event::ReplyAgain { req } => {
                 // Confirm policy: the client read a stale reply. The request
                 // comes again (same id, empty header): reply with fresh data.
-                self.requests.push_back(Request { id: req, header: Header::default(), data: None });
+                self.requests.push_back(Request {
+                    id: req,
+                    header: Header::default(),
+                    data: None,
+                    trace: None,
+                });
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
@@ -573,7 +598,8 @@ impl<N: Nic> Driver<N> {
             st.ep.handle_timeout(now);
         }
         let mut busy = st.ep.reclaim() > 0;
-        st.ep.drive(now);
+        // Completions free send slots and bring credit: waiters retry.
+        busy |= st.ep.drive(now) > 0;
         if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
             let abandoned: Vec<CallId> =
                 st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();

@@ -315,6 +315,54 @@ impl RequestId {
     }
 }
 
+/// A caller's trace id (16 bytes, as in W3C trace context), carried in a
+/// request's frame so that the server's span for the request
+/// (`mwcap.request`, field `trace`) joins the client's (`mwcap.call`)
+/// across nodes. Shown as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TraceId([u8; 16]);
+
+impl TraceId {
+    /// The trace id with these bytes.
+    pub const fn from_bytes(b: [u8; 16]) -> TraceId {
+        TraceId(b)
+    }
+
+    /// Its bytes.
+    pub const fn to_bytes(self) -> [u8; 16] {
+        self.0
+    }
+
+    /// Parse 32 hex digits (either case), e.g. from a W3C `traceparent`.
+    pub fn from_hex(s: &str) -> Option<TraceId> {
+        let s = s.as_bytes();
+        if s.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let mut b = [0u8; 16];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = digit(s[2 * i])? << 4 | digit(s[2 * i + 1])?;
+        }
+        Some(TraceId(b))
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TraceId({self})")
+    }
+}
+
 /// What an endpoint tells its user.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "events may carry buffers; dropping one leaks it from the pool"]
@@ -345,6 +393,8 @@ pub enum Event {
         header: Header,
         /// The request payload, now the user's.
         data: Option<Buf>,
+        /// The caller's trace id, if it sent one (see [`TraceId`]).
+        trace: Option<TraceId>,
     },
     /// Server: a request was dropped before it reached the user (its payload
     /// was withdrawn, could not be read, or was stale).
@@ -402,9 +452,24 @@ pub struct ConnStats {
     pub completions: u64,
     /// Completions with an error status (flushes included).
     pub error_completions: u64,
-    /// Of those, the NIC gave up retrying: `RnrRetryExcErr` (the peer
-    /// posted no receive) or `RetryExcErr` (it did not answer).
-    pub retries_exceeded: u64,
+    /// Of those, the NIC gave up retrying because the peer posted no
+    /// receive (`RnrRetryExcErr`; with flow control this means the peer
+    /// stopped posting receives).
+    pub rnr_retries_exceeded: u64,
+    /// Of those, the NIC gave up retrying because the peer did not answer
+    /// (`RetryExcErr`: a dead peer or a cut link).
+    pub transport_retries_exceeded: u64,
+    /// Flow control: receive credit the peer has granted us and we have not
+    /// spent (the SENDs we may still post).
+    pub credits: u32,
+    /// Flow control: receives we posted and have not yet told the peer of.
+    pub credits_owed: u32,
+    /// Flow control: times a call or reply found no credit and waited, or a
+    /// protocol message was queued until credit came.
+    pub credit_waits: u64,
+    /// Flow control: frames sent only to grant credit (the rest rides on
+    /// other frames).
+    pub credit_frames: u64,
     /// Memory-window policy, our direction: binds, releases, expiries,
     /// invalidations, stale and forged releases.
     pub lease_owner: Option<mwcap_mw::OwnerStats>,
@@ -644,6 +709,11 @@ pub enum UseError {
     /// Every control slot is in use.
     #[error("all control slots are in use; drive the endpoint to reap completions")]
     NoCtrlSlot,
+    /// Flow control: the peer has no receive posted for another message
+    /// (backpressure; the async API waits). Drive the endpoint: the peer's
+    /// next frame grants more.
+    #[error("the peer has no receive free for another message (flow control); drive the endpoint and retry")]
+    NoCredit,
     /// The connection is down.
     #[error("connection is down: {0}")]
     Down(LossReason),

@@ -160,7 +160,7 @@ impl World {
     pub fn take_events(&mut self) {
         for e in std::mem::take(&mut self.p.server_events) {
             match e {
-                Event::Request { req, header, data } => {
+                Event::Request { req, header, data, .. } => {
                     let (seq, len) = parse(&header);
                     if let Some(d) = data.filter(|_| !self.server_dead) {
                         let got = self.p.server.read(&d).unwrap();

@@ -232,7 +232,7 @@ impl Loop {
         for e in events.drain(..) {
             progress = true;
             let (req, header, data) = match e {
-                Event::Request { req, header, data } => (req, header, data),
+                Event::Request { req, header, data, .. } => (req, header, data),
                 Event::ReplyAgain { req } => (req, Default::default(), None),
                 Event::BufferReturned(b) => {
                     pair.server.free(b);

@@ -22,10 +22,7 @@ impl Connection {
         if header.len() > MAX_HEADER {
             return Err(UseError::HeaderTooLong(header.len()));
         }
-        if self.sends.count(Holder::Free) == 0 {
-            return Err(UseError::NoCtrlSlot);
-        }
-        Ok(())
+        self.send_capacity()
     }
 
     /// Client: send a request with `header` and, optionally, a payload the
@@ -35,8 +32,24 @@ impl Connection {
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
+        self.call_traced(now, None, header, data)
+    }
+
+    /// [`Connection::call`] carrying the caller's trace id in the request
+    /// frame: the call's span (`mwcap.call`) and the server's span for the
+    /// request (`mwcap.request`) both record it.
+    pub fn call_traced(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<CallId, Refused> {
         self.now = now;
         if let Err(e) = self.check_call(header, data.as_ref()) {
+            if e == UseError::NoCredit {
+                self.stats.credit_waits += 1;
+            }
             return Err(Refused::new(e, data));
         }
         let fetch = match self.want_payload(now) {
@@ -56,6 +69,7 @@ impl Connection {
             },
             None => None,
         };
+        let data_len = data.as_ref().map_or(0, |b| b.len);
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
@@ -71,7 +85,13 @@ impl Connection {
                 c.msgs.insert(fm, msg);
             }
         }
+        let span = tracing::debug_span!("mwcap.call", call = msg, trace = tracing::field::Empty);
+        if let Some(t) = trace {
+            span.record("trace", tracing::field::display(t));
+        }
+        tracing::debug!(parent: &span, header_len = header.len(), payload = data_len, "call sent");
         let call = Call {
+            span,
             deadline: now + self.cfg.call_timeout,
             req,
             fetch_fb: fetch,
@@ -80,7 +100,7 @@ impl Connection {
         };
         self.calls.insert(msg, call.deadline, call);
         self.stats.calls += 1;
-        let mut frame = Frame::Request { msg_id: msg, header, attach: Attaches::new() };
+        let mut frame = Frame::Request { msg_id: msg, trace, header, attach: Attaches::new() };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
@@ -130,6 +150,7 @@ impl Connection {
 
     pub(super) fn abandon_call(&mut self, now: Duration, msg: u64, error: CallError) {
         let Some(call) = self.calls.remove(&msg) else { return };
+        tracing::debug!(parent: &call.span, %error, "call failed");
         if let Some(e) = call.req {
             self.withdraw(now, e);
         }
@@ -159,7 +180,12 @@ impl Connection {
         self.now = now;
         let fetch = match self.check_reply(req, header, data.as_ref()) {
             Ok(f) => f,
-            Err(e) => return Err(Refused::new(e, data)),
+            Err(e) => {
+                if e == UseError::NoCredit {
+                    self.stats.credit_waits += 1;
+                }
+                return Err(Refused::new(e, data));
+            }
         };
         let exposed = match &data {
             Some(b) => match self.expose(now, b.slot, b.len, fetch) {
@@ -189,6 +215,7 @@ impl Connection {
             c.msgs.remove(&fm);
         }
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
+        tracing::debug!(parent: &r.span, status, exposed, "reply sent");
         self.stats.replies_sent += 1;
         let mut frame = Frame::Reply { msg_id: req.0, status, header, attach: Attaches::new() };
         if let Some(rel) = r.release.take() {

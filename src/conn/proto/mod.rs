@@ -30,7 +30,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use super::frame::{Attach, EngineTag, Frame, CREDIT_AT, INITIAL_CREDITS, MAX_FRAME};
 use super::pool::{Holder, Slots};
 use super::types::*;
 use crate::backend::{
@@ -162,6 +162,9 @@ pub struct Resources {
 /// A client call in progress.
 #[derive(Debug)]
 struct Call {
+    /// `mwcap.call`, inside the connection's span (disabled unless a
+    /// subscriber wants debug spans).
+    span: tracing::Span,
     deadline: Duration,
     /// The request payload's exposure, withdrawn if the call ends early.
     req: Option<sides::Exposure>,
@@ -189,6 +192,9 @@ enum Data {
 /// A server request in progress.
 #[derive(Debug)]
 struct Request {
+    /// `mwcap.request`, with the caller's trace id when it sent one.
+    span: tracing::Span,
+    trace: Option<TraceId>,
     header: Header,
     data: Data,
     /// The release of the request payload, to piggyback on the reply.
@@ -234,6 +240,18 @@ pub struct Connection {
     tx: Vec<u8>,
     tx_used: usize,
     sends: Slots,
+    /// Flow control: SENDs the peer has a receive posted for (granted in
+    /// the credit field of its frames, [`INITIAL_CREDITS`] at the start).
+    /// Every frame but a `Credit` leaves one in reserve, so that a grant
+    /// can always be sent (see `docs/protocol.md`, "Flow control").
+    credits: u32,
+    /// Flow control: receives posted and not yet granted to the peer.
+    owed: u32,
+    /// Frames waiting for credit or a send slot, oldest first: (start,
+    /// length) in `backlog_bytes`, encoded with no credit (the grant is
+    /// written at [`CREDIT_AT`] when the frame goes).
+    backlog: VecDeque<(u32, u32)>,
+    backlog_bytes: Vec<u8>,
     bufs: Slots,
     /// Scratch for `flush_holds`.
     hold_changes: Vec<(u32, bool)>,
@@ -296,6 +314,10 @@ impl Connection {
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             sends: Slots::new(cfg.ctrl_slots),
+            credits: 0,
+            owed: 0,
+            backlog: VecDeque::new(),
+            backlog_bytes: Vec::new(),
             bufs: Slots::new(cfg.buffers),
             returns: Default::default(),
             hold_changes: Vec::with_capacity(2 * cfg.buffers as usize),
@@ -346,11 +368,23 @@ impl Connection {
         self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
     }
 
-    /// The QP is connected: post every receive slot.
+    /// The QP is connected: post every receive slot. The peer may send
+    /// [`INITIAL_CREDITS`] frames at once; the rest of the receives are
+    /// granted in our first frame out. Nothing is sent here: the peer's
+    /// QP may not be connected yet (the bootstrap's ready phase follows),
+    /// so a client grants with its first request and a server as soon as
+    /// the first request arrives.
+    ///
+    /// # Panics
+    /// If `ctrl_slots` is below [`INITIAL_CREDITS`] (the endpoint refuses
+    /// such a `Config` before it gets here).
     pub fn start(&mut self) {
+        assert!(self.cfg.ctrl_slots >= INITIAL_CREDITS, "ctrl_slots below INITIAL_CREDITS");
         for slot in 0..self.cfg.ctrl_slots {
             self.post_recv(slot);
         }
+        self.credits = INITIAL_CREDITS;
+        self.owed = self.cfg.ctrl_slots - INITIAL_CREDITS;
     }
 
     /// Why the connection is down, if it is.
@@ -560,6 +594,8 @@ impl Connection {
             buffers_user: count(Holder::User),
             buffers_exposed: count(Holder::Exposed),
             buffers_reading: count(Holder::Reading),
+            credits: self.credits,
+            credits_owed: self.owed,
             ..self.stats
         }
     }
@@ -676,8 +712,10 @@ impl Connection {
         self.stats.completions += 1;
         if !c.status.is_success() {
             self.stats.error_completions += 1;
-            if matches!(c.status, WcStatus::RnrRetryExcErr | WcStatus::RetryExcErr) {
-                self.stats.retries_exceeded += 1;
+            match c.status {
+                WcStatus::RnrRetryExcErr => self.stats.rnr_retries_exceeded += 1,
+                WcStatus::RetryExcErr => self.stats.transport_retries_exceeded += 1,
+                _ => {}
             }
         }
         if !c.status.is_success() && self.down.is_none() {
@@ -702,6 +740,7 @@ impl Connection {
                     self.on_recv(now, frame, c.invalidated_rkey);
                     if self.down.is_none() {
                         self.post_recv(low as u32);
+                        self.owed += 1; // granted with the next frame out
                     }
                 }
             }
@@ -759,6 +798,9 @@ impl Connection {
         }
         tracing::info!(%reason, "connection down");
         self.down = Some(reason.clone());
+        // Nothing more goes out: frames waiting for credit are dropped.
+        self.backlog.clear();
+        self.backlog_bytes.clear();
         self.commands.push_back(Command::SetQpError);
         if let Some(o) = &mut self.owner {
             o.engine.handle_qp_error(now);
@@ -868,10 +910,12 @@ impl Connection {
             progressed |= self.owner_events(now);
             progressed |= self.reader_events(now);
             progressed |= self.fb_events(now);
+            progressed |= self.drain_backlog();
             if !progressed {
                 break;
             }
         }
+        self.maybe_grant();
         self.flush_holds();
     }
 
@@ -1028,13 +1072,65 @@ impl Connection {
         }
     }
 
+    /// Whether a frame needing `need` credits can go now.
+    fn can_send(&self, need: u32) -> bool {
+        self.credits >= need && self.sends.count(Holder::Free) > 0
+    }
+
+    /// Credits a frame of `kind` needs: a `Credit` frame may spend the
+    /// last one, every other frame leaves it for a grant.
+    fn credits_needed(kind: u8) -> u32 {
+        if kind == 6 {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether a call or reply could go now: a send slot, credit, and no
+    /// older frame waiting for either.
+    pub(super) fn send_capacity(&self) -> Result<(), UseError> {
+        if self.sends.count(Holder::Free) == 0 {
+            return Err(UseError::NoCtrlSlot);
+        }
+        if !self.backlog.is_empty() || self.credits < 2 {
+            return Err(UseError::NoCredit);
+        }
+        Ok(())
+    }
+
     /// Stage one frame for a fresh control slot and queue its SEND, after
-    /// `chain` (a bind and the SEND's work request id) when given.
+    /// `chain` (a bind and the SEND's work request id) when given. A frame
+    /// with no chain that finds no credit or send slot (or older frames
+    /// waiting) waits in the backlog; a chained one must find both (calls
+    /// and replies check first, see [`Connection::send_capacity`]).
     fn send_frame(&mut self, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
-        let slot = self
-            .sends
-            .take(Holder::Exposed)
-            .ok_or(NicError::QueueFull { queue: "control send slots", depth: self.cfg.ctrl_slots })?;
+        let need = Self::credits_needed(f.kind_byte());
+        let waits = !self.backlog.is_empty() && !matches!(f, Frame::Credit);
+        if chain.is_none() && (waits || !self.can_send(need)) {
+            return self.defer(f, need);
+        }
+        if !self.can_send(need) {
+            let (queue, depth) = if self.credits < need {
+                ("peer receive credits", self.credits)
+            } else {
+                ("control send slots", self.cfg.ctrl_slots)
+            };
+            return Err(NicError::QueueFull { queue, depth });
+        }
+        let start = self.stage_start();
+        let grant = self.owed.min(u32::from(u16::MAX)) as u16;
+        let len = match f.encode_with_credit(grant, &mut self.tx[start..start + MAX_FRAME]) {
+            Ok(n) => n,
+            Err(e) => return Err(NicError::InvalidWr(e.to_string())),
+        };
+        self.owed -= u32::from(grant);
+        self.post_staged(start, len, chain);
+        Ok(())
+    }
+
+    /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).
+    fn stage_start(&mut self) -> usize {
         if self.commands.is_empty() {
             self.tx_used = 0; // every staged frame was taken
         }
@@ -1042,13 +1138,14 @@ impl Connection {
         if self.tx.len() < start + MAX_FRAME {
             self.tx.resize(start + MAX_FRAME, 0); // grows to the peak burst, once
         }
-        let len = match f.encode_into(&mut self.tx[start..start + MAX_FRAME]) {
-            Ok(n) => n,
-            Err(e) => {
-                self.sends.hand(slot, Holder::Exposed, Holder::Free);
-                return Err(NicError::InvalidWr(e.to_string()));
-            }
-        };
+        start
+    }
+
+    /// Queue the SEND of the frame staged at `tx[start..start + len]`
+    /// (credit checked by the caller), spending a slot and a credit.
+    fn post_staged(&mut self, start: usize, len: usize, chain: Option<(SendWr, u64)>) {
+        let slot = self.sends.take(Holder::Exposed).expect("a free send slot was checked");
+        self.credits -= 1;
         self.tx_used = start + len;
         self.stats.frames_sent += 1;
         let offset = slot as usize * MAX_FRAME;
@@ -1064,7 +1161,68 @@ impl Connection {
             None => Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled: true, sge }),
         };
         self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
-        Ok(())
+    }
+
+    /// Keep `f` (encoded) until credit and a send slot come.
+    fn defer(&mut self, f: &Frame, need: u32) -> Result<(), NicError> {
+        let start = self.backlog_bytes.len();
+        self.backlog_bytes.resize(start + MAX_FRAME, 0);
+        match f.encode_into(&mut self.backlog_bytes[start..]) {
+            Ok(n) => {
+                self.backlog_bytes.truncate(start + n);
+                self.backlog.push_back((start as u32, n as u32));
+                if self.credits < need {
+                    self.stats.credit_waits += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.backlog_bytes.truncate(start);
+                Err(NicError::InvalidWr(e.to_string()))
+            }
+        }
+    }
+
+    /// Send the frames that waited, oldest first, as far as credit and
+    /// send slots allow. Returns whether any went.
+    fn drain_backlog(&mut self) -> bool {
+        let mut any = false;
+        while let Some(&(at, len)) = self.backlog.front() {
+            let (at, len) = (at as usize, len as usize);
+            if !self.can_send(Self::credits_needed(self.backlog_bytes[at + 1])) {
+                break;
+            }
+            self.backlog.pop_front();
+            let start = self.stage_start();
+            self.tx[start..start + len].copy_from_slice(&self.backlog_bytes[at..at + len]);
+            let grant = self.owed.min(u32::from(u16::MAX)) as u16;
+            self.tx[start + CREDIT_AT..start + CREDIT_AT + 2].copy_from_slice(&grant.to_le_bytes());
+            self.owed -= u32::from(grant);
+            self.post_staged(start, len, None);
+            any = true;
+        }
+        if self.backlog.is_empty() {
+            self.backlog_bytes.clear();
+        }
+        any
+    }
+
+    /// Grant the peer the receives posted since the last frame out, in a
+    /// frame of its own, once they are half of the receive slots: a peer
+    /// that sends while we have nothing to say must not run dry. (At least
+    /// 2, so that a `Credit` frame, which takes one receive, never causes
+    /// another by itself.) A `Credit` frame may spend our last credit, so
+    /// that two sides that both wait for credit always get it: a side
+    /// with at most one credit left means its peer owes it at least
+    /// `ctrl_slots - 1`, past the threshold.
+    fn maybe_grant(&mut self) {
+        let threshold = (self.cfg.ctrl_slots / 2).max(2);
+        if self.down.is_none() && self.owed >= threshold && self.can_send(1) {
+            self.stats.credit_frames += 1;
+            if let Err(e) = self.send_frame(&Frame::Credit, None) {
+                self.go_down(self.now, LossReason::Nic(e));
+            }
+        }
     }
 }
 
@@ -1076,7 +1234,7 @@ fn push_attach(f: &mut Frame<'_>, a: Attach) {
             let pushed = attach.push(a);
             debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
         }
-        Frame::Engine(_) | Frame::Ping { .. } | Frame::Pong { .. } => {}
+        Frame::Engine(_) | Frame::Ping { .. } | Frame::Pong { .. } | Frame::Credit => {}
     }
 }
 

@@ -37,16 +37,21 @@ impl Connection {
             }
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
-        match Frame::decode(bytes) {
-            Ok(frame) => self.on_frame(now, frame),
+        match Frame::decode_with_credit(bytes) {
+            Ok((frame, credit)) => {
+                // A peer that grants more than it posted only hurts itself
+                // (its receive queue runs dry, RNR ends its connection).
+                self.credits = self.credits.saturating_add(u32::from(credit));
+                self.on_frame(now, frame)
+            }
             Err(e) => self.misbehaved(now, Misbehavior::MalformedFrame(e)),
         }
     }
 
     fn on_frame(&mut self, now: Duration, frame: Frame<'_>) {
         match (frame, self.cfg.role) {
-            (Frame::Request { msg_id, header, attach }, Role::Server) => {
-                self.on_request(now, msg_id, header, attach)
+            (Frame::Request { msg_id, trace, header, attach }, Role::Server) => {
+                self.on_request(now, msg_id, trace, header, attach)
             }
             (Frame::Reply { msg_id, status, header, attach }, Role::Client) => {
                 self.on_reply(now, msg_id, status, header, attach)
@@ -57,12 +62,19 @@ impl Connection {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
-            (Frame::Pong { .. }, _) => {} // heard: see above
+            (Frame::Pong { .. } | Frame::Credit, _) => {} // heard, credit taken: see above
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
 
-    fn on_request(&mut self, now: Duration, msg: u64, header: &[u8], attach: Attaches) {
+    fn on_request(
+        &mut self,
+        now: Duration,
+        msg: u64,
+        trace: Option<TraceId>,
+        header: &[u8],
+        attach: Attaches,
+    ) {
         if let Some(n) = too_many_payloads(&attach) {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
         }
@@ -70,9 +82,16 @@ impl Connection {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
         }
         self.last_request = msg;
+        let span = tracing::debug_span!("mwcap.request", req = msg, trace = tracing::field::Empty);
+        if let Some(t) = trace {
+            span.record("trace", tracing::field::display(t));
+        }
+        tracing::debug!(parent: &span, header_len = header.len(), "request received");
         self.requests.insert(
             msg,
             Request {
+                span,
+                trace,
                 header: header.into(),
                 data: Data::Absent,
                 release: None,
@@ -173,6 +192,12 @@ impl Connection {
             return;
         }
         let call = self.calls.remove(&msg).expect("present");
+        match &call.data {
+            Data::Failed(why) => tracing::debug!(parent: &call.span, %why, "reply payload unreadable"),
+            _ => {
+                tracing::debug!(parent: &call.span, status = call.reply.as_ref().map(|r| r.0), "reply delivered")
+            }
+        }
         let (status, header) = call.reply.expect("checked");
         let ev = match call.data {
             Data::Ready(slot, len) => {
@@ -196,15 +221,18 @@ impl Connection {
             Data::Reading => return,
             Data::Failed(why) => {
                 let error = CallError::Payload(*why);
-                self.requests.remove(&msg);
+                if let Some(r) = self.requests.remove(&msg) {
+                    tracing::debug!(parent: &r.span, %error, "request dropped");
+                }
                 self.emit(Event::RequestDropped { req: RequestId(msg), error });
                 return;
             }
         };
         r.surfaced = true;
+        let trace = r.trace;
         let header = std::mem::take(&mut r.header);
         let data = data.map(|(s, l)| self.buf(s, l));
-        self.emit(Event::Request { req: RequestId(msg), header, data });
+        self.emit(Event::Request { req: RequestId(msg), header, data, trace });
     }
 
     /// A payload for `msg` is resolved: on a server the request, on a client the call.
@@ -399,9 +427,12 @@ impl Connection {
                     if let Some(m) = self.cf().msgs.get(&msg).copied() {
                         if attempt > 1 {
                             // The client read a stale reply: it needs the data again.
+                            let span = tracing::debug_span!("mwcap.request", req = m, attempt);
                             self.requests.insert(
                                 m,
                                 Request {
+                                    span,
+                                    trace: None,
                                     header: Header::default(),
                                     data: Data::Absent,
                                     release: None,
@@ -468,5 +499,6 @@ fn kind(f: &Frame<'_>) -> &'static str {
         Frame::Engine(_) => "engine message",
         Frame::Ping { .. } => "ping",
         Frame::Pong { .. } => "pong",
+        Frame::Credit => "credit",
     }
 }
