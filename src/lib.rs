@@ -37,6 +37,8 @@ pub mod conformance;
 pub mod conn;
 mod probe;
 pub mod sim;
+#[cfg(not(loom))]
+pub mod stat;
 // The one module with `unsafe`: every block carries its SAFETY comment.
 #[cfg(feature = "verbs")]
 #[allow(unsafe_code)]

@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{
-    Buf, CallError, CallId, Endpoint, Event, Header, LossReason, Refused, RequestId, TraceId, UseError,
+    Buf, CallError, CallId, ConnStats, Endpoint, Event, Header, LossReason, Policies, Refused, RequestId,
+    Role, TraceId, UseError,
 };
 use crate::backend::Nic;
 use crate::handle::{Doorbell, Handle, Recycle, Slot};
@@ -128,7 +129,7 @@ impl<N: Nic> State<N> {
     }
 }
 
-struct Inner<N: Nic> {
+pub(crate) struct Inner<N: Nic> {
     /// What the driver did (read without the state lock).
     counters: DriverCounters,
     state: Mutex<State<N>>,
@@ -437,6 +438,26 @@ impl<N: Nic> Connection<N> {
             Poll::Pending
         })
         .await
+    }
+
+    /// A weak handle, for [`crate::stat::Registry`] (which must not keep a
+    /// connection alive).
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Inner<N>> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The connection behind a weak handle, if it (or its driver) lives.
+    pub(crate) fn upgrade(w: &std::sync::Weak<Inner<N>>) -> Option<Connection<N>> {
+        w.upgrade().map(|inner| Connection { inner })
+    }
+
+    /// Its id, QP number, role, policies, state and counters, read under
+    /// one lock (for [`crate::stat`]).
+    pub(crate) fn describe(&self) -> (u64, u32, Role, Policies, Option<LossReason>, ConnStats) {
+        self.peek(|s| {
+            let c = s.ep.config();
+            (s.ep.connection().id(), s.ep.local().qpn, c.role, c.policies, s.down.clone(), s.ep.stats())
+        })
     }
 
     /// What the driver has done so far.

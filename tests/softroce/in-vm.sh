@@ -188,6 +188,16 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         kill -0 "$serve_pid" 2>/dev/null || break
         sleep 1
     done
+    # `mwcap stat` reads the server's live view every 3 s while the bench
+    # runs (pass/fail: it must show the bench's connections up and working).
+    stat_out=$pdir/stat.out
+    (
+        while kill -0 "$serve_pid" 2>/dev/null; do
+            timeout 10 "$mwcap" stat --socket "/tmp/mwcap-$port.sock" >>"$stat_out" 2>&1
+            sleep 3
+        done
+    ) &
+    stat_pid=$!
     if grep -q "listening" "$serve_log"; then
         timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
             --busy-poll-us "$busy_us" \
@@ -199,7 +209,18 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     fi
     kill "$serve_pid" 2>/dev/null
     wait "$serve_pid" 2>/dev/null
+    wait "$stat_pid" 2>/dev/null
     rm -f "$key_file"
+    # A row of a live server connection that has served requests: "ID PEER
+    # QPN server POLICIES up AGE OPS ...", OPS > 0.
+    live_rows=$(grep -aE "^[0-9]+ +[0-9.:]+ +[0-9]+ +server +[a-z]+/[a-z]+ +up +[0-9hms.]+ +[1-9]" "$stat_out" | wc -l)
+    echo "mwcap stat: $(grep -ac "connection(s)" "$stat_out") snapshots, $live_rows rows of live connections serving calls; the last:"
+    grep -aB1 -A3 "^ID" "$stat_out" | tail -5
+    if [ "$live_rows" -eq 0 ]; then
+        echo "mwcap stat: no snapshot showed the bench's connections (FAIL)"
+        sed -e 's/^/stat: /' "$stat_out" | tail -20
+        fail=1
+    fi
     sed -e 's/^/serve: /' "$serve_log"
     echo "mwcap: $(( $(date +%s) - bench_start )) s since the benchmark began"
     ratios "$pdir" "$bench_out"

@@ -17,6 +17,8 @@ mod demo;
 mod probe_cmd;
 mod serve;
 mod simbench;
+#[cfg(not(loom))]
+mod stat_cmd;
 
 #[global_allocator]
 static ALLOC: count::Counting = count::Counting;
@@ -27,6 +29,11 @@ static ALLOC: count::Counting = count::Counting;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log to stderr at this level and above (error, warn, info, debug,
+    /// trace): connection spans (`mwcap.conn`), per-call spans
+    /// (`mwcap.call`, `mwcap.request`, with trace ids) and what went wrong.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log: Option<tracing::Level>,
 }
 
 #[derive(Subcommand)]
@@ -56,6 +63,11 @@ enum Cmd {
     /// The server side of `mwcap bench ADDR`: answers calls as each request
     /// header asks, one connection at a time per policy, until killed.
     Serve(ServeOpts),
+    /// A live view of a running `mwcap serve`: its connections, their
+    /// policies, state and counters (calls, bytes, binds, invalidations,
+    /// expiries, stale reads, credit, buffers), from its stat socket.
+    #[cfg(not(loom))]
+    Stat(stat_cmd::StatOpts),
     /// Show the protocols at work on the simulated NIC: leases, expiry
     /// without teardown, a stale read caught, a dead peer, the probe.
     Demo {
@@ -162,6 +174,10 @@ pub struct ServeOpts {
     /// How the bootstrap is authenticated.
     #[command(flatten)]
     pub auth: auth_args::AuthArgs,
+    /// Where `mwcap stat` reads this server's live view (a Unix socket,
+    /// mode 0600). Default: `/tmp/mwcap-<port of --listen>.sock`.
+    #[arg(long)]
+    pub stat_socket: Option<std::path::PathBuf>,
 }
 
 /// Kinds of simulated NIC for `probe --sim`.
@@ -181,7 +197,12 @@ pub enum SimKind {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(level) = cli.log {
+        tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
+    }
     match cli.cmd {
+        #[cfg(not(loom))]
+        Cmd::Stat(o) => stat_cmd::run(&o),
         Cmd::Probe { device, port, gid_index, sim } => {
             probe_cmd::run(device.as_deref(), port, gid_index, sim)
         }

@@ -2,7 +2,9 @@
 //! async API. It listens on two ports, one per policy (the `--listen` port
 //! serves mw, the next one confirm), and serves one connection at a time on
 //! each: every request is answered as its header asks (see `cases`). A
-//! connection ends when its client closes the bootstrap TCP stream.
+//! connection ends when its client closes the bootstrap TCP stream. Its
+//! connections are shown to `mwcap stat` on a local socket
+//! (`--stat-socket`).
 
 use std::process::ExitCode;
 
@@ -39,6 +41,7 @@ mod imp {
     use futures::AsyncReadExt;
     use mwcap::bootstrap::Auth;
     use mwcap::conn::{accept, Connected, Connection, Policy, PolicyChoice, Role};
+    use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
 
     use crate::asyncbench::{config, serve};
@@ -64,21 +67,30 @@ mod imp {
                 .map_err(|e| format!("cannot listen on {addr}: {e}; pick another --listen port"))?;
             listeners.push((policy, l, addr));
         }
+        let registry = Registry::new();
+        let path = o.stat_socket.clone().unwrap_or_else(|| crate::stat_cmd::default_socket(o.listen.port()));
+        let stat = StatServer::bind(&path, registry.clone()).map_err(|e| {
+            format!("cannot serve stats at {}: {e}; pick another --stat-socket", path.display())
+        })?;
         println!(
-            "mwcap serve: listening on {} (mw) and {} (confirm), device {}",
-            listeners[0].2, listeners[1].2, o.device
+            "mwcap serve: listening on {} (mw) and {} (confirm), device {}; stats: mwcap stat --socket {}",
+            listeners[0].2,
+            listeners[1].2,
+            o.device,
+            stat.path().display()
         );
         let _ = std::io::stdout().flush();
         std::thread::scope(|s| {
             for (policy, l, _) in &listeners {
-                s.spawn(move || accept_loop(o, l, *policy, auth));
+                let registry = &registry;
+                s.spawn(move || accept_loop(o, l, *policy, auth, registry));
             }
         });
         Ok(())
     }
 
     /// Accept and serve connections one after the other, forever.
-    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy, auth: &Auth) {
+    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy, auth: &Auth, registry: &Registry) {
         let choice = match policy {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
@@ -94,7 +106,7 @@ mod imp {
             };
             let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
             match accept(nic, listener, cfg, choice, auth, SETUP) {
-                Ok(c) => serve_one(c, policy, o.buffer_size),
+                Ok(c) => serve_one(c, policy, o.buffer_size, registry),
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }
         }
@@ -102,11 +114,12 @@ mod imp {
 
     /// Serve one connection until its client closes the bootstrap stream
     /// (or the connection goes down).
-    fn serve_one(c: Connected<VerbsNic>, policy: Policy, max_payload: u32) {
+    fn serve_one(c: Connected<VerbsNic>, policy: Policy, max_payload: u32, registry: &Registry) {
         let Connected { endpoint, stream, policies } = c;
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         println!("mwcap serve: {policy:?} connection from {peer} ({policies:?})");
         let (server, driver) = Connection::new(endpoint);
+        registry.register(&server, peer.clone());
         let stream = match async_io::Async::new(stream) {
             Ok(s) => Some(s),
             Err(e) => {

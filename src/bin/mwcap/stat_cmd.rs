@@ -1,0 +1,232 @@
+//! `mwcap stat`: a live view of a running `mwcap serve` (or any program
+//! that serves `mwcap::stat`): its connections, their state and counters,
+//! read from its local stat socket.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+/// Options of `mwcap stat`.
+#[derive(Args)]
+pub struct StatOpts {
+    /// The server's stat socket (`mwcap serve` prints it; by default
+    /// `/tmp/mwcap-<mw port>.sock`).
+    #[arg(long, default_value_os_t = default_socket(18600))]
+    pub socket: PathBuf,
+    /// Print the server's lines as they come (`key=value` words, for scripts).
+    #[arg(long)]
+    pub raw: bool,
+    /// Print a fresh view every SECS seconds until interrupted.
+    #[arg(long, value_name = "SECS")]
+    pub watch: Option<f64>,
+}
+
+/// The stat socket of a server listening on `port`.
+pub fn default_socket(port: u16) -> PathBuf {
+    PathBuf::from(format!("/tmp/mwcap-{port}.sock"))
+}
+
+pub fn run(o: &StatOpts) -> ExitCode {
+    loop {
+        let text = match mwcap::stat::fetch(&o.socket) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("mwcap stat: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if o.raw {
+            print!("{text}");
+        } else {
+            match table(&text) {
+                Ok(t) => print!("{t}"),
+                Err(e) => {
+                    eprintln!("mwcap stat: {}: {e}", o.socket.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        match o.watch {
+            Some(secs) if secs > 0.0 => {
+                std::thread::sleep(Duration::from_secs_f64(secs));
+                println!();
+            }
+            _ => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// A line's `key=value` words; a `reason=` word takes the rest of the line.
+fn fields(line: &str) -> HashMap<&str, &str> {
+    let (head, reason) = match line.find(" reason=") {
+        Some(i) => (&line[..i], Some(&line[i + " reason=".len()..])),
+        None => (line, None),
+    };
+    let mut m: HashMap<&str, &str> = head.split(' ').filter_map(|w| w.split_once('=')).collect();
+    if let Some(r) = reason {
+        m.insert("reason", r);
+    }
+    m
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1}G", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1}M", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1}K", n as f64 / 1024.0),
+        n => format!("{n}"),
+    }
+}
+
+fn age(ms: u64) -> String {
+    match ms / 1000 {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{s}.{}s", ms % 1000 / 100),
+    }
+}
+
+/// The server's text as a table, one row per connection and a total.
+pub fn table(text: &str) -> Result<String, String> {
+    let mut lines = text.lines();
+    let head = lines.next().ok_or("the server sent nothing")?;
+    let h = fields(head);
+    if !head.starts_with("mwcap-stat ") {
+        return Err(format!("not a mwcap stat socket (it said {head:?})"));
+    }
+    let version = head.split(' ').nth(1).unwrap_or("?");
+    if version != mwcap::stat::FORMAT_VERSION.to_string() {
+        return Err(format!(
+            "format version {version}; this mwcap reads version {}: use the server's mwcap, or --raw",
+            mwcap::stat::FORMAT_VERSION
+        ));
+    }
+    let mut out = String::new();
+    let mut rows = Vec::new();
+    let mut reasons = Vec::new();
+    let mut total = None;
+    for line in lines {
+        let f = fields(line);
+        let n = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let row = |id: String, peer: &str, qpn: &str, role: &str, pol: String, state: &str, age: String| {
+            vec![
+                id,
+                peer.to_string(),
+                qpn.to_string(),
+                role.to_string(),
+                pol,
+                state.to_string(),
+                age,
+                (n("calls") + n("requests")).to_string(),
+                (n("calls_failed") + n("requests_dropped")).to_string(),
+                bytes(n("bytes_read")),
+                bytes(n("bytes_exposed")),
+                n("binds").to_string(),
+                n("invalidations").to_string(),
+                n("expiries").to_string(),
+                n("stale_reads").to_string(),
+                format!("{}/{}", n("credits"), n("credit_waits")),
+                format!(
+                    "{}/{}/{}/{}",
+                    n("buffers_free"),
+                    n("buffers_user"),
+                    n("buffers_exposed"),
+                    n("buffers_reading")
+                ),
+            ]
+        };
+        if line.starts_with("conn ") {
+            let g = |k: &str| f.get(k).copied().unwrap_or("?");
+            let id = g("id").to_string();
+            if let Some(r) = f.get("reason") {
+                reasons.push(format!("  {id}: {r}"));
+            }
+            let pol = format!("{}/{}", g("request"), g("reply"));
+            rows.push(row(id, g("peer"), g("qpn"), g("role"), pol, g("state"), age(n("age_ms"))));
+        } else if line.starts_with("total ") {
+            let state = format!("{} up", n("up"));
+            total = Some(row("total".into(), "", "", "", String::new(), &state, String::new()));
+        }
+    }
+    let _ = std::fmt::Write::write_fmt(
+        &mut out,
+        format_args!(
+            "pid {}: {} connection(s)\n",
+            h.get("pid").copied().unwrap_or("?"),
+            h.get("connections").copied().unwrap_or("?")
+        ),
+    );
+    let header: Vec<String> = [
+        "ID",
+        "PEER",
+        "QPN",
+        "ROLE",
+        "REQ/REP",
+        "STATE",
+        "AGE",
+        "OPS",
+        "FAILED",
+        "READ",
+        "EXPOSED",
+        "BINDS",
+        "INVAL",
+        "EXPIRED",
+        "STALE",
+        "CREDIT/WAITS",
+        "BUFS F/U/E/R",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let all: Vec<&Vec<String>> = std::iter::once(&header).chain(rows.iter()).chain(total.iter()).collect();
+    let widths: Vec<usize> =
+        (0..header.len()).map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    for r in all {
+        let cells: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    if !reasons.is_empty() {
+        out.push_str("down:\n");
+        for r in reasons {
+            out.push_str(&r);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_becomes_a_table_with_a_row_per_connection_and_the_reasons() {
+        let text = "mwcap-stat 1 pid=7 connections=2\n\
+            conn id=3 peer=10.0.0.7:4000 qpn=17 role=server request=mw reply=mw state=up age_ms=61500 \
+            calls=0 requests=12 bytes_read=2048 binds=12 invalidations=12 credits=60 credit_waits=1 buffers_free=30\n\
+            conn id=4 peer=- qpn=18 role=server request=confirm reply=confirm state=down age_ms=10 \
+            requests=1 reason=the peer closed the connection\n\
+            total connections=2 up=1 requests=13 bytes_read=2048\n";
+        let t = table(text).unwrap();
+        assert!(t.starts_with("pid 7: 2 connection(s)\n"), "{t}");
+        let rows: Vec<&str> = t.lines().collect();
+        assert!(rows[1].starts_with("ID"));
+        assert!(rows[2].starts_with("3 ") && rows[2].contains("10.0.0.7:4000") && rows[2].contains("1m01s"));
+        assert!(rows[2].contains(" 12 ") && rows[2].contains("2.0K") && rows[2].contains("60/1"));
+        assert!(rows[3].contains("confirm/confirm") && rows[3].contains("down"));
+        assert!(rows[4].starts_with("total") && rows[4].contains("1 up") && rows[4].contains(" 13 "));
+        assert_eq!(rows[5], "down:");
+        assert_eq!(rows[6], "  4: the peer closed the connection");
+    }
+
+    #[test]
+    fn a_foreign_socket_or_version_is_refused_with_what_to_do() {
+        assert!(table("").unwrap_err().contains("nothing"));
+        assert!(table("HTTP/1.1 200 OK\n").unwrap_err().contains("not a mwcap stat socket"));
+        assert!(table("mwcap-stat 9 pid=1 connections=0\n").unwrap_err().contains("--raw"));
+    }
+}

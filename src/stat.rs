@@ -1,0 +1,350 @@
+//! A live view of a running process's connections, for operators:
+//! [`Registry`] keeps the connections a server registers, [`StatServer`]
+//! serves a snapshot of them over a local (Unix) socket, and `mwcap stat`
+//! reads and prints it (like `ss` or `ibv_devinfo`).
+//!
+//! ```no_run
+//! # fn f(conn: &mwcap::conn::Connection<mwcap::sim::SimNic>) -> std::io::Result<()> {
+//! let registry = mwcap::stat::Registry::new();
+//! let _server = mwcap::stat::StatServer::bind("/run/myapp/mwcap.sock", registry.clone())?;
+//! // For every connection accepted:
+//! registry.register(conn, "10.0.0.7:41234");
+//! # Ok(()) }
+//! ```
+//!
+//! Reading a snapshot takes each connection's lock once, off the data path;
+//! a connection whose [`Connection`] and [`Driver`](crate::conn::Driver)
+//! are both dropped leaves the registry by itself.
+//!
+//! # The format
+//! Text, one record per line, `key=value` words (values have no spaces),
+//! so that scripts can read it with `awk` as easily as `mwcap stat` does:
+//!
+//! ```text
+//! mwcap-stat 1 pid=4242 connections=2
+//! conn id=3 peer=10.0.0.7:41234 qpn=17 role=server request=mw reply=mw state=up age_ms=5120 calls=0 ...
+//! conn id=4 ... state=down age_ms=90 ... reason=the peer closed the connection
+//! total connections=2 up=1 calls=0 requests=1200 ...
+//! ```
+//!
+//! A down connection's line ends with `reason=` and the reason as a
+//! sentence (it may have spaces: it is always last). The socket is made
+//! readable by its owner only (mode 0600): the figures are the server's
+//! business.
+
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::backend::Nic;
+use crate::conn::{ConnStats, Connection, DriverStats, LossReason, Policies, Policy, Role};
+
+/// Version of the text format (the first line's second word).
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One connection, as a snapshot sees it.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The connection's id in the process (as in its tracing span).
+    pub id: u64,
+    /// What the server called it when registering (usually the peer's
+    /// address).
+    pub peer: String,
+    /// Its queue pair number.
+    pub qpn: u32,
+    /// Client or server.
+    pub role: Role,
+    /// The policy of each direction.
+    pub policies: Policies,
+    /// Why it is down, if it is.
+    pub down: Option<LossReason>,
+    /// How long since it was registered.
+    pub age: Duration,
+    /// Its counters.
+    pub stats: ConnStats,
+    /// Its driver's counters.
+    pub driver: DriverStats,
+}
+
+type Source = Box<dyn Fn() -> Option<Snapshot> + Send + Sync>;
+
+struct Entry {
+    source: Source,
+}
+
+/// The connections a process shows to `mwcap stat`. Cheap to clone (all
+/// clones are one registry).
+#[derive(Clone, Default)]
+pub struct Registry {
+    entries: Arc<Mutex<Vec<Entry>>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Show `conn` under `peer` (a name for the operator, usually the
+    /// peer's address) until it and its driver are dropped.
+    pub fn register<N: Nic + 'static>(&self, conn: &Connection<N>, peer: impl Into<String>) {
+        let weak: Weak<_> = conn.downgrade();
+        let peer = peer.into();
+        let since = Instant::now();
+        let source: Source = Box::new(move || {
+            let conn = Connection::upgrade(&weak)?;
+            let (id, qpn, role, policies, down, stats) = conn.describe();
+            Some(Snapshot {
+                id,
+                peer: peer.clone(),
+                qpn,
+                role,
+                policies,
+                down,
+                age: since.elapsed(),
+                stats,
+                driver: conn.driver_stats(),
+            })
+        });
+        self.entries.lock().push(Entry { source });
+    }
+
+    /// Every registered connection still alive, in registration order (the
+    /// others are forgotten).
+    pub fn snapshot(&self) -> Vec<Snapshot> {
+        let mut entries = self.entries.lock();
+        let mut out = Vec::with_capacity(entries.len());
+        entries.retain(|e| match (e.source)() {
+            Some(s) => {
+                out.push(s);
+                true
+            }
+            None => false,
+        });
+        out
+    }
+
+    /// The snapshot in the text format (see the [module docs](self)).
+    pub fn render(&self) -> String {
+        render(&self.snapshot())
+    }
+}
+
+fn policy(p: Policy) -> &'static str {
+    match p {
+        Policy::Mw => "mw",
+        Policy::Confirm => "confirm",
+    }
+}
+
+/// The counters of one connection (or a sum), as `key=value` words.
+fn counters(out: &mut String, s: &ConnStats) {
+    let owner = s.lease_owner.unwrap_or_default();
+    let reader = s.lease_reader.unwrap_or_default();
+    let pairs: [(&str, u64); 31] = [
+        ("calls", s.calls),
+        ("replies_received", s.replies_received),
+        ("calls_failed", s.calls_failed),
+        ("requests", s.requests),
+        ("requests_dropped", s.requests_dropped),
+        ("replies_sent", s.replies_sent),
+        ("bytes_read", s.bytes_read),
+        ("bytes_exposed", s.bytes_exposed),
+        ("stale_reads", s.stale_reads),
+        ("frames_sent", s.frames_sent),
+        ("frames_received", s.frames_received),
+        ("error_completions", s.error_completions),
+        ("rnr_retries_exceeded", s.rnr_retries_exceeded),
+        ("transport_retries_exceeded", s.transport_retries_exceeded),
+        ("credits", u64::from(s.credits)),
+        ("credits_owed", u64::from(s.credits_owed)),
+        ("credit_waits", s.credit_waits),
+        ("credit_frames", s.credit_frames),
+        ("binds", owner.grants),
+        ("releases", owner.released),
+        ("expiries", owner.expired),
+        ("invalidations", owner.invalidations),
+        ("forged_releases", owner.forged_releases),
+        ("peer_invalidations", owner.peer_invalidations),
+        ("window_reads", reader.reads),
+        ("window_reads_failed", reader.reads_failed),
+        ("declined", reader.declined),
+        ("buffers_free", u64::from(s.buffers_free)),
+        ("buffers_user", u64::from(s.buffers_user)),
+        ("buffers_exposed", u64::from(s.buffers_exposed)),
+        ("buffers_reading", u64::from(s.buffers_reading)),
+    ];
+    for (k, v) in pairs {
+        let _ = write!(out, " {k}={v}");
+    }
+}
+
+/// Add `b`'s counters to `a`'s.
+fn add(a: &mut ConnStats, b: &ConnStats) {
+    macro_rules! sum {
+        ($($f:ident),*) => { $( a.$f += b.$f; )* };
+    }
+    sum!(
+        calls,
+        replies_received,
+        calls_failed,
+        requests,
+        requests_dropped,
+        replies_sent,
+        bytes_read,
+        bytes_exposed,
+        stale_reads,
+        frames_sent,
+        frames_received,
+        completions,
+        error_completions,
+        rnr_retries_exceeded,
+        transport_retries_exceeded,
+        credits,
+        credits_owed,
+        credit_waits,
+        credit_frames,
+        buffers_free,
+        buffers_user,
+        buffers_exposed,
+        buffers_reading
+    );
+    if let Some(o) = b.lease_owner {
+        let t = a.lease_owner.get_or_insert_with(Default::default);
+        t.grants += o.grants;
+        t.released += o.released;
+        t.expired += o.expired;
+        t.invalidations += o.invalidations;
+        t.forged_releases += o.forged_releases;
+        t.peer_invalidations += o.peer_invalidations;
+    }
+    if let Some(r) = b.lease_reader {
+        let t = a.lease_reader.get_or_insert_with(Default::default);
+        t.reads += r.reads;
+        t.reads_failed += r.reads_failed;
+        t.declined += r.declined;
+    }
+}
+
+/// `snaps` in the text format (see the [module docs](self)).
+pub fn render(snaps: &[Snapshot]) -> String {
+    let mut out = String::with_capacity(256 * (snaps.len() + 2));
+    let _ =
+        writeln!(out, "mwcap-stat {FORMAT_VERSION} pid={} connections={}", std::process::id(), snaps.len());
+    let mut total = ConnStats::default();
+    for s in snaps {
+        // A registered name is the operator's words: no spaces in a value.
+        let peer: String = s.peer.chars().map(|c| if c.is_whitespace() { '_' } else { c }).collect();
+        let _ = write!(
+            out,
+            "conn id={} peer={} qpn={} role={} request={} reply={} state={} age_ms={}",
+            s.id,
+            if peer.is_empty() { "-" } else { &peer },
+            s.qpn,
+            match s.role {
+                Role::Client => "client",
+                Role::Server => "server",
+            },
+            policy(s.policies.request),
+            policy(s.policies.reply),
+            if s.down.is_some() { "down" } else { "up" },
+            s.age.as_millis(),
+        );
+        counters(&mut out, &s.stats);
+        let _ = write!(out, " driver_turns={} driver_sleeps={}", s.driver.turns, s.driver.sleeps);
+        if let Some(r) = &s.down {
+            let reason = r.to_string().replace('\n', " ");
+            let _ = write!(out, " reason={reason}");
+        }
+        out.push('\n');
+        add(&mut total, &s.stats);
+    }
+    let up = snaps.iter().filter(|s| s.down.is_none()).count();
+    let _ = write!(out, "total connections={} up={up}", snaps.len());
+    counters(&mut out, &total);
+    out.push('\n');
+    out
+}
+
+/// Serves [`Registry::render`] to every client of a Unix socket, one
+/// snapshot per connection, from a thread of its own (`mwcap-stat`).
+/// Dropping it stops the thread and removes the socket file.
+pub struct StatServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StatServer {
+    /// Listen at `path` (a stale socket file left by a dead process is
+    /// replaced; a live one is an error: another server uses it).
+    pub fn bind(path: impl AsRef<Path>, registry: Registry) -> io::Result<StatServer> {
+        let path = path.as_ref().to_path_buf();
+        if UnixStream::connect(&path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is served by another live process; pick another stat socket", path.display()),
+            ));
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("mwcap-stat".into()).spawn(move || {
+            for stream in listener.incoming() {
+                if flag.load(Ordering::Acquire) {
+                    break;
+                }
+                if let Ok(mut s) = stream {
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = s.write_all(registry.render().as_bytes());
+                }
+            }
+        })?;
+        Ok(StatServer { path, stop, thread: Some(thread) })
+    }
+
+    /// Where it listens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StatServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Read one snapshot from the stat socket at `path` (what `mwcap stat` does).
+pub fn fetch(path: impl AsRef<Path>) -> io::Result<String> {
+    use std::io::Read;
+    let path = path.as_ref();
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot connect to {}: {e}; is the server running with this stat socket (`mwcap serve --stat-socket`)?",
+                path.display()
+            ),
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}

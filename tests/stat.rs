@@ -1,0 +1,120 @@
+//! `mwcap::stat` and `mwcap stat`: a live view of a process's connections
+//! over a local socket, with the counters the connections themselves keep.
+
+
+use futures::executor::block_on;
+use futures::future::{select, Either};
+use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
+use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+use mwcap::stat::{Registry, StatServer};
+
+type Pair =
+    (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
+
+fn connected(p: Policies) -> Pair {
+    let fabric = Fabric::with_seed(5);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut c = Endpoint::new(cn, Config::new(Role::Client, p)).unwrap();
+    let mut s = Endpoint::new(sn, Config::new(Role::Server, p)).unwrap();
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se).unwrap();
+    s.connect(&ce).unwrap();
+    let (client, cdrv) = Connection::new(c);
+    let (server, sdrv) = Connection::new(s);
+    (client, cdrv, server, sdrv)
+}
+
+/// `n` calls with a 1000-byte request payload, answered by `server`.
+async fn calls(client: &Connection<SimNic>, server: &Connection<SimNic>, n: usize) {
+    let serve = async {
+        for _ in 0..n {
+            let req = server.next_request().await.expect("a request");
+            if let Some(d) = req.data {
+                server.free(d);
+            }
+            server.reply(req.id, 0, b"ok", None).await.unwrap();
+        }
+    };
+    let app = async {
+        for _ in 0..n {
+            let mut b = client.alloc().await.unwrap();
+            client.write(&mut b, &[7; 1000]).unwrap();
+            client.call(b"q", Some(b)).await.expect("call");
+        }
+    };
+    futures::future::join(serve, app).await;
+}
+
+fn socket(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mwcap-test-{}-{name}.sock", std::process::id()))
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+#[test]
+fn the_stat_socket_shows_each_connection_with_its_counters_until_it_is_gone() {
+    let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let registry = Registry::new();
+    let path = socket("counters");
+    let stat = StatServer::bind(&path, registry.clone()).unwrap();
+    assert!(StatServer::bind(&path, Registry::new()).is_err(), "a live socket is not taken over");
+    registry.register(&client, "client side");
+    registry.register(&server, "10.0.0.9:5000");
+    let app = async {
+        calls(&client, &server, 25).await;
+        let text = mwcap::stat::fetch(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("mwcap-stat 1 ") && lines[0].ends_with(" connections=2"), "{text}");
+        let (c, s) = (lines[1], lines[2]);
+        assert_eq!(field(c, "peer"), "client_side", "spaces in a name become underscores");
+        assert_eq!((field(c, "role"), field(c, "request"), field(c, "state")), ("client", "mw", "up"));
+        assert_eq!((field(c, "calls"), field(c, "replies_received")), ("25", "25"));
+        assert_eq!((field(c, "binds"), field(c, "bytes_exposed")), ("25", "25000"));
+        assert_eq!((field(s, "role"), field(s, "peer")), ("server", "10.0.0.9:5000"));
+        assert_eq!(
+            (field(s, "requests"), field(s, "replies_sent"), field(s, "bytes_read")),
+            ("25", "25", "25000")
+        );
+        assert!(field(s, "qpn").parse::<u32>().is_ok(), "{s}");
+        assert!(lines[3].starts_with("total connections=2 up=2 calls=25 "), "{text}");
+        // The CLI reads the same socket.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mwcap"))
+            .args(["stat", "--socket"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let table = String::from_utf8(out.stdout).unwrap();
+        assert!(table.contains("2 connection(s)") && table.contains("10.0.0.9:5000"), "{table}");
+        assert!(table.lines().any(|l| l.starts_with("total") && l.contains("2 up")), "{table}");
+        // A closed connection shows down, with its reason.
+        client.close();
+        let reason = client.closed().await;
+        let text = mwcap::stat::fetch(&path).unwrap();
+        let c = text.lines().nth(1).unwrap();
+        assert_eq!(field(c, "state"), "down");
+        assert!(c.ends_with(&format!(" reason={reason}")), "{c}");
+        server.close();
+    };
+    let drivers = futures::future::join(cdrv.run(), sdrv.run());
+    block_on(async {
+        match select(std::pin::pin!(app), std::pin::pin!(drivers)).await {
+            Either::Left(((), d)) => {
+                d.await;
+            }
+            Either::Right(_) => panic!("the drivers ended before the test"),
+        }
+    });
+    drop((client, server));
+    let text = mwcap::stat::fetch(&path).unwrap();
+    assert!(text.starts_with("mwcap-stat 1 ") && text.contains(" connections=0\n"), "{text}");
+    drop(stat);
+    assert!(!path.exists(), "the socket file goes with the server");
+    let err = mwcap::stat::fetch(&path).unwrap_err();
+    assert!(err.to_string().contains("--stat-socket"), "{err}");
+}
