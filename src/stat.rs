@@ -28,7 +28,10 @@
 //! ```
 //!
 //! A down connection's line ends with `reason=` and the reason as a
-//! sentence (it may have spaces: it is always last). The socket is made
+//! sentence (it may have spaces: it is always last). After the total, a
+//! `device name=rxe0 port=1 ...` line per device the server added
+//! ([`Registry::add_device`]) gives the kernel's hardware counters of the
+//! port (RNR NAKs, retries, sequence errors, packets). The socket is made
 //! readable by its owner only (mode 0600): the figures are the server's
 //! business.
 
@@ -79,11 +82,13 @@ struct Entry {
     source: Source,
 }
 
-/// The connections a process shows to `mwcap stat`. Cheap to clone (all
-/// clones are one registry).
+/// The connections a process shows to `mwcap stat`, and the devices whose
+/// hardware counters it shows with them. Cheap to clone (all clones are
+/// one registry).
 #[derive(Clone, Default)]
 pub struct Registry {
     entries: Arc<Mutex<Vec<Entry>>>,
+    devices: Arc<Mutex<Vec<(String, u8)>>>,
 }
 
 impl Registry {
@@ -116,6 +121,17 @@ impl Registry {
         self.entries.lock().push(Entry { source });
     }
 
+    /// Show `device`'s `port` counters too, read from the kernel
+    /// (`/sys/class/infiniband/<device>/ports/<port>/hw_counters`): the
+    /// NIC's own view of RNR NAKs, retries, sequence errors and packets,
+    /// which no completion reports one by one.
+    pub fn add_device(&self, device: &str, port: u8) {
+        let mut d = self.devices.lock();
+        if !d.iter().any(|(n, p)| n == device && *p == port) {
+            d.push((device.to_string(), port));
+        }
+    }
+
     /// Every registered connection still alive, in registration order (the
     /// others are forgotten).
     pub fn snapshot(&self) -> Vec<Snapshot> {
@@ -131,10 +147,43 @@ impl Registry {
         out
     }
 
-    /// The snapshot in the text format (see the [module docs](self)).
+    /// The snapshot in the text format (see the [module docs](self)),
+    /// with a `device` line per device added.
     pub fn render(&self) -> String {
-        render(&self.snapshot())
+        let mut out = render(&self.snapshot());
+        for (name, port) in self.devices.lock().iter() {
+            let dir = format!("/sys/class/infiniband/{name}/ports/{port}/hw_counters");
+            let _ = write!(out, "device name={name} port={port}");
+            match hw_counters(Path::new(&dir)) {
+                Ok(counters) => {
+                    for (k, v) in counters {
+                        let _ = write!(out, " {k}={v}");
+                    }
+                }
+                Err(e) => {
+                    let _ = write!(out, " reason=cannot read {dir}: {e}");
+                }
+            }
+            out.push('\n');
+        }
+        out
     }
+}
+
+/// The counters in a `hw_counters` directory, sorted by name.
+fn hw_counters(dir: &Path) -> io::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().replace(char::is_whitespace, "_");
+        if let Ok(v) = std::fs::read_to_string(e.path()) {
+            if let Ok(v) = v.trim().parse::<u64>() {
+                out.push((name, v));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn policy(p: Policy) -> &'static str {

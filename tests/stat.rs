@@ -1,7 +1,6 @@
 //! `mwcap::stat` and `mwcap stat`: a live view of a process's connections
 //! over a local socket, with the counters the connections themselves keep.
 
-
 use futures::executor::block_on;
 use futures::future::{select, Either};
 use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
@@ -117,4 +116,21 @@ fn the_stat_socket_shows_each_connection_with_its_counters_until_it_is_gone() {
     assert!(!path.exists(), "the socket file goes with the server");
     let err = mwcap::stat::fetch(&path).unwrap_err();
     assert!(err.to_string().contains("--stat-socket"), "{err}");
+}
+
+#[test]
+fn a_device_whose_counters_cannot_be_read_says_so_on_its_line() {
+    let registry = Registry::new();
+    registry.add_device("no-such-dev", 1);
+    registry.add_device("no-such-dev", 1);
+    let text = registry.render();
+    let devices: Vec<&str> = text.lines().filter(|l| l.starts_with("device ")).collect();
+    assert_eq!(devices.len(), 1, "added once: {text}");
+    assert!(
+        devices[0].starts_with(
+            "device name=no-such-dev port=1 reason=cannot read /sys/class/infiniband/no-such-dev/"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("\ntotal connections=0 up=0 "), "{text}");
 }

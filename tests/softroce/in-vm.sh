@@ -216,6 +216,11 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     live_rows=$(grep -aE "^[0-9]+ +[0-9.:]+ +[0-9]+ +server +[a-z]+/[a-z]+ +up +[0-9hms.]+ +[1-9]" "$stat_out" | wc -l)
     echo "mwcap stat: $(grep -ac "connection(s)" "$stat_out") snapshots, $live_rows rows of live connections serving calls; the last:"
     grep -aB1 -A3 "^ID" "$stat_out" | tail -5
+    grep -aA2 "^device rxe0" "$stat_out" | tail -3
+    if ! grep -aq "^device rxe0 port 1:" "$stat_out" || grep -aq "^device rxe0 port 1: cannot" "$stat_out"; then
+        echo "mwcap stat: no hardware counters of rxe0 (FAIL)"
+        fail=1
+    fi
     if [ "$live_rows" -eq 0 ]; then
         echo "mwcap stat: no snapshot showed the bench's connections (FAIL)"
         sed -e 's/^/stat: /' "$stat_out" | tail -20

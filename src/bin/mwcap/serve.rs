@@ -68,6 +68,7 @@ mod imp {
             listeners.push((policy, l, addr));
         }
         let registry = Registry::new();
+        registry.add_device(&o.device, 1);
         let path = o.stat_socket.clone().unwrap_or_else(|| crate::stat_cmd::default_socket(o.listen.port()));
         let stat = StatServer::bind(&path, registry.clone()).map_err(|e| {
             format!("cannot serve stats at {}: {e}; pick another --stat-socket", path.display())

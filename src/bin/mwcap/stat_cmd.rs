@@ -72,6 +72,34 @@ fn fields(line: &str) -> HashMap<&str, &str> {
     m
 }
 
+/// A device line: its name, then its nonzero counters (zeros are noise).
+fn device(rest: &str) -> String {
+    let f = fields(rest);
+    let mut out = format!(
+        "device {} port {}:",
+        f.get("name").copied().unwrap_or("?"),
+        f.get("port").copied().unwrap_or("?")
+    );
+    if let Some(r) = f.get("reason") {
+        return format!("{out} {r}\n");
+    }
+    let mut words: Vec<(&str, &str)> = f
+        .iter()
+        .filter(|(k, v)| !matches!(**k, "name" | "port") && **v != "0")
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    words.sort();
+    if words.is_empty() {
+        out.push_str(" every counter 0");
+    }
+    for (i, (k, v)) in words.iter().enumerate() {
+        out.push_str(if i % 6 == 0 { "\n  " } else { "  " });
+        out.push_str(&format!("{k}={v}"));
+    }
+    out.push('\n');
+    out
+}
+
 fn bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.1}G", n as f64 / (1u64 << 30) as f64),
@@ -108,7 +136,12 @@ pub fn table(text: &str) -> Result<String, String> {
     let mut rows = Vec::new();
     let mut reasons = Vec::new();
     let mut total = None;
+    let mut devices = Vec::new();
     for line in lines {
+        if let Some(rest) = line.strip_prefix("device ") {
+            devices.push(device(rest));
+            continue;
+        }
         let f = fields(line);
         let n = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let row = |id: String, peer: &str, qpn: &str, role: &str, pol: String, state: &str, age: String| {
@@ -189,6 +222,9 @@ pub fn table(text: &str) -> Result<String, String> {
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
+    for d in devices {
+        out.push_str(&d);
+    }
     if !reasons.is_empty() {
         out.push_str("down:\n");
         for r in reasons {
@@ -210,7 +246,8 @@ mod tests {
             calls=0 requests=12 bytes_read=2048 binds=12 invalidations=12 credits=60 credit_waits=1 buffers_free=30\n\
             conn id=4 peer=- qpn=18 role=server request=confirm reply=confirm state=down age_ms=10 \
             requests=1 reason=the peer closed the connection\n\
-            total connections=2 up=1 requests=13 bytes_read=2048\n";
+            total connections=2 up=1 requests=13 bytes_read=2048\n\
+            device name=rxe0 port=1 rcvd_rnr_err=3 send_rnr_err=0 sent_pkts=120\n";
         let t = table(text).unwrap();
         assert!(t.starts_with("pid 7: 2 connection(s)\n"), "{t}");
         let rows: Vec<&str> = t.lines().collect();
@@ -219,8 +256,10 @@ mod tests {
         assert!(rows[2].contains(" 12 ") && rows[2].contains("2.0K") && rows[2].contains("60/1"));
         assert!(rows[3].contains("confirm/confirm") && rows[3].contains("down"));
         assert!(rows[4].starts_with("total") && rows[4].contains("1 up") && rows[4].contains(" 13 "));
-        assert_eq!(rows[5], "down:");
-        assert_eq!(rows[6], "  4: the peer closed the connection");
+        assert_eq!(rows[5], "device rxe0 port 1:");
+        assert_eq!(rows[6], "  rcvd_rnr_err=3  sent_pkts=120");
+        assert_eq!(rows[7], "down:");
+        assert_eq!(rows[8], "  4: the peer closed the connection");
     }
 
     #[test]
