@@ -13,6 +13,7 @@ use std::time::Duration;
 use hostile::*;
 use mwcap::backend::{WcOpcode, WcStatus};
 use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, Role};
+use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
 /// Policies under which the victim of `role` owns its payloads under `owned`.
@@ -200,6 +201,202 @@ fn mw_a_read_after_the_expiry_fails_and_the_buffer_waits_for_the_invalidation() 
             let (st, _) = w.read(g.addr, g.rkey, g.len);
             assert_eq!(st, WcStatus::RemAccessErr);
             assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+    }
+}
+
+// ---- forged, replayed and unknown releases ----
+
+fn release(lease: u64, rkey: u32) -> Vec<u8> {
+    engine_frame(mw_attach(mw::Message::Release(mw::Release { lease: mw::LeaseId::from_raw(lease), rkey })))
+}
+
+fn owner_stats(w: &World) -> mw::OwnerStats {
+    w.victim.stats().lease_owner.expect("the victim owns a direction under mw")
+}
+
+#[test]
+fn mw_forged_and_unknown_releases_are_counted_and_end_nothing() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, seen) = exposed(role, pol);
+            let g = seen.grant.unwrap();
+            let (slot, epoch) = (g.lease.raw() >> 32, g.lease.raw() & 0xffff_ffff);
+            let forged = [
+                // A window of the pool that was never granted.
+                ((slot + 1) % u64::from(BUFFERS)) << 32 | 1,
+                // The granted lease with a wrong rkey.
+                g.lease.raw(),
+                // No window at all.
+                0xdead_beef_0000_0001,
+                // The granted window, a bind that never was.
+                slot << 32 | (epoch + 7),
+            ];
+            let rkeys = [g.rkey ^ 0x100, g.rkey ^ 1, 0x1234_5678, g.rkey];
+            for (lease, rkey) in forged.into_iter().zip(rkeys) {
+                w.send(&release(lease, rkey));
+            }
+            w.run_for(Duration::from_millis(2));
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!(owner_stats(&w).forged_releases, 4, "{:?}", owner_stats(&w));
+            assert_eq!((w.returned, w.victim.busy_buffers()), (0, 1), "the lease is still on");
+            // The grant still works: nothing was invalidated early.
+            assert_eq!(w.payload(&seen).0, WcStatus::Success);
+            w.send(&release(g.lease.raw(), g.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            w.assert_binds_invalidated_once();
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_a_replayed_release_is_stale_and_never_ends_a_later_lease() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, first) = exposed(role, pol);
+            let g = first.grant.unwrap();
+            w.send(&release(g.lease.raw(), g.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            // A second exposure (possibly the same window, rebound).
+            let second = match role {
+                Role::Server => w.ask_for_payload(2),
+                Role::Client => w.take_call().1,
+            };
+            let g2 = second.grant.unwrap();
+            for _ in 0..3 {
+                w.send(&release(g.lease.raw(), g.rkey));
+            }
+            w.run_for(Duration::from_millis(2));
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!(owner_stats(&w).stale_releases, 3, "{:?}", owner_stats(&w));
+            assert_eq!(w.returned, 1, "the second lease is still on");
+            assert_eq!(w.payload(&second).0, WcStatus::Success);
+            w.send(&release(g2.lease.raw(), g2.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 2));
+            w.assert_binds_invalidated_once();
+            w.finish();
+        }
+    }
+}
+
+// ---- forged and replayed confirms (the victim owns under confirm) ----
+
+/// Send `m` and return the victim's verdict on it.
+fn verdict(w: &mut World, m: fb::Message) -> fb::Verdict {
+    w.send(&engine_frame(fb_attach(m)));
+    let seen = Seen::of(&w.next_frame());
+    seen.verdict.expect("a confirm reply").1
+}
+
+#[test]
+fn confirm_forged_and_replayed_confirms_get_no_intact_and_end_nothing() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Confirm) {
+            let (mut w, seen) = exposed(role, pol);
+            let (msg, buffer, generation, _) = seen.exposed.unwrap();
+            assert_eq!(w.payload(&seen).0, WcStatus::Success);
+            let next_gen = fb::Generation::from_raw(generation.raw() + 1);
+            let other_buf = fb::BufferId::from_raw(buffer.raw() ^ 1);
+            let other_msg = fb::MsgId::from_raw(msg.raw() + 100);
+            for (m, b, g) in [(other_msg, buffer, generation), (msg, buffer, next_gen), (msg, other_buf, generation)] {
+                let v = verdict(&mut w, fb::Message::Confirm { msg: m, buffer: b, generation: g });
+                assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
+            }
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!((w.returned, w.victim.busy_buffers()), (0, 1), "the exposure is still on");
+            let real = fb::Message::Confirm { msg, buffer, generation };
+            assert_eq!(verdict(&mut w, real), fb::Verdict::Intact);
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            // Replayed, now that the buffer is back (and rewritten with the secret).
+            assert_eq!(verdict(&mut w, real), fb::Verdict::Reused, "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            w.finish();
+        }
+    }
+}
+
+// ---- malformed and oversized frames ----
+
+#[test]
+fn malformed_frames_take_the_victim_down_with_the_decoders_reason() {
+    use mwcap::conn::frame::{Frame, FrameError};
+    let ping = Frame::Ping { seq: 7 }.encode().unwrap();
+    let pong = Frame::Pong { seq: 7 }.encode().unwrap();
+    // Where the kind is, whatever the header holds before it.
+    let kind_at = ping.iter().zip(&pong).position(|(a, b)| a != b).unwrap();
+    let mut bad_version = ping.clone();
+    bad_version[0] = 0x7e;
+    let mut bad_kind = ping.clone();
+    bad_kind[kind_at] = 0x7f;
+    let truncated = ping[..ping.len() - 1].to_vec();
+    let mut trailing = ping.clone();
+    trailing.push(0);
+    let cases: [(&str, Vec<u8>, fn(&FrameError) -> bool); 4] = [
+        ("bad version", bad_version, |e| matches!(e, FrameError::Version(0x7e))),
+        ("bad kind", bad_kind, |e| matches!(e, FrameError::UnknownKind(0x7f))),
+        ("truncated", truncated, |e| matches!(e, FrameError::Truncated { .. })),
+        ("trailing bytes", trailing, |e| matches!(e, FrameError::Trailing(1))),
+    ];
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            for (name, bytes, want) in &cases {
+                let (mut w, _) = exposed(role, pol);
+                w.send(bytes);
+                match goes_down(&mut w) {
+                    LossReason::PeerMisbehaved(Misbehavior::MalformedFrame(e)) if want(&e) => {}
+                    other => panic!("{role:?} {pol:?} {name}: {other:?}"),
+                }
+                assert!(
+                    w.events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::PeerMisbehaved(_)))),
+                    "the user is told"
+                );
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn an_oversized_frame_fails_at_the_nic_and_takes_the_victim_down() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            let wr = w.attacker.send(&vec![1; mwcap::conn::frame::MAX_FRAME + 1]);
+            let why = goes_down(&mut w);
+            assert!(
+                matches!(why, LossReason::Completion { status: WcStatus::LocLenErr, opcode: WcOpcode::Recv, .. }),
+                "{role:?} {pol:?}: {why:?}"
+            );
+            assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
+            assert_eq!(w.attacker.completion(wr).unwrap().status, WcStatus::RemInvReqErr);
+            w.finish();
+        }
+    }
+}
+
+// ---- floods ----
+
+#[test]
+fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
+    use mwcap::conn::frame::Frame;
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            let n = 4 * CTRL_SLOTS as usize;
+            let wrs: Vec<u64> = (0..n).map(|i| w.attacker.send_frame(&Frame::Ping { seq: i as u64 })).collect();
+            assert!(
+                w.run_until(Duration::from_millis(200), |w| wrs.iter().all(|&r| w.attacker.completion(r).is_some())),
+                "{role:?} {pol:?}"
+            );
+            assert!(wrs.iter().all(|&r| w.attacker.completion(r).unwrap().status.is_success()));
+            let rnr = w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().rnr_naks;
+            assert!(rnr > 0, "the flood went past the victim's posted receives");
+            w.run_for(Duration::from_millis(2));
+            let pongs = w.attacker.frames.iter().filter(|f| Seen::of(f).kind == "pong").count();
+            assert_eq!(pongs, n, "{role:?} {pol:?}: every ping answered");
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
             w.finish();
         }
     }

@@ -533,7 +533,10 @@ impl World {
                     let size = BUFFER_SIZE as usize;
                     let range = b.slot() as usize * size..(b.slot() as usize + 1) * size;
                     let mr = self.victim.data_region().id;
-                    if self.fabric.can_reach(self.attacker.qp_addr(), self.victim_device(), mr, range) {
+                    // (Under confirm the region key reaches every buffer of
+                    // the region by design: see the confirm security note.)
+                    if self.owned() == Policy::Mw
+                        && self.fabric.can_reach(self.attacker.qp_addr(), self.victim_device(), mr, range) {
                         self.reachable_after_return.push(b.slot());
                     }
                     self.victim.write(&mut b, &secret_payload(0, size)).unwrap();
