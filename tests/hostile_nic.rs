@@ -11,7 +11,7 @@ mod hostile;
 use std::time::Duration;
 
 use hostile::*;
-use mwcap::backend::{WcOpcode, WcStatus};
+use mwcap::backend::{Nic, WcOpcode, WcStatus};
 use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, Role};
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
@@ -398,6 +398,244 @@ fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
             assert_eq!(pongs, n, "{role:?} {pol:?}: every ping answered");
             assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
             w.finish();
+        }
+    }
+}
+
+// ---- lying confirm answers (the victim reads under confirm) ----
+
+const LIE_LEN: u32 = 500;
+
+/// The attacker's memory, as offered or exposed to the victim.
+fn attacker_region(w: &mut World, fill: u8) -> fb::Region {
+    w.attacker.nic.write_mr(w.attacker.mem.id, 0, &[fill; LIE_LEN as usize]).unwrap();
+    fb::Region::new(w.attacker.mem.addr, LIE_LEN, w.attacker.mem.rkey)
+}
+
+fn confirm_reply(msg: fb::MsgId, buffer: fb::BufferId, generation: fb::Generation, verdict: fb::Verdict) -> Vec<u8> {
+    engine_frame(fb_attach(fb::Message::ConfirmReply { msg, buffer, generation, verdict }))
+}
+
+/// The lies told about one READ of (msg, buffer, generation): an `Intact`
+/// for another generation, another buffer, another message.
+fn lies(msg: fb::MsgId, buffer: fb::BufferId, generation: fb::Generation) -> Vec<Vec<u8>> {
+    let intact = fb::Verdict::Intact;
+    vec![
+        confirm_reply(msg, buffer, fb::Generation::from_raw(generation.raw() + 1), intact),
+        confirm_reply(msg, fb::BufferId::from_raw(buffer.raw() ^ 1), generation, intact),
+        confirm_reply(fb::MsgId::from_raw(msg.raw() + 50), buffer, generation, intact),
+    ]
+}
+
+fn reader_confirm_policies(role: Role) -> [Policies; 2] {
+    // The victim reads under confirm: the reply on a client, the request on a server.
+    [Policy::Mw, Policy::Confirm].map(|o| match role {
+        Role::Client => Policies { request: o, reply: Policy::Confirm },
+        Role::Server => Policies { request: Policy::Confirm, reply: o },
+    })
+}
+
+/// The victim reads the attacker's offer (client) or exposure (server) of
+/// `region` as (msg, buffer, generation); returns the call or nothing.
+fn lure(w: &mut World, region: fb::Region, early_intact: bool) -> (Option<mwcap::conn::CallId>, fb::MsgId) {
+    let (buffer, generation) = (fb::BufferId::from_raw(0), fb::Generation::from_raw(5));
+    let (call, msg, frame) = match w.role {
+        Role::Client => {
+            let (call, seen) = w.take_call();
+            let msg = seen.fetch.expect("a fetch for the reply");
+            let offer = fb::Message::Offer { msg, buffer, generation, region };
+            (Some(call), msg, reply_frame(seen.msg_id.unwrap(), &[fb_attach(offer)]))
+        }
+        Role::Server => {
+            let msg = fb::MsgId::from_raw(1);
+            let expose = fb::Message::Expose { msg, buffer, generation, region };
+            (None, msg, request_frame(1, &[fb_attach(expose)]))
+        }
+    };
+    w.attacker.send(&frame);
+    if early_intact {
+        // Before the victim's READ can have completed.
+        w.attacker.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Intact));
+    }
+    (call, msg)
+}
+
+/// The victim's confirm for `msg`, after its READ.
+fn victims_confirm(w: &mut World) -> (fb::MsgId, fb::BufferId, fb::Generation) {
+    loop {
+        let seen = Seen::of(&w.next_frame());
+        if let Some(c) = seen.confirm {
+            return c;
+        }
+    }
+}
+
+fn no_payload_delivered(w: &World) {
+    for e in &w.events {
+        assert!(!matches!(e, Event::Reply { data: Some(_), .. } | Event::Request { .. }), "delivered: {e:?}");
+    }
+}
+
+#[test]
+fn confirm_lying_answers_never_make_the_victim_accept_a_read() {
+    for role in [Role::Client, Role::Server] {
+        for pol in reader_confirm_policies(role) {
+            let mut w = World::new(role, pol);
+            let region = attacker_region(&mut w, 0x11);
+            let (call, _) = lure(&mut w, region, true);
+            let (msg, buffer, generation) = victims_confirm(&mut w);
+            for lie in lies(msg, buffer, generation) {
+                w.send(&lie);
+            }
+            w.run_for(Duration::from_millis(2));
+            no_payload_delivered(&w);
+            // The truth, at last: the buffer was reused.
+            w.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Reused));
+            w.run_for(CALL_TIMEOUT + LEASE);
+            no_payload_delivered(&w);
+            assert!(w.down().is_none(), "{role:?} {pol:?}: lies are ignored, not fatal: {:?}", w.down());
+            match (role, call) {
+                (Role::Client, Some(call)) => assert!(
+                    w.events.iter().any(|e| matches!(e, Event::CallFailed { call: c, .. } if *c == call)),
+                    "{pol:?}: {:?}",
+                    w.events
+                ),
+                _ => assert!(
+                    w.events.iter().any(|e| matches!(
+                        e,
+                        Event::RequestDropped { error: mwcap::conn::CallError::Payload(_), .. }
+                    )),
+                    "{pol:?}: {:?}",
+                    w.events
+                ),
+            }
+            assert!(w.victim.stats().stale_reads >= 1 || role == Role::Server);
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn confirm_an_intact_after_lies_delivers_exactly_the_bytes_the_nic_read() {
+    // "Not reused" when it was: the attacker rewrites its memory after the
+    // READ and says Intact. The victim delivers what its READ sampled
+    // (the attacker's own bytes), never anything of its own.
+    for role in [Role::Client, Role::Server] {
+        for pol in reader_confirm_policies(role) {
+            let mut w = World::new(role, pol);
+            let region = attacker_region(&mut w, 0x11);
+            lure(&mut w, region, false);
+            let (msg, buffer, generation) = victims_confirm(&mut w);
+            attacker_region(&mut w, 0x22);
+            for lie in lies(msg, buffer, generation) {
+                w.send(&lie);
+            }
+            w.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Intact));
+            let found = w.run_until(Duration::from_millis(20), |w| {
+                w.events.iter().any(|e| matches!(e, Event::Reply { .. } | Event::Request { .. }))
+            });
+            assert!(found, "{role:?} {pol:?}: {:?}", w.events);
+            let data = w.events.iter().find_map(|e| match e {
+                Event::Reply { data: Some(d), .. } | Event::Request { data: Some(d), .. } => Some(d),
+                _ => None,
+            });
+            let got = w.victim.read(data.expect("a payload")).unwrap();
+            assert_eq!(got, vec![0x11; LIE_LEN as usize], "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            w.finish();
+        }
+    }
+}
+
+// ---- hostile grants (the victim reads under mw) ----
+
+#[test]
+fn mw_a_grant_of_a_window_that_is_not_bound_fails_the_read_and_the_connection() {
+    for role in [Role::Client, Role::Server] {
+        for o in [Policy::Mw, Policy::Confirm] {
+            let pol = match role {
+                Role::Client => Policies { request: o, reply: Policy::Mw },
+                Role::Server => Policies { request: Policy::Mw, reply: o },
+            };
+            let mut w = World::new(role, pol);
+            let g = mw::Grant {
+                lease: mw::LeaseId::from_raw(1 << 32 | 1),
+                addr: w.attacker.mem.addr,
+                len: LIE_LEN,
+                rkey: 0x0bad_0001,
+                time_left: LEASE,
+            };
+            let call = send_grant(&mut w, g);
+            let why = goes_down(&mut w);
+            assert!(
+                matches!(why, LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }),
+                "{role:?} {pol:?}: {why:?}"
+            );
+            no_payload_delivered(&w);
+            if let Some(call) = call {
+                assert!(w.events.iter().any(|e| matches!(e, Event::CallFailed { call: c, .. } if *c == call)));
+            }
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_grants_the_victim_cannot_use_are_declined_and_released() {
+    for role in [Role::Client, Role::Server] {
+        let pol = Policies::both(Policy::Mw);
+        let cases = [
+            ("longer than a buffer", BUFFER_SIZE + 1, LEASE),
+            ("too little time left", LIE_LEN, Duration::from_millis(5)),
+        ];
+        for (name, len, time_left) in cases {
+            let mut w = World::new(role, pol);
+            let rkey = w.attacker.bind_own(BUFFER_SIZE);
+            let lease = mw::LeaseId::from_raw(2 << 32 | 9);
+            let g = mw::Grant { lease, addr: w.attacker.mem.addr, len, rkey, time_left };
+            let call = send_grant(&mut w, g);
+            // The release comes back, nothing was READ.
+            let mut released = false;
+            for _ in 0..4 {
+                let seen = Seen::of(&w.next_frame());
+                if seen.release.is_some_and(|r| r.lease == lease) {
+                    released = true;
+                    break;
+                }
+            }
+            assert!(released, "{role:?} {name}");
+            assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{name}");
+            w.run_for(Duration::from_millis(2));
+            no_payload_delivered(&w);
+            assert!(w.down().is_none(), "{role:?} {name}: {:?}", w.down());
+            let failed = |e: &Event| match e {
+                Event::CallFailed { call: c, error } => {
+                    Some(*c) == call && matches!(error, mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_)))
+                }
+                Event::RequestDropped { error, .. } => {
+                    matches!(error, mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_)))
+                }
+                _ => false,
+            };
+            assert!(w.events.iter().any(failed), "{role:?} {name}: {:?}", w.events);
+            w.finish();
+        }
+    }
+}
+
+/// The attacker grants `g`: in a reply to the victim client's call, or in
+/// a request to the victim server.
+fn send_grant(w: &mut World, g: mw::Grant) -> Option<mwcap::conn::CallId> {
+    let a = mw_attach(mw::Message::Grant(g));
+    match w.role {
+        Role::Client => {
+            let (call, seen) = w.take_call();
+            w.attacker.send(&reply_frame(seen.msg_id.unwrap(), &[a]));
+            Some(call)
+        }
+        Role::Server => {
+            w.attacker.send(&request_frame(1, &[a]));
+            None
         }
     }
 }

@@ -475,13 +475,18 @@ impl World {
     /// A victim of `role` under `policies`, connected to the attacker,
     /// with every free buffer holding the secret.
     pub fn new(role: Role, policies: Policies) -> World {
+        World::with_recvs(role, policies, CTRL_SLOTS as usize * 2)
+    }
+
+    /// [`World::new`], with the attacker posting only `recvs` receives.
+    pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
         let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(DeviceConfig::spec().named("victim"));
         let mut victim = Endpoint::new(vdev.clone(), config(role, policies)).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
         victim.connect(&attacker.qp).unwrap();
-        attacker.post_recvs(CTRL_SLOTS as usize * 2);
+        attacker.post_recvs(recvs);
         let bufs: Vec<Buf> = std::iter::from_fn(|| victim.alloc()).collect();
         for mut b in bufs {
             victim.write(&mut b, &secret_payload(0, BUFFER_SIZE as usize)).unwrap();
