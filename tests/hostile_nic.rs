@@ -728,37 +728,75 @@ fn mw_send_with_inv_of_a_released_window_would_crash_rxe_and_the_victim_survives
 
 // ---- a peer that stops posting receives, or never reads ----
 
+/// The victim exposes a payload to the attacker: a reply to request
+/// `msg_id` (victim server) or a call (victim client). Returns nothing the
+/// attacker sees: its receives may be gone.
+fn expose_blind(w: &mut World, msg_id: u64) {
+    match w.role {
+        Role::Server => {
+            let attach = match w.policies.reply {
+                Policy::Confirm => {
+                    vec![fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(msg_id), attempt: 1 })]
+                }
+                Policy::Mw => vec![],
+            };
+            w.send(&request_frame(msg_id, &attach));
+            let (req, _) = w.take_request();
+            w.reply_granted(req);
+        }
+        Role::Client => {
+            w.call_granted();
+        }
+    }
+}
+
 #[test]
-fn a_peer_that_posts_no_receives_is_declared_gone_and_every_buffer_returns() {
+fn a_peer_that_stops_posting_receives_is_declared_gone_and_every_buffer_returns() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            // No receive ever, or one and then none.
+            for posted in [0, 1] {
+                let mut w = World::with_recvs(role, pol, posted);
+                w.attacker.repost = false;
+                for msg_id in 1..=posted as u64 + 1 {
+                    expose_blind(&mut w, msg_id);
+                }
+                assert_eq!(w.victim.busy_buffers(), posted + 1);
+                let start = w.now();
+                let why = goes_down(&mut w);
+                assert!(
+                    matches!(
+                        why,
+                        LossReason::Completion { status: WcStatus::RnrRetryExcErr, opcode: WcOpcode::Send, .. }
+                    ),
+                    "{role:?} {pol:?}: {why:?}"
+                );
+                assert!(w.now() - start < LEASE, "the RNR budget ends it before the lease");
+                assert!(w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0), "{role:?} {pol:?}");
+                assert_eq!(w.returned, posted + 1, "back on the flush, before any close");
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ping_flood_from_a_peer_that_reads_no_answer_ends_on_the_send_slots() {
+    // Every ping wants a pong; a peer that posts no receive for them fills
+    // the victim's control send slots, and the victim gives up on it at
+    // once rather than queueing without bound.
+    use mwcap::backend::NicError;
+    use mwcap::conn::frame::Frame;
     for role in [Role::Server, Role::Client] {
         for pol in ALL {
             let mut w = World::with_recvs(role, pol, 0);
-            match role {
-                Role::Server => {
-                    let attach = match pol.reply {
-                        Policy::Confirm => {
-                            vec![fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(1), attempt: 1 })]
-                        }
-                        Policy::Mw => vec![],
-                    };
-                    w.send(&request_frame(1, &attach));
-                    let (req, _) = w.take_request();
-                    w.reply_granted(req);
-                }
-                Role::Client => {
-                    w.call_granted();
-                }
+            for seq in 0..2 * u64::from(CTRL_SLOTS) {
+                w.attacker.send_frame(&Frame::Ping { seq });
             }
-            assert_eq!(w.victim.busy_buffers(), 1);
-            let start = w.now();
-            let why = goes_down(&mut w);
-            assert!(
-                matches!(why, LossReason::Completion { status: WcStatus::RnrRetryExcErr, opcode: WcOpcode::Send, .. }),
-                "{role:?} {pol:?}: {why:?}"
-            );
-            assert!(w.now() - start < LEASE, "the RNR budget ends it before the lease");
-            assert!(w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0), "{role:?} {pol:?}");
-            assert_eq!(w.returned, 1, "back on the flush, before any close");
+            match goes_down(&mut w) {
+                LossReason::Nic(NicError::QueueFull { queue: "control send slots", depth: CTRL_SLOTS }) => {}
+                other => panic!("{role:?} {pol:?}: {other:?}"),
+            }
             w.finish();
         }
     }
@@ -801,5 +839,114 @@ fn a_peer_that_never_reads_nor_answers_gets_its_exposure_ended_by_the_owner() {
             }
             w.finish();
         }
+    }
+}
+
+#[test]
+fn mw_unsolicited_grants_are_released_unread() {
+    // Replies with grants for calls that were never made: the client reads
+    // nothing, and releases every one.
+    let mut w = World::client(Policies::both(Policy::Mw));
+    let rkey = w.attacker.bind_own(BUFFER_SIZE);
+    let n = 3 * u64::from(BUFFERS);
+    for i in 0..n {
+        let lease = mw::LeaseId::from_raw(1 << 32 | (i + 1));
+        let g = mw::Grant { lease, addr: w.attacker.mem.addr, len: LIE_LEN, rkey, time_left: LEASE };
+        w.attacker.send(&reply_frame(100 + i, &[mw_attach(mw::Message::Grant(g))]));
+    }
+    w.run_for(Duration::from_millis(5));
+    assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0);
+    let released = w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count();
+    assert_eq!(released as u64, n);
+    assert!(w.down().is_none() && w.events.is_empty(), "{:?} {:?}", w.down(), w.events);
+    assert_eq!(w.victim.busy_buffers(), 0);
+    w.finish();
+}
+
+// ---- protocol violations, through the NIC ----
+
+#[test]
+fn protocol_violations_end_the_connection_with_their_reason() {
+    use mwcap::conn::frame::{Attach, EngineTag};
+    let grant = mw_attach(mw::Message::Grant(mw::Grant {
+        lease: mw::LeaseId::from_raw(1 << 32 | 1),
+        addr: 0x1000,
+        len: 64,
+        rkey: 0x100,
+        time_left: LEASE,
+    }));
+    let fetch = |m| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(m), attempt: 1 });
+    let mut bad_lease = grant.bytes().to_vec();
+    bad_lease.truncate(5);
+    let bad_lease = Attach::new(EngineTag::Mw, &bad_lease).unwrap();
+    type Want = fn(&Misbehavior) -> bool;
+    let cases: Vec<(&str, Role, Policies, Vec<Vec<u8>>, Want)> = vec![
+        (
+            "a replayed request id",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(3, &[]), request_frame(3, &[])],
+            |m| *m == Misbehavior::RequestIdReused { msg: 3, last: 3 },
+        ),
+        (
+            "a reply sent to a server",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![reply_frame(1, &[])],
+            |m| matches!(m, Misbehavior::WrongFrame { role: Role::Server, got: "reply" }),
+        ),
+        (
+            "a request sent to a client",
+            Role::Client,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[])],
+            |m| matches!(m, Misbehavior::WrongFrame { role: Role::Client, got: "request" }),
+        ),
+        (
+            "two payloads in one request",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[grant, grant])],
+            |m| matches!(m, Misbehavior::TooManyPayloads { count: 2, .. }),
+        ),
+        (
+            "a grant outside a message",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![engine_frame(grant)],
+            |m| *m == Misbehavior::GrantOutsideMessage,
+        ),
+        (
+            "a confirm message under mw",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[fetch(1)])],
+            |m| matches!(m, Misbehavior::WrongPolicy { what: "confirm message" }),
+        ),
+        (
+            "a grant under confirm",
+            Role::Server,
+            Policies::both(Policy::Confirm),
+            vec![request_frame(1, &[grant])],
+            |m| matches!(m, Misbehavior::WrongPolicy { what: "window grant" }),
+        ),
+        (
+            "a truncated lease message",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![engine_frame(bad_lease)],
+            |m| matches!(m, Misbehavior::MalformedLeaseMessage(_)),
+        ),
+    ];
+    for (name, role, pol, frames, want) in cases {
+        let mut w = World::new(role, pol);
+        for f in &frames {
+            w.attacker.send(f);
+        }
+        match goes_down(&mut w) {
+            LossReason::PeerMisbehaved(m) if want(&m) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+        w.finish();
     }
 }
