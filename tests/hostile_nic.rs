@@ -305,7 +305,9 @@ fn confirm_forged_and_replayed_confirms_get_no_intact_and_end_nothing() {
             let next_gen = fb::Generation::from_raw(generation.raw() + 1);
             let other_buf = fb::BufferId::from_raw(buffer.raw() ^ 1);
             let other_msg = fb::MsgId::from_raw(msg.raw() + 100);
-            for (m, b, g) in [(other_msg, buffer, generation), (msg, buffer, next_gen), (msg, other_buf, generation)] {
+            for (m, b, g) in
+                [(other_msg, buffer, generation), (msg, buffer, next_gen), (msg, other_buf, generation)]
+            {
                 let v = verdict(&mut w, fb::Message::Confirm { msg: m, buffer: b, generation: g });
                 assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
             }
@@ -338,7 +340,8 @@ fn malformed_frames_take_the_victim_down_with_the_decoders_reason() {
     let truncated = ping[..ping.len() - 1].to_vec();
     let mut trailing = ping.clone();
     trailing.push(0);
-    let cases: [(&str, Vec<u8>, fn(&FrameError) -> bool); 4] = [
+    type Case = (&'static str, Vec<u8>, fn(&FrameError) -> bool);
+    let cases: [Case; 4] = [
         ("bad version", bad_version, |e| matches!(e, FrameError::Version(0x7e))),
         ("bad kind", bad_kind, |e| matches!(e, FrameError::UnknownKind(0x7f))),
         ("truncated", truncated, |e| matches!(e, FrameError::Truncated { .. })),
@@ -354,7 +357,9 @@ fn malformed_frames_take_the_victim_down_with_the_decoders_reason() {
                     other => panic!("{role:?} {pol:?} {name}: {other:?}"),
                 }
                 assert!(
-                    w.events.iter().any(|e| matches!(e, Event::ConnectionLost(LossReason::PeerMisbehaved(_)))),
+                    w.events
+                        .iter()
+                        .any(|e| matches!(e, Event::ConnectionLost(LossReason::PeerMisbehaved(_)))),
                     "the user is told"
                 );
                 w.finish();
@@ -371,7 +376,10 @@ fn an_oversized_frame_fails_at_the_nic_and_takes_the_victim_down() {
             let wr = w.attacker.send(&vec![1; mwcap::conn::frame::MAX_FRAME + 1]);
             let why = goes_down(&mut w);
             assert!(
-                matches!(why, LossReason::Completion { status: WcStatus::LocLenErr, opcode: WcOpcode::Recv, .. }),
+                matches!(
+                    why,
+                    LossReason::Completion { status: WcStatus::LocLenErr, opcode: WcOpcode::Recv, .. }
+                ),
                 "{role:?} {pol:?}: {why:?}"
             );
             assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
@@ -390,9 +398,12 @@ fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
         for pol in ALL {
             let (mut w, _) = exposed(role, pol);
             let n = 4 * CTRL_SLOTS as usize;
-            let wrs: Vec<u64> = (0..n).map(|i| w.attacker.send_frame(&Frame::Ping { seq: i as u64 })).collect();
+            let wrs: Vec<u64> =
+                (0..n).map(|i| w.attacker.send_frame(&Frame::Ping { seq: i as u64 })).collect();
             assert!(
-                w.run_until(Duration::from_millis(200), |w| wrs.iter().all(|&r| w.attacker.completion(r).is_some())),
+                w.run_until(Duration::from_millis(200), |w| wrs
+                    .iter()
+                    .all(|&r| w.attacker.completion(r).is_some())),
                 "{role:?} {pol:?}"
             );
             assert!(wrs.iter().all(|&r| w.attacker.completion(r).unwrap().status.is_success()));
@@ -417,7 +428,12 @@ fn attacker_region(w: &mut World, fill: u8) -> fb::Region {
     fb::Region::new(w.attacker.mem.addr, LIE_LEN, w.attacker.mem.rkey)
 }
 
-fn confirm_reply(msg: fb::MsgId, buffer: fb::BufferId, generation: fb::Generation, verdict: fb::Verdict) -> Vec<u8> {
+fn confirm_reply(
+    msg: fb::MsgId,
+    buffer: fb::BufferId,
+    generation: fb::Generation,
+    verdict: fb::Verdict,
+) -> Vec<u8> {
     engine_frame(fb_attach(fb::Message::ConfirmReply { msg, buffer, generation, verdict }))
 }
 
@@ -573,12 +589,18 @@ fn mw_a_grant_of_a_window_that_is_not_bound_fails_the_read_and_the_connection() 
             let call = send_grant(&mut w, g);
             let why = goes_down(&mut w);
             assert!(
-                matches!(why, LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }),
+                matches!(
+                    why,
+                    LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }
+                ),
                 "{role:?} {pol:?}: {why:?}"
             );
             no_payload_delivered(&w);
             if let Some(call) = call {
-                assert!(w.events.iter().any(|e| matches!(e, Event::CallFailed { call: c, .. } if *c == call)));
+                assert!(w
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::CallFailed { call: c, .. } if *c == call)));
             }
             w.finish();
         }
@@ -615,7 +637,11 @@ fn mw_grants_the_victim_cannot_use_are_declined_and_released() {
             assert!(w.down().is_none(), "{role:?} {name}: {:?}", w.down());
             let failed = |e: &Event| match e {
                 Event::CallFailed { call: c, error } => {
-                    Some(*c) == call && matches!(error, mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_)))
+                    Some(*c) == call
+                        && matches!(
+                            error,
+                            mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_))
+                        )
                 }
                 Event::RequestDropped { error, .. } => {
                     matches!(error, mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_)))
@@ -693,7 +719,10 @@ fn send_with_inv_of_a_key_the_victim_never_granted_fails_at_the_nic() {
                 let wr = w.attacker.send_with_inv(&ping(), key);
                 let why = goes_down(&mut w);
                 assert!(
-                    matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, opcode: WcOpcode::Recv, .. }),
+                    matches!(
+                        why,
+                        LossReason::Completion { status: WcStatus::RemInvReqErr, opcode: WcOpcode::Recv, .. }
+                    ),
                     "{role:?} {pol:?} {name}: {why:?}"
                 );
                 assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
@@ -718,7 +747,10 @@ fn mw_send_with_inv_of_a_released_window_would_crash_rxe_and_the_victim_survives
         assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
         w.attacker.send_with_inv(&ping(), g.rkey);
         let why = goes_down(&mut w);
-        assert!(matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, .. }), "{role:?}: {why:?}");
+        assert!(
+            matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, .. }),
+            "{role:?}: {why:?}"
+        );
         w.finish_with(|h| {
             assert_eq!(h.len(), 1, "{h:?}");
             assert_eq!(h[0].kind, mwcap::sim::HazardKind::WouldCrashRxe, "{h:?}");
@@ -767,12 +799,19 @@ fn a_peer_that_stops_posting_receives_is_declared_gone_and_every_buffer_returns(
                 assert!(
                     matches!(
                         why,
-                        LossReason::Completion { status: WcStatus::RnrRetryExcErr, opcode: WcOpcode::Send, .. }
+                        LossReason::Completion {
+                            status: WcStatus::RnrRetryExcErr,
+                            opcode: WcOpcode::Send,
+                            ..
+                        }
                     ),
                     "{role:?} {pol:?}: {why:?}"
                 );
                 assert!(w.now() - start < LEASE, "the RNR budget ends it before the lease");
-                assert!(w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0), "{role:?} {pol:?}");
+                assert!(
+                    w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0),
+                    "{role:?} {pol:?}"
+                );
                 assert_eq!(w.returned, posted + 1, "back on the flush, before any close");
                 w.finish();
             }
@@ -879,8 +918,9 @@ fn protocol_violations_end_the_connection_with_their_reason() {
     let mut bad_lease = grant.bytes().to_vec();
     bad_lease.truncate(5);
     let bad_lease = Attach::new(EngineTag::Mw, &bad_lease).unwrap();
-    type Want = fn(&Misbehavior) -> bool;
-    let cases: Vec<(&str, Role, Policies, Vec<Vec<u8>>, Want)> = vec![
+    /// What is sent, to whom, and the reason expected.
+    type Case = (&'static str, Role, Policies, Vec<Vec<u8>>, fn(&Misbehavior) -> bool);
+    let cases: Vec<Case> = vec![
         (
             "a replayed request id",
             Role::Server,
@@ -947,6 +987,48 @@ fn protocol_violations_end_the_connection_with_their_reason() {
             LossReason::PeerMisbehaved(m) if want(&m) => {}
             other => panic!("{name}: {other:?}"),
         }
+        w.finish();
+    }
+}
+
+#[test]
+fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
+    // Windows are scoped to their PD: a live window of the healthy
+    // connection (another PD of the victim's device) cannot be invalidated
+    // through the attacker's connection.
+    use mwcap::backend::MwId;
+    use mwcap::sim::WindowState;
+    for role in [Role::Server, Role::Client] {
+        let mut w = World::new(role, Policies::both(Policy::Mw));
+        let dev = w.victim_device();
+        // The victim's windows are the device's first BUFFERS; the healthy side's come next.
+        let theirs = |w: &World| {
+            (BUFFERS..2 * BUFFERS).find_map(|i| match w.fabric.window(dev, MwId::from_raw(i)) {
+                Some(WindowState::Bound { rkey, qp, .. })
+                    if qp != w.victim.nic().qp_addr(w.victim.local().id).unwrap() =>
+                {
+                    Some(rkey)
+                }
+                _ => None,
+            })
+        };
+        assert!(w.run_until(Duration::from_millis(50), |w| theirs(w).is_some()), "{role:?}");
+        let rkey = theirs(&w).unwrap();
+        w.attacker.send_with_inv(&ping(), rkey);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, .. }),
+            "{role:?}: {why:?}"
+        );
+        assert!(
+            (BUFFERS..2 * BUFFERS).any(|i| matches!(
+                w.fabric.window(dev, MwId::from_raw(i)),
+                Some(WindowState::Bound { rkey: k, .. }) if k == rkey
+            )),
+            "the healthy window is still bound"
+        );
+        let ep = if role == Role::Server { &w.healthy.server } else { &w.healthy.client };
+        assert_eq!(ep.stats().lease_owner.unwrap().peer_invalidations, 0);
         w.finish();
     }
 }

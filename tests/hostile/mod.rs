@@ -14,7 +14,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use mwcap::backend::{Access, Completion, CqId, MrInfo, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{
+    Access, Completion, CqId, MrInfo, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
+};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
 use mwcap::conn::{Buf, CallId, Config, Endpoint, Event, LossReason, Policies, Policy, RequestId, Role};
 use mwcap::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
@@ -182,7 +184,9 @@ impl Attacker {
         let wr_id = self.id(READ_TAG);
         self.nic.write_mr(self.dst.id, 0, &vec![0; len as usize]).unwrap();
         let local = SgeList::from([Sge { mr: self.dst.id, offset: 0, len }]);
-        self.nic.post_send(self.qp.id, &[SendWr::Read { wr_id, signaled: true, local, remote_addr: addr, rkey }]).unwrap();
+        self.nic
+            .post_send(self.qp.id, &[SendWr::Read { wr_id, signaled: true, local, remote_addr: addr, rkey }])
+            .unwrap();
         wr_id
     }
 
@@ -263,16 +267,20 @@ impl Seen {
                 mw::Message::Grant(g) => self.grant = Some(g),
                 mw::Message::Release(r) => self.release = Some(r),
             },
-            EngineTag::Confirm => match fb::Message::decode(a.bytes()).expect("the victim's confirm message").0 {
-                fb::Message::Fetch { msg, .. } => self.fetch = Some(msg),
-                fb::Message::Offer { msg, buffer, generation, region }
-                | fb::Message::Expose { msg, buffer, generation, region } => {
-                    self.exposed = Some((msg, buffer, generation, region))
+            EngineTag::Confirm => {
+                match fb::Message::decode(a.bytes()).expect("the victim's confirm message").0 {
+                    fb::Message::Fetch { msg, .. } => self.fetch = Some(msg),
+                    fb::Message::Offer { msg, buffer, generation, region }
+                    | fb::Message::Expose { msg, buffer, generation, region } => {
+                        self.exposed = Some((msg, buffer, generation, region))
+                    }
+                    fb::Message::ConfirmReply { msg, verdict, .. } => self.verdict = Some((msg, verdict)),
+                    fb::Message::Confirm { msg, buffer, generation } => {
+                        self.confirm = Some((msg, buffer, generation))
+                    }
+                    _ => {}
                 }
-                fb::Message::ConfirmReply { msg, verdict, .. } => self.verdict = Some((msg, verdict)),
-                fb::Message::Confirm { msg, buffer, generation } => self.confirm = Some((msg, buffer, generation)),
-                _ => {}
-            },
+            }
         }
     }
 
@@ -322,7 +330,9 @@ pub fn engine_frame(a: Attach) -> Vec<u8> {
 }
 
 pub fn request_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
-    Frame::Request { msg_id, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }.encode().unwrap()
+    Frame::Request { msg_id, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }
+        .encode()
+        .unwrap()
 }
 
 pub fn reply_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
@@ -483,7 +493,8 @@ impl World {
 
     /// [`World::new`], with the attacker posting only `recvs` receives.
     pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
-        let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
+        let fabric =
+            Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(DeviceConfig::spec().named("victim"));
         let mut victim = Endpoint::new(vdev.clone(), config(role, policies)).unwrap();
         let mut attacker = Attacker::new(&fabric);
@@ -544,7 +555,8 @@ impl World {
                     // (Under confirm the region key reaches every buffer of
                     // the region by design: see the confirm security note.)
                     if self.owned() == Policy::Mw
-                        && self.fabric.can_reach(self.attacker.qp_addr(), self.victim_device(), mr, range) {
+                        && self.fabric.can_reach(self.attacker.qp_addr(), self.victim_device(), mr, range)
+                    {
                         self.reachable_after_return.push(b.slot());
                     }
                     self.victim.write(&mut b, &secret_payload(0, size)).unwrap();
@@ -649,11 +661,12 @@ impl World {
     /// the buffer keeps the secret).
     pub fn granted_buf(&mut self) -> Buf {
         let mut b = self.victim.alloc().expect("a free buffer");
-        self.victim.fill(&mut b, |s| {
-            s[..PAYLOAD].fill(GRANTED);
-            PAYLOAD
-        })
-        .unwrap();
+        self.victim
+            .fill(&mut b, |s| {
+                s[..PAYLOAD].fill(GRANTED);
+                PAYLOAD
+            })
+            .unwrap();
         b
     }
 
@@ -719,7 +732,9 @@ impl World {
     fn free_held(&mut self) {
         for e in std::mem::take(&mut self.events) {
             match e {
-                Event::Request { data: Some(b), .. } | Event::Reply { data: Some(b), .. } => self.victim.free(b),
+                Event::Request { data: Some(b), .. } | Event::Reply { data: Some(b), .. } => {
+                    self.victim.free(b)
+                }
                 _ => {}
             }
         }
@@ -752,7 +767,11 @@ impl World {
         assert!(self.healthy.failures.is_empty(), "healthy connection: {:?}", self.healthy.failures);
         assert!(self.healthy.client.is_down().is_none() && self.healthy.server.is_down().is_none());
         assert!(self.healthy.done > before, "the healthy connection keeps completing calls");
-        assert!(self.reachable_after_return.is_empty(), "returned while reachable: {:?}", self.reachable_after_return);
+        assert!(
+            self.reachable_after_return.is_empty(),
+            "returned while reachable: {:?}",
+            self.reachable_after_return
+        );
         hazards(&self.fabric.hazards());
     }
 
