@@ -112,6 +112,11 @@ fn confirm_the_region_key_reaches_this_connections_buffers_and_nothing_else() {
             let (mut w, seen) = exposed(role, pol);
             let (addr, _, rkey) = seen.target();
             let region = w.victim.data_region();
+            // What the NIC lets the attacker reach: this connection's data
+            // region, nothing else of the victim's device.
+            let reach = w.fabric.exposure(w.victim_device(), w.attacker.qp_addr());
+            assert_eq!(reach.len(), 1, "{reach:?}");
+            assert_eq!((reach[0].mr, reach[0].bytes.clone()), (region.id, 0..region.len));
             let other = if addr == region.addr { addr + BUFFER_SIZE as u64 } else { region.addr };
             let wr = w.attacker.post_read(other, rkey, 64);
             assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
@@ -341,7 +346,8 @@ fn malformed_frames_take_the_victim_down_with_the_decoders_reason() {
     let mut trailing = ping.clone();
     trailing.push(0);
     type Case = (&'static str, Vec<u8>, fn(&FrameError) -> bool);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
+        ("empty", vec![], |e| matches!(e, FrameError::Truncated { .. })),
         ("bad version", bad_version, |e| matches!(e, FrameError::Version(0x7e))),
         ("bad kind", bad_kind, |e| matches!(e, FrameError::UnknownKind(0x7f))),
         ("truncated", truncated, |e| matches!(e, FrameError::Truncated { .. })),

@@ -758,8 +758,19 @@ impl World {
         // ...and after the victim closed.
         let before = self.healthy.done;
         let now = self.now();
+        let reason = self.down().cloned().unwrap_or(LossReason::Closed);
         self.victim.close(now);
         self.settle();
+        // The user heard of the loss once, with the reason it went down for.
+        let lost: Vec<&LossReason> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::ConnectionLost(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lost, [&reason], "one ConnectionLost event");
         self.free_held();
         assert_eq!(self.victim.busy_buffers(), 0, "the victim got every buffer back");
         assert_eq!(self.victim.free_buffers(), BUFFERS as usize, "no buffer lost");
