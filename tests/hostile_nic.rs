@@ -639,11 +639,22 @@ fn mw_a_grant_of_a_window_that_is_not_bound_fails_the_read_and_the_connection() 
 fn mw_grants_the_victim_cannot_use_are_declined_and_released() {
     for role in [Role::Client, Role::Server] {
         let pol = Policies::both(Policy::Mw);
+        let short = Duration::from_millis(5);
         let cases = [
-            ("longer than a buffer", BUFFER_SIZE + 1, LEASE),
-            ("too little time left", LIE_LEN, Duration::from_millis(5)),
+            (
+                "longer than a buffer",
+                BUFFER_SIZE + 1,
+                LEASE,
+                mw::DeclineReason::DestinationTooSmall { need: BUFFER_SIZE + 1, have: BUFFER_SIZE },
+            ),
+            (
+                "too little time left",
+                LIE_LEN,
+                short,
+                mw::DeclineReason::LeaseTooShort { time_left: short, margin: Duration::from_millis(10) },
+            ),
         ];
-        for (name, len, time_left) in cases {
+        for (name, len, time_left, reason) in cases {
             let mut w = World::new(role, pol);
             let rkey = w.attacker.bind_own(BUFFER_SIZE);
             let lease = mw::LeaseId::from_raw(2 << 32 | 9);
@@ -663,17 +674,11 @@ fn mw_grants_the_victim_cannot_use_are_declined_and_released() {
             w.run_for(Duration::from_millis(2));
             no_payload_delivered(&w);
             assert!(w.down().is_none(), "{role:?} {name}: {:?}", w.down());
+            // The user is told why, with the victim's own figures.
+            let declined = mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(reason));
             let failed = |e: &Event| match e {
-                Event::CallFailed { call: c, error } => {
-                    Some(*c) == call
-                        && matches!(
-                            error,
-                            mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_))
-                        )
-                }
-                Event::RequestDropped { error, .. } => {
-                    matches!(error, mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(_)))
-                }
+                Event::CallFailed { call: c, error } => Some(*c) == call && *error == declined,
+                Event::RequestDropped { error, .. } => *error == declined,
                 _ => false,
             };
             assert!(w.events.iter().any(failed), "{role:?} {name}: {:?}", w.events);
