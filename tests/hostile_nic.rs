@@ -1065,3 +1065,66 @@ fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
         w.finish();
     }
 }
+
+// ---- exposures a confirm server cannot take ----
+
+fn expose_request(w: &mut World, msg_id: u64, fm: u64, len: u32) {
+    let region = fb::Region::new(w.attacker.mem.addr, len, w.attacker.mem.rkey);
+    let m = fb::Message::Expose {
+        msg: fb::MsgId::from_raw(fm),
+        buffer: fb::BufferId::from_raw(0),
+        generation: fb::Generation::from_raw(1),
+        region,
+    };
+    w.send(&request_frame(msg_id, &[fb_attach(m)]));
+}
+
+fn dropped_as_refused(w: &World, req: u64) -> bool {
+    use mwcap::conn::{CallError, PayloadError};
+    let refused = CallError::Payload(PayloadError::Confirm(fb::ReadError::Refused));
+    w.events
+        .iter()
+        .any(|e| matches!(e, Event::RequestDropped { req: r, error } if r.raw() == req && *error == refused))
+}
+
+#[test]
+fn confirm_a_request_whose_exposure_is_refused_is_dropped_not_kept_forever() {
+    // Longer than a buffer: the engine refuses it (and says so to the
+    // peer). The request must not wait for a payload that never comes.
+    for o in [Policy::Mw, Policy::Confirm] {
+        let mut w = World::server(Policies { request: Policy::Confirm, reply: o });
+        for i in 1..=20 {
+            expose_request(&mut w, i, i, BUFFER_SIZE + 1);
+        }
+        w.run_for(Duration::from_millis(2));
+        for i in 1..=20 {
+            assert!(dropped_as_refused(&w, i), "{o:?} request {i}: {:?}", w.events);
+        }
+        assert_eq!(w.victim.tracked_messages(), 0, "nothing kept for them");
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
+    // Request 2 exposes under the engine message id of request 1, whose
+    // payload is still being confirmed: request 2 is dropped, request 1
+    // gets its own payload.
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    attacker_region(&mut w, 0x11);
+    expose_request(&mut w, 1, 1, LIE_LEN);
+    let (m, b, g) = victims_confirm(&mut w);
+    expose_request(&mut w, 2, 1, LIE_LEN);
+    w.run_for(Duration::from_millis(1));
+    assert!(dropped_as_refused(&w, 2), "{:?}", w.events);
+    w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
+    w.run_for(Duration::from_millis(1));
+    let got = w.events.iter().find_map(|e| match e {
+        Event::Request { req, data: Some(d), .. } if req.raw() == 1 => Some(w.victim.read(d).unwrap()),
+        _ => None,
+    });
+    assert_eq!(got, Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
+    assert!(w.down().is_none());
+    w.finish();
+}
