@@ -1128,3 +1128,60 @@ fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
     assert!(w.down().is_none());
     w.finish();
 }
+
+// ---- odd regions ----
+
+#[test]
+fn confirm_a_zero_length_exposure_is_delivered_empty() {
+    // Only a hostile peer sends one (the user API refuses empty payloads).
+    for role in [Role::Client, Role::Server] {
+        let mut w = World::new(role, Policies::both(Policy::Confirm));
+        let region = fb::Region::new(w.attacker.mem.addr, 0, w.attacker.mem.rkey);
+        lure(&mut w, region, false);
+        let (m, b, g) = victims_confirm(&mut w);
+        w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
+        w.run_for(Duration::from_millis(1));
+        let len = w.events.iter().find_map(|e| match e {
+            Event::Reply { data: Some(d), .. } | Event::Request { data: Some(d), .. } => Some(d.len()),
+            _ => None,
+        });
+        assert_eq!(len, Some(0), "{role:?}: {:?}", w.events);
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn addresses_at_the_top_of_the_address_space_fail_cleanly() {
+    let top = u64::MAX - 4;
+    // The attacker READs there with a valid key.
+    for pol in [Policies::both(Policy::Mw), Policies::both(Policy::Confirm)] {
+        let (mut w, seen) = exposed(Role::Server, pol);
+        let (_, _, rkey) = seen.target();
+        assert_eq!(w.read(top, rkey, 16).0, WcStatus::RemAccessErr, "{pol:?}");
+        assert!(flushed(Some(&goes_down(&mut w))));
+        w.finish();
+    }
+    // The attacker makes the victim READ there.
+    for role in [Role::Client, Role::Server] {
+        let mut w = World::new(role, Policies::both(Policy::Mw));
+        let g = mw::Grant {
+            lease: mw::LeaseId::from_raw(1 << 32 | 1),
+            addr: top,
+            len: 100,
+            rkey: 0x1234,
+            time_left: LEASE,
+        };
+        send_grant(&mut w, g);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(
+                why,
+                LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }
+            ),
+            "{role:?}: {why:?}"
+        );
+        no_payload_delivered(&w);
+        w.finish();
+    }
+}
