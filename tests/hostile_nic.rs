@@ -1185,3 +1185,37 @@ fn addresses_at_the_top_of_the_address_space_fail_cleanly() {
         w.finish();
     }
 }
+
+#[test]
+fn confirm_offers_the_client_cannot_take_fail_the_call() {
+    use mwcap::conn::{CallError, PayloadError};
+    // Longer than a buffer: refused at once. For a fetch never made:
+    // ignored, and the call times out.
+    for (name, len, other_fetch) in [("too long", BUFFER_SIZE + 1, false), ("unknown fetch", LIE_LEN, true)] {
+        let mut w = World::client(Policies::both(Policy::Confirm));
+        let (call, seen) = w.take_call();
+        let fetch = seen.fetch.unwrap();
+        let msg = if other_fetch { fb::MsgId::from_raw(fetch.raw() + 40) } else { fetch };
+        let region = fb::Region::new(w.attacker.mem.addr, len, w.attacker.mem.rkey);
+        let (buffer, generation) = (fb::BufferId::from_raw(0), fb::Generation::from_raw(1));
+        let offer = fb::Message::Offer { msg, buffer, generation, region };
+        w.send(&reply_frame(seen.msg_id.unwrap(), &[fb_attach(offer)]));
+        let start = w.now();
+        assert!(w.run_until(CALL_TIMEOUT * 2, |w| !w.events.is_empty()), "{name}");
+        let want = if other_fetch {
+            assert!(w.now() - start >= CALL_TIMEOUT - Duration::from_millis(1), "{name}");
+            CallError::TimedOut
+        } else {
+            let too_long = fb::ReadError::TooLong { offered: BUFFER_SIZE + 1, limit: BUFFER_SIZE };
+            CallError::Payload(PayloadError::Confirm(too_long))
+        };
+        assert_eq!(w.events, [Event::CallFailed { call, error: want }], "{name}");
+        assert_eq!(
+            w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served,
+            0,
+            "{name}: nothing read"
+        );
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
