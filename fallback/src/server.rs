@@ -328,6 +328,14 @@ impl Server {
             && self.owner.held() == 0
     }
 
+    /// Whether the client's request `msg` was taken: its data is being read,
+    /// or waits for the client's answer to its confirm. False for an
+    /// exposure that was refused (too long, too many outstanding) or
+    /// ignored (a message id already used), and once the request is over.
+    pub fn is_reading(&self, msg: MsgId) -> bool {
+        self.incoming.contains_key(&msg)
+    }
+
     /// Whether [`Server::handle_connection_lost`] was called.
     pub fn is_connection_lost(&self) -> bool {
         self.lost

@@ -260,6 +260,32 @@ fn a_request_of_exactly_max_read_len_is_read() {
 }
 
 #[test]
+fn is_reading_names_exactly_the_requests_taken() {
+    let mut config = Config::default();
+    config.max_read_len = 16;
+    let mut s = Server::new(config);
+    let t = expose(&mut s, secs(0), 5, 0, 0);
+    assert!(s.is_reading(msg(5)), "taken: being read");
+    // Refused (too long), ignored (an id not above the last), never seen.
+    let long = Region::new(0x1000, 17, 0xc1);
+    s.handle_message(
+        secs(0),
+        Message::Expose { msg: msg(6), buffer: buf(1), generation: generation(0), region: long },
+    );
+    let short = Region::new(0x1000, 8, 0xc1);
+    s.handle_message(
+        secs(0),
+        Message::Expose { msg: msg(4), buffer: buf(1), generation: generation(0), region: short },
+    );
+    assert!(!s.is_reading(msg(6)) && !s.is_reading(msg(4)) && !s.is_reading(msg(7)));
+    // Still taken while its confirm waits for the answer; over after it.
+    s.handle_read_completion(secs(0), t, true);
+    assert!(s.is_reading(msg(5)));
+    s.handle_message(secs(0), reply(5, 0, 0, Verdict::Intact));
+    assert!(!s.is_reading(msg(5)));
+}
+
+#[test]
 fn a_lost_connection_is_reported_and_refuses_new_work() {
     let mut s = server();
     assert!(!s.is_connection_lost());

@@ -1061,8 +1061,11 @@ impl Connection {
             // reading a byte.
             r.engine.decline(now, g, mw::DeclineReason::Unwanted);
         } else if g.len > self.cfg.buffer_size {
-            // Decline: the destination offered is too small.
-            r.engine.handle_grant(now, g, mw::Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 });
+            // Decline: the destination offered is too small. The stand-in
+            // (no region: never read into) has a buffer's capacity, so the
+            // reason the user sees says what a buffer holds, not 0.
+            let dest = mw::Buffer { mr: u32::MAX, offset: 0, len: self.cfg.buffer_size, addr: 0 };
+            r.engine.handle_grant(now, g, dest);
             r.leases.insert(g.lease, msg);
         } else if let Some(dest) = dest {
             r.leases.insert(g.lease, msg);

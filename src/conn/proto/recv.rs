@@ -163,15 +163,21 @@ impl Connection {
                 let Some(c) = self.confirm.as_mut() else {
                     return self.misbehaved(now, Misbehavior::WrongPolicy { what: "confirm message" });
                 };
+                let mut exposure = None;
                 if let Some(msg) = msg {
                     match m {
-                        fb::Message::Expose { msg: fm, .. } | fb::Message::Fetch { msg: fm, .. } => {
+                        fb::Message::Expose { msg: fm, .. } => {
                             if let Some(r) = self.requests.get_mut(&msg) {
-                                if matches!(m, fb::Message::Expose { .. }) {
-                                    r.data = Data::Reading;
-                                } else {
-                                    r.fetch_fb = Some(fm);
-                                }
+                                r.data = Data::Reading;
+                            }
+                            // An id in use names another request's exposure:
+                            // that mapping stays (the engine ignores the reuse).
+                            c.msgs.entry(fm).or_insert(msg);
+                            exposure = Some((fm, msg));
+                        }
+                        fb::Message::Fetch { msg: fm, .. } => {
+                            if let Some(r) = self.requests.get_mut(&msg) {
+                                r.fetch_fb = Some(fm);
                             }
                             c.msgs.insert(fm, msg);
                         }
@@ -179,6 +185,22 @@ impl Connection {
                     }
                 }
                 c.handle_message(now, m);
+                if let Some((fm, msg)) = exposure {
+                    let ours = c.msgs.get(&fm) == Some(&msg);
+                    if !(ours && c.server().is_some_and(|s| s.is_reading(fm))) {
+                        // The engine refused the exposure (too long, too
+                        // many outstanding) or ignored it (a reused id):
+                        // nothing will ever be read for this request, which
+                        // used to wait for its payload for ever. It is
+                        // dropped now.
+                        if ours {
+                            c.msgs.remove(&fm);
+                        }
+                        if let Some(r) = self.requests.get_mut(&msg) {
+                            r.data = Data::Failed(PayloadError::Confirm(fb::ReadError::Refused));
+                        }
+                    }
+                }
             }
         }
     }

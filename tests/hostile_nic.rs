@@ -1,0 +1,1221 @@
+//! The hostile-peer suite (issue 9 §5): a peer that runs none of mwcap's
+//! connection code drives the `Nic` interface by hand (its own device, QP
+//! and memory; frames built with the library's encoders) and attacks a
+//! correct mwcap server and client under each policy. See
+//! `tests/hostile/mod.rs` for the world and the checks every test ends with
+//! (the healthy connection on the victim's device, no hazard, every buffer
+//! back), and `docs/reliability.md` ("Hostile peers") for the list.
+
+mod hostile;
+
+use std::time::Duration;
+
+use hostile::*;
+use mwcap::backend::{Nic, WcOpcode, WcStatus};
+use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, Role};
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+/// Policies under which the victim of `role` owns its payloads under `owned`.
+fn owning(role: Role, owned: Policy) -> [Policies; 2] {
+    let other = [Policy::Mw, Policy::Confirm];
+    other.map(|o| match role {
+        Role::Client => Policies { request: owned, reply: o },
+        Role::Server => Policies { request: o, reply: owned },
+    })
+}
+
+/// A world in which the attacker holds an exposure of one victim buffer:
+/// a reply's payload (victim server) or a request's (victim client).
+fn exposed(role: Role, pol: Policies) -> (World, Seen) {
+    let mut w = World::new(role, pol);
+    let seen = match role {
+        Role::Server => w.ask_for_payload(1),
+        Role::Client => w.take_call().1,
+    };
+    (w, seen)
+}
+
+/// The attacker's bad READ took both QPs to ERR: the victim saw its
+/// receives flushed.
+fn flushed(r: Option<&LossReason>) -> bool {
+    matches!(r, Some(LossReason::Completion { status: WcStatus::WrFlushErr, .. }))
+}
+
+/// Run until the victim is down; its reason.
+fn goes_down(w: &mut World) -> LossReason {
+    assert!(w.run_until(Duration::from_millis(50), |w| w.down().is_some()), "the victim stayed up");
+    w.down().cloned().unwrap()
+}
+
+// ---- by the book ----
+
+#[test]
+fn by_the_book_the_attacker_reads_the_grant_and_ends_it() {
+    // The baseline: the hand-written peer speaks the protocol correctly.
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, seen) = exposed(role, pol);
+            assert_eq!(w.payload(&seen).0, WcStatus::Success, "{role:?} {pol:?}");
+            let end = match (seen.grant, seen.exposed) {
+                (Some(g), _) => release(g.lease.raw(), g.rkey),
+                (None, Some((msg, buffer, generation, _))) => {
+                    engine_frame(fb_attach(fb::Message::Confirm { msg, buffer, generation }))
+                }
+                _ => unreachable!(),
+            };
+            w.send(&end);
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1), "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            if seen.grant.is_some() {
+                w.assert_binds_invalidated_once();
+            }
+            w.finish();
+        }
+    }
+}
+
+// ---- READs outside the grant ----
+
+#[test]
+fn mw_reads_outside_the_grant_fail_and_take_only_that_connection_down() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            // (name, address offset from the grant, length)
+            let cases: [(&str, i64, u32); 5] = [
+                ("past the end", PAYLOAD as i64 - 8, 16),
+                ("just past the end", PAYLOAD as i64, 8),
+                ("before the start", -8, 16),
+                ("the whole buffer", 0, BUFFER_SIZE),
+                ("another buffer of the region", 0, 64),
+            ];
+            for (name, off, len) in cases {
+                let (mut w, seen) = exposed(role, pol);
+                let (addr, _, rkey) = seen.target();
+                let region = w.victim.data_region();
+                let off = match (name, addr == region.addr) {
+                    ("another buffer of the region", true) => BUFFER_SIZE as i64,
+                    ("another buffer of the region", false) => -(BUFFER_SIZE as i64),
+                    _ => off,
+                };
+                let (st, got) = w.read(addr.wrapping_add_signed(off), rkey, len);
+                assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?} {name}");
+                assert!(got.iter().all(|&b| b == 0), "{name}: nothing landed");
+                let why = goes_down(&mut w);
+                assert!(flushed(Some(&why)), "{role:?} {pol:?} {name}: {why:?}");
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn no_policy_lets_the_attacker_read_the_victims_other_connection() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            // The other connection's memory on the victim's device, with
+            // its region key: the best guess an attacker can make.
+            let other = match role {
+                Role::Server => w.healthy.server.data_region(),
+                Role::Client => w.healthy.client.data_region(),
+            };
+            let (st, _) = w.read(other.addr, other.rkey, 64);
+            assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?}");
+            let why = goes_down(&mut w);
+            assert!(flushed(Some(&why)), "{role:?} {pol:?}: {why:?}");
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn confirm_the_region_key_reaches_this_connections_buffers_and_nothing_else() {
+    // The documented cost of the confirm policy (docs/protocol-confirm.md,
+    // "Security cost"): the offered rkey is the region's, so the attacker
+    // reads any buffer of *this* connection's region, and only that.
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Confirm) {
+            let (mut w, seen) = exposed(role, pol);
+            let (addr, _, rkey) = seen.target();
+            let region = w.victim.data_region();
+            // What the NIC lets the attacker reach: this connection's data
+            // region, nothing else of the victim's device.
+            let reach = w.fabric.exposure(w.victim_device(), w.attacker.qp_addr());
+            assert_eq!(reach.len(), 1, "{reach:?}");
+            assert_eq!((reach[0].mr, reach[0].bytes.clone()), (region.id, 0..region.len));
+            let other = if addr == region.addr { addr + BUFFER_SIZE as u64 } else { region.addr };
+            let wr = w.attacker.post_read(other, rkey, 64);
+            assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
+            assert_eq!(w.attacker.completion(wr).unwrap().status, WcStatus::Success, "{role:?} {pol:?}");
+            assert!(contains_secret(&w.attacker.dst_bytes(64)), "another buffer of the region");
+            // Past the region's end: refused.
+            let (st, _) = w.read(region.addr + region.len as u64 - 8, rkey, 16);
+            assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?}");
+            assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+    }
+}
+
+// ---- guessed keys ----
+
+#[test]
+fn guessed_keys_fail() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let owned = if role == Role::Server { pol.reply } else { pol.request };
+            let (w0, seen) = exposed(role, pol);
+            let (_, _, rkey) = seen.target();
+            let region = w0.victim.data_region();
+            drop(w0);
+            let mut guesses = vec![
+                ("next consumer key", rkey ^ 1),
+                ("previous consumer key", (rkey & !0xff) | (rkey.wrapping_sub(1) & 0xff)),
+                ("next index", rkey.wrapping_add(0x100)),
+                ("previous index", rkey.wrapping_sub(0x100)),
+            ];
+            if owned == Policy::Mw {
+                // The region under the windows has no remote rights at all.
+                guesses.push(("the region's own key", region.rkey));
+            }
+            for (name, guess) in guesses {
+                let (mut w, seen) = exposed(role, pol);
+                let (addr, len, _) = seen.target();
+                let (st, got) = w.read(addr, guess, len);
+                assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?} {name}");
+                assert!(!got.contains(&GRANTED), "{name}");
+                assert!(flushed(Some(&goes_down(&mut w))), "{role:?} {pol:?} {name}");
+                w.finish();
+            }
+        }
+    }
+}
+
+// ---- stale READs ----
+
+#[test]
+fn mw_a_read_after_the_release_fails() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, seen) = exposed(role, pol);
+            assert_eq!(w.payload(&seen).0, WcStatus::Success);
+            let g = seen.grant.unwrap();
+            let release = mw::Release { lease: g.lease, rkey: g.rkey };
+            w.send(&engine_frame(mw_attach(mw::Message::Release(release))));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1), "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            w.assert_binds_invalidated_once();
+            let (st, _) = w.read(g.addr, g.rkey, g.len);
+            assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?}");
+            assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_a_read_after_the_expiry_fails_and_the_buffer_waits_for_the_invalidation() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, seen) = exposed(role, pol);
+            let g = seen.grant.unwrap();
+            let start = w.now();
+            // The attacker neither reads nor releases.
+            assert!(w.run_until(LEASE * 2, |w| w.returned == 1), "{role:?} {pol:?}");
+            assert!(w.now() - start >= LEASE - Duration::from_millis(1), "returned before the lease ended");
+            let s = w.victim.stats().lease_owner.unwrap();
+            assert_eq!((s.expired, s.invalidations), (1, 1), "{s:?}");
+            // (`reachable_after_return`, checked at the end, says the window
+            // was gone when the buffer came back.)
+            assert!(w.down().is_none(), "an expiry does not tear the connection down");
+            w.assert_binds_invalidated_once();
+            let (st, _) = w.read(g.addr, g.rkey, g.len);
+            assert_eq!(st, WcStatus::RemAccessErr);
+            assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+    }
+}
+
+// ---- forged, replayed and unknown releases ----
+
+fn release(lease: u64, rkey: u32) -> Vec<u8> {
+    engine_frame(mw_attach(mw::Message::Release(mw::Release { lease: mw::LeaseId::from_raw(lease), rkey })))
+}
+
+fn owner_stats(w: &World) -> mw::OwnerStats {
+    w.victim.stats().lease_owner.expect("the victim owns a direction under mw")
+}
+
+#[test]
+fn mw_forged_and_unknown_releases_are_counted_and_end_nothing() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, seen) = exposed(role, pol);
+            let g = seen.grant.unwrap();
+            let (slot, epoch) = (g.lease.raw() >> 32, g.lease.raw() & 0xffff_ffff);
+            let forged = [
+                // A window of the pool that was never granted.
+                ((slot + 1) % u64::from(BUFFERS)) << 32 | 1,
+                // The granted lease with a wrong rkey.
+                g.lease.raw(),
+                // No window at all.
+                0xdead_beef_0000_0001,
+                // The granted window, a bind that never was.
+                slot << 32 | (epoch + 7),
+            ];
+            let rkeys = [g.rkey ^ 0x100, g.rkey ^ 1, 0x1234_5678, g.rkey];
+            for (lease, rkey) in forged.into_iter().zip(rkeys) {
+                w.send(&release(lease, rkey));
+            }
+            w.run_for(Duration::from_millis(2));
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!(owner_stats(&w).forged_releases, 4, "{:?}", owner_stats(&w));
+            assert_eq!((w.returned, w.victim.busy_buffers()), (0, 1), "the lease is still on");
+            // The grant still works: nothing was invalidated early.
+            assert_eq!(w.payload(&seen).0, WcStatus::Success);
+            w.send(&release(g.lease.raw(), g.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            w.assert_binds_invalidated_once();
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_a_replayed_release_is_stale_and_never_ends_a_later_lease() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, first) = exposed(role, pol);
+            let g = first.grant.unwrap();
+            w.send(&release(g.lease.raw(), g.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            // A second exposure (possibly the same window, rebound).
+            let second = match role {
+                Role::Server => w.ask_for_payload(2),
+                Role::Client => w.take_call().1,
+            };
+            let g2 = second.grant.unwrap();
+            for _ in 0..3 {
+                w.send(&release(g.lease.raw(), g.rkey));
+            }
+            w.run_for(Duration::from_millis(2));
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!(owner_stats(&w).stale_releases, 3, "{:?}", owner_stats(&w));
+            assert_eq!(w.returned, 1, "the second lease is still on");
+            assert_eq!(w.payload(&second).0, WcStatus::Success);
+            w.send(&release(g2.lease.raw(), g2.rkey));
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 2));
+            w.assert_binds_invalidated_once();
+            w.finish();
+        }
+    }
+}
+
+// ---- forged and replayed confirms (the victim owns under confirm) ----
+
+/// Send `m` and return the victim's verdict on it.
+fn verdict(w: &mut World, m: fb::Message) -> fb::Verdict {
+    w.attacker.frames.clear();
+    w.send(&engine_frame(fb_attach(m)));
+    loop {
+        // (Other frames may come first: a client's refuse of a fetch that timed out.)
+        if let Some((_, v)) = Seen::of(&w.next_frame()).verdict {
+            return v;
+        }
+    }
+}
+
+#[test]
+fn confirm_forged_and_replayed_confirms_get_no_intact_and_end_nothing() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Confirm) {
+            let (mut w, seen) = exposed(role, pol);
+            let (msg, buffer, generation, _) = seen.exposed.unwrap();
+            assert_eq!(w.payload(&seen).0, WcStatus::Success);
+            let next_gen = fb::Generation::from_raw(generation.raw() + 1);
+            let other_buf = fb::BufferId::from_raw(buffer.raw() ^ 1);
+            let other_msg = fb::MsgId::from_raw(msg.raw() + 100);
+            for (m, b, g) in
+                [(other_msg, buffer, generation), (msg, buffer, next_gen), (msg, other_buf, generation)]
+            {
+                let v = verdict(&mut w, fb::Message::Confirm { msg: m, buffer: b, generation: g });
+                assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
+            }
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            assert_eq!((w.returned, w.victim.busy_buffers()), (0, 1), "the exposure is still on");
+            let real = fb::Message::Confirm { msg, buffer, generation };
+            assert_eq!(verdict(&mut w, real), fb::Verdict::Intact);
+            assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+            // Replayed, now that the buffer is back (and rewritten with the secret).
+            assert_eq!(verdict(&mut w, real), fb::Verdict::Reused, "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            w.finish();
+        }
+    }
+}
+
+// ---- malformed and oversized frames ----
+
+#[test]
+fn malformed_frames_take_the_victim_down_with_the_decoders_reason() {
+    use mwcap::conn::frame::{Frame, FrameError};
+    let ping = Frame::Ping { seq: 7 }.encode().unwrap();
+    let pong = Frame::Pong { seq: 7 }.encode().unwrap();
+    // Where the kind is, whatever the header holds before it.
+    let kind_at = ping.iter().zip(&pong).position(|(a, b)| a != b).unwrap();
+    let mut bad_version = ping.clone();
+    bad_version[0] = 0x7e;
+    let mut bad_kind = ping.clone();
+    bad_kind[kind_at] = 0x7f;
+    let truncated = ping[..ping.len() - 1].to_vec();
+    let mut trailing = ping.clone();
+    trailing.push(0);
+    type Case = (&'static str, Vec<u8>, fn(&FrameError) -> bool);
+    let cases: [Case; 5] = [
+        ("empty", vec![], |e| matches!(e, FrameError::Truncated { .. })),
+        ("bad version", bad_version, |e| matches!(e, FrameError::Version(0x7e))),
+        ("bad kind", bad_kind, |e| matches!(e, FrameError::UnknownKind(0x7f))),
+        ("truncated", truncated, |e| matches!(e, FrameError::Truncated { .. })),
+        ("trailing bytes", trailing, |e| matches!(e, FrameError::Trailing(1))),
+    ];
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            for (name, bytes, want) in &cases {
+                let (mut w, _) = exposed(role, pol);
+                w.send(bytes);
+                match goes_down(&mut w) {
+                    LossReason::PeerMisbehaved(Misbehavior::MalformedFrame(e)) if want(&e) => {}
+                    other => panic!("{role:?} {pol:?} {name}: {other:?}"),
+                }
+                assert!(
+                    w.events
+                        .iter()
+                        .any(|e| matches!(e, Event::ConnectionLost(LossReason::PeerMisbehaved(_)))),
+                    "the user is told"
+                );
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn an_oversized_frame_fails_at_the_nic_and_takes_the_victim_down() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            let wr = w.attacker.send(&vec![1; mwcap::conn::frame::MAX_FRAME + 1]);
+            let why = goes_down(&mut w);
+            assert!(
+                matches!(
+                    why,
+                    LossReason::Completion { status: WcStatus::LocLenErr, opcode: WcOpcode::Recv, .. }
+                ),
+                "{role:?} {pol:?}: {why:?}"
+            );
+            assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
+            assert_eq!(w.attacker.completion(wr).unwrap().status, WcStatus::RemInvReqErr);
+            w.finish();
+        }
+    }
+}
+
+// ---- floods ----
+
+#[test]
+fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
+    use mwcap::conn::frame::Frame;
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            let n = 4 * CTRL_SLOTS as usize;
+            let wrs: Vec<u64> =
+                (0..n).map(|i| w.attacker.send_frame(&Frame::Ping { seq: i as u64 })).collect();
+            assert!(
+                w.run_until(Duration::from_millis(200), |w| wrs
+                    .iter()
+                    .all(|&r| w.attacker.completion(r).is_some())),
+                "{role:?} {pol:?}"
+            );
+            assert!(wrs.iter().all(|&r| w.attacker.completion(r).unwrap().status.is_success()));
+            let rnr = w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().rnr_naks;
+            assert!(rnr > 0, "the flood went past the victim's posted receives");
+            w.run_for(Duration::from_millis(2));
+            let pongs = w.attacker.frames.iter().filter(|f| Seen::of(f).kind == "pong").count();
+            assert_eq!(pongs, n, "{role:?} {pol:?}: every ping answered");
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            w.finish();
+        }
+    }
+}
+
+// ---- lying confirm answers (the victim reads under confirm) ----
+
+const LIE_LEN: u32 = 500;
+
+/// The attacker's memory, as offered or exposed to the victim.
+fn attacker_region(w: &mut World, fill: u8) -> fb::Region {
+    w.attacker.nic.write_mr(w.attacker.mem.id, 0, &[fill; LIE_LEN as usize]).unwrap();
+    fb::Region::new(w.attacker.mem.addr, LIE_LEN, w.attacker.mem.rkey)
+}
+
+fn confirm_reply(
+    msg: fb::MsgId,
+    buffer: fb::BufferId,
+    generation: fb::Generation,
+    verdict: fb::Verdict,
+) -> Vec<u8> {
+    engine_frame(fb_attach(fb::Message::ConfirmReply { msg, buffer, generation, verdict }))
+}
+
+/// The lies told about one READ of (msg, buffer, generation): an `Intact`
+/// for another generation, another buffer, another message.
+fn lies(msg: fb::MsgId, buffer: fb::BufferId, generation: fb::Generation) -> Vec<Vec<u8>> {
+    let intact = fb::Verdict::Intact;
+    vec![
+        confirm_reply(msg, buffer, fb::Generation::from_raw(generation.raw() + 1), intact),
+        confirm_reply(msg, fb::BufferId::from_raw(buffer.raw() ^ 1), generation, intact),
+        confirm_reply(fb::MsgId::from_raw(msg.raw() + 50), buffer, generation, intact),
+    ]
+}
+
+fn reader_confirm_policies(role: Role) -> [Policies; 2] {
+    // The victim reads under confirm: the reply on a client, the request on a server.
+    [Policy::Mw, Policy::Confirm].map(|o| match role {
+        Role::Client => Policies { request: o, reply: Policy::Confirm },
+        Role::Server => Policies { request: Policy::Confirm, reply: o },
+    })
+}
+
+/// The victim reads the attacker's offer (client) or exposure (server) of
+/// `region` as (msg, buffer, generation); returns the call or nothing.
+fn lure(w: &mut World, region: fb::Region, early_intact: bool) -> (Option<mwcap::conn::CallId>, fb::MsgId) {
+    let (buffer, generation) = (fb::BufferId::from_raw(0), fb::Generation::from_raw(5));
+    let (call, msg, frame) = match w.role {
+        Role::Client => {
+            let (call, seen) = w.take_call();
+            let msg = seen.fetch.expect("a fetch for the reply");
+            let offer = fb::Message::Offer { msg, buffer, generation, region };
+            (Some(call), msg, reply_frame(seen.msg_id.unwrap(), &[fb_attach(offer)]))
+        }
+        Role::Server => {
+            let msg = fb::MsgId::from_raw(1);
+            let expose = fb::Message::Expose { msg, buffer, generation, region };
+            (None, msg, request_frame(1, &[fb_attach(expose)]))
+        }
+    };
+    w.attacker.send(&frame);
+    if early_intact {
+        // Before the victim's READ can have completed.
+        w.attacker.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Intact));
+    }
+    (call, msg)
+}
+
+/// The victim's confirm for `msg`, after its READ.
+fn victims_confirm(w: &mut World) -> (fb::MsgId, fb::BufferId, fb::Generation) {
+    loop {
+        let seen = Seen::of(&w.next_frame());
+        if let Some(c) = seen.confirm {
+            return c;
+        }
+    }
+}
+
+fn no_payload_delivered(w: &World) {
+    for e in &w.events {
+        assert!(!matches!(e, Event::Reply { data: Some(_), .. } | Event::Request { .. }), "delivered: {e:?}");
+    }
+}
+
+#[test]
+fn confirm_lying_answers_never_make_the_victim_accept_a_read() {
+    for role in [Role::Client, Role::Server] {
+        for pol in reader_confirm_policies(role) {
+            let mut w = World::new(role, pol);
+            let region = attacker_region(&mut w, 0x11);
+            let (call, _) = lure(&mut w, region, true);
+            let (msg, buffer, generation) = victims_confirm(&mut w);
+            for lie in lies(msg, buffer, generation) {
+                w.send(&lie);
+            }
+            w.run_for(Duration::from_millis(2));
+            no_payload_delivered(&w);
+            // The truth, at last: the buffer was reused.
+            w.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Reused));
+            w.run_for(CALL_TIMEOUT + LEASE);
+            no_payload_delivered(&w);
+            assert!(w.down().is_none(), "{role:?} {pol:?}: lies are ignored, not fatal: {:?}", w.down());
+            // A client retries the stale read (its fetch goes unanswered)
+            // until the call times out; a server drops the request.
+            use mwcap::conn::{CallError, PayloadError};
+            let withdrawn = CallError::Payload(PayloadError::Confirm(fb::ReadError::Withdrawn));
+            let as_wanted = match (call, &w.events[..]) {
+                (Some(call), [Event::CallFailed { call: c, error: CallError::TimedOut }]) => *c == call,
+                (None, [Event::RequestDropped { req, error }]) => req.raw() == 1 && *error == withdrawn,
+                _ => false,
+            };
+            assert!(as_wanted, "{role:?} {pol:?}: {:?}", w.events);
+            assert!(w.victim.stats().stale_reads >= 1 || role == Role::Server);
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn confirm_an_intact_after_lies_delivers_exactly_the_bytes_the_nic_read() {
+    // "Not reused" when it was: the attacker rewrites its memory after the
+    // READ and says Intact. The victim delivers what its READ sampled
+    // (the attacker's own bytes), never anything of its own.
+    for role in [Role::Client, Role::Server] {
+        for pol in reader_confirm_policies(role) {
+            let mut w = World::new(role, pol);
+            let region = attacker_region(&mut w, 0x11);
+            lure(&mut w, region, false);
+            let (msg, buffer, generation) = victims_confirm(&mut w);
+            attacker_region(&mut w, 0x22);
+            for lie in lies(msg, buffer, generation) {
+                w.send(&lie);
+            }
+            w.send(&confirm_reply(msg, buffer, generation, fb::Verdict::Intact));
+            let found = w.run_until(Duration::from_millis(20), |w| {
+                w.events.iter().any(|e| matches!(e, Event::Reply { .. } | Event::Request { .. }))
+            });
+            assert!(found, "{role:?} {pol:?}: {:?}", w.events);
+            let data = w.events.iter().find_map(|e| match e {
+                Event::Reply { data: Some(d), .. } | Event::Request { data: Some(d), .. } => Some(d),
+                _ => None,
+            });
+            let got = w.victim.read(data.expect("a payload")).unwrap();
+            assert_eq!(got, vec![0x11; LIE_LEN as usize], "{role:?} {pol:?}");
+            assert!(w.down().is_none());
+            w.finish();
+        }
+    }
+}
+
+// ---- hostile grants (the victim reads under mw) ----
+
+#[test]
+fn mw_a_grant_of_a_window_that_is_not_bound_fails_the_read_and_the_connection() {
+    for role in [Role::Client, Role::Server] {
+        for o in [Policy::Mw, Policy::Confirm] {
+            let pol = match role {
+                Role::Client => Policies { request: o, reply: Policy::Mw },
+                Role::Server => Policies { request: Policy::Mw, reply: o },
+            };
+            let mut w = World::new(role, pol);
+            let g = mw::Grant {
+                lease: mw::LeaseId::from_raw(1 << 32 | 1),
+                addr: w.attacker.mem.addr,
+                len: LIE_LEN,
+                rkey: 0x0bad_0001,
+                time_left: LEASE,
+            };
+            let call = send_grant(&mut w, g);
+            let why = goes_down(&mut w);
+            assert!(
+                matches!(
+                    why,
+                    LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }
+                ),
+                "{role:?} {pol:?}: {why:?}"
+            );
+            no_payload_delivered(&w);
+            if let Some(call) = call {
+                assert!(w
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::CallFailed { call: c, .. } if *c == call)));
+            }
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_grants_the_victim_cannot_use_are_declined_and_released() {
+    for role in [Role::Client, Role::Server] {
+        let pol = Policies::both(Policy::Mw);
+        let short = Duration::from_millis(5);
+        let cases = [
+            (
+                "longer than a buffer",
+                BUFFER_SIZE + 1,
+                LEASE,
+                mw::DeclineReason::DestinationTooSmall { need: BUFFER_SIZE + 1, have: BUFFER_SIZE },
+            ),
+            (
+                "too little time left",
+                LIE_LEN,
+                short,
+                mw::DeclineReason::LeaseTooShort { time_left: short, margin: Duration::from_millis(10) },
+            ),
+        ];
+        for (name, len, time_left, reason) in cases {
+            let mut w = World::new(role, pol);
+            let rkey = w.attacker.bind_own(BUFFER_SIZE);
+            let lease = mw::LeaseId::from_raw(2 << 32 | 9);
+            let g = mw::Grant { lease, addr: w.attacker.mem.addr, len, rkey, time_left };
+            let call = send_grant(&mut w, g);
+            // The release comes back, nothing was READ.
+            let mut released = false;
+            for _ in 0..4 {
+                let seen = Seen::of(&w.next_frame());
+                if seen.release.is_some_and(|r| r.lease == lease) {
+                    released = true;
+                    break;
+                }
+            }
+            assert!(released, "{role:?} {name}");
+            assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{name}");
+            w.run_for(Duration::from_millis(2));
+            no_payload_delivered(&w);
+            assert!(w.down().is_none(), "{role:?} {name}: {:?}", w.down());
+            // The user is told why, with the victim's own figures.
+            let declined = mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Declined(reason));
+            let failed = |e: &Event| match e {
+                Event::CallFailed { call: c, error } => Some(*c) == call && *error == declined,
+                Event::RequestDropped { error, .. } => *error == declined,
+                _ => false,
+            };
+            assert!(w.events.iter().any(failed), "{role:?} {name}: {:?}", w.events);
+            w.finish();
+        }
+    }
+}
+
+/// The attacker grants `g`: in a reply to the victim client's call, or in
+/// a request to the victim server.
+fn send_grant(w: &mut World, g: mw::Grant) -> Option<mwcap::conn::CallId> {
+    let a = mw_attach(mw::Message::Grant(g));
+    match w.role {
+        Role::Client => {
+            let (call, seen) = w.take_call();
+            w.attacker.send(&reply_frame(seen.msg_id.unwrap(), &[a]));
+            Some(call)
+        }
+        Role::Server => {
+            w.attacker.send(&request_frame(1, &[a]));
+            None
+        }
+    }
+}
+
+// ---- SEND_WITH_INV ----
+
+fn ping() -> Vec<u8> {
+    mwcap::conn::frame::Frame::Ping { seq: 1 }.encode().unwrap()
+}
+
+#[test]
+fn mw_send_with_inv_of_the_granted_window_is_misbehaviour_and_nothing_is_invalidated_twice() {
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let (mut w, seen) = exposed(role, pol);
+            let g = seen.grant.unwrap();
+            w.attacker.send_with_inv(&ping(), g.rkey);
+            let why = goes_down(&mut w);
+            assert_eq!(
+                why,
+                LossReason::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey: g.rkey }),
+                "{role:?} {pol:?}"
+            );
+            assert_eq!(owner_stats(&w).peer_invalidations, 1);
+            // The window died by the peer's hand: the owner never LOCAL_INVs
+            // it (the sim would record a would-crash-rxe hazard), and the
+            // buffer comes back on the flush.
+            w.run_for(Duration::from_millis(5));
+            assert_eq!(owner_stats(&w).invalidations, 0, "{:?}", owner_stats(&w));
+            assert!(w.fabric.would_crash_rxe().is_empty());
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn send_with_inv_of_a_key_the_victim_never_granted_fails_at_the_nic() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let owned = if role == Role::Server { pol.reply } else { pol.request };
+            let (w0, seen) = exposed(role, pol);
+            let (_, _, rkey) = seen.target();
+            drop(w0);
+            let mut keys = vec![("the granted key, wrong consumer key", rkey ^ 1)];
+            if owned == Policy::Confirm {
+                keys = vec![("the region key", rkey)];
+            }
+            for (name, key) in keys {
+                let (mut w, _) = exposed(role, pol);
+                let wr = w.attacker.send_with_inv(&ping(), key);
+                let why = goes_down(&mut w);
+                assert!(
+                    matches!(
+                        why,
+                        LossReason::Completion { status: WcStatus::RemInvReqErr, opcode: WcOpcode::Recv, .. }
+                    ),
+                    "{role:?} {pol:?} {name}: {why:?}"
+                );
+                assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
+                assert_eq!(w.attacker.completion(wr).unwrap().status, WcStatus::RemInvReqErr);
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn mw_send_with_inv_of_a_released_window_would_crash_rxe_and_the_victim_survives_it() {
+    // An invalidation of an already invalidated window is what panics the
+    // rxe kernel driver. No protocol can stop a peer from sending one
+    // (docs/protocol-mw.md); on the sim the victim's connection goes down
+    // with the NIC's error and nothing else is touched.
+    for role in [Role::Server, Role::Client] {
+        let pol = Policies::both(Policy::Mw);
+        let (mut w, seen) = exposed(role, pol);
+        let g = seen.grant.unwrap();
+        w.send(&release(g.lease.raw(), g.rkey));
+        assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
+        w.attacker.send_with_inv(&ping(), g.rkey);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, .. }),
+            "{role:?}: {why:?}"
+        );
+        w.finish_with(|h| {
+            assert_eq!(h.len(), 1, "{h:?}");
+            assert_eq!(h[0].kind, mwcap::sim::HazardKind::WouldCrashRxe, "{h:?}");
+        });
+    }
+}
+
+// ---- a peer that stops posting receives, or never reads ----
+
+/// The victim exposes a payload to the attacker: a reply to request
+/// `msg_id` (victim server) or a call (victim client). Returns nothing the
+/// attacker sees: its receives may be gone.
+fn expose_blind(w: &mut World, msg_id: u64) {
+    match w.role {
+        Role::Server => {
+            let attach = match w.policies.reply {
+                Policy::Confirm => {
+                    vec![fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(msg_id), attempt: 1 })]
+                }
+                Policy::Mw => vec![],
+            };
+            w.send(&request_frame(msg_id, &attach));
+            let (req, _) = w.take_request();
+            w.reply_granted(req);
+        }
+        Role::Client => {
+            w.call_granted();
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_stops_posting_receives_is_declared_gone_and_every_buffer_returns() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            // No receive ever, or one and then none.
+            for posted in [0, 1] {
+                let mut w = World::with_recvs(role, pol, posted);
+                w.attacker.repost = false;
+                for msg_id in 1..=posted as u64 + 1 {
+                    expose_blind(&mut w, msg_id);
+                }
+                assert_eq!(w.victim.busy_buffers(), posted + 1);
+                let start = w.now();
+                let why = goes_down(&mut w);
+                assert!(
+                    matches!(
+                        why,
+                        LossReason::Completion {
+                            status: WcStatus::RnrRetryExcErr,
+                            opcode: WcOpcode::Send,
+                            ..
+                        }
+                    ),
+                    "{role:?} {pol:?}: {why:?}"
+                );
+                assert!(w.now() - start < LEASE, "the RNR budget ends it before the lease");
+                assert!(
+                    w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0),
+                    "{role:?} {pol:?}"
+                );
+                assert_eq!(w.returned, posted + 1, "back on the flush, before any close");
+                w.finish();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ping_flood_from_a_peer_that_reads_no_answer_ends_on_the_send_slots() {
+    // Every ping wants a pong; a peer that posts no receive for them fills
+    // the victim's control send slots, and the victim gives up on it at
+    // once rather than queueing without bound.
+    use mwcap::backend::NicError;
+    use mwcap::conn::frame::Frame;
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let mut w = World::with_recvs(role, pol, 0);
+            for seq in 0..2 * u64::from(CTRL_SLOTS) {
+                w.attacker.send_frame(&Frame::Ping { seq });
+            }
+            match goes_down(&mut w) {
+                LossReason::Nic(NicError::QueueFull { queue: "control send slots", depth: CTRL_SLOTS }) => {}
+                other => panic!("{role:?} {pol:?}: {other:?}"),
+            }
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_never_reads_nor_answers_gets_its_exposure_ended_by_the_owner() {
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let owned = if role == Role::Server { pol.reply } else { pol.request };
+            let (mut w, seen) = exposed(role, pol);
+            let start = w.now();
+            assert!(w.run_until(CALL_TIMEOUT * 2, |w| w.returned == 1), "{role:?} {pol:?}");
+            let held = w.now() - start;
+            assert!(held >= LEASE - Duration::from_millis(1), "{role:?} {pol:?}: back after {held:?}");
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            if role == Role::Client {
+                w.run_for(CALL_TIMEOUT);
+                assert!(
+                    w.events.iter().any(|e| matches!(
+                        e,
+                        Event::CallFailed { error: mwcap::conn::CallError::TimedOut, .. }
+                    )),
+                    "{pol:?}: {:?}",
+                    w.events
+                );
+            }
+            match owned {
+                Policy::Mw => {
+                    w.assert_binds_invalidated_once();
+                    assert_eq!(owner_stats(&w).expired, 1);
+                }
+                Policy::Confirm => {
+                    // A late READ samples whatever the buffer holds now (the
+                    // secret); its confirm is answered Reused, never Intact.
+                    let (msg, buffer, generation, _) = seen.exposed.unwrap();
+                    let v = verdict(&mut w, fb::Message::Confirm { msg, buffer, generation });
+                    assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
+                }
+            }
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn mw_unsolicited_grants_are_released_unread() {
+    // Replies with grants for calls that were never made: the client reads
+    // nothing, and releases every one.
+    let mut w = World::client(Policies::both(Policy::Mw));
+    let rkey = w.attacker.bind_own(BUFFER_SIZE);
+    let n = 3 * u64::from(BUFFERS);
+    for i in 0..n {
+        let lease = mw::LeaseId::from_raw(1 << 32 | (i + 1));
+        let g = mw::Grant { lease, addr: w.attacker.mem.addr, len: LIE_LEN, rkey, time_left: LEASE };
+        w.attacker.send(&reply_frame(100 + i, &[mw_attach(mw::Message::Grant(g))]));
+    }
+    w.run_for(Duration::from_millis(5));
+    assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0);
+    let released = w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count();
+    assert_eq!(released as u64, n);
+    assert!(w.down().is_none() && w.events.is_empty(), "{:?} {:?}", w.down(), w.events);
+    assert_eq!(w.victim.busy_buffers(), 0);
+    w.finish();
+}
+
+// ---- protocol violations, through the NIC ----
+
+#[test]
+fn protocol_violations_end_the_connection_with_their_reason() {
+    use mwcap::conn::frame::{Attach, EngineTag};
+    let grant = mw_attach(mw::Message::Grant(mw::Grant {
+        lease: mw::LeaseId::from_raw(1 << 32 | 1),
+        addr: 0x1000,
+        len: 64,
+        rkey: 0x100,
+        time_left: LEASE,
+    }));
+    let fetch = |m| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(m), attempt: 1 });
+    let mut bad_lease = grant.bytes().to_vec();
+    bad_lease.truncate(5);
+    let bad_lease = Attach::new(EngineTag::Mw, &bad_lease).unwrap();
+    /// What is sent, to whom, and the reason expected.
+    type Case = (&'static str, Role, Policies, Vec<Vec<u8>>, fn(&Misbehavior) -> bool);
+    let cases: Vec<Case> = vec![
+        (
+            "a replayed request id",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(3, &[]), request_frame(3, &[])],
+            |m| *m == Misbehavior::RequestIdReused { msg: 3, last: 3 },
+        ),
+        (
+            "a reply sent to a server",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![reply_frame(1, &[])],
+            |m| matches!(m, Misbehavior::WrongFrame { role: Role::Server, got: "reply" }),
+        ),
+        (
+            "a request sent to a client",
+            Role::Client,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[])],
+            |m| matches!(m, Misbehavior::WrongFrame { role: Role::Client, got: "request" }),
+        ),
+        (
+            "two payloads in one request",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[grant, grant])],
+            |m| matches!(m, Misbehavior::TooManyPayloads { count: 2, .. }),
+        ),
+        (
+            "a grant outside a message",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![engine_frame(grant)],
+            |m| *m == Misbehavior::GrantOutsideMessage,
+        ),
+        (
+            "a confirm message under mw",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![request_frame(1, &[fetch(1)])],
+            |m| matches!(m, Misbehavior::WrongPolicy { what: "confirm message" }),
+        ),
+        (
+            "a grant under confirm",
+            Role::Server,
+            Policies::both(Policy::Confirm),
+            vec![request_frame(1, &[grant])],
+            |m| matches!(m, Misbehavior::WrongPolicy { what: "window grant" }),
+        ),
+        (
+            "a truncated lease message",
+            Role::Server,
+            Policies::both(Policy::Mw),
+            vec![engine_frame(bad_lease)],
+            |m| matches!(m, Misbehavior::MalformedLeaseMessage(_)),
+        ),
+    ];
+    for (name, role, pol, frames, want) in cases {
+        let mut w = World::new(role, pol);
+        for f in &frames {
+            w.attacker.send(f);
+        }
+        match goes_down(&mut w) {
+            LossReason::PeerMisbehaved(m) if want(&m) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+        w.finish();
+    }
+}
+
+#[test]
+fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
+    // Windows are scoped to their PD: a live window of the healthy
+    // connection (another PD of the victim's device) cannot be invalidated
+    // through the attacker's connection.
+    use mwcap::backend::MwId;
+    use mwcap::sim::WindowState;
+    for role in [Role::Server, Role::Client] {
+        let mut w = World::new(role, Policies::both(Policy::Mw));
+        let dev = w.victim_device();
+        // The victim's windows are the device's first BUFFERS; the healthy side's come next.
+        let theirs = |w: &World| {
+            (BUFFERS..2 * BUFFERS).find_map(|i| match w.fabric.window(dev, MwId::from_raw(i)) {
+                Some(WindowState::Bound { rkey, qp, .. })
+                    if qp != w.victim.nic().qp_addr(w.victim.local().id).unwrap() =>
+                {
+                    Some(rkey)
+                }
+                _ => None,
+            })
+        };
+        assert!(w.run_until(Duration::from_millis(50), |w| theirs(w).is_some()), "{role:?}");
+        let rkey = theirs(&w).unwrap();
+        w.attacker.send_with_inv(&ping(), rkey);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(why, LossReason::Completion { status: WcStatus::RemInvReqErr, .. }),
+            "{role:?}: {why:?}"
+        );
+        assert!(
+            (BUFFERS..2 * BUFFERS).any(|i| matches!(
+                w.fabric.window(dev, MwId::from_raw(i)),
+                Some(WindowState::Bound { rkey: k, .. }) if k == rkey
+            )),
+            "the healthy window is still bound"
+        );
+        let ep = if role == Role::Server { &w.healthy.server } else { &w.healthy.client };
+        assert_eq!(ep.stats().lease_owner.unwrap().peer_invalidations, 0);
+        w.finish();
+    }
+}
+
+// ---- exposures a confirm server cannot take ----
+
+fn expose_request(w: &mut World, msg_id: u64, fm: u64, len: u32) {
+    let region = fb::Region::new(w.attacker.mem.addr, len, w.attacker.mem.rkey);
+    let m = fb::Message::Expose {
+        msg: fb::MsgId::from_raw(fm),
+        buffer: fb::BufferId::from_raw(0),
+        generation: fb::Generation::from_raw(1),
+        region,
+    };
+    w.send(&request_frame(msg_id, &[fb_attach(m)]));
+}
+
+fn dropped_as_refused(w: &World, req: u64) -> bool {
+    use mwcap::conn::{CallError, PayloadError};
+    let refused = CallError::Payload(PayloadError::Confirm(fb::ReadError::Refused));
+    w.events
+        .iter()
+        .any(|e| matches!(e, Event::RequestDropped { req: r, error } if r.raw() == req && *error == refused))
+}
+
+#[test]
+fn confirm_a_request_whose_exposure_is_refused_is_dropped_not_kept_forever() {
+    // Longer than a buffer: the engine refuses it (and says so to the
+    // peer). The request must not wait for a payload that never comes.
+    for o in [Policy::Mw, Policy::Confirm] {
+        let mut w = World::server(Policies { request: Policy::Confirm, reply: o });
+        for i in 1..=20 {
+            expose_request(&mut w, i, i, BUFFER_SIZE + 1);
+        }
+        w.run_for(Duration::from_millis(2));
+        for i in 1..=20 {
+            assert!(dropped_as_refused(&w, i), "{o:?} request {i}: {:?}", w.events);
+        }
+        assert_eq!(w.victim.tracked_messages(), 0, "nothing kept for them");
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
+    // Request 2 exposes under the engine message id of request 1, whose
+    // payload is still being confirmed: request 2 is dropped, request 1
+    // gets its own payload.
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    attacker_region(&mut w, 0x11);
+    expose_request(&mut w, 1, 1, LIE_LEN);
+    let (m, b, g) = victims_confirm(&mut w);
+    expose_request(&mut w, 2, 1, LIE_LEN);
+    w.run_for(Duration::from_millis(1));
+    assert!(dropped_as_refused(&w, 2), "{:?}", w.events);
+    w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
+    w.run_for(Duration::from_millis(1));
+    let got = w.events.iter().find_map(|e| match e {
+        Event::Request { req, data: Some(d), .. } if req.raw() == 1 => Some(w.victim.read(d).unwrap()),
+        _ => None,
+    });
+    assert_eq!(got, Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+// ---- odd regions ----
+
+#[test]
+fn confirm_a_zero_length_exposure_is_delivered_empty() {
+    // Only a hostile peer sends one (the user API refuses empty payloads).
+    for role in [Role::Client, Role::Server] {
+        let mut w = World::new(role, Policies::both(Policy::Confirm));
+        let region = fb::Region::new(w.attacker.mem.addr, 0, w.attacker.mem.rkey);
+        lure(&mut w, region, false);
+        let (m, b, g) = victims_confirm(&mut w);
+        w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
+        w.run_for(Duration::from_millis(1));
+        let len = w.events.iter().find_map(|e| match e {
+            Event::Reply { data: Some(d), .. } | Event::Request { data: Some(d), .. } => Some(d.len()),
+            _ => None,
+        });
+        assert_eq!(len, Some(0), "{role:?}: {:?}", w.events);
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn addresses_at_the_top_of_the_address_space_fail_cleanly() {
+    let top = u64::MAX - 4;
+    // The attacker READs there with a valid key.
+    for pol in [Policies::both(Policy::Mw), Policies::both(Policy::Confirm)] {
+        let (mut w, seen) = exposed(Role::Server, pol);
+        let (_, _, rkey) = seen.target();
+        assert_eq!(w.read(top, rkey, 16).0, WcStatus::RemAccessErr, "{pol:?}");
+        assert!(flushed(Some(&goes_down(&mut w))));
+        w.finish();
+    }
+    // The attacker makes the victim READ there.
+    for role in [Role::Client, Role::Server] {
+        let mut w = World::new(role, Policies::both(Policy::Mw));
+        let g = mw::Grant {
+            lease: mw::LeaseId::from_raw(1 << 32 | 1),
+            addr: top,
+            len: 100,
+            rkey: 0x1234,
+            time_left: LEASE,
+        };
+        send_grant(&mut w, g);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(
+                why,
+                LossReason::Completion { status: WcStatus::RemAccessErr, opcode: WcOpcode::RdmaRead, .. }
+            ),
+            "{role:?}: {why:?}"
+        );
+        no_payload_delivered(&w);
+        w.finish();
+    }
+}
+
+#[test]
+fn confirm_offers_the_client_cannot_take_fail_the_call() {
+    use mwcap::conn::{CallError, PayloadError};
+    // Longer than a buffer: refused at once. For a fetch never made:
+    // ignored, and the call times out.
+    for (name, len, other_fetch) in [("too long", BUFFER_SIZE + 1, false), ("unknown fetch", LIE_LEN, true)] {
+        let mut w = World::client(Policies::both(Policy::Confirm));
+        let (call, seen) = w.take_call();
+        let fetch = seen.fetch.unwrap();
+        let msg = if other_fetch { fb::MsgId::from_raw(fetch.raw() + 40) } else { fetch };
+        let region = fb::Region::new(w.attacker.mem.addr, len, w.attacker.mem.rkey);
+        let (buffer, generation) = (fb::BufferId::from_raw(0), fb::Generation::from_raw(1));
+        let offer = fb::Message::Offer { msg, buffer, generation, region };
+        w.send(&reply_frame(seen.msg_id.unwrap(), &[fb_attach(offer)]));
+        let start = w.now();
+        assert!(w.run_until(CALL_TIMEOUT * 2, |w| !w.events.is_empty()), "{name}");
+        let want = if other_fetch {
+            assert!(w.now() - start >= CALL_TIMEOUT - Duration::from_millis(1), "{name}");
+            CallError::TimedOut
+        } else {
+            let too_long = fb::ReadError::TooLong { offered: BUFFER_SIZE + 1, limit: BUFFER_SIZE };
+            CallError::Payload(PayloadError::Confirm(too_long))
+        };
+        assert_eq!(w.events, [Event::CallFailed { call, error: want }], "{name}");
+        assert_eq!(
+            w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served,
+            0,
+            "{name}: nothing read"
+        );
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
