@@ -426,11 +426,14 @@ fn an_oversized_frame_fails_at_the_nic_and_takes_the_victim_down() {
 
 #[test]
 fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
+    // Twice the victim's receives at once: RNR holds the excess back, the
+    // victim answers as far as credit goes and the rest once the attacker's
+    // grants arrive.
     use mwcap::conn::frame::Frame;
     for role in [Role::Server, Role::Client] {
         for pol in ALL {
             let (mut w, _) = exposed(role, pol);
-            let n = 4 * CTRL_SLOTS as usize;
+            let n = 2 * CTRL_SLOTS as usize;
             let wrs: Vec<u64> =
                 (0..n).map(|i| w.attacker.send_frame(&Frame::Ping { seq: i as u64 })).collect();
             assert!(
@@ -439,13 +442,39 @@ fn a_flood_past_the_receive_slots_is_slowed_by_rnr_and_served() {
                     .all(|&r| w.attacker.completion(r).is_some())),
                 "{role:?} {pol:?}"
             );
-            assert!(wrs.iter().all(|&r| w.attacker.completion(r).unwrap().status.is_success()));
+            for &r in &wrs {
+                let c = w.attacker.completion(r).unwrap();
+                assert!(c.status.is_success(), "{role:?} {pol:?}: {c:?} {:?}", w.down());
+            }
             let rnr = w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().rnr_naks;
             assert!(rnr > 0, "the flood went past the victim's posted receives");
             w.run_for(Duration::from_millis(2));
             let pongs = w.attacker.frames.iter().filter(|f| Seen::of(f).kind == "pong").count();
             assert_eq!(pongs, n, "{role:?} {pol:?}: every ping answered");
             assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn a_flood_that_ignores_flow_control_ends_the_connection_not_the_victims_memory() {
+    // Four times the victim's receives at once: more answers wait for
+    // credit than an honest peer can ever cause, and the victim names the
+    // peer's fault rather than queue without bound.
+    use mwcap::conn::frame::Frame;
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let (mut w, _) = exposed(role, pol);
+            for i in 0..4 * u64::from(CTRL_SLOTS) {
+                w.attacker.send_frame(&Frame::Ping { seq: i });
+            }
+            match goes_down(&mut w) {
+                LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }) => {
+                    assert_eq!(queued, 2 * CTRL_SLOTS as usize, "{role:?} {pol:?}")
+                }
+                other => panic!("{role:?} {pol:?}: {other:?}"),
+            }
             w.finish();
         }
     }
@@ -853,12 +882,12 @@ fn a_peer_that_stops_posting_receives_is_declared_gone_and_every_buffer_returns(
 }
 
 #[test]
-fn a_ping_flood_from_a_peer_that_reads_no_answer_ends_on_the_send_slots() {
-    // Every ping wants a pong; a peer that posts no receive for them fills
-    // the victim's control send slots, and the victim gives up on it at
-    // once rather than queueing without bound.
-    use mwcap::backend::NicError;
-    use mwcap::conn::frame::Frame;
+fn a_ping_flood_from_a_peer_that_posts_no_receives_gets_at_most_its_credit_then_rnr() {
+    // Every ping wants a pong; a peer that posts no receive for them gets
+    // no more pongs than the credit every peer starts with (flow control),
+    // and those end on RNR: the victim gives up on the peer, with the
+    // reason that says so, rather than queueing without bound.
+    use mwcap::conn::frame::{Frame, INITIAL_CREDITS};
     for role in [Role::Server, Role::Client] {
         for pol in ALL {
             let mut w = World::with_recvs(role, pol, 0);
@@ -866,7 +895,53 @@ fn a_ping_flood_from_a_peer_that_reads_no_answer_ends_on_the_send_slots() {
                 w.attacker.send_frame(&Frame::Ping { seq });
             }
             match goes_down(&mut w) {
-                LossReason::Nic(NicError::QueueFull { queue: "control send slots", depth: CTRL_SLOTS }) => {}
+                LossReason::Completion { status: WcStatus::RnrRetryExcErr, .. } => {}
+                other => panic!("{role:?} {pol:?}: {other:?}"),
+            }
+            let sent = w.victim.stats().frames_sent;
+            // The pongs leave one credit for a grant, which may spend it.
+            assert!(sent <= u64::from(INITIAL_CREDITS), "{role:?} {pol:?}: {sent} frames past the credit");
+            w.finish();
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_withholds_credit_gets_its_credit_worth_then_loses_the_connection() {
+    // Receives posted, but no credit ever granted: the victim answers as
+    // far as the initial credit goes, keeps the rest waiting, and once too
+    // many wait it names the peer's fault.
+    use mwcap::conn::frame::{Frame, INITIAL_CREDITS};
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let mut w = World::new(role, pol);
+            w.attacker.auto_credit = false;
+            for seq in 0..u64::from(CTRL_SLOTS) {
+                w.send(&Frame::Ping { seq }.encode().unwrap());
+            }
+            w.run_for(Duration::from_millis(2));
+            let pongs = w.attacker.frames.iter().filter(|f| Seen::of(f).kind == "pong").count();
+            assert_eq!(pongs as u32, INITIAL_CREDITS - 1, "{role:?} {pol:?}: one credit kept for a grant");
+            assert!(w.down().is_none(), "{role:?} {pol:?}: waiting for credit is not an error");
+            // Granting credit lets the rest go.
+            w.attacker.auto_credit = true;
+            w.attacker.send_frame(&Frame::Credit);
+            w.run_for(Duration::from_millis(2));
+            let pongs = w.attacker.frames.iter().filter(|f| Seen::of(f).kind == "pong").count();
+            assert_eq!(pongs as u32, CTRL_SLOTS, "{role:?} {pol:?}: every ping answered once credit came");
+            // Withheld again, past what an honest peer lets wait.
+            w.attacker.auto_credit = false;
+            for seq in 0..4 * u64::from(CTRL_SLOTS) {
+                w.attacker.send_frame(&Frame::Ping { seq: 100 + seq });
+                w.run_for(Duration::from_micros(200));
+                if w.down().is_some() {
+                    break;
+                }
+            }
+            match goes_down(&mut w) {
+                LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }) => {
+                    assert_eq!(queued, 2 * CTRL_SLOTS as usize, "{role:?} {pol:?}")
+                }
                 other => panic!("{role:?} {pol:?}: {other:?}"),
             }
             w.finish();

@@ -599,6 +599,15 @@ pub enum Misbehavior {
         /// The rkey it invalidated.
         rkey: u32,
     },
+    /// The peer kept sending frames that need an answer (pings, releases,
+    /// confirms) faster than it granted receive credit for the answers
+    /// (or granted none): it does not run mwcap's flow control
+    /// (`docs/protocol.md`, "Flow control").
+    #[error("{queued} of our frames wait for receive credit the peer does not grant; it does not run mwcap's flow control")]
+    WithholdsCredit {
+        /// Frames waiting for credit when the connection gave up.
+        queued: usize,
+    },
 }
 
 /// Why a payload could not be read (a call's reply payload, or a request's).

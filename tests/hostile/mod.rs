@@ -17,7 +17,7 @@ use std::time::Duration;
 use mwcap::backend::{
     Access, Completion, CqId, MrInfo, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
 };
-use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
+use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::{Buf, CallId, Config, Endpoint, Event, LossReason, Policies, Policy, RequestId, Role};
 use mwcap::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
 use mwcap_fallback as fb;
@@ -73,7 +73,9 @@ const RECV_TAG: u64 = 1 << 40;
 const SEND_TAG: u64 = 2 << 40;
 const READ_TAG: u64 = 3 << 40;
 const RECV_SLOTS: usize = 32;
-const SEND_SLOTS: usize = 32;
+// Enough that a flood (4 × CTRL_SLOTS frames plus grants) never reuses a
+// slot whose SEND is still waiting out an RNR.
+const SEND_SLOTS: usize = 128;
 /// Bytes of a send slot: room for a frame larger than `MAX_FRAME`.
 pub const SEND_SLOT: usize = 2 * MAX_FRAME;
 
@@ -92,6 +94,13 @@ pub struct Attacker {
     next: u64,
     /// Re-post a receive slot as soon as its frame is taken.
     pub repost: bool,
+    /// Receives posted, and credit granted for them (the victim counts on
+    /// `INITIAL_CREDITS` of them without a grant).
+    posted: u64,
+    granted: u64,
+    /// Grant credit like an honest peer (in every frame, and in a `Credit`
+    /// frame once 4 receives are owed). Off: the attacker withholds it.
+    pub auto_credit: bool,
     /// Frames received, oldest first.
     pub frames: VecDeque<Vec<u8>>,
     /// Send-queue completions (SENDs, READs).
@@ -123,6 +132,9 @@ impl Attacker {
             mem,
             next: 0,
             repost: true,
+            posted: 0,
+            granted: 0,
+            auto_credit: true,
             frames: VecDeque::new(),
             sent: Vec::new(),
             recv_errors: Vec::new(),
@@ -147,6 +159,7 @@ impl Attacker {
     }
 
     fn post_recv(&mut self, slot: usize) {
+        self.posted += 1;
         let sge = Sge { mr: self.recv.id, offset: slot * MAX_FRAME, len: MAX_FRAME as u32 };
         self.nic.post_recv(self.qp.id, RECV_TAG | slot as u64, sge).unwrap();
     }
@@ -174,9 +187,24 @@ impl Attacker {
         wr_id
     }
 
+    /// SEND a frame, granting the credit owed (unless `auto_credit` is off).
     pub fn send_frame(&mut self, f: &Frame<'_>) -> u64 {
-        let bytes = f.encode().unwrap();
+        let credit = if self.auto_credit { self.take_grant() } else { 0 };
+        let mut bytes = vec![0; MAX_FRAME];
+        let n = f.encode_with_credit(credit, &mut bytes).unwrap();
+        bytes.truncate(n);
         self.send(&bytes)
+    }
+
+    /// Credit for the receives posted and not granted yet.
+    fn owed(&self) -> u64 {
+        self.posted.saturating_sub(u64::from(INITIAL_CREDITS) + self.granted)
+    }
+
+    fn take_grant(&mut self) -> u16 {
+        let g = self.owed().min(u64::from(u16::MAX));
+        self.granted += g;
+        g as u16
     }
 
     /// READ `len` bytes at `addr` through `rkey` into the (zeroed) destination.
@@ -213,6 +241,9 @@ impl Attacker {
                     self.frames.push_back(b);
                     if self.repost {
                         self.post_recv(slot);
+                        if self.auto_credit && self.owed() >= 4 {
+                            self.send_frame(&Frame::Credit);
+                        }
                     }
                 } else {
                     self.recv_errors.push(c);
@@ -303,6 +334,7 @@ impl Seen {
             }
             Frame::Ping { .. } => s.kind = "ping",
             Frame::Pong { .. } => s.kind = "pong",
+            Frame::Credit => s.kind = "credit",
         }
         s
     }
@@ -330,7 +362,7 @@ pub fn engine_frame(a: Attach) -> Vec<u8> {
 }
 
 pub fn request_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
-    Frame::Request { msg_id, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }
+    Frame::Request { msg_id, trace: None, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }
         .encode()
         .unwrap()
 }
@@ -401,7 +433,7 @@ impl Healthy {
         while let Some(e) = self.server.poll_event() {
             any = true;
             match e {
-                Event::Request { req, header, data } => {
+                Event::Request { req, header, data, .. } => {
                     let seq = u32::from_le_bytes(header[..4].try_into().unwrap());
                     match data {
                         Some(d) => {

@@ -1166,8 +1166,18 @@ impl Connection {
         self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
     }
 
-    /// Keep `f` (encoded) until credit and a send slot come.
+    /// Keep `f` (encoded) until credit and a send slot come. An honest
+    /// peer grants credit long before `2 × ctrl_slots` frames wait (each of
+    /// its frames asks for at most a few answers, and it grants as it
+    /// reposts); past that the peer withholds credit, and the connection
+    /// goes down rather than queue without bound.
     fn defer(&mut self, f: &Frame, need: u32) -> Result<(), NicError> {
+        if self.backlog.len() >= 2 * self.cfg.ctrl_slots as usize {
+            let queued = self.backlog.len();
+            tracing::warn!(queued, "peer withholds receive credit");
+            self.go_down(self.now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));
+            return Ok(());
+        }
         let start = self.backlog_bytes.len();
         self.backlog_bytes.resize(start + MAX_FRAME, 0);
         match f.encode_into(&mut self.backlog_bytes[start..]) {
