@@ -111,6 +111,7 @@ fn run(me: &mut Side, peer: &mut Side) -> bool {
             }
             Command::SetQpError => panic!("the connection went down: {:?}", me.conn.is_down()),
             Command::CpuHold { .. } => {}
+            Command::Fill { .. } => unreachable!("no inline payloads here: every payload is a buffer"),
         }
     }
     while let Some(c) = me.cq.pop_front() {

@@ -98,7 +98,8 @@ fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
     let app = async {
         let mut b = client.alloc().await.unwrap();
-        client.write(&mut b, b"abandon me").unwrap();
+        // Longer than `inline_max`: it is exposed through a window.
+        client.write(&mut b, &[7; 1000]).unwrap();
         // Nobody serves requests: the call future is dropped after a moment.
         let call = Box::pin(client.call(b"x", Some(b)));
         let timer = async_io::Timer::after(Duration::from_millis(20));

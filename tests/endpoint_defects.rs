@@ -193,6 +193,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
         msg_id: 1,
         trace: None,
         header: b"two",
+        inline: b"",
         attach: Attaches::from_slice(&twice).unwrap(),
     };
     let bytes = frame.encode().unwrap();
@@ -355,7 +356,8 @@ fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
     let mut client = Endpoint::new(cn, Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
     raw.nic.connect_qp(raw.local.id, &client.local()).unwrap();
     client.connect(&raw.local).unwrap();
-    let b = filled(&mut client, b"never read");
+    // Longer than `inline_max`, so it is exposed (inline payloads need no buffer back).
+    let b = filled(&mut client, &[7; 1000]);
     let now = fabric.now();
     client.call(now, b"x", Some(b)).unwrap();
     let mut events = Vec::new();

@@ -25,8 +25,8 @@ use proptest::test_runner::FileFailurePersistence;
 
 fn ops() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (1u16..6000, any::<bool>()).prop_map(|(len, payload)| Op::Call { len, payload }),
-        6 => (any::<u8>(), 1u16..6000, any::<bool>()).prop_map(|(pick, len, payload)| Op::Reply { pick, len, payload }),
+        6 => (payload_len(), any::<bool>()).prop_map(|(len, payload)| Op::Call { len, payload }),
+        6 => (any::<u8>(), payload_len(), any::<bool>()).prop_map(|(pick, len, payload)| Op::Reply { pick, len, payload }),
         1 => any::<u8>().prop_map(|pick| Op::Cancel { pick }),
         4 => (0u16..3000).prop_map(|ms| Op::Advance { ms }),
         1 => (0u16..1500).prop_map(|ms| Op::LinkDelay { ms }),
@@ -66,4 +66,10 @@ proptest! {
         // Let leases expire and retries run out, then close: everything returns.
         w.finish();
     }
+}
+
+/// Inline-sized, standard and large payloads (the world's classes: 8 KiB
+/// buffers and two of 64 KiB).
+fn payload_len() -> impl Strategy<Value = u16> {
+    prop_oneof![4 => 1u16..300, 4 => 300u16..8192, 1 => 8192u16..65535]
 }

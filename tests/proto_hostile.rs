@@ -49,7 +49,7 @@ impl Victim {
             match c {
                 Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
                 Command::SetQpError => self.qp_errors += 1,
-                Command::PostSend { .. } | Command::CpuHold { .. } => {}
+                Command::PostSend { .. } | Command::CpuHold { .. } | Command::Fill { .. } => {}
             }
         }
     }
@@ -92,9 +92,15 @@ impl Victim {
 }
 
 fn request(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
-    Frame::Request { msg_id, trace: None, header: b"h", attach: Attaches::from_slice(attach).unwrap() }
-        .encode()
-        .unwrap()
+    Frame::Request {
+        msg_id,
+        trace: None,
+        header: b"h",
+        inline: b"",
+        attach: Attaches::from_slice(attach).unwrap(),
+    }
+    .encode()
+    .unwrap()
 }
 
 fn confirm_attach(m: fb::Message) -> Attach {
@@ -132,7 +138,9 @@ fn a_replayed_request_id_closes_the_connection() {
 #[test]
 fn a_frame_of_the_other_role_closes_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Mw);
-    let reply = Frame::Reply { msg_id: 1, status: 0, header: b"", attach: Attaches::new() }.encode().unwrap();
+    let reply = Frame::Reply { msg_id: 1, status: 0, header: b"", inline: b"", attach: Attaches::new() }
+        .encode()
+        .unwrap();
     v.receive(&reply, None);
     v.assert_down(|m| *m == Misbehavior::WrongFrame { role: Role::Server, got: "reply" });
 

@@ -135,7 +135,7 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                 peer.done(rid, WcOpcode::Recv, bytes.len() as u32);
                 me.done(wr_id, WcOpcode::Send, 0);
             }
-            SendWr::Read { wr_id, local, remote_addr, rkey, .. } => {
+            SendWr::Read { wr_id, signaled, local, remote_addr, rkey } => {
                 let l = local[0];
                 let start = (remote_addr - peer.addr) as usize;
                 let range = start..start + l.len as usize;
@@ -158,7 +158,9 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                 }
                 let bytes = peer.data[range].to_vec();
                 me.data[l.offset..l.offset + bytes.len()].copy_from_slice(&bytes);
-                me.done(wr_id, WcOpcode::RdmaRead, bytes.len() as u32);
+                if signaled {
+                    me.done(wr_id, WcOpcode::RdmaRead, bytes.len() as u32);
+                }
             }
             SendWr::LocalInv { wr_id, rkey, .. } => {
                 assert!(
@@ -235,6 +237,10 @@ impl Pair {
                                 "a healthy connection went down: {:?}",
                                 me.conn.is_down()
                             )
+                        }
+                        Command::Fill { data } => {
+                            let bytes = me.conn.staged(&data).to_vec();
+                            me.data[data.offset..data.offset + bytes.len()].copy_from_slice(&bytes);
                         }
                         Command::CpuHold { offset, hold, .. } => match hold {
                             CpuHold::Held { remote_reads_allowed } => {

@@ -46,16 +46,23 @@ struct Counts {
 
 fn op(rng: &mut SmallRng) -> (Op, bool) {
     match rng.gen_range(0..1000) {
-        0..=349 => (Op::Call { len: rng.gen_range(1..6000), payload: rng.gen_bool(0.7) }, false),
-        350..=699 => {
-            (Op::Reply { pick: rng.gen(), len: rng.gen_range(1..6000), payload: rng.gen_bool(0.7) }, false)
-        }
+        0..=349 => (Op::Call { len: len(rng), payload: rng.gen_bool(0.7) }, false),
+        350..=699 => (Op::Reply { pick: rng.gen(), len: len(rng), payload: rng.gen_bool(0.7) }, false),
         700..=729 => (Op::Cancel { pick: rng.gen() }, false),
         730..=969 => (Op::Advance { ms: rng.gen_range(0..40) }, false),
         970..=984 => (Op::Advance { ms: rng.gen_range(500..3000) }, false),
         985..=989 => (Op::LinkDelay { ms: rng.gen_range(0..1500) }, true),
         990..=995 => (Op::QpError { client: rng.gen_bool(0.5) }, true),
         _ => (Op::KillServer, true),
+    }
+}
+
+/// A payload length: inline-sized, standard, or (one in ten) a large class.
+fn len(rng: &mut SmallRng) -> u16 {
+    match rng.gen_range(0..10) {
+        0..=3 => rng.gen_range(1..300),
+        4..=8 => rng.gen_range(300..8192),
+        _ => rng.gen_range(8192..65535),
     }
 }
 

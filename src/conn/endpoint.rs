@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use super::pool::Layout;
 use super::proto::{Command, Connection, Resources};
 use super::types::*;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
@@ -33,6 +34,9 @@ pub struct Endpoint<N: Nic> {
     /// Where a received frame is copied out of its receive slot to be
     /// decoded (capacity MAX_FRAME; the slot is re-posted at once).
     scratch: Vec<u8>,
+    /// An inline payload on its way out, read from the caller's buffer
+    /// (capacity MAX_INLINE).
+    inline: Vec<u8>,
     destroyed: bool,
     /// The connection's span (id, QP number, role, policies): every log
     /// line of its work is inside it, so many connections' logs can be
@@ -61,10 +65,28 @@ impl<N: Nic> Endpoint<N> {
                 cfg.ctrl_slots
             )));
         }
-        let depth = cfg.ctrl_slots * 2 + cfg.buffers * 3 + 8;
+        if cfg.inline_max > MAX_INLINE {
+            return Err(NicError::InvalidWr(format!(
+                "Config::inline_max is {}, above MAX_INLINE ({MAX_INLINE}); lower it",
+                cfg.inline_max
+            )));
+        }
+        // Send queue: control SENDs, per buffer a bind, an invalidate and
+        // the READs of a payload (one per `read_chunk`). Every WR may come
+        // back as a flush, so the CQ holds them all and the receives.
+        let layout = Layout::new(&cfg);
+        let chunk = u64::from(cfg.read_chunk.max(1));
+        let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
+        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * u64::from(layout.slots()) + reads + 8;
+        let send_wrs = u32::try_from(send_wrs).map_err(|_| {
+            NicError::InvalidWr(format!(
+                "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
+            ))
+        })?;
+        let depth = send_wrs + cfg.ctrl_slots;
         let cq = nic.create_cq(depth)?;
         let mut qcfg = QpConfig::new(cq, cq);
-        qcfg.max_send_wr = cfg.ctrl_slots + cfg.buffers * 3 + 8;
+        qcfg.max_send_wr = send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
         let local = match nic.create_qp(qcfg) {
@@ -175,6 +197,14 @@ impl<N: Nic> Endpoint<N> {
                     self.nic.set_cpu_held(self.data.id, *offset, *len, *hold);
                     Ok(())
                 }
+                // An inline payload received: into its buffer (the CPU's
+                // write; the buffer is the user's, not the NIC's).
+                Command::Fill { data } => {
+                    let bytes = self.conn.staged(data);
+                    self.nic.with_mr_mut(self.data.id, data.offset, bytes.len(), &mut |b| {
+                        b.copy_from_slice(bytes)
+                    })
+                }
             };
             if let Err(e) = done {
                 self.conn.post_failed(&cmd, e);
@@ -204,6 +234,15 @@ impl<N: Nic> Endpoint<N> {
         b
     }
 
+    /// Take the smallest free buffer that holds `len` bytes (see
+    /// [`Config::large_buffers`]), or `Ok(None)` when all such buffers are
+    /// in use; fails when no buffer is that large.
+    pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
+        let b = self.conn.alloc_for(len);
+        self.run();
+        b
+    }
+
     /// Put a buffer back in the pool (dropping it does the same, a little later).
     pub fn free(&mut self, buf: Buf) {
         self.conn.free(buf);
@@ -223,7 +262,8 @@ impl<N: Nic> Endpoint<N> {
         Ok(out.expect("with_mr calls the closure once on success"))
     }
 
-    /// Lend the whole of `buf` (its capacity, [`Config::buffer_size`]) to `f`
+    /// Lend the whole of `buf` (its capacity: `Config::buffer_size`, or its
+    /// class's size) to `f`
     /// to write a payload in place, without a copy; `f` returns how many
     /// bytes it wrote, which become the buffer's `len()`.
     pub fn fill(&mut self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
@@ -237,12 +277,18 @@ impl<N: Nic> Endpoint<N> {
         self.conn.set_payload_len(buf, wrote)
     }
 
+    /// How many bytes `buf` holds at most (its class's size).
+    pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
+        self.conn.check_buf(buf)?;
+        Ok(self.conn.buffer_range(buf).1 as usize)
+    }
+
     /// Fill `buf` with a copy of `bytes` (its length becomes `bytes.len()`);
     /// [`Endpoint::fill`] writes in place instead.
     pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
-        let cap = self.config().buffer_size;
+        self.conn.check_buf(buf)?;
+        let (_, cap) = self.conn.buffer_range(buf);
         if bytes.len() > cap as usize {
-            self.conn.check_buf(buf)?;
             return Err(UseError::TooLong { len: bytes.len(), cap });
         }
         self.fill(buf, |b| {
@@ -358,9 +404,47 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<CallId, Refused> {
-        let r = self.span.in_scope(|| self.conn.call_traced(now, trace, header, data));
+        let r = if self.stage_inline(data.as_ref()) {
+            let inline = std::mem::take(&mut self.inline);
+            let r = self.span.in_scope(|| self.conn.call_inline(now, trace, header, &inline));
+            self.inline = inline;
+            self.sent_inline(r, data)
+        } else {
+            self.span.in_scope(|| self.conn.call_traced(now, trace, header, data))
+        };
         self.run();
         r
+    }
+
+    /// Whether `data` goes inline (`Config::inline_max`): then its bytes
+    /// are copied into `self.inline`.
+    fn stage_inline(&mut self, data: Option<&Buf>) -> bool {
+        let Some(b) = data else { return false };
+        let len = b.len as usize;
+        if len == 0 || len > self.conn.config().inline_max as usize || self.conn.check_buf(b).is_err() {
+            return false;
+        }
+        let (offset, _) = self.conn.buffer_range(b);
+        let mut inline = std::mem::take(&mut self.inline);
+        inline.clear();
+        let copied =
+            self.nic.with_mr(self.data.id, offset, len, &mut |bytes| inline.extend_from_slice(bytes));
+        self.inline = inline;
+        copied.is_ok()
+    }
+
+    /// After an inline call or reply: sent, the buffer goes back to the
+    /// pool (nothing can reach it); refused, it goes back to the caller.
+    fn sent_inline<T>(&mut self, r: Result<T, Refused>, data: Option<Buf>) -> Result<T, Refused> {
+        match r {
+            Ok(v) => {
+                if let Some(b) = data {
+                    self.conn.free(b);
+                }
+                Ok(v)
+            }
+            Err(Refused { error, .. }) => Err(Refused { error, data }),
+        }
     }
 
     /// Client: give up on a call. Its exposures end as the protocols allow
@@ -385,7 +469,14 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
-        let r = self.span.in_scope(|| self.conn.reply(now, req, status, header, data));
+        let r = if self.stage_inline(data.as_ref()) {
+            let inline = std::mem::take(&mut self.inline);
+            let r = self.span.in_scope(|| self.conn.reply_inline(now, req, status, header, &inline));
+            self.inline = inline;
+            self.sent_inline(r, data)
+        } else {
+            self.span.in_scope(|| self.conn.reply(now, req, status, header, data))
+        };
         self.run();
         r
     }
@@ -494,9 +585,10 @@ impl<N: Nic> Prepared<N> {
         let nic = self.nic.as_ref().expect("finish runs once");
         let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
         let ctrl = made.reg(MAX_FRAME * 2 * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
-        let data = made.reg(cfg.buffer_size as usize * cfg.buffers as usize, access)?;
+        let layout = Layout::new(&cfg);
+        let data = made.reg(layout.bytes() as usize, access)?;
         if owns == Policy::Mw {
-            for _ in 0..cfg.buffers {
+            for _ in 0..layout.slots() {
                 let w = nic.alloc_mw()?;
                 made.windows.push(w.id);
                 made.rkeys.push(w.rkey);
@@ -525,6 +617,7 @@ impl<N: Nic> Prepared<N> {
             windows,
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
+            inline: Vec::with_capacity(MAX_INLINE as usize),
             destroyed: false,
             span,
         })

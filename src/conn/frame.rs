@@ -2,12 +2,13 @@
 //!
 //! ```text
 //! frame   := version:u8 (=2) kind:u8 credit:u16 body
-//! kind 1  Request  msg_id:u64 flags:u8 [trace:16 bytes if flags & 1] header_len:u16 header attaches
-//! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header attaches
+//! kind 1  Request  msg_id:u64 flags:u8 [trace:16 bytes if flags & 1] header_len:u16 header inline attaches
+//! kind 2  Reply    msg_id:u64 status:u8 header_len:u16 header inline attaches
 //! kind 3  Engine   engine:u8 rest-of-frame  (a mwcap-mw or mwcap-fallback message)
 //! kind 4  Ping     seq:u64                  (keepalive, `Config::keepalive`)
 //! kind 5  Pong     seq:u64                  (the answer to a ping)
 //! kind 6  Credit   (nothing: the header's credit is the message)
+//! inline   := len:u16 bytes                (a payload small enough to ride along, `Config::inline_max`)
 //! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
 //! All integers little-endian. The decoder reads untrusted bytes: it never
@@ -22,7 +23,7 @@
 
 use std::fmt;
 
-use super::types::TraceId;
+use super::types::{TraceId, MAX_INLINE};
 
 /// The largest frame an endpoint sends or accepts (one receive buffer).
 pub const MAX_FRAME: usize = 4096;
@@ -199,6 +200,8 @@ pub enum Frame<'a> {
         trace: Option<TraceId>,
         /// The application's header bytes.
         header: &'a [u8],
+        /// The payload, when small enough to ride along (else empty).
+        inline: &'a [u8],
         /// Engine messages riding along: the exposure of the request's
         /// payload, a confirm-policy fetch of the reply.
         attach: Attaches,
@@ -211,6 +214,8 @@ pub enum Frame<'a> {
         status: u8,
         /// The application's header bytes.
         header: &'a [u8],
+        /// The payload, when small enough to ride along (else empty).
+        inline: &'a [u8],
         /// Engine messages riding along: the exposure of the reply's payload,
         /// the release of the request's payload.
         attach: Attaches,
@@ -312,6 +317,13 @@ impl<'a> Reader<'a> {
         }
         self.take(len)
     }
+    fn inline(&mut self) -> Result<&'a [u8], FrameError> {
+        let len = self.u16()? as usize;
+        if len > MAX_INLINE as usize {
+            return Err(FrameError::TooLarge { what: "inline payload", len, max: MAX_INLINE as usize });
+        }
+        self.take(len)
+    }
     fn attaches(&mut self) -> Result<Attaches, FrameError> {
         let count = self.u8()? as usize;
         if count > MAX_ATTACH {
@@ -348,6 +360,17 @@ impl Writer<'_> {
         check_header(header)?;
         self.put(&(header.len() as u16).to_le_bytes())?;
         self.put(header)
+    }
+    fn inline(&mut self, inline: &[u8]) -> Result<(), FrameError> {
+        if inline.len() > MAX_INLINE as usize {
+            return Err(FrameError::TooLarge {
+                what: "inline payload",
+                len: inline.len(),
+                max: MAX_INLINE as usize,
+            });
+        }
+        self.put(&(inline.len() as u16).to_le_bytes())?;
+        self.put(inline)
     }
     fn attaches(&mut self, attach: &[Attach]) -> Result<(), FrameError> {
         if attach.len() > MAX_ATTACH {
@@ -391,7 +414,7 @@ impl<'a> Frame<'a> {
         w.put(&[VERSION, self.kind_byte()])?;
         w.put(&credit.to_le_bytes())?;
         match self {
-            Frame::Request { msg_id, trace, header, attach } => {
+            Frame::Request { msg_id, trace, header, inline, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
                 match trace {
                     Some(t) => {
@@ -401,12 +424,14 @@ impl<'a> Frame<'a> {
                     None => w.put(&[0])?,
                 }
                 w.header(header)?;
+                w.inline(inline)?;
                 w.attaches(attach)?;
             }
-            Frame::Reply { msg_id, status, header, attach } => {
+            Frame::Reply { msg_id, status, header, inline, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
                 w.put(&[*status])?;
                 w.header(header)?;
+                w.inline(inline)?;
                 w.attaches(attach)?;
             }
             Frame::Engine(a) => {
@@ -457,11 +482,21 @@ impl<'a> Frame<'a> {
                     FLAG_TRACE => Some(TraceId::from_bytes(r.array()?)),
                     other => return Err(FrameError::UnknownFlags(other)),
                 };
-                Frame::Request { msg_id, trace, header: r.header()?, attach: r.attaches()? }
+                Frame::Request {
+                    msg_id,
+                    trace,
+                    header: r.header()?,
+                    inline: r.inline()?,
+                    attach: r.attaches()?,
+                }
             }
-            2 => {
-                Frame::Reply { msg_id: r.u64()?, status: r.u8()?, header: r.header()?, attach: r.attaches()? }
-            }
+            2 => Frame::Reply {
+                msg_id: r.u64()?,
+                status: r.u8()?,
+                header: r.header()?,
+                inline: r.inline()?,
+                attach: r.attaches()?,
+            },
             3 => {
                 let engine = EngineTag::from_u8(r.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
                 let bytes = r.take(buf.len() - r.at)?;
@@ -535,9 +570,10 @@ mod tests {
                 msg_id: *msg_id,
                 trace: trace.map(TraceId::from_bytes),
                 header,
+                inline: &header[..header.len() / 2],
                 attach: *attach,
             },
-            1 => Frame::Reply { msg_id: *msg_id, status: *status, header, attach: *attach },
+            1 => Frame::Reply { msg_id: *msg_id, status: *status, header, inline: header, attach: *attach },
             2 => Frame::Ping { seq: *msg_id },
             3 => Frame::Pong { seq: *msg_id },
             4 => Frame::Credit,
@@ -579,7 +615,8 @@ mod tests {
 
     #[test]
     fn rejects_wrong_version_and_trailing_bytes() {
-        let f = Frame::Request { msg_id: 7, trace: None, header: b"hi", attach: Attaches::new() };
+        let f =
+            Frame::Request { msg_id: 7, trace: None, header: b"hi", inline: b"", attach: Attaches::new() };
         let mut b = f.encode().unwrap();
         b.push(0);
         assert_eq!(Frame::decode(&b), Err(FrameError::Trailing(1)));
@@ -591,7 +628,8 @@ mod tests {
     #[test]
     fn unknown_request_flags_are_refused() {
         let t = TraceId::from_bytes([7; 16]);
-        let f = Frame::Request { msg_id: 3, trace: Some(t), header: b"h", attach: Attaches::new() };
+        let f =
+            Frame::Request { msg_id: 3, trace: Some(t), header: b"h", inline: b"", attach: Attaches::new() };
         let mut b = f.encode().unwrap();
         assert_eq!(b[12], FLAG_TRACE);
         b[12] = 2;
@@ -601,7 +639,7 @@ mod tests {
     #[test]
     fn oversized_header_is_refused_both_ways() {
         let big = vec![0; MAX_HEADER + 1];
-        let f = Frame::Request { msg_id: 1, trace: None, header: &big, attach: Attaches::new() };
+        let f = Frame::Request { msg_id: 1, trace: None, header: &big, inline: b"", attach: Attaches::new() };
         assert!(matches!(f.encode(), Err(FrameError::TooLarge { .. })));
         let mut b = vec![VERSION, 1, 0, 0];
         b.extend_from_slice(&0u64.to_le_bytes());
@@ -621,7 +659,8 @@ mod tests {
     #[test]
     fn a_frame_too_big_for_its_slot_is_refused() {
         let header = [7u8; 100];
-        let f = Frame::Request { msg_id: 1, trace: None, header: &header, attach: Attaches::new() };
+        let f =
+            Frame::Request { msg_id: 1, trace: None, header: &header, inline: b"", attach: Attaches::new() };
         let mut small = [0u8; 64];
         assert!(matches!(f.encode_into(&mut small), Err(FrameError::TooLarge { .. })));
     }

@@ -252,6 +252,32 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
+    /// Take the smallest free buffer that holds `len` bytes (the standard
+    /// size, or a class of [`Config::large_buffers`](super::Config::large_buffers)),
+    /// waiting until one is free. Fails when no buffer is that large, or
+    /// the connection is down.
+    pub async fn alloc_for(&self, len: usize) -> Result<Buf, UseError> {
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            if let Some(r) = &st.down {
+                return Poll::Ready(Err(UseError::Down(r.clone())));
+            }
+            match st.ep.alloc_for(len) {
+                Ok(Some(b)) => return Poll::Ready(Ok(b)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            st.capacity_waiters.register(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// How many bytes `buf` holds at most.
+    pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
+        self.peek(|s| s.ep.capacity(buf))
+    }
+
     /// Lend the bytes of `buf` to `f` without a copy (see
     /// [`Endpoint::bytes`]). `f` runs under the connection's lock: keep it short.
     pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {

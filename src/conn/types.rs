@@ -43,10 +43,27 @@ pub struct Config {
     /// The policy of each direction; both sides must agree (the bootstrap
     /// exchanges them).
     pub policies: Policies,
-    /// Data buffers in the pool (also the number of memory windows).
+    /// Data buffers of the standard size in the pool ([`Connection::alloc`]
+    /// hands them out). Under mw each buffer of every class has a window.
+    ///
+    /// [`Connection::alloc`]: super::Connection::alloc
     pub buffers: u32,
-    /// Bytes per data buffer.
+    /// Bytes per standard data buffer.
     pub buffer_size: u32,
+    /// Bigger buffers, for payloads larger than `buffer_size` (up to the
+    /// largest class): [`Connection::alloc_for`](super::Connection::alloc_for)
+    /// takes the smallest that fits, and a reader reads a payload into the
+    /// smallest free one that fits. Empty by default: every payload then
+    /// fits `buffer_size` or is refused.
+    pub large_buffers: Vec<BufClass>,
+    /// Payloads of at most this many bytes ride inline in the request or
+    /// reply frame: no window, READ or release; the reader copies them into
+    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
+    pub inline_max: u32,
+    /// READs of payloads longer than this are split into READs of this
+    /// many bytes, posted together (the NIC pipelines them up to the QP's
+    /// outstanding-READ limit); only the last asks for a completion.
+    pub read_chunk: u32,
     /// Control slots for SENDs, and as many for RECVs.
     pub ctrl_slots: u32,
     /// How long an exposure lives before the owner takes it back.
@@ -76,6 +93,19 @@ pub struct Config {
     pub keepalive: Option<Keepalive>,
 }
 
+/// The most bytes [`Config::inline_max`] may be: an inline payload, its
+/// header and attachments fit one frame.
+pub const MAX_INLINE: u32 = 1024;
+
+/// A class of data buffers of one size; see [`Config::large_buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufClass {
+    /// Bytes per buffer.
+    pub size: u32,
+    /// How many.
+    pub count: u32,
+}
+
 /// Dead-peer detection settings; see [`Config::keepalive`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Keepalive {
@@ -86,14 +116,18 @@ pub struct Keepalive {
 }
 
 impl Config {
-    /// Defaults for `role` and `policies`: 16 buffers of 64 KiB, 5 s leases,
-    /// a 500 ms safety margin, 10 s calls.
+    /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
+    /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
+    /// 5 s leases, a 500 ms safety margin, 10 s calls.
     pub fn new(role: Role, policies: Policies) -> Config {
         Config {
             role,
             policies,
             buffers: 16,
             buffer_size: 64 << 10,
+            large_buffers: Vec::new(),
+            inline_max: 256,
+            read_chunk: 1 << 20,
             ctrl_slots: 64,
             lease_time: Duration::from_secs(5),
             safety_margin: Duration::from_millis(500),
@@ -470,6 +504,11 @@ pub struct ConnStats {
     /// Flow control: frames sent only to grant credit (the rest rides on
     /// other frames).
     pub credit_frames: u64,
+    /// Payloads sent inline in a request or reply frame (no window, READ
+    /// or release).
+    pub inline_sent: u64,
+    /// Inline payloads received (copied into a buffer of the pool).
+    pub inline_received: u64,
     /// Memory-window policy, our direction: binds, releases, expiries,
     /// invalidations, stale and forged releases.
     pub lease_owner: Option<mwcap_mw::OwnerStats>,
@@ -624,6 +663,14 @@ pub enum PayloadError {
     /// Confirm policy: the read failed or every read was stale.
     #[error("{0}")]
     Confirm(mwcap_fallback::ReadError),
+    /// An inline payload longer than every buffer of the reader's pool.
+    #[error("an inline payload of {len} bytes does not fit the largest buffer ({have} bytes); give the reader larger buffers or the sender a smaller Config::inline_max")]
+    TooLarge {
+        /// Bytes sent.
+        len: u32,
+        /// The reader's largest buffer.
+        have: u32,
+    },
 }
 
 /// Why a call (or a request's payload) failed.

@@ -60,6 +60,10 @@ impl World {
             let mut c = Config::new(role, policies);
             c.buffers = 6;
             c.buffer_size = 8192;
+            // Payloads of every path: inline (up to 256 bytes), a standard
+            // buffer, and a large class READ in 16 KiB chunks.
+            c.large_buffers = vec![mwcap::conn::BufClass { size: 64 << 10, count: 2 }];
+            c.read_chunk = 16 << 10;
             c.lease_time = Duration::from_millis(2000);
             c.safety_margin = Duration::from_millis(200);
             c.call_timeout = Duration::from_millis(4000);
@@ -90,7 +94,7 @@ impl World {
 
     fn filled(&mut self, client: bool, seq: u32, len: usize) -> Option<Buf> {
         let ep = if client { &mut self.p.client } else { &mut self.p.server };
-        let mut b = ep.alloc()?;
+        let mut b = ep.alloc_for(len).unwrap()?;
         ep.write(&mut b, &pattern(seq, len)).unwrap();
         Some(b)
     }
@@ -108,7 +112,9 @@ impl World {
                 match self.p.client.call(now, &h, data) {
                     Ok(id) => {
                         self.calls.push((id, seq));
-                        if had {
+                        // An inline payload was copied into the frame and its
+                        // buffer freed at once: only the others come back.
+                        if had && len > self.p.client.config().inline_max as usize {
                             self.given[0] += 1;
                         }
                     }
@@ -128,7 +134,8 @@ impl World {
                 let data = if payload { self.filled(false, rseq, len) } else { None };
                 let had = data.is_some();
                 let h = header(rseq, if had { len } else { 0 });
-                if self.p.server.reply(now, req, 0, &h, data).is_ok() && had {
+                let inline = len <= self.p.server.config().inline_max as usize;
+                if self.p.server.reply(now, req, 0, &h, data).is_ok() && had && !inline {
                     self.given[1] += 1;
                 }
             }

@@ -362,15 +362,27 @@ pub fn engine_frame(a: Attach) -> Vec<u8> {
 }
 
 pub fn request_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
-    Frame::Request { msg_id, trace: None, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }
-        .encode()
-        .unwrap()
+    Frame::Request {
+        msg_id,
+        trace: None,
+        header: b"hostile",
+        inline: b"",
+        attach: Attaches::from_slice(attach).unwrap(),
+    }
+    .encode()
+    .unwrap()
 }
 
 pub fn reply_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
-    Frame::Reply { msg_id, status: 0, header: b"hostile", attach: Attaches::from_slice(attach).unwrap() }
-        .encode()
-        .unwrap()
+    Frame::Reply {
+        msg_id,
+        status: 0,
+        header: b"hostile",
+        inline: b"",
+        attach: Attaches::from_slice(attach).unwrap(),
+    }
+    .encode()
+    .unwrap()
 }
 
 // ---- the healthy connection ----

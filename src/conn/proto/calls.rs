@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use mwcap_fallback as fb;
 
-use super::super::frame::{Attaches, Frame, MAX_HEADER};
+use super::super::frame::{Attaches, Frame, MAX_FRAME, MAX_HEADER};
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::confirm::ConfirmEngine;
@@ -45,8 +45,33 @@ impl Connection {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<CallId, Refused> {
+        self.start_call(now, trace, header, data, &[])
+    }
+
+    /// Client: a call whose request payload, `inline` (at most
+    /// [`MAX_INLINE`] bytes, with `header` fitting one frame), rides in the
+    /// request frame: no window, READ or release. The I/O layer reads it
+    /// out of the caller's buffer (see `Config::inline_max`).
+    pub fn call_inline(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        inline: &[u8],
+    ) -> Result<CallId, Refused> {
+        self.start_call(now, trace, header, None, inline)
+    }
+
+    fn start_call(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        data: Option<Buf>,
+        inline: &[u8],
+    ) -> Result<CallId, Refused> {
         self.now = now;
-        if let Err(e) = self.check_call(header, data.as_ref()) {
+        if let Err(e) = check_inline(header, inline).and_then(|()| self.check_call(header, data.as_ref())) {
             if e == UseError::NoCredit {
                 self.stats.credit_waits += 1;
             }
@@ -89,7 +114,8 @@ impl Connection {
         if let Some(t) = trace {
             span.record("trace", tracing::field::display(t));
         }
-        tracing::debug!(parent: &span, header_len = header.len(), payload = data_len, "call sent");
+        let data_len = data_len + inline.len() as u32;
+        tracing::debug!(parent: &span, header_len = header.len(), payload = data_len, inline = !inline.is_empty(), "call sent");
         let call = Call {
             span,
             deadline: now + self.cfg.call_timeout,
@@ -100,7 +126,11 @@ impl Connection {
         };
         self.calls.insert(msg, call.deadline, call);
         self.stats.calls += 1;
-        let mut frame = Frame::Request { msg_id: msg, trace, header, attach: Attaches::new() };
+        if !inline.is_empty() {
+            self.stats.inline_sent += 1;
+            self.stats.bytes_exposed += inline.len() as u64;
+        }
+        let mut frame = Frame::Request { msg_id: msg, trace, header, inline, attach: Attaches::new() };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
@@ -177,16 +207,43 @@ impl Connection {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
+        self.send_reply(now, req, status, header, data, &[])
+    }
+
+    /// Server: a reply whose payload, `inline` (at most [`MAX_INLINE`]
+    /// bytes, with `header` fitting one frame), rides in the reply frame:
+    /// no window, READ or release (see [`Connection::call_inline`]).
+    pub fn reply_inline(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        inline: &[u8],
+    ) -> Result<(), Refused> {
+        self.send_reply(now, req, status, header, None, inline)
+    }
+
+    fn send_reply(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        data: Option<Buf>,
+        inline: &[u8],
+    ) -> Result<(), Refused> {
         self.now = now;
-        let fetch = match self.check_reply(req, header, data.as_ref()) {
-            Ok(f) => f,
-            Err(e) => {
-                if e == UseError::NoCredit {
-                    self.stats.credit_waits += 1;
+        let fetch =
+            match check_inline(header, inline).and_then(|()| self.check_reply(req, header, data.as_ref())) {
+                Ok(f) => f,
+                Err(e) => {
+                    if e == UseError::NoCredit {
+                        self.stats.credit_waits += 1;
+                    }
+                    return Err(Refused::new(e, data));
                 }
-                return Err(Refused::new(e, data));
-            }
-        };
+            };
         let exposed = match &data {
             Some(b) => match self.expose(now, b.slot, b.len, fetch) {
                 Ok(e) => e.is_some(),
@@ -217,7 +274,11 @@ impl Connection {
         let mut r = self.requests.remove(&req.0).expect("checked in check_reply");
         tracing::debug!(parent: &r.span, status, exposed, "reply sent");
         self.stats.replies_sent += 1;
-        let mut frame = Frame::Reply { msg_id: req.0, status, header, attach: Attaches::new() };
+        if !inline.is_empty() {
+            self.stats.inline_sent += 1;
+            self.stats.bytes_exposed += inline.len() as u64;
+        }
+        let mut frame = Frame::Reply { msg_id: req.0, status, header, inline, attach: Attaches::new() };
         if let Some(rel) = r.release.take() {
             super::push_attach(&mut frame, super::mw_attach(&mwcap_mw::Message::Release(rel)));
         }
@@ -258,4 +319,17 @@ impl Connection {
             self.fb_action(now, a, Some(frame));
         }
     }
+}
+
+/// An inline payload must fit one frame with its header (and the
+/// attachments a request or reply may carry).
+fn check_inline(header: &[u8], inline: &[u8]) -> Result<(), UseError> {
+    if inline.len() > MAX_INLINE as usize {
+        return Err(UseError::TooLong { len: inline.len(), cap: MAX_INLINE });
+    }
+    let room = MAX_FRAME - MAX_HEADER - 512; // version, ids, trace, attachments
+    if !inline.is_empty() && header.len() + inline.len() > MAX_HEADER + room.min(MAX_INLINE as usize) {
+        return Err(UseError::HeaderTooLong(header.len()));
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use mwcap_fallback as fb;
 
+use super::super::pool::Layout;
 use super::super::types::{Config, Role};
 use super::ids::{id_map, IdMap};
 use crate::backend::MrInfo;
@@ -38,23 +39,23 @@ pub(super) struct ConfirmEngine {
 impl ConfirmEngine {
     /// The engine for `cfg`'s role; when `owns` (we expose a direction under
     /// confirm), every data buffer is registered with it.
-    pub(super) fn new(cfg: &Config, owns: bool, data: &MrInfo) -> ConfirmEngine {
+    pub(super) fn new(cfg: &Config, layout: &Layout, owns: bool, data: &MrInfo) -> ConfirmEngine {
         let mut fcfg = fb::Config::default();
         fcfg.hold_timeout = cfg.lease_time;
         fcfg.request_timeout = cfg.call_timeout;
         fcfg.confirm_timeout = cfg.lease_time;
         fcfg.max_attempts = cfg.max_attempts;
-        fcfg.max_read_len = cfg.buffer_size;
+        fcfg.max_read_len = layout.largest();
         let mut engine = match cfg.role {
             Role::Client => Engine::Client(fb::Client::new(fcfg)),
             Role::Server => Engine::Server(fb::Server::new(fcfg)),
         };
         let mut bufs = Vec::new();
-        let mut slot_of = id_map(cfg.buffers as usize);
+        let slots = layout.slots();
+        let mut slot_of = id_map(slots as usize);
         if owns {
-            for slot in 0..cfg.buffers {
-                let off = u64::from(slot) * u64::from(cfg.buffer_size);
-                let region = fb::Region::new(data.addr + off, cfg.buffer_size, data.rkey);
+            for slot in 0..slots {
+                let region = fb::Region::new(data.addr + layout.offset(slot), layout.size(slot), data.rkey);
                 let id = match &mut engine {
                     Engine::Client(c) => c.add_buffer(region),
                     Engine::Server(s) => s.add_buffer(region),
@@ -69,8 +70,8 @@ impl ConfirmEngine {
             slot_of,
             msgs: id_map(2 * cfg.ctrl_slots as usize),
             expired: VecDeque::new(),
-            reads: id_map(cfg.buffers as usize),
-            pending_reads: VecDeque::with_capacity(cfg.buffers as usize),
+            reads: id_map(slots as usize),
+            pending_reads: VecDeque::with_capacity(slots as usize),
         }
     }
 

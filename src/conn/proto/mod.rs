@@ -31,7 +31,7 @@ use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
 use super::frame::{Attach, EngineTag, Frame, CREDIT_AT, INITIAL_CREDITS, MAX_FRAME};
-use super::pool::{Holder, Slots};
+use super::pool::{Holder, Layout, Slots};
 use super::types::*;
 use crate::backend::{
     Access, Completion, CpuHold, MrId, MrInfo, MwId, NicError, SendWr, Sge, SgeList, WcStatus,
@@ -130,6 +130,13 @@ pub enum Command {
     /// Move the QP to the error state: every outstanding work request
     /// flushes and no remote access through the QP is possible any more.
     SetQpError,
+    /// Copy the staged bytes of `data` into the data region at
+    /// `data.offset` (an inline payload received into a buffer of the
+    /// pool), before the next input.
+    Fill {
+        /// The bytes, and where they go in the data region.
+        data: Staged,
+    },
     /// Tell the NIC whether the user holds a data buffer's bytes (a
     /// testing aid, see [`Nic::set_cpu_held`](crate::backend::Nic::set_cpu_held);
     /// real NICs ignore it).
@@ -150,10 +157,12 @@ pub struct Resources {
     /// The control region: `ctrl_slots` send slots then as many receive
     /// slots, [`MAX_FRAME`] bytes each.
     pub ctrl: MrId,
-    /// The data region: `buffers` buffers of `buffer_size` bytes.
+    /// The data region: the buffers of every size class, one class after
+    /// the other (`Config::buffers` of `buffer_size`, then
+    /// `Config::large_buffers` by size).
     pub data: MrInfo,
     /// Under the mw policy for the direction we own, one type-2 window per
-    /// buffer; otherwise empty.
+    /// buffer of every class; otherwise empty.
     pub windows: Vec<MwId>,
     /// The windows' rkeys at allocation, in the same order.
     pub window_rkeys: Vec<u32>,
@@ -240,6 +249,12 @@ pub struct Connection {
     tx: Vec<u8>,
     tx_used: usize,
     sends: Slots,
+    /// Where each data buffer is (its size class, offset and size).
+    layout: Layout,
+    /// Inline payloads that arrived while no buffer they fit was free:
+    /// (message, start, length) in `inline_bytes`, oldest first.
+    inline_wait: VecDeque<(u64, u32, u32)>,
+    inline_bytes: Vec<u8>,
     /// Flow control: SENDs the peer has a receive posted for (granted in
     /// the credit field of its frames, [`INITIAL_CREDITS`] at the start).
     /// Every frame but a `Credit` leaves one in reserve, so that a grant
@@ -286,9 +301,11 @@ impl Connection {
     pub fn new(cfg: Config, res: Resources) -> Connection {
         let is_client = cfg.role == Role::Client;
         let (owns, reads) = cfg.directions();
+        let layout = Layout::new(&cfg);
+        let slots = layout.slots() as usize;
         assert_eq!(res.windows.len(), res.window_rkeys.len(), "one rkey per window");
         let owner = (owns == Policy::Mw).then(|| {
-            assert_eq!(res.windows.len(), cfg.buffers as usize, "one window per buffer under mw");
+            assert_eq!(res.windows.len(), slots, "one window per buffer under mw");
             let ws: Vec<mw::Window> = res
                 .windows
                 .iter()
@@ -297,20 +314,20 @@ impl Connection {
                 .collect();
             MwOwner {
                 engine: mw::Owner::new(cfg.seed, ws),
-                leases: id_map(cfg.buffers as usize),
-                grant_sends: id_map(cfg.buffers as usize),
+                leases: id_map(slots),
+                grant_sends: id_map(slots),
             }
         });
         let reader = (reads == Policy::Mw).then(|| {
             let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
             MwReader {
                 engine: mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release }),
-                leases: id_map(cfg.buffers as usize),
-                pending: VecDeque::with_capacity(cfg.buffers as usize),
+                leases: id_map(slots),
+                pending: VecDeque::with_capacity(slots),
             }
         });
         let confirm = (owns == Policy::Confirm || reads == Policy::Confirm)
-            .then(|| ConfirmEngine::new(&cfg, owns == Policy::Confirm, &res.data));
+            .then(|| ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, &res.data));
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             sends: Slots::new(cfg.ctrl_slots),
@@ -318,13 +335,16 @@ impl Connection {
             owed: 0,
             backlog: VecDeque::new(),
             backlog_bytes: Vec::new(),
-            bufs: Slots::new(cfg.buffers),
+            bufs: Slots::with_classes(&layout.counts()),
+            layout,
+            inline_wait: VecDeque::new(),
+            inline_bytes: Vec::new(),
             returns: Default::default(),
-            hold_changes: Vec::with_capacity(2 * cfg.buffers as usize),
-            reclaimed: Vec::with_capacity(cfg.buffers as usize),
+            hold_changes: Vec::with_capacity(2 * slots),
+            reclaimed: Vec::with_capacity(slots),
             now: Duration::ZERO,
             dirty: false,
-            commands: VecDeque::with_capacity(2 * cfg.ctrl_slots as usize + cfg.buffers as usize),
+            commands: VecDeque::with_capacity(2 * cfg.ctrl_slots as usize + 2 * slots),
             tx: Vec::new(),
             tx_used: 0,
             owner,
@@ -406,7 +426,7 @@ impl Connection {
     }
 
     fn slot_offset(&self, slot: u32) -> u64 {
-        u64::from(slot) * u64::from(self.cfg.buffer_size)
+        self.layout.offset(slot)
     }
 
     fn mw_buffer(&self, slot: u32, len: u32) -> mw::Buffer {
@@ -418,7 +438,7 @@ impl Connection {
         if b.mr != self.res.data.id.raw() {
             return None;
         }
-        Some((b.offset / u64::from(self.cfg.buffer_size)) as u32)
+        self.layout.slot_at(b.offset)
     }
 
     /// A handle for a slot the user now holds (its current lending).
@@ -461,9 +481,9 @@ impl Connection {
             return;
         }
         let remote_reads_allowed = self.cfg.directions().0 == Policy::Confirm;
-        let len = self.cfg.buffer_size as usize;
         for i in 0..self.hold_changes.len() {
             let (slot, held) = self.hold_changes[i];
+            let len = self.layout.size(slot) as usize;
             let hold = if held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
             let offset = self.slot_offset(slot) as usize;
             self.commands.push_back(Command::CpuHold { offset, len, hold });
@@ -472,12 +492,44 @@ impl Connection {
 
     // ---- the user's buffers ----
 
-    /// Take a free buffer from the pool, or `None` when all are in use.
+    /// Take a free buffer of the standard size (`Config::buffer_size`)
+    /// from the pool, or `None` when all are in use.
     pub fn alloc(&mut self) -> Option<Buf> {
         self.reclaim();
         let slot = self.bufs.take(Holder::User)?;
         self.flush_holds();
         Some(self.buf(slot, 0))
+    }
+
+    /// Take the smallest free buffer that holds `len` bytes (of the
+    /// standard size or a class of `Config::large_buffers`), or `Ok(None)`
+    /// when every such buffer is in use. Fails when no class is that large.
+    pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
+        let largest = self.layout.largest();
+        let Ok(want) = u32::try_from(len) else { return Err(UseError::TooLong { len, cap: largest }) };
+        if want > largest {
+            return Err(UseError::TooLong { len, cap: largest });
+        }
+        self.reclaim();
+        let Some(slot) = self.take_fit(want, Holder::User) else { return Ok(None) };
+        self.flush_holds();
+        Ok(Some(self.buf(slot, 0)))
+    }
+
+    /// A free buffer of the smallest class that has one and holds `len`.
+    fn take_fit(&mut self, len: u32, to: Holder) -> Option<u32> {
+        let k = self.layout.fitting(len).find(|&k| self.bufs.free_in(k) > 0)?;
+        self.bufs.take_in(k, to)
+    }
+
+    /// Whether some class holds `len` bytes and has a free buffer.
+    fn can_fit(&self, len: u32) -> bool {
+        self.layout.fitting(len).any(|k| self.bufs.free_in(k) > 0)
+    }
+
+    /// The largest payload a buffer of the pool holds.
+    pub fn largest_buffer(&self) -> u32 {
+        self.layout.largest()
     }
 
     /// Put a buffer back in the pool (dropping it does the same, a little later).
@@ -501,14 +553,14 @@ impl Connection {
     /// Where `buf`'s bytes are in the data region: (offset, capacity).
     /// Check the handle first ([`Connection::check_buf`]).
     pub fn buffer_range(&self, buf: &Buf) -> (usize, u32) {
-        (self.slot_offset(buf.slot) as usize, self.cfg.buffer_size)
+        (self.slot_offset(buf.slot) as usize, self.layout.size(buf.slot))
     }
 
     /// Set how many bytes of `buf` are payload, after writing them at
     /// [`Connection::buffer_range`] (the I/O layer's job).
     pub fn set_payload_len(&self, buf: &mut Buf, len: usize) -> Result<(), UseError> {
         self.check_buf(buf)?;
-        let cap = self.cfg.buffer_size;
+        let cap = self.layout.size(buf.slot);
         if len > cap as usize {
             return Err(UseError::TooLong { len, cap });
         }
@@ -530,11 +582,11 @@ impl Connection {
     /// Byte ranges of the data region that are exposed to the peer or being
     /// read into: every other byte must be unreachable by the peer (mw policy).
     pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        (0..self.cfg.buffers)
+        (0..self.layout.slots())
             .filter(|s| matches!(self.bufs.holder(*s), Some(Holder::Exposed | Holder::Reading)))
             .map(|s| {
                 let o = self.slot_offset(s) as usize;
-                o..o + self.cfg.buffer_size as usize
+                o..o + self.layout.size(s) as usize
             })
             .collect()
     }
@@ -867,7 +919,7 @@ impl Connection {
         }
         self.pump(now);
         // The QP is gone: nothing can reach or fill any buffer any more.
-        for slot in 0..self.cfg.buffers {
+        for slot in 0..self.layout.slots() {
             match self.bufs.holder(slot) {
                 Some(Holder::Exposed) => {
                     self.bufs.hand(slot, Holder::Exposed, Holder::User);
@@ -958,8 +1010,7 @@ impl Connection {
     fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
         match a {
             mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
-                let local = SgeList::from([Sge { mr: self.res.data.id, offset: dest.offset as usize, len }]);
-                self.post(SendWr::Read { wr_id: token.wr_id(), signaled: true, local, remote_addr, rkey });
+                self.post_read(token.wr_id(), dest.offset as usize, remote_addr, rkey, len);
             }
             mw::ReaderAction::SendRelease(r) => {
                 let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
@@ -989,25 +1040,46 @@ impl Connection {
         }
     }
 
+    /// READ `len` bytes at `remote_addr` into the data region at
+    /// `offset`: one READ, or READs of `Config::read_chunk` bytes posted
+    /// together, of which only the last is signaled (RC completes READs in
+    /// order, so its completion covers the others; an error in any ends
+    /// the QP, and the signaled one then flushes). All carry `wr_id`.
+    fn post_read(&mut self, wr_id: u64, offset: usize, remote_addr: u64, rkey: u32, len: u32) {
+        let chunk = self.cfg.read_chunk.max(1);
+        let mut done = 0u32;
+        loop {
+            let n = (len - done).min(chunk);
+            let last = done + n == len;
+            let local = SgeList::from([Sge { mr: self.res.data.id, offset: offset + done as usize, len: n }]);
+            let remote_addr = remote_addr + u64::from(done);
+            self.post(SendWr::Read { wr_id, signaled: last, local, remote_addr, rkey });
+            done += n;
+            if last {
+                break;
+            }
+        }
+    }
+
     fn start_fb_read(&mut self, rr: fb::ReadRequest) {
-        let Some(c) = self.confirm.as_mut() else { return };
-        let Some(slot) = self.bufs.take(Holder::Reading) else {
-            c.pending_reads.push_back(rr);
+        if self.confirm.is_none() {
+            return;
+        }
+        let len = rr.remote().len();
+        let Some(slot) = self.take_fit(len, Holder::Reading) else {
+            // The engine refuses reads longer than the largest buffer, so
+            // one fits once a buffer of its class is free.
+            if let Some(c) = self.confirm.as_mut() {
+                c.pending_reads.push_back(rr);
+            }
             return;
         };
+        let c = self.confirm.as_mut().expect("checked");
         let token = rr.token().raw();
         let tag = if c.is_client() { TAG_FB_CLIENT } else { TAG_FB_SERVER };
         c.reads.insert(token, slot);
-        let len = rr.remote().len().min(self.cfg.buffer_size);
-        let local =
-            SgeList::from([Sge { mr: self.res.data.id, offset: self.slot_offset(slot) as usize, len }]);
-        self.post(SendWr::Read {
-            wr_id: wr(tag, token),
-            signaled: true,
-            local,
-            remote_addr: rr.remote().addr(),
-            rkey: rr.remote().rkey(),
-        });
+        let offset = self.slot_offset(slot) as usize;
+        self.post_read(wr(tag, token), offset, rr.remote().addr(), rr.remote().rkey(), len);
     }
 
     /// Start READs that waited for a free destination. Returns whether any did.
@@ -1029,20 +1101,37 @@ impl Connection {
                     any = true;
                 }
             }
+            any |= !self.inline_wait.is_empty();
+            self.inline_wait.clear();
+            self.inline_bytes.clear();
             return any;
         }
-        while self.bufs.count(Holder::Free) > 0 {
-            if let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) {
+        // Each waiting READ, oldest first, starts if a buffer it fits is
+        // free; the others keep their place.
+        let waiting = self.confirm.as_ref().map_or(0, |c| c.pending_reads.len());
+        for _ in 0..waiting {
+            let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) else { break };
+            if self.can_fit(rr.remote().len()) {
                 self.start_fb_read(rr);
                 any = true;
-            } else if let Some((msg, mut g, at)) = self.reader.as_mut().and_then(|r| r.pending.pop_front()) {
+            } else if let Some(c) = self.confirm.as_mut() {
+                c.pending_reads.push_back(rr);
+            }
+        }
+        let waiting = self.reader.as_ref().map_or(0, |r| r.pending.len());
+        for _ in 0..waiting {
+            let Some((msg, mut g, at)) = self.reader.as_mut().and_then(|r| r.pending.pop_front()) else {
+                break;
+            };
+            if self.can_fit(g.len) {
                 g.time_left = g.time_left.saturating_sub(now.saturating_sub(at));
                 self.start_grant(now, msg, g);
                 any = true;
-            } else {
-                break;
+            } else if let Some(r) = self.reader.as_mut() {
+                r.pending.push_back((msg, g, at));
             }
         }
+        any |= self.retry_inline();
         any
     }
 
@@ -1052,19 +1141,19 @@ impl Connection {
             Role::Client => self.calls.contains_key(&msg),
             Role::Server => self.requests.contains_key(&msg),
         };
-        let dest =
-            if wanted && g.len <= self.cfg.buffer_size { self.bufs.take(Holder::Reading) } else { None };
-        let dest = dest.map(|slot| self.mw_buffer(slot, self.cfg.buffer_size));
+        let largest = self.layout.largest();
+        let dest = if wanted && g.len <= largest { self.take_fit(g.len, Holder::Reading) } else { None };
+        let dest = dest.map(|slot| self.mw_buffer(slot, self.layout.size(slot)));
         let Some(r) = self.reader.as_mut() else { return };
         if !wanted {
             // The call was cancelled or timed out: release the lease without
             // reading a byte.
             r.engine.decline(now, g, mw::DeclineReason::Unwanted);
-        } else if g.len > self.cfg.buffer_size {
+        } else if g.len > largest {
             // Decline: the destination offered is too small. The stand-in
             // (no region: never read into) has a buffer's capacity, so the
             // reason the user sees says what a buffer holds, not 0.
-            let dest = mw::Buffer { mr: u32::MAX, offset: 0, len: self.cfg.buffer_size, addr: 0 };
+            let dest = mw::Buffer { mr: u32::MAX, offset: 0, len: largest, addr: 0 };
             r.engine.handle_grant(now, g, dest);
             r.leases.insert(g.lease, msg);
         } else if let Some(dest) = dest {
@@ -1130,6 +1219,15 @@ impl Connection {
         self.owed -= u32::from(grant);
         self.post_staged(start, len, chain);
         Ok(())
+    }
+
+    /// Queue the copy of `tx[start..start + len]` into `slot` (an inline
+    /// payload received).
+    fn push_fill(&mut self, slot: u32, start: usize, len: usize) {
+        self.tx_used = start + len;
+        let offset = self.slot_offset(slot) as usize;
+        self.commands
+            .push_back(Command::Fill { data: Staged { offset, start: start as u32, len: len as u32 } });
     }
 
     /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).

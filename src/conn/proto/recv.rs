@@ -50,11 +50,11 @@ impl Connection {
 
     fn on_frame(&mut self, now: Duration, frame: Frame<'_>) {
         match (frame, self.cfg.role) {
-            (Frame::Request { msg_id, trace, header, attach }, Role::Server) => {
-                self.on_request(now, msg_id, trace, header, attach)
+            (Frame::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
+                self.on_request(now, msg_id, trace, header, inline, attach)
             }
-            (Frame::Reply { msg_id, status, header, attach }, Role::Client) => {
-                self.on_reply(now, msg_id, status, header, attach)
+            (Frame::Reply { msg_id, status, header, inline, attach }, Role::Client) => {
+                self.on_reply(now, msg_id, status, header, inline, attach)
             }
             (Frame::Engine(a), _) => self.on_attach(now, None, a),
             (Frame::Ping { seq }, _) => {
@@ -73,9 +73,10 @@ impl Connection {
         msg: u64,
         trace: Option<TraceId>,
         header: &[u8],
+        inline: &[u8],
         attach: Attaches,
     ) {
-        if let Some(n) = too_many_payloads(&attach) {
+        if let Some(n) = too_many_payloads(&attach, inline) {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
         }
         if msg <= self.last_request {
@@ -105,14 +106,82 @@ impl Connection {
                 return;
             }
         }
+        if !inline.is_empty() {
+            if let Some(r) = self.requests.get_mut(&msg) {
+                r.data = Data::Reading;
+            }
+            self.take_inline(msg, inline);
+        }
         self.maybe_surface(msg);
     }
 
-    fn on_reply(&mut self, now: Duration, msg: u64, status: u8, header: &[u8], attach: Attaches) {
-        if let Some(n) = too_many_payloads(&attach) {
+    /// An inline payload for `msg` arrived: copy it into the smallest free
+    /// buffer it fits (a `Fill` for the I/O layer), or keep it until one is
+    /// free. Longer than every buffer: the payload fails.
+    fn take_inline(&mut self, msg: u64, bytes: &[u8]) {
+        let len = bytes.len() as u32;
+        self.stats.inline_received += 1;
+        let have = self.layout.largest();
+        if len > have {
+            return self.payload_failed(msg, PayloadError::TooLarge { len, have });
+        }
+        match self.take_fit(len, Holder::User) {
+            Some(slot) => {
+                let start = self.stage_start();
+                self.tx[start..start + bytes.len()].copy_from_slice(bytes);
+                self.push_fill(slot, start, bytes.len());
+                self.payload_done(msg, Data::Ready(slot, len));
+            }
+            None => {
+                let start = self.inline_bytes.len();
+                self.inline_bytes.extend_from_slice(bytes);
+                self.inline_wait.push_back((msg, start as u32, len));
+            }
+        }
+    }
+
+    /// Copy the inline payloads that waited into buffers now free, oldest
+    /// first as far as buffers fit; drop those nobody waits for. Returns
+    /// whether any moved.
+    pub(super) fn retry_inline(&mut self) -> bool {
+        let mut any = false;
+        for _ in 0..self.inline_wait.len() {
+            let Some((msg, start, len)) = self.inline_wait.pop_front() else { break };
+            if !self.awaits_payload(msg) {
+                any = true;
+                continue;
+            }
+            match self.take_fit(len, Holder::User) {
+                Some(slot) => {
+                    let (at, n) = (start as usize, len as usize);
+                    let staged = self.stage_start();
+                    self.tx[staged..staged + n].copy_from_slice(&self.inline_bytes[at..at + n]);
+                    self.push_fill(slot, staged, n);
+                    self.payload_done(msg, Data::Ready(slot, len));
+                    any = true;
+                }
+                None => self.inline_wait.push_back((msg, start, len)),
+            }
+        }
+        if self.inline_wait.is_empty() {
+            self.inline_bytes.clear();
+        }
+        any
+    }
+
+    fn on_reply(
+        &mut self,
+        now: Duration,
+        msg: u64,
+        status: u8,
+        header: &[u8],
+        inline: &[u8],
+        attach: Attaches,
+    ) {
+        if let Some(n) = too_many_payloads(&attach, inline) {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
         }
-        let carries_data = attach.iter().any(is_data_exposure);
+        let carries_data = attach.iter().any(is_data_exposure) || !inline.is_empty();
         for &a in attach.iter() {
             self.on_attach(now, Some(msg), a);
             if self.down.is_some() {
@@ -123,6 +192,9 @@ impl Connection {
             call.reply = Some((status, header.into()));
             if call.data == Data::Unknown {
                 call.data = if carries_data { Data::Reading } else { Data::Absent };
+            }
+            if !inline.is_empty() {
+                self.take_inline(msg, inline);
             }
             self.maybe_finish(msg);
         }
@@ -509,8 +581,8 @@ fn is_data_exposure(a: &Attach) -> bool {
 
 /// A request or reply carries at most one payload (one grant, offer or
 /// exposure); more would make the reader fill buffers nobody is handed.
-fn too_many_payloads(attach: &[Attach]) -> Option<usize> {
-    let n = attach.iter().filter(|a| is_data_exposure(a)).count();
+fn too_many_payloads(attach: &[Attach], inline: &[u8]) -> Option<usize> {
+    let n = attach.iter().filter(|a| is_data_exposure(a)).count() + usize::from(!inline.is_empty());
     (n > 1).then_some(n)
 }
 

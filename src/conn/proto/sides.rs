@@ -56,7 +56,7 @@ impl Connection {
         fetch: Option<fb::MsgId>,
     ) -> Result<Option<Exposure>, UseError> {
         let exposure = if let Some(o) = self.owner.as_mut() {
-            let offset = u64::from(slot) * u64::from(self.cfg.buffer_size);
+            let offset = self.layout.offset(slot);
             let buffer =
                 mw::Buffer { mr: self.res.data.id.raw(), offset, len, addr: self.res.data.addr + offset };
             let lease = o.engine.grant(now, buffer, self.cfg.lease_time).map_err(lease_error)?;
@@ -113,7 +113,7 @@ impl Connection {
         if self.reader.is_some() {
             return Ok(None);
         }
-        let max = self.cfg.buffer_size;
+        let max = self.layout.largest();
         match self.confirm.as_mut().and_then(ConfirmEngine::client) {
             Some(c) => c.fetch(now, max).map(Some).map_err(UseError::Confirm),
             None => Ok(None),
