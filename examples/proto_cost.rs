@@ -47,6 +47,7 @@ impl Side {
         let mut cfg = Config::new(role, Policies::both(p));
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
+        cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = SLOTS;
         cfg.call_timeout = Duration::from_secs(600);
         cfg.lease_time = Duration::from_secs(300);

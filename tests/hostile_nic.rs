@@ -1109,9 +1109,12 @@ fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
     for role in [Role::Server, Role::Client] {
         let mut w = World::new(role, Policies::both(Policy::Mw));
         let dev = w.victim_device();
-        // The victim's windows are the device's first BUFFERS; the healthy side's come next.
+        // The device's windows: the victim's (one per buffer and per user
+        // range exposure), then the healthy side's; find a bound one of the
+        // healthy side's.
+        let windows = 4 * (BUFFERS + 16);
         let theirs = |w: &World| {
-            (BUFFERS..2 * BUFFERS).find_map(|i| match w.fabric.window(dev, MwId::from_raw(i)) {
+            (0..windows).find_map(|i| match w.fabric.window(dev, MwId::from_raw(i)) {
                 Some(WindowState::Bound { rkey, qp, .. })
                     if qp != w.victim.nic().qp_addr(w.victim.local().id).unwrap() =>
                 {
@@ -1129,7 +1132,7 @@ fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
             "{role:?}: {why:?}"
         );
         assert!(
-            (BUFFERS..2 * BUFFERS).any(|i| matches!(
+            (0..windows).any(|i| matches!(
                 w.fabric.window(dev, MwId::from_raw(i)),
                 Some(WindowState::Bound { rkey: k, .. }) if k == rkey
             )),

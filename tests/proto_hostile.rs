@@ -28,6 +28,7 @@ impl Victim {
         let mut cfg = Config::new(role, Policies::both(policy));
         cfg.buffers = BUFFERS;
         cfg.buffer_size = 4096;
+        cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = 8;
         let data = MrInfo { id: MrId::from_raw(2), addr: 0x1000_0000, len: 4 * 4096, lkey: 2, rkey: 0x22 };
         let (windows, window_rkeys) = if policy == Policy::Mw {

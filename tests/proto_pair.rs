@@ -52,6 +52,7 @@ impl Side {
         cfg.keepalive = keepalive;
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
+        cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = SLOTS;
         let owns_mw = cfg.directions().0 == Policy::Mw;
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };

@@ -88,6 +88,14 @@ impl Client {
         self.owner.add(region)
     }
 
+    /// Points a free buffer at another region of memory registered with
+    /// remote read in this connection's protection domain (to expose a range
+    /// of the user's own memory, one range at a time). Its generation moves
+    /// on: a confirm of the old region is answered `Reused`.
+    pub fn set_buffer_region(&mut self, buffer: BufferId, region: Region) -> Result<(), UsageError> {
+        self.owner.set_region(buffer, region)
+    }
+
     fn next_msg(&mut self) -> Result<MsgId, UsageError> {
         if self.lost {
             return Err(UsageError::ConnectionLost);

@@ -47,6 +47,20 @@ impl Owner {
         id
     }
 
+    /// Points a free `buffer` at another `region` (a range of memory the
+    /// user registered, exposed one range at a time). The generation moves
+    /// on, so nothing said about the old region can match the new one.
+    pub(crate) fn set_region(&mut self, buffer: BufferId, region: Region) -> Result<(), UsageError> {
+        let slot = self.slots.get_mut(buffer.raw() as usize).ok_or(UsageError::UnknownBuffer(buffer))?;
+        let generation = slot.generation.ok_or(UsageError::BufferRetired(buffer))?;
+        if slot.hold.is_some() {
+            return Err(UsageError::BufferBusy(buffer));
+        }
+        slot.generation = generation.next();
+        slot.region = region;
+        slot.generation.map(|_| ()).ok_or(UsageError::BufferRetired(buffer))
+    }
+
     fn slot(&self, buffer: BufferId) -> Option<&Slot> {
         self.slots.get(buffer.raw() as usize)
     }
@@ -197,6 +211,23 @@ impl Owner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_buffer_moves_to_another_region_and_its_old_generation_is_past() {
+        let mut o = Owner::default();
+        let mut events = Vec::new();
+        let b = o.add(Region::new(0x1000, 64, 7));
+        let msg = MsgId::from_raw(1);
+        let (g0, r0) = o.hold(b, 64, msg, Duration::from_secs(1)).unwrap();
+        assert_eq!(r0.addr(), 0x1000);
+        assert_eq!(o.set_region(b, Region::new(0x9000, 128, 7)), Err(UsageError::BufferBusy(b)));
+        o.release_msg(msg, Release::Confirmed, &mut events);
+        o.set_region(b, Region::new(0x9000, 128, 7)).unwrap();
+        let (g1, r1) = o.hold(b, 128, MsgId::from_raw(2), Duration::from_secs(1)).unwrap();
+        assert_eq!((r1.addr(), r1.len()), (0x9000, 128));
+        assert!(g1 > g0);
+        assert_eq!(o.answer(msg, b, g0, &mut events), Verdict::Reused, "the old exposure is past");
+    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)

@@ -84,6 +84,14 @@ impl Server {
         self.owner.add(region)
     }
 
+    /// Points a free buffer at another region of memory registered with
+    /// remote read in this connection's protection domain (to expose a range
+    /// of the user's own memory, one range at a time). Its generation moves
+    /// on: a confirm of the old region is answered `Reused`.
+    pub fn set_buffer_region(&mut self, buffer: BufferId, region: Region) -> Result<(), UsageError> {
+        self.owner.set_region(buffer, region)
+    }
+
     /// Direction 1: offers `buffer[..len]`, already holding the reply, for the
     /// wanted `msg`. The buffer is exposed until its [`Event::BufferFree`].
     pub fn offer(&mut self, now: Duration, msg: MsgId, buffer: BufferId, len: u32) -> Result<(), UsageError> {

@@ -28,6 +28,8 @@ pub struct Endpoint<N: Nic> {
     local: QpEndpoint,
     ctrl: MrInfo,
     data: MrInfo,
+    /// The access of the data region, which user regions get too.
+    access: Access,
     windows: Vec<MwId>,
     /// Where `drive` polls completions into.
     batch: Vec<Completion>,
@@ -275,6 +277,92 @@ impl<N: Nic> Endpoint<N> {
             wrote = f.take().map_or(0, |f| f(b));
         })?;
         self.conn.set_payload_len(buf, wrote)
+    }
+
+    // ---- the user's regions ----
+
+    /// Register `len` bytes of memory for the application to keep its data
+    /// in (a KV cache's values, a store's blocks) and expose ranges of it
+    /// without copying them into pool buffers ([`Endpoint::call_region`],
+    /// [`Endpoint::reply_region`]): each exposure gets the same capability
+    /// as a pool buffer (under mw a window over exactly the range, the
+    /// lease, expiry and evidence rules). Zeroed. Write it with
+    /// [`Endpoint::region_write`]; a range cannot be written, nor the region
+    /// deregistered, while it is exposed.
+    ///
+    /// Under confirm the region's key lets the peer read all of it (the
+    /// same cost as the pool's region, see `docs/protocol-confirm.md`):
+    /// keep in it only what that peer may read.
+    pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
+        let info = self.nic.reg_mr(len, self.access)?;
+        Ok(self.conn.add_region(info))
+    }
+
+    /// Deregister a region once none of its ranges is exposed
+    /// ([`UseError::RegionBusy`] until then).
+    pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
+        let info = self.conn.remove_region(id)?;
+        self.nic.dereg_mr(info.id)?;
+        Ok(())
+    }
+
+    /// Copy `bytes` into region `id` at `offset`. Refused while any of those
+    /// bytes is exposed to the peer ([`UseError::RangeExposed`]): wait for
+    /// the exposure's [`Event::RangeReturned`].
+    pub fn region_write(&mut self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
+        self.conn.check_region_write(id, offset, bytes.len())?;
+        let info = self.conn.region_info(id)?;
+        self.nic.with_mr_mut(info.id, offset, bytes.len(), &mut |b| b.copy_from_slice(bytes))?;
+        Ok(())
+    }
+
+    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
+    pub fn region_bytes<R>(
+        &self,
+        id: RegionId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, UseError> {
+        let info = self.conn.region_info(id)?;
+        let range_len = u32::try_from(len).unwrap_or(u32::MAX);
+        if offset.checked_add(len).map_or(true, |end| end > info.len) {
+            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: info.len });
+        }
+        let mut f = Some(f);
+        let mut out = None;
+        self.nic.with_mr(info.id, offset, len, &mut |b| out = f.take().map(|f| f(b)))?;
+        Ok(out.expect("with_mr lends the bytes once"))
+    }
+
+    /// Client: a call whose request payload is `range` of a user region,
+    /// exposed until its [`Event::RangeReturned`] (see
+    /// [`Endpoint::register_region`]).
+    pub fn call_region(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<CallId, UseError> {
+        let r = self.span.in_scope(|| self.conn.call_region(now, trace, header, range));
+        self.run();
+        r
+    }
+
+    /// Server: answer `req` with `range` of a user region as the payload,
+    /// exposed until its [`Event::RangeReturned`].
+    pub fn reply_region(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<(), UseError> {
+        let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
+        self.run();
+        r
     }
 
     /// How many bytes `buf` holds at most (its class's size).
@@ -588,7 +676,7 @@ impl<N: Nic> Prepared<N> {
         let layout = Layout::new(&cfg);
         let data = made.reg(layout.bytes() as usize, access)?;
         if owns == Policy::Mw {
-            for _ in 0..layout.slots() {
+            for _ in 0..layout.slots() + cfg.region_exposures {
                 let w = nic.alloc_mw()?;
                 made.windows.push(w.id);
                 made.rkeys.push(w.rkey);
@@ -614,6 +702,7 @@ impl<N: Nic> Prepared<N> {
             local: self.local,
             ctrl,
             data,
+            access,
             windows,
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
@@ -680,6 +769,9 @@ impl<N: Nic> Drop for Endpoint<N> {
         }
         let _ = self.nic.dereg_mr(self.data.id);
         let _ = self.nic.dereg_mr(self.ctrl.id);
+        for r in self.conn.region_infos() {
+            let _ = self.nic.dereg_mr(r.id);
+        }
         let _ = self.nic.destroy_cq(self.cq);
     }
 }

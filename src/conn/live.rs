@@ -36,10 +36,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{
-    Buf, CallError, CallId, ConnStats, Endpoint, Event, Header, LossReason, Policies, Refused, RequestId,
-    Role, TraceId, UseError,
+    Buf, CallError, CallId, ConnStats, Endpoint, Event, Header, LossReason, Policies, Refused, RegionId,
+    RegionRange, RequestId, Role, TraceId, UseError,
 };
-use crate::backend::Nic;
+use crate::backend::{Nic, NicError};
 use crate::handle::{Doorbell, Handle, Recycle, Slot};
 
 /// A reply to a call.
@@ -352,6 +352,116 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
+    /// Client: make a call whose request payload is `range` of a user
+    /// region ([`Connection::register_region`]) and wait for its reply.
+    /// The range stays exposed until the server releases it or its lease
+    /// ends; [`Connection::region_write`] refuses to write it until then,
+    /// [`Connection::region_write_when_free`] waits. Like [`Connection::call`],
+    /// it waits for a window, control slot or credit.
+    pub async fn call_region(
+        &self,
+        trace: Option<TraceId>,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<Reply, CallError> {
+        let slot = self.peek(|s| s.spare_slot());
+        let started = poll_fn(|cx| {
+            let now = self.inner.now();
+            let mut st = self.inner.state.lock();
+            let r =
+                st.ep.call_region(now, trace, header, range).map_err(|error| Refused { error, data: None });
+            let r = self.committed_or_wait(&mut st, cx, r, &mut None);
+            if let Poll::Ready(Ok(id)) = &r {
+                st.calls.insert(*id, slot.clone());
+            }
+            r.map_err(|Refused { error, data }| CallError::Refused { error, data }).map_ok(|_| ())
+        })
+        .await;
+        started?;
+        CallFuture {
+            handle: Handle::new(slot, self.inner.recycle.clone()),
+            inner: self.inner.clone(),
+            done: false,
+        }
+        .await
+    }
+
+    /// Server: answer a request with `range` of a user region as the
+    /// payload, waiting for a window, control slot or credit like
+    /// [`Connection::reply`].
+    pub async fn reply_region(
+        &self,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<(), UseError> {
+        poll_fn(|cx| {
+            let now = self.inner.now();
+            let mut st = self.inner.state.lock();
+            let r = st
+                .ep
+                .reply_region(now, req, status, header, range)
+                .map_err(|error| Refused { error, data: None });
+            let r = self.committed_or_wait(&mut st, cx, r, &mut None);
+            if matches!(r, Poll::Ready(Err(_))) {
+                self.inner.bell.ring();
+            }
+            r.map_err(|Refused { error, .. }| error)
+        })
+        .await
+    }
+
+    /// Register `len` bytes for the application's own data, to expose
+    /// ranges of it without a copy (see [`Endpoint::register_region`]).
+    pub fn register_region(&self, len: usize) -> Result<RegionId, NicError> {
+        self.peek(|s| s.ep.register_region(len))
+    }
+
+    /// Deregister a region once none of its ranges is exposed.
+    pub fn deregister_region(&self, id: RegionId) -> Result<(), UseError> {
+        self.peek(|s| s.ep.deregister_region(id))
+    }
+
+    /// Copy `bytes` into a region; refused while any of them is exposed
+    /// ([`UseError::RangeExposed`]).
+    pub fn region_write(&self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
+        self.peek(|s| s.ep.region_write(id, offset, bytes))
+    }
+
+    /// Copy `bytes` into a region, waiting while any of them is exposed
+    /// (each exposure ends on its evidence, or when the connection closes).
+    pub async fn region_write_when_free(
+        &self,
+        id: RegionId,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), UseError> {
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            match st.ep.region_write(id, offset, bytes) {
+                Err(UseError::RangeExposed { .. }) => {
+                    st.capacity_waiters.register(cx.waker());
+                    Poll::Pending
+                }
+                r => Poll::Ready(r),
+            }
+        })
+        .await
+    }
+
+    /// Lend bytes of a region to `f` without a copy (under the connection's
+    /// lock: keep it short).
+    pub fn region_bytes<R>(
+        &self,
+        id: RegionId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, UseError> {
+        self.peek(|s| s.ep.region_bytes(id, offset, len, f))
+    }
+
     /// What a call or reply attempt leads to: committed (the driver is rung
     /// only if it must act), waiting for a window or control slot (`data`
     /// kept for the retry, the driver rung to free capacity), or refused.
@@ -576,6 +686,8 @@ impl<N: Nic> State<N> {
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
             // No remote access to it is possible any more: back to the pool.
             Event::BufferReturned(b) => self.ep.free(b),
+            // A user range may be written again: writers waiting for it retry.
+            Event::RangeReturned(_) => self.capacity_waiters.wake_all(),
             Event::ConnectionLost(r) => {
                 self.down = Some(r);
                 self.request_waiters.wake_all();

@@ -60,6 +60,13 @@ pub struct Config {
     /// reply frame: no window, READ or release; the reader copies them into
     /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
     pub inline_max: u32,
+    /// Exposures of ranges of user regions ([`Endpoint::register_region`])
+    /// that may be live at once (under mw, a window each, on top of one per
+    /// buffer). A call or reply that finds them all live waits like one
+    /// that finds no free window.
+    ///
+    /// [`Endpoint::register_region`]: super::Endpoint::register_region
+    pub region_exposures: u32,
     /// READs of payloads longer than this are split into READs of this
     /// many bytes, posted together (the NIC pipelines them up to the QP's
     /// outstanding-READ limit); only the last asks for a completion.
@@ -127,6 +134,7 @@ impl Config {
             buffer_size: 64 << 10,
             large_buffers: Vec::new(),
             inline_max: 256,
+            region_exposures: 8,
             read_chunk: 1 << 20,
             ctrl_slots: 64,
             lease_time: Duration::from_secs(5),
@@ -328,6 +336,24 @@ impl PartialEq<Vec<u8>> for Header {
     }
 }
 
+/// A region of memory the application registered with an endpoint
+/// ([`Endpoint::register_region`](super::Endpoint::register_region)), to
+/// expose ranges of it without copying them into pool buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub(crate) u32);
+
+/// A byte range of a user region: what a call or reply exposes, and what
+/// [`Event::RangeReturned`] gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegionRange {
+    /// The region.
+    pub region: RegionId,
+    /// Where the range starts in it.
+    pub offset: usize,
+    /// Its length.
+    pub len: u32,
+}
+
 /// A call made by a client, named in its events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallId(pub(crate) u64);
@@ -447,6 +473,13 @@ pub enum Event {
     /// A buffer given to the NIC is the user's again: no remote access to it
     /// is possible any more.
     BufferReturned(Buf),
+    /// An exposure of a range of a user region ([`Endpoint::call_region`],
+    /// [`Endpoint::reply_region`]) is over: no remote access to it is
+    /// possible any more, and the range may be written again.
+    ///
+    /// [`Endpoint::call_region`]: super::Endpoint::call_region
+    /// [`Endpoint::reply_region`]: super::Endpoint::reply_region
+    RangeReturned(RegionRange),
     /// The connection is down; every call fails, buffers return as the NIC
     /// flushes. Close it with [`Endpoint::close`](super::Endpoint::close).
     ConnectionLost(LossReason),
@@ -765,6 +798,36 @@ pub enum UseError {
     /// Every control slot is in use.
     #[error("all control slots are in use; drive the endpoint to reap completions")]
     NoCtrlSlot,
+    /// No region has this id (never registered, or deregistered).
+    #[error("region {0:?} is not registered with this endpoint")]
+    NoSuchRegion(RegionId),
+    /// A range past the end of its region, or empty.
+    #[error("range {offset}..{end} is not inside region {region:?} of {len} bytes (or is empty)", end = *offset as u64 + u64::from(*range_len))]
+    OutOfRegion {
+        /// The region.
+        region: RegionId,
+        /// The range's start.
+        offset: usize,
+        /// The range's length.
+        range_len: u32,
+        /// The region's length.
+        len: usize,
+    },
+    /// The range overlaps one exposed to the peer: it may not be written
+    /// until that exposure is over ([`Event::RangeReturned`]).
+    #[error("bytes {offset}..{end} of region {region:?} are exposed to the peer; wait for RangeReturned before writing them", end = offset + len)]
+    RangeExposed {
+        /// The region.
+        region: RegionId,
+        /// Where the write started.
+        offset: usize,
+        /// Its length.
+        len: usize,
+    },
+    /// The region has live exposures: it cannot be deregistered until each
+    /// has come back ([`Event::RangeReturned`]).
+    #[error("region {0:?} has ranges exposed to the peer; deregister it once they came back")]
+    RegionBusy(RegionId),
     /// Flow control: the peer has no receive posted for another message
     /// (backpressure; the async API waits). Drive the endpoint: the peer's
     /// next frame grants more.

@@ -62,6 +62,54 @@ impl Connection {
         self.start_call(now, trace, header, None, inline)
     }
 
+    /// Client: a call whose request payload is `range` of a user region
+    /// (see [`Connection::add_region`]), exposed like a pool buffer (a
+    /// window over exactly the range under mw, an exposure under confirm)
+    /// until [`Event::RangeReturned`]. A refusal exposes nothing.
+    pub fn call_region(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<CallId, UseError> {
+        self.now = now;
+        let slot = self.take_range(range)?;
+        let r = self.start_exposed_call(now, trace, header, slot, range.len);
+        if r.is_err() {
+            self.untake_range(slot);
+        }
+        r
+    }
+
+    /// A call exposing buffer number `slot` (a user range).
+    fn start_exposed_call(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        slot: u32,
+        len: u32,
+    ) -> Result<CallId, UseError> {
+        if let Err(e) = self.ready_to_send(Role::Client, header).and_then(|()| self.expose_ready(slot)) {
+            if e == UseError::NoCredit {
+                self.stats.credit_waits += 1;
+            }
+            return Err(e);
+        }
+        let fetch = self.want_payload(now)?;
+        let req = match self.expose(now, slot, len, None) {
+            Ok(e) => e,
+            Err(why) => {
+                if let Some(fm) = fetch {
+                    self.unwant(now, fm, true);
+                }
+                return Err(why);
+            }
+        };
+        Ok(self.commit_call(now, trace, header, fetch, req, len, &[]))
+    }
+
     fn start_call(
         &mut self,
         now: Duration,
@@ -98,7 +146,22 @@ impl Connection {
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
-        // Committed: the call is registered and nothing below refuses it.
+        Ok(self.commit_call(now, trace, header, fetch, req, data_len, inline))
+    }
+
+    /// Register a call whose payload is exposed (`req`) or inline, and send
+    /// its request. Nothing here refuses: the call is committed.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_call(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        fetch: Option<fb::MsgId>,
+        req: Option<Exposure>,
+        data_len: u32,
+        inline: &[u8],
+    ) -> CallId {
         let msg = self.next_msg;
         self.next_msg += 1;
         if let Some(c) = self.confirm.as_mut() {
@@ -134,7 +197,7 @@ impl Connection {
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
-        Ok(CallId(msg))
+        CallId(msg)
     }
 
     /// Send `frame`, chained after the window bind of a grant the owner
@@ -268,6 +331,58 @@ impl Connection {
                 self.emit(Event::BufferReturned(b));
             }
         }
+        self.commit_reply(now, req, status, header, fetch, exposed, inline);
+        Ok(())
+    }
+
+    /// Server: answer `req` with `range` of a user region as the payload
+    /// (see [`Connection::call_region`]); the range returns in an
+    /// [`Event::RangeReturned`] (at once if the client no longer wants the
+    /// payload). A refusal exposes nothing and leaves the request waiting.
+    pub fn reply_region(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<(), UseError> {
+        self.now = now;
+        let fetch = self.check_reply(req, header, None).inspect_err(|e| {
+            if *e == UseError::NoCredit {
+                self.stats.credit_waits += 1;
+            }
+        })?;
+        let slot = self.take_range(range)?;
+        let exposed = match self.expose_ready(slot).and_then(|()| self.expose(now, slot, range.len, fetch)) {
+            Ok(e) => e.is_some(),
+            Err(e) => {
+                self.untake_range(slot);
+                return Err(e);
+            }
+        };
+        if !exposed {
+            // The client withdrew its fetch: never exposed, back at once.
+            self.untake_range(slot);
+            self.emit(Event::RangeReturned(range));
+        }
+        self.commit_reply(now, req, status, header, fetch, exposed, &[]);
+        Ok(())
+    }
+
+    /// Send the reply to `req` (its payload exposed or not, or inline).
+    /// Nothing here refuses: the reply is committed.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_reply(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        fetch: Option<fb::MsgId>,
+        exposed: bool,
+        inline: &[u8],
+    ) {
         if let (Some(fm), Some(c)) = (fetch.filter(|_| !exposed), self.confirm.as_mut()) {
             c.msgs.remove(&fm);
         }
@@ -285,7 +400,6 @@ impl Connection {
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
-        Ok(())
     }
 
     /// Everything that can refuse a reply; returns the request's confirm fetch.

@@ -63,6 +63,17 @@ impl ConfirmEngine {
                 bufs.push(id);
                 slot_of.insert(id, slot);
             }
+            // Then one buffer per possible user-range exposure, pointed at
+            // its range when it is exposed (`set_buffer_region`).
+            for k in 0..cfg.region_exposures {
+                let region = fb::Region::new(0, 0, 0);
+                let id = match &mut engine {
+                    Engine::Client(c) => c.add_buffer(region),
+                    Engine::Server(s) => s.add_buffer(region),
+                };
+                bufs.push(id);
+                slot_of.insert(id, slots + k);
+            }
         }
         ConfirmEngine {
             engine,

@@ -212,6 +212,13 @@ struct Request {
     surfaced: bool,
 }
 
+/// A user region: its registration and how many of its ranges are exposed.
+#[derive(Debug)]
+struct RegionState {
+    info: MrInfo,
+    live: u32,
+}
+
 /// The owner side of our direction under mw: the lease engine, and which
 /// buffer each lease exposes.
 struct MwOwner {
@@ -251,6 +258,13 @@ pub struct Connection {
     sends: Slots,
     /// Where each data buffer is (its size class, offset and size).
     layout: Layout,
+    /// The user's regions (`None`: deregistered), by `RegionId`.
+    regions: Vec<Option<RegionState>>,
+    /// Exposures of ranges of user regions: slot `k` is known to the
+    /// engines as buffer `layout.slots() + k` (a window or confirm buffer of
+    /// its own), exposing `range_at[k]`.
+    ranges: Slots,
+    range_at: Vec<RegionRange>,
     /// Inline payloads that arrived while no buffer they fit was free:
     /// (message, start, length) in `inline_bytes`, oldest first.
     inline_wait: VecDeque<(u64, u32, u32)>,
@@ -303,9 +317,10 @@ impl Connection {
         let (owns, reads) = cfg.directions();
         let layout = Layout::new(&cfg);
         let slots = layout.slots() as usize;
+        let exposable = slots + cfg.region_exposures as usize;
         assert_eq!(res.windows.len(), res.window_rkeys.len(), "one rkey per window");
         let owner = (owns == Policy::Mw).then(|| {
-            assert_eq!(res.windows.len(), slots, "one window per buffer under mw");
+            assert_eq!(res.windows.len(), exposable, "one window per buffer and region exposure under mw");
             let ws: Vec<mw::Window> = res
                 .windows
                 .iter()
@@ -314,8 +329,8 @@ impl Connection {
                 .collect();
             MwOwner {
                 engine: mw::Owner::new(cfg.seed, ws),
-                leases: id_map(slots),
-                grant_sends: id_map(slots),
+                leases: id_map(exposable),
+                grant_sends: id_map(exposable),
             }
         });
         let reader = (reads == Policy::Mw).then(|| {
@@ -337,6 +352,12 @@ impl Connection {
             backlog_bytes: Vec::new(),
             bufs: Slots::with_classes(&layout.counts()),
             layout,
+            regions: Vec::new(),
+            ranges: Slots::new(cfg.region_exposures),
+            range_at: vec![
+                RegionRange { region: RegionId(u32::MAX), offset: 0, len: 0 };
+                cfg.region_exposures as usize
+            ],
             inline_wait: VecDeque::new(),
             inline_bytes: Vec::new(),
             returns: Default::default(),
@@ -568,9 +589,140 @@ impl Connection {
         Ok(())
     }
 
-    /// Buffers currently exposed to the peer or being read into (for tests).
+    /// Buffers (and user ranges) currently exposed to the peer or being
+    /// read into.
     pub fn busy_buffers(&self) -> usize {
-        self.bufs.count(Holder::Exposed) + self.bufs.count(Holder::Reading)
+        self.bufs.count(Holder::Exposed)
+            + self.bufs.count(Holder::Reading)
+            + self.ranges.count(Holder::Exposed)
+    }
+
+    // ---- the user's regions ----
+
+    /// Know the user region registered as `info` (a memory region with
+    /// remote read, and window binding under mw, in this connection's
+    /// protection domain); ranges of it can then be exposed.
+    pub fn add_region(&mut self, info: MrInfo) -> RegionId {
+        let id = match self.regions.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.regions.push(None);
+                self.regions.len() - 1
+            }
+        };
+        self.regions[id] = Some(RegionState { info, live: 0 });
+        RegionId(id as u32)
+    }
+
+    /// Forget a region, once no range of it is exposed; returns its
+    /// registration for the I/O layer to release.
+    pub fn remove_region(&mut self, id: RegionId) -> Result<MrInfo, UseError> {
+        let r = self.region(id)?;
+        if r.live > 0 {
+            return Err(UseError::RegionBusy(id));
+        }
+        let info = r.info;
+        self.regions[id.0 as usize] = None;
+        Ok(info)
+    }
+
+    /// Every region still registered (for the I/O layer's teardown).
+    pub fn region_infos(&self) -> Vec<MrInfo> {
+        self.regions.iter().flatten().map(|r| r.info).collect()
+    }
+
+    fn region(&self, id: RegionId) -> Result<&RegionState, UseError> {
+        self.regions.get(id.0 as usize).and_then(Option::as_ref).ok_or(UseError::NoSuchRegion(id))
+    }
+
+    /// Where a region is: its registration.
+    pub fn region_info(&self, id: RegionId) -> Result<MrInfo, UseError> {
+        Ok(self.region(id)?.info)
+    }
+
+    /// Whether `offset..offset + len` of region `id` may be written (it is
+    /// inside the region and overlaps no exposed range).
+    pub fn check_region_write(&self, id: RegionId, offset: usize, len: usize) -> Result<(), UseError> {
+        let r = self.region(id)?;
+        let range_len = u32::try_from(len).unwrap_or(u32::MAX);
+        if offset.checked_add(len).map_or(true, |end| end > r.info.len) {
+            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: r.info.len });
+        }
+        if r.live > 0 {
+            let overlaps = (0..self.cfg.region_exposures).any(|k| {
+                let x = self.range_at[k as usize];
+                self.ranges.holder(k) == Some(Holder::Exposed)
+                    && x.region == id
+                    && x.offset < offset + len
+                    && offset < x.offset + x.len as usize
+            });
+            if overlaps {
+                return Err(UseError::RangeExposed { region: id, offset, len });
+            }
+        }
+        Ok(())
+    }
+
+    /// Take a range slot for exposing `range` (checked to be inside its
+    /// region): the engines' buffer number for it.
+    fn take_range(&mut self, range: RegionRange) -> Result<u32, UseError> {
+        let r = self.region(range.region)?;
+        let end = range.offset as u64 + u64::from(range.len);
+        if range.len == 0 || end > r.info.len as u64 {
+            return Err(UseError::OutOfRegion {
+                region: range.region,
+                offset: range.offset,
+                range_len: range.len,
+                len: r.info.len,
+            });
+        }
+        let k = self.ranges.take(Holder::User).ok_or(UseError::NoFreeWindow)?;
+        self.range_at[k as usize] = range;
+        Ok(self.layout.slots() + k)
+    }
+
+    /// Give back a range slot that was not exposed after all.
+    fn untake_range(&mut self, slot: u32) {
+        let k = slot - self.layout.slots();
+        self.ranges.hand(k, Holder::User, Holder::Free);
+    }
+
+    /// What an exposure of buffer number `slot` covers: (region, offset in
+    /// it, its registration) for a pool buffer or a user range.
+    pub(super) fn exposure_target(&self, slot: u32) -> (MrInfo, u64) {
+        match slot.checked_sub(self.layout.slots()) {
+            None => (self.res.data, self.slot_offset(slot)),
+            Some(k) => {
+                let r = self.range_at[k as usize];
+                let info = self.regions[r.region.0 as usize]
+                    .as_ref()
+                    .expect("a live exposure keeps its region")
+                    .info;
+                (info, r.offset as u64)
+            }
+        }
+    }
+
+    /// The exposure of buffer number `slot` is over: a pool buffer goes
+    /// back to the user, a user range is returned.
+    pub(super) fn exposure_over(&mut self, slot: u32, len: u32) {
+        match slot.checked_sub(self.layout.slots()) {
+            None => {
+                if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
+                    let b = self.buf(slot, len);
+                    self.emit(Event::BufferReturned(b));
+                }
+            }
+            Some(k) => {
+                if self.ranges.hand(k, Holder::Exposed, Holder::Free) {
+                    let range = self.range_at[k as usize];
+                    if let Some(r) = self.regions.get_mut(range.region.0 as usize).and_then(Option::as_mut) {
+                        r.live = r.live.saturating_sub(1);
+                    }
+                    self.emit(Event::RangeReturned(range));
+                }
+            }
+        }
     }
 
     /// Buffers free in the pool (dropped handles included).
@@ -631,7 +783,10 @@ impl Connection {
             Event::CallFailed { .. } => s.calls_failed += 1,
             Event::Request { .. } => s.requests += 1,
             Event::RequestDropped { .. } => s.requests_dropped += 1,
-            Event::ReplyAgain { .. } | Event::BufferReturned(_) | Event::ConnectionLost(_) => {}
+            Event::ReplyAgain { .. }
+            | Event::BufferReturned(_)
+            | Event::RangeReturned(_)
+            | Event::ConnectionLost(_) => {}
         }
         self.events.push_back(e);
     }
@@ -919,13 +1074,14 @@ impl Connection {
         }
         self.pump(now);
         // The QP is gone: nothing can reach or fill any buffer any more.
+        for k in 0..self.cfg.region_exposures {
+            if self.ranges.holder(k) == Some(Holder::Exposed) {
+                self.exposure_over(self.layout.slots() + k, 0);
+            }
+        }
         for slot in 0..self.layout.slots() {
             match self.bufs.holder(slot) {
-                Some(Holder::Exposed) => {
-                    self.bufs.hand(slot, Holder::Exposed, Holder::User);
-                    let b = self.buf(slot, 0);
-                    self.emit(Event::BufferReturned(b));
-                }
+                Some(Holder::Exposed) => self.exposure_over(slot, 0),
                 Some(Holder::Reading) => {
                     self.bufs.hand(slot, Holder::Reading, Holder::Free);
                 }
@@ -989,7 +1145,8 @@ impl Connection {
                     signaled: false,
                     mw: MwId(b.window),
                     rkey: b.rkey,
-                    mr: self.res.data.id,
+                    // The pool's data region, or a user region (the buffer names it).
+                    mr: MrId(b.buffer.mr),
                     offset: b.buffer.offset as usize,
                     len: b.buffer.len as usize,
                     access: Access::REMOTE_READ,

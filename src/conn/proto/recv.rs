@@ -382,10 +382,7 @@ impl Connection {
                     let slot = self.owner.as_mut().and_then(|o| o.leases.remove(&lease));
                     let slot = slot.or_else(|| self.slot_of_mw(&buffer));
                     if let Some(slot) = slot {
-                        if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
-                            let b = self.buf(slot, buffer.len);
-                            self.emit(Event::BufferReturned(b));
-                        }
+                        self.exposure_over(slot, buffer.len);
                     }
                 }
                 mw::OwnerEvent::ConnectionLost { cause } => {
@@ -552,10 +549,7 @@ impl Connection {
                         self.cf().expired.push_back((msg, now));
                     }
                     if let Some(slot) = self.cf().slot_of.get(&buffer).copied() {
-                        if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
-                            let b = self.buf(slot, 0);
-                            self.emit(Event::BufferReturned(b));
-                        }
+                        self.exposure_over(slot, 0);
                     }
                 }
             }

@@ -55,16 +55,24 @@ impl Connection {
         len: u32,
         fetch: Option<fb::MsgId>,
     ) -> Result<Option<Exposure>, UseError> {
+        let (mr, offset) = self.exposure_target(slot);
         let exposure = if let Some(o) = self.owner.as_mut() {
-            let offset = self.layout.offset(slot);
-            let buffer =
-                mw::Buffer { mr: self.res.data.id.raw(), offset, len, addr: self.res.data.addr + offset };
+            let buffer = mw::Buffer { mr: mr.id.raw(), offset, len, addr: mr.addr + offset };
             let lease = o.engine.grant(now, buffer, self.cfg.lease_time).map_err(lease_error)?;
             o.leases.insert(lease, slot);
             Exposure::Lease(lease)
         } else {
             let c = self.confirm.as_mut().expect("a direction without windows runs confirm");
             let id = c.bufs[slot as usize];
+            if slot >= self.layout.slots() {
+                // A user range: its confirm buffer points at it for this exposure.
+                let region = fb::Region::new(mr.addr + offset, len, mr.rkey);
+                let set = match &mut c.engine {
+                    super::confirm::Engine::Client(e) => e.set_buffer_region(id, region),
+                    super::confirm::Engine::Server(e) => e.set_buffer_region(id, region),
+                };
+                set.map_err(UseError::Confirm)?;
+            }
             let fm = match &mut c.engine {
                 super::confirm::Engine::Client(e) => {
                     e.send_request(now, id, len).map_err(UseError::Confirm)?
@@ -82,7 +90,18 @@ impl Connection {
             };
             Exposure::Confirm(fm)
         };
-        self.bufs.hand(slot, Holder::User, Holder::Exposed);
+        match slot.checked_sub(self.layout.slots()) {
+            None => {
+                self.bufs.hand(slot, Holder::User, Holder::Exposed);
+            }
+            Some(k) => {
+                self.ranges.hand(k, Holder::User, Holder::Exposed);
+                let region = self.range_at[k as usize].region;
+                if let Some(r) = self.regions.get_mut(region.0 as usize).and_then(Option::as_mut) {
+                    r.live += 1;
+                }
+            }
+        }
         self.stats.bytes_exposed += u64::from(len);
         Ok(Some(exposure))
     }
