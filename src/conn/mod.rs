@@ -56,10 +56,13 @@ mod setup;
 mod simpair;
 mod types;
 
+pub use crate::ProbeCache;
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
-pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
+pub use setup::{
+    accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
+};
 pub use simpair::SimPair;
 pub use types::*;
