@@ -3,6 +3,8 @@
 //! capability probe runs once per device however many clients connect,
 //! and `Reconnecting` comes back after the server went away, backing off.
 
+#![cfg(not(loom))]
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

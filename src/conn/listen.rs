@@ -47,7 +47,9 @@ use futures::AsyncReadExt;
 use parking_lot::Mutex;
 
 use super::setup::{agreed, local_caps, serve_set};
-use super::{Config, Connection, Driver, Endpoint, LossReason, Policies, Role, SetupError, SetupOptions};
+use super::{
+    Config, Connection, Driver, Endpoint, LossReason, Policies, PolicyChoice, Role, SetupError, SetupOptions,
+};
 use crate::backend::{Nic, NicError};
 use crate::bootstrap::{self, Authenticated, BootstrapError, Hello, Phase, PolicySet};
 
@@ -153,7 +155,7 @@ impl<N: Nic + 'static> Listener<N> {
     {
         debug_assert_eq!(cfg.role, Role::Server);
         let serve = match opts.choice {
-            super::PolicyChoice::Confirm => PolicySet::CONFIRM,
+            PolicyChoice::Confirm => PolicySet::CONFIRM,
             choice => serve_set(&nics()?, choice, Some(&opts.probes))?,
         };
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
@@ -247,17 +249,46 @@ async fn handshake<N: Nic + 'static>(
 /// Client: connect to a server listening at `addr` without blocking the
 /// thread; the async [`connect_with`](super::connect_with). The device is
 /// probed (for `mw` and `auto`) through `opts.probes`, so only the first
-/// connect on a device pays for it.
-pub async fn connect_async<N: Nic>(
+/// connect on a device pays for it; that probe (about 100 ms on rxe) runs
+/// on a thread of its own, not on the executor's.
+pub async fn connect_async<N: Nic + 'static>(
     nic: N,
     addr: SocketAddr,
     cfg: Config,
     opts: &SetupOptions,
 ) -> Result<AsyncConnected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Client);
-    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+    let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
     finish_setup_async(nic, cfg, serve, authed, opts).await
+}
+
+/// [`serve_set`] without blocking the executor: a verdict the cache holds
+/// is taken at once, a probe runs on a thread of its own (the NIC handle
+/// goes there and comes back).
+async fn serve_set_off_thread<N: Nic + 'static>(
+    nic: N,
+    opts: &SetupOptions,
+) -> Result<(N, PolicySet), SetupError> {
+    let known = opts.choice == PolicyChoice::Confirm || opts.probes.cached(&nic.device_info().name).is_some();
+    if known {
+        let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+        return Ok((nic, serve));
+    }
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let (choice, probes) = (opts.choice, opts.probes.clone());
+    std::thread::Builder::new()
+        .name("mwcap-probe".into())
+        .spawn(move || {
+            let serve = serve_set(&nic, choice, Some(&probes));
+            let _ = tx.send((nic, serve));
+        })
+        .map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+    let (nic, serve) = rx.await.map_err(|_| BootstrapError::Io {
+        phase: Phase::Connect,
+        source: std::io::Error::other("the capability probe's thread ended without a verdict"),
+    })?;
+    Ok((nic, serve?))
 }
 
 /// The hello and ready phases (see `setup::finish_setup`).
