@@ -1,39 +1,7 @@
 //! Setting up connections without blocking a thread: a [`Listener`] whose
 //! `accept().await` runs many handshakes at once, and [`connect_async`].
 //!
-//! # Concurrency of handshakes
-//! [`Listener::accept`] takes TCP connections and runs their handshakes
-//! (auth, hello, ready) side by side inside the one future; it returns the
-//! first that finishes, successful or not. A client that connects and then
-//! stays silent holds nothing but its own handshake, which ends with
-//! [`BootstrapError::TimedOut`] after [`SetupOptions::timeout`] per phase;
-//! the clients behind it connect meanwhile. Handshakes move only while
-//! `accept` is being awaited, so serve each connection in its own task
-//! and go straight back to `accept`:
-//!
-//! ```no_run
-//! # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupOptions};
-//! # use mwcap::bootstrap::Auth;
-//! # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), mwcap::conn::SetupError> {
-//! let cfg = Config::new(Role::Server, Policies::both(Policy::Confirm));
-//! let opts = SetupOptions::new(PolicyChoice::Auto, auth);
-//! let mut listener = Listener::bind("127.0.0.1:18600".parse().unwrap(), cfg, opts, move || Ok(nic.clone()))?;
-//! loop {
-//!     match listener.accept().await {
-//!         Ok(c) => { /* spawn c.run() and a task serving c.connection */ }
-//!         Err(e) => eprintln!("a client failed to connect: {e}"), // that client only
-//!     }
-//! }
-//! # }
-//! ```
-//!
-//! At most [`Listener::set_max_handshakes`] handshakes (256 by default) are
-//! in progress; further clients wait in the kernel's accept queue.
-//!
-//! The capability probe runs when the listener is bound (through the
-//! options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
-//! `mw` listener on a device without working windows fails at once with
-//! [`SetupError::MwUnusable`].
+//! The details are on [`Listener`].
 
 use std::future::{poll_fn, Future};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -113,8 +81,41 @@ struct Shared<N: Nic> {
     nics: Mutex<NicSource<N>>,
 }
 
-/// A TCP listener that sets up mwcap connections, many handshakes at once
-/// (see the [module docs](self)).
+/// A TCP listener that sets up mwcap connections, many handshakes at once.
+///
+/// # Concurrency of handshakes
+/// [`accept`](Listener::accept) takes TCP connections and runs their handshakes
+/// (auth, hello, ready) side by side inside the one future; it returns the
+/// first that finishes, successful or not. A client that connects and then
+/// stays silent holds nothing but its own handshake, which ends with
+/// [`BootstrapError::TimedOut`] after [`SetupOptions::timeout`] per phase;
+/// the clients behind it connect meanwhile. Handshakes move only while
+/// `accept` is being awaited, so serve each connection in its own task
+/// and go straight back to `accept`:
+///
+/// ```no_run
+/// # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupOptions};
+/// # use mwcap::bootstrap::Auth;
+/// # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), mwcap::conn::SetupError> {
+/// let cfg = Config::new(Role::Server, Policies::both(Policy::Confirm));
+/// let opts = SetupOptions::new(PolicyChoice::Auto, auth);
+/// let mut listener = Listener::bind("127.0.0.1:18600".parse().unwrap(), cfg, opts, move || Ok(nic.clone()))?;
+/// loop {
+///     match listener.accept().await {
+///         Ok(c) => { /* spawn c.run() and a task serving c.connection */ }
+///         Err(e) => eprintln!("a client failed to connect: {e}"), // that client only
+///     }
+/// }
+/// # }
+/// ```
+///
+/// At most [`Listener::set_max_handshakes`] handshakes (256 by default) are
+/// in progress; further clients wait in the kernel's accept queue.
+///
+/// The capability probe runs when the listener is bound (through the
+/// options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
+/// `mw` listener on a device without working windows fails at once with
+/// [`SetupError::MwUnusable`]. More, with measured figures: `docs/serving.md`.
 pub struct Listener<N: Nic> {
     tcp: Async<TcpListener>,
     shared: Arc<Shared<N>>,

@@ -1,19 +1,6 @@
 //! A client that reconnects by itself: [`Reconnecting`].
 //!
-//! It keeps one connection to a server up: it connects with
-//! [`connect_async`], runs the connection (driver and bootstrap stream
-//! watch, [`AsyncConnected::run`]) and, once the connection is down for
-//! whatever [`LossReason`], connects again. The first attempt after a loss
-//! is made at once; after each failed attempt it waits as [`Backoff`]
-//! says: exponential, capped, with jitter so that many clients of a
-//! restarted server do not come back in step.
-//!
-//! While the connection is down, [`Reconnecting::current`] fails fast with
-//! [`ReconnectError::Down`] and [`Reconnecting::connection`] waits for the
-//! next connection. Calls are never retried by the wrapper: a call made on
-//! a connection that then goes down fails with its own error
-//! ([`CallError`](super::CallError)), and whether it is safe to make it
-//! again is the caller's to know.
+//! The details are on [`Reconnecting`].
 
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
@@ -156,8 +143,23 @@ impl<N: Nic> State<N> {
     }
 }
 
-/// A client that keeps a connection to one server up (see the [module
-/// docs](self)). Cheap to clone; clones share the connection.
+/// A client that keeps a connection to one server up. Cheap to clone;
+/// clones share the connection.
+///
+/// It keeps one connection to a server up: it connects with
+/// [`connect_async`], runs the connection (driver and bootstrap stream
+/// watch, [`AsyncConnected::run`](super::AsyncConnected::run)) and, once the connection is down for
+/// whatever [`LossReason`], connects again. The first attempt after a loss
+/// is made at once; after each failed attempt it waits as [`Backoff`]
+/// says: exponential, capped, with jitter so that many clients of a
+/// restarted server do not come back in step.
+///
+/// While the connection is down, [`Reconnecting::current`] fails fast with
+/// [`ReconnectError::Down`] and [`Reconnecting::connection`] waits for the
+/// next connection. Calls are never retried by the wrapper: a call made on
+/// a connection that then goes down fails with its own error
+/// ([`CallError`](super::CallError)), and whether it is safe to make it
+/// again is the caller's to know.
 pub struct Reconnecting<N: Nic> {
     state: Arc<Mutex<State<N>>>,
 }
