@@ -348,3 +348,74 @@ async fn blocking_recv(rx: &mpsc::Receiver<()>) {
         async_io::Timer::after(Duration::from_millis(5)).await;
     }
 }
+
+#[test]
+fn past_max_handshakes_clients_wait_in_the_kernel_queue() {
+    let fabric = Fabric::with_seed(27);
+    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let timeout = Duration::from_millis(600);
+    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY)).timeout(timeout);
+    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+        Ok(server_nic.clone())
+    })
+    .unwrap();
+    l.set_max_handshakes(2);
+    let addr = l.local_addr().unwrap();
+    // Two silent clients take both slots.
+    let _silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let started = Instant::now();
+    let (server_side, client_side) = block_on(async {
+        let server = async {
+            let mut outcomes = Vec::new();
+            for _ in 0..3 {
+                let r = l.accept().await;
+                assert!(l.handshakes_in_progress() <= 2);
+                outcomes.push(r.map(|c| c.peer_addr));
+            }
+            outcomes
+        };
+        // The client allows itself longer than the server allows the silent ones.
+        let copts = opts.clone().timeout(Duration::from_secs(5));
+        futures::join!(server, connect_async(client_nic.clone(), addr, cfg(Role::Client), &copts))
+    });
+    // The good client got a slot only once a silent one timed out.
+    assert!(started.elapsed() >= timeout);
+    assert!(client_side.is_ok(), "{:?}", client_side.err());
+    let timed_out = server_side
+        .iter()
+        .filter(|r| matches!(r, Err(SetupError::Bootstrap(BootstrapError::TimedOut { .. }))))
+        .count();
+    assert_eq!((timed_out, server_side.iter().filter(|r| r.is_ok()).count()), (2, 1), "{server_side:?}");
+}
+
+#[test]
+fn a_dropped_accept_future_loses_no_handshake() {
+    let fabric = Fabric::with_seed(28);
+    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
+    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+        Ok(server_nic.clone())
+    })
+    .unwrap();
+    let addr = l.local_addr().unwrap();
+    let (accepted, client) = block_on(async {
+        let client = connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts);
+        let server = async {
+            // Poll accept a little (the TCP connection is taken and its
+            // handshake starts), drop it, then accept again.
+            {
+                let first = std::pin::pin!(l.accept());
+                let tick = async_io::Timer::after(Duration::from_millis(1));
+                if let futures::future::Either::Left((r, _)) = futures::future::select(first, tick).await {
+                    return r.map(|c| c.peer_addr);
+                }
+            }
+            l.accept().await.map(|c| c.peer_addr)
+        };
+        futures::join!(server, client)
+    });
+    assert!(accepted.is_ok(), "{accepted:?}");
+    assert!(client.is_ok(), "{:?}", client.err());
+}
