@@ -293,6 +293,14 @@ fn a_reconnecting_client_comes_back_after_the_server_went_away() {
         // While down, current() fails fast.
         let e = client.current().err().expect("down");
         assert!(matches!(e, ReconnectError::Down { .. }), "{e:?}");
+        // The server stays away for 700 ms: the attempts meanwhile are
+        // refused and the waits between them double (jitter is off).
+        async_io::Timer::after(Duration::from_millis(300)).await;
+        let waits: Vec<u64> = client.stats().waits.iter().map(|d| d.as_millis() as u64).collect();
+        assert!(waits.len() >= 2 && waits[..2] == [20, 40], "{waits:?}");
+        assert!(waits.windows(2).all(|w| w[1] == (w[0] * 2).min(160)), "{waits:?}");
+        let e = client.current().err().expect("still down");
+        assert!(matches!(e, ReconnectError::Down { failures: 2.., last: Some(_) }), "{e:?}");
         let c = client.connection().await.expect("reconnects");
         assert_eq!(c.call(b"second", None).await.expect("answered").header, b"second");
         let stats = client.stats();
