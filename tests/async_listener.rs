@@ -427,3 +427,21 @@ fn a_dropped_accept_future_loses_no_handshake() {
     assert!(accepted.is_ok(), "{accepted:?}");
     assert!(client.is_ok(), "{:?}", client.err());
 }
+
+#[test]
+fn concurrent_first_askers_share_one_probe() {
+    let fabric = Fabric::with_seed(29);
+    let nic = fabric.add_device(DeviceConfig::spec().named("shared"));
+    let other = fabric.add_device(DeviceConfig::spec().with_mw(mwcap::sim::MwSupport::None).named("nomw"));
+    let probes = ProbeCache::new();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (probes, nic, other) = (probes.clone(), nic.clone(), other.clone());
+            s.spawn(move || {
+                assert!(probes.report(&nic).mw_usable);
+                assert!(!probes.report(&other).mw_usable);
+            });
+        }
+    });
+    assert_eq!(probes.probes_run(), 2, "one probe per device, not per asker");
+}
