@@ -12,7 +12,7 @@
 //!   asks the owner after each READ whether the buffer was reused meanwhile;
 //!   a stale read is discarded and retried, never returned.
 //! - **auto**: [`probe()`] tries the window operations on a throw-away
-//!   loopback QP pair and picks.
+//!   loopback QP pair and picks; a [`ProbeCache`] runs it once per device.
 //!
 //! ## Architecture
 //! - [`backend`]: the [`Nic`](backend::Nic) trait, the small interface the
@@ -36,6 +36,7 @@ pub mod bootstrap;
 pub mod conformance;
 pub mod conn;
 mod probe;
+mod probe_cache;
 pub mod sim;
 #[cfg(not(loom))]
 pub mod stat;
@@ -45,6 +46,7 @@ pub mod stat;
 pub mod verbs;
 
 pub use probe::{probe, ProbeReport, ProbeStep, StepOutcome};
+pub use probe_cache::ProbeCache;
 #[cfg(feature = "testing")]
 pub mod handle;
 #[cfg(not(feature = "testing"))]

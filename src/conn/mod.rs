@@ -49,17 +49,28 @@ pub mod frame;
 #[cfg(not(feature = "testing"))]
 mod frame;
 #[cfg(not(loom))]
+mod listen;
+#[cfg(not(loom))]
 mod live;
 mod pool;
 pub mod proto;
+#[cfg(not(loom))]
+mod reconnect;
 mod setup;
 mod simpair;
 mod types;
 
+pub use crate::ProbeCache;
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]
+pub use listen::{connect_async, AsyncConnected, Listener};
+#[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
-pub use setup::{accept, connect, Connected, PolicyChoice, SetupError};
+#[cfg(not(loom))]
+pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
+pub use setup::{
+    accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
+};
 pub use simpair::SimPair;
 pub use types::*;

@@ -18,7 +18,10 @@ use std::time::Duration;
 
 use super::{Config, Endpoint, Policies, Role};
 use crate::backend::{Nic, NicError};
-use crate::bootstrap::{self, Auth, Authenticated, BootstrapError, Capabilities, Hello, PolicySet};
+use crate::bootstrap::{
+    self, Auth, Authenticated, BootstrapError, Capabilities, Handshake, Hello, PolicySet,
+};
+use crate::ProbeCache;
 
 /// What a side asks for when it connects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,11 +65,20 @@ pub struct Connected<N: Nic> {
     pub policies: Policies,
 }
 
-fn serve_set(nic: &dyn Nic, choice: PolicyChoice) -> Result<PolicySet, SetupError> {
+/// What this side serves for `choice`: the probe's verdict for `mw` and
+/// `auto` (from `probes` when given, else a fresh probe).
+pub(super) fn serve_set(
+    nic: &dyn Nic,
+    choice: PolicyChoice,
+    probes: Option<&ProbeCache>,
+) -> Result<PolicySet, SetupError> {
     match choice {
         PolicyChoice::Confirm => Ok(PolicySet::CONFIRM),
         PolicyChoice::Mw | PolicyChoice::Auto => {
-            let report = crate::probe(nic);
+            let report = match probes {
+                Some(cache) => cache.report(nic),
+                None => std::sync::Arc::new(crate::probe(nic)),
+            };
             match (report.mw_usable, choice) {
                 (true, PolicyChoice::Mw) => Ok(PolicySet::MW),
                 (true, _) => Ok(PolicySet::BOTH),
@@ -80,22 +92,18 @@ fn serve_set(nic: &dyn Nic, choice: PolicyChoice) -> Result<PolicySet, SetupErro
     }
 }
 
-/// The hello and ready phases, once the peer proved the key: only now are
-/// the endpoint's queue pair, completion queue and memory created.
-fn finish_setup<N: Nic>(
-    nic: N,
-    mut cfg: Config,
-    serve: PolicySet,
-    authed: Authenticated<TcpStream>,
-    timeout: Duration,
-) -> Result<Connected<N>, SetupError> {
+/// The capabilities this side sends in its hello.
+pub(super) fn local_caps(cfg: &Config, serve: PolicySet) -> Capabilities {
     let mut caps = Capabilities::new();
     caps.serve = serve;
     caps.read = PolicySet::BOTH;
     caps.lease_ms = u32::try_from(cfg.lease_time.as_millis()).unwrap_or(u32::MAX).max(1);
-    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
-    let hello = Hello::new(prepared.local(), caps);
-    let hs = authed.hello(&hello, timeout)?;
+    caps
+}
+
+/// The policies both hellos agreed on, and the lease time that applies
+/// (the shorter of the two sides'), written into `cfg`.
+pub(super) fn agreed<S>(hs: &Handshake<S>, cfg: &mut Config) -> Result<Policies, SetupError> {
     let n = hs.negotiated();
     let (Some(we), Some(they)) = (n.we_expose, n.peer_exposes) else {
         // `negotiate` already refuses this; kept as an error, not a panic.
@@ -107,12 +115,26 @@ fn finish_setup<N: Nic>(
             peer_read: p.read,
         }));
     };
-    let policies = match cfg.role {
+    cfg.lease_time = cfg.lease_time.min(n.lease);
+    Ok(match cfg.role {
         Role::Client => Policies { request: we, reply: they },
         Role::Server => Policies { request: they, reply: we },
-    };
-    // The shorter of the two sides' lease times applies.
-    cfg.lease_time = cfg.lease_time.min(n.lease);
+    })
+}
+
+/// The hello and ready phases, once the peer proved the key: only now are
+/// the endpoint's queue pair, completion queue and memory created.
+fn finish_setup<N: Nic>(
+    nic: N,
+    mut cfg: Config,
+    serve: PolicySet,
+    authed: Authenticated<TcpStream>,
+    timeout: Duration,
+) -> Result<Connected<N>, SetupError> {
+    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
+    let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
+    let hs = authed.hello(&hello, timeout)?;
+    let policies = agreed(&hs, &mut cfg)?;
     prepared.config_mut().lease_time = cfg.lease_time;
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect(&hs.remote_endpoint())?;
@@ -135,7 +157,7 @@ pub fn connect<N: Nic>(
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Client);
-    let serve = serve_set(&nic, choice)?;
+    let serve = serve_set(&nic, choice, None)?;
     let authed = bootstrap::authenticate_client(addr, auth, timeout)?;
     finish_setup(nic, cfg, serve, authed, timeout)
 }
@@ -156,6 +178,68 @@ pub fn accept<N: Nic>(
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Server);
     let authed = bootstrap::authenticate_server(listener, auth, timeout)?;
-    let serve = serve_set(&nic, choice)?;
+    let serve = serve_set(&nic, choice, None)?;
     finish_setup(nic, cfg, serve, authed, timeout)
+}
+
+/// How to set up connections: the policy choice, the key, the time
+/// allowed per phase, and the [`ProbeCache`] that remembers each device's
+/// probe. Shared by [`accept_with`], [`connect_with`], the async
+/// [`Listener`](super::Listener) and [`connect_async`](super::connect_async),
+/// and [`Reconnecting`](super::Reconnecting).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SetupOptions {
+    /// Which policies to serve.
+    pub choice: PolicyChoice,
+    /// The pre-shared key, or running without one.
+    pub auth: Auth,
+    /// The time allowed for each phase (connect and auth, hello, ready).
+    pub timeout: Duration,
+    /// Where the capability probe's verdicts are kept.
+    pub probes: ProbeCache,
+}
+
+impl SetupOptions {
+    /// `choice` and `auth`, 10 s per phase, a new probe cache.
+    pub fn new(choice: PolicyChoice, auth: Auth) -> SetupOptions {
+        SetupOptions { choice, auth, timeout: Duration::from_secs(10), probes: ProbeCache::new() }
+    }
+    /// The same options with another time per phase.
+    pub fn timeout(self, timeout: Duration) -> SetupOptions {
+        SetupOptions { timeout, ..self }
+    }
+    /// The same options with a probe cache shared with others.
+    pub fn probe_cache(self, probes: ProbeCache) -> SetupOptions {
+        SetupOptions { probes, ..self }
+    }
+}
+
+/// [`connect`] with the probe's verdict from `opts.probes`: the client's
+/// device is probed once, not on every connect.
+pub fn connect_with<N: Nic>(
+    nic: N,
+    addr: SocketAddr,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Client);
+    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+    let authed = bootstrap::authenticate_client(addr, &opts.auth, opts.timeout)?;
+    finish_setup(nic, cfg, serve, authed, opts.timeout)
+}
+
+/// [`accept`] with the probe's verdict from `opts.probes`: the server's
+/// device is probed by the first client that proved the key, not by every
+/// one (an rxe probe takes about 100 ms).
+pub fn accept_with<N: Nic>(
+    nic: N,
+    listener: &TcpListener,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Server);
+    let authed = bootstrap::authenticate_server(listener, &opts.auth, opts.timeout)?;
+    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+    finish_setup(nic, cfg, serve, authed, opts.timeout)
 }

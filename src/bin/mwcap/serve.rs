@@ -40,7 +40,7 @@ mod imp {
     use futures::future::{select, Either};
     use futures::AsyncReadExt;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{accept, Connected, Connection, Policy, PolicyChoice, Role};
+    use mwcap::conn::{accept_with, Connected, Connection, Policy, PolicyChoice, Role, SetupOptions};
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
 
@@ -96,6 +96,8 @@ mod imp {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
         };
+        // The device is probed once (by the first client), not on every accept.
+        let opts = SetupOptions::new(choice, auth.clone()).timeout(SETUP);
         loop {
             let nic = match open(o) {
                 Ok(n) => n,
@@ -106,7 +108,7 @@ mod imp {
                 }
             };
             let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
-            match accept(nic, listener, cfg, choice, auth, SETUP) {
+            match accept_with(nic, listener, cfg, &opts) {
                 Ok(c) => serve_one(c, policy, o.buffer_size, registry),
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }

@@ -1,0 +1,314 @@
+//! Setting up connections without blocking a thread: a [`Listener`] whose
+//! `accept().await` runs many handshakes at once, and [`connect_async`].
+//!
+//! The details are on [`Listener`].
+
+use std::future::{poll_fn, Future};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::task::Poll;
+
+use async_io::Async;
+use futures::future::{select, BoxFuture, Either};
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::AsyncReadExt;
+use parking_lot::Mutex;
+
+use super::setup::{agreed, local_caps, serve_set};
+use super::{
+    Config, Connection, Driver, Endpoint, LossReason, Policies, PolicyChoice, Role, SetupError, SetupOptions,
+};
+use crate::backend::{Nic, NicError};
+use crate::bootstrap::{self, Authenticated, BootstrapError, Hello, Phase, PolicySet};
+
+/// A connection set up over the async bootstrap: the handle, its driver,
+/// and the bootstrap's TCP stream, whose closing tells that the peer went
+/// away. [`AsyncConnected::run`] runs the driver and watches the stream.
+pub struct AsyncConnected<N: Nic> {
+    /// The user's handle.
+    pub connection: Connection<N>,
+    /// The connection's driver (or use [`AsyncConnected::run`]).
+    pub driver: Driver<N>,
+    /// The bootstrap's TCP stream; keep it open while the connection lives.
+    pub stream: Async<TcpStream>,
+    /// The policies chosen for the two directions.
+    pub policies: Policies,
+    /// The peer's TCP address.
+    pub peer_addr: SocketAddr,
+}
+
+impl<N: Nic> AsyncConnected<N> {
+    /// Split into the handle and one future to spawn: it runs the driver,
+    /// closes the connection when the peer closes the bootstrap stream (or
+    /// the process at the other end dies), and returns why the connection
+    /// ended once every buffer is back.
+    pub fn run(self) -> (Connection<N>, impl Future<Output = LossReason> + Send + 'static)
+    where
+        N: 'static,
+    {
+        let AsyncConnected { connection, driver, stream, .. } = self;
+        let watcher = connection.clone();
+        let fut = async move {
+            let driving = std::pin::pin!(driver.run());
+            let watching = std::pin::pin!(watch(stream));
+            match select(driving, watching).await {
+                Either::Left((reason, _)) => reason,
+                Either::Right(((), driving)) => {
+                    watcher.close();
+                    driving.await
+                }
+            }
+        };
+        (connection, fut)
+    }
+}
+
+/// Wait until the peer closes the bootstrap stream (or it fails). The peer
+/// sends nothing on it after the ready byte.
+async fn watch(mut stream: Async<TcpStream>) {
+    let mut b = [0u8; 64];
+    while matches!(stream.read(&mut b).await, Ok(n) if n > 0) {}
+}
+
+type NicSource<N> = Box<dyn FnMut() -> Result<N, NicError> + Send>;
+type Handshake<N> = BoxFuture<'static, Result<AsyncConnected<N>, SetupError>>;
+
+/// What every handshake of a listener shares.
+struct Shared<N: Nic> {
+    cfg: Config,
+    opts: SetupOptions,
+    serve: PolicySet,
+    nics: Mutex<NicSource<N>>,
+}
+
+/// A TCP listener that sets up mwcap connections, many handshakes at once.
+///
+/// # Concurrency of handshakes
+/// [`accept`](Listener::accept) takes TCP connections and runs their handshakes
+/// (auth, hello, ready) side by side inside the one future; it returns the
+/// first that finishes, successful or not. A client that connects and then
+/// stays silent holds nothing but its own handshake, which ends with
+/// [`BootstrapError::TimedOut`] after [`SetupOptions::timeout`] per phase;
+/// the clients behind it connect meanwhile. Handshakes move only while
+/// `accept` is being awaited, so serve each connection in its own task
+/// and go straight back to `accept`:
+///
+/// ```no_run
+/// # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupOptions};
+/// # use mwcap::bootstrap::Auth;
+/// # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), mwcap::conn::SetupError> {
+/// let cfg = Config::new(Role::Server, Policies::both(Policy::Confirm));
+/// let opts = SetupOptions::new(PolicyChoice::Auto, auth);
+/// let mut listener = Listener::bind("127.0.0.1:18600".parse().unwrap(), cfg, opts, move || Ok(nic.clone()))?;
+/// loop {
+///     match listener.accept().await {
+///         Ok(c) => { /* spawn c.run() and a task serving c.connection */ }
+///         Err(e) => eprintln!("a client failed to connect: {e}"), // that client only
+///     }
+/// }
+/// # }
+/// ```
+///
+/// At most [`Listener::set_max_handshakes`] handshakes (256 by default) are
+/// in progress; further clients wait in the kernel's accept queue.
+///
+/// The capability probe runs when the listener is bound (through the
+/// options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
+/// `mw` listener on a device without working windows fails at once with
+/// [`SetupError::MwUnusable`]. More, with measured figures: `docs/serving.md`.
+pub struct Listener<N: Nic> {
+    tcp: Async<TcpListener>,
+    shared: Arc<Shared<N>>,
+    handshakes: FuturesUnordered<Handshake<N>>,
+    max_handshakes: usize,
+}
+
+impl<N: Nic + 'static> Listener<N> {
+    /// Listen on `addr`. Every client that proved the key gets an endpoint
+    /// on a NIC handle from `nics` (a clone of one handle, or a fresh open
+    /// of the device) configured by `cfg` (its role must be `Server`).
+    ///
+    /// For `mw` and `auto` the device is probed here, once, through
+    /// `opts.probes` (which may already know it).
+    pub fn bind<F>(
+        addr: SocketAddr,
+        cfg: Config,
+        opts: SetupOptions,
+        nics: F,
+    ) -> Result<Listener<N>, SetupError>
+    where
+        F: FnMut() -> Result<N, NicError> + Send + 'static,
+    {
+        let tcp =
+            TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+        Listener::from_std(tcp, cfg, opts, nics)
+    }
+
+    /// [`Listener::bind`] over a listener the caller bound itself.
+    pub fn from_std<F>(
+        tcp: TcpListener,
+        cfg: Config,
+        opts: SetupOptions,
+        mut nics: F,
+    ) -> Result<Listener<N>, SetupError>
+    where
+        F: FnMut() -> Result<N, NicError> + Send + 'static,
+    {
+        debug_assert_eq!(cfg.role, Role::Server);
+        let serve = match opts.choice {
+            PolicyChoice::Confirm => PolicySet::CONFIRM,
+            choice => serve_set(&nics()?, choice, Some(&opts.probes))?,
+        };
+        let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+        Ok(Listener {
+            tcp,
+            shared: Arc::new(Shared { cfg, opts, serve, nics: Mutex::new(Box::new(nics)) }),
+            handshakes: FuturesUnordered::new(),
+            max_handshakes: 256,
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.get_ref().local_addr()
+    }
+
+    /// At most `n` (at least 1) handshakes in progress at once; further
+    /// clients wait in the kernel's accept queue.
+    pub fn set_max_handshakes(&mut self, n: usize) {
+        self.max_handshakes = n.max(1);
+    }
+
+    /// Handshakes in progress.
+    pub fn handshakes_in_progress(&self) -> usize {
+        self.handshakes.len()
+    }
+
+    /// What this listener serves (after its probe).
+    pub fn serves(&self) -> PolicySet {
+        self.shared.serve
+    }
+
+    /// The next client whose handshake finished: connected, or the error
+    /// that ended its handshake (a wrong key, silence past the timeout,
+    /// ...), which concerns that client only: call `accept` again. Failing
+    /// to take a TCP connection at all (out of file descriptors, say) is
+    /// an error too.
+    ///
+    /// Cancel-safe: dropping the future loses no handshake; the next call
+    /// goes on with them.
+    pub async fn accept(&mut self) -> Result<AsyncConnected<N>, SetupError> {
+        poll_fn(|cx| loop {
+            if let Poll::Ready(Some(done)) = self.handshakes.poll_next_unpin(cx) {
+                return Poll::Ready(done);
+            }
+            if self.handshakes.len() >= self.max_handshakes {
+                return Poll::Pending;
+            }
+            match self.tcp.get_ref().accept() {
+                Ok((stream, _)) => {
+                    let shared = self.shared.clone();
+                    self.handshakes.push(Box::pin(handshake(stream, shared)));
+                    // Poll the new handshake (it registers its wakers), then look for more.
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match self.tcp.poll_readable(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(source)) => {
+                        return Poll::Ready(Err(BootstrapError::Io { phase: Phase::Connect, source }.into()))
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+                Err(e) if is_transient(&e) => continue,
+                Err(source) => {
+                    return Poll::Ready(Err(BootstrapError::Io { phase: Phase::Connect, source }.into()))
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Accept errors that concern one connection that is already gone.
+fn is_transient(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), Interrupted | ConnectionAborted | ConnectionReset)
+}
+
+/// One client's handshake, as the server.
+async fn handshake<N: Nic + 'static>(
+    stream: TcpStream,
+    shared: Arc<Shared<N>>,
+) -> Result<AsyncConnected<N>, SetupError> {
+    let stream = Async::new(stream).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+    let opts = &shared.opts;
+    let authed = bootstrap::authenticate_accepted_async(stream, &opts.auth, opts.timeout).await?;
+    // Only now, for a client that proved the key, is anything created.
+    let nic = (shared.nics.lock())()?;
+    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts).await
+}
+
+/// Client: connect to a server listening at `addr` without blocking the
+/// thread; the async [`connect_with`](super::connect_with). The device is
+/// probed (for `mw` and `auto`) through `opts.probes`, so only the first
+/// connect on a device pays for it; that probe (about 100 ms on rxe) runs
+/// on a thread of its own, not on the executor's.
+pub async fn connect_async<N: Nic + 'static>(
+    nic: N,
+    addr: SocketAddr,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<AsyncConnected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Client);
+    let (nic, serve) = serve_set_off_thread(nic, opts).await?;
+    let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
+    finish_setup_async(nic, cfg, serve, authed, opts).await
+}
+
+/// [`serve_set`] without blocking the executor: a verdict the cache holds
+/// is taken at once, a probe runs on a thread of its own (the NIC handle
+/// goes there and comes back).
+async fn serve_set_off_thread<N: Nic + 'static>(
+    nic: N,
+    opts: &SetupOptions,
+) -> Result<(N, PolicySet), SetupError> {
+    let known = opts.choice == PolicyChoice::Confirm || opts.probes.cached(&nic.device_info().name).is_some();
+    if known {
+        let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+        return Ok((nic, serve));
+    }
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let (choice, probes) = (opts.choice, opts.probes.clone());
+    std::thread::Builder::new()
+        .name("mwcap-probe".into())
+        .spawn(move || {
+            let serve = serve_set(&nic, choice, Some(&probes));
+            let _ = tx.send((nic, serve));
+        })
+        .map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
+    let (nic, serve) = rx.await.map_err(|_| BootstrapError::Io {
+        phase: Phase::Connect,
+        source: std::io::Error::other("the capability probe's thread ended without a verdict"),
+    })?;
+    Ok((nic, serve?))
+}
+
+/// The hello and ready phases (see `setup::finish_setup`).
+async fn finish_setup_async<N: Nic>(
+    nic: N,
+    mut cfg: Config,
+    serve: PolicySet,
+    authed: Authenticated<Async<TcpStream>>,
+    opts: &SetupOptions,
+) -> Result<AsyncConnected<N>, SetupError> {
+    let peer_addr = authed.peer_addr();
+    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
+    let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
+    let hs = authed.hello(&hello, opts.timeout).await?;
+    let policies = agreed(&hs, &mut cfg)?;
+    prepared.config_mut().lease_time = cfg.lease_time;
+    let mut endpoint = prepared.finish(policies)?;
+    endpoint.connect(&hs.remote_endpoint())?;
+    let stream = hs.ready(opts.timeout).await?;
+    let (connection, driver) = Connection::new(endpoint);
+    Ok(AsyncConnected { connection, driver, stream, policies, peer_addr })
+}

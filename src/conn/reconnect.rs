@@ -1,0 +1,334 @@
+//! A client that reconnects by itself: [`Reconnecting`].
+//!
+//! The details are on [`Reconnecting`].
+
+use std::future::{poll_fn, Future};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+
+use super::{connect_async, Config, Connection, LossReason, SetupError, SetupOptions};
+use crate::backend::{Nic, NicError};
+
+/// How long to wait between failed connection attempts.
+///
+/// After the `n`th failure in a row (from 1) the wait is
+/// `min(max, initial * multiplier^(n-1))`, less a random part of up to
+/// `jitter` of it (`jitter` 0.5: between half and all of it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// The wait after the first failure.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+    /// The factor from one wait to the next (at least 1).
+    pub multiplier: u32,
+    /// The share of each wait that is random, 0.0 to 1.0.
+    pub jitter: f64,
+    /// Give up after this many failures in a row (`None`: never).
+    pub max_failures: Option<u32>,
+}
+
+impl Default for Backoff {
+    /// 100 ms, doubling up to 10 s, half of it random, never giving up.
+    fn default() -> Backoff {
+        Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            multiplier: 2,
+            jitter: 0.5,
+            max_failures: None,
+        }
+    }
+}
+
+impl Backoff {
+    /// `initial`, doubling up to `max`, half random, never giving up.
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        Backoff { initial, max, ..Backoff::default() }
+    }
+    /// The same backoff with another share of randomness (clamped to 0..=1).
+    pub fn jitter(self, jitter: f64) -> Backoff {
+        Backoff { jitter: jitter.clamp(0.0, 1.0), ..self }
+    }
+    /// The same backoff, giving up after `n` failures in a row.
+    pub fn max_failures(self, n: u32) -> Backoff {
+        Backoff { max_failures: Some(n), ..self }
+    }
+
+    /// The wait after the `failures`th failure in a row, before jitter.
+    pub fn ceiling(&self, failures: u32) -> Duration {
+        let mut d = self.initial;
+        for _ in 1..failures {
+            d = d.saturating_mul(self.multiplier.max(1));
+            if d >= self.max {
+                return self.max;
+            }
+        }
+        d.min(self.max)
+    }
+
+    /// The wait after the `failures`th failure in a row, jitter drawn from `rng`.
+    pub fn delay(&self, failures: u32, rng: &mut impl Rng) -> Duration {
+        let ceiling = self.ceiling(failures);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        ceiling.mul_f64(1.0 - jitter * rng.gen::<f64>())
+    }
+}
+
+/// Why [`Reconnecting`] has no connection to give.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReconnectError {
+    /// The connection is down and being set up again.
+    #[error("not connected (reconnecting, {failures} failed attempts so far); wait with connection() or try later")]
+    Down {
+        /// Failed attempts since the connection was last up.
+        failures: u32,
+        /// The last attempt's error, if one failed.
+        #[source]
+        last: Option<Arc<SetupError>>,
+    },
+    /// [`Backoff::max_failures`] attempts in a row failed; the wrapper stopped.
+    #[error(
+        "gave up after {failures} failed attempts in a row; check that the server runs and the key matches"
+    )]
+    GaveUp {
+        /// Failed attempts in a row.
+        failures: u32,
+        /// The last attempt's error.
+        #[source]
+        last: Arc<SetupError>,
+    },
+    /// [`Reconnecting::stop`] was called.
+    #[error("the reconnecting client was stopped")]
+    Stopped,
+}
+
+/// What a [`Reconnecting`] client has done so far.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ReconnectStats {
+    /// Connection attempts made.
+    pub attempts: u64,
+    /// Attempts that connected.
+    pub connects: u64,
+    /// Attempts that failed.
+    pub failures: u64,
+    /// Why the last connection went down.
+    pub last_loss: Option<LossReason>,
+    /// The waits slept since the connection was last up, in order.
+    pub waits: Vec<Duration>,
+}
+
+struct State<N: Nic> {
+    current: Option<Connection<N>>,
+    failures_in_row: u32,
+    last_error: Option<Arc<SetupError>>,
+    finished: Option<ReconnectError>,
+    stopped: bool,
+    stats: ReconnectStats,
+    /// Tasks in `connection()` and the supervisor sleeping in a backoff.
+    waiters: Vec<Waker>,
+}
+
+impl<N: Nic> State<N> {
+    fn wake(&mut self) {
+        self.waiters.drain(..).for_each(Waker::wake);
+    }
+}
+
+/// A client that keeps a connection to one server up. Cheap to clone;
+/// clones share the connection.
+///
+/// It keeps one connection to a server up: it connects with
+/// [`connect_async`], runs the connection (driver and bootstrap stream
+/// watch, [`AsyncConnected::run`](super::AsyncConnected::run)) and, once the connection is down for
+/// whatever [`LossReason`], connects again. The first attempt after a loss
+/// is made at once; after each failed attempt it waits as [`Backoff`]
+/// says: exponential, capped, with jitter so that many clients of a
+/// restarted server do not come back in step.
+///
+/// While the connection is down, [`Reconnecting::current`] fails fast with
+/// [`ReconnectError::Down`] and [`Reconnecting::connection`] waits for the
+/// next connection. Calls are never retried by the wrapper: a call made on
+/// a connection that then goes down fails with its own error
+/// ([`CallError`](super::CallError)), and whether it is safe to make it
+/// again is the caller's to know.
+pub struct Reconnecting<N: Nic> {
+    state: Arc<Mutex<State<N>>>,
+}
+
+impl<N: Nic> Clone for Reconnecting<N> {
+    fn clone(&self) -> Self {
+        Reconnecting { state: self.state.clone() }
+    }
+}
+
+impl<N: Nic + 'static> Reconnecting<N> {
+    /// A client of the server at `addr`; each connection gets a NIC handle
+    /// from `nics` and `cfg` (role `Client`). Returns the handle and the
+    /// future that connects and reconnects: spawn it. It ends when
+    /// [`Reconnecting::stop`] is called or the backoff gives up.
+    pub fn new<F>(
+        addr: SocketAddr,
+        cfg: Config,
+        opts: SetupOptions,
+        backoff: Backoff,
+        mut nics: F,
+    ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static)
+    where
+        F: FnMut() -> Result<N, NicError> + Send + 'static,
+    {
+        let state = Arc::new(Mutex::new(State {
+            current: None,
+            failures_in_row: 0,
+            last_error: None,
+            finished: None,
+            stopped: false,
+            stats: ReconnectStats::default(),
+            waiters: Vec::new(),
+        }));
+        let handle = Reconnecting { state: state.clone() };
+        let supervisor = async move {
+            let mut rng = rand::rngs::SmallRng::from_entropy();
+            let end = loop {
+                if state.lock().stopped {
+                    break ReconnectError::Stopped;
+                }
+                state.lock().stats.attempts += 1;
+                let attempt = match nics() {
+                    Ok(nic) => connect_async(nic, addr, cfg.clone(), &opts).await,
+                    Err(e) => Err(SetupError::Nic(e)),
+                };
+                match attempt {
+                    Ok(connected) => {
+                        let (conn, run) = connected.run();
+                        {
+                            let mut st = state.lock();
+                            st.stats.connects += 1;
+                            st.stats.waits.clear();
+                            st.failures_in_row = 0;
+                            st.last_error = None;
+                            if st.stopped {
+                                conn.close();
+                            }
+                            st.current = Some(conn);
+                            st.wake();
+                        }
+                        tracing::debug!(%addr, "reconnecting client: connected");
+                        let reason = run.await;
+                        tracing::debug!(%addr, %reason, "reconnecting client: connection down");
+                        let mut st = state.lock();
+                        st.current = None;
+                        st.stats.last_loss = Some(reason);
+                    }
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        tracing::debug!(%addr, error = %e, "reconnecting client: attempt failed");
+                        let wait = {
+                            let mut st = state.lock();
+                            st.stats.failures += 1;
+                            st.failures_in_row = st.failures_in_row.saturating_add(1);
+                            st.last_error = Some(e.clone());
+                            let failures = st.failures_in_row;
+                            if backoff.max_failures.is_some_and(|m| failures >= m) {
+                                break ReconnectError::GaveUp { failures, last: e };
+                            }
+                            let wait = backoff.delay(failures, &mut rng);
+                            st.stats.waits.push(wait);
+                            wait
+                        };
+                        sleep_unless_stopped(&state, wait).await;
+                    }
+                }
+            };
+            let mut st = state.lock();
+            st.finished = Some(end.clone());
+            st.wake();
+            end
+        };
+        (handle, supervisor)
+    }
+}
+
+/// Sleep for `wait`, or until `stop` is called.
+async fn sleep_unless_stopped<N: Nic>(state: &Mutex<State<N>>, wait: Duration) {
+    let mut timer = std::pin::pin!(async_io::Timer::after(wait));
+    poll_fn(|cx| {
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        let mut st = state.lock();
+        if st.stopped {
+            return Poll::Ready(());
+        }
+        st.waiters.push(cx.waker().clone());
+        Poll::Pending
+    })
+    .await;
+}
+
+impl<N: Nic> Reconnecting<N> {
+    /// The connection if it is up; fails fast while it is down.
+    pub fn current(&self) -> Result<Connection<N>, ReconnectError> {
+        let st = self.state.lock();
+        if let Some(c) = st.current.as_ref().filter(|c| c.is_down().is_none()) {
+            return Ok(c.clone());
+        }
+        Err(self.not_up(&st))
+    }
+
+    /// The connection, waiting while it is being set up again. Fails only
+    /// once the wrapper stopped or gave up.
+    pub async fn connection(&self) -> Result<Connection<N>, ReconnectError> {
+        poll_fn(|cx| {
+            let mut st = self.state.lock();
+            if let Some(c) = st.current.as_ref().filter(|c| c.is_down().is_none()) {
+                return Poll::Ready(Ok(c.clone()));
+            }
+            if let Some(e) = &st.finished {
+                return Poll::Ready(Err(e.clone()));
+            }
+            if st.stopped {
+                return Poll::Ready(Err(ReconnectError::Stopped));
+            }
+            if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                st.waiters.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Close the connection and stop reconnecting; the supervisor future
+    /// ends with [`ReconnectError::Stopped`] once the connection is down.
+    pub fn stop(&self) {
+        let mut st = self.state.lock();
+        st.stopped = true;
+        if let Some(c) = &st.current {
+            c.close();
+        }
+        st.wake();
+    }
+
+    /// What the client has done so far.
+    pub fn stats(&self) -> ReconnectStats {
+        self.state.lock().stats.clone()
+    }
+
+    fn not_up(&self, st: &State<N>) -> ReconnectError {
+        if let Some(e) = &st.finished {
+            return e.clone();
+        }
+        if st.stopped {
+            return ReconnectError::Stopped;
+        }
+        ReconnectError::Down { failures: st.failures_in_row, last: st.last_error.clone() }
+    }
+}
