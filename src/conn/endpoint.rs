@@ -79,7 +79,8 @@ impl<N: Nic> Endpoint<N> {
         let layout = Layout::new(&cfg);
         let chunk = u64::from(cfg.read_chunk.max(1));
         let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
-        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * u64::from(layout.slots()) + reads + 8;
+        let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
+        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
         let send_wrs = u32::try_from(send_wrs).map_err(|_| {
             NicError::InvalidWr(format!(
                 "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"

@@ -132,7 +132,10 @@ pub enum Command {
     SetQpError,
     /// Copy the staged bytes of `data` into the data region at
     /// `data.offset` (an inline payload received into a buffer of the
-    /// pool), before the next input.
+    /// pool). Carry it out before the user reads the buffer of the event it
+    /// belongs to: take every command ([`Connection::poll_command`] until
+    /// `None`) before handing out the events' buffers, as
+    /// [`Endpoint`](super::Endpoint) does.
     Fill {
         /// The bytes, and where they go in the data region.
         data: Staged,
