@@ -117,6 +117,13 @@ impl<N: Nic> Endpoint<N> {
         &self.conn
     }
 
+    /// Bytes of memory this connection has registered with the NIC: its
+    /// control slots, its buffer pool, and the user regions it holds.
+    pub fn registered_bytes(&self) -> u64 {
+        let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
+        self.ctrl.len as u64 + self.data.len as u64 + regions
+    }
+
     /// The data region (for tests and the oracle).
     pub fn data_region(&self) -> MrInfo {
         self.data

@@ -273,6 +273,12 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
+    /// Bytes of memory this connection has registered with the NIC (see
+    /// [`Endpoint::registered_bytes`]).
+    pub fn registered_bytes(&self) -> u64 {
+        self.peek(|s| s.ep.registered_bytes())
+    }
+
     /// How many bytes `buf` holds at most.
     pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
         self.peek(|s| s.ep.capacity(buf))

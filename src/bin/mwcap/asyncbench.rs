@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::future::{select, try_join_all, Either};
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Config, Connection, Endpoint, Policies, Policy, Refused, Role};
+use mwcap::conn::{Buf, BufClass, Config, Connection, Endpoint, Policies, Policy, Refused, Role};
 
 use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
 use crate::count;
@@ -25,29 +25,43 @@ use crate::count;
 /// run stuck.
 const STUCK: Duration = Duration::from_secs(10);
 
-/// Endpoint settings for a benchmark side: `buffers` buffers of
-/// `buffer_size` bytes, the same policy both ways, the driver's busy poll
-/// in µs if given.
-pub fn config(
-    role: Role,
-    policy: Policy,
-    buffers: u32,
-    buffer_size: u32,
-    busy_poll_us: Option<u64>,
-) -> Config {
+/// A benchmark side's pool: `buffers` standard buffers of `buffer_size`
+/// bytes and, when `max_payload` is larger, `large` buffers of
+/// `max_payload` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Pool {
+    /// Standard buffers.
+    pub buffers: u32,
+    /// Their size.
+    pub buffer_size: u32,
+    /// The largest payload.
+    pub max_payload: u32,
+    /// Buffers of `max_payload` bytes, if it exceeds `buffer_size`.
+    pub large: u32,
+    /// Control slots.
+    pub ctrl_slots: u32,
+}
+
+/// Endpoint settings for a benchmark side: `pool`, the same policy both
+/// ways, the driver's busy poll in µs if given.
+pub fn config(role: Role, policy: Policy, pool: Pool, busy_poll_us: Option<u64>) -> Config {
     let mut c = Config::new(role, Policies::both(policy));
-    c.buffers = buffers;
-    c.buffer_size = buffer_size;
+    c.buffers = pool.buffers;
+    c.buffer_size = pool.buffer_size;
+    c.ctrl_slots = pool.ctrl_slots;
+    if pool.max_payload > pool.buffer_size && pool.large > 0 {
+        c.large_buffers = vec![BufClass { size: pool.max_payload, count: pool.large }];
+    }
     if let Some(us) = busy_poll_us {
         c.busy_poll = Duration::from_micros(us);
     }
     c
 }
 
-/// A free buffer: returned buffers go back to the pool by themselves and
-/// wake `alloc`; give up after `STUCK`.
-async fn alloc<N: Nic>(conn: &Connection<N>) -> Result<Buf, String> {
-    let wait = pin!(conn.alloc());
+/// A free buffer that holds `len` bytes: returned buffers go back to the
+/// pool by themselves and wake `alloc_for`; give up after `STUCK`.
+async fn alloc<N: Nic>(conn: &Connection<N>, len: u32) -> Result<Buf, String> {
+    let wait = pin!(conn.alloc_for(len as usize));
     match select(wait, async_io::Timer::after(STUCK)).await {
         Either::Left((b, _)) => b.map_err(|e| format!("waiting for a buffer: {e}")),
         Either::Right(_) => {
@@ -101,7 +115,7 @@ pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64
                     reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?;
                     continue;
                 };
-                let mut b = alloc(conn).await?;
+                let mut b = alloc(conn, reply_size).await?;
                 if let Err(e) = conn.write(&mut b, bytes) {
                     conn.free(b);
                     return Err(format!("writing a {reply_size}-byte reply: {e}"));
@@ -131,7 +145,7 @@ async fn caller<N: Nic>(
         tag = tag.wrapping_add(1);
         let t0 = Instant::now();
         let data = if req_size > 0 {
-            let mut b = alloc(conn).await?;
+            let mut b = alloc(conn, req_size).await?;
             let w = match payload.borrow_mut().tagged(req_size, tag) {
                 Some(bytes) => conn.write(&mut b, bytes).map_err(|e| e.to_string()),
                 None => Err(format!("no {req_size}-byte payload")),
@@ -220,29 +234,48 @@ pub enum Server {
     Remote,
 }
 
-/// Run `case` on a connected client: `warmup` calls, then `iters` calls
-/// measured, `case.inflight` at a time.
+/// `calls` calls of `case` spread over `conns`, each keeping
+/// `case.inflight` in flight.
+async fn spread<N: Nic>(
+    conns: &[Connection<N>],
+    case: &Case,
+    calls: u32,
+    payload: &RefCell<Payload>,
+    tags: &Cell<u8>,
+    hist: &RefCell<Histogram<u64>>,
+) -> Result<(), String> {
+    let n = conns.len().max(1) as u32;
+    let batches = conns.iter().enumerate().map(|(i, c)| {
+        let share = calls / n + u32::from((i as u32) < calls % n);
+        batch(c, case, share, payload, tags, hist)
+    });
+    try_join_all(batches).await.map(|_| ())
+}
+
+/// Run `case` on connected clients: `warmup` calls, then `iters` calls
+/// measured, spread over `conns`, `case.inflight` at a time on each.
 pub async fn run_case<N: Nic>(
-    conn: &Connection<N>,
+    conns: &[Connection<N>],
     case: &Case,
     iters: u32,
     warmup: u32,
     server: Server,
 ) -> Result<Measured, String> {
+    let first = conns.first().ok_or("no connection")?;
     let payload = RefCell::new(Payload::new(case.size));
     let tags = Cell::new(0u8);
     let scratch = RefCell::new(cases::histogram());
-    batch(conn, case, warmup, &payload, &tags, &scratch).await?;
+    spread(conns, case, warmup, &payload, &tags, &scratch).await?;
     let hist = RefCell::new(cases::histogram());
-    let remote0 = if server == Server::Remote { Some(server_allocs(conn).await?) } else { None };
-    let run = batch(conn, case, iters, &payload, &tags, &hist);
+    let remote0 = if server == Server::Remote { Some(server_allocs(first).await?) } else { None };
+    let run = spread(conns, case, iters, &payload, &tags, &hist);
     let a0 = count::allocs();
     let t0 = Instant::now();
     run.await?;
     let elapsed = t0.elapsed();
     let local = count::allocs() - a0;
     let allocs = match remote0 {
-        Some(r0) => local + server_allocs(conn).await?.saturating_sub(r0),
+        Some(r0) => local + server_allocs(first).await?.saturating_sub(r0),
         None => local,
     };
     Ok(Measured { hist: hist.into_inner(), elapsed, allocs: Some(allocs) })
@@ -258,11 +291,11 @@ pub fn one_process<N: Nic>(
     warmup: u32,
     mode_backend: (&str, &str),
 ) -> Result<(), String> {
-    let max_payload = server.config().buffer_size;
+    let max_payload = server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size);
     let (client, cdrv) = Connection::new(client);
     let (server, sdrv) = Connection::new(server);
     let app = async {
-        let r = run_cases(&client, cases, iters, warmup, Server::Here, mode_backend).await;
+        let r = run_cases(std::slice::from_ref(&client), cases, iters, warmup, Server::Here, mode_backend, "").await;
         client.close();
         server.close();
         r
@@ -277,17 +310,19 @@ pub fn one_process<N: Nic>(
     s.map(|_| ())
 }
 
-/// Run `cases` on a connected client, printing a line for each.
+/// Run `cases` on connected clients, printing a line for each (with
+/// `extra` at its end: the connection figures).
 pub async fn run_cases<N: Nic>(
-    conn: &Connection<N>,
+    conns: &[Connection<N>],
     cases: &[Case],
     iters: u32,
     warmup: u32,
     server: Server,
     (mode, backend): (&str, &str),
+    extra: &str,
 ) -> Result<(), String> {
     for case in cases {
-        let m = run_case(conn, case, iters, warmup, server).await.map_err(|e| {
+        let m = run_case(conns, case, iters, warmup, server).await.map_err(|e| {
             format!(
                 "case {} policy {} size {} inflight {}: {e}",
                 case.name(),
@@ -296,7 +331,7 @@ pub async fn run_cases<N: Nic>(
                 case.inflight
             )
         })?;
-        println!("{}", cases::line(case, mode, backend, &m));
+        println!("{}{extra}", cases::line(case, mode, backend, &m));
     }
     Ok(())
 }

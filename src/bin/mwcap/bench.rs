@@ -60,12 +60,15 @@ mod imp {
     use std::time::Duration;
 
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{connect, Connected, Connection, Endpoint, Policies, Policy, PolicyChoice, Role};
+    use mwcap::conn::{
+        connect_with, Connected, Connection, Endpoint, Policies, Policy, PolicyChoice, Role, SetupOptions,
+    };
+    use mwcap::ProbeCache;
     use mwcap::verbs::VerbsNic;
 
     use super::policy_addr;
     use crate::asyncbench::{config, one_process, run_cases, Server};
-    use crate::cases;
+    use crate::{cases, count};
     use crate::BenchOpts;
 
     /// How long connecting (TCP, hellos, the probe of the peer) may take.
@@ -88,35 +91,61 @@ mod imp {
         );
     }
 
-    /// Client of a `mwcap serve` at `addr`: one connection per policy.
+    /// Client of a `mwcap serve` at `addr`: `--connections` connections
+    /// per policy (the device probed once for all of them).
     pub fn remote(o: &BenchOpts, addr: SocketAddr, auth: &Auth) -> Result<(), String> {
         header(o, &format!("two processes, client of mwcap serve at {addr}"));
+        let probes = ProbeCache::new();
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
             let to = policy_addr(addr, policy)?;
             let choice = match policy {
                 Policy::Mw => PolicyChoice::Mw,
                 Policy::Confirm => PolicyChoice::Confirm,
             };
-            let cfg = config(Role::Client, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
-            let c = connect(open(o)?, to, cfg, choice, auth, SETUP)
-                .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
-            if c.policies != Policies::both(policy) {
-                return Err(format!(
-                    "the connection to {to} runs {:?}, not {policy:?} both ways; is {to} the server's {policy:?} port (mw: the --listen port, confirm: the next)?",
-                    c.policies
-                ));
+            let opts = SetupOptions::new(choice, auth.clone()).timeout(SETUP).probe_cache(probes.clone());
+            let heap0 = count::heap_bytes();
+            let mut clients = Vec::new();
+            let mut drivers = Vec::new();
+            let mut streams = Vec::new();
+            let started = std::time::Instant::now();
+            for _ in 0..o.connections.max(1) {
+                let cfg = config(Role::Client, policy, o.pool(), o.busy_poll_us);
+                let c = connect_with(open(o)?, to, cfg, &opts)
+                    .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
+                if c.policies != Policies::both(policy) {
+                    return Err(format!(
+                        "the connection to {to} runs {:?}, not {policy:?} both ways; is {to} the server's {policy:?} port (mw: the --listen port, confirm: the next)?",
+                        c.policies
+                    ));
+                }
+                let Connected { endpoint, stream, .. } = c;
+                let (client, driver) = Connection::new(endpoint);
+                clients.push(client);
+                drivers.push(driver.run());
+                streams.push(stream);
             }
-            let Connected { endpoint, stream, .. } = c;
-            let (client, driver) = Connection::new(endpoint);
+            let n = clients.len();
+            let setup = started.elapsed();
+            let heap = (count::heap_bytes() - heap0).max(0) as u64 / n as u64;
+            let registered = clients[0].registered_bytes();
+            eprintln!(
+                "# {policy:?}: {n} connection(s) set up in {:.2} s ({:.0} per second)",
+                setup.as_secs_f64(),
+                n as f64 / setup.as_secs_f64().max(1e-9)
+            );
+            let extra = format!(" connections={n} registered_bytes_per_conn={registered} heap_bytes_per_conn={heap}");
             let app = async {
-                let r =
-                    run_cases(&client, &group, o.iters, o.warmup, Server::Remote, ("async", "verbs")).await;
-                client.close();
+                let r = run_cases(&clients, &group, o.iters, o.warmup, Server::Remote, ("async", "verbs"), &extra)
+                    .await;
+                for c in &clients {
+                    c.close();
+                }
                 r
             };
-            let (r, _) = futures::executor::block_on(futures::future::join(app, driver.run()));
-            // Closing the bootstrap stream tells the server this client is done.
-            drop(stream);
+            let (r, _) =
+                futures::executor::block_on(futures::future::join(app, futures::future::join_all(drivers)));
+            // Closing the bootstrap streams tells the server these clients are done.
+            drop(streams);
             r?;
         }
         Ok(())
@@ -126,7 +155,7 @@ mod imp {
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
-            let cfg = |role| config(role, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
+            let cfg = |role| config(role, policy, o.pool(), o.busy_poll_us);
             let nic_err = |e: mwcap::backend::NicError| format!("setting up the {policy:?} endpoints: {e}");
             let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(nic_err)?;
             let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(nic_err)?;

@@ -123,9 +123,21 @@ pub struct BenchOpts {
     /// working type-2 windows).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "mw,confirm")]
     pub policy: Vec<PolicyArg>,
-    /// Data buffers per side.
+    /// Data buffers of 64 KiB (or of the largest size, if smaller) per side.
     #[arg(long, default_value_t = 32)]
     pub buffers: u32,
+    /// Buffers of the largest size per side, when it exceeds 64 KiB (the
+    /// larger payloads wait for one of them).
+    #[arg(long, default_value_t = 4)]
+    pub large_buffers: u32,
+    /// Connections per policy; the calls of each case are spread over them
+    /// (each connection keeps `inflight` calls in flight).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u32,
+    /// Control slots per connection (SENDs in flight, receives posted; at
+    /// least 8).
+    #[arg(long, default_value_t = 64)]
+    pub ctrl_slots: u32,
     /// How long each driver polls an idle completion queue before it sleeps
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
@@ -142,9 +154,25 @@ pub struct BenchOpts {
 }
 
 impl BenchOpts {
-    /// Bytes per data buffer: the largest size, at least 64 KiB.
+    /// Bytes per standard data buffer: 64 KiB, or the largest size if smaller.
     pub fn buffer_size(&self) -> u32 {
-        self.sizes.iter().copied().max().unwrap_or(0).max(64 << 10)
+        self.max_payload().min(64 << 10).max(1)
+    }
+
+    /// The largest payload size.
+    pub fn max_payload(&self) -> u32 {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Each side's pool.
+    pub fn pool(&self) -> asyncbench::Pool {
+        asyncbench::Pool {
+            buffers: self.buffers,
+            buffer_size: self.buffer_size(),
+            max_payload: self.max_payload(),
+            large: self.large_buffers,
+            ctrl_slots: self.ctrl_slots,
+        }
     }
 }
 
@@ -164,9 +192,20 @@ pub struct ServeOpts {
     /// Data buffers per connection.
     #[arg(long, default_value_t = 32)]
     pub buffers: u32,
-    /// Bytes per data buffer (the largest reply payload served).
+    /// Bytes per standard data buffer.
     #[arg(long, default_value_t = 64 << 10)]
     pub buffer_size: u32,
+    /// The largest payload served (and read): when above --buffer-size,
+    /// each connection gets --large-buffers buffers of this size.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_payload: u32,
+    /// Buffers of --max-payload bytes per connection.
+    #[arg(long, default_value_t = 2)]
+    pub large_buffers: u32,
+    /// Control slots per connection (SENDs in flight, receives posted; at
+    /// least 8).
+    #[arg(long, default_value_t = 64)]
+    pub ctrl_slots: u32,
     /// How long each driver polls an idle completion queue before it sleeps
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
@@ -178,6 +217,20 @@ pub struct ServeOpts {
     /// mode 0600). Default: `/tmp/mwcap-<port of --listen>.sock`.
     #[arg(long)]
     pub stat_socket: Option<std::path::PathBuf>,
+}
+
+impl ServeOpts {
+    /// Each connection's pool.
+    #[cfg_attr(not(all(feature = "verbs", not(loom))), allow(dead_code))]
+    pub fn pool(&self) -> asyncbench::Pool {
+        asyncbench::Pool {
+            buffers: self.buffers,
+            buffer_size: self.buffer_size,
+            max_payload: self.max_payload,
+            large: self.large_buffers,
+            ctrl_slots: self.ctrl_slots,
+        }
+    }
 }
 
 /// Kinds of simulated NIC for `probe --sim`.

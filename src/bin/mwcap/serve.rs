@@ -98,7 +98,10 @@ mod imp {
         };
         // The device is probed once (by the first client), not on every accept.
         let opts = SetupOptions::new(choice, auth.clone()).timeout(SETUP);
-        loop {
+        let max_payload = o.max_payload.max(o.buffer_size);
+        // Each connection is served on a thread of its own, so that many
+        // clients are served at once (`mwcap bench --connections`).
+        std::thread::scope(|s| loop {
             let nic = match open(o) {
                 Ok(n) => n,
                 Err(e) => {
@@ -107,12 +110,14 @@ mod imp {
                     continue;
                 }
             };
-            let cfg = config(Role::Server, policy, o.buffers, o.buffer_size, o.busy_poll_us);
+            let cfg = config(Role::Server, policy, o.pool(), o.busy_poll_us);
             match accept_with(nic, listener, cfg, &opts) {
-                Ok(c) => serve_one(c, policy, o.buffer_size, registry),
+                Ok(c) => {
+                    s.spawn(move || serve_one(c, policy, max_payload, registry));
+                }
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }
-        }
+        })
     }
 
     /// Serve one connection until its client closes the bootstrap stream

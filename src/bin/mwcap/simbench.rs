@@ -61,7 +61,7 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let cfg = |role| crate::asyncbench::config(role, policy, o.buffers, o.buffer_size(), o.busy_poll_us);
+    let cfg = |role| crate::asyncbench::config(role, policy, o.pool(), o.busy_poll_us);
     let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
     let mut se = Endpoint::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
     let (a, b) = (ce.local(), se.local());
