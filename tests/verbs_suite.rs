@@ -812,3 +812,7 @@ mod endpoints {
         });
     }
 }
+
+// ---- torture: random calls and faults over several connections at once ----
+
+mod verbs_torture;
