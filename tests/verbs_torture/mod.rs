@@ -51,6 +51,8 @@ type Ep = Endpoint<VerbsNic>;
 
 /// Live connections at a time (draining ones come on top).
 const LIVE: usize = 4;
+/// Steps between two rounds that drive every connection (live and draining).
+const PUMP_ALL_EVERY: u64 = 4;
 /// Steps after which a connection has run its course.
 const LIFE: u32 = 300;
 const LEASE: Duration = Duration::from_millis(1200);
@@ -60,11 +62,21 @@ const BUFFER_SIZE: u32 = 16 << 10;
 /// What every buffer is overwritten with before it goes back to the pool.
 const SCRIBBLE: u8 = 0xee;
 
-/// The byte at `i` of payload `seq`: any two sequence numbers differ in
-/// their first four bytes, and the byte's offset is folded in.
-fn pat(seq: u32, i: usize) -> u8 {
-    let k = seq.wrapping_mul(0x9e37_79b1);
-    (k >> (8 * (i % 4))) as u8 ^ ((i / 4) as u8).wrapping_mul(29)
+/// Payload `seq` (its first `len` bytes are sent): a window into a table
+/// of random bytes, at an offset that differs for any 4,096 consecutive
+/// request (or reply) sequence numbers, so every payload of a connection's
+/// life differs from the others, and requests from replies. Filled and
+/// checked with one copy and one compare (byte loops in a debug build
+/// cost more CPU under TCG than rxe's own work).
+fn pattern(seq: u32) -> &'static [u8] {
+    static TABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t = vec![0; 8192 + BUFFER_SIZE as usize];
+        SmallRng::seed_from_u64(0x7ab1e).fill(&mut t[..]);
+        t
+    });
+    let off = ((seq & 0x7fff_ffff).wrapping_mul(977) % 4096 + (seq >> 31) * 4096) as usize;
+    &table[off..off + BUFFER_SIZE as usize]
 }
 
 fn header(seq: u32, len: usize) -> [u8; 8] {
@@ -83,9 +95,7 @@ fn parse(h: &[u8]) -> (u32, usize) {
 fn filled(ep: &mut Ep, seq: u32, len: usize) -> Option<Buf> {
     let mut b = ep.alloc()?;
     ep.fill(&mut b, |m| {
-        for (i, x) in m[..len].iter_mut().enumerate() {
-            *x = pat(seq, i);
-        }
+        m[..len].copy_from_slice(&pattern(seq)[..len]);
         len
     })
     .expect("fill");
@@ -96,12 +106,17 @@ fn filled(ep: &mut Ep, seq: u32, len: usize) -> Option<Buf> {
 /// give it back to the pool.
 fn verify_and_free(ep: &mut Ep, b: Buf, seq: u32, len: usize, what: &str) -> u64 {
     assert_eq!(b.len() as usize, len, "{what} {seq:#x}: payload length");
-    let bad = ep.bytes(&b, |m| m.iter().enumerate().position(|(i, x)| *x != pat(seq, i))).expect("bytes");
-    if let Some(i) = bad {
-        let got = ep.bytes(&b, |m| m[i]).unwrap();
+    let want = &pattern(seq)[..len];
+    if !ep.bytes(&b, |m| m == want).expect("bytes") {
+        let (i, got) = ep
+            .bytes(&b, |m| {
+                m.iter().zip(want).enumerate().find(|(_, (x, y))| x != y).map(|(i, (x, _))| (i, *x))
+            })
+            .unwrap()
+            .unwrap();
         panic!(
             "{what} {seq:#x}: byte {i} of {len} is {got:#04x}, sent {:#04x}: a stale or foreign payload was accepted",
-            pat(seq, i)
+            want[i]
         );
     }
     scribble_and_free(ep, b);
@@ -141,6 +156,7 @@ struct Counts {
     expired: u64,
     stale_reads: u64,
     qp_errors: u64,
+    stalls: u64,
     kills: u64,
     went_down: u64,
     /// Wall time spent setting connections up and closing them.
@@ -163,8 +179,11 @@ struct Conn {
     /// The fault injected, if any: only then may it go down.
     fault: Option<&'static str>,
     steps: u32,
-    /// Draining since, and until at the latest.
+    /// Draining since.
     drain: Option<Instant>,
+    /// A side (client, server) that stopped running until then: it drives
+    /// nothing, takes no events and makes no calls or replies.
+    stalled: [Option<Instant>; 2],
     call_timeout: Duration,
 }
 
@@ -199,13 +218,15 @@ impl Conn {
             server: Some(server),
             given: [0; 2],
             returned: [0; 2],
-            seq: 0,
+            // A random start: payloads of different connections differ too.
+            seq: rng.gen_range(0..1 << 30),
             calls: HashMap::new(),
             pending: VecDeque::new(),
             req_seq: HashMap::new(),
             fault: None,
             steps: 0,
             drain: None,
+            stalled: [None; 2],
             call_timeout,
         }
     }
@@ -221,20 +242,33 @@ impl Conn {
     /// Drive both sides once and take their events; returns whether any came.
     fn pump(&mut self, c: &mut Counts) -> bool {
         let now = self.now();
-        for ep in [self.client.as_mut(), self.server.as_mut()].into_iter().flatten() {
-            ep.handle_timeout(now);
-            ep.drive(now);
+        let t = Instant::now();
+        for (i, ep) in [self.client.as_mut(), self.server.as_mut()].into_iter().enumerate() {
+            match (ep, self.stalled[i]) {
+                (Some(_), Some(until)) if t < until => {}
+                (Some(ep), _) => {
+                    ep.handle_timeout(now);
+                    ep.drive(now);
+                }
+                (None, _) => {}
+            }
         }
         self.take_events(c)
     }
 
+    /// Whether side `i` (0 client, 1 server) is stalled now.
+    fn is_stalled(&self, i: usize) -> bool {
+        self.stalled[i].is_some_and(|until| Instant::now() < until)
+    }
+
     fn take_events(&mut self, c: &mut Counts) -> bool {
         let mut any = false;
-        while let Some(e) = self.server.as_mut().and_then(Ep::poll_event) {
+        let (client_stalled, server_stalled) = (self.is_stalled(0), self.is_stalled(1));
+        while let Some(e) = self.server.as_mut().filter(|_| !server_stalled).and_then(Ep::poll_event) {
             any = true;
             self.on_server(e, c);
         }
-        while let Some(e) = self.client.as_mut().and_then(Ep::poll_event) {
+        while let Some(e) = self.client.as_mut().filter(|_| !client_stalled).and_then(Ep::poll_event) {
             any = true;
             self.on_client(e, c);
         }
@@ -303,6 +337,9 @@ impl Conn {
 
     fn call(&mut self, rng: &mut SmallRng, c: &mut Counts) {
         let now = self.now();
+        if self.is_stalled(0) {
+            return;
+        }
         let Some(cl) = self.client.as_mut() else { return };
         self.seq += 1;
         let seq = self.seq;
@@ -330,6 +367,9 @@ impl Conn {
 
     fn reply(&mut self, rng: &mut SmallRng, c: &mut Counts, payload: bool) {
         let now = self.now();
+        if self.is_stalled(1) {
+            return;
+        }
         let Some(s) = self.server.as_mut() else { return };
         if self.pending.is_empty() {
             return;
@@ -372,6 +412,9 @@ impl Conn {
                 self.reply(rng, c, payload)
             }
             730..=759 => {
+                if self.is_stalled(0) {
+                    return;
+                }
                 if let (Some(cl), false) = (self.client.as_mut(), self.calls.is_empty()) {
                     let ids: Vec<CallId> = self.calls.keys().copied().collect();
                     let now = self.epoch.elapsed();
@@ -388,7 +431,7 @@ impl Conn {
                 }
             }
             785..=989 => {} // a step that only drives every connection
-            990..=995 => {
+            990..=993 => {
                 let client = rng.gen_bool(0.5);
                 let ep = if client { self.client.as_ref() } else { self.server.as_ref() };
                 if let Some(ep) = ep {
@@ -396,6 +439,16 @@ impl Conn {
                     self.fault = Some(if client { "client QP error" } else { "server QP error" });
                     c.qp_errors += 1;
                 }
+            }
+            994..=996 => {
+                // One side stops running for longer than a lease: the
+                // server answers no release, the client reads its grants
+                // late (a late READ may meet an invalidated window).
+                let client = rng.gen_bool(0.5);
+                let ms = LEASE.as_millis() as u64 + rng.gen_range(100..1000);
+                self.stalled[usize::from(!client)] = Some(Instant::now() + Duration::from_millis(ms));
+                self.fault = Some(if client { "client stalled" } else { "server stalled" });
+                c.stalls += 1;
             }
             _ => {
                 // One side dies: its endpoint is dropped with no close.
@@ -410,6 +463,13 @@ impl Conn {
                 }
                 c.kills += 1;
             }
+        }
+    }
+
+    /// A connection no fault was injected into stays up.
+    fn check_healthy(&self) {
+        if let (None, Some(why)) = (self.fault, self.down()) {
+            panic!("a healthy connection ({:?}) went down: {why}", self.policies);
         }
     }
 
@@ -435,6 +495,9 @@ impl Conn {
     /// Drained: a healthy connection has nothing in flight; a faulted one
     /// is down on every side left (or has nothing in flight), or its time is up.
     fn drained(&self) -> bool {
+        if self.is_stalled(0) || self.is_stalled(1) {
+            return false;
+        }
         let since = self.drain.expect("draining").elapsed();
         let idle = self.calls.is_empty()
             && [&self.client, &self.server].into_iter().flatten().all(|ep| ep.busy_buffers() == 0);
@@ -452,7 +515,7 @@ impl Conn {
             return idle;
         }
         let all_down = [&self.client, &self.server].into_iter().flatten().all(|ep| ep.is_down().is_some());
-        idle || all_down || since > LEASE + Duration::from_secs(2)
+        idle || all_down || since > LEASE + Duration::from_secs(3)
     }
 
     /// Close both sides and check that every buffer is back.
@@ -525,16 +588,20 @@ fn torture_random_calls_and_faults_over_several_connections() {
     c.connections = LIVE as u64;
     let mut last_report = Instant::now();
     while c.delivered < target || !live.is_empty() || !draining.is_empty() {
+        let mut quiet = true;
         if c.delivered < target {
             let i = rng.gen_range(0..live.len());
             live[i].apply(&mut rng, &mut c);
+            live[i].pump(&mut c);
+            live[i].check_healthy();
             c.steps += 1;
         }
-        let mut quiet = true;
-        for conn in live.iter_mut().chain(draining.iter_mut()) {
-            quiet &= !conn.pump(&mut c);
-            if let (None, Some(why)) = (conn.fault, conn.down()) {
-                panic!("a healthy connection ({:?}) went down: {why}", conn.policies);
+        // Every connection is driven every few steps (driving them all
+        // after every step costs more CPU than rxe's work under TCG).
+        if c.steps % PUMP_ALL_EVERY == 0 || c.delivered >= target {
+            for conn in live.iter_mut().chain(draining.iter_mut()) {
+                quiet &= !conn.pump(&mut c);
+                conn.check_healthy();
             }
         }
         if c.delivered >= target {
@@ -607,10 +674,13 @@ fn torture_random_calls_and_faults_over_several_connections() {
         c.expired,
         c.stale_reads
     ));
-    say(format_args!("torture (verbs): faults: {} QP errors, {} deaths", c.qp_errors, c.kills));
+    say(format_args!(
+        "torture (verbs): faults: {} QP errors, {} stalls past a lease, {} deaths",
+        c.qp_errors, c.stalls, c.kills
+    ));
     assert!(c.delivered >= target);
     assert!(
-        c.qp_errors + c.kills > 0 && c.connections > LIVE as u64,
+        c.qp_errors + c.stalls + c.kills > 0 && c.connections > LIVE as u64,
         "faults injected, connections replaced: {c:?}"
     );
 }
