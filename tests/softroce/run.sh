@@ -16,7 +16,8 @@
 #
 # Knobs: SOFTROCE_TIMEOUT, SOFTROCE_KERNEL (a /boot/vmlinuz-*),
 # SOFTROCE_MEMORY (2G), SOFTROCE_CPUS (2). Every MWCAP_* variable of the
-# host's environment is exported inside the VM (it inherits no other).
+# host's environment but a key is exported inside the VM (it inherits no
+# other).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -69,9 +70,11 @@ marker="MWCAP_SOFTROCE_STATUS"
 # The command, quoted for the inner shell.
 cmd=$(printf '%q ' "$@")
 # The VM does not inherit the host's environment: pass on every MWCAP_*
-# variable (test knobs such as MWCAP_VERBS_TORTURE_CALLS, MWCAP_BENCH).
+# variable (test knobs such as MWCAP_VERBS_TORTURE_CALLS, MWCAP_BENCH), but
+# never one holding a key (MWCAP_KEY): the inner script stays in logs/ when
+# a run fails.
 pass_env=""
-for name in $(compgen -e | grep '^MWCAP_' || true); do
+for name in $(compgen -e | grep '^MWCAP_' | grep -v 'KEY' || true); do
     pass_env+="export $name=$(printf '%q' "${!name}")"$'\n'
 done
 cat >"$inner" <<INNER
