@@ -6,21 +6,24 @@
 //! Each step applies one random operation to one live connection: a call
 //! with or without a payload of random size, a reply with or without one,
 //! a cancel, a request the server never answers (the client's call times
-//! out and its request window expires at the owner), a short wait; and,
-//! as faults, a QP forced into the error state (either side) or the abrupt
-//! death of one side (its endpoint dropped: QP to ERR, windows freed, QP
-//! destroyed, memory deregistered). Each connection gets random policies
-//! (mw or confirm, each direction), a random pool size and, one time in
-//! four, a short call timeout.
+//! out and its request window expires at the owner), a step that only
+//! drives; and, as faults, a QP forced into the error state (either side),
+//! one side stalled for longer than a lease (late reads, releases never
+//! sent), or the abrupt death of one side (its endpoint dropped: QP to ERR,
+//! windows freed, QP destroyed, memory deregistered). Each connection
+//! gets random policies (mw or confirm, each direction), a random pool size
+//! and, one time in four, a short call timeout.
 //!
-//! Checked after every step:
+//! Checked as the run goes:
 //! - every delivered payload, both directions, is the one sent for that
 //!   call, byte for byte (the pattern is keyed by the call's sequence
 //!   number, and every buffer that comes back to its owner or is freed by a
 //!   reader is overwritten first, so a stale read accepted shows as a
 //!   mismatch);
-//! - a reply goes to the call it answers;
-//! - no connection without an injected fault goes down.
+//! - a reply goes to the call it answers, and every call ends once;
+//! - no connection without an injected fault goes down (checked for the
+//!   connection stepped after each step, and for every connection each time
+//!   all are driven, every 4 steps).
 //!
 //! At the end of each connection's life: a healthy one first drains (no new
 //! operations; the server answers what it still means to answer) until no
