@@ -1,7 +1,9 @@
 //! The verbs suite: runs on a real device, inside the SoftRoCE VM
 //! (`tests/softroce/verbs-suite.sh`). One test per conformance scenario,
 //! checked in the rxe flavor on two `VerbsNic` handles on rxe0 (loopback),
-//! plus tests of the verbs layer itself.
+//! plus tests of the verbs layer itself, whole `Endpoint` pairs, and the
+//! torture run (`verbs_torture/`: random calls and faults over several
+//! connections; `docs/reliability.md`).
 //!
 //! The device, port and GID index come from `MWCAP_DEVICE` (default `rxe0`),
 //! `MWCAP_PORT` (1) and `MWCAP_GID_INDEX` (1).
@@ -812,3 +814,7 @@ mod endpoints {
         });
     }
 }
+
+// ---- torture: random calls and faults over several connections at once ----
+
+mod verbs_torture;

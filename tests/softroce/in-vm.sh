@@ -150,10 +150,10 @@ PY
 
 # The benchmark: perftest's floor, then mwcap serve (in the background) and
 # mwcap bench as its client, two processes over the TCP bootstrap, as a
-# service would run; then the ratios. About 5 minutes under TCG. The VM
-# does not inherit the host's environment: to change the iteration counts
-# (MWCAP_BENCH_ITERS, MWCAP_BENCH_WARMUP) or skip the step (MWCAP_BENCH=0),
-# edit the defaults here.
+# service would run; then the ratios. About 5 minutes under TCG. To change
+# the iteration counts (MWCAP_BENCH_ITERS, MWCAP_BENCH_WARMUP) or skip the
+# step (MWCAP_BENCH=0), set them on the host: run.sh exports every MWCAP_*
+# variable into the VM (which inherits no other environment).
 if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     bench_start=$(date +%s)
     echo "=== benchmark (informational): perftest and mwcap on rxe0"

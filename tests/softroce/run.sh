@@ -15,7 +15,9 @@
 # VM's dmesg, scanned for oopses too) under tests/softroce/logs/.
 #
 # Knobs: SOFTROCE_TIMEOUT, SOFTROCE_KERNEL (a /boot/vmlinuz-*),
-# SOFTROCE_MEMORY (2G), SOFTROCE_CPUS (2).
+# SOFTROCE_MEMORY (2G), SOFTROCE_CPUS (2). Every MWCAP_* variable of the
+# host's environment but a key is exported inside the VM (it inherits no
+# other).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -67,9 +69,18 @@ marker="MWCAP_SOFTROCE_STATUS"
 
 # The command, quoted for the inner shell.
 cmd=$(printf '%q ' "$@")
+# The VM does not inherit the host's environment: pass on every MWCAP_*
+# variable (test knobs such as MWCAP_VERBS_TORTURE_CALLS, MWCAP_BENCH), but
+# never one holding a key (MWCAP_KEY): the inner script stays in logs/ when
+# a run fails.
+pass_env=""
+for name in $(compgen -e | grep '^MWCAP_' | grep -v 'KEY' || true); do
+    pass_env+="export $name=$(printf '%q' "${!name}")"$'\n'
+done
 cat >"$inner" <<INNER
 #!/bin/bash
 cd $(printf '%q' "$root")
+$pass_env
 echo "softroce: kernel \$(uname -r), setting up rxe0"
 if ! { modprobe rdma_rxe && rdma link add rxe0 type rxe netdev lo; }; then
     echo "softroce: could not set up rxe0"
