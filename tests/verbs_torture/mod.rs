@@ -281,7 +281,7 @@ impl Conn {
     fn on_server(&mut self, e: Event, c: &mut Counts) {
         let s = self.server.as_mut().expect("events come from a live server");
         match e {
-            Event::Request { req, header, data } => {
+            Event::Request { req, header, data, .. } => {
                 let (seq, len) = parse(&header);
                 match data {
                     Some(d) => c.bytes_checked += verify_and_free(s, d, seq, len, "request"),
@@ -350,11 +350,14 @@ impl Conn {
             if rng.gen_bool(0.5) { rng.gen_range(1..=256) } else { rng.gen_range(1..=BUFFER_SIZE as usize) };
         let data = if rng.gen_bool(0.7) { filled(cl, seq, len) } else { None };
         let had = data.is_some();
+        // Up to `inline_max` bytes ride in the frame: the buffer is back at
+        // once, not in a BufferReturned.
+        let inline = len <= cl.config().inline_max as usize;
         match cl.call(now, &header(seq, if had { len } else { 0 }), data) {
             Ok(id) => {
                 self.calls.insert(id, seq);
                 c.calls += 1;
-                if had {
+                if had && !inline {
                     self.given[0] += 1;
                     c.calls_with_payload += 1;
                 }
@@ -384,10 +387,11 @@ impl Conn {
             if rng.gen_bool(0.5) { rng.gen_range(1..=256) } else { rng.gen_range(1..=BUFFER_SIZE as usize) };
         let data = if payload { filled(s, rseq, len) } else { None };
         let had = data.is_some();
+        let inline = len <= s.config().inline_max as usize;
         match s.reply(now, req, 0, &header(rseq, if had { len } else { 0 }), data) {
             Ok(()) => {
                 c.replies += 1;
-                if had {
+                if had && !inline {
                     self.given[1] += 1;
                     c.replies_with_payload += 1;
                 }

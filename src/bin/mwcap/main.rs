@@ -156,7 +156,7 @@ pub struct BenchOpts {
 impl BenchOpts {
     /// Bytes per standard data buffer: 64 KiB, or the largest size if smaller.
     pub fn buffer_size(&self) -> u32 {
-        self.max_payload().min(64 << 10).max(1)
+        self.max_payload().clamp(1, 64 << 10)
     }
 
     /// The largest payload size.
