@@ -207,9 +207,60 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     else
         echo "bench: mwcap serve did not start listening, no result (informational)"
     fi
+    # Payloads of any size (pass/fail): 1 MiB and 16 MiB both ways under
+    # both policies, over 2 connections, every byte checked by both sides
+    # (the server checks each request payload's tag, the client each reply's).
+    if grep -q "listening" "$serve_log"; then
+        echo "=== payloads of 1 MiB and 16 MiB (pass/fail)"
+        large_out=$pdir/large.out
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+            --connections 2 --sizes 1048576,16777216 --inflight 1 --iters 6 --warmup 1 \
+            --large-buffers 2 | tee "$large_out"
+        rc=${PIPESTATUS[0]}
+        lines=$(grep -c "^case=" "$large_out")
+        if [ "$rc" -ne 0 ] || [ "$lines" -lt 8 ]; then
+            echo "large payloads: exit $rc, $lines result lines of 9 (FAIL)"
+            fail=1
+        else
+            echo "large payloads: $lines cases, every byte checked"
+        fi
+    fi
     kill "$serve_pid" 2>/dev/null
     wait "$serve_pid" 2>/dev/null
     wait "$stat_pid" 2>/dev/null
+
+    # Many clients (pass/fail): 100 connections per policy from this
+    # process to one mwcap serve (each served on its own thread), payloads
+    # of 64 B, 64 KiB and 1 MiB, every byte checked. Small pools (4
+    # buffers, one of 1 MiB, 16 control slots) keep 200 connections per
+    # side within the VM's memory.
+    echo "=== 100 connections per policy to one mwcap serve (pass/fail)"
+    many_port=18700
+    many_log=$pdir/many-serve.log
+    many_out=$pdir/many.out
+    small="--buffers 4 --large-buffers 1 --ctrl-slots 16"
+    timeout -k 5 600 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" \
+        --max-payload 1048576 $small >"$many_log" 2>&1 &
+    many_pid=$!
+    for _ in $(seq 1 60); do
+        grep -q "listening" "$many_log" 2>/dev/null && break
+        kill -0 "$many_pid" 2>/dev/null || break
+        sleep 1
+    done
+    many_start=$(date +%s)
+    timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
+        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$many_out"
+    rc=${PIPESTATUS[0]}
+    kill "$many_pid" 2>/dev/null
+    wait "$many_pid" 2>/dev/null
+    lines=$(grep -c "^case=.* connections=100 " "$many_out")
+    if [ "$rc" -ne 0 ] || [ "$lines" -lt 13 ]; then
+        echo "many connections: exit $rc, $lines result lines of 13 (FAIL)"
+        tail -20 "$many_log" | sed -e 's/^/many-serve: /'
+        fail=1
+    else
+        echo "many connections: $lines cases over 100 connections per policy in $(( $(date +%s) - many_start )) s, every byte checked"
+    fi
     rm -f "$key_file"
     # A row of a live server connection that has served requests: "ID PEER
     # QPN server POLICIES up AGE OPS ...", OPS > 0.

@@ -10,7 +10,7 @@
 # checkout. Exits with CMD's exit status.
 #
 # Fails with a message naming the log when the kernel panics or oopses, when
-# the run exceeds SOFTROCE_TIMEOUT seconds (default 900), or when the VM
+# the run exceeds SOFTROCE_TIMEOUT seconds (default 1500), or when the VM
 # ends without reporting a status. Each run keeps its console log (and the
 # VM's dmesg, scanned for oopses too) under tests/softroce/logs/.
 #
@@ -27,8 +27,8 @@ fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-timeout_s=${SOFTROCE_TIMEOUT:-900}
-mem=${SOFTROCE_MEMORY:-2G}
+timeout_s=${SOFTROCE_TIMEOUT:-1500}
+mem=${SOFTROCE_MEMORY:-3G}
 cpus=${SOFTROCE_CPUS:-2}
 
 sudo_cmd=()

@@ -25,6 +25,10 @@ fn pair(seed: u64, p: Policies, tweak: impl Fn(&mut Config)) -> Result<SimPair, 
     for cfg in [&mut c, &mut s] {
         cfg.buffers = 4;
         cfg.buffer_size = 4096;
+        // Every payload is exposed, small as they are here: the demo shows
+        // the windows and confirms at work (by default payloads up to 256
+        // bytes ride inline in the frame, with none).
+        cfg.inline_max = 0;
         tweak(cfg);
     }
     SimPair::new(FabricConfig::with_seed(seed), DeviceConfig::spec(), DeviceConfig::spec(), c, s)
