@@ -291,11 +291,20 @@ pub fn one_process<N: Nic>(
     warmup: u32,
     mode_backend: (&str, &str),
 ) -> Result<(), String> {
-    let max_payload = server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size);
+    let max_payload = server
+        .config()
+        .large_buffers
+        .iter()
+        .map(|c| c.size)
+        .max()
+        .unwrap_or(0)
+        .max(server.config().buffer_size);
     let (client, cdrv) = Connection::new(client);
     let (server, sdrv) = Connection::new(server);
     let app = async {
-        let r = run_cases(std::slice::from_ref(&client), cases, iters, warmup, Server::Here, mode_backend, "").await;
+        let r =
+            run_cases(std::slice::from_ref(&client), cases, iters, warmup, Server::Here, mode_backend, "")
+                .await;
         client.close();
         server.close();
         r

@@ -63,13 +63,13 @@ mod imp {
     use mwcap::conn::{
         connect_with, Connected, Connection, Endpoint, Policies, Policy, PolicyChoice, Role, SetupOptions,
     };
-    use mwcap::ProbeCache;
     use mwcap::verbs::VerbsNic;
+    use mwcap::ProbeCache;
 
     use super::policy_addr;
     use crate::asyncbench::{config, one_process, run_cases, Server};
-    use crate::{cases, count};
     use crate::BenchOpts;
+    use crate::{cases, count};
 
     /// How long connecting (TCP, hellos, the probe of the peer) may take.
     const SETUP: Duration = Duration::from_secs(60);
@@ -133,10 +133,19 @@ mod imp {
                 setup.as_secs_f64(),
                 n as f64 / setup.as_secs_f64().max(1e-9)
             );
-            let extra = format!(" connections={n} registered_bytes_per_conn={registered} heap_bytes_per_conn={heap}");
+            let extra =
+                format!(" connections={n} registered_bytes_per_conn={registered} heap_bytes_per_conn={heap}");
             let app = async {
-                let r = run_cases(&clients, &group, o.iters, o.warmup, Server::Remote, ("async", "verbs"), &extra)
-                    .await;
+                let r = run_cases(
+                    &clients,
+                    &group,
+                    o.iters,
+                    o.warmup,
+                    Server::Remote,
+                    ("async", "verbs"),
+                    &extra,
+                )
+                .await;
                 for c in &clients {
                     c.close();
                 }
