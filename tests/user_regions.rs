@@ -198,3 +198,34 @@ fn ranges_outside_their_region_or_past_the_exposure_limit_are_refused() {
     );
     assert!(matches!(p.client.region_write(r, 8000, &[0; 500]), Err(UseError::OutOfRegion { .. })));
 }
+
+#[test]
+fn the_window_of_a_range_covers_exactly_that_range_on_the_connections_qp() {
+    use mwcap::backend::MwId;
+    use mwcap::sim::WindowState;
+    let mut p = pair(Policies::both(Policy::Mw), |_| {});
+    let r = values(&mut p);
+    let now = p.now();
+    p.client.call(now, b"get", None).unwrap();
+    let req = take_request(&mut p);
+    let range = RegionRange { region: r, offset: 2 * 4096 + 100, len: 2000 };
+    let now = p.now();
+    p.server.reply_region(now, req, 0, b"ok", range).unwrap();
+    // The NICs carry out the bind and the SEND; no endpoint runs, so the
+    // client has not READ or released yet.
+    p.fabric.run_until_idle();
+    let dev = p.server_device();
+    let bound: Vec<_> = (0..64)
+        .filter_map(|i| match p.fabric.window(dev, MwId::from_raw(i)) {
+            Some(WindowState::Bound { qp, bytes, .. }) => Some((qp, bytes)),
+            _ => None,
+        })
+        .collect();
+    // Bound through the server's QP of this connection: only its peer can use it.
+    assert_eq!(
+        bound,
+        vec![(p.server_qp(), range.offset..range.offset + 2000)],
+        "one window, exactly the range"
+    );
+    assert_eq!(take_reply(&mut p)[..], pattern(2, 3000)[100..2100]);
+}
