@@ -165,6 +165,7 @@ impl BenchOpts {
     }
 
     /// Each side's pool.
+    #[cfg(not(loom))]
     pub fn pool(&self) -> asyncbench::Pool {
         asyncbench::Pool {
             buffers: self.buffers,
@@ -221,7 +222,8 @@ pub struct ServeOpts {
 
 impl ServeOpts {
     /// Each connection's pool.
-    #[cfg_attr(not(all(feature = "verbs", not(loom))), allow(dead_code))]
+    #[cfg(not(loom))]
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn pool(&self) -> asyncbench::Pool {
         asyncbench::Pool {
             buffers: self.buffers,
