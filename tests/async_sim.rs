@@ -263,3 +263,39 @@ fn closed_resolves_with_the_reason_once_the_connection_is_down() {
     assert_eq!(reason, mwcap::conn::LossReason::Closed);
     assert_eq!(client.is_down(), Some(mwcap::conn::LossReason::Closed));
 }
+
+#[test]
+fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() {
+    // The server's user holds every buffer: a small request payload (inline)
+    // waits in the connection. Freeing a buffer must deliver it at once,
+    // with no timer due to wake the driver.
+    let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let app = async {
+        let mut held = Vec::new();
+        while let Some(b) = server.try_alloc() {
+            held.push(b);
+        }
+        let mut b = client.alloc().await.unwrap();
+        client.write(&mut b, &[9; 100]).unwrap();
+        let call = client.call(b"q", Some(b));
+        let serve = async {
+            async_io::Timer::after(Duration::from_millis(50)).await;
+            let freed = std::time::Instant::now();
+            server.free(held.pop().unwrap());
+            let req = server.next_request().await.expect("the request");
+            let waited = freed.elapsed();
+            assert!(waited < Duration::from_millis(500), "delivered {waited:?} after the buffer was freed");
+            assert_eq!(server.read(req.data.as_ref().unwrap()).unwrap(), vec![9; 100]);
+            server.free(req.data.unwrap());
+            server.reply(req.id, 0, b"ok", None).await.unwrap();
+            held
+        };
+        let (r, held) = futures::future::join(call, serve).await;
+        r.expect("the call");
+        drop(held);
+        client.close();
+        server.close();
+    };
+    let drivers = futures::future::join(cdrv.run(), sdrv.run());
+    let (_, _) = block_on(futures::future::join(app, drivers));
+}

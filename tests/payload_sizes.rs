@@ -275,3 +275,35 @@ fn an_inline_payload_waits_for_a_free_buffer_and_then_arrives() {
     let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else { panic!("no request") };
     assert_eq!(p.server.read(&d).unwrap(), pattern(9, 200));
 }
+
+#[test]
+fn an_inline_reply_waiting_for_a_client_buffer_is_delivered_under_every_policy() {
+    // Under confirm the server refuses the client's fetch when its reply
+    // carries the payload inline: that is no failure, even when the bytes
+    // wait for a client buffer.
+    for pol in ALL {
+        let mut p = pair_with(pol, |c| c.large_buffers.clear());
+        let held: Vec<_> = (0..4).map(|_| p.client.alloc().unwrap()).collect();
+        let now = p.now();
+        let call = p.client.call(now, b"get", None).unwrap();
+        assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
+        let Some(Event::Request { req, .. }) = p.server_events.pop() else { panic!("no request") };
+        let mut out = p.server.alloc().unwrap();
+        p.server.write(&mut out, &pattern(4, 200)).unwrap();
+        let now = p.now();
+        p.server.reply(now, req, 0, b"ok", Some(out)).unwrap();
+        p.run_for(Duration::from_millis(20));
+        assert!(p.client_events.is_empty(), "{pol:?}: no client buffer yet: {:?}", p.client_events);
+        for h in held {
+            p.client.free(h);
+        }
+        assert!(p.drive_until(Duration::from_millis(100), |p| !p.client_events.is_empty()));
+        match p.client_events.remove(0) {
+            Event::Reply { call: c, data: Some(d), .. } => {
+                assert_eq!(c, call);
+                assert_eq!(p.client.read(&d).unwrap(), pattern(4, 200), "{pol:?}");
+            }
+            other => panic!("{pol:?}: {other:?}"),
+        }
+    }
+}

@@ -307,6 +307,10 @@ impl<N: Nic> Connection<N> {
         let mut st = self.inner.state.lock();
         st.ep.free(buf);
         st.capacity_waiters.wake_all();
+        if st.ep.has_events() {
+            // A payload that waited for a free buffer arrived.
+            self.inner.bell.ring();
+        }
     }
 
     /// Buffers free in the pool. A buffer given to a call or reply comes

@@ -186,6 +186,7 @@ impl Connection {
             fetch_fb: fetch,
             reply: None,
             data: Data::Unknown,
+            inline: false,
         };
         self.calls.insert(msg, call.deadline, call);
         self.stats.calls += 1;

@@ -184,6 +184,9 @@ struct Call {
     fetch_fb: Option<fb::MsgId>,
     reply: Option<(u8, Header)>,
     data: Data,
+    /// The reply carried its payload inline (a confirm fetch the server
+    /// refused is then no failure).
+    inline: bool,
 }
 
 /// Where a payload stands.
@@ -485,6 +488,8 @@ impl Connection {
             n += usize::from(self.bufs.give_back(slot, lending));
         }
         if n > 0 {
+            // A payload may be waiting for a free buffer: the engines run.
+            self.dirty = true;
             self.flush_holds();
         }
         n
@@ -561,7 +566,10 @@ impl Connection {
         if buf.endpoint == self.id {
             let (slot, lending) = (buf.slot, buf.lending);
             buf.disarm();
-            self.bufs.give_back(slot, lending);
+            if self.bufs.give_back(slot, lending) {
+                // A payload may be waiting for a free buffer: the engines run.
+                self.dirty = true;
+            }
             self.flush_holds();
         }
     }
@@ -1474,6 +1482,16 @@ impl Connection {
         }
         if self.backlog.is_empty() {
             self.backlog_bytes.clear();
+        } else if let Some(&(first, _)) = self.backlog.front() {
+            // Frames keep waiting: drop the bytes of those gone, once they
+            // are most of the arena, so that it holds only the waiting ones.
+            let first = first as usize;
+            if first > 0 && first * 2 >= self.backlog_bytes.len() {
+                self.backlog_bytes.drain(..first);
+                for e in self.backlog.iter_mut() {
+                    e.0 -= first as u32;
+                }
+            }
         }
         any
     }

@@ -165,6 +165,15 @@ impl Connection {
         }
         if self.inline_wait.is_empty() {
             self.inline_bytes.clear();
+        } else if let Some(first) = self.inline_wait.iter().map(|e| e.1 as usize).min() {
+            // Payloads keep waiting: drop the bytes of those gone, once they
+            // are most of the arena.
+            if first > 0 && first * 2 >= self.inline_bytes.len() {
+                self.inline_bytes.drain(..first);
+                for e in self.inline_wait.iter_mut() {
+                    e.1 -= first as u32;
+                }
+            }
         }
         any
     }
@@ -194,6 +203,7 @@ impl Connection {
                 call.data = if carries_data { Data::Reading } else { Data::Absent };
             }
             if !inline.is_empty() {
+                call.inline = true;
                 self.take_inline(msg, inline);
             }
             self.maybe_finish(msg);
@@ -507,8 +517,10 @@ impl Connection {
                 }
                 fb::Event::ReadFailed { msg, error } => {
                     if let Some(m) = self.cf().msgs.remove(&msg) {
+                        // A reply without data, or with its data inline,
+                        // refuses the client's fetch: no failure.
                         let refused_without_data = error == fb::ReadError::Refused
-                            && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent);
+                            && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent || c.inline);
                         if !refused_without_data {
                             self.payload_failed(m, PayloadError::Confirm(error));
                         }
