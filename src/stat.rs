@@ -80,6 +80,8 @@ type Source = Box<dyn Fn() -> Option<Snapshot> + Send + Sync>;
 
 struct Entry {
     source: Source,
+    /// Whether the connection is still alive (cheap: no snapshot).
+    alive: Box<dyn Fn() -> bool + Send>,
 }
 
 /// The connections a process shows to `mwcap stat`, and the devices whose
@@ -101,6 +103,10 @@ impl Registry {
     /// peer's address) until it and its driver are dropped.
     pub fn register<N: Nic + 'static>(&self, conn: &Connection<N>, peer: impl Into<String>) {
         let weak: Weak<_> = conn.downgrade();
+        let alive = {
+            let weak = weak.clone();
+            Box::new(move || weak.strong_count() > 0)
+        };
         let peer = peer.into();
         let since = Instant::now();
         let source: Source = Box::new(move || {
@@ -118,7 +124,12 @@ impl Registry {
                 driver: conn.driver_stats(),
             })
         });
-        self.entries.lock().push(Entry { source });
+        let mut entries = self.entries.lock();
+        // Forget the connections gone since, so that a server registering
+        // connection after connection and never asked for a snapshot does
+        // not keep an entry for each.
+        entries.retain(|e| (e.alive)());
+        entries.push(Entry { source, alive });
     }
 
     /// Show `device`'s `port` counters too, read from the kernel
@@ -352,9 +363,14 @@ impl StatServer {
                 if flag.load(Ordering::Acquire) {
                     break;
                 }
-                if let Ok(mut s) = stream {
-                    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = s.write_all(registry.render().as_bytes());
+                match stream {
+                    Ok(mut s) => {
+                        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = s.write_all(registry.render().as_bytes());
+                    }
+                    // Out of file descriptors or the like: back off rather
+                    // than spin on the error.
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
         })?;
@@ -370,10 +386,15 @@ impl StatServer {
 impl Drop for StatServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accept with a connection of our own.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept with a connection of our own. When that fails
+        // (the socket file was removed, or no descriptor is left) the thread
+        // is left blocked in accept rather than joined forever; it ends at
+        // its next client, or with the process.
+        let woken = UnixStream::connect(&self.path).is_ok();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if woken {
+                let _ = t.join();
+            }
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -396,4 +417,39 @@ pub fn fetch(path: impl AsRef<Path>) -> io::Result<String> {
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{Config, Endpoint, Policies, Policy, Role};
+    use crate::sim::{DeviceConfig, Fabric, SimNic};
+
+    fn connection(fabric: &Fabric, i: usize) -> (Connection<SimNic>, crate::conn::Driver<SimNic>) {
+        let c = fabric.add_device(DeviceConfig::spec().named(&format!("c{i}")));
+        let s = fabric.add_device(DeviceConfig::spec().named(&format!("s{i}")));
+        let p = Policies::both(Policy::Mw);
+        let mut c = Endpoint::new(c, Config::new(Role::Client, p)).unwrap();
+        let s = Endpoint::new(s, Config::new(Role::Server, p)).unwrap();
+        c.connect(&s.local()).unwrap();
+        Connection::new(c)
+    }
+
+    #[test]
+    fn registering_forgets_the_connections_gone_without_a_snapshot() {
+        let fabric = Fabric::with_seed(1);
+        let registry = Registry::new();
+        let (kept, _kept_driver) = connection(&fabric, 0);
+        registry.register(&kept, "kept");
+        for i in 1..50 {
+            let (conn, driver) = connection(&fabric, i);
+            registry.register(&conn, format!("gone {i}"));
+            drop((conn, driver));
+        }
+        // The last one registered is gone too, but is forgotten only at the
+        // next registration or snapshot.
+        assert_eq!(registry.entries.lock().len(), 2);
+        assert_eq!(registry.snapshot().len(), 1);
+        assert_eq!(registry.entries.lock().len(), 1);
+    }
 }

@@ -130,3 +130,47 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
         futures::future::Either::Right((reason, _)) => panic!("the driver ended: {reason}"),
     }
 }
+
+#[test]
+fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
+    use mwcap::backend::NicError;
+    use mwcap::conn::{BufClass, ConfigError};
+    let base = Config::new(Role::Server, Policies::both(Policy::Mw));
+    let cases: Vec<(fn(&mut Config), fn(&ConfigError) -> bool)> = vec![
+        (|c| c.buffers = 0, |e| matches!(e, ConfigError::NoBuffers { buffers: 0, .. })),
+        (|c| c.buffer_size = 0, |e| matches!(e, ConfigError::NoBuffers { buffer_size: 0, .. })),
+        (
+            |c| c.large_buffers = vec![BufClass { size: c.buffer_size, count: 1 }],
+            |e| matches!(e, ConfigError::LargeClassTooSmall { .. }),
+        ),
+        (
+            |c| c.large_buffers = (1..=256).map(|i| BufClass { size: c.buffer_size + i, count: 1 }).collect(),
+            |e| matches!(e, ConfigError::TooManyClasses { classes: 257 }),
+        ),
+        (|c| c.read_chunk = 0, |e| matches!(e, ConfigError::ZeroReadChunk)),
+        (|c| c.ctrl_slots = 7, |e| matches!(e, ConfigError::TooFewCtrlSlots { ctrl_slots: 7 })),
+        (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
+        (|c| c.safety_margin = c.lease_time, |e| matches!(e, ConfigError::MarginNotBelowLease { .. })),
+        (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
+    ];
+    let fabric = Fabric::with_seed(3);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    for (i, (break_it, expected)) in cases.into_iter().enumerate() {
+        let mut cfg = base.clone();
+        break_it(&mut cfg);
+        match Endpoint::new(nic.clone(), cfg.clone()) {
+            Err(NicError::BadConfig(e)) => {
+                assert!(expected(&e), "case {i}: {e:?}");
+                assert!(e.to_string().contains("Config::"), "case {i}: the message names the field: {e}");
+            }
+            Err(e) => panic!("case {i}: {e:?}"),
+            Ok(_) => panic!("case {i}: accepted {cfg:?}"),
+        }
+    }
+    // 255 large classes (256 in all) are fine, and so is the default.
+    let mut cfg = base.clone();
+    cfg.buffer_size = 64;
+    cfg.large_buffers = (1..=255).map(|i| BufClass { size: 64 + i, count: 1 }).collect();
+    assert_eq!(cfg.check(), Ok(()));
+    Endpoint::new(nic.clone(), base).expect("the defaults work");
+}

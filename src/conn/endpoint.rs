@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use super::frame::MAX_FRAME;
 use super::pool::Layout;
 use super::proto::{Command, Connection, Resources};
 use super::types::*;
@@ -60,24 +60,12 @@ impl<N: Nic> Endpoint<N> {
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
-        if cfg.ctrl_slots < INITIAL_CREDITS {
-            return Err(NicError::InvalidWr(format!(
-                "Config::ctrl_slots is {}, below the {INITIAL_CREDITS} receives every peer may \
-                 count on at the start (flow control); raise it",
-                cfg.ctrl_slots
-            )));
-        }
-        if cfg.inline_max > MAX_INLINE {
-            return Err(NicError::InvalidWr(format!(
-                "Config::inline_max is {}, above MAX_INLINE ({MAX_INLINE}); lower it",
-                cfg.inline_max
-            )));
-        }
+        cfg.check()?;
         // Send queue: control SENDs, per buffer a bind, an invalidate and
         // the READs of a payload (one per `read_chunk`). Every WR may come
         // back as a flush, so the CQ holds them all and the receives.
         let layout = Layout::new(&cfg);
-        let chunk = u64::from(cfg.read_chunk.max(1));
+        let chunk = u64::from(cfg.read_chunk);
         let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
         let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
         let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
@@ -309,8 +297,11 @@ impl<N: Nic> Endpoint<N> {
     /// Deregister a region once none of its ranges is exposed
     /// ([`UseError::RegionBusy`] until then).
     pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
-        let info = self.conn.remove_region(id)?;
+        // Checked first, deregistered second, forgotten last: a region the
+        // NIC refuses to deregister stays known (and may be tried again).
+        let info = self.conn.removable_region(id)?;
         self.nic.dereg_mr(info.id)?;
+        self.conn.remove_region(id)?;
         Ok(())
     }
 

@@ -104,6 +104,78 @@ pub struct Config {
 /// header and attachments fit one frame.
 pub const MAX_INLINE: u32 = 1024;
 
+/// The most buffer classes a pool may have: the standard one and 255
+/// [`Config::large_buffers`] classes.
+pub const MAX_CLASSES: usize = 256;
+
+/// Why [`Config::check`] refused a configuration (the field to change is
+/// in the message).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The standard class is empty.
+    #[error(
+        "Config::buffers is {buffers} and Config::buffer_size {buffer_size}: a connection needs \
+         at least one standard buffer of at least one byte (inline payloads land in one)"
+    )]
+    NoBuffers {
+        /// `Config::buffers`.
+        buffers: u32,
+        /// `Config::buffer_size`.
+        buffer_size: u32,
+    },
+    /// A large class is no larger than a standard buffer.
+    #[error(
+        "a Config::large_buffers class of {size}-byte buffers is not larger than \
+         Config::buffer_size ({buffer_size}); make it larger, or add to Config::buffers"
+    )]
+    LargeClassTooSmall {
+        /// The class's buffer size.
+        size: u32,
+        /// `Config::buffer_size`.
+        buffer_size: u32,
+    },
+    /// More classes than a pool can tell apart.
+    #[error("{classes} buffer classes (Config::buffer_size and Config::large_buffers), above the {MAX_CLASSES} a pool can have; merge some")]
+    TooManyClasses {
+        /// Classes asked for (the standard one included).
+        classes: usize,
+    },
+    /// `Config::read_chunk` is 0.
+    #[error("Config::read_chunk is 0; set it to the bytes per READ (1 MiB is the default)")]
+    ZeroReadChunk,
+    /// Too few control slots for flow control's initial credits.
+    #[error(
+        "Config::ctrl_slots is {ctrl_slots}, below the {} receives every peer may count on \
+         at the start (flow control); raise it",
+        super::frame::INITIAL_CREDITS
+    )]
+    TooFewCtrlSlots {
+        /// `Config::ctrl_slots`.
+        ctrl_slots: u32,
+    },
+    /// `Config::inline_max` is above [`MAX_INLINE`].
+    #[error("Config::inline_max is {inline_max}, above MAX_INLINE ({MAX_INLINE}); lower it")]
+    InlineTooLarge {
+        /// `Config::inline_max`.
+        inline_max: u32,
+    },
+    /// No lease could ever be worth reading.
+    #[error(
+        "Config::safety_margin ({safety_margin:?}) is not below Config::lease_time \
+         ({lease_time:?}): no exposure would ever be read; lengthen the lease or shorten the margin"
+    )]
+    MarginNotBelowLease {
+        /// `Config::safety_margin`.
+        safety_margin: Duration,
+        /// `Config::lease_time`.
+        lease_time: Duration,
+    },
+    /// `Config::max_attempts` is 0.
+    #[error("Config::max_attempts is 0: a confirm read could never be tried; set it to 1 or more")]
+    NoAttempts,
+}
+
 /// A class of data buffers of one size; see [`Config::large_buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufClass {
@@ -146,6 +218,43 @@ impl Config {
             rnr_retry: 6,
             keepalive: None,
         }
+    }
+
+    /// Whether these settings can work: [`Endpoint::prepare`] (and so
+    /// every way of connecting) refuses the ones that cannot, before it
+    /// creates anything.
+    ///
+    /// [`Endpoint::prepare`]: super::Endpoint::prepare
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.buffers == 0 || self.buffer_size == 0 {
+            return Err(ConfigError::NoBuffers { buffers: self.buffers, buffer_size: self.buffer_size });
+        }
+        if let Some(c) = self.large_buffers.iter().find(|c| c.size <= self.buffer_size) {
+            return Err(ConfigError::LargeClassTooSmall { size: c.size, buffer_size: self.buffer_size });
+        }
+        let classes = 1 + self.large_buffers.iter().filter(|c| c.count > 0).count();
+        if classes > MAX_CLASSES {
+            return Err(ConfigError::TooManyClasses { classes });
+        }
+        if self.read_chunk == 0 {
+            return Err(ConfigError::ZeroReadChunk);
+        }
+        if self.ctrl_slots < super::frame::INITIAL_CREDITS {
+            return Err(ConfigError::TooFewCtrlSlots { ctrl_slots: self.ctrl_slots });
+        }
+        if self.inline_max > MAX_INLINE {
+            return Err(ConfigError::InlineTooLarge { inline_max: self.inline_max });
+        }
+        if self.safety_margin >= self.lease_time {
+            return Err(ConfigError::MarginNotBelowLease {
+                safety_margin: self.safety_margin,
+                lease_time: self.lease_time,
+            });
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::NoAttempts);
+        }
+        Ok(())
     }
 
     /// The policies of this side's two directions: (the one it owns, whose

@@ -20,8 +20,17 @@ pub struct StatOpts {
     #[arg(long)]
     pub raw: bool,
     /// Print a fresh view every SECS seconds until interrupted.
-    #[arg(long, value_name = "SECS")]
-    pub watch: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub watch: Option<Duration>,
+}
+
+/// A positive, finite number of seconds.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|e| format!("{s:?} is not a number of seconds ({e})"))?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!("{s} seconds: give a positive number of seconds, such as 2 or 0.5")),
+    }
 }
 
 /// The stat socket of a server listening on `port`.
@@ -50,8 +59,8 @@ pub fn run(o: &StatOpts) -> ExitCode {
             }
         }
         match o.watch {
-            Some(secs) if secs > 0.0 => {
-                std::thread::sleep(Duration::from_secs_f64(secs));
+            Some(every) => {
+                std::thread::sleep(every);
                 println!();
             }
             _ => return ExitCode::SUCCESS,
@@ -153,8 +162,8 @@ pub fn table(text: &str) -> Result<String, String> {
                 pol,
                 state.to_string(),
                 age,
-                (n("calls") + n("requests")).to_string(),
-                (n("calls_failed") + n("requests_dropped")).to_string(),
+                n("calls").saturating_add(n("requests")).to_string(),
+                n("calls_failed").saturating_add(n("requests_dropped")).to_string(),
                 bytes(n("bytes_read")),
                 bytes(n("bytes_exposed")),
                 n("binds").to_string(),
@@ -260,6 +269,22 @@ mod tests {
         assert_eq!(rows[6], "  rcvd_rnr_err=3  sent_pkts=120");
         assert_eq!(rows[7], "down:");
         assert_eq!(rows[8], "  4: the peer closed the connection");
+    }
+
+    #[test]
+    fn counters_at_their_limit_and_odd_watch_periods_do_not_panic() {
+        let max = u64::MAX;
+        let text = format!(
+            "mwcap-stat 1 pid=7 connections=1\n\
+             conn id=3 peer=- qpn=17 role=client request=mw reply=mw state=up age_ms={max} \
+             calls={max} requests={max} calls_failed={max} requests_dropped=1 bytes_read={max}\n"
+        );
+        let t = table(&text).unwrap();
+        assert!(t.contains(&max.to_string()), "{t}");
+        assert_eq!(parse_secs("0.5"), Ok(Duration::from_millis(500)));
+        for bad in ["0", "-1", "inf", "NaN", "1e30", "two"] {
+            assert!(parse_secs(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

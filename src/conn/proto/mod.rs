@@ -628,13 +628,20 @@ impl Connection {
     /// Forget a region, once no range of it is exposed; returns its
     /// registration for the I/O layer to release.
     pub fn remove_region(&mut self, id: RegionId) -> Result<MrInfo, UseError> {
+        let info = self.removable_region(id)?;
+        self.regions[id.0 as usize] = None;
+        Ok(info)
+    }
+
+    /// Whether region `id` may be removed (it exists and no range of it is
+    /// exposed): its registration, to deregister before
+    /// [`Connection::remove_region`].
+    pub fn removable_region(&self, id: RegionId) -> Result<MrInfo, UseError> {
         let r = self.region(id)?;
         if r.live > 0 {
             return Err(UseError::RegionBusy(id));
         }
-        let info = r.info;
-        self.regions[id.0 as usize] = None;
-        Ok(info)
+        Ok(r.info)
     }
 
     /// Every region still registered (for the I/O layer's teardown).
