@@ -136,7 +136,8 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     use mwcap::backend::NicError;
     use mwcap::conn::{BufClass, ConfigError};
     let base = Config::new(Role::Server, Policies::both(Policy::Mw));
-    let cases: Vec<(fn(&mut Config), fn(&ConfigError) -> bool)> = vec![
+    type Case = (fn(&mut Config), fn(&ConfigError) -> bool);
+    let cases: Vec<Case> = vec![
         (|c| c.buffers = 0, |e| matches!(e, ConfigError::NoBuffers { buffers: 0, .. })),
         (|c| c.buffer_size = 0, |e| matches!(e, ConfigError::NoBuffers { buffer_size: 0, .. })),
         (
