@@ -407,6 +407,12 @@ impl<N: Nic> Endpoint<N> {
         self.conn.busy_ranges()
     }
 
+    /// The byte range of every buffer of the data region, of every class
+    /// (for checking [`Endpoint::busy_ranges`] against).
+    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.conn.buffer_ranges()
+    }
+
     // ---- events and time ----
 
     /// The next event for the user.

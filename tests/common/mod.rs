@@ -276,11 +276,10 @@ impl World {
         ];
         for (ep, dev, peer, owned, me) in sides {
             let busy = ep.busy_ranges();
-            let size = ep.config().buffer_size as usize;
             let mr = ep.data_region();
             if owned == Policy::Mw {
-                for slot in 0..ep.config().buffers as usize {
-                    let r = slot * size..(slot + 1) * size;
+                // Every buffer of every class: standard and large.
+                for (slot, r) in ep.buffer_ranges().into_iter().enumerate() {
                     if !busy.contains(&r) {
                         assert!(
                             !f.can_reach(peer, dev, mr.id, r.clone()),

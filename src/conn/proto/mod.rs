@@ -761,6 +761,17 @@ impl Connection {
             .collect()
     }
 
+    /// The byte range of every buffer of the data region, every class,
+    /// in slot order (for checking [`Connection::busy_ranges`] against).
+    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        (0..self.layout.slots())
+            .map(|s| {
+                let o = self.slot_offset(s) as usize;
+                o..o + self.layout.size(s) as usize
+            })
+            .collect()
+    }
+
     // ---- outputs ----
 
     /// Run the engines if inputs arrived since they last ran.
