@@ -779,7 +779,8 @@ mod endpoints {
             c.safety_margin = Duration::from_millis(100);
         });
         let mut b = l.client.alloc().unwrap();
-        l.client.write(&mut b, b"never answered").unwrap();
+        // Above `inline_max`: exposed through a window, not copied into the frame.
+        l.client.write(&mut b, &[0x5a; 1000]).unwrap();
         let now = l.now();
         let call = l.client.call(now, b"slow", Some(b)).unwrap();
         l.until("the call to time out", |l| {
