@@ -231,16 +231,19 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
 
     # Many clients (pass/fail): 100 connections per policy from this
     # process to one mwcap serve (each served on its own thread), payloads
-    # of 64 B, 64 KiB and 1 MiB, every byte checked. Small pools (4
-    # buffers, one of 1 MiB, 16 control slots) keep 200 connections per
-    # side within the VM's memory.
+    # of 64 B, 64 KiB and 1 MiB (200 calls per case), then 16 MiB (100
+    # calls per case: one per connection), every byte checked. Small pools
+    # (4 buffers of 64 KiB, one large one, 16 control slots): with 16 MiB
+    # large buffers the 100 connections of a policy register 1.6 GB on each
+    # side, within the VM's memory (the bench closes a policy's connections
+    # before it opens the next policy's).
     echo "=== 100 connections per policy to one mwcap serve (pass/fail)"
     many_port=18700
     many_log=$pdir/many-serve.log
     many_out=$pdir/many.out
     small="--buffers 4 --large-buffers 1 --ctrl-slots 16"
-    timeout -k 5 600 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" \
-        --max-payload 1048576 $small >"$many_log" 2>&1 &
+    timeout -k 5 900 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" \
+        --max-payload 16777216 $small >"$many_log" 2>&1 &
     many_pid=$!
     for _ in $(seq 1 60); do
         grep -q "listening" "$many_log" 2>/dev/null && break
@@ -251,8 +254,6 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
         --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$many_out"
     rc=${PIPESTATUS[0]}
-    kill "$many_pid" 2>/dev/null
-    wait "$many_pid" 2>/dev/null
     lines=$(grep -c "^case=.* connections=100 " "$many_out")
     if [ "$rc" -ne 0 ] || [ "$lines" -lt 13 ]; then
         echo "many connections: exit $rc, $lines result lines of 13 (FAIL)"
@@ -260,6 +261,22 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         fail=1
     else
         echo "many connections: $lines cases over 100 connections per policy in $(( $(date +%s) - many_start )) s, every byte checked"
+    fi
+    echo "=== 16 MiB payloads over 100 connections per policy (pass/fail)"
+    huge_out=$pdir/many-16m.out
+    huge_start=$(date +%s)
+    timeout -k 5 600 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
+        --connections 100 --sizes 16777216 --inflight 1 --iters 100 --warmup 0 $small 2>&1 | tee "$huge_out"
+    rc=${PIPESTATUS[0]}
+    kill "$many_pid" 2>/dev/null
+    wait "$many_pid" 2>/dev/null
+    lines=$(grep -c "^case=.*size=16777216 .* connections=100 " "$huge_out")
+    if [ "$rc" -ne 0 ] || [ "$lines" -lt 4 ]; then
+        echo "16 MiB over many connections: exit $rc, $lines 16 MiB result lines of 4 (FAIL)"
+        tail -20 "$many_log" | sed -e 's/^/many-serve: /'
+        fail=1
+    else
+        echo "16 MiB over many connections: $lines cases over 100 connections per policy in $(( $(date +%s) - huge_start )) s, every byte checked"
     fi
     rm -f "$key_file"
     # A row of a live server connection that has served requests: "ID PEER

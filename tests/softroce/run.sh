@@ -15,7 +15,8 @@
 # VM's dmesg, scanned for oopses too) under tests/softroce/logs/.
 #
 # Knobs: SOFTROCE_TIMEOUT, SOFTROCE_KERNEL (a /boot/vmlinuz-*),
-# SOFTROCE_MEMORY (2G), SOFTROCE_CPUS (2). Every MWCAP_* variable of the
+# SOFTROCE_MEMORY (5G: the 16 MiB payloads over 100 connections register
+# 1.6 GB on each side), SOFTROCE_CPUS (2). Every MWCAP_* variable of the
 # host's environment but a key is exported inside the VM (it inherits no
 # other).
 set -euo pipefail
@@ -28,7 +29,7 @@ fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 timeout_s=${SOFTROCE_TIMEOUT:-1500}
-mem=${SOFTROCE_MEMORY:-3G}
+mem=${SOFTROCE_MEMORY:-5G}
 cpus=${SOFTROCE_CPUS:-2}
 
 sudo_cmd=()
