@@ -130,6 +130,53 @@ fn no_policy_lets_the_attacker_read_the_victims_other_connection() {
 }
 
 #[test]
+fn rxe_a_window_reaches_its_connections_region_and_never_another_connections() {
+    // On rxe a window's bounds are not enforced, only its region's (`mwcap
+    // probe` reports it): the attacker's window key reads any buffer of
+    // *this* connection's region. Each connection keeps a registration of
+    // its own (its own protection domain), so that is all it reaches.
+    use mwcap::sim::DeviceConfig;
+    for role in [Role::Server, Role::Client] {
+        for pol in owning(role, Policy::Mw) {
+            let mut w = World::on(role, pol, DeviceConfig::rxe());
+            let seen = match role {
+                Role::Server => w.ask_for_payload(1),
+                Role::Client => w.take_call().1,
+            };
+            let (addr, _, rkey) = seen.target();
+            let region = w.victim.data_region();
+            let beside = if addr == region.addr { addr + BUFFER_SIZE as u64 } else { region.addr };
+            let wr = w.attacker.post_read(beside, rkey, 64);
+            assert!(w.run_until(Duration::from_millis(5), |w| w.attacker.completion(wr).is_some()));
+            assert_eq!(w.attacker.completion(wr).unwrap().status, WcStatus::Success, "{role:?} {pol:?}: rxe");
+            assert!(contains_secret(&w.attacker.dst_bytes(64)), "another buffer of this connection's region");
+            // The victim's other connection, with the window's key: refused.
+            let other = match role {
+                Role::Server => w.healthy.server.data_region(),
+                Role::Client => w.healthy.client.data_region(),
+            };
+            let (st, got) = w.read(other.addr, rkey, 64);
+            assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?}");
+            assert!(!contains_secret(&got), "{role:?} {pol:?}");
+            assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+        for pol in ALL {
+            // And with the other connection's own region key.
+            let mut w = World::on(role, pol, DeviceConfig::rxe());
+            let other = match role {
+                Role::Server => w.healthy.server.data_region(),
+                Role::Client => w.healthy.client.data_region(),
+            };
+            let (st, _) = w.read(other.addr, other.rkey, 64);
+            assert_eq!(st, WcStatus::RemAccessErr, "{role:?} {pol:?}");
+            assert!(flushed(Some(&goes_down(&mut w))));
+            w.finish();
+        }
+    }
+}
+
+#[test]
 fn confirm_the_region_key_reaches_this_connections_buffers_and_nothing_else() {
     // The documented cost of the confirm policy (docs/protocol-confirm.md,
     // "Security cost"): the offered rkey is the region's, so the attacker

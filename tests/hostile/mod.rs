@@ -537,9 +537,19 @@ impl World {
 
     /// [`World::new`], with the attacker posting only `recvs` receives.
     pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
+        World::build(role, policies, recvs, DeviceConfig::spec())
+    }
+
+    /// [`World::new`] with the victim (and its other connection) on a
+    /// device that behaves like `device` (e.g. [`DeviceConfig::rxe`]).
+    pub fn on(role: Role, policies: Policies, device: DeviceConfig) -> World {
+        World::build(role, policies, CTRL_SLOTS as usize * 2, device)
+    }
+
+    fn build(role: Role, policies: Policies, recvs: usize, device: DeviceConfig) -> World {
         let fabric =
             Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
-        let vdev = fabric.add_device(DeviceConfig::spec().named("victim"));
+        let vdev = fabric.add_device(device.named("victim"));
         let mut victim = Endpoint::new(vdev.clone(), config(role, policies)).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
