@@ -151,7 +151,6 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
         (|c| c.read_chunk = 0, |e| matches!(e, ConfigError::ZeroReadChunk)),
         (|c| c.ctrl_slots = 7, |e| matches!(e, ConfigError::TooFewCtrlSlots { ctrl_slots: 7 })),
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
-        (|c| c.safety_margin = c.lease_time, |e| matches!(e, ConfigError::MarginNotBelowLease { .. })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
     ];
     let fabric = Fabric::with_seed(3);

@@ -160,17 +160,6 @@ pub enum ConfigError {
         /// `Config::inline_max`.
         inline_max: u32,
     },
-    /// No lease could ever be worth reading.
-    #[error(
-        "Config::safety_margin ({safety_margin:?}) is not below Config::lease_time \
-         ({lease_time:?}): no exposure would ever be read; lengthen the lease or shorten the margin"
-    )]
-    MarginNotBelowLease {
-        /// `Config::safety_margin`.
-        safety_margin: Duration,
-        /// `Config::lease_time`.
-        lease_time: Duration,
-    },
     /// `Config::max_attempts` is 0.
     #[error("Config::max_attempts is 0: a confirm read could never be tried; set it to 1 or more")]
     NoAttempts,
@@ -244,12 +233,6 @@ impl Config {
         }
         if self.inline_max > MAX_INLINE {
             return Err(ConfigError::InlineTooLarge { inline_max: self.inline_max });
-        }
-        if self.safety_margin >= self.lease_time {
-            return Err(ConfigError::MarginNotBelowLease {
-                safety_margin: self.safety_margin,
-                lease_time: self.lease_time,
-            });
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::NoAttempts);
