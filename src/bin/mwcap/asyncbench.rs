@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
 use mwcap::conn::{Buf, BufClass, Config, Connection, Endpoint, Policies, Policy, Refused, Role};
 
-use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
+use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
 
 /// How long to wait for a buffer or an exposure slot before calling the
@@ -40,6 +40,10 @@ pub struct Pool {
     pub large: u32,
     /// Control slots.
     pub ctrl_slots: u32,
+    /// `Config::lease_time`.
+    pub lease: Duration,
+    /// `Config::call_timeout`.
+    pub call_timeout: Duration,
 }
 
 /// Endpoint settings for a benchmark side: `pool`, the same policy both
@@ -49,6 +53,8 @@ pub fn config(role: Role, policy: Policy, pool: Pool, busy_poll_us: Option<u64>)
     c.buffers = pool.buffers;
     c.buffer_size = pool.buffer_size;
     c.ctrl_slots = pool.ctrl_slots;
+    c.lease_time = pool.lease;
+    c.call_timeout = pool.call_timeout;
     if pool.max_payload > pool.buffer_size && pool.large > 0 {
         c.large_buffers = vec![BufClass { size: pool.max_payload, count: pool.large }];
     }
@@ -68,6 +74,18 @@ async fn alloc<N: Nic>(conn: &Connection<N>, len: u32) -> Result<Buf, String> {
             Err(format!("no buffer came back to the pool in {STUCK:?}; is the peer still reading?"))
         }
     }
+}
+
+/// A buffer holding the payload of `len` bytes tagged `tag`, written in
+/// place (no copy through the heap).
+async fn filled<N: Nic>(conn: &Connection<N>, len: u32, tag: u8) -> Result<Buf, String> {
+    let mut b = alloc(conn, len).await?;
+    let n = len as usize;
+    if let Err(e) = conn.fill(&mut b, |bytes| cases::fill_prefix(bytes, n, tag)) {
+        conn.free(b);
+        return Err(format!("writing a {len}-byte payload: {e}"));
+    }
+    Ok(b)
 }
 
 /// Reply (the library waits while every window or control slot is busy);
@@ -91,7 +109,6 @@ async fn reply<N: Nic>(
 /// payload's tag, reply with the payload the header asks for (or the
 /// allocation count). Returns the number of requests served.
 pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64, String> {
-    let mut payload = Payload::new(max_payload);
     let mut responder = Responder::default();
     let mut served = 0;
     while let Some(req) = conn.next_request().await {
@@ -100,7 +117,7 @@ pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64
         let mut status = cases::STATUS_OK;
         if let Some(d) = req.data {
             let ok = match plan {
-                Plan::Call { tag, .. } => conn.bytes(&d, |b| cases::tagged(b, d.len(), tag)).unwrap_or(false),
+                Plan::Call { tag, .. } => conn.bytes(&d, |b| cases::check(b, d.len(), tag)).unwrap_or(false),
                 _ => false,
             };
             conn.free(d);
@@ -111,15 +128,11 @@ pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64
         match plan {
             Plan::Allocs => reply(conn, req.id, status, &count::allocs().to_le_bytes(), None).await?,
             Plan::Call { reply_size, tag } if status == cases::STATUS_OK && reply_size > 0 => {
-                let Some(bytes) = payload.tagged(reply_size, tag) else {
+                if reply_size > max_payload {
                     reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?;
                     continue;
-                };
-                let mut b = alloc(conn, reply_size).await?;
-                if let Err(e) = conn.write(&mut b, bytes) {
-                    conn.free(b);
-                    return Err(format!("writing a {reply_size}-byte reply: {e}"));
                 }
+                let b = filled(conn, reply_size, tag).await?;
                 reply(conn, req.id, status, &[], Some(b)).await?;
             }
             Plan::Call { .. } => reply(conn, req.id, status, &[], None).await?,
@@ -136,7 +149,6 @@ async fn caller<N: Nic>(
     case: &Case,
     calls: u32,
     first_tag: u8,
-    payload: &RefCell<Payload>,
     hist: &RefCell<Histogram<u64>>,
 ) -> Result<(), String> {
     let (req_size, reply_size) = (case.request_size(), case.reply_size());
@@ -144,27 +156,14 @@ async fn caller<N: Nic>(
     for _ in 0..calls {
         tag = tag.wrapping_add(1);
         let t0 = Instant::now();
-        let data = if req_size > 0 {
-            let mut b = alloc(conn, req_size).await?;
-            let w = match payload.borrow_mut().tagged(req_size, tag) {
-                Some(bytes) => conn.write(&mut b, bytes).map_err(|e| e.to_string()),
-                None => Err(format!("no {req_size}-byte payload")),
-            };
-            if let Err(e) = w {
-                conn.free(b);
-                return Err(format!("writing the request payload: {e}"));
-            }
-            Some(b)
-        } else {
-            None
-        };
+        let data = if req_size > 0 { Some(filled(conn, req_size, tag).await?) } else { None };
         let r = conn
             .call(&Ask::Call { reply_size, tag }.encode(), data)
             .await
             .map_err(|e| format!("call failed: {e}"))?;
         let got = match r.data {
             Some(d) => {
-                let ok = conn.bytes(&d, |b| cases::tagged(b, reply_size, tag)).unwrap_or(false);
+                let ok = conn.bytes(&d, |b| cases::check(b, reply_size, tag)).unwrap_or(false);
                 conn.free(d);
                 Some(ok)
             }
@@ -181,7 +180,7 @@ async fn caller<N: Nic>(
             Some(true) => {}
             Some(false) => {
                 return Err(format!(
-                    "the reply payload read is not this call's {reply_size} bytes tagged {tag}"
+                    "the reply payload read is not this call's {reply_size} bytes tagged {tag} (every byte is checked)"
                 ))
             }
             None => return Err(format!("asked for a {reply_size}-byte reply payload, got none")),
@@ -211,7 +210,6 @@ fn batch<'a, N: Nic>(
     conn: &'a Connection<N>,
     case: &'a Case,
     calls: u32,
-    payload: &'a RefCell<Payload>,
     tags: &'a Cell<u8>,
     hist: &'a RefCell<Histogram<u64>>,
 ) -> impl Future<Output = Result<Vec<()>, String>> + 'a {
@@ -221,7 +219,7 @@ fn batch<'a, N: Nic>(
         // Each caller starts its tags elsewhere, so that two calls in
         // flight rarely share one.
         tags.set(tags.get().wrapping_add(97));
-        caller(conn, case, share, tags.get(), payload, hist)
+        caller(conn, case, share, tags.get(), hist)
     }))
 }
 
@@ -240,14 +238,13 @@ async fn spread<N: Nic>(
     conns: &[Connection<N>],
     case: &Case,
     calls: u32,
-    payload: &RefCell<Payload>,
     tags: &Cell<u8>,
     hist: &RefCell<Histogram<u64>>,
 ) -> Result<(), String> {
     let n = conns.len().max(1) as u32;
     let batches = conns.iter().enumerate().map(|(i, c)| {
         let share = calls / n + u32::from((i as u32) < calls % n);
-        batch(c, case, share, payload, tags, hist)
+        batch(c, case, share, tags, hist)
     });
     try_join_all(batches).await.map(|_| ())
 }
@@ -262,13 +259,12 @@ pub async fn run_case<N: Nic>(
     server: Server,
 ) -> Result<Measured, String> {
     let first = conns.first().ok_or("no connection")?;
-    let payload = RefCell::new(Payload::new(case.size));
     let tags = Cell::new(0u8);
     let scratch = RefCell::new(cases::histogram());
-    spread(conns, case, warmup, &payload, &tags, &scratch).await?;
+    spread(conns, case, warmup, &tags, &scratch).await?;
     let hist = RefCell::new(cases::histogram());
     let remote0 = if server == Server::Remote { Some(server_allocs(first).await?) } else { None };
-    let run = spread(conns, case, iters, &payload, &tags, &hist);
+    let run = spread(conns, case, iters, &tags, &hist);
     let a0 = count::allocs();
     let t0 = Instant::now();
     run.await?;

@@ -14,8 +14,6 @@ use mwcap::conn::Policy;
 
 /// Bytes of every request header.
 pub const HEADER_LEN: usize = 6;
-/// Filler of every payload between its first and last byte.
-const FILL: u8 = 0x5a;
 /// Reply status: done.
 pub const STATUS_OK: u8 = 0;
 /// Reply status: the request payload was not this call's.
@@ -152,32 +150,36 @@ impl Ask {
     }
 }
 
-/// Whether `bytes` is a payload of `len` bytes tagged `tag`.
-pub fn tagged(bytes: &[u8], len: u32, tag: u8) -> bool {
-    bytes.len() == len as usize && bytes.first() == Some(&tag) && bytes.last() == Some(&tag)
+/// Byte `i` of every payload tagged `tag`: a hash of the index (so that
+/// a chunk read into the wrong place, or a stale buffer, shows) mixed with
+/// the call's tag.
+#[inline]
+fn pattern(i: usize, tag: u8) -> u8 {
+    (((i as u32).wrapping_mul(0x9e37_79b1) >> 24) as u8) ^ tag
 }
 
-/// A payload source: one buffer of filler whose ends are re-tagged per call,
-/// so filling a payload allocates nothing.
-pub struct Payload(Vec<u8>);
-
-impl Payload {
-    /// Payloads of up to `max` bytes.
-    pub fn new(max: u32) -> Payload {
-        Payload(vec![FILL; max.max(1) as usize])
+/// Write the payload tagged `tag` over all of `bytes` (in place: into a
+/// registered buffer through `Connection::fill`).
+pub fn fill(bytes: &mut [u8], tag: u8) {
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = pattern(i, tag);
     }
+}
 
-    /// The first `len` bytes, with first and last byte `tag`; `None` if
-    /// `len` is 0 or larger than the source.
-    pub fn tagged(&mut self, len: u32, tag: u8) -> Option<&[u8]> {
-        let b = self.0.get_mut(..len as usize).filter(|b| !b.is_empty())?;
-        b[0] = tag;
-        let last = b.len() - 1;
-        b[last] = tag;
-        // Old tags left inside by longer payloads are harmless: only the
-        // ends are checked.
-        Some(b)
-    }
+/// Write the first `len` bytes of `buf` (all of it if shorter) with the
+/// payload tagged `tag`; returns how many were written (a short payload
+/// fails the reader's [`check`]).
+pub fn fill_prefix(buf: &mut [u8], len: usize, tag: u8) -> usize {
+    let n = len.min(buf.len());
+    fill(&mut buf[..n], tag);
+    n
+}
+
+/// Whether `bytes` is the payload of `len` bytes tagged `tag`, every byte
+/// of it (a loop with no early exit, which the compiler vectorizes).
+pub fn check(bytes: &[u8], len: u32, tag: u8) -> bool {
+    bytes.len() == len as usize
+        && bytes.iter().enumerate().fold(0u8, |acc, (i, &b)| acc | (b ^ pattern(i, tag))) == 0
 }
 
 /// What the server does with a request.
@@ -285,14 +287,23 @@ mod tests {
     }
 
     #[test]
-    fn payloads_carry_their_tag_at_both_ends() {
-        let mut p = Payload::new(4096);
-        let b = p.tagged(4096, 3).unwrap().to_vec();
-        assert!(tagged(&b, 4096, 3));
-        assert!(!tagged(&b, 4096, 4));
-        let b = p.tagged(64, 9).unwrap().to_vec();
-        assert!(tagged(&b, 64, 9) && !tagged(&b, 4096, 9));
-        assert!(p.tagged(0, 1).is_none() && p.tagged(4097, 1).is_none());
+    fn every_byte_of_a_payload_is_checked() {
+        let mut b = vec![0u8; 4096];
+        fill(&mut b, 3);
+        assert!(check(&b, 4096, 3));
+        assert!(!check(&b, 4096, 4), "another call's tag");
+        assert!(!check(&b[..64], 4096, 3), "another length");
+        for i in [0, 1, 2047, 4095] {
+            let mut bad = b.clone();
+            bad[i] ^= 1;
+            assert!(!check(&bad, 4096, 3), "byte {i} changed");
+        }
+        // A chunk moved by any offset does not pass for the original.
+        let mut moved = vec![0u8; 8192];
+        fill(&mut moved, 3);
+        for d in [1, 256, 4096] {
+            assert!(!check(&moved[d..d + 4096], 4096, 3), "offset {d}");
+        }
     }
 
     #[test]

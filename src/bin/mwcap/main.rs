@@ -138,6 +138,15 @@ pub struct BenchOpts {
     /// least 8).
     #[arg(long, default_value_t = 64)]
     pub ctrl_slots: u32,
+    /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
+    /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
+    /// slow link.
+    #[arg(long, default_value_t = 5000)]
+    pub lease_ms: u64,
+    /// How long a call may take, in ms (`Config::call_timeout`): longer than
+    /// the lease.
+    #[arg(long, default_value_t = 10000)]
+    pub call_timeout_ms: u64,
     /// How long each driver polls an idle completion queue before it sleeps
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
@@ -173,6 +182,8 @@ impl BenchOpts {
             max_payload: self.max_payload(),
             large: self.large_buffers,
             ctrl_slots: self.ctrl_slots,
+            lease: std::time::Duration::from_millis(self.lease_ms),
+            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
         }
     }
 }
@@ -207,6 +218,15 @@ pub struct ServeOpts {
     /// least 8).
     #[arg(long, default_value_t = 64)]
     pub ctrl_slots: u32,
+    /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
+    /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
+    /// slow link.
+    #[arg(long, default_value_t = 5000)]
+    pub lease_ms: u64,
+    /// How long a call may take, in ms (`Config::call_timeout`): longer than
+    /// the lease.
+    #[arg(long, default_value_t = 10000)]
+    pub call_timeout_ms: u64,
     /// How long each driver polls an idle completion queue before it sleeps
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
@@ -231,6 +251,8 @@ impl ServeOpts {
             max_payload: self.max_payload,
             large: self.large_buffers,
             ctrl_slots: self.ctrl_slots,
+            lease: std::time::Duration::from_millis(self.lease_ms),
+            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
         }
     }
 }

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
 
-use mwcap::conn::{CallId, Event, Policies, Refused, RequestId, Role, SimPair, UseError};
+use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, FabricConfig};
 
-use crate::cases::{self, Ask, Case, Measured, Payload, Plan, Responder};
+use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
 use crate::BenchOpts;
 
@@ -79,13 +79,8 @@ struct Pending {
 
 /// `case` through the sans-IO loop: `warmup` calls, then `iters` measured.
 fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
-    let p = Policies::both(case.policy);
-    let cfg = |role| {
-        let mut c = mwcap::conn::Config::new(role, p);
-        c.buffers = o.buffers;
-        c.buffer_size = o.buffer_size();
-        c
-    };
+    // The async side's pools (large buffers for payloads above 64 KiB).
+    let cfg = |role| crate::asyncbench::config(role, case.policy, o.pool(), None);
     let mut pair = SimPair::new(
         FabricConfig::with_seed(1),
         DeviceConfig::spec(),
@@ -95,8 +90,6 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
     )
     .map_err(|e| e.to_string())?;
     let mut state = Loop {
-        client_payload: Payload::new(case.size),
-        server_payload: Payload::new(case.size),
         responder: Responder::default(),
         pending: Vec::with_capacity(case.inflight as usize),
         deferred: VecDeque::with_capacity(64),
@@ -117,8 +110,6 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
 
 /// The sans-IO loop's state, kept across its warm-up and measured phases.
 struct Loop {
-    client_payload: Payload,
-    server_payload: Payload,
     responder: Responder,
     pending: Vec<Pending>,
     /// Replies not sent yet (waiting for a free buffer or slot): request,
@@ -145,12 +136,14 @@ impl Loop {
         while done < n {
             while started < n && self.pending.len() < case.inflight as usize {
                 let data = if req_size > 0 {
-                    let Some(mut b) = pair.client.alloc() else { break };
-                    let bytes = self
-                        .client_payload
-                        .tagged(req_size, self.tag.wrapping_add(1))
-                        .ok_or("no request payload")?;
-                    pair.client.write(&mut b, bytes).map_err(|e| e.to_string())?;
+                    let Some(mut b) = pair.client.alloc_for(req_size as usize).map_err(|e| e.to_string())?
+                    else {
+                        break;
+                    };
+                    let (n, tag) = (req_size as usize, self.tag.wrapping_add(1));
+                    pair.client
+                        .fill(&mut b, |bytes| cases::fill_prefix(bytes, n, tag))
+                        .map_err(|e| e.to_string())?;
                     Some(b)
                 } else {
                     None
@@ -193,7 +186,7 @@ impl Loop {
                             Some(d) => {
                                 let ok = pair
                                     .client
-                                    .bytes(&d, |b| cases::tagged(b, reply_size, p.tag))
+                                    .bytes(&d, |b| cases::check(b, reply_size, p.tag))
                                     .unwrap_or(false);
                                 pair.client.free(d);
                                 ok
@@ -243,7 +236,7 @@ impl Loop {
             let plan = self.responder.plan(req.raw(), &header);
             let mut status = cases::STATUS_OK;
             if let Some(d) = data {
-                let ok = matches!(plan, Plan::Call { tag, .. } if pair.server.bytes(&d, |b| cases::tagged(b, d.len(), tag)).unwrap_or(false));
+                let ok = matches!(plan, Plan::Call { tag, .. } if pair.server.bytes(&d, |b| cases::check(b, d.len(), tag)).unwrap_or(false));
                 pair.server.free(d);
                 if !ok {
                     status = cases::STATUS_BAD_PAYLOAD;
@@ -261,9 +254,13 @@ impl Loop {
         // Reply in order, as far as the server has free buffers and slots.
         while let Some(&(req, status, tag, size)) = self.deferred.front() {
             let data = if size > 0 {
-                let Some(mut b) = pair.server.alloc() else { break };
-                let bytes = self.server_payload.tagged(size, tag).ok_or("reply size out of range")?;
-                pair.server.write(&mut b, bytes).map_err(|e| e.to_string())?;
+                let Some(mut b) = pair.server.alloc_for(size as usize).map_err(|e| e.to_string())? else {
+                    break;
+                };
+                let n = size as usize;
+                pair.server
+                    .fill(&mut b, |bytes| cases::fill_prefix(bytes, n, tag))
+                    .map_err(|e| e.to_string())?;
                 Some(b)
             } else {
                 None
