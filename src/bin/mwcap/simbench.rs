@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
 
-use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
+use mwcap::conn::{BufClass, CallId, Event, Policies, Refused, RequestId, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, FabricConfig};
 
 use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
@@ -80,7 +80,16 @@ struct Pending {
 /// `case` through the sans-IO loop: `warmup` calls, then `iters` measured.
 fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
     // The async side's pools (large buffers for payloads above 64 KiB).
-    let cfg = |role| crate::asyncbench::config(role, case.policy, o.pool(), None);
+    let cfg = |role| {
+        let mut c = mwcap::conn::Config::new(role, Policies::both(case.policy));
+        c.buffers = o.buffers;
+        c.buffer_size = o.buffer_size();
+        c.ctrl_slots = o.ctrl_slots;
+        if o.max_payload() > c.buffer_size && o.large_buffers > 0 {
+            c.large_buffers = vec![BufClass { size: o.max_payload(), count: o.large_buffers }];
+        }
+        c
+    };
     let mut pair = SimPair::new(
         FabricConfig::with_seed(1),
         DeviceConfig::spec(),
