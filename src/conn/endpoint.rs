@@ -497,13 +497,31 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<CallId, Refused> {
+        self.send_maybe_inline(
+            data,
+            |conn, inline| conn.call_inline(now, trace, header, inline),
+            |conn, data| conn.call_traced(now, trace, header, data),
+        )
+    }
+
+    /// Send a call or reply with `data` inline (`inline_send`, when it fits
+    /// `Config::inline_max`) or exposed (`send`), in the connection's span,
+    /// then carry out what it asks of the NIC.
+    fn send_maybe_inline<T>(
+        &mut self,
+        data: Option<Buf>,
+        inline_send: impl FnOnce(&mut Connection, &[u8]) -> Result<T, Refused>,
+        send: impl FnOnce(&mut Connection, Option<Buf>) -> Result<T, Refused>,
+    ) -> Result<T, Refused> {
         let r = if self.stage_inline(data.as_ref()) {
             let inline = std::mem::take(&mut self.inline);
-            let r = self.span.in_scope(|| self.conn.call_inline(now, trace, header, &inline));
+            let conn = &mut self.conn;
+            let r = self.span.in_scope(|| inline_send(conn, &inline));
             self.inline = inline;
             self.sent_inline(r, data)
         } else {
-            self.span.in_scope(|| self.conn.call_traced(now, trace, header, data))
+            let conn = &mut self.conn;
+            self.span.in_scope(|| send(conn, data))
         };
         self.run();
         r
@@ -562,16 +580,11 @@ impl<N: Nic> Endpoint<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
-        let r = if self.stage_inline(data.as_ref()) {
-            let inline = std::mem::take(&mut self.inline);
-            let r = self.span.in_scope(|| self.conn.reply_inline(now, req, status, header, &inline));
-            self.inline = inline;
-            self.sent_inline(r, data)
-        } else {
-            self.span.in_scope(|| self.conn.reply(now, req, status, header, data))
-        };
-        self.run();
-        r
+        self.send_maybe_inline(
+            data,
+            |conn, inline| conn.reply_inline(now, req, status, header, inline),
+            |conn, data| conn.reply(now, req, status, header, data),
+        )
     }
 
     // ---- closing ----

@@ -340,12 +340,22 @@ impl<N: Nic> Connection<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<Reply, CallError> {
+        self.make_call(data, |ep, now, data| ep.call_traced(now, trace, header, data)).await
+    }
+
+    /// Start a call with `attempt` (given the payload to send, if any),
+    /// retried while it waits for a window, control slot or credit, then
+    /// wait for its reply.
+    async fn make_call(
+        &self,
+        mut data: Option<Buf>,
+        mut attempt: impl FnMut(&mut Endpoint<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
+    ) -> Result<Reply, CallError> {
         let slot = self.peek(|s| s.spare_slot());
-        let mut data = data;
         let started = poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
-            let r = st.ep.call_traced(now, trace, header, data.take());
+            let r = attempt(&mut st.ep, now, data.take());
             let r = self.committed_or_wait(&mut st, cx, r, &mut data);
             if let Poll::Ready(Ok(id)) = &r {
                 st.calls.insert(*id, slot.clone());
@@ -374,25 +384,9 @@ impl<N: Nic> Connection<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<Reply, CallError> {
-        let slot = self.peek(|s| s.spare_slot());
-        let started = poll_fn(|cx| {
-            let now = self.inner.now();
-            let mut st = self.inner.state.lock();
-            let r =
-                st.ep.call_region(now, trace, header, range).map_err(|error| Refused { error, data: None });
-            let r = self.committed_or_wait(&mut st, cx, r, &mut None);
-            if let Poll::Ready(Ok(id)) = &r {
-                st.calls.insert(*id, slot.clone());
-            }
-            r.map_err(|Refused { error, data }| CallError::Refused { error, data }).map_ok(|_| ())
+        self.make_call(None, |ep, now, _| {
+            ep.call_region(now, trace, header, range).map_err(|error| Refused { error, data: None })
         })
-        .await;
-        started?;
-        CallFuture {
-            handle: Handle::new(slot, self.inner.recycle.clone()),
-            inner: self.inner.clone(),
-            done: false,
-        }
         .await
     }
 
@@ -406,20 +400,11 @@ impl<N: Nic> Connection<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<(), UseError> {
-        poll_fn(|cx| {
-            let now = self.inner.now();
-            let mut st = self.inner.state.lock();
-            let r = st
-                .ep
-                .reply_region(now, req, status, header, range)
-                .map_err(|error| Refused { error, data: None });
-            let r = self.committed_or_wait(&mut st, cx, r, &mut None);
-            if matches!(r, Poll::Ready(Err(_))) {
-                self.inner.bell.ring();
-            }
-            r.map_err(|Refused { error, .. }| error)
+        self.send_reply(None, |ep, now, _| {
+            ep.reply_region(now, req, status, header, range).map_err(|error| Refused { error, data: None })
         })
         .await
+        .map_err(|Refused { error, .. }| error)
     }
 
     /// Register `len` bytes for the application's own data, to expose
@@ -530,11 +515,20 @@ impl<N: Nic> Connection<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
-        let mut data = data;
+        self.send_reply(data, |ep, now, data| ep.reply(now, req, status, header, data)).await
+    }
+
+    /// Send a reply with `attempt` (given the payload, if any), retried
+    /// while it waits for a window, control slot or credit.
+    async fn send_reply(
+        &self,
+        mut data: Option<Buf>,
+        mut attempt: impl FnMut(&mut Endpoint<N>, Duration, Option<Buf>) -> Result<(), Refused>,
+    ) -> Result<(), Refused> {
         poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
-            let r = st.ep.reply(now, req, status, header, data.take());
+            let r = attempt(&mut st.ep, now, data.take());
             let r = self.committed_or_wait(&mut st, cx, r, &mut data);
             if matches!(r, Poll::Ready(Err(_))) {
                 self.inner.bell.ring();
