@@ -5,17 +5,10 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use mwcap::conn::{Config, Connection, Endpoint, Event, Policies, Policy, Role, SimPair, UseError};
-use mwcap::sim::{DeviceConfig, Fabric, FabricConfig};
+use mwcap::sim::{DeviceConfig, Fabric};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::new(
-        FabricConfig::with_seed(21),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        Config::new(Role::Client, p),
-        Config::new(Role::Server, p),
-    )
-    .expect("pair")
+    SimPair::spec(21, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
 #[test]

@@ -12,14 +12,7 @@ use mwcap::conn::{
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::new(
-        FabricConfig::with_seed(11),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        Config::new(Role::Client, p),
-        Config::new(Role::Server, p),
-    )
-    .expect("pair")
+    SimPair::spec(11, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
 fn filled(ep: &mut Endpoint<SimNic>, bytes: &[u8]) -> Buf {

@@ -4,17 +4,9 @@
 use std::time::Duration;
 
 use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, Role, SimPair};
-use mwcap::sim::{DeviceConfig, FabricConfig};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::new(
-        FabricConfig::with_seed(7),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        Config::new(Role::Client, p),
-        Config::new(Role::Server, p),
-    )
-    .expect("pair")
+    SimPair::spec(7, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
 const ALL: [Policies; 4] = [

@@ -30,14 +30,7 @@ fn pair_with(p: Policies, tweak: impl Fn(&mut Config)) -> SimPair {
         tweak(&mut c);
         c
     };
-    SimPair::new(
-        FabricConfig::with_seed(11),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        cfg(Role::Client),
-        cfg(Role::Server),
-    )
-    .expect("pair")
+    SimPair::spec(11, cfg(Role::Client), cfg(Role::Server)).expect("pair")
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

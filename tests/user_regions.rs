@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use mwcap::conn::{Config, Event, Policies, Policy, RegionId, RegionRange, Role, SimPair, UseError};
-use mwcap::sim::{DeviceConfig, FabricConfig};
 
 const ALL: [Policies; 4] = [
     Policies { request: Policy::Mw, reply: Policy::Mw },
@@ -26,14 +25,7 @@ fn pair(p: Policies, tweak: impl Fn(&mut Config)) -> SimPair {
         tweak(&mut c);
         c
     };
-    SimPair::new(
-        FabricConfig::with_seed(21),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        cfg(Role::Client),
-        cfg(Role::Server),
-    )
-    .unwrap()
+    SimPair::spec(21, cfg(Role::Client), cfg(Role::Server)).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

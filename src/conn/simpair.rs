@@ -44,6 +44,18 @@ impl SimPair {
         Ok(SimPair { fabric, client, server, client_events: Vec::new(), server_events: Vec::new() })
     }
 
+    /// [`SimPair::new`] with spec-following devices on a fabric seeded
+    /// `seed` (no faults): the usual start of a test.
+    pub fn spec(seed: u64, client: Config, server: Config) -> Result<SimPair, NicError> {
+        SimPair::new(
+            FabricConfig::with_seed(seed),
+            DeviceConfig::spec(),
+            DeviceConfig::spec(),
+            client,
+            server,
+        )
+    }
+
     /// The virtual time.
     pub fn now(&self) -> Duration {
         self.fabric.now()

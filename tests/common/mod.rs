@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use mwcap::conn::{Buf, Config, Event, Policies, Policy, RequestId, Role, SimPair};
-use mwcap::sim::{DeviceConfig, FabricConfig};
 
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -70,14 +69,7 @@ impl World {
             c.seed = seed;
             c
         };
-        let p = SimPair::new(
-            FabricConfig::with_seed(seed),
-            DeviceConfig::spec(),
-            DeviceConfig::spec(),
-            cfg(Role::Client),
-            cfg(Role::Server),
-        )
-        .unwrap();
+        let p = SimPair::spec(seed, cfg(Role::Client), cfg(Role::Server)).unwrap();
         World {
             p,
             policies,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, Role, SimPair};
-use mwcap::sim::{DeviceConfig, FabricConfig, MwSupport};
+use mwcap::sim::{DeviceConfig, MwSupport};
 
 type R = Result<(), String>;
 
@@ -31,8 +31,7 @@ fn pair(seed: u64, p: Policies, tweak: impl Fn(&mut Config)) -> Result<SimPair, 
         cfg.inline_max = 0;
         tweak(cfg);
     }
-    SimPair::new(FabricConfig::with_seed(seed), DeviceConfig::spec(), DeviceConfig::spec(), c, s)
-        .map_err(|e| e.to_string())
+    SimPair::spec(seed, c, s).map_err(|e| e.to_string())
 }
 
 fn filled(p: &mut SimPair, client: bool, bytes: &[u8]) -> Result<Buf, String> {
