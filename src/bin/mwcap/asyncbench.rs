@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::future::{select, try_join_all, Either};
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, BufClass, Config, Connection, Endpoint, Policies, Policy, Refused, Role};
+use mwcap::conn::{Buf, Connection, Endpoint, Refused};
 
 use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
@@ -24,45 +24,6 @@ use crate::count;
 /// How long to wait for a buffer or an exposure slot before calling the
 /// run stuck.
 const STUCK: Duration = Duration::from_secs(10);
-
-/// A benchmark side's pool: `buffers` standard buffers of `buffer_size`
-/// bytes and, when `max_payload` is larger, `large` buffers of
-/// `max_payload` bytes.
-#[derive(Clone, Copy, Debug)]
-pub struct Pool {
-    /// Standard buffers.
-    pub buffers: u32,
-    /// Their size.
-    pub buffer_size: u32,
-    /// The largest payload.
-    pub max_payload: u32,
-    /// Buffers of `max_payload` bytes, if it exceeds `buffer_size`.
-    pub large: u32,
-    /// Control slots.
-    pub ctrl_slots: u32,
-    /// `Config::lease_time`.
-    pub lease: Duration,
-    /// `Config::call_timeout`.
-    pub call_timeout: Duration,
-}
-
-/// Endpoint settings for a benchmark side: `pool`, the same policy both
-/// ways, the driver's busy poll in µs if given.
-pub fn config(role: Role, policy: Policy, pool: Pool, busy_poll_us: Option<u64>) -> Config {
-    let mut c = Config::new(role, Policies::both(policy));
-    c.buffers = pool.buffers;
-    c.buffer_size = pool.buffer_size;
-    c.ctrl_slots = pool.ctrl_slots;
-    c.lease_time = pool.lease;
-    c.call_timeout = pool.call_timeout;
-    if pool.max_payload > pool.buffer_size && pool.large > 0 {
-        c.large_buffers = vec![BufClass { size: pool.max_payload, count: pool.large }];
-    }
-    if let Some(us) = busy_poll_us {
-        c.busy_poll = Duration::from_micros(us);
-    }
-    c
-}
 
 /// A free buffer that holds `len` bytes: returned buffers go back to the
 /// pool by themselves and wake `alloc_for`; give up after `STUCK`.

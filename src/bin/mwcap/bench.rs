@@ -67,7 +67,8 @@ mod imp {
     use mwcap::ProbeCache;
 
     use super::policy_addr;
-    use crate::asyncbench::{config, one_process, run_cases, Server};
+    use crate::asyncbench::{one_process, run_cases, Server};
+    use crate::cases::config;
     use crate::BenchOpts;
     use crate::{cases, count};
 
@@ -109,7 +110,7 @@ mod imp {
             let mut streams = Vec::new();
             let started = std::time::Instant::now();
             for _ in 0..o.connections.max(1) {
-                let cfg = config(Role::Client, policy, o.pool(), o.busy_poll_us);
+                let cfg = config(Role::Client, policy, o.pool(), &o.conn);
                 let c = connect_with(open(o)?, to, cfg, &opts)
                     .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
                 if c.policies != Policies::both(policy) {
@@ -164,7 +165,7 @@ mod imp {
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
-            let cfg = |role| config(role, policy, o.pool(), o.busy_poll_us);
+            let cfg = |role| config(role, policy, o.pool(), &o.conn);
             let nic_err = |e: mwcap::backend::NicError| format!("setting up the {policy:?} endpoints: {e}");
             let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(nic_err)?;
             let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(nic_err)?;

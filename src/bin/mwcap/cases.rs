@@ -3,14 +3,17 @@
 //! server's side of those instructions, and the machine-readable result line.
 //!
 //! A request header is [`HEADER_LEN`] bytes: an operation byte, the reply
-//! payload size the client wants (u32, little-endian) and a tag. The tag is
-//! the first and last byte of the call's payload, whichever side writes it,
-//! and the reader checks both (a cheap check that it READ this call's bytes).
+//! payload size the client wants (u32, little-endian) and a tag. Every byte
+//! of the call's payload, whichever side writes it, is a pattern of its
+//! index and the tag ([`fill`]), and the reader checks every byte
+//! ([`check`]): it READ this call's bytes, all of them, in place.
 
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use mwcap::conn::Policy;
+use mwcap::conn::{BufClass, Config, Policies, Policy, Role};
+
+use crate::ConnArgs;
 
 /// Bytes of every request header.
 pub const HEADER_LEN: usize = 6;
@@ -148,6 +151,34 @@ impl Ask {
             _ => None,
         }
     }
+}
+
+/// A benchmark side's pool: `buffers` standard buffers of `buffer_size`
+/// bytes and, when `max_payload` is larger, `large` buffers of
+/// `max_payload` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Pool {
+    /// Standard buffers.
+    pub buffers: u32,
+    /// Their size.
+    pub buffer_size: u32,
+    /// The largest payload.
+    pub max_payload: u32,
+    /// Buffers of `max_payload` bytes, if it exceeds `buffer_size`.
+    pub large: u32,
+}
+
+/// Endpoint settings for a benchmark side: `pool` and `conn`, the same
+/// policy both ways.
+pub fn config(role: Role, policy: Policy, pool: Pool, conn: &ConnArgs) -> Config {
+    let mut c = Config::new(role, Policies::both(policy));
+    c.buffers = pool.buffers;
+    c.buffer_size = pool.buffer_size;
+    if pool.max_payload > pool.buffer_size && pool.large > 0 {
+        c.large_buffers = vec![BufClass { size: pool.max_payload, count: pool.large }];
+    }
+    conn.apply(&mut c);
+    c
 }
 
 /// Byte `i` of every payload tagged `tag`: a hash of the index (so that

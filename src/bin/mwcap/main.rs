@@ -134,23 +134,9 @@ pub struct BenchOpts {
     /// (each connection keeps `inflight` calls in flight).
     #[arg(long, default_value_t = 1)]
     pub connections: u32,
-    /// Control slots per connection (SENDs in flight, receives posted; at
-    /// least 8).
-    #[arg(long, default_value_t = 64)]
-    pub ctrl_slots: u32,
-    /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
-    /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
-    /// slow link.
-    #[arg(long, default_value_t = 5000)]
-    pub lease_ms: u64,
-    /// How long a call may take, in ms (`Config::call_timeout`): longer than
-    /// the lease.
-    #[arg(long, default_value_t = 10000)]
-    pub call_timeout_ms: u64,
-    /// How long each driver polls an idle completion queue before it sleeps
-    /// on the completion channel, in µs (default: the library's).
-    #[arg(long)]
-    pub busy_poll_us: Option<u64>,
+    /// Settings of each connection beyond its pool.
+    #[command(flatten)]
+    pub conn: ConnArgs,
     /// Run on the simulated NIC instead (no RDMA needed): the async API
     /// next to the sans-IO loop.
     #[arg(long, conflicts_with = "addr")]
@@ -174,16 +160,46 @@ impl BenchOpts {
     }
 
     /// Each side's pool.
-    #[cfg(not(loom))]
-    pub fn pool(&self) -> asyncbench::Pool {
-        asyncbench::Pool {
+    pub fn pool(&self) -> cases::Pool {
+        cases::Pool {
             buffers: self.buffers,
             buffer_size: self.buffer_size(),
             max_payload: self.max_payload(),
             large: self.large_buffers,
-            ctrl_slots: self.ctrl_slots,
-            lease: std::time::Duration::from_millis(self.lease_ms),
-            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
+        }
+    }
+}
+
+/// Connection settings `bench` and `serve` share.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct ConnArgs {
+    /// Control slots per connection (SENDs in flight, receives posted; at
+    /// least 8).
+    #[arg(long, default_value_t = 64)]
+    pub ctrl_slots: u32,
+    /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
+    /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
+    /// slow link.
+    #[arg(long, default_value_t = 5000)]
+    pub lease_ms: u64,
+    /// How long a call may take, in ms (`Config::call_timeout`): longer than
+    /// the lease.
+    #[arg(long, default_value_t = 10000)]
+    pub call_timeout_ms: u64,
+    /// How long each driver polls an idle completion queue before it sleeps
+    /// on the completion channel, in µs (default: the library's).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
+}
+
+impl ConnArgs {
+    /// Put these settings into `c`.
+    pub fn apply(&self, c: &mut mwcap::conn::Config) {
+        c.ctrl_slots = self.ctrl_slots;
+        c.lease_time = std::time::Duration::from_millis(self.lease_ms);
+        c.call_timeout = std::time::Duration::from_millis(self.call_timeout_ms);
+        if let Some(us) = self.busy_poll_us {
+            c.busy_poll = std::time::Duration::from_micros(us);
         }
     }
 }
@@ -214,23 +230,9 @@ pub struct ServeOpts {
     /// Buffers of --max-payload bytes per connection.
     #[arg(long, default_value_t = 2)]
     pub large_buffers: u32,
-    /// Control slots per connection (SENDs in flight, receives posted; at
-    /// least 8).
-    #[arg(long, default_value_t = 64)]
-    pub ctrl_slots: u32,
-    /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
-    /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
-    /// slow link.
-    #[arg(long, default_value_t = 5000)]
-    pub lease_ms: u64,
-    /// How long a call may take, in ms (`Config::call_timeout`): longer than
-    /// the lease.
-    #[arg(long, default_value_t = 10000)]
-    pub call_timeout_ms: u64,
-    /// How long each driver polls an idle completion queue before it sleeps
-    /// on the completion channel, in µs (default: the library's).
-    #[arg(long)]
-    pub busy_poll_us: Option<u64>,
+    /// Settings of each connection beyond its pool.
+    #[command(flatten)]
+    pub conn: ConnArgs,
     /// How the bootstrap is authenticated.
     #[command(flatten)]
     pub auth: auth_args::AuthArgs,
@@ -242,17 +244,13 @@ pub struct ServeOpts {
 
 impl ServeOpts {
     /// Each connection's pool.
-    #[cfg(not(loom))]
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-    pub fn pool(&self) -> asyncbench::Pool {
-        asyncbench::Pool {
+    #[cfg_attr(not(all(feature = "verbs", not(loom))), allow(dead_code))]
+    pub fn pool(&self) -> cases::Pool {
+        cases::Pool {
             buffers: self.buffers,
             buffer_size: self.buffer_size,
             max_payload: self.max_payload,
             large: self.large_buffers,
-            ctrl_slots: self.ctrl_slots,
-            lease: std::time::Duration::from_millis(self.lease_ms),
-            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
         }
     }
 }

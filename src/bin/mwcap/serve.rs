@@ -44,8 +44,9 @@ mod imp {
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
 
-    use crate::asyncbench::{config, serve};
+    use crate::asyncbench::serve;
     use crate::bench::policy_addr;
+    use crate::cases::config;
     use crate::ServeOpts;
 
     /// How long the hellos and the ready phase may take once a client connected.
@@ -110,7 +111,7 @@ mod imp {
                     continue;
                 }
             };
-            let cfg = config(Role::Server, policy, o.pool(), o.busy_poll_us);
+            let cfg = config(Role::Server, policy, o.pool(), &o.conn);
             match accept_with(nic, listener, cfg, &opts) {
                 Ok(c) => {
                     s.spawn(move || serve_one(c, policy, max_payload, registry));

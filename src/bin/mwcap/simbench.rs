@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
 
-use mwcap::conn::{BufClass, CallId, Event, Policies, Refused, RequestId, Role, SimPair, UseError};
-use mwcap::sim::{DeviceConfig, FabricConfig};
+use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
+use mwcap::sim::DeviceConfig;
 
 use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
@@ -61,7 +61,7 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let cfg = |role| crate::asyncbench::config(role, policy, o.pool(), o.busy_poll_us);
+    let cfg = |role| cases::config(role, policy, o.pool(), &o.conn);
     let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
     let mut se = Endpoint::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
     let (a, b) = (ce.local(), se.local());
@@ -79,25 +79,9 @@ struct Pending {
 
 /// `case` through the sans-IO loop: `warmup` calls, then `iters` measured.
 fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
-    // The async side's pools (large buffers for payloads above 64 KiB).
-    let cfg = |role| {
-        let mut c = mwcap::conn::Config::new(role, Policies::both(case.policy));
-        c.buffers = o.buffers;
-        c.buffer_size = o.buffer_size();
-        c.ctrl_slots = o.ctrl_slots;
-        if o.max_payload() > c.buffer_size && o.large_buffers > 0 {
-            c.large_buffers = vec![BufClass { size: o.max_payload(), count: o.large_buffers }];
-        }
-        c
-    };
-    let mut pair = SimPair::new(
-        FabricConfig::with_seed(1),
-        DeviceConfig::spec(),
-        DeviceConfig::spec(),
-        cfg(Role::Client),
-        cfg(Role::Server),
-    )
-    .map_err(|e| e.to_string())?;
+    // The async side's settings (large buffers for payloads above 64 KiB).
+    let cfg = |role| cases::config(role, case.policy, o.pool(), &o.conn);
+    let mut pair = SimPair::spec(1, cfg(Role::Client), cfg(Role::Server)).map_err(|e| e.to_string())?;
     let mut state = Loop {
         responder: Responder::default(),
         pending: Vec::with_capacity(case.inflight as usize),
