@@ -154,6 +154,28 @@ PY
 # the iteration counts (MWCAP_BENCH_ITERS, MWCAP_BENCH_WARMUP) or skip the
 # step (MWCAP_BENCH=0), set them on the host: run.sh exports every MWCAP_*
 # variable into the VM (which inherits no other environment).
+# Wait (up to 60 s) until the server logging to $1 (pid $2) listens, or dies.
+wait_listening() {
+    for _ in $(seq 1 60); do
+        grep -q "listening" "$1" 2>/dev/null && break
+        kill -0 "$2" 2>/dev/null || break
+        sleep 1
+    done
+}
+
+# The verdict of a leg against the many-clients server: NAME, the bench's
+# exit code, its result lines for 100 connections, the lines it must have,
+# and when it started. Sets fail=1 and shows the server's log tail on FAIL.
+many_leg() {
+    if [ "$2" -ne 0 ] || [ "$3" -lt "$4" ]; then
+        echo "$1: exit $2, $3 result lines of $4 (FAIL)"
+        tail -20 "$many_log" | sed -e 's/^/many-serve: /'
+        fail=1
+    else
+        echo "$1: $3 cases over 100 connections per policy in $(( $(date +%s) - $5 )) s, every byte checked"
+    fi
+}
+
 if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     bench_start=$(date +%s)
     echo "=== benchmark (informational): perftest and mwcap on rxe0"
@@ -183,11 +205,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --key-file "$key_file" \
         --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
     serve_pid=$!
-    for _ in $(seq 1 60); do
-        grep -q "listening" "$serve_log" 2>/dev/null && break
-        kill -0 "$serve_pid" 2>/dev/null || break
-        sleep 1
-    done
+    wait_listening "$serve_log" "$serve_pid"
     # `mwcap stat` reads the server's live view every 3 s while the bench
     # runs (pass/fail: it must show the bench's connections up and working).
     stat_out=$pdir/stat.out
@@ -218,7 +236,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             --large-buffers 2 | tee "$large_out"
         rc=${PIPESTATUS[0]}
         lines=$(grep -c "^case=" "$large_out")
-        if [ "$rc" -ne 0 ] || [ "$lines" -lt 8 ]; then
+        if [ "$rc" -ne 0 ] || [ "$lines" -lt 9 ]; then
             echo "large payloads: exit $rc, $lines result lines of 9 (FAIL)"
             fail=1
         else
@@ -250,23 +268,12 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     timeout -k 5 900 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" \
         --max-payload 16777216 --lease-ms 120000 $small >"$many_log" 2>&1 &
     many_pid=$!
-    for _ in $(seq 1 60); do
-        grep -q "listening" "$many_log" 2>/dev/null && break
-        kill -0 "$many_pid" 2>/dev/null || break
-        sleep 1
-    done
+    wait_listening "$many_log" "$many_pid"
     many_start=$(date +%s)
     timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
         --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$many_out"
     rc=${PIPESTATUS[0]}
-    lines=$(grep -c "^case=.* connections=100 " "$many_out")
-    if [ "$rc" -ne 0 ] || [ "$lines" -lt 13 ]; then
-        echo "many connections: exit $rc, $lines result lines of 13 (FAIL)"
-        tail -20 "$many_log" | sed -e 's/^/many-serve: /'
-        fail=1
-    else
-        echo "many connections: $lines cases over 100 connections per policy in $(( $(date +%s) - many_start )) s, every byte checked"
-    fi
+    many_leg "many connections" "$rc" "$(grep -c "^case=.* connections=100 " "$many_out")" 13 "$many_start"
     echo "=== 16 MiB payloads over 100 connections per policy (pass/fail)"
     huge_out=$pdir/many-16m.out
     huge_start=$(date +%s)
@@ -276,14 +283,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     rc=${PIPESTATUS[0]}
     kill "$many_pid" 2>/dev/null
     wait "$many_pid" 2>/dev/null
-    lines=$(grep -c "^case=.*size=16777216 .* connections=100 " "$huge_out")
-    if [ "$rc" -ne 0 ] || [ "$lines" -lt 4 ]; then
-        echo "16 MiB over many connections: exit $rc, $lines 16 MiB result lines of 4 (FAIL)"
-        tail -20 "$many_log" | sed -e 's/^/many-serve: /'
-        fail=1
-    else
-        echo "16 MiB over many connections: $lines cases over 100 connections per policy in $(( $(date +%s) - huge_start )) s, every byte checked"
-    fi
+    many_leg "16 MiB over many connections" "$rc" "$(grep -c "^case=.*size=16777216 .* connections=100 " "$huge_out")" 4 "$huge_start"
     rm -f "$key_file"
     # A row of a live server connection that has served requests: "ID PEER
     # QPN server POLICIES up AGE OPS ...", OPS > 0.
