@@ -75,6 +75,9 @@ impl Nic for Counting {
     fn dealloc_mw(&self, mw: MwId) -> Result<(), NicError> {
         self.nic.dealloc_mw(mw)
     }
+    fn new_pd(&self) -> Result<Counting, NicError> {
+        Ok(Counting { nic: self.nic.new_pd()?, created: self.created.clone() })
+    }
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
         self.count(self.nic.create_cq(depth))
     }

@@ -83,7 +83,20 @@ pub trait Nic: Send + Sync {
     /// Free a window. Freeing a bound window invalidates it.
     fn dealloc_mw(&self, mw: MwId) -> Result<(), NicError>;
 
-    /// Create a completion queue with room for `depth` entries.
+    /// Another handle on the same device context with a protection domain
+    /// of its own. Its regions, windows and queue pairs are invisible
+    /// through this handle (and a key of one PD reaches nothing of the
+    /// other), but completion queues belong to the device context, as in
+    /// verbs: a queue pair of either handle may complete on a CQ created
+    /// through either (see [`crate::conn::Hub`], which serves many
+    /// connections, each in its own PD, from one CQ).
+    fn new_pd(&self) -> Result<Self, NicError>
+    where
+        Self: Sized;
+
+    /// Create a completion queue with room for `depth` entries. It belongs
+    /// to the device context: queue pairs of this handle and of its
+    /// [`Nic::new_pd`] siblings may use it.
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError>;
     /// Destroy a completion queue. Its queue pairs must be gone first.
     fn destroy_cq(&self, cq: CqId) -> Result<(), NicError>;

@@ -596,6 +596,25 @@ pub enum NicError {
     /// The work request is malformed (e.g. a bind whose rkey has another window's index).
     #[error("invalid work request: {0}")]
     InvalidWr(String),
+    /// A completion queue deeper than the device allows was asked for.
+    #[error("a completion queue of {depth} entries was asked for and the device holds at most {max}; ask for fewer (a shared queue: serve fewer connections on it)")]
+    CqTooDeep {
+        /// The depth asked for.
+        depth: u32,
+        /// The device's `max_cqe`.
+        max: u32,
+    },
+    /// A shared completion queue has no room left for another queue pair's
+    /// completions (it would overflow, taking every connection on it down).
+    #[error("the shared completion queue holds {depth} entries, {reserved} are reserved by its connections and this one needs {wanted}: serve it on another Hub (one per driver thread), or make the Hub's queue deeper")]
+    CqBudget {
+        /// The queue's depth.
+        depth: u32,
+        /// Entries reserved by the connections on it.
+        reserved: u64,
+        /// What the new connection needs.
+        wanted: u32,
+    },
     /// The queue is full.
     #[error("{queue} is full ({depth} entries); poll completions before posting more")]
     QueueFull {

@@ -18,6 +18,33 @@ use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpCo
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
 const POLL_BATCH: usize = 32;
 
+/// A completion queue an endpoint shares with others ([`super::Hub`]). The
+/// endpoint neither polls nor destroys it: its completions are handed to
+/// [`Endpoint::handle_completions`], and it destroys its QP through
+/// [`SharedCq::retire`].
+pub(crate) trait SharedCq: Send + Sync {
+    /// Run `destroy` (which destroys the QP numbered `qpn`), then take that
+    /// QP's completions out of the shared queue and forget the QP, before
+    /// its number can name a new QP's completions there.
+    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut());
+}
+
+/// Destroy `qp` directly, or through the shared queue's `retire`.
+fn destroy_qp<N: Nic>(
+    nic: &N,
+    shared: Option<&std::sync::Arc<dyn SharedCq>>,
+    qp: &QpEndpoint,
+) -> Result<(), NicError> {
+    match shared {
+        None => nic.destroy_qp(qp.id),
+        Some(s) => {
+            let mut out = Ok(());
+            s.retire(qp.qpn, &mut || out = nic.destroy_qp(qp.id));
+            out
+        }
+    }
+}
+
 /// One side of one RC connection: its device resources on a [`Nic`], and
 /// the [`Connection`] state machine it runs. See the [module docs](super)
 /// for the call order.
@@ -31,6 +58,9 @@ pub struct Endpoint<N: Nic> {
     /// The access of the data region, which user regions get too.
     access: Access,
     windows: Vec<MwId>,
+    /// The completion queue is shared with other endpoints (see
+    /// [`SharedCq`]); `None`: it is this endpoint's own.
+    shared: Option<std::sync::Arc<dyn SharedCq>>,
     /// Where `drive` polls completions into.
     batch: Vec<Completion>,
     /// Where a received frame is copied out of its receive slot to be
@@ -60,34 +90,61 @@ impl<N: Nic> Endpoint<N> {
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+        let depth = Endpoint::<N>::cq_entries(&cfg)?;
+        let cq = nic.create_cq(depth)?;
+        match Endpoint::prepare_on(nic, cfg, cq, None) {
+            Ok(p) => Ok(p),
+            Err((nic, e)) => {
+                let _ = nic.destroy_cq(cq);
+                Err(e)
+            }
+        }
+    }
+
+    /// The completion queue entries a connection with `cfg` may need at
+    /// once (and its send queue's depth): every work request may come back,
+    /// as a flush if nothing else.
+    pub(crate) fn cq_entries(cfg: &Config) -> Result<u32, NicError> {
+        Ok(Endpoint::<N>::send_wrs(cfg)? + cfg.ctrl_slots)
+    }
+
+    /// Send queue: control SENDs, per buffer a bind, an invalidate and the
+    /// READs of a payload (one per `read_chunk`).
+    fn send_wrs(cfg: &Config) -> Result<u32, NicError> {
         cfg.check()?;
-        // Send queue: control SENDs, per buffer a bind, an invalidate and
-        // the READs of a payload (one per `read_chunk`). Every WR may come
-        // back as a flush, so the CQ holds them all and the receives.
-        let layout = Layout::new(&cfg);
+        let layout = Layout::new(cfg);
         let chunk = u64::from(cfg.read_chunk);
         let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
         let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
         let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
-        let send_wrs = u32::try_from(send_wrs).map_err(|_| {
+        u32::try_from(send_wrs).map_err(|_| {
             NicError::InvalidWr(format!(
                 "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
             ))
-        })?;
-        let depth = send_wrs + cfg.ctrl_slots;
-        let cq = nic.create_cq(depth)?;
+        })
+    }
+
+    /// [`Endpoint::prepare`] with a QP on the completion queue `cq`, which
+    /// the endpoint does not own when `shared` is given. On failure the
+    /// NIC comes back with the error.
+    pub(crate) fn prepare_on(
+        nic: N,
+        cfg: Config,
+        cq: CqId,
+        shared: Option<std::sync::Arc<dyn SharedCq>>,
+    ) -> Result<Prepared<N>, (N, NicError)> {
+        let send_wrs = match Endpoint::<N>::send_wrs(&cfg) {
+            Ok(n) => n,
+            Err(e) => return Err((nic, e)),
+        };
         let mut qcfg = QpConfig::new(cq, cq);
         qcfg.max_send_wr = send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
-        let local = match nic.create_qp(qcfg) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = nic.destroy_cq(cq);
-                return Err(e);
-            }
-        };
-        Ok(Prepared { nic: Some(nic), cfg, cq, local })
+        match nic.create_qp(qcfg) {
+            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared }),
+            Err(e) => Err((nic, e)),
+        }
     }
 
     /// What the peer needs to connect to this endpoint.
@@ -436,44 +493,56 @@ impl<N: Nic> Endpoint<N> {
     /// Poll the completion queue, feed every completion and received frame
     /// to the connection, and post what it asks for. Returns how many
     /// completions it handled.
+    ///
+    /// On a shared completion queue ([`super::Hub`]) it does not poll: the
+    /// hub hands the completions over ([`Endpoint::handle_completions`]).
     pub fn drive(&mut self, now: Duration) -> usize {
         self.reclaim();
         let mut handled = 0;
-        let mut batch = std::mem::take(&mut self.batch);
-        let mut scratch = std::mem::take(&mut self.scratch);
-        loop {
-            let n = match self.nic.poll_cq(self.cq, &mut batch) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.conn.post_failed(&Command::SetQpError, e);
+        if self.shared.is_none() {
+            let mut batch = std::mem::take(&mut self.batch);
+            loop {
+                let n = match self.nic.poll_cq(self.cq, &mut batch) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.conn.post_failed(&Command::SetQpError, e);
+                        break;
+                    }
+                };
+                if n == 0 {
                     break;
                 }
-            };
-            if n == 0 {
-                break;
+                handled += n;
+                self.handle_completions(now, &batch[..n]);
             }
-            handled += n;
-            let _in = self.span.enter();
-            for c in &batch[..n] {
-                scratch.clear();
-                if let Some((offset, len)) = self.conn.received_frame(c) {
-                    // Copied once out of the receive slot (which is re-posted
-                    // right after) into the scratch kept for the endpoint's life.
-                    let copied =
-                        self.nic.with_mr(self.ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b));
-                    if let Err(e) = copied {
-                        self.conn.post_failed(&Command::SetQpError, e);
-                    }
-                }
-                self.conn.handle_completion(now, c, &scratch);
-            }
-            drop(_in);
-            self.run();
+            self.batch = batch;
         }
-        self.batch = batch;
-        self.scratch = scratch;
         self.run();
         handled
+    }
+
+    /// Feed completions of this endpoint's QP (taken off a completion queue
+    /// by whoever polls it) and the frames they received to the connection,
+    /// and post what it asks for.
+    pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let _in = self.span.enter();
+        for c in completions {
+            scratch.clear();
+            if let Some((offset, len)) = self.conn.received_frame(c) {
+                // Copied once out of the receive slot (which is re-posted
+                // right after) into the scratch kept for the endpoint's life.
+                let copied =
+                    self.nic.with_mr(self.ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b));
+                if let Err(e) = copied {
+                    self.conn.post_failed(&Command::SetQpError, e);
+                }
+            }
+            self.conn.handle_completion(now, c, &scratch);
+        }
+        drop(_in);
+        self.scratch = scratch;
+        self.run();
     }
 
     // ---- calls ----
@@ -645,7 +714,7 @@ impl<N: Nic> Endpoint<N> {
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
         }
-        if let Err(e) = self.nic.destroy_qp(self.local.id) {
+        if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
             tracing::warn!(%e, "destroy QP");
         }
         self.destroyed = true;
@@ -661,6 +730,7 @@ pub struct Prepared<N: Nic> {
     cfg: Config,
     cq: CqId,
     local: QpEndpoint,
+    shared: Option<std::sync::Arc<dyn SharedCq>>,
 }
 
 impl<N: Nic> Prepared<N> {
@@ -722,6 +792,7 @@ impl<N: Nic> Prepared<N> {
             data,
             access,
             windows,
+            shared: self.shared.take(),
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),
@@ -766,8 +837,10 @@ impl<N: Nic> Drop for Made<'_, N> {
 impl<N: Nic> Drop for Prepared<N> {
     fn drop(&mut self) {
         if let Some(nic) = self.nic.take() {
-            let _ = nic.destroy_qp(self.local.id);
-            let _ = nic.destroy_cq(self.cq);
+            let _ = destroy_qp(&nic, self.shared.as_ref(), &self.local);
+            if self.shared.is_none() {
+                let _ = nic.destroy_cq(self.cq);
+            }
         }
     }
 }
@@ -783,14 +856,16 @@ impl<N: Nic> Drop for Endpoint<N> {
             let _ = self.nic.dealloc_mw(w);
         }
         if !self.destroyed {
-            let _ = self.nic.destroy_qp(self.local.id);
+            let _ = destroy_qp(&self.nic, self.shared.as_ref(), &self.local);
         }
         let _ = self.nic.dereg_mr(self.data.id);
         let _ = self.nic.dereg_mr(self.ctrl.id);
         for r in self.conn.region_infos() {
             let _ = self.nic.dereg_mr(r.id);
         }
-        let _ = self.nic.destroy_cq(self.cq);
+        if self.shared.is_none() {
+            let _ = self.nic.destroy_cq(self.cq);
+        }
     }
 }
 

@@ -152,6 +152,12 @@ pub struct DeviceConfig {
     pub max_sge: u32,
     /// Path MTU in bytes.
     pub mtu: u32,
+    /// Hand the number of a destroyed queue pair to the next one created
+    /// (the latest freed first), as real devices reuse QP numbers; off by
+    /// default, so that numbers are unique in a trace. A completion queue
+    /// shared by many connections must tell a new QP's completions from
+    /// an old one's of the same number: the tests turn this on to check it.
+    pub reuse_qpns: bool,
 }
 
 impl Default for DeviceConfig {
@@ -163,6 +169,7 @@ impl Default for DeviceConfig {
             max_mw: 1 << 16,
             max_sge: 16,
             mtu: 4096,
+            reuse_qpns: false,
         }
     }
 }

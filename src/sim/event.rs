@@ -16,7 +16,7 @@ pub(crate) enum EvKind {
     /// The requester resends after an RNR NAK.
     RnrResend { dev: u32, qp: u32, psn: u64 },
     /// A completion becomes pollable.
-    Deliver { dev: u32, cq: u32, wc: Completion },
+    Deliver { dev: u32, qp: u32, cq: u32, wc: Completion },
 }
 
 /// A request on the wire.

@@ -44,13 +44,15 @@ impl World {
             EvKind::Response { dev, qp, src_dev, psn, resp } => self.on_response(dev, qp, src_dev, psn, resp),
             EvKind::AckTimer { dev, qp, gen } => self.on_ack_timer(dev, qp, gen),
             EvKind::RnrResend { dev, qp, psn } => self.on_rnr_resend(dev, qp, psn),
-            EvKind::Deliver { dev, cq, wc } => self.on_deliver(dev, cq, wc),
+            EvKind::Deliver { dev, qp, cq, wc } => self.on_deliver(dev, qp, cq, wc),
         }
     }
 
-    fn on_deliver(&mut self, dev: u32, cq: u32, wc: crate::backend::Completion) {
+    fn on_deliver(&mut self, dev: u32, qp: u32, cq: u32, wc: crate::backend::Completion) {
         let d = &mut self.devs[dev as usize];
-        if let Some(q) = d.qps.iter_mut().flatten().find(|q| q.qpn == wc.qpn) {
+        // A destroyed QP's completions still on their way are dropped.
+        let Some(q) = d.qp_mut(qp) else { return };
+        {
             let c = &mut q.counters;
             c.completions += 1;
             match wc.status {

@@ -209,6 +209,7 @@ impl Fabric {
         for v in d.qps.iter_mut() {
             *v = None;
         }
+        d.by_qpn.clear();
         w.log(|| format!("dev{} died", dev.0));
     }
 

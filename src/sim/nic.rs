@@ -51,7 +51,8 @@ impl SimNic {
     }
 
     /// Another protection domain on the same device (keys are shared by the
-    /// device, objects are not).
+    /// device, objects are not, except completion queues, which belong to
+    /// the device: see [`Nic::new_pd`]).
     pub fn new_pd(&self) -> Result<SimNic, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "alloc_pd")?;
@@ -86,10 +87,10 @@ fn live<'a>(
 }
 
 impl SimNic {
-    /// Whether this handle's completion queue `cq` holds a completion.
+    /// Whether the device's completion queue `cq` holds a completion.
     fn cq_has_entries(&self, w: &World, cq: CqId) -> Result<bool, NicError> {
         let c = w.devs[self.dev as usize].cqs.get(cq.0 as usize).and_then(Option::as_ref);
-        let c = c.filter(|c| c.pd == self.pd).ok_or_else(|| no_such("completion queue", cq.0))?;
+        let c = c.ok_or_else(|| no_such("completion queue", cq.0))?;
         Ok(!c.entries.is_empty())
     }
 
@@ -312,17 +313,21 @@ impl Nic for SimNic {
         Ok(())
     }
 
+    fn new_pd(&self) -> Result<SimNic, NicError> {
+        SimNic::new_pd(self)
+    }
+
     fn create_cq(&self, _depth: u32) -> Result<CqId, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "create_cq")?;
-        d.cqs.push(Some(Cq { pd: self.pd, entries: Default::default(), users: 0, waker: None }));
+        d.cqs.push(Some(Cq { entries: Default::default(), users: 0, waker: None }));
         Ok(CqId(d.cqs.len() as u32 - 1))
     }
 
     fn destroy_cq(&self, cq: CqId) -> Result<(), NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "destroy_cq")?;
-        let c = d.cqs.get(cq.0 as usize).and_then(Option::as_ref).filter(|c| c.pd == self.pd);
+        let c = d.cqs.get(cq.0 as usize).and_then(Option::as_ref);
         match c {
             None => Err(no_such("completion queue", cq.0)),
             Some(c) if c.users > 0 => Err(os("destroy_cq", EBUSY)),
@@ -338,17 +343,23 @@ impl Nic for SimNic {
         let (retry, rnr) = (w.cfg.faults.retry_cnt, w.cfg.faults.rnr_retry);
         let d = live(&mut w, self.dev, "create_qp")?;
         for cq in [cfg.send_cq, cfg.recv_cq] {
-            if !d.cqs.get(cq.0 as usize).and_then(Option::as_ref).is_some_and(|c| c.pd == self.pd) {
+            if d.cqs.get(cq.0 as usize).and_then(Option::as_ref).is_none() {
                 return Err(no_such("completion queue", cq.0));
             }
         }
         for cq in [cfg.send_cq, cfg.recv_cq] {
             d.cqs[cq.0 as usize].as_mut().expect("checked").users += 1;
         }
-        let qpn = d.next_qpn;
-        d.next_qpn += 1;
+        let qpn = match d.free_qpns.pop() {
+            Some(n) if d.cfg.reuse_qpns => n,
+            _ => {
+                d.next_qpn += 1;
+                d.next_qpn - 1
+            }
+        };
         let idx = d.qps.len() as u32;
         d.qps.push(Some(Qp::new(self.pd, qpn, cfg, retry, rnr)));
+        d.by_qpn.insert(qpn, idx);
         let (gid, mtu) = (d.gid, d.cfg.mtu);
         Ok(QpEndpoint { id: QpId(idx), qpn, gid, psn: 0, mtu, lid: 0 })
     }
@@ -391,7 +402,12 @@ impl Nic for SimNic {
                 c.users -= 1;
             }
         }
-        d.qps[qp.0 as usize] = None;
+        if let Some(q) = d.qps[qp.0 as usize].take() {
+            d.by_qpn.remove(&q.qpn);
+            if d.cfg.reuse_qpns {
+                d.free_qpns.push(q.qpn);
+            }
+        }
         Ok(())
     }
 

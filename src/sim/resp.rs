@@ -148,7 +148,7 @@ impl World {
                     self.hazard(dev, HazardKind::DmaIntoHeldBuffer, detail);
                 }
                 wc.invalidated_rkey = inv;
-                self.deliver(dev, recv_cq, wc);
+                self.deliver(dev, qp, recv_cq, wc);
                 self.respond(dev, src, psn, Resp::Ack);
                 self.error_all(to_err);
             }
@@ -160,7 +160,7 @@ impl World {
                 }
                 wc.status = local;
                 wc.byte_len = 0;
-                self.deliver(dev, recv_cq, wc);
+                self.deliver(dev, qp, recv_cq, wc);
                 self.respond(dev, src, psn, Resp::Nak(nak));
                 self.enter_error(dev, qp, None);
             }

@@ -50,6 +50,11 @@ pub(crate) struct Device {
     pub(crate) mws: Vec<Option<Mw>>,
     pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) qps: Vec<Option<Qp>>,
+    /// QP number to index in `qps`, for the live QPs.
+    pub(crate) by_qpn: std::collections::HashMap<u32, u32>,
+    /// Numbers of destroyed QPs, handed out again first when the device
+    /// reuses numbers ([`DeviceConfig::reuse_qpns`]): the latest first.
+    pub(crate) free_qpns: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,8 +120,10 @@ pub(crate) struct Mw {
     pub(crate) state: MwState,
 }
 
+/// A completion queue belongs to the device, not to a protection domain
+/// (as `ibv_create_cq` takes a context): queue pairs of every PD of the
+/// device may complete on it.
 pub(crate) struct Cq {
-    pub(crate) pd: u32,
     pub(crate) entries: VecDeque<Completion>,
     pub(crate) users: u32,
     /// Armed by `poll_cq_ready`: woken at the next completion queued.
@@ -236,6 +243,8 @@ impl Device {
             mws: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
+            by_qpn: std::collections::HashMap::new(),
+            free_qpns: Vec::new(),
         }
     }
 
@@ -258,7 +267,7 @@ impl Device {
         self.mws.get_mut(mw as usize).and_then(Option::as_mut)
     }
     pub(crate) fn qp_by_qpn(&self, qpn: u32) -> Option<u32> {
-        self.qps.iter().position(|q| q.as_ref().is_some_and(|q| q.qpn == qpn)).map(|i| i as u32)
+        self.by_qpn.get(&qpn).copied()
     }
     /// A fresh key index with a random consumer key.
     pub(crate) fn new_key(&mut self, obj: KeyObj, rng: &mut SmallRng) -> u32 {
@@ -343,10 +352,13 @@ impl World {
             + (lat.per_kib.as_nanos() as u64).saturating_mul(bytes) / 1024
     }
 
-    /// Queue a completion for the CQ after the completion latency.
-    pub(crate) fn deliver(&mut self, dev: u32, cq: u32, wc: Completion) {
+    /// Queue a completion of queue pair `qp` (its index) for the CQ after
+    /// the completion latency. It is dropped if the QP is destroyed first:
+    /// after `destroy_qp` no completion of it appears (its number may serve
+    /// a new QP by then).
+    pub(crate) fn deliver(&mut self, dev: u32, qp: u32, cq: u32, wc: Completion) {
         let at = self.now + self.cfg.latency.completion.as_nanos() as u64;
-        self.sched.push(Lane::Cq(dev, cq), at, EvKind::Deliver { dev, cq, wc });
+        self.sched.push(Lane::Cq(dev, cq), at, EvKind::Deliver { dev, qp, cq, wc });
     }
 
     /// Hand the send queue's finished head entries to the CQ, in order.
@@ -370,7 +382,7 @@ impl World {
                     vendor_err: 0,
                 };
                 let cq = q.cfg.send_cq.0;
-                self.deliver(dev, cq, wc);
+                self.deliver(dev, qp, cq, wc);
             }
         }
     }
@@ -412,7 +424,7 @@ impl World {
                 qpn,
                 vendor_err: 0,
             };
-            self.deliver(dev, recv_cq, wc);
+            self.deliver(dev, qp, recv_cq, wc);
         }
     }
 

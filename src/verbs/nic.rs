@@ -117,13 +117,33 @@ pub struct VerbsNic {
     port: PortInfo,
     attrs: DeviceAttrs,
     info: DeviceInfo,
-    // The tables drop in declaration order, which is the safe teardown
-    // order: windows (unbinding them), queue pairs, regions (refused while
-    // a window is bound), completion queues.
+    // Teardown order: windows (unbinding them), this PD's queue pairs
+    // (`Drop`), then the fields in declaration order: the shared tables
+    // (with the last sibling: completion queues), then the regions.
     mws: Slots<Mw>,
-    qps: Slots<QpSlot>,
+    shared: Arc<Shared>,
     mrs: Slots<Mr>,
+    /// The ids of this handle's queue pairs in `shared.qps` (cold: create
+    /// and destroy), destroyed when the handle is dropped.
+    own_qps: Mutex<Vec<u32>>,
+}
+
+/// What a handle shares with its [`Nic::new_pd`] siblings: the device
+/// context's completion queues, and the queue pairs, so that a poll of a
+/// shared CQ finds the QP of each completion whichever handle made it. A
+/// handle reaches only its own PD's queue pairs by id.
+struct Shared {
+    qps: Slots<QpSlot>,
     cqs: Slots<CqSlot>,
+}
+
+impl Drop for VerbsNic {
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.mws, Slots::new()));
+        for id in std::mem::take(&mut *self.own_qps.lock()) {
+            let _ = self.shared.qps.remove(id, QpSlot::close);
+        }
+    }
 }
 
 impl VerbsNic {
@@ -155,9 +175,25 @@ impl VerbsNic {
             attrs,
             info,
             mws: Slots::new(),
-            qps: Slots::new(),
+            shared: Arc::new(Shared { qps: Slots::new(), cqs: Slots::new() }),
             mrs: Slots::new(),
-            cqs: Slots::new(),
+            own_qps: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Another handle on this device context with a protection domain of
+    /// its own, sharing the completion queues ([`Nic::new_pd`]).
+    pub fn new_pd(&self) -> Result<VerbsNic, NicError> {
+        Ok(VerbsNic {
+            ctx: self.ctx.clone(),
+            pd: Pd::alloc(&self.ctx)?,
+            port: self.port,
+            attrs: self.attrs,
+            info: self.info.clone(),
+            mws: Slots::new(),
+            shared: self.shared.clone(),
+            mrs: Slots::new(),
+            own_qps: Mutex::new(Vec::new()),
         })
     }
 
@@ -202,11 +238,16 @@ impl VerbsNic {
     }
 
     fn cq(&self, id: CqId) -> Result<Pinned<'_, CqSlot>, NicError> {
-        self.cqs.pin(id.0).ok_or(missing("completion queue", id.0))
+        self.shared.cqs.pin(id.0).ok_or(missing("completion queue", id.0))
     }
 
+    /// One of this PD's queue pairs (a sibling's are not reachable by id).
     fn qp(&self, id: QpId) -> Result<Pinned<'_, QpSlot>, NicError> {
-        self.qps.pin(id.0).ok_or(missing("queue pair", id.0))
+        self.shared
+            .qps
+            .pin(id.0)
+            .filter(|q| Arc::ptr_eq(q.qp.pd(), &self.pd))
+            .ok_or(missing("queue pair", id.0))
     }
 
     /// The QP with number `qpn`, through `cq`'s hint or else a scan.
@@ -214,11 +255,11 @@ impl VerbsNic {
         let hint = &cq.hints[qpn as usize % HINTS];
         let h = hint.load(Ordering::Relaxed);
         if (h >> 32) as u32 == qpn {
-            if let Some(qp) = self.qps.pin(h as u32).filter(|qp| qp.qpn == qpn) {
+            if let Some(qp) = self.shared.qps.pin(h as u32).filter(|qp| qp.qpn == qpn) {
                 return Some(qp);
             }
         }
-        let qp = self.qps.find(qpn, |qp| qp.qpn == qpn)?;
+        let qp = self.shared.qps.find(qpn, |qp| qp.qpn == qpn)?;
         hint.store(u64::from(qpn) << 32 | u64::from(qp.id()), Ordering::Relaxed);
         Some(qp)
     }
@@ -250,6 +291,10 @@ impl VerbsNic {
 impl Nic for VerbsNic {
     fn device_info(&self) -> DeviceInfo {
         self.info.clone()
+    }
+
+    fn new_pd(&self) -> Result<VerbsNic, NicError> {
+        VerbsNic::new_pd(self)
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
@@ -301,14 +346,20 @@ impl Nic for VerbsNic {
     }
 
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
-        let cq = Cq::create(&self.ctx, depth.min(self.attrs.max_cqe.max(1)))?;
+        if depth > self.attrs.max_cqe {
+            // Clamping would hand back a queue that can overflow, which
+            // takes every queue pair on it to ERR.
+            return Err(NicError::CqTooDeep { depth, max: self.attrs.max_cqe });
+        }
+        let cq = Cq::create(&self.ctx, depth.max(1))?;
         let slot = CqSlot { cq: Arc::new(cq), hints: Default::default() };
-        let id = self.cqs.insert(slot, 0).map_err(|_| no_id("create completion queue"))?;
+        let id = self.shared.cqs.insert(slot, 0).map_err(|_| no_id("create completion queue"))?;
         Ok(CqId(id))
     }
 
     fn destroy_cq(&self, id: CqId) -> Result<(), NicError> {
-        self.cqs
+        self.shared
+            .cqs
             .remove(id.0, |slot| {
                 let CqSlot { cq, hints } = slot;
                 // Queue pairs hold the other references to the Cq.
@@ -350,7 +401,9 @@ impl Nic for VerbsNic {
             rq_post: Mutex::new(()),
             track: Mutex::new(Track::new(cap)),
         };
-        endpoint.id = QpId(self.qps.insert(slot, qpn).map_err(|_| no_id("create queue pair"))?);
+        let id = self.shared.qps.insert(slot, qpn).map_err(|_| no_id("create queue pair"))?;
+        self.own_qps.lock().push(id);
+        endpoint.id = QpId(id);
         Ok(endpoint)
     }
 
@@ -367,9 +420,13 @@ impl Nic for VerbsNic {
     }
 
     fn destroy_qp(&self, id: QpId) -> Result<(), NicError> {
-        self.qps
+        drop(self.qp(id)?); // one of this PD's
+        self.shared
+            .qps
             .remove(id.0, QpSlot::close)
-            .map_err(|r| removal(r, "queue pair", id.0, "destroy queue pair (a post is using it)"))
+            .map_err(|r| removal(r, "queue pair", id.0, "destroy queue pair (a post is using it)"))?;
+        self.own_qps.lock().retain(|&q| q != id.0);
+        Ok(())
     }
 
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError> {
