@@ -88,7 +88,7 @@ impl Waiters {
     }
 }
 
-struct State<N: Nic> {
+pub(super) struct State<N: Nic> {
     ep: Endpoint<N>,
     calls: HashMap<CallId, Arc<Slot<CallResult>>>,
     /// Slots of finished calls, reused once their handle is gone (a call
@@ -101,6 +101,12 @@ struct State<N: Nic> {
     capacity_waiters: Waiters,
     /// Tasks in `closed`.
     closed_waiters: Waiters,
+    /// The connection is down, closed and every buffer is back (its QP is
+    /// destroyed); set by the hub, whose connections' [`Driver::run`]
+    /// waits for it.
+    finished: bool,
+    /// Tasks in `Driver::run` of a connection on a hub.
+    finish_waiters: Waiters,
     /// The user asked to close.
     closing: bool,
     /// When the connection went down (to bound the wait for flushes).
@@ -112,7 +118,7 @@ struct State<N: Nic> {
     /// reply posts its own work requests and the driver wakes on their
     /// completions, so it is rung only when it has events to hand out or
     /// must wake earlier than this.
-    driver_next: Option<Duration>,
+    pub(super) driver_next: Option<Duration>,
 }
 
 impl<N: Nic> State<N> {
@@ -140,11 +146,65 @@ pub(crate) struct Inner<N: Nic> {
     abandoned: std::sync::atomic::AtomicUsize,
     recycle: Arc<Recycle<CallResult>>,
     epoch: Instant,
+    /// Set when the connection is driven by a [`super::Hub`].
+    pub(super) hub: Option<HubPart>,
+}
+
+/// What a connection on a hub has besides: the waker that puts it on the
+/// hub's ready list, and the completions the hub routed to it.
+pub(super) struct HubPart {
+    /// Registered with the doorbell and the buffer-return hook: it queues
+    /// the connection for a turn and wakes the hub.
+    pub(super) waker: Waker,
+    /// On the hub's ready list already.
+    pub(super) queued: std::sync::atomic::AtomicBool,
+    /// Completions of its QP, taken off the shared queue by the hub.
+    pub(super) inbox: Mutex<Vec<crate::backend::Completion>>,
 }
 
 impl<N: Nic> Inner<N> {
+    fn new(ep: Endpoint<N>, epoch: Instant, hub: Option<HubPart>) -> Inner<N> {
+        Inner {
+            state: Mutex::new(State {
+                ep,
+                calls: HashMap::with_capacity(64),
+                spare_slots: Vec::with_capacity(64),
+                requests: VecDeque::new(),
+                request_waiters: Waiters::default(),
+                capacity_waiters: Waiters::default(),
+                closed_waiters: Waiters::default(),
+                finished: false,
+                finish_waiters: Waiters::default(),
+                closing: false,
+                down_at: None,
+                down: None,
+                driver_next: None,
+            }),
+            bell: Doorbell::new(),
+            abandoned: std::sync::atomic::AtomicUsize::new(0),
+            counters: DriverCounters::default(),
+            recycle: Recycle::new(),
+            epoch,
+            hub,
+        }
+    }
+
     fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    /// Count a turn taken by a hub.
+    pub(super) fn count_turn(&self, busy: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.counters.turns.fetch_add(1, Relaxed);
+        if busy {
+            self.counters.busy_turns.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The doorbell: rung by the user for a turn.
+    pub(super) fn bell(&self) -> &Doorbell {
+        &self.bell
     }
 }
 
@@ -194,27 +254,24 @@ const FLUSH_GRACE: Duration = Duration::from_secs(1);
 impl<N: Nic> Connection<N> {
     /// Wrap a connected endpoint.
     pub fn new(ep: Endpoint<N>) -> (Connection<N>, Driver<N>) {
-        let inner = Arc::new(Inner {
-            state: Mutex::new(State {
-                ep,
-                calls: HashMap::with_capacity(64),
-                spare_slots: Vec::with_capacity(64),
-                requests: VecDeque::new(),
-                request_waiters: Waiters::default(),
-                capacity_waiters: Waiters::default(),
-                closed_waiters: Waiters::default(),
-                closing: false,
-                down_at: None,
-                down: None,
-                driver_next: None,
-            }),
-            bell: Doorbell::new(),
-            abandoned: std::sync::atomic::AtomicUsize::new(0),
-            counters: DriverCounters::default(),
-            recycle: Recycle::new(),
-            epoch: Instant::now(),
-        });
+        let inner = Arc::new(Inner::new(ep, Instant::now(), None));
         (Connection { inner: inner.clone() }, Driver { inner })
+    }
+
+    /// A connection driven by a hub: `part` makes its hub part from the
+    /// connection's weak handle (for its waker).
+    pub(super) fn on_hub(
+        ep: Endpoint<N>,
+        epoch: Instant,
+        part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart,
+    ) -> (Connection<N>, Driver<N>) {
+        let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, Some(part(w.clone()))));
+        (Connection { inner: inner.clone() }, Driver { inner })
+    }
+
+    /// The shared part (for the hub).
+    pub(super) fn inner_arc(&self) -> Arc<Inner<N>> {
+        self.inner.clone()
     }
 
     /// Run `f` on the state, then wake the driver to act on it.
@@ -600,6 +657,12 @@ impl<N: Nic> Connection<N> {
         })
     }
 
+    /// The number of the connection's queue pair (as the peer, `ibv_devinfo`
+    /// and the tracing spans name it).
+    pub fn qp_number(&self) -> u32 {
+        self.peek(|s| s.ep.local().qpn)
+    }
+
     /// What the driver has done so far.
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;
@@ -725,7 +788,12 @@ impl<N: Nic> State<N> {
 
 /// Returns `Pending` once, after asking to be polled again: lets the
 /// executor run other tasks. (`futures::future::ready(())` does not yield.)
-struct YieldNow(bool);
+pub(super) struct YieldNow(bool);
+
+/// Yield to the executor once (it polls other tasks, then this one again).
+pub(super) fn yield_now() -> YieldNow {
+    YieldNow(false)
+}
 
 impl Future for YieldNow {
     type Output = ();
@@ -740,19 +808,38 @@ impl Future for YieldNow {
 }
 
 /// What one turn of the driver found.
-struct Turn {
+pub(super) struct Turn {
     /// Anything happened.
-    busy: bool,
+    pub(super) busy: bool,
     /// The connection is down, closed and every buffer is back.
-    finished: bool,
+    pub(super) finished: bool,
 }
 
 impl<N: Nic> Driver<N> {
     /// One turn: timers, completions, events, abandoned calls.
     fn turn(&self, timer: &mut SleepTimer) -> Turn {
         let inner = &self.inner;
-        let now = inner.now();
         inner.bell.take();
+        inner.turn(inner.now(), &[], |st, next| {
+            // Armed under the lock, so that a call made after this turn sees
+            // the timer it may rely on (see `State::needs_driver`).
+            timer.arm(inner.epoch, next);
+            st.driver_next = timer.deadline();
+        })
+    }
+}
+
+impl<N: Nic> Inner<N> {
+    /// One turn of the connection at `now`, with `completions` of its QP
+    /// (a hub's; a connection of its own polls its CQ here instead). `arm`
+    /// is called under the state lock with when the next turn is due.
+    pub(super) fn turn(
+        &self,
+        now: Duration,
+        completions: &[crate::backend::Completion],
+        arm: impl FnOnce(&mut State<N>, Option<Duration>),
+    ) -> Turn {
+        let inner = self;
         let mut st = inner.state.lock();
         if st.closing && st.ep.is_down().is_none() {
             st.ep.begin_close(now);
@@ -761,6 +848,10 @@ impl<N: Nic> Driver<N> {
             st.ep.handle_timeout(now);
         }
         let mut busy = st.ep.reclaim() > 0;
+        if !completions.is_empty() {
+            st.ep.handle_completions(now, completions);
+            busy = true;
+        }
         // Completions free send slots and bring credit: waiters retry.
         busy |= st.ep.drive(now) > 0;
         if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
@@ -802,15 +893,35 @@ impl<N: Nic> Driver<N> {
                 next = Some(next.map_or(grace, |t| t.min(grace)));
             }
         }
-        // Armed under the lock, so that a call made after this turn sees
-        // the timer it may rely on (see `State::needs_driver`).
-        timer.arm(inner.epoch, next);
-        st.driver_next = timer.deadline();
+        if finished && !st.finished {
+            st.finished = true;
+            st.finish_waiters.wake_all();
+        }
+        arm(&mut st, next);
+        if let Some(h) = &inner.hub {
+            // A buffer handle dropped from now on queues the connection.
+            st.ep.wake_on_return(&h.waker);
+        }
         Turn { busy, finished }
     }
+}
 
-    /// Run the connection until it is down and every buffer is back.
+impl<N: Nic> Driver<N> {
+    /// Run the connection until it is down and every buffer is back. On a
+    /// [`Hub`](super::Hub) the hub's driver does the work and this only
+    /// waits for that moment.
     pub async fn run(self) -> LossReason {
+        if self.inner.hub.is_some() {
+            return poll_fn(|cx| {
+                let mut st = self.inner.state.lock();
+                if st.finished {
+                    return Poll::Ready(st.down.clone().unwrap_or(LossReason::Closed));
+                }
+                st.finish_waiters.register(cx.waker());
+                Poll::Pending
+            })
+            .await;
+        }
         let spin = self.inner.state.lock().ep.config().busy_poll;
         let mut idle_since: Option<Instant> = None;
         // The sleep timer is kept across sleeps and moved only when the next

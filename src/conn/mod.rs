@@ -49,6 +49,8 @@ pub mod frame;
 #[cfg(not(feature = "testing"))]
 mod frame;
 #[cfg(not(loom))]
+mod hub;
+#[cfg(not(loom))]
 mod listen;
 #[cfg(not(loom))]
 mod live;
@@ -63,6 +65,8 @@ mod types;
 pub use crate::ProbeCache;
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
+#[cfg(not(loom))]
+pub use hub::{Hub, HubDriver, HubStats};
 #[cfg(not(loom))]
 pub use listen::{connect_async, AsyncConnected, Listener};
 #[cfg(not(loom))]

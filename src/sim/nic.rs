@@ -87,6 +87,25 @@ fn live<'a>(
 }
 
 impl SimNic {
+    /// In [`Progress::Auto`] a real NIC works on what was posted by itself;
+    /// here, whoever waits on a queue runs the fabric. Wake the waiters on
+    /// `qp`'s completion queues, so that a driver asleep on one (perhaps a
+    /// hub's, shared with many QPs) runs what was just posted.
+    fn kick(&self, w: &mut MutexGuard<'_, World>, qp: QpId) {
+        if w.cfg.progress != Progress::Auto {
+            return;
+        }
+        let d = &mut w.devs[self.dev as usize];
+        let Some(cfg) = d.qp(qp.0).map(|q| q.cfg) else { return };
+        for cq in [cfg.send_cq, cfg.recv_cq] {
+            if let Some(waker) =
+                d.cqs.get_mut(cq.0 as usize).and_then(Option::as_mut).and_then(|c| c.waker.take())
+            {
+                waker.wake();
+            }
+        }
+    }
+
     /// Whether the device's completion queue `cq` holds a completion.
     fn cq_has_entries(&self, w: &World, cq: CqId) -> Result<bool, NicError> {
         let c = w.devs[self.dev as usize].cqs.get(cq.0 as usize).and_then(Option::as_ref);
@@ -445,6 +464,7 @@ impl Nic for SimNic {
         } else {
             w.schedule_issue(self.dev, qp.0);
         }
+        self.kick(&mut w, qp);
         Ok(())
     }
 
@@ -465,6 +485,7 @@ impl Nic for SimNic {
         if q.state == QpState::Err {
             w.enter_error(self.dev, qp.0, None);
         }
+        self.kick(&mut w, qp);
         Ok(())
     }
 

@@ -1,0 +1,482 @@
+//! [`Hub`]: one completion queue and one driver for many connections.
+//!
+//! A connection of its own ([`Connection::new`]) has a completion queue,
+//! its fd and a driver task. A server with thousands of clients puts them
+//! on a hub instead: every connection's queue pair completes on the hub's
+//! one completion queue, and one [`HubDriver`] future polls it, hands each
+//! completion to its connection (by QP number) and gives a turn to each
+//! connection that has something to do (a completion, a user's call or
+//! reply, a timer). Run one hub per core for more.
+//!
+//! # Isolation
+//! Each connection keeps its own protection domain ([`Nic::new_pd`]): a
+//! completion queue belongs to the device context, not to a PD, so sharing
+//! it weakens nothing. A peer's keys reach only its own connection's
+//! memory, on rxe and under confirm too.
+//!
+//! # QP numbers come back
+//! A device reuses the number of a destroyed QP. A hub destroys a
+//! connection's QP under its routing lock and, before releasing it, takes
+//! every completion of that QP out of the queue (after `destroy_qp` no new
+//! one appears), so a completion carrying a number is always the current
+//! QP's. A QP enters the routing table when it is created, before it can
+//! complete anything.
+//!
+//! # Depth
+//! A completion queue that overflows takes every QP on it to ERR. A hub
+//! reserves each connection's worst case (every work request it can have
+//! outstanding) from its queue's depth, and refuses a connection that does
+//! not fit ([`NicError::CqBudget`]).
+
+use std::collections::{BinaryHeap, HashMap};
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::endpoint::SharedCq;
+use super::live::{HubPart, Inner};
+use super::{Config, Connection, Driver, Endpoint, Prepared};
+use crate::backend::{Completion, CqId, Nic, NicError};
+use crate::handle::Doorbell;
+
+/// Completions taken per poll of the shared queue.
+const POLL_BATCH: usize = 64;
+
+/// One completion queue and one driver for many connections; see the
+/// [module docs](self). Cheap to clone; the [`HubDriver`] ends once every
+/// clone is dropped and every connection on the hub has finished.
+pub struct Hub<N: Nic> {
+    shared: Arc<Shared<N>>,
+}
+
+/// The future that drives every connection of a [`Hub`]: spawn it once,
+/// and keep it running while any connection on the hub lives.
+pub struct HubDriver<N: Nic> {
+    shared: Arc<Shared<N>>,
+}
+
+/// What a hub has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HubStats {
+    /// Connections on the hub now (prepared or running, not yet finished).
+    pub connections: usize,
+    /// Connections added over the hub's life.
+    pub added: u64,
+    /// Completion queue entries reserved by the connections on it.
+    pub reserved_entries: u64,
+    /// The completion queue's depth.
+    pub depth: u32,
+    /// Completions taken off the queue.
+    pub completions: u64,
+    /// Completions of QPs the hub does not know (none in a correct run: a
+    /// QP is known from its creation until its completions are drained).
+    pub orphans: u64,
+    /// Turns the driver took (poll, timers, connection turns).
+    pub turns: u64,
+    /// Connection turns given.
+    pub connection_turns: u64,
+    /// Times the driver slept (queue armed, waiting).
+    pub sleeps: u64,
+}
+
+struct Shared<N: Nic> {
+    nic: N,
+    cq: CqId,
+    depth: u32,
+    epoch: Instant,
+    routes: Mutex<Routes<N>>,
+    /// Connections due a turn.
+    ready: Mutex<Vec<Arc<Inner<N>>>>,
+    bell: Doorbell,
+    /// `Hub` handles alive.
+    handles: AtomicUsize,
+    added: AtomicU64,
+    completions: AtomicU64,
+    turns: AtomicU64,
+    connection_turns: AtomicU64,
+    sleeps: AtomicU64,
+}
+
+struct Routes<N: Nic> {
+    by_qpn: HashMap<u32, Route<N>>,
+    /// Entries reserved by the connections in `by_qpn`.
+    reserved: u64,
+    batch: Vec<Completion>,
+    orphans: u64,
+}
+
+struct Route<N: Nic> {
+    /// `None` while prepared and not yet added.
+    conn: Option<Arc<Inner<N>>>,
+    /// Completions that came before the connection was added.
+    early: Vec<Completion>,
+    /// Its reservation of the queue's entries.
+    entries: u32,
+}
+
+impl<N: Nic> Shared<N> {
+    /// Take every completion off the queue into its connection's inbox,
+    /// queueing the connection for a turn. Under the routing lock.
+    fn poll(&self, routes: &mut Routes<N>) -> Result<usize, NicError> {
+        let mut total = 0;
+        let mut batch = std::mem::take(&mut routes.batch);
+        let result = loop {
+            let n = match self.nic.poll_cq(self.cq, &mut batch) {
+                Ok(n) => n,
+                Err(e) => break Err(e),
+            };
+            if n == 0 {
+                break Ok(total);
+            }
+            total += n;
+            for c in &batch[..n] {
+                match routes.by_qpn.get_mut(&c.qpn) {
+                    Some(Route { conn: Some(inner), .. }) => {
+                        let part = inner.hub.as_ref().expect("a hub connection");
+                        part.inbox.lock().push(*c);
+                        self.queue(inner);
+                    }
+                    Some(Route { conn: None, early, .. }) => early.push(*c),
+                    None => routes.orphans += 1,
+                }
+            }
+        };
+        routes.batch = batch;
+        self.completions.fetch_add(total as u64, Ordering::Relaxed);
+        result
+    }
+
+    /// Put a connection on the ready list (once) and wake the driver.
+    fn queue(&self, inner: &Arc<Inner<N>>) {
+        let part = inner.hub.as_ref().expect("a hub connection");
+        if !part.queued.swap(true, Ordering::AcqRel) {
+            self.ready.lock().push(inner.clone());
+            self.bell.ring();
+        }
+    }
+}
+
+/// The destroy hook a hub's endpoints hold (weakly, so that a connection
+/// does not keep its hub alive).
+struct Retire<N: Nic>(Weak<Shared<N>>);
+
+impl<N: Nic> SharedCq for Retire<N> {
+    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut()) {
+        let Some(shared) = self.0.upgrade() else {
+            destroy();
+            return;
+        };
+        let mut routes = shared.routes.lock();
+        destroy();
+        // After destroy_qp no completion of it appears: drain what is queued
+        // (into its own inbox, with the others') before the number is free.
+        if let Err(e) = shared.poll(&mut routes) {
+            tracing::warn!(%e, "polling the hub's completion queue");
+        }
+        let gone = routes.by_qpn.remove(&qpn);
+        if let Some(r) = &gone {
+            routes.reserved -= u64::from(r.entries);
+        }
+        drop(routes);
+        // Dropped outside the lock: it may hold the last handle on a
+        // connection, whose endpoint would retire through here again.
+        drop(gone);
+        shared.bell.ring();
+    }
+}
+
+/// The waker of a connection on a hub: queue it for a turn.
+struct ConnWake<N: Nic> {
+    conn: Weak<Inner<N>>,
+    hub: Weak<Shared<N>>,
+}
+
+impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
+    fn wake_by_ref(this: &Arc<Self>) {
+        if let (Some(conn), Some(hub)) = (this.conn.upgrade(), this.hub.upgrade()) {
+            hub.queue(&conn);
+        }
+    }
+}
+
+impl<N: Nic + 'static> Hub<N> {
+    /// A hub whose completion queue, of `depth` entries, is created on
+    /// `nic`. Its connections' NIC handles must be siblings of `nic`
+    /// ([`Nic::new_pd`]: each connection in a protection domain of its own).
+    /// Spawn the returned driver.
+    ///
+    /// A connection needs about `ctrl_slots` + 2 x its buffers + the
+    /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536
+    /// holds several hundred. Devices cap a queue's depth (`max_cqe`: 4M on
+    /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
+    /// with [`NicError::CqTooDeep`].
+    pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+        let cq = nic.create_cq(depth)?;
+        let shared = Arc::new(Shared {
+            nic,
+            cq,
+            depth,
+            epoch: Instant::now(),
+            routes: Mutex::new(Routes {
+                by_qpn: HashMap::new(),
+                reserved: 0,
+                batch: vec![Completion::EMPTY; POLL_BATCH],
+                orphans: 0,
+            }),
+            ready: Mutex::new(Vec::new()),
+            bell: Doorbell::new(),
+            handles: AtomicUsize::new(1),
+            added: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
+            turns: AtomicU64::new(0),
+            connection_turns: AtomicU64::new(0),
+            sleeps: AtomicU64::new(0),
+        });
+        Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
+    }
+
+    /// The handle the hub's completion queue was created on; give each
+    /// connection `hub.nic().new_pd()?`.
+    pub fn nic(&self) -> &N {
+        &self.shared.nic
+    }
+
+    /// [`Endpoint::prepare`] on the hub's completion queue: the QP, with
+    /// its share of the queue reserved. `nic` must be a sibling of the
+    /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
+    /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
+    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+        let entries = Endpoint::<N>::cq_entries(&cfg)?;
+        {
+            let mut routes = self.shared.routes.lock();
+            let reserved = routes.reserved;
+            if reserved + u64::from(entries) > u64::from(self.shared.depth) {
+                return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries });
+            }
+            routes.reserved += u64::from(entries);
+        }
+        let retire: Arc<dyn SharedCq> = Arc::new(Retire(Arc::downgrade(&self.shared)));
+        let unreserve = || self.shared.routes.lock().reserved -= u64::from(entries);
+        let prepared = match Endpoint::prepare_on(nic, cfg, self.shared.cq, Some(retire)) {
+            Ok(p) => p,
+            Err((_, e)) => {
+                unreserve();
+                return Err(e);
+            }
+        };
+        // The QP has posted nothing and is not connected: it has no
+        // completion yet, and is known to the hub before it can have one.
+        // A QP destroyed with this number had its completions drained under
+        // the lock by then.
+        let qpn = prepared.local().qpn;
+        let mut routes = self.shared.routes.lock();
+        routes.by_qpn.insert(qpn, Route { conn: None, early: Vec::new(), entries });
+        Ok(prepared)
+    }
+
+    /// Run a connected endpoint made with [`Hub::prepare`] on this hub. The
+    /// [`Driver`] returned does no work (the hub's driver does): it waits
+    /// until the connection is down and every buffer is back, and says why,
+    /// as a connection's own driver does.
+    ///
+    /// # Panics
+    /// If `ep` was not prepared on this hub.
+    pub fn add(&self, ep: Endpoint<N>) -> (Connection<N>, Driver<N>) {
+        let qpn = ep.local().qpn;
+        let hub = Arc::downgrade(&self.shared);
+        let (conn, driver) = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
+            waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
+            queued: AtomicBool::new(false),
+            inbox: Mutex::new(Vec::new()),
+        });
+        let inner = conn.inner_arc();
+        {
+            let mut routes = self.shared.routes.lock();
+            let route = routes.by_qpn.get_mut(&qpn);
+            let route = route.filter(|r| r.conn.is_none()).unwrap_or_else(|| {
+                panic!("Hub::add: the endpoint of QP {qpn:#x} was not prepared on this hub (Hub::prepare)")
+            });
+            let part = inner.hub.as_ref().expect("made on the hub");
+            part.inbox.lock().append(&mut route.early);
+            route.conn = Some(inner.clone());
+        }
+        self.shared.added.fetch_add(1, Ordering::Relaxed);
+        self.shared.queue(&inner);
+        (conn, driver)
+    }
+
+    /// What the hub has done so far.
+    pub fn stats(&self) -> HubStats {
+        self.shared.stats()
+    }
+}
+
+impl<N: Nic> Shared<N> {
+    fn stats(&self) -> HubStats {
+        let routes = self.routes.lock();
+        HubStats {
+            connections: routes.by_qpn.len(),
+            added: self.added.load(Ordering::Relaxed),
+            reserved_entries: routes.reserved,
+            depth: self.depth,
+            completions: self.completions.load(Ordering::Relaxed),
+            orphans: routes.orphans,
+            turns: self.turns.load(Ordering::Relaxed),
+            connection_turns: self.connection_turns.load(Ordering::Relaxed),
+            sleeps: self.sleeps.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<N: Nic> Clone for Hub<N> {
+    fn clone(&self) -> Hub<N> {
+        self.shared.handles.fetch_add(1, Ordering::AcqRel);
+        Hub { shared: self.shared.clone() }
+    }
+}
+
+impl<N: Nic> Drop for Hub<N> {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.bell.ring();
+        }
+    }
+}
+
+impl<N: Nic> Drop for Shared<N> {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.destroy_cq(self.cq) {
+            tracing::warn!(%e, "destroying the hub's completion queue");
+        }
+    }
+}
+
+/// A connection's next timer, in the hub's heap (earliest first).
+struct Due<N: Nic> {
+    at: Duration,
+    conn: Weak<Inner<N>>,
+}
+
+impl<N: Nic> PartialEq for Due<N> {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at
+    }
+}
+impl<N: Nic> Eq for Due<N> {}
+impl<N: Nic> PartialOrd for Due<N> {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl<N: Nic> Ord for Due<N> {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.at.cmp(&self.at) // reversed: BinaryHeap is a max-heap
+    }
+}
+
+impl<N: Nic> HubDriver<N> {
+    /// What the hub has done so far.
+    pub fn stats(&self) -> HubStats {
+        self.shared.stats()
+    }
+
+    /// Drive every connection on the hub; ends once every [`Hub`] handle
+    /// is dropped and every connection has finished. Returns the hub's
+    /// final counts.
+    pub async fn run(self) -> HubStats {
+        let shared = &self.shared;
+        let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
+        let mut work: Vec<Arc<Inner<N>>> = Vec::new();
+        let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        let mut alarm = super::alarm::Alarm::default();
+        loop {
+            shared.bell.take();
+            shared.turns.fetch_add(1, Ordering::Relaxed);
+            let now = shared.epoch.elapsed();
+            let mut busy = false;
+            {
+                let mut routes = shared.routes.lock();
+                match shared.poll(&mut routes) {
+                    Ok(n) => busy |= n > 0,
+                    Err(e) => {
+                        // The queue is gone (the device died): every
+                        // connection's own calls fail and its flushes
+                        // never come; each ends by its flush grace.
+                        tracing::warn!(%e, "polling the hub's completion queue");
+                    }
+                }
+            }
+            while timers.peek().is_some_and(|d| d.at <= now) {
+                let d = timers.pop().expect("peeked");
+                if let Some(c) = d.conn.upgrade() {
+                    shared.queue(&c);
+                }
+            }
+            std::mem::swap(&mut *shared.ready.lock(), &mut work);
+            for inner in work.drain(..) {
+                busy = true;
+                self.turn(&inner, now, &mut inbox, &mut timers);
+            }
+            if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().by_qpn.is_empty() {
+                return shared.stats();
+            }
+            if busy {
+                super::live::yield_now().await;
+                continue;
+            }
+            shared.sleeps.fetch_add(1, Ordering::Relaxed);
+            alarm.arm(timers.peek().map(|d| shared.epoch + d.at));
+            poll_fn(|cx: &mut Context<'_>| {
+                if shared.bell.poll_rung(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                if shared.nic.poll_cq_ready(shared.cq, cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                alarm.poll(cx)
+            })
+            .await;
+        }
+    }
+
+    /// One connection's turn, with the completions routed to it.
+    fn turn(
+        &self,
+        inner: &Arc<Inner<N>>,
+        now: Duration,
+        inbox: &mut Vec<Completion>,
+        timers: &mut BinaryHeap<Due<N>>,
+    ) {
+        let part: &HubPart = inner.hub.as_ref().expect("a hub connection");
+        part.queued.store(false, Ordering::Release);
+        std::mem::swap(&mut *part.inbox.lock(), inbox);
+        inner.bell().take();
+        let t = inner.turn(now, inbox, |st, next| {
+            let Some(next) = next else { return };
+            // A heap entry at or before `next`, still ahead, serves.
+            if st.driver_next.is_some_and(|armed| armed <= next && armed > now) {
+                return;
+            }
+            timers.push(Due { at: next, conn: Arc::downgrade(inner) });
+            st.driver_next = Some(next);
+        });
+        inbox.clear();
+        inner.count_turn(t.busy);
+        self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
+        // Rung during the turn, or rung from now on: queued again.
+        if !t.finished && inner.bell().poll_rung(&mut Context::from_waker(&part.waker)).is_ready() {
+            self.shared.queue(inner);
+        }
+    }
+}
+
+impl<N: Nic> std::fmt::Debug for Hub<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("stats", &self.shared.stats()).finish()
+    }
+}

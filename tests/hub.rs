@@ -1,0 +1,355 @@
+//! Many connections on one [`Hub`]: one completion queue and one driver,
+//! each connection in a protection domain of its own, on the simulated NIC.
+
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use mwcap::backend::{Completion, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
+use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role};
+use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+
+type Conn = (Connection<SimNic>, Driver<SimNic>);
+
+fn cfg(role: Role, p: Policies) -> Config {
+    let mut c = Config::new(role, p);
+    c.buffers = 4;
+    c.large_buffers = vec![mwcap::conn::BufClass { size: 256 * 1024, count: 1 }];
+    c.ctrl_slots = 8;
+    c.lease_time = Duration::from_millis(300);
+    c.safety_margin = Duration::from_millis(50);
+    c.call_timeout = Duration::from_secs(3);
+    c
+}
+
+/// A client and a server connection, each on its hub, each in a new PD.
+fn pair(client_hub: &Hub<SimNic>, server_hub: &Hub<SimNic>, p: Policies) -> (Conn, Conn) {
+    let cp = client_hub.prepare(client_hub.nic().new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    let sp = server_hub.prepare(server_hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap();
+    let mut c = cp.finish(p).unwrap();
+    let mut s = sp.finish(p).unwrap();
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se).unwrap();
+    s.connect(&ce).unwrap();
+    (client_hub.add(c), server_hub.add(s))
+}
+
+/// Serve requests: reply with the request's payload reversed, or (without
+/// one) with `len` bytes of a pattern, `len` read from the header.
+async fn serve(server: Connection<SimNic>) {
+    while let Some(req) = server.next_request().await {
+        let mut bytes = match &req.data {
+            Some(d) => server.read(d).unwrap(),
+            None => Vec::new(),
+        };
+        if let Some(d) = req.data {
+            server.free(d);
+        }
+        bytes.reverse();
+        let out = if bytes.is_empty() {
+            None
+        } else {
+            let mut b = server.alloc_for(bytes.len()).await.unwrap();
+            server.write(&mut b, &bytes).unwrap();
+            Some(b)
+        };
+        if server.reply(req.id, 0, b"echo", out).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
+}
+
+fn two_hubs(dev: DeviceConfig, depth: u32) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
+    let fabric = Fabric::with_seed(11);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(dev.named("s"));
+    let pool = LocalPool::new();
+    let (ch, cdrv) = Hub::new(cn, depth).unwrap();
+    let (sh, sdrv) = Hub::new(sn, depth).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            cdrv.run().await;
+        })
+        .unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            sdrv.run().await;
+        })
+        .unwrap();
+    (fabric, ch, sh, pool)
+}
+
+#[test]
+fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
+    let (fabric, ch, sh, mut pool) = two_hubs(DeviceConfig::spec(), 1 << 16);
+    let policies = [
+        Policies::both(Policy::Mw),
+        Policies::both(Policy::Confirm),
+        Policies { request: Policy::Confirm, reply: Policy::Mw },
+    ];
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    let mut drivers = Vec::new();
+    let n = 64;
+    for i in 0..n {
+        let ((c, cd), (s, sd)) = pair(&ch, &sh, policies[i % 3]);
+        pool.spawner().spawn_local(serve(s.clone())).unwrap();
+        servers.push(s);
+        drivers.push((cd, sd));
+        clients.push(c);
+    }
+    assert_eq!(sh.stats().connections, n);
+    assert_eq!(ch.stats().connections, n);
+    // Every client makes 4 calls at once with payloads from inline to large.
+    let sizes = [0usize, 100, 3000, 200_000];
+    let shr = &sh;
+    let calls = clients.iter().enumerate().map(|(i, c)| async move {
+        for (k, &len) in sizes.iter().enumerate() {
+            let data = if len == 0 {
+                None
+            } else {
+                let mut b = c.alloc_for(len).await.unwrap();
+                c.write(&mut b, &pattern(i + k, len)).unwrap();
+                Some(b)
+            };
+            let r = c
+                .call(b"x", data)
+                .await
+                .unwrap_or_else(|e| panic!("conn {i} call {k}: {e} {:?} {:?}", c.stats(), shr.stats()));
+            assert_eq!(r.header, b"echo");
+            match r.data {
+                None => assert_eq!(len, 0),
+                Some(d) => {
+                    let mut want = pattern(i + k, len);
+                    want.reverse();
+                    assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: another connection's bytes");
+                    c.free(d);
+                }
+            }
+        }
+    });
+    pool.run_until(futures::future::join_all(calls));
+    let s = sh.stats();
+    assert_eq!(s.orphans, 0);
+    assert!(s.completions >= n as u64 * 4, "{s:?}");
+    // Close every connection: each driver says why, and the hubs forget them.
+    for (c, s) in clients.iter().zip(&servers) {
+        assert_eq!(c.stats().calls_failed, 0);
+        c.close();
+        s.close();
+    }
+    let reasons = pool.run_until(futures::future::join_all(
+        drivers.into_iter().map(|(cd, sd)| futures::future::join(cd.run(), sd.run())),
+    ));
+    for (c, _) in &reasons {
+        assert_eq!(*c, LossReason::Closed);
+    }
+    for c in &clients {
+        assert_eq!(c.free_buffers(), 5, "every buffer came back");
+    }
+    assert_eq!(sh.stats().connections, 0);
+    assert_eq!(ch.stats().connections, 0);
+    assert_eq!(sh.stats().reserved_entries, 0);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+#[test]
+fn a_reused_qp_number_never_gets_the_old_qps_completions() {
+    // The server device hands a destroyed QP's number to the next QP.
+    let dev = DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() };
+    let (fabric, ch, sh, mut pool) = two_hubs(dev, 1 << 14);
+    let p = Policies::both(Policy::Mw);
+    let mut seen = std::collections::HashMap::new();
+    for round in 0..12usize {
+        let ((c, cd), (s, sd)) = pair(&ch, &sh, p);
+        let qpn = s.qp_number();
+        *seen.entry(qpn).or_insert(0) += 1;
+        pool.spawner().spawn_local(serve(s.clone())).unwrap();
+        pool.run_until(async {
+            // Calls in flight while the server's QP is torn down: their
+            // completions (flushes) are in the shared queue when it goes.
+            let mut pending = Vec::new();
+            for k in 0..3usize {
+                let mut b = c.alloc_for(3000).await.unwrap();
+                c.write(&mut b, &pattern(round + k, 3000)).unwrap();
+                pending.push(Box::pin(c.call(b"x", Some(b))));
+            }
+            let first = pending.remove(0).await.expect("the first call");
+            let mut want = pattern(round, 3000);
+            want.reverse();
+            let d = first.data.unwrap();
+            assert!(c.read(&d).unwrap() == want);
+            c.free(d);
+            s.close();
+            for call in pending {
+                // Answered or failed, never another connection's reply.
+                if let Ok(r) = call.await {
+                    if let Some(d) = r.data {
+                        c.free(d);
+                    }
+                }
+            }
+            assert!(matches!(sd.run().await, LossReason::Closed));
+            c.close();
+            cd.run().await;
+        });
+    }
+    assert!(seen.values().any(|&n| n > 1), "the device reused no QP number: {seen:?}");
+    assert_eq!(sh.stats().orphans, 0);
+    assert_eq!(sh.stats().connections, 0);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+#[test]
+fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves() {
+    let fabric = Fabric::with_seed(5);
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let (hub, _drv) = Hub::new(sn.clone(), 400).unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        match hub.prepare(sn.new_pd().unwrap(), cfg(Role::Server, p)) {
+            Ok(prep) => held.push(prep),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 100, "a 400-entry queue took 100 connections");
+    };
+    assert!(!held.is_empty());
+    match err {
+        NicError::CqBudget { depth, reserved, wanted } => {
+            assert_eq!(depth, 400);
+            assert!(reserved + u64::from(wanted) > 400);
+            assert_eq!(hub.stats().reserved_entries, reserved);
+        }
+        e => panic!("expected CqBudget, got {e}"),
+    }
+    assert!(err.to_string().contains("another Hub"), "{err}");
+    held.pop();
+    hub.prepare(sn.new_pd().unwrap(), cfg(Role::Server, p)).expect("room again after one left");
+}
+
+/// A client that uses another connection's region key on an rxe-like
+/// device (windows reach their whole region) reaches nothing: each
+/// connection on the hub is in its own PD. The other connection goes on.
+#[test]
+fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
+    let fabric = Fabric::with_seed(13);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
+    let mut pool = LocalPool::new();
+    let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            sdrv.run().await;
+        })
+        .unwrap();
+    let p = Policies::both(Policy::Confirm); // the region key covers the whole region
+    let server = |hub: &Hub<SimNic>| {
+        let prep = hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap();
+        prep.finish(p).unwrap()
+    };
+    let (mut victim_s, mut attack_s) = (server(&sh), server(&sh));
+    let mut victim_c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    let mut attack_c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    victim_c.connect(&victim_s.local()).unwrap();
+    victim_s.connect(&victim_c.local()).unwrap();
+    attack_c.connect(&attack_s.local()).unwrap();
+    attack_s.connect(&attack_c.local()).unwrap();
+    let secret = victim_s.data_region();
+    victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
+    let (victim, _vd) = sh.add(victim_s);
+    let (_attacked, _ad) = sh.add(attack_s);
+    pool.spawner().spawn_local(serve(victim.clone())).unwrap();
+    // The attacker READs the victim's region through its own connection.
+    let dst = attack_c.data_region();
+    let read = SendWr::Read {
+        wr_id: 0xbad,
+        local: SgeList::one(Sge { mr: dst.id, offset: 0, len: 18 }),
+        remote_addr: secret.addr,
+        rkey: secret.rkey,
+        signaled: true,
+    };
+    attack_c.nic().post_send(attack_c.local().id, &[read]).unwrap();
+    let mut got: Vec<Completion> = Vec::new();
+    for _ in 0..1000 {
+        got.extend(attack_c.nic().poll_cq_vec(attack_c.cq(), 16).unwrap());
+        if got.iter().any(|c| c.wr_id == 0xbad) {
+            break;
+        }
+        pool.run_until_stalled();
+    }
+    let c = got.iter().find(|c| c.wr_id == 0xbad).expect("the READ completes");
+    assert_ne!(c.status, WcStatus::Success, "a key of another PD reached its memory");
+    let mut seen = [0u8; 18];
+    attack_c.nic().read_mr(dst.id, 0, &mut seen).unwrap();
+    assert_ne!(&seen, b"the victim's bytes");
+    // The victim's connection, on the same queue, still serves its client.
+    let (vclient, vdrv) = Connection::new(victim_c);
+    pool.spawner()
+        .spawn_local(async move {
+            vdrv.run().await;
+        })
+        .unwrap();
+    let r = pool.run_until(async {
+        let mut b = vclient.alloc().await.unwrap();
+        vclient.write(&mut b, b"abc").unwrap();
+        vclient.call(b"x", Some(b)).await
+    });
+    let r = r.expect("the victim's call");
+    assert_eq!(vclient.read(r.data.as_ref().unwrap()).unwrap(), b"cba");
+    assert!(victim.is_down().is_none());
+}
+
+/// The sharp case of QP number reuse: a frame lands in a QP's receive
+/// slot, its completion waits in the hub's queue, and the QP is destroyed
+/// before the hub polls. The next QP gets the same number (and posts the
+/// same receive `wr_id`s): the old completion must not reach it as a frame.
+#[test]
+fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_with_its_number() {
+    use mwcap::sim::{FabricConfig, Progress};
+    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(17) });
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() }.named("s"));
+    let (hub, hub_driver) = Hub::new(sn, 1 << 14).unwrap();
+    let p = Policies::both(Policy::Mw);
+    let server =
+        || hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+    let mut old = server();
+    let mut client = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    client.connect(&old.local()).unwrap();
+    old.connect(&client.local()).unwrap();
+    // A request lands in the old QP's receive slot; nothing polls the hub.
+    client.call(fabric.now(), b"for the old QP only", None).unwrap();
+    fabric.run_until_idle();
+    client.drive(fabric.now());
+    assert_eq!(client.stats().completions, 1, "the request was delivered");
+    let old_qpn = old.local().qpn;
+    drop(old); // destroys the QP with its RECV completion still queued
+               // Its number serves the next connection, from another client.
+    let mut new = server();
+    assert_eq!(new.local().qpn, old_qpn, "the device reused the number");
+    let mut client2 = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    client2.connect(&new.local()).unwrap();
+    new.connect(&client2.local()).unwrap();
+    let (conn, _driver) = hub.add(new);
+    let mut pool = LocalPool::new();
+    pool.spawner()
+        .spawn_local(async move {
+            hub_driver.run().await;
+        })
+        .unwrap();
+    for _ in 0..50 {
+        pool.run_until_stalled();
+        fabric.run_until_idle();
+    }
+    let s = conn.stats();
+    assert_eq!(s.frames_received, 0, "the old QP's request reached the new connection: {s:?}");
+    assert_eq!(s.requests, 0);
+    assert_eq!(s.error_completions, 0);
+    assert!(conn.is_down().is_none(), "{:?}", conn.is_down());
+    assert_eq!(hub.stats().orphans, 0);
+}
