@@ -9,6 +9,10 @@
 //! Each good client makes calls with a payload that the server READs and
 //! answers with a reply payload that the client READs, then leaves.
 //!
+//! The server runs every connection it accepts on one `Hub` (one
+//! completion queue, one driver task), each in a protection domain of its
+//! own; the clients share another hub.
+//!
 //! Run with `cargo run --example many_clients [futures|async-executor|both] [CLIENTS]`
 //! (both, 50 clients by default). A real server would use `VerbsNic`
 //! instead of `SimNic` and nothing else would change; see docs/serving.md.
@@ -21,8 +25,8 @@ use futures::future::{join_all, BoxFuture};
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
 use mwcap::conn::{
-    connect_async, Config, Connection, Listener, Policies, Policy, PolicyChoice, Role, SetupError,
-    SetupOptions,
+    connect_async_on, Config, Connection, Hub, HubDriver, Listener, Policies, Policy, PolicyChoice, Role,
+    SetupError, SetupOptions,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -87,13 +91,13 @@ where
 
 /// One client: connect, make `CALLS` calls, leave. Returns the setup time.
 async fn client(
-    nic: SimNic,
+    hub: Hub<SimNic>,
     addr: SocketAddr,
     opts: SetupOptions,
     id: usize,
 ) -> Result<Duration, SetupError> {
     let started = Instant::now();
-    let (conn, run) = connect_async(nic, addr, cfg(Role::Client), &opts).await?.run();
+    let (conn, run) = connect_async_on(&hub, addr, cfg(Role::Client), &opts).await?.run();
     let setup = started.elapsed();
     let calls = async {
         for i in 0..CALLS {
@@ -110,19 +114,35 @@ async fn client(
     Ok(setup)
 }
 
-/// The fabric, the listener, the silent clients, the client NIC.
-fn setup() -> (Listener<SimNic>, SocketAddr, SimNic, Vec<TcpStream>) {
+/// What `setup` makes.
+struct Setup {
+    listener: Listener<SimNic>,
+    addr: SocketAddr,
+    /// The server's hub driver and the clients' hub and its driver.
+    server_hub: HubDriver<SimNic>,
+    client_hub: (Hub<SimNic>, HubDriver<SimNic>),
+    _silent: Vec<TcpStream>,
+}
+
+/// The fabric, the hubs, the listener (on the server's hub), the silent clients.
+fn setup() -> Setup {
     let fabric = Fabric::with_seed(7);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    // A hub's completion queue holds every connection's worst case: 65,536
+    // entries are enough for several hundred connections of this size.
+    let (hub, server_hub) = Hub::new(server_nic, 1 << 16).expect("a hub");
+    let nics = hub.clone();
     let listener =
         Listener::bind("127.0.0.1:0".parse().expect("an address"), cfg(Role::Server), options(), {
-            move || Ok(server_nic.clone())
+            move || nics.nic().new_pd() // each connection in a PD of its own
         })
-        .expect("listen");
+        .expect("listen")
+        .on_hub(hub);
     let addr = listener.local_addr().expect("bound");
-    let silent = (0..SILENT).map(|_| TcpStream::connect(addr).expect("connect")).collect();
-    (listener, addr, client_nic, silent)
+    let _silent = (0..SILENT).map(|_| TcpStream::connect(addr).expect("connect")).collect();
+    let client_hub = Hub::new(client_nic, 1 << 16).expect("a hub");
+    Setup { listener, addr, server_hub, client_hub, _silent }
 }
 
 fn report(name: &str, started: Instant, setups: Vec<Result<Duration, SetupError>>) {
@@ -141,22 +161,32 @@ fn report(name: &str, started: Instant, setups: Vec<Result<Duration, SetupError>
 
 /// `futures`' single-threaded `LocalPool`.
 fn with_local_pool(clients: usize) {
-    let (listener, addr, nic, _silent) = setup();
+    let Setup { listener, addr, server_hub, client_hub: (hub, client_hub), _silent } = setup();
     let mut pool = futures::executor::LocalPool::new();
     let spawner = pool.spawner();
     let spawn = move |f: BoxFuture<'static, ()>| spawner.spawn_local(f).expect("the pool runs");
+    pool.spawner()
+        .spawn_local(async move {
+            server_hub.run().await;
+        })
+        .expect("the pool runs");
+    pool.spawner()
+        .spawn_local(async move {
+            client_hub.run().await;
+        })
+        .expect("the pool runs");
     pool.spawner().spawn_local(server(listener, clients, spawn)).expect("the pool runs");
     // One set of options for every client: its clones share one probe
     // cache, so the client device is probed once, not by each client.
     let opts = options();
     let started = Instant::now();
-    let all = join_all((0..clients).map(|id| client(nic.clone(), addr, opts.clone(), id)));
+    let all = join_all((0..clients).map(|id| client(hub.clone(), addr, opts.clone(), id)));
     report("futures LocalPool", started, pool.run_until(all));
 }
 
 /// `async-executor`'s `Executor` on two threads.
 fn with_async_executor(clients: usize) {
-    let (listener, addr, nic, _silent) = setup();
+    let Setup { listener, addr, server_hub, client_hub: (hub, client_hub), _silent } = setup();
     let ex = Arc::new(async_executor::Executor::new());
     let (stop, stopped) = async_channel_pair();
     let worker = {
@@ -167,11 +197,13 @@ fn with_async_executor(clients: usize) {
         let ex = ex.clone();
         move |f: BoxFuture<'static, ()>| ex.spawn(f).detach()
     };
+    ex.spawn(server_hub.run()).detach();
+    ex.spawn(client_hub.run()).detach();
     ex.spawn(server(listener, clients, spawn)).detach();
     let opts = options();
     let started = Instant::now();
     let tasks: Vec<_> =
-        (0..clients).map(|id| ex.spawn(client(nic.clone(), addr, opts.clone(), id))).collect();
+        (0..clients).map(|id| ex.spawn(client(hub.clone(), addr, opts.clone(), id))).collect();
     let setups = async_io::block_on(ex.run(join_all(tasks)));
     report("async-executor Executor (2 threads)", started, setups);
     stop();

@@ -1,22 +1,25 @@
-//! Many connections in one process on the simulated NIC: how fast they are
-//! set up, what each costs (registered bytes; resident memory, which on the
-//! simulator includes the simulated registered memory), and calls per
-//! second with some of them active.
+//! Many connections in one process on one `Hub` per side, on the simulated
+//! NIC, through the async API: how fast they are set up, what each costs,
+//! and calls per second with some of them active.
 //!
 //! ```sh
 //! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS]
 //! ```
-//! (defaults 10000, 1000 and 20). Every connection is a client and a server
-//! endpoint, each on a simulated device of its own (its own protection
-//! domain), with a small pool: 2 buffers of 4 KiB and 8 control slots.
-//! Each round, every active client makes a call with a 100-byte payload
-//! (inline) and every server answers with a 3000-byte payload (a window
-//! bound, READ, released), all checked.
+//! (defaults 10000, 1000 and 20). The server side is one simulated device
+//! with one hub (one completion queue, one driver task) and every server
+//! connection in a protection domain of its own; the client side likewise.
+//! Each connection has a small pool: 2 buffers of 4 KiB and 8 control
+//! slots each way. Each round, every active client makes a call with a
+//! 100-byte payload (inline) and its server answers with a 3000-byte
+//! payload (a window bound, READ, released), all checked. Everything runs
+//! on one thread (`futures`' `LocalPool`), the simulator included.
 
 use std::time::Instant;
 
-use mwcap::conn::{Config, Endpoint, Event, Policies, Policy, Role};
-use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use mwcap::conn::{Config, Connection, Hub, Policies, Policy, Role};
+use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -33,9 +36,28 @@ fn config(role: Role) -> Config {
     c
 }
 
-struct Conn {
-    client: Endpoint<SimNic>,
-    server: Endpoint<SimNic>,
+/// Answer every request with 3000 bytes of `0x5a`, checking its payload.
+async fn serve(conn: Connection<SimNic>) {
+    while let Some(req) = conn.next_request().await {
+        let want = req.header.first().copied().unwrap_or(0);
+        let ok =
+            req.data.as_ref().is_some_and(|d| conn.bytes(d, |b| b.iter().all(|&x| x == want)) == Ok(true));
+        assert!(ok, "a request payload came back wrong");
+        drop(req.data);
+        let Ok(mut out) = conn.alloc().await else { return };
+        if conn
+            .fill(&mut out, |b| {
+                b[..3000].fill(0x5a);
+                3000
+            })
+            .is_err()
+        {
+            return;
+        }
+        if conn.reply(req.id, 0, b"", Some(out)).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn main() {
@@ -43,95 +65,104 @@ fn main() {
     let n = args.first().copied().unwrap_or(10_000) as usize;
     let active = (args.get(1).copied().unwrap_or(1_000) as usize).min(n);
     let rounds = args.get(2).copied().unwrap_or(20);
-    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(1) });
+    let fabric = Fabric::with_seed(1);
+    let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
     let rss0 = rss_bytes();
     let t0 = Instant::now();
-    let mut conns = Vec::with_capacity(n);
+    // 30 completion queue entries per connection of this size.
+    let depth = (n as u32).saturating_mul(32).max(1024);
+    let (chub, cdrv) = Hub::new(cdev, depth).expect("client hub");
+    let (shub, sdrv) = Hub::new(sdev, depth).expect("server hub");
+    pool.spawner()
+        .spawn_local(async move {
+            cdrv.run().await;
+        })
+        .expect("spawn");
+    pool.spawner()
+        .spawn_local(async move {
+            sdrv.run().await;
+        })
+        .expect("spawn");
+    let mut clients = Vec::with_capacity(n);
+    let mut drivers = Vec::with_capacity(2 * n);
+    let mut registered = 0;
     for _ in 0..n {
-        let mut client =
-            Endpoint::new(fabric.add_device(DeviceConfig::spec().named("c")), config(Role::Client))
-                .expect("client endpoint");
-        let mut server =
-            Endpoint::new(fabric.add_device(DeviceConfig::spec().named("s")), config(Role::Server))
-                .expect("server endpoint");
-        let (c, s) = (client.local(), server.local());
-        client.connect(&s).expect("connect");
-        server.connect(&c).expect("connect");
-        conns.push(Conn { client, server });
+        let p = Policies::both(Policy::Mw);
+        let cp = chub.prepare(chub.nic().new_pd().expect("a PD"), config(Role::Client)).expect("client");
+        let sp = shub.prepare(shub.nic().new_pd().expect("a PD"), config(Role::Server)).expect("server");
+        let mut c = cp.finish(p).expect("client endpoint");
+        let mut s = sp.finish(p).expect("server endpoint");
+        let (ce, se) = (c.local(), s.local());
+        c.connect(&se).expect("connect");
+        s.connect(&ce).expect("connect");
+        registered = c.registered_bytes();
+        let (client, cd) = chub.add(c);
+        let (server, sd) = shub.add(s);
+        pool.spawner().spawn_local(serve(server)).expect("spawn");
+        drivers.push(cd);
+        drivers.push(sd);
+        clients.push(client);
     }
+    pool.run_until_stalled();
     let setup = t0.elapsed();
     let rss = rss_bytes().saturating_sub(rss0);
-    let registered = conns[0].client.registered_bytes();
+    let per_side = rss / (2 * n as u64);
     println!(
-        "connections={n} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={registered} \
-         rss_bytes_per_conn={} (both sides, simulated registered memory included)",
+        "connections={n} hubs=2 setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={registered} \
+         rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={} \
+         (rss less the simulated registered memory, which the simulator keeps on the heap)",
         setup.as_secs_f64(),
         n as f64 / setup.as_secs_f64(),
-        rss / n as u64
+        per_side.saturating_sub(registered)
+    );
+    let stats = shub.stats();
+    println!(
+        "server hub: connections={} reserved_cq_entries={} of {}",
+        stats.connections, stats.reserved_entries, stats.depth
     );
 
-    let reply = vec![0x5a; 3000];
     let t1 = Instant::now();
-    let mut calls = 0u64;
-    for round in 0..rounds {
-        for (i, c) in conns[..active].iter_mut().enumerate() {
-            let now = fabric.now();
-            let mut b = c.client.alloc().expect("a free client buffer");
-            c.client.write(&mut b, &[(i as u8) ^ (round as u8); 100]).unwrap();
-            c.client.call(now, &(i as u64).to_le_bytes(), Some(b)).expect("call");
-        }
-        fabric.run_until_idle();
-        for (i, c) in conns[..active].iter_mut().enumerate() {
-            let now = fabric.now();
-            c.server.drive(now);
-            while let Some(e) = c.server.poll_event() {
-                match e {
-                    Event::Request { req, data: Some(d), header, .. } => {
-                        assert_eq!(&header[..], &(i as u64).to_le_bytes()[..]);
-                        assert_eq!(c.server.read(&d).unwrap(), vec![(i as u8) ^ (round as u8); 100]);
-                        c.server.free(d);
-                        let mut out = c.server.alloc().expect("a free server buffer");
-                        c.server.write(&mut out, &reply).unwrap();
-                        c.server.reply(now, req, 0, b"", Some(out)).expect("reply");
-                    }
-                    Event::BufferReturned(b) => c.server.free(b),
-                    other => panic!("server {i}: {other:?}"),
-                }
+    let calls = pool.run_until(futures::future::join_all(clients[..active].iter().enumerate().map(
+        |(i, c)| async move {
+            let mut done = 0u64;
+            for round in 0..rounds {
+                let tag = (i as u8) ^ (round as u8);
+                let mut b = c.alloc().await.expect("a client buffer");
+                c.fill(&mut b, |x| {
+                    x[..100].fill(tag);
+                    100
+                })
+                .expect("fits");
+                let r = c.call(&[tag], Some(b)).await.expect("answered");
+                let d = r.data.expect("a reply payload");
+                assert_eq!(c.bytes(&d, |x| x.len() == 3000 && x.iter().all(|&v| v == 0x5a)), Ok(true));
+                drop(d);
+                done += 1;
             }
-        }
-        // READs, releases and invalidations take a few more steps.
-        for _ in 0..4 {
-            fabric.run_until_idle();
-            for (i, c) in conns[..active].iter_mut().enumerate() {
-                let now = fabric.now();
-                for ep in [&mut c.client, &mut c.server] {
-                    ep.handle_timeout(now);
-                    ep.drive(now);
-                }
-                while let Some(e) = c.client.poll_event() {
-                    match e {
-                        Event::Reply { data: Some(d), .. } => {
-                            assert_eq!(c.client.read(&d).unwrap(), reply, "connection {i}");
-                            c.client.free(d);
-                            calls += 1;
-                        }
-                        Event::BufferReturned(b) => c.client.free(b),
-                        other => panic!("client {i}: {other:?}"),
-                    }
-                }
-                while let Some(e) = c.server.poll_event() {
-                    match e {
-                        Event::BufferReturned(b) => c.server.free(b),
-                        other => panic!("server {i}: {other:?}"),
-                    }
-                }
-            }
-        }
-    }
+            done
+        },
+    )));
     let elapsed = t1.elapsed();
+    let calls: u64 = calls.iter().sum();
     assert_eq!(calls, active as u64 * rounds, "every call answered");
+    let s = shub.stats();
     println!(
-        "active={active} rounds={rounds} calls={calls} calls_per_s={:.0} (sans-IO endpoints, one thread, simulator included)",
-        calls as f64 / elapsed.as_secs_f64().max(1e-9)
+        "active={active} rounds={rounds} calls={calls} calls_per_s={:.0} server_hub_turns={} \
+         connection_turns={} sleeps={} (async API, one thread, simulator included)",
+        calls as f64 / elapsed.as_secs_f64().max(1e-9),
+        s.turns,
+        s.connection_turns,
+        s.sleeps
     );
+    assert_eq!(s.orphans, 0);
+    let t2 = Instant::now();
+    for c in &clients {
+        c.close();
+    }
+    drop(clients);
+    drop((chub, shub));
+    pool.run_until(futures::future::join_all(drivers.into_iter().map(|d| d.run())));
+    println!("closed={n} close_s={:.2}", t2.elapsed().as_secs_f64());
 }

@@ -119,6 +119,8 @@ struct Shared<N: Nic> {
 pub struct Listener<N: Nic> {
     tcp: Async<TcpListener>,
     shared: Arc<Shared<N>>,
+    /// Accepted connections run on this hub ([`Listener::on_hub`]).
+    hub: Option<super::Hub<N>>,
     handshakes: FuturesUnordered<Handshake<N>>,
     max_handshakes: usize,
 }
@@ -163,9 +165,23 @@ impl<N: Nic + 'static> Listener<N> {
         Ok(Listener {
             tcp,
             shared: Arc::new(Shared { cfg, opts, serve, nics: Mutex::new(Box::new(nics)) }),
+            hub: None,
             handshakes: FuturesUnordered::new(),
             max_handshakes: 256,
         })
+    }
+
+    /// Run the connections this listener accepts on `hub` (one completion
+    /// queue and one driver for all of them; see [`super::Hub`]) instead
+    /// of each on its own. `nics` must then give siblings of the hub's
+    /// handle, each a protection domain of its own:
+    /// `move || hub.nic().new_pd()`. The [`AsyncConnected::driver`] of
+    /// such a connection only waits for its end; spawn the
+    /// [`super::HubDriver`] once. A client the hub has no room for
+    /// ([`NicError::CqBudget`]) fails its handshake, and only that client.
+    pub fn on_hub(mut self, hub: super::Hub<N>) -> Listener<N> {
+        self.hub = Some(hub);
+        self
     }
 
     /// The address the listener is bound to.
@@ -208,7 +224,7 @@ impl<N: Nic + 'static> Listener<N> {
             match self.tcp.get_ref().accept() {
                 Ok((stream, _)) => {
                     let shared = self.shared.clone();
-                    self.handshakes.push(Box::pin(handshake(stream, shared)));
+                    self.handshakes.push(Box::pin(handshake(stream, shared, self.hub.clone())));
                     // Poll the new handshake (it registers its wakers), then look for more.
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match self.tcp.poll_readable(cx) {
@@ -238,13 +254,14 @@ fn is_transient(e: &std::io::Error) -> bool {
 async fn handshake<N: Nic + 'static>(
     stream: TcpStream,
     shared: Arc<Shared<N>>,
+    hub: Option<super::Hub<N>>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let stream = Async::new(stream).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
     let opts = &shared.opts;
     let authed = bootstrap::authenticate_accepted_async(stream, &opts.auth, opts.timeout).await?;
     // Only now, for a client that proved the key, is anything created.
     let nic = (shared.nics.lock())()?;
-    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts).await
+    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, hub.as_ref()).await
 }
 
 /// Client: connect to a server listening at `addr` without blocking the
@@ -261,7 +278,25 @@ pub async fn connect_async<N: Nic + 'static>(
     debug_assert_eq!(cfg.role, Role::Client);
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts).await
+    finish_setup_async(nic, cfg, serve, authed, opts, None).await
+}
+
+/// [`connect_async`] for a connection that runs on `hub` (in a protection
+/// domain of its own, `hub.nic().new_pd()`): a client process with many
+/// connections polls one completion queue for all of them. Spawn the
+/// [`super::HubDriver`] once; each connection's
+/// [`AsyncConnected::driver`] only waits for its end.
+pub async fn connect_async_on<N: Nic + 'static>(
+    hub: &super::Hub<N>,
+    addr: SocketAddr,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<AsyncConnected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Client);
+    let nic = hub.nic().new_pd()?;
+    let (nic, serve) = serve_set_off_thread(nic, opts).await?;
+    let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
+    finish_setup_async(nic, cfg, serve, authed, opts, Some(hub)).await
 }
 
 /// [`serve_set`] without blocking the executor: a verdict the cache holds
@@ -293,15 +328,19 @@ async fn serve_set_off_thread<N: Nic + 'static>(
 }
 
 /// The hello and ready phases (see `setup::finish_setup`).
-async fn finish_setup_async<N: Nic>(
+async fn finish_setup_async<N: Nic + 'static>(
     nic: N,
     mut cfg: Config,
     serve: PolicySet,
     authed: Authenticated<Async<TcpStream>>,
     opts: &SetupOptions,
+    hub: Option<&super::Hub<N>>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
-    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
+    let mut prepared = match hub {
+        Some(h) => h.prepare(nic, cfg.clone())?,
+        None => Endpoint::prepare(nic, cfg.clone())?,
+    };
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
     let policies = agreed(&hs, &mut cfg)?;
@@ -309,6 +348,9 @@ async fn finish_setup_async<N: Nic>(
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect(&hs.remote_endpoint())?;
     let stream = hs.ready(opts.timeout).await?;
-    let (connection, driver) = Connection::new(endpoint);
+    let (connection, driver) = match hub {
+        Some(h) => h.add(endpoint),
+        None => Connection::new(endpoint),
+    };
     Ok(AsyncConnected { connection, driver, stream, policies, peer_addr })
 }
