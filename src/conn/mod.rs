@@ -76,5 +76,7 @@ pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
 pub use setup::{
     accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
 };
+#[cfg(not(loom))]
+pub use setup::{accept_on, connect_on};
 pub use simpair::SimPair;
 pub use types::*;

@@ -126,12 +126,23 @@ pub(super) fn agreed<S>(hs: &Handshake<S>, cfg: &mut Config) -> Result<Policies,
 /// the endpoint's queue pair, completion queue and memory created.
 fn finish_setup<N: Nic>(
     nic: N,
+    cfg: Config,
+    serve: PolicySet,
+    authed: Authenticated<TcpStream>,
+    timeout: Duration,
+) -> Result<Connected<N>, SetupError> {
+    let prepared = Endpoint::prepare(nic, cfg.clone())?;
+    finish_prepared(prepared, cfg, serve, authed, timeout)
+}
+
+/// [`finish_setup`] from a prepared endpoint.
+fn finish_prepared<N: Nic>(
+    mut prepared: super::Prepared<N>,
     mut cfg: Config,
     serve: PolicySet,
     authed: Authenticated<TcpStream>,
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
-    let mut prepared = Endpoint::prepare(nic, cfg.clone())?;
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, timeout)?;
     let policies = agreed(&hs, &mut cfg)?;
@@ -242,4 +253,42 @@ pub fn accept_with<N: Nic>(
     let authed = bootstrap::authenticate_server(listener, &opts.auth, opts.timeout)?;
     let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
     finish_setup(nic, cfg, serve, authed, opts.timeout)
+}
+
+/// [`connect_with`] for a connection that will run on `hub`: its queue
+/// pair completes on the hub's queue and lives in a protection domain of
+/// its own (`hub.nic().new_pd()`). Run it with [`Hub::add`](super::Hub::add).
+#[cfg(not(loom))]
+pub fn connect_on<N: Nic + 'static>(
+    hub: &super::Hub<N>,
+    addr: SocketAddr,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Client);
+    let nic = hub.nic().new_pd()?;
+    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+    let authed = bootstrap::authenticate_client(addr, &opts.auth, opts.timeout)?;
+    let prepared = hub.prepare(nic, cfg.clone())?;
+    finish_prepared(prepared, cfg, serve, authed, opts.timeout)
+}
+
+/// [`accept_with`] for a connection that will run on `hub` (in a
+/// protection domain of its own); nothing is created before the client
+/// proved the key. A client the hub has no room for fails with
+/// [`NicError::CqBudget`](crate::backend::NicError::CqBudget), and only
+/// that client. Run it with [`Hub::add`](super::Hub::add).
+#[cfg(not(loom))]
+pub fn accept_on<N: Nic + 'static>(
+    hub: &super::Hub<N>,
+    listener: &TcpListener,
+    cfg: Config,
+    opts: &SetupOptions,
+) -> Result<Connected<N>, SetupError> {
+    debug_assert_eq!(cfg.role, Role::Server);
+    let authed = bootstrap::authenticate_server(listener, &opts.auth, opts.timeout)?;
+    let nic = hub.nic().new_pd()?;
+    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+    let prepared = hub.prepare(nic, cfg.clone())?;
+    finish_prepared(prepared, cfg, serve, authed, opts.timeout)
 }

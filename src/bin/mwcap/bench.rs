@@ -61,7 +61,8 @@ mod imp {
 
     use mwcap::bootstrap::Auth;
     use mwcap::conn::{
-        connect_with, Connected, Connection, Endpoint, Policies, Policy, PolicyChoice, Role, SetupOptions,
+        connect_on, connect_with, Connected, Connection, Endpoint, Hub, Policies, Policy, PolicyChoice, Role,
+        SetupOptions,
     };
     use mwcap::verbs::VerbsNic;
     use mwcap::ProbeCache;
@@ -108,11 +109,25 @@ mod imp {
             let mut clients = Vec::new();
             let mut drivers = Vec::new();
             let mut streams = Vec::new();
+            // Many connections run on one hub (one completion queue, one
+            // driver); a single one has its own, as perftest's does.
+            let hub = if o.connections > 1 {
+                let nic = open(o)?;
+                let depth = nic.device_attrs().max_cqe.min(1 << 17);
+                let (hub, driver) = Hub::new(nic, depth).map_err(|e| format!("creating the hub: {e}"))?;
+                std::thread::spawn(move || futures::executor::block_on(driver.run()));
+                Some(hub)
+            } else {
+                None
+            };
             let started = std::time::Instant::now();
             for _ in 0..o.connections.max(1) {
                 let cfg = config(Role::Client, policy, o.pool(), &o.conn);
-                let c = connect_with(open(o)?, to, cfg, &opts)
-                    .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
+                let c = match &hub {
+                    Some(hub) => connect_on(hub, to, cfg, &opts),
+                    None => connect_with(open(o)?, to, cfg, &opts),
+                }
+                .map_err(|e| format!("connecting to {to} for {policy:?}: {e}"))?;
                 if c.policies != Policies::both(policy) {
                     return Err(format!(
                         "the connection to {to} runs {:?}, not {policy:?} both ways; is {to} the server's {policy:?} port (mw: the --listen port, confirm: the next)?",
@@ -120,7 +135,10 @@ mod imp {
                     ));
                 }
                 let Connected { endpoint, stream, .. } = c;
-                let (client, driver) = Connection::new(endpoint);
+                let (client, driver) = match &hub {
+                    Some(hub) => hub.add(endpoint),
+                    None => Connection::new(endpoint),
+                };
                 clients.push(client);
                 drivers.push(driver.run());
                 streams.push(stream);

@@ -1,7 +1,9 @@
 //! `mwcap serve`: the server of `mwcap bench ADDR`, over real verbs and the
 //! async API. It listens on two ports, one per policy (the `--listen` port
-//! serves mw, the next one confirm), and serves one connection at a time on
-//! each: every request is answered as its header asks (see `cases`). A
+//! serves mw, the next one confirm), and serves many connections at once
+//! on each: every connection of a policy runs on one `Hub` (one completion
+//! queue polled by one driver thread), each in a protection domain of its
+//! own, and every request is answered as its header asks (see `cases`). A
 //! connection ends when its client closes the bootstrap TCP stream. Its
 //! connections are shown to `mwcap stat` on a local socket
 //! (`--stat-socket`).
@@ -40,7 +42,7 @@ mod imp {
     use futures::future::{select, Either};
     use futures::AsyncReadExt;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{accept_with, Connected, Connection, Policy, PolicyChoice, Role, SetupOptions};
+    use mwcap::conn::{accept_on, Connected, Hub, Policy, PolicyChoice, Role, SetupOptions};
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
 
@@ -91,11 +93,33 @@ mod imp {
         Ok(())
     }
 
-    /// Accept and serve connections one after the other, forever.
+    /// Entries of a hub's completion queue: the device's limit, at most 2^17
+    /// (several hundred connections of `mwcap bench`'s sizes).
+    fn hub_depth(nic: &VerbsNic) -> u32 {
+        nic.device_attrs().max_cqe.min(1 << 17)
+    }
+
+    /// Accept connections and serve each on a thread of its own, forever;
+    /// all of them run on one hub.
     fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy, auth: &Auth, registry: &Registry) {
         let choice = match policy {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
+        };
+        let hub = loop {
+            match open(o).and_then(|nic| {
+                let depth = hub_depth(&nic);
+                Hub::new(nic, depth).map_err(|e| format!("cannot create the {policy:?} hub: {e}"))
+            }) {
+                Ok((hub, driver)) => {
+                    std::thread::spawn(move || futures::executor::block_on(driver.run()));
+                    break hub;
+                }
+                Err(e) => {
+                    eprintln!("mwcap serve: {e}; trying again in 1 s");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
         };
         // The device is probed once (by the first client), not on every accept.
         let opts = SetupOptions::new(choice, auth.clone()).timeout(SETUP);
@@ -103,18 +127,11 @@ mod imp {
         // Each connection is served on a thread of its own, so that many
         // clients are served at once (`mwcap bench --connections`).
         std::thread::scope(|s| loop {
-            let nic = match open(o) {
-                Ok(n) => n,
-                Err(e) => {
-                    eprintln!("mwcap serve: {e}; trying again in 1 s");
-                    std::thread::sleep(Duration::from_secs(1));
-                    continue;
-                }
-            };
             let cfg = config(Role::Server, policy, o.pool(), &o.conn);
-            match accept_with(nic, listener, cfg, &opts) {
+            match accept_on(&hub, listener, cfg, &opts) {
                 Ok(c) => {
-                    s.spawn(move || serve_one(c, policy, max_payload, registry));
+                    let hub = &hub;
+                    s.spawn(move || serve_one(hub, c, policy, max_payload, registry));
                 }
                 Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }
@@ -123,11 +140,17 @@ mod imp {
 
     /// Serve one connection until its client closes the bootstrap stream
     /// (or the connection goes down).
-    fn serve_one(c: Connected<VerbsNic>, policy: Policy, max_payload: u32, registry: &Registry) {
+    fn serve_one(
+        hub: &Hub<VerbsNic>,
+        c: Connected<VerbsNic>,
+        policy: Policy,
+        max_payload: u32,
+        registry: &Registry,
+    ) {
         let Connected { endpoint, stream, policies } = c;
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         println!("mwcap serve: {policy:?} connection from {peer} ({policies:?})");
-        let (server, driver) = Connection::new(endpoint);
+        let (server, driver) = hub.add(endpoint);
         registry.register(&server, peer.clone());
         let stream = match async_io::Async::new(stream) {
             Ok(s) => Some(s),
