@@ -86,6 +86,7 @@ fn main() {
         })
         .expect("spawn");
     let mut clients = Vec::with_capacity(n);
+    let mut servers = Vec::with_capacity(n);
     let mut drivers = Vec::with_capacity(2 * n);
     let mut registered = 0;
     for _ in 0..n {
@@ -100,7 +101,8 @@ fn main() {
         registered = c.registered_bytes();
         let (client, cd) = chub.add(c);
         let (server, sd) = shub.add(s);
-        pool.spawner().spawn_local(serve(server)).expect("spawn");
+        pool.spawner().spawn_local(serve(server.clone())).expect("spawn");
+        servers.push(server);
         drivers.push(cd);
         drivers.push(sd);
         clients.push(client);
@@ -158,10 +160,10 @@ fn main() {
     );
     assert_eq!(s.orphans, 0);
     let t2 = Instant::now();
-    for c in &clients {
+    for c in clients.iter().chain(&servers) {
         c.close();
     }
-    drop(clients);
+    drop((clients, servers));
     drop((chub, shub));
     pool.run_until(futures::future::join_all(drivers.into_iter().map(|d| d.run())));
     println!("closed={n} close_s={:.2}", t2.elapsed().as_secs_f64());

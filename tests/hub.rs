@@ -353,3 +353,81 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     assert!(conn.is_down().is_none(), "{:?}", conn.is_down());
     assert_eq!(hub.stats().orphans, 0);
 }
+
+/// A client process dies: its server connections on the hub find out by
+/// keepalive (the hub's timer heap wakes them: the ping goes unanswered,
+/// or its SEND runs out of transport retries), go down, give every buffer back and leave the hub; the other
+/// connections on the hub go on.
+#[test]
+fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
+    let fabric = Fabric::with_seed(19);
+    let doomed = fabric.add_device(DeviceConfig::spec().named("doomed"));
+    let alive = fabric.add_device(DeviceConfig::spec().named("alive"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            sdrv.run().await;
+        })
+        .unwrap();
+    let p = Policies::both(Policy::Mw);
+    let ka =
+        mwcap::conn::Keepalive { interval: Duration::from_millis(50), timeout: Duration::from_millis(150) };
+    let connect = |client_nic: &SimNic| {
+        let mut scfg = cfg(Role::Server, p);
+        scfg.keepalive = Some(ka);
+        let mut s = sh.prepare(sh.nic().new_pd().unwrap(), scfg).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        let (client, cdrv) = Connection::new(c);
+        (client, cdrv, sh.add(s))
+    };
+    let mut dying = Vec::new();
+    for _ in 0..4 {
+        let (client, cdrv, (server, sdrv)) = connect(&doomed);
+        pool.spawner().spawn_local(serve(server.clone())).unwrap();
+        pool.spawner()
+            .spawn_local(async move {
+                cdrv.run().await;
+            })
+            .unwrap();
+        dying.push((client, server, sdrv));
+    }
+    let (client, cdrv, (server, _sdrv)) = connect(&alive);
+    pool.spawner().spawn_local(serve(server.clone())).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            cdrv.run().await;
+        })
+        .unwrap();
+    // Everyone is served once, then the doomed process dies.
+    pool.run_until(async {
+        for (c, _, _) in &dying {
+            c.call(b"x", None).await.expect("served before the death");
+        }
+        client.call(b"x", None).await.expect("served");
+    });
+    fabric.kill_device(doomed.device());
+    let reasons = pool.run_until(futures::future::join_all(dying.into_iter().map(|(_, s, d)| async move {
+        let r = d.run().await;
+        (r, s)
+    })));
+    for (r, s) in &reasons {
+        // The ping finds it: unanswered, or its SEND out of transport retries.
+        let found = matches!(r, LossReason::PeerUnresponsive { .. })
+            || matches!(r, LossReason::Completion { status: WcStatus::RetryExcErr, .. });
+        assert!(found, "{r:?}");
+        assert_eq!(s.free_buffers(), 5, "every buffer back");
+    }
+    assert_eq!(sh.stats().connections, 1, "the dead peers' connections left the hub");
+    // The surviving connection still works.
+    let r = pool.run_until(async {
+        let mut b = client.alloc().await.unwrap();
+        client.write(&mut b, b"still here").unwrap();
+        client.call(b"x", Some(b)).await
+    });
+    assert_eq!(client.read(r.unwrap().data.as_ref().unwrap()).unwrap(), b"ereh llits");
+    assert!(server.is_down().is_none());
+}
