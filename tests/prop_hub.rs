@@ -1,0 +1,254 @@
+//! proptest: many connections on one server [`Hub`] (one completion queue,
+//! one driver, a PD each) under random schedules mixing payload sizes
+//! (inline, one buffer, a large buffer), calls cancelled by dropping their
+//! future, QP errors on either side, client deaths and pauses, through the
+//! async API. After every step:
+//!
+//! 1. the simulator's oracle saw no hazard: no DMA into a buffer the user
+//!    holds or into freed memory, no remote READ of a held buffer, no
+//!    invalidation that would crash rxe;
+//! 2. no stale or foreign read is accepted: every reply payload holds
+//!    exactly the bytes its server wrote for that call (a pattern of the
+//!    connection, the call and the size);
+//! 3. the hub routed no completion to a QP it did not know.
+//!
+//! At the end every connection is closed and:
+//!
+//! 4. every connection finishes, with every buffer back, and leaves the hub
+//!    (its queue reservation returned);
+//! 5. a connection no fault was injected into never failed a call.
+
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use futures::FutureExt;
+use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role};
+use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+const CONNS: usize = 5;
+const SIZES: [usize; 4] = [0, 200, 3000, 100_000];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Call {
+        conn: usize,
+        size: usize,
+    },
+    /// Start a call and drop its future after a moment.
+    Cancel {
+        conn: usize,
+        size: usize,
+    },
+    QpError {
+        conn: usize,
+        client: bool,
+    },
+    KillClient {
+        conn: usize,
+    },
+    Pause {
+        ms: u8,
+    },
+}
+
+fn ops() -> impl Strategy<Value = Op> {
+    let conn = || 0..CONNS;
+    let size = || 0..SIZES.len();
+    prop_oneof![
+        8 => (conn(), size()).prop_map(|(conn, size)| Op::Call { conn, size }),
+        2 => (conn(), size()).prop_map(|(conn, size)| Op::Cancel { conn, size }),
+        1 => (conn(), any::<bool>()).prop_map(|(conn, client)| Op::QpError { conn, client }),
+        1 => conn().prop_map(|conn| Op::KillClient { conn }),
+        1 => (0u8..40).prop_map(|ms| Op::Pause { ms }),
+    ]
+}
+
+fn cfg(role: Role, p: Policies) -> Config {
+    let mut c = Config::new(role, p);
+    c.buffers = 3;
+    c.large_buffers = vec![mwcap::conn::BufClass { size: 128 * 1024, count: 1 }];
+    c.ctrl_slots = 8;
+    c.lease_time = Duration::from_millis(200);
+    c.safety_margin = Duration::from_millis(40);
+    c.call_timeout = Duration::from_millis(600);
+    c.keepalive =
+        Some(Keepalive { interval: Duration::from_millis(60), timeout: Duration::from_millis(200) });
+    c
+}
+
+/// What the server writes for call `tag` of `size` bytes.
+fn pattern(tag: u8, size: usize) -> Vec<u8> {
+    (0..size).map(|k| (k as u8).wrapping_mul(31) ^ tag).collect()
+}
+
+/// Answer each request with `pattern(header[0], header[1..] as size)`.
+async fn serve(conn: Connection<SimNic>) {
+    while let Some(req) = conn.next_request().await {
+        drop(req.data);
+        let tag = req.header[0];
+        let size = u32::from_le_bytes(req.header[1..5].try_into().unwrap()) as usize;
+        let out = if size == 0 {
+            None
+        } else {
+            let Ok(mut b) = conn.alloc_for(size).await else { return };
+            if conn.write(&mut b, &pattern(tag, size)).is_err() {
+                return;
+            }
+            Some(b)
+        };
+        if conn.reply(req.id, 0, b"", out).await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Side {
+    client: Connection<SimNic>,
+    server: Connection<SimNic>,
+    drivers: Vec<Driver<SimNic>>,
+    client_dev: SimNic,
+    server_qp: QpAddr,
+    client_qp: QpAddr,
+    faulted: bool,
+    tag: u8,
+}
+
+fn run(policies: Vec<Policies>, schedule: Vec<Op>) -> Result<(), TestCaseError> {
+    let fabric = Fabric::with_seed(23);
+    let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (hub, hub_driver) = Hub::new(sdev.clone(), 1 << 14).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            hub_driver.run().await;
+        })
+        .unwrap();
+    let mut sides = Vec::new();
+    for p in policies {
+        let client_dev = fabric.add_device(DeviceConfig::spec().named("c"));
+        let mut s =
+            hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(client_dev.clone(), cfg(Role::Client, p)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        let server_qp = QpAddr { device: sdev.device(), qpn: s.local().qpn };
+        let client_qp = QpAddr { device: client_dev.device(), qpn: c.local().qpn };
+        let (client, cd) = Connection::new(c);
+        let (server, sd) = hub.add(s);
+        pool.spawner().spawn_local(serve(server.clone())).unwrap();
+        sides.push(Side {
+            client,
+            server,
+            drivers: vec![cd, sd],
+            client_dev,
+            server_qp,
+            client_qp,
+            faulted: false,
+            tag: 0,
+        });
+    }
+    let mut client_drivers = Vec::new();
+    for s in &mut sides {
+        client_drivers.push(s.drivers.remove(0));
+    }
+    let cdrv = futures::future::join_all(client_drivers.into_iter().map(|d| d.run())).shared();
+    pool.spawner().spawn_local(cdrv.clone().map(|_| ())).unwrap();
+
+    for op in schedule {
+        match op {
+            Op::Call { conn, size } | Op::Cancel { conn, size } => {
+                let cancel = matches!(op, Op::Cancel { .. });
+                let side = &mut sides[conn];
+                side.tag = side.tag.wrapping_add(1);
+                let (tag, c) = (side.tag, side.client.clone());
+                let call = async move {
+                    let mut header = vec![tag];
+                    header.extend_from_slice(&(SIZES[size] as u32).to_le_bytes());
+                    let r = c.call(&header, None).await;
+                    (c, r)
+                };
+                if cancel {
+                    let mut call = Box::pin(call);
+                    pool.run_until(async {
+                        futures::select! {
+                            _ = call.as_mut().fuse() => {},
+                            _ = async_io::Timer::after(Duration::from_millis(2)).fuse() => {},
+                        }
+                    });
+                    drop(call);
+                } else {
+                    let (c, r) = pool.run_until(call);
+                    match r {
+                        Ok(reply) => {
+                            let want = pattern(tag, SIZES[size]);
+                            let got = reply.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                            prop_assert!(got == want, "conn {conn} call {tag}: a stale or foreign payload");
+                        }
+                        Err(e) => prop_assert!(
+                            sides[conn].faulted,
+                            "conn {conn}: a call failed with no fault injected: {e}"
+                        ),
+                    }
+                }
+            }
+            Op::QpError { conn, client } => {
+                let s = &mut sides[conn];
+                s.faulted = true;
+                fabric.force_qp_error(if client { s.client_qp } else { s.server_qp });
+            }
+            Op::KillClient { conn } => {
+                sides[conn].faulted = true;
+                sides[conn].client_dev.kill();
+            }
+            Op::Pause { ms } => {
+                pool.run_until(async_io::Timer::after(Duration::from_millis(u64::from(ms))));
+            }
+        }
+        pool.run_until_stalled();
+        prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+        prop_assert_eq!(hub.stats().orphans, 0);
+    }
+
+    for s in &sides {
+        s.client.close();
+        s.server.close();
+    }
+    let servers: Vec<_> = sides.iter_mut().map(|s| s.drivers.remove(0)).collect();
+    pool.run_until(futures::future::join_all(servers.into_iter().map(|d| d.run())));
+    pool.run_until(cdrv);
+    for (i, s) in sides.iter().enumerate() {
+        prop_assert_eq!(s.server.free_buffers(), 4, "conn {}: a server buffer never came back", i);
+        if !s.faulted || s.client.is_down().is_some() {
+            prop_assert_eq!(s.client.free_buffers(), 4, "conn {}: a client buffer never came back", i);
+        }
+    }
+    let st = hub.stats();
+    prop_assert_eq!(st.connections, 0);
+    prop_assert_eq!(st.reserved_entries, 0);
+    prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    Ok(())
+}
+
+fn policies() -> impl Strategy<Value = Vec<Policies>> {
+    let p = || prop_oneof![Just(Policy::Mw), Just(Policy::Confirm)];
+    proptest::collection::vec((p(), p()).prop_map(|(request, reply)| Policies { request, reply }), CONNS)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/prop_hub.txt"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn connections_on_one_hub_stay_safe_under_random_schedules(
+        policies in policies(),
+        schedule in proptest::collection::vec(ops(), 1..30),
+    ) {
+        run(policies, schedule)?;
+    }
+}
