@@ -819,3 +819,167 @@ mod endpoints {
 // ---- torture: random calls and faults over several connections at once ----
 
 mod verbs_torture;
+
+/// One hub per side on rxe0: 16 connections, each in a protection domain
+/// of its own (`new_pd`), all completing on one completion queue per side
+/// and driven by one task per side, with payloads from inline to 200 KB in
+/// both policies, every byte checked. Then a READ with one connection's
+/// region key through another connection's QP fails (the PDs keep them
+/// apart on the shared queue), and the connection it was aimed at goes on.
+mod hub {
+    use std::time::Duration;
+
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use mwcap::backend::{Nic, SendWr, Sge, SgeList, WcStatus};
+    use mwcap::conn::{BufClass, Config, Connection, Hub, Policies, Policy, Role};
+    use mwcap::verbs::VerbsNic;
+
+    fn cfg(role: Role, p: Policies) -> Config {
+        let mut c = Config::new(role, p);
+        c.buffers = 4;
+        c.large_buffers = vec![BufClass { size: 256 << 10, count: 1 }];
+        c.ctrl_slots = 8;
+        c.call_timeout = Duration::from_secs(20);
+        c
+    }
+
+    fn pattern(i: usize, k: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|x| (x as u8).wrapping_mul(13) ^ (i as u8) ^ ((k as u8) << 4)).collect()
+    }
+
+    async fn serve(conn: Connection<VerbsNic>) {
+        while let Some(req) = conn.next_request().await {
+            let mut bytes = req.data.as_ref().map(|d| conn.read(d).unwrap()).unwrap_or_default();
+            drop(req.data);
+            bytes.reverse();
+            let out = if bytes.is_empty() {
+                None
+            } else {
+                let Ok(mut b) = conn.alloc_for(bytes.len()).await else { return };
+                conn.write(&mut b, &bytes).unwrap();
+                Some(b)
+            };
+            if conn.reply(req.id, 0, b"", out).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn hub_serves_sixteen_connections_on_one_cq_per_side_and_keeps_their_pds_apart() {
+        let mut pool = LocalPool::new();
+        let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
+        let (sh, sdrv) = Hub::new(super::open(), 4096).expect("server hub");
+        pool.spawner()
+            .spawn_local(async move {
+                cdrv.run().await;
+            })
+            .unwrap();
+        pool.spawner()
+            .spawn_local(async move {
+                sdrv.run().await;
+            })
+            .unwrap();
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        let mut regions = Vec::new();
+        for i in 0..16 {
+            let p = if i % 2 == 0 { Policies::both(Policy::Mw) } else { Policies::both(Policy::Confirm) };
+            let cp = ch.prepare(ch.nic().new_pd().unwrap(), cfg(Role::Client, p)).expect("client");
+            let sp = sh.prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, p)).expect("server");
+            let mut c = cp.finish(p).unwrap();
+            let mut s = sp.finish(p).unwrap();
+            let (ce, se) = (c.local(), s.local());
+            c.connect(&se).unwrap();
+            s.connect(&ce).unwrap();
+            regions.push(s.data_region());
+            let (client, _) = ch.add(c);
+            let (server, _) = sh.add(s);
+            pool.spawner().spawn_local(serve(server.clone())).unwrap();
+            clients.push(client);
+            servers.push(server);
+        }
+        let sizes = [0usize, 100, 3000, 200_000];
+        pool.run_until(futures::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+            for (k, &len) in sizes.iter().enumerate() {
+                let data = if len == 0 {
+                    None
+                } else {
+                    let mut b = c.alloc_for(len).await.unwrap();
+                    c.write(&mut b, &pattern(i, k, len)).unwrap();
+                    Some(b)
+                };
+                let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+                let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                let mut want = pattern(i, k, len);
+                want.reverse();
+                assert!(got == want, "conn {i} call {k}: wrong bytes");
+            }
+        })));
+        let s = sh.stats();
+        assert_eq!(s.orphans, 0, "{s:?}");
+        assert!(s.completions >= 16 * 4, "{s:?}");
+        // Connection 1 (confirm: its region key covers its whole region)
+        // READ through connection 3's client QP, whose peer is in another PD.
+        let attacker_nic = ch.nic().new_pd().unwrap();
+        let mut raw =
+            mwcap::conn::Endpoint::new(attacker_nic, cfg(Role::Client, Policies::both(Policy::Confirm)))
+                .expect("attacker endpoint");
+        let victim = regions[1];
+        let mut target = sh
+            .prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, Policies::both(Policy::Confirm)))
+            .unwrap()
+            .finish(Policies::both(Policy::Confirm))
+            .unwrap();
+        raw.connect(&target.local()).unwrap();
+        target.connect(&raw.local()).unwrap();
+        let (target_conn, _) = sh.add(target);
+        let dst = raw.data_region();
+        let read = SendWr::Read {
+            wr_id: 0xbad,
+            local: SgeList::one(Sge { mr: dst.id, offset: 0, len: 64 }),
+            remote_addr: victim.addr,
+            rkey: victim.rkey,
+            signaled: true,
+        };
+        raw.nic().post_send(raw.local().id, &[read]).unwrap();
+        let mut status = None;
+        for _ in 0..2000 {
+            pool.run_until_stalled();
+            if let Some(c) =
+                raw.nic().poll_cq_vec(raw.cq(), 8).unwrap().into_iter().find(|c| c.wr_id == 0xbad)
+            {
+                status = Some(c.status);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let status = status.expect("the READ completes");
+        assert_ne!(status, WcStatus::Success, "another PD's region key reached its memory on rxe");
+        println!("a READ with another connection's region key: {status:?}");
+        target_conn.close();
+        // The victim's connection goes on.
+        let r = pool.run_until(async {
+            let mut b = clients[1].alloc().await.unwrap();
+            clients[1].write(&mut b, b"abc").unwrap();
+            clients[1].call(b"x", Some(b)).await
+        });
+        assert_eq!(
+            clients[1].read(r.expect("the victim still serves").data.as_ref().unwrap()).unwrap(),
+            b"cba"
+        );
+        for c in clients.iter().chain(&servers) {
+            c.close();
+        }
+        for _ in 0..3000 {
+            pool.run_until_stalled();
+            if sh.stats().connections == 0 && ch.stats().connections == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ch.stats().connections, 0, "{:?}", ch.stats());
+        assert_eq!(sh.stats().connections, 0, "{:?}", sh.stats());
+    }
+}
