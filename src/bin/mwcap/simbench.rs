@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use std::collections::VecDeque;
 
 use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
-use mwcap::sim::DeviceConfig;
 
 use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
@@ -56,7 +55,7 @@ fn async_group(_: &BenchOpts, _: mwcap::conn::Policy, _: &[Case]) -> Result<(), 
 #[cfg(not(loom))]
 fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Result<(), String> {
     use mwcap::conn::Endpoint;
-    use mwcap::sim::Fabric;
+    use mwcap::sim::{DeviceConfig, Fabric};
 
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
