@@ -431,3 +431,54 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     assert_eq!(client.read(r.unwrap().data.as_ref().unwrap()).unwrap(), b"ereh llits");
     assert!(server.is_down().is_none());
 }
+
+/// The hub's own device dies (its process's NIC is gone): the queue fails,
+/// every connection on it goes down with the error and finishes, and the
+/// driver neither spins nor outlives its handles.
+#[test]
+fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not_spin() {
+    let fabric = Fabric::with_seed(29);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (sh, sdrv) = Hub::new(sn.clone(), 1 << 14).unwrap();
+    let hub_done = pool.spawner().spawn_local_with_handle(sdrv.run()).unwrap();
+    let p = Policies::both(Policy::Confirm);
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let mut s = sh.prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        let (client, cdrv) = Connection::new(c);
+        pool.spawner()
+            .spawn_local(async move {
+                cdrv.run().await;
+            })
+            .unwrap();
+        let (server, sdrv) = sh.add(s);
+        pool.spawner().spawn_local(serve(server.clone())).unwrap();
+        servers.push((server, sdrv));
+        clients.push(client);
+    }
+    pool.run_until(async {
+        for c in &clients {
+            c.call(b"x", None).await.expect("served");
+        }
+    });
+    sn.kill();
+    let ends = pool.run_until(futures::future::join_all(servers.into_iter().map(|(_, d)| d.run())));
+    for r in &ends {
+        assert!(matches!(r, LossReason::Nic(_)), "{r:?}");
+    }
+    let turns = sh.stats().turns;
+    // Idle for a while: a driver that spins on the failed queue would take
+    // thousands of turns here.
+    pool.run_until(async_io::Timer::after(Duration::from_millis(200)));
+    assert!(sh.stats().turns - turns < 20, "the driver spins: {:?}", sh.stats());
+    assert_eq!(sh.stats().connections, 0);
+    drop(sh);
+    let stats = pool.run_until(hub_done);
+    assert_eq!(stats.connections, 0);
+}

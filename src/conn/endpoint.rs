@@ -521,6 +521,14 @@ impl<N: Nic> Endpoint<N> {
         handled
     }
 
+    /// The completion queue this endpoint's QP completes on failed (its
+    /// device is gone): the connection goes down with `e`, as when its own
+    /// queue fails in [`Endpoint::drive`].
+    pub(crate) fn cq_failed(&mut self, e: NicError) {
+        self.conn.post_failed(&Command::SetQpError, e);
+        self.run();
+    }
+
     /// Feed completions of this endpoint's QP (taken off a completion queue
     /// by whoever polls it) and the frames they received to the connection,
     /// and post what it asks for.

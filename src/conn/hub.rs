@@ -394,20 +394,33 @@ impl<N: Nic> HubDriver<N> {
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
         let mut alarm = super::alarm::Alarm::default();
+        // Set once the queue failed (its device is gone): it is polled no
+        // more, and every connection on it is taken down.
+        let mut failed: Option<NicError> = None;
         loop {
             shared.bell.take();
             shared.turns.fetch_add(1, Ordering::Relaxed);
             let now = shared.epoch.elapsed();
             let mut busy = false;
-            {
+            if failed.is_none() {
                 let mut routes = shared.routes.lock();
                 match shared.poll(&mut routes) {
                     Ok(n) => busy |= n > 0,
                     Err(e) => {
-                        // The queue is gone (the device died): every
-                        // connection's own calls fail and its flushes
-                        // never come; each ends by its flush grace.
-                        tracing::warn!(%e, "polling the hub's completion queue");
+                        tracing::warn!(%e, "the hub's completion queue failed; its connections go down");
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = &failed {
+                // Every connection, including any added since: each goes
+                // down with the error and ends by its flush grace (no
+                // flush can come), its QP destroyed as evidence.
+                let conns: Vec<Arc<Inner<N>>> =
+                    shared.routes.lock().by_qpn.values().filter_map(|r| r.conn.clone()).collect();
+                for c in conns {
+                    if c.cq_failed(e) {
+                        shared.queue(&c);
                     }
                 }
             }
@@ -431,11 +444,12 @@ impl<N: Nic> HubDriver<N> {
             }
             shared.sleeps.fetch_add(1, Ordering::Relaxed);
             alarm.arm(timers.peek().map(|d| shared.epoch + d.at));
+            let cq_gone = failed.is_some();
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.bell.poll_rung(cx).is_ready() {
                     return Poll::Ready(());
                 }
-                if shared.nic.poll_cq_ready(shared.cq, cx).is_ready() {
+                if !cq_gone && shared.nic.poll_cq_ready(shared.cq, cx).is_ready() {
                     return Poll::Ready(());
                 }
                 alarm.poll(cx)

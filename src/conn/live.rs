@@ -193,6 +193,17 @@ impl<N: Nic> Inner<N> {
         self.epoch.elapsed()
     }
 
+    /// The hub's completion queue failed: take the connection down with
+    /// `e`. Returns whether it was up.
+    pub(super) fn cq_failed(&self, e: &NicError) -> bool {
+        let mut st = self.state.lock();
+        let up = st.ep.is_down().is_none();
+        if up {
+            st.ep.cq_failed(e.clone());
+        }
+        up
+    }
+
     /// Count a turn taken by a hub.
     pub(super) fn count_turn(&self, busy: bool) {
         use std::sync::atomic::Ordering::Relaxed;
