@@ -482,3 +482,92 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
     let stats = pool.run_until(hub_done);
     assert_eq!(stats.connections, 0);
 }
+
+/// A listener over two hubs of one device, each hub driven on a thread of
+/// its own (a driver per core): clients go to the hub with fewer
+/// connections, so the two share them, and every client is served.
+#[test]
+fn a_listener_over_two_hubs_driven_on_two_threads_shares_its_clients_between_them() {
+    use mwcap::bootstrap::{Auth, Key};
+    use mwcap::conn::{connect_async, Listener, PolicyChoice, SetupOptions};
+    let fabric = Fabric::with_seed(31);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut hubs = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..2 {
+        let (hub, driver) = Hub::new(sn.new_pd().unwrap(), 1 << 14).unwrap();
+        threads.push(std::thread::spawn(move || futures::executor::block_on(driver.run())));
+        hubs.push(hub);
+    }
+    let key = || Auth::Key(Key::from_bytes(b"two hubs, one listener: a test key".to_vec()).unwrap());
+    let opts = SetupOptions::new(PolicyChoice::Auto, key()).timeout(Duration::from_secs(5));
+    let p = Policies::both(Policy::Mw);
+    let nics = sn.clone();
+    let mut listener =
+        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server, p), opts.clone(), move || {
+            nics.new_pd()
+        })
+        .unwrap()
+        .on_hubs(hubs.clone());
+    let addr = listener.local_addr().unwrap();
+    let mut pool = LocalPool::new();
+    const CLIENTS: usize = 20;
+    let spawner = pool.spawner();
+    pool.spawner()
+        .spawn_local(async move {
+            for _ in 0..CLIENTS {
+                let (conn, run) = listener.accept().await.expect("a client").run();
+                // Its service, and its end when the client closes the stream.
+                spawner
+                    .spawn_local(async move {
+                        futures::join!(serve(conn), run);
+                    })
+                    .unwrap();
+            }
+        })
+        .unwrap();
+    let served = pool.run_until(futures::future::join_all((0..CLIENTS).map(|i| {
+        let (cn, opts) = (cn.clone(), opts.clone());
+        async move {
+            let (conn, run) = connect_async(cn.new_pd().unwrap(), addr, cfg(Role::Client, p), &opts)
+                .await
+                .expect("connect")
+                .run();
+            let work = async {
+                let mut b = conn.alloc().await.unwrap();
+                conn.write(&mut b, &pattern(i, 500)).unwrap();
+                let r = conn.call(b"x", Some(b)).await.expect("served");
+                let mut want = pattern(i, 500);
+                want.reverse();
+                let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
+                drop(r);
+                conn.close();
+                ok
+            };
+            futures::join!(work, run).0
+        }
+    })));
+    assert!(served.iter().all(|&ok| ok));
+    let counts: Vec<u64> = hubs.iter().map(|h| h.stats().added).collect();
+    assert_eq!(counts.iter().sum::<u64>(), CLIENTS as u64);
+    assert!(counts.iter().all(|&n| n >= 5), "one hub took nearly all: {counts:?}");
+    // Servers end when their clients close the bootstrap streams.
+    for _ in 0..500 {
+        pool.run_until_stalled();
+        if hubs.iter().all(|h| h.stats().connections == 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        hubs.iter().all(|h| h.stats().connections == 0),
+        "{:?}",
+        hubs.iter().map(|h| h.stats()).collect::<Vec<_>>()
+    );
+    drop(hubs);
+    drop(pool);
+    for t in threads {
+        assert_eq!(t.join().unwrap().orphans, 0);
+    }
+}

@@ -252,20 +252,28 @@ impl<N: Nic + 'static> Hub<N> {
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let entries = Endpoint::<N>::cq_entries(&cfg)?;
-        {
-            let mut routes = self.shared.routes.lock();
-            let reserved = routes.reserved;
-            if reserved + u64::from(entries) > u64::from(self.shared.depth) {
-                return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries });
-            }
-            routes.reserved += u64::from(entries);
+        self.reserve(entries)?;
+        self.prepare_reserved(nic, cfg, entries)
+    }
+
+    /// Reserve `entries` of the queue, or refuse with `CqBudget`.
+    fn reserve(&self, entries: u32) -> Result<(), NicError> {
+        let mut routes = self.shared.routes.lock();
+        let reserved = routes.reserved;
+        if reserved + u64::from(entries) > u64::from(self.shared.depth) {
+            return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries });
         }
+        routes.reserved += u64::from(entries);
+        Ok(())
+    }
+
+    /// [`Hub::prepare`] once `entries` are reserved (given back on failure).
+    fn prepare_reserved(&self, nic: N, cfg: Config, entries: u32) -> Result<Prepared<N>, NicError> {
         let retire: Arc<dyn SharedCq> = Arc::new(Retire(Arc::downgrade(&self.shared)));
-        let unreserve = || self.shared.routes.lock().reserved -= u64::from(entries);
         let prepared = match Endpoint::prepare_on(nic, cfg, self.shared.cq, Some(retire)) {
             Ok(p) => p,
             Err((_, e)) => {
-                unreserve();
+                self.shared.routes.lock().reserved -= u64::from(entries);
                 return Err(e);
             }
         };
@@ -314,6 +322,26 @@ impl<N: Nic + 'static> Hub<N> {
     pub fn stats(&self) -> HubStats {
         self.shared.stats()
     }
+}
+
+/// [`Hub::prepare`] on the hub of `hubs` with the fewest connections that
+/// has room for this one.
+pub(super) fn prepare_on_least_loaded<'a, N: Nic + 'static>(
+    hubs: &'a [Hub<N>],
+    nic: N,
+    cfg: Config,
+) -> Result<(Prepared<N>, &'a Hub<N>), NicError> {
+    let entries = Endpoint::<N>::cq_entries(&cfg)?;
+    let mut order: Vec<(usize, &Hub<N>)> = hubs.iter().map(|h| (h.stats().connections, h)).collect();
+    order.sort_by_key(|(n, _)| *n);
+    let mut refused = None;
+    for (_, hub) in order {
+        match hub.reserve(entries) {
+            Ok(()) => return Ok((hub.prepare_reserved(nic, cfg, entries)?, hub)),
+            Err(e) => refused = Some(e),
+        }
+    }
+    Err(refused.unwrap_or(NicError::InvalidWr("no hub to put the connection on".into())))
 }
 
 impl<N: Nic> Shared<N> {

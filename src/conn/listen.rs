@@ -119,8 +119,8 @@ struct Shared<N: Nic> {
 pub struct Listener<N: Nic> {
     tcp: Async<TcpListener>,
     shared: Arc<Shared<N>>,
-    /// Accepted connections run on this hub ([`Listener::on_hub`]).
-    hub: Option<super::Hub<N>>,
+    /// Accepted connections run on these hubs ([`Listener::on_hubs`]).
+    hubs: Arc<Vec<super::Hub<N>>>,
     handshakes: FuturesUnordered<Handshake<N>>,
     max_handshakes: usize,
 }
@@ -165,7 +165,7 @@ impl<N: Nic + 'static> Listener<N> {
         Ok(Listener {
             tcp,
             shared: Arc::new(Shared { cfg, opts, serve, nics: Mutex::new(Box::new(nics)) }),
-            hub: None,
+            hubs: Arc::new(Vec::new()),
             handshakes: FuturesUnordered::new(),
             max_handshakes: 256,
         })
@@ -179,8 +179,17 @@ impl<N: Nic + 'static> Listener<N> {
     /// such a connection only waits for its end; spawn the
     /// [`super::HubDriver`] once. A client the hub has no room for
     /// ([`NicError::CqBudget`]) fails its handshake, and only that client.
-    pub fn on_hub(mut self, hub: super::Hub<N>) -> Listener<N> {
-        self.hub = Some(hub);
+    pub fn on_hub(self, hub: super::Hub<N>) -> Listener<N> {
+        self.on_hubs(vec![hub])
+    }
+
+    /// [`Listener::on_hub`] over several hubs, say one per core, each with
+    /// its driver on a thread of its own: a client goes to the hub with
+    /// the fewest connections that has room for it. The hubs must be on
+    /// one device context (their handles opened once, then `new_pd`), so
+    /// that a handle from `nics` may complete on any of their queues.
+    pub fn on_hubs(mut self, hubs: Vec<super::Hub<N>>) -> Listener<N> {
+        self.hubs = Arc::new(hubs);
         self
     }
 
@@ -224,7 +233,7 @@ impl<N: Nic + 'static> Listener<N> {
             match self.tcp.get_ref().accept() {
                 Ok((stream, _)) => {
                     let shared = self.shared.clone();
-                    self.handshakes.push(Box::pin(handshake(stream, shared, self.hub.clone())));
+                    self.handshakes.push(Box::pin(handshake(stream, shared, self.hubs.clone())));
                     // Poll the new handshake (it registers its wakers), then look for more.
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match self.tcp.poll_readable(cx) {
@@ -254,14 +263,14 @@ fn is_transient(e: &std::io::Error) -> bool {
 async fn handshake<N: Nic + 'static>(
     stream: TcpStream,
     shared: Arc<Shared<N>>,
-    hub: Option<super::Hub<N>>,
+    hubs: Arc<Vec<super::Hub<N>>>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let stream = Async::new(stream).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
     let opts = &shared.opts;
     let authed = bootstrap::authenticate_accepted_async(stream, &opts.auth, opts.timeout).await?;
     // Only now, for a client that proved the key, is anything created.
     let nic = (shared.nics.lock())()?;
-    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, hub.as_ref()).await
+    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, &hubs).await
 }
 
 /// Client: connect to a server listening at `addr` without blocking the
@@ -278,7 +287,7 @@ pub async fn connect_async<N: Nic + 'static>(
     debug_assert_eq!(cfg.role, Role::Client);
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts, None).await
+    finish_setup_async(nic, cfg, serve, authed, opts, &[]).await
 }
 
 /// [`connect_async`] for a connection that runs on `hub` (in a protection
@@ -296,7 +305,7 @@ pub async fn connect_async_on<N: Nic + 'static>(
     let nic = hub.nic().new_pd()?;
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts, Some(hub)).await
+    finish_setup_async(nic, cfg, serve, authed, opts, std::slice::from_ref(hub)).await
 }
 
 /// [`serve_set`] without blocking the executor: a verdict the cache holds
@@ -334,12 +343,14 @@ async fn finish_setup_async<N: Nic + 'static>(
     serve: PolicySet,
     authed: Authenticated<Async<TcpStream>>,
     opts: &SetupOptions,
-    hub: Option<&super::Hub<N>>,
+    hubs: &[super::Hub<N>],
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
-    let mut prepared = match hub {
-        Some(h) => h.prepare(nic, cfg.clone())?,
-        None => Endpoint::prepare(nic, cfg.clone())?,
+    let (mut prepared, hub) = if hubs.is_empty() {
+        (Endpoint::prepare(nic, cfg.clone())?, None)
+    } else {
+        let (p, h) = super::hub::prepare_on_least_loaded(hubs, nic, cfg.clone())?;
+        (p, Some(h))
     };
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
