@@ -326,11 +326,11 @@ impl<N: Nic + 'static> Hub<N> {
 
 /// [`Hub::prepare`] on the hub of `hubs` with the fewest connections that
 /// has room for this one.
-pub(super) fn prepare_on_least_loaded<'a, N: Nic + 'static>(
-    hubs: &'a [Hub<N>],
+pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
+    hubs: &[Hub<N>],
     nic: N,
     cfg: Config,
-) -> Result<(Prepared<N>, &'a Hub<N>), NicError> {
+) -> Result<(Prepared<N>, &Hub<N>), NicError> {
     let entries = Endpoint::<N>::cq_entries(&cfg)?;
     let mut order: Vec<(usize, &Hub<N>)> = hubs.iter().map(|h| (h.stats().connections, h)).collect();
     order.sort_by_key(|(n, _)| *n);
