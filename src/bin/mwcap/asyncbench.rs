@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::future::{select, try_join_all, Either};
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Connection, Endpoint, Refused};
+use mwcap::conn::{Buf, Connection, Driver, Endpoint, Refused};
 
 use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
 use crate::count;
@@ -248,16 +248,52 @@ pub fn one_process<N: Nic>(
     warmup: u32,
     mode_backend: (&str, &str),
 ) -> Result<(), String> {
-    let max_payload = server
-        .config()
-        .large_buffers
-        .iter()
-        .map(|c| c.size)
-        .max()
-        .unwrap_or(0)
-        .max(server.config().buffer_size);
-    let (client, cdrv) = Connection::new(client);
-    let (server, sdrv) = Connection::new(server);
+    let max_payload = max_payload(&server);
+    let (client, server) = (Connection::new(client), Connection::new(server));
+    run_pair(client, server, async {}, max_payload, cases, iters, warmup, mode_backend)
+}
+
+/// [`one_process`] with each side's connection on a hub of its own (one
+/// completion queue, one driver): the endpoints were prepared on them.
+#[cfg(not(loom))]
+#[allow(clippy::too_many_arguments)]
+pub fn one_process_on_hubs<N: Nic + 'static>(
+    hubs: [(mwcap::conn::Hub<N>, mwcap::conn::HubDriver<N>); 2],
+    client: Endpoint<N>,
+    server: Endpoint<N>,
+    cases: &[Case],
+    iters: u32,
+    warmup: u32,
+    mode_backend: (&str, &str),
+) -> Result<(), String> {
+    let max_payload = max_payload(&server);
+    let [(ch, cd), (sh, sd)] = hubs;
+    let (client, server) = (ch.add(client), sh.add(server));
+    // The hub handles go now: the drivers end once both connections have.
+    drop((ch, sh));
+    let drivers = async {
+        futures::future::join(cd.run(), sd.run()).await;
+    };
+    run_pair(client, server, drivers, max_payload, cases, iters, warmup, mode_backend)
+}
+
+fn max_payload<N: Nic>(server: &Endpoint<N>) -> u32 {
+    server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size)
+}
+
+/// Run `cases` over a client and a server connection in this process,
+/// with `extra` (hub drivers) alongside, until both are closed.
+#[allow(clippy::too_many_arguments)]
+fn run_pair<N: Nic>(
+    (client, cdrv): (Connection<N>, Driver<N>),
+    (server, sdrv): (Connection<N>, Driver<N>),
+    extra: impl std::future::Future<Output = ()>,
+    max_payload: u32,
+    cases: &[Case],
+    iters: u32,
+    warmup: u32,
+    mode_backend: (&str, &str),
+) -> Result<(), String> {
     let app = async {
         let r =
             run_cases(std::slice::from_ref(&client), cases, iters, warmup, Server::Here, mode_backend, "")
@@ -271,7 +307,10 @@ pub fn one_process<N: Nic>(
         server.close();
         r
     };
-    let (r, s, _, _) = futures::executor::block_on(futures::future::join4(app, srv, cdrv.run(), sdrv.run()));
+    let ((r, s, _, _), ()) = futures::executor::block_on(futures::future::join(
+        futures::future::join4(app, srv, cdrv.run(), sdrv.run()),
+        extra,
+    ));
     r?;
     s.map(|_| ())
 }

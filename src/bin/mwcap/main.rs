@@ -134,6 +134,13 @@ pub struct BenchOpts {
     /// (each connection keeps `inflight` calls in flight).
     #[arg(long, default_value_t = 1)]
     pub connections: u32,
+    /// With `--sim`: run each side's connection on a `Hub` (one shared
+    /// completion queue and driver) instead of a completion queue and
+    /// driver of its own, to measure what the hub costs per call (mode
+    /// `async-hub`). A client of `mwcap serve` with `--connections` above 1
+    /// always uses one.
+    #[arg(long)]
+    pub hub: bool,
     /// Settings of each connection beyond its pool.
     #[command(flatten)]
     pub conn: ConnArgs,

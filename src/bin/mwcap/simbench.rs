@@ -61,6 +61,35 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
     let cfg = |role| cases::config(role, policy, o.pool(), &o.conn);
+    if o.hub {
+        use mwcap::conn::Hub;
+        let err = |e: mwcap::backend::NicError| e.to_string();
+        let (ch, cd) = Hub::new(cn, 1 << 16).map_err(err)?;
+        let (sh, sd) = Hub::new(sn, 1 << 16).map_err(err)?;
+        let p = cfg(Role::Client).policies;
+        let mut ce = ch
+            .prepare(ch.nic().new_pd().map_err(err)?, cfg(Role::Client))
+            .map_err(err)?
+            .finish(p)
+            .map_err(err)?;
+        let mut se = sh
+            .prepare(sh.nic().new_pd().map_err(err)?, cfg(Role::Server))
+            .map_err(err)?
+            .finish(p)
+            .map_err(err)?;
+        let (a, b) = (ce.local(), se.local());
+        ce.connect(&b).map_err(err)?;
+        se.connect(&a).map_err(err)?;
+        return crate::asyncbench::one_process_on_hubs(
+            [(ch, cd), (sh, sd)],
+            ce,
+            se,
+            group,
+            o.iters,
+            o.warmup,
+            ("async-hub", "sim"),
+        );
+    }
     let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
     let mut se = Endpoint::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
     let (a, b) = (ce.local(), se.local());
@@ -149,7 +178,7 @@ impl Loop {
                         started += 1;
                     }
                     // No free window or control slot yet: try again after the next turn.
-                    Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data }) => {
+                    Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit, data }) => {
                         if let Some(b) = data {
                             pair.client.free(b);
                         }
@@ -263,7 +292,7 @@ impl Loop {
                     self.deferred.pop_front();
                     progress = true;
                 }
-                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot, data }) => {
+                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit, data }) => {
                     if let Some(b) = data {
                         pair.server.free(b);
                     }
