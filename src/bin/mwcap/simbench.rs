@@ -177,8 +177,11 @@ impl Loop {
                         self.pending.push(Pending { id, tag: self.tag, started: t });
                         started += 1;
                     }
-                    // No free window or control slot yet: try again after the next turn.
-                    Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit, data }) => {
+                    // No free window, control slot or credit yet: try again after the next turn.
+                    Err(Refused {
+                        error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit,
+                        data,
+                    }) => {
                         if let Some(b) = data {
                             pair.client.free(b);
                         }
@@ -292,7 +295,10 @@ impl Loop {
                     self.deferred.pop_front();
                     progress = true;
                 }
-                Err(Refused { error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit, data }) => {
+                Err(Refused {
+                    error: UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit,
+                    data,
+                }) => {
                     if let Some(b) = data {
                         pair.server.free(b);
                     }
