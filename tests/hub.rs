@@ -571,3 +571,32 @@ fn a_listener_over_two_hubs_driven_on_two_threads_shares_its_clients_between_the
         assert_eq!(t.join().unwrap().orphans, 0);
     }
 }
+
+/// A hub whose driver is dropped, then its handle, with a connection on
+/// it: the queue stays while a QP is on it, and goes with the connection's
+/// last handle, after its QP (not left behind, busy, as it was).
+#[test]
+fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
+    let fabric = Fabric::with_seed(37);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let (hub, driver) = Hub::new(sn.clone(), 1 << 12).unwrap();
+    let mut s = hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+    let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    c.connect(&s.local()).unwrap();
+    s.connect(&c.local()).unwrap();
+    let server_qp = mwcap::sim::QpAddr { device: sn.device(), qpn: s.local().qpn };
+    let cq = s.cq();
+    let (server, d) = hub.add(s);
+    drop(server);
+    drop(driver);
+    drop(hub);
+    // The connection's driver handle is still held: its QP lives, and so
+    // does the queue under it.
+    assert!(fabric.qp_state(server_qp).is_some());
+    assert!(sn.poll_cq_vec(cq, 1).is_ok(), "the queue went while a QP was on it");
+    drop(d);
+    assert_eq!(fabric.qp_state(server_qp), None, "the server's QP outlived its last handle");
+    assert!(sn.poll_cq_vec(cq, 1).is_err(), "the hub's queue was left behind");
+}

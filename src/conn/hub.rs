@@ -84,9 +84,24 @@ pub struct HubStats {
     pub sleeps: u64,
 }
 
-struct Shared<N: Nic> {
+/// The hub's completion queue and the handle it was made on; destroyed
+/// when the last of the hub and its connections' endpoints lets go (a
+/// queue outlives every QP on it).
+struct CqHold<N: Nic> {
     nic: N,
     cq: CqId,
+}
+
+impl<N: Nic> Drop for CqHold<N> {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.destroy_cq(self.cq) {
+            tracing::warn!(%e, "destroying the hub's completion queue");
+        }
+    }
+}
+
+struct Shared<N: Nic> {
+    hold: Arc<CqHold<N>>,
     depth: u32,
     epoch: Instant,
     routes: Mutex<Routes<N>>,
@@ -126,7 +141,7 @@ impl<N: Nic> Shared<N> {
         let mut total = 0;
         let mut batch = std::mem::take(&mut routes.batch);
         let result = loop {
-            let n = match self.nic.poll_cq(self.cq, &mut batch) {
+            let n = match self.hold.nic.poll_cq(self.hold.cq, &mut batch) {
                 Ok(n) => n,
                 Err(e) => break Err(e),
             };
@@ -161,9 +176,9 @@ impl<N: Nic> Shared<N> {
     }
 }
 
-/// The destroy hook a hub's endpoints hold (weakly, so that a connection
-/// does not keep its hub alive).
-struct Retire<N: Nic>(Weak<Shared<N>>);
+/// The destroy hook a hub's endpoints hold: the hub weakly (a connection
+/// does not keep its hub alive), the queue strongly (it outlives the QP).
+struct Retire<N: Nic>(Weak<Shared<N>>, #[allow(dead_code)] Arc<CqHold<N>>);
 
 impl<N: Nic> SharedCq for Retire<N> {
     fn retire(&self, qpn: u32, destroy: &mut dyn FnMut()) {
@@ -218,8 +233,7 @@ impl<N: Nic + 'static> Hub<N> {
     pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), NicError> {
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
-            nic,
-            cq,
+            hold: Arc::new(CqHold { nic, cq }),
             depth,
             epoch: Instant::now(),
             routes: Mutex::new(Routes {
@@ -243,7 +257,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// The handle the hub's completion queue was created on; give each
     /// connection `hub.nic().new_pd()?`.
     pub fn nic(&self) -> &N {
-        &self.shared.nic
+        &self.shared.hold.nic
     }
 
     /// [`Endpoint::prepare`] on the hub's completion queue: the QP, with
@@ -269,8 +283,9 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// [`Hub::prepare`] once `entries` are reserved (given back on failure).
     fn prepare_reserved(&self, nic: N, cfg: Config, entries: u32) -> Result<Prepared<N>, NicError> {
-        let retire: Arc<dyn SharedCq> = Arc::new(Retire(Arc::downgrade(&self.shared)));
-        let prepared = match Endpoint::prepare_on(nic, cfg, self.shared.cq, Some(retire)) {
+        let retire: Arc<dyn SharedCq> =
+            Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
+        let prepared = match Endpoint::prepare_on(nic, cfg, self.shared.hold.cq, Some(retire)) {
             Ok(p) => p,
             Err((_, e)) => {
                 self.shared.routes.lock().reserved -= u64::from(entries);
@@ -378,9 +393,10 @@ impl<N: Nic> Drop for Hub<N> {
 
 impl<N: Nic> Drop for Shared<N> {
     fn drop(&mut self) {
-        if let Err(e) = self.nic.destroy_cq(self.cq) {
-            tracing::warn!(%e, "destroying the hub's completion queue");
-        }
+        // Connections still routed here (the driver was dropped before they
+        // finished) go now, unless a user still holds one; the queue goes
+        // with the last of them (`CqHold`).
+        drop(std::mem::take(&mut self.routes.get_mut().by_qpn));
     }
 }
 
@@ -477,7 +493,7 @@ impl<N: Nic> HubDriver<N> {
                 if shared.bell.poll_rung(cx).is_ready() {
                     return Poll::Ready(());
                 }
-                if !cq_gone && shared.nic.poll_cq_ready(shared.cq, cx).is_ready() {
+                if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
                     return Poll::Ready(());
                 }
                 alarm.poll(cx)
