@@ -29,7 +29,8 @@
 //!
 //! A down connection's line ends with `reason=` and the reason as a
 //! sentence (it may have spaces: it is always last). After the total, a
-//! `device name=rxe0 port=1 ...` line per device the server added
+//! `hub name=mw connections=100 ...` line per hub the server added
+//! ([`Registry::add_hub`]), then a `device name=rxe0 port=1 ...` line per device the server added
 //! ([`Registry::add_device`]) gives the kernel's hardware counters of the
 //! port (RNR NAKs, retries, sequence errors, packets). The socket is made
 //! readable by its owner only (mode 0600): the figures are the server's
@@ -91,7 +92,11 @@ struct Entry {
 pub struct Registry {
     entries: Arc<Mutex<Vec<Entry>>>,
     devices: Arc<Mutex<Vec<(String, u8)>>>,
+    hubs: Arc<Mutex<Vec<HubEntry>>>,
 }
+
+/// A hub's name and where its counts come from (`None` once it is gone).
+type HubEntry = (String, Box<dyn Fn() -> Option<crate::conn::HubStats> + Send>);
 
 impl Registry {
     /// An empty registry.
@@ -132,6 +137,16 @@ impl Registry {
         entries.push(Entry { source, alive });
     }
 
+    /// Show `hub`'s counts too, as `name` (a `hub` line: its connections,
+    /// queue entries reserved of its depth, completions, orphans, turns,
+    /// connection turns and sleeps), for as long as the hub lives.
+    #[cfg(not(loom))]
+    pub fn add_hub<N: Nic + 'static>(&self, name: &str, hub: &crate::conn::Hub<N>) {
+        let source = hub.stats_source();
+        let name = name.chars().map(|c| if c.is_whitespace() { '_' } else { c }).collect();
+        self.hubs.lock().push((name, Box::new(source)));
+    }
+
     /// Show `device`'s `port` counters too, read from the kernel
     /// (`/sys/class/infiniband/<device>/ports/<port>/hw_counters`): the
     /// NIC's own view of RNR NAKs, retries, sequence errors and packets,
@@ -162,6 +177,23 @@ impl Registry {
     /// with a `device` line per device added.
     pub fn render(&self) -> String {
         let mut out = render(&self.snapshot());
+        self.hubs.lock().retain(|(name, source)| {
+            let Some(h) = source() else { return false };
+            let _ = writeln!(
+                out,
+                "hub name={name} connections={} added={} reserved_entries={} depth={} completions={} orphans={} turns={} connection_turns={} sleeps={}",
+                h.connections,
+                h.added,
+                h.reserved_entries,
+                h.depth,
+                h.completions,
+                h.orphans,
+                h.turns,
+                h.connection_turns,
+                h.sleeps
+            );
+            true
+        });
         for (name, port) in self.devices.lock().iter() {
             let dir = format!("/sys/class/infiniband/{name}/ports/{port}/hw_counters");
             let _ = write!(out, "device name={name} port={port}");

@@ -134,3 +134,23 @@ fn a_device_whose_counters_cannot_be_read_says_so_on_its_line() {
     );
     assert!(text.contains("\ntotal connections=0 up=0 "), "{text}");
 }
+
+#[test]
+fn a_hub_has_a_line_with_its_counts_while_it_lives() {
+    use mwcap::conn::Hub;
+    let fabric = mwcap::sim::Fabric::with_seed(3);
+    let nic = fabric.add_device(mwcap::sim::DeviceConfig::spec().named("s"));
+    let (hub, driver) = Hub::new(nic.clone(), 1000).unwrap();
+    let registry = Registry::new();
+    registry.add_hub("mw hub", &hub);
+    let cfg = mwcap::conn::Config::new(mwcap::conn::Role::Server, Policies::both(mwcap::conn::Policy::Mw));
+    let _prepared = hub.prepare(nic.new_pd().unwrap(), cfg).unwrap();
+    let text = registry.render();
+    let line = text.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("no hub line: {text}"));
+    assert_eq!(field(line, "name"), "mw_hub");
+    assert_eq!(field(line, "connections"), "1");
+    assert_eq!(field(line, "depth"), "1000");
+    assert_eq!(field(line, "reserved_entries"), hub.stats().reserved_entries.to_string());
+    drop((_prepared, hub, driver));
+    assert!(!registry.render().contains("\nhub "), "a gone hub keeps its line");
+}

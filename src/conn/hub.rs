@@ -337,6 +337,13 @@ impl<N: Nic + 'static> Hub<N> {
     pub fn stats(&self) -> HubStats {
         self.shared.stats()
     }
+
+    /// The hub's counts for as long as it lives, without keeping it alive
+    /// (for [`crate::stat::Registry::add_hub`]).
+    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<HubStats> + Send + 'static {
+        let weak = Arc::downgrade(&self.shared);
+        move || weak.upgrade().map(|s| s.stats())
+    }
 }
 
 /// [`Hub::prepare`] on the hub of `hubs` with the fewest connections that

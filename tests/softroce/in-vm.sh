@@ -295,6 +295,11 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         echo "mwcap stat: no hardware counters of rxe0 (FAIL)"
         fail=1
     fi
+    grep -a "^hub " "$stat_out" | tail -2
+    if ! grep -aqE "^hub mw: [0-9]+ connection\(s\), [0-9]+ of [0-9]+ queue entries reserved, [1-9][0-9]* completions \(0 orphans\)" "$stat_out"; then
+        echo "mwcap stat: no line of the mw hub with completions and 0 orphans (FAIL)"
+        fail=1
+    fi
     if [ "$live_rows" -eq 0 ]; then
         echo "mwcap stat: no snapshot showed the bench's connections (FAIL)"
         sed -e 's/^/stat: /' "$stat_out" | tail -20

@@ -113,6 +113,7 @@ mod imp {
             }) {
                 Ok((hub, driver)) => {
                     std::thread::spawn(move || futures::executor::block_on(driver.run()));
+                    registry.add_hub(&format!("{policy:?}").to_lowercase(), &hub);
                     break hub;
                 }
                 Err(e) => {

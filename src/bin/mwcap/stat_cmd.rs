@@ -151,6 +151,23 @@ pub fn table(text: &str) -> Result<String, String> {
             devices.push(device(rest));
             continue;
         }
+        if let Some(rest) = line.strip_prefix("hub ") {
+            let f = fields(rest);
+            let g = |k: &str| f.get(k).copied().unwrap_or("?");
+            devices.push(format!(
+                "hub {}: {} connection(s), {} of {} queue entries reserved, {} completions ({} orphans), {} turns, {} connection turns, {} sleeps\n",
+                g("name"),
+                g("connections"),
+                g("reserved_entries"),
+                g("depth"),
+                g("completions"),
+                g("orphans"),
+                g("turns"),
+                g("connection_turns"),
+                g("sleeps")
+            ));
+            continue;
+        }
         let f = fields(line);
         let n = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let row = |id: String, peer: &str, qpn: &str, role: &str, pol: String, state: &str, age: String| {
@@ -256,6 +273,7 @@ mod tests {
             conn id=4 peer=- qpn=18 role=server request=confirm reply=confirm state=down age_ms=10 \
             requests=1 reason=the peer closed the connection\n\
             total connections=2 up=1 requests=13 bytes_read=2048\n\
+            hub name=mw connections=2 added=5 reserved_entries=110 depth=32767 completions=900 orphans=0 turns=40 connection_turns=70 sleeps=9\n\
             device name=rxe0 port=1 rcvd_rnr_err=3 send_rnr_err=0 sent_pkts=120\n";
         let t = table(text).unwrap();
         assert!(t.starts_with("pid 7: 2 connection(s)\n"), "{t}");
@@ -265,10 +283,14 @@ mod tests {
         assert!(rows[2].contains(" 12 ") && rows[2].contains("2.0K") && rows[2].contains("60/1"));
         assert!(rows[3].contains("confirm/confirm") && rows[3].contains("down"));
         assert!(rows[4].starts_with("total") && rows[4].contains("1 up") && rows[4].contains(" 13 "));
-        assert_eq!(rows[5], "device rxe0 port 1:");
-        assert_eq!(rows[6], "  rcvd_rnr_err=3  sent_pkts=120");
-        assert_eq!(rows[7], "down:");
-        assert_eq!(rows[8], "  4: the peer closed the connection");
+        assert_eq!(
+            rows[5],
+            "hub mw: 2 connection(s), 110 of 32767 queue entries reserved, 900 completions (0 orphans), 40 turns, 70 connection turns, 9 sleeps"
+        );
+        assert_eq!(rows[6], "device rxe0 port 1:");
+        assert_eq!(rows[7], "  rcvd_rnr_err=3  sent_pkts=120");
+        assert_eq!(rows[8], "down:");
+        assert_eq!(rows[9], "  4: the peer closed the connection");
     }
 
     #[test]
