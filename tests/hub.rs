@@ -600,3 +600,91 @@ fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
     assert_eq!(fabric.qp_state(server_qp), None, "the server's QP outlived its last handle");
     assert!(sn.poll_cq_vec(cq, 1).is_err(), "the hub's queue was left behind");
 }
+
+/// `Reconnecting::on_hub`: a client whose connection the server drops
+/// comes back by itself, on the same hub, and the first connection's
+/// place on the hub is given back.
+#[test]
+fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
+    use mwcap::bootstrap::{Auth, Key};
+    use mwcap::conn::{Backoff, Listener, PolicyChoice, Reconnecting, SetupOptions};
+    let fabric = Fabric::with_seed(41);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let key = Auth::Key(Key::from_bytes(b"reconnecting on a hub: a test key".to_vec()).unwrap());
+    let opts = SetupOptions::new(PolicyChoice::Auto, key).timeout(Duration::from_secs(5));
+    let p = Policies::both(Policy::Mw);
+    let mut listener =
+        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server, p), opts.clone(), move || {
+            sn.new_pd()
+        })
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut pool = LocalPool::new();
+    let (hub, hub_driver) = Hub::new(cn, 1 << 12).unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            hub_driver.run().await;
+        })
+        .unwrap();
+    let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
+    let (client, supervisor) = Reconnecting::on_hub(addr, cfg(Role::Client, p), opts, backoff, hub.clone());
+    pool.spawner()
+        .spawn_local(async move {
+            supervisor.await;
+        })
+        .unwrap();
+    // The server takes the first connection, serves one call, then closes
+    // it (its bootstrap stream too); then serves the next one.
+    let spawner = pool.spawner();
+    pool.spawner()
+        .spawn_local(async move {
+            let first = listener.accept().await.expect("the first connection");
+            let (conn, run) = first.run();
+            let served = conn.clone();
+            spawner
+                .spawn_local(async move {
+                    futures::join!(serve(served), run);
+                })
+                .unwrap();
+            async_io::Timer::after(Duration::from_millis(100)).await;
+            conn.close(); // its driver ends, and the bootstrap stream with it
+            let (conn, run) = listener.accept().await.expect("the reconnection").run();
+            spawner
+                .spawn_local(async move {
+                    futures::join!(serve(conn), run);
+                })
+                .unwrap();
+        })
+        .unwrap();
+    let call = |conn: Connection<SimNic>| async move {
+        let mut b = conn.alloc().await.unwrap();
+        conn.write(&mut b, b"abc").unwrap();
+        let r = conn.call(b"x", Some(b)).await?;
+        Ok::<_, mwcap::conn::CallError>(conn.read(r.data.as_ref().unwrap()).unwrap())
+    };
+    let first = pool.run_until(client.connection()).expect("connected");
+    assert_eq!(pool.run_until(call(first.clone())).expect("served"), b"cba");
+    pool.run_until(first.closed());
+    let second = pool.run_until(async {
+        loop {
+            let c = client.connection().await.expect("reconnected");
+            if c.is_down().is_none() {
+                return c;
+            }
+            async_io::Timer::after(Duration::from_millis(5)).await;
+        }
+    });
+    assert_eq!(pool.run_until(call(second)).expect("served again"), b"cba");
+    let s = hub.stats();
+    assert_eq!(s.added, 2, "{s:?}");
+    for _ in 0..400 {
+        if hub.stats().connections == 1 {
+            break;
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(5)));
+    }
+    assert_eq!(hub.stats().connections, 1, "the first connection's place was not given back");
+    assert_eq!(client.stats().connects, 2);
+    client.stop();
+}

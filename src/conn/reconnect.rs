@@ -185,6 +185,47 @@ impl<N: Nic + 'static> Reconnecting<N> {
     where
         F: FnMut() -> Result<N, NicError> + Send + 'static,
     {
+        let cfg2 = cfg.clone();
+        let opts2 = opts;
+        Reconnecting::supervise(addr, backoff, move || {
+            let (nic, cfg, opts) = (nics(), cfg2.clone(), opts2.clone());
+            Box::pin(async move {
+                match nic {
+                    Ok(nic) => connect_async(nic, addr, cfg, &opts).await,
+                    Err(e) => Err(SetupError::Nic(e)),
+                }
+            })
+        })
+    }
+
+    /// [`Reconnecting::new`] whose connections run on `hub` (each in a
+    /// protection domain of its own): a client with many reconnecting
+    /// connections polls one completion queue for all of them.
+    pub fn on_hub(
+        addr: SocketAddr,
+        cfg: Config,
+        opts: SetupOptions,
+        backoff: Backoff,
+        hub: super::Hub<N>,
+    ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static) {
+        let opts2 = opts;
+        Reconnecting::supervise(addr, backoff, move || {
+            let (hub, cfg, opts) = (hub.clone(), cfg.clone(), opts2.clone());
+            Box::pin(async move { super::connect_async_on(&hub, addr, cfg, &opts).await })
+        })
+    }
+
+    /// The supervisor over `connect`, which makes one attempt.
+    fn supervise<F>(
+        addr: SocketAddr,
+        backoff: Backoff,
+        mut connect: F,
+    ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static)
+    where
+        F: FnMut() -> futures::future::BoxFuture<'static, Result<super::AsyncConnected<N>, SetupError>>
+            + Send
+            + 'static,
+    {
         let state = Arc::new(Mutex::new(State {
             current: None,
             failures_in_row: 0,
@@ -202,10 +243,7 @@ impl<N: Nic + 'static> Reconnecting<N> {
                     break ReconnectError::Stopped;
                 }
                 state.lock().stats.attempts += 1;
-                let attempt = match nics() {
-                    Ok(nic) => connect_async(nic, addr, cfg.clone(), &opts).await,
-                    Err(e) => Err(SetupError::Nic(e)),
-                };
+                let attempt = connect().await;
                 match attempt {
                     Ok(connected) => {
                         let (conn, run) = connected.run();
