@@ -688,3 +688,33 @@ fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
     assert_eq!(client.stats().connects, 2);
     client.stop();
 }
+
+/// `Hub::set_busy_poll`: an idle hub keeps polling for the window, then
+/// sleeps; without it, it sleeps at once.
+#[test]
+fn a_hub_busy_polls_for_its_window_then_sleeps() {
+    let (_fabric, ch, sh, mut pool) = two_hubs(DeviceConfig::spec(), 1 << 12);
+    let p = Policies::both(Policy::Mw);
+    let ((c, _cd), (s, _sd)) = pair(&ch, &sh, p);
+    pool.spawner().spawn_local(serve(s)).unwrap();
+    let idle_turns = |pool: &mut LocalPool, hub: &Hub<SimNic>, ms: u64| {
+        let (t0, s0) = (hub.stats().turns, hub.stats().sleeps);
+        pool.run_until(async_io::Timer::after(Duration::from_millis(ms)));
+        (hub.stats().turns - t0, hub.stats().sleeps - s0)
+    };
+    // Without a window: a call, then idle: a handful of turns and a sleep.
+    pool.run_until(c.call(b"x", None)).unwrap();
+    let (turns, _) = idle_turns(&mut pool, &ch, 20);
+    assert!(turns < 10, "a hub without busy polling took {turns} turns idle");
+    // With a 2 s window: it keeps polling (turns) without sleeping ...
+    ch.set_busy_poll(Duration::from_secs(2));
+    pool.run_until(c.call(b"x", None)).unwrap();
+    let (turns, sleeps) = idle_turns(&mut pool, &ch, 20);
+    assert!(turns > 100 && sleeps == 0, "{turns} turns and {sleeps} sleeps in the window");
+    // ... and after a short one it sleeps again.
+    ch.set_busy_poll(Duration::from_millis(5));
+    pool.run_until(c.call(b"x", None)).unwrap();
+    pool.run_until(async_io::Timer::after(Duration::from_millis(50)));
+    let (turns, _) = idle_turns(&mut pool, &ch, 50);
+    assert!(turns < 10, "the hub did not sleep after its window: {turns} turns");
+}
