@@ -29,6 +29,42 @@ pub(crate) trait SharedCq: Send + Sync {
     fn retire(&self, qpn: u32, destroy: &mut dyn FnMut());
 }
 
+/// The queue depths a connection's settings need, worked out once (after
+/// [`Config::check`]) for the QP and for the completion queue it uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueSizes {
+    /// Send queue: control SENDs, per buffer a bind, an invalidate and the
+    /// READs of a payload (one per `read_chunk`).
+    pub(crate) send_wrs: u32,
+    /// Completion queue entries the connection may need at once: every
+    /// work request may come back, as a flush if nothing else.
+    pub(crate) cq_entries: u32,
+}
+
+impl QueueSizes {
+    /// Check `cfg` and size its queues.
+    pub(crate) fn of(cfg: &Config) -> Result<QueueSizes, NicError> {
+        cfg.check()?;
+        let layout = Layout::new(cfg);
+        let chunk = u64::from(cfg.read_chunk);
+        let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
+        let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
+        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
+        let send_wrs = u32::try_from(send_wrs).map_err(|_| {
+            NicError::InvalidWr(format!(
+                "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
+            ))
+        })?;
+        let cq_entries = send_wrs.checked_add(cfg.ctrl_slots).ok_or_else(|| {
+            NicError::InvalidWr(format!(
+                "{send_wrs} send work requests and {} receives: fewer buffers, or a larger read_chunk",
+                cfg.ctrl_slots
+            ))
+        })?;
+        Ok(QueueSizes { send_wrs, cq_entries })
+    }
+}
+
 /// Destroy `qp` directly, or through the shared queue's `retire`.
 fn destroy_qp<N: Nic>(
     nic: &N,
@@ -90,9 +126,9 @@ impl<N: Nic> Endpoint<N> {
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
-        let depth = Endpoint::<N>::cq_entries(&cfg)?;
-        let cq = nic.create_cq(depth)?;
-        match Endpoint::prepare_on(nic, cfg, cq, None) {
+        let sizes = QueueSizes::of(&cfg)?;
+        let cq = nic.create_cq(sizes.cq_entries)?;
+        match Endpoint::prepare_on(nic, cfg, sizes, cq, None) {
             Ok(p) => Ok(p),
             Err((nic, e)) => {
                 let _ = nic.destroy_cq(cq);
@@ -101,44 +137,18 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
-    /// The completion queue entries a connection with `cfg` may need at
-    /// once (and its send queue's depth): every work request may come back,
-    /// as a flush if nothing else.
-    pub(crate) fn cq_entries(cfg: &Config) -> Result<u32, NicError> {
-        Ok(Endpoint::<N>::send_wrs(cfg)? + cfg.ctrl_slots)
-    }
-
-    /// Send queue: control SENDs, per buffer a bind, an invalidate and the
-    /// READs of a payload (one per `read_chunk`).
-    fn send_wrs(cfg: &Config) -> Result<u32, NicError> {
-        cfg.check()?;
-        let layout = Layout::new(cfg);
-        let chunk = u64::from(cfg.read_chunk);
-        let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
-        let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
-        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
-        u32::try_from(send_wrs).map_err(|_| {
-            NicError::InvalidWr(format!(
-                "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
-            ))
-        })
-    }
-
-    /// [`Endpoint::prepare`] with a QP on the completion queue `cq`, which
-    /// the endpoint does not own when `shared` is given. On failure the
-    /// NIC comes back with the error.
+    /// [`Endpoint::prepare`] with a QP sized by `sizes` (from the same
+    /// `cfg`) on the completion queue `cq`, which the endpoint does not own
+    /// when `shared` is given. On failure the NIC comes back with the error.
     pub(crate) fn prepare_on(
         nic: N,
         cfg: Config,
+        sizes: QueueSizes,
         cq: CqId,
         shared: Option<std::sync::Arc<dyn SharedCq>>,
     ) -> Result<Prepared<N>, (N, NicError)> {
-        let send_wrs = match Endpoint::<N>::send_wrs(&cfg) {
-            Ok(n) => n,
-            Err(e) => return Err((nic, e)),
-        };
         let mut qcfg = QpConfig::new(cq, cq);
-        qcfg.max_send_wr = send_wrs;
+        qcfg.max_send_wr = sizes.send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
         match nic.create_qp(qcfg) {
