@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::endpoint::SharedCq;
+use super::endpoint::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::{Config, Connection, Driver, Endpoint, Prepared};
 use crate::backend::{Completion, CqId, Nic, NicError};
@@ -268,9 +268,9 @@ impl<N: Nic + 'static> Hub<N> {
     /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
-        let entries = Endpoint::<N>::cq_entries(&cfg)?;
-        self.reserve(entries)?;
-        self.prepare_reserved(nic, cfg, entries)
+        let sizes = QueueSizes::of(&cfg)?;
+        self.reserve(sizes.cq_entries)?;
+        self.prepare_reserved(nic, cfg, sizes)
     }
 
     /// Reserve `entries` of the queue, or refuse with `CqBudget`.
@@ -284,11 +284,13 @@ impl<N: Nic + 'static> Hub<N> {
         Ok(())
     }
 
-    /// [`Hub::prepare`] once `entries` are reserved (given back on failure).
-    fn prepare_reserved(&self, nic: N, cfg: Config, entries: u32) -> Result<Prepared<N>, NicError> {
+    /// [`Hub::prepare`] once `sizes.cq_entries` are reserved (given back on
+    /// failure).
+    fn prepare_reserved(&self, nic: N, cfg: Config, sizes: QueueSizes) -> Result<Prepared<N>, NicError> {
+        let entries = sizes.cq_entries;
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
-        let prepared = match Endpoint::prepare_on(nic, cfg, self.shared.hold.cq, Some(retire)) {
+        let prepared = match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire)) {
             Ok(p) => p,
             Err((_, e)) => {
                 self.shared.routes.lock().reserved -= u64::from(entries);
@@ -365,13 +367,13 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
     nic: N,
     cfg: Config,
 ) -> Result<(Prepared<N>, &Hub<N>), NicError> {
-    let entries = Endpoint::<N>::cq_entries(&cfg)?;
+    let sizes = QueueSizes::of(&cfg)?;
     let mut order: Vec<(usize, &Hub<N>)> = hubs.iter().map(|h| (h.stats().connections, h)).collect();
     order.sort_by_key(|(n, _)| *n);
     let mut refused = None;
     for (_, hub) in order {
-        match hub.reserve(entries) {
-            Ok(()) => return Ok((hub.prepare_reserved(nic, cfg, entries)?, hub)),
+        match hub.reserve(sizes.cq_entries) {
+            Ok(()) => return Ok((hub.prepare_reserved(nic, cfg, sizes)?, hub)),
             Err(e) => refused = Some(e),
         }
     }
@@ -460,6 +462,9 @@ impl<N: Nic> HubDriver<N> {
         // Set once the queue failed (its device is gone): it is polled no
         // more, and every connection on it is taken down.
         let mut failed: Option<NicError> = None;
+        // The `added` count when the connections were last taken down
+        // after the failure.
+        let mut swept_at: Option<u64> = None;
         // Since when turns have found nothing (for the busy-poll window).
         let mut idle_since: Option<Instant> = None;
         loop {
@@ -477,10 +482,13 @@ impl<N: Nic> HubDriver<N> {
                     }
                 }
             }
-            if let Some(e) = &failed {
-                // Every connection, including any added since: each goes
-                // down with the error and ends by its flush grace (no
-                // flush can come), its QP destroyed as evidence.
+            let added = shared.added.load(Ordering::Relaxed);
+            if let Some(e) = failed.as_ref().filter(|_| swept_at != Some(added)) {
+                // Every connection, once, and again only when more were
+                // added since: each goes down with the error and ends by
+                // its flush grace (no flush can come), its QP destroyed as
+                // evidence.
+                swept_at = Some(added);
                 let conns: Vec<Arc<Inner<N>>> =
                     shared.routes.lock().by_qpn.values().filter_map(|r| r.conn.clone()).collect();
                 for c in conns {
