@@ -34,8 +34,33 @@ fn pair(client_hub: &Hub<SimNic>, server_hub: &Hub<SimNic>, p: Policies) -> (Con
     (client_hub.add(c), server_hub.add(s))
 }
 
-/// Serve requests: reply with the request's payload reversed, or (without
-/// one) with `len` bytes of a pattern, `len` read from the header.
+/// A server endpoint prepared on `hub` (a PD of its own) with `scfg`, and
+/// a client endpoint with a CQ of its own on a new PD of `client_nic`,
+/// connected to each other.
+fn server_on_hub(
+    hub: &Hub<SimNic>,
+    client_nic: &SimNic,
+    scfg: Config,
+) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
+    let p = scfg.policies;
+    let mut s = hub.prepare(hub.nic().new_pd().unwrap(), scfg).unwrap().finish(p).unwrap();
+    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    c.connect(&s.local()).unwrap();
+    s.connect(&c.local()).unwrap();
+    (s, c)
+}
+
+/// Run `f` on `pool`, its output dropped (drivers, services).
+fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
+    pool.spawner()
+        .spawn_local(async move {
+            f.await;
+        })
+        .unwrap();
+}
+
+/// Serve requests: reply (header `echo`) with the request's payload
+/// reversed, or with none.
 async fn serve(server: Connection<SimNic>) {
     while let Some(req) = server.next_request().await {
         let mut bytes = match &req.data {
@@ -70,16 +95,8 @@ fn two_hubs(dev: DeviceConfig, depth: u32) -> (Fabric, Hub<SimNic>, Hub<SimNic>,
     let pool = LocalPool::new();
     let (ch, cdrv) = Hub::new(cn, depth).unwrap();
     let (sh, sdrv) = Hub::new(sn, depth).unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            cdrv.run().await;
-        })
-        .unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            sdrv.run().await;
-        })
-        .unwrap();
+    spawn(&pool, cdrv.run());
+    spawn(&pool, sdrv.run());
     (fabric, ch, sh, pool)
 }
 
@@ -97,7 +114,7 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
     let n = 64;
     for i in 0..n {
         let ((c, cd), (s, sd)) = pair(&ch, &sh, policies[i % 3]);
-        pool.spawner().spawn_local(serve(s.clone())).unwrap();
+        spawn(&pool, serve(s.clone()));
         servers.push(s);
         drivers.push((cd, sd));
         clients.push(c);
@@ -168,7 +185,7 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
         let ((c, cd), (s, sd)) = pair(&ch, &sh, p);
         let qpn = s.qp_number();
         *seen.entry(qpn).or_insert(0) += 1;
-        pool.spawner().spawn_local(serve(s.clone())).unwrap();
+        spawn(&pool, serve(s.clone()));
         pool.run_until(async {
             // Calls in flight while the server's QP is torn down: their
             // completions (flushes) are in the shared queue when it goes.
@@ -242,28 +259,15 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let mut pool = LocalPool::new();
     let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            sdrv.run().await;
-        })
-        .unwrap();
+    spawn(&pool, sdrv.run());
     let p = Policies::both(Policy::Confirm); // the region key covers the whole region
-    let server = |hub: &Hub<SimNic>| {
-        let prep = hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap();
-        prep.finish(p).unwrap()
-    };
-    let (mut victim_s, mut attack_s) = (server(&sh), server(&sh));
-    let mut victim_c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    let mut attack_c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    victim_c.connect(&victim_s.local()).unwrap();
-    victim_s.connect(&victim_c.local()).unwrap();
-    attack_c.connect(&attack_s.local()).unwrap();
-    attack_s.connect(&attack_c.local()).unwrap();
+    let (victim_s, victim_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
+    let (attack_s, attack_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
     let secret = victim_s.data_region();
     victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
     let (victim, _vd) = sh.add(victim_s);
     let (_attacked, _ad) = sh.add(attack_s);
-    pool.spawner().spawn_local(serve(victim.clone())).unwrap();
+    spawn(&pool, serve(victim.clone()));
     // The attacker READs the victim's region through its own connection.
     let dst = attack_c.data_region();
     let read = SendWr::Read {
@@ -289,11 +293,7 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     assert_ne!(&seen, b"the victim's bytes");
     // The victim's connection, on the same queue, still serves its client.
     let (vclient, vdrv) = Connection::new(victim_c);
-    pool.spawner()
-        .spawn_local(async move {
-            vdrv.run().await;
-        })
-        .unwrap();
+    spawn(&pool, vdrv.run());
     let r = pool.run_until(async {
         let mut b = vclient.alloc().await.unwrap();
         vclient.write(&mut b, b"abc").unwrap();
@@ -316,32 +316,21 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     let sn = fabric.add_device(DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() }.named("s"));
     let (hub, hub_driver) = Hub::new(sn, 1 << 14).unwrap();
     let p = Policies::both(Policy::Mw);
-    let server =
-        || hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-    let mut old = server();
-    let mut client = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    client.connect(&old.local()).unwrap();
-    old.connect(&client.local()).unwrap();
+    let (old, mut client) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
     // A request lands in the old QP's receive slot; nothing polls the hub.
     client.call(fabric.now(), b"for the old QP only", None).unwrap();
     fabric.run_until_idle();
     client.drive(fabric.now());
     assert_eq!(client.stats().completions, 1, "the request was delivered");
     let old_qpn = old.local().qpn;
-    drop(old); // destroys the QP with its RECV completion still queued
-               // Its number serves the next connection, from another client.
-    let mut new = server();
+    // Dropping it destroys the QP with its RECV completion still queued.
+    drop(old);
+    // Its number serves the next connection, from another client.
+    let (new, _client2) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
     assert_eq!(new.local().qpn, old_qpn, "the device reused the number");
-    let mut client2 = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    client2.connect(&new.local()).unwrap();
-    new.connect(&client2.local()).unwrap();
     let (conn, _driver) = hub.add(new);
     let mut pool = LocalPool::new();
-    pool.spawner()
-        .spawn_local(async move {
-            hub_driver.run().await;
-        })
-        .unwrap();
+    spawn(&pool, hub_driver.run());
     for _ in 0..50 {
         pool.run_until_stalled();
         fabric.run_until_idle();
@@ -366,42 +355,27 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
     let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            sdrv.run().await;
-        })
-        .unwrap();
+    spawn(&pool, sdrv.run());
     let p = Policies::both(Policy::Mw);
     let ka =
         mwcap::conn::Keepalive { interval: Duration::from_millis(50), timeout: Duration::from_millis(150) };
     let connect = |client_nic: &SimNic| {
         let mut scfg = cfg(Role::Server, p);
         scfg.keepalive = Some(ka);
-        let mut s = sh.prepare(sh.nic().new_pd().unwrap(), scfg).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
+        let (s, c) = server_on_hub(&sh, client_nic, scfg);
         let (client, cdrv) = Connection::new(c);
         (client, cdrv, sh.add(s))
     };
     let mut dying = Vec::new();
     for _ in 0..4 {
         let (client, cdrv, (server, sdrv)) = connect(&doomed);
-        pool.spawner().spawn_local(serve(server.clone())).unwrap();
-        pool.spawner()
-            .spawn_local(async move {
-                cdrv.run().await;
-            })
-            .unwrap();
+        spawn(&pool, serve(server.clone()));
+        spawn(&pool, cdrv.run());
         dying.push((client, server, sdrv));
     }
     let (client, cdrv, (server, _sdrv)) = connect(&alive);
-    pool.spawner().spawn_local(serve(server.clone())).unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            cdrv.run().await;
-        })
-        .unwrap();
+    spawn(&pool, serve(server.clone()));
+    spawn(&pool, cdrv.run());
     // Everyone is served once, then the doomed process dies.
     pool.run_until(async {
         for (c, _, _) in &dying {
@@ -447,18 +421,11 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..8 {
-        let mut s = sh.prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
+        let (s, c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
         let (client, cdrv) = Connection::new(c);
-        pool.spawner()
-            .spawn_local(async move {
-                cdrv.run().await;
-            })
-            .unwrap();
+        spawn(&pool, cdrv.run());
         let (server, sdrv) = sh.add(s);
-        pool.spawner().spawn_local(serve(server.clone())).unwrap();
+        spawn(&pool, serve(server.clone()));
         servers.push((server, sdrv));
         clients.push(client);
     }
@@ -582,10 +549,7 @@ fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
     let (hub, driver) = Hub::new(sn.clone(), 1 << 12).unwrap();
-    let mut s = hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-    let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    c.connect(&s.local()).unwrap();
-    s.connect(&c.local()).unwrap();
+    let (s, _client) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
     let server_qp = mwcap::sim::QpAddr { device: sn.device(), qpn: s.local().qpn };
     let cq = s.cq();
     let (server, d) = hub.add(s);
@@ -622,11 +586,7 @@ fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
     let addr = listener.local_addr().unwrap();
     let mut pool = LocalPool::new();
     let (hub, hub_driver) = Hub::new(cn, 1 << 12).unwrap();
-    pool.spawner()
-        .spawn_local(async move {
-            hub_driver.run().await;
-        })
-        .unwrap();
+    spawn(&pool, hub_driver.run());
     let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
     let (client, supervisor) = Reconnecting::on_hub(addr, cfg(Role::Client, p), opts, backoff, hub.clone());
     pool.spawner()
@@ -696,7 +656,7 @@ fn a_hub_busy_polls_for_its_window_then_sleeps() {
     let (_fabric, ch, sh, mut pool) = two_hubs(DeviceConfig::spec(), 1 << 12);
     let p = Policies::both(Policy::Mw);
     let ((c, _cd), (s, _sd)) = pair(&ch, &sh, p);
-    pool.spawner().spawn_local(serve(s)).unwrap();
+    spawn(&pool, serve(s));
     let idle_turns = |pool: &mut LocalPool, hub: &Hub<SimNic>, ms: u64| {
         let (t0, s0) = (hub.stats().turns, hub.stats().sleeps);
         pool.run_until(async_io::Timer::after(Duration::from_millis(ms)));
