@@ -78,6 +78,9 @@ impl Nic for Counting {
     fn new_pd(&self) -> Result<Counting, NicError> {
         Ok(Counting { nic: self.nic.new_pd()?, created: self.created.clone() })
     }
+    fn same_pd(&self) -> Result<Counting, NicError> {
+        Ok(Counting { nic: self.nic.same_pd()?, created: self.created.clone() })
+    }
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
         self.count(self.nic.create_cq(depth))
     }
@@ -104,6 +107,21 @@ impl Nic for Counting {
     }
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
         self.nic.post_recv(qp, wr_id, sge)
+    }
+    fn create_srq(&self, max_wr: u32) -> Result<SrqId, NicError> {
+        self.nic.create_srq(max_wr)
+    }
+    fn destroy_srq(&self, srq: SrqId) -> Result<(), NicError> {
+        self.nic.destroy_srq(srq)
+    }
+    fn post_srq_recv(&self, srq: SrqId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
+        self.nic.post_srq_recv(srq, wr_id, sge)
+    }
+    fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), NicError> {
+        self.nic.arm_srq_limit(srq, limit)
+    }
+    fn take_srq_limit(&self, srq: SrqId) -> Result<bool, NicError> {
+        self.nic.take_srq_limit(srq)
     }
     fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {
         self.nic.poll_cq(cq, out)

@@ -94,6 +94,17 @@ pub trait Nic: Send + Sync {
     where
         Self: Sized;
 
+    /// Another handle on this handle's protection domain. What is made
+    /// through it (regions, windows, queue pairs) is its own and goes with
+    /// it, but it is in the same PD: the PD's keys reach it, and the PD's
+    /// shared receive queues ([`Nic::create_srq`]) serve its queue pairs.
+    /// A [`crate::conn::Hub`] with shared receives puts its connections in
+    /// its own PD this way (which is safe under the mw policy only: see
+    /// the hub's docs).
+    fn same_pd(&self) -> Result<Self, NicError>
+    where
+        Self: Sized;
+
     /// Create a completion queue with room for `depth` entries. It belongs
     /// to the device context: queue pairs of this handle and of its
     /// [`Nic::new_pd`] siblings may use it.
@@ -118,6 +129,27 @@ pub trait Nic: Send + Sync {
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError>;
     /// Post one receive buffer.
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError>;
+
+    /// Create a shared receive queue in this handle's protection domain
+    /// with room for `max_wr` receives. Queue pairs created through this
+    /// handle with [`QpConfig::srq`] take their receives from it: a
+    /// SEND to any of them consumes the oldest receive posted, and its
+    /// completion carries that QP's number on the QP's receive CQ. A QP
+    /// that goes to ERR flushes none of the SRQ's receives.
+    fn create_srq(&self, max_wr: u32) -> Result<SrqId, NicError>;
+    /// Destroy a shared receive queue. Its queue pairs must be gone first;
+    /// the receives still posted are dropped without completions.
+    fn destroy_srq(&self, srq: SrqId) -> Result<(), NicError>;
+    /// Post one receive buffer to a shared receive queue.
+    fn post_srq_recv(&self, srq: SrqId, wr_id: u64, sge: Sge) -> Result<(), NicError>;
+    /// Arm the SRQ limit (`ibv_modify_srq(IBV_SRQ_LIMIT)`): once fewer than
+    /// `limit` receives remain posted, the device raises the limit event
+    /// once and disarms; [`Nic::take_srq_limit`] reports it. 0 disarms.
+    fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), NicError>;
+    /// Whether the SRQ's limit event came since the last call (taking it).
+    /// On verbs this reads the device context's asynchronous events without
+    /// blocking (one `read` that finds none when nothing happened).
+    fn take_srq_limit(&self, srq: SrqId) -> Result<bool, NicError>;
     /// Take completions off a completion queue into `out` (at most
     /// `out.len()`); returns how many. Allocates nothing.
     fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError>;

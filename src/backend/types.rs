@@ -39,6 +39,11 @@ id_type!(
     /// A queue pair of one [`Nic`](super::Nic). Not the QPN: see [`QpEndpoint::qpn`].
     QpId
 );
+id_type!(
+    /// A shared receive queue of one [`Nic`](super::Nic) (and its protection
+    /// domain); see [`Nic::create_srq`](super::Nic::create_srq).
+    SrqId
+);
 
 /// Access rights of a memory region or window.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -166,8 +171,14 @@ pub struct QpConfig {
     pub recv_cq: CqId,
     /// Send queue depth.
     pub max_send_wr: u32,
-    /// Receive queue depth.
+    /// Receive queue depth (ignored when `srq` is set).
     pub max_recv_wr: u32,
+    /// Take receives from this shared receive queue instead of a receive
+    /// queue of the QP's own ([`Nic::post_recv`](super::Nic::post_recv)
+    /// then fails). The SRQ must belong to the QP's protection domain (the
+    /// handle's, or a [`Nic::same_pd`](super::Nic::same_pd) sibling's): rxe
+    /// checks a receive's key against the QP's PD.
+    pub srq: Option<SrqId>,
     /// Scatter entries per work request.
     pub max_sge: u32,
     /// Outstanding READs as requester and responder.
@@ -189,6 +200,7 @@ impl QpConfig {
             max_sge: 4,
             max_rd_atomic: 16,
             rnr_retry: 6,
+            srq: None,
         }
     }
 }
@@ -614,6 +626,15 @@ pub enum NicError {
         reserved: u64,
         /// What the new connection needs.
         wanted: u32,
+    },
+    /// A hub's shared receive queue is at its most and has no room for a
+    /// new connection's initial share.
+    #[error("the hub's shared receive queue holds its most, {max_slots} receives, and its connections' shares take {shares}: serve this connection on another Hub, or raise SrqConfig::max_slots (up to the device's max_srq_wr)")]
+    SrqBudget {
+        /// `SrqConfig::max_slots`.
+        max_slots: u32,
+        /// The connections' shares, summed.
+        shares: u32,
     },
     /// The queue is full.
     #[error("{queue} is full ({depth} entries); poll completions before posting more")]

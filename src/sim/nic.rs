@@ -5,11 +5,11 @@ use parking_lot::MutexGuard;
 
 use super::config::{MwSupport, Progress};
 use super::oracle::{DeviceId, QpAddr};
-use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, World, WrState};
+use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, Srq, World, WrState};
 use super::Fabric;
 use crate::backend::{
     Access, Completion, CpuHold, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError,
-    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge,
+    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge, SrqId,
 };
 
 const ENODEV: i32 = 19;
@@ -115,6 +115,10 @@ impl SimNic {
 
     fn qp_of<'a>(&self, d: &'a Device, qp: QpId) -> Result<&'a Qp, NicError> {
         d.qp(qp.0).filter(|q| q.pd == self.pd).ok_or_else(|| no_such("queue pair", qp.0))
+    }
+
+    fn srq_of<'a>(&self, d: &'a mut Device, srq: SrqId) -> Result<&'a mut Srq, NicError> {
+        d.srq_mut(srq.0).filter(|q| q.pd == self.pd).ok_or_else(|| no_such("shared receive queue", srq.0))
     }
 
     fn mr_of<'a>(&self, d: &'a Device, mr: MrId) -> Result<&'a Mr, NicError> {
@@ -336,6 +340,10 @@ impl Nic for SimNic {
         SimNic::new_pd(self)
     }
 
+    fn same_pd(&self) -> Result<SimNic, NicError> {
+        Ok(self.clone())
+    }
+
     fn create_cq(&self, _depth: u32) -> Result<CqId, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "create_cq")?;
@@ -365,6 +373,9 @@ impl Nic for SimNic {
             if d.cqs.get(cq.0 as usize).and_then(Option::as_ref).is_none() {
                 return Err(no_such("completion queue", cq.0));
             }
+        }
+        if let Some(srq) = cfg.srq {
+            self.srq_of(d, srq)?.users += 1;
         }
         for cq in [cfg.send_cq, cfg.recv_cq] {
             d.cqs[cq.0 as usize].as_mut().expect("checked").users += 1;
@@ -421,6 +432,9 @@ impl Nic for SimNic {
                 c.users -= 1;
             }
         }
+        if let Some(s) = cfg.srq.and_then(|s| d.srq_mut(s.0)) {
+            s.users -= 1;
+        }
         if let Some(q) = d.qps[qp.0 as usize].take() {
             d.by_qpn.remove(&q.qpn);
             if d.cfg.reuse_qpns {
@@ -475,6 +489,13 @@ impl Nic for SimNic {
         if q.state == QpState::Reset {
             return Err(NicError::BadQpState { qp: qp.0, state: q.state, op: "post_recv", needs: "INIT" });
         }
+        if let Some(srq) = q.cfg.srq {
+            return Err(NicError::InvalidWr(format!(
+                "queue pair {} takes its receives from shared receive queue {}: post them there \
+                 (post_srq_recv)",
+                qp.0, srq.0
+            )));
+        }
         if q.rq.len() >= q.cfg.max_recv_wr as usize {
             return Err(NicError::QueueFull { queue: "receive queue", depth: q.cfg.max_recv_wr });
         }
@@ -487,6 +508,56 @@ impl Nic for SimNic {
         }
         self.kick(&mut w, qp);
         Ok(())
+    }
+
+    fn create_srq(&self, max_wr: u32) -> Result<SrqId, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "create_srq")?;
+        if max_wr == 0 {
+            return Err(os("create_srq", EINVAL));
+        }
+        let srq = Srq { pd: self.pd, max_wr, rq: Default::default(), limit: 0, limit_fired: false, users: 0 };
+        d.srqs.push(Some(srq));
+        Ok(SrqId(d.srqs.len() as u32 - 1))
+    }
+
+    fn destroy_srq(&self, srq: SrqId) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "destroy_srq")?;
+        if self.srq_of(d, srq)?.users > 0 {
+            return Err(os("destroy_srq", EBUSY));
+        }
+        d.srqs[srq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: SrqId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "post_srq_recv")?;
+        self.check_sge(d, &sge)?;
+        let q = self.srq_of(d, srq)?;
+        if q.rq.len() >= q.max_wr as usize {
+            return Err(NicError::QueueFull { queue: "shared receive queue", depth: q.max_wr });
+        }
+        q.rq.push_back(RqEntry { wr_id, sge });
+        Ok(())
+    }
+
+    fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "arm_srq_limit")?;
+        let q = self.srq_of(d, srq)?;
+        if limit > q.max_wr {
+            return Err(os("modify_srq", EINVAL));
+        }
+        q.limit = limit;
+        Ok(())
+    }
+
+    fn take_srq_limit(&self, srq: SrqId) -> Result<bool, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "take_srq_limit")?;
+        Ok(std::mem::take(&mut self.srq_of(d, srq)?.limit_fired))
     }
 
     fn poll_cq(&self, cq: CqId, out: &mut [Completion]) -> Result<usize, NicError> {

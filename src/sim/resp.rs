@@ -6,7 +6,7 @@ use std::ops::Range;
 use super::event::{EvKind, Packet, Resp};
 use super::oracle::HazardKind;
 use super::sched::Lane;
-use super::world::{KeyObj, MwState, Served, World, WrState};
+use super::world::{KeyObj, MwState, Served, Srq, World, WrState};
 use crate::backend::{rkey, Access, Completion, QpState, WcOpcode, WcStatus};
 
 /// Why an invalidation failed.
@@ -88,8 +88,15 @@ impl World {
         if dup {
             return self.respond(dev, src, psn, Resp::Ack);
         }
+        let d = &mut self.devs[dev as usize];
+        let srq = d.qp(qp).expect("checked by caller").cfg.srq;
+        let popped = match srq {
+            // A QP on a shared receive queue takes the SRQ's oldest receive.
+            Some(s) => d.srq_mut(s.0).and_then(Srq::pop),
+            None => d.qp_mut(qp).expect("checked by caller").rq.pop_front(),
+        };
         let q = self.devs[dev as usize].qp_mut(qp).expect("checked by caller");
-        let Some(r) = q.rq.pop_front() else {
+        let Some(r) = popped else {
             let qpn = q.qpn;
             self.log(|| format!("dev{dev} qpn {qpn:#x} RNR: no receive posted"));
             return self.respond(dev, src, psn, Resp::RnrNak);
@@ -99,6 +106,9 @@ impl World {
         let d = &self.devs[dev as usize];
         let check = match d.mr(r.sge.mr.0) {
             None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr, true)),
+            // rxe checks a receive's key against the receiving QP's PD, also
+            // for a receive taken from a shared receive queue.
+            Some(mr) if mr.pd != pd => Err((WcStatus::LocProtErr, WcStatus::RemOpErr, false)),
             Some(mr) if !mr.access.contains(Access::LOCAL_WRITE) => {
                 Err((WcStatus::LocProtErr, WcStatus::RemOpErr, false))
             }

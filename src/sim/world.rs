@@ -50,6 +50,7 @@ pub(crate) struct Device {
     pub(crate) mws: Vec<Option<Mw>>,
     pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) qps: Vec<Option<Qp>>,
+    pub(crate) srqs: Vec<Option<Srq>>,
     /// QP number to index in `qps`, for the live QPs.
     pub(crate) by_qpn: std::collections::HashMap<u32, u32>,
     /// Numbers of destroyed QPs, handed out again first when the device
@@ -165,6 +166,33 @@ pub(crate) struct RqEntry {
     pub(crate) sge: Sge,
 }
 
+/// A shared receive queue: receives of one PD that any of its queue pairs
+/// created with [`QpConfig::srq`] consume, oldest first.
+pub(crate) struct Srq {
+    pub(crate) pd: u32,
+    pub(crate) max_wr: u32,
+    pub(crate) rq: VecDeque<RqEntry>,
+    /// Armed limit (0: disarmed): the event fires once fewer remain posted.
+    pub(crate) limit: u32,
+    /// The limit event fired and nobody took it yet.
+    pub(crate) limit_fired: bool,
+    /// Queue pairs using it.
+    pub(crate) users: u32,
+}
+
+impl Srq {
+    /// Take the oldest receive, firing the limit event if that leaves
+    /// fewer than the armed limit (as `ibv_modify_srq(3)` says).
+    pub(crate) fn pop(&mut self) -> Option<RqEntry> {
+        let r = self.rq.pop_front()?;
+        if self.limit > 0 && (self.rq.len() as u32) < self.limit {
+            self.limit = 0;
+            self.limit_fired = true;
+        }
+        Some(r)
+    }
+}
+
 pub(crate) struct Qp {
     pub(crate) pd: u32,
     pub(crate) qpn: u32,
@@ -243,6 +271,7 @@ impl Device {
             mws: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
+            srqs: Vec::new(),
             by_qpn: std::collections::HashMap::new(),
             free_qpns: Vec::new(),
         }
@@ -253,6 +282,9 @@ impl Device {
     }
     pub(crate) fn qp_mut(&mut self, qp: u32) -> Option<&mut Qp> {
         self.qps.get_mut(qp as usize).and_then(Option::as_mut)
+    }
+    pub(crate) fn srq_mut(&mut self, srq: u32) -> Option<&mut Srq> {
+        self.srqs.get_mut(srq as usize).and_then(Option::as_mut)
     }
     pub(crate) fn mr(&self, mr: u32) -> Option<&Mr> {
         self.mrs.get(mr as usize).and_then(Option::as_ref)
