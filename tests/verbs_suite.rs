@@ -983,3 +983,109 @@ mod hub {
         assert_eq!(sh.stats().connections, 0, "{:?}", sh.stats());
     }
 }
+
+/// A shared receive queue on rxe0: one QP of a loopback pair takes its
+/// receives from an SRQ. SENDs to it consume the SRQ's receives in the order
+/// they were posted and complete with the receiving QP's number; the limit
+/// event arrives (asynchronously) once the queue runs below its limit and is
+/// taken once; the QP has no receive queue of its own; and the SRQ cannot
+/// go before its QP does.
+mod srq {
+    use std::time::{Duration, Instant};
+
+    use mwcap::backend::{
+        Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    };
+
+    /// Room per receive in the receiving region.
+    const SLOT: usize = 256;
+
+    #[test]
+    fn srq_receives_complete_in_post_order_and_the_limit_fires_once() {
+        let nic = super::open();
+        let cq_a = nic.create_cq(32).expect("cq a");
+        let cq_b = nic.create_cq(32).expect("cq b");
+        let srq = nic.create_srq(16).expect("create srq");
+        let a = nic.create_qp(QpConfig::new(cq_a, cq_a)).expect("qp a");
+        let b =
+            nic.create_qp(QpConfig { srq: Some(srq), ..QpConfig::new(cq_b, cq_b) }).expect("qp b on the srq");
+        nic.connect_qp(a.id, &b).expect("connect a");
+        nic.connect_qp(b.id, &a).expect("connect b");
+
+        let rx = nic.reg_mr(4 * SLOT, Access::LOCAL_WRITE).expect("rx");
+        let wr_ids = [0x5a00_0001u64, 0x5a00_0002, 0x5a00_0003, 0x5a00_0004];
+        for (k, &wr_id) in wr_ids.iter().enumerate() {
+            nic.post_srq_recv(srq, wr_id, Sge { mr: rx.id, offset: k * SLOT, len: SLOT as u32 })
+                .expect("post to the srq");
+        }
+        // Out of the region: refused before posting, as post_recv does.
+        match nic.post_srq_recv(srq, 99, Sge { mr: rx.id, offset: 4 * SLOT - 8, len: 16 }) {
+            Err(NicError::OutOfRange { mr, .. }) => assert_eq!(mr, rx.id.raw()),
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
+        nic.arm_srq_limit(srq, 3).expect("arm the limit");
+        assert!(!nic.take_srq_limit(srq).expect("take the limit"), "no event before a receive is used");
+
+        let frames: [&[u8]; 2] = [b"first frame", b"the second, longer frame"];
+        let tx = nic.reg_mr(4096, Access::LOCAL_WRITE).expect("tx");
+        let mut sends = Vec::new();
+        for (k, f) in frames.iter().enumerate() {
+            nic.write_mr(tx.id, k * 1024, f).expect("write the frame");
+            sends.push(SendWr::Send {
+                wr_id: 100 + k as u64,
+                signaled: true,
+                sge: SgeList::from([Sge { mr: tx.id, offset: k * 1024, len: f.len() as u32 }]),
+            });
+        }
+        nic.post_send(a.id, &sends).expect("send both frames");
+
+        let mut got = [Completion::EMPTY; 2];
+        super::reap(&nic, cq_b, &mut got);
+        for (k, c) in got.iter().enumerate() {
+            assert_eq!(
+                (c.status, c.opcode, c.qpn, c.wr_id, c.byte_len),
+                (WcStatus::Success, WcOpcode::Recv, b.qpn, wr_ids[k], frames[k].len() as u32),
+                "receive {k}: {c:?}"
+            );
+            let mut bytes = vec![0u8; frames[k].len()];
+            nic.read_mr(rx.id, k * SLOT, &mut bytes).expect("read the receive");
+            assert_eq!(bytes, frames[k], "receive {k}'s bytes");
+        }
+        let mut sent = [Completion::EMPTY; 2];
+        super::reap(&nic, cq_a, &mut sent);
+        for c in &sent {
+            assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send), "{c:?}");
+        }
+
+        // Two of four receives left: below the limit of 3. The event is asynchronous.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !nic.take_srq_limit(srq).expect("take the limit") {
+            assert!(Instant::now() < deadline, "no SRQ limit event within 2 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!nic.take_srq_limit(srq).expect("take the limit"), "the limit event is taken once");
+
+        // The QP has no receive queue of its own.
+        match nic.post_recv(b.id, 7, Sge { mr: rx.id, offset: 0, len: 64 }) {
+            Err(NicError::InvalidWr(m)) => assert!(m.contains("shared receive queue"), "{m}"),
+            other => panic!("expected InvalidWr from post_recv on an SRQ's QP, got {other:?}"),
+        }
+
+        // The SRQ outlives its QP.
+        match nic.destroy_srq(srq) {
+            Err(NicError::Os { .. }) => {}
+            other => panic!("destroying an SRQ a QP uses: expected a busy error, got {other:?}"),
+        }
+        nic.post_srq_recv(srq, 0x5a00_0005, Sge { mr: rx.id, offset: 0, len: SLOT as u32 })
+            .expect("the SRQ is still there");
+        nic.destroy_qp(b.id).expect("destroy qp b");
+        nic.destroy_qp(a.id).expect("destroy qp a");
+        nic.destroy_srq(srq).expect("destroy the SRQ once its QP is gone");
+        assert!(
+            matches!(nic.take_srq_limit(srq), Err(NicError::NoSuchObject { .. })),
+            "a destroyed SRQ is gone"
+        );
+        nic.dereg_mr(rx.id).expect("dereg rx");
+        nic.dereg_mr(tx.id).expect("dereg tx");
+    }
+}

@@ -7,6 +7,7 @@ use rdma_mummy_sys as sys;
 use sys::{ibv_context, ibv_device, ibv_device_cap_flags, ibv_port_state};
 
 use super::error::OpenError;
+use super::event::AsyncEvents;
 use super::sys::{c_chars, check, last_error, mtu_bytes, probe_library};
 use crate::backend::{DeviceInfo, NicError};
 
@@ -15,11 +16,14 @@ use crate::backend::{DeviceInfo, NicError};
 pub struct Context {
     ptr: NonNull<ibv_context>,
     name: String,
+    /// The asynchronous-event state: the SRQ limit flags, and the lock
+    /// that serialises reading `async_fd` (see the `event` module).
+    events: AsyncEvents,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread, concurrently
-// (libibverbs documents all verbs as thread-safe); `Context` has no interior
-// Rust state besides the immutable name.
+// (libibverbs documents all verbs as thread-safe); `Context`'s Rust state is
+// the immutable name and the event state, which is behind a mutex.
 unsafe impl Send for Context {}
 // SAFETY: as above; every method takes `&self` and only calls thread-safe verbs.
 unsafe impl Sync for Context {}
@@ -54,6 +58,8 @@ pub struct DeviceAttrs {
     pub max_qp_wr: u32,
     /// Maximum completion queue entries.
     pub max_cqe: u32,
+    /// Maximum work requests per shared receive queue (0: no SRQs).
+    pub max_srq_wr: u32,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
 }
@@ -156,7 +162,7 @@ impl Context {
         // SAFETY: `dev` belongs to the live list `list`.
         let raw = unsafe { sys::ibv_open_device(dev.as_ptr()) };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_open_device"))?;
-        Ok(Arc::new(Context { ptr, name: dev_name }))
+        Ok(Arc::new(Context { ptr, name: dev_name, events: AsyncEvents::new() }))
     }
 
     /// The device name.
@@ -167,6 +173,18 @@ impl Context {
     /// The raw context, for the other verbs types.
     pub(crate) fn as_ptr(&self) -> *mut ibv_context {
         self.ptr.as_ptr()
+    }
+
+    /// The asynchronous-event state (the `event` module).
+    pub(super) fn async_events(&self) -> &AsyncEvents {
+        &self.events
+    }
+
+    /// The descriptor libibverbs reads asynchronous events from.
+    pub(super) fn async_fd(&self) -> i32 {
+        // SAFETY: the context is open while `self` lives; `async_fd` is set
+        // when it is opened and never changes.
+        unsafe { (*self.as_ptr()).async_fd }
     }
 
     /// Query the device attributes.
@@ -190,6 +208,7 @@ impl Context {
             max_qp_init_rd_atom: nonneg(attr.max_qp_init_rd_atom),
             max_qp_wr: nonneg(attr.max_qp_wr),
             max_cqe: nonneg(attr.max_cqe),
+            max_srq_wr: if attr.max_srq > 0 { nonneg(attr.max_srq_wr) } else { 0 },
             phys_port_cnt: attr.phys_port_cnt,
         })
     }

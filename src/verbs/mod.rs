@@ -9,11 +9,18 @@
 //! # Objects and ownership
 //! Each verbs object is a Rust value holding a `NonNull` to the C object and
 //! an `Arc` to its parent, so a parent can never be destroyed before its
-//! children: [`Context`] ← [`Pd`] ← [`Mr`], [`Mw`], [`Qp`]; [`Context`] ←
-//! [`CompChannel`] ← [`Cq`] ← [`Qp`]. Dropping an object destroys the C
-//! object; `close(self)` does the same but hands the object back with the
-//! error when the verb fails (a region with windows still bound, a CQ still
-//! used by a QP).
+//! children: [`Context`] ← [`Pd`] ← [`Mr`], [`Mw`], [`Srq`], [`Qp`];
+//! [`Context`] ← [`CompChannel`] ← [`Cq`] ← [`Qp`]; [`Srq`] ← [`Qp`].
+//! Dropping an object destroys the C object; `close(self)` does the same but
+//! hands the object back with the error when the verb fails (a region with
+//! windows still bound, a CQ or an SRQ still used by a QP).
+//!
+//! # Asynchronous events
+//! A context's asynchronous events are read only on demand, without
+//! blocking, when an SRQ's limit event is asked for
+//! ([`Srq::take_limit`]): every pending event is read and acknowledged
+//! under one lock per context, limit events raise their SRQ's flag and the
+//! rest are logged at debug level.
 //!
 //! # Memory
 //! A [`Mr`] owns its memory (page-aligned, zeroed) and the CPU touches it only
@@ -44,6 +51,7 @@
 mod cq;
 mod device;
 mod error;
+mod event;
 mod mr;
 mod mw;
 mod nic;
@@ -51,6 +59,7 @@ mod pd;
 mod post;
 mod qp;
 mod slots;
+mod srq;
 mod sys;
 mod track;
 
@@ -63,3 +72,4 @@ pub use nic::VerbsNic;
 pub use pd::Pd;
 pub use post::{PostError, SendChain, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 pub use qp::{PortInfo, Qp};
+pub use srq::Srq;

@@ -1,9 +1,9 @@
 //! [`VerbsNic`]: the [`Nic`] interface over a real verbs device.
 //!
 //! # The hot path
-//! `post_send`, `post_recv`, `poll_cq` and the CPU accessors (`with_mr`,
-//! `write_mr`, ...) allocate nothing and take no lock that covers the
-//! whole handle:
+//! `post_send`, `post_recv`, `post_srq_recv`, `poll_cq` and the CPU
+//! accessors (`with_mr`, `write_mr`, ...) allocate nothing and take no lock
+//! that covers the whole handle:
 //!
 //! - ids resolve through lock-free [`Slots`] tables: one compare-and-swap
 //!   to pin each object the call names (each distinct region and window of
@@ -15,7 +15,12 @@
 //!   and the QP's track mutex only while it records;
 //! - a poll pins the CQ, and for each run of completions of one QP in the
 //!   batch, pins that QP (found through a per-CQ hint, validated) and takes
-//!   its track mutex once. A poll never waits for a post's system call.
+//!   its track mutex once. A poll never waits for a post's system call;
+//! - a post to a shared receive queue pins the queue and the region and
+//!   records nothing (the provider serialises posts to the SRQ).
+//!
+//! `take_srq_limit` takes the device context's event lock (see the `event`
+//! module) for one non-blocking read when no event is pending.
 //!
 //! Creating and destroying objects takes the kind's admin mutex and may
 //! allocate.
@@ -31,13 +36,14 @@ use super::error::OpenError;
 use super::mr::Mr;
 use super::mw::Mw;
 use super::pd::Pd;
-use super::post::{chain_too_long, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
+use super::post::{chain_too_long, srq_recv_error, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
 use super::qp::{PortInfo, Qp};
 use super::slots::{PinSet, Pinned, Removal, Slots};
+use super::srq::Srq;
 use super::track::Track;
 use crate::backend::{
     Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, MAX_SGE,
+    QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, SrqId, MAX_SGE,
 };
 
 /// A queue pair with the record of what was posted on it, used to report
@@ -45,6 +51,9 @@ use crate::backend::{
 /// leaves undefined).
 struct QpSlot {
     qp: Qp,
+    /// The handle that made it ([`VerbsNic::token`]): the only one that
+    /// reaches it by id.
+    owner: u64,
     qpn: u32,
     send_cq: CqId,
     recv_cq: CqId,
@@ -63,8 +72,9 @@ impl QpSlot {
     /// into its table, as [`Slots::remove`] wants: a move, on a cold path).
     #[allow(clippy::result_large_err)]
     fn close(self) -> Result<(), (QpSlot, NicError)> {
-        let QpSlot { qp, qpn, send_cq, recv_cq, sq_post, rq_post, track } = self;
-        qp.close().map_err(|(qp, e)| (QpSlot { qp, qpn, send_cq, recv_cq, sq_post, rq_post, track }, e))
+        let QpSlot { qp, owner, qpn, send_cq, recv_cq, sq_post, rq_post, track } = self;
+        qp.close()
+            .map_err(|(qp, e)| (QpSlot { qp, owner, qpn, send_cq, recv_cq, sq_post, rq_post, track }, e))
     }
 }
 
@@ -77,6 +87,12 @@ const HINTS: usize = 8;
 struct CqSlot {
     cq: Arc<Cq>,
     hints: [AtomicU64; HINTS],
+}
+
+/// A fresh handle identity ([`VerbsNic::token`]).
+fn next_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 fn missing(what: &'static str, id: u32) -> NicError {
@@ -114,13 +130,21 @@ fn relabel(e: NicError, id: MrId) -> NicError {
 pub struct VerbsNic {
     ctx: Arc<Context>,
     pd: Arc<Pd>,
+    /// This handle's identity, unique in the process (its queue pairs carry it).
+    token: u64,
     port: PortInfo,
     attrs: DeviceAttrs,
     info: DeviceInfo,
-    // Teardown order: windows (unbinding them), this PD's queue pairs
-    // (`Drop`), then the fields in declaration order: the shared tables
+    // Teardown order: windows (unbinding them), this handle's queue pairs
+    // (`Drop`), then the fields in declaration order: the PD's shared
+    // receive queues (with the last handle on the PD), the shared tables
     // (with the last sibling: completion queues), then the regions.
     mws: Slots<Mw>,
+    /// The PD's shared receive queues, shared with the [`Nic::same_pd`]
+    /// handles. The `Arc<Srq>`s' other holders are the queue pairs using
+    /// them ([`Qp::srq`]), so a queue outlives its QPs whatever the order
+    /// the handles go in.
+    srqs: Arc<Slots<Arc<Srq>>>,
     shared: Arc<Shared>,
     mrs: Slots<Mr>,
     /// The ids of this handle's queue pairs in `shared.qps` (cold: create
@@ -128,10 +152,10 @@ pub struct VerbsNic {
     own_qps: Mutex<Vec<u32>>,
 }
 
-/// What a handle shares with its [`Nic::new_pd`] siblings: the device
-/// context's completion queues, and the queue pairs, so that a poll of a
-/// shared CQ finds the QP of each completion whichever handle made it. A
-/// handle reaches only its own PD's queue pairs by id.
+/// What a handle shares with its [`Nic::new_pd`] and [`Nic::same_pd`]
+/// siblings: the device context's completion queues, and the queue pairs,
+/// so that a poll of a shared CQ finds the QP of each completion whichever
+/// handle made it. A handle reaches only its own queue pairs by id.
 struct Shared {
     qps: Slots<QpSlot>,
     cqs: Slots<CqSlot>,
@@ -143,6 +167,9 @@ impl Drop for VerbsNic {
         for id in std::mem::take(&mut *self.own_qps.lock()) {
             let _ = self.shared.qps.remove(id, QpSlot::close);
         }
+        // The shared receive queues go next, with the `srqs` field, if this
+        // is the PD's last handle (a queue still held by a QP that could not
+        // be destroyed goes when that QP does).
     }
 }
 
@@ -171,10 +198,12 @@ impl VerbsNic {
         Ok(VerbsNic {
             ctx,
             pd,
+            token: next_token(),
             port,
             attrs,
             info,
             mws: Slots::new(),
+            srqs: Arc::new(Slots::new()),
             shared: Arc::new(Shared { qps: Slots::new(), cqs: Slots::new() }),
             mrs: Slots::new(),
             own_qps: Mutex::new(Vec::new()),
@@ -187,14 +216,36 @@ impl VerbsNic {
         Ok(VerbsNic {
             ctx: self.ctx.clone(),
             pd: Pd::alloc(&self.ctx)?,
+            token: next_token(),
             port: self.port,
             attrs: self.attrs,
             info: self.info.clone(),
             mws: Slots::new(),
+            srqs: Arc::new(Slots::new()),
             shared: self.shared.clone(),
             mrs: Slots::new(),
             own_qps: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Another handle on this handle's protection domain ([`Nic::same_pd`]):
+    /// its regions, windows and queue pairs are its own (reachable by id
+    /// only through it, destroyed when it drops), the PD's shared receive
+    /// queues and the context's completion queues are common.
+    pub fn same_pd(&self) -> VerbsNic {
+        VerbsNic {
+            ctx: self.ctx.clone(),
+            pd: self.pd.clone(),
+            token: next_token(),
+            port: self.port,
+            attrs: self.attrs,
+            info: self.info.clone(),
+            mws: Slots::new(),
+            srqs: self.srqs.clone(),
+            shared: self.shared.clone(),
+            mrs: Slots::new(),
+            own_qps: Mutex::new(Vec::new()),
+        }
     }
 
     /// The device context.
@@ -237,17 +288,17 @@ impl VerbsNic {
         self.mws.pin(id.0).ok_or(missing("memory window", id.0))
     }
 
+    fn srq(&self, id: SrqId) -> Result<Pinned<'_, Arc<Srq>>, NicError> {
+        self.srqs.pin(id.0).ok_or(missing("shared receive queue", id.0))
+    }
+
     fn cq(&self, id: CqId) -> Result<Pinned<'_, CqSlot>, NicError> {
         self.shared.cqs.pin(id.0).ok_or(missing("completion queue", id.0))
     }
 
-    /// One of this PD's queue pairs (a sibling's are not reachable by id).
+    /// One of this handle's queue pairs (a sibling's are not reachable by id).
     fn qp(&self, id: QpId) -> Result<Pinned<'_, QpSlot>, NicError> {
-        self.shared
-            .qps
-            .pin(id.0)
-            .filter(|q| Arc::ptr_eq(q.qp.pd(), &self.pd))
-            .ok_or(missing("queue pair", id.0))
+        self.shared.qps.pin(id.0).filter(|q| q.owner == self.token).ok_or(missing("queue pair", id.0))
     }
 
     /// The QP with number `qpn`, through `cq`'s hint or else a scan.
@@ -295,6 +346,10 @@ impl Nic for VerbsNic {
 
     fn new_pd(&self) -> Result<VerbsNic, NicError> {
         VerbsNic::new_pd(self)
+    }
+
+    fn same_pd(&self) -> Result<VerbsNic, NicError> {
+        Ok(VerbsNic::same_pd(self))
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
@@ -381,25 +436,29 @@ impl Nic for VerbsNic {
             max_rd_atomic: cfg.max_rd_atomic.clamp(1, rd),
             max_sge: cfg.max_sge.clamp(1, a.max_sge.max(1)),
             max_send_wr: cfg.max_send_wr.clamp(1, a.max_qp_wr.max(1)),
-            max_recv_wr: cfg.max_recv_wr.clamp(1, a.max_qp_wr.max(1)),
+            // No receive queue of its own with a shared one.
+            max_recv_wr: if cfg.srq.is_some() { 0 } else { cfg.max_recv_wr.clamp(1, a.max_qp_wr.max(1)) },
             ..cfg
         };
         let qp = {
             let scq = self.cq(cfg.send_cq)?;
             let rcq = self.cq(cfg.recv_cq)?;
-            Qp::create(&self.pd, &scq.cq, &rcq.cq, &cfg, self.port)?
+            // One of the PD's (the Qp keeps an Arc to it).
+            let srq = cfg.srq.map(|id| self.srq(id)).transpose()?;
+            Qp::create(&self.pd, &scq.cq, &rcq.cq, srq.as_deref(), &cfg, self.port)?
         };
         let qpn = qp.qpn();
         let mut endpoint = qp.endpoint(None);
         let cap = (cfg.max_send_wr.max(cfg.max_recv_wr) as usize) * 2;
         let slot = QpSlot {
             qp,
+            owner: self.token,
             qpn,
             send_cq: cfg.send_cq,
             recv_cq: cfg.recv_cq,
             sq_post: Mutex::new(()),
             rq_post: Mutex::new(()),
-            track: Mutex::new(Track::new(cap)),
+            track: Mutex::new(if cfg.srq.is_some() { Track::with_srq(cap) } else { Track::new(cap) }),
         };
         let id = self.shared.qps.insert(slot, qpn).map_err(|_| no_id("create queue pair"))?;
         self.own_qps.lock().push(id);
@@ -420,7 +479,7 @@ impl Nic for VerbsNic {
     }
 
     fn destroy_qp(&self, id: QpId) -> Result<(), NicError> {
-        drop(self.qp(id)?); // one of this PD's
+        drop(self.qp(id)?); // one of this handle's
         self.shared
             .qps
             .remove(id.0, QpSlot::close)
@@ -510,11 +569,62 @@ impl Nic for VerbsNic {
 
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
         let slot = self.qp(qp)?;
+        if slot.qp.srq().is_some() {
+            return Err(srq_recv_error(slot.qpn));
+        }
         let mr = self.mr(sge.mr)?;
         let slice = Slice::new(&mr, sge.offset, sge.len).map_err(|e| relabel(e, sge.mr))?;
         let _order = slot.rq_post.lock();
         slot.track.lock().push_rq(wr_id);
         slot.qp.post_recv(wr_id, &[slice]).inspect_err(|_| slot.track.lock().unpush_rq())
+    }
+
+    fn create_srq(&self, max_wr: u32) -> Result<SrqId, NicError> {
+        if self.attrs.max_srq_wr == 0 {
+            return Err(NicError::Unsupported {
+                op: "ibv_create_srq",
+                detail: "the device reports no shared receive queues".into(),
+            });
+        }
+        if max_wr == 0 {
+            return Err(NicError::Os { op: "ibv_create_srq", source: OsError::from_errno(libc::EINVAL) });
+        }
+        if max_wr > self.attrs.max_srq_wr {
+            return Err(NicError::InvalidWr(format!(
+                "a shared receive queue of {max_wr} receives was asked for and the device holds at most {}",
+                self.attrs.max_srq_wr
+            )));
+        }
+        let srq = Srq::create(&self.pd, max_wr)?;
+        let id = self.srqs.insert(Arc::new(srq), 0).map_err(|_| no_id("create shared receive queue"))?;
+        Ok(SrqId(id))
+    }
+
+    fn destroy_srq(&self, id: SrqId) -> Result<(), NicError> {
+        self.srqs
+            .remove(id.0, |srq| {
+                // Queue pairs hold the other references to the Srq.
+                match Arc::try_unwrap(srq) {
+                    Ok(srq) => srq.close().map_err(|(srq, e)| (Arc::new(srq), e)),
+                    Err(srq) => Err((srq, busy("destroy shared receive queue (queue pairs still use it)"))),
+                }
+            })
+            .map_err(|r| removal(r, "shared receive queue", id.0, "destroy shared receive queue (in use)"))
+    }
+
+    fn post_srq_recv(&self, srq: SrqId, wr_id: u64, sge: Sge) -> Result<(), NicError> {
+        let queue = self.srq(srq)?;
+        let mr = self.mr(sge.mr)?;
+        let slice = Slice::new(&mr, sge.offset, sge.len).map_err(|e| relabel(e, sge.mr))?;
+        queue.post_recv(wr_id, slice)
+    }
+
+    fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), NicError> {
+        self.srq(srq)?.arm_limit(limit)
+    }
+
+    fn take_srq_limit(&self, srq: SrqId) -> Result<bool, NicError> {
+        self.srq(srq)?.take_limit()
     }
 
     fn poll_cq_ready(

@@ -32,6 +32,14 @@ pub(super) fn chain_too_long(n: usize) -> NicError {
     ))
 }
 
+/// The error for a receive posted to a queue pair that takes its receives
+/// from a shared receive queue.
+pub(super) fn srq_recv_error(qpn: u32) -> NicError {
+    NicError::InvalidWr(format!(
+        "queue pair {qpn:#x} takes its receives from a shared receive queue: post them to the SRQ (post_srq_recv)"
+    ))
+}
+
 /// A checked range of a registered region, for a scatter/gather entry.
 #[derive(Clone, Copy, Debug)]
 pub struct Slice<'a> {
@@ -47,7 +55,7 @@ impl<'a> Slice<'a> {
         Ok(Slice { mr, offset, len })
     }
 
-    fn sge(&self) -> sys::ibv_sge {
+    pub(super) fn sge(&self) -> sys::ibv_sge {
         sys::ibv_sge { addr: self.mr.addr() + self.offset as u64, length: self.len, lkey: self.mr.lkey() }
     }
 }
@@ -283,6 +291,9 @@ impl Qp {
     /// Post one receive request with a scatter list of at most
     /// [`MAX_SGE`] slices.
     pub fn post_recv(&self, wr_id: u64, local: &[Slice<'_>]) -> Result<(), NicError> {
+        if self.srq().is_some() {
+            return Err(srq_recv_error(self.qpn()));
+        }
         if local.len() > (self.max_sge() as usize).min(MAX_SGE) {
             return Err(NicError::InvalidWr(format!(
                 "{} scatter entries, the queue pair takes {}",
@@ -390,7 +401,7 @@ impl SendChain<'_> {
 }
 
 /// Providers return an errno, a negated errno, or -1 with `errno` set.
-fn post_errno(rc: i32) -> i32 {
+pub(super) fn post_errno(rc: i32) -> i32 {
     if rc == -1 {
         errno()
     } else {

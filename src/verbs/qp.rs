@@ -8,6 +8,7 @@ use sys::{ibv_access_flags as acc, ibv_qp_attr_mask as mask, ibv_qp_state as qps
 
 use super::cq::Cq;
 use super::pd::Pd;
+use super::srq::Srq;
 use super::sys::{check, last_error, mtu_enum, qp_state};
 use crate::backend::{NicError, QpConfig, QpEndpoint, QpId, QpState};
 
@@ -26,8 +27,8 @@ pub struct PortInfo {
     pub mtu: u32,
 }
 
-/// A reliable-connected queue pair: `struct ibv_qp`. It keeps its PD and its
-/// completion queues alive.
+/// A reliable-connected queue pair: `struct ibv_qp`. It keeps its PD, its
+/// completion queues and its shared receive queue (if any) alive.
 pub struct Qp {
     ptr: NonNull<sys::ibv_qp>,
     port: PortInfo,
@@ -38,6 +39,8 @@ pub struct Qp {
     destroyed: bool,
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
+    /// Where its receives come from, instead of a receive queue of its own.
+    srq: Option<Arc<Srq>>,
     pd: Arc<Pd>,
 }
 
@@ -50,26 +53,45 @@ unsafe impl Sync for Qp {}
 impl Qp {
     /// Create an RC queue pair and move it to INIT. `max_rd_atomic` and the
     /// queue sizes are used as given; clamp them to the device first.
+    ///
+    /// With `srq` the QP takes its receives from that shared receive queue
+    /// (which must be of the same PD): it gets no receive queue of its own
+    /// (`cfg.max_recv_wr` is ignored) and [`Qp::post_recv`] fails. `cfg.srq`
+    /// (an id of the layer above) is not looked at here.
     pub fn create(
         pd: &Arc<Pd>,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
+        srq: Option<&Arc<Srq>>,
         cfg: &QpConfig,
         port: PortInfo,
     ) -> Result<Qp, NicError> {
+        if let Some(s) = srq {
+            if !Arc::ptr_eq(s.pd(), pd) {
+                return Err(NicError::InvalidWr(
+                    "a queue pair and its shared receive queue must be in the same protection domain".into(),
+                ));
+            }
+        }
         // SAFETY: ibv_qp_init_attr holds integers and raw pointers; all-zero
         // (NULL pointers) is a valid value.
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq.as_ptr();
         init.recv_cq = recv_cq.as_ptr();
         init.cap.max_send_wr = cfg.max_send_wr;
-        init.cap.max_recv_wr = cfg.max_recv_wr;
         init.cap.max_send_sge = cfg.max_sge;
-        init.cap.max_recv_sge = cfg.max_sge;
+        match srq {
+            Some(s) => init.srq = s.as_ptr(),
+            None => {
+                init.cap.max_recv_wr = cfg.max_recv_wr;
+                init.cap.max_recv_sge = cfg.max_sge;
+            }
+        }
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
-        // SAFETY: the PD and both CQs are alive and stay alive as long as the
-        // QP (it holds Arcs to them); `init` is valid for the call.
+        // SAFETY: the PD, both CQs and the SRQ (if any) are alive and stay
+        // alive as long as the QP (it holds Arcs to them); `init` is valid
+        // for the call.
         let raw = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_qp"))?;
         let qp = Qp {
@@ -82,6 +104,7 @@ impl Qp {
             destroyed: false,
             send_cq: Arc::clone(send_cq),
             recv_cq: Arc::clone(recv_cq),
+            srq: srq.cloned(),
             pd: Arc::clone(pd),
         };
         let mut a = zeroed_attr();
@@ -127,6 +150,11 @@ impl Qp {
     /// The completion queues (send, receive).
     pub fn cqs(&self) -> (&Arc<Cq>, &Arc<Cq>) {
         (&self.send_cq, &self.recv_cq)
+    }
+
+    /// The shared receive queue it takes its receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<Srq>> {
+        self.srq.as_ref()
     }
 
     /// The protection domain.
@@ -218,6 +246,8 @@ impl Qp {
     }
 
     /// Destroy now, reporting failure. After success no DMA of this QP is in flight.
+    // The QP comes back by value on failure: a move, on a cold path.
+    #[allow(clippy::result_large_err)]
     pub fn close(mut self) -> Result<(), (Qp, NicError)> {
         match self.destroy() {
             Ok(()) => Ok(()),

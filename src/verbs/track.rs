@@ -14,6 +14,9 @@ pub(super) struct Track {
     sq: VecDeque<(u64, WcOpcode)>,
     rq: VecDeque<u64>,
     cap: usize,
+    /// The QP takes its receives from a shared receive queue: none are
+    /// recorded here, and every receive completion is one of the SRQ's.
+    srq: bool,
 }
 
 impl Track {
@@ -21,7 +24,14 @@ impl Track {
     /// a record leaves when its or a later request's completion is polled).
     pub(super) fn new(cap: usize) -> Track {
         let cap = cap.max(1);
-        Track { sq: VecDeque::with_capacity(cap), rq: VecDeque::with_capacity(cap), cap }
+        Track { sq: VecDeque::with_capacity(cap), rq: VecDeque::with_capacity(cap), cap, srq: false }
+    }
+
+    /// Room for `cap` send-queue records, for a queue pair whose receives
+    /// come from a shared receive queue (nothing is posted to its own).
+    pub(super) fn with_srq(cap: usize) -> Track {
+        let cap = cap.max(1);
+        Track { sq: VecDeque::with_capacity(cap), rq: VecDeque::new(), cap, srq: true }
     }
 
     /// Record a send-queue request about to be posted.
@@ -70,6 +80,11 @@ impl Track {
                 }
                 self.sq.drain(..=p);
             }
+        } else if self.srq {
+            // One of the shared receive queue's receives.
+            if !c.status.is_success() {
+                c.opcode = WcOpcode::Recv;
+            }
         } else if let Some(p) = self.rq.iter().position(|id| *id == c.wr_id) {
             if !c.status.is_success() {
                 c.opcode = WcOpcode::Recv;
@@ -117,5 +132,20 @@ mod tests {
         let mut c = flushed(2);
         t.settle(&mut c, Some(true));
         assert_eq!(c.opcode, WcOpcode::Other(0), "a refused request is forgotten");
+    }
+
+    #[test]
+    fn a_failed_receive_of_a_shared_queue_is_a_receive() {
+        let mut t = Track::with_srq(4);
+        t.push_sq(5, WcOpcode::Send);
+        let mut c = flushed(40);
+        t.settle(&mut c, None);
+        assert_eq!(c.opcode, WcOpcode::Recv, "not in the send queue: the SRQ's");
+        let mut c = flushed(5);
+        t.settle(&mut c, None);
+        assert_eq!(c.opcode, WcOpcode::Send);
+        let mut c = flushed(41);
+        t.settle(&mut c, Some(false));
+        assert_eq!(c.opcode, WcOpcode::Recv);
     }
 }
