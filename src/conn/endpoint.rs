@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
-use super::frame::MAX_FRAME;
+use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use super::pool::Layout;
-use super::proto::{Command, Connection, Resources};
+use super::proto::{self, Command, Connection, Resources};
+use super::srq::{self, Regrant, SharedReceives};
 use super::types::*;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
 
@@ -97,6 +98,11 @@ pub struct Endpoint<N: Nic> {
     /// The completion queue is shared with other endpoints (see
     /// [`SharedCq`]); `None`: it is this endpoint's own.
     shared: Option<std::sync::Arc<dyn SharedCq>>,
+    /// The hub's shared receive queue the QP takes its receives from;
+    /// `None`: a receive queue of its own.
+    srq: Option<std::sync::Arc<SharedReceives<N>>>,
+    /// The share of `srq` went back with the QP.
+    share_released: bool,
     /// Where `drive` polls completions into.
     batch: Vec<Completion>,
     /// Where a received frame is copied out of its receive slot to be
@@ -128,7 +134,7 @@ impl<N: Nic> Endpoint<N> {
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;
-        match Endpoint::prepare_on(nic, cfg, sizes, cq, None) {
+        match Endpoint::prepare_on(nic, cfg, sizes, cq, None, None) {
             Ok(p) => Ok(p),
             Err((nic, e)) => {
                 let _ = nic.destroy_cq(cq);
@@ -139,21 +145,36 @@ impl<N: Nic> Endpoint<N> {
 
     /// [`Endpoint::prepare`] with a QP sized by `sizes` (from the same
     /// `cfg`) on the completion queue `cq`, which the endpoint does not own
-    /// when `shared` is given. On failure the NIC comes back with the error.
+    /// when `shared` is given, taking its receives from `srq` when given
+    /// (`nic` then in the SRQ's PD), whose initial share it takes. On
+    /// failure the NIC comes back with the error.
     pub(crate) fn prepare_on(
         nic: N,
         cfg: Config,
         sizes: QueueSizes,
         cq: CqId,
         shared: Option<std::sync::Arc<dyn SharedCq>>,
+        srq: Option<std::sync::Arc<SharedReceives<N>>>,
     ) -> Result<Prepared<N>, (N, NicError)> {
         let mut qcfg = QpConfig::new(cq, cq);
         qcfg.max_send_wr = sizes.send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
+        if let Some(s) = &srq {
+            if let Err(e) = s.admit() {
+                return Err((nic, e));
+            }
+            qcfg.srq = Some(s.id());
+            qcfg.max_recv_wr = 0;
+        }
         match nic.create_qp(qcfg) {
-            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared }),
-            Err(e) => Err((nic, e)),
+            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq }),
+            Err(e) => {
+                if let Some(s) = &srq {
+                    s.release(INITIAL_CREDITS);
+                }
+                Err((nic, e))
+            }
         }
     }
 
@@ -208,7 +229,11 @@ impl<N: Nic> Endpoint<N> {
     /// Connect to the peer's endpoint (QP to RTS) and post the receive buffers.
     pub fn connect(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
         self.nic.connect_qp(self.local.id, peer)?;
-        self.conn.start();
+        if self.srq.is_some() {
+            self.conn.start_shared();
+        } else {
+            self.conn.start();
+        }
         self.run();
         match self.conn.is_down() {
             Some(LossReason::Nic(e)) => Err(e.clone()),
@@ -544,9 +569,14 @@ impl<N: Nic> Endpoint<N> {
     /// and post what it asks for.
     pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
         let mut scratch = std::mem::take(&mut self.scratch);
-        let _in = self.span.enter();
+        let span = self.span.clone();
+        let _in = span.enter();
         for c in completions {
             scratch.clear();
+            if let (Some(srq), Some(slot)) = (&self.srq, srq::slot_of(c.wr_id)) {
+                self.shared_receive(now, srq.clone(), slot, c, &mut scratch);
+                continue;
+            }
             if let Some((offset, len)) = self.conn.received_frame(c) {
                 // Copied once out of the receive slot (which is re-posted
                 // right after) into the scratch kept for the endpoint's life.
@@ -561,6 +591,53 @@ impl<N: Nic> Endpoint<N> {
         drop(_in);
         self.scratch = scratch;
         self.run();
+    }
+
+    /// A completion of a receive of the hub's shared queue: copy the frame
+    /// out, post the receive again at once, hand the frame to the
+    /// connection, and grant its receive again (or more, or none: see
+    /// [`SharedReceives::regrant`]).
+    fn shared_receive(
+        &mut self,
+        now: Duration,
+        srq: std::sync::Arc<SharedReceives<N>>,
+        slot: u32,
+        c: &Completion,
+        scratch: &mut Vec<u8>,
+    ) {
+        if c.status.is_success() {
+            if let Err(e) = srq.copy_frame(slot, c.byte_len as usize, scratch) {
+                self.conn.post_failed(&Command::SetQpError, e);
+            }
+        }
+        if let Err(e) = srq.repost(slot) {
+            // The queue has one receive fewer; the shares still fit it, as
+            // the limit event will tell if they do not.
+            tracing::warn!(%e, slot, "posting a shared receive again");
+        }
+        let mut own = *c;
+        own.wr_id = proto::SHARED_RECV_WR_ID;
+        self.conn.handle_completion(now, &own, scratch);
+        if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
+            let share = self.conn.receive_share();
+            match srq.regrant(share, self.conn.config().ctrl_slots) {
+                Regrant::Same => self.conn.grant_receives(1, 0),
+                Regrant::Grow => self.conn.grant_receives(2, 1),
+                Regrant::Withhold => {
+                    let kept = self.conn.withhold_receive();
+                    debug_assert!(kept, "regrant withholds only above the least share");
+                }
+            }
+        }
+    }
+
+    /// The QP is gone: no frame takes a shared receive for it any more, so
+    /// its share goes back to the hub's queue (once).
+    fn release_share(&mut self) {
+        if let Some(s) = self.srq.as_ref().filter(|_| !self.share_released) {
+            s.release(self.conn.receive_share());
+            self.share_released = true;
+        }
     }
 
     // ---- calls ----
@@ -736,6 +813,7 @@ impl<N: Nic> Endpoint<N> {
             tracing::warn!(%e, "destroy QP");
         }
         self.destroyed = true;
+        self.release_share();
         self.conn.handle_qp_destroyed(now);
         self.run();
     }
@@ -749,6 +827,7 @@ pub struct Prepared<N: Nic> {
     cq: CqId,
     local: QpEndpoint,
     shared: Option<std::sync::Arc<dyn SharedCq>>,
+    srq: Option<std::sync::Arc<SharedReceives<N>>>,
 }
 
 impl<N: Nic> Prepared<N> {
@@ -778,7 +857,18 @@ impl<N: Nic> Prepared<N> {
         // QP and the CQ; `Resources` cleans up what was made so far.
         let nic = self.nic.as_ref().expect("finish runs once");
         let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
-        let ctrl = made.reg(MAX_FRAME * 2 * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
+        if self.srq.is_some() && (cfg.policies.request != Policy::Mw || cfg.policies.reply != Policy::Mw) {
+            return Err(NicError::InvalidWr(format!(
+                "a Hub with shared receives serves the mw policy only, and this connection's policies \
+                 are {:?} (requests) and {:?} (replies): under confirm a region's key would reach every \
+                 connection's memory in the hub's protection domain; serve confirm clients on a Hub \
+                 without shared receives (Hub::new), or require Policy::Mw",
+                cfg.policies.request, cfg.policies.reply
+            )));
+        }
+        // Send slots, then (with a receive queue of its own) receive slots.
+        let halves = if self.srq.is_some() { 1 } else { 2 };
+        let ctrl = made.reg(MAX_FRAME * halves * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
         let layout = Layout::new(&cfg);
         let data = made.reg(layout.bytes() as usize, access)?;
         if owns == Policy::Mw {
@@ -811,6 +901,8 @@ impl<N: Nic> Prepared<N> {
             access,
             windows,
             shared: self.shared.take(),
+            srq: self.srq.take(),
+            share_released: false,
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),
@@ -856,6 +948,9 @@ impl<N: Nic> Drop for Prepared<N> {
     fn drop(&mut self) {
         if let Some(nic) = self.nic.take() {
             let _ = destroy_qp(&nic, self.shared.as_ref(), &self.local);
+            if let Some(s) = &self.srq {
+                s.release(INITIAL_CREDITS);
+            }
             if self.shared.is_none() {
                 let _ = nic.destroy_cq(self.cq);
             }
@@ -876,6 +971,7 @@ impl<N: Nic> Drop for Endpoint<N> {
         if !self.destroyed {
             let _ = destroy_qp(&self.nic, self.shared.as_ref(), &self.local);
         }
+        self.release_share();
         let _ = self.nic.dereg_mr(self.data.id);
         let _ = self.nic.dereg_mr(self.ctrl.id);
         for r in self.conn.region_infos() {

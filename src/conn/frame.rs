@@ -37,7 +37,11 @@ const VERSION: u8 = 2;
 pub const CREDIT_AT: usize = 2;
 /// Receives every endpoint has posted for its peer before the connection
 /// starts: the credit each side may spend before its peer's first grant.
-/// (`Config::ctrl_slots` may not be smaller.)
+/// (`Config::ctrl_slots` may not be smaller.) Also the least a
+/// connection's share of a shared receive queue can be: a side down to its
+/// last credit is then owed at least 7, past the threshold at which its
+/// peer sends a `Credit` frame (half the share, at least 2), which itself
+/// never causes another.
 pub const INITIAL_CREDITS: u32 = 8;
 /// Request flag: a 16-byte trace id follows.
 const FLAG_TRACE: u8 = 1;

@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 
 use super::endpoint::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
+use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{Config, Connection, Driver, Endpoint, Prepared};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::handle::Doorbell;
@@ -82,6 +83,9 @@ pub struct HubStats {
     pub connection_turns: u64,
     /// Times the driver slept (queue armed, waiting).
     pub sleeps: u64,
+    /// The shared receive queue, on a hub with shared receives
+    /// ([`Hub::with_shared_receives`]).
+    pub srq: Option<SrqStats>,
 }
 
 /// The hub's completion queue and the handle it was made on; destroyed
@@ -102,6 +106,9 @@ impl<N: Nic> Drop for CqHold<N> {
 
 struct Shared<N: Nic> {
     hold: Arc<CqHold<N>>,
+    /// The shared receive queue its connections take their receives from,
+    /// if it has one.
+    srq: Option<Arc<SharedReceives<N>>>,
     depth: u32,
     epoch: Instant,
     routes: Mutex<Routes<N>>,
@@ -233,9 +240,35 @@ impl<N: Nic + 'static> Hub<N> {
     /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
     /// with [`NicError::CqTooDeep`].
     pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+        Hub::make(nic, depth, None)
+    }
+
+    /// A hub whose connections take their control receives from one shared
+    /// receive queue (see the [module docs](self) and [`SrqConfig`]): an
+    /// idle connection holds 8 receives of 4 KiB instead of `ctrl_slots`,
+    /// and a busy one up to `ctrl_slots`. Its connections are in the hub's
+    /// protection domain ([`Hub::connection_nic`]), so it serves the mw
+    /// policy only: a connection that negotiates confirm in either
+    /// direction fails to finish, with an error that says so.
+    pub fn with_shared_receives(
+        nic: N,
+        depth: u32,
+        srq: SrqConfig,
+    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+        let conn_nic = nic.same_pd()?;
+        let srq = SharedReceives::new(conn_nic, srq)?;
+        Hub::make(nic, depth, Some(Arc::new(srq)))
+    }
+
+    fn make(
+        nic: N,
+        depth: u32,
+        srq: Option<Arc<SharedReceives<N>>>,
+    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
+            srq,
             depth,
             epoch: Instant::now(),
             routes: Mutex::new(Routes {
@@ -257,10 +290,27 @@ impl<N: Nic + 'static> Hub<N> {
         Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
     }
 
-    /// The handle the hub's completion queue was created on; give each
-    /// connection `hub.nic().new_pd()?`.
+    /// The handle the hub's completion queue was created on. Give each
+    /// connection [`Hub::connection_nic`].
     pub fn nic(&self) -> &N {
         &self.shared.hold.nic
+    }
+
+    /// The NIC handle for a new connection on this hub: a protection domain
+    /// of its own ([`Nic::new_pd`]), or on a hub with shared receives a
+    /// handle on the hub's PD ([`Nic::same_pd`]), where its QP can take
+    /// receives from the hub's queue.
+    pub fn connection_nic(&self) -> Result<N, NicError> {
+        match &self.shared.srq {
+            Some(_) => self.shared.hold.nic.same_pd(),
+            None => self.shared.hold.nic.new_pd(),
+        }
+    }
+
+    /// Whether the hub's connections take their receives from a shared
+    /// receive queue ([`Hub::with_shared_receives`]).
+    pub fn has_shared_receives(&self) -> bool {
+        self.shared.srq.is_some()
     }
 
     /// [`Endpoint::prepare`] on the hub's completion queue: the QP, with
@@ -290,7 +340,8 @@ impl<N: Nic + 'static> Hub<N> {
         let entries = sizes.cq_entries;
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
-        let prepared = match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire)) {
+        let srq = self.shared.srq.clone();
+        let prepared = match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq) {
             Ok(p) => p,
             Err((_, e)) => {
                 self.shared.routes.lock().reserved -= u64::from(entries);
@@ -393,6 +444,7 @@ impl<N: Nic> Shared<N> {
             turns: self.turns.load(Ordering::Relaxed),
             connection_turns: self.connection_turns.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
+            srq: self.srq.as_ref().map(|s| s.stats()),
         }
     }
 }
@@ -475,7 +527,13 @@ impl<N: Nic> HubDriver<N> {
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
                 match shared.poll(&mut routes) {
-                    Ok(n) => busy |= n > 0,
+                    Ok(n) => {
+                        busy |= n > 0;
+                        if let Some(srq) = shared.srq.as_ref().filter(|_| n > 0) {
+                            // Receives were taken: most in use at once?
+                            srq.check_limit();
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(%e, "the hub's completion queue failed; its connections go down");
                         failed = Some(e);

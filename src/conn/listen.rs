@@ -175,7 +175,7 @@ impl<N: Nic + 'static> Listener<N> {
     /// queue and one driver for all of them; see [`super::Hub`]) instead
     /// of each on its own. `nics` must then give siblings of the hub's
     /// handle, each a protection domain of its own:
-    /// `move || hub.nic().new_pd()`. The [`AsyncConnected::driver`] of
+    /// `move || hub.connection_nic()`. The [`AsyncConnected::driver`] of
     /// such a connection only waits for its end; spawn the
     /// [`super::HubDriver`] once. A client the hub has no room for
     /// ([`NicError::CqBudget`]) fails its handshake, and only that client.
@@ -291,7 +291,7 @@ pub async fn connect_async<N: Nic + 'static>(
 }
 
 /// [`connect_async`] for a connection that runs on `hub` (in a protection
-/// domain of its own, `hub.nic().new_pd()`): a client process with many
+/// domain of its own, `hub.connection_nic()`): a client process with many
 /// connections polls one completion queue for all of them. Spawn the
 /// [`super::HubDriver`] once; each connection's
 /// [`AsyncConnected::driver`] only waits for its end.
@@ -302,7 +302,7 @@ pub async fn connect_async_on<N: Nic + 'static>(
     opts: &SetupOptions,
 ) -> Result<AsyncConnected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Client);
-    let nic = hub.nic().new_pd()?;
+    let nic = hub.connection_nic()?;
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
     finish_setup_async(nic, cfg, serve, authed, opts, std::slice::from_ref(hub)).await

@@ -60,6 +60,7 @@ pub mod proto;
 mod reconnect;
 mod setup;
 mod simpair;
+mod srq;
 mod types;
 
 pub use crate::ProbeCache;
@@ -79,4 +80,5 @@ pub use setup::{
 #[cfg(not(loom))]
 pub use setup::{accept_on, connect_on};
 pub use simpair::SimPair;
+pub use srq::{SrqConfig, SrqStats};
 pub use types::*;

@@ -257,7 +257,7 @@ pub fn accept_with<N: Nic>(
 
 /// [`connect_with`] for a connection that will run on `hub`: its queue
 /// pair completes on the hub's queue and lives in a protection domain of
-/// its own (`hub.nic().new_pd()`). Run it with [`Hub::add`](super::Hub::add).
+/// its own (`hub.connection_nic()`). Run it with [`Hub::add`](super::Hub::add).
 #[cfg(not(loom))]
 pub fn connect_on<N: Nic + 'static>(
     hub: &super::Hub<N>,
@@ -266,7 +266,7 @@ pub fn connect_on<N: Nic + 'static>(
     opts: &SetupOptions,
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Client);
-    let nic = hub.nic().new_pd()?;
+    let nic = hub.connection_nic()?;
     let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
     let authed = bootstrap::authenticate_client(addr, &opts.auth, opts.timeout)?;
     let prepared = hub.prepare(nic, cfg.clone())?;
@@ -287,7 +287,7 @@ pub fn accept_on<N: Nic + 'static>(
 ) -> Result<Connected<N>, SetupError> {
     debug_assert_eq!(cfg.role, Role::Server);
     let authed = bootstrap::authenticate_server(listener, &opts.auth, opts.timeout)?;
-    let nic = hub.nic().new_pd()?;
+    let nic = hub.connection_nic()?;
     let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
     let prepared = hub.prepare(nic, cfg.clone())?;
     finish_prepared(prepared, cfg, serve, authed, opts.timeout)

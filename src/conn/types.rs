@@ -623,6 +623,10 @@ pub struct ConnStats {
     pub credits: u32,
     /// Flow control: receives we posted and have not yet told the peer of.
     pub credits_owed: u32,
+    /// Flow control: the receives this side keeps for its peer (granted,
+    /// in flight or owed): `ctrl_slots`, or on a hub with shared receives
+    /// the connection's current share of the hub's queue.
+    pub receive_share: u32,
     /// Flow control: times a call or reply found no credit and waited, or a
     /// protocol message was queued until credit came.
     pub credit_waits: u64,

@@ -68,12 +68,12 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
         let (sh, sd) = Hub::new(sn, 1 << 16).map_err(err)?;
         let p = cfg(Role::Client).policies;
         let mut ce = ch
-            .prepare(ch.nic().new_pd().map_err(err)?, cfg(Role::Client))
+            .prepare(ch.connection_nic().map_err(err)?, cfg(Role::Client))
             .map_err(err)?
             .finish(p)
             .map_err(err)?;
         let mut se = sh
-            .prepare(sh.nic().new_pd().map_err(err)?, cfg(Role::Server))
+            .prepare(sh.connection_nic().map_err(err)?, cfg(Role::Server))
             .map_err(err)?
             .finish(p)
             .map_err(err)?;

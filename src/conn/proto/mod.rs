@@ -54,8 +54,13 @@ const TAG_FB_CLIENT: u8 = 0xd1;
 const TAG_FB_SERVER: u8 = 0xd2;
 const LOW56: u64 = (1 << 56) - 1;
 
-fn wr(tag: u8, low: u64) -> u64 {
-    (u64::from(tag) << 56) | (low & LOW56)
+/// The `wr_id` under which a frame received through a shared receive
+/// queue is handed to [`Connection::handle_completion`] (see
+/// [`Connection::start_shared`]).
+pub const SHARED_RECV_WR_ID: u64 = wr(TAG_RECV, 0);
+
+const fn wr(tag: u8, low: u64) -> u64 {
+    ((tag as u64) << 56) | (low & LOW56)
 }
 
 fn tag_of(wr_id: u64) -> u8 {
@@ -282,6 +287,14 @@ pub struct Connection {
     credits: u32,
     /// Flow control: receives posted and not yet granted to the peer.
     owed: u32,
+    /// Flow control: the receives this side keeps for its peer (granted,
+    /// in flight, or owed). `ctrl_slots` with a receive queue of the QP's
+    /// own; on a shared receive queue ([`Connection::start_shared`]) the
+    /// share its owner gives the connection ([`Connection::grant_receives`],
+    /// [`Connection::withhold_receive`]).
+    share: u32,
+    /// Receives come from a shared receive queue: nothing is posted here.
+    shared_receives: bool,
     /// Frames waiting for credit or a send slot, oldest first: (start,
     /// length) in `backlog_bytes`, encoded with no credit (the grant is
     /// written at [`CREDIT_AT`] when the frame goes).
@@ -354,6 +367,8 @@ impl Connection {
             sends: Slots::new(cfg.ctrl_slots),
             credits: 0,
             owed: 0,
+            share: cfg.ctrl_slots,
+            shared_receives: false,
             backlog: VecDeque::new(),
             backlog_bytes: Vec::new(),
             bufs: Slots::with_classes(&layout.counts()),
@@ -432,6 +447,52 @@ impl Connection {
         }
         self.credits = INITIAL_CREDITS;
         self.owed = self.cfg.ctrl_slots - INITIAL_CREDITS;
+    }
+
+    /// [`Connection::start`] for a QP that takes its receives from a
+    /// shared receive queue its owner posts (a
+    /// [`Hub`](crate::conn::Hub) with shared receives): nothing is posted
+    /// here, the peer may send [`INITIAL_CREDITS`] frames, and the
+    /// connection's share of the queue is that many until the owner
+    /// changes it. A received frame's receive is not re-granted by itself:
+    /// the owner calls [`Connection::grant_receives`] (or
+    /// [`Connection::withhold_receive`]) for each.
+    ///
+    /// Its completions arrive as for a receive of its own
+    /// (`TAG_RECV`): the owner copies the frame out of its slot and passes
+    /// the bytes to [`Connection::handle_completion`].
+    pub fn start_shared(&mut self) {
+        self.shared_receives = true;
+        self.credits = INITIAL_CREDITS;
+        self.share = INITIAL_CREDITS;
+        self.owed = 0;
+    }
+
+    /// Shared receives: grant the peer `n` more receives (its share grows
+    /// by `n - 1` when called for one received frame with `n` above 1).
+    /// They go with the next frame out, or in a `Credit` frame once they
+    /// are half the share.
+    pub fn grant_receives(&mut self, n: u32, grows: u32) {
+        self.owed += n;
+        self.share += grows;
+        self.dirty = true;
+        self.maybe_grant();
+    }
+
+    /// Shared receives: the receive of a frame just received goes back to
+    /// the owner instead of the peer (the share shrinks by one). Refused
+    /// (false) at [`INITIAL_CREDITS`]: below it flow control could stall.
+    pub fn withhold_receive(&mut self) -> bool {
+        if self.share <= INITIAL_CREDITS {
+            return false;
+        }
+        self.share -= 1;
+        true
+    }
+
+    /// The receives this side keeps for its peer (see `share`).
+    pub fn receive_share(&self) -> u32 {
+        self.share
     }
 
     /// Why the connection is down, if it is.
@@ -832,6 +893,7 @@ impl Connection {
             buffers_reading: count(Holder::Reading),
             credits: self.credits,
             credits_owed: self.owed,
+            receive_share: self.share,
             ..self.stats
         }
     }
@@ -923,7 +985,7 @@ impl Connection {
     /// region: (offset, length). Hand those bytes to
     /// [`Connection::handle_completion`].
     pub fn received_frame(&self, c: &Completion) -> Option<(usize, usize)> {
-        (tag_of(c.wr_id) == TAG_RECV && c.status.is_success())
+        (tag_of(c.wr_id) == TAG_RECV && c.status.is_success() && !self.shared_receives)
             .then(|| (self.recv_offset((c.wr_id & LOW56) as u32), (c.byte_len as usize).min(MAX_FRAME)))
     }
 
@@ -974,7 +1036,7 @@ impl Connection {
             TAG_RECV => {
                 if c.status.is_success() {
                     self.on_recv(now, frame, c.invalidated_rkey);
-                    if self.down.is_none() {
+                    if self.down.is_none() && !self.shared_receives {
                         self.post_recv(low as u32);
                         self.owed += 1; // granted with the next frame out
                     }
@@ -1521,9 +1583,10 @@ impl Connection {
     /// another by itself.) A `Credit` frame may spend our last credit, so
     /// that two sides that both wait for credit always get it: a side
     /// with at most one credit left means its peer owes it at least
-    /// `ctrl_slots - 1`, past the threshold.
+    /// `share - 1` (at least [`INITIAL_CREDITS`]` - 1`), past the
+    /// threshold.
     fn maybe_grant(&mut self) {
-        let threshold = (self.cfg.ctrl_slots / 2).max(2);
+        let threshold = (self.share / 2).max(2);
         if self.down.is_none() && self.owed >= threshold && self.can_send(1) {
             self.stats.credit_frames += 1;
             if let Err(e) = self.send_frame(&Frame::Credit, None) {

@@ -1,0 +1,316 @@
+//! A hub's shared receive queue for control frames ([`SharedReceives`]).
+//!
+//! With a receive queue of its own, every connection keeps `ctrl_slots`
+//! receives of 4 KiB posted, busy or idle. On a hub with shared receives
+//! its connections' QPs take their receives from one SRQ, and each
+//! connection has a *share* of it: the receives its peer may have in use
+//! (granted credit, frames in flight, frames waiting to be granted back).
+//! A share starts at [`INITIAL_CREDITS`] (what a peer may send before its
+//! first grant), grows by one each time the connection receives a frame
+//! while more receives than that are free (up to the connection's
+//! `ctrl_slots`), and shrinks back towards [`INITIAL_CREDITS`] while fewer
+//! are, by not granting a received frame's receive again: the queue keeps
+//! room for the next connection. So memory
+//! follows load: an idle connection holds 32 KiB of receives (8), not
+//! `ctrl_slots` (64 by default: 256 KiB).
+//!
+//! # No receiver-not-ready in normal operation
+//! The shares never add up to more than the receives the queue holds
+//! (posted, or taken by a frame being handed to its connection, which
+//! re-posts it at once). A peer that keeps to its credit therefore always
+//! finds a receive. A peer that sends beyond its credit is detected by its
+//! connection (which goes down); until then it takes receives of the
+//! shared pool, and the SRQ's limit event makes the hub add receives.
+//!
+//! # Growth
+//! Receives are registered in chunks (one region of `chunk` slots each),
+//! up to `max_slots`: when a new connection's initial share does not fit,
+//! when a connection that could grow receives a frame while no receive is
+//! free, and when the SRQ's limit event (armed at an eighth of the queue)
+//! says that most receives are in use at once. A connection that finds the queue at
+//! `max_slots` with no room for its initial share is refused with
+//! [`NicError::SrqBudget`].
+//!
+//! # Isolation
+//! rxe checks a receive's key against the receiving QP's protection
+//! domain, so the QPs on one SRQ are in the SRQ's PD. A peer can then use
+//! a key of another connection's memory through its own QP if that memory
+//! lets remote READs in: under the confirm policy it does (the region's
+//! rkey), under the mw policy it does not (regions only allow binds, and a
+//! type-2 window is scoped to its connection's QP). A hub with shared
+//! receives therefore serves mw connections only, and keeps each
+//! connection's regions its own (a window that does not enforce its bounds,
+//! as on rxe, reaches only its own connection's region).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
+
+/// The top byte of a shared receive's `wr_id` (the connection's own tags
+/// and the engines' are different).
+pub(crate) const TAG_SRQ: u8 = 0xc3;
+
+/// How a [`Hub`](super::Hub) with shared receives sizes its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqConfig {
+    /// Receives (of [`MAX_FRAME`] bytes) registered at a time: one region
+    /// each. The queue starts with one chunk.
+    pub chunk: u32,
+    /// The most receives the queue holds (it is created this deep; devices
+    /// cap it: `max_srq_wr`, 32,767 on mlx5). Each connection needs at
+    /// least [`INITIAL_CREDITS`] (8), and up to its `ctrl_slots` when busy.
+    pub max_slots: u32,
+}
+
+impl Default for SrqConfig {
+    /// 1,024 receives a chunk (4 MiB), at most 16,384 (64 MiB): 2,048 idle
+    /// connections.
+    fn default() -> SrqConfig {
+        SrqConfig { chunk: 1024, max_slots: 16384 }
+    }
+}
+
+/// What a shared receive queue has done so far (in [`HubStats`](super::HubStats)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SrqStats {
+    /// Receives the queue holds (registered and posted, or being handed over).
+    pub slots: u32,
+    /// The connections' shares, summed.
+    pub shares: u32,
+    /// Registered bytes of the receives.
+    pub registered_bytes: u64,
+    /// Frames received through it.
+    pub frames: u64,
+    /// Shares grown by one.
+    pub grown: u64,
+    /// Receives not granted again (a share shrunk by one).
+    pub withheld: u64,
+    /// Limit events taken (most receives were in use at once).
+    pub limit_events: u64,
+    /// Connections refused for want of room.
+    pub refused: u64,
+}
+
+/// What to do with the receive of a frame just received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Regrant {
+    /// Grant it to the peer again.
+    Same,
+    /// Grant it and one more (the share grows).
+    Grow,
+    /// Keep it (the share shrinks).
+    Withhold,
+}
+
+struct State {
+    slabs: Vec<MrInfo>,
+    slots: u32,
+    shares: u32,
+}
+
+/// A hub's shared receive queue, held by the hub and by each endpoint on
+/// it (the last one destroys it, after every QP on it is gone).
+pub(crate) struct SharedReceives<N: Nic> {
+    nic: N,
+    srq: SrqId,
+    cfg: SrqConfig,
+    state: Mutex<State>,
+    frames: AtomicU64,
+    grown: AtomicU64,
+    withheld: AtomicU64,
+    limit_events: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl<N: Nic> SharedReceives<N> {
+    /// Create the queue on `nic` (the hub's handle and PD) with its first
+    /// chunk posted and the limit armed.
+    pub(crate) fn new(nic: N, cfg: SrqConfig) -> Result<SharedReceives<N>, NicError> {
+        if cfg.chunk < INITIAL_CREDITS || cfg.max_slots < cfg.chunk {
+            return Err(NicError::InvalidWr(format!(
+                "SrqConfig {{ chunk: {}, max_slots: {} }}: a chunk holds at least {INITIAL_CREDITS} \
+                 receives and max_slots at least a chunk",
+                cfg.chunk, cfg.max_slots
+            )));
+        }
+        let srq = nic.create_srq(cfg.max_slots)?;
+        let me = SharedReceives {
+            nic,
+            srq,
+            cfg,
+            state: Mutex::new(State { slabs: Vec::new(), slots: 0, shares: 0 }),
+            frames: AtomicU64::new(0),
+            grown: AtomicU64::new(0),
+            withheld: AtomicU64::new(0),
+            limit_events: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        };
+        {
+            let mut st = me.state.lock();
+            me.grow(&mut st)?;
+        }
+        Ok(me)
+    }
+
+    /// The queue, for the QPs on it.
+    pub(crate) fn id(&self) -> SrqId {
+        self.srq
+    }
+
+    /// Register and post one more chunk, and re-arm the limit at an
+    /// eighth of the new total.
+    fn grow(&self, st: &mut State) -> Result<(), NicError> {
+        let n = self.cfg.chunk.min(self.cfg.max_slots - st.slots);
+        if n == 0 {
+            return Err(NicError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
+        }
+        let mr = self.nic.reg_mr(n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let first = st.slots;
+        for k in 0..n {
+            let sge = Sge { mr: mr.id, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
+            if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(first + k), sge) {
+                // Those posted stay posted (and are counted); the rest of the
+                // region is unused.
+                st.slots += k;
+                st.slabs.push(mr);
+                return Err(e);
+            }
+        }
+        st.slots += n;
+        st.slabs.push(mr);
+        self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))
+    }
+
+    /// A new connection's initial share, growing the queue if it does not
+    /// fit; `SrqBudget` when the queue is at its most.
+    pub(crate) fn admit(&self) -> Result<(), NicError> {
+        let mut st = self.state.lock();
+        while st.shares + INITIAL_CREDITS > st.slots {
+            if let Err(e) = self.grow(&mut st) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(match e {
+                    NicError::SrqBudget { .. } => {
+                        NicError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares }
+                    }
+                    e => e,
+                });
+            }
+        }
+        st.shares += INITIAL_CREDITS;
+        Ok(())
+    }
+
+    /// A connection's QP is gone: its share comes back.
+    pub(crate) fn release(&self, share: u32) {
+        let mut st = self.state.lock();
+        st.shares -= share.min(st.shares);
+    }
+
+    /// A frame arrived for a connection whose share is `share` (at most
+    /// `max`): what to do with its receive. The queue keeps room for one
+    /// more connection's initial share: a share grows while more than that
+    /// is free (adding a chunk first if less is, and the queue may grow),
+    /// and shrinks while less is.
+    pub(crate) fn regrant(&self, share: u32, max: u32) -> Regrant {
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        let mut st = self.state.lock();
+        let free = |st: &State| st.slots - st.shares.min(st.slots);
+        if free(&st) <= INITIAL_CREDITS && share < max && st.slots < self.cfg.max_slots {
+            // A busy connection and no room to spare: add a chunk.
+            if let Err(e) = self.grow(&mut st) {
+                tracing::warn!(%e, "growing the hub's shared receive queue");
+            }
+        }
+        if free(&st) < INITIAL_CREDITS && share > INITIAL_CREDITS {
+            st.shares -= 1;
+            self.withheld.fetch_add(1, Ordering::Relaxed);
+            Regrant::Withhold
+        } else if free(&st) > INITIAL_CREDITS && share < max {
+            st.shares += 1;
+            self.grown.fetch_add(1, Ordering::Relaxed);
+            Regrant::Grow
+        } else {
+            Regrant::Same
+        }
+    }
+
+    /// Copy the frame in receive `slot` (`len` bytes) into `out`.
+    pub(crate) fn copy_frame(&self, slot: u32, len: usize, out: &mut Vec<u8>) -> Result<(), NicError> {
+        let (mr, offset) = self.place(slot)?;
+        self.nic.with_mr(mr.id, offset, len.min(MAX_FRAME), &mut |b| out.extend_from_slice(b))
+    }
+
+    /// Post receive `slot` again.
+    pub(crate) fn repost(&self, slot: u32) -> Result<(), NicError> {
+        let (mr, offset) = self.place(slot)?;
+        self.nic.post_srq_recv(self.srq, wr_id(slot), Sge { mr: mr.id, offset, len: MAX_FRAME as u32 })
+    }
+
+    fn place(&self, slot: u32) -> Result<(MrInfo, usize), NicError> {
+        let st = self.state.lock();
+        let chunk = self.cfg.chunk;
+        match st.slabs.get((slot / chunk) as usize) {
+            Some(mr) if slot < st.slots => Ok((*mr, (slot % chunk) as usize * MAX_FRAME)),
+            _ => Err(NicError::NoSuchObject { what: "shared receive", id: slot }),
+        }
+    }
+
+    /// Take the SRQ's limit event, if it came: most receives are in use at
+    /// once, so add a chunk (if the queue may grow) and re-arm.
+    pub(crate) fn check_limit(&self) {
+        match self.nic.take_srq_limit(self.srq) {
+            Ok(false) => {}
+            Ok(true) => {
+                self.limit_events.fetch_add(1, Ordering::Relaxed);
+                let mut st = self.state.lock();
+                let grown = if st.slots < self.cfg.max_slots {
+                    self.grow(&mut st)
+                } else {
+                    self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))
+                };
+                if let Err(e) = grown {
+                    tracing::warn!(%e, "growing the hub's shared receive queue");
+                }
+            }
+            Err(e) => tracing::warn!(%e, "reading the shared receive queue's limit event"),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> SrqStats {
+        let st = self.state.lock();
+        SrqStats {
+            slots: st.slots,
+            shares: st.shares,
+            registered_bytes: st.slabs.iter().map(|m| m.len as u64).sum(),
+            frames: self.frames.load(Ordering::Relaxed),
+            grown: self.grown.load(Ordering::Relaxed),
+            withheld: self.withheld.load(Ordering::Relaxed),
+            limit_events: self.limit_events.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<N: Nic> Drop for SharedReceives<N> {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.destroy_srq(self.srq) {
+            tracing::warn!(%e, "destroying the hub's shared receive queue");
+        }
+        for mr in self.state.get_mut().slabs.drain(..) {
+            let _ = self.nic.dereg_mr(mr.id);
+        }
+    }
+}
+
+fn wr_id(slot: u32) -> u64 {
+    (u64::from(TAG_SRQ) << 56) | u64::from(slot)
+}
+
+/// The receive slot of a shared receive's `wr_id`, if it is one.
+pub(crate) fn slot_of(wr_id: u64) -> Option<u32> {
+    ((wr_id >> 56) as u8 == TAG_SRQ).then_some(wr_id as u32)
+}

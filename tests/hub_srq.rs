@@ -1,0 +1,452 @@
+//! A [`Hub`] with shared receives: its connections' QPs take their control
+//! receives from one shared receive queue, each with a share that follows
+//! its load. On the simulated NIC, whose SRQ model (with its limit event)
+//! is checked first.
+
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use mwcap::backend::{
+    rkey, Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+};
+use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig};
+use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+
+type Conn = (Connection<SimNic>, Driver<SimNic>);
+
+fn cfg(role: Role) -> Config {
+    let mut c = Config::new(role, Policies::both(Policy::Mw));
+    c.buffers = 8;
+    c.large_buffers = vec![mwcap::conn::BufClass { size: 256 * 1024, count: 1 }];
+    c.ctrl_slots = 32;
+    c.lease_time = Duration::from_millis(300);
+    c.safety_margin = Duration::from_millis(50);
+    c.call_timeout = Duration::from_secs(5);
+    c
+}
+
+fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
+    pool.spawner()
+        .spawn_local(async move {
+            f.await;
+        })
+        .unwrap();
+}
+
+/// Reply (header `echo`) with the request's payload reversed, or none.
+async fn serve(server: Connection<SimNic>) {
+    while let Some(req) = server.next_request().await {
+        let mut bytes = match &req.data {
+            Some(d) => server.read(d).unwrap(),
+            None => Vec::new(),
+        };
+        if let Some(d) = req.data {
+            server.free(d);
+        }
+        bytes.reverse();
+        let out = if bytes.is_empty() {
+            None
+        } else {
+            let Ok(mut b) = server.alloc_for(bytes.len()).await else { return };
+            server.write(&mut b, &bytes).unwrap();
+            Some(b)
+        };
+        if server.reply(req.id, 0, b"echo", out).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
+}
+
+/// A client hub (receive queues of their own) and a server hub with shared
+/// receives, both driven on `pool`.
+fn hubs(dev: DeviceConfig, srq: SrqConfig) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
+    let fabric = Fabric::with_seed(21);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(dev.named("s"));
+    let pool = LocalPool::new();
+    let (ch, cdrv) = Hub::new(cn, 1 << 16).unwrap();
+    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 16, srq).unwrap();
+    spawn(&pool, cdrv.run());
+    spawn(&pool, sdrv.run());
+    (fabric, ch, sh, pool)
+}
+
+fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
+    let p = Policies::both(Policy::Mw);
+    let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
+    let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
+    let mut c = cp.finish(p)?;
+    let mut s = sp.finish(p)?;
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se)?;
+    s.connect(&ce)?;
+    Ok((ch.add(c), sh.add(s)))
+}
+
+fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: mwcap::sim::DeviceId) -> u64 {
+    let addr = mwcap::sim::QpAddr { device: dev, qpn: c.qp_number() };
+    fabric.qp_counters(addr).map_or(0, |q| q.rnr_naks)
+}
+
+/// The simulator's SRQ: QPs of one PD take its receives oldest first, each
+/// completion carries its own QP's number; the limit event fires once; a
+/// QP in ERR flushes none of them; a QP of another PD cannot use it.
+#[test]
+fn the_simulated_srq_serves_its_qps_in_post_order_and_raises_its_limit_once() {
+    let fabric = Fabric::with_seed(5);
+    let a = fabric.add_device(DeviceConfig::spec().named("a"));
+    let b = fabric.add_device(DeviceConfig::spec().named("b"));
+    let b2 = b.same_pd().unwrap();
+    let srq = b.create_srq(8).unwrap();
+    let ring = b.reg_mr(8 * 64, Access::LOCAL_WRITE).unwrap();
+    for k in 0..4u64 {
+        let sge = Sge { mr: ring.id, offset: k as usize * 64, len: 64 };
+        b.post_srq_recv(srq, 100 + k, sge).unwrap();
+    }
+    b.arm_srq_limit(srq, 3).unwrap();
+    let (acq, bcq) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let mut on_srq = QpConfig::new(bcq, bcq);
+    on_srq.srq = Some(srq);
+    let (b1, b2q) = (b.create_qp(on_srq).unwrap(), b2.create_qp(on_srq).unwrap());
+    let (a1, a2) =
+        (a.create_qp(QpConfig::new(acq, acq)).unwrap(), a.create_qp(QpConfig::new(acq, acq)).unwrap());
+    for (x, y, xn, yn) in [(a1, b1, &a, &b), (a2, b2q, &a, &b2)] {
+        xn.connect_qp(x.id, &y).unwrap();
+        yn.connect_qp(y.id, &x).unwrap();
+    }
+    // A QP of another PD cannot take receives from it.
+    let other = b.new_pd().unwrap();
+    assert!(other.create_qp(on_srq).is_err(), "an SRQ of another PD");
+    assert!(
+        b.post_recv(b1.id, 1, Sge { mr: ring.id, offset: 0, len: 64 }).is_err(),
+        "post_recv on an SRQ QP"
+    );
+    let src = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let send = |qp: &mwcap::backend::QpEndpoint, byte: u8| {
+        a.write_mr(src.id, 0, &[byte; 16]).unwrap();
+        let wr = SendWr::Send {
+            wr_id: u64::from(byte),
+            sge: SgeList::one(Sge { mr: src.id, offset: 0, len: 16 }),
+            signaled: true,
+        };
+        a.post_send(qp.id, &[wr]).unwrap();
+        fabric.run_until_idle();
+    };
+    send(&a2, 1);
+    assert!(!b.take_srq_limit(srq).unwrap(), "3 left: not below the limit yet");
+    send(&a1, 2);
+    let got: Vec<Completion> = b.poll_cq_vec(bcq, 8).unwrap();
+    let recvs: Vec<(u64, u32)> =
+        got.iter().filter(|c| c.opcode == WcOpcode::Recv).map(|c| (c.wr_id, c.qpn)).collect();
+    assert_eq!(recvs, vec![(100, b2q.qpn), (101, b1.qpn)], "oldest first, each with its QP's number");
+    let mut bytes = [0u8; 16];
+    b.read_mr(ring.id, 64, &mut bytes).unwrap();
+    assert_eq!(bytes, [2; 16]);
+    assert!(b.take_srq_limit(srq).unwrap(), "2 left, below 3: the event");
+    assert!(!b.take_srq_limit(srq).unwrap(), "once");
+    // A QP in ERR flushes none of the SRQ's receives: the other QP still
+    // gets them.
+    b.set_qp_error(b1.id).unwrap();
+    fabric.run_until_idle();
+    let flushed: Vec<Completion> = b.poll_cq_vec(bcq, 8).unwrap();
+    assert!(flushed.iter().all(|c| c.opcode != WcOpcode::Recv), "{flushed:?}");
+    send(&a2, 3);
+    let got = b.poll_cq_vec(bcq, 8).unwrap();
+    assert!(got
+        .iter()
+        .any(|c| c.opcode == WcOpcode::Recv && c.wr_id == 102 && c.status == WcStatus::Success));
+    // Busy while a QP uses it; gone after.
+    assert!(b.destroy_srq(srq).is_err());
+    b.destroy_qp(b1.id).unwrap();
+    b2.destroy_qp(b2q.id).unwrap();
+    b.destroy_srq(srq).unwrap();
+    // With the SRQ empty, a SEND finds no receive: RNR, as for a QP's own.
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// Forty connections on a server hub with shared receives: every byte is
+/// their own, idle shares are 8 receives, busy ones grow, nobody meets
+/// receiver-not-ready, and every share comes back at the end.
+#[test]
+fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
+    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 4096 });
+    let n = 40;
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        spawn(&pool, serve(s.clone()));
+        conns.push((c, cd, s, sd));
+    }
+    let st = sh.stats().srq.expect("shared receives");
+    assert_eq!(st.shares, 8 * n as u32, "an idle connection holds 8: {st:?}");
+    assert_eq!(st.slots, 320, "five chunks of 64 hold 40 x 8: {st:?}");
+    for (_, _, s, _) in &conns {
+        assert_eq!(s.stats().receive_share, 8);
+    }
+    // The first ten connections are busy: 12 calls in flight each.
+    let sizes = [0usize, 100, 3000, 20_000];
+    let busy = conns.iter().take(10).enumerate().map(|(i, (c, ..))| async move {
+        let calls = (0..12usize).map(|k| async move {
+            let len = sizes[k % 4];
+            let data = if len == 0 {
+                None
+            } else {
+                let mut b = c.alloc_for(len).await.unwrap();
+                c.write(&mut b, &pattern(i * 100 + k, len)).unwrap();
+                Some(b)
+            };
+            let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+            match r.data {
+                None => assert_eq!(len, 0),
+                Some(d) => {
+                    let mut want = pattern(i * 100 + k, len);
+                    want.reverse();
+                    assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: not its own bytes");
+                    c.free(d);
+                }
+            }
+        });
+        futures::future::join_all(calls).await;
+    });
+    pool.run_until(futures::future::join_all(busy));
+    let st = sh.stats().srq.unwrap();
+    assert!(st.grown > 0, "busy connections' shares grew: {st:?}");
+    assert!(st.frames >= 120, "{st:?}");
+    let grown = conns.iter().take(10).filter(|(_, _, s, _)| s.stats().receive_share > 8).count();
+    assert!(grown > 0, "a busy connection holds more than 8");
+    for (_, _, s, _) in conns.iter().skip(10) {
+        assert_eq!(s.stats().receive_share, 8, "an idle connection stays at 8");
+    }
+    assert!(st.shares <= st.slots, "{st:?}");
+    let sdev = sh.nic().device();
+    for (c, ..) in &conns {
+        assert_eq!(c.stats().calls_failed, 0);
+        assert_eq!(rnr_naks(&fabric, c, ch.nic().device()), 0);
+        let _ = sdev;
+    }
+    for (c, _, s, _) in &conns {
+        c.close();
+        s.close();
+    }
+    let reasons = pool.run_until(futures::future::join_all(
+        conns.into_iter().map(|(_, cd, _, sd)| futures::future::join(cd.run(), sd.run())),
+    ));
+    for (c, _) in &reasons {
+        assert_eq!(*c, LossReason::Closed);
+    }
+    let st = sh.stats();
+    assert_eq!(st.connections, 0);
+    assert_eq!(st.orphans, 0);
+    assert_eq!(st.srq.unwrap().shares, 0, "every share came back");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A queue at its most: the connection that does not fit is refused with
+/// `SrqBudget` (and only it), the ones on it still work, shares cannot
+/// grow, and the room comes back when one leaves.
+#[test]
+fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() {
+    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 32 });
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        spawn(&pool, serve(s.clone()));
+        conns.push((c, cd, s, sd));
+    }
+    match pair(&ch, &sh) {
+        Err(NicError::SrqBudget { max_slots: 32, shares: 32 }) => {}
+        Err(e) => panic!("refused with {e}"),
+        Ok(_) => panic!("a fifth connection fit in 32 receives"),
+    }
+    assert_eq!(sh.stats().srq.unwrap().refused, 1);
+    let calls = conns.iter().enumerate().map(|(i, (c, ..))| async move {
+        for k in 0..10usize {
+            let mut b = c.alloc_for(500).await.unwrap();
+            c.write(&mut b, &pattern(i + k, 500)).unwrap();
+            let r = c.call(b"x", Some(b)).await.unwrap();
+            let mut want = pattern(i + k, 500);
+            want.reverse();
+            let d = r.data.unwrap();
+            assert_eq!(c.read(&d).unwrap(), want);
+            c.free(d);
+        }
+    });
+    pool.run_until(futures::future::join_all(calls));
+    let st = sh.stats().srq.unwrap();
+    assert_eq!((st.slots, st.shares, st.grown), (32, 32, 0), "no room to grow: {st:?}");
+    // One leaves: its share comes back and the next connection fits.
+    let (c, cd, s, sd) = conns.pop().unwrap();
+    c.close();
+    s.close();
+    pool.run_until(futures::future::join(cd.run(), sd.run()));
+    // (The others may have grown into some of the room since.)
+    assert!(sh.stats().srq.unwrap().shares < 32, "{:?}", sh.stats().srq);
+    pair(&ch, &sh).expect("room again");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A hub with shared receives puts its connections in one protection
+/// domain, which the confirm policy's region keys would cross: it refuses
+/// a connection that negotiated confirm, saying why.
+#[test]
+fn a_hub_with_shared_receives_refuses_confirm_and_says_why() {
+    let fabric = Fabric::with_seed(3);
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let (sh, _drv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig::default()).unwrap();
+    let p = Policies { request: Policy::Confirm, reply: Policy::Mw };
+    let prepared = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap();
+    let e = prepared.finish(p).err().expect("refused");
+    let msg = e.to_string();
+    assert!(msg.contains("mw policy only") && msg.contains("Hub::new"), "{msg}");
+    assert_eq!(sh.stats().srq.unwrap().shares, 0, "its share came back");
+}
+
+/// On an rxe-like device (windows reach their whole region) the shared PD
+/// gives a peer nothing of another connection: the regions allow no remote
+/// READ, and another connection's window is scoped to its QP. A READ with
+/// the victim's window key through the attacker's own QP fails; the same
+/// READ through the victim's QP succeeds; the victim goes on.
+#[test]
+fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
+    let fabric = Fabric::with_seed(13);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
+    let mut pool = LocalPool::new();
+    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig::default()).unwrap();
+    spawn(&pool, sdrv.run());
+    let p = Policies::both(Policy::Mw);
+    let on_hub = || {
+        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        (s, c)
+    };
+    let (victim_s, mut victim_c) = on_hub();
+    let (attack_s, attack_c) = on_hub();
+    let secret = victim_s.data_region();
+    victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
+    // A window over the victim's bytes, bound on the victim's QP.
+    let mw = victim_s.nic().alloc_mw().unwrap();
+    let wkey = rkey::rebind(mw.rkey, 0x5a);
+    let bind = SendWr::BindMw {
+        wr_id: 0xb1,
+        signaled: false,
+        mw: mw.id,
+        rkey: wkey,
+        mr: secret.id,
+        offset: 0,
+        len: 18,
+        access: Access::REMOTE_READ,
+    };
+    victim_s.nic().post_send(victim_s.local().id, &[bind]).unwrap();
+    fabric.run_until_idle();
+    let read = |ep: &Endpoint<SimNic>, key: u32, wr_id: u64| {
+        let dst = ep.data_region();
+        let wr = SendWr::Read {
+            wr_id,
+            local: SgeList::one(Sge { mr: dst.id, offset: 0, len: 18 }),
+            remote_addr: secret.addr,
+            rkey: key,
+            signaled: true,
+        };
+        ep.nic().post_send(ep.local().id, &[wr]).unwrap();
+        fabric.run_until_idle();
+        let got = ep.nic().poll_cq_vec(ep.cq(), 256).unwrap();
+        let c =
+            *got.iter().find(|c| c.wr_id == wr_id).unwrap_or_else(|| panic!("the READ completes: {got:?}"));
+        let mut seen = [0u8; 18];
+        ep.nic().read_mr(dst.id, 0, &mut seen).unwrap();
+        (c.status, seen)
+    };
+    let (victim, _vd) = sh.add(victim_s);
+    let (_attacked, _ad) = sh.add(attack_s);
+    let (status, seen) = read(&attack_c, secret.rkey, 0xbad1);
+    assert_ne!(status, WcStatus::Success, "the region's own key reached it");
+    assert_ne!(&seen, b"the victim's bytes");
+    let (status, seen) = read(&attack_c, wkey, 0xbad2);
+    assert_ne!(status, WcStatus::Success, "another connection's window reached through the shared PD");
+    assert_ne!(&seen, b"the victim's bytes");
+    // The window itself is good: through the victim's own QP it reads.
+    let (status, seen) = read(&victim_c, wkey, 0x600d);
+    assert_eq!(status, WcStatus::Success);
+    assert_eq!(&seen, b"the victim's bytes");
+    victim_c.drive(fabric.now());
+    spawn(&pool, serve(victim.clone()));
+    let (vclient, vdrv) = Connection::new(victim_c);
+    spawn(&pool, vdrv.run());
+    let r = pool.run_until(async {
+        let mut b = vclient.alloc().await.unwrap();
+        vclient.write(&mut b, b"abc").unwrap();
+        vclient.call(b"x", Some(b)).await
+    });
+    assert_eq!(vclient.read(r.expect("the victim's call").data.as_ref().unwrap()).unwrap(), b"cba");
+    assert!(victim.is_down().is_none());
+}
+
+/// Shares grown by a busy connection shrink again when the queue, at its
+/// most, has less than one connection's room free: the next connection
+/// then fits, and nobody meets receiver-not-ready on the way.
+#[test]
+fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
+    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 48 });
+    let mut conns = Vec::new();
+    let busy = |conns: &Vec<(Conn, Conn)>, pool: &mut LocalPool, rounds: usize| {
+        let (c, _) = &conns[0].0;
+        let c = c.clone();
+        let srv = conns[0].1 .0.clone();
+        pool.run_until(async move {
+            for r in 0..rounds {
+                let calls = (0..4usize).map(|k| {
+                    let c = c.clone();
+                    let srv = srv.clone();
+                    async move {
+                        let mut b = c.alloc_for(100).await.unwrap();
+                        c.write(&mut b, &pattern(r + k, 100)).unwrap();
+                        let d = match c.call(b"x", Some(b)).await {
+                            Ok(r) => r.data.unwrap(),
+                            Err(e) => {
+                                panic!("round {r} call {k}: {e}: {:?}\nserver {:?}", c.stats(), srv.stats())
+                            }
+                        };
+                        let mut want = pattern(r + k, 100);
+                        want.reverse();
+                        assert_eq!(c.read(&d).unwrap(), want);
+                        c.free(d);
+                    }
+                });
+                futures::future::join_all(calls).await;
+            }
+        });
+    };
+    for _ in 0..4 {
+        let (cl, sv) = pair(&ch, &sh).unwrap();
+        spawn(&pool, serve(sv.0.clone()));
+        conns.push((cl, sv));
+    }
+    busy(&conns, &mut pool, 16);
+    let st = sh.stats().srq.unwrap();
+    assert!(st.grown > 0 && conns[0].1 .0.stats().receive_share > 8, "{st:?}");
+    // A fifth fits in what is free; then the queue is at its most.
+    let (cl, sv) = pair(&ch, &sh).expect("a fifth fits");
+    spawn(&pool, serve(sv.0.clone()));
+    conns.push((cl, sv));
+    let before = sh.stats().srq.unwrap();
+    assert_eq!(before.slots, 48);
+    busy(&conns, &mut pool, 16);
+    let st = sh.stats().srq.unwrap();
+    assert!(st.withheld > 0, "the busy share shrank: {before:?} -> {st:?}");
+    assert!(st.slots - st.shares >= 8, "room for one more: {st:?}");
+    let (cl, sv) = pair(&ch, &sh).expect("a sixth fits after the shrink");
+    conns.push((cl, sv));
+    for ((c, _), _) in &conns {
+        assert_eq!(rnr_naks(&fabric, c, ch.nic().device()), 0);
+        assert_eq!(c.stats().calls_failed, 0);
+    }
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
