@@ -3,13 +3,16 @@
 //! and calls per second with some of them active.
 //!
 //! ```sh
-//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS]
+//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [--shared-receives]
 //! ```
-//! (defaults 10000, 1000 and 20). The server side is one simulated device
+//! (defaults 10000, 1000, 20 and 8). The server side is one simulated device
 //! with one hub (one completion queue, one driver task) and every server
 //! connection in a protection domain of its own; the client side likewise.
-//! Each connection has a small pool: 2 buffers of 4 KiB and 8 control
-//! slots each way. Each round, every active client makes a call with a
+//! Each connection has a small pool: 2 buffers of 4 KiB and `CTRL_SLOTS`
+//! control slots each way. With `--shared-receives` both hubs are made with
+//! `Hub::with_shared_receives`: the connections take their control receives
+//! from one shared receive queue per side (8 each while idle, up to
+//! `CTRL_SLOTS` when busy) and keep only their send slots. Each round, every active client makes a call with a
 //! 100-byte payload (inline) and its server answers with a 3000-byte
 //! payload (a window bound, READ, released), all checked. Everything runs
 //! on one thread (`futures`' `LocalPool`), the simulator included.
@@ -18,7 +21,7 @@ use std::time::Instant;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{Config, Connection, Hub, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Hub, Policies, Policy, Role, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 fn rss_bytes() -> u64 {
@@ -27,11 +30,11 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn config(role: Role) -> Config {
+fn config(role: Role, ctrl_slots: u32) -> Config {
     let mut c = Config::new(role, Policies::both(Policy::Mw));
     c.buffers = 2;
     c.buffer_size = 4096;
-    c.ctrl_slots = 8;
+    c.ctrl_slots = ctrl_slots;
     c.region_exposures = 0;
     c
 }
@@ -65,16 +68,28 @@ fn main() {
     let n = args.first().copied().unwrap_or(10_000) as usize;
     let active = (args.get(1).copied().unwrap_or(1_000) as usize).min(n);
     let rounds = args.get(2).copied().unwrap_or(20);
+    let ctrl_slots = args.get(3).copied().unwrap_or(8) as u32;
+    let shared = std::env::args().any(|a| a == "--shared-receives");
     let fabric = Fabric::with_seed(1);
     let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
     let rss0 = rss_bytes();
     let t0 = Instant::now();
-    // 30 completion queue entries per connection of this size.
-    let depth = (n as u32).saturating_mul(32).max(1024);
-    let (chub, cdrv) = Hub::new(cdev, depth).expect("client hub");
-    let (shub, sdrv) = Hub::new(sdev, depth).expect("server hub");
+    // 30 completion queue entries per connection of this size with 8
+    // control slots, and 2 more per slot beyond.
+    let depth = (n as u32).saturating_mul(32 + 2 * ctrl_slots).max(1024);
+    let hub = |dev| {
+        if shared {
+            // 8 receives per idle connection, and room for busy ones.
+            let q = SrqConfig { chunk: 4096, max_slots: (n as u32 * 8 + 4096 * 4).next_multiple_of(4096) };
+            Hub::with_shared_receives(dev, depth, q)
+        } else {
+            Hub::new(dev, depth)
+        }
+    };
+    let (chub, cdrv) = hub(cdev).expect("client hub");
+    let (shub, sdrv) = hub(sdev).expect("server hub");
     pool.spawner()
         .spawn_local(async move {
             cdrv.run().await;
@@ -91,8 +106,10 @@ fn main() {
     let mut registered = 0;
     for _ in 0..n {
         let p = Policies::both(Policy::Mw);
-        let cp = chub.prepare(chub.nic().new_pd().expect("a PD"), config(Role::Client)).expect("client");
-        let sp = shub.prepare(shub.nic().new_pd().expect("a PD"), config(Role::Server)).expect("server");
+        let cnic = chub.connection_nic().expect("a NIC handle");
+        let snic = shub.connection_nic().expect("a NIC handle");
+        let cp = chub.prepare(cnic, config(Role::Client, ctrl_slots)).expect("client");
+        let sp = shub.prepare(snic, config(Role::Server, ctrl_slots)).expect("server");
         let mut c = cp.finish(p).expect("client endpoint");
         let mut s = sp.finish(p).expect("server endpoint");
         let (ce, se) = (c.local(), s.local());
@@ -111,13 +128,17 @@ fn main() {
     let setup = t0.elapsed();
     let rss = rss_bytes().saturating_sub(rss0);
     let per_side = rss / (2 * n as u64);
+    // The shared receive queue's regions, per connection on the hub.
+    let srq_per_conn = shub.stats().srq.map_or(0, |q| q.registered_bytes / n as u64);
     println!(
-        "connections={n} hubs=2 setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={registered} \
-         rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={} \
+        "connections={n} hubs=2 shared_receives={shared} ctrl_slots={ctrl_slots} setup_s={:.2} \
+         setups_per_s={:.0} registered_bytes_per_conn={} (own {registered}, shared receive queue \
+         {srq_per_conn}) rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={} \
          (rss less the simulated registered memory, which the simulator keeps on the heap)",
         setup.as_secs_f64(),
         n as f64 / setup.as_secs_f64(),
-        per_side.saturating_sub(registered)
+        registered + srq_per_conn,
+        per_side.saturating_sub(registered + srq_per_conn)
     );
     let stats = shub.stats();
     println!(
@@ -159,6 +180,13 @@ fn main() {
         s.sleeps
     );
     assert_eq!(s.orphans, 0);
+    if let Some(q) = s.srq {
+        println!(
+            "server shared receives: slots={} shares={} registered_bytes={} frames={} grown={} withheld={} \
+             limit_events={}",
+            q.slots, q.shares, q.registered_bytes, q.frames, q.grown, q.withheld, q.limit_events
+        );
+    }
     let t2 = Instant::now();
     for c in clients.iter().chain(&servers) {
         c.close();

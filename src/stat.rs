@@ -29,7 +29,8 @@
 //!
 //! A down connection's line ends with `reason=` and the reason as a
 //! sentence (it may have spaces: it is always last). After the total, a
-//! `hub name=mw connections=100 ...` line per hub the server added
+//! `hub name=mw connections=100 ...` line per hub the server added (with
+//! `srq_slots=... srq_shares=...` for a hub with shared receives)
 //! ([`Registry::add_hub`]), then a `device name=rxe0 port=1 ...` line per device the server added
 //! ([`Registry::add_device`]) gives the kernel's hardware counters of the
 //! port (RNR NAKs, retries, sequence errors, packets). The socket is made
@@ -192,6 +193,15 @@ impl Registry {
                 h.connection_turns,
                 h.sleeps
             );
+            if let Some(q) = h.srq {
+                // The line goes on: the hub's shared receive queue.
+                out.pop();
+                let _ = writeln!(
+                    out,
+                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={}",
+                    q.slots, q.shares, q.registered_bytes, q.frames, q.grown, q.withheld, q.limit_events, q.refused
+                );
+            }
             true
         });
         for (name, port) in self.devices.lock().iter() {

@@ -450,3 +450,85 @@ fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
     }
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
+
+/// A peer that ignores flow control and floods SENDs takes receives of
+/// the shared queue held for others. The hub grants each frame's receive
+/// again as it goes, but its grants ride on frames the flooder must give
+/// it credit for, which it never does: once the hub can send no more
+/// grants, the next frame is past everything granted and the flooder's
+/// connection goes down (`ExceedsCredit`). The other connection on the hub
+/// goes on with every call answered.
+#[test]
+fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
+    use mwcap::conn::frame::Frame;
+    use mwcap::conn::Misbehavior;
+    let fabric = Fabric::with_seed(31);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 64 }).unwrap();
+    spawn(&pool, sdrv.run());
+    let p = Policies::both(Policy::Mw);
+    let on_hub = || {
+        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        (s, c)
+    };
+    let (victim_s, victim_c) = on_hub();
+    let (flood_s, flooder) = on_hub();
+    let (victim, _vd) = sh.add(victim_s);
+    let (flooded, _fd) = sh.add(flood_s);
+    spawn(&pool, serve(victim.clone()));
+    spawn(&pool, serve(flooded.clone()));
+    // 48 pings at once from the flooder's own QP, past its 8 credits.
+    let tx = flooder.nic().reg_mr(48 * 64, Access::LOCAL_WRITE).unwrap();
+    let mut wrs = Vec::new();
+    for i in 0..48u64 {
+        let bytes = Frame::Ping { seq: i }.encode().unwrap();
+        flooder.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
+        wrs.push(SendWr::Send {
+            wr_id: 0xf100 + i,
+            signaled: false,
+            sge: SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 }),
+        });
+    }
+    for chunk in wrs.chunks(8) {
+        flooder.nic().post_send(flooder.local().id, chunk).unwrap();
+    }
+    for _ in 0..200 {
+        pool.run_until_stalled();
+        fabric.run_until_idle();
+        if flooded.is_down().is_some() {
+            break;
+        }
+    }
+    match flooded.is_down() {
+        Some(LossReason::PeerMisbehaved(Misbehavior::ExceedsCredit { granted, received }))
+            if received == granted + 1 && received < 48 => {}
+        other => panic!("the flooder's connection: {other:?} {:?} {:?}", flooded.stats(), sh.stats()),
+    }
+    // The victim, on the same queue, still gets answers.
+    let (vclient, vdrv) = Connection::new(victim_c);
+    spawn(&pool, vdrv.run());
+    let r = pool.run_until(async {
+        let mut got = Vec::new();
+        for k in 0..10usize {
+            let mut b = vclient.alloc_for(300).await.unwrap();
+            vclient.write(&mut b, &pattern(k, 300)).unwrap();
+            let d = vclient.call(b"x", Some(b)).await.expect("the victim's call").data.unwrap();
+            got.push(vclient.read(&d).unwrap());
+            vclient.free(d);
+        }
+        got
+    });
+    for (k, bytes) in r.iter().enumerate() {
+        let mut want = pattern(k, 300);
+        want.reverse();
+        assert_eq!(bytes, &want);
+    }
+    assert!(victim.is_down().is_none());
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    drop(flooder);
+}

@@ -10,20 +10,27 @@
 //! 2. no stale or foreign read is accepted: every reply payload holds
 //!    exactly the bytes its server wrote for that call (a pattern of the
 //!    connection, the call and the size);
-//! 3. the hub routed no completion to a QP it did not know.
+//! 3. the hub routed no completion to a QP it did not know;
+//! 4. no client's SEND met receiver-not-ready (flow control, and on a hub
+//!    with shared receives the shares, never promise a receive that is not
+//!    posted), and the shares never exceed the shared queue.
 //!
 //! At the end every connection is closed and:
 //!
-//! 4. every connection finishes, with every buffer back, and leaves the hub
-//!    (its queue reservation returned);
-//! 5. a connection no fault was injected into never failed a call.
+//! 5. every connection finishes, with every buffer back, and leaves the hub
+//!    (its queue reservation and its share of the shared queue returned);
+//! 6. a connection no fault was injected into never failed a call.
+//!
+//! The schedules run on a hub whose connections have receive queues of
+//! their own (mixed policies) and on one with shared receives (mw), whose
+//! queue is small enough that shares grow to its top and shrink again.
 
 use std::time::Duration;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -116,11 +123,14 @@ struct Side {
     tag: u8,
 }
 
-fn run(policies: Vec<Policies>, schedule: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(policies: Vec<Policies>, schedule: Vec<Op>, srq: Option<SrqConfig>) -> Result<(), TestCaseError> {
     let fabric = Fabric::with_seed(23);
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (hub, hub_driver) = Hub::new(sdev.clone(), 1 << 14).unwrap();
+    let (hub, hub_driver) = match srq {
+        Some(q) => Hub::with_shared_receives(sdev.clone(), 1 << 14, q).unwrap(),
+        None => Hub::new(sdev.clone(), 1 << 14).unwrap(),
+    };
     pool.spawner()
         .spawn_local(async move {
             hub_driver.run().await;
@@ -130,7 +140,7 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>) -> Result<(), TestCaseError> 
     for p in policies {
         let client_dev = fabric.add_device(DeviceConfig::spec().named("c"));
         let mut s =
-            hub.prepare(hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+            hub.prepare(hub.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
         let mut c = Endpoint::new(client_dev.clone(), cfg(Role::Client, p)).unwrap();
         c.connect(&s.local()).unwrap();
         s.connect(&c.local()).unwrap();
@@ -210,6 +220,13 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>) -> Result<(), TestCaseError> 
         pool.run_until_stalled();
         prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
         prop_assert_eq!(hub.stats().orphans, 0);
+        for (i, s) in sides.iter().enumerate() {
+            let rnr = fabric.qp_counters(s.client_qp).map_or(0, |q| q.rnr_naks);
+            prop_assert_eq!(rnr, 0, "conn {}: a SEND found no receive", i);
+        }
+        if let Some(q) = hub.stats().srq {
+            prop_assert!(q.shares <= q.slots, "{:?}", q);
+        }
     }
 
     for s in &sides {
@@ -228,6 +245,9 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>) -> Result<(), TestCaseError> 
     let st = hub.stats();
     prop_assert_eq!(st.connections, 0);
     prop_assert_eq!(st.reserved_entries, 0);
+    if let Some(q) = st.srq {
+        prop_assert_eq!(q.shares, 0, "a share never came back: {:?}", q);
+    }
     prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     Ok(())
 }
@@ -249,6 +269,16 @@ proptest! {
         policies in policies(),
         schedule in proptest::collection::vec(ops(), 1..30),
     ) {
-        run(policies, schedule)?;
+        run(policies, schedule, None)?;
+    }
+
+    #[test]
+    fn connections_on_a_hub_with_shared_receives_stay_safe_under_random_schedules(
+        schedule in proptest::collection::vec(ops(), 1..30),
+    ) {
+        // 5 x 8 receives to start, 48 at most: shares grow to the top and
+        // shrink to make room.
+        let q = SrqConfig { chunk: 16, max_slots: 48 };
+        run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q))?;
     }
 }

@@ -151,6 +151,27 @@ fn a_hub_has_a_line_with_its_counts_while_it_lives() {
     assert_eq!(field(line, "connections"), "1");
     assert_eq!(field(line, "depth"), "1000");
     assert_eq!(field(line, "reserved_entries"), hub.stats().reserved_entries.to_string());
+    assert!(!line.contains("srq_slots="), "a hub without shared receives: {line}");
     drop((_prepared, hub, driver));
     assert!(!registry.render().contains("\nhub "), "a gone hub keeps its line");
+}
+
+#[test]
+fn a_hub_with_shared_receives_shows_its_queue_on_its_line() {
+    use mwcap::conn::{Hub, SrqConfig};
+    let fabric = mwcap::sim::Fabric::with_seed(3);
+    let nic = fabric.add_device(mwcap::sim::DeviceConfig::spec().named("s"));
+    let (hub, _driver) =
+        Hub::with_shared_receives(nic, 1000, SrqConfig { chunk: 64, max_slots: 256 }).unwrap();
+    let registry = Registry::new();
+    registry.add_hub("mw", &hub);
+    let cfg = mwcap::conn::Config::new(mwcap::conn::Role::Server, Policies::both(mwcap::conn::Policy::Mw));
+    let _prepared = hub.prepare(hub.connection_nic().unwrap(), cfg).unwrap();
+    let text = registry.render();
+    let line = text.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("no hub line: {text}"));
+    assert_eq!(field(line, "connections"), "1");
+    assert_eq!(field(line, "srq_slots"), "64");
+    assert_eq!(field(line, "srq_shares"), "8");
+    assert_eq!(field(line, "srq_bytes"), (64 * 4096).to_string());
+    assert_eq!(field(line, "srq_frames"), "0");
 }

@@ -982,6 +982,96 @@ mod hub {
         assert_eq!(ch.stats().connections, 0, "{:?}", ch.stats());
         assert_eq!(sh.stats().connections, 0, "{:?}", sh.stats());
     }
+
+    /// A server hub with shared receives on rxe0: sixteen mw connections
+    /// take their control receives from one SRQ (in the hub's PD), busy
+    /// ones grow their shares, every byte is their own, and every share
+    /// comes back when they close.
+    #[test]
+    fn shared_receives_serve_sixteen_mw_connections_from_one_srq() {
+        use mwcap::conn::SrqConfig;
+        let mut pool = LocalPool::new();
+        let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
+        let srq = SrqConfig { chunk: 64, max_slots: 1024 };
+        let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
+        pool.spawner()
+            .spawn_local(async move {
+                cdrv.run().await;
+            })
+            .unwrap();
+        pool.spawner()
+            .spawn_local(async move {
+                sdrv.run().await;
+            })
+            .unwrap();
+        let p = Policies::both(Policy::Mw);
+        let cfg16 = |role| {
+            let mut c = cfg(role, p);
+            c.ctrl_slots = 16;
+            c
+        };
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..16 {
+            let cp = ch.prepare(ch.connection_nic().unwrap(), cfg16(Role::Client)).expect("client");
+            let sp = sh.prepare(sh.connection_nic().unwrap(), cfg16(Role::Server)).expect("server");
+            let mut c = cp.finish(p).unwrap();
+            let mut s = sp.finish(p).unwrap();
+            let (ce, se) = (c.local(), s.local());
+            c.connect(&se).unwrap();
+            s.connect(&ce).unwrap();
+            let (client, _) = ch.add(c);
+            let (server, _) = sh.add(s);
+            pool.spawner().spawn_local(serve(server.clone())).unwrap();
+            clients.push(client);
+            servers.push(server);
+        }
+        let q = sh.stats().srq.expect("shared receives");
+        assert_eq!((q.shares, q.slots), (16 * 8, 128), "{q:?}");
+        let sizes = [0usize, 100, 3000, 200_000];
+        pool.run_until(futures::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+            for round in 0..3 {
+                let calls = sizes.iter().enumerate().map(|(k, &len)| async move {
+                    let data = if len == 0 {
+                        None
+                    } else {
+                        let mut b = c.alloc_for(len).await.unwrap();
+                        c.write(&mut b, &pattern(i, k + round, len)).unwrap();
+                        Some(b)
+                    };
+                    let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+                    let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                    let mut want = pattern(i, k + round, len);
+                    want.reverse();
+                    assert!(got == want, "conn {i} call {k}: wrong bytes");
+                });
+                futures::future::join_all(calls).await;
+            }
+        })));
+        let s = sh.stats();
+        let q = s.srq.unwrap();
+        println!("shared receives on rxe0: {q:?}");
+        assert_eq!(s.orphans, 0, "{s:?}");
+        assert!(q.frames >= 16 * 12, "{q:?}");
+        assert!(q.grown > 0 && q.shares <= q.slots, "{q:?}");
+        for c in &clients {
+            assert_eq!(c.stats().calls_failed, 0);
+            assert_eq!(c.stats().rnr_retries_exceeded, 0);
+        }
+        for c in clients.iter().chain(&servers) {
+            c.close();
+        }
+        for _ in 0..3000 {
+            pool.run_until_stalled();
+            if sh.stats().connections == 0 && ch.stats().connections == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let s = sh.stats();
+        assert_eq!(s.connections, 0, "{s:?}");
+        assert_eq!(s.srq.unwrap().shares, 0, "every share came back: {s:?}");
+    }
 }
 
 /// A shared receive queue on rxe0: one QP of a loopback pair takes its

@@ -776,6 +776,17 @@ pub enum Misbehavior {
         /// Frames waiting for credit when the connection gave up.
         queued: usize,
     },
+    /// The peer sent more frames than it had receive credit for. On a
+    /// shared receive queue (a `Hub` with shared receives) those frames
+    /// take receives held for other connections, so the connection goes
+    /// down at the first one.
+    #[error("the peer sent frame {received} with receive credit for {granted}; it does not run mwcap's flow control")]
+    ExceedsCredit {
+        /// Frames the peer was granted credit for, in all.
+        granted: u64,
+        /// Frames received, this one included.
+        received: u64,
+    },
 }
 
 /// Why a payload could not be read (a call's reply payload, or a request's).

@@ -300,6 +300,12 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         echo "mwcap stat: no line of the mw hub with completions and 0 orphans (FAIL)"
         fail=1
     fi
+    # The mw hub serves its connections from one shared receive queue,
+    # which has received frames.
+    if ! grep -aqE "^hub mw: .*; shared receives: [0-9]+ of [0-9]+ held by shares \([0-9]+ bytes\), [1-9][0-9]* frames" "$stat_out"; then
+        echo "mwcap stat: the mw hub shows no shared receive queue that received frames (FAIL)"
+        fail=1
+    fi
     if [ "$live_rows" -eq 0 ]; then
         echo "mwcap stat: no snapshot showed the bench's connections (FAIL)"
         sed -e 's/^/stat: /' "$stat_out" | tail -20

@@ -42,6 +42,7 @@ mod imp {
     use futures::future::{select, Either};
     use futures::AsyncReadExt;
     use mwcap::bootstrap::Auth;
+    use mwcap::conn::SrqConfig;
     use mwcap::conn::{accept_on, Connected, Hub, Policy, PolicyChoice, Role, SetupOptions};
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
@@ -109,6 +110,22 @@ mod imp {
         let hub = loop {
             match open(o).and_then(|nic| {
                 let depth = hub_depth(&nic);
+                let max_srq = nic.device_attrs().max_srq_wr;
+                if policy == Policy::Mw && max_srq >= 1024 {
+                    // mw connections take their control receives from one
+                    // shared receive queue (docs/serving.md).
+                    let q = SrqConfig { chunk: 1024, max_slots: max_srq.min(1 << 16) };
+                    match Hub::with_shared_receives(nic, depth, q) {
+                        Ok(h) => return Ok(h),
+                        Err(e) => eprintln!(
+                            "mwcap serve: cannot create the mw hub with shared receives: {e}; its \
+                             connections get receive queues of their own"
+                        ),
+                    }
+                    let nic = open(o)?;
+                    return Hub::new(nic, depth)
+                        .map_err(|e| format!("cannot create the {policy:?} hub: {e}"));
+                }
                 Hub::new(nic, depth).map_err(|e| format!("cannot create the {policy:?} hub: {e}"))
             }) {
                 Ok((hub, driver)) => {

@@ -295,6 +295,12 @@ pub struct Connection {
     share: u32,
     /// Receives come from a shared receive queue: nothing is posted here.
     shared_receives: bool,
+    /// Flow control: frames the peer was granted credit for in all (the
+    /// initial credits and every grant sent), and frames received. On a
+    /// shared receive queue a peer past its credit takes receives held for
+    /// other connections, so there the connection goes down at once.
+    granted_total: u64,
+    frames_in: u64,
     /// Frames waiting for credit or a send slot, oldest first: (start,
     /// length) in `backlog_bytes`, encoded with no credit (the grant is
     /// written at [`CREDIT_AT`] when the frame goes).
@@ -369,6 +375,8 @@ impl Connection {
             owed: 0,
             share: cfg.ctrl_slots,
             shared_receives: false,
+            granted_total: u64::from(INITIAL_CREDITS),
+            frames_in: 0,
             backlog: VecDeque::new(),
             backlog_bytes: Vec::new(),
             bufs: Slots::with_classes(&layout.counts()),
@@ -1035,6 +1043,11 @@ impl Connection {
             }
             TAG_RECV => {
                 if c.status.is_success() {
+                    self.frames_in += 1;
+                    if self.shared_receives && self.frames_in > self.granted_total {
+                        let (granted, received) = (self.granted_total, self.frames_in);
+                        return self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
+                    }
                     self.on_recv(now, frame, c.invalidated_rkey);
                     if self.down.is_none() && !self.shared_receives {
                         self.post_recv(low as u32);
@@ -1465,6 +1478,7 @@ impl Connection {
             Err(e) => return Err(NicError::InvalidWr(e.to_string())),
         };
         self.owed -= u32::from(grant);
+        self.granted_total += u64::from(grant);
         self.post_staged(start, len, chain);
         Ok(())
     }
@@ -1557,6 +1571,7 @@ impl Connection {
             let grant = self.owed.min(u32::from(u16::MAX)) as u16;
             self.tx[start + CREDIT_AT..start + CREDIT_AT + 2].copy_from_slice(&grant.to_le_bytes());
             self.owed -= u32::from(grant);
+            self.granted_total += u64::from(grant);
             self.post_staged(start, len, None);
             any = true;
         }

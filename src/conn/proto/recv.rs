@@ -17,7 +17,7 @@ use super::confirm::ConfirmEngine;
 use super::{Connection, Data, Request};
 
 impl Connection {
-    fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
+    pub(super) fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
     }
