@@ -58,6 +58,8 @@ mod pool;
 pub mod proto;
 #[cfg(not(loom))]
 mod reconnect;
+#[cfg(not(loom))]
+mod router;
 mod setup;
 mod simpair;
 mod srq;
@@ -74,6 +76,8 @@ pub use listen::{connect_async, connect_async_on, AsyncConnected, Listener};
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
+#[cfg(not(loom))]
+pub use router::{CqRouter, Endpoints, RouterStats};
 pub use setup::{
     accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
 };
