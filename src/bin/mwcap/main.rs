@@ -141,6 +141,11 @@ pub struct BenchOpts {
     /// always uses one.
     #[arg(long)]
     pub hub: bool,
+    /// With `--sim --hub`: make both hubs with shared receives (one shared
+    /// receive queue per side; mode `async-hub-srq`). Such a hub serves the
+    /// mw policy only, so the confirm cases are skipped.
+    #[arg(long, requires = "hub")]
+    pub srq: bool,
     /// Settings of each connection beyond its pool.
     #[command(flatten)]
     pub conn: ConnArgs,

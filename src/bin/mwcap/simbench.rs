@@ -23,6 +23,10 @@ pub fn run(o: &BenchOpts) -> ExitCode {
         o.iters, o.warmup, o.buffers
     );
     for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
+        if o.srq && policy != mwcap::conn::Policy::Mw {
+            println!("# --srq: the {policy:?} cases are skipped (a hub with shared receives serves mw only)");
+            continue;
+        }
         if let Err(e) = async_group(o, policy, &group) {
             eprintln!("mwcap bench --sim: async, {policy:?} connection: {e}");
             return ExitCode::FAILURE;
@@ -64,8 +68,16 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     if o.hub {
         use mwcap::conn::Hub;
         let err = |e: mwcap::backend::NicError| e.to_string();
-        let (ch, cd) = Hub::new(cn, 1 << 16).map_err(err)?;
-        let (sh, sd) = Hub::new(sn, 1 << 16).map_err(err)?;
+        let hub = |nic| {
+            if o.srq {
+                let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
+                Hub::with_shared_receives(nic, 1 << 16, q)
+            } else {
+                Hub::new(nic, 1 << 16)
+            }
+        };
+        let (ch, cd) = hub(cn).map_err(err)?;
+        let (sh, sd) = hub(sn).map_err(err)?;
         let p = cfg(Role::Client).policies;
         let mut ce = ch
             .prepare(ch.connection_nic().map_err(err)?, cfg(Role::Client))
@@ -87,7 +99,7 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
             group,
             o.iters,
             o.warmup,
-            ("async-hub", "sim"),
+            (if o.srq { "async-hub-srq" } else { "async-hub" }, "sim"),
         );
     }
     let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
