@@ -184,6 +184,11 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
     }
     let st = sh.stats().srq.expect("shared receives");
     assert_eq!(st.shares, 8 * n as u32, "an idle connection holds 8: {st:?}");
+    // The queue's receives are reserved once; each connection reserves
+    // only its send side.
+    let sends = sh.stats().reserved_entries - 4096;
+    assert_eq!(sends % n as u64, 0);
+    assert!(sends / (n as u64) < 100, "{:?}", sh.stats());
     assert_eq!(st.slots, 320, "five chunks of 64 hold 40 x 8: {st:?}");
     for (_, _, s, _) in &conns {
         assert_eq!(s.stats().receive_share, 8);
@@ -288,6 +293,24 @@ fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() 
     assert!(sh.stats().srq.unwrap().shares < 32, "{:?}", sh.stats().srq);
     pair(&ch, &sh).expect("room again");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A hub with shared receives reserves every receive of its queue in its
+/// completion queue up front (a peer past its credit may fill them all
+/// before the driver polls): a completion queue not deeper than that is
+/// refused.
+#[test]
+fn a_hub_with_shared_receives_reserves_its_receives_in_the_completion_queue() {
+    let fabric = Fabric::with_seed(3);
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let q = SrqConfig { chunk: 64, max_slots: 1000 };
+    match Hub::with_shared_receives(sn.clone(), 1000, q) {
+        Err(NicError::CqBudget { depth: 1000, wanted: 1000, .. }) => {}
+        Err(e) => panic!("refused with {e}"),
+        Ok(_) => panic!("a completion queue of 1000 entries took 1000 receives and more"),
+    }
+    let (sh, _d) = Hub::with_shared_receives(sn, 1 << 12, q).unwrap();
+    assert_eq!(sh.stats().reserved_entries, 1000);
 }
 
 /// A hub with shared receives puts its connections in one protection

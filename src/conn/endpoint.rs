@@ -64,6 +64,19 @@ impl QueueSizes {
         })?;
         Ok(QueueSizes { send_wrs, cq_entries })
     }
+
+    /// The entries a connection reserves of a shared completion queue: all
+    /// of `cq_entries`, or on a shared receive queue only its send side
+    /// (the receives' completions are reserved once for the whole SRQ, for
+    /// every receive of it may complete before the queue is polled,
+    /// whichever connection's peer sent the frames).
+    pub(crate) fn reserved(&self, shared_receives: bool) -> u32 {
+        if shared_receives {
+            self.send_wrs
+        } else {
+            self.cq_entries
+        }
+    }
 }
 
 /// Destroy `qp` directly, or through the shared queue's `retire`.

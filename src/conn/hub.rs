@@ -26,7 +26,11 @@
 //! A completion queue that overflows takes every QP on it to ERR. A hub
 //! reserves each connection's worst case (every work request it can have
 //! outstanding) from its queue's depth, and refuses a connection that does
-//! not fit ([`NicError::CqBudget`]).
+//! not fit ([`NicError::CqBudget`]). With shared receives, every receive of
+//! the shared queue may complete before the driver polls, whichever peer
+//! sent the frames (a peer past its credit included), so the queue's
+//! `max_slots` entries are reserved once when the hub is made, and each
+//! connection reserves only its send side.
 
 use std::collections::{BinaryHeap, HashMap};
 use std::future::poll_fn;
@@ -265,6 +269,12 @@ impl<N: Nic + 'static> Hub<N> {
         depth: u32,
         srq: Option<Arc<SharedReceives<N>>>,
     ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+        // Every receive of the shared queue may complete before the driver
+        // polls: their entries are reserved once, up front.
+        let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
+        if for_receives >= depth {
+            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives });
+        }
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
@@ -273,7 +283,7 @@ impl<N: Nic + 'static> Hub<N> {
             epoch: Instant::now(),
             routes: Mutex::new(Routes {
                 by_qpn: HashMap::new(),
-                reserved: 0,
+                reserved: u64::from(for_receives),
                 batch: vec![Completion::EMPTY; POLL_BATCH],
                 orphans: 0,
             }),
@@ -319,7 +329,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let sizes = QueueSizes::of(&cfg)?;
-        self.reserve(sizes.cq_entries)?;
+        self.reserve(sizes.reserved(self.shared.srq.is_some()))?;
         self.prepare_reserved(nic, cfg, sizes)
     }
 
@@ -334,10 +344,10 @@ impl<N: Nic + 'static> Hub<N> {
         Ok(())
     }
 
-    /// [`Hub::prepare`] once `sizes.cq_entries` are reserved (given back on
-    /// failure).
+    /// [`Hub::prepare`] once `sizes.reserved(..)` entries are reserved
+    /// (given back on failure).
     fn prepare_reserved(&self, nic: N, cfg: Config, sizes: QueueSizes) -> Result<Prepared<N>, NicError> {
-        let entries = sizes.cq_entries;
+        let entries = sizes.reserved(self.shared.srq.is_some());
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
@@ -423,7 +433,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
     order.sort_by_key(|(n, _)| *n);
     let mut refused = None;
     for (_, hub) in order {
-        match hub.reserve(sizes.cq_entries) {
+        match hub.reserve(sizes.reserved(hub.shared.srq.is_some())) {
             Ok(()) => return Ok((hub.prepare_reserved(nic, cfg, sizes)?, hub)),
             Err(e) => refused = Some(e),
         }

@@ -208,6 +208,11 @@ impl<N: Nic + 'static> CqRouter<N> {
     }
 
     fn make(nic: N, depth: u32, srq: Option<Arc<SharedReceives<N>>>) -> Result<CqRouter<N>, NicError> {
+        // Every receive of the shared queue may complete before a poll.
+        let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
+        if for_receives >= depth {
+            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives });
+        }
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(Hold { nic, cq }),
@@ -215,7 +220,7 @@ impl<N: Nic + 'static> CqRouter<N> {
             depth,
             state: Mutex::new(State {
                 known: HashMap::new(),
-                reserved: 0,
+                reserved: u64::from(for_receives),
                 pending: VecDeque::new(),
                 batch: vec![Completion::EMPTY; BATCH],
                 completions: 0,
@@ -253,7 +258,7 @@ impl<N: Nic + 'static> CqRouter<N> {
     /// with [`CqRouter::poll`]. Its [`Endpoint::drive`] polls no queue.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let sizes = QueueSizes::of(&cfg)?;
-        let entries = sizes.cq_entries;
+        let entries = sizes.reserved(self.shared.srq.is_some());
         {
             let mut st = self.shared.state.lock();
             if st.reserved + u64::from(entries) > u64::from(self.shared.depth) {

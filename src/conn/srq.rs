@@ -62,14 +62,17 @@ pub struct SrqConfig {
     /// The most receives the queue holds (it is created this deep; devices
     /// cap it: `max_srq_wr`, 32,767 on mlx5). Each connection needs at
     /// least [`INITIAL_CREDITS`] (8), and up to its `ctrl_slots` when busy.
+    /// The hub reserves this many entries of its completion queue for the
+    /// receives' completions.
     pub max_slots: u32,
 }
 
 impl Default for SrqConfig {
-    /// 1,024 receives a chunk (4 MiB), at most 16,384 (64 MiB): 2,048 idle
-    /// connections.
+    /// 1,024 receives a chunk (4 MiB), at most 8,192 (32 MiB): 1,024 idle
+    /// connections. The hub's completion queue must be deeper than
+    /// `max_slots` (it reserves that many entries for the receives).
     fn default() -> SrqConfig {
-        SrqConfig { chunk: 1024, max_slots: 16384 }
+        SrqConfig { chunk: 1024, max_slots: 8192 }
     }
 }
 
@@ -154,6 +157,11 @@ impl<N: Nic> SharedReceives<N> {
             me.grow(&mut st)?;
         }
         Ok(me)
+    }
+
+    /// The most receives the queue will hold.
+    pub(crate) fn max_slots(&self) -> u32 {
+        self.cfg.max_slots
     }
 
     /// The queue, for the QPs on it.

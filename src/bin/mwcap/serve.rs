@@ -111,10 +111,12 @@ mod imp {
             match open(o).and_then(|nic| {
                 let depth = hub_depth(&nic);
                 let max_srq = nic.device_attrs().max_srq_wr;
-                if policy == Policy::Mw && max_srq >= 1024 {
+                // Half the completion queue for the shared receives.
+                let max_slots = max_srq.min(depth / 2).min(1 << 16);
+                if policy == Policy::Mw && max_slots >= 1024 {
                     // mw connections take their control receives from one
                     // shared receive queue (docs/serving.md).
-                    let q = SrqConfig { chunk: 1024, max_slots: max_srq.min(1 << 16) };
+                    let q = SrqConfig { chunk: 1024, max_slots };
                     match Hub::with_shared_receives(nic, depth, q) {
                         Ok(h) => return Ok(h),
                         Err(e) => eprintln!(
