@@ -3,13 +3,13 @@
 //! and calls per second with some of them active.
 //!
 //! ```sh
-//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [--shared-receives]
+//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [--shared-receives]
 //! ```
-//! (defaults 10000, 1000, 20 and 8). The server side is one simulated device
+//! (defaults 10000, 1000, 20, 8 and `CTRL_SLOTS`). The server side is one simulated device
 //! with one hub (one completion queue, one driver task) and every server
 //! connection in a protection domain of its own; the client side likewise.
-//! Each connection has a small pool: 2 buffers of 4 KiB and `CTRL_SLOTS`
-//! control slots each way. With `--shared-receives` both hubs are made with
+//! Each connection has a small pool: 2 buffers of 4 KiB, `SEND_SLOTS`
+//! control slots for SENDs and `CTRL_SLOTS` for receives. With `--shared-receives` both hubs are made with
 //! `Hub::with_shared_receives`: the connections take their control receives
 //! from one shared receive queue per side (8 each while idle, up to
 //! `CTRL_SLOTS` when busy) and keep only their send slots. Each round, every active client makes a call with a
@@ -30,11 +30,12 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn config(role: Role, ctrl_slots: u32) -> Config {
+fn config(role: Role, ctrl_slots: u32, send_slots: u32) -> Config {
     let mut c = Config::new(role, Policies::both(Policy::Mw));
     c.buffers = 2;
     c.buffer_size = 4096;
     c.ctrl_slots = ctrl_slots;
+    c.send_slots = Some(send_slots);
     c.region_exposures = 0;
     c
 }
@@ -69,6 +70,7 @@ fn main() {
     let active = (args.get(1).copied().unwrap_or(1_000) as usize).min(n);
     let rounds = args.get(2).copied().unwrap_or(20);
     let ctrl_slots = args.get(3).copied().unwrap_or(8) as u32;
+    let send_slots = args.get(4).copied().map_or(ctrl_slots, |n| n as u32);
     let shared = std::env::args().any(|a| a == "--shared-receives");
     let fabric = Fabric::with_seed(1);
     let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
@@ -78,11 +80,15 @@ fn main() {
     let t0 = Instant::now();
     // 30 completion queue entries per connection of this size with 8
     // control slots, and 2 more per slot beyond.
-    let depth = (n as u32).saturating_mul(32 + 2 * ctrl_slots).max(1024);
+    let mut depth = (n as u32).saturating_mul(32 + 2 * ctrl_slots).max(1024);
+    // With shared receives: 8 receives per idle connection, and room for
+    // busy ones; the queue reserves an entry for each.
+    let q = SrqConfig { chunk: 4096, max_slots: (n as u32 * 8 + 4096 * 4).next_multiple_of(4096) };
+    if shared {
+        depth += q.max_slots;
+    }
     let hub = |dev| {
         if shared {
-            // 8 receives per idle connection, and room for busy ones.
-            let q = SrqConfig { chunk: 4096, max_slots: (n as u32 * 8 + 4096 * 4).next_multiple_of(4096) };
             Hub::with_shared_receives(dev, depth, q)
         } else {
             Hub::new(dev, depth)
@@ -108,8 +114,8 @@ fn main() {
         let p = Policies::both(Policy::Mw);
         let cnic = chub.connection_nic().expect("a NIC handle");
         let snic = shub.connection_nic().expect("a NIC handle");
-        let cp = chub.prepare(cnic, config(Role::Client, ctrl_slots)).expect("client");
-        let sp = shub.prepare(snic, config(Role::Server, ctrl_slots)).expect("server");
+        let cp = chub.prepare(cnic, config(Role::Client, ctrl_slots, send_slots)).expect("client");
+        let sp = shub.prepare(snic, config(Role::Server, ctrl_slots, send_slots)).expect("server");
         let mut c = cp.finish(p).expect("client endpoint");
         let mut s = sp.finish(p).expect("server endpoint");
         let (ce, se) = (c.local(), s.local());
@@ -131,7 +137,7 @@ fn main() {
     // The shared receive queue's regions, per connection on the hub.
     let srq_per_conn = shub.stats().srq.map_or(0, |q| q.registered_bytes / n as u64);
     println!(
-        "connections={n} hubs=2 shared_receives={shared} ctrl_slots={ctrl_slots} setup_s={:.2} \
+        "connections={n} hubs=2 shared_receives={shared} ctrl_slots={ctrl_slots} send_slots={send_slots} setup_s={:.2} \
          setups_per_s={:.0} registered_bytes_per_conn={} (own {registered}, shared receive queue \
          {srq_per_conn}) rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={} \
          (rss less the simulated registered memory, which the simulator keeps on the heap)",

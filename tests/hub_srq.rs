@@ -555,3 +555,108 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     drop(flooder);
 }
+
+/// `Config::send_slots` below `ctrl_slots`: a server on shared receives
+/// registers only its few send slots for control frames, its client (a
+/// receive queue of its own, 2 send slots) still keeps 12 calls going, and
+/// every one is answered with its own bytes; fewer than 2 is refused.
+#[test]
+fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
+    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 1024 });
+    let p = Policies::both(Policy::Mw);
+    let with_sends = |role, n| {
+        let mut c = cfg(role);
+        c.send_slots = Some(n);
+        c
+    };
+    let mut s =
+        sh.prepare(sh.connection_nic().unwrap(), with_sends(Role::Server, 4)).unwrap().finish(p).unwrap();
+    let mut c =
+        ch.prepare(ch.connection_nic().unwrap(), with_sends(Role::Client, 2)).unwrap().finish(p).unwrap();
+    let data = s.data_region().len as u64;
+    assert_eq!(s.registered_bytes(), 4 * 4096 + data, "4 send slots, no receive slots");
+    assert_eq!(c.registered_bytes(), (2 + 32) * 4096 + data, "2 send slots, 32 receive slots");
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se).unwrap();
+    s.connect(&ce).unwrap();
+    let ((client, cd), (server, sd)) = (ch.add(c), sh.add(s));
+    spawn(&pool, serve(server.clone()));
+    let calls = (0..12usize).map(|k| {
+        let c = client.clone();
+        async move {
+            let len = [0usize, 100, 3000][k % 3];
+            let data = if len == 0 {
+                None
+            } else {
+                let mut b = c.alloc_for(len).await.unwrap();
+                c.write(&mut b, &pattern(k, len)).unwrap();
+                Some(b)
+            };
+            let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("call {k}: {e}"));
+            let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+            let mut want = pattern(k, len);
+            want.reverse();
+            assert!(got == want, "call {k}: not its own bytes");
+        }
+    });
+    pool.run_until(futures::future::join_all(calls));
+    assert_eq!(client.stats().calls_failed, 0);
+    client.close();
+    server.close();
+    pool.run_until(futures::future::join(cd.run(), sd.run()));
+    let mut bad = cfg(Role::Client);
+    bad.send_slots = Some(1);
+    match sh.prepare(sh.connection_nic().unwrap(), bad) {
+        Err(NicError::BadConfig(e)) => assert!(e.to_string().contains("send_slots"), "{e}"),
+        other => panic!("{:?}", other.map(|p| p.local())),
+    }
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A connection that takes its initial share and never starts (its QP is
+/// never connected, or it is never added to the hub) gives exactly that
+/// share back, and the receives its peer's frames took while it waited are
+/// posted again when it goes: the accounting stays true for the others.
+#[test]
+fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
+    use mwcap::sim::{FabricConfig, Progress};
+    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let (sh, sdrv) =
+        Hub::with_shared_receives(sn, 1 << 14, SrqConfig { chunk: 64, max_slots: 1024 }).unwrap();
+    let mut pool = LocalPool::new();
+    spawn(&pool, sdrv.run());
+    let p = Policies::both(Policy::Mw);
+    let (keep, _keep_client) = {
+        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+        c.connect(&s.local()).unwrap();
+        s.connect(&c.local()).unwrap();
+        (sh.add(s), c)
+    };
+    // Finished but never connected (ctrl_slots 32): back go 8, not 32.
+    let never = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+    assert_eq!(sh.stats().srq.unwrap().shares, 16);
+    drop(never);
+    assert_eq!(sh.stats().srq.unwrap().shares, 8, "exactly its initial share came back");
+    // Connected, its peer's requests in the hub's queue, never added.
+    let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+    let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+    c.connect(&s.local()).unwrap();
+    s.connect(&c.local()).unwrap();
+    for _ in 0..3 {
+        c.call(fabric.now(), b"never served", None).unwrap();
+    }
+    for _ in 0..10 {
+        fabric.run_until_idle();
+        pool.run_until_stalled();
+    }
+    let before = sh.stats().srq.unwrap();
+    assert_eq!(before.frames, 0, "nobody took the frames yet");
+    drop(s);
+    let after = sh.stats().srq.unwrap();
+    assert_eq!(after.unclaimed, 3, "its three receives were posted again: {after:?}");
+    assert_eq!(after.shares, 8);
+    drop(keep);
+}

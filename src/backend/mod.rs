@@ -100,7 +100,8 @@ pub trait Nic: Send + Sync {
     /// shared receive queues ([`Nic::create_srq`]) serve its queue pairs.
     /// A [`crate::conn::Hub`] with shared receives puts its connections in
     /// its own PD this way (which is safe under the mw policy only: see
-    /// the hub's docs).
+    /// the hub's docs). (The simulator's `same_pd` is a clone: every handle
+    /// of the PD sees its objects, and they outlive the handle.)
     fn same_pd(&self) -> Result<Self, NicError>
     where
         Self: Sized;

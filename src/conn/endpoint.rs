@@ -50,7 +50,7 @@ impl QueueSizes {
         let chunk = u64::from(cfg.read_chunk);
         let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
         let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
-        let send_wrs = u64::from(cfg.ctrl_slots) + 2 * exposable + reads + 8;
+        let send_wrs = u64::from(cfg.sends()) + 2 * exposable + reads + 8;
         let send_wrs = u32::try_from(send_wrs).map_err(|_| {
             NicError::InvalidWr(format!(
                 "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
@@ -624,9 +624,10 @@ impl<N: Nic> Endpoint<N> {
             }
         }
         if let Err(e) = srq.repost(slot) {
-            // The queue has one receive fewer; the shares still fit it, as
-            // the limit event will tell if they do not.
+            // The queue holds one receive fewer (the limit event adds more
+            // if most are in use).
             tracing::warn!(%e, slot, "posting a shared receive again");
+            srq.lost();
         }
         let mut own = *c;
         own.wr_id = proto::SHARED_RECV_WR_ID;
@@ -648,7 +649,11 @@ impl<N: Nic> Endpoint<N> {
     /// its share goes back to the hub's queue (once).
     fn release_share(&mut self) {
         if let Some(s) = self.srq.as_ref().filter(|_| !self.share_released) {
-            s.release(self.conn.receive_share());
+            // Admitted with the initial share; the connection's own once it
+            // started on the queue.
+            let share =
+                if self.conn.takes_shared_receives() { self.conn.receive_share() } else { INITIAL_CREDITS };
+            s.release(share);
             self.share_released = true;
         }
     }
@@ -880,8 +885,8 @@ impl<N: Nic> Prepared<N> {
             )));
         }
         // Send slots, then (with a receive queue of its own) receive slots.
-        let halves = if self.srq.is_some() { 1 } else { 2 };
-        let ctrl = made.reg(MAX_FRAME * halves * cfg.ctrl_slots as usize, Access::LOCAL_WRITE)?;
+        let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
+        let ctrl = made.reg(MAX_FRAME * (cfg.sends() + recvs) as usize, Access::LOCAL_WRITE)?;
         let layout = Layout::new(&cfg);
         let data = made.reg(layout.bytes() as usize, access)?;
         if owns == Policy::Mw {

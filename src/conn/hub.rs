@@ -170,13 +170,24 @@ impl<N: Nic> Shared<N> {
                         self.queue(inner);
                     }
                     Some(Route { conn: None, early, .. }) => early.push(*c),
-                    None => routes.orphans += 1,
+                    None => {
+                        routes.orphans += 1;
+                        self.unclaimed(c);
+                    }
                 }
             }
         };
         routes.batch = batch;
         self.completions.fetch_add(total as u64, Ordering::Relaxed);
         result
+    }
+
+    /// A completion no connection will take: a shared receive is posted
+    /// again.
+    fn unclaimed(&self, c: &Completion) {
+        if let Some(q) = &self.srq {
+            q.repost_unclaimed(c);
+        }
     }
 
     /// Put a connection on the ready list (once) and wake the driver.
@@ -200,6 +211,12 @@ impl<N: Nic> SharedCq for Retire<N> {
             return;
         };
         let mut routes = shared.routes.lock();
+        // Take what is queued before the destroy too: some providers (mlx5)
+        // erase a destroyed QP's completions, and a shared receive among
+        // them would never be posted again.
+        if let Err(e) = shared.poll(&mut routes) {
+            tracing::warn!(%e, "polling the hub's completion queue");
+        }
         destroy();
         // After destroy_qp no completion of it appears: drain what is queued
         // (into its own inbox, with the others') before the number is free.
@@ -209,6 +226,10 @@ impl<N: Nic> SharedCq for Retire<N> {
         let gone = routes.by_qpn.remove(&qpn);
         if let Some(r) = &gone {
             routes.reserved -= u64::from(r.entries);
+            // Completions of a connection never added: none will take them.
+            for c in &r.early {
+                shared.unclaimed(c);
+            }
         }
         drop(routes);
         // Dropped outside the lock: it may hold the last handle on a
@@ -536,7 +557,9 @@ impl<N: Nic> HubDriver<N> {
             let mut busy = false;
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
-                match shared.poll(&mut routes) {
+                let polled = shared.poll(&mut routes);
+                drop(routes);
+                match polled {
                     Ok(n) => {
                         busy |= n > 0;
                         if let Some(srq) = shared.srq.as_ref().filter(|_| n > 0) {

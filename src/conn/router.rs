@@ -8,9 +8,11 @@
 //! from the queue's depth ([`NicError::CqBudget`] when it does not fit); a
 //! QP is known from its creation; and a QP is destroyed under the router's
 //! lock, with its completions taken out of the queue before its number can
-//! come back. Those leftovers are dropped, for the endpoint they belong to
-//! has returned everything by then (its QP is gone: that is the evidence),
-//! except a shared receive, which goes back to the shared queue.
+//! come back (the queue is drained before the destroy too: some providers,
+//! mlx5, erase a destroyed QP's completions). Those leftovers are dropped,
+//! for the endpoint they belong to has returned everything by then (its QP
+//! is gone: that is the evidence), except a shared receive, which goes back
+//! to the shared queue.
 //!
 //! ```text
 //! let router = CqRouter::new(nic, 1 << 16)?;
@@ -34,9 +36,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::endpoint::{QueueSizes, SharedCq};
-use super::srq::{self, SharedReceives, SrqConfig, SrqStats};
+use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{Config, Endpoint, Prepared};
-use crate::backend::{Completion, CqId, Nic, NicError, WcOpcode};
+use crate::backend::{Completion, CqId, Nic, NicError};
 
 /// Completions taken per poll of the queue.
 const BATCH: usize = 64;
@@ -150,12 +152,8 @@ impl<N: Nic> Shared<N> {
 
     /// A completion nobody will take: a shared receive goes back.
     fn drop_completion(&self, c: &Completion) {
-        if let (Some(q), Some(slot)) = (&self.srq, srq::slot_of(c.wr_id)) {
-            if c.opcode == WcOpcode::Recv {
-                if let Err(e) = q.repost(slot) {
-                    tracing::warn!(%e, slot, "posting a shared receive again");
-                }
-            }
+        if let Some(q) = &self.srq {
+            q.repost_unclaimed(c);
         }
     }
 }
@@ -170,6 +168,12 @@ impl<N: Nic> SharedCq for Retire<N> {
             return;
         };
         let mut st = shared.state.lock();
+        // Take what is queued before the destroy too: some providers (mlx5)
+        // erase a destroyed QP's completions, and a shared receive among
+        // them would never be posted again.
+        if let Err(e) = shared.drain(&mut st) {
+            tracing::warn!(%e, "polling the router's completion queue");
+        }
         destroy();
         // After destroy_qp no completion of it appears: take what is queued
         // before the number is free, and drop that QP's.
@@ -286,8 +290,12 @@ impl<N: Nic + 'static> CqRouter<N> {
 
     /// Take the completions off the queue and hand each to its endpoint in
     /// `endpoints` (one it does not have keeps its completions for a later
-    /// poll). Each is handed over only if its QP is still the one the
-    /// router knows by that number. Returns how many were handed over. Allocates nothing in
+    /// poll). A destroyed QP's completions are taken out of the queue before
+    /// its number can come back, so a completion handed over is always the
+    /// current QP's with that number; remove an endpoint whose QP is
+    /// destroyed from `endpoints` before another QP can get its number.
+    /// Poll from one thread at a time (others may drop endpoints). Returns
+    /// how many were handed over. Allocates nothing in
     /// steady state. A queue that fails (the device is gone) returns the
     /// error: take every endpoint on it down ([`Endpoint::begin_close`],
     /// then [`Endpoint::finish_close`]).
@@ -299,9 +307,10 @@ impl<N: Nic + 'static> CqRouter<N> {
         let mut n = st.pending.len();
         while n > 0 {
             n -= 1;
-            let c = st.pending.pop_front().expect("counted");
+            let Some(c) = st.pending.pop_front() else { break };
             if !st.known.contains_key(&c.qpn) {
                 st.orphans += 1;
+                self.shared.drop_completion(&c);
                 continue;
             }
             match endpoints.endpoint(c.qpn) {

@@ -96,6 +96,9 @@ pub struct SrqStats {
     pub limit_events: u64,
     /// Connections refused for want of room.
     pub refused: u64,
+    /// Receives of frames whose connection was gone (never added, or its
+    /// QP destroyed) posted again by the hub.
+    pub unclaimed: u64,
 }
 
 /// What to do with the receive of a frame just received.
@@ -127,6 +130,7 @@ pub(crate) struct SharedReceives<N: Nic> {
     withheld: AtomicU64,
     limit_events: AtomicU64,
     refused: AtomicU64,
+    unclaimed: AtomicU64,
 }
 
 impl<N: Nic> SharedReceives<N> {
@@ -151,6 +155,7 @@ impl<N: Nic> SharedReceives<N> {
             withheld: AtomicU64::new(0),
             limit_events: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            unclaimed: AtomicU64::new(0),
         };
         {
             let mut st = me.state.lock();
@@ -177,19 +182,20 @@ impl<N: Nic> SharedReceives<N> {
             return Err(NicError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
         let mr = self.nic.reg_mr(n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
-        let first = st.slots;
+        // Slab i's receives are numbered from i x chunk (`place`), whatever
+        // came of the others.
+        let first = st.slabs.len() as u32 * self.cfg.chunk;
+        st.slabs.push(mr);
         for k in 0..n {
             let sge = Sge { mr: mr.id, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
             if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(first + k), sge) {
                 // Those posted stay posted (and are counted); the rest of the
                 // region is unused.
                 st.slots += k;
-                st.slabs.push(mr);
                 return Err(e);
             }
         }
         st.slots += n;
-        st.slabs.push(mr);
         self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))
     }
 
@@ -215,7 +221,14 @@ impl<N: Nic> SharedReceives<N> {
     /// A connection's QP is gone: its share comes back.
     pub(crate) fn release(&self, share: u32) {
         let mut st = self.state.lock();
+        debug_assert!(share <= st.shares, "a share of {share} released of {} held", st.shares);
         st.shares -= share.min(st.shares);
+    }
+
+    /// A receive could not be posted again: the queue holds one fewer.
+    pub(crate) fn lost(&self) {
+        let mut st = self.state.lock();
+        st.slots = st.slots.saturating_sub(1);
     }
 
     /// A frame arrived for a connection whose share is `share` (at most
@@ -261,8 +274,9 @@ impl<N: Nic> SharedReceives<N> {
     fn place(&self, slot: u32) -> Result<(MrInfo, usize), NicError> {
         let st = self.state.lock();
         let chunk = self.cfg.chunk;
+        let offset = (slot % chunk) as usize * MAX_FRAME;
         match st.slabs.get((slot / chunk) as usize) {
-            Some(mr) if slot < st.slots => Ok((*mr, (slot % chunk) as usize * MAX_FRAME)),
+            Some(mr) if offset < mr.len => Ok((*mr, offset)),
             _ => Err(NicError::NoSuchObject { what: "shared receive", id: slot }),
         }
     }
@@ -288,6 +302,18 @@ impl<N: Nic> SharedReceives<N> {
         }
     }
 
+    /// A completion of a receive of this queue that no connection will
+    /// take (its QP is gone): post the receive again.
+    pub(crate) fn repost_unclaimed(&self, c: &crate::backend::Completion) {
+        if let Some(slot) = slot_of(c.wr_id) {
+            self.unclaimed.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.repost(slot) {
+                tracing::warn!(%e, slot, "posting a shared receive again");
+                self.lost();
+            }
+        }
+    }
+
     pub(crate) fn stats(&self) -> SrqStats {
         let st = self.state.lock();
         SrqStats {
@@ -299,6 +325,7 @@ impl<N: Nic> SharedReceives<N> {
             withheld: self.withheld.load(Ordering::Relaxed),
             limit_events: self.limit_events.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            unclaimed: self.unclaimed.load(Ordering::Relaxed),
         }
     }
 }

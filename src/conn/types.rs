@@ -71,8 +71,18 @@ pub struct Config {
     /// many bytes, posted together (the NIC pipelines them up to the QP's
     /// outstanding-READ limit); only the last asks for a completion.
     pub read_chunk: u32,
-    /// Control slots for SENDs, and as many for RECVs.
+    /// Control slots for RECVs: the frames the peer may have in flight
+    /// (on a hub with shared receives, the most the connection's share of
+    /// the hub's queue grows to). Also the control slots for SENDs unless
+    /// `send_slots` says otherwise.
     pub ctrl_slots: u32,
+    /// Control slots for SENDs (4 KiB of registered memory each): the
+    /// frames this side may have in flight. `None`: `ctrl_slots`. A call or
+    /// reply that finds none free waits. On a hub with shared receives the
+    /// send slots are all a connection registers for its control frames, so
+    /// a few (8) with a larger `ctrl_slots` keep it small and still let its
+    /// peer send bursts. At least 2.
+    pub send_slots: Option<u32>,
     /// How long an exposure lives before the owner takes it back.
     pub lease_time: Duration,
     /// Reader side: the time a lease must have left to be worth READing.
@@ -154,6 +164,12 @@ pub enum ConfigError {
         /// `Config::ctrl_slots`.
         ctrl_slots: u32,
     },
+    /// Fewer than 2 send slots: a frame and a grant must be able to go.
+    #[error("Config::send_slots is {send_slots}, below 2 (a frame and a credit grant); raise it, or leave it None for ctrl_slots")]
+    TooFewSendSlots {
+        /// `Config::send_slots`.
+        send_slots: u32,
+    },
     /// `Config::inline_max` is above [`MAX_INLINE`].
     #[error("Config::inline_max is {inline_max}, above MAX_INLINE ({MAX_INLINE}); lower it")]
     InlineTooLarge {
@@ -198,6 +214,7 @@ impl Config {
             region_exposures: 8,
             read_chunk: 1 << 20,
             ctrl_slots: 64,
+            send_slots: None,
             lease_time: Duration::from_secs(5),
             safety_margin: Duration::from_millis(500),
             call_timeout: Duration::from_secs(10),
@@ -207,6 +224,11 @@ impl Config {
             rnr_retry: 6,
             keepalive: None,
         }
+    }
+
+    /// Control slots for SENDs: `send_slots`, or `ctrl_slots`.
+    pub fn sends(&self) -> u32 {
+        self.send_slots.unwrap_or(self.ctrl_slots)
     }
 
     /// Whether these settings can work: [`Endpoint::prepare`] (and so
@@ -230,6 +252,9 @@ impl Config {
         }
         if self.ctrl_slots < super::frame::INITIAL_CREDITS {
             return Err(ConfigError::TooFewCtrlSlots { ctrl_slots: self.ctrl_slots });
+        }
+        if self.send_slots.is_some_and(|n| n < 2) {
+            return Err(ConfigError::TooFewSendSlots { send_slots: self.send_slots.unwrap_or(0) });
         }
         if self.inline_max > MAX_INLINE {
             return Err(ConfigError::InlineTooLarge { inline_max: self.inline_max });

@@ -189,6 +189,10 @@ pub struct ConnArgs {
     /// least 8).
     #[arg(long, default_value_t = 64)]
     pub ctrl_slots: u32,
+    /// Control slots for SENDs, if fewer than `--ctrl-slots`
+    /// (`Config::send_slots`; at least 2).
+    #[arg(long)]
+    pub send_slots: Option<u32>,
     /// How long an exposed payload stays readable, in ms (`Config::lease_time`):
     /// longer than the slowest READ, e.g. many 16 MiB payloads at once on a
     /// slow link.
@@ -208,6 +212,7 @@ impl ConnArgs {
     /// Put these settings into `c`.
     pub fn apply(&self, c: &mut mwcap::conn::Config) {
         c.ctrl_slots = self.ctrl_slots;
+        c.send_slots = self.send_slots;
         c.lease_time = std::time::Duration::from_millis(self.lease_ms);
         c.call_timeout = std::time::Duration::from_millis(self.call_timeout_ms);
         if let Some(us) = self.busy_poll_us {

@@ -162,8 +162,9 @@ pub enum Command {
 /// layer creates them (see [`Endpoint`](super::Endpoint)).
 #[derive(Clone, Debug)]
 pub struct Resources {
-    /// The control region: `ctrl_slots` send slots then as many receive
-    /// slots, [`MAX_FRAME`] bytes each.
+    /// The control region: `Config::sends()` send slots then (with a
+    /// receive queue of the QP's own) `ctrl_slots` receive slots,
+    /// [`MAX_FRAME`] bytes each.
     pub ctrl: MrId,
     /// The data region: the buffers of every size class, one class after
     /// the other (`Config::buffers` of `buffer_size`, then
@@ -370,7 +371,7 @@ impl Connection {
             .then(|| ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, &res.data));
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
-            sends: Slots::new(cfg.ctrl_slots),
+            sends: Slots::new(cfg.sends()),
             credits: 0,
             owed: 0,
             share: cfg.ctrl_slots,
@@ -503,13 +504,19 @@ impl Connection {
         self.share
     }
 
+    /// Whether the connection started on a shared receive queue
+    /// ([`Connection::start_shared`]).
+    pub fn takes_shared_receives(&self) -> bool {
+        self.shared_receives
+    }
+
     /// Why the connection is down, if it is.
     pub fn is_down(&self) -> Option<&LossReason> {
         self.down.as_ref()
     }
 
     fn recv_offset(&self, slot: u32) -> usize {
-        (self.cfg.ctrl_slots as usize + slot as usize) * MAX_FRAME
+        (self.cfg.sends() as usize + slot as usize) * MAX_FRAME
     }
 
     fn post_recv(&mut self, slot: u32) {
@@ -1467,7 +1474,7 @@ impl Connection {
             let (queue, depth) = if self.credits < need {
                 ("peer receive credits", self.credits)
             } else {
-                ("control send slots", self.cfg.ctrl_slots)
+                ("control send slots", self.cfg.sends())
             };
             return Err(NicError::QueueFull { queue, depth });
         }
