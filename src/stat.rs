@@ -198,8 +198,16 @@ impl Registry {
                 out.pop();
                 let _ = writeln!(
                     out,
-                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={}",
-                    q.slots, q.shares, q.registered_bytes, q.frames, q.grown, q.withheld, q.limit_events, q.refused
+                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={} srq_unclaimed={}",
+                    q.slots,
+                    q.shares,
+                    q.registered_bytes,
+                    q.frames,
+                    q.grown,
+                    q.withheld,
+                    q.limit_events,
+                    q.refused,
+                    q.unclaimed
                 );
             }
             true

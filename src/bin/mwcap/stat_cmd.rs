@@ -170,7 +170,7 @@ pub fn table(text: &str) -> Result<String, String> {
                 let line = devices.last_mut().expect("just pushed");
                 line.pop();
                 line.push_str(&format!(
-                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} limit events, {} refused\n",
+                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} limit events, {} refused, {} unclaimed\n",
                     g("srq_shares"),
                     g("srq_slots"),
                     g("srq_bytes"),
@@ -178,7 +178,8 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("srq_grown"),
                     g("srq_withheld"),
                     g("srq_limit_events"),
-                    g("srq_refused")
+                    g("srq_refused"),
+                    g("srq_unclaimed")
                 ));
             }
             continue;
@@ -308,13 +309,13 @@ mod tests {
         assert_eq!(rows[9], "  4: the peer closed the connection");
         let srq = "mwcap-stat 1 pid=7 connections=0\n\
             hub name=mw connections=2 added=5 reserved_entries=110 depth=32767 completions=900 orphans=0 turns=40 connection_turns=70 sleeps=9 \
-            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_limit_events=0 srq_refused=0\n";
+            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_limit_events=0 srq_refused=0 srq_unclaimed=2\n";
         let t = table(srq).unwrap();
         let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
         assert_eq!(
             hub,
             "hub mw: 2 connection(s), 110 of 32767 queue entries reserved, 900 completions (0 orphans), 40 turns, 70 connection turns, 9 sleeps; \
-             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused"
+             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused, 2 unclaimed"
         );
     }
 
