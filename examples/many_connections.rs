@@ -136,15 +136,21 @@ fn main() {
     let per_side = rss / (2 * n as u64);
     // The shared receive queue's regions, per connection on the hub.
     let srq_per_conn = shub.stats().srq.map_or(0, |q| q.registered_bytes / n as u64);
+    // The simulator keeps registered memory on the heap, zeroed and so not
+    // resident until touched: rss less it is the heap only when all of it
+    // was touched (the shared receive queue's and large control regions'
+    // pages mostly are not).
+    let heap = per_side
+        .checked_sub(registered + srq_per_conn)
+        .map_or_else(|| "n/a (registered pages not all resident)".to_string(), |h| h.to_string());
     println!(
         "connections={n} hubs=2 shared_receives={shared} ctrl_slots={ctrl_slots} send_slots={send_slots} setup_s={:.2} \
          setups_per_s={:.0} registered_bytes_per_conn={} (own {registered}, shared receive queue \
-         {srq_per_conn}) rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={} \
-         (rss less the simulated registered memory, which the simulator keeps on the heap)",
+         {srq_per_conn}) rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} \
+         (rss less the simulated registered memory)",
         setup.as_secs_f64(),
         n as f64 / setup.as_secs_f64(),
         registered + srq_per_conn,
-        per_side.saturating_sub(registered + srq_per_conn)
     );
     let stats = shub.stats();
     println!(
@@ -188,9 +194,16 @@ fn main() {
     assert_eq!(s.orphans, 0);
     if let Some(q) = s.srq {
         println!(
-            "server shared receives: slots={} shares={} registered_bytes={} frames={} grown={} withheld={} \
-             limit_events={}",
-            q.slots, q.shares, q.registered_bytes, q.frames, q.grown, q.withheld, q.limit_events
+            "server shared receives: slots={} shares={} registered_bytes={} ({} per connection) frames={} \
+             grown={} withheld={} limit_events={}",
+            q.slots,
+            q.shares,
+            q.registered_bytes,
+            q.registered_bytes / n as u64,
+            q.frames,
+            q.grown,
+            q.withheld,
+            q.limit_events
         );
     }
     let t2 = Instant::now();
