@@ -660,3 +660,76 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     assert_eq!(after.shares, 8);
     drop(keep);
 }
+
+/// A listener over a hub with shared receives and a plain one: when it
+/// requires mw its clients go to either (those on the shared one with a
+/// handle on its PD, whatever `nics` gave); when it may negotiate confirm,
+/// only to the plain one.
+#[test]
+fn a_listener_puts_clients_on_a_hub_with_shared_receives_only_when_it_requires_mw() {
+    use mwcap::bootstrap::{Auth, Key};
+    use mwcap::conn::{connect_async, Listener, PolicyChoice, SetupOptions};
+    for (choice, clients) in [(PolicyChoice::Mw, 12usize), (PolicyChoice::Auto, 6)] {
+        let fabric = Fabric::with_seed(33);
+        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+        let mut pool = LocalPool::new();
+        let (shared, sd) =
+            Hub::with_shared_receives(sn.new_pd().unwrap(), 1 << 14, SrqConfig::default()).unwrap();
+        let (plain, pd) = Hub::new(sn.new_pd().unwrap(), 1 << 14).unwrap();
+        spawn(&pool, sd.run());
+        spawn(&pool, pd.run());
+        let key = || Auth::Key(Key::from_bytes(b"a listener over mixed hubs: a test key".to_vec()).unwrap());
+        let opts = SetupOptions::new(choice, key()).timeout(Duration::from_secs(5));
+        let nics = sn.clone();
+        let mut listener =
+            Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+                nics.new_pd()
+            })
+            .unwrap()
+            .on_hubs(vec![shared.clone(), plain.clone()]);
+        let addr = listener.local_addr().unwrap();
+        let spawner = pool.spawner();
+        pool.spawner()
+            .spawn_local(async move {
+                for _ in 0..clients {
+                    let (conn, run) = listener.accept().await.expect("a client").run();
+                    spawner
+                        .spawn_local(async move {
+                            futures::join!(serve(conn), run);
+                        })
+                        .unwrap();
+                }
+            })
+            .unwrap();
+        let served = pool.run_until(futures::future::join_all((0..clients).map(|i| {
+            let (cn, opts) = (cn.clone(), opts.clone());
+            async move {
+                let (conn, run) = connect_async(cn.new_pd().unwrap(), addr, cfg(Role::Client), &opts)
+                    .await
+                    .expect("connect")
+                    .run();
+                let work = async {
+                    let mut b = conn.alloc().await.unwrap();
+                    conn.write(&mut b, &pattern(i, 500)).unwrap();
+                    let r = conn.call(b"x", Some(b)).await.expect("served");
+                    let mut want = pattern(i, 500);
+                    want.reverse();
+                    let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
+                    drop(r);
+                    conn.close();
+                    ok
+                };
+                futures::join!(work, run).0
+            }
+        })));
+        assert!(served.iter().all(|&ok| ok), "{choice:?}");
+        let (on_shared, on_plain) = (shared.stats().added, plain.stats().added);
+        assert_eq!(on_shared + on_plain, clients as u64);
+        match choice {
+            PolicyChoice::Mw => assert!(on_shared >= 3 && on_plain >= 3, "{on_shared} / {on_plain}"),
+            _ => assert_eq!(on_shared, 0, "a client that may get confirm went to the shared hub"),
+        }
+        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    }
+}

@@ -443,19 +443,46 @@ impl<N: Nic + 'static> Hub<N> {
 }
 
 /// [`Hub::prepare`] on the hub of `hubs` with the fewest connections that
-/// has room for this one.
+/// has room for this one. Hubs with shared receives are passed over unless
+/// `mw_only` (the connection can only be mw: they serve nothing else), and
+/// a connection put on one gets a handle on its PD instead of `nic`.
 pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
     hubs: &[Hub<N>],
     nic: N,
     cfg: Config,
+    mw_only: bool,
 ) -> Result<(Prepared<N>, &Hub<N>), NicError> {
     let sizes = QueueSizes::of(&cfg)?;
-    let mut order: Vec<(usize, &Hub<N>)> = hubs.iter().map(|h| (h.stats().connections, h)).collect();
+    let mut order: Vec<(usize, &Hub<N>)> = hubs
+        .iter()
+        .filter(|h| mw_only || !h.has_shared_receives())
+        .map(|h| (h.stats().connections, h))
+        .collect();
+    if order.is_empty() {
+        return Err(NicError::InvalidWr(
+            "every hub of the listener has shared receives, which serve the mw policy only, and this \
+             connection may negotiate confirm: require PolicyChoice::Mw, or add a Hub::new"
+                .into(),
+        ));
+    }
     order.sort_by_key(|(n, _)| *n);
     let mut refused = None;
+    let mut nic = Some(nic);
     for (_, hub) in order {
         match hub.reserve(sizes.reserved(hub.shared.srq.is_some())) {
-            Ok(()) => return Ok((hub.prepare_reserved(nic, cfg, sizes)?, hub)),
+            Ok(()) => {
+                let nic = match (hub.has_shared_receives(), nic.take()) {
+                    (false, Some(n)) => n,
+                    (_, _) => match hub.connection_nic() {
+                        Ok(n) => n,
+                        Err(e) => {
+                            hub.shared.routes.lock().reserved -= u64::from(sizes.reserved(true));
+                            return Err(e);
+                        }
+                    },
+                };
+                return Ok((hub.prepare_reserved(nic, cfg, sizes)?, hub));
+            }
             Err(e) => refused = Some(e),
         }
     }

@@ -188,6 +188,8 @@ impl<N: Nic + 'static> Listener<N> {
     /// the fewest connections that has room for it. The hubs must be on
     /// one device context (their handles opened once, then `new_pd`), so
     /// that a handle from `nics` may complete on any of their queues.
+    /// Hubs with shared receives take clients only when the listener
+    /// requires mw (`PolicyChoice::Mw`), with a handle on their own PD.
     pub fn on_hubs(mut self, hubs: Vec<super::Hub<N>>) -> Listener<N> {
         self.hubs = Arc::new(hubs);
         self
@@ -349,7 +351,8 @@ async fn finish_setup_async<N: Nic + 'static>(
     let (mut prepared, hub) = if hubs.is_empty() {
         (Endpoint::prepare(nic, cfg.clone())?, None)
     } else {
-        let (p, h) = super::hub::prepare_on_least_loaded(hubs, nic, cfg.clone())?;
+        let mw_only = opts.choice == PolicyChoice::Mw;
+        let (p, h) = super::hub::prepare_on_least_loaded(hubs, nic, cfg.clone(), mw_only)?;
         (p, Some(h))
     };
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
