@@ -49,6 +49,9 @@ use parking_lot::Mutex;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
 
+/// `check_limit` looks for the limit event once in this many calls.
+const LIMIT_CHECK_EVERY: u64 = 16;
+
 /// The top byte of a shared receive's `wr_id` (the connection's own tags
 /// and the engines' are different).
 pub(crate) const TAG_SRQ: u8 = 0xc3;
@@ -131,6 +134,8 @@ pub(crate) struct SharedReceives<N: Nic> {
     limit_events: AtomicU64,
     refused: AtomicU64,
     unclaimed: AtomicU64,
+    /// Calls of `check_limit`.
+    checks: AtomicU64,
 }
 
 impl<N: Nic> SharedReceives<N> {
@@ -156,6 +161,7 @@ impl<N: Nic> SharedReceives<N> {
             limit_events: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             unclaimed: AtomicU64::new(0),
+            checks: AtomicU64::new(0),
         };
         {
             let mut st = me.state.lock();
@@ -282,8 +288,14 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     /// Take the SRQ's limit event, if it came: most receives are in use at
-    /// once, so add a chunk (if the queue may grow) and re-arm.
+    /// once, so add a chunk (if the queue may grow) and re-arm. Called after
+    /// each poll that found completions; it looks every
+    /// [`LIMIT_CHECK_EVERY`]th time (on verbs a look is a `read` of the
+    /// context's event fd), the event waiting in the device meanwhile.
     pub(crate) fn check_limit(&self) {
+        if self.checks.fetch_add(1, Ordering::Relaxed) % LIMIT_CHECK_EVERY != 0 {
+            return;
+        }
         match self.nic.take_srq_limit(self.srq) {
             Ok(false) => {}
             Ok(true) => {
