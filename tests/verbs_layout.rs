@@ -157,6 +157,19 @@ fn rust_layout() -> BTreeMap<String, usize> {
     off!(ibv_qp_init_attr.cap);
     off!(ibv_qp_init_attr.qp_type);
     off!(ibv_qp_init_attr.sq_sig_all);
+    off!(ibv_qp_init_attr.srq);
+
+    size!(ibv_srq_init_attr);
+    off!(ibv_srq_init_attr.srq_context);
+    off!(ibv_srq_init_attr.attr);
+    size!(ibv_srq_attr);
+    off!(ibv_srq_attr.max_wr);
+    off!(ibv_srq_attr.max_sge);
+    off!(ibv_srq_attr.srq_limit);
+    size!(ibv_async_event);
+    off!(ibv_async_event.element);
+    off!(ibv_async_event.event_type);
+    off!(ibv_context.async_fd);
 
     size!(ibv_device_attr);
     off!(ibv_device_attr.device_cap_flags);
@@ -167,6 +180,8 @@ fn rust_layout() -> BTreeMap<String, usize> {
     off!(ibv_device_attr.max_qp_init_rd_atom);
     off!(ibv_device_attr.max_mw);
     off!(ibv_device_attr.phys_port_cnt);
+    off!(ibv_device_attr.max_srq);
+    off!(ibv_device_attr.max_srq_wr);
 
     off!(ibv_port_attr.state);
     off!(ibv_port_attr.active_mtu);
@@ -211,6 +226,9 @@ fn rust_layout() -> BTreeMap<String, usize> {
     konst!(IBV_DEVICE_MEM_WINDOW_TYPE_2B = ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0);
     konst!(IBV_MW_TYPE_2 = ibv_mw_type::IBV_MW_TYPE_2);
     konst!(IBV_QPS_ERR = ibv_qp_state::IBV_QPS_ERR);
+    konst!(IBV_SRQ_LIMIT = ibv_srq_attr_mask::IBV_SRQ_LIMIT.0);
+    konst!(IBV_EVENT_SRQ_LIMIT_REACHED = ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED);
+    konst!(IBV_EVENT_QP_LAST_WQE_REACHED = ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED);
     m
 }
 

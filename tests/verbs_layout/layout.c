@@ -55,13 +55,18 @@ int main(void)
 
 	SIZE(ibv_qp_init_attr);
 	OFF(ibv_qp_init_attr, send_cq); OFF(ibv_qp_init_attr, recv_cq); OFF(ibv_qp_init_attr, cap);
-	OFF(ibv_qp_init_attr, qp_type); OFF(ibv_qp_init_attr, sq_sig_all);
+	OFF(ibv_qp_init_attr, qp_type); OFF(ibv_qp_init_attr, sq_sig_all); OFF(ibv_qp_init_attr, srq);
+
+	SIZE(ibv_srq_init_attr); OFF(ibv_srq_init_attr, srq_context); OFF(ibv_srq_init_attr, attr);
+	SIZE(ibv_srq_attr); OFF(ibv_srq_attr, max_wr); OFF(ibv_srq_attr, max_sge); OFF(ibv_srq_attr, srq_limit);
+	SIZE(ibv_async_event); OFF(ibv_async_event, element); OFF(ibv_async_event, event_type);
+	OFF(ibv_context, async_fd);
 
 	SIZE(ibv_device_attr);
 	OFF(ibv_device_attr, device_cap_flags); OFF(ibv_device_attr, max_sge); OFF(ibv_device_attr, max_qp_wr);
 	OFF(ibv_device_attr, max_cqe); OFF(ibv_device_attr, max_qp_rd_atom);
 	OFF(ibv_device_attr, max_qp_init_rd_atom); OFF(ibv_device_attr, max_mw);
-	OFF(ibv_device_attr, phys_port_cnt);
+	OFF(ibv_device_attr, phys_port_cnt); OFF(ibv_device_attr, max_srq); OFF(ibv_device_attr, max_srq_wr);
 
 	/* Grown by newer rdma-core (active_speed_ex): only the prefix must match,
 	 * libibverbs is told our size. */
@@ -84,5 +89,6 @@ int main(void)
 	CONST(IBV_WC_RECV); CONST(IBV_WC_BIND_MW); CONST(IBV_WC_LOCAL_INV); CONST(IBV_WC_REM_ACCESS_ERR);
 	CONST(IBV_DEVICE_MEM_WINDOW); CONST(IBV_DEVICE_MEM_WINDOW_TYPE_2A); CONST(IBV_DEVICE_MEM_WINDOW_TYPE_2B);
 	CONST(IBV_MW_TYPE_2); CONST(IBV_QPS_ERR);
+	CONST(IBV_SRQ_LIMIT); CONST(IBV_EVENT_SRQ_LIMIT_REACHED); CONST(IBV_EVENT_QP_LAST_WQE_REACHED);
 	return 0;
 }
