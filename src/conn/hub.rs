@@ -12,7 +12,11 @@
 //! Each connection keeps its own protection domain ([`Nic::new_pd`]): a
 //! completion queue belongs to the device context, not to a PD, so sharing
 //! it weakens nothing. A peer's keys reach only its own connection's
-//! memory, on rxe and under confirm too.
+//! memory, on rxe and under confirm too. A hub with shared receives
+//! ([`Hub::with_shared_receives`]) is the exception: its connections share
+//! its PD (rxe checks a receive against the receiving QP's PD), which is
+//! safe under the mw policy only, the one it serves (see [`SrqConfig`],
+//! `docs/serving.md`).
 //!
 //! # QP numbers come back
 //! A device reuses the number of a destroyed QP. A hub destroys a
