@@ -543,7 +543,7 @@ impl<N: Nic> Endpoint<N> {
     /// completions it handled.
     ///
     /// On a shared completion queue ([`super::Hub`]) it does not poll: the
-    /// hub hands the completions over ([`Endpoint::handle_completions`]).
+    /// hub hands the completions over (`Endpoint::handle_completions`).
     pub fn drive(&mut self, now: Duration) -> usize {
         self.reclaim();
         let mut handled = 0;

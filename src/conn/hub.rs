@@ -56,7 +56,7 @@ use crate::handle::Doorbell;
 const POLL_BATCH: usize = 64;
 
 /// One completion queue and one driver for many connections; see the
-/// [module docs](self). Cheap to clone; the [`HubDriver`] ends once every
+/// module docs (`docs/serving.md`). Cheap to clone; the [`HubDriver`] ends once every
 /// clone is dropped and every connection on the hub has finished.
 pub struct Hub<N: Nic> {
     shared: Arc<Shared<N>>,
@@ -273,7 +273,7 @@ impl<N: Nic + 'static> Hub<N> {
     }
 
     /// A hub whose connections take their control receives from one shared
-    /// receive queue (see the [module docs](self) and [`SrqConfig`]): an
+    /// receive queue (see the module docs (`docs/serving.md`) and [`SrqConfig`]): an
     /// idle connection holds 8 receives of 4 KiB instead of `ctrl_slots`,
     /// and a busy one up to `ctrl_slots`. Its connections are in the hub's
     /// protection domain ([`Hub::connection_nic`]), so it serves the mw

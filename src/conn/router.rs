@@ -44,7 +44,7 @@ use crate::backend::{Completion, CqId, Nic, NicError};
 const BATCH: usize = 64;
 
 /// One completion queue for many endpoints driven by the caller; see the
-/// [module docs](self). Dropping it while endpoints made on it live is
+/// module docs (`docs/serving.md`). Dropping it while endpoints made on it live is
 /// safe: the queue goes with the last of them.
 pub struct CqRouter<N: Nic> {
     shared: Arc<Shared<N>>,

@@ -5,10 +5,10 @@
 //! its connections' QPs take their receives from one SRQ, and each
 //! connection has a *share* of it: the receives its peer may have in use
 //! (granted credit, frames in flight, frames waiting to be granted back).
-//! A share starts at [`INITIAL_CREDITS`] (what a peer may send before its
+//! A share starts at 8 receives (`INITIAL_CREDITS`, what a peer may send before its
 //! first grant), grows by one each time the connection receives a frame
 //! while more receives than that are free (up to the connection's
-//! `ctrl_slots`), and shrinks back towards [`INITIAL_CREDITS`] while fewer
+//! `ctrl_slots`), and shrinks back towards `INITIAL_CREDITS` (8) while fewer
 //! are, by not granting a received frame's receive again: the queue keeps
 //! room for the next connection. So memory
 //! follows load: an idle connection holds 32 KiB of receives (8), not
@@ -64,7 +64,7 @@ pub struct SrqConfig {
     pub chunk: u32,
     /// The most receives the queue holds (it is created this deep; devices
     /// cap it: `max_srq_wr`, 32,767 on mlx5). Each connection needs at
-    /// least [`INITIAL_CREDITS`] (8), and up to its `ctrl_slots` when busy.
+    /// least `INITIAL_CREDITS` (8), and up to its `ctrl_slots` when busy.
     /// The hub reserves this many entries of its completion queue for the
     /// receives' completions.
     pub max_slots: u32,

@@ -251,7 +251,7 @@ struct MwReader {
 }
 
 /// One side of one RC connection running mwcap's protocols, without I/O.
-/// See the [module docs](self).
+/// See the module docs (`docs/serving.md`).
 pub struct Connection {
     id: u64,
     cfg: Config,
@@ -282,7 +282,7 @@ pub struct Connection {
     inline_wait: VecDeque<(u64, u32, u32)>,
     inline_bytes: Vec<u8>,
     /// Flow control: SENDs the peer has a receive posted for (granted in
-    /// the credit field of its frames, [`INITIAL_CREDITS`] at the start).
+    /// the credit field of its frames, `INITIAL_CREDITS` (8) at the start).
     /// Every frame but a `Credit` leaves one in reserve, so that a grant
     /// can always be sent (see `docs/protocol.md`, "Flow control").
     credits: u32,
@@ -440,14 +440,14 @@ impl Connection {
     }
 
     /// The QP is connected: post every receive slot. The peer may send
-    /// [`INITIAL_CREDITS`] frames at once; the rest of the receives are
+    /// `INITIAL_CREDITS` (8) frames at once; the rest of the receives are
     /// granted in our first frame out. Nothing is sent here: the peer's
     /// QP may not be connected yet (the bootstrap's ready phase follows),
     /// so a client grants with its first request and a server as soon as
     /// the first request arrives.
     ///
     /// # Panics
-    /// If `ctrl_slots` is below [`INITIAL_CREDITS`] (the endpoint refuses
+    /// If `ctrl_slots` is below `INITIAL_CREDITS` (8) (the endpoint refuses
     /// such a `Config` before it gets here).
     pub fn start(&mut self) {
         assert!(self.cfg.ctrl_slots >= INITIAL_CREDITS, "ctrl_slots below INITIAL_CREDITS");
@@ -461,7 +461,7 @@ impl Connection {
     /// [`Connection::start`] for a QP that takes its receives from a
     /// shared receive queue its owner posts (a
     /// [`Hub`](crate::conn::Hub) with shared receives): nothing is posted
-    /// here, the peer may send [`INITIAL_CREDITS`] frames, and the
+    /// here, the peer may send `INITIAL_CREDITS` (8) frames, and the
     /// connection's share of the queue is that many until the owner
     /// changes it. A received frame's receive is not re-granted by itself:
     /// the owner calls [`Connection::grant_receives`] (or
@@ -490,7 +490,7 @@ impl Connection {
 
     /// Shared receives: the receive of a frame just received goes back to
     /// the owner instead of the peer (the share shrinks by one). Refused
-    /// (false) at [`INITIAL_CREDITS`]: below it flow control could stall.
+    /// (false) at `INITIAL_CREDITS` (8): below it flow control could stall.
     pub fn withhold_receive(&mut self) -> bool {
         if self.share <= INITIAL_CREDITS {
             return false;
@@ -1605,7 +1605,7 @@ impl Connection {
     /// another by itself.) A `Credit` frame may spend our last credit, so
     /// that two sides that both wait for credit always get it: a side
     /// with at most one credit left means its peer owes it at least
-    /// `share - 1` (at least [`INITIAL_CREDITS`]` - 1`), past the
+    /// `share - 1` (at least 7), past the
     /// threshold.
     fn maybe_grant(&mut self) {
         let threshold = (self.share / 2).max(2);
