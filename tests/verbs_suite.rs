@@ -1072,6 +1072,92 @@ mod hub {
         assert_eq!(s.connections, 0, "{s:?}");
         assert_eq!(s.srq.unwrap().shares, 0, "every share came back: {s:?}");
     }
+
+    /// A hostile peer on rxe0 floods SENDs at a connection on a hub with
+    /// shared receives, past its credit and granting none back: that
+    /// connection goes down with `ExceedsCredit`, and another connection on
+    /// the same shared queue answers every call with its own bytes.
+    #[test]
+    fn shared_receives_a_flood_past_its_credit_ends_only_the_flooders_connection() {
+        use mwcap::backend::Access;
+        use mwcap::conn::frame::Frame;
+        use mwcap::conn::{Endpoint, LossReason, Misbehavior, SrqConfig};
+        let mut pool = LocalPool::new();
+        let srq = SrqConfig { chunk: 64, max_slots: 128 };
+        let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
+        pool.spawner()
+            .spawn_local(async move {
+                sdrv.run().await;
+            })
+            .unwrap();
+        let p = Policies::both(Policy::Mw);
+        let client_nic = super::open();
+        let on_hub = || {
+            let mut s =
+                sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
+            let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+            c.connect(&s.local()).unwrap();
+            s.connect(&c.local()).unwrap();
+            (s, c)
+        };
+        let (victim_s, victim_c) = on_hub();
+        let (flood_s, flooder) = on_hub();
+        let (victim, _vd) = sh.add(victim_s);
+        let (flooded, _fd) = sh.add(flood_s);
+        pool.spawner().spawn_local(serve(victim.clone())).unwrap();
+        pool.spawner().spawn_local(serve(flooded.clone())).unwrap();
+        // 48 pings from the flooder's own QP, past its 8 credits.
+        let tx = flooder.nic().reg_mr(48 * 64, Access::LOCAL_WRITE).unwrap();
+        let mut wrs = Vec::new();
+        for i in 0..48u64 {
+            let bytes = Frame::Ping { seq: i }.encode().unwrap();
+            flooder.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
+            wrs.push(SendWr::Send {
+                wr_id: 0xf100 + i,
+                signaled: false,
+                sge: SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 }),
+            });
+        }
+        for chunk in wrs.chunks(8) {
+            flooder.nic().post_send(flooder.local().id, chunk).unwrap();
+        }
+        for _ in 0..5000 {
+            pool.run_until_stalled();
+            if flooded.is_down().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reason = flooded.is_down();
+        println!("the flooder's connection on rxe0: {reason:?}");
+        assert!(
+            matches!(reason, Some(LossReason::PeerMisbehaved(Misbehavior::ExceedsCredit { .. }))),
+            "{reason:?} {:?}",
+            sh.stats()
+        );
+        // The victim, on the same shared queue, is answered.
+        let (vclient, vdrv) = mwcap::conn::Connection::new(victim_c);
+        pool.spawner()
+            .spawn_local(async move {
+                vdrv.run().await;
+            })
+            .unwrap();
+        let got = pool.run_until(async {
+            let mut ok = 0;
+            for k in 0..10usize {
+                let mut b = vclient.alloc_for(300).await.unwrap();
+                vclient.write(&mut b, &pattern(1, k, 300)).unwrap();
+                let r = vclient.call(b"x", Some(b)).await.expect("the victim's call");
+                let mut want = pattern(1, k, 300);
+                want.reverse();
+                ok += usize::from(vclient.read(r.data.as_ref().unwrap()).unwrap() == want);
+            }
+            ok
+        });
+        assert_eq!(got, 10, "every victim call answered with its own bytes");
+        assert!(victim.is_down().is_none());
+        drop(flooder);
+    }
 }
 
 /// A shared receive queue on rxe0: one QP of a loopback pair takes its
