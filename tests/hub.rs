@@ -9,6 +9,9 @@ use mwcap::backend::{Completion, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
+mod hubs;
+use hubs::{pattern, serve, serve_clients, spawn};
+
 type Conn = (Connection<SimNic>, Driver<SimNic>);
 
 fn cfg(role: Role, p: Policies) -> Config {
@@ -48,44 +51,6 @@ fn server_on_hub(
     c.connect(&s.local()).unwrap();
     s.connect(&c.local()).unwrap();
     (s, c)
-}
-
-/// Run `f` on `pool`, its output dropped (drivers, services).
-fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
-    pool.spawner()
-        .spawn_local(async move {
-            f.await;
-        })
-        .unwrap();
-}
-
-/// Serve requests: reply (header `echo`) with the request's payload
-/// reversed, or with none.
-async fn serve(server: Connection<SimNic>) {
-    while let Some(req) = server.next_request().await {
-        let mut bytes = match &req.data {
-            Some(d) => server.read(d).unwrap(),
-            None => Vec::new(),
-        };
-        if let Some(d) = req.data {
-            server.free(d);
-        }
-        bytes.reverse();
-        let out = if bytes.is_empty() {
-            None
-        } else {
-            let mut b = server.alloc_for(bytes.len()).await.unwrap();
-            server.write(&mut b, &bytes).unwrap();
-            Some(b)
-        };
-        if server.reply(req.id, 0, b"echo", out).await.is_err() {
-            return;
-        }
-    }
-}
-
-fn pattern(i: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
 }
 
 fn two_hubs(dev: DeviceConfig, depth: u32) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
@@ -456,7 +421,7 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
 #[test]
 fn a_listener_over_two_hubs_driven_on_two_threads_shares_its_clients_between_them() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{connect_async, Listener, PolicyChoice, SetupOptions};
+    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
     let fabric = Fabric::with_seed(31);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -471,50 +436,15 @@ fn a_listener_over_two_hubs_driven_on_two_threads_shares_its_clients_between_the
     let opts = SetupOptions::new(PolicyChoice::Auto, key()).timeout(Duration::from_secs(5));
     let p = Policies::both(Policy::Mw);
     let nics = sn.clone();
-    let mut listener =
+    let listener =
         Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server, p), opts.clone(), move || {
             nics.new_pd()
         })
         .unwrap()
         .on_hubs(hubs.clone());
-    let addr = listener.local_addr().unwrap();
     let mut pool = LocalPool::new();
     const CLIENTS: usize = 20;
-    let spawner = pool.spawner();
-    pool.spawner()
-        .spawn_local(async move {
-            for _ in 0..CLIENTS {
-                let (conn, run) = listener.accept().await.expect("a client").run();
-                // Its service, and its end when the client closes the stream.
-                spawner
-                    .spawn_local(async move {
-                        futures::join!(serve(conn), run);
-                    })
-                    .unwrap();
-            }
-        })
-        .unwrap();
-    let served = pool.run_until(futures::future::join_all((0..CLIENTS).map(|i| {
-        let (cn, opts) = (cn.clone(), opts.clone());
-        async move {
-            let (conn, run) = connect_async(cn.new_pd().unwrap(), addr, cfg(Role::Client, p), &opts)
-                .await
-                .expect("connect")
-                .run();
-            let work = async {
-                let mut b = conn.alloc().await.unwrap();
-                conn.write(&mut b, &pattern(i, 500)).unwrap();
-                let r = conn.call(b"x", Some(b)).await.expect("served");
-                let mut want = pattern(i, 500);
-                want.reverse();
-                let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
-                drop(r);
-                conn.close();
-                ok
-            };
-            futures::join!(work, run).0
-        }
-    })));
+    let served = serve_clients(&mut pool, listener, CLIENTS, &cn, &cfg(Role::Client, p), &opts);
     assert!(served.iter().all(|&ok| ok));
     let counts: Vec<u64> = hubs.iter().map(|h| h.stats().added).collect();
     assert_eq!(counts.iter().sum::<u64>(), CLIENTS as u64);

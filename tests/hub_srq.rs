@@ -6,12 +6,14 @@
 use std::time::Duration;
 
 use futures::executor::LocalPool;
-use futures::task::LocalSpawnExt;
 use mwcap::backend::{
     rkey, Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+
+mod hubs;
+use hubs::{pattern, serve, serve_clients, spawn};
 
 type Conn = (Connection<SimNic>, Driver<SimNic>);
 
@@ -24,42 +26,6 @@ fn cfg(role: Role) -> Config {
     c.safety_margin = Duration::from_millis(50);
     c.call_timeout = Duration::from_secs(5);
     c
-}
-
-fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
-    pool.spawner()
-        .spawn_local(async move {
-            f.await;
-        })
-        .unwrap();
-}
-
-/// Reply (header `echo`) with the request's payload reversed, or none.
-async fn serve(server: Connection<SimNic>) {
-    while let Some(req) = server.next_request().await {
-        let mut bytes = match &req.data {
-            Some(d) => server.read(d).unwrap(),
-            None => Vec::new(),
-        };
-        if let Some(d) = req.data {
-            server.free(d);
-        }
-        bytes.reverse();
-        let out = if bytes.is_empty() {
-            None
-        } else {
-            let Ok(mut b) = server.alloc_for(bytes.len()).await else { return };
-            server.write(&mut b, &bytes).unwrap();
-            Some(b)
-        };
-        if server.reply(req.id, 0, b"echo", out).await.is_err() {
-            return;
-        }
-    }
-}
-
-fn pattern(i: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
 }
 
 /// A client hub (receive queues of their own) and a server hub with shared
@@ -86,6 +52,17 @@ fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
     c.connect(&se)?;
     s.connect(&ce)?;
     Ok((ch.add(c), sh.add(s)))
+}
+
+/// A server endpoint (mw) prepared on `sh` and a client endpoint with a
+/// CQ of its own on a new PD of `client_nic`, connected to each other.
+fn server_on_hub(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
+    let p = Policies::both(Policy::Mw);
+    let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+    c.connect(&s.local()).unwrap();
+    s.connect(&c.local()).unwrap();
+    (s, c)
 }
 
 fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: mwcap::sim::DeviceId) -> u64 {
@@ -342,14 +319,7 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
     let mut pool = LocalPool::new();
     let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig::default()).unwrap();
     spawn(&pool, sdrv.run());
-    let p = Policies::both(Policy::Mw);
-    let on_hub = || {
-        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
-        (s, c)
-    };
+    let on_hub = || server_on_hub(&sh, &cn);
     let (victim_s, mut victim_c) = on_hub();
     let (attack_s, attack_c) = on_hub();
     let secret = victim_s.data_region();
@@ -491,14 +461,7 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
     let mut pool = LocalPool::new();
     let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 64 }).unwrap();
     spawn(&pool, sdrv.run());
-    let p = Policies::both(Policy::Mw);
-    let on_hub = || {
-        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
-        (s, c)
-    };
+    let on_hub = || server_on_hub(&sh, &cn);
     let (victim_s, victim_c) = on_hub();
     let (flood_s, flooder) = on_hub();
     let (victim, _vd) = sh.add(victim_s);
@@ -629,10 +592,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     spawn(&pool, sdrv.run());
     let p = Policies::both(Policy::Mw);
     let (keep, _keep_client) = {
-        let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
+        let (s, c) = server_on_hub(&sh, &cn);
         (sh.add(s), c)
     };
     // Finished but never connected (ctrl_slots 32): back go 8, not 32.
@@ -641,10 +601,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     drop(never);
     assert_eq!(sh.stats().srq.unwrap().shares, 8, "exactly its initial share came back");
     // Connected, its peer's requests in the hub's queue, never added.
-    let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
-    let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-    c.connect(&s.local()).unwrap();
-    s.connect(&c.local()).unwrap();
+    let (s, mut c) = server_on_hub(&sh, &cn);
     for _ in 0..3 {
         c.call(fabric.now(), b"never served", None).unwrap();
     }
@@ -668,7 +625,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
 #[test]
 fn a_listener_puts_clients_on_a_hub_with_shared_receives_only_when_it_requires_mw() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{connect_async, Listener, PolicyChoice, SetupOptions};
+    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
     for (choice, clients) in [(PolicyChoice::Mw, 12usize), (PolicyChoice::Auto, 6)] {
         let fabric = Fabric::with_seed(33);
         let cn = fabric.add_device(DeviceConfig::spec().named("c"));
@@ -682,47 +639,13 @@ fn a_listener_puts_clients_on_a_hub_with_shared_receives_only_when_it_requires_m
         let key = || Auth::Key(Key::from_bytes(b"a listener over mixed hubs: a test key".to_vec()).unwrap());
         let opts = SetupOptions::new(choice, key()).timeout(Duration::from_secs(5));
         let nics = sn.clone();
-        let mut listener =
+        let listener =
             Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
                 nics.new_pd()
             })
             .unwrap()
             .on_hubs(vec![shared.clone(), plain.clone()]);
-        let addr = listener.local_addr().unwrap();
-        let spawner = pool.spawner();
-        pool.spawner()
-            .spawn_local(async move {
-                for _ in 0..clients {
-                    let (conn, run) = listener.accept().await.expect("a client").run();
-                    spawner
-                        .spawn_local(async move {
-                            futures::join!(serve(conn), run);
-                        })
-                        .unwrap();
-                }
-            })
-            .unwrap();
-        let served = pool.run_until(futures::future::join_all((0..clients).map(|i| {
-            let (cn, opts) = (cn.clone(), opts.clone());
-            async move {
-                let (conn, run) = connect_async(cn.new_pd().unwrap(), addr, cfg(Role::Client), &opts)
-                    .await
-                    .expect("connect")
-                    .run();
-                let work = async {
-                    let mut b = conn.alloc().await.unwrap();
-                    conn.write(&mut b, &pattern(i, 500)).unwrap();
-                    let r = conn.call(b"x", Some(b)).await.expect("served");
-                    let mut want = pattern(i, 500);
-                    want.reverse();
-                    let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
-                    drop(r);
-                    conn.close();
-                    ok
-                };
-                futures::join!(work, run).0
-            }
-        })));
+        let served = serve_clients(&mut pool, listener, clients, &cn, &cfg(Role::Client), &opts);
         assert!(served.iter().all(|&ok| ok), "{choice:?}");
         let (on_shared, on_plain) = (shared.stats().added, plain.stats().added);
         assert_eq!(on_shared + on_plain, clients as u64);

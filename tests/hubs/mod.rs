@@ -1,0 +1,103 @@
+//! What the hub tests (`hub.rs`, `hub_srq.rs`) share: spawning on a
+//! `LocalPool`, the reversed-echo server, the payload pattern, and a
+//! listener serving a batch of clients.
+
+use std::net::SocketAddr;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use mwcap::conn::{connect_async, Config, Connection, Listener, SetupOptions};
+use mwcap::sim::SimNic;
+
+/// Run `f` on `pool`, its output dropped (drivers, services).
+pub fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
+    pool.spawner()
+        .spawn_local(async move {
+            f.await;
+        })
+        .unwrap();
+}
+
+/// Serve requests: reply (header `echo`) with the request's payload
+/// reversed, or with none. Ends when the connection does; a buffer that
+/// cannot be had while the connection is up is a failure.
+pub async fn serve(server: Connection<SimNic>) {
+    while let Some(req) = server.next_request().await {
+        let mut bytes = match &req.data {
+            Some(d) => server.read(d).unwrap(),
+            None => Vec::new(),
+        };
+        if let Some(d) = req.data {
+            server.free(d);
+        }
+        bytes.reverse();
+        let out = if bytes.is_empty() {
+            None
+        } else {
+            let mut b = match server.alloc_for(bytes.len()).await {
+                Ok(b) => b,
+                Err(_) if server.is_down().is_some() => return,
+                Err(e) => panic!("no buffer for a reply on a live connection: {e}"),
+            };
+            server.write(&mut b, &bytes).unwrap();
+            Some(b)
+        };
+        if server.reply(req.id, 0, b"echo", out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The bytes of payload `i`.
+pub fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
+}
+
+/// Accept `clients` connections on `listener` (each served by [`serve`]
+/// until its client closes the bootstrap stream), connect that many
+/// clients to it from new PDs of `client_nic`, each making one call with
+/// 500 bytes of its pattern; returns whether each got its own bytes back,
+/// reversed.
+pub fn serve_clients(
+    pool: &mut LocalPool,
+    mut listener: Listener<SimNic>,
+    clients: usize,
+    client_nic: &SimNic,
+    client_cfg: &Config,
+    opts: &SetupOptions,
+) -> Vec<bool> {
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let spawner = pool.spawner();
+    pool.spawner()
+        .spawn_local(async move {
+            for _ in 0..clients {
+                let (conn, run) = listener.accept().await.expect("a client").run();
+                // Its service, and its end when the client closes the stream.
+                spawner
+                    .spawn_local(async move {
+                        futures::join!(serve(conn), run);
+                    })
+                    .unwrap();
+            }
+        })
+        .unwrap();
+    pool.run_until(futures::future::join_all((0..clients).map(|i| {
+        let (nic, cfg, opts) = (client_nic.clone(), client_cfg.clone(), opts.clone());
+        async move {
+            let (conn, run) =
+                connect_async(nic.new_pd().unwrap(), addr, cfg, &opts).await.expect("connect").run();
+            let work = async {
+                let mut b = conn.alloc().await.unwrap();
+                conn.write(&mut b, &pattern(i, 500)).unwrap();
+                let r = conn.call(b"x", Some(b)).await.expect("served");
+                let mut want = pattern(i, 500);
+                want.reverse();
+                let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
+                drop(r);
+                conn.close();
+                ok
+            };
+            futures::join!(work, run).0
+        }
+    })))
+}
