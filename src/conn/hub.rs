@@ -96,18 +96,18 @@ pub struct HubStats {
     pub srq: Option<SrqStats>,
 }
 
-/// The hub's completion queue and the handle it was made on; destroyed
-/// when the last of the hub and its connections' endpoints lets go (a
-/// queue outlives every QP on it).
-struct CqHold<N: Nic> {
-    nic: N,
-    cq: CqId,
+/// A shared completion queue (a hub's or a [`super::CqRouter`]'s) and
+/// the handle it was made on; destroyed when the last of its owner and
+/// the endpoints on it lets go (a queue outlives every QP on it).
+pub(super) struct CqHold<N: Nic> {
+    pub(super) nic: N,
+    pub(super) cq: CqId,
 }
 
 impl<N: Nic> Drop for CqHold<N> {
     fn drop(&mut self) {
         if let Err(e) = self.nic.destroy_cq(self.cq) {
-            tracing::warn!(%e, "destroying the hub's completion queue");
+            tracing::warn!(%e, "destroying a shared completion queue");
         }
     }
 }

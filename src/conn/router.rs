@@ -36,6 +36,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::endpoint::{QueueSizes, SharedCq};
+use super::hub::CqHold;
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{Config, Endpoint, Prepared};
 use crate::backend::{Completion, CqId, Nic, NicError};
@@ -100,22 +101,8 @@ pub struct RouterStats {
     pub srq: Option<SrqStats>,
 }
 
-/// The queue, destroyed with the last of the router and its endpoints.
-struct Hold<N: Nic> {
-    nic: N,
-    cq: CqId,
-}
-
-impl<N: Nic> Drop for Hold<N> {
-    fn drop(&mut self) {
-        if let Err(e) = self.nic.destroy_cq(self.cq) {
-            tracing::warn!(%e, "destroying the router's completion queue");
-        }
-    }
-}
-
 struct Shared<N: Nic> {
-    hold: Arc<Hold<N>>,
+    hold: Arc<CqHold<N>>,
     srq: Option<Arc<SharedReceives<N>>>,
     depth: u32,
     state: Mutex<State>,
@@ -159,7 +146,7 @@ impl<N: Nic> Shared<N> {
 }
 
 /// The destroy hook of a router's endpoints.
-struct Retire<N: Nic>(Weak<Shared<N>>, #[allow(dead_code)] Arc<Hold<N>>);
+struct Retire<N: Nic>(Weak<Shared<N>>, #[allow(dead_code)] Arc<CqHold<N>>);
 
 impl<N: Nic> SharedCq for Retire<N> {
     fn retire(&self, qpn: u32, destroy: &mut dyn FnMut()) {
@@ -219,7 +206,7 @@ impl<N: Nic + 'static> CqRouter<N> {
         }
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
-            hold: Arc::new(Hold { nic, cq }),
+            hold: Arc::new(CqHold { nic, cq }),
             srq,
             depth,
             state: Mutex::new(State {
