@@ -618,16 +618,9 @@ impl<N: Nic> Endpoint<N> {
         c: &Completion,
         scratch: &mut Vec<u8>,
     ) {
-        if c.status.is_success() {
-            if let Err(e) = srq.copy_frame(slot, c.byte_len as usize, scratch) {
-                self.conn.post_failed(&Command::SetQpError, e);
-            }
-        }
-        if let Err(e) = srq.repost(slot) {
-            // The queue holds one receive fewer (the limit event adds more
-            // if most are in use).
-            tracing::warn!(%e, slot, "posting a shared receive again");
-            srq.lost();
+        let copy = c.status.is_success().then_some(c.byte_len as usize);
+        if let Err(e) = srq.take_frame(slot, copy, scratch) {
+            self.conn.post_failed(&Command::SetQpError, e);
         }
         let mut own = *c;
         own.wr_id = proto::SHARED_RECV_WR_ID;

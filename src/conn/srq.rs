@@ -232,7 +232,7 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     /// A receive could not be posted again: the queue holds one fewer.
-    pub(crate) fn lost(&self) {
+    fn lost(&self) {
         let mut st = self.state.lock();
         st.slots = st.slots.saturating_sub(1);
     }
@@ -265,16 +265,35 @@ impl<N: Nic> SharedReceives<N> {
         }
     }
 
-    /// Copy the frame in receive `slot` (`len` bytes) into `out`.
-    pub(crate) fn copy_frame(&self, slot: u32, len: usize, out: &mut Vec<u8>) -> Result<(), NicError> {
-        let (mr, offset) = self.place(slot)?;
-        self.nic.with_mr(mr.id, offset, len.min(MAX_FRAME), &mut |b| out.extend_from_slice(b))
-    }
-
-    /// Post receive `slot` again.
-    pub(crate) fn repost(&self, slot: u32) -> Result<(), NicError> {
-        let (mr, offset) = self.place(slot)?;
-        self.nic.post_srq_recv(self.srq, wr_id(slot), Sge { mr: mr.id, offset, len: MAX_FRAME as u32 })
+    /// A receive of the queue completed: copy its frame into `out` when
+    /// `copy` gives its length (a successful receive), then post the
+    /// receive again at once. Fails only if the copy does; a receive that
+    /// cannot be posted again is counted out of the queue.
+    pub(crate) fn take_frame(
+        &self,
+        slot: u32,
+        copy: Option<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), NicError> {
+        let placed = self.place(slot);
+        let copied = match (copy, &placed) {
+            (None, _) => Ok(()),
+            (Some(len), Ok((mr, offset))) => {
+                self.nic.with_mr(mr.id, *offset, len.min(MAX_FRAME), &mut |b| out.extend_from_slice(b))
+            }
+            (Some(_), Err(e)) => Err(e.clone()),
+        };
+        let reposted = placed.and_then(|(mr, offset)| {
+            let sge = Sge { mr: mr.id, offset, len: MAX_FRAME as u32 };
+            self.nic.post_srq_recv(self.srq, wr_id(slot), sge)
+        });
+        if let Err(e) = reposted {
+            // The queue holds one receive fewer (the limit event adds more
+            // if most are in use).
+            tracing::warn!(%e, slot, "posting a shared receive again");
+            self.lost();
+        }
+        copied
     }
 
     fn place(&self, slot: u32) -> Result<(MrInfo, usize), NicError> {
@@ -319,10 +338,7 @@ impl<N: Nic> SharedReceives<N> {
     pub(crate) fn repost_unclaimed(&self, c: &crate::backend::Completion) {
         if let Some(slot) = slot_of(c.wr_id) {
             self.unclaimed.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.repost(slot) {
-                tracing::warn!(%e, slot, "posting a shared receive again");
-                self.lost();
-            }
+            let _ = self.take_frame(slot, None, &mut Vec::new());
         }
     }
 
