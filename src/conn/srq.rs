@@ -210,14 +210,10 @@ impl<N: Nic> SharedReceives<N> {
     pub(crate) fn admit(&self) -> Result<(), NicError> {
         let mut st = self.state.lock();
         while st.shares + INITIAL_CREDITS > st.slots {
+            // `grow` names the queue's most and the shares when it is full.
             if let Err(e) = self.grow(&mut st) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(match e {
-                    NicError::SrqBudget { .. } => {
-                        NicError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares }
-                    }
-                    e => e,
-                });
+                return Err(e);
             }
         }
         st.shares += INITIAL_CREDITS;
