@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use mwcap::backend::{Completion, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
-use mwcap::conn::proto::{Command, Connection, Resources};
+use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, Policies, Policy, Role, MAX_FRAME};
 
 const BUFFERS: u32 = 16;
@@ -56,7 +56,7 @@ impl Side {
         let n = if mw { BUFFERS } else { 0 };
         let res = Resources {
             ctrl: MrId::from_raw(1),
-            data,
+            data: DataMemory::Region(data),
             windows: (0..n).map(|i| MwId::from_raw(10 + i)).collect(),
             window_rkeys: (0..n).map(|i| (0x100 + i) << 8).collect(),
         };

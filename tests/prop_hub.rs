@@ -22,15 +22,21 @@
 //! 6. a connection no fault was injected into never failed a call.
 //!
 //! The schedules run on a hub whose connections have receive queues of
-//! their own (mixed policies) and on one with shared receives (mw), whose
-//! queue is small enough that shares grow to its top and shrink again.
+//! their own (mixed policies), on one with shared receives (mw), whose
+//! queue is small enough that shares grow to its top and shrink again, and
+//! on one that also shares a buffer pool smaller than its connections
+//! could hold, with each call made on every connection at once, where
+//! after every step no pool buffer is reachable through two clients' QPs,
+//! and at the end every pool buffer is back.
 
 use std::time::Duration;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role, SrqConfig};
+use mwcap::conn::{
+    BufClass, Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role, SrqConfig,
+};
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -76,7 +82,7 @@ fn ops() -> impl Strategy<Value = Op> {
 fn cfg(role: Role, p: Policies) -> Config {
     let mut c = Config::new(role, p);
     c.buffers = 3;
-    c.large_buffers = vec![mwcap::conn::BufClass { size: 128 * 1024, count: 1 }];
+    c.large_buffers = vec![BufClass { size: 128 * 1024, count: 1 }];
     c.ctrl_slots = 8;
     c.lease_time = Duration::from_millis(200);
     c.safety_margin = Duration::from_millis(40);
@@ -123,13 +129,19 @@ struct Side {
     tag: u8,
 }
 
-fn run(policies: Vec<Policies>, schedule: Vec<Op>, srq: Option<SrqConfig>) -> Result<(), TestCaseError> {
+fn run(
+    policies: Vec<Policies>,
+    schedule: Vec<Op>,
+    srq: Option<SrqConfig>,
+    buffers: Option<&[BufClass]>,
+) -> Result<(), TestCaseError> {
     let fabric = Fabric::with_seed(23);
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (hub, hub_driver) = match srq {
-        Some(q) => Hub::with_shared_receives(sdev.clone(), 1 << 14, q).unwrap(),
-        None => Hub::new(sdev.clone(), 1 << 14).unwrap(),
+    let (hub, hub_driver) = match (srq, buffers) {
+        (Some(q), Some(b)) => Hub::with_shared_buffers(sdev.clone(), 1 << 14, q, b).unwrap(),
+        (Some(q), None) => Hub::with_shared_receives(sdev.clone(), 1 << 14, q).unwrap(),
+        _ => Hub::new(sdev.clone(), 1 << 14).unwrap(),
     };
     pool.spawner()
         .spawn_local(async move {
@@ -190,17 +202,48 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>, srq: Option<SrqConfig>) -> Re
                     });
                     drop(call);
                 } else {
-                    let (c, r) = pool.run_until(call);
-                    match r {
-                        Ok(reply) => {
-                            let want = pattern(tag, SIZES[size]);
-                            let got = reply.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
-                            prop_assert!(got == want, "conn {conn} call {tag}: a stale or foreign payload");
+                    // On a shared pool, every other connection makes a call
+                    // of the same size at the same time: the pool runs short.
+                    let others: Vec<usize> = if buffers.is_some() {
+                        (0..sides.len()).filter(|&i| i != conn).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let mut all = vec![(
+                        conn,
+                        tag,
+                        Box::pin(call) as std::pin::Pin<Box<dyn std::future::Future<Output = _>>>,
+                    )];
+                    for &i in &others {
+                        let side = &mut sides[i];
+                        side.tag = side.tag.wrapping_add(1);
+                        let (tag, c) = (side.tag, side.client.clone());
+                        all.push((
+                            i,
+                            tag,
+                            Box::pin(async move {
+                                let mut header = vec![tag];
+                                header.extend_from_slice(&(SIZES[size] as u32).to_le_bytes());
+                                let r = c.call(&header, None).await;
+                                (c, r)
+                            }),
+                        ));
+                    }
+                    let (who, futs): (Vec<(usize, u8)>, Vec<_>) =
+                        all.into_iter().map(|(i, t, f)| ((i, t), f)).unzip();
+                    let results = pool.run_until(futures::future::join_all(futs));
+                    for ((i, tag), (c, r)) in who.into_iter().zip(results) {
+                        match r {
+                            Ok(reply) => {
+                                let want = pattern(tag, SIZES[size]);
+                                let got = reply.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                                prop_assert!(got == want, "conn {i} call {tag}: a stale or foreign payload");
+                            }
+                            Err(e) => prop_assert!(
+                                sides[i].faulted,
+                                "conn {i}: a call failed with no fault injected: {e}"
+                            ),
                         }
-                        Err(e) => prop_assert!(
-                            sides[conn].faulted,
-                            "conn {conn}: a call failed with no fault injected: {e}"
-                        ),
                     }
                 }
             }
@@ -227,6 +270,21 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>, srq: Option<SrqConfig>) -> Re
         if let Some(q) = hub.stats().srq {
             prop_assert!(q.shares <= q.slots, "{:?}", q);
         }
+        // No region (a connection's, or a buffer of the shared pool) is
+        // reachable through two clients' QPs.
+        let mut reach = std::collections::HashMap::new();
+        for s in &sides {
+            for e in fabric.exposure(sdev.device(), s.client_qp) {
+                let other = reach.insert(e.mr, s.client_qp);
+                prop_assert!(
+                    other.is_none(),
+                    "{:?} reachable through {:?} and {:?}",
+                    e.mr,
+                    other,
+                    s.client_qp
+                );
+            }
+        }
     }
 
     for s in &sides {
@@ -249,6 +307,9 @@ fn run(policies: Vec<Policies>, schedule: Vec<Op>, srq: Option<SrqConfig>) -> Re
     if let Some(q) = st.srq {
         prop_assert_eq!(q.shares, 0, "a share never came back: {:?}", q);
     }
+    if let Some(b) = st.buffers {
+        prop_assert_eq!((b.free, b.held_bytes), (b.buffers, 0), "a pool buffer never came back: {:?}", b);
+    }
     prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     Ok(())
 }
@@ -270,7 +331,7 @@ proptest! {
         policies in policies(),
         schedule in proptest::collection::vec(ops(), 1..30),
     ) {
-        run(policies, schedule, None)?;
+        run(policies, schedule, None, None)?;
     }
 
     #[test]
@@ -280,6 +341,20 @@ proptest! {
         // 5 x 8 receives to start, 48 at most: shares grow to the top and
         // shrink to make room.
         let q = SrqConfig { chunk: 16, max_slots: 48 };
-        run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q))?;
+        run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q), None)?;
+    }
+
+    #[test]
+    fn connections_sharing_a_buffer_pool_stay_safe_under_random_schedules(
+        schedule in proptest::collection::vec(ops(), 1..30),
+    ) {
+        // Far fewer buffers than the connections could hold (5 x 3 standard
+        // and 5 large), and each call made on every connection at once: the
+        // pool runs empty, buffers move between connections, and a faulted
+        // connection's wait for its evidence holds some back.
+        let q = SrqConfig { chunk: 16, max_slots: 48 };
+        let b = [BufClass { size: Config::new(Role::Server, Policies::both(Policy::Mw)).buffer_size, count: 2 },
+            BufClass { size: 128 * 1024, count: 1 }];
+        run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q), Some(&b))?;
     }
 }

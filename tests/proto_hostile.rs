@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mwcap::backend::{Completion, MrId, MrInfo, MwId, WcOpcode, WcStatus};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
-use mwcap::conn::proto::{Command, Connection, Resources};
+use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, LossReason, Misbehavior, Policies, Policy, Role};
 use mwcap_fallback as fb;
 
@@ -39,8 +39,10 @@ impl Victim {
         } else {
             (vec![], vec![])
         };
-        let mut conn =
-            Connection::new(cfg, Resources { ctrl: MrId::from_raw(1), data, windows, window_rkeys });
+        let mut conn = Connection::new(
+            cfg,
+            Resources { ctrl: MrId::from_raw(1), data: DataMemory::Region(data), windows, window_rkeys },
+        );
         conn.start();
         let mut v = Victim { conn, recvs: Default::default(), qp_errors: 0, fills: Vec::new() };
         v.take_commands();
@@ -52,7 +54,9 @@ impl Victim {
             match c {
                 Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
                 Command::SetQpError => self.qp_errors += 1,
-                Command::Fill { data } => self.fills.push((data.offset, self.conn.staged(&data).to_vec())),
+                Command::Fill { data, .. } => {
+                    self.fills.push((data.offset, self.conn.staged(&data).to_vec()))
+                }
                 Command::PostSend { .. } | Command::CpuHold { .. } => {}
             }
         }
@@ -205,7 +209,7 @@ fn an_inline_payload_is_delivered_in_a_buffer_of_the_pool() {
     v.receive(&f.encode().unwrap(), None);
     // The bytes go into the buffer by a Fill the I/O layer carries out.
     let Some(Event::Request { data: Some(b), .. }) = v.conn.poll_event() else { panic!("no request") };
-    let (offset, _) = v.conn.buffer_range(&b);
+    let (_, offset, _) = v.conn.buffer_place(&b);
     assert_eq!(v.fills, vec![(offset, b"inline bytes".to_vec())]);
     assert_eq!(b.len(), 12);
     v.conn.free(b);

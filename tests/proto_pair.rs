@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use mwcap::backend::{Completion, CpuHold, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME};
-use mwcap::conn::proto::{Command, Connection, Resources};
+use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
     Buf, CallError, CallId, Config, Event, Keepalive, LossReason, Policies, Policy, RequestId, Role, UseError,
 };
@@ -64,7 +64,10 @@ impl Side {
         } else {
             (vec![], vec![])
         };
-        let conn = Connection::new(cfg, Resources { ctrl: MrId::from_raw(1), data, windows, window_rkeys });
+        let conn = Connection::new(
+            cfg,
+            Resources { ctrl: MrId::from_raw(1), data: DataMemory::Region(data), windows, window_rkeys },
+        );
         Side {
             conn,
             ctrl: vec![0; MAX_FRAME * 2 * SLOTS as usize],
@@ -94,14 +97,14 @@ impl Side {
     }
 
     fn write_payload(&mut self, buf: &mut Buf, bytes: &[u8]) {
-        let (offset, _) = self.conn.buffer_range(buf);
+        let (_, offset, _) = self.conn.buffer_place(buf);
         self.data[offset..offset + bytes.len()].copy_from_slice(bytes);
         self.conn.set_payload_len(buf, bytes.len()).unwrap();
     }
 
     fn payload(&self, buf: &Buf) -> Vec<u8> {
         self.conn.check_buf(buf).unwrap();
-        let (offset, _) = self.conn.buffer_range(buf);
+        let (_, offset, _) = self.conn.buffer_place(buf);
         self.data[offset..offset + buf.len() as usize].to_vec()
     }
 }
@@ -239,7 +242,7 @@ impl Pair {
                                 me.conn.is_down()
                             )
                         }
-                        Command::Fill { data } => {
+                        Command::Fill { data, .. } => {
                             let bytes = me.conn.staged(&data).to_vec();
                             me.data[data.offset..data.offset + bytes.len()].copy_from_slice(&bytes);
                         }

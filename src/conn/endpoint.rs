@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
+use super::bufpool::BufferPool;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use super::pool::Layout;
-use super::proto::{self, Command, Connection, Resources};
+use super::proto::{self, Command, Connection, DataMemory, Resources};
 use super::srq::{self, Regrant, SharedReceives};
 use super::types::*;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
@@ -79,6 +80,22 @@ impl QueueSizes {
     }
 }
 
+/// Whether every buffer class of `cfg` that has buffers is a class of `pool`.
+fn check_pool_classes(cfg: &Config, pool: &BufferPool) -> Result<(), NicError> {
+    let layout = Layout::new(cfg);
+    for (size, count) in layout.sizes().into_iter().zip(layout.counts()) {
+        if count > 0 && pool.class_of_size(size).is_none() {
+            return Err(NicError::InvalidWr(format!(
+                "this connection's buffers of {size} bytes are not a class of the hub's shared buffer pool \
+                 (its classes are {:?} bytes): set Config::buffer_size and Config::large_buffers to sizes \
+                 the pool has",
+                pool.sizes()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Destroy `qp` directly, or through the shared queue's `retire`.
 fn destroy_qp<N: Nic>(
     nic: &N,
@@ -104,7 +121,8 @@ pub struct Endpoint<N: Nic> {
     cq: CqId,
     local: QpEndpoint,
     ctrl: MrInfo,
-    data: MrInfo,
+    /// Its own data region; `None` on a hub's shared buffer pool.
+    data: Option<MrInfo>,
     /// The access of the data region, which user regions get too.
     access: Access,
     windows: Vec<MwId>,
@@ -147,7 +165,7 @@ impl<N: Nic> Endpoint<N> {
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;
-        match Endpoint::prepare_on(nic, cfg, sizes, cq, None, None) {
+        match Endpoint::prepare_on(nic, cfg, sizes, cq, None, None, None) {
             Ok(p) => Ok(p),
             Err((nic, e)) => {
                 let _ = nic.destroy_cq(cq);
@@ -168,7 +186,13 @@ impl<N: Nic> Endpoint<N> {
         cq: CqId,
         shared: Option<std::sync::Arc<dyn SharedCq>>,
         srq: Option<std::sync::Arc<SharedReceives<N>>>,
+        pool: Option<BufferPool>,
     ) -> Result<Prepared<N>, (N, NicError)> {
+        if let Some(p) = &pool {
+            if let Err(e) = check_pool_classes(&cfg, p) {
+                return Err((nic, e));
+            }
+        }
         let mut qcfg = QpConfig::new(cq, cq);
         qcfg.max_send_wr = sizes.send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
@@ -181,7 +205,7 @@ impl<N: Nic> Endpoint<N> {
             qcfg.max_recv_wr = 0;
         }
         match nic.create_qp(qcfg) {
-            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq }),
+            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq, pool }),
             Err(e) => {
                 if let Some(s) = &srq {
                     s.release(INITIAL_CREDITS);
@@ -210,12 +234,22 @@ impl<N: Nic> Endpoint<N> {
     /// control slots, its buffer pool, and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
         let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
-        self.ctrl.len as u64 + self.data.len as u64 + regions
+        self.ctrl.len as u64 + self.data.map_or(0, |d| d.len as u64) + regions
     }
 
     /// The data region (for tests and the oracle).
+    ///
+    /// # Panics
+    /// On a hub's shared buffer pool, where the connection has no data
+    /// region ([`Endpoint::shares_buffers`]).
     pub fn data_region(&self) -> MrInfo {
-        self.data
+        self.data.expect("a connection on a shared buffer pool has no data region")
+    }
+
+    /// Whether the connection's buffers come from a hub's shared buffer
+    /// pool ([`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
+    pub fn shares_buffers(&self) -> bool {
+        self.data.is_none()
     }
 
     /// The settings.
@@ -296,17 +330,15 @@ impl<N: Nic> Endpoint<N> {
                     }
                     Ok(())
                 }
-                Command::CpuHold { offset, len, hold } => {
-                    self.nic.set_cpu_held(self.data.id, *offset, *len, *hold);
+                Command::CpuHold { mr, offset, len, hold } => {
+                    self.nic.set_cpu_held(*mr, *offset, *len, *hold);
                     Ok(())
                 }
                 // An inline payload received: into its buffer (the CPU's
                 // write; the buffer is the user's, not the NIC's).
-                Command::Fill { data } => {
+                Command::Fill { mr, data } => {
                     let bytes = self.conn.staged(data);
-                    self.nic.with_mr_mut(self.data.id, data.offset, bytes.len(), &mut |b| {
-                        b.copy_from_slice(bytes)
-                    })
+                    self.nic.with_mr_mut(*mr, data.offset, bytes.len(), &mut |b| b.copy_from_slice(bytes))
                 }
             };
             if let Err(e) = done {
@@ -320,6 +352,13 @@ impl<N: Nic> Endpoint<N> {
         let n = self.conn.reclaim();
         self.run();
         n
+    }
+
+    /// Wake `w` when the hub's shared buffer pool gets a buffer back after
+    /// this connection found it empty.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
+        self.conn.wake_on_pool(w);
     }
 
     /// Wake `w` when a buffer handle is dropped (the async driver).
@@ -356,10 +395,10 @@ impl<N: Nic> Endpoint<N> {
     /// copy, and return what `f` returns.
     pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {
         self.conn.check_buf(buf)?;
-        let (offset, _) = self.conn.buffer_range(buf);
+        let (mr, offset, _) = self.conn.buffer_place(buf);
         let mut f = Some(f);
         let mut out = None;
-        self.nic.with_mr(self.data.id, offset, buf.len as usize, &mut |b| {
+        self.nic.with_mr(mr, offset, buf.len as usize, &mut |b| {
             out = f.take().map(|f| f(b));
         })?;
         Ok(out.expect("with_mr calls the closure once on success"))
@@ -371,10 +410,10 @@ impl<N: Nic> Endpoint<N> {
     /// bytes it wrote, which become the buffer's `len()`.
     pub fn fill(&mut self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
         self.conn.check_buf(buf)?;
-        let (offset, cap) = self.conn.buffer_range(buf);
+        let (mr, offset, cap) = self.conn.buffer_place(buf);
         let mut f = Some(f);
         let mut wrote = 0;
-        self.nic.with_mr_mut(self.data.id, offset, cap as usize, &mut |b| {
+        self.nic.with_mr_mut(mr, offset, cap as usize, &mut |b| {
             wrote = f.take().map_or(0, |f| f(b));
         })?;
         self.conn.set_payload_len(buf, wrote)
@@ -472,14 +511,14 @@ impl<N: Nic> Endpoint<N> {
     /// How many bytes `buf` holds at most (its class's size).
     pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
         self.conn.check_buf(buf)?;
-        Ok(self.conn.buffer_range(buf).1 as usize)
+        Ok(self.conn.buffer_place(buf).2 as usize)
     }
 
     /// Fill `buf` with a copy of `bytes` (its length becomes `bytes.len()`);
     /// [`Endpoint::fill`] writes in place instead.
     pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
         self.conn.check_buf(buf)?;
-        let (_, cap) = self.conn.buffer_range(buf);
+        let (_, _, cap) = self.conn.buffer_place(buf);
         if bytes.len() > cap as usize {
             return Err(UseError::TooLong { len: bytes.len(), cap });
         }
@@ -710,11 +749,10 @@ impl<N: Nic> Endpoint<N> {
         if len == 0 || len > self.conn.config().inline_max as usize || self.conn.check_buf(b).is_err() {
             return false;
         }
-        let (offset, _) = self.conn.buffer_range(b);
+        let (mr, offset, _) = self.conn.buffer_place(b);
         let mut inline = std::mem::take(&mut self.inline);
         inline.clear();
-        let copied =
-            self.nic.with_mr(self.data.id, offset, len, &mut |bytes| inline.extend_from_slice(bytes));
+        let copied = self.nic.with_mr(mr, offset, len, &mut |bytes| inline.extend_from_slice(bytes));
         self.inline = inline;
         copied.is_ok()
     }
@@ -839,6 +877,8 @@ pub struct Prepared<N: Nic> {
     local: QpEndpoint,
     shared: Option<std::sync::Arc<dyn SharedCq>>,
     srq: Option<std::sync::Arc<SharedReceives<N>>>,
+    /// The hub's shared buffer pool, if it has one.
+    pool: Option<BufferPool>,
 }
 
 impl<N: Nic> Prepared<N> {
@@ -881,7 +921,10 @@ impl<N: Nic> Prepared<N> {
         let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
         let ctrl = made.reg(MAX_FRAME * (cfg.sends() + recvs) as usize, Access::LOCAL_WRITE)?;
         let layout = Layout::new(&cfg);
-        let data = made.reg(layout.bytes() as usize, access)?;
+        let data = match &self.pool {
+            None => Some(made.reg(layout.bytes() as usize, access)?),
+            Some(_) => None,
+        };
         if owns == Policy::Mw {
             for _ in 0..layout.slots() + cfg.region_exposures {
                 let w = nic.alloc_mw()?;
@@ -898,8 +941,14 @@ impl<N: Nic> Prepared<N> {
             request = ?cfg.policies.request,
             reply = ?cfg.policies.reply,
         );
-        let conn =
-            Connection::new(cfg, Resources { ctrl: ctrl.id, data, windows: windows.clone(), window_rkeys });
+        let memory = match (data, self.pool.take()) {
+            (Some(data), _) => DataMemory::Region(data),
+            (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
+        };
+        let conn = Connection::new(
+            cfg,
+            Resources { ctrl: ctrl.id, data: memory, windows: windows.clone(), window_rkeys },
+        );
         span.record("id", conn.id());
         let nic = self.nic.take().expect("finish runs once");
         Ok(Endpoint {
@@ -983,7 +1032,12 @@ impl<N: Nic> Drop for Endpoint<N> {
             let _ = destroy_qp(&self.nic, self.shared.as_ref(), &self.local);
         }
         self.release_share();
-        let _ = self.nic.dereg_mr(self.data.id);
+        // Nothing can reach a buffer now (QP destroyed, windows freed): the
+        // shared pool's go back to it.
+        self.conn.release_pool_buffers();
+        if let Some(data) = self.data {
+            let _ = self.nic.dereg_mr(data.id);
+        }
         let _ = self.nic.dereg_mr(self.ctrl.id);
         for r in self.conn.region_infos() {
             let _ = self.nic.dereg_mr(r.id);

@@ -45,10 +45,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::bufpool::{BufferPool, BufferPoolStats};
 use super::endpoint::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{Config, Connection, Driver, Endpoint, Prepared};
+use super::{BufClass, Config, Connection, Driver, Endpoint, Prepared};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::handle::Doorbell;
 
@@ -94,6 +95,8 @@ pub struct HubStats {
     /// The shared receive queue, on a hub with shared receives
     /// ([`Hub::with_shared_receives`]).
     pub srq: Option<SrqStats>,
+    /// The shared buffer pool, on a hub with one ([`Hub::with_shared_buffers`]).
+    pub buffers: Option<BufferPoolStats>,
 }
 
 /// A shared completion queue (a hub's or a [`super::CqRouter`]'s) and
@@ -117,6 +120,8 @@ struct Shared<N: Nic> {
     /// The shared receive queue its connections take their receives from,
     /// if it has one.
     srq: Option<Arc<SharedReceives<N>>>,
+    /// The buffer pool its connections take their buffers from, if it has one.
+    pool: Option<BufferPool>,
     depth: u32,
     epoch: Instant,
     routes: Mutex<Routes<N>>,
@@ -269,7 +274,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
     /// with [`NicError::CqTooDeep`].
     pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), NicError> {
-        Hub::make(nic, depth, None)
+        Hub::make(nic, depth, None, None)
     }
 
     /// A hub whose connections take their control receives from one shared
@@ -286,13 +291,38 @@ impl<N: Nic + 'static> Hub<N> {
     ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
         let conn_nic = nic.same_pd()?;
         let srq = SharedReceives::new(conn_nic, srq)?;
-        Hub::make(nic, depth, Some(Arc::new(srq)))
+        Hub::make(nic, depth, Some(Arc::new(srq)), None)
+    }
+
+    /// [`Hub::with_shared_receives`], and a buffer pool shared by its
+    /// connections ([`BufferPool`]; `docs/serving.md`): a connection
+    /// registers no data region, its buffer classes (`Config::buffers` of
+    /// `buffer_size`, and `large_buffers`) say how many buffers of each size
+    /// it may hold at once, and each is a buffer of the pool while it is
+    /// in use. Every size a connection uses must be one of `buffers`' sizes;
+    /// `buffers` gives how many of each the pool registers (each a region of
+    /// its own), now. A connection that finds its size all in use waits, as
+    /// for a buffer of its own.
+    pub fn with_shared_buffers(
+        nic: N,
+        depth: u32,
+        srq: SrqConfig,
+        buffers: &[BufClass],
+    ) -> Result<(Hub<N>, HubDriver<N>), NicError>
+    where
+        N: Clone,
+    {
+        let conn_nic = nic.same_pd()?;
+        let pool = BufferPool::register(&conn_nic, buffers)?;
+        let srq = SharedReceives::new(conn_nic, srq)?;
+        Hub::make(nic, depth, Some(Arc::new(srq)), Some(pool))
     }
 
     fn make(
         nic: N,
         depth: u32,
         srq: Option<Arc<SharedReceives<N>>>,
+        pool: Option<BufferPool>,
     ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
@@ -304,6 +334,7 @@ impl<N: Nic + 'static> Hub<N> {
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
+            pool,
             depth,
             epoch: Instant::now(),
             routes: Mutex::new(Routes {
@@ -348,6 +379,12 @@ impl<N: Nic + 'static> Hub<N> {
         self.shared.srq.is_some()
     }
 
+    /// The buffer pool the hub's connections share, on a hub made with
+    /// [`Hub::with_shared_buffers`].
+    pub fn buffer_pool(&self) -> Option<&BufferPool> {
+        self.shared.pool.as_ref()
+    }
+
     /// [`Endpoint::prepare`] on the hub's completion queue: the QP, with
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
@@ -376,7 +413,15 @@ impl<N: Nic + 'static> Hub<N> {
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
-        let prepared = match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq) {
+        let prepared = match Endpoint::prepare_on(
+            nic,
+            cfg,
+            sizes,
+            self.shared.hold.cq,
+            Some(retire),
+            srq,
+            self.shared.pool.clone(),
+        ) {
             Ok(p) => p,
             Err((_, e)) => {
                 self.shared.routes.lock().reserved -= u64::from(entries);
@@ -507,6 +552,7 @@ impl<N: Nic> Shared<N> {
             connection_turns: self.connection_turns.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
             srq: self.srq.as_ref().map(|s| s.stats()),
+            buffers: self.pool.as_ref().map(BufferPool::stats),
         }
     }
 }

@@ -277,6 +277,11 @@ impl<N: Nic> Connection<N> {
         part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart,
     ) -> (Connection<N>, Driver<N>) {
         let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, Some(part(w.clone()))));
+        if let Some(h) = &inner.hub {
+            // A connection that finds the hub's shared buffer pool empty is
+            // queued for a turn when a buffer comes back.
+            inner.state.lock().ep.wake_on_pool(&h.waker);
+        }
         (Connection { inner: inner.clone() }, Driver { inner })
     }
 

@@ -43,6 +43,7 @@
 
 #[cfg(not(loom))]
 mod alarm;
+mod bufpool;
 mod endpoint;
 #[cfg(feature = "testing")]
 pub mod frame;
@@ -66,6 +67,7 @@ mod srq;
 mod types;
 
 pub use crate::ProbeCache;
+pub use bufpool::{BufferPool, BufferPoolStats};
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]

@@ -1,6 +1,7 @@
 //! Slot bookkeeping: control slots (SEND and RECV frames) and data buffers,
 //! and where each data buffer is in the data region.
 
+use super::bufpool::BufferPool;
 use super::types::Config;
 
 /// Where each data buffer is: the size classes laid out one after the
@@ -47,6 +48,11 @@ impl Layout {
     /// Bytes of the data region.
     pub(crate) fn bytes(&self) -> u64 {
         self.classes.last().map_or(0, |c| c.offset + u64::from(c.size) * u64::from(c.count))
+    }
+
+    /// Each class's buffer size, in class order.
+    pub(crate) fn sizes(&self) -> Vec<u32> {
+        self.classes.iter().map(|c| c.size).collect()
     }
 
     /// How many buffers each class has, in class order.
@@ -116,7 +122,43 @@ pub(crate) struct Slots {
     free: Vec<Vec<u32>>,
     /// Slots that entered (true) or left (false) the user's hands since the
     /// last `take_changes`, for `Nic::set_cpu_held`.
-    changes: Vec<(u32, bool)>,
+    changes: Vec<HoldChange>,
+    /// Backing from a shared pool, when the slots are a connection's
+    /// places in it rather than buffers of its own.
+    backed: Option<Backed>,
+}
+
+/// Slot numbers backed by buffers of a [`BufferPool`]: a slot that leaves
+/// the free list takes a buffer of its class's size from the pool, and
+/// gives it back when it returns to the free list.
+#[derive(Debug)]
+struct Backed {
+    pool: BufferPool,
+    /// The pool's class for each of ours.
+    class: Vec<usize>,
+    /// The pool buffer behind each slot (`NONE` while free).
+    of: Vec<u32>,
+    /// The slot each taken pool buffer backs, by its region's raw id.
+    by_mr: std::collections::HashMap<u32, u32>,
+    /// Woken when a buffer comes back after a take found none.
+    waker: Option<std::task::Waker>,
+    /// A take found the pool's class empty, when the pool had had this
+    /// many buffers given back.
+    starved: Option<u64>,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A slot that entered or left the user's hands.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HoldChange {
+    pub(crate) slot: u32,
+    /// Entered (true) or left.
+    pub(crate) held: bool,
+    /// The pool buffer behind the slot at the change, when backed: a slot
+    /// given back to the pool at once has none by the time the change is
+    /// carried out.
+    pub(crate) backing: Option<u32>,
 }
 
 impl Slots {
@@ -142,6 +184,76 @@ impl Slots {
             class,
             free,
             changes: Vec::with_capacity(2 * n as usize),
+            backed: None,
+        }
+    }
+
+    /// Back the slots with `pool`'s buffers: slot class `k` (of
+    /// `classes[k]`: size and count) with the pool's class of that size. Fails (naming the size) when the pool has
+    /// no such class.
+    pub(crate) fn back_with(&mut self, pool: BufferPool, classes: &[(u32, u32)]) -> Result<(), u32> {
+        // A class without slots is never taken from: it needs no pool class.
+        let class = classes
+            .iter()
+            .map(|&(size, count)| match pool.class_of_size(size) {
+                Some(k) => Ok(k),
+                None if count == 0 => Ok(usize::MAX),
+                None => Err(size),
+            })
+            .collect::<Result<Vec<_>, u32>>()?;
+        let n = self.holder.len();
+        let by_mr = std::collections::HashMap::with_capacity(n);
+        self.backed = Some(Backed { pool, class, of: vec![NONE; n], by_mr, waker: None, starved: None });
+        Ok(())
+    }
+
+    /// Wake `w` when the pool gets a buffer back after a take found none.
+    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
+        if let Some(b) = &mut self.backed {
+            if !b.waker.as_ref().is_some_and(|x| x.will_wake(w)) {
+                b.waker = Some(w.clone());
+            }
+        }
+    }
+
+    /// Whether a take found the pool empty and a buffer has come back to it
+    /// since (the caller then tries again).
+    pub(crate) fn unstarve(&mut self) -> bool {
+        let Some(b) = &mut self.backed else { return false };
+        match b.starved {
+            Some(seen) if b.pool.gives() != seen => {
+                b.starved = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The pool and its buffer behind slot `i`, while it is taken.
+    pub(crate) fn backing(&self, i: u32) -> Option<(&BufferPool, u32)> {
+        let b = self.backed.as_ref()?;
+        let of = *b.of.get(i as usize)?;
+        (of != NONE).then_some((&b.pool, of))
+    }
+
+    /// The slot a taken pool buffer (named by its region's raw id) backs.
+    pub(crate) fn slot_of_mr(&self, mr: u32) -> Option<u32> {
+        self.backed.as_ref()?.by_mr.get(&mr).copied()
+    }
+
+    /// Whether the slots are backed by a shared pool.
+    pub(crate) fn is_backed(&self) -> bool {
+        self.backed.is_some()
+    }
+
+    /// Give every slot's pool buffer back, whoever holds the slot: only once
+    /// nothing can reach any of them (the QP destroyed, its windows freed).
+    pub(crate) fn release_backing(&mut self) {
+        if let Some(b) = &mut self.backed {
+            b.by_mr.clear();
+            for of in b.of.iter_mut().filter(|o| **o != NONE) {
+                b.pool.give(std::mem::replace(of, NONE));
+            }
         }
     }
 
@@ -152,29 +264,65 @@ impl Slots {
 
     /// Take a free slot of class `k` for `to`.
     pub(crate) fn take_in(&mut self, k: usize, to: Holder) -> Option<u32> {
-        let i = self.free.get_mut(k)?.pop()?;
+        let i = *self.free.get(k)?.last()?;
+        if let Some(b) = &mut self.backed {
+            let gives = b.pool.gives();
+            let Some(of) = b.pool.take(b.class[k], b.waker.as_ref()) else {
+                b.starved = Some(b.starved.map_or(gives, |s| s.min(gives)));
+                return None;
+            };
+            b.of[i as usize] = of;
+            b.by_mr.insert(b.pool.info(of).id.raw(), i);
+        }
+        self.free[k].pop();
         debug_assert_eq!(self.holder[i as usize], Holder::Free);
         self.set(i, to);
         Some(i)
     }
 
-    /// Free slots of class `k`.
+    /// Whether a take of class `k` would find a buffer now: a free slot,
+    /// and when backed, a free buffer of the pool (if not, the slots wait
+    /// for one as a failed take does).
+    pub(crate) fn can_take(&mut self, k: usize) -> bool {
+        if self.free_in(k) == 0 {
+            return false;
+        }
+        let Some(b) = &mut self.backed else { return true };
+        let gives = b.pool.gives();
+        if b.pool.has_free(b.class[k], b.waker.as_ref()) {
+            return true;
+        }
+        b.starved = Some(b.starved.map_or(gives, |s| s.min(gives)));
+        false
+    }
+
+    /// Free slots of class `k`. When backed by a pool, a take may still
+    /// find the pool's class empty (and the slots then wait for it).
     pub(crate) fn free_in(&self, k: usize) -> usize {
         self.free.get(k).map_or(0, Vec::len)
     }
 
     fn set(&mut self, i: u32, to: Holder) {
-        let h = &mut self.holder[i as usize];
+        let from = self.holder[i as usize];
         if to == Holder::User {
             self.lending[i as usize] = self.lending[i as usize].wrapping_add(1);
         }
-        if to == Holder::Free && *h != Holder::Free {
+        if (to == Holder::User) != (from == Holder::User) {
+            // Recorded with the slot's pool buffer before it can go back.
+            let backing = self.backed.as_ref().map(|b| b.of[i as usize]).filter(|&o| o != NONE);
+            self.changes.push(HoldChange { slot: i, held: to == Holder::User, backing });
+        }
+        if to == Holder::Free && from != Holder::Free {
             self.free[usize::from(self.class[i as usize])].push(i);
+            if let Some(b) = &mut self.backed {
+                let of = std::mem::replace(&mut b.of[i as usize], NONE);
+                if of != NONE {
+                    b.by_mr.remove(&b.pool.info(of).id.raw());
+                    b.pool.give(of);
+                }
+            }
         }
-        if (to == Holder::User) != (*h == Holder::User) {
-            self.changes.push((i, to == Holder::User));
-        }
-        *h = to;
+        self.holder[i as usize] = to;
     }
 
     /// Move slot `i` from `from` to `to`; false (and no change) if it was not held by `from`.
@@ -189,7 +337,7 @@ impl Slots {
     }
 
     /// Move the recorded user hand-overs into `out` (emptied first).
-    pub(crate) fn take_changes(&mut self, out: &mut Vec<(u32, bool)>) {
+    pub(crate) fn take_changes(&mut self, out: &mut Vec<HoldChange>) {
         out.clear();
         std::mem::swap(out, &mut self.changes);
     }

@@ -261,7 +261,7 @@ impl<N: Nic + 'static> CqRouter<N> {
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
-        match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq) {
+        match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq, None) {
             Ok(p) => {
                 // Known before it can complete anything; a QP destroyed with
                 // this number had its completions drained by then.

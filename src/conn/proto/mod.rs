@@ -30,8 +30,9 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
+use super::bufpool::BufferPool;
 use super::frame::{Attach, EngineTag, Frame, CREDIT_AT, INITIAL_CREDITS, MAX_FRAME};
-use super::pool::{Holder, Layout, Slots};
+use super::pool::{HoldChange, Holder, Layout, Slots};
 use super::types::*;
 use crate::backend::{
     Access, Completion, CpuHold, MrId, MrInfo, MwId, NicError, SendWr, Sge, SgeList, WcStatus,
@@ -142,14 +143,20 @@ pub enum Command {
     /// `None`) before handing out the events' buffers, as
     /// [`Endpoint`](super::Endpoint) does.
     Fill {
-        /// The bytes, and where they go in the data region.
+        /// The region the buffer is in (the data region, or a buffer of
+        /// the hub's shared pool).
+        mr: MrId,
+        /// The bytes, and where they go in that region.
         data: Staged,
     },
     /// Tell the NIC whether the user holds a data buffer's bytes (a
     /// testing aid, see [`Nic::set_cpu_held`](crate::backend::Nic::set_cpu_held);
     /// real NICs ignore it).
     CpuHold {
-        /// Offset in the data region.
+        /// The region the buffer is in (the data region, or a buffer of
+        /// the hub's shared pool).
+        mr: MrId,
+        /// Offset in that region.
         offset: usize,
         /// Length.
         len: usize,
@@ -166,15 +173,27 @@ pub struct Resources {
     /// receive queue of the QP's own) `ctrl_slots` receive slots,
     /// [`MAX_FRAME`] bytes each.
     pub ctrl: MrId,
-    /// The data region: the buffers of every size class, one class after
-    /// the other (`Config::buffers` of `buffer_size`, then
-    /// `Config::large_buffers` by size).
-    pub data: MrInfo,
+    /// Where the buffers are.
+    pub data: DataMemory,
     /// Under the mw policy for the direction we own, one type-2 window per
     /// buffer of every class; otherwise empty.
     pub windows: Vec<MwId>,
     /// The windows' rkeys at allocation, in the same order.
     pub window_rkeys: Vec<u32>,
+}
+
+/// Where a connection's data buffers are.
+#[derive(Clone, Debug)]
+pub enum DataMemory {
+    /// A data region of its own: the buffers of every size class, one class
+    /// after the other (`Config::buffers` of `buffer_size`, then
+    /// `Config::large_buffers` by size).
+    Region(MrInfo),
+    /// Buffers of a hub's shared pool, each a region of its own, taken while
+    /// a slot is in use; the classes of the `Config` say how many of each
+    /// size the connection may hold at once, and each size must be a class
+    /// of the pool. Serves the mw policy only.
+    Pool(BufferPool),
 }
 
 /// A client call in progress.
@@ -309,7 +328,7 @@ pub struct Connection {
     backlog_bytes: Vec<u8>,
     bufs: Slots,
     /// Scratch for `flush_holds`.
-    hold_changes: Vec<(u32, bool)>,
+    hold_changes: Vec<HoldChange>,
     /// Handles dropped by the user, to take back.
     returns: std::sync::Arc<Returns>,
     reclaimed: Vec<(u32, u32)>,
@@ -367,8 +386,19 @@ impl Connection {
                 pending: VecDeque::with_capacity(slots),
             }
         });
-        let confirm = (owns == Policy::Confirm || reads == Policy::Confirm)
-            .then(|| ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, &res.data));
+        let mut bufs = Slots::with_classes(&layout.counts());
+        let confirm = (owns == Policy::Confirm || reads == Policy::Confirm).then(|| {
+            let DataMemory::Region(data) = &res.data else {
+                panic!("a shared buffer pool serves the mw policy only, not confirm")
+            };
+            ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, data)
+        });
+        if let DataMemory::Pool(pool) = &res.data {
+            let classes: Vec<(u32, u32)> = layout.sizes().into_iter().zip(layout.counts()).collect();
+            if let Err(size) = bufs.back_with(pool.clone(), &classes) {
+                panic!("the shared buffer pool has no class of {size} bytes (it has {:?})", pool.sizes());
+            }
+        }
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             sends: Slots::new(cfg.sends()),
@@ -380,7 +410,7 @@ impl Connection {
             frames_in: 0,
             backlog: VecDeque::new(),
             backlog_bytes: Vec::new(),
-            bufs: Slots::with_classes(&layout.counts()),
+            bufs,
             layout,
             regions: Vec::new(),
             ranges: Slots::new(cfg.region_exposures),
@@ -528,20 +558,29 @@ impl Connection {
         self.commands.push_back(Command::PostSend { chain: Chain::one(w), frame: None });
     }
 
-    fn slot_offset(&self, slot: u32) -> u64 {
-        self.layout.offset(slot)
+    /// Where buffer `slot` is: its region and its offset in it (the data
+    /// region, or while the slot is taken the pool buffer behind it).
+    fn place(&self, slot: u32) -> (MrInfo, u64) {
+        match &self.res.data {
+            DataMemory::Region(data) => (*data, self.layout.offset(slot)),
+            DataMemory::Pool(_) => {
+                let (pool, of) = self.bufs.backing(slot).expect("a taken slot of a pool has a buffer");
+                (pool.info(of), 0)
+            }
+        }
     }
 
     fn mw_buffer(&self, slot: u32, len: u32) -> mw::Buffer {
-        let offset = self.slot_offset(slot);
-        mw::Buffer { mr: self.res.data.id.raw(), offset, len, addr: self.res.data.addr + offset }
+        let (mr, offset) = self.place(slot);
+        mw::Buffer { mr: mr.id.raw(), offset, len, addr: mr.addr + offset }
     }
 
     fn slot_of_mw(&self, b: &mw::Buffer) -> Option<u32> {
-        if b.mr != self.res.data.id.raw() {
-            return None;
+        match &self.res.data {
+            DataMemory::Region(data) if b.mr == data.id.raw() => self.layout.slot_at(b.offset),
+            DataMemory::Region(_) => None,
+            DataMemory::Pool(_) => self.bufs.slot_of_mr(b.mr).filter(|_| b.offset == 0),
         }
-        self.layout.slot_at(b.offset)
     }
 
     /// A handle for a slot the user now holds (its current lending).
@@ -563,6 +602,9 @@ impl Connection {
         for (slot, lending) in self.reclaimed.drain(..) {
             n += usize::from(self.bufs.give_back(slot, lending));
         }
+        // A take found the shared pool empty, and the pool has woken us
+        // since (or may have): the takes are tried again.
+        n += usize::from(self.bufs.unstarve());
         if n > 0 {
             // A payload may be waiting for a free buffer: the engines run.
             self.dirty = true;
@@ -577,6 +619,21 @@ impl Connection {
         self.returns.set_waker(w);
     }
 
+    /// Wake `w` when the shared buffer pool gets a buffer back after a take
+    /// found none (the hub's driver: [`Connection::reclaim`] then tries
+    /// again). No-op without a shared pool.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
+        self.bufs.wake_on_pool(w);
+    }
+
+    /// Give the shared pool's buffers back, whoever holds their slots. Call
+    /// it only once the QP is destroyed and the windows are freed (the
+    /// endpoint's drop), and use no buffer of the connection afterwards.
+    pub(crate) fn release_pool_buffers(&mut self) {
+        self.bufs.release_backing();
+    }
+
     /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
     /// back since the last time. Called before the NIC can act again: at the
     /// end of every input.
@@ -587,11 +644,17 @@ impl Connection {
         }
         let remote_reads_allowed = self.cfg.directions().0 == Policy::Confirm;
         for i in 0..self.hold_changes.len() {
-            let (slot, held) = self.hold_changes[i];
-            let len = self.layout.size(slot) as usize;
-            let hold = if held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
-            let offset = self.slot_offset(slot) as usize;
-            self.commands.push_back(Command::CpuHold { offset, len, hold });
+            let c = self.hold_changes[i];
+            let len = self.layout.size(c.slot) as usize;
+            let hold = if c.held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
+            // A pool buffer as it was at the change (a slot given back at
+            // once no longer has one).
+            let (mr, offset) = match (&self.res.data, c.backing) {
+                (DataMemory::Pool(pool), Some(of)) => (pool.info(of).id, 0),
+                (DataMemory::Pool(_), None) => continue,
+                (DataMemory::Region(data), _) => (data.id, self.layout.offset(c.slot) as usize),
+            };
+            self.commands.push_back(Command::CpuHold { mr, offset, len, hold });
         }
     }
 
@@ -623,13 +686,17 @@ impl Connection {
 
     /// A free buffer of the smallest class that has one and holds `len`.
     fn take_fit(&mut self, len: u32, to: Holder) -> Option<u32> {
-        let k = self.layout.fitting(len).find(|&k| self.bufs.free_in(k) > 0)?;
-        self.bufs.take_in(k, to)
+        // Smallest class first; with a shared pool a class with free slots
+        // may find the pool's buffers of its size all taken (the take then
+        // registers for a wake-up), and a larger class is tried.
+        let bufs = &mut self.bufs;
+        self.layout.fitting(len).find_map(|k| if bufs.free_in(k) > 0 { bufs.take_in(k, to) } else { None })
     }
 
     /// Whether some class holds `len` bytes and has a free buffer.
-    fn can_fit(&self, len: u32) -> bool {
-        self.layout.fitting(len).any(|k| self.bufs.free_in(k) > 0)
+    fn can_fit(&mut self, len: u32) -> bool {
+        let bufs = &mut self.bufs;
+        self.layout.fitting(len).any(|k| bufs.can_take(k))
     }
 
     /// The largest payload a buffer of the pool holds.
@@ -658,10 +725,11 @@ impl Connection {
         Ok(())
     }
 
-    /// Where `buf`'s bytes are in the data region: (offset, capacity).
-    /// Check the handle first ([`Connection::check_buf`]).
-    pub fn buffer_range(&self, buf: &Buf) -> (usize, u32) {
-        (self.slot_offset(buf.slot) as usize, self.layout.size(buf.slot))
+    /// Where `buf`'s bytes are: (region, offset in it, capacity). Check
+    /// the handle first ([`Connection::check_buf`]).
+    pub fn buffer_place(&self, buf: &Buf) -> (MrId, usize, u32) {
+        let (mr, offset) = self.place(buf.slot);
+        (mr.id, offset as usize, self.layout.size(buf.slot))
     }
 
     /// Set how many bytes of `buf` are payload, after writing them at
@@ -785,7 +853,7 @@ impl Connection {
     /// it, its registration) for a pool buffer or a user range.
     pub(super) fn exposure_target(&self, slot: u32) -> (MrInfo, u64) {
         match slot.checked_sub(self.layout.slots()) {
-            None => (self.res.data, self.slot_offset(slot)),
+            None => self.place(slot),
             Some(k) => {
                 let r = self.range_at[k as usize];
                 let info = self.regions[r.region.0 as usize]
@@ -827,11 +895,15 @@ impl Connection {
 
     /// Byte ranges of the data region that are exposed to the peer or being
     /// read into: every other byte must be unreachable by the peer (mw policy).
+    /// Empty with a shared buffer pool (each buffer is a region of its own).
     pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        if self.bufs.is_backed() {
+            return Vec::new();
+        }
         (0..self.layout.slots())
             .filter(|s| matches!(self.bufs.holder(*s), Some(Holder::Exposed | Holder::Reading)))
             .map(|s| {
-                let o = self.slot_offset(s) as usize;
+                let o = self.layout.offset(s) as usize;
                 o..o + self.layout.size(s) as usize
             })
             .collect()
@@ -839,10 +911,14 @@ impl Connection {
 
     /// The byte range of every buffer of the data region, every class,
     /// in slot order (for checking [`Connection::busy_ranges`] against).
+    /// Empty with a shared buffer pool.
     pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        if self.bufs.is_backed() {
+            return Vec::new();
+        }
         (0..self.layout.slots())
             .map(|s| {
-                let o = self.slot_offset(s) as usize;
+                let o = self.layout.offset(s) as usize;
                 o..o + self.layout.size(s) as usize
             })
             .collect()
@@ -1278,7 +1354,7 @@ impl Connection {
     fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
         match a {
             mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
-                self.post_read(token.wr_id(), dest.offset as usize, remote_addr, rkey, len);
+                self.post_read(token.wr_id(), MrId(dest.mr), dest.offset as usize, remote_addr, rkey, len);
             }
             mw::ReaderAction::SendRelease(r) => {
                 let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
@@ -1313,13 +1389,13 @@ impl Connection {
     /// together, of which only the last is signaled (RC completes READs in
     /// order, so its completion covers the others; an error in any ends
     /// the QP, and the signaled one then flushes). All carry `wr_id`.
-    fn post_read(&mut self, wr_id: u64, offset: usize, remote_addr: u64, rkey: u32, len: u32) {
+    fn post_read(&mut self, wr_id: u64, mr: MrId, offset: usize, remote_addr: u64, rkey: u32, len: u32) {
         let chunk = self.cfg.read_chunk.max(1);
         let mut done = 0u32;
         loop {
             let n = (len - done).min(chunk);
             let last = done + n == len;
-            let local = SgeList::from([Sge { mr: self.res.data.id, offset: offset + done as usize, len: n }]);
+            let local = SgeList::from([Sge { mr, offset: offset + done as usize, len: n }]);
             let remote_addr = remote_addr + u64::from(done);
             self.post(SendWr::Read { wr_id, signaled: last, local, remote_addr, rkey });
             done += n;
@@ -1346,8 +1422,8 @@ impl Connection {
         let token = rr.token().raw();
         let tag = if c.is_client() { TAG_FB_CLIENT } else { TAG_FB_SERVER };
         c.reads.insert(token, slot);
-        let offset = self.slot_offset(slot) as usize;
-        self.post_read(wr(tag, token), offset, rr.remote().addr(), rr.remote().rkey(), len);
+        let (mr, offset) = self.place(slot);
+        self.post_read(wr(tag, token), mr.id, offset as usize, rr.remote().addr(), rr.remote().rkey(), len);
     }
 
     /// Start READs that waited for a free destination. Returns whether any did.
@@ -1494,9 +1570,9 @@ impl Connection {
     /// payload received).
     fn push_fill(&mut self, slot: u32, start: usize, len: usize) {
         self.tx_used = start + len;
-        let offset = self.slot_offset(slot) as usize;
-        self.commands
-            .push_back(Command::Fill { data: Staged { offset, start: start as u32, len: len as u32 } });
+        let (mr, offset) = self.place(slot);
+        let data = Staged { offset: offset as usize, start: start as u32, len: len as u32 };
+        self.commands.push_back(Command::Fill { mr: mr.id, data });
     }
 
     /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).

@@ -1,0 +1,282 @@
+//! A hub's shared buffer pool ([`BufferPool`]).
+//!
+//! Without one, every connection registers a data region that holds all of
+//! its buffers (`Config::buffers` of `buffer_size`, and its
+//! `large_buffers`), busy or idle: 10,000 idle connections with sixteen
+//! 64 KiB buffers each pin 10 GiB. On a hub with a shared buffer pool
+//! ([`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)) a
+//! connection registers no data region: its buffer classes say how many
+//! buffers of each size it may hold *at once*, and each is backed by a
+//! buffer of the hub's pool while it is taken (by the user, by an exposure
+//! to the peer, or as a READ's destination). So registered memory follows
+//! the work in progress, not the number of connections.
+//!
+//! # When a buffer goes back to the pool
+//! Exactly when it goes back to its connection's free list, which the
+//! connection does only on evidence that the peer's NIC can no longer reach
+//! it: the invalidation's completion, the QP destroyed, a READ into it
+//! completed or flushed, or the user's handle dropped. A buffer of a
+//! connection that is torn down goes back after its QP is destroyed and its
+//! windows are freed. A connection that finds no buffer in the pool waits
+//! as it waits for one of its own (`alloc().await`, a READ queued for a
+//! destination), and is woken when any connection gives one back.
+//!
+//! # Isolation
+//! Every buffer of the pool is a memory region of its own, registered for
+//! window binding and local writes only: its rkey is never sent (the pool
+//! serves the mw policy only, as the shared receives it comes with), and a
+//! window over it reaches that buffer and nothing else, even where windows
+//! do not enforce their bounds (rxe checks a READ against the region, not
+//! the window). A type-2 window is scoped to its connection's QP, so a peer
+//! reaches a pooled buffer only while it is exposed to that peer.
+
+use std::task::Waker;
+
+use parking_lot::Mutex;
+
+use super::types::BufClass;
+use crate::backend::{Access, MrId, MrInfo, Nic, NicError};
+
+/// Buffers registered per size class at most (a registration each).
+pub const MAX_POOL_BUFFERS: u32 = 1 << 20;
+
+/// A hub's pool of registered data buffers, shared by its connections
+/// (see [`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
+/// A cheap handle: clones share the pool. The buffers are deregistered
+/// when the last handle (the hub's, or a connection's) goes.
+#[derive(Clone)]
+pub struct BufferPool(std::sync::Arc<Inner>);
+
+struct Inner {
+    /// Class sizes, ascending.
+    sizes: Vec<u32>,
+    /// One registration per buffer, class by class.
+    mrs: Vec<MrInfo>,
+    /// Where each class starts in `mrs`, and (last) its length.
+    firsts: Vec<u32>,
+    state: Mutex<State>,
+    /// Buffers given back so far (a waiter compares it with what it saw).
+    gives: std::sync::atomic::AtomicU64,
+    dereg: Box<dyn Fn(MrId) + Send + Sync>,
+}
+
+struct State {
+    /// Free buffers of each class (indices into `mrs`).
+    free: Vec<Vec<u32>>,
+    /// Connections that found a class empty, to wake when a buffer comes back.
+    waiting: Vec<Waker>,
+    taken: u64,
+    empty: u64,
+    wakeups: u64,
+    held_bytes: u64,
+}
+
+/// What a [`BufferPool`] holds and has done (in [`HubStats`](super::HubStats)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BufferPoolStats {
+    /// Buffers in the pool, of every class.
+    pub buffers: u32,
+    /// Of those, free now.
+    pub free: u32,
+    /// Bytes registered for the pool's buffers.
+    pub registered_bytes: u64,
+    /// Bytes of the buffers connections hold right now.
+    pub held_bytes: u64,
+    /// Buffers handed to connections so far.
+    pub taken: u64,
+    /// Times a connection wanted a buffer of a class that had none free
+    /// (it waits, and is woken when one comes back).
+    pub empty: u64,
+    /// Wake-ups of waiting connections.
+    pub wakeups: u64,
+}
+
+impl BufferPool {
+    /// Register `classes` on `nic` (each buffer a region of its own, for
+    /// window binding and local writes). Classes of the same size are
+    /// merged; empty ones are skipped.
+    pub(crate) fn register<N: Nic + Clone + 'static>(
+        nic: &N,
+        classes: &[BufClass],
+    ) -> Result<BufferPool, NicError> {
+        let mut wanted: Vec<BufClass> = Vec::new();
+        for c in classes.iter().filter(|c| c.size > 0 && c.count > 0) {
+            match wanted.iter_mut().find(|w| w.size == c.size) {
+                Some(w) => w.count = w.count.saturating_add(c.count),
+                None => wanted.push(*c),
+            }
+        }
+        wanted.sort_unstable_by_key(|c| c.size);
+        if wanted.is_empty() {
+            return Err(NicError::InvalidWr(
+                "a shared buffer pool needs at least one class with a size and a count".into(),
+            ));
+        }
+        if let Some(c) = wanted.iter().find(|c| c.count > MAX_POOL_BUFFERS) {
+            return Err(NicError::InvalidWr(format!(
+                "a shared buffer pool class of {} buffers of {} bytes: at most {MAX_POOL_BUFFERS} per class",
+                c.count, c.size
+            )));
+        }
+        let owner = nic.clone();
+        let dereg: Box<dyn Fn(MrId) + Send + Sync> = Box::new(move |id| {
+            let _ = owner.dereg_mr(id);
+        });
+        let total: usize = wanted.iter().map(|c| c.count as usize).sum();
+        let mut mrs = Vec::with_capacity(total);
+        let mut free = Vec::with_capacity(wanted.len());
+        let mut firsts = Vec::with_capacity(wanted.len() + 1);
+        for c in &wanted {
+            let first = mrs.len() as u32;
+            firsts.push(first);
+            for _ in 0..c.count {
+                match nic.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND) {
+                    Ok(mr) => mrs.push(mr),
+                    Err(e) => {
+                        for mr in &mrs {
+                            dereg(mr.id);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            free.push((first..first + c.count).rev().collect());
+        }
+        firsts.push(mrs.len() as u32);
+        Ok(BufferPool(std::sync::Arc::new(Inner {
+            sizes: wanted.iter().map(|c| c.size).collect(),
+            mrs,
+            firsts,
+            state: Mutex::new(State {
+                free,
+                waiting: Vec::new(),
+                taken: 0,
+                empty: 0,
+                wakeups: 0,
+                held_bytes: 0,
+            }),
+            gives: std::sync::atomic::AtomicU64::new(0),
+            dereg,
+        })))
+    }
+
+    /// The class sizes, ascending.
+    pub fn sizes(&self) -> &[u32] {
+        &self.0.sizes
+    }
+
+    /// Each class: its buffer size, how many buffers it has, how many are
+    /// free now.
+    pub fn classes(&self) -> Vec<(u32, u32, u32)> {
+        let st = self.0.state.lock();
+        (0..self.0.sizes.len())
+            .map(|k| (self.0.sizes[k], self.0.firsts[k + 1] - self.0.firsts[k], st.free[k].len() as u32))
+            .collect()
+    }
+
+    /// The class of buffers of exactly `size` bytes.
+    pub(crate) fn class_of_size(&self, size: u32) -> Option<usize> {
+        self.0.sizes.iter().position(|&s| s == size)
+    }
+
+    /// Buffers given back so far: a connection that found the pool empty
+    /// tries again once this moved.
+    pub(crate) fn gives(&self) -> u64 {
+        self.0.gives.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Take a free buffer of `class`; when there is none, `waker` (if
+    /// given) is woken when one comes back.
+    pub(crate) fn take(&self, class: usize, waker: Option<&Waker>) -> Option<u32> {
+        let mut st = self.0.state.lock();
+        match st.free.get_mut(class).and_then(Vec::pop) {
+            Some(i) => {
+                st.taken += 1;
+                st.held_bytes += u64::from(self.0.sizes[class]);
+                Some(i)
+            }
+            None => {
+                st.empty += 1;
+                if let Some(w) = waker {
+                    if !st.waiting.iter().any(|x| x.will_wake(w)) {
+                        st.waiting.push(w.clone());
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether `class` has a free buffer now; if not, `waker` (if given) is
+    /// woken when one comes back.
+    pub(crate) fn has_free(&self, class: usize, waker: Option<&Waker>) -> bool {
+        let mut st = self.0.state.lock();
+        if st.free.get(class).is_some_and(|f| !f.is_empty()) {
+            return true;
+        }
+        if let Some(w) = waker {
+            if !st.waiting.iter().any(|x| x.will_wake(w)) {
+                st.waiting.push(w.clone());
+            }
+        }
+        false
+    }
+
+    /// Give buffer `i` back (its connection has evidence that no remote
+    /// access to it is possible) and wake the connections waiting for one.
+    pub(crate) fn give(&self, i: u32) {
+        let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
+        let size = u64::from(self.0.sizes[class]);
+        let waiting = {
+            let mut st = self.0.state.lock();
+            debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
+            st.free[class].push(i);
+            self.0.gives.fetch_add(1, std::sync::atomic::Ordering::Release);
+            st.held_bytes -= size;
+            st.wakeups += st.waiting.len() as u64;
+            std::mem::take(&mut st.waiting)
+        };
+        // Woken outside the lock: a waker queues its connection on the hub.
+        waiting.into_iter().for_each(Waker::wake);
+    }
+
+    /// The registrations of the pool's buffers, class by class (for tests
+    /// and oracles; their keys are never sent to a peer).
+    pub fn regions(&self) -> &[MrInfo] {
+        &self.0.mrs
+    }
+
+    /// The registration of buffer `i`.
+    pub(crate) fn info(&self, i: u32) -> MrInfo {
+        self.0.mrs[i as usize]
+    }
+
+    /// What the pool holds and has done.
+    pub fn stats(&self) -> BufferPoolStats {
+        let st = self.0.state.lock();
+        BufferPoolStats {
+            buffers: self.0.mrs.len() as u32,
+            free: st.free.iter().map(|f| f.len() as u32).sum(),
+            registered_bytes: self.0.mrs.iter().map(|m| m.len as u64).sum(),
+            held_bytes: st.held_bytes,
+            taken: st.taken,
+            empty: st.empty,
+            wakeups: st.wakeups,
+        }
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool").field("stats", &self.stats()).finish()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for mr in &self.mrs {
+            (self.dereg)(mr.id);
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! A [`Hub`] with a shared buffer pool ([`Hub::with_shared_buffers`]): its
+//! connections register no data region and take each buffer from the
+//! hub's pool while they use it. On the simulated NIC, whose oracle says
+//! which memory each remote QP can reach and records every NIC access to a
+//! buffer a user holds.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use mwcap::backend::{MrId, NicError};
+use mwcap::conn::{
+    BufClass, Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig,
+};
+use mwcap::sim::{DeviceConfig, DeviceId, Fabric, QpAddr, SimNic};
+
+mod hubs;
+use hubs::{pattern, serve, serve_clients, spawn};
+
+type Conn = (Connection<SimNic>, Driver<SimNic>);
+
+const SMALL: u32 = 4096;
+const LARGE: u32 = 64 * 1024;
+
+/// Per connection: up to 4 small buffers and 1 large one at once.
+fn cfg(role: Role) -> Config {
+    let mut c = Config::new(role, Policies::both(Policy::Mw));
+    c.buffers = 4;
+    c.buffer_size = SMALL;
+    c.large_buffers = vec![BufClass { size: LARGE, count: 1 }];
+    c.ctrl_slots = 16;
+    c.send_slots = Some(8);
+    c.inline_max = 0;
+    c.lease_time = Duration::from_millis(300);
+    c.safety_margin = Duration::from_millis(50);
+    c.call_timeout = Duration::from_secs(10);
+    c
+}
+
+fn pooled_hub(nic: SimNic, small: u32, large: u32) -> (Hub<SimNic>, mwcap::conn::HubDriver<SimNic>) {
+    let classes = [BufClass { size: SMALL, count: small }, BufClass { size: LARGE, count: large }];
+    Hub::with_shared_buffers(nic, 1 << 16, SrqConfig { chunk: 64, max_slots: 4096 }, &classes).unwrap()
+}
+
+fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
+    let p = Policies::both(Policy::Mw);
+    let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
+    let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
+    let mut c = cp.finish(p)?;
+    let mut s = sp.finish(p)?;
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se)?;
+    s.connect(&ce)?;
+    Ok((ch.add(c), sh.add(s)))
+}
+
+/// Every region of `owner` that some remote QP can reach now, and which
+/// QPs can: a pool buffer is a region of its own, and must be reachable
+/// through one connection at most.
+fn reachable(fabric: &Fabric, owner: DeviceId, remotes: &[QpAddr]) -> HashMap<MrId, Vec<QpAddr>> {
+    let mut by_mr: HashMap<MrId, Vec<QpAddr>> = HashMap::new();
+    for &r in remotes {
+        for e in fabric.exposure(owner, r) {
+            by_mr.entry(e.mr).or_default().push(r);
+        }
+    }
+    by_mr
+}
+
+/// 24 connections per side, each allowed 4 small buffers and 1 large one at
+/// once, share pools of 16 small and 3 large buffers per side (a fifth of
+/// what they could hold), with 12 calls in flight on each: the pools run
+/// empty, connections wait and are woken, every byte comes back right, no
+/// buffer is ever reachable through two connections, the NIC never touches
+/// a buffer a user holds, and every buffer is back in its pool at the end.
+#[test]
+fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
+    let fabric = Fabric::with_seed(5);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (ch, cdrv) = pooled_hub(cn, 16, 3);
+    let (sh, sdrv) = pooled_hub(sn, 16, 3);
+    spawn(&pool, cdrv.run());
+    spawn(&pool, sdrv.run());
+    let n = 24;
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        spawn(&pool, serve(s.clone()));
+        conns.push((c, cd, s, sd));
+    }
+    // A connection registers its control slots and nothing for buffers.
+    for (c, _, s, _) in &conns {
+        assert_eq!(s.registered_bytes(), 8 * 4096, "the send slots only");
+        assert_eq!(c.registered_bytes(), 8 * 4096);
+    }
+    let sdev = sh.nic().device();
+    let cdev = ch.nic().device();
+    let client_qps: Vec<QpAddr> =
+        conns.iter().map(|(c, ..)| QpAddr { device: cdev, qpn: c.qp_number() }).collect();
+    let server_qps: Vec<QpAddr> =
+        conns.iter().map(|(_, _, s, _)| QpAddr { device: sdev, qpn: s.qp_number() }).collect();
+    let sizes = [1usize, 100, 3000, 20_000];
+    let calls = conns.iter().enumerate().map(|(i, (c, ..))| {
+        let (fabric, client_qps, server_qps) = (&fabric, &client_qps, &server_qps);
+        async move {
+            let calls = (0..12usize).map(|k| async move {
+                let len = sizes[(i + k) % 4];
+                let mut b = c.alloc_for(len).await.unwrap();
+                c.write(&mut b, &pattern(i * 100 + k, len)).unwrap();
+                let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+                for (owner, remotes) in [(sdev, client_qps), (cdev, server_qps)] {
+                    for (mr, through) in reachable(fabric, owner, remotes) {
+                        assert!(through.len() <= 1, "region {mr:?} reachable through {through:?}");
+                    }
+                }
+                let mut want = pattern(i * 100 + k, len);
+                want.reverse();
+                let d = r.data.expect("a reply payload");
+                assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: not its own bytes");
+                c.free(d);
+            });
+            futures::future::join_all(calls).await;
+        }
+    });
+    let done = pool.run_until(async {
+        let all = futures::future::join_all(calls);
+        let t = async_io::Timer::after(Duration::from_secs(60));
+        futures::pin_mut!(all);
+        futures::pin_mut!(t);
+        matches!(futures::future::select(all, t).await, futures::future::Either::Left(_))
+    });
+    if !done {
+        eprintln!("client pool {:?}", ch.stats().buffers);
+        eprintln!("server pool {:?}", sh.stats().buffers);
+        for (c, _, s, _) in &conns {
+            eprintln!("client {:?}\nserver {:?}", c.stats(), s.stats());
+        }
+        panic!("the calls stalled");
+    }
+    for side in [&ch, &sh] {
+        let st = side.stats().buffers.expect("a shared pool");
+        assert_eq!((st.buffers, st.registered_bytes), (19, 16 * 4096 + 3 * 65536), "{st:?}");
+        assert!(st.taken >= 24 * 12, "every call took a buffer from the pool: {st:?}");
+        assert!(st.empty > 0 && st.wakeups > 0, "the pool ran empty and waiters were woken: {st:?}");
+    }
+    for (c, _, s, _) in &conns {
+        assert_eq!(c.stats().calls_failed, 0);
+        assert_eq!(s.stats().requests_dropped, 0);
+    }
+    for (c, _, s, _) in &conns {
+        c.close();
+        s.close();
+    }
+    let reasons = pool.run_until(futures::future::join_all(
+        conns.into_iter().map(|(_, cd, _, sd)| futures::future::join(cd.run(), sd.run())),
+    ));
+    for (c, _) in &reasons {
+        assert_eq!(*c, LossReason::Closed);
+    }
+    for side in [&ch, &sh] {
+        let st = side.stats().buffers.unwrap();
+        assert_eq!((st.free, st.held_bytes), (19, 0), "every buffer is back: {st:?}");
+    }
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// Per connection: 2 small buffers, nothing else.
+fn small_cfg(role: Role) -> Config {
+    let mut c = cfg(role);
+    c.buffers = 2;
+    c.large_buffers = Vec::new();
+    c
+}
+
+/// Answer every request with 3000 bytes of `fill`, after checking (with
+/// `check`) that the moment is right.
+async fn serve_fixed(server: Connection<SimNic>, fill: u8, check: impl Fn()) {
+    while let Some(req) = server.next_request().await {
+        let Ok(mut out) = server.alloc().await else { return };
+        check();
+        server.write(&mut out, &[fill; 3000]).unwrap();
+        if server.reply(req.id, 0, b"", Some(out)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Run `pool` until `done` holds (at most `limit` of wall time).
+fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !done() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    true
+}
+
+/// A server hub whose pool has one buffer, and a client that gets a reply
+/// window over it and then says nothing: the buffer stays out of the pool
+/// (and another connection that wants one waits) until the window's lease
+/// ends in an invalidation; only then does the other connection get it,
+/// and the silent client's key reaches nothing any more. On rxe, whose
+/// windows reach their whole region, the window reached exactly that
+/// buffer, which is a region of its own.
+#[test]
+fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidated() {
+    for (dev, reach) in [(DeviceConfig::spec(), 3000), (DeviceConfig::rxe(), SMALL as usize)] {
+        let fabric = Fabric::with_seed(8);
+        let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
+        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+        let sn = fabric.add_device(dev.named("s"));
+        let sdev = sn.device();
+        let mut pool = LocalPool::new();
+        let classes = [BufClass { size: SMALL, count: 1 }];
+        let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+        let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
+        spawn(&pool, sdrv.run());
+        spawn(&pool, cdrv.run());
+        let p = Policies::both(Policy::Mw);
+        // The silent client: an endpoint nobody drives after its call.
+        let mut a_server =
+            sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
+        let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
+        silent.connect(&a_server.local()).unwrap();
+        a_server.connect(&silent.local()).unwrap();
+        let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+        let (a, _ad) = sh.add(a_server);
+        spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
+        silent.call(fabric.now(), b"x", None).unwrap();
+        silent.drive(fabric.now());
+        assert!(
+            run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()),
+            "the reply's window was bound"
+        );
+        let exposed = fabric.exposure(sdev, silent_qp);
+        assert_eq!(exposed.len(), 1, "{exposed:?}");
+        let x = exposed[0].clone();
+        // The payload's bytes; on rxe the whole region, which is the buffer.
+        assert_eq!(x.bytes, 0..reach, "the window reaches its buffer and no more");
+        let st = sh.stats().buffers.unwrap();
+        assert_eq!((st.free, st.held_bytes), (0, u64::from(SMALL)));
+
+        // Another connection's server wants the buffer: it waits.
+        let ((b_client, _bcd), (b_server, _bsd)) = {
+            let sp = sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap();
+            let cp = ch.prepare(ch.connection_nic().unwrap(), small_cfg(Role::Client)).unwrap();
+            let mut c = cp.finish(p).unwrap();
+            let mut s = sp.finish(p).unwrap();
+            let (ce, se) = (c.local(), s.local());
+            c.connect(&se).unwrap();
+            s.connect(&ce).unwrap();
+            (ch.add(c), sh.add(s))
+        };
+        let f = fabric.clone();
+        spawn(
+            &pool,
+            serve_fixed(b_server.clone(), 0xbb, move || {
+                assert!(
+                    f.exposure(sdev, silent_qp).is_empty(),
+                    "the buffer went to another connection while the silent client could reach it"
+                )
+            }),
+        );
+        let reply = pool.run_until(async {
+            let t = async_io::Timer::after(Duration::from_secs(20));
+            let call = b_client.call(b"y", None);
+            futures::pin_mut!(call);
+            match futures::future::select(call, t).await {
+                futures::future::Either::Left((r, _)) => r.expect("the other connection is served"),
+                futures::future::Either::Right(_) => panic!("the other connection never got the buffer"),
+            }
+        });
+        assert_eq!(b_client.read(reply.data.as_ref().unwrap()).unwrap(), vec![0xbb; 3000]);
+        assert!(a.stats().bytes_exposed > 0);
+        // The silent client's key, on the buffer that now holds the other
+        // connection's bytes, reaches nothing.
+        let dst = silent.data_region();
+        let wr = mwcap::backend::SendWr::Read {
+            wr_id: 0x57a1e,
+            local: mwcap::backend::SgeList::one(mwcap::backend::Sge { mr: dst.id, offset: 0, len: 64 }),
+            remote_addr: sh.buffer_pool().unwrap().regions().iter().find(|m| m.id == x.mr).unwrap().addr,
+            rkey: x.rkey,
+            signaled: true,
+        };
+        use mwcap::backend::Nic;
+        silent.nic().post_send(silent.local().id, &[wr]).unwrap();
+        fabric.run_until_idle();
+        let got = silent.nic().poll_cq_vec(silent.cq(), 256).unwrap();
+        let c = got.iter().find(|c| c.wr_id == 0x57a1e).expect("the stale READ completes");
+        assert_ne!(c.status, mwcap::backend::WcStatus::Success, "a stale key read a reused buffer");
+        let mut seen = [0u8; 64];
+        silent.nic().read_mr(dst.id, 0, &mut seen).unwrap();
+        assert_ne!(seen, [0xbb; 64]);
+        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    }
+}
+
+/// A connection whose buffer sizes the pool does not have is refused at
+/// `prepare`, with the sizes in the message; confirm is refused as on any
+/// hub with shared receives; a pool with no buffers is refused.
+#[test]
+fn a_pool_refuses_what_it_cannot_serve_and_says_why() {
+    let fabric = Fabric::with_seed(3);
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let classes = [BufClass { size: SMALL, count: 4 }];
+    let (sh, _d) = Hub::with_shared_buffers(sn.clone(), 1 << 14, SrqConfig::default(), &classes).unwrap();
+    let mut c = small_cfg(Role::Server);
+    c.buffer_size = 8192;
+    let e = sh.prepare(sh.connection_nic().unwrap(), c).err().expect("8 KiB buffers are not in the pool");
+    let msg = e.to_string();
+    assert!(msg.contains("8192") && msg.contains("4096"), "{msg}");
+    let confirm = Policies::both(Policy::Confirm);
+    let p = sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap();
+    let e = p.finish(confirm).err().expect("confirm on a shared pool");
+    assert!(e.to_string().contains("mw policy only"), "{e}");
+    let none = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &[BufClass { size: 0, count: 9 }]);
+    assert!(none.is_err());
+    assert_eq!(sh.stats().buffers.unwrap().free, 4, "nothing was taken");
+}
+
+/// A connection torn down while its buffer is exposed to a silent peer:
+/// the buffer comes back to the pool once the QP is destroyed and the
+/// endpoint is gone, not before.
+#[test]
+fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
+    let fabric = Fabric::with_seed(9);
+    let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let classes = [BufClass { size: SMALL, count: 2 }];
+    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+    spawn(&pool, sdrv.run());
+    let p = Policies::both(Policy::Mw);
+    let mut server =
+        sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
+    let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
+    silent.connect(&server.local()).unwrap();
+    server.connect(&silent.local()).unwrap();
+    let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+    let (a, ad) = sh.add(server);
+    spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
+    silent.call(fabric.now(), b"x", None).unwrap();
+    silent.drive(fabric.now());
+    assert!(run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()));
+    // The user holds the second buffer.
+    let held = a.try_alloc().expect("the pool's second buffer");
+    assert_eq!(sh.stats().buffers.unwrap().free, 0);
+    a.close();
+    let reason = pool.run_until(ad.run());
+    assert_eq!(reason, LossReason::Closed);
+    assert!(fabric.exposure(sdev, silent_qp).is_empty(), "the QP is destroyed");
+    drop(held);
+    drop(a);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
+    let st = sh.stats().buffers.unwrap();
+    assert_eq!((st.free, st.held_bytes), (2, 0), "both buffers back once the endpoint is gone: {st:?}");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A listener over a hub with a shared pool: mw clients connected through
+/// the async setup take their buffers from it, each gets its own bytes
+/// back, and every buffer is back in the pool when they are gone.
+#[test]
+fn a_listener_serves_mw_clients_from_a_shared_pool() {
+    use mwcap::bootstrap::{Auth, Key};
+    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
+    let fabric = Fabric::with_seed(34);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let (hub, hd) = pooled_hub(sn.new_pd().unwrap(), 4, 1);
+    spawn(&pool, hd.run());
+    let key = || Auth::Key(Key::from_bytes(b"a listener over a pooled hub: a test key".to_vec()).unwrap());
+    let opts = SetupOptions::new(PolicyChoice::Mw, key()).timeout(Duration::from_secs(5));
+    let nics = sn.clone();
+    let listener =
+        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+            nics.new_pd()
+        })
+        .unwrap()
+        .on_hubs(vec![hub.clone()]);
+    let served = serve_clients(&mut pool, listener, 10, &cn, &cfg(Role::Client), &opts);
+    assert!(served.iter().all(|&ok| ok));
+    assert_eq!(hub.stats().added, 10);
+    assert!(run_until(&mut pool, Duration::from_secs(10), || hub.stats().connections == 0));
+    let st = hub.stats().buffers.unwrap();
+    assert!(st.taken >= 20, "a READ destination and a reply buffer per client: {st:?}");
+    assert_eq!((st.free, st.held_bytes), (5, 0), "{st:?}");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
