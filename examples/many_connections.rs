@@ -3,7 +3,7 @@
 //! and calls per second with some of them active.
 //!
 //! ```sh
-//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [--shared-receives]
+//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [--shared-receives] [--shared-buffers]
 //! ```
 //! (defaults 10000, 1000, 20, 8 and `CTRL_SLOTS`). The server side is one simulated device
 //! with one hub (one completion queue, one driver task) and every server
@@ -12,7 +12,11 @@
 //! control slots for SENDs and `CTRL_SLOTS` for receives. With `--shared-receives` both hubs are made with
 //! `Hub::with_shared_receives`: the connections take their control receives
 //! from one shared receive queue per side (8 each while idle, up to
-//! `CTRL_SLOTS` when busy) and keep only their send slots. Each round, every active client makes a call with a
+//! `CTRL_SLOTS` when busy) and keep only their send slots. With
+//! `--shared-buffers` (which implies `--shared-receives`) both hubs are made
+//! with `Hub::with_shared_buffers` and a pool of `ACTIVE` + 64 buffers of
+//! 4 KiB: a connection registers no buffers of its own and takes its 2
+//! from the pool while it uses them. Each round, every active client makes a call with a
 //! 100-byte payload (inline) and its server answers with a 3000-byte
 //! payload (a window bound, READ, released), all checked. Everything runs
 //! on one thread (`futures`' `LocalPool`), the simulator included.
@@ -21,7 +25,7 @@ use std::time::Instant;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{Config, Connection, Hub, Policies, Policy, Role, SrqConfig};
+use mwcap::conn::{BufClass, Config, Connection, Hub, Policies, Policy, Role, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 fn rss_bytes() -> u64 {
@@ -71,7 +75,9 @@ fn main() {
     let rounds = args.get(2).copied().unwrap_or(20);
     let ctrl_slots = args.get(3).copied().unwrap_or(8) as u32;
     let send_slots = args.get(4).copied().map_or(ctrl_slots, |n| n as u32);
-    let shared = std::env::args().any(|a| a == "--shared-receives");
+    let pooled = std::env::args().any(|a| a == "--shared-buffers");
+    let shared = pooled || std::env::args().any(|a| a == "--shared-receives");
+    let pool_classes = [BufClass { size: 4096, count: active as u32 + 64 }];
     let fabric = Fabric::with_seed(1);
     let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -88,7 +94,9 @@ fn main() {
         depth += q.max_slots;
     }
     let hub = |dev| {
-        if shared {
+        if pooled {
+            Hub::with_shared_buffers(dev, depth, q, &pool_classes)
+        } else if shared {
             Hub::with_shared_receives(dev, depth, q)
         } else {
             Hub::new(dev, depth)
@@ -134,23 +142,26 @@ fn main() {
     let setup = t0.elapsed();
     let rss = rss_bytes().saturating_sub(rss0);
     let per_side = rss / (2 * n as u64);
-    // The shared receive queue's regions, per connection on the hub.
+    // The shared receive queue's and buffer pool's regions, per connection
+    // on the hub.
     let srq_per_conn = shub.stats().srq.map_or(0, |q| q.registered_bytes / n as u64);
+    let pool_per_conn = shub.stats().buffers.map_or(0, |b| b.registered_bytes / n as u64);
     // The simulator keeps registered memory on the heap, zeroed and so not
     // resident until touched: rss less it is the heap only when all of it
     // was touched (the shared receive queue's and large control regions'
     // pages mostly are not).
     let heap = per_side
-        .checked_sub(registered + srq_per_conn)
+        .checked_sub(registered + srq_per_conn + pool_per_conn)
         .map_or_else(|| "n/a (registered pages not all resident)".to_string(), |h| h.to_string());
     println!(
-        "connections={n} hubs=2 shared_receives={shared} ctrl_slots={ctrl_slots} send_slots={send_slots} setup_s={:.2} \
-         setups_per_s={:.0} registered_bytes_per_conn={} (own {registered}, shared receive queue \
-         {srq_per_conn}) rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} \
-         (rss less the simulated registered memory)",
+        "connections={n} hubs=2 shared_receives={shared} shared_buffers={pooled} ctrl_slots={ctrl_slots} \
+         send_slots={send_slots} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={} (own \
+         {registered}, shared receive queue {srq_per_conn}, shared buffer pool {pool_per_conn}) \
+         rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} (rss less the simulated \
+         registered memory)",
         setup.as_secs_f64(),
         n as f64 / setup.as_secs_f64(),
-        registered + srq_per_conn,
+        registered + srq_per_conn + pool_per_conn,
     );
     let stats = shub.stats();
     println!(
@@ -204,6 +215,19 @@ fn main() {
             q.grown,
             q.withheld,
             q.limit_events
+        );
+    }
+    if let Some(b) = s.buffers {
+        println!(
+            "server buffer pool: buffers={} free={} registered_bytes={} ({} per connection) taken={} empty={} \
+             wakeups={}",
+            b.buffers,
+            b.free,
+            b.registered_bytes,
+            b.registered_bytes / n as u64,
+            b.taken,
+            b.empty,
+            b.wakeups
         );
     }
     let t2 = Instant::now();

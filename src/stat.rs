@@ -30,7 +30,8 @@
 //! A down connection's line ends with `reason=` and the reason as a
 //! sentence (it may have spaces: it is always last). After the total, a
 //! `hub name=mw connections=100 ...` line per hub the server added (with
-//! `srq_slots=... srq_shares=...` for a hub with shared receives)
+//! `srq_slots=... srq_shares=...` for a hub with shared receives, and
+//! `pool_buffers=... pool_free=...` for one with a shared buffer pool)
 //! ([`Registry::add_hub`]), then a `device name=rxe0 port=1 ...` line per device the server added
 //! ([`Registry::add_device`]) gives the kernel's hardware counters of the
 //! port (RNR NAKs, retries, sequence errors, packets). The socket is made
@@ -208,6 +209,15 @@ impl Registry {
                     q.limit_events,
                     q.refused,
                     q.unclaimed
+                );
+            }
+            if let Some(b) = h.buffers {
+                // The line goes on: the hub's shared buffer pool.
+                out.pop();
+                let _ = writeln!(
+                    out,
+                    " pool_buffers={} pool_free={} pool_bytes={} pool_held_bytes={} pool_taken={} pool_empty={} pool_wakeups={}",
+                    b.buffers, b.free, b.registered_bytes, b.held_bytes, b.taken, b.empty, b.wakeups
                 );
             }
             true

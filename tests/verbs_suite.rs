@@ -1073,6 +1073,91 @@ mod hub {
         assert_eq!(s.srq.unwrap().shares, 0, "every share came back: {s:?}");
     }
 
+    /// Hubs with a shared buffer pool on rxe0, both sides: sixteen mw
+    /// connections that could hold 4 standard and 1 large buffer each take
+    /// them from pools of 12 and 2 (each buffer a region of its own, named
+    /// through every connection's handle on the PD), with four calls in
+    /// flight on each: the pools run empty, every byte is the call's own,
+    /// and every buffer is back in its pool when the connections are gone.
+    #[test]
+    fn shared_buffers_serve_sixteen_mw_connections_from_one_pool() {
+        use mwcap::conn::SrqConfig;
+        let mut pool = LocalPool::new();
+        let p = Policies::both(Policy::Mw);
+        let std_size = cfg(Role::Server, p).buffer_size;
+        let classes = [BufClass { size: std_size, count: 12 }, BufClass { size: 256 << 10, count: 2 }];
+        let srq = SrqConfig { chunk: 64, max_slots: 1024 };
+        let (ch, cdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("client hub");
+        let (sh, sdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("server hub");
+        pool.spawner()
+            .spawn_local(async move {
+                cdrv.run().await;
+            })
+            .unwrap();
+        pool.spawner()
+            .spawn_local(async move {
+                sdrv.run().await;
+            })
+            .unwrap();
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..16 {
+            let cp = ch.prepare(ch.connection_nic().unwrap(), cfg(Role::Client, p)).expect("client");
+            let sp = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server, p)).expect("server");
+            let mut c = cp.finish(p).unwrap();
+            let mut s = sp.finish(p).unwrap();
+            assert!(c.shares_buffers() && s.shares_buffers());
+            let (ce, se) = (c.local(), s.local());
+            c.connect(&se).unwrap();
+            s.connect(&ce).unwrap();
+            let (client, _) = ch.add(c);
+            let (server, _) = sh.add(s);
+            pool.spawner().spawn_local(serve(server.clone())).unwrap();
+            clients.push(client);
+            servers.push(server);
+        }
+        let sizes = [1usize, 100, 3000, 200_000];
+        pool.run_until(futures::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+            for round in 0..3 {
+                let calls = sizes.iter().enumerate().map(|(k, &len)| async move {
+                    let mut b = c.alloc_for(len).await.unwrap();
+                    c.write(&mut b, &pattern(i, k + round, len)).unwrap();
+                    let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+                    let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                    let mut want = pattern(i, k + round, len);
+                    want.reverse();
+                    assert!(got == want, "conn {i} call {k}: wrong bytes");
+                });
+                futures::future::join_all(calls).await;
+            }
+        })));
+        for side in [&ch, &sh] {
+            let b = side.stats().buffers.expect("a shared pool");
+            println!("shared buffers on rxe0: {b:?}");
+            assert!(b.taken >= 16 * 12 && b.empty > 0 && b.wakeups > 0, "{b:?}");
+        }
+        for c in &clients {
+            assert_eq!(c.stats().calls_failed, 0);
+        }
+        for c in clients.iter().chain(&servers) {
+            c.close();
+        }
+        drop((clients, servers));
+        for _ in 0..3000 {
+            pool.run_until_stalled();
+            if sh.stats().connections == 0 && ch.stats().connections == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for side in [&ch, &sh] {
+            let s = side.stats();
+            assert_eq!(s.connections, 0, "{s:?}");
+            let b = s.buffers.unwrap();
+            assert_eq!((b.free, b.held_bytes), (14, 0), "every buffer is back: {b:?}");
+        }
+    }
+
     /// A hostile peer on rxe0 floods SENDs at a connection on a hub with
     /// shared receives, past its credit and granting none back: that
     /// connection goes down with `ExceedsCredit`, and another connection on

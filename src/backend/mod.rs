@@ -94,10 +94,12 @@ pub trait Nic: Send + Sync {
     where
         Self: Sized;
 
-    /// Another handle on this handle's protection domain. What is made
-    /// through it (regions, windows, queue pairs) is its own and goes with
-    /// it, but it is in the same PD: the PD's keys reach it, and the PD's
-    /// shared receive queues ([`Nic::create_srq`]) serve its queue pairs.
+    /// Another handle on this handle's protection domain. The windows and
+    /// queue pairs made through it are its own and go with it; its regions
+    /// are the PD's (named by id through any of the PD's handles, as a
+    /// hub's shared buffer pool's are by its connections), and the PD's
+    /// keys and shared receive queues ([`Nic::create_srq`]) serve its
+    /// queue pairs.
     /// A [`crate::conn::Hub`] with shared receives puts its connections in
     /// its own PD this way (which is safe under the mw policy only: see
     /// the hub's docs). (The simulator's `same_pd` is a clone: every handle

@@ -94,12 +94,10 @@ pub struct BufferPoolStats {
 
 impl BufferPool {
     /// Register `classes` on `nic` (each buffer a region of its own, for
-    /// window binding and local writes). Classes of the same size are
-    /// merged; empty ones are skipped.
-    pub(crate) fn register<N: Nic + Clone + 'static>(
-        nic: &N,
-        classes: &[BufClass],
-    ) -> Result<BufferPool, NicError> {
+    /// window binding and local writes), which the pool keeps to deregister
+    /// them with. Classes of the same size are merged; empty ones are
+    /// skipped.
+    pub(crate) fn register<N: Nic + 'static>(nic: N, classes: &[BufClass]) -> Result<BufferPool, NicError> {
         let mut wanted: Vec<BufClass> = Vec::new();
         for c in classes.iter().filter(|c| c.size > 0 && c.count > 0) {
             match wanted.iter_mut().find(|w| w.size == c.size) {
@@ -119,6 +117,7 @@ impl BufferPool {
                 c.count, c.size
             )));
         }
+        let nic = std::sync::Arc::new(nic);
         let owner = nic.clone();
         let dereg: Box<dyn Fn(MrId) + Send + Sync> = Box::new(move |id| {
             let _ = owner.dereg_mr(id);

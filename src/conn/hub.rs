@@ -308,12 +308,9 @@ impl<N: Nic + 'static> Hub<N> {
         depth: u32,
         srq: SrqConfig,
         buffers: &[BufClass],
-    ) -> Result<(Hub<N>, HubDriver<N>), NicError>
-    where
-        N: Clone,
-    {
+    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+        let pool = BufferPool::register(nic.same_pd()?, buffers)?;
         let conn_nic = nic.same_pd()?;
-        let pool = BufferPool::register(&conn_nic, buffers)?;
         let srq = SharedReceives::new(conn_nic, srq)?;
         Hub::make(nic, depth, Some(Arc::new(srq)), Some(pool))
     }

@@ -146,7 +146,10 @@ pub struct VerbsNic {
     /// the handles go in.
     srqs: Arc<Slots<Arc<Srq>>>,
     shared: Arc<Shared>,
-    mrs: Slots<Mr>,
+    /// The PD's memory regions, shared with the [`Nic::same_pd`] handles
+    /// (a hub's shared buffer pool registers through one handle, its
+    /// connections name the regions through theirs); freed with the last.
+    mrs: Arc<Slots<Mr>>,
     /// The ids of this handle's queue pairs in `shared.qps` (cold: create
     /// and destroy), destroyed when the handle is dropped.
     own_qps: Mutex<Vec<u32>>,
@@ -205,7 +208,7 @@ impl VerbsNic {
             mws: Slots::new(),
             srqs: Arc::new(Slots::new()),
             shared: Arc::new(Shared { qps: Slots::new(), cqs: Slots::new() }),
-            mrs: Slots::new(),
+            mrs: Arc::new(Slots::new()),
             own_qps: Mutex::new(Vec::new()),
         })
     }
@@ -223,14 +226,15 @@ impl VerbsNic {
             mws: Slots::new(),
             srqs: Arc::new(Slots::new()),
             shared: self.shared.clone(),
-            mrs: Slots::new(),
+            mrs: Arc::new(Slots::new()),
             own_qps: Mutex::new(Vec::new()),
         })
     }
 
     /// Another handle on this handle's protection domain ([`Nic::same_pd`]):
-    /// its regions, windows and queue pairs are its own (reachable by id
-    /// only through it, destroyed when it drops), the PD's shared receive
+    /// its windows and queue pairs are its own (reachable by id only through
+    /// it, destroyed when it drops); the PD's regions (freed with the last
+    /// handle on the PD that has not deregistered them), shared receive
     /// queues and the context's completion queues are common.
     pub fn same_pd(&self) -> VerbsNic {
         VerbsNic {
@@ -243,7 +247,7 @@ impl VerbsNic {
             mws: Slots::new(),
             srqs: self.srqs.clone(),
             shared: self.shared.clone(),
-            mrs: Slots::new(),
+            mrs: self.mrs.clone(),
             own_qps: Mutex::new(Vec::new()),
         }
     }

@@ -247,6 +247,16 @@ pub struct ServeOpts {
     /// Buffers of --max-payload bytes per connection.
     #[arg(long, default_value_t = 2)]
     pub large_buffers: u32,
+    /// Serve the mw connections from one buffer pool shared by all of them,
+    /// of this many --buffer-size buffers (and --shared-large ones); each
+    /// connection then registers no buffers of its own, and --buffers and
+    /// --large-buffers say how many it may hold at once. 0: each connection
+    /// registers its own.
+    #[arg(long, default_value_t = 0)]
+    pub shared_buffers: u32,
+    /// With --shared-buffers: --max-payload buffers in the shared pool.
+    #[arg(long, default_value_t = 0)]
+    pub shared_large: u32,
     /// Settings of each connection beyond its pool.
     #[command(flatten)]
     pub conn: ConnArgs,

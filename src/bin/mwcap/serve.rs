@@ -42,8 +42,8 @@ mod imp {
     use futures::future::{select, Either};
     use futures::AsyncReadExt;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::SrqConfig;
     use mwcap::conn::{accept_on, Connected, Hub, Policy, PolicyChoice, Role, SetupOptions};
+    use mwcap::conn::{BufClass, SrqConfig};
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
 
@@ -64,6 +64,14 @@ mod imp {
     pub fn run(o: &ServeOpts, auth: &Auth) -> Result<(), String> {
         // Fail at once, not at the first client, when the device is unusable.
         drop(open(o)?);
+        if o.shared_buffers > 0 && o.max_payload > o.buffer_size && o.large_buffers > 0 && o.shared_large == 0
+        {
+            return Err(format!(
+                "--shared-buffers with --large-buffers {} needs --shared-large: the shared pool has no \
+                 buffers of --max-payload ({} bytes)",
+                o.large_buffers, o.max_payload
+            ));
+        }
         let mut listeners = Vec::new();
         for policy in [Policy::Mw, Policy::Confirm] {
             let addr = policy_addr(o.listen, policy)?;
@@ -94,6 +102,18 @@ mod imp {
         Ok(())
     }
 
+    /// The shared pool's classes (--shared-buffers, --shared-large), if any.
+    fn shared_classes(o: &ServeOpts) -> Option<Vec<BufClass>> {
+        if o.shared_buffers == 0 {
+            return None;
+        }
+        let mut classes = vec![BufClass { size: o.buffer_size, count: o.shared_buffers }];
+        if o.max_payload > o.buffer_size {
+            classes.push(BufClass { size: o.max_payload, count: o.shared_large });
+        }
+        Some(classes)
+    }
+
     /// Entries of a hub's completion queue: the device's limit, at most 2^17
     /// (several hundred connections of `mwcap bench`'s sizes).
     fn hub_depth(nic: &VerbsNic) -> u32 {
@@ -115,9 +135,14 @@ mod imp {
                 let max_slots = max_srq.min(depth / 2).min(1 << 16);
                 if policy == Policy::Mw && max_slots >= 1024 {
                     // mw connections take their control receives from one
-                    // shared receive queue (docs/serving.md).
+                    // shared receive queue (docs/serving.md), and with
+                    // --shared-buffers their buffers from one pool.
                     let q = SrqConfig { chunk: 1024, max_slots };
-                    match Hub::with_shared_receives(nic, depth, q) {
+                    let made = match shared_classes(o) {
+                        Some(classes) => Hub::with_shared_buffers(nic, depth, q, &classes),
+                        None => Hub::with_shared_receives(nic, depth, q),
+                    };
+                    match made {
                         Ok(h) => return Ok(h),
                         Err(e) => eprintln!(
                             "mwcap serve: cannot create the mw hub with shared receives: {e}; its \

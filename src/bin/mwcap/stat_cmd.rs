@@ -182,6 +182,20 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("srq_unclaimed")
                 ));
             }
+            if f.contains_key("pool_buffers") {
+                let line = devices.last_mut().expect("just pushed");
+                line.pop();
+                line.push_str(&format!(
+                    "; shared buffers: {} of {} free ({} bytes, {} held), {} taken, {} waits for an empty class, {} wake-ups\n",
+                    g("pool_free"),
+                    g("pool_buffers"),
+                    g("pool_bytes"),
+                    g("pool_held_bytes"),
+                    g("pool_taken"),
+                    g("pool_empty"),
+                    g("pool_wakeups")
+                ));
+            }
             continue;
         }
         let f = fields(line);
@@ -316,6 +330,18 @@ mod tests {
             hub,
             "hub mw: 2 connection(s), 110 of 32767 queue entries reserved, 900 completions (0 orphans), 40 turns, 70 connection turns, 9 sleeps; \
              shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused, 2 unclaimed"
+        );
+        let pooled = srq.replace(
+            "srq_unclaimed=2\n",
+            "srq_unclaimed=2 pool_buffers=36 pool_free=30 pool_bytes=6291456 pool_held_bytes=393216 pool_taken=900 pool_empty=4 pool_wakeups=3\n",
+        );
+        let t = table(&pooled).unwrap();
+        let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
+        assert!(
+            hub.ends_with(
+                "2 unclaimed; shared buffers: 30 of 36 free (6291456 bytes, 393216 held), 900 taken, 4 waits for an empty class, 3 wake-ups"
+            ),
+            "{hub}"
         );
     }
 
