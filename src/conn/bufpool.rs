@@ -227,17 +227,16 @@ impl BufferPool {
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
-        let waiting = {
-            let mut st = self.0.state.lock();
-            debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
-            st.free[class].push(i);
-            self.0.gives.fetch_add(1, std::sync::atomic::Ordering::Release);
-            st.held_bytes -= size;
-            st.wakeups += st.waiting.len() as u64;
-            std::mem::take(&mut st.waiting)
-        };
-        // Woken outside the lock: a waker queues its connection on the hub.
-        waiting.into_iter().for_each(Waker::wake);
+        let mut st = self.0.state.lock();
+        debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
+        st.free[class].push(i);
+        self.0.gives.fetch_add(1, std::sync::atomic::Ordering::Release);
+        st.held_bytes -= size;
+        st.wakeups += st.waiting.len() as u64;
+        // Woken under the lock, keeping the list's capacity (no allocation
+        // once it has grown): a waker only queues its connection on its hub
+        // (the hub's ready list, never this lock).
+        st.waiting.drain(..).for_each(Waker::wake);
     }
 
     /// The registrations of the pool's buffers, class by class (for tests

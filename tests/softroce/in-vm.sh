@@ -284,6 +284,38 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     kill "$many_pid" 2>/dev/null
     wait "$many_pid" 2>/dev/null
     many_leg "16 MiB over many connections" "$rc" "$(grep -c "^case=.*size=16777216 .* connections=100 " "$huge_out")" 4 "$huge_start"
+    # A shared buffer pool (pass/fail): 100 connections per policy to a
+    # serve whose mw clients take their buffers from one pool of 64 buffers
+    # of 64 KiB and 16 of 1 MiB (what 16 of them could hold at once: the
+    # pool runs empty and connections wait for buffers given back by
+    # others), payloads of 64 B to 1 MiB, every byte checked. Once the
+    # clients are gone, mwcap stat must show every pool buffer back.
+    echo "=== 100 connections per policy to a mwcap serve with a shared buffer pool (pass/fail)"
+    pool_port=18800
+    many_log=$pdir/pool-serve.log
+    pool_out=$pdir/pool.out
+    timeout -k 5 400 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" \
+        --max-payload 1048576 --shared-buffers 64 --shared-large 16 $small >"$many_log" 2>&1 &
+    pool_pid=$!
+    wait_listening "$many_log" "$pool_pid"
+    pool_start=$(date +%s)
+    timeout -k 5 300 "$mwcap" bench "127.0.0.1:$pool_port" --device rxe0 --key-file "$key_file" \
+        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$pool_out"
+    rc=${PIPESTATUS[0]}
+    many_leg "shared buffer pool" "$rc" "$(grep -c "^case=.* connections=100 " "$pool_out")" 13 "$pool_start"
+    pool_line=""
+    for _ in $(seq 1 30); do
+        pool_line=$(timeout 10 "$mwcap" stat --socket "/tmp/mwcap-$pool_port.sock" 2>&1 | grep -a "^hub mw" | tail -1)
+        echo "$pool_line" | grep -qE "shared buffers: 80 of 80 free \([0-9]+ bytes, 0 held\), [1-9][0-9]* taken" && break
+        sleep 1
+    done
+    echo "$pool_line"
+    if ! echo "$pool_line" | grep -qE "shared buffers: 80 of 80 free \([0-9]+ bytes, 0 held\), [1-9][0-9]* taken"; then
+        echo "shared buffer pool: mwcap stat does not show all 80 buffers back after use (FAIL)"
+        fail=1
+    fi
+    kill "$pool_pid" 2>/dev/null
+    wait "$pool_pid" 2>/dev/null
     rm -f "$key_file"
     # A row of a live server connection that has served requests: "ID PEER
     # QPN server POLICIES up AGE OPS ...", OPS > 0.

@@ -146,6 +146,11 @@ pub struct BenchOpts {
     /// mw policy only, so the confirm cases are skipped.
     #[arg(long, requires = "hub")]
     pub srq: bool,
+    /// With `--sim --hub --srq`: the hubs also share a buffer pool of the
+    /// connection's classes (`Hub::with_shared_buffers`; mode
+    /// `async-hub-pool`): each buffer is taken from the pool while in use.
+    #[arg(long, requires = "srq")]
+    pub shared_buffers: bool,
     /// Settings of each connection beyond its pool.
     #[command(flatten)]
     pub conn: ConnArgs,

@@ -68,9 +68,14 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     if o.hub {
         use mwcap::conn::Hub;
         let err = |e: mwcap::backend::NicError| e.to_string();
+        let c = cfg(Role::Server);
+        let mut classes = vec![mwcap::conn::BufClass { size: c.buffer_size, count: c.buffers }];
+        classes.extend(c.large_buffers.iter().copied());
         let hub = |nic| {
-            if o.srq {
-                let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
+            let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
+            if o.shared_buffers {
+                Hub::with_shared_buffers(nic, 1 << 16, q, &classes)
+            } else if o.srq {
                 Hub::with_shared_receives(nic, 1 << 16, q)
             } else {
                 Hub::new(nic, 1 << 16)
@@ -99,7 +104,16 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
             group,
             o.iters,
             o.warmup,
-            (if o.srq { "async-hub-srq" } else { "async-hub" }, "sim"),
+            (
+                if o.shared_buffers {
+                    "async-hub-pool"
+                } else if o.srq {
+                    "async-hub-srq"
+                } else {
+                    "async-hub"
+                },
+                "sim",
+            ),
         );
     }
     let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
