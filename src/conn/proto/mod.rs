@@ -733,7 +733,7 @@ impl Connection {
     }
 
     /// Set how many bytes of `buf` are payload, after writing them at
-    /// [`Connection::buffer_range`] (the I/O layer's job).
+    /// [`Connection::buffer_place`] (the I/O layer's job).
     pub fn set_payload_len(&self, buf: &mut Buf, len: usize) -> Result<(), UseError> {
         self.check_buf(buf)?;
         let cap = self.layout.size(buf.slot);
