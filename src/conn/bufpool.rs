@@ -30,14 +30,15 @@
 //! the window). A type-2 window is scoped to its connection's QP, so a peer
 //! reaches a pooled buffer only while it is exposed to that peer.
 
+use std::sync::atomic::Ordering;
 use std::task::Waker;
-
-use parking_lot::Mutex;
 
 use super::types::BufClass;
 use crate::backend::{Access, MrId, MrInfo, Nic, NicError};
+use crate::sync::{Arc, AtomicU64, Mutex};
 
 /// Buffers registered per size class at most (a registration each).
+#[cfg_attr(loom, allow(dead_code))] // used by register, absent from the loom models
 pub const MAX_POOL_BUFFERS: u32 = 1 << 20;
 
 /// A hub's pool of registered data buffers, shared by its connections
@@ -45,7 +46,7 @@ pub const MAX_POOL_BUFFERS: u32 = 1 << 20;
 /// A cheap handle: clones share the pool. The buffers are deregistered
 /// when the last handle (the hub's, or a connection's) goes.
 #[derive(Clone)]
-pub struct BufferPool(std::sync::Arc<Inner>);
+pub struct BufferPool(Arc<Inner>);
 
 struct Inner {
     /// Class sizes, ascending.
@@ -56,7 +57,7 @@ struct Inner {
     firsts: Vec<u32>,
     state: Mutex<State>,
     /// Buffers given back so far (a waiter compares it with what it saw).
-    gives: std::sync::atomic::AtomicU64,
+    gives: AtomicU64,
     dereg: Box<dyn Fn(MrId) + Send + Sync>,
 }
 
@@ -97,6 +98,7 @@ impl BufferPool {
     /// window binding and local writes), which the pool keeps to deregister
     /// them with. Classes of the same size are merged; empty ones are
     /// skipped.
+    #[cfg_attr(loom, allow(dead_code))] // the hub's, absent under loom
     pub(crate) fn register<N: Nic + 'static>(nic: N, classes: &[BufClass]) -> Result<BufferPool, NicError> {
         let mut wanted: Vec<BufClass> = Vec::new();
         for c in classes.iter().filter(|c| c.size > 0 && c.count > 0) {
@@ -118,7 +120,7 @@ impl BufferPool {
             )));
         }
         let nic = std::sync::Arc::new(nic);
-        let owner = nic.clone();
+        let owner = std::sync::Arc::clone(&nic);
         let dereg: Box<dyn Fn(MrId) + Send + Sync> = Box::new(move |id| {
             let _ = owner.dereg_mr(id);
         });
@@ -143,21 +145,55 @@ impl BufferPool {
             free.push((first..first + c.count).rev().collect());
         }
         firsts.push(mrs.len() as u32);
-        Ok(BufferPool(std::sync::Arc::new(Inner {
-            sizes: wanted.iter().map(|c| c.size).collect(),
+        Ok(BufferPool::from_regions(wanted.iter().map(|c| c.size).collect(), mrs, firsts, free, dereg))
+    }
+
+    fn from_regions(
+        sizes: Vec<u32>,
+        mrs: Vec<MrInfo>,
+        firsts: Vec<u32>,
+        free: Vec<Vec<u32>>,
+        dereg: Box<dyn Fn(MrId) + Send + Sync>,
+    ) -> BufferPool {
+        let state = State { free, waiting: Vec::new(), taken: 0, empty: 0, wakeups: 0, held_bytes: 0 };
+        BufferPool(Arc::new(Inner {
+            sizes,
             mrs,
             firsts,
-            state: Mutex::new(State {
-                free,
-                waiting: Vec::new(),
-                taken: 0,
-                empty: 0,
-                wakeups: 0,
-                held_bytes: 0,
-            }),
-            gives: std::sync::atomic::AtomicU64::new(0),
+            state: Mutex::new(state),
+            gives: AtomicU64::new(0),
             dereg,
-        })))
+        }))
+    }
+
+    /// A pool of `classes` over stand-in regions (no NIC), for the loom
+    /// models of the wake-up protocol.
+    #[cfg(loom)]
+    pub(crate) fn for_model(classes: &[BufClass]) -> BufferPool {
+        let (mut mrs, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new());
+        for c in classes {
+            let first = mrs.len() as u32;
+            firsts.push(first);
+            for i in 0..c.count {
+                let id = MrId::from_raw(first + i + 1);
+                mrs.push(MrInfo {
+                    id,
+                    addr: 0x1000 * u64::from(first + i + 1),
+                    len: c.size as usize,
+                    lkey: 0,
+                    rkey: 0,
+                });
+            }
+            free.push((first..first + c.count).rev().collect());
+        }
+        firsts.push(mrs.len() as u32);
+        BufferPool::from_regions(
+            classes.iter().map(|c| c.size).collect(),
+            mrs,
+            firsts,
+            free,
+            Box::new(|_| {}),
+        )
     }
 
     /// The class sizes, ascending.
@@ -182,7 +218,7 @@ impl BufferPool {
     /// Buffers given back so far: a connection that found the pool empty
     /// tries again once this moved.
     pub(crate) fn gives(&self) -> u64 {
-        self.0.gives.load(std::sync::atomic::Ordering::Acquire)
+        self.0.gives.load(Ordering::Acquire)
     }
 
     /// Take a free buffer of `class`; when there is none, `waker` (if
@@ -230,7 +266,7 @@ impl BufferPool {
         let mut st = self.0.state.lock();
         debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
         st.free[class].push(i);
-        self.0.gives.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.0.gives.fetch_add(1, Ordering::Release);
         st.held_bytes -= size;
         st.wakeups += st.waiting.len() as u64;
         // Woken under the lock, keeping the list's capacity (no allocation

@@ -68,6 +68,52 @@ mod types;
 
 pub use crate::ProbeCache;
 pub use bufpool::{BufferPool, BufferPoolStats};
+
+/// What the loom models of the shared buffer pool (`tests/loom_pool.rs`)
+/// drive: a pool over stand-in regions, and a connection's buffer slots
+/// backed by it, as the protocol core uses them.
+#[cfg(loom)]
+pub mod pool_model {
+    use super::pool::{Holder, Slots};
+    use super::{BufClass, BufferPool};
+
+    /// A pool of `count` buffers of `size` bytes (no NIC).
+    pub fn pool(size: u32, count: u32) -> BufferPool {
+        BufferPool::for_model(&[BufClass { size, count }])
+    }
+
+    /// A connection's `count` slots of `size` bytes, backed by `pool`.
+    pub struct BackedSlots(Slots);
+
+    impl BackedSlots {
+        /// Slots of one class, each backed by a buffer of `pool` while taken.
+        pub fn new(pool: &BufferPool, size: u32, count: u32) -> BackedSlots {
+            let mut s = Slots::new(count);
+            s.back_with(pool.clone(), &[(size, count)]).expect("the pool has the class");
+            BackedSlots(s)
+        }
+        /// Take a slot for the user (and a buffer of the pool), as `alloc` does.
+        pub fn take(&mut self) -> Option<u32> {
+            self.0.take(Holder::User)
+        }
+        /// Whether a take would find a buffer (registering for a wake-up if not).
+        pub fn can_take(&mut self) -> bool {
+            self.0.can_take(0)
+        }
+        /// The user gives slot `i` back (its buffer goes back to the pool).
+        pub fn give_back(&mut self, i: u32) -> bool {
+            self.0.hand(i, Holder::User, Holder::Free)
+        }
+        /// The waker the pool wakes after a take found it empty.
+        pub fn wake_on_pool(&mut self, w: &std::task::Waker) {
+            self.0.wake_on_pool(w)
+        }
+        /// Whether a buffer came back since a take found the pool empty.
+        pub fn unstarve(&mut self) -> bool {
+            self.0.unstarve()
+        }
+    }
+}
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]

@@ -1,0 +1,85 @@
+//! loom models of the shared buffer pool's wake-up protocol
+//! (`mwcap::conn::BufferPool`): a connection that finds the pool empty is
+//! never left waiting for a buffer that has come back. Whatever the
+//! interleaving of its take and another connection's give, either the
+//! take gets the buffer, or the giver wakes it and its next turn sees that
+//! a buffer came back (`unstarve`) and takes it.
+//!
+//! Run: `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test --release --test loom_pool`
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+use mwcap::conn::pool_model::{pool, BackedSlots};
+
+/// Counts its wake-ups (a connection's hub waker).
+struct Woken(AtomicUsize);
+impl futures::task::ArcWake for Woken {
+    fn wake_by_ref(this: &std::sync::Arc<Self>) {
+        this.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn waker() -> (std::sync::Arc<Woken>, std::task::Waker) {
+    let w = std::sync::Arc::new(Woken(AtomicUsize::new(0)));
+    (w.clone(), futures::task::waker(w))
+}
+
+/// One buffer; connection A holds it and gives it back while connection B
+/// tries to take one (`alloc`).
+#[test]
+fn a_take_that_finds_the_pool_empty_is_woken_by_the_next_give() {
+    loom::model(|| {
+        let p = pool(64, 1);
+        let mut a = BackedSlots::new(&p, 64, 1);
+        let mut b = BackedSlots::new(&p, 64, 1);
+        let (woken, w) = waker();
+        b.wake_on_pool(&w);
+        let held = a.take().expect("the pool's only buffer");
+        let giver = thread::spawn(move || {
+            assert!(a.give_back(held));
+            a
+        });
+        let got = b.take();
+        let _a = giver.join().unwrap();
+        if got.is_none() {
+            assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B found the pool empty and was never woken");
+            assert!(b.unstarve(), "B's turn would not try again");
+            assert!(b.take().is_some(), "the buffer is there for B's retry");
+        }
+    });
+}
+
+/// The same through `can_take` (a READ waiting for a destination asks
+/// before it takes), with two connections waiting: both are woken.
+#[test]
+fn every_waiter_is_woken_when_a_buffer_comes_back() {
+    loom::model(|| {
+        let p = pool(64, 1);
+        let mut a = BackedSlots::new(&p, 64, 1);
+        let held = a.take().expect("the pool's only buffer");
+        let mut waiters = Vec::new();
+        for _ in 0..2 {
+            let mut s = BackedSlots::new(&p, 64, 1);
+            let (woken, w) = waker();
+            s.wake_on_pool(&w);
+            waiters.push((s, woken));
+        }
+        let giver = thread::spawn(move || {
+            assert!(a.give_back(held));
+        });
+        let mut asked = Vec::new();
+        for (s, _) in &mut waiters {
+            asked.push(s.can_take());
+        }
+        giver.join().unwrap();
+        for ((s, woken), could) in waiters.iter_mut().zip(asked) {
+            if !could {
+                assert_eq!(woken.0.load(Ordering::SeqCst), 1, "a waiter was never woken");
+                assert!(s.unstarve(), "a woken waiter's turn would not try again");
+            }
+        }
+        // One of them gets the buffer now.
+        assert!(waiters.iter_mut().any(|(s, _)| s.take().is_some()));
+    });
+}
