@@ -393,3 +393,52 @@ fn a_listener_serves_mw_clients_from_a_shared_pool() {
     assert_eq!((st.free, st.held_bytes), (5, 0), "{st:?}");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
+
+/// A user's `alloc().await` that found the pool empty is woken when
+/// another connection gives a buffer back, even when a user call on the
+/// same connection (here `free_buffers`) runs between the give and the
+/// connection's turn: only the turn takes the pool's news, and wakes the
+/// waiting `alloc` with it.
+#[test]
+fn a_waiting_alloc_is_woken_by_a_give_whatever_runs_before_its_turn() {
+    let fabric = Fabric::with_seed(12);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let classes = [BufClass { size: SMALL, count: 1 }];
+    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+    let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
+    spawn(&pool, sdrv.run());
+    spawn(&pool, cdrv.run());
+    let p = Policies::both(Policy::Mw);
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let sp = sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap();
+        let cp = ch.prepare(ch.connection_nic().unwrap(), small_cfg(Role::Client)).unwrap();
+        let mut c = cp.finish(p).unwrap();
+        let mut s = sp.finish(p).unwrap();
+        let (ce, se) = (c.local(), s.local());
+        c.connect(&se).unwrap();
+        s.connect(&ce).unwrap();
+        let _client = ch.add(c);
+        servers.push((sh.add(s), _client));
+    }
+    let (c, d) = (servers[0].0 .0.clone(), servers[1].0 .0.clone());
+    let held = d.try_alloc().expect("the pool's only buffer");
+    let got = std::rc::Rc::new(std::cell::Cell::new(false));
+    let (c2, got2) = (c.clone(), got.clone());
+    spawn(&pool, async move {
+        let b = c2.alloc().await.expect("a buffer once one comes back");
+        got2.set(true);
+        drop(b);
+    });
+    pool.run_until_stalled();
+    assert!(!got.get(), "the pool is empty");
+    d.free(held);
+    let _ = c.free_buffers();
+    assert!(
+        run_until(&mut pool, Duration::from_secs(5), || got.get()),
+        "the waiting alloc was never woken: {:?}",
+        sh.stats().buffers
+    );
+}

@@ -66,6 +66,9 @@ struct State {
     free: Vec<Vec<u32>>,
     /// Connections that found a class empty, to wake when a buffer comes back.
     waiting: Vec<Waker>,
+    /// An empty list with capacity, swapped with `waiting` to wake its
+    /// wakers outside the lock without allocating.
+    spare: Vec<Waker>,
     taken: u64,
     empty: u64,
     wakeups: u64,
@@ -155,7 +158,15 @@ impl BufferPool {
         free: Vec<Vec<u32>>,
         dereg: Box<dyn Fn(MrId) + Send + Sync>,
     ) -> BufferPool {
-        let state = State { free, waiting: Vec::new(), taken: 0, empty: 0, wakeups: 0, held_bytes: 0 };
+        let state = State {
+            free,
+            waiting: Vec::new(),
+            spare: Vec::new(),
+            taken: 0,
+            empty: 0,
+            wakeups: 0,
+            held_bytes: 0,
+        };
         BufferPool(Arc::new(Inner {
             sizes,
             mrs,
@@ -263,16 +274,27 @@ impl BufferPool {
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
+        let mut wake = {
+            let mut st = self.0.state.lock();
+            debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
+            st.free[class].push(i);
+            self.0.gives.fetch_add(1, Ordering::Release);
+            st.held_bytes -= size;
+            if st.waiting.is_empty() {
+                return;
+            }
+            st.wakeups += st.waiting.len() as u64;
+            let mut wake = std::mem::take(&mut st.spare);
+            std::mem::swap(&mut wake, &mut st.waiting);
+            wake
+        };
+        // Woken outside the lock: waking can drop the last reference to a
+        // connection, whose endpoint then gives its own buffers back.
+        wake.drain(..).for_each(Waker::wake);
         let mut st = self.0.state.lock();
-        debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
-        st.free[class].push(i);
-        self.0.gives.fetch_add(1, Ordering::Release);
-        st.held_bytes -= size;
-        st.wakeups += st.waiting.len() as u64;
-        // Woken under the lock, keeping the list's capacity (no allocation
-        // once it has grown): a waker only queues its connection on its hub
-        // (the hub's ready list, never this lock).
-        st.waiting.drain(..).for_each(Waker::wake);
+        if st.spare.capacity() < wake.capacity() {
+            st.spare = wake;
+        }
     }
 
     /// The registrations of the pool's buffers, class by class (for tests

@@ -349,7 +349,7 @@ impl<N: Nic> Endpoint<N> {
 
     /// Take back the buffers whose handles were dropped; returns how many.
     pub(crate) fn reclaim(&mut self) -> usize {
-        let n = self.conn.reclaim();
+        let n = self.conn.reclaim() + usize::from(self.conn.pool_came_back());
         self.run();
         n
     }
@@ -860,6 +860,8 @@ impl<N: Nic> Endpoint<N> {
         }
         if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
             tracing::warn!(%e, "destroy QP");
+            // No evidence: the shared pool's buffers must not serve others.
+            self.conn.quarantine_pool_buffers();
         }
         self.destroyed = true;
         self.release_share();
@@ -916,6 +918,10 @@ impl<N: Nic> Prepared<N> {
                  without shared receives (Hub::new), or require Policy::Mw",
                 cfg.policies.request, cfg.policies.reply
             )));
+        }
+        // The settings may have changed since `prepare` (`config_mut`).
+        if let Some(p) = &self.pool {
+            check_pool_classes(&cfg, p)?;
         }
         // Send slots, then (with a receive queue of its own) receive slots.
         let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
@@ -1028,8 +1034,9 @@ impl<N: Nic> Drop for Endpoint<N> {
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
         }
-        if !self.destroyed {
-            let _ = destroy_qp(&self.nic, self.shared.as_ref(), &self.local);
+        if !self.destroyed && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_err() {
+            // No evidence: the shared pool's buffers must not serve others.
+            self.conn.quarantine_pool_buffers();
         }
         self.release_share();
         // Nothing can reach a buffer now (QP destroyed, windows freed): the

@@ -145,6 +145,9 @@ struct Backed {
     /// A take found the pool's class empty, when the pool had had this
     /// many buffers given back.
     starved: Option<u64>,
+    /// No evidence will come for the buffers held (the QP could not be
+    /// destroyed): none goes back to the pool.
+    quarantined: bool,
 }
 
 const NONE: u32 = u32::MAX;
@@ -203,7 +206,15 @@ impl Slots {
             .collect::<Result<Vec<_>, u32>>()?;
         let n = self.holder.len();
         let by_mr = std::collections::HashMap::with_capacity(n);
-        self.backed = Some(Backed { pool, class, of: vec![NONE; n], by_mr, waker: None, starved: None });
+        self.backed = Some(Backed {
+            pool,
+            class,
+            of: vec![NONE; n],
+            by_mr,
+            waker: None,
+            starved: None,
+            quarantined: false,
+        });
         Ok(())
     }
 
@@ -236,6 +247,13 @@ impl Slots {
         (of != NONE).then_some((&b.pool, of))
     }
 
+    /// Keep every buffer taken now (and later) out of the pool for good.
+    pub(crate) fn quarantine(&mut self) {
+        if let Some(b) = &mut self.backed {
+            b.quarantined = true;
+        }
+    }
+
     /// The slot a taken pool buffer (named by its region's raw id) backs.
     pub(crate) fn slot_of_mr(&self, mr: u32) -> Option<u32> {
         self.backed.as_ref()?.by_mr.get(&mr).copied()
@@ -249,7 +267,7 @@ impl Slots {
     /// Give every slot's pool buffer back, whoever holds the slot: only once
     /// nothing can reach any of them (the QP destroyed, its windows freed).
     pub(crate) fn release_backing(&mut self) {
-        if let Some(b) = &mut self.backed {
+        if let Some(b) = self.backed.as_mut().filter(|b| !b.quarantined) {
             b.by_mr.clear();
             for of in b.of.iter_mut().filter(|o| **o != NONE) {
                 b.pool.give(std::mem::replace(of, NONE));
@@ -318,7 +336,9 @@ impl Slots {
                 let of = std::mem::replace(&mut b.of[i as usize], NONE);
                 if of != NONE {
                     b.by_mr.remove(&b.pool.info(of).id.raw());
-                    b.pool.give(of);
+                    if !b.quarantined {
+                        b.pool.give(of);
+                    }
                 }
             }
         }

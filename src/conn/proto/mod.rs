@@ -602,9 +602,6 @@ impl Connection {
         for (slot, lending) in self.reclaimed.drain(..) {
             n += usize::from(self.bufs.give_back(slot, lending));
         }
-        // A take found the shared pool empty, and the pool has woken us
-        // since (or may have): the takes are tried again.
-        n += usize::from(self.bufs.unstarve());
         if n > 0 {
             // A payload may be waiting for a free buffer: the engines run.
             self.dirty = true;
@@ -619,9 +616,29 @@ impl Connection {
         self.returns.set_waker(w);
     }
 
+    /// Whether a take found the shared buffer pool empty and a buffer has
+    /// come back to it since: the engines run again (a READ waiting for a
+    /// destination). Only the driver's turn asks, so that it also wakes the
+    /// user's waiting `alloc`s; a user call that took the news instead
+    /// would leave them asleep.
+    pub(crate) fn pool_came_back(&mut self) -> bool {
+        let back = self.bufs.unstarve();
+        if back {
+            self.dirty = true;
+        }
+        back
+    }
+
+    /// Make sure no buffer of the shared pool goes back to it from now on:
+    /// the QP could not be destroyed, so no evidence says the peer's NIC
+    /// cannot reach them. They stay out of the pool (lost to it).
+    pub(crate) fn quarantine_pool_buffers(&mut self) {
+        self.bufs.quarantine();
+    }
+
     /// Wake `w` when the shared buffer pool gets a buffer back after a take
-    /// found none (the hub's driver: [`Connection::reclaim`] then tries
-    /// again). No-op without a shared pool.
+    /// found none (the hub's driver then asks
+    /// [`Connection::pool_came_back`]). No-op without a shared pool.
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
         self.bufs.wake_on_pool(w);
