@@ -41,6 +41,21 @@ use crate::sync::{Arc, AtomicU64, Mutex};
 #[cfg_attr(loom, allow(dead_code))] // used by register, absent from the loom models
 pub const MAX_POOL_BUFFERS: u32 = 1 << 20;
 
+/// Buffers of a class of `count` kept for incoming payloads (READ
+/// destinations, inline payloads received): a quarter, at least one when
+/// the class has two or more. A user's alloc (an outgoing payload) never
+/// takes them, so a payload the peer exposes can always be read, and users
+/// filling the pool with outgoing payloads on both sides cannot deadlock
+/// the two directions (each side's exposed payloads wait for the other
+/// side's READs, which wait for a destination).
+fn reserve_of(count: u32) -> u32 {
+    if count < 2 {
+        0
+    } else {
+        count.div_ceil(4)
+    }
+}
+
 /// A hub's pool of registered data buffers, shared by its connections
 /// (see [`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
 /// A cheap handle: clones share the pool. The buffers are deregistered
@@ -55,6 +70,8 @@ struct Inner {
     mrs: Vec<MrInfo>,
     /// Where each class starts in `mrs`, and (last) its length.
     firsts: Vec<u32>,
+    /// Buffers of each class that only incoming payloads may take.
+    reserve: Vec<u32>,
     state: Mutex<State>,
     /// Buffers given back so far (a waiter compares it with what it saw).
     gives: AtomicU64,
@@ -167,10 +184,12 @@ impl BufferPool {
             wakeups: 0,
             held_bytes: 0,
         };
+        let reserve = firsts.windows(2).map(|w| reserve_of(w[1] - w[0])).collect();
         BufferPool(Arc::new(Inner {
             sizes,
             mrs,
             firsts,
+            reserve,
             state: Mutex::new(state),
             gives: AtomicU64::new(0),
             dereg,
@@ -233,10 +252,13 @@ impl BufferPool {
     }
 
     /// Take a free buffer of `class`; when there is none, `waker` (if
-    /// given) is woken when one comes back.
-    pub(crate) fn take(&self, class: usize, waker: Option<&Waker>) -> Option<u32> {
+    /// given) is woken when one comes back. An `outgoing` take (a user's
+    /// alloc) leaves the class's reserve for incoming payloads.
+    pub(crate) fn take(&self, class: usize, outgoing: bool, waker: Option<&Waker>) -> Option<u32> {
         let mut st = self.0.state.lock();
-        match st.free.get_mut(class).and_then(Vec::pop) {
+        let keep = if outgoing { self.0.reserve[class] as usize } else { 0 };
+        let free = st.free.get_mut(class).filter(|f| f.len() > keep);
+        match free.and_then(Vec::pop) {
             Some(i) => {
                 st.taken += 1;
                 st.held_bytes += u64::from(self.0.sizes[class]);

@@ -280,12 +280,23 @@ impl Slots {
         self.take_in(0, to)
     }
 
-    /// Take a free slot of class `k` for `to`.
+    /// Take a free slot of class `k` for `to` (an incoming payload, when
+    /// backed: it may take the pool's reserve).
     pub(crate) fn take_in(&mut self, k: usize, to: Holder) -> Option<u32> {
+        self.take_backed(k, to, false)
+    }
+
+    /// Take a free slot of class `k` for a user's outgoing payload: when
+    /// backed, the pool's reserve for incoming payloads stays.
+    pub(crate) fn take_outgoing(&mut self, k: usize) -> Option<u32> {
+        self.take_backed(k, Holder::User, true)
+    }
+
+    fn take_backed(&mut self, k: usize, to: Holder, outgoing: bool) -> Option<u32> {
         let i = *self.free.get(k)?.last()?;
         if let Some(b) = &mut self.backed {
             let gives = b.pool.gives();
-            let Some(of) = b.pool.take(b.class[k], b.waker.as_ref()) else {
+            let Some(of) = b.pool.take(b.class[k], outgoing, b.waker.as_ref()) else {
                 b.starved = Some(b.starved.map_or(gives, |s| s.min(gives)));
                 return None;
             };

@@ -681,7 +681,7 @@ impl Connection {
     /// from the pool, or `None` when all are in use.
     pub fn alloc(&mut self) -> Option<Buf> {
         self.reclaim();
-        let slot = self.bufs.take(Holder::User)?;
+        let slot = self.bufs.take_outgoing(0)?;
         self.flush_holds();
         Some(self.buf(slot, 0))
     }
@@ -696,7 +696,15 @@ impl Connection {
             return Err(UseError::TooLong { len, cap: largest });
         }
         self.reclaim();
-        let Some(slot) = self.take_fit(want, Holder::User) else { return Ok(None) };
+        let bufs = &mut self.bufs;
+        let found = self.layout.fitting(want).find_map(|k| {
+            if bufs.free_in(k) > 0 {
+                bufs.take_outgoing(k)
+            } else {
+                None
+            }
+        });
+        let Some(slot) = found else { return Ok(None) };
         self.flush_holds();
         Ok(Some(self.buf(slot, 0)))
     }
