@@ -92,6 +92,17 @@ struct State {
     held_bytes: u64,
 }
 
+impl State {
+    /// Wake `waker` (if given, once) at the next give.
+    fn wait(&mut self, waker: Option<&Waker>) {
+        if let Some(w) = waker {
+            if !self.waiting.iter().any(|x| x.will_wake(w)) {
+                self.waiting.push(w.clone());
+            }
+        }
+    }
+}
+
 /// What a [`BufferPool`] holds and has done (in [`HubStats`](super::HubStats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -266,11 +277,7 @@ impl BufferPool {
             }
             None => {
                 st.empty += 1;
-                if let Some(w) = waker {
-                    if !st.waiting.iter().any(|x| x.will_wake(w)) {
-                        st.waiting.push(w.clone());
-                    }
-                }
+                st.wait(waker);
                 None
             }
         }
@@ -283,11 +290,7 @@ impl BufferPool {
         if st.free.get(class).is_some_and(|f| !f.is_empty()) {
             return true;
         }
-        if let Some(w) = waker {
-            if !st.waiting.iter().any(|x| x.will_wake(w)) {
-                st.waiting.push(w.clone());
-            }
-        }
+        st.wait(waker);
         false
     }
 

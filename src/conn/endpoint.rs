@@ -345,6 +345,9 @@ impl<N: Nic> Endpoint<N> {
                 self.conn.post_failed(&cmd, e);
             }
         }
+        // Buffers users gave back go to the shared pool only now, after the
+        // release of their CPU holds above.
+        self.conn.give_returned_buffers();
     }
 
     /// Take back the buffers whose handles were dropped; returns how many.

@@ -140,6 +140,9 @@ struct Backed {
     of: Vec<u32>,
     /// The slot each taken pool buffer backs, by its region's raw id.
     by_mr: std::collections::HashMap<u32, u32>,
+    /// Buffers the user gave back, to go back to the pool once the release
+    /// of their CPU hold is carried out ([`Slots::give_returned`]).
+    returning: Vec<u32>,
     /// Woken when a buffer comes back after a take found none.
     waker: Option<std::task::Waker>,
     /// A take found the pool's class empty, when the pool had had this
@@ -151,6 +154,14 @@ struct Backed {
 }
 
 const NONE: u32 = u32::MAX;
+
+impl Backed {
+    /// A take found the pool short when it had had `gives` buffers given
+    /// back: [`Slots::unstarve`] says when one came back since.
+    fn starve(&mut self, gives: u64) {
+        self.starved = Some(self.starved.map_or(gives, |s| s.min(gives)));
+    }
+}
 
 /// A slot that entered or left the user's hands.
 #[derive(Clone, Copy, Debug)]
@@ -211,6 +222,7 @@ impl Slots {
             class,
             of: vec![NONE; n],
             by_mr,
+            returning: Vec::with_capacity(n),
             waker: None,
             starved: None,
             quarantined: false,
@@ -247,6 +259,16 @@ impl Slots {
         (of != NONE).then_some((&b.pool, of))
     }
 
+    /// Give the pool the buffers users gave back, once the commands that
+    /// release their CPU holds have been carried out.
+    pub(crate) fn give_returned(&mut self) {
+        if let Some(b) = &mut self.backed {
+            for of in b.returning.drain(..) {
+                b.pool.give(of);
+            }
+        }
+    }
+
     /// Keep every buffer taken now (and later) out of the pool for good.
     pub(crate) fn quarantine(&mut self) {
         if let Some(b) = &mut self.backed {
@@ -267,6 +289,7 @@ impl Slots {
     /// Give every slot's pool buffer back, whoever holds the slot: only once
     /// nothing can reach any of them (the QP destroyed, its windows freed).
     pub(crate) fn release_backing(&mut self) {
+        self.give_returned();
         if let Some(b) = self.backed.as_mut().filter(|b| !b.quarantined) {
             b.by_mr.clear();
             for of in b.of.iter_mut().filter(|o| **o != NONE) {
@@ -297,7 +320,7 @@ impl Slots {
         if let Some(b) = &mut self.backed {
             let gives = b.pool.gives();
             let Some(of) = b.pool.take(b.class[k], outgoing, b.waker.as_ref()) else {
-                b.starved = Some(b.starved.map_or(gives, |s| s.min(gives)));
+                b.starve(gives);
                 return None;
             };
             b.of[i as usize] = of;
@@ -321,7 +344,7 @@ impl Slots {
         if b.pool.has_free(b.class[k], b.waker.as_ref()) {
             return true;
         }
-        b.starved = Some(b.starved.map_or(gives, |s| s.min(gives)));
+        b.starve(gives);
         false
     }
 
@@ -347,7 +370,13 @@ impl Slots {
                 let of = std::mem::replace(&mut b.of[i as usize], NONE);
                 if of != NONE {
                     b.by_mr.remove(&b.pool.info(of).id.raw());
-                    if !b.quarantined {
+                    if b.quarantined {
+                        // Kept out of the pool for good.
+                    } else if from == Holder::User {
+                        // The release of its CPU hold is a command still to
+                        // be carried out: the buffer goes back after it.
+                        b.returning.push(of);
+                    } else {
                         b.pool.give(of);
                     }
                 }

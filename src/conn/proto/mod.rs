@@ -651,6 +651,14 @@ impl Connection {
         self.bufs.release_backing();
     }
 
+    /// Give the shared pool the buffers users gave back. The I/O layer
+    /// calls it after carrying out the commands, so that a buffer's
+    /// [`Command::CpuHold`] release comes before another connection can
+    /// take it (a testing aid's order: the NIC never reaches such a buffer).
+    pub(crate) fn give_returned_buffers(&mut self) {
+        self.bufs.give_returned();
+    }
+
     /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
     /// back since the last time. Called before the NIC can act again: at the
     /// end of every input.
