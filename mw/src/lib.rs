@@ -65,8 +65,8 @@ mod types;
 mod wire;
 
 pub use owner::{
-    BindAndGrant, CancelError, GrantError, LeaseEnd, LossCause, Misbehavior, Owner, OwnerAction, OwnerEvent,
-    OwnerStats,
+    BindAndGrant, CancelError, GrantError, LeaseEnd, LendRefused, LossCause, Misbehavior, Owner, OwnerAction,
+    OwnerEvent, OwnerStats,
 };
 pub use reader::{
     DeclineReason, ReadError, Reader, ReaderAction, ReaderConfig, ReaderEvent, ReaderStats, ReleaseMode,

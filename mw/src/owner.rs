@@ -22,9 +22,23 @@ use crate::{rkey, Buffer, Grant, LeaseId, Release, Status, Token, Window};
 /// Every call costs O(log windows) at most, except the ones that happen
 /// once per connection (losing the QP) or only to a hostile peer
 /// ([`Owner::handle_peer_invalidation`]), which visit every window.
+///
+/// # Own windows or lent ones
+/// An owner made with [`Owner::new`] keeps its windows: slot `i` always
+/// binds window `i`. One made with [`Owner::lending`] has lease slots but
+/// no windows: each grant brings one ([`Owner::grant_on`], from a pool
+/// the caller shares between connections), and the window goes back in an
+/// [`OwnerEvent::WindowUnbound`] once its LOCAL_INV has completed
+/// successfully (it is unbound, and may be bound again through any QP of
+/// the protection domain). A window whose QP died while it was lent is
+/// retired ([`OwnerEvent::WindowRetired`]) and must be deallocated, never
+/// lent again.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Owner {
     slots: Vec<Slot>,
+    /// Windows come with each grant and go back unbound
+    /// ([`Owner::lending`]).
+    lending: bool,
     /// The `Free` slots while the QP is up, lowest first: a grant binds the
     /// lowest free window.
     free: SlotHeap<()>,
@@ -195,6 +209,17 @@ pub enum OwnerEvent {
         /// The window handle.
         window: u32,
     },
+    /// Only for an owner made with [`Owner::lending`], right after the
+    /// [`OwnerEvent::BufferReturned`] of the same lease: the window lent to
+    /// it is unbound (its one LOCAL_INV completed successfully) and goes
+    /// back to its pool, with the rkey of its last bind (libibverbs does not
+    /// track it; the next bind changes its low 8 bits).
+    WindowUnbound {
+        /// The lease the window served.
+        lease: LeaseId,
+        /// The window, with its current rkey.
+        window: Window,
+    },
 }
 
 /// Counters for logs and tests.
@@ -233,6 +258,23 @@ pub enum GrantError {
     BadLeaseTime(Duration),
     /// The QP is down.
     ConnectionLost,
+    /// [`Owner::grant`] on an owner made with [`Owner::lending`] (each grant
+    /// brings its window: use [`Owner::grant_on`]), or [`Owner::grant_on`]
+    /// on one made with [`Owner::new`] (it binds its own windows).
+    WrongWindowSource {
+        /// Whether the owner lends its windows per grant.
+        lending: bool,
+    },
+}
+
+/// [`Owner::grant_on`] refused: why, and the window it was given, unused
+/// and still unbound, to go back to its pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LendRefused {
+    /// Why the grant was refused.
+    pub error: GrantError,
+    /// The window, untouched.
+    pub window: Window,
 }
 
 impl fmt::Display for GrantError {
@@ -247,6 +289,13 @@ impl fmt::Display for GrantError {
                 write!(f, "lease time {t:?} is not in 1µs..={MAX_LEASE_TIME:?}")
             }
             GrantError::ConnectionLost => f.write_str("the connection is lost; open a new one"),
+            GrantError::WrongWindowSource { lending: true } => f.write_str(
+                "this owner has no windows of its own (Owner::lending): grant with a window from the pool, \
+                 Owner::grant_on",
+            ),
+            GrantError::WrongWindowSource { lending: false } => f.write_str(
+                "this owner binds its own windows (Owner::new): grant without one, Owner::grant",
+            ),
         }
     }
 }
@@ -280,6 +329,24 @@ impl Owner {
     /// # Panics
     /// If the pool holds more than 2^24 windows (tokens carry a 24-bit index).
     pub fn new(seed: u64, windows: impl IntoIterator<Item = Window>) -> Owner {
+        Owner::with_slots(seed, windows, false)
+    }
+
+    /// An owner with `slots` lease slots and no windows of its own: each
+    /// grant brings one ([`Owner::grant_on`]), and it goes back unbound in
+    /// an [`OwnerEvent::WindowUnbound`] (see [the type's docs](Owner)).
+    /// `seed` seeds the consumer keys.
+    ///
+    /// # Panics
+    /// If `slots` is over 2^24 (tokens carry a 24-bit index).
+    pub fn lending(seed: u64, slots: usize) -> Owner {
+        // Until its first grant a slot names no window: an rkey of 0 with
+        // epoch 0 matches no release (epoch 0 is never granted).
+        let none = Window { handle: u32::MAX, rkey: 0 };
+        Owner::with_slots(seed, std::iter::repeat(none).take(slots), true)
+    }
+
+    fn with_slots(seed: u64, windows: impl IntoIterator<Item = Window>, lending: bool) -> Owner {
         let slots: Vec<Slot> = windows
             .into_iter()
             .map(|window| Slot {
@@ -297,6 +364,7 @@ impl Owner {
         expiries.clear();
         Owner {
             slots,
+            lending,
             free,
             expiries,
             outstanding: 0,
@@ -313,11 +381,46 @@ impl Owner {
     /// Expose `buffer` for `lease_time` from `now`: binds a free window and
     /// queues a [`OwnerAction::BindAndGrant`]. The buffer comes back in an
     /// [`OwnerEvent::BufferReturned`].
+    ///
+    /// Only for an owner made with [`Owner::new`]; one made with
+    /// [`Owner::lending`] grants with [`Owner::grant_on`].
     pub fn grant(
         &mut self,
         now: Duration,
         buffer: Buffer,
         lease_time: Duration,
+    ) -> Result<LeaseId, GrantError> {
+        if self.lending {
+            return Err(GrantError::WrongWindowSource { lending: true });
+        }
+        self.grant_with(now, buffer, lease_time, None)
+    }
+
+    /// [`Owner::grant`] for an owner made with [`Owner::lending`]: binds
+    /// `window` (unbound, of the QP's protection domain, with its current
+    /// rkey) over `buffer` in a free lease slot. The window comes back in
+    /// the [`OwnerEvent::WindowUnbound`] after the lease's
+    /// [`OwnerEvent::BufferReturned`], or in an [`OwnerEvent::WindowRetired`]
+    /// if the QP dies first. A refusal hands `window` back untouched.
+    pub fn grant_on(
+        &mut self,
+        now: Duration,
+        buffer: Buffer,
+        lease_time: Duration,
+        window: Window,
+    ) -> Result<LeaseId, LendRefused> {
+        if !self.lending {
+            return Err(LendRefused { error: GrantError::WrongWindowSource { lending: false }, window });
+        }
+        self.grant_with(now, buffer, lease_time, Some(window)).map_err(|error| LendRefused { error, window })
+    }
+
+    fn grant_with(
+        &mut self,
+        now: Duration,
+        buffer: Buffer,
+        lease_time: Duration,
+        window: Option<Window>,
     ) -> Result<LeaseId, GrantError> {
         if self.link != Link::Up {
             return Err(GrantError::ConnectionLost);
@@ -334,6 +437,9 @@ impl Owner {
         let random = self.rng.next_u8();
         let slot = &mut self.slots[idx as usize];
         debug_assert!(slot.state == SlotState::Free && !slot.send_pending && !slot.inv_pending);
+        if let Some(w) = window {
+            slot.window = w;
+        }
         let expiry = now + lease_time;
         slot.epoch = slot.epoch.wrapping_add(1);
         slot.window.rkey = rkey::rebind(slot.window.rkey, random);
@@ -552,7 +658,8 @@ impl Owner {
         self.expiries.peek().map(|(expiry, _)| expiry)
     }
 
-    /// Windows free for a grant now.
+    /// Windows free for a grant now; for an owner made with
+    /// [`Owner::lending`], lease slots free (each grant brings its window).
     pub fn free_windows(&self) -> usize {
         if self.link != Link::Up {
             return 0;
@@ -613,6 +720,8 @@ impl Owner {
                 self.expiries.clear();
                 for s in &mut self.slots {
                     s.state = match s.state {
+                        // A free slot of a lending owner holds no window.
+                        SlotState::Free if self.lending => SlotState::Retired,
                         SlotState::Free => {
                             self.events.push_back(OwnerEvent::WindowRetired { window: s.window.handle });
                             SlotState::Retired
@@ -652,6 +761,12 @@ impl Owner {
                 }
                 let lease = LeaseId::new(idx as u32, s.epoch);
                 self.events.push_back(OwnerEvent::BufferReturned { lease, buffer, end, cancelled });
+                if self.lending {
+                    // Its LOCAL_INV completed successfully (the only way to
+                    // `Stranded` with the QP up): unbound, so it may serve
+                    // another QP of the protection domain.
+                    self.events.push_back(OwnerEvent::WindowUnbound { lease, window: s.window });
+                }
                 s.state = SlotState::Free;
                 self.free.insert(idx as u32, ());
                 self.outstanding -= 1;

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use mwcap_mw::{
-    Buffer, CancelError, Engine, Grant, GrantError, LeaseEnd, LeaseId, LossCause, Misbehavior, Owner,
-    OwnerAction, OwnerEvent, Reader, ReaderAction, ReaderConfig, Release, ReleaseMode, Status, Token, Window,
-    MAX_LEASE_TIME,
+    Buffer, CancelError, Engine, Grant, GrantError, LeaseEnd, LeaseId, LendRefused, LossCause, Misbehavior,
+    Owner, OwnerAction, OwnerEvent, Reader, ReaderAction, ReaderConfig, Release, ReleaseMode, Status, Token,
+    Window, MAX_LEASE_TIME,
 };
 
 fn ms(n: u64) -> Duration {
@@ -363,4 +363,64 @@ fn a_new_owner_is_up_with_every_window_free() {
     assert_eq!(o.free_windows(), 3);
     assert_eq!(o.outstanding_buffers(), 0);
     assert_eq!(o.poll_timeout(), None);
+}
+
+/// A lending owner (windows from a pool, one per grant): a refused grant
+/// hands its window back untouched; a lease's window comes back right after
+/// its buffer, unbound, with the rkey of its last bind; a window lent when
+/// the QP dies is retired, never handed back; the two grant calls refuse
+/// the other kind of owner.
+#[test]
+fn a_lending_owner_hands_windows_back_only_unbound() {
+    let w = |i: u32| Window { handle: 500 + i, rkey: (i + 7) << 8 };
+    let mut o = Owner::lending(9, 2);
+    assert_eq!(o.free_windows(), 2);
+    assert_eq!(o.grant(ms(0), buffer(0), ms(50)), Err(GrantError::WrongWindowSource { lending: true }));
+    assert_eq!(
+        owner(1).grant_on(ms(0), buffer(0), ms(50), w(0)),
+        Err(LendRefused { error: GrantError::WrongWindowSource { lending: false }, window: w(0) })
+    );
+    let refused = o.grant_on(ms(0), buffer(0), Duration::ZERO, w(0)).unwrap_err();
+    assert_eq!(refused, LendRefused { error: GrantError::BadLeaseTime(Duration::ZERO), window: w(0) });
+    assert!(refused.error.to_string().contains("lease time"));
+
+    // A full cycle: bind, release, LOCAL_INV; the buffer, then the window.
+    let lease = o.grant_on(ms(0), buffer(0), ms(50), w(0)).expect("a slot is free");
+    let Some(OwnerAction::BindAndGrant(b)) = o.poll_action() else { panic!("expected a bind") };
+    assert_eq!(b.window, w(0).handle);
+    assert_eq!(b.rkey >> 8, w(0).rkey >> 8, "the bind keeps the window's index");
+    assert_ne!(b.rkey, w(0).rkey, "and changes its consumer key");
+    o.handle_completion(ms(1), b.send_token, Status::Success);
+    o.handle_release(ms(1), Release { lease, rkey: b.rkey });
+    let inv = invalidation(&mut o);
+    assert_eq!(events(&mut o), vec![], "nothing back before the LOCAL_INV completes");
+    o.handle_completion(ms(2), inv, Status::Success);
+    assert_eq!(
+        events(&mut o),
+        vec![
+            returned(lease, 0, LeaseEnd::Released),
+            OwnerEvent::WindowUnbound { lease, window: Window { handle: w(0).handle, rkey: b.rkey } },
+        ]
+    );
+    // A replayed release of the returned lease is stale, not a new LOCAL_INV.
+    o.handle_release(ms(3), Release { lease, rkey: b.rkey });
+    assert_eq!(o.poll_action(), None);
+    assert_eq!(o.stats().stale_releases, 1);
+
+    // Lent when the QP dies: retired once the flushes are in, not handed back.
+    let lease = o.grant_on(ms(3), buffer(1), ms(50), w(1)).expect("a slot is free");
+    let Some(OwnerAction::BindAndGrant(b)) = o.poll_action() else { panic!("expected a bind") };
+    o.handle_qp_error(ms(4));
+    assert_eq!(o.free_windows(), 0);
+    o.handle_completion(ms(4), b.send_token, Status::Flushed);
+    let evs = events(&mut o);
+    assert!(evs.contains(&OwnerEvent::BufferReturned {
+        lease,
+        buffer: buffer(1),
+        end: LeaseEnd::ConnectionLost,
+        cancelled: false
+    }));
+    assert!(evs.contains(&OwnerEvent::WindowRetired { window: w(1).handle }), "{evs:?}");
+    assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::WindowUnbound { .. })), "{evs:?}");
+    assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::WindowRetired { window } if *window == u32::MAX)));
 }

@@ -166,6 +166,10 @@ pub struct Config {
     pub peer_death: Option<u32>,
     pub hostile: bool,
     pub seed: u64,
+    /// `Some(n)`: the owner is made with `Owner::lending` (`windows` lease
+    /// slots) and each grant takes a window from a pool of `n` that the
+    /// world keeps, as a hub does for its connections.
+    pub lend: Option<u32>,
 }
 
 impl Config {
@@ -184,6 +188,7 @@ impl Config {
             peer_death: None,
             hostile: false,
             seed: 7,
+            lend: None,
         }
     }
 }
@@ -228,6 +233,12 @@ pub struct World {
     pub violation: Option<String>,
     /// Windows the owner has been told the peer invalidated.
     pub told_peer_inv: Vec<u32>,
+    /// Lending (`Config::lend`): the pool's free windows (last bind's
+    /// rkey), the ones lent to the owner, and the ones retired with the QP.
+    pub lending: bool,
+    pub pool: Vec<Window>,
+    pub lent: Vec<u32>,
+    pub retired: Vec<u32>,
     /// Events, kept only when `log` is on (scripted tests).
     pub log: bool,
     pub owner_events: Vec<OwnerEvent>,
@@ -246,12 +257,18 @@ fn buffer(b: u32) -> Buffer {
 
 impl World {
     pub fn new(cfg: &Config) -> World {
-        let windows = (0..cfg.windows).map(|w| Window { handle: window_handle(w), rkey: (w + 1) << 8 });
+        let nic_windows = cfg.lend.unwrap_or(cfg.windows);
+        let mut windows = (0..nic_windows).map(|w| Window { handle: window_handle(w), rkey: (w + 1) << 8 });
+        let (owner, pool) = match cfg.lend {
+            None => (Owner::new(cfg.seed, windows), Vec::new()),
+            // Taken from the end: window 0 first.
+            Some(_) => (Owner::lending(cfg.seed, cfg.windows as usize), windows.by_ref().rev().collect()),
+        };
         World {
             now: 0,
-            owner: Owner::new(cfg.seed, windows),
+            owner,
             reader: Reader::new(ReaderConfig { safety_margin: at(cfg.margin), release: cfg.mode }),
-            windows: vec![WinState::Unbound; cfg.windows as usize],
+            windows: vec![WinState::Unbound; nic_windows as usize],
             owner_sq: VecDeque::new(),
             owner_cq: VecDeque::new(),
             serving: VecDeque::new(),
@@ -272,10 +289,14 @@ impl World {
             grants_left: cfg.grants,
             cancels_left: cfg.cancels,
             hostile_left: cfg.hostile,
-            binds: vec![0; cfg.windows as usize],
-            invalidations: vec![0; cfg.windows as usize],
+            binds: vec![0; nic_windows as usize],
+            invalidations: vec![0; nic_windows as usize],
             violation: None,
             told_peer_inv: Vec::new(),
+            lending: cfg.lend.is_some(),
+            pool,
+            lent: Vec::new(),
+            retired: Vec::new(),
             log: false,
             owner_events: Vec::new(),
             reader_events: Vec::new(),
@@ -302,7 +323,12 @@ impl World {
 
     pub fn enabled(&self, cfg: &Config, out: &mut Vec<Step>) {
         let b_alive = !self.peer_dead;
-        if self.grants_left > 0 && self.now <= cfg.grant_until && self.owner.free_windows() > 0 {
+        let window_ready = cfg.lend.is_none() || !self.pool.is_empty();
+        if self.grants_left > 0
+            && self.now <= cfg.grant_until
+            && self.owner.free_windows() > 0
+            && window_ready
+        {
             if let Some(b) = self.bufs.iter().position(|b| b.home) {
                 // Buffers are interchangeable: offering only the first free
                 // one keeps the state space small without losing behaviour.
@@ -380,7 +406,29 @@ impl World {
         match step {
             Step::Grant { buf } => {
                 let version = self.bufs[buf as usize].version + 1;
-                match self.owner.grant(now, buffer(buf), at(cfg.lease)) {
+                let granted = match cfg.lend {
+                    None => self.owner.grant(now, buffer(buf), at(cfg.lease)),
+                    Some(_) => {
+                        let w = self.pool.pop().expect("enabled with a window in the pool");
+                        match self.owner.grant_on(now, buffer(buf), at(cfg.lease), w) {
+                            Ok(lease) => {
+                                self.lent.push(window_index(w.handle) as u32);
+                                Ok(lease)
+                            }
+                            Err(refused) => {
+                                if refused.window != w {
+                                    self.violate(format!(
+                                        "a refused grant handed back {:?}, not {w:?}",
+                                        refused.window
+                                    ));
+                                }
+                                self.pool.push(w);
+                                Err(refused.error)
+                            }
+                        }
+                    }
+                };
+                match granted {
                     Ok(lease) => {
                         self.grants_left -= 1;
                         let b = &mut self.bufs[buf as usize];
@@ -668,6 +716,13 @@ impl World {
                     if bg.buffer.len != BUF_LEN || bg.grant.rkey != bg.rkey || bg.grant.len != bg.buffer.len {
                         self.violate(format!("malformed bind-and-grant {bg:?}"));
                     }
+                    self.check_held(bg.window, "bind");
+                    if bg.rkey >> 8 != (window_index(bg.window) as u32 + 1) {
+                        self.violate(format!(
+                            "bind of window {} with the key of another {:#x}",
+                            bg.window, bg.rkey
+                        ));
+                    }
                     let bytes = Message::Grant(bg.grant).to_bytes();
                     if self.a_err {
                         self.owner_cq.push_back((bg.send_token, Status::Flushed));
@@ -682,6 +737,7 @@ impl World {
                     }
                 }
                 OwnerAction::Invalidate { token, window, rkey } => {
+                    self.check_held(window, "LOCAL_INV");
                     if self.a_err {
                         self.owner_cq.push_back((token, Status::Flushed));
                     } else {
@@ -695,6 +751,20 @@ impl World {
             }
         }
         while let Some(event) = self.owner.poll_event() {
+            match event {
+                OwnerEvent::WindowUnbound { window, .. } => self.window_back(window),
+                OwnerEvent::WindowRetired { window } if self.lending => {
+                    let w = window_index(window) as u32;
+                    match self.lent.iter().position(|&l| l == w) {
+                        Some(i) => {
+                            self.lent.swap_remove(i);
+                            self.retired.push(w);
+                        }
+                        None => self.violate(format!("window {window} retired but not lent to the owner")),
+                    }
+                }
+                _ => {}
+            }
             if let OwnerEvent::BufferReturned { lease, buffer, .. } = event {
                 let b = buffer.mr;
                 if self.remote_access_possible(b) {
@@ -710,6 +780,56 @@ impl World {
                 self.owner_events.push(event);
             }
         }
+    }
+
+    /// Lending: the owner names `window` in a work request; it must be one
+    /// lent to it (not in the pool, not retired).
+    fn check_held(&mut self, window: u32, what: &str) {
+        if self.pool.iter().any(|w| w.handle == window)
+            || self.retired.contains(&(window_index(window) as u32))
+        {
+            self.violate(format!("{what} of window {window}, which is not lent to the owner"));
+        }
+    }
+
+    /// Lending: the owner hands `window` back to the pool. It must be lent
+    /// to it, unbound (every bind invalidated once, by the owner), and no
+    /// work request or READ of this QP may still use it: another
+    /// connection binds it next.
+    fn window_back(&mut self, window: Window) {
+        let w = window_index(window.handle);
+        let Some(i) = self.lent.iter().position(|&l| l as usize == w) else {
+            self.violate(format!("window {} handed back but not lent", window.handle));
+            return;
+        };
+        self.lent.swap_remove(i);
+        if !matches!(self.windows[w], WinState::Invalid { rkey } if rkey == window.rkey) {
+            self.violate(format!(
+                "window {} handed back in state {:?} (rkey {:#x})",
+                window.handle, self.windows[w], window.rkey
+            ));
+        }
+        if self.binds[w] != self.invalidations[w] {
+            self.violate(format!("window {} handed back with a bind not invalidated", window.handle));
+        }
+        let queued = self.owner_sq.iter().any(|wr| match wr {
+            OwnerWr::Bind { window: x, .. } | OwnerWr::LocalInv { window: x, .. } => *x == window.handle,
+            OwnerWr::Send { .. } => false,
+        });
+        if queued || self.serving.iter().any(|s| s.window == window.handle) {
+            self.violate(format!("window {} handed back while this QP still uses it", window.handle));
+        }
+        self.pool.push(window);
+    }
+
+    /// Lending: every window is in the pool, lent, or retired, once.
+    pub fn windows_accounted(&self, cfg: &Config) -> bool {
+        let Some(n) = cfg.lend else { return true };
+        let mut all: Vec<u32> = self.pool.iter().map(|w| window_index(w.handle) as u32).collect();
+        all.extend(&self.lent);
+        all.extend(&self.retired);
+        all.sort_unstable();
+        all == (0..n).collect::<Vec<_>>()
     }
 
     /// B's driver.
