@@ -171,9 +171,20 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
     for (c, _) in &reasons {
         assert_eq!(*c, LossReason::Closed);
     }
-    for side in [&ch, &sh] {
+    for (side, dev) in [(&ch, cdev), (&sh, sdev)] {
         let st = side.stats().buffers.unwrap();
         assert_eq!((st.free, st.held_bytes), (19, 0), "every buffer is back: {st:?}");
+        // Windows: one per pool buffer, lent to every exposure of every
+        // connection (a request payload per call on the client, a reply
+        // payload on the server), all back but those lent when their
+        // connection closed (a release whose LOCAL_INV the close flushed:
+        // deallocated, not given back), and the device's only ones (24
+        // connections with windows of their own would hold 120).
+        assert_eq!(st.windows + st.windows_dropped as u32, 19, "{st:?}");
+        assert_eq!(st.windows_free, st.windows, "{st:?}");
+        assert!(st.windows_dropped <= 2, "{st:?}");
+        assert!(st.windows_lent >= 24 * 12, "{st:?}");
+        assert_eq!(fabric.windows(dev).len(), st.windows as usize);
     }
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
@@ -364,6 +375,10 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.free, st.held_bytes), (3, 0), "every buffer back once the endpoint is gone: {st:?}");
+    // The window lent to the silent client was deallocated before the QP
+    // was destroyed, never given back; the other two are the pool's.
+    assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{st:?}");
+    assert_eq!(fabric.windows(sdev).len(), 2);
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
@@ -578,5 +593,134 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
     });
     assert_eq!(got, pattern(7, 3000), "the request payload was read into the reserve");
     drop(held);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// The hub's windows are lent per exposure. A server device with a single
+/// memory window (`max_mw` 1), which the pool holds: connection A exposes
+/// a range of its own region to a silent client, which takes the window
+/// and says nothing. Connection B's reply needs a window: the pool has
+/// none and cannot allocate one, so B waits until A's lease expires and
+/// its invalidation completes; then the very same window is bound for B's
+/// client. The silent client's key reaches nothing any more, and a READ
+/// with it fails.
+#[test]
+fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
+    use mwcap::conn::RegionRange;
+    use mwcap::sim::Via;
+    let fabric = Fabric::with_seed(21);
+    let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let mut one_window = DeviceConfig::spec().named("s");
+    one_window.max_mw = 1;
+    let sn = fabric.add_device(one_window);
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let classes = [BufClass { size: SMALL, count: 1 }];
+    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+    let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
+    spawn(&pool, sdrv.run());
+    spawn(&pool, cdrv.run());
+    let st = sh.stats().buffers.unwrap();
+    assert_eq!((st.windows, st.windows_free), (1, 1), "a window per buffer: {st:?}");
+
+    // A: replies with a range of its own region, to a silent client.
+    let p = Policies::both(Policy::Mw);
+    let mut a_server =
+        sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
+    let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
+    silent.connect(&a_server.local()).unwrap();
+    a_server.connect(&silent.local()).unwrap();
+    let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+    let (a, _ad) = sh.add(a_server);
+    let region = a.register_region(SMALL as usize).unwrap();
+    a.region_write(region, 0, &[0xaa; 3000]).unwrap();
+    let a2 = a.clone();
+    spawn(&pool, async move {
+        while let Some(req) = a2.next_request().await {
+            let range = RegionRange { region, offset: 0, len: 3000 };
+            if a2.reply_region(req.id, 0, b"", range).await.is_err() {
+                return;
+            }
+        }
+    });
+    silent.call(fabric.now(), b"x", None).unwrap();
+    silent.drive(fabric.now());
+    assert!(
+        run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()),
+        "the reply's window was bound"
+    );
+    let x = fabric.exposure(sdev, silent_qp).remove(0);
+    let Via::Window(window) = x.via else { panic!("exposed through a window: {x:?}") };
+    let st = sh.stats().buffers.unwrap();
+    assert_eq!((st.windows, st.windows_free, st.windows_lent), (1, 0, 1), "{st:?}");
+
+    // B: its reply waits for the window.
+    let ((b_client, _bcd), (b_server, _bsd)) = pair_with(&ch, &sh, small_cfg).unwrap();
+    let b_qp = QpAddr { device: ch.nic().device(), qpn: b_client.qp_number() };
+    // B's READ takes a few hundred microseconds more (below the ACK
+    // timeout), so that the watch below sees B's client reach the window.
+    fabric.set_link_delay(ch.nic().device(), sdev, Duration::from_micros(400));
+    spawn(&pool, serve_fixed(b_server.clone(), 0xbb, || {}));
+    let f = fabric.clone();
+    let bound_for_b = std::rc::Rc::new(std::cell::Cell::new(false));
+    let seen = bound_for_b.clone();
+    let reply = pool.run_until(async {
+        let watch = async {
+            // Whenever B's client can reach the window, the silent one
+            // cannot.
+            loop {
+                let b_reach = f.exposure(sdev, b_qp);
+                if b_reach.iter().any(|e| e.via == Via::Window(window)) {
+                    assert!(f.exposure(sdev, silent_qp).is_empty(), "one window reachable by two QPs");
+                    seen.set(true);
+                }
+                // Yield: look again after every other task's turn.
+                let mut again = false;
+                futures::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut again, true) {
+                        std::task::Poll::Ready(())
+                    } else {
+                        cx.waker().wake_by_ref();
+                        std::task::Poll::Pending
+                    }
+                })
+                .await;
+            }
+        };
+        let t = async_io::Timer::after(Duration::from_secs(20));
+        let call = b_client.call(b"y", None);
+        futures::pin_mut!(call, t, watch);
+        let call_or_timeout = futures::future::select(call, t);
+        match futures::future::select(call_or_timeout, watch).await {
+            futures::future::Either::Left((futures::future::Either::Left((r, _)), _)) => {
+                r.expect("B is served")
+            }
+            _ => panic!("B never got the window"),
+        }
+    });
+    assert_eq!(b_client.read(reply.data.as_ref().unwrap()).unwrap(), vec![0xbb; 3000]);
+    assert!(bound_for_b.get(), "the silent client's window was bound again for B's client");
+    let st = sh.stats().buffers.unwrap();
+    assert!(st.window_alloc_failures >= 1 && st.empty >= 1, "B waited for the window: {st:?}");
+    assert_eq!(st.windows_lent, 2, "{st:?}");
+    assert_eq!(fabric.windows(sdev).len(), 1, "the device's only window, shared");
+
+    // The silent client's key on the window (now bound and invalidated
+    // again for B) reads nothing.
+    let dst = silent.data_region();
+    let wr = mwcap::backend::SendWr::Read {
+        wr_id: 0x57a1e,
+        local: mwcap::backend::SgeList::one(mwcap::backend::Sge { mr: dst.id, offset: 0, len: 64 }),
+        remote_addr: fabric.region_addr(sdev, x.mr).unwrap(),
+        rkey: x.rkey,
+        signaled: true,
+    };
+    use mwcap::backend::Nic;
+    silent.nic().post_send(silent.local().id, &[wr]).unwrap();
+    fabric.run_until_idle();
+    let got = silent.nic().poll_cq_vec(silent.cq(), 256).unwrap();
+    let c = got.iter().find(|c| c.wr_id == 0x57a1e).expect("the stale READ completes");
+    assert_ne!(c.status, mwcap::backend::WcStatus::Success, "a stale key read through a lent window");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

@@ -1,6 +1,6 @@
 //! loom models of the shared buffer pool's wake-up protocol
 //! (`mwcap::conn::BufferPool`): a connection that finds the pool empty is
-//! never left waiting for a buffer that has come back. Whatever the
+//! never left waiting for a buffer (or a window) that has come back. Whatever the
 //! interleaving of its take and another connection's give, either the
 //! take gets the buffer, or the giver wakes it and its next turn sees that
 //! a buffer came back (`unstarve`) and takes it.
@@ -81,5 +81,34 @@ fn every_waiter_is_woken_when_a_buffer_comes_back() {
         }
         // One of them gets the buffer now.
         assert!(waiters.iter_mut().any(|(s, _)| s.take().is_some()));
+    });
+}
+
+/// One window (the device has room for no more); connection A has it lent
+/// and gives it back, unbound, while connection B's exposure asks for one:
+/// B gets it, or is woken and its retry gets it.
+#[test]
+fn an_exposure_that_finds_no_window_is_woken_when_one_comes_back() {
+    loom::model(|| {
+        let p = pool(64, 1);
+        let mut a = BackedSlots::new(&p, 64, 1);
+        let mut b = BackedSlots::new(&p, 64, 1);
+        let (woken, w) = waker();
+        b.wake_on_pool(&w);
+        let lent = a.take_window().expect("the pool's only window");
+        let giver = thread::spawn(move || {
+            a.give_window(lent);
+            a
+        });
+        let got = b.take_window();
+        let _a = giver.join().unwrap();
+        match got {
+            Some(w) => assert_eq!(w, lent),
+            None => {
+                assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B found no window and was never woken");
+                assert!(b.unstarve(), "B's turn would not try again");
+                assert_eq!(b.take_window(), Some(lent), "the window is there for B's retry");
+            }
+        }
     });
 }

@@ -309,6 +309,11 @@ fn run(
     }
     if let Some(b) = st.buffers {
         prop_assert_eq!((b.free, b.held_bytes), (b.buffers, 0), "a pool buffer never came back: {:?}", b);
+        // Every window is back in the pool (or was deallocated with a
+        // faulted QP), and the pool's are the device's only windows: no
+        // connection made or kept one of its own.
+        prop_assert_eq!(b.windows_free, b.windows, "a pool window never came back: {:?}", b);
+        prop_assert_eq!(fabric.windows(sdev.device()).len(), b.windows as usize, "windows outside the pool");
     }
     prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     Ok(())

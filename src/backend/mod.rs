@@ -94,10 +94,10 @@ pub trait Nic: Send + Sync {
     where
         Self: Sized;
 
-    /// Another handle on this handle's protection domain. The windows and
-    /// queue pairs made through it are its own and go with it; its regions
+    /// Another handle on this handle's protection domain. The queue pairs
+    /// made through it are its own and go with it; its regions and windows
     /// are the PD's (named by id through any of the PD's handles, as a
-    /// hub's shared buffer pool's are by its connections), and the PD's
+    /// hub's shared pool's buffers and windows are by its connections), and the PD's
     /// keys and shared receive queues ([`Nic::create_srq`]) serve its
     /// queue pairs.
     /// A [`crate::conn::Hub`] with shared receives puts its connections in

@@ -29,12 +29,27 @@
 //! do not enforce their bounds (rxe checks a READ against the region, not
 //! the window). A type-2 window is scoped to its connection's QP, so a peer
 //! reaches a pooled buffer only while it is exposed to that peer.
+//!
+//! # Windows
+//! The pool also holds the hub's memory windows: a connection on it has
+//! no windows of its own (its lease engine is [`mw::Owner::lending`]).
+//! Each exposure takes an unbound window from the pool, binds it through
+//! the connection's QP, and the window goes back only once that bind's
+//! LOCAL_INV has completed successfully: it is unbound, and may be bound
+//! again through any QP of the protection domain. A window still lent when
+//! its connection goes down (bound, or its invalidation unconfirmed) is
+//! deallocated before the QP is destroyed and never comes back; the pool
+//! allocates another when it next runs short. The pool starts with a
+//! window per buffer, enough for every buffer to be exposed at once;
+//! exposures of a user's own regions grow it.
 
 use std::sync::atomic::Ordering;
 use std::task::Waker;
 
+use mwcap_mw as mw;
+
 use super::types::BufClass;
-use crate::backend::{Access, MrId, MrInfo, Nic, NicError};
+use crate::backend::{Access, MrId, MrInfo, MwId, MwInfo, Nic, NicError};
 use crate::sync::{Arc, AtomicU64, Mutex};
 
 /// Buffers registered per size class at most (a registration each).
@@ -76,6 +91,9 @@ struct Inner {
     /// Buffers given back so far (a waiter compares it with what it saw).
     gives: AtomicU64,
     dereg: Box<dyn Fn(MrId) + Send + Sync>,
+    /// Allocate and deallocate a window on the pool's protection domain.
+    alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync>,
+    dealloc_mw: Box<dyn Fn(MwId) + Send + Sync>,
 }
 
 struct State {
@@ -90,6 +108,14 @@ struct State {
     empty: u64,
     wakeups: u64,
     held_bytes: u64,
+    /// Unbound windows, with the rkey of their last bind.
+    windows: Vec<mw::Window>,
+    /// Windows allocated and not deallocated: free, or lent to a connection.
+    windows_live: u32,
+    windows_lent: u64,
+    windows_allocated: u64,
+    windows_dropped: u64,
+    window_alloc_failures: u64,
 }
 
 impl State {
@@ -122,6 +148,21 @@ pub struct BufferPoolStats {
     pub empty: u64,
     /// Wake-ups of waiting connections.
     pub wakeups: u64,
+    /// Memory windows of the pool (allocated and not deallocated).
+    pub windows: u32,
+    /// Of those, unbound and free now (the rest are lent to exposures).
+    pub windows_free: u32,
+    /// Windows lent to exposures so far.
+    pub windows_lent: u64,
+    /// Windows allocated so far (a window per buffer when the pool was
+    /// made, then one each time the pool ran short).
+    pub windows_allocated: u64,
+    /// Windows deallocated because their connection went down while they
+    /// were lent (bound, or their invalidation unconfirmed).
+    pub windows_dropped: u64,
+    /// Allocations that failed (the device's `max_mw`): the exposure
+    /// waited for a window to come back.
+    pub window_alloc_failures: u64,
 }
 
 impl BufferPool {
@@ -155,6 +196,13 @@ impl BufferPool {
         let dereg: Box<dyn Fn(MrId) + Send + Sync> = Box::new(move |id| {
             let _ = owner.dereg_mr(id);
         });
+        let owner = std::sync::Arc::clone(&nic);
+        let alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync> =
+            Box::new(move || owner.alloc_mw());
+        let owner = std::sync::Arc::clone(&nic);
+        let dealloc_mw: Box<dyn Fn(MwId) + Send + Sync> = Box::new(move |id| {
+            let _ = owner.dealloc_mw(id);
+        });
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
         let mut mrs = Vec::with_capacity(total);
         let mut free = Vec::with_capacity(wanted.len());
@@ -176,7 +224,32 @@ impl BufferPool {
             free.push((first..first + c.count).rev().collect());
         }
         firsts.push(mrs.len() as u32);
-        Ok(BufferPool::from_regions(wanted.iter().map(|c| c.size).collect(), mrs, firsts, free, dereg))
+        // A window per buffer: every buffer can be exposed at once without
+        // an allocation on the data path.
+        let mut windows = Vec::with_capacity(total);
+        for _ in 0..total {
+            match alloc_mw() {
+                Ok(w) => windows.push(mw::Window { handle: w.id.raw(), rkey: w.rkey }),
+                Err(e) => {
+                    for w in &windows {
+                        dealloc_mw(MwId::from_raw(w.handle));
+                    }
+                    for mr in &mrs {
+                        dereg(mr.id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let sizes = wanted.iter().map(|c| c.size).collect();
+        let pool = BufferPool::from_regions(sizes, mrs, firsts, free, dereg, alloc_mw, dealloc_mw);
+        {
+            let mut st = pool.0.state.lock();
+            st.windows_live = windows.len() as u32;
+            st.windows_allocated = windows.len() as u64;
+            st.windows = windows;
+        }
+        Ok(pool)
     }
 
     fn from_regions(
@@ -185,6 +258,8 @@ impl BufferPool {
         firsts: Vec<u32>,
         free: Vec<Vec<u32>>,
         dereg: Box<dyn Fn(MrId) + Send + Sync>,
+        alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync>,
+        dealloc_mw: Box<dyn Fn(MwId) + Send + Sync>,
     ) -> BufferPool {
         let state = State {
             free,
@@ -194,6 +269,12 @@ impl BufferPool {
             empty: 0,
             wakeups: 0,
             held_bytes: 0,
+            windows: Vec::new(),
+            windows_live: 0,
+            windows_lent: 0,
+            windows_allocated: 0,
+            windows_dropped: 0,
+            window_alloc_failures: 0,
         };
         let reserve = firsts.windows(2).map(|w| reserve_of(w[1] - w[0])).collect();
         BufferPool(Arc::new(Inner {
@@ -204,13 +285,15 @@ impl BufferPool {
             state: Mutex::new(state),
             gives: AtomicU64::new(0),
             dereg,
+            alloc_mw,
+            dealloc_mw,
         }))
     }
 
     /// A pool of `classes` over stand-in regions (no NIC), for the loom
     /// models of the wake-up protocol.
     #[cfg(loom)]
-    pub(crate) fn for_model(classes: &[BufClass]) -> BufferPool {
+    pub(crate) fn for_model(classes: &[BufClass], windows: u32) -> BufferPool {
         let (mut mrs, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new());
         for c in classes {
             let first = mrs.len() as u32;
@@ -228,13 +311,22 @@ impl BufferPool {
             free.push((first..first + c.count).rev().collect());
         }
         firsts.push(mrs.len() as u32);
-        BufferPool::from_regions(
+        let pool = BufferPool::from_regions(
             classes.iter().map(|c| c.size).collect(),
             mrs,
             firsts,
             free,
             Box::new(|_| {}),
-        )
+            // The device has no room for more.
+            Box::new(|| Err(NicError::InvalidWr("no more windows in the loom models".into()))),
+            Box::new(|_| {}),
+        );
+        {
+            let mut st = pool.0.state.lock();
+            st.windows = (0..windows).map(|i| mw::Window { handle: i, rkey: (i + 1) << 8 }).collect();
+            st.windows_live = windows;
+        }
+        pool
     }
 
     /// The class sizes, ascending.
@@ -299,12 +391,77 @@ impl BufferPool {
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
-        let mut wake = {
-            let mut st = self.0.state.lock();
+        self.put_back(|st| {
             debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
             st.free[class].push(i);
-            self.0.gives.fetch_add(1, Ordering::Release);
             st.held_bytes -= size;
+        });
+    }
+
+    /// Take an unbound window for an exposure; when there is none and none
+    /// can be allocated, `waker` (if given) is woken when one comes back.
+    pub(crate) fn take_window(&self, waker: Option<&Waker>) -> Option<mw::Window> {
+        {
+            let mut st = self.0.state.lock();
+            if let Some(w) = st.windows.pop() {
+                st.windows_lent += 1;
+                return Some(w);
+            }
+        }
+        // Short: one more (outside the lock: a device call).
+        let made = (self.0.alloc_mw)();
+        let mut st = self.0.state.lock();
+        match made {
+            Ok(w) => {
+                st.windows_live += 1;
+                st.windows_allocated += 1;
+                st.windows_lent += 1;
+                Some(mw::Window { handle: w.id.raw(), rkey: w.rkey })
+            }
+            Err(e) => {
+                st.window_alloc_failures += 1;
+                // One may have come back meanwhile.
+                if let Some(w) = st.windows.pop() {
+                    st.windows_lent += 1;
+                    return Some(w);
+                }
+                tracing::warn!(%e, live = st.windows_live, "no memory window for an exposure: waiting for one to come back");
+                st.empty += 1;
+                st.wait(waker);
+                None
+            }
+        }
+    }
+
+    /// Give back a window lent for an exposure: its one LOCAL_INV completed
+    /// successfully, so it is unbound (`window.rkey` is its last bind's).
+    pub(crate) fn give_window(&self, window: mw::Window) {
+        self.put_back(|st| {
+            debug_assert!(!st.windows.iter().any(|w| w.handle == window.handle), "window given back twice");
+            st.windows.push(window);
+        });
+    }
+
+    /// `n` lent windows were deallocated by their connection (it went down
+    /// while they were lent). The pool allocates others when it runs short;
+    /// connections waiting for a window try again (the device has room).
+    pub(crate) fn windows_dropped(&self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.put_back(|st| {
+            st.windows_live -= n;
+            st.windows_dropped += u64::from(n);
+        });
+    }
+
+    /// Change the pool under its lock with `f` (something came back), and
+    /// wake the connections waiting for it.
+    fn put_back(&self, f: impl FnOnce(&mut State)) {
+        let mut wake = {
+            let mut st = self.0.state.lock();
+            f(&mut st);
+            self.0.gives.fetch_add(1, Ordering::Release);
             if st.waiting.is_empty() {
                 return;
             }
@@ -344,6 +501,12 @@ impl BufferPool {
             taken: st.taken,
             empty: st.empty,
             wakeups: st.wakeups,
+            windows: st.windows_live,
+            windows_free: st.windows.len() as u32,
+            windows_lent: st.windows_lent,
+            windows_allocated: st.windows_allocated,
+            windows_dropped: st.windows_dropped,
+            window_alloc_failures: st.window_alloc_failures,
         }
     }
 }
@@ -356,6 +519,12 @@ impl std::fmt::Debug for BufferPool {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Every window is back by now (a connection holds a handle on the
+        // pool until its lent ones are back or deallocated): all unbound.
+        let windows = std::mem::take(&mut self.state.lock().windows);
+        for w in windows {
+            (self.dealloc_mw)(MwId::from_raw(w.handle));
+        }
         for mr in &self.mrs {
             (self.dereg)(mr.id);
         }

@@ -112,6 +112,14 @@ fn destroy_qp<N: Nic>(
     }
 }
 
+/// Deallocate a window of the hub's pool that was lent to a connection
+/// going down (it never goes back to the pool).
+fn dealloc_lent<N: Nic>(nic: &N, w: MwId) {
+    if let Err(e) = nic.dealloc_mw(w) {
+        tracing::warn!(%e, window = w.raw(), "deallocating a shared window lent to a closed connection");
+    }
+}
+
 /// One side of one RC connection: its device resources on a [`Nic`], and
 /// the [`Connection`] state machine it runs. See the [module docs](super)
 /// for the call order.
@@ -861,6 +869,7 @@ impl<N: Nic> Endpoint<N> {
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
         }
+        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
             tracing::warn!(%e, "destroy QP");
             // No evidence: the shared pool's buffers must not serve others.
@@ -934,7 +943,8 @@ impl<N: Nic> Prepared<N> {
             None => Some(made.reg(layout.bytes() as usize, access)?),
             Some(_) => None,
         };
-        if owns == Policy::Mw {
+        // On a shared pool the windows are the pool's, lent per exposure.
+        if owns == Policy::Mw && self.pool.is_none() {
             for _ in 0..layout.slots() + cfg.region_exposures {
                 let w = nic.alloc_mw()?;
                 made.windows.push(w.id);
@@ -1037,6 +1047,7 @@ impl<N: Nic> Drop for Endpoint<N> {
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
         }
+        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         if !self.destroyed && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_err() {
             // No evidence: the shared pool's buffers must not serve others.
             self.conn.quarantine_pool_buffers();

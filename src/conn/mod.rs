@@ -77,9 +77,10 @@ pub mod pool_model {
     use super::pool::{Holder, Slots};
     use super::{BufClass, BufferPool};
 
-    /// A pool of `count` buffers of `size` bytes (no NIC).
+    /// A pool of `count` buffers of `size` bytes (no NIC) and as many
+    /// windows; no more windows can be allocated.
     pub fn pool(size: u32, count: u32) -> BufferPool {
-        BufferPool::for_model(&[BufClass { size, count }])
+        BufferPool::for_model(&[BufClass { size, count }], count)
     }
 
     /// A connection's `count` slots of `size` bytes, backed by `pool`.
@@ -113,6 +114,15 @@ pub mod pool_model {
         /// Whether a buffer came back since a take found the pool empty.
         pub fn unstarve(&mut self) -> bool {
             self.0.unstarve()
+        }
+        /// Take a window of the pool for an exposure (registering for a
+        /// wake-up if there is none), as an mw exposure does.
+        pub fn take_window(&mut self) -> Option<mwcap_mw::Window> {
+            self.0.take_window()
+        }
+        /// Give a window back unbound (its invalidation completed).
+        pub fn give_window(&mut self, w: mwcap_mw::Window) {
+            self.0.give_window(w)
         }
     }
 }

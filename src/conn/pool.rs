@@ -239,6 +239,34 @@ impl Slots {
         }
     }
 
+    /// Take an unbound window of the pool for an exposure. `None`: the
+    /// pool has none (the connection is woken, as for a buffer, when one
+    /// comes back), or the slots are not backed by a pool.
+    pub(crate) fn take_window(&mut self) -> Option<mwcap_mw::Window> {
+        let b = self.backed.as_mut()?;
+        let gives = b.pool.gives();
+        let w = b.pool.take_window(b.waker.as_ref());
+        if w.is_none() {
+            b.starve(gives);
+        }
+        w
+    }
+
+    /// Give the pool back a window lent for an exposure, unbound (its
+    /// LOCAL_INV completed successfully).
+    pub(crate) fn give_window(&self, w: mwcap_mw::Window) {
+        if let Some(b) = &self.backed {
+            b.pool.give_window(w);
+        }
+    }
+
+    /// Tell the pool that `n` of its windows were deallocated.
+    pub(crate) fn windows_dropped(&self, n: u32) {
+        if let Some(b) = &self.backed {
+            b.pool.windows_dropped(n);
+        }
+    }
+
     /// Whether a take found the pool empty and a buffer has come back to it
     /// since (the caller then tries again).
     pub(crate) fn unstarve(&mut self) -> bool {

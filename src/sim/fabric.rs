@@ -279,6 +279,21 @@ impl Fabric {
         self.lock().window_state(dev.0, mw.0)
     }
 
+    /// The virtual address of region `mr` of device `dev` (where remote
+    /// addresses into it start), if it is registered.
+    pub fn region_addr(&self, dev: DeviceId, mr: MrId) -> Option<u64> {
+        let w = self.lock();
+        w.devs.get(dev.0 as usize)?.mr(mr.0).map(|m| m.addr)
+    }
+
+    /// The memory windows allocated on device `dev` and not deallocated,
+    /// with their states.
+    pub fn windows(&self, dev: DeviceId) -> Vec<(MwId, WindowState)> {
+        let w = self.lock();
+        let Some(d) = w.devs.get(dev.0 as usize) else { return Vec::new() };
+        (0..d.mws.len() as u32).filter_map(|i| w.window_state(dev.0, i).map(|s| (MwId(i), s))).collect()
+    }
+
     /// The recorded trace ([`FabricConfig::record_trace`]).
     pub fn trace(&self) -> Vec<TraceEntry> {
         self.lock().trace.clone()

@@ -135,11 +135,15 @@ pub struct VerbsNic {
     port: PortInfo,
     attrs: DeviceAttrs,
     info: DeviceInfo,
-    // Teardown order: windows (unbinding them), this handle's queue pairs
-    // (`Drop`), then the fields in declaration order: the PD's shared
-    // receive queues (with the last handle on the PD), the shared tables
-    // (with the last sibling: completion queues), then the regions.
-    mws: Slots<Mw>,
+    // Teardown order: windows (unbinding them; with the last handle on the
+    // PD), this handle's queue pairs (`Drop`), then the fields in
+    // declaration order: the PD's shared receive queues (with the last
+    // handle on the PD), the shared tables (with the last sibling:
+    // completion queues), then the regions.
+    /// The PD's memory windows, shared with the [`Nic::same_pd`] handles (a
+    /// hub's shared pool allocates them through one handle, its connections
+    /// bind and deallocate them through theirs); freed with the last.
+    mws: Arc<Slots<Mw>>,
     /// The PD's shared receive queues, shared with the [`Nic::same_pd`]
     /// handles. The `Arc<Srq>`s' other holders are the queue pairs using
     /// them ([`Qp::srq`]), so a queue outlives its QPs whatever the order
@@ -166,7 +170,7 @@ struct Shared {
 
 impl Drop for VerbsNic {
     fn drop(&mut self) {
-        drop(std::mem::replace(&mut self.mws, Slots::new()));
+        drop(std::mem::replace(&mut self.mws, Arc::new(Slots::new())));
         for id in std::mem::take(&mut *self.own_qps.lock()) {
             let _ = self.shared.qps.remove(id, QpSlot::close);
         }
@@ -205,7 +209,7 @@ impl VerbsNic {
             port,
             attrs,
             info,
-            mws: Slots::new(),
+            mws: Arc::new(Slots::new()),
             srqs: Arc::new(Slots::new()),
             shared: Arc::new(Shared { qps: Slots::new(), cqs: Slots::new() }),
             mrs: Arc::new(Slots::new()),
@@ -223,7 +227,7 @@ impl VerbsNic {
             port: self.port,
             attrs: self.attrs,
             info: self.info.clone(),
-            mws: Slots::new(),
+            mws: Arc::new(Slots::new()),
             srqs: Arc::new(Slots::new()),
             shared: self.shared.clone(),
             mrs: Arc::new(Slots::new()),
@@ -232,9 +236,9 @@ impl VerbsNic {
     }
 
     /// Another handle on this handle's protection domain ([`Nic::same_pd`]):
-    /// its windows and queue pairs are its own (reachable by id only through
-    /// it, destroyed when it drops); the PD's regions (freed with the last
-    /// handle on the PD that has not deregistered them), shared receive
+    /// its queue pairs are its own (reachable by id only through it,
+    /// destroyed when it drops); the PD's regions and windows (freed with the
+    /// last handle on the PD that has not freed them), shared receive
     /// queues and the context's completion queues are common.
     pub fn same_pd(&self) -> VerbsNic {
         VerbsNic {
@@ -244,7 +248,7 @@ impl VerbsNic {
             port: self.port,
             attrs: self.attrs,
             info: self.info.clone(),
-            mws: Slots::new(),
+            mws: self.mws.clone(),
             srqs: self.srqs.clone(),
             shared: self.shared.clone(),
             mrs: self.mrs.clone(),

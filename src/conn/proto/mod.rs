@@ -258,6 +258,10 @@ struct MwOwner {
     leases: IdMap<mw::LeaseId, u32>,
     /// Work request ids of in-flight grant SENDs → send slot.
     grant_sends: IdMap<u64, u32>,
+    /// On a hub's shared pool (the engine lends its windows): lease → the
+    /// pool's window lent to it, until the window goes back unbound or is
+    /// deallocated with the QP ([`Connection::release_lent_windows`]).
+    lent: Option<IdMap<mw::LeaseId, u32>>,
 }
 
 /// The reader side of the peer's direction under mw.
@@ -364,18 +368,30 @@ impl Connection {
         let slots = layout.slots() as usize;
         let exposable = slots + cfg.region_exposures as usize;
         assert_eq!(res.windows.len(), res.window_rkeys.len(), "one rkey per window");
+        let pooled = matches!(res.data, DataMemory::Pool(_));
         let owner = (owns == Policy::Mw).then(|| {
-            assert_eq!(res.windows.len(), exposable, "one window per buffer and region exposure under mw");
-            let ws: Vec<mw::Window> = res
-                .windows
-                .iter()
-                .zip(&res.window_rkeys)
-                .map(|(w, &rkey)| mw::Window { handle: w.raw(), rkey })
-                .collect();
+            let engine = if pooled {
+                assert!(res.windows.is_empty(), "on a shared pool the windows are the pool's");
+                mw::Owner::lending(cfg.seed, exposable)
+            } else {
+                assert_eq!(
+                    res.windows.len(),
+                    exposable,
+                    "one window per buffer and region exposure under mw"
+                );
+                let ws: Vec<mw::Window> = res
+                    .windows
+                    .iter()
+                    .zip(&res.window_rkeys)
+                    .map(|(w, &rkey)| mw::Window { handle: w.raw(), rkey })
+                    .collect();
+                mw::Owner::new(cfg.seed, ws)
+            };
             MwOwner {
-                engine: mw::Owner::new(cfg.seed, ws),
+                engine,
                 leases: id_map(exposable),
                 grant_sends: id_map(exposable),
+                lent: pooled.then(|| id_map(exposable)),
             }
         });
         let reader = (reads == Policy::Mw).then(|| {
@@ -642,6 +658,21 @@ impl Connection {
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
         self.bufs.wake_on_pool(w);
+    }
+
+    /// Deallocate (with `dealloc`) the shared pool's windows lent to this
+    /// connection's exposures and not yet back: bound to its QP, or unbound
+    /// by an invalidation whose news has not been taken yet. Call it once
+    /// the QP is in ERR and before it is destroyed (rxe stalls destroying a
+    /// QP with windows bound to it). They never go back to the pool; it
+    /// allocates others. No-op without a shared pool.
+    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId)) {
+        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return };
+        let n = lent.len() as u32;
+        for (_, w) in lent.drain() {
+            dealloc(MwId::from_raw(w));
+        }
+        self.bufs.windows_dropped(n);
     }
 
     /// Give the shared pool's buffers back, whoever holds their slots. Call

@@ -406,7 +406,17 @@ impl Connection {
                     self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer));
                 }
                 mw::OwnerEvent::WindowRetired { window } => {
+                    // A window of the pool stays in `lent` until the endpoint
+                    // deallocates it, before destroying the QP.
                     tracing::debug!(window, "window retired with its QP");
+                }
+                mw::OwnerEvent::WindowUnbound { lease, window } => {
+                    // Unbound: back to the hub's pool, unless the endpoint
+                    // already deallocated it (the connection went down).
+                    let lent = self.owner.as_mut().and_then(|o| o.lent.as_mut());
+                    if lent.and_then(|l| l.remove(&lease)) == Some(window.handle) {
+                        self.bufs.give_window(window);
+                    }
                 }
             }
         }
