@@ -1076,7 +1076,9 @@ mod hub {
     /// Hubs with a shared buffer pool on rxe0, both sides: sixteen mw
     /// connections that could hold 4 standard and 1 large buffer each take
     /// them from pools of 12 and 2 (each buffer a region of its own, named
-    /// through every connection's handle on the PD), each making its calls
+    /// through every connection's handle on the PD), and their windows
+    /// from the pools' 14 (bound through each connection's QP, given back
+    /// after each invalidation), each making its calls
     /// one after another, all at once: the pools run empty, every byte is
     /// the call's own,
     /// and every buffer is back in its pool when the connections are gone.
@@ -1137,6 +1139,12 @@ mod hub {
             let b = side.stats().buffers.expect("a shared pool");
             println!("shared buffers on rxe0: {b:?}");
             assert!(b.taken >= 16 * 12 && b.empty > 0 && b.wakeups > 0, "{b:?}");
+            // The pool's 14 windows (one per buffer, allocated through the
+            // pool's handle) served every exposure of the 16 connections,
+            // each bound through its connection's QP and handle and given
+            // back only after its LOCAL_INV completed.
+            assert_eq!((b.windows, b.windows_allocated, b.windows_dropped), (14, 14, 0), "{b:?}");
+            assert!(b.windows_lent >= 16 * 12, "{b:?}");
         }
         for c in &clients {
             assert_eq!(c.stats().calls_failed, 0);
@@ -1157,6 +1165,10 @@ mod hub {
             assert_eq!(s.connections, 0, "{s:?}");
             let b = s.buffers.unwrap();
             assert_eq!((b.free, b.held_bytes), (14, 0), "every buffer is back: {b:?}");
+            // Every window is back, but those lent when their connection
+            // closed (deallocated before its QP was destroyed).
+            assert_eq!(b.windows_free, b.windows, "{b:?}");
+            assert_eq!(b.windows + b.windows_dropped as u32, 14, "{b:?}");
         }
     }
 
