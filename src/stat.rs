@@ -216,8 +216,22 @@ impl Registry {
                 out.pop();
                 let _ = writeln!(
                     out,
-                    " pool_buffers={} pool_free={} pool_bytes={} pool_held_bytes={} pool_taken={} pool_empty={} pool_wakeups={}",
-                    b.buffers, b.free, b.registered_bytes, b.held_bytes, b.taken, b.empty, b.wakeups
+                    " pool_buffers={} pool_free={} pool_bytes={} pool_held_bytes={} pool_taken={} pool_empty={} pool_wakeups={} \
+                     pool_windows={} pool_windows_free={} pool_windows_lent={} pool_windows_allocated={} \
+                     pool_windows_dropped={} pool_window_alloc_failures={}",
+                    b.buffers,
+                    b.free,
+                    b.registered_bytes,
+                    b.held_bytes,
+                    b.taken,
+                    b.empty,
+                    b.wakeups,
+                    b.windows,
+                    b.windows_free,
+                    b.windows_lent,
+                    b.windows_allocated,
+                    b.windows_dropped,
+                    b.window_alloc_failures
                 );
             }
             true

@@ -148,7 +148,8 @@ pub struct BenchOpts {
     pub srq: bool,
     /// With `--sim --hub --srq`: the hubs also share a buffer pool of the
     /// connection's classes (`Hub::with_shared_buffers`; mode
-    /// `async-hub-pool`): each buffer is taken from the pool while in use.
+    /// `async-hub-pool`): each buffer, and each exposure's window, is taken
+    /// from the pool while in use.
     #[arg(long, requires = "srq")]
     pub shared_buffers: bool,
     /// Settings of each connection beyond its pool.
@@ -253,10 +254,11 @@ pub struct ServeOpts {
     #[arg(long, default_value_t = 2)]
     pub large_buffers: u32,
     /// Serve the mw connections from one buffer pool shared by all of them,
-    /// of this many --buffer-size buffers (and --shared-large ones); each
-    /// connection then registers no buffers of its own, and --buffers and
-    /// --large-buffers say how many it may hold at once. 0: each connection
-    /// registers its own.
+    /// of this many --buffer-size buffers (and --shared-large ones), and a
+    /// memory window per buffer; each connection then registers no buffers
+    /// and allocates no windows of its own, and --buffers and
+    /// --large-buffers say how many buffers it may hold at once. 0: each
+    /// connection registers its own.
     #[arg(long, default_value_t = 0)]
     pub shared_buffers: u32,
     /// With --shared-buffers: --max-payload buffers in the shared pool.
