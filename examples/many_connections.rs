@@ -15,8 +15,9 @@
 //! `CTRL_SLOTS` when busy) and keep only their send slots. With
 //! `--shared-buffers` (which implies `--shared-receives`) both hubs are made
 //! with `Hub::with_shared_buffers` and a pool of `ACTIVE` + 64 buffers of
-//! 4 KiB: a connection registers no buffers of its own and takes its 2
-//! from the pool while it uses them. Each round, every active client makes a call with a
+//! 4 KiB (and a memory window per buffer): a connection registers no
+//! buffers and allocates no windows of its own, and takes its 2 buffers,
+//! and a window per exposure, from the pool while it uses them. Each round, every active client makes a call with a
 //! 100-byte payload (inline) and its server answers with a 3000-byte
 //! payload (a window bound, READ, released), all checked. Everything runs
 //! on one thread (`futures`' `LocalPool`), the simulator included.
@@ -81,6 +82,7 @@ fn main() {
     let fabric = Fabric::with_seed(1);
     let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
+    let server_device = sdev.device();
     let mut pool = LocalPool::new();
     let rss0 = rss_bytes();
     let t0 = Instant::now();
@@ -168,6 +170,10 @@ fn main() {
         "server hub: connections={} reserved_cq_entries={} of {}",
         stats.connections, stats.reserved_entries, stats.depth
     );
+    // Memory windows are device objects, not registered memory: with a
+    // shared pool the pool's are the device's only ones.
+    let windows = fabric.windows(server_device).len();
+    println!("server device: memory_windows={windows} ({:.2} per connection)", windows as f64 / n as f64);
 
     let t1 = Instant::now();
     let calls = pool.run_until(futures::future::join_all(clients[..active].iter().enumerate().map(
@@ -220,14 +226,17 @@ fn main() {
     if let Some(b) = s.buffers {
         println!(
             "server buffer pool: buffers={} free={} registered_bytes={} ({} per connection) taken={} empty={} \
-             wakeups={}",
+             wakeups={} windows={} windows_lent={} windows_allocated={}",
             b.buffers,
             b.free,
             b.registered_bytes,
             b.registered_bytes / n as u64,
             b.taken,
             b.empty,
-            b.wakeups
+            b.wakeups,
+            b.windows,
+            b.windows_lent,
+            b.windows_allocated
         );
     }
     let t2 = Instant::now();
