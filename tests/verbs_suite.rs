@@ -1144,7 +1144,8 @@ mod hub {
             // each bound through its connection's QP and handle and given
             // back only after its LOCAL_INV completed.
             assert_eq!((b.windows, b.windows_allocated, b.windows_dropped), (14, 14, 0), "{b:?}");
-            assert!(b.windows_lent >= 16 * 12, "{b:?}");
+            // (1 and 100 bytes ride inline: two exposures of four calls.)
+            assert!(b.windows_lent >= 16 * 6, "{b:?}");
         }
         for c in &clients {
             assert_eq!(c.stats().calls_failed, 0);
