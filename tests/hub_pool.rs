@@ -724,3 +724,94 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     assert_ne!(c.status, mwcap::backend::WcStatus::Success, "a stale key read through a lent window");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
+
+/// A known exposure of a hub whose connections share a protection domain
+/// (shared receives, shared pool), shown as it is: on rxe (and in the
+/// simulator, which models it so) a SEND_WITH_INV invalidates any window
+/// of the receiving QP's PD that carries the key, not only the receiving
+/// QP's. A hostile client of connection A that knows (or guesses: an
+/// 8-bit consumer key) the key of connection B's bound window invalidates
+/// it. A goes down for it; B's owner, unaware, posts its one LOCAL_INV
+/// when the lease ends, which fails and takes B down too; on rxe that
+/// LOCAL_INV is a kernel panic (`would_crash_rxe`). No byte is read or
+/// reused without evidence: B's buffer comes back on the flush.
+#[test]
+fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd() {
+    use mwcap::backend::{Nic, SendWr, Sge, SgeList};
+    use mwcap::sim::Via;
+    let fabric = Fabric::with_seed(44);
+    let attacker_nic = fabric.add_device(DeviceConfig::spec().named("attacker"));
+    let b_nic = fabric.add_device(DeviceConfig::spec().named("b"));
+    let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let classes = [BufClass { size: SMALL, count: 4 }];
+    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+    spawn(&pool, sdrv.run());
+    let p = Policies::both(Policy::Mw);
+    // Two clients driven by hand: B takes a reply window and holds it (it
+    // never READs); the attacker only sends.
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    for nic in [&attacker_nic, &b_nic] {
+        let mut server =
+            sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
+        let mut client = Endpoint::new(nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
+        client.connect(&server.local()).unwrap();
+        server.connect(&client.local()).unwrap();
+        let (s, sd) = sh.add(server);
+        spawn(&pool, serve_fixed(s.clone(), 0xbb, || {}));
+        servers.push((s, sd));
+        clients.push(client);
+    }
+    let b_qp = QpAddr { device: b_nic.device(), qpn: clients[1].local().qpn };
+    clients[1].call(fabric.now(), b"b", None).unwrap();
+    clients[1].drive(fabric.now());
+    assert!(run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, b_qp).is_empty()));
+    let x = fabric.exposure(sdev, b_qp).remove(0);
+    let Via::Window(window) = x.via else { panic!("{x:?}") };
+
+    // The attacker's SEND_WITH_INV of B's key, through its own connection.
+    let attacker = &clients[0];
+    let src = attacker.data_region();
+    let wr = SendWr::SendWithInv {
+        wr_id: 0xbad,
+        signaled: true,
+        sge: SgeList::one(Sge { mr: src.id, offset: 0, len: 16 }),
+        invalidate_rkey: x.rkey,
+    };
+    attacker.nic().post_send(attacker.local().id, &[wr]).unwrap();
+    let (a, _) = &servers[0];
+    let (b, _) = &servers[1];
+    assert!(run_until(&mut pool, Duration::from_secs(5), || a.is_down().is_some()), "A goes down");
+    assert!(
+        matches!(a.is_down(), Some(LossReason::PeerMisbehaved(_))),
+        "A's peer invalidated a key that is not A's: {:?}",
+        a.is_down()
+    );
+    assert!(fabric.exposure(sdev, b_qp).is_empty(), "B's client reaches nothing any more");
+    // B's lease ends: its LOCAL_INV of the window, already invalidated
+    // through A's QP, fails (on rxe, a kernel panic) and B goes down. B
+    // never learned of the peer invalidation.
+    assert!(run_until(&mut pool, Duration::from_secs(5), || b.is_down().is_some()), "B goes down");
+    assert!(
+        matches!(b.is_down(), Some(LossReason::Completion { opcode: mwcap::backend::WcOpcode::LocalInv, .. })),
+        "{:?}",
+        b.is_down()
+    );
+    assert_eq!(b.stats().lease_owner.unwrap().peer_invalidations, 0);
+    let crash = fabric.would_crash_rxe();
+    assert_eq!(crash.len(), 1, "{crash:?}");
+    assert!(crash[0].detail.contains("LOCAL_INV") || crash[0].detail.contains("invalid"), "{crash:?}");
+    let data_hazards: Vec<_> =
+        fabric.hazards().into_iter().filter(|h| h.kind != mwcap::sim::HazardKind::WouldCrashRxe).collect();
+    assert!(data_hazards.is_empty(), "{data_hazards:?}");
+    // B's window was deallocated before its QP was destroyed, not given back.
+    assert!(fabric.window(sdev, window).is_none());
+    drop(servers);
+    drop(clients);
+    assert!(run_until(&mut pool, Duration::from_secs(5), || sh.stats().connections == 0));
+    let st = sh.stats().buffers.unwrap();
+    assert_eq!((st.free, st.held_bytes), (4, 0), "{st:?}");
+    assert_eq!((st.windows, st.windows_free, st.windows_dropped), (3, 3, 1), "{st:?}");
+}
