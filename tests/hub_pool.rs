@@ -795,7 +795,10 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     // never learned of the peer invalidation.
     assert!(run_until(&mut pool, Duration::from_secs(5), || b.is_down().is_some()), "B goes down");
     assert!(
-        matches!(b.is_down(), Some(LossReason::Completion { opcode: mwcap::backend::WcOpcode::LocalInv, .. })),
+        matches!(
+            b.is_down(),
+            Some(LossReason::Completion { opcode: mwcap::backend::WcOpcode::LocalInv, .. })
+        ),
         "{:?}",
         b.is_down()
     );
