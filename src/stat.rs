@@ -218,7 +218,7 @@ impl Registry {
                     out,
                     " pool_buffers={} pool_free={} pool_bytes={} pool_held_bytes={} pool_taken={} pool_empty={} pool_wakeups={} \
                      pool_windows={} pool_windows_free={} pool_windows_lent={} pool_windows_allocated={} \
-                     pool_windows_dropped={} pool_window_alloc_failures={}",
+                     pool_windows_dropped={} pool_window_alloc_failures={} pool_window_waits={}",
                     b.buffers,
                     b.free,
                     b.registered_bytes,
@@ -231,7 +231,8 @@ impl Registry {
                     b.windows_lent,
                     b.windows_allocated,
                     b.windows_dropped,
-                    b.window_alloc_failures
+                    b.window_alloc_failures,
+                    b.window_waits
                 );
             }
             true

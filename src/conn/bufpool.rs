@@ -116,6 +116,7 @@ struct State {
     windows_allocated: u64,
     windows_dropped: u64,
     window_alloc_failures: u64,
+    window_waits: u64,
 }
 
 impl State {
@@ -160,9 +161,12 @@ pub struct BufferPoolStats {
     /// Windows deallocated because their connection went down while they
     /// were lent (bound, or their invalidation unconfirmed).
     pub windows_dropped: u64,
-    /// Allocations that failed (the device's `max_mw`): the exposure
-    /// waited for a window to come back.
+    /// Window allocations that failed (the device's `max_mw`, most
+    /// likely).
     pub window_alloc_failures: u64,
+    /// Times an exposure found no window and none could be allocated (it
+    /// waits, and is woken when one comes back).
+    pub window_waits: u64,
 }
 
 impl BufferPool {
@@ -275,6 +279,7 @@ impl BufferPool {
             windows_allocated: 0,
             windows_dropped: 0,
             window_alloc_failures: 0,
+            window_waits: 0,
         };
         let reserve = firsts.windows(2).map(|w| reserve_of(w[1] - w[0])).collect();
         BufferPool(Arc::new(Inner {
@@ -425,8 +430,17 @@ impl BufferPool {
                     st.windows_lent += 1;
                     return Some(w);
                 }
-                tracing::warn!(%e, live = st.windows_live, "no memory window for an exposure: waiting for one to come back");
-                st.empty += 1;
+                // The first, then every 1024th: a device at its max_mw
+                // fails every retry.
+                if st.window_waits % 1024 == 0 {
+                    tracing::warn!(
+                        %e,
+                        live = st.windows_live,
+                        waits = st.window_waits + 1,
+                        "no memory window for an exposure and none can be allocated: waiting for one to come back"
+                    );
+                }
+                st.window_waits += 1;
                 st.wait(waker);
                 None
             }
@@ -435,10 +449,15 @@ impl BufferPool {
 
     /// Give back a window lent for an exposure: its one LOCAL_INV completed
     /// successfully, so it is unbound (`window.rkey` is its last bind's).
-    pub(crate) fn give_window(&self, window: mw::Window) {
+    /// `used`: false for a window taken for a grant that was refused (never
+    /// bound), which is not counted as lent.
+    pub(crate) fn give_window(&self, window: mw::Window, used: bool) {
         self.put_back(|st| {
             debug_assert!(!st.windows.iter().any(|w| w.handle == window.handle), "window given back twice");
             st.windows.push(window);
+            if !used {
+                st.windows_lent -= 1;
+            }
         });
     }
 
@@ -507,6 +526,7 @@ impl BufferPool {
             windows_allocated: st.windows_allocated,
             windows_dropped: st.windows_dropped,
             window_alloc_failures: st.window_alloc_failures,
+            window_waits: st.window_waits,
         }
     }
 }

@@ -113,10 +113,14 @@ fn destroy_qp<N: Nic>(
 }
 
 /// Deallocate a window of the hub's pool that was lent to a connection
-/// going down (it never goes back to the pool).
-fn dealloc_lent<N: Nic>(nic: &N, w: MwId) {
-    if let Err(e) = nic.dealloc_mw(w) {
-        tracing::warn!(%e, window = w.raw(), "deallocating a shared window lent to a closed connection");
+/// going down (it never goes back to the pool); whether that worked.
+fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
+    match nic.dealloc_mw(w) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(%e, window = w.raw(), "deallocating a shared window lent to a closed connection failed: it stays out of the pool");
+            false
+        }
     }
 }
 

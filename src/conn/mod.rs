@@ -122,7 +122,7 @@ pub mod pool_model {
         }
         /// Give a window back unbound (its invalidation completed).
         pub fn give_window(&mut self, w: mwcap_mw::Window) {
-            self.0.give_window(w)
+            self.0.give_window(w, true)
         }
     }
 }

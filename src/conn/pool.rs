@@ -253,10 +253,11 @@ impl Slots {
     }
 
     /// Give the pool back a window lent for an exposure, unbound (its
-    /// LOCAL_INV completed successfully).
-    pub(crate) fn give_window(&self, w: mwcap_mw::Window) {
+    /// LOCAL_INV completed successfully), or never bound (`used` false: the
+    /// grant it was taken for was refused).
+    pub(crate) fn give_window(&self, w: mwcap_mw::Window, used: bool) {
         if let Some(b) = &self.backed {
-            b.pool.give_window(w);
+            b.pool.give_window(w, used);
         }
     }
 

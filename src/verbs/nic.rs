@@ -142,7 +142,10 @@ pub struct VerbsNic {
     // completion queues), then the regions.
     /// The PD's memory windows, shared with the [`Nic::same_pd`] handles (a
     /// hub's shared pool allocates them through one handle, its connections
-    /// bind and deallocate them through theirs); freed with the last.
+    /// bind and deallocate them through theirs); freed with the last. So a
+    /// handle that is not the PD's last frees no window before destroying
+    /// its queue pairs: the endpoint deallocates its windows (its own, or
+    /// the ones the pool lent it) before destroying its QP.
     mws: Arc<Slots<Mw>>,
     /// The PD's shared receive queues, shared with the [`Nic::same_pd`]
     /// handles. The `Arc<Srq>`s' other holders are the queue pairs using

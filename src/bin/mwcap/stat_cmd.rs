@@ -200,13 +200,14 @@ pub fn table(text: &str) -> Result<String, String> {
                 let line = devices.last_mut().expect("just pushed");
                 line.pop();
                 line.push_str(&format!(
-                    "; shared windows: {} of {} free, {} lent, {} allocated, {} dropped with their connection, {} allocations failed\n",
+                    "; shared windows: {} of {} free, {} lent, {} allocated, {} dropped with their connection, {} allocations failed, {} waits for a window\n",
                     g("pool_windows_free"),
                     g("pool_windows"),
                     g("pool_windows_lent"),
                     g("pool_windows_allocated"),
                     g("pool_windows_dropped"),
-                    g("pool_window_alloc_failures")
+                    g("pool_window_alloc_failures"),
+                    g("pool_window_waits")
                 ));
             }
             continue;
@@ -347,14 +348,14 @@ mod tests {
         let pooled = srq.replace(
             "srq_unclaimed=2\n",
             "srq_unclaimed=2 pool_buffers=36 pool_free=30 pool_bytes=6291456 pool_held_bytes=393216 pool_taken=900 pool_empty=4 pool_wakeups=3 \
-             pool_windows=35 pool_windows_free=33 pool_windows_lent=880 pool_windows_allocated=37 pool_windows_dropped=2 pool_window_alloc_failures=0\n",
+             pool_windows=35 pool_windows_free=33 pool_windows_lent=880 pool_windows_allocated=37 pool_windows_dropped=2 pool_window_alloc_failures=0 pool_window_waits=0\n",
         );
         let t = table(&pooled).unwrap();
         let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
         assert!(
             hub.ends_with(
                 "2 unclaimed; shared buffers: 30 of 36 free (6291456 bytes, 393216 held), 900 taken, 4 waits for an empty class, 3 wake-ups; \
-                 shared windows: 33 of 35 free, 880 lent, 37 allocated, 2 dropped with their connection, 0 allocations failed"
+                 shared windows: 33 of 35 free, 880 lent, 37 allocated, 2 dropped with their connection, 0 allocations failed, 0 waits for a window"
             ),
             "{hub}"
         );

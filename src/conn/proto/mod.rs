@@ -666,11 +666,14 @@ impl Connection {
     /// the QP is in ERR and before it is destroyed (rxe stalls destroying a
     /// QP with windows bound to it). They never go back to the pool; it
     /// allocates others. No-op without a shared pool.
-    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId)) {
+    ///
+    /// `dealloc` says whether the window was deallocated; one that was not
+    /// stays out of the pool for good (still counted among its windows).
+    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) {
         let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return };
-        let n = lent.len() as u32;
+        let mut n = 0;
         for (_, w) in lent.drain() {
-            dealloc(MwId::from_raw(w));
+            n += u32::from(dealloc(MwId::from_raw(w)));
         }
         self.bufs.windows_dropped(n);
     }

@@ -413,9 +413,15 @@ impl Connection {
                 mw::OwnerEvent::WindowUnbound { lease, window } => {
                     // Unbound: back to the hub's pool, unless the endpoint
                     // already deallocated it (the connection went down).
-                    let lent = self.owner.as_mut().and_then(|o| o.lent.as_mut());
-                    if lent.and_then(|l| l.remove(&lease)) == Some(window.handle) {
-                        self.bufs.give_window(window);
+                    if let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) {
+                        match lent.remove(&lease) {
+                            Some(w) if w == window.handle => self.bufs.give_window(window, true),
+                            Some(w) => {
+                                debug_assert!(false, "lease {lease:?} had window {w}, not {}", window.handle);
+                                lent.insert(lease, w);
+                            }
+                            None => {}
+                        }
                     }
                 }
             }

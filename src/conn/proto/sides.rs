@@ -70,7 +70,7 @@ impl Connection {
                             lease
                         }
                         Err(refused) => {
-                            self.bufs.give_window(refused.window);
+                            self.bufs.give_window(refused.window, false);
                             return Err(lease_error(refused.error));
                         }
                     }
