@@ -696,7 +696,7 @@ impl Connection {
     /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
     /// back since the last time. Called before the NIC can act again: at the
     /// end of every input.
-    fn flush_holds(&mut self) {
+    pub(super) fn flush_holds(&mut self) {
         self.bufs.take_changes(&mut self.hold_changes);
         if self.hold_changes.is_empty() {
             return;
