@@ -6,11 +6,11 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::backend::{Completion, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
-use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Driver, Hub, LossReason, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 mod hubs;
-use hubs::{pattern, serve, serve_clients, spawn};
+use hubs::{pattern, serve, serve_clients, server_on_hub, spawn};
 
 type Conn = (Connection<SimNic>, Driver<SimNic>);
 
@@ -35,22 +35,6 @@ fn pair(client_hub: &Hub<SimNic>, server_hub: &Hub<SimNic>, p: Policies) -> (Con
     c.connect(&se).unwrap();
     s.connect(&ce).unwrap();
     (client_hub.add(c), server_hub.add(s))
-}
-
-/// A server endpoint prepared on `hub` (a PD of its own) with `scfg`, and
-/// a client endpoint with a CQ of its own on a new PD of `client_nic`,
-/// connected to each other.
-fn server_on_hub(
-    hub: &Hub<SimNic>,
-    client_nic: &SimNic,
-    scfg: Config,
-) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
-    let p = scfg.policies;
-    let mut s = hub.prepare(hub.nic().new_pd().unwrap(), scfg).unwrap().finish(p).unwrap();
-    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    c.connect(&s.local()).unwrap();
-    s.connect(&c.local()).unwrap();
-    (s, c)
 }
 
 fn two_hubs(dev: DeviceConfig, depth: u32) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
@@ -226,8 +210,8 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
     spawn(&pool, sdrv.run());
     let p = Policies::both(Policy::Confirm); // the region key covers the whole region
-    let (victim_s, victim_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
-    let (attack_s, attack_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
+    let (victim_s, victim_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let (attack_s, attack_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     let secret = victim_s.data_region();
     victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
     let (victim, _vd) = sh.add(victim_s);
@@ -281,7 +265,7 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     let sn = fabric.add_device(DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() }.named("s"));
     let (hub, hub_driver) = Hub::new(sn, 1 << 14).unwrap();
     let p = Policies::both(Policy::Mw);
-    let (old, mut client) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
+    let (old, mut client) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     // A request lands in the old QP's receive slot; nothing polls the hub.
     client.call(fabric.now(), b"for the old QP only", None).unwrap();
     fabric.run_until_idle();
@@ -291,7 +275,7 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     // Dropping it destroys the QP with its RECV completion still queued.
     drop(old);
     // Its number serves the next connection, from another client.
-    let (new, _client2) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
+    let (new, _client2) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     assert_eq!(new.local().qpn, old_qpn, "the device reused the number");
     let (conn, _driver) = hub.add(new);
     let mut pool = LocalPool::new();
@@ -327,7 +311,7 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     let connect = |client_nic: &SimNic| {
         let mut scfg = cfg(Role::Server, p);
         scfg.keepalive = Some(ka);
-        let (s, c) = server_on_hub(&sh, client_nic, scfg);
+        let (s, c) = server_on_hub(&sh, client_nic, scfg, cfg(Role::Client, p));
         let (client, cdrv) = Connection::new(c);
         (client, cdrv, sh.add(s))
     };
@@ -386,7 +370,7 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..8 {
-        let (s, c) = server_on_hub(&sh, &cn, cfg(Role::Server, p));
+        let (s, c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
         let (client, cdrv) = Connection::new(c);
         spawn(&pool, cdrv.run());
         let (server, sdrv) = sh.add(s);
@@ -479,7 +463,7 @@ fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
     let (hub, driver) = Hub::new(sn.clone(), 1 << 12).unwrap();
-    let (s, _client) = server_on_hub(&hub, &cn, cfg(Role::Server, p));
+    let (s, _client) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     let server_qp = mwcap::sim::QpAddr { device: sn.device(), qpn: s.local().qpn };
     let cq = s.cq();
     let (server, d) = hub.add(s);

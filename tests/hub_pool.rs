@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::executor::LocalPool;
-use mwcap::backend::{MrId, NicError};
+use mwcap::backend::{MrId, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
     BufClass, Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig,
 };
-use mwcap::sim::{DeviceConfig, DeviceId, Fabric, QpAddr, SimNic};
+use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
 
 mod hubs;
-use hubs::{pattern, serve, serve_clients, spawn};
+use hubs::{pattern, serve, serve_clients, server_on_hub, spawn};
 
 type Conn = (Connection<SimNic>, Driver<SimNic>);
 
@@ -222,6 +222,76 @@ fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bo
     true
 }
 
+/// A hub on `sn` whose shared pool has `count` buffers of `SMALL` bytes
+/// (and a window each), its driver spawned on `pool`.
+fn small_pool_hub(pool: &LocalPool, sn: SimNic, count: u32) -> Hub<SimNic> {
+    let classes = [BufClass { size: SMALL, count }];
+    let (hub, driver) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
+    spawn(pool, driver.run());
+    hub
+}
+
+/// A hub on `cn` with nothing shared but its CQ, its driver spawned on
+/// `pool`.
+fn plain_hub(pool: &LocalPool, cn: SimNic) -> Hub<SimNic> {
+    let (hub, driver) = Hub::new(cn, 1 << 14).unwrap();
+    spawn(pool, driver.run());
+    hub
+}
+
+/// A server on `sh` and a client on `client_nic` driven by hand (with
+/// `small_cfg`): (the server's endpoint, the client, the client's QP).
+fn hand_driven_client(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Endpoint<SimNic>, Endpoint<SimNic>, QpAddr) {
+    let (s, c) = server_on_hub(sh, client_nic, small_cfg(Role::Server), small_cfg(Role::Client));
+    let qp = QpAddr { device: client_nic.device(), qpn: c.local().qpn };
+    (s, c, qp)
+}
+
+/// `client` (whose QP is `qp`) makes a call and says nothing more; once
+/// its server's reply window is bound, what the client can reach of
+/// device `dev`.
+fn call_and_wait_for_the_reply_window(
+    pool: &mut LocalPool,
+    fabric: &Fabric,
+    dev: DeviceId,
+    client: &mut Endpoint<SimNic>,
+    qp: QpAddr,
+) -> Vec<Exposure> {
+    client.call(fabric.now(), b"x", None).unwrap();
+    client.drive(fabric.now());
+    assert!(
+        run_until(pool, Duration::from_secs(5), || !fabric.exposure(dev, qp).is_empty()),
+        "the reply's window was bound"
+    );
+    fabric.exposure(dev, qp)
+}
+
+/// A READ of 64 bytes at `remote_addr` with `rkey`, through `ep`'s QP
+/// into its data region: the completion's status, and the bytes there
+/// afterwards.
+fn read_with_key(
+    fabric: &Fabric,
+    ep: &Endpoint<SimNic>,
+    remote_addr: u64,
+    rkey: u32,
+) -> (WcStatus, [u8; 64]) {
+    let dst = ep.data_region();
+    let wr = SendWr::Read {
+        wr_id: 0x57a1e,
+        local: SgeList::one(Sge { mr: dst.id, offset: 0, len: 64 }),
+        remote_addr,
+        rkey,
+        signaled: true,
+    };
+    ep.nic().post_send(ep.local().id, &[wr]).unwrap();
+    fabric.run_until_idle();
+    let got = ep.nic().poll_cq_vec(ep.cq(), 256).unwrap();
+    let c = got.iter().find(|c| c.wr_id == 0x57a1e).expect("the READ completes");
+    let mut seen = [0u8; 64];
+    ep.nic().read_mr(dst.id, 0, &mut seen).unwrap();
+    (c.status, seen)
+}
+
 /// A server hub whose pool has one buffer, and a client that gets a reply
 /// window over it and then says nothing: the buffer stays out of the pool
 /// (and another connection that wants one waits) until the window's lease
@@ -238,28 +308,13 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         let sn = fabric.add_device(dev.named("s"));
         let sdev = sn.device();
         let mut pool = LocalPool::new();
-        let classes = [BufClass { size: SMALL, count: 1 }];
-        let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-        let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
-        spawn(&pool, sdrv.run());
-        spawn(&pool, cdrv.run());
-        let p = Policies::both(Policy::Mw);
+        let sh = small_pool_hub(&pool, sn, 1);
+        let ch = plain_hub(&pool, cn);
         // The silent client: an endpoint nobody drives after its call.
-        let mut a_server =
-            sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
-        let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
-        silent.connect(&a_server.local()).unwrap();
-        a_server.connect(&silent.local()).unwrap();
-        let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+        let (a_server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
         let (a, _ad) = sh.add(a_server);
         spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
-        silent.call(fabric.now(), b"x", None).unwrap();
-        silent.drive(fabric.now());
-        assert!(
-            run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()),
-            "the reply's window was bound"
-        );
-        let exposed = fabric.exposure(sdev, silent_qp);
+        let exposed = call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
         assert_eq!(exposed.len(), 1, "{exposed:?}");
         let x = exposed[0].clone();
         // The payload's bytes; on rxe the whole region, which is the buffer.
@@ -292,22 +347,9 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         assert!(a.stats().bytes_exposed > 0);
         // The silent client's key, on the buffer that now holds the other
         // connection's bytes, reaches nothing.
-        let dst = silent.data_region();
-        let wr = mwcap::backend::SendWr::Read {
-            wr_id: 0x57a1e,
-            local: mwcap::backend::SgeList::one(mwcap::backend::Sge { mr: dst.id, offset: 0, len: 64 }),
-            remote_addr: sh.buffer_pool().unwrap().regions().iter().find(|m| m.id == x.mr).unwrap().addr,
-            rkey: x.rkey,
-            signaled: true,
-        };
-        use mwcap::backend::Nic;
-        silent.nic().post_send(silent.local().id, &[wr]).unwrap();
-        fabric.run_until_idle();
-        let got = silent.nic().poll_cq_vec(silent.cq(), 256).unwrap();
-        let c = got.iter().find(|c| c.wr_id == 0x57a1e).expect("the stale READ completes");
-        assert_ne!(c.status, mwcap::backend::WcStatus::Success, "a stale key read a reused buffer");
-        let mut seen = [0u8; 64];
-        silent.nic().read_mr(dst.id, 0, &mut seen).unwrap();
+        let addr = sh.buffer_pool().unwrap().regions().iter().find(|m| m.id == x.mr).unwrap().addr;
+        let (status, seen) = read_with_key(&fabric, &silent, addr, x.rkey);
+        assert_ne!(status, WcStatus::Success, "a stale key read a reused buffer");
         assert_ne!(seen, [0xbb; 64]);
         assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     }
@@ -347,21 +389,11 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     let sdev = sn.device();
     let mut pool = LocalPool::new();
     // Three buffers, one of them kept for incoming payloads.
-    let classes = [BufClass { size: SMALL, count: 3 }];
-    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    spawn(&pool, sdrv.run());
-    let p = Policies::both(Policy::Mw);
-    let mut server =
-        sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
-    let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
-    silent.connect(&server.local()).unwrap();
-    server.connect(&silent.local()).unwrap();
-    let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+    let sh = small_pool_hub(&pool, sn, 3);
+    let (server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
     let (a, ad) = sh.add(server);
     spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
-    silent.call(fabric.now(), b"x", None).unwrap();
-    silent.drive(fabric.now());
-    assert!(run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()));
+    call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
     // The user holds the second buffer; the third is the reserve, which a
     // user's alloc does not take.
     let held = a.try_alloc().expect("the pool's second buffer");
@@ -425,11 +457,8 @@ fn a_waiting_alloc_is_woken_by_a_give_whatever_runs_before_its_turn() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let classes = [BufClass { size: SMALL, count: 1 }];
-    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
-    spawn(&pool, sdrv.run());
-    spawn(&pool, cdrv.run());
+    let sh = small_pool_hub(&pool, sn, 1);
+    let ch = plain_hub(&pool, cn);
     let pairs: Vec<_> = (0..2).map(|_| pair_with(&ch, &sh, small_cfg).unwrap()).collect();
     let (c, d) = (pairs[0].1 .0.clone(), pairs[1].1 .0.clone());
     let held = d.try_alloc().expect("the pool's only buffer");
@@ -559,11 +588,8 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let classes = [BufClass { size: SMALL, count: 4 }];
-    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
-    spawn(&pool, sdrv.run());
-    spawn(&pool, cdrv.run());
+    let sh = small_pool_hub(&pool, sn, 4);
+    let ch = plain_hub(&pool, cn);
     let four = |role| {
         let mut c = small_cfg(role);
         c.buffers = 4;
@@ -616,22 +642,13 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     let sn = fabric.add_device(one_window);
     let sdev = sn.device();
     let mut pool = LocalPool::new();
-    let classes = [BufClass { size: SMALL, count: 1 }];
-    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    let (ch, cdrv) = Hub::new(cn, 1 << 14).unwrap();
-    spawn(&pool, sdrv.run());
-    spawn(&pool, cdrv.run());
+    let sh = small_pool_hub(&pool, sn, 1);
+    let ch = plain_hub(&pool, cn);
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.windows, st.windows_free), (1, 1), "a window per buffer: {st:?}");
 
     // A: replies with a range of its own region, to a silent client.
-    let p = Policies::both(Policy::Mw);
-    let mut a_server =
-        sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
-    let mut silent = Endpoint::new(silent_nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
-    silent.connect(&a_server.local()).unwrap();
-    a_server.connect(&silent.local()).unwrap();
-    let silent_qp = QpAddr { device: silent_nic.device(), qpn: silent.local().qpn };
+    let (a_server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
     let (a, _ad) = sh.add(a_server);
     let region = a.register_region(SMALL as usize).unwrap();
     a.region_write(region, 0, &[0xaa; 3000]).unwrap();
@@ -644,13 +661,7 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
             }
         }
     });
-    silent.call(fabric.now(), b"x", None).unwrap();
-    silent.drive(fabric.now());
-    assert!(
-        run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, silent_qp).is_empty()),
-        "the reply's window was bound"
-    );
-    let x = fabric.exposure(sdev, silent_qp).remove(0);
+    let x = call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp).remove(0);
     let Via::Window(window) = x.via else { panic!("exposed through a window: {x:?}") };
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.windows, st.windows_free, st.windows_lent), (1, 0, 1), "{st:?}");
@@ -708,20 +719,8 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
 
     // The silent client's key on the window (now bound and invalidated
     // again for B) reads nothing.
-    let dst = silent.data_region();
-    let wr = mwcap::backend::SendWr::Read {
-        wr_id: 0x57a1e,
-        local: mwcap::backend::SgeList::one(mwcap::backend::Sge { mr: dst.id, offset: 0, len: 64 }),
-        remote_addr: fabric.region_addr(sdev, x.mr).unwrap(),
-        rkey: x.rkey,
-        signaled: true,
-    };
-    use mwcap::backend::Nic;
-    silent.nic().post_send(silent.local().id, &[wr]).unwrap();
-    fabric.run_until_idle();
-    let got = silent.nic().poll_cq_vec(silent.cq(), 256).unwrap();
-    let c = got.iter().find(|c| c.wr_id == 0x57a1e).expect("the stale READ completes");
-    assert_ne!(c.status, mwcap::backend::WcStatus::Success, "a stale key read through a lent window");
+    let (status, _) = read_with_key(&fabric, &silent, fabric.region_addr(sdev, x.mr).unwrap(), x.rkey);
+    assert_ne!(status, WcStatus::Success, "a stale key read through a lent window");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
@@ -737,7 +736,6 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
 /// reused without evidence: B's buffer comes back on the flush.
 #[test]
 fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd() {
-    use mwcap::backend::{Nic, SendWr, Sge, SgeList};
     use mwcap::sim::Via;
     let fabric = Fabric::with_seed(44);
     let attacker_nic = fabric.add_device(DeviceConfig::spec().named("attacker"));
@@ -745,30 +743,22 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let sdev = sn.device();
     let mut pool = LocalPool::new();
-    let classes = [BufClass { size: SMALL, count: 4 }];
-    let (sh, sdrv) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    spawn(&pool, sdrv.run());
-    let p = Policies::both(Policy::Mw);
+    let sh = small_pool_hub(&pool, sn, 4);
     // Two clients driven by hand: B takes a reply window and holds it (it
     // never READs); the attacker only sends.
     let mut clients = Vec::new();
     let mut servers = Vec::new();
+    let mut qps = Vec::new();
     for nic in [&attacker_nic, &b_nic] {
-        let mut server =
-            sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap().finish(p).unwrap();
-        let mut client = Endpoint::new(nic.new_pd().unwrap(), small_cfg(Role::Client)).unwrap();
-        client.connect(&server.local()).unwrap();
-        server.connect(&client.local()).unwrap();
+        let (server, client, qp) = hand_driven_client(&sh, nic);
         let (s, sd) = sh.add(server);
         spawn(&pool, serve_fixed(s.clone(), 0xbb, || {}));
         servers.push((s, sd));
         clients.push(client);
+        qps.push(qp);
     }
-    let b_qp = QpAddr { device: b_nic.device(), qpn: clients[1].local().qpn };
-    clients[1].call(fabric.now(), b"b", None).unwrap();
-    clients[1].drive(fabric.now());
-    assert!(run_until(&mut pool, Duration::from_secs(5), || !fabric.exposure(sdev, b_qp).is_empty()));
-    let x = fabric.exposure(sdev, b_qp).remove(0);
+    let b_qp = qps[1];
+    let x = call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut clients[1], b_qp).remove(0);
     let Via::Window(window) = x.via else { panic!("{x:?}") };
 
     // The attacker's SEND_WITH_INV of B's key, through its own connection.

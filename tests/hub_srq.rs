@@ -56,13 +56,9 @@ fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
 
 /// A server endpoint (mw) prepared on `sh` and a client endpoint with a
 /// CQ of its own on a new PD of `client_nic`, connected to each other.
+/// [`hubs::server_on_hub`] with this file's settings.
 fn server_on_hub(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
-    let p = Policies::both(Policy::Mw);
-    let mut s = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
-    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-    c.connect(&s.local()).unwrap();
-    s.connect(&c.local()).unwrap();
-    (s, c)
+    hubs::server_on_hub(sh, client_nic, cfg(Role::Server), cfg(Role::Client))
 }
 
 fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: mwcap::sim::DeviceId) -> u64 {

@@ -1,12 +1,13 @@
-//! What the hub tests (`hub.rs`, `hub_srq.rs`) share: spawning on a
-//! `LocalPool`, the reversed-echo server, the payload pattern, and a
-//! listener serving a batch of clients.
+//! What the hub tests (`hub.rs`, `hub_srq.rs`, `hub_pool.rs`) share:
+//! spawning on a `LocalPool`, the reversed-echo server, the payload
+//! pattern, a server on a hub with a hand-driven client, and a listener
+//! serving a batch of clients.
 
 use std::net::SocketAddr;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{connect_async, Config, Connection, Listener, SetupOptions};
+use mwcap::conn::{connect_async, Config, Connection, Endpoint, Hub, Listener, SetupOptions};
 use mwcap::sim::SimNic;
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
@@ -46,6 +47,24 @@ pub async fn serve(server: Connection<SimNic>) {
             return;
         }
     }
+}
+
+/// A server endpoint prepared on `hub` with `scfg` (through
+/// `Hub::connection_nic`), and a client endpoint with `ccfg` and a CQ of
+/// its own on a new PD of `client_nic`, connected to each other. Hand the
+/// server to `hub.add`; drive the client by hand (or `Connection::new`).
+pub fn server_on_hub(
+    hub: &Hub<SimNic>,
+    client_nic: &SimNic,
+    scfg: Config,
+    ccfg: Config,
+) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
+    let p = scfg.policies;
+    let mut s = hub.prepare(hub.connection_nic().unwrap(), scfg).unwrap().finish(p).unwrap();
+    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
+    c.connect(&s.local()).unwrap();
+    s.connect(&c.local()).unwrap();
+    (s, c)
 }
 
 /// The bytes of payload `i`.
