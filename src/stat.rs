@@ -181,7 +181,7 @@ impl Registry {
         let mut out = render(&self.snapshot());
         self.hubs.lock().retain(|(name, source)| {
             let Some(h) = source() else { return false };
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "hub name={name} connections={} added={} reserved_entries={} depth={} completions={} orphans={} turns={} connection_turns={} sleeps={}",
                 h.connections,
@@ -196,8 +196,7 @@ impl Registry {
             );
             if let Some(q) = h.srq {
                 // The line goes on: the hub's shared receive queue.
-                out.pop();
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={} srq_unclaimed={}",
                     q.slots,
@@ -212,9 +211,8 @@ impl Registry {
                 );
             }
             if let Some(b) = h.buffers {
-                // The line goes on: the hub's shared buffer pool.
-                out.pop();
-                let _ = writeln!(
+                // The line goes on: the hub's shared pool.
+                let _ = write!(
                     out,
                     " pool_buffers={} pool_free={} pool_bytes={} pool_held_bytes={} pool_taken={} pool_empty={} pool_wakeups={} \
                      pool_windows={} pool_windows_free={} pool_windows_lent={} pool_windows_allocated={} \
@@ -235,6 +233,7 @@ impl Registry {
                     b.window_waits
                 );
             }
+            out.push('\n');
             true
         });
         for (name, port) in self.devices.lock().iter() {

@@ -3,6 +3,7 @@
 //! read from its local stat socket.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -154,8 +155,8 @@ pub fn table(text: &str) -> Result<String, String> {
         if let Some(rest) = line.strip_prefix("hub ") {
             let f = fields(rest);
             let g = |k: &str| f.get(k).copied().unwrap_or("?");
-            devices.push(format!(
-                "hub {}: {} connection(s), {} of {} queue entries reserved, {} completions ({} orphans), {} turns, {} connection turns, {} sleeps\n",
+            let mut hub = format!(
+                "hub {}: {} connection(s), {} of {} queue entries reserved, {} completions ({} orphans), {} turns, {} connection turns, {} sleeps",
                 g("name"),
                 g("connections"),
                 g("reserved_entries"),
@@ -165,12 +166,11 @@ pub fn table(text: &str) -> Result<String, String> {
                 g("turns"),
                 g("connection_turns"),
                 g("sleeps")
-            ));
+            );
             if f.contains_key("srq_slots") {
-                let line = devices.last_mut().expect("just pushed");
-                line.pop();
-                line.push_str(&format!(
-                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} limit events, {} refused, {} unclaimed\n",
+                let _ = write!(
+                    hub,
+                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} limit events, {} refused, {} unclaimed",
                     g("srq_shares"),
                     g("srq_slots"),
                     g("srq_bytes"),
@@ -180,13 +180,12 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("srq_limit_events"),
                     g("srq_refused"),
                     g("srq_unclaimed")
-                ));
+                );
             }
             if f.contains_key("pool_buffers") {
-                let line = devices.last_mut().expect("just pushed");
-                line.pop();
-                line.push_str(&format!(
-                    "; shared buffers: {} of {} free ({} bytes, {} held), {} taken, {} waits for an empty class, {} wake-ups\n",
+                let _ = write!(
+                    hub,
+                    "; shared buffers: {} of {} free ({} bytes, {} held), {} taken, {} waits for an empty class, {} wake-ups",
                     g("pool_free"),
                     g("pool_buffers"),
                     g("pool_bytes"),
@@ -194,13 +193,12 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("pool_taken"),
                     g("pool_empty"),
                     g("pool_wakeups")
-                ));
+                );
             }
             if f.contains_key("pool_windows") {
-                let line = devices.last_mut().expect("just pushed");
-                line.pop();
-                line.push_str(&format!(
-                    "; shared windows: {} of {} free, {} lent, {} allocated, {} dropped with their connection, {} allocations failed, {} waits for a window\n",
+                let _ = write!(
+                    hub,
+                    "; shared windows: {} of {} free, {} lent, {} allocated, {} dropped with their connection, {} allocations failed, {} waits for a window",
                     g("pool_windows_free"),
                     g("pool_windows"),
                     g("pool_windows_lent"),
@@ -208,8 +206,10 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("pool_windows_dropped"),
                     g("pool_window_alloc_failures"),
                     g("pool_window_waits")
-                ));
+                );
             }
+            hub.push('\n');
+            devices.push(hub);
             continue;
         }
         let f = fields(line);
