@@ -90,10 +90,32 @@ struct Inner {
     state: Mutex<State>,
     /// Buffers given back so far (a waiter compares it with what it saw).
     gives: AtomicU64,
-    dereg: Box<dyn Fn(MrId) + Send + Sync>,
-    /// Allocate and deallocate a window on the pool's protection domain.
-    alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync>,
-    dealloc_mw: Box<dyn Fn(MwId) + Send + Sync>,
+    /// The handle the pool registered through and allocates windows on.
+    device: Box<dyn PoolDevice>,
+}
+
+/// What the pool does on its NIC handle once it is made: deregister its
+/// buffers, allocate and deallocate windows on the protection domain.
+trait PoolDevice: Send + Sync {
+    fn dereg(&self, mr: MrId);
+    fn alloc_mw(&self) -> Result<MwInfo, NicError>;
+    fn dealloc_mw(&self, mw: MwId);
+}
+
+/// A [`Nic`] handle as the pool's device.
+#[cfg_attr(loom, allow(dead_code))] // the hub's, absent under loom
+struct OnNic<N>(N);
+
+impl<N: Nic> PoolDevice for OnNic<N> {
+    fn dereg(&self, mr: MrId) {
+        let _ = self.0.dereg_mr(mr);
+    }
+    fn alloc_mw(&self) -> Result<MwInfo, NicError> {
+        self.0.alloc_mw()
+    }
+    fn dealloc_mw(&self, mw: MwId) {
+        let _ = self.0.dealloc_mw(mw);
+    }
 }
 
 struct State {
@@ -195,18 +217,7 @@ impl BufferPool {
                 c.count, c.size
             )));
         }
-        let nic = std::sync::Arc::new(nic);
-        let owner = std::sync::Arc::clone(&nic);
-        let dereg: Box<dyn Fn(MrId) + Send + Sync> = Box::new(move |id| {
-            let _ = owner.dereg_mr(id);
-        });
-        let owner = std::sync::Arc::clone(&nic);
-        let alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync> =
-            Box::new(move || owner.alloc_mw());
-        let owner = std::sync::Arc::clone(&nic);
-        let dealloc_mw: Box<dyn Fn(MwId) + Send + Sync> = Box::new(move |id| {
-            let _ = owner.dealloc_mw(id);
-        });
+        let device = OnNic(nic);
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
         let mut mrs = Vec::with_capacity(total);
         let mut free = Vec::with_capacity(wanted.len());
@@ -215,11 +226,11 @@ impl BufferPool {
             let first = mrs.len() as u32;
             firsts.push(first);
             for _ in 0..c.count {
-                match nic.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND) {
+                match device.0.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND) {
                     Ok(mr) => mrs.push(mr),
                     Err(e) => {
                         for mr in &mrs {
-                            dereg(mr.id);
+                            device.dereg(mr.id);
                         }
                         return Err(e);
                     }
@@ -232,28 +243,21 @@ impl BufferPool {
         // an allocation on the data path.
         let mut windows = Vec::with_capacity(total);
         for _ in 0..total {
-            match alloc_mw() {
+            match device.alloc_mw() {
                 Ok(w) => windows.push(mw::Window { handle: w.id.raw(), rkey: w.rkey }),
                 Err(e) => {
                     for w in &windows {
-                        dealloc_mw(MwId::from_raw(w.handle));
+                        device.dealloc_mw(MwId::from_raw(w.handle));
                     }
                     for mr in &mrs {
-                        dereg(mr.id);
+                        device.dereg(mr.id);
                     }
                     return Err(e);
                 }
             }
         }
         let sizes = wanted.iter().map(|c| c.size).collect();
-        let pool = BufferPool::from_regions(sizes, mrs, firsts, free, dereg, alloc_mw, dealloc_mw);
-        {
-            let mut st = pool.0.state.lock();
-            st.windows_live = windows.len() as u32;
-            st.windows_allocated = windows.len() as u64;
-            st.windows = windows;
-        }
-        Ok(pool)
+        Ok(BufferPool::from_regions(sizes, mrs, firsts, free, windows, Box::new(device)))
     }
 
     fn from_regions(
@@ -261,9 +265,8 @@ impl BufferPool {
         mrs: Vec<MrInfo>,
         firsts: Vec<u32>,
         free: Vec<Vec<u32>>,
-        dereg: Box<dyn Fn(MrId) + Send + Sync>,
-        alloc_mw: Box<dyn Fn() -> Result<MwInfo, NicError> + Send + Sync>,
-        dealloc_mw: Box<dyn Fn(MwId) + Send + Sync>,
+        windows: Vec<mw::Window>,
+        device: Box<dyn PoolDevice>,
     ) -> BufferPool {
         let state = State {
             free,
@@ -273,10 +276,10 @@ impl BufferPool {
             empty: 0,
             wakeups: 0,
             held_bytes: 0,
-            windows: Vec::new(),
-            windows_live: 0,
+            windows_live: windows.len() as u32,
             windows_lent: 0,
-            windows_allocated: 0,
+            windows_allocated: windows.len() as u64,
+            windows,
             windows_dropped: 0,
             window_alloc_failures: 0,
             window_waits: 0,
@@ -289,9 +292,7 @@ impl BufferPool {
             reserve,
             state: Mutex::new(state),
             gives: AtomicU64::new(0),
-            dereg,
-            alloc_mw,
-            dealloc_mw,
+            device,
         }))
     }
 
@@ -316,22 +317,24 @@ impl BufferPool {
             free.push((first..first + c.count).rev().collect());
         }
         firsts.push(mrs.len() as u32);
-        let pool = BufferPool::from_regions(
+        /// No NIC, and no room for more windows.
+        struct NoDevice;
+        impl PoolDevice for NoDevice {
+            fn dereg(&self, _: MrId) {}
+            fn alloc_mw(&self) -> Result<MwInfo, NicError> {
+                Err(NicError::InvalidWr("no more windows in the loom models".into()))
+            }
+            fn dealloc_mw(&self, _: MwId) {}
+        }
+        let windows = (0..windows).map(|i| mw::Window { handle: i, rkey: (i + 1) << 8 }).collect();
+        BufferPool::from_regions(
             classes.iter().map(|c| c.size).collect(),
             mrs,
             firsts,
             free,
-            Box::new(|_| {}),
-            // The device has no room for more.
-            Box::new(|| Err(NicError::InvalidWr("no more windows in the loom models".into()))),
-            Box::new(|_| {}),
-        );
-        {
-            let mut st = pool.0.state.lock();
-            st.windows = (0..windows).map(|i| mw::Window { handle: i, rkey: (i + 1) << 8 }).collect();
-            st.windows_live = windows;
-        }
-        pool
+            windows,
+            Box::new(NoDevice),
+        )
     }
 
     /// The class sizes, ascending.
@@ -414,7 +417,7 @@ impl BufferPool {
             }
         }
         // Short: one more (outside the lock: a device call).
-        let made = (self.0.alloc_mw)();
+        let made = self.0.device.alloc_mw();
         let mut st = self.0.state.lock();
         match made {
             Ok(w) => {
@@ -543,10 +546,10 @@ impl Drop for Inner {
         // pool until its lent ones are back or deallocated): all unbound.
         let windows = std::mem::take(&mut self.state.lock().windows);
         for w in windows {
-            (self.dealloc_mw)(MwId::from_raw(w.handle));
+            self.device.dealloc_mw(MwId::from_raw(w.handle));
         }
         for mr in &self.mrs {
-            (self.dereg)(mr.id);
+            self.device.dereg(mr.id);
         }
     }
 }
