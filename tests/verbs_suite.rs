@@ -832,8 +832,19 @@ mod hub {
     use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use mwcap::backend::{Nic, SendWr, Sge, SgeList, WcStatus};
-    use mwcap::conn::{BufClass, Config, Connection, Hub, Policies, Policy, Role};
+    use mwcap::conn::{BufClass, Config, Connection, Hub, HubDriver, Policies, Policy, Role};
     use mwcap::verbs::VerbsNic;
+
+    /// Run each hub's driver as a task of `pool`.
+    fn spawn_drivers(pool: &LocalPool, drivers: impl IntoIterator<Item = HubDriver<VerbsNic>>) {
+        for d in drivers {
+            pool.spawner()
+                .spawn_local(async move {
+                    d.run().await;
+                })
+                .unwrap();
+        }
+    }
 
     fn cfg(role: Role, p: Policies) -> Config {
         let mut c = Config::new(role, p);
@@ -871,16 +882,7 @@ mod hub {
         let mut pool = LocalPool::new();
         let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
         let (sh, sdrv) = Hub::new(super::open(), 4096).expect("server hub");
-        pool.spawner()
-            .spawn_local(async move {
-                cdrv.run().await;
-            })
-            .unwrap();
-        pool.spawner()
-            .spawn_local(async move {
-                sdrv.run().await;
-            })
-            .unwrap();
+        spawn_drivers(&pool, [cdrv, sdrv]);
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         let mut regions = Vec::new();
@@ -994,16 +996,7 @@ mod hub {
         let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
         let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
-        pool.spawner()
-            .spawn_local(async move {
-                cdrv.run().await;
-            })
-            .unwrap();
-        pool.spawner()
-            .spawn_local(async move {
-                sdrv.run().await;
-            })
-            .unwrap();
+        spawn_drivers(&pool, [cdrv, sdrv]);
         let p = Policies::both(Policy::Mw);
         let cfg16 = |role| {
             let mut c = cfg(role, p);
@@ -1092,16 +1085,7 @@ mod hub {
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
         let (ch, cdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("client hub");
         let (sh, sdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("server hub");
-        pool.spawner()
-            .spawn_local(async move {
-                cdrv.run().await;
-            })
-            .unwrap();
-        pool.spawner()
-            .spawn_local(async move {
-                sdrv.run().await;
-            })
-            .unwrap();
+        spawn_drivers(&pool, [cdrv, sdrv]);
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         for _ in 0..16 {
@@ -1185,11 +1169,7 @@ mod hub {
         let mut pool = LocalPool::new();
         let srq = SrqConfig { chunk: 64, max_slots: 128 };
         let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
-        pool.spawner()
-            .spawn_local(async move {
-                sdrv.run().await;
-            })
-            .unwrap();
+        spawn_drivers(&pool, [sdrv]);
         let p = Policies::both(Policy::Mw);
         let client_nic = super::open();
         let on_hub = || {
