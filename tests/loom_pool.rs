@@ -25,29 +25,46 @@ fn waker() -> (std::sync::Arc<Woken>, std::task::Waker) {
     (w.clone(), futures::task::waker(w))
 }
 
-/// One buffer; connection A holds it and gives it back while connection B
-/// tries to take one (`alloc`).
-#[test]
-fn a_take_that_finds_the_pool_empty_is_woken_by_the_next_give() {
-    loom::model(|| {
+/// Connection A holds the pool's only `T` (taken with `take`) and gives it
+/// back (`give`) on another thread while connection B takes one: either B
+/// gets it, or B was woken, its turn sees that one came back (`unstarve`)
+/// and its retry gets it. `same` says whether what B got is A's very one
+/// (a window is; a buffer is named by each connection's own slot).
+fn a_take_racing_a_give_gets_it_or_is_woken<T: Copy + std::fmt::Debug + Send + 'static>(
+    take: fn(&mut BackedSlots) -> Option<T>,
+    give: fn(&mut BackedSlots, T),
+    same: fn(T, T) -> bool,
+) {
+    loom::model(move || {
         let p = pool(64, 1);
         let mut a = BackedSlots::new(&p, 64, 1);
         let mut b = BackedSlots::new(&p, 64, 1);
         let (woken, w) = waker();
         b.wake_on_pool(&w);
-        let held = a.take().expect("the pool's only buffer");
+        let held = take(&mut a).expect("the pool's only one");
         let giver = thread::spawn(move || {
-            assert!(a.give_back(held));
+            give(&mut a, held);
             a
         });
-        let got = b.take();
+        let got = take(&mut b);
         let _a = giver.join().unwrap();
-        if got.is_none() {
-            assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B found the pool empty and was never woken");
-            assert!(b.unstarve(), "B's turn would not try again");
-            assert!(b.take().is_some(), "the buffer is there for B's retry");
-        }
+        let got = match got {
+            Some(got) => got,
+            None => {
+                assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B found the pool empty and was never woken");
+                assert!(b.unstarve(), "B's turn would not try again");
+                take(&mut b).expect("it is there for B's retry")
+            }
+        };
+        assert!(same(got, held), "B got {got:?}, not {held:?}");
     });
+}
+
+/// One buffer; connection A holds it and gives it back while connection B
+/// tries to take one (`alloc`).
+#[test]
+fn a_take_that_finds_the_pool_empty_is_woken_by_the_next_give() {
+    a_take_racing_a_give_gets_it_or_is_woken(|s| s.take(), |s, i| assert!(s.give_back(i)), |_, _| true);
 }
 
 /// The same through `can_take` (a READ waiting for a destination asks
@@ -86,29 +103,8 @@ fn every_waiter_is_woken_when_a_buffer_comes_back() {
 
 /// One window (the device has room for no more); connection A has it lent
 /// and gives it back, unbound, while connection B's exposure asks for one:
-/// B gets it, or is woken and its retry gets it.
+/// B gets that window, or is woken and its retry gets it.
 #[test]
 fn an_exposure_that_finds_no_window_is_woken_when_one_comes_back() {
-    loom::model(|| {
-        let p = pool(64, 1);
-        let mut a = BackedSlots::new(&p, 64, 1);
-        let mut b = BackedSlots::new(&p, 64, 1);
-        let (woken, w) = waker();
-        b.wake_on_pool(&w);
-        let lent = a.take_window().expect("the pool's only window");
-        let giver = thread::spawn(move || {
-            a.give_window(lent);
-            a
-        });
-        let got = b.take_window();
-        let _a = giver.join().unwrap();
-        match got {
-            Some(w) => assert_eq!(w, lent),
-            None => {
-                assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B found no window and was never woken");
-                assert!(b.unstarve(), "B's turn would not try again");
-                assert_eq!(b.take_window(), Some(lent), "the window is there for B's retry");
-            }
-        }
-    });
+    a_take_racing_a_give_gets_it_or_is_woken(|s| s.take_window(), |s, w| s.give_window(w), |a, b| a == b);
 }
