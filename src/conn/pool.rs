@@ -156,10 +156,20 @@ struct Backed {
 const NONE: u32 = u32::MAX;
 
 impl Backed {
-    /// A take found the pool short when it had had `gives` buffers given
-    /// back: [`Slots::unstarve`] says when one came back since.
-    fn starve(&mut self, gives: u64) {
-        self.starved = Some(self.starved.map_or(gives, |s| s.min(gives)));
+    /// Try to get something of the pool with `attempt` (given the slots'
+    /// waker, for the pool to wake when something comes back). If it finds
+    /// nothing, the slots remember how many gives the pool had seen before
+    /// the attempt: [`Slots::unstarve`] says when one came back since.
+    fn attempt<T>(
+        &mut self,
+        attempt: impl FnOnce(&BufferPool, Option<&std::task::Waker>) -> Option<T>,
+    ) -> Option<T> {
+        let gives = self.pool.gives();
+        let got = attempt(&self.pool, self.waker.as_ref());
+        if got.is_none() {
+            self.starved = Some(self.starved.map_or(gives, |s| s.min(gives)));
+        }
+        got
     }
 }
 
@@ -243,13 +253,7 @@ impl Slots {
     /// pool has none (the connection is woken, as for a buffer, when one
     /// comes back), or the slots are not backed by a pool.
     pub(crate) fn take_window(&mut self) -> Option<mwcap_mw::Window> {
-        let b = self.backed.as_mut()?;
-        let gives = b.pool.gives();
-        let w = b.pool.take_window(b.waker.as_ref());
-        if w.is_none() {
-            b.starve(gives);
-        }
-        w
+        self.backed.as_mut()?.attempt(|pool, waker| pool.take_window(waker))
     }
 
     /// Give the pool back a window lent for an exposure, unbound (its
@@ -347,11 +351,8 @@ impl Slots {
     fn take_backed(&mut self, k: usize, to: Holder, outgoing: bool) -> Option<u32> {
         let i = *self.free.get(k)?.last()?;
         if let Some(b) = &mut self.backed {
-            let gives = b.pool.gives();
-            let Some(of) = b.pool.take(b.class[k], outgoing, b.waker.as_ref()) else {
-                b.starve(gives);
-                return None;
-            };
+            let class = b.class[k];
+            let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
             b.of[i as usize] = of;
             b.by_mr.insert(b.pool.info(of).id.raw(), i);
         }
@@ -369,12 +370,8 @@ impl Slots {
             return false;
         }
         let Some(b) = &mut self.backed else { return true };
-        let gives = b.pool.gives();
-        if b.pool.has_free(b.class[k], b.waker.as_ref()) {
-            return true;
-        }
-        b.starve(gives);
-        false
+        let class = b.class[k];
+        b.attempt(|pool, waker| pool.has_free(class, waker).then_some(())).is_some()
     }
 
     /// Free slots of class `k`. When backed by a pool, a take may still
