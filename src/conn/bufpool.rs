@@ -142,6 +142,13 @@ struct State {
 }
 
 impl State {
+    /// Lend a free window, if there is one.
+    fn lend_window(&mut self) -> Option<mw::Window> {
+        let w = self.windows.pop()?;
+        self.windows_lent += 1;
+        Some(w)
+    }
+
     /// Wake `waker` (if given, once) at the next give.
     fn wait(&mut self, waker: Option<&Waker>) {
         if let Some(w) = waker {
@@ -409,12 +416,8 @@ impl BufferPool {
     /// Take an unbound window for an exposure; when there is none and none
     /// can be allocated, `waker` (if given) is woken when one comes back.
     pub(crate) fn take_window(&self, waker: Option<&Waker>) -> Option<mw::Window> {
-        {
-            let mut st = self.0.state.lock();
-            if let Some(w) = st.windows.pop() {
-                st.windows_lent += 1;
-                return Some(w);
-            }
+        if let Some(w) = self.0.state.lock().lend_window() {
+            return Some(w);
         }
         // Short: one more (outside the lock: a device call).
         let made = self.0.device.alloc_mw();
@@ -429,8 +432,7 @@ impl BufferPool {
             Err(e) => {
                 st.window_alloc_failures += 1;
                 // One may have come back meanwhile.
-                if let Some(w) = st.windows.pop() {
-                    st.windows_lent += 1;
+                if let Some(w) = st.lend_window() {
                     return Some(w);
                 }
                 // The first, then every 1024th: a device at its max_mw
