@@ -117,10 +117,18 @@ impl Alarm {
     /// Ring no later than `at` (an earlier deadline wins; `None` leaves the
     /// alarm as it is).
     pub(crate) fn arm(&mut self, at: Option<Instant>) {
-        let Some(at) = at else { return };
+        if at.is_some() {
+            self.arm_until(at);
+        }
+    }
+
+    /// [`Alarm::arm`], returning when the alarm now rings (`None`:
+    /// disarmed), read under the same lock.
+    pub(crate) fn arm_until(&mut self, at: Option<Instant>) -> Option<Instant> {
         let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(at) = at else { return st.at };
         match st.at {
-            Some(t) if t <= at => {}
+            Some(t) if t <= at => Some(t),
             _ => {
                 st.at = Some(at);
                 st.rang = false;
@@ -133,13 +141,9 @@ impl Alarm {
                 if earliest {
                     w.wake.notify_one();
                 }
+                Some(at)
             }
         }
-    }
-
-    /// When the alarm rings, if it is armed.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.slot.state.lock().unwrap_or_else(|p| p.into_inner()).at
     }
 
     /// Ready once the armed deadline passed (then the alarm is disarmed).
@@ -178,11 +182,11 @@ mod tests {
         a.arm(Some(start + Duration::from_secs(3600)));
         a.arm(Some(start + Duration::from_millis(30)));
         a.arm(Some(start + Duration::from_secs(60))); // later: ignored
-        assert_eq!(a.deadline(), Some(start + Duration::from_millis(30)));
+        assert_eq!(a.arm_until(None), Some(start + Duration::from_millis(30)));
         futures::executor::block_on(std::future::poll_fn(|cx| a.poll(cx)));
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(30), "rang after {waited:?}");
-        assert_eq!(a.deadline(), None, "disarmed once rung");
+        assert_eq!(a.arm_until(None), None, "disarmed once rung");
     }
 
     #[test]

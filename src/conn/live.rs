@@ -26,7 +26,7 @@
 //! pool. The loom models in `tests/loom_handle.rs` check that hand-over
 //! under every interleaving.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -90,7 +90,9 @@ impl Waiters {
 
 pub(super) struct State<N: Nic> {
     ep: Endpoint<N>,
-    calls: HashMap<CallId, Arc<Slot<CallResult>>>,
+    /// Keyed by the connection's own sequential call ids (a multiplicative
+    /// hash, not SipHash).
+    calls: super::proto::ids::IdMap<CallId, Arc<Slot<CallResult>>>,
     /// Slots of finished calls, reused once their handle is gone (a call
     /// allocates nothing in steady state).
     spare_slots: Vec<Arc<Slot<CallResult>>>,
@@ -167,7 +169,7 @@ impl<N: Nic> Inner<N> {
         Inner {
             state: Mutex::new(State {
                 ep,
-                calls: HashMap::with_capacity(64),
+                calls: super::proto::ids::id_map(64),
                 spare_slots: Vec::with_capacity(64),
                 requests: VecDeque::new(),
                 request_waiters: Waiters::default(),
@@ -839,8 +841,7 @@ impl<N: Nic> Driver<N> {
         inner.turn(inner.now(), &[], |st, next| {
             // Armed under the lock, so that a call made after this turn sees
             // the timer it may rely on (see `State::needs_driver`).
-            timer.arm(inner.epoch, next);
-            st.driver_next = timer.deadline();
+            st.driver_next = timer.arm(inner.epoch, next);
         })
     }
 }
@@ -916,7 +917,10 @@ impl<N: Nic> Inner<N> {
         arm(&mut st, next);
         if let Some(h) = &inner.hub {
             // A buffer handle dropped from now on queues the connection.
-            st.ep.wake_on_return(&h.waker);
+            if st.ep.wake_on_return(&h.waker) {
+                // One was dropped after this turn took them back: another turn.
+                h.waker.wake_by_ref();
+            }
         }
         Turn { busy, finished }
     }
@@ -959,6 +963,14 @@ impl<N: Nic> Driver<N> {
             if t.busy {
                 idle_since = None;
                 YieldNow(false).await;
+                if spin.is_zero() {
+                    // No busy-polling: instead of an idle turn to find out
+                    // whether more came meanwhile, sleep, which returns at
+                    // once if the doorbell rang, the CQ holds a completion,
+                    // a buffer came back or a timer is due.
+                    counters.sleeps.fetch_add(1, Relaxed);
+                    self.sleep(&mut timer).await;
+                }
                 continue;
             }
             if !spin.is_zero() {
@@ -981,7 +993,10 @@ impl<N: Nic> Driver<N> {
                 return Poll::Ready(());
             }
             let st = self.inner.state.lock();
-            st.ep.wake_on_return(cx.waker());
+            if st.ep.wake_on_return(cx.waker()) {
+                // A buffer handle was dropped since the turn took them back.
+                return Poll::Ready(());
+            }
             let cq = st.ep.cq();
             if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
                 // A completion may be waiting (or the CQ is gone: the next
@@ -1003,21 +1018,19 @@ impl<N: Nic> Driver<N> {
 #[derive(Default)]
 struct SleepTimer {
     alarm: super::alarm::Alarm,
-    /// The epoch the deadlines are counted from (set on first use).
-    epoch: Option<Instant>,
 }
 
 impl SleepTimer {
-    /// Make sure the timer fires no later than `next` (time since `epoch`).
-    fn arm(&mut self, epoch: Instant, next: Option<Duration>) {
-        self.epoch = Some(epoch);
-        self.alarm.arm(next.map(|t| epoch + t));
-    }
-
-    /// When the armed timer fires, as time since the epoch.
-    fn deadline(&self) -> Option<Duration> {
-        let epoch = self.epoch?;
-        self.alarm.deadline().map(|at| at.saturating_duration_since(epoch))
+    /// Make sure the timer fires no later than `next` (time since `epoch`);
+    /// returns when it fires, as time since the epoch.
+    fn arm(&mut self, epoch: Instant, next: Option<Duration>) -> Option<Duration> {
+        let want = next.map(|t| epoch + t);
+        let at = self.alarm.arm_until(want)?;
+        Some(match next {
+            // Armed for `next` itself (the usual case): no clock arithmetic.
+            Some(t) if want == Some(at) => t,
+            _ => at.saturating_duration_since(epoch),
+        })
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {

@@ -301,19 +301,36 @@ pub struct Buf {
 #[derive(Default)]
 pub(crate) struct Returns {
     queue: parking_lot::Mutex<Vec<(u32, u32)>>,
+    /// Whether `queue` may hold something: set under its lock after a
+    /// push, so that `take_all` (run several times a driver turn) skips
+    /// the lock when nothing was dropped. A put that `take_all` misses
+    /// this way is one it would have missed by taking the lock first: the
+    /// put's wake-up brings the driver back for it.
+    queued: std::sync::atomic::AtomicBool,
     /// Woken when a handle is dropped (the async driver's waker).
     waker: parking_lot::Mutex<Option<std::task::Waker>>,
 }
 
 impl Returns {
     pub(crate) fn take_all(&self, out: &mut Vec<(u32, u32)>) {
-        let mut q = self.queue.lock();
-        if !q.is_empty() {
-            out.append(&mut q);
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        if !self.queued.load(Acquire) {
+            return;
         }
+        let mut q = self.queue.lock();
+        self.queued.store(false, Relaxed);
+        out.append(&mut q);
+    }
+    /// Whether a dropped handle waits to be taken back.
+    pub(crate) fn any(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Acquire)
     }
     fn put(&self, slot: u32, lending: u32) {
-        self.queue.lock().push((slot, lending));
+        {
+            let mut q = self.queue.lock();
+            q.push((slot, lending));
+            self.queued.store(true, std::sync::atomic::Ordering::Release);
+        }
         if let Some(w) = self.waker.lock().take() {
             w.wake();
         }

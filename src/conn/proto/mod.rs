@@ -40,7 +40,7 @@ use crate::backend::{
 
 mod calls;
 mod confirm;
-mod ids;
+pub(crate) mod ids;
 mod recv;
 mod sides;
 
@@ -626,10 +626,13 @@ impl Connection {
         n
     }
 
-    /// Wake `w` when a buffer handle is dropped (the async driver).
+    /// Wake `w` when a buffer handle is dropped (the async driver). Returns
+    /// whether one was dropped already and waits to be taken back (then no
+    /// wake-up comes for it: take it now).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
-    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
         self.returns.set_waker(w);
+        self.returns.any()
     }
 
     /// Whether a take found the shared buffer pool empty and a buffer has
@@ -1012,6 +1015,12 @@ impl Connection {
         c
     }
 
+    /// Whether [`Connection::poll_command`] may have a command: some are
+    /// queued, or inputs wait for the engines (which may queue some).
+    pub fn has_commands(&self) -> bool {
+        self.dirty || !self.commands.is_empty()
+    }
+
     /// The bytes of a frame staged for a [`Command::PostSend`].
     pub fn staged(&self, s: &Staged) -> &[u8] {
         &self.tx[s.start as usize..(s.start + s.len) as usize]
@@ -1065,15 +1074,22 @@ impl Connection {
     /// When [`Connection::handle_timeout`] must next be called. Ask after
     /// taking the commands (the engines run then, and may set timers).
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let engines = [
-            self.owner.as_ref().and_then(|o| o.engine.poll_timeout()),
-            self.reader.as_ref().and_then(|r| r.engine.poll_timeout()),
-            self.confirm.as_ref().and_then(ConfirmEngine::poll_timeout),
-        ];
+        // Asked several times a driver turn: plain comparisons, no iterator
+        // chain.
+        fn min(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, None) => a,
+                (None, b) => b,
+            }
+        }
+        let mut t = self.owner.as_ref().and_then(|o| o.engine.poll_timeout());
+        t = min(t, self.reader.as_ref().and_then(|r| r.engine.poll_timeout()));
+        t = min(t, self.confirm.as_ref().and_then(ConfirmEngine::poll_timeout));
         // Every call gets the same timeout as it starts and message ids grow
         // with time, so the oldest call has the earliest deadline.
-        let calls = self.calls.first_deadline();
-        engines.into_iter().flatten().chain(calls).chain(self.keepalive_at()).min()
+        t = min(t, self.calls.first_deadline());
+        min(t, self.keepalive_at())
     }
 
     /// When keepalive must act next: ping after `interval` of silence, give
