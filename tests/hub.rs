@@ -270,7 +270,10 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     client.call(fabric.now(), b"for the old QP only", None).unwrap();
     fabric.run_until_idle();
     client.drive(fabric.now());
-    assert_eq!(client.stats().completions, 1, "the request was delivered");
+    // (The request's SEND is unsignaled: the evidence is the server's side.)
+    let at = fabric.qp_addr(&old.local()).expect("the old QP exists");
+    let landed = fabric.qp_counters(at).expect("its counters").completions;
+    assert_eq!(landed, 1, "the request landed in the old QP's receive slot, its completion queued");
     let old_qpn = old.local().qpn;
     // Dropping it destroys the QP with its RECV completion still queued.
     drop(old);

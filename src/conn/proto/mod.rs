@@ -291,6 +291,14 @@ pub struct Connection {
     tx: Vec<u8>,
     tx_used: usize,
     sends: Slots,
+    /// Send slots of plain frames (no chained bind) in flight, in posting
+    /// order. Only every
+    /// [`Connection::signal_every`]-th is signaled: the completion of one
+    /// frees it and every slot before it (a send queue completes in order;
+    /// a failed or flushed request completes signaled or not).
+    plain_sends: VecDeque<u32>,
+    /// Plain frames posted unsignaled since the last signaled one.
+    unsignaled_run: u32,
     /// Where each data buffer is (its size class, offset and size).
     layout: Layout,
     /// The user's regions (`None`: deregistered), by `RegionId`.
@@ -418,6 +426,8 @@ impl Connection {
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             sends: Slots::new(cfg.sends()),
+            plain_sends: VecDeque::with_capacity(cfg.sends() as usize),
+            unsignaled_run: 0,
             credits: 0,
             owed: 0,
             share: cfg.ctrl_slots,
@@ -1204,9 +1214,7 @@ impl Connection {
         }
         let low = c.wr_id & LOW56;
         match tag_of(c.wr_id) {
-            TAG_SEND => {
-                self.sends.hand(low as u32, Holder::Exposed, Holder::Free);
-            }
+            TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
                 if c.status.is_success() {
                     self.frames_in += 1;
@@ -1256,6 +1264,11 @@ impl Connection {
     pub fn post_failed(&mut self, cmd: &Command, e: NicError) {
         if let Command::PostSend { chain, frame: Some(f) } = cmd {
             let slot = (f.offset / MAX_FRAME) as u32;
+            // Not posted: no completion comes for it (nor for the plain
+            // frames behind it, which go down with the connection).
+            if let Some(i) = self.plain_sends.iter().position(|&s| s == slot) {
+                self.plain_sends.remove(i);
+            }
             self.sends.hand(slot, Holder::Exposed, Holder::Free);
             if let Some(o) = &mut self.owner {
                 for w in chain.as_slice() {
@@ -1317,9 +1330,13 @@ impl Connection {
         self.go_down(now, LossReason::Closed);
     }
 
-    /// Send-queue work requests whose completions have not come.
+    /// Send-queue work requests whose completions are still to come. The
+    /// plain frames posted unsignaled after the last signaled one are not
+    /// counted: one that completed gives no completion, and one that did
+    /// not is flushed with the QP (their slots are control memory only).
     pub fn sends_in_flight(&self) -> usize {
-        self.sends.count(Holder::Exposed)
+        let silent = (self.unsignaled_run as usize).min(self.plain_sends.len());
+        self.sends.count(Holder::Exposed) - silent
     }
 
     /// Whether the QP was destroyed.
@@ -1687,9 +1704,40 @@ impl Connection {
                 }
                 Chain::two(bind, SendWr::Send { wr_id: send_wr_id, signaled: true, sge })
             }
-            None => Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled: true, sge }),
+            None => {
+                // Selective signaling: most plain frames complete without a
+                // completion of their own (and so without a driver turn).
+                let signaled = self.unsignaled_run + 1 >= self.signal_every();
+                self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
+                self.plain_sends.push_back(slot);
+                Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled, sge })
+            }
         };
         self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
+    }
+
+    /// One plain frame in `signal_every` is posted signaled: half the send
+    /// slots, so that when they run out a signaled one is in flight whose
+    /// completion frees those before it (every frame signaled with fewer
+    /// than four slots).
+    fn signal_every(&self) -> u32 {
+        (self.cfg.sends() / 2).max(1)
+    }
+
+    /// A plain frame's SEND completed (or failed, or was flushed): its slot
+    /// and every plain frame's posted before it are free (a send queue
+    /// completes in order).
+    fn plain_send_done(&mut self, slot: u32) {
+        if !self.plain_sends.contains(&slot) {
+            tracing::warn!(slot, "completion of a send slot not in flight");
+            return;
+        }
+        while let Some(s) = self.plain_sends.pop_front() {
+            self.sends.hand(s, Holder::Exposed, Holder::Free);
+            if s == slot {
+                break;
+            }
+        }
     }
 
     /// Keep `f` (encoded) until credit and a send slot come. An honest
