@@ -1,6 +1,8 @@
 //! `mwcap`: probe devices for what mwcap needs, a demo on the simulated NIC,
 //! and the benchmark (`bench`, with `serve` as its server over real verbs).
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -19,9 +21,6 @@ mod serve;
 mod simbench;
 #[cfg(not(loom))]
 mod stat_cmd;
-
-#[global_allocator]
-static ALLOC: count::Counting = count::Counting;
 
 /// Safe zero-copy RDMA: probe devices, run the demo, measure.
 #[derive(Parser)]
