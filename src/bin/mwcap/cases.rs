@@ -297,7 +297,7 @@ pub fn line(case: &Case, mode: &str, backend: &str, m: &Measured) -> String {
         calls as f64 / m.elapsed.as_secs_f64().max(1e-9),
     );
     if let Some(a) = m.allocs {
-        s += &format!(" allocs_per_call={:.1}", a as f64 / calls.max(1) as f64);
+        s += &format!(" allocs_per_call={:.1} allocs={a}", a as f64 / calls.max(1) as f64);
     }
     s
 }
