@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use futures::future::{select, try_join_all, Either};
+use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
 use mwcap::conn::{Buf, Connection, Driver, Endpoint, Refused};
@@ -165,15 +166,16 @@ async fn server_allocs<N: Nic>(conn: &Connection<N>) -> Result<u64, String> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// `calls` calls of `case`, `case.inflight` at a time (built at once, so
-/// that awaiting it allocates nothing more).
+/// `calls` calls of `case`, `case.inflight` at a time. The join is built
+/// here, at once (its one allocation), and its output is `()`, so that
+/// awaiting it allocates nothing more.
 fn batch<'a, N: Nic>(
     conn: &'a Connection<N>,
     case: &'a Case,
     calls: u32,
     tags: &'a Cell<u8>,
     hist: &'a RefCell<Histogram<u64>>,
-) -> impl Future<Output = Result<Vec<()>, String>> + 'a {
+) -> impl Future<Output = Result<(), String>> + 'a {
     let n = case.inflight.max(1);
     try_join_all((0..n).map(move |k| {
         let share = calls / n + u32::from(k < calls % n);
@@ -182,6 +184,7 @@ fn batch<'a, N: Nic>(
         tags.set(tags.get().wrapping_add(97));
         caller(conn, case, share, tags.get(), hist)
     }))
+    .map_ok(|_| ())
 }
 
 /// Whether the server runs in this process (its allocations are counted here).
@@ -194,20 +197,21 @@ pub enum Server {
 }
 
 /// `calls` calls of `case` spread over `conns`, each keeping
-/// `case.inflight` in flight.
-async fn spread<N: Nic>(
-    conns: &[Connection<N>],
-    case: &Case,
+/// `case.inflight` in flight. Built at once, like [`batch`]: the
+/// allocations of the joins happen here, not while it is awaited.
+fn spread<'a, N: Nic>(
+    conns: &'a [Connection<N>],
+    case: &'a Case,
     calls: u32,
-    tags: &Cell<u8>,
-    hist: &RefCell<Histogram<u64>>,
-) -> Result<(), String> {
+    tags: &'a Cell<u8>,
+    hist: &'a RefCell<Histogram<u64>>,
+) -> impl Future<Output = Result<(), String>> + 'a {
     let n = conns.len().max(1) as u32;
-    let batches = conns.iter().enumerate().map(|(i, c)| {
+    let batches = conns.iter().enumerate().map(move |(i, c)| {
         let share = calls / n + u32::from((i as u32) < calls % n);
         batch(c, case, share, tags, hist)
     });
-    try_join_all(batches).await.map(|_| ())
+    try_join_all(batches).map_ok(|_| ())
 }
 
 /// Run `case` on connected clients: `warmup` calls, then `iters` calls
@@ -226,6 +230,7 @@ pub async fn run_case<N: Nic>(
     let hist = RefCell::new(cases::histogram());
     let remote0 = if server == Server::Remote { Some(server_allocs(first).await?) } else { None };
     let run = spread(conns, case, iters, &tags, &hist);
+    count::alarm_thread_started();
     let a0 = count::allocs();
     let t0 = Instant::now();
     run.await?;
