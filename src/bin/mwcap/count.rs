@@ -32,6 +32,7 @@ pub fn heap_bytes() -> i64 {
 /// that can fall inside the first case's measured calls (1 allocation in
 /// about one run of five). The thread runs once `/proc` lists it by its
 /// name, which std gives it after that allocation.
+#[cfg_attr(loom, allow(dead_code))] // the async bench's
 pub fn alarm_thread_started() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
