@@ -2,24 +2,30 @@
 //! the server's loop, the client's calls with 1 or many in flight, and one
 //! process running both sides of a connection in one executor.
 //!
-//! Everything here runs on one thread under `futures::executor::block_on`;
-//! async-io's own thread drives its reactor (the completion channel's fd)
-//! and mwcap's alarm thread its timers. Not `async_io::block_on`: it polls
-//! the reactor (an `epoll_wait` system call) each time a future yields,
-//! which a busy-polling driver does on every idle turn.
+//! The calls, the server's loop and the drivers run under one of
+//! [`Executor`]'s executors (`executors.rs`). Under `block_on` (the verbs
+//! bench's, and one of `--sim`'s) everything is on one thread under
+//! `futures::executor::block_on`; async-io's own thread drives its reactor
+//! (the completion channel's fd) and mwcap's alarm thread its timers. Not
+//! `async_io::block_on` there: it polls the reactor (an `epoll_wait` system
+//! call) each time a future yields, which a busy-polling driver does on
+//! every idle turn.
 
-use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use futures::future::{select, try_join_all, Either};
+use futures::future::{select, try_join_all, BoxFuture, Either};
+use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
 use mwcap::conn::{Buf, Connection, Driver, Endpoint, Refused};
+use parking_lot::Mutex;
 
-use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
+use crate::cases::{self, Ask, Case, Labels, Measured, Plan, Responder};
 use crate::count;
+use crate::executors::{self, Executor};
 
 /// How long to wait for a buffer or an exposure slot before calling the
 /// run stuck.
@@ -110,7 +116,7 @@ async fn caller<N: Nic>(
     case: &Case,
     calls: u32,
     first_tag: u8,
-    hist: &RefCell<Histogram<u64>>,
+    hist: &Mutex<Histogram<u64>>,
 ) -> Result<(), String> {
     let (req_size, reply_size) = (case.request_size(), case.reply_size());
     let mut tag = first_tag;
@@ -146,7 +152,7 @@ async fn caller<N: Nic>(
             }
             None => return Err(format!("asked for a {reply_size}-byte reply payload, got none")),
         }
-        hist.borrow_mut().saturating_record(t0.elapsed().as_nanos() as u64);
+        hist.lock().saturating_record(t0.elapsed().as_nanos() as u64);
     }
     Ok(())
 }
@@ -165,23 +171,25 @@ async fn server_allocs<N: Nic>(conn: &Connection<N>) -> Result<u64, String> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// `calls` calls of `case`, `case.inflight` at a time (built at once, so
-/// that awaiting it allocates nothing more).
+/// `calls` calls of `case`, `case.inflight` at a time. The join is built
+/// here, at once (its one allocation), and its output is `()`, so that
+/// awaiting it allocates nothing more.
 fn batch<'a, N: Nic>(
     conn: &'a Connection<N>,
     case: &'a Case,
     calls: u32,
-    tags: &'a Cell<u8>,
-    hist: &'a RefCell<Histogram<u64>>,
-) -> impl Future<Output = Result<Vec<()>, String>> + 'a {
+    tags: &'a AtomicU8,
+    hist: &'a Mutex<Histogram<u64>>,
+) -> impl Future<Output = Result<(), String>> + 'a {
     let n = case.inflight.max(1);
     try_join_all((0..n).map(move |k| {
         let share = calls / n + u32::from(k < calls % n);
         // Each caller starts its tags elsewhere, so that two calls in
         // flight rarely share one.
-        tags.set(tags.get().wrapping_add(97));
-        caller(conn, case, share, tags.get(), hist)
+        let first_tag = tags.fetch_add(97, Relaxed).wrapping_add(97);
+        caller(conn, case, share, first_tag, hist)
     }))
+    .map_ok(|_| ())
 }
 
 /// Whether the server runs in this process (its allocations are counted here).
@@ -194,20 +202,21 @@ pub enum Server {
 }
 
 /// `calls` calls of `case` spread over `conns`, each keeping
-/// `case.inflight` in flight.
-async fn spread<N: Nic>(
-    conns: &[Connection<N>],
-    case: &Case,
+/// `case.inflight` in flight. Built at once, like [`batch`]: the
+/// allocations of the joins happen here, not while it is awaited.
+fn spread<'a, N: Nic>(
+    conns: &'a [Connection<N>],
+    case: &'a Case,
     calls: u32,
-    tags: &Cell<u8>,
-    hist: &RefCell<Histogram<u64>>,
-) -> Result<(), String> {
+    tags: &'a AtomicU8,
+    hist: &'a Mutex<Histogram<u64>>,
+) -> impl Future<Output = Result<(), String>> + 'a {
     let n = conns.len().max(1) as u32;
-    let batches = conns.iter().enumerate().map(|(i, c)| {
+    let batches = conns.iter().enumerate().map(move |(i, c)| {
         let share = calls / n + u32::from((i as u32) < calls % n);
         batch(c, case, share, tags, hist)
     });
-    try_join_all(batches).await.map(|_| ())
+    try_join_all(batches).map_ok(|_| ())
 }
 
 /// Run `case` on connected clients: `warmup` calls, then `iters` calls
@@ -220,12 +229,13 @@ pub async fn run_case<N: Nic>(
     server: Server,
 ) -> Result<Measured, String> {
     let first = conns.first().ok_or("no connection")?;
-    let tags = Cell::new(0u8);
-    let scratch = RefCell::new(cases::histogram());
+    let tags = AtomicU8::new(0);
+    let scratch = Mutex::new(cases::histogram());
     spread(conns, case, warmup, &tags, &scratch).await?;
-    let hist = RefCell::new(cases::histogram());
+    let hist = Mutex::new(cases::histogram());
     let remote0 = if server == Server::Remote { Some(server_allocs(first).await?) } else { None };
     let run = spread(conns, case, iters, &tags, &hist);
+    count::alarm_thread_started();
     let a0 = count::allocs();
     let t0 = Instant::now();
     run.await?;
@@ -239,23 +249,25 @@ pub async fn run_case<N: Nic>(
 }
 
 /// Both sides of one connection in this process, each with its own
-/// driver, in one executor: run `cases` and print a line for each.
-pub fn one_process<N: Nic>(
+/// driver, under `executor`: run `cases` and print a line for each.
+#[allow(clippy::too_many_arguments)]
+pub fn one_process<N: Nic + 'static>(
     client: Endpoint<N>,
     server: Endpoint<N>,
     cases: &[Case],
     iters: u32,
     warmup: u32,
-    mode_backend: (&str, &str),
+    executor: Executor,
+    (mode, backend): (&'static str, &'static str),
 ) -> Result<(), String> {
     let max_payload = max_payload(&server);
     let (client, server) = (Connection::new(client), Connection::new(server));
-    run_pair(client, server, async {}, max_payload, cases, iters, warmup, mode_backend)
+    let labels = Labels { mode, backend, executor: executor.name() };
+    run_pair(executor, client, server, Vec::new(), max_payload, cases, iters, warmup, labels)
 }
 
 /// [`one_process`] with each side's connection on a hub of its own (one
 /// completion queue, one driver): the endpoints were prepared on them.
-#[cfg(not(loom))]
 #[allow(clippy::too_many_arguments)]
 pub fn one_process_on_hubs<N: Nic + 'static>(
     hubs: [(mwcap::conn::Hub<N>, mwcap::conn::HubDriver<N>); 2],
@@ -264,53 +276,71 @@ pub fn one_process_on_hubs<N: Nic + 'static>(
     cases: &[Case],
     iters: u32,
     warmup: u32,
-    mode_backend: (&str, &str),
+    executor: Executor,
+    (mode, backend): (&'static str, &'static str),
 ) -> Result<(), String> {
     let max_payload = max_payload(&server);
     let [(ch, cd), (sh, sd)] = hubs;
     let (client, server) = (ch.add(client), sh.add(server));
     // The hub handles go now: the drivers end once both connections have.
     drop((ch, sh));
-    let drivers = async {
-        futures::future::join(cd.run(), sd.run()).await;
-    };
-    run_pair(client, server, drivers, max_payload, cases, iters, warmup, mode_backend)
+    let hub_drivers: Vec<BoxFuture<'static, ()>> = vec![
+        Box::pin(async move {
+            cd.run().await;
+        }),
+        Box::pin(async move {
+            sd.run().await;
+        }),
+    ];
+    let labels = Labels { mode, backend, executor: executor.name() };
+    run_pair(executor, client, server, hub_drivers, max_payload, cases, iters, warmup, labels)
 }
 
 fn max_payload<N: Nic>(server: &Endpoint<N>) -> u32 {
     server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size)
 }
 
-/// Run `cases` over a client and a server connection in this process,
-/// with `extra` (hub drivers) alongside, until both are closed.
+/// Run `cases` over a client and a server connection in this process
+/// under `executor`, with `hub_drivers` alongside the connections' own,
+/// until both are closed.
 #[allow(clippy::too_many_arguments)]
-fn run_pair<N: Nic>(
+fn run_pair<N: Nic + 'static>(
+    executor: Executor,
     (client, cdrv): (Connection<N>, Driver<N>),
     (server, sdrv): (Connection<N>, Driver<N>),
-    extra: impl std::future::Future<Output = ()>,
+    hub_drivers: Vec<BoxFuture<'static, ()>>,
     max_payload: u32,
     cases: &[Case],
     iters: u32,
     warmup: u32,
-    mode_backend: (&str, &str),
+    labels: Labels,
 ) -> Result<(), String> {
-    let app = async {
-        let r =
-            run_cases(std::slice::from_ref(&client), cases, iters, warmup, Server::Here, mode_backend, "")
+    let mut drivers: Vec<BoxFuture<'static, ()>> = vec![
+        Box::pin(async move {
+            cdrv.run().await;
+        }),
+        Box::pin(async move {
+            sdrv.run().await;
+        }),
+    ];
+    drivers.extend(hub_drivers);
+    let cases = cases.to_vec();
+    let app = {
+        let server = server.clone();
+        async move {
+            let r = run_cases(std::slice::from_ref(&client), &cases, iters, warmup, Server::Here, labels, "")
                 .await;
-        client.close();
-        server.close();
-        r
+            client.close();
+            server.close();
+            r
+        }
     };
-    let srv = async {
+    let srv = async move {
         let r = serve(&server, max_payload).await;
         server.close();
         r
     };
-    let ((r, s, _, _), ()) = futures::executor::block_on(futures::future::join(
-        futures::future::join4(app, srv, cdrv.run(), sdrv.run()),
-        extra,
-    ));
+    let (r, s) = executors::run(executor, app, srv, drivers)?;
     r?;
     s.map(|_| ())
 }
@@ -323,7 +353,7 @@ pub async fn run_cases<N: Nic>(
     iters: u32,
     warmup: u32,
     server: Server,
-    (mode, backend): (&str, &str),
+    labels: Labels,
     extra: &str,
 ) -> Result<(), String> {
     for case in cases {
@@ -336,7 +366,7 @@ pub async fn run_cases<N: Nic>(
                 case.inflight
             )
         })?;
-        println!("{}{extra}", cases::line(case, mode, backend, &m));
+        println!("{}{extra}", cases::line(case, labels, &m));
     }
     Ok(())
 }

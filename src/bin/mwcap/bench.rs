@@ -69,7 +69,8 @@ mod imp {
 
     use super::policy_addr;
     use crate::asyncbench::{one_process, run_cases, Server};
-    use crate::cases::config;
+    use crate::cases::{config, Labels};
+    use crate::executors::Executor;
     use crate::BenchOpts;
     use crate::{cases, count};
 
@@ -161,7 +162,7 @@ mod imp {
                     o.iters,
                     o.warmup,
                     Server::Remote,
-                    ("async", "verbs"),
+                    Labels { mode: "async", backend: "verbs", executor: Executor::BlockOn.name() },
                     &extra,
                 )
                 .await;
@@ -190,7 +191,7 @@ mod imp {
             let (ce, se) = (c.local(), s.local());
             c.connect(&se).map_err(nic_err)?;
             s.connect(&ce).map_err(nic_err)?;
-            one_process(c, s, &group, o.iters, o.warmup, ("async", "verbs"))?;
+            one_process(c, s, &group, o.iters, o.warmup, Executor::BlockOn, ("async", "verbs"))?;
         }
         Ok(())
     }

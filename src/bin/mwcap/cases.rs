@@ -281,12 +281,25 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
 }
 
+/// How the calls of a result line ran.
+#[derive(Clone, Copy, Debug)]
+pub struct Labels {
+    /// `async` (a connection of its own), `async-hub`, `async-hub-srq`,
+    /// `async-hub-pool`, or `sansio`.
+    pub mode: &'static str,
+    /// `sim` or `verbs`.
+    pub backend: &'static str,
+    /// The executor the async API ran under (`block_on`, `smol`, `tokio`);
+    /// `none` for the sans-IO loop, which the caller's own thread turns.
+    pub executor: &'static str,
+}
+
 /// The case's result line (see the crate's `bench` docs for its fields).
-pub fn line(case: &Case, mode: &str, backend: &str, m: &Measured) -> String {
+pub fn line(case: &Case, Labels { mode, backend, executor }: Labels, m: &Measured) -> String {
     let us = |q: f64| m.hist.value_at_quantile(q) as f64 / 1e3;
     let calls = m.hist.len();
     let mut s = format!(
-        "case={} policy={} size={} inflight={} mode={mode} backend={backend} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
+        "case={} policy={} size={} inflight={} mode={mode} backend={backend} executor={executor} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
         case.name(),
         case.policy_name(),
         case.size,
@@ -297,7 +310,7 @@ pub fn line(case: &Case, mode: &str, backend: &str, m: &Measured) -> String {
         calls as f64 / m.elapsed.as_secs_f64().max(1e-9),
     );
     if let Some(a) = m.allocs {
-        s += &format!(" allocs_per_call={:.1}", a as f64 / calls.max(1) as f64);
+        s += &format!(" allocs_per_call={:.1} allocs={a}", a as f64 / calls.max(1) as f64);
     }
     s
 }

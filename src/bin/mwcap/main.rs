@@ -1,6 +1,8 @@
 //! `mwcap`: probe devices for what mwcap needs, a demo on the simulated NIC,
 //! and the benchmark (`bench`, with `serve` as its server over real verbs).
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -14,14 +16,13 @@ mod bench;
 mod cases;
 mod count;
 mod demo;
+#[cfg(not(loom))]
+mod executors;
 mod probe_cmd;
 mod serve;
 mod simbench;
 #[cfg(not(loom))]
 mod stat_cmd;
-
-#[global_allocator]
-static ALLOC: count::Counting = count::Counting;
 
 /// Safe zero-copy RDMA: probe devices, run the demo, measure.
 #[derive(Parser)]
@@ -95,6 +96,18 @@ impl From<PolicyArg> for Policy {
     }
 }
 
+/// An executor for `mwcap bench --sim`, on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExecutorArg {
+    /// `futures::executor::block_on`.
+    #[value(name = "block_on")]
+    BlockOn,
+    /// smol's executor and block_on.
+    Smol,
+    /// tokio's multi-thread runtime.
+    Tokio,
+}
+
 /// Options of `mwcap bench`.
 #[derive(Args)]
 pub struct BenchOpts {
@@ -156,9 +169,17 @@ pub struct BenchOpts {
     #[command(flatten)]
     pub conn: ConnArgs,
     /// Run on the simulated NIC instead (no RDMA needed): the async API
-    /// next to the sans-IO loop.
+    /// under each of --executor, next to the sans-IO loop.
     #[arg(long, conflicts_with = "addr")]
     pub sim: bool,
+    /// With `--sim`: the executors to run the async API under (`executor=`
+    /// on each line): block_on (`futures::executor::block_on`, all on one
+    /// thread), smol (`smol::block_on` for the calls, smol's executor on a
+    /// thread of its own for the drivers and the server), tokio (a
+    /// multi-thread runtime, every future a spawned task). Over real verbs
+    /// the async API runs under block_on.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "block_on,smol,tokio")]
+    pub executor: Vec<ExecutorArg>,
     /// How the bootstrap is authenticated (with ADDR).
     #[command(flatten)]
     pub auth: auth_args::AuthArgs,
@@ -367,6 +388,9 @@ fn check(o: &BenchOpts) -> Result<(), String> {
     }
     if o.policies.is_empty() {
         return Err("--policy needs mw, confirm or both".into());
+    }
+    if o.executor.is_empty() {
+        return Err("--executor needs block_on, smol, tokio or several".into());
     }
     Ok(())
 }

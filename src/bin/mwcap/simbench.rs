@@ -1,21 +1,24 @@
 //! `mwcap bench --sim`: the cost of mwcap's own code on the simulated NIC
 //! (no RDMA needed), the same case matrix as over real verbs, through the
-//! async `Connection`/`Driver` API users run and, as a reference, through
-//! the sans-IO `Endpoint` loop (`SimPair`). Heap allocations per call come
-//! from the binary's counting allocator, in steady state (after warm-up).
+//! async `Connection`/`Driver` API users run, under each executor of
+//! `--executor` (`executors.rs`), and, as a reference, through the sans-IO
+//! `Endpoint` loop (`SimPair`, turned by the calling thread: `executor=none`).
+//! Heap allocations per call come from the binary's counting allocator, in
+//! steady state (after warm-up).
 
+use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use std::collections::VecDeque;
-
+use clap::ValueEnum;
 use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
 
-use crate::cases::{self, Ask, Case, Measured, Plan, Responder};
+use crate::cases::{self, Ask, Case, Labels, Measured, Plan, Responder};
 use crate::count;
-use crate::BenchOpts;
+use crate::{BenchOpts, ExecutorArg};
 
-/// Run every case in both modes; print a line for each.
+/// Run every case under each executor and in the sans-IO loop; print a
+/// line for each.
 pub fn run(o: &BenchOpts) -> ExitCode {
     let buffer_size = o.buffer_size();
     println!(
@@ -27,13 +30,16 @@ pub fn run(o: &BenchOpts) -> ExitCode {
             println!("# --srq: the {policy:?} cases are skipped (a hub with shared receives serves mw only)");
             continue;
         }
-        if let Err(e) = async_group(o, policy, &group) {
-            eprintln!("mwcap bench --sim: async, {policy:?} connection: {e}");
-            return ExitCode::FAILURE;
+        for &executor in &o.executor {
+            if let Err(e) = async_group(o, policy, &group, executor) {
+                let name = executor.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+                eprintln!("mwcap bench --sim: async under {name}, {policy:?} connection: {e}");
+                return ExitCode::FAILURE;
+            }
         }
         for case in &group {
             match sansio_case(o, case) {
-                Ok(m) => println!("{}", cases::line(case, "sansio", "sim", &m)),
+                Ok(m) => println!("{}", cases::line(case, SANSIO, &m)),
                 Err(e) => {
                     eprintln!(
                         "mwcap bench --sim: sansio, case {} policy {} size {}: {e}",
@@ -49,15 +55,24 @@ pub fn run(o: &BenchOpts) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The sans-IO loop's lines: the calling thread turns it, no executor.
+const SANSIO: Labels = Labels { mode: "sansio", backend: "sim", executor: "none" };
+
 #[cfg(loom)]
-fn async_group(_: &BenchOpts, _: mwcap::conn::Policy, _: &[Case]) -> Result<(), String> {
+fn async_group(_: &BenchOpts, _: mwcap::conn::Policy, _: &[Case], _: ExecutorArg) -> Result<(), String> {
     Err("the loom build has no async runtime".into())
 }
 
-/// One connection on two simulated devices, both sides' drivers in one
-/// executor, every case of `group` on it.
+/// One connection on two simulated devices, both sides' drivers under
+/// `executor`, every case of `group` on it.
 #[cfg(not(loom))]
-fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Result<(), String> {
+fn async_group(
+    o: &BenchOpts,
+    policy: mwcap::conn::Policy,
+    group: &[Case],
+    executor: ExecutorArg,
+) -> Result<(), String> {
+    let executor = crate::executors::Executor::from(executor);
     use mwcap::conn::Endpoint;
     use mwcap::sim::{DeviceConfig, Fabric};
 
@@ -110,6 +125,7 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
             group,
             o.iters,
             o.warmup,
+            executor,
             (
                 if o.shared_buffers {
                     "async-hub-pool"
@@ -127,7 +143,7 @@ fn async_group(o: &BenchOpts, policy: mwcap::conn::Policy, group: &[Case]) -> Re
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).map_err(|e| e.to_string())?;
     se.connect(&a).map_err(|e| e.to_string())?;
-    crate::asyncbench::one_process(ce, se, group, o.iters, o.warmup, ("async", "sim"))
+    crate::asyncbench::one_process(ce, se, group, o.iters, o.warmup, executor, ("async", "sim"))
 }
 
 /// A call in flight in the sans-IO loop.

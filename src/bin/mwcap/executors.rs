@@ -1,0 +1,172 @@
+//! The executors `mwcap bench` runs the async API under, each the way its
+//! users would run a connection:
+//!
+//! - `block_on`: `futures::executor::block_on` on the calling thread, the
+//!   calls, the server's loop and every driver joined in one future (one
+//!   thread; a driver's yield comes straight back to it).
+//! - `smol`: the calls under `async_io::block_on` (which is `smol::block_on`)
+//!   on the calling thread; the server's loop and the drivers spawned on an
+//!   `async_executor::Executor` (smol's executor) run by one thread of its
+//!   own, as smol's global executor (`smol::spawn`) runs its tasks by
+//!   default (`SMOL_THREADS` = 1). The two crates, not `smol` itself, so
+//!   that the binary adds only the executor to mwcap's dependencies.
+//! - `tokio`: a multi-thread runtime (`tokio::runtime::Builder::
+//!   new_multi_thread()`, one worker per core), the drivers, the server's
+//!   loop and the calls each `tokio::spawn`ed as a task of its own.
+//!
+//! Under smol and tokio a driver runs on another thread than the calls it
+//! serves: each hand-over between them is a cross-thread wake-up.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+
+/// An executor to run the async API under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Executor {
+    /// `futures::executor::block_on`, everything on the calling thread.
+    BlockOn,
+    /// `smol::block_on` for the calls, smol's executor on a thread of its
+    /// own for the drivers and the server.
+    Smol,
+    /// tokio's multi-thread runtime, every future a task of its own.
+    Tokio,
+}
+
+impl From<crate::ExecutorArg> for Executor {
+    fn from(e: crate::ExecutorArg) -> Executor {
+        match e {
+            crate::ExecutorArg::BlockOn => Executor::BlockOn,
+            crate::ExecutorArg::Smol => Executor::Smol,
+            crate::ExecutorArg::Tokio => Executor::Tokio,
+        }
+    }
+}
+
+impl Executor {
+    /// Its name in result lines (`executor=`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Executor::BlockOn => "block_on",
+            Executor::Smol => "smol",
+            Executor::Tokio => "tokio",
+        }
+    }
+}
+
+/// Run `app` (the client's calls) to its end under `executor`, with
+/// `server` (the server's loop) and `drivers` running beside it, and wait
+/// for those too (they end once `app` has closed the connections).
+pub fn run<A, S>(
+    executor: Executor,
+    app: A,
+    server: S,
+    drivers: Vec<BoxFuture<'static, ()>>,
+) -> Result<(A::Output, S::Output), String>
+where
+    A: Future + Send + 'static,
+    A::Output: Send + 'static,
+    S: Future + Send + 'static,
+    S::Output: Send + 'static,
+{
+    match executor {
+        Executor::BlockOn => Ok(futures::executor::block_on(async {
+            let (out, _) =
+                futures::future::join(futures::future::join(app, server), futures::future::join_all(drivers))
+                    .await;
+            out
+        })),
+        Executor::Smol => Ok(smol(app, server, drivers)),
+        Executor::Tokio => tokio(app, server, drivers),
+    }
+}
+
+/// [`run`] under smol's pieces.
+fn smol<A, S>(app: A, server: S, drivers: Vec<BoxFuture<'static, ()>>) -> (A::Output, S::Output)
+where
+    A: Future + Send + 'static,
+    A::Output: Send + 'static,
+    S: Future + Send + 'static,
+    S::Output: Send + 'static,
+{
+    let ex = Arc::new(async_executor::Executor::new());
+    let (stop, stopped) = futures::channel::oneshot::channel::<()>();
+    // The executor's thread has started (std allocates as a thread starts)
+    // before anything is measured.
+    let started = Arc::new(Barrier::new(2));
+    let thread = {
+        let (ex, started) = (ex.clone(), started.clone());
+        std::thread::Builder::new()
+            .name("smol-executor".into())
+            .spawn(move || {
+                started.wait();
+                async_io::block_on(ex.run(async {
+                    let _ = stopped.await;
+                }))
+            })
+            .expect("a thread for the smol executor")
+    };
+    started.wait();
+    let drivers: Vec<_> = drivers.into_iter().map(|d| ex.spawn(d)).collect();
+    let server = ex.spawn(server);
+    let out = async_io::block_on(app);
+    let served = async_io::block_on(async {
+        let s = server.await;
+        futures::future::join_all(drivers).await;
+        s
+    });
+    let _ = stop.send(());
+    thread.join().expect("the smol executor's thread ends");
+    (out, served)
+}
+
+/// [`run`] under tokio's multi-thread runtime.
+fn tokio<A, S>(
+    app: A,
+    server: S,
+    drivers: Vec<BoxFuture<'static, ()>>,
+) -> Result<(A::Output, S::Output), String>
+where
+    A: Future + Send + 'static,
+    A::Output: Send + 'static,
+    S: Future + Send + 'static,
+    S::Output: Send + 'static,
+{
+    let started = Arc::new(AtomicUsize::new(0));
+    let rt = {
+        let started = started.clone();
+        tokio::runtime::Builder::new_multi_thread()
+            .on_thread_start(move || {
+                started.fetch_add(1, Ordering::Relaxed);
+            })
+            .build()
+            .map_err(|e| format!("starting a tokio runtime: {e}"))?
+    };
+    // Its workers have started (std allocates as a thread starts) before
+    // anything is measured.
+    let until = Instant::now() + Duration::from_secs(1);
+    while started.load(Ordering::Relaxed) < rt.metrics().num_workers() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(rt.block_on(async {
+        let drivers: Vec<_> = drivers.into_iter().map(tokio::spawn).collect();
+        let server = tokio::spawn(server);
+        let out = joined(tokio::spawn(app).await);
+        let served = joined(server.await);
+        for d in drivers {
+            joined(d.await);
+        }
+        (out, served)
+    }))
+}
+
+/// A tokio task's output, or its panic passed on.
+fn joined<T>(r: Result<T, tokio::task::JoinError>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
