@@ -35,7 +35,7 @@ echo "verbs-suite: built $bin in $(( $(date +%s) - build_start ))s" >&2
 
 # Release: the VM runs the benchmarks (mwcap serve/bench next to perftest)
 # with this binary, and users run release builds.
-cargo build --release --quiet --features verbs --bin mwcap
+cargo build --release --quiet -p mwcap-cli --features verbs
 # A copy, so that a later default-feature build cannot replace it under the VM.
 mwcap_bin="$root/target/mwcap-verbs"
 cp "$root/target/release/mwcap" "$mwcap_bin"

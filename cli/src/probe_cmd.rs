@@ -26,7 +26,7 @@ pub fn run(device: Option<&str>, port: u8, gid_index: u8, sim: Option<SimKind>) 
 fn real(_device: Option<&str>, _port: u8, _gid_index: u8) -> ExitCode {
     eprintln!(
         "mwcap probe: this build has no verbs backend (built without the `verbs` feature).\n\
-         Rebuild with `cargo run --features verbs -- probe`, or probe a simulated NIC: \
+         Rebuild with `cargo run -p mwcap-cli --features verbs -- probe`, or probe a simulated NIC: \
          `mwcap probe --sim rxe`."
     );
     ExitCode::from(2)
