@@ -21,7 +21,11 @@ fn connected_with(p: Policies, lease: Duration) -> Pair {
 }
 
 fn connected_timeouts(p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
-    let fabric = Fabric::with_seed(3);
+    connected_on(&Fabric::with_seed(3), p, lease, call_timeout)
+}
+
+/// A pair on `fabric` (whose oracle the caller reads).
+fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let cfg = |role| {
@@ -298,4 +302,89 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
     };
     let drivers = futures::future::join(cdrv.run(), sdrv.run());
     let (_, _) = block_on(futures::future::join(app, drivers));
+}
+
+/// A server that answers every request with `len` bytes of `0x42` (READ
+/// by the client when longer than `inline_max`), counting its replies in
+/// `replied`.
+async fn answer_with(server: Connection<SimNic>, len: usize, replied: &std::cell::Cell<usize>) {
+    while let Some(req) = server.next_request().await {
+        let mut b = server.alloc().await.expect("server buffer");
+        server.write(&mut b, &vec![0x42; len]).unwrap();
+        server.reply(req.id, 0, b"data", Some(b)).await.unwrap();
+        replied.set(replied.get() + 1);
+    }
+}
+
+/// Wait (on the executor) until `cond` holds; gives up after 20 s.
+async fn until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        async_io::Timer::after(Duration::from_millis(10)).await;
+    }
+    panic!("never happened");
+}
+
+#[test]
+fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
+    // Issue 18 §4.1: two GETs wait for a free buffer for their reply
+    // payloads; the user drops one of the buffers it holds. The driver,
+    // asleep, was woken by the drop but did not take the buffer back:
+    // both calls timed out. `free()` worked.
+    for (p, len) in [
+        (Policies::both(Policy::Mw), 1000),
+        (Policies::both(Policy::Confirm), 1000),
+        // Inline (up to `inline_max`): the payload waits in the connection.
+        (Policies::both(Policy::Mw), 100),
+    ] {
+        let fabric = Fabric::with_seed(31);
+        let (client, cdrv, server, sdrv) =
+            connected_on(&fabric, p, Duration::from_secs(5), Duration::from_secs(10));
+        let replied = std::cell::Cell::new(0);
+        let app = async {
+            let mut held = Vec::new();
+            while let Some(b) = client.try_alloc() {
+                held.push(b);
+            }
+            let n = held.len() as u32;
+            // A dropped buffer is the pool's at once, in the counts too.
+            drop(held.pop());
+            let s = client.stats();
+            assert_eq!(
+                (s.buffers_user, s.buffers_free),
+                (n - 1, 1),
+                "{p:?}: a dropped buffer counted as the user's"
+            );
+            held.push(client.try_alloc().expect("the dropped buffer"));
+            let get = || async {
+                let r = client.call(b"get", None).await?;
+                let d = r.data.expect("a reply payload");
+                let bytes = client.read(&d).unwrap();
+                drop(d); // the next payload may take it
+                Ok::<_, mwcap::conn::CallError>(bytes)
+            };
+            let drop_one = async {
+                // Both replies arrived and their payloads wait for a buffer
+                // (the client's driver then sleeps), then one is dropped.
+                until(|| replied.get() == 2).await;
+                let frames = client.stats().frames_received;
+                async_io::Timer::after(Duration::from_millis(100)).await;
+                until(|| client.stats().frames_received == frames).await;
+                assert_eq!(client.stats().buffers_reading, 0, "{p:?}: no buffer to read into yet");
+                drop(held.pop());
+                held
+            };
+            let (a, b, held) = futures::join!(get(), get(), drop_one);
+            assert_eq!(a.expect("the first GET"), vec![0x42; len], "{p:?}");
+            assert_eq!(b.expect("the second GET"), vec![0x42; len], "{p:?}");
+            drop(held);
+            client.close();
+            server.close();
+        };
+        let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
+        block_on(futures::future::join(app, rest));
+        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+    }
 }

@@ -376,10 +376,11 @@ impl<N: Nic> Endpoint<N> {
         self.conn.wake_on_pool(w);
     }
 
-    /// Wake `w` when a buffer handle is dropped (the async driver).
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back.
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
-    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
-        self.conn.wake_on_return(w);
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
+        self.conn.wake_on_return(w)
     }
 
     // ---- the user's buffers ----

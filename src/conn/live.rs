@@ -915,8 +915,11 @@ impl<N: Nic> Inner<N> {
         }
         arm(&mut st, next);
         if let Some(h) = &inner.hub {
-            // A buffer handle dropped from now on queues the connection.
-            st.ep.wake_on_return(&h.waker);
+            // A buffer handle dropped from now on queues the connection; one
+            // dropped since this turn's reclaim queues it now.
+            if st.ep.wake_on_return(&h.waker) {
+                h.waker.wake_by_ref();
+            }
         }
         Turn { busy, finished }
     }
@@ -981,7 +984,12 @@ impl<N: Nic> Driver<N> {
                 return Poll::Ready(());
             }
             let st = self.inner.state.lock();
-            st.ep.wake_on_return(cx.waker());
+            // Registered first, then looked at: a handle dropped in between
+            // wakes this task. A dropped handle needs a turn to take it back
+            // (a READ may wait for a buffer).
+            if st.ep.wake_on_return(cx.waker()) {
+                return Poll::Ready(());
+            }
             let cq = st.ep.cq();
             if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
                 // A completion may be waiting (or the CQ is gone: the next

@@ -322,6 +322,16 @@ impl Returns {
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
         crate::handle::store_waker(&mut self.waker.lock(), w);
     }
+    /// Whether handles wait to be taken back.
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn any(&self) -> bool {
+        !self.queue.lock().is_empty()
+    }
+    /// How many of the handles waiting to be taken back `live` says are
+    /// still the user's (slot, lending): they are the pool's already.
+    pub(crate) fn count(&self, live: impl Fn(u32, u32) -> bool) -> usize {
+        self.queue.lock().iter().filter(|&&(slot, lending)| live(slot, lending)).count()
+    }
 }
 
 impl Buf {

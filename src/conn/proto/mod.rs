@@ -626,10 +626,12 @@ impl Connection {
         n
     }
 
-    /// Wake `w` when a buffer handle is dropped (the async driver).
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back ([`Connection::reclaim`]).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
-    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) {
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
         self.returns.set_waker(w);
+        self.returns.any()
     }
 
     /// Whether a take found the shared buffer pool empty and a buffer has
@@ -1042,11 +1044,13 @@ impl Connection {
     /// What the connection has done so far, and where its buffers are.
     pub fn stats(&self) -> ConnStats {
         let count = |h| self.bufs.count(h) as u32;
+        // Handles the user dropped are the pool's, though not taken back yet.
+        let dropped = self.returns.count(|slot, lending| self.bufs.lent(slot, lending)) as u32;
         ConnStats {
             lease_owner: self.owner.as_ref().map(|o| o.engine.stats()),
             lease_reader: self.reader.as_ref().map(|r| r.engine.stats()),
-            buffers_free: count(Holder::Free),
-            buffers_user: count(Holder::User),
+            buffers_free: count(Holder::Free) + dropped,
+            buffers_user: count(Holder::User) - dropped,
             buffers_exposed: count(Holder::Exposed),
             buffers_reading: count(Holder::Reading),
             credits: self.credits,
