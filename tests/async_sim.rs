@@ -388,3 +388,39 @@ fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
         assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
     }
 }
+
+#[test]
+fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
+    // Issue 18 §4.2: the user holds every buffer; the server replies, but
+    // the payload has nowhere to go. The call used to fail with TimedOut
+    // ("the server may be overloaded or gone"), which sends the user
+    // looking at the server.
+    for (p, len) in [
+        (Policies::both(Policy::Mw), 1000),
+        (Policies::both(Policy::Confirm), 1000),
+        (Policies::both(Policy::Mw), 100), // inline
+    ] {
+        let fabric = Fabric::with_seed(32);
+        let (client, cdrv, server, sdrv) =
+            connected_on(&fabric, p, Duration::from_secs(5), Duration::from_millis(300));
+        let replied = std::cell::Cell::new(0);
+        let app = async {
+            let held: Vec<_> = std::iter::from_fn(|| client.try_alloc()).collect();
+            let r = client.call(b"get", None).await;
+            assert_eq!(replied.get(), 1, "{p:?}: the server replied");
+            let e = r.expect_err("no buffer for the reply payload");
+            let msg = e.to_string();
+            assert_eq!(e, mwcap::conn::CallError::NoBuffer(len as u32), "{p:?}: {msg}");
+            assert!(msg.contains("no buffer was free") && !msg.contains("overloaded or gone"), "{msg}");
+            drop(held);
+            // With a buffer free, the next call goes through.
+            let r = client.call(b"get", None).await.expect("a buffer is free now");
+            assert_eq!(client.read(r.data.as_ref().unwrap()).unwrap(), vec![0x42; len], "{p:?}");
+            client.close();
+            server.close();
+        };
+        let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
+        block_on(futures::future::join(app, rest));
+        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+    }
+}

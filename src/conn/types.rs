@@ -874,8 +874,13 @@ pub enum CallError {
     /// confirm, a grant declined, a READ failed); nothing of it is returned.
     #[error("the payload could not be read intact: {0}")]
     Payload(PayloadError),
-    /// No free buffer to read the payload into.
-    #[error("no free buffer to read a {0}-byte payload into; return buffers to the pool faster or add more")]
+    /// The reply came, but no buffer was free to take its payload (of this
+    /// many bytes) before the call timed out: the user holds them all, or
+    /// other payloads took them.
+    #[error(
+        "the reply came but no buffer was free for its {0}-byte payload before the call timed out; \
+         free or drop the buffers you hold sooner, or configure more (Config::buffers, Config::large_buffers)"
+    )]
     NoBuffer(u32),
 }
 

@@ -106,6 +106,14 @@ impl ConfirmEngine {
         }
     }
 
+    /// Client: the length of the READ for fetch `fm` if it waits for a
+    /// free destination.
+    pub(super) fn waiting_read(&self, fm: fb::MsgId) -> Option<u32> {
+        let Engine::Client(c) = &self.engine else { return None };
+        let rr = self.pending_reads.iter().find(|rr| c.fetch_of_read(rr.token()) == Some(fm))?;
+        Some(rr.remote().len())
+    }
+
     pub(super) fn tracked(&self) -> usize {
         self.msgs.len()
     }

@@ -1120,6 +1120,14 @@ impl Connection {
     /// Time has reached `now`: fire the engines' timers and call deadlines.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.now = now;
+        // A call out of time whose reply came but whose payload found no
+        // free buffer says so (the user's buffers, not the server, are
+        // the matter); asked before the engines' timers end its fetch.
+        loop {
+            let starved = self.calls.expired(now).find_map(|m| self.waits_for_buffer(m).map(|len| (m, len)));
+            let Some((msg, len)) = starved else { break };
+            self.abandon_call(now, msg, CallError::NoBuffer(len));
+        }
         if let Some(o) = &mut self.owner {
             if o.engine.poll_timeout().is_some_and(|t| t <= now) {
                 o.engine.handle_timeout(now);
@@ -1548,6 +1556,19 @@ impl Connection {
         }
         any |= self.retry_inline();
         any
+    }
+
+    /// The length of the payload for `msg` (a call) if it is waiting for a
+    /// free buffer to be read or copied into.
+    fn waits_for_buffer(&self, msg: u64) -> Option<u32> {
+        if let Some((_, g, _)) = self.reader.as_ref().and_then(|r| r.pending.iter().find(|p| p.0 == msg)) {
+            return Some(g.len);
+        }
+        if let Some(&(_, _, len)) = self.inline_wait.iter().find(|w| w.0 == msg) {
+            return Some(len);
+        }
+        let fm = self.calls.get(&msg)?.fetch_fb?;
+        self.confirm.as_ref()?.waiting_read(fm)
     }
 
     /// Hand a grant to the reader with a destination (or queue it).
