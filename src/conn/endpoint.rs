@@ -827,6 +827,16 @@ impl<N: Nic> Endpoint<N> {
         self.run();
     }
 
+    /// The peer went away: its end of the bootstrap stream
+    /// ([`Connected::stream`](super::Connected::stream)) closed. Starts
+    /// closing as [`Endpoint::begin_close`] does, with the connection down
+    /// for [`LossReason::PeerGone`] (unless it was down already), so that
+    /// calls fail saying so. Never blocks.
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.span.in_scope(|| self.conn.peer_gone(now));
+        self.run();
+    }
+
     /// Send-queue work requests whose completions have not been reaped.
     pub fn sends_in_flight(&self) -> usize {
         self.conn.sends_in_flight()

@@ -39,9 +39,9 @@ pub struct AsyncConnected<N: Nic> {
 
 impl<N: Nic> AsyncConnected<N> {
     /// Split into the handle and one future to spawn: it runs the driver,
-    /// closes the connection when the peer closes the bootstrap stream (or
-    /// the process at the other end dies), and returns why the connection
-    /// ended once every buffer is back.
+    /// takes the connection down with [`LossReason::PeerGone`] when the peer
+    /// closes the bootstrap stream (or the process at the other end dies),
+    /// and returns why the connection ended once every buffer is back.
     pub fn run(self) -> (Connection<N>, impl Future<Output = LossReason> + Send + 'static)
     where
         N: 'static,
@@ -54,7 +54,7 @@ impl<N: Nic> AsyncConnected<N> {
             match select(driving, watching).await {
                 Either::Left((reason, _)) => reason,
                 Either::Right(((), driving)) => {
-                    watcher.close();
+                    watcher.peer_gone();
                     driving.await
                 }
             }

@@ -107,8 +107,9 @@ pub(super) struct State<N: Nic> {
     finished: bool,
     /// Tasks in `Driver::run` of a connection on a hub.
     finish_waiters: Waiters,
-    /// The user asked to close.
-    closing: bool,
+    /// The user asked to close (`Closed`), or the peer went away
+    /// (`PeerGone`): the connection goes down for that reason.
+    closing: Option<LossReason>,
     /// When the connection went down (to bound the wait for flushes).
     down_at: Option<Duration>,
     down: Option<LossReason>,
@@ -175,7 +176,7 @@ impl<N: Nic> Inner<N> {
                 closed_waiters: Waiters::default(),
                 finished: false,
                 finish_waiters: Waiters::default(),
-                closing: false,
+                closing: None,
                 down_at: None,
                 down: None,
                 driver_next: None,
@@ -628,7 +629,18 @@ impl<N: Nic> Connection<N> {
     /// reaps the flushes, destroys the QP (after which no DMA of it is
     /// possible) and ends once every buffer is back. Does not block.
     pub fn close(&self) {
-        self.with(|s| s.closing = true);
+        self.with(|s| _ = s.closing.get_or_insert(LossReason::Closed));
+    }
+
+    /// The peer went away: its bootstrap stream closed. Closes the
+    /// connection as [`Connection::close`] does, but calls then fail, and
+    /// [`Connection::closed`] and [`Driver::run`] end, with
+    /// [`LossReason::PeerGone`] (unless it was down already).
+    /// [`AsyncConnected::run`](super::AsyncConnected::run) calls it when it
+    /// sees the stream close; call it yourself if you run the driver and
+    /// watch the stream on your own.
+    pub fn peer_gone(&self) {
+        self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerGone));
     }
 
     /// What the connection has done so far (calls, bytes, binds,
@@ -638,8 +650,9 @@ impl<N: Nic> Connection<N> {
         self.peek(|s| s.ep.stats())
     }
 
-    /// Wait until the connection is down, and say why: the peer closed or
-    /// broke the protocol, a work request failed, the user closed it. Every
+    /// Wait until the connection is down, and say why: the peer went away
+    /// ([`LossReason::PeerGone`]) or broke the protocol, a work request
+    /// failed, the user closed it ([`LossReason::Closed`]). Every
     /// call fails once it is; its buffers come back as the NIC flushes.
     pub async fn closed(&self) -> LossReason {
         poll_fn(|cx| {
@@ -857,8 +870,11 @@ impl<N: Nic> Inner<N> {
     ) -> Turn {
         let inner = self;
         let mut st = inner.state.lock();
-        if st.closing && st.ep.is_down().is_none() {
-            st.ep.begin_close(now);
+        if st.closing.is_some() && st.ep.is_down().is_none() {
+            match st.closing {
+                Some(LossReason::PeerGone) => st.ep.peer_gone(now),
+                _ => st.ep.begin_close(now),
+            }
         }
         if st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);

@@ -55,7 +55,8 @@ pub enum SetupError {
 }
 
 /// A connected endpoint and the TCP stream of its bootstrap; keep the stream
-/// open: its closing tells that the peer went away.
+/// open: its closing tells that the peer went away (then call
+/// [`Endpoint::peer_gone`]).
 pub struct Connected<N: Nic> {
     /// The endpoint, QP in RTS, receives posted.
     pub endpoint: Endpoint<N>,

@@ -719,6 +719,13 @@ pub enum LossReason {
     },
     /// The user closed it.
     Closed,
+    /// The peer went away: its end of the bootstrap TCP stream closed (it
+    /// closed the connection, or its process exited or died). Reported by
+    /// [`AsyncConnected::run`](super::AsyncConnected::run), which watches
+    /// the stream, or by whoever watches it and calls
+    /// [`Connection::peer_gone`](super::Connection::peer_gone) or
+    /// [`Endpoint::peer_gone`](super::Endpoint::peer_gone).
+    PeerGone,
     /// The NIC refused an operation.
     Nic(NicError),
 }
@@ -739,6 +746,10 @@ impl fmt::Display for LossReason {
                 "the peer answered no keepalive ping for {silent:?}: it is dead, hung or cut off; reconnect"
             ),
             LossReason::Closed => f.write_str("closed by the user"),
+            LossReason::PeerGone => f.write_str(
+                "the peer went away (its bootstrap TCP stream closed: it closed the connection, \
+                 or its process exited or died); reconnect once it is back",
+            ),
             LossReason::Nic(e) => write!(f, "the NIC refused an operation: {e}"),
         }
     }

@@ -1313,6 +1313,15 @@ impl Connection {
         self.go_down(now, LossReason::Closed);
     }
 
+    /// The peer went away (its bootstrap stream closed): as
+    /// [`Connection::begin_close`], but the connection is down with
+    /// [`LossReason::PeerGone`] (unless it was down already).
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.now = now;
+        self.dirty = true;
+        self.go_down(now, LossReason::PeerGone);
+    }
+
     /// Send-queue work requests whose completions have not come.
     pub fn sends_in_flight(&self) -> usize {
         self.sends.count(Holder::Exposed)
