@@ -424,3 +424,57 @@ fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
         assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
     }
 }
+
+#[test]
+fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
+    // Issue 18 §4.4: under confirm a client that read a stale reply asks
+    // for it again, and the request comes again through next_request()
+    // with the same id. It came with an empty header (and no trace), so a
+    // server had to remember every request's header to answer it.
+    // A header inline (up to 64 bytes) and one on the heap.
+    for header in [b"get key-7".to_vec(), vec![7; 200]] {
+        let fabric = Fabric::with_seed(33);
+        // The server holds an offered reply for 100 ms (the lease); the
+        // client holds every buffer meanwhile, so its READ waits, the hold
+        // expires, and the READ it then makes is stale.
+        let (client, cdrv, server, sdrv) = connected_on(
+            &fabric,
+            Policies::both(Policy::Confirm),
+            Duration::from_millis(100),
+            Duration::from_secs(10),
+        );
+        let trace = mwcap::conn::TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let app = async {
+            let mut held: Vec<_> = std::iter::from_fn(|| client.try_alloc()).collect();
+            let call = client.call_traced(Some(trace), &header, None);
+            let serve = async {
+                let first = server.next_request().await.expect("the request");
+                assert_eq!((&first.header[..], first.trace, first.again), (&header[..], Some(trace), false));
+                let mut b = server.alloc().await.unwrap();
+                server.write(&mut b, &[1; 1000]).unwrap();
+                server.reply(first.id, 0, b"v1", Some(b)).await.unwrap();
+                // The offer's hold expires with the client's READ not made.
+                until(|| server.stats().buffers_exposed == 0).await;
+                client.free(held.pop().unwrap());
+                let again = server.next_request().await.expect("the request again");
+                assert_eq!(again.id, first.id);
+                assert!(again.again && again.data.is_none(), "{again:?}");
+                assert_eq!(again.header, header, "the request's own header");
+                assert_eq!(again.trace, Some(trace));
+                let mut b = server.alloc().await.unwrap();
+                server.write(&mut b, &[2; 1000]).unwrap();
+                server.reply(again.id, 0, b"v2", Some(b)).await.unwrap();
+            };
+            let (reply, ()) = futures::join!(call, serve);
+            let reply = reply.expect("answered the second time");
+            assert_eq!(reply.header, b"v2");
+            assert_eq!(client.read(reply.data.as_ref().unwrap()).unwrap(), vec![2; 1000]);
+            assert!(client.stats().stale_reads >= 1, "{:?}", client.stats());
+            drop((reply, held));
+            client.close();
+            server.close();
+        };
+        block_on(futures::future::join(app, futures::future::join(cdrv.run(), sdrv.run())));
+        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    }
+}

@@ -54,16 +54,25 @@ pub struct Reply {
 }
 
 /// A request received by a server.
+///
+/// Under the confirm policy for replies a request may come again
+/// ([`Request::again`]): see [`Connection::next_request`].
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
     /// Name it in [`Connection::reply`].
     pub id: RequestId,
-    /// The request header.
+    /// The request header (the same when the request comes again).
     pub header: Header,
     /// The request payload; give it back with [`Connection::free`].
+    /// `None` when the request comes again: the payload came the first time.
     pub data: Option<Buf>,
-    /// The caller's trace id, if it sent one ([`Connection::call_traced`]).
+    /// The caller's trace id, if it sent one ([`Connection::call_traced`]);
+    /// the same when the request comes again.
     pub trace: Option<TraceId>,
+    /// The request comes again: the client read a stale reply (confirm
+    /// policy) and needs the reply payload again. Answer it as the first
+    /// time, from `header`; `data` is `None`.
+    pub again: bool,
 }
 
 type CallResult = Result<Reply, CallError>;
@@ -563,6 +572,22 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Server: the next request, or `None` once the connection is down.
+    ///
+    /// Under the confirm policy for replies, a request may come again after
+    /// it was answered ([`Request::again`] set): the client's READ of the
+    /// reply payload was stale (the offered buffer's hold,
+    /// [`Config::lease_time`](super::Config::lease_time), ended before the
+    /// client confirmed it), so it needs the payload again. It comes with
+    /// the same id, header and trace id as the first time, and no payload
+    /// (`data` is `None`: the server had it the first time). Answer it
+    /// with [`Connection::reply`] as the first time, with a fresh reply
+    /// payload: the connection kept the header for this, so a server that
+    /// answers from the header has nothing to remember. A server whose
+    /// reply depends on the request payload must keep what it needs of it
+    /// until the client's call is over (the client's
+    /// [`Config::call_timeout`](super::Config::call_timeout) after the
+    /// request came, at most), or answer a request that comes again with
+    /// an error status.
     pub async fn next_request(&self) -> Option<Request> {
         poll_fn(|cx| {
             let mut st = self.inner.state.lock();
@@ -765,18 +790,13 @@ impl<N: Nic> State<N> {
             }
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
             Event::Request { req, header, data, trace } => {
-                self.requests.push_back(Request { id: req, header, data, trace });
+                self.requests.push_back(Request { id: req, header, data, trace, again: false });
                 self.request_waiters.wake_all();
             }
-            Event::ReplyAgain { req } => {
+            Event::ReplyAgain { req, header, trace } => {
                 // Confirm policy: the client read a stale reply. The request
-                // comes again (same id, empty header): reply with fresh data.
-                self.requests.push_back(Request {
-                    id: req,
-                    header: Header::default(),
-                    data: None,
-                    trace: None,
-                });
+                // comes again (same id, header and trace, no payload).
+                self.requests.push_back(Request { id: req, header, data: None, trace, again: true });
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),

@@ -630,11 +630,19 @@ pub enum Event {
         /// Why.
         error: CallError,
     },
-    /// Server, confirm policy: the client read a stale reply and asks again;
-    /// reply to `req` again with [`Endpoint::reply`](super::Endpoint::reply).
+    /// Server, confirm policy: the client read a stale reply (the offered
+    /// buffer's hold ended before it confirmed its READ) and asks for it
+    /// again. Answer `req` again as the first time, with
+    /// [`Endpoint::reply`](super::Endpoint::reply) and a fresh payload: the
+    /// request's header and trace id come again here; its payload, which
+    /// the server had the first time, does not.
     ReplyAgain {
-        /// The request.
+        /// The request (the same id as its [`Event::Request`]).
         req: RequestId,
+        /// The request header, as in its [`Event::Request`].
+        header: Header,
+        /// The caller's trace id, as in its [`Event::Request`].
+        trace: Option<TraceId>,
     },
     /// A buffer given to the NIC is the user's again: no remote access to it
     /// is possible any more.
