@@ -52,6 +52,11 @@ pub enum SetupError {
         /// The probe's first failing step.
         why: String,
     },
+    /// The [`Listener`](super::Listener) was closed
+    /// ([`Listener::close`](super::Listener::close)): it takes no more
+    /// clients. End the accept loop.
+    #[error("the listener was closed: it accepts no more clients (bind a new one to accept again)")]
+    ListenerClosed,
 }
 
 /// A connected endpoint and the TCP stream of its bootstrap; keep the stream
