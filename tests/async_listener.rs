@@ -312,7 +312,7 @@ fn a_reconnecting_client_comes_back_after_the_server_went_away() {
     server.join().unwrap();
     assert_eq!(stats.connects, 2);
     assert!(stats.failures >= 3, "refused while the server was down: {stats:?}");
-    assert!(stats.last_loss.is_some());
+    assert_eq!(stats.last_loss, Some(LossReason::PeerGone), "the server went away");
     assert!(stats.waits.is_empty(), "cleared once connected again");
 }
 
@@ -444,4 +444,118 @@ fn concurrent_first_askers_share_one_probe() {
         }
     });
     assert_eq!(probes.probes_run(), 2, "one probe per device, not per asker");
+}
+
+#[test]
+fn a_server_that_goes_away_is_reported_as_gone_not_as_closed_by_the_user() {
+    // Issue 18 §4.3: the server process dies while a call is in flight.
+    // The client's connection went down as "closed by the user" (its
+    // stream watch closed it), which misleads whoever reads the error.
+    let fabric = Fabric::with_seed(30);
+    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
+    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+        Ok(server_nic.clone())
+    })
+    .unwrap();
+    let addr = l.local_addr().unwrap();
+    let (call, closed, ran) = block_on(async {
+        let server = async {
+            let AsyncConnected { connection, driver, stream, .. } =
+                l.accept().await.expect("the client connects");
+            // The request arrives; then the process dies: its driver stops
+            // and everything it held goes (nothing is closed in order).
+            {
+                let request = std::pin::pin!(connection.next_request());
+                let driving = std::pin::pin!(driver.run());
+                let _ = futures::future::select(request, driving).await;
+            }
+            drop((connection, stream));
+        };
+        let client = async {
+            let (conn, run) = connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts)
+                .await
+                .expect("connects")
+                .run();
+            let (call, ran) = futures::join!(conn.call(b"get", None), run);
+            (call, conn.closed().await, ran)
+        };
+        futures::join!(server, client).1
+    });
+    let e = call.expect_err("the server is gone");
+    let msg = e.to_string();
+    assert_eq!(e, mwcap::conn::CallError::ConnectionLost(LossReason::PeerGone), "{msg}");
+    assert!(!msg.contains("closed by the user") && msg.contains("went away"), "{msg}");
+    assert_eq!((closed, ran), (LossReason::PeerGone, LossReason::PeerGone));
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+#[test]
+fn closing_a_listener_ends_its_accept_loop_and_the_handshakes_in_progress() {
+    // Issue 18 §4.5: a listener had no close(); ending its accept loop
+    // meant dropping the accept future, which its docs did not say.
+    use std::io::Read;
+    let fabric = Fabric::with_seed(31);
+    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
+    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
+        Ok(server_nic.clone())
+    })
+    .unwrap();
+    let addr = l.local_addr().unwrap();
+    let closer = l.closer();
+    // A client whose handshake is in progress when the listener closes.
+    let mut silent = TcpStream::connect(addr).unwrap();
+    let (mut accepted, client) = block_on(async {
+        // A server's accept loop: it ends when the listener is closed.
+        let accept_loop = async {
+            let mut accepted = Vec::new();
+            loop {
+                match l.accept().await {
+                    Ok(c) => accepted.push(c),
+                    Err(SetupError::ListenerClosed) => break accepted,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        // Another task closes it, once a client is connected.
+        let client = async {
+            let c =
+                connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts).await.expect("connects");
+            closer.close();
+            c
+        };
+        futures::join!(accept_loop, client)
+    });
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(l.handshakes_in_progress(), 0, "the handshakes in progress ended");
+    // The silent client's connection was closed: it reads the end, not a timeout.
+    silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = [0u8; 64];
+    match silent.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the handshake in progress was not ended: {other:?}"),
+    }
+    // Nobody listens any more, and accept says why.
+    let e = TcpStream::connect(addr).expect_err("the listener's socket is closed");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    let e = block_on(l.accept()).err().expect("closed");
+    assert!(matches!(e, SetupError::ListenerClosed), "{e:?}");
+    assert!(e.to_string().contains("listener was closed"), "{e}");
+    assert!(l.local_addr().is_err());
+    l.close(); // again: nothing more happens
+               // The connection accepted before runs on.
+    let (server, srun) = accepted.pop().unwrap().run();
+    let (client, crun) = client.run();
+    let call = async {
+        let r = client.call(b"still here", None).await;
+        client.close();
+        r
+    };
+    let (reply, ..) = block_on(async { futures::join!(call, echo(server), srun, crun) });
+    assert_eq!(reply.expect("answered").header, b"still here");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

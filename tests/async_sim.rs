@@ -21,7 +21,11 @@ fn connected_with(p: Policies, lease: Duration) -> Pair {
 }
 
 fn connected_timeouts(p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
-    let fabric = Fabric::with_seed(3);
+    connected_on(&Fabric::with_seed(3), p, lease, call_timeout)
+}
+
+/// A pair on `fabric` (whose oracle the caller reads).
+fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let cfg = |role| {
@@ -298,4 +302,179 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
     };
     let drivers = futures::future::join(cdrv.run(), sdrv.run());
     let (_, _) = block_on(futures::future::join(app, drivers));
+}
+
+/// A server that answers every request with `len` bytes of `0x42` (READ
+/// by the client when longer than `inline_max`), counting its replies in
+/// `replied`.
+async fn answer_with(server: Connection<SimNic>, len: usize, replied: &std::cell::Cell<usize>) {
+    while let Some(req) = server.next_request().await {
+        let mut b = server.alloc().await.expect("server buffer");
+        server.write(&mut b, &vec![0x42; len]).unwrap();
+        server.reply(req.id, 0, b"data", Some(b)).await.unwrap();
+        replied.set(replied.get() + 1);
+    }
+}
+
+/// Wait (on the executor) until `cond` holds; gives up after 20 s.
+async fn until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        async_io::Timer::after(Duration::from_millis(10)).await;
+    }
+    panic!("never happened");
+}
+
+#[test]
+fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
+    // Issue 18 §4.1: two GETs wait for a free buffer for their reply
+    // payloads; the user drops one of the buffers it holds. The driver,
+    // asleep, was woken by the drop but did not take the buffer back:
+    // both calls timed out. `free()` worked.
+    for (p, len) in [
+        (Policies::both(Policy::Mw), 1000),
+        (Policies::both(Policy::Confirm), 1000),
+        // Inline (up to `inline_max`): the payload waits in the connection.
+        (Policies::both(Policy::Mw), 100),
+    ] {
+        let fabric = Fabric::with_seed(31);
+        let (client, cdrv, server, sdrv) =
+            connected_on(&fabric, p, Duration::from_secs(5), Duration::from_secs(10));
+        let replied = std::cell::Cell::new(0);
+        let app = async {
+            let mut held = Vec::new();
+            while let Some(b) = client.try_alloc() {
+                held.push(b);
+            }
+            let n = held.len() as u32;
+            // A dropped buffer is the pool's at once, in the counts too.
+            drop(held.pop());
+            let s = client.stats();
+            assert_eq!(
+                (s.buffers_user, s.buffers_free),
+                (n - 1, 1),
+                "{p:?}: a dropped buffer counted as the user's"
+            );
+            held.push(client.try_alloc().expect("the dropped buffer"));
+            let get = || async {
+                let r = client.call(b"get", None).await?;
+                let d = r.data.expect("a reply payload");
+                let bytes = client.read(&d).unwrap();
+                drop(d); // the next payload may take it
+                Ok::<_, mwcap::conn::CallError>(bytes)
+            };
+            let drop_one = async {
+                // Both replies arrived and their payloads wait for a buffer
+                // (the client's driver then sleeps), then one is dropped.
+                until(|| replied.get() == 2).await;
+                let frames = client.stats().frames_received;
+                async_io::Timer::after(Duration::from_millis(100)).await;
+                until(|| client.stats().frames_received == frames).await;
+                assert_eq!(client.stats().buffers_reading, 0, "{p:?}: no buffer to read into yet");
+                drop(held.pop());
+                held
+            };
+            let (a, b, held) = futures::join!(get(), get(), drop_one);
+            assert_eq!(a.expect("the first GET"), vec![0x42; len], "{p:?}");
+            assert_eq!(b.expect("the second GET"), vec![0x42; len], "{p:?}");
+            drop(held);
+            client.close();
+            server.close();
+        };
+        let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
+        block_on(futures::future::join(app, rest));
+        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+    }
+}
+
+#[test]
+fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
+    // Issue 18 §4.2: the user holds every buffer; the server replies, but
+    // the payload has nowhere to go. The call used to fail with TimedOut
+    // ("the server may be overloaded or gone"), which sends the user
+    // looking at the server.
+    for (p, len) in [
+        (Policies::both(Policy::Mw), 1000),
+        (Policies::both(Policy::Confirm), 1000),
+        (Policies::both(Policy::Mw), 100), // inline
+    ] {
+        let fabric = Fabric::with_seed(32);
+        let (client, cdrv, server, sdrv) =
+            connected_on(&fabric, p, Duration::from_secs(5), Duration::from_millis(300));
+        let replied = std::cell::Cell::new(0);
+        let app = async {
+            let held: Vec<_> = std::iter::from_fn(|| client.try_alloc()).collect();
+            let r = client.call(b"get", None).await;
+            assert_eq!(replied.get(), 1, "{p:?}: the server replied");
+            let e = r.expect_err("no buffer for the reply payload");
+            let msg = e.to_string();
+            assert_eq!(e, mwcap::conn::CallError::NoBuffer(len as u32), "{p:?}: {msg}");
+            assert!(msg.contains("no buffer was free") && !msg.contains("overloaded or gone"), "{msg}");
+            drop(held);
+            // With a buffer free, the next call goes through.
+            let r = client.call(b"get", None).await.expect("a buffer is free now");
+            assert_eq!(client.read(r.data.as_ref().unwrap()).unwrap(), vec![0x42; len], "{p:?}");
+            client.close();
+            server.close();
+        };
+        let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
+        block_on(futures::future::join(app, rest));
+        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+    }
+}
+
+#[test]
+fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
+    // Issue 18 §4.4: under confirm a client that read a stale reply asks
+    // for it again, and the request comes again through next_request()
+    // with the same id. It came with an empty header (and no trace), so a
+    // server had to remember every request's header to answer it.
+    // A header inline (up to 64 bytes) and one on the heap.
+    for header in [b"get key-7".to_vec(), vec![7; 200]] {
+        let fabric = Fabric::with_seed(33);
+        // The server holds an offered reply for 100 ms (the lease); the
+        // client holds every buffer meanwhile, so its READ waits, the hold
+        // expires, and the READ it then makes is stale.
+        let (client, cdrv, server, sdrv) = connected_on(
+            &fabric,
+            Policies::both(Policy::Confirm),
+            Duration::from_millis(100),
+            Duration::from_secs(10),
+        );
+        let trace = mwcap::conn::TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let app = async {
+            let mut held: Vec<_> = std::iter::from_fn(|| client.try_alloc()).collect();
+            let call = client.call_traced(Some(trace), &header, None);
+            let serve = async {
+                let first = server.next_request().await.expect("the request");
+                assert_eq!((&first.header[..], first.trace, first.again), (&header[..], Some(trace), false));
+                let mut b = server.alloc().await.unwrap();
+                server.write(&mut b, &[1; 1000]).unwrap();
+                server.reply(first.id, 0, b"v1", Some(b)).await.unwrap();
+                // The offer's hold expires with the client's READ not made.
+                until(|| server.stats().buffers_exposed == 0).await;
+                client.free(held.pop().unwrap());
+                let again = server.next_request().await.expect("the request again");
+                assert_eq!(again.id, first.id);
+                assert!(again.again && again.data.is_none(), "{again:?}");
+                assert_eq!(again.header, header, "the request's own header");
+                assert_eq!(again.trace, Some(trace));
+                let mut b = server.alloc().await.unwrap();
+                server.write(&mut b, &[2; 1000]).unwrap();
+                server.reply(again.id, 0, b"v2", Some(b)).await.unwrap();
+            };
+            let (reply, ()) = futures::join!(call, serve);
+            let reply = reply.expect("answered the second time");
+            assert_eq!(reply.header, b"v2");
+            assert_eq!(client.read(reply.data.as_ref().unwrap()).unwrap(), vec![2; 1000]);
+            assert!(client.stats().stale_reads >= 1, "{:?}", client.stats());
+            drop((reply, held));
+            client.close();
+            server.close();
+        };
+        block_on(futures::future::join(app, futures::future::join(cdrv.run(), sdrv.run())));
+        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    }
 }

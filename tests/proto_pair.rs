@@ -708,7 +708,7 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, done: &mut u64) {
                 pending.push(req);
             }
             // Confirm: the client read a reply whose buffer was reused; answer again.
-            Event::ReplyAgain { req } => pending.push(req),
+            Event::ReplyAgain { req, .. } => pending.push(req),
             // A request payload out of time (the call fails at the client).
             Event::RequestDropped { .. } => {}
             Event::BufferReturned(b) => p.s.conn.free(b),

@@ -188,7 +188,7 @@ fn stale_read_caught(seed: u64) -> R {
                     println!("  {} hold expired; the server REUSES the buffer while the client's READ/confirm is under way", t(p));
                 }
                 Event::BufferReturned(b) => p.server.free(b),
-                Event::ReplyAgain { req } => {
+                Event::ReplyAgain { req, .. } => {
                     println!(
                         "  {} the client's READ sampled the reused bytes; its confirm got 'reused': read discarded, asks again",
                         t(p)

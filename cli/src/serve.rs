@@ -212,7 +212,7 @@ mod imp {
             } else {
                 futures::future::pending::<()>().await;
             }
-            server.close();
+            server.peer_gone();
         };
         let serving = async {
             let r = serve(&server, max_payload).await;

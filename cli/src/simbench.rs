@@ -298,7 +298,7 @@ impl Loop {
             progress = true;
             let (req, header, data) = match e {
                 Event::Request { req, header, data, .. } => (req, header, data),
-                Event::ReplyAgain { req } => (req, Default::default(), None),
+                Event::ReplyAgain { req, header, .. } => (req, header, None),
                 Event::BufferReturned(b) => {
                     pair.server.free(b);
                     continue;

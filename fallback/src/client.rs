@@ -347,6 +347,13 @@ impl Client {
         self.owner.is_free(buffer)
     }
 
+    /// The fetch the READ `token` belongs to, from its [`Action::Read`]
+    /// until its completion is handled (a driver that has no destination
+    /// for the READ yet can say which fetch waits for one).
+    pub fn fetch_of_read(&self, token: ReadToken) -> Option<MsgId> {
+        self.reading.get(&token).copied()
+    }
+
     /// Nothing outstanding: no fetch, no READ in flight, no exposed buffer.
     pub fn is_idle(&self) -> bool {
         self.fetches.is_empty() && self.reads.orphans() == 0 && self.owner.held() == 0

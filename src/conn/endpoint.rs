@@ -382,7 +382,8 @@ impl<N: Nic> Endpoint<N> {
         self.conn.wake_on_pool(w);
     }
 
-    /// Wake `w` when a buffer handle is dropped (the async driver).
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back.
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
         self.conn.wake_on_return(w)
@@ -829,6 +830,16 @@ impl<N: Nic> Endpoint<N> {
     /// destroys the QP. Never blocks.
     pub fn begin_close(&mut self, now: Duration) {
         self.span.in_scope(|| self.conn.begin_close(now));
+        self.run();
+    }
+
+    /// The peer went away: its end of the bootstrap stream
+    /// ([`Connected::stream`](super::Connected::stream)) closed. Starts
+    /// closing as [`Endpoint::begin_close`] does, with the connection down
+    /// for [`LossReason::PeerGone`] (unless it was down already), so that
+    /// calls fail saying so. Never blocks.
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.span.in_scope(|| self.conn.peer_gone(now));
         self.run();
     }
 

@@ -5,12 +5,14 @@
 
 use std::future::{poll_fn, Future};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
 use async_io::Async;
 use futures::future::{select, BoxFuture, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::task::AtomicWaker;
 use futures::AsyncReadExt;
 use parking_lot::Mutex;
 
@@ -39,9 +41,9 @@ pub struct AsyncConnected<N: Nic> {
 
 impl<N: Nic> AsyncConnected<N> {
     /// Split into the handle and one future to spawn: it runs the driver,
-    /// closes the connection when the peer closes the bootstrap stream (or
-    /// the process at the other end dies), and returns why the connection
-    /// ended once every buffer is back.
+    /// takes the connection down with [`LossReason::PeerGone`] when the peer
+    /// closes the bootstrap stream (or the process at the other end dies),
+    /// and returns why the connection ended once every buffer is back.
     pub fn run(self) -> (Connection<N>, impl Future<Output = LossReason> + Send + 'static)
     where
         N: 'static,
@@ -54,7 +56,7 @@ impl<N: Nic> AsyncConnected<N> {
             match select(driving, watching).await {
                 Either::Left((reason, _)) => reason,
                 Either::Right(((), driving)) => {
-                    watcher.close();
+                    watcher.peer_gone();
                     driving.await
                 }
             }
@@ -94,30 +96,46 @@ struct Shared<N: Nic> {
 /// and go straight back to `accept`:
 ///
 /// ```no_run
-/// # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupOptions};
+/// # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupError, SetupOptions};
 /// # use mwcap::bootstrap::Auth;
-/// # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), mwcap::conn::SetupError> {
+/// # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), SetupError> {
 /// let cfg = Config::new(Role::Server, Policies::both(Policy::Confirm));
 /// let opts = SetupOptions::new(PolicyChoice::Auto, auth);
 /// let mut listener = Listener::bind("127.0.0.1:18600".parse().unwrap(), cfg, opts, move || Ok(nic.clone()))?;
+/// let closer = listener.closer(); // for whoever stops the server: closer.close()
 /// loop {
 ///     match listener.accept().await {
 ///         Ok(c) => { /* spawn c.run() and a task serving c.connection */ }
+///         Err(SetupError::ListenerClosed) => break, // closed: the loop ends
 ///         Err(e) => eprintln!("a client failed to connect: {e}"), // that client only
 ///     }
 /// }
+/// # Ok(())
 /// # }
 /// ```
 ///
 /// At most [`Listener::set_max_handshakes`] handshakes (256 by default) are
 /// in progress; further clients wait in the kernel's accept queue.
 ///
+/// # Closing
+/// [`Listener::close`] (or [`ListenerCloser::close`], from another task,
+/// through [`Listener::closer`]) stops it: the socket closes (new clients
+/// are refused), the handshakes in progress end (their TCP connections
+/// close and whatever was made for them is destroyed; their clients' setup
+/// fails), and `accept` returns [`SetupError::ListenerClosed`] from then
+/// on, which ends an accept loop like the one above:
+/// `Err(SetupError::ListenerClosed) => break`. Connections accepted before
+/// run on. Dropping the listener does the same as closing it.
+///
 /// The capability probe runs when the listener is bound (through the
 /// options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
 /// `mw` listener on a device without working windows fails at once with
 /// [`SetupError::MwUnusable`]. More, with measured figures: `docs/serving.md`.
 pub struct Listener<N: Nic> {
-    tcp: Async<TcpListener>,
+    /// `None` once closed.
+    tcp: Option<Async<TcpListener>>,
+    /// Set by [`ListenerCloser::close`]; the next poll of `accept` closes.
+    close: Arc<CloseSignal>,
     shared: Arc<Shared<N>>,
     /// Accepted connections run on these hubs ([`Listener::on_hubs`]).
     hubs: Arc<Vec<super::Hub<N>>>,
@@ -163,7 +181,8 @@ impl<N: Nic + 'static> Listener<N> {
         };
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         Ok(Listener {
-            tcp,
+            tcp: Some(tcp),
+            close: Arc::default(),
             shared: Arc::new(Shared { cfg, opts, serve, nics: Mutex::new(Box::new(nics)) }),
             hubs: Arc::new(Vec::new()),
             handshakes: FuturesUnordered::new(),
@@ -195,9 +214,43 @@ impl<N: Nic + 'static> Listener<N> {
         self
     }
 
-    /// The address the listener is bound to.
+    /// The address the listener is bound to (an error once it is closed).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.tcp.get_ref().local_addr()
+        match &self.tcp {
+            Some(tcp) => tcp.get_ref().local_addr(),
+            None => Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the listener was closed")),
+        }
+    }
+
+    /// Close the listener now: its socket closes, so new clients are
+    /// refused; the handshakes in progress end (their TCP connections
+    /// close, and the endpoints made for clients that proved the key are
+    /// destroyed); [`Listener::accept`] returns
+    /// [`SetupError::ListenerClosed`] from now on. Connections already
+    /// accepted are not touched. Idempotent.
+    pub fn close(&mut self) {
+        self.close.close();
+        self.shut();
+    }
+
+    /// A handle that closes this listener from another task, while its
+    /// accept loop waits in [`Listener::accept`]: that `accept` (or the
+    /// next) then closes the listener as [`Listener::close`] does and
+    /// returns [`SetupError::ListenerClosed`].
+    pub fn closer(&self) -> ListenerCloser {
+        ListenerCloser(self.close.clone())
+    }
+
+    /// Whether the listener is closed (or asked to close by its
+    /// [`ListenerCloser`]).
+    pub fn is_closed(&self) -> bool {
+        self.tcp.is_none() || self.close.is_closed()
+    }
+
+    /// Drop the socket and the handshakes in progress.
+    fn shut(&mut self) {
+        self.tcp = None;
+        self.handshakes = FuturesUnordered::new();
     }
 
     /// At most `n` (at least 1) handshakes in progress at once; further
@@ -220,25 +273,33 @@ impl<N: Nic + 'static> Listener<N> {
     /// that ended its handshake (a wrong key, silence past the timeout,
     /// ...), which concerns that client only: call `accept` again. Failing
     /// to take a TCP connection at all (out of file descriptors, say) is
-    /// an error too.
+    /// an error too. Once the listener is closed ([`Listener::close`],
+    /// [`ListenerCloser::close`]) it returns [`SetupError::ListenerClosed`]:
+    /// end the accept loop then.
     ///
     /// Cancel-safe: dropping the future loses no handshake; the next call
     /// goes on with them.
     pub async fn accept(&mut self) -> Result<AsyncConnected<N>, SetupError> {
         poll_fn(|cx| loop {
+            // Registered before looking: a close from now on wakes this task.
+            self.close.waker.register(cx.waker());
+            if self.close.is_closed() {
+                self.shut();
+            }
+            let Some(tcp) = &self.tcp else { return Poll::Ready(Err(SetupError::ListenerClosed)) };
             if let Poll::Ready(Some(done)) = self.handshakes.poll_next_unpin(cx) {
                 return Poll::Ready(done);
             }
             if self.handshakes.len() >= self.max_handshakes {
                 return Poll::Pending;
             }
-            match self.tcp.get_ref().accept() {
+            match tcp.get_ref().accept() {
                 Ok((stream, _)) => {
                     let shared = self.shared.clone();
                     self.handshakes.push(Box::pin(handshake(stream, shared, self.hubs.clone())));
                     // Poll the new handshake (it registers its wakers), then look for more.
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match self.tcp.poll_readable(cx) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match tcp.poll_readable(cx) {
                     Poll::Ready(Ok(())) => continue,
                     Poll::Ready(Err(source)) => {
                         return Poll::Ready(Err(BootstrapError::Io { phase: Phase::Connect, source }.into()))
@@ -252,6 +313,43 @@ impl<N: Nic + 'static> Listener<N> {
             }
         })
         .await
+    }
+}
+
+/// Closes a [`Listener`] from another task ([`Listener::closer`]). Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct ListenerCloser(Arc<CloseSignal>);
+
+impl ListenerCloser {
+    /// Close the listener: the `accept` its loop waits in (or its next
+    /// one) closes it as [`Listener::close`] does and returns
+    /// [`SetupError::ListenerClosed`]. Idempotent.
+    pub fn close(&self) {
+        self.0.close();
+    }
+}
+
+impl std::fmt::Debug for ListenerCloser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerCloser").field("closed", &self.0.is_closed()).finish()
+    }
+}
+
+/// A listener's close request and the waker of its `accept`.
+#[derive(Default)]
+struct CloseSignal {
+    closed: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl CloseSignal {
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 }
 

@@ -54,16 +54,25 @@ pub struct Reply {
 }
 
 /// A request received by a server.
+///
+/// Under the confirm policy for replies a request may come again
+/// ([`Request::again`]): see [`Connection::next_request`].
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
     /// Name it in [`Connection::reply`].
     pub id: RequestId,
-    /// The request header.
+    /// The request header (the same when the request comes again).
     pub header: Header,
     /// The request payload; give it back with [`Connection::free`].
+    /// `None` when the request comes again: the payload came the first time.
     pub data: Option<Buf>,
-    /// The caller's trace id, if it sent one ([`Connection::call_traced`]).
+    /// The caller's trace id, if it sent one ([`Connection::call_traced`]);
+    /// the same when the request comes again.
     pub trace: Option<TraceId>,
+    /// The request comes again: the client read a stale reply (confirm
+    /// policy) and needs the reply payload again. Answer it as the first
+    /// time, from `header`; `data` is `None`.
+    pub again: bool,
 }
 
 type CallResult = Result<Reply, CallError>;
@@ -109,8 +118,9 @@ pub(super) struct State<N: Nic> {
     finished: bool,
     /// Tasks in `Driver::run` of a connection on a hub.
     finish_waiters: Waiters,
-    /// The user asked to close.
-    closing: bool,
+    /// The user asked to close (`Closed`), or the peer went away
+    /// (`PeerGone`): the connection goes down for that reason.
+    closing: Option<LossReason>,
     /// When the connection went down (to bound the wait for flushes).
     down_at: Option<Duration>,
     down: Option<LossReason>,
@@ -177,7 +187,7 @@ impl<N: Nic> Inner<N> {
                 closed_waiters: Waiters::default(),
                 finished: false,
                 finish_waiters: Waiters::default(),
-                closing: false,
+                closing: None,
                 down_at: None,
                 down: None,
                 driver_next: None,
@@ -564,6 +574,22 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Server: the next request, or `None` once the connection is down.
+    ///
+    /// Under the confirm policy for replies, a request may come again after
+    /// it was answered ([`Request::again`] set): the client's READ of the
+    /// reply payload was stale (the offered buffer's hold,
+    /// [`Config::lease_time`](super::Config::lease_time), ended before the
+    /// client confirmed it), so it needs the payload again. It comes with
+    /// the same id, header and trace id as the first time, and no payload
+    /// (`data` is `None`: the server had it the first time). Answer it
+    /// with [`Connection::reply`] as the first time, with a fresh reply
+    /// payload: the connection kept the header for this, so a server that
+    /// answers from the header has nothing to remember. A server whose
+    /// reply depends on the request payload must keep what it needs of it
+    /// until the client's call is over (the client's
+    /// [`Config::call_timeout`](super::Config::call_timeout) after the
+    /// request came, at most), or answer a request that comes again with
+    /// an error status.
     pub async fn next_request(&self) -> Option<Request> {
         poll_fn(|cx| {
             let mut st = self.inner.state.lock();
@@ -630,7 +656,18 @@ impl<N: Nic> Connection<N> {
     /// reaps the flushes, destroys the QP (after which no DMA of it is
     /// possible) and ends once every buffer is back. Does not block.
     pub fn close(&self) {
-        self.with(|s| s.closing = true);
+        self.with(|s| _ = s.closing.get_or_insert(LossReason::Closed));
+    }
+
+    /// The peer went away: its bootstrap stream closed. Closes the
+    /// connection as [`Connection::close`] does, but calls then fail, and
+    /// [`Connection::closed`] and [`Driver::run`] end, with
+    /// [`LossReason::PeerGone`] (unless it was down already).
+    /// [`AsyncConnected::run`](super::AsyncConnected::run) calls it when it
+    /// sees the stream close; call it yourself if you run the driver and
+    /// watch the stream on your own.
+    pub fn peer_gone(&self) {
+        self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerGone));
     }
 
     /// What the connection has done so far (calls, bytes, binds,
@@ -640,8 +677,9 @@ impl<N: Nic> Connection<N> {
         self.peek(|s| s.ep.stats())
     }
 
-    /// Wait until the connection is down, and say why: the peer closed or
-    /// broke the protocol, a work request failed, the user closed it. Every
+    /// Wait until the connection is down, and say why: the peer went away
+    /// ([`LossReason::PeerGone`]) or broke the protocol, a work request
+    /// failed, the user closed it ([`LossReason::Closed`]). Every
     /// call fails once it is; its buffers come back as the NIC flushes.
     pub async fn closed(&self) -> LossReason {
         poll_fn(|cx| {
@@ -754,18 +792,13 @@ impl<N: Nic> State<N> {
             }
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
             Event::Request { req, header, data, trace } => {
-                self.requests.push_back(Request { id: req, header, data, trace });
+                self.requests.push_back(Request { id: req, header, data, trace, again: false });
                 self.request_waiters.wake_all();
             }
-            Event::ReplyAgain { req } => {
+            Event::ReplyAgain { req, header, trace } => {
                 // Confirm policy: the client read a stale reply. The request
-                // comes again (same id, empty header): reply with fresh data.
-                self.requests.push_back(Request {
-                    id: req,
-                    header: Header::default(),
-                    data: None,
-                    trace: None,
-                });
+                // comes again (same id, header and trace, no payload).
+                self.requests.push_back(Request { id: req, header, data: None, trace, again: true });
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
@@ -858,8 +891,11 @@ impl<N: Nic> Inner<N> {
     ) -> Turn {
         let inner = self;
         let mut st = inner.state.lock();
-        if st.closing && st.ep.is_down().is_none() {
-            st.ep.begin_close(now);
+        if st.closing.is_some() && st.ep.is_down().is_none() {
+            match st.closing {
+                Some(LossReason::PeerGone) => st.ep.peer_gone(now),
+                _ => st.ep.begin_close(now),
+            }
         }
         if st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);
@@ -916,9 +952,9 @@ impl<N: Nic> Inner<N> {
         }
         arm(&mut st, next);
         if let Some(h) = &inner.hub {
-            // A buffer handle dropped from now on queues the connection.
+            // A buffer handle dropped from now on queues the connection; one
+            // dropped since this turn's reclaim queues it now.
             if st.ep.wake_on_return(&h.waker) {
-                // One was dropped after this turn took them back: another turn.
                 h.waker.wake_by_ref();
             }
         }
@@ -993,8 +1029,10 @@ impl<N: Nic> Driver<N> {
                 return Poll::Ready(());
             }
             let st = self.inner.state.lock();
+            // Registered first, then looked at: a handle dropped in between
+            // wakes this task. A dropped handle needs a turn to take it back
+            // (a READ may wait for a buffer).
             if st.ep.wake_on_return(cx.waker()) {
-                // A buffer handle was dropped since the turn took them back.
                 return Poll::Ready(());
             }
             let cq = st.ep.cq();

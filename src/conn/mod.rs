@@ -131,7 +131,7 @@ pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 #[cfg(not(loom))]
 pub use hub::{Hub, HubDriver, HubStats};
 #[cfg(not(loom))]
-pub use listen::{connect_async, connect_async_on, AsyncConnected, Listener};
+pub use listen::{connect_async, connect_async_on, AsyncConnected, Listener, ListenerCloser};
 #[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 #[cfg(not(loom))]

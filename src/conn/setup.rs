@@ -52,10 +52,16 @@ pub enum SetupError {
         /// The probe's first failing step.
         why: String,
     },
+    /// The [`Listener`](super::Listener) was closed
+    /// ([`Listener::close`](super::Listener::close)): it takes no more
+    /// clients. End the accept loop.
+    #[error("the listener was closed: it accepts no more clients (bind a new one to accept again)")]
+    ListenerClosed,
 }
 
 /// A connected endpoint and the TCP stream of its bootstrap; keep the stream
-/// open: its closing tells that the peer went away.
+/// open: its closing tells that the peer went away (then call
+/// [`Endpoint::peer_gone`]).
 pub struct Connected<N: Nic> {
     /// The endpoint, QP in RTS, receives posted.
     pub endpoint: Endpoint<N>,

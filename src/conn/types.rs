@@ -321,10 +321,6 @@ impl Returns {
         self.queued.store(false, Relaxed);
         out.append(&mut q);
     }
-    /// Whether a dropped handle waits to be taken back.
-    pub(crate) fn any(&self) -> bool {
-        self.queued.load(std::sync::atomic::Ordering::Acquire)
-    }
     fn put(&self, slot: u32, lending: u32) {
         {
             let mut q = self.queue.lock();
@@ -338,6 +334,16 @@ impl Returns {
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
         crate::handle::store_waker(&mut self.waker.lock(), w);
+    }
+    /// Whether handles wait to be taken back (no lock: see `queued`).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn any(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Acquire)
+    }
+    /// How many of the handles waiting to be taken back `live` says are
+    /// still the user's (slot, lending): they are the pool's already.
+    pub(crate) fn count(&self, live: impl Fn(u32, u32) -> bool) -> usize {
+        self.queue.lock().iter().filter(|&&(slot, lending)| live(slot, lending)).count()
     }
 }
 
@@ -389,84 +395,123 @@ impl std::hash::Hash for Buf {
 }
 
 /// An application header (of a request or reply): inline up to 64 bytes,
-/// so small headers cost no allocation; on the heap beyond.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Header(smallvec::SmallVec<[u8; 64]>);
+/// so small headers cost no allocation; on the heap beyond, shared by its
+/// clones (a clone copies at most 64 bytes and never allocates).
+#[derive(Clone)]
+pub struct Header(HeaderBytes);
+
+/// Bytes a [`Header`] holds without an allocation.
+const INLINE_HEADER: usize = 64;
+
+#[derive(Clone)]
+enum HeaderBytes {
+    Inline { len: u8, bytes: [u8; INLINE_HEADER] },
+    Shared(std::sync::Arc<[u8]>),
+}
 
 impl Header {
     /// The bytes, as a vector.
     pub fn into_vec(self) -> Vec<u8> {
-        self.0.into_vec()
+        self.to_vec()
+    }
+}
+
+impl Default for Header {
+    fn default() -> Header {
+        Header(HeaderBytes::Inline { len: 0, bytes: [0; INLINE_HEADER] })
     }
 }
 
 impl std::ops::Deref for Header {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            HeaderBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            HeaderBytes::Shared(b) => b,
+        }
     }
 }
 
 impl AsRef<[u8]> for Header {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self
+    }
+}
+
+impl PartialEq for Header {
+    fn eq(&self, o: &Header) -> bool {
+        self[..] == o[..]
+    }
+}
+
+impl Eq for Header {}
+
+impl std::hash::Hash for Header {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self[..].hash(h);
     }
 }
 
 impl fmt::Debug for Header {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match std::str::from_utf8(&self.0) {
+        match std::str::from_utf8(self) {
             Ok(s) => write!(f, "Header({s:?})"),
-            Err(_) => write!(f, "Header({:02x?})", &self.0[..]),
+            Err(_) => write!(f, "Header({:02x?})", &self[..]),
         }
     }
 }
 
 impl From<&[u8]> for Header {
     fn from(b: &[u8]) -> Header {
-        Header(smallvec::SmallVec::from_slice(b))
+        if b.len() <= INLINE_HEADER {
+            let mut bytes = [0; INLINE_HEADER];
+            bytes[..b.len()].copy_from_slice(b);
+            Header(HeaderBytes::Inline { len: b.len() as u8, bytes })
+        } else {
+            Header(HeaderBytes::Shared(b.into()))
+        }
     }
 }
 
 impl<const N: usize> From<&[u8; N]> for Header {
     fn from(b: &[u8; N]) -> Header {
-        Header(smallvec::SmallVec::from_slice(b))
+        Header::from(&b[..])
     }
 }
 
 impl From<Vec<u8>> for Header {
     fn from(v: Vec<u8>) -> Header {
-        Header(smallvec::SmallVec::from_vec(v))
+        Header::from(&v[..])
     }
 }
 
 impl PartialEq<[u8]> for Header {
     fn eq(&self, o: &[u8]) -> bool {
-        self.0[..] == *o
+        self[..] == *o
     }
 }
 
 impl PartialEq<&[u8]> for Header {
     fn eq(&self, o: &&[u8]) -> bool {
-        self.0[..] == **o
+        self[..] == **o
     }
 }
 
 impl<const N: usize> PartialEq<[u8; N]> for Header {
     fn eq(&self, o: &[u8; N]) -> bool {
-        self.0[..] == o[..]
+        self[..] == o[..]
     }
 }
 
 impl<const N: usize> PartialEq<&[u8; N]> for Header {
     fn eq(&self, o: &&[u8; N]) -> bool {
-        self.0[..] == o[..]
+        self[..] == o[..]
     }
 }
 
 impl PartialEq<Vec<u8>> for Header {
     fn eq(&self, o: &Vec<u8>) -> bool {
-        self.0[..] == o[..]
+        self[..] == o[..]
     }
 }
 
@@ -598,11 +643,19 @@ pub enum Event {
         /// Why.
         error: CallError,
     },
-    /// Server, confirm policy: the client read a stale reply and asks again;
-    /// reply to `req` again with [`Endpoint::reply`](super::Endpoint::reply).
+    /// Server, confirm policy: the client read a stale reply (the offered
+    /// buffer's hold ended before it confirmed its READ) and asks for it
+    /// again. Answer `req` again as the first time, with
+    /// [`Endpoint::reply`](super::Endpoint::reply) and a fresh payload: the
+    /// request's header and trace id come again here; its payload, which
+    /// the server had the first time, does not.
     ReplyAgain {
-        /// The request.
+        /// The request (the same id as its [`Event::Request`]).
         req: RequestId,
+        /// The request header, as in its [`Event::Request`].
+        header: Header,
+        /// The caller's trace id, as in its [`Event::Request`].
+        trace: Option<TraceId>,
     },
     /// A buffer given to the NIC is the user's again: no remote access to it
     /// is possible any more.
@@ -726,6 +779,13 @@ pub enum LossReason {
     },
     /// The user closed it.
     Closed,
+    /// The peer went away: its end of the bootstrap TCP stream closed (it
+    /// closed the connection, or its process exited or died). Reported by
+    /// [`AsyncConnected::run`](super::AsyncConnected::run), which watches
+    /// the stream, or by whoever watches it and calls
+    /// [`Connection::peer_gone`](super::Connection::peer_gone) or
+    /// [`Endpoint::peer_gone`](super::Endpoint::peer_gone).
+    PeerGone,
     /// The NIC refused an operation.
     Nic(NicError),
 }
@@ -746,6 +806,10 @@ impl fmt::Display for LossReason {
                 "the peer answered no keepalive ping for {silent:?}: it is dead, hung or cut off; reconnect"
             ),
             LossReason::Closed => f.write_str("closed by the user"),
+            LossReason::PeerGone => f.write_str(
+                "the peer went away (its bootstrap TCP stream closed: it closed the connection, \
+                 or its process exited or died); reconnect once it is back",
+            ),
             LossReason::Nic(e) => write!(f, "the NIC refused an operation: {e}"),
         }
     }
@@ -881,8 +945,13 @@ pub enum CallError {
     /// confirm, a grant declined, a READ failed); nothing of it is returned.
     #[error("the payload could not be read intact: {0}")]
     Payload(PayloadError),
-    /// No free buffer to read the payload into.
-    #[error("no free buffer to read a {0}-byte payload into; return buffers to the pool faster or add more")]
+    /// The reply came, but no buffer was free to take its payload (of this
+    /// many bytes) before the call timed out: the user holds them all, or
+    /// other payloads took them.
+    #[error(
+        "the reply came but no buffer was free for its {0}-byte payload before the call timed out; \
+         free or drop the buffers you hold sooner, or configure more (Config::buffers, Config::large_buffers)"
+    )]
     NoBuffer(u32),
 }
 
@@ -988,4 +1057,29 @@ pub enum UseError {
     /// The NIC refused.
     #[error(transparent)]
     Nic(#[from] NicError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Header;
+
+    #[test]
+    fn a_header_is_its_bytes_inline_or_shared_and_a_clone_shares_a_long_one() {
+        for len in [0, 1, 64, 65, 3000] {
+            let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let h = Header::from(&bytes[..]);
+            assert_eq!(h, bytes);
+            assert_eq!(h, Header::from(bytes.clone()));
+            let c = h.clone();
+            assert_eq!(c, h);
+            if len > 64 {
+                // On the heap, and the clone points at the same bytes.
+                assert_eq!(c.as_ptr(), h.as_ptr(), "a clone of a {len}-byte header allocated");
+            }
+            assert_eq!(c.into_vec(), bytes);
+        }
+        assert_eq!(Header::default(), b"");
+        assert_ne!(Header::from(b"a"), Header::from(b"ab"));
+        assert_eq!(format!("{:?}", Header::from(b"get")), "Header(\"get\")");
+    }
 }

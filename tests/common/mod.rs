@@ -180,9 +180,10 @@ impl World {
                     self.p.server.write(&mut b, &SCRIBBLE).unwrap();
                     self.p.server.free(b);
                 }
-                Event::ReplyAgain { req } => {
-                    // The client read a stale reply; answer again with fresh data.
-                    let seq = self.calls_seq_for_again(req);
+                Event::ReplyAgain { req, header, .. } => {
+                    // The client read a stale reply; answer again with fresh
+                    // data, from the request's header (it comes again).
+                    let (seq, _) = parse(&header);
                     self.pending.push_back((req, seq));
                 }
                 _ => {}
@@ -215,11 +216,6 @@ impl World {
                 _ => {}
             }
         }
-    }
-
-    fn calls_seq_for_again(&self, req: RequestId) -> u32 {
-        // Request ids are the client's message ids, which are the call ids.
-        self.calls.iter().find(|(c, _)| c.raw() == req.raw()).map_or(0, |(_, s)| *s)
     }
 
     /// Let leases expire and retries run out, close both sides, and check

@@ -458,7 +458,7 @@ impl Healthy {
                     }
                     self.answer(now, req, seq);
                 }
-                Event::ReplyAgain { req } => self.answer(now, req, self.seq),
+                Event::ReplyAgain { req, .. } => self.answer(now, req, self.seq),
                 Event::BufferReturned(b) => self.server.free(b),
                 other => self.failures.push(format!("server: {other:?}")),
             }

@@ -295,7 +295,7 @@ impl Conn {
                 self.returned[1] += 1;
                 scribble_and_free(s, b);
             }
-            Event::ReplyAgain { req } => {
+            Event::ReplyAgain { req, .. } => {
                 c.reply_again += 1;
                 let seq = *self.req_seq.get(&req).expect("reply again to a known request");
                 self.pending.push_back((req, seq));

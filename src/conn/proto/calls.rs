@@ -400,6 +400,11 @@ impl Connection {
         }
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
+        if let (Some(_), true, Some(c)) = (fetch, exposed, self.confirm.as_mut()) {
+            // Offered under confirm: a stale read brings the request again
+            // (see `ConfirmEngine::kept`).
+            c.kept.insert(req.0, r);
+        }
         self.pump(now);
     }
 

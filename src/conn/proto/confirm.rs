@@ -30,6 +30,14 @@ pub(super) struct ConfirmEngine {
     /// Server: messages whose offer expired, with when (their `msgs`
     /// entries go once the client can no longer retry).
     pub(super) expired: VecDeque<(fb::MsgId, Duration)>,
+    /// Server: each request whose reply was offered, by its id, kept as
+    /// long as the `msgs` entry of the client's fetch: a client that reads
+    /// a stale reply asks again, and the request then comes again with
+    /// its header and trace id ([`Event::ReplyAgain`]). (The map's type is
+    /// the connection's `requests`'.)
+    ///
+    /// [`Event::ReplyAgain`]: super::super::types::Event::ReplyAgain
+    pub(super) kept: IdMap<u64, super::Request>,
     /// READ token → destination slot.
     pub(super) reads: IdMap<u64, u32>,
     /// READs waiting for a free destination.
@@ -81,6 +89,7 @@ impl ConfirmEngine {
             slot_of,
             msgs: id_map(2 * cfg.ctrl_slots as usize),
             expired: VecDeque::new(),
+            kept: id_map(if cfg.role == Role::Server { 2 * cfg.ctrl_slots as usize } else { 0 }),
             reads: id_map(slots as usize),
             pending_reads: VecDeque::with_capacity(slots as usize),
         }
@@ -104,6 +113,14 @@ impl ConfirmEngine {
             Engine::Server(s) => Some(s),
             Engine::Client(_) => None,
         }
+    }
+
+    /// Client: the length of the READ for fetch `fm` if it waits for a
+    /// free destination.
+    pub(super) fn waiting_read(&self, fm: fb::MsgId) -> Option<u32> {
+        let Engine::Client(c) = &self.engine else { return None };
+        let rr = self.pending_reads.iter().find(|rr| c.fetch_of_read(rr.token()) == Some(fm))?;
+        Some(rr.remote().len())
     }
 
     pub(super) fn tracked(&self) -> usize {

@@ -108,6 +108,15 @@ impl<V> Timed<V> {
         self.order.front().filter(|&&(d, _)| d <= now).map(|&(_, id)| id)
     }
 
+    /// The live entries whose deadlines are at or before `now`, oldest first.
+    pub(crate) fn expired(&self, now: Duration) -> impl Iterator<Item = u64> + '_ {
+        self.order
+            .iter()
+            .take_while(move |&&(d, _)| d <= now)
+            .map(|&(_, id)| id)
+            .filter(|id| self.map.contains_key(id))
+    }
+
     /// Remove every entry, oldest first.
     pub(crate) fn drain(&mut self) -> Vec<(u64, V)> {
         let mut out = Vec::with_capacity(self.map.len());
@@ -144,6 +153,7 @@ mod tests {
         assert_eq!(t.first_deadline(), Some(Duration::from_secs(4)));
         assert_eq!(t.first_expired(Duration::from_secs(3)), None);
         assert_eq!(t.first_expired(Duration::from_secs(4)), Some(4));
+        assert_eq!(t.expired(Duration::from_secs(5)).collect::<Vec<_>>(), vec![4, 5]);
         assert_eq!(t.drain(), vec![(4, 40), (5, 50)]);
         assert_eq!(t.len(), 0);
         assert_eq!(t.first_deadline(), None);

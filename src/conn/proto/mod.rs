@@ -636,9 +636,8 @@ impl Connection {
         n
     }
 
-    /// Wake `w` when a buffer handle is dropped (the async driver). Returns
-    /// whether one was dropped already and waits to be taken back (then no
-    /// wake-up comes for it: take it now).
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back ([`Connection::reclaim`]).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
         self.returns.set_waker(w);
@@ -1061,11 +1060,13 @@ impl Connection {
     /// What the connection has done so far, and where its buffers are.
     pub fn stats(&self) -> ConnStats {
         let count = |h| self.bufs.count(h) as u32;
+        // Handles the user dropped are the pool's, though not taken back yet.
+        let dropped = self.returns.count(|slot, lending| self.bufs.lent(slot, lending)) as u32;
         ConnStats {
             lease_owner: self.owner.as_ref().map(|o| o.engine.stats()),
             lease_reader: self.reader.as_ref().map(|r| r.engine.stats()),
-            buffers_free: count(Holder::Free),
-            buffers_user: count(Holder::User),
+            buffers_free: count(Holder::Free) + dropped,
+            buffers_user: count(Holder::User) - dropped,
             buffers_exposed: count(Holder::Exposed),
             buffers_reading: count(Holder::Reading),
             credits: self.credits,
@@ -1142,6 +1143,14 @@ impl Connection {
     /// Time has reached `now`: fire the engines' timers and call deadlines.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.now = now;
+        // A call out of time whose reply came but whose payload found no
+        // free buffer says so (the user's buffers, not the server, are
+        // the matter); asked before the engines' timers end its fetch.
+        loop {
+            let starved = self.calls.expired(now).find_map(|m| self.waits_for_buffer(m).map(|len| (m, len)));
+            let Some((msg, len)) = starved else { break };
+            self.abandon_call(now, msg, CallError::NoBuffer(len));
+        }
         if let Some(o) = &mut self.owner {
             if o.engine.poll_timeout().is_some_and(|t| t <= now) {
                 o.engine.handle_timeout(now);
@@ -1328,6 +1337,15 @@ impl Connection {
         self.now = now;
         self.dirty = true;
         self.go_down(now, LossReason::Closed);
+    }
+
+    /// The peer went away (its bootstrap stream closed): as
+    /// [`Connection::begin_close`], but the connection is down with
+    /// [`LossReason::PeerGone`] (unless it was down already).
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.now = now;
+        self.dirty = true;
+        self.go_down(now, LossReason::PeerGone);
     }
 
     /// Send-queue work requests whose completions are still to come. The
@@ -1577,6 +1595,19 @@ impl Connection {
         }
         any |= self.retry_inline();
         any
+    }
+
+    /// The length of the payload for `msg` (a call) if it is waiting for a
+    /// free buffer to be read or copied into.
+    fn waits_for_buffer(&self, msg: u64) -> Option<u32> {
+        if let Some((_, g, _)) = self.reader.as_ref().and_then(|r| r.pending.iter().find(|p| p.0 == msg)) {
+            return Some(g.len);
+        }
+        if let Some(&(_, _, len)) = self.inline_wait.iter().find(|w| w.0 == msg) {
+            return Some(len);
+        }
+        let fm = self.calls.get(&msg)?.fetch_fb?;
+        self.confirm.as_ref()?.waiting_read(fm)
     }
 
     /// Hand a grant to the reader with a destination (or queue it).

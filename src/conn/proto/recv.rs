@@ -334,7 +334,13 @@ impl Connection {
         };
         r.surfaced = true;
         let trace = r.trace;
+        // Under confirm a client that reads a stale reply asks again, and
+        // the request comes again: its header is kept for that (a copy of
+        // at most 64 bytes, or a shared longer one: no allocation).
         let header = std::mem::take(&mut r.header);
+        if r.fetch_fb.is_some() {
+            r.header = header.clone();
+        }
         let data = data.map(|(s, l)| self.buf(s, l));
         self.emit(Event::Request { req: RequestId(msg), header, data, trace });
     }
@@ -505,7 +511,9 @@ impl Connection {
             }
             c.expired.pop_front();
             if !self.requests.values().any(|r| r.fetch_fb == Some(msg)) {
-                c.msgs.remove(&msg);
+                if let Some(m) = c.msgs.remove(&msg) {
+                    c.kept.remove(&m);
+                }
             }
         }
         while let Some(ev) = self.confirm.as_mut().and_then(ConfirmEngine::poll_event) {
@@ -545,21 +553,24 @@ impl Connection {
                 fb::Event::ReplyWanted { msg, attempt } => {
                     if let Some(m) = self.cf().msgs.get(&msg).copied() {
                         if attempt > 1 {
-                            // The client read a stale reply: it needs the data again.
+                            // The client read a stale reply: it needs the data
+                            // again. The request comes again as it came.
+                            let kept = self.cf().kept.remove(&m);
+                            let (header, trace) = kept.map(|r| (r.header, r.trace)).unwrap_or_default();
                             let span = tracing::debug_span!("mwcap.request", req = m, attempt);
                             self.requests.insert(
                                 m,
                                 Request {
                                     span,
-                                    trace: None,
-                                    header: Header::default(),
+                                    trace,
+                                    header: header.clone(),
                                     data: Data::Absent,
                                     release: None,
                                     fetch_fb: Some(msg),
                                     surfaced: true,
                                 },
                             );
-                            self.emit(Event::ReplyAgain { req: RequestId(m) });
+                            self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
                         } else if let Some(r) = self.requests.get_mut(&m) {
                             r.fetch_fb = Some(msg);
                         }
@@ -572,7 +583,9 @@ impl Connection {
                     // expired), in which case the entry lives until the
                     // client's fetch is over (pruned by age).
                     if self.cfg.role == Role::Client || reason != fb::Release::Expired {
-                        self.cf().msgs.remove(&msg);
+                        if let Some(m) = self.cf().msgs.remove(&msg) {
+                            self.cf().kept.remove(&m);
+                        }
                     } else {
                         self.cf().expired.push_back((msg, now));
                     }
