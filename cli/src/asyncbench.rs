@@ -23,7 +23,7 @@ use mwcap::backend::Nic;
 use mwcap::conn::{Buf, Connection, Driver, Endpoint, Refused};
 use parking_lot::Mutex;
 
-use crate::cases::{self, Ask, Case, Labels, Measured, Plan, Responder};
+use crate::cases::{self, Ask, Case, Labels, Measured, Plan};
 use crate::count;
 use crate::executors::{self, Executor};
 
@@ -76,11 +76,10 @@ async fn reply<N: Nic>(
 /// payload's tag, reply with the payload the header asks for (or the
 /// allocation count). Returns the number of requests served.
 pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64, String> {
-    let mut responder = Responder::default();
     let mut served = 0;
     while let Some(req) = conn.next_request().await {
         served += 1;
-        let plan = responder.plan(req.id.raw(), &req.header);
+        let plan = cases::plan(&req.header);
         let mut status = cases::STATUS_OK;
         if let Some(d) = req.data {
             let ok = match plan {

@@ -230,38 +230,14 @@ pub enum Plan {
     Bad,
 }
 
-/// The server's memory of recent calls, for a request that comes again
-/// (confirm policy: the client read a stale reply and asks again, with an
-/// empty header). Fixed size: remembering allocates nothing.
-pub struct Responder {
-    recent: [(u64, u32, u8); 64],
-    next: usize,
-}
-
-impl Default for Responder {
-    fn default() -> Self {
-        Responder { recent: [(u64::MAX, 0, 0); 64], next: 0 }
-    }
-}
-
-impl Responder {
-    /// What to do with request `id` (its raw id) carrying `header`.
-    pub fn plan(&mut self, id: u64, header: &[u8]) -> Plan {
-        if header.is_empty() {
-            return match self.recent.iter().find(|r| r.0 == id) {
-                Some(&(_, reply_size, tag)) => Plan::Call { reply_size, tag },
-                None => Plan::Bad,
-            };
-        }
-        match Ask::decode(header) {
-            Some(Ask::Call { reply_size, tag }) => {
-                self.recent[self.next] = (id, reply_size, tag);
-                self.next = (self.next + 1) % self.recent.len();
-                Plan::Call { reply_size, tag }
-            }
-            Some(Ask::Allocs) => Plan::Allocs,
-            None => Plan::Bad,
-        }
+/// What to do with a request carrying `header`. A request that comes again
+/// under confirm (the client read a stale reply) carries its header again
+/// (`Request::again`), so nothing needs remembering.
+pub fn plan(header: &[u8]) -> Plan {
+    match Ask::decode(header) {
+        Some(Ask::Call { reply_size, tag }) => Plan::Call { reply_size, tag },
+        Some(Ask::Allocs) => Plan::Allocs,
+        None => Plan::Bad,
     }
 }
 
@@ -351,14 +327,12 @@ mod tests {
     }
 
     #[test]
-    fn a_request_that_comes_again_gets_the_same_plan() {
-        let mut r = Responder::default();
-        let id = 5;
+    fn a_plan_follows_the_header() {
         assert_eq!(
-            r.plan(id, &Ask::Call { reply_size: 64, tag: 1 }.encode()),
+            plan(&Ask::Call { reply_size: 64, tag: 1 }.encode()),
             Plan::Call { reply_size: 64, tag: 1 }
         );
-        assert_eq!(r.plan(id, &[]), Plan::Call { reply_size: 64, tag: 1 });
+        assert_eq!(plan(&[]), Plan::Bad);
     }
 
     #[test]

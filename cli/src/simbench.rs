@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
 
-use crate::cases::{self, Ask, Case, Labels, Measured, Plan, Responder};
+use crate::cases::{self, Ask, Case, Labels, Measured, Plan};
 use crate::count;
 use crate::{BenchOpts, ExecutorArg};
 
@@ -159,7 +159,6 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
     let cfg = |role| cases::config(role, case.policy, o.pool(), &o.conn);
     let mut pair = SimPair::spec(1, cfg(Role::Client), cfg(Role::Server)).map_err(|e| e.to_string())?;
     let mut state = Loop {
-        responder: Responder::default(),
         pending: Vec::with_capacity(case.inflight as usize),
         deferred: VecDeque::with_capacity(64),
         tag: 0,
@@ -179,7 +178,6 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
 
 /// The sans-IO loop's state, kept across its warm-up and measured phases.
 struct Loop {
-    responder: Responder,
     pending: Vec<Pending>,
     /// Replies not sent yet (waiting for a free buffer or slot): request,
     /// status, tag, reply payload size.
@@ -305,7 +303,7 @@ impl Loop {
                 }
                 _ => continue,
             };
-            let plan = self.responder.plan(req.raw(), &header);
+            let plan = cases::plan(&header);
             let mut status = cases::STATUS_OK;
             if let Some(d) = data {
                 let ok = matches!(plan, Plan::Call { tag, .. } if pair.server.bytes(&d, |b| cases::check(b, d.len(), tag)).unwrap_or(false));
