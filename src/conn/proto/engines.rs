@@ -1,0 +1,261 @@
+//! Carrying out the engines' actions and events: binds and grants, READs,
+//! releases, confirm fetches, and the grants waiting for a destination.
+
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+use mwcap_mw as mw;
+
+use super::super::frame::Frame;
+use super::super::pool::Holder;
+use super::super::types::*;
+use super::confirm::ConfirmEngine;
+use super::{fb_attach, mw_attach, push_attach, wr, Connection, TAG_FB_CLIENT, TAG_FB_SERVER};
+use crate::backend::{Access, MrId, MwId, SendWr, Sge, SgeList};
+
+impl Connection {
+    // ---- carrying out engine actions ----
+
+    /// Drain every engine's actions and events until all are quiet.
+    pub(super) fn pump(&mut self, now: Duration) {
+        loop {
+            let mut progressed = self.retry_pending(now);
+            while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
+                progressed = true;
+                self.owner_action(now, a, None);
+            }
+            while let Some(a) = self.reader.as_mut().and_then(|r| r.engine.poll_action()) {
+                progressed = true;
+                self.reader_action(now, a);
+            }
+            while let Some(a) = self.confirm.as_mut().and_then(ConfirmEngine::poll_action) {
+                progressed = true;
+                self.fb_action(now, a, None);
+            }
+            progressed |= self.owner_events(now);
+            progressed |= self.reader_events(now);
+            progressed |= self.fb_events(now);
+            progressed |= self.drain_backlog();
+            if !progressed {
+                break;
+            }
+        }
+        self.maybe_grant();
+        self.flush_holds();
+    }
+
+    /// Carry out an owner action. A `BindAndGrant` goes out chained with the
+    /// frame in `frame` (the request or reply carrying the grant).
+    pub(super) fn owner_action(&mut self, now: Duration, a: mw::OwnerAction, frame: Option<&mut Frame<'_>>) {
+        match a {
+            mw::OwnerAction::BindAndGrant(b) => {
+                let attach = mw_attach(&mw::Message::Grant(b.grant));
+                let frame = match frame {
+                    Some(f) => {
+                        push_attach(f, attach);
+                        *f
+                    }
+                    None => Frame::Engine(attach),
+                };
+                let bind = SendWr::BindMw {
+                    wr_id: b.bind_token.wr_id(),
+                    signaled: false,
+                    mw: MwId(b.window),
+                    rkey: b.rkey,
+                    // The pool's data region, or a user region (the buffer names it).
+                    mr: MrId(b.buffer.mr),
+                    offset: b.buffer.offset as usize,
+                    len: b.buffer.len as usize,
+                    access: Access::REMOTE_READ,
+                };
+                if let Err(e) = self.send_frame(&frame, Some((bind, b.send_token.wr_id()))) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::OwnerAction::Invalidate { token, rkey, .. } => {
+                self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
+            }
+            mw::OwnerAction::FlushQp => {
+                self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer))
+            }
+        }
+    }
+
+    pub(super) fn reader_action(&mut self, now: Duration, a: mw::ReaderAction) {
+        match a {
+            mw::ReaderAction::Read { token, dest, remote_addr, rkey, len } => {
+                self.post_read(token.wr_id(), MrId(dest.mr), dest.offset as usize, remote_addr, rkey, len);
+            }
+            mw::ReaderAction::SendRelease(r) => {
+                let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
+                if let Err(e) = self.send_frame(&f, None) {
+                    self.go_down(now, LossReason::Nic(e));
+                }
+            }
+            mw::ReaderAction::FlushQp => self.go_down(now, LossReason::ReadHung),
+        }
+    }
+
+    /// Carry out a confirm-engine action; its messages ride in `frame` when given.
+    pub(super) fn fb_action(&mut self, now: Duration, a: fb::Action, frame: Option<&mut Frame<'_>>) {
+        match a {
+            fb::Action::Read(rr) => self.start_fb_read(rr),
+            fb::Action::Send(m) => {
+                let attach = fb_attach(&m);
+                match frame {
+                    Some(f) => push_attach(f, attach),
+                    None => {
+                        if let Err(e) = self.send_frame(&Frame::Engine(attach), None) {
+                            self.go_down(now, LossReason::Nic(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// READ `len` bytes at `remote_addr` into the data region at
+    /// `offset`: one READ, or READs of `Config::read_chunk` bytes posted
+    /// together, of which only the last is signaled (RC completes READs in
+    /// order, so its completion covers the others; an error in any ends
+    /// the QP, and the signaled one then flushes). All carry `wr_id`.
+    pub(super) fn post_read(
+        &mut self,
+        wr_id: u64,
+        mr: MrId,
+        offset: usize,
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+    ) {
+        let chunk = self.cfg.read_chunk.max(1);
+        let mut done = 0u32;
+        loop {
+            let n = (len - done).min(chunk);
+            let last = done + n == len;
+            let local = SgeList::from([Sge { mr, offset: offset + done as usize, len: n }]);
+            let remote_addr = remote_addr + u64::from(done);
+            self.post(SendWr::Read { wr_id, signaled: last, local, remote_addr, rkey });
+            done += n;
+            if last {
+                break;
+            }
+        }
+    }
+
+    pub(super) fn start_fb_read(&mut self, rr: fb::ReadRequest) {
+        if self.confirm.is_none() {
+            return;
+        }
+        let len = rr.remote().len();
+        let Some(slot) = self.take_fit(len, Holder::Reading) else {
+            // The engine refuses reads longer than the largest buffer, so
+            // one fits once a buffer of its class is free.
+            if let Some(c) = self.confirm.as_mut() {
+                c.pending_reads.push_back(rr);
+            }
+            return;
+        };
+        let c = self.confirm.as_mut().expect("checked");
+        let token = rr.token().raw();
+        let tag = if c.is_client() { TAG_FB_CLIENT } else { TAG_FB_SERVER };
+        c.reads.insert(token, slot);
+        let (mr, offset) = self.place(slot);
+        self.post_read(wr(tag, token), mr.id, offset as usize, rr.remote().addr(), rr.remote().rkey(), len);
+    }
+
+    /// Start READs that waited for a free destination. Returns whether any did.
+    pub(super) fn retry_pending(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        if self.down.is_some() {
+            // Nothing can be read any more: a queued READ would take a
+            // buffer that no completion ever returns once the QP is gone.
+            // Queued grants are declined (the owner's lease ends with the
+            // QP); queued confirm READs are dropped (the engine failed
+            // their fetches when the connection was lost).
+            if let Some(c) = self.confirm.as_mut() {
+                any |= !c.pending_reads.is_empty();
+                c.pending_reads.clear();
+            }
+            if let Some(r) = self.reader.as_mut() {
+                while let Some((_, g, _)) = r.pending.pop_front() {
+                    r.engine.decline(now, g, mw::DeclineReason::ConnectionLost);
+                    any = true;
+                }
+            }
+            any |= !self.inline_wait.is_empty();
+            self.inline_wait.clear();
+            self.inline_bytes.clear();
+            return any;
+        }
+        // Each waiting READ, oldest first, starts if a buffer it fits is
+        // free; the others keep their place.
+        let waiting = self.confirm.as_ref().map_or(0, |c| c.pending_reads.len());
+        for _ in 0..waiting {
+            let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) else { break };
+            if self.can_fit(rr.remote().len()) {
+                self.start_fb_read(rr);
+                any = true;
+            } else if let Some(c) = self.confirm.as_mut() {
+                c.pending_reads.push_back(rr);
+            }
+        }
+        let waiting = self.reader.as_ref().map_or(0, |r| r.pending.len());
+        for _ in 0..waiting {
+            let Some((msg, mut g, at)) = self.reader.as_mut().and_then(|r| r.pending.pop_front()) else {
+                break;
+            };
+            if self.can_fit(g.len) {
+                g.time_left = g.time_left.saturating_sub(now.saturating_sub(at));
+                self.start_grant(now, msg, g);
+                any = true;
+            } else if let Some(r) = self.reader.as_mut() {
+                r.pending.push_back((msg, g, at));
+            }
+        }
+        any |= self.retry_inline();
+        any
+    }
+
+    /// The length of the payload for `msg` (a call) if it is waiting for a
+    /// free buffer to be read or copied into.
+    pub(super) fn waits_for_buffer(&self, msg: u64) -> Option<u32> {
+        if let Some((_, g, _)) = self.reader.as_ref().and_then(|r| r.pending.iter().find(|p| p.0 == msg)) {
+            return Some(g.len);
+        }
+        if let Some(&(_, _, len)) = self.inline_wait.iter().find(|w| w.0 == msg) {
+            return Some(len);
+        }
+        let fm = self.calls.get(&msg)?.fetch_fb?;
+        self.confirm.as_ref()?.waiting_read(fm)
+    }
+
+    /// Hand a grant to the reader with a destination (or queue it).
+    pub(super) fn start_grant(&mut self, now: Duration, msg: u64, g: mw::Grant) {
+        let wanted = match self.cfg.role {
+            Role::Client => self.calls.contains_key(&msg),
+            Role::Server => self.requests.contains_key(&msg),
+        };
+        let largest = self.layout.largest();
+        let dest = if wanted && g.len <= largest { self.take_fit(g.len, Holder::Reading) } else { None };
+        let dest = dest.map(|slot| self.mw_buffer(slot, self.layout.size(slot)));
+        let Some(r) = self.reader.as_mut() else { return };
+        if !wanted {
+            // The call was cancelled or timed out: release the lease without
+            // reading a byte.
+            r.engine.decline(now, g, mw::DeclineReason::Unwanted);
+        } else if g.len > largest {
+            // Decline: the destination offered is too small. The stand-in
+            // (no region: never read into) has a buffer's capacity, so the
+            // reason the user sees says what a buffer holds, not 0.
+            let dest = mw::Buffer { mr: u32::MAX, offset: 0, len: largest, addr: 0 };
+            r.engine.handle_grant(now, g, dest);
+            r.leases.insert(g.lease, msg);
+        } else if let Some(dest) = dest {
+            r.leases.insert(g.lease, msg);
+            r.engine.handle_grant(now, g, dest);
+        } else {
+            r.pending.push_back((msg, g, now));
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The send path: staging frames in send slots, receive credit and the
+//! backlog of frames waiting for it, selective signaling.
+
+use super::super::frame::{Frame, CREDIT_AT, MAX_FRAME};
+use super::super::pool::Holder;
+use super::super::types::*;
+use super::{wr, Chain, Command, Connection, Staged, TAG_SEND};
+use crate::backend::{NicError, SendWr, Sge, SgeList};
+
+impl Connection {
+    /// Whether a frame needing `need` credits can go now.
+    pub(super) fn can_send(&self, need: u32) -> bool {
+        self.credits >= need && self.sends.count(Holder::Free) > 0
+    }
+
+    /// Credits a frame of `kind` needs: a `Credit` frame may spend the
+    /// last one, every other frame leaves it for a grant.
+    pub(super) fn credits_needed(kind: u8) -> u32 {
+        if kind == 6 {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether a call or reply could go now: a send slot, credit, and no
+    /// older frame waiting for either.
+    pub(super) fn send_capacity(&self) -> Result<(), UseError> {
+        if self.sends.count(Holder::Free) == 0 {
+            return Err(UseError::NoCtrlSlot);
+        }
+        if !self.backlog.is_empty() || self.credits < 2 {
+            return Err(UseError::NoCredit);
+        }
+        Ok(())
+    }
+
+    /// Stage one frame for a fresh control slot and queue its SEND, after
+    /// `chain` (a bind and the SEND's work request id) when given. A frame
+    /// with no chain that finds no credit or send slot (or older frames
+    /// waiting) waits in the backlog; a chained one must find both (calls
+    /// and replies check first, see [`Connection::send_capacity`]).
+    pub(super) fn send_frame(&mut self, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
+        let need = Self::credits_needed(f.kind_byte());
+        let waits = !self.backlog.is_empty() && !matches!(f, Frame::Credit);
+        if chain.is_none() && (waits || !self.can_send(need)) {
+            return self.defer(f, need);
+        }
+        if !self.can_send(need) {
+            let (queue, depth) = if self.credits < need {
+                ("peer receive credits", self.credits)
+            } else {
+                ("control send slots", self.cfg.sends())
+            };
+            return Err(NicError::QueueFull { queue, depth });
+        }
+        let start = self.stage_start();
+        let grant = self.owed.min(u32::from(u16::MAX)) as u16;
+        let len = match f.encode_with_credit(grant, &mut self.tx[start..start + MAX_FRAME]) {
+            Ok(n) => n,
+            Err(e) => return Err(NicError::InvalidWr(e.to_string())),
+        };
+        self.owed -= u32::from(grant);
+        self.granted_total += u64::from(grant);
+        self.post_staged(start, len, chain);
+        Ok(())
+    }
+
+    /// Queue the copy of `tx[start..start + len]` into `slot` (an inline
+    /// payload received).
+    pub(super) fn push_fill(&mut self, slot: u32, start: usize, len: usize) {
+        self.tx_used = start + len;
+        let (mr, offset) = self.place(slot);
+        let data = Staged { offset: offset as usize, start: start as u32, len: len as u32 };
+        self.commands.push_back(Command::Fill { mr: mr.id, data });
+    }
+
+    /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).
+    pub(super) fn stage_start(&mut self) -> usize {
+        if self.commands.is_empty() {
+            self.tx_used = 0; // every staged frame was taken
+        }
+        let start = self.tx_used;
+        if self.tx.len() < start + MAX_FRAME {
+            self.tx.resize(start + MAX_FRAME, 0); // grows to the peak burst, once
+        }
+        start
+    }
+
+    /// Queue the SEND of the frame staged at `tx[start..start + len]`
+    /// (credit checked by the caller), spending a slot and a credit.
+    pub(super) fn post_staged(&mut self, start: usize, len: usize, chain: Option<(SendWr, u64)>) {
+        let slot = self.sends.take(Holder::Exposed).expect("a free send slot was checked");
+        self.credits -= 1;
+        self.tx_used = start + len;
+        self.stats.frames_sent += 1;
+        let offset = slot as usize * MAX_FRAME;
+        let staged = Staged { offset, start: start as u32, len: len as u32 };
+        let sge = SgeList::one(Sge { mr: self.res.ctrl, offset, len: len as u32 });
+        let chain = match chain {
+            Some((bind, send_wr_id)) => {
+                if let Some(o) = &mut self.owner {
+                    o.grant_sends.insert(send_wr_id, slot);
+                }
+                Chain::two(bind, SendWr::Send { wr_id: send_wr_id, signaled: true, sge })
+            }
+            None => {
+                // Selective signaling: most plain frames complete without a
+                // completion of their own (and so without a driver turn).
+                let signaled = self.unsignaled_run + 1 >= self.signal_every();
+                self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
+                self.plain_sends.push_back(slot);
+                Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled, sge })
+            }
+        };
+        self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
+    }
+
+    /// One plain frame in `signal_every` is posted signaled: half the send
+    /// slots, so that when they run out a signaled one is in flight whose
+    /// completion frees those before it (every frame signaled with fewer
+    /// than four slots).
+    pub(super) fn signal_every(&self) -> u32 {
+        (self.cfg.sends() / 2).max(1)
+    }
+
+    /// A plain frame's SEND completed (or failed, or was flushed): its slot
+    /// and every plain frame's posted before it are free (a send queue
+    /// completes in order).
+    pub(super) fn plain_send_done(&mut self, slot: u32) {
+        if !self.plain_sends.contains(&slot) {
+            tracing::warn!(slot, "completion of a send slot not in flight");
+            return;
+        }
+        while let Some(s) = self.plain_sends.pop_front() {
+            self.sends.hand(s, Holder::Exposed, Holder::Free);
+            if s == slot {
+                break;
+            }
+        }
+    }
+
+    /// Keep `f` (encoded) until credit and a send slot come. An honest
+    /// peer grants credit long before `2 × ctrl_slots` frames wait (each of
+    /// its frames asks for at most a few answers, and it grants as it
+    /// reposts); past that the peer withholds credit, and the connection
+    /// goes down rather than queue without bound.
+    pub(super) fn defer(&mut self, f: &Frame, need: u32) -> Result<(), NicError> {
+        if self.backlog.len() >= 2 * self.cfg.ctrl_slots as usize {
+            let queued = self.backlog.len();
+            tracing::warn!(queued, "peer withholds receive credit");
+            self.go_down(self.now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));
+            return Ok(());
+        }
+        let start = self.backlog_bytes.len();
+        self.backlog_bytes.resize(start + MAX_FRAME, 0);
+        match f.encode_into(&mut self.backlog_bytes[start..]) {
+            Ok(n) => {
+                self.backlog_bytes.truncate(start + n);
+                self.backlog.push_back((start as u32, n as u32));
+                if self.credits < need {
+                    self.stats.credit_waits += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.backlog_bytes.truncate(start);
+                Err(NicError::InvalidWr(e.to_string()))
+            }
+        }
+    }
+
+    /// Send the frames that waited, oldest first, as far as credit and
+    /// send slots allow. Returns whether any went.
+    pub(super) fn drain_backlog(&mut self) -> bool {
+        let mut any = false;
+        while let Some(&(at, len)) = self.backlog.front() {
+            let (at, len) = (at as usize, len as usize);
+            if !self.can_send(Self::credits_needed(self.backlog_bytes[at + 1])) {
+                break;
+            }
+            self.backlog.pop_front();
+            let start = self.stage_start();
+            self.tx[start..start + len].copy_from_slice(&self.backlog_bytes[at..at + len]);
+            let grant = self.owed.min(u32::from(u16::MAX)) as u16;
+            self.tx[start + CREDIT_AT..start + CREDIT_AT + 2].copy_from_slice(&grant.to_le_bytes());
+            self.owed -= u32::from(grant);
+            self.granted_total += u64::from(grant);
+            self.post_staged(start, len, None);
+            any = true;
+        }
+        if self.backlog.is_empty() {
+            self.backlog_bytes.clear();
+        } else if let Some(&(first, _)) = self.backlog.front() {
+            // Frames keep waiting: drop the bytes of those gone, once they
+            // are most of the arena, so that it holds only the waiting ones.
+            let first = first as usize;
+            if first > 0 && first * 2 >= self.backlog_bytes.len() {
+                self.backlog_bytes.drain(..first);
+                for e in self.backlog.iter_mut() {
+                    e.0 -= first as u32;
+                }
+            }
+        }
+        any
+    }
+
+    /// Grant the peer the receives posted since the last frame out, in a
+    /// frame of its own, once they are half of the receive slots: a peer
+    /// that sends while we have nothing to say must not run dry. (At least
+    /// 2, so that a `Credit` frame, which takes one receive, never causes
+    /// another by itself.) A `Credit` frame may spend our last credit, so
+    /// that two sides that both wait for credit always get it: a side
+    /// with at most one credit left means its peer owes it at least
+    /// `share - 1` (at least 7), past the
+    /// threshold.
+    pub(super) fn maybe_grant(&mut self) {
+        let threshold = (self.share / 2).max(2);
+        if self.down.is_none() && self.owed >= threshold && self.can_send(1) {
+            self.stats.credit_frames += 1;
+            if let Err(e) = self.send_frame(&Frame::Credit, None) {
+                self.go_down(self.now, LossReason::Nic(e));
+            }
+        }
+    }
+}
