@@ -478,3 +478,45 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
         assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     }
 }
+
+/// A pending call takes the connection's turns itself while it busy-polls
+/// (`Config::busy_poll`), so it finds its reply on its own thread: here the
+/// client's driver is not polled at all until the calls are done.
+#[test]
+fn a_pending_call_takes_its_connections_turns_itself() {
+    let fabric = Fabric::with_seed(3);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut ccfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    ccfg.busy_poll = Duration::from_secs(10);
+    let mut c = Endpoint::new(cn, ccfg).unwrap();
+    let mut s = Endpoint::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se).unwrap();
+    s.connect(&ce).unwrap();
+    let (client, cdrv) = Connection::new(c);
+    let (server, sdrv) = Connection::new(s);
+    let closer = server.clone();
+    let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
+    let calls = async {
+        for i in 0..20u8 {
+            let mut b = client.alloc().await.unwrap();
+            client.write(&mut b, &[i; 4096]).unwrap();
+            let r = client.call(b"hi", Some(b)).await.expect("call");
+            let data = r.data.expect("a payload");
+            assert_eq!(client.read(&data).unwrap(), vec![i; 4096]);
+            client.free(data);
+        }
+    };
+    // Fails rather than hangs if a waiting call stops taking turns (the
+    // client's driver is not running, so nothing else would).
+    match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(30)))) {
+        Either::Left(_) => {}
+        Either::Right(_) => panic!("the calls did not finish: a waiting call took no turns"),
+    }
+    assert_eq!(client.driver_stats().turns, 0);
+    client.close();
+    closer.close();
+    block_on(cdrv.run());
+    served.join().unwrap();
+}

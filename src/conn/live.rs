@@ -158,6 +158,13 @@ pub(crate) struct Inner<N: Nic> {
     abandoned: std::sync::atomic::AtomicUsize,
     recycle: Arc<Recycle<CallResult>>,
     epoch: Instant,
+    /// A pending call takes the connection's turns itself (see
+    /// [`CallFuture`]); at most one does at a time, and the driver does not
+    /// busy-poll meanwhile (it sleeps, woken as usual by completions and
+    /// the user).
+    spinning: std::sync::atomic::AtomicBool,
+    /// `Config::busy_poll`: how long a pending call takes turns itself.
+    spin: Duration,
     /// Set when the connection is driven by a [`super::Hub`].
     pub(super) hub: Option<HubPart>,
 }
@@ -176,7 +183,10 @@ pub(super) struct HubPart {
 
 impl<N: Nic> Inner<N> {
     fn new(ep: Endpoint<N>, epoch: Instant, hub: Option<HubPart>) -> Inner<N> {
+        let spin = ep.config().busy_poll;
         Inner {
+            spinning: std::sync::atomic::AtomicBool::new(false),
+            spin,
             state: Mutex::new(State {
                 ep,
                 calls: super::proto::ids::id_map(64),
@@ -453,6 +463,8 @@ impl<N: Nic> Connection<N> {
             handle: Handle::new(slot, self.inner.recycle.clone()),
             inner: self.inner.clone(),
             done: false,
+            spin_until: None,
+            spinning: false,
         }
         .await
     }
@@ -743,25 +755,93 @@ impl<N: Nic> Connection<N> {
 
 /// A call in flight: the result's handle, and a kick for the driver when the
 /// caller gives up (so a sleeping driver cancels the call at once).
+///
+/// While its reply has not come, a call takes turns of its connection
+/// itself and yields, for up to `Config::busy_poll`, unless another call
+/// of the connection does so already: the reply is then found on the
+/// caller's thread instead of the driver's, which under a multi-thread
+/// executor saves a wake-up across threads per call. Afterwards it waits
+/// for the driver. Not on a hub (whose driver polls the shared completion
+/// queue).
 struct CallFuture<N: Nic> {
     handle: Handle<CallResult>,
     inner: Arc<Inner<N>>,
     done: bool,
+    /// When the call stops taking turns itself (set at its first wait).
+    spin_until: Option<Instant>,
+    /// This call holds `Inner::spinning`.
+    spinning: bool,
+}
+
+impl<N: Nic> CallFuture<N> {
+    /// The call no longer takes turns itself.
+    fn stop_spinning(&mut self) {
+        if std::mem::take(&mut self.spinning) {
+            self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 impl<N: Nic> Future for CallFuture<N> {
     type Output = CallResult;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
-        let r = Pin::new(&mut self.handle).poll(cx);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
+        let this = self.get_mut();
+        let mut r = Pin::new(&mut this.handle).poll(cx);
+        if r.is_pending() && !this.inner.spin.is_zero() && this.spin() {
+            r = Pin::new(&mut this.handle).poll(cx);
+            if r.is_pending() {
+                // Yield, then look again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
         if r.is_ready() {
-            self.done = true;
+            this.done = true;
+        }
+        if this.spinning {
+            this.stop_spinning();
         }
         r
     }
 }
 
+impl<N: Nic> CallFuture<N> {
+    /// While the call may spin (its window is open and no other call
+    /// spins): take a turn of the connection and return true.
+    #[inline(never)]
+    fn spin(&mut self) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let inner = &*self.inner;
+        if inner.hub.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= *self.spin_until.get_or_insert(now + inner.spin) {
+            return false;
+        }
+        if !self.spinning {
+            if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
+                return false;
+            }
+            self.spinning = true;
+        }
+        let t = inner.turn(inner.now(), &[], |st, next| {
+            // The driver's timer must fire no later than `next`.
+            if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
+                inner.bell.ring();
+            }
+        });
+        if t.finished {
+            // The driver ends on its next turn.
+            inner.bell.ring();
+        }
+        true
+    }
+}
+
 impl<N: Nic> Drop for CallFuture<N> {
     fn drop(&mut self) {
+        self.stop_spinning();
         if !self.done {
             // Mark the slot abandoned first, then ring: the driver's next
             // turn sees the abandonment and cancels the call.
@@ -1009,7 +1089,8 @@ impl<N: Nic> Driver<N> {
                 }
                 continue;
             }
-            if !spin.is_zero() {
+            // While calls take turns themselves, they do the polling.
+            if !spin.is_zero() && !self.inner.spinning.load(Relaxed) {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() < spin {
                     YieldNow(false).await;
