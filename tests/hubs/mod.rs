@@ -22,16 +22,28 @@ pub fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = 
 /// Serve requests: reply (header `echo`) with the request's payload
 /// reversed, or with none. Ends when the connection does; a buffer that
 /// cannot be had while the connection is up is a failure.
+///
+/// A request that comes again (confirm: the client read a stale reply) has
+/// no payload; its reply is rebuilt from what the first one carried, which
+/// the server keeps, as `Request::again` asks of a server whose reply
+/// depends on the request payload.
 pub async fn serve(server: Connection<SimNic>) {
+    let mut answered: std::collections::HashMap<mwcap::conn::RequestId, Vec<u8>> = Default::default();
     while let Some(req) = server.next_request().await {
-        let mut bytes = match &req.data {
-            Some(d) => server.read(d).unwrap(),
-            None => Vec::new(),
+        let bytes = if req.again {
+            answered.get(&req.id).cloned().unwrap_or_default()
+        } else {
+            let mut bytes = match &req.data {
+                Some(d) => server.read(d).unwrap(),
+                None => Vec::new(),
+            };
+            if let Some(d) = req.data {
+                server.free(d);
+            }
+            bytes.reverse();
+            answered.insert(req.id, bytes.clone());
+            bytes
         };
-        if let Some(d) = req.data {
-            server.free(d);
-        }
-        bytes.reverse();
         let out = if bytes.is_empty() {
             None
         } else {
