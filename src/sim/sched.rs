@@ -6,12 +6,13 @@
 //! the completions of one CQ. Only a lane's head can run, so a later event
 //! of the same lane never overtakes an earlier one, whatever their times.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::Rng;
 
 use super::event::EvKind;
+use super::ranked::RankedSet;
 
 /// A FIFO of events that must run in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,6 +29,11 @@ pub(crate) enum Lane {
     Free(u64),
 }
 
+impl Lane {
+    /// The first lane in `Lane` order.
+    const FIRST: Lane = Lane::Sq(0, 0);
+}
+
 #[derive(Debug)]
 pub(crate) struct Ev {
     pub(crate) at: u64,
@@ -39,15 +45,15 @@ pub(crate) struct Ev {
 /// holds the runnable events, one per non-empty lane and every free event,
 /// by time and then lane: those due first come in `Lane` order, free
 /// events last by sequence number, the order in which the generator picks
-/// among them. Each step is O(log n) in the events queued, plus the number
-/// of events due at the same instant as the one it runs.
+/// among them. It counts them, so finding how many are due first and
+/// taking the k-th is O(log n) however many there are; so is every step.
 #[derive(Default)]
 pub(crate) struct Scheduler {
     lanes: BTreeMap<Lane, VecDeque<Ev>>,
     /// Unordered events by sequence number.
     free: BTreeMap<u64, Ev>,
     /// (time, lane) of every lane's head and every free event.
-    heads: BTreeSet<(u64, Lane)>,
+    heads: RankedSet<(u64, Lane)>,
     next_free: u64,
     len: usize,
 }
@@ -120,7 +126,7 @@ impl Scheduler {
 
     /// The time of the earliest runnable event.
     pub(crate) fn next_at(&self) -> Option<u64> {
-        self.heads.first().map(|&(at, _)| at)
+        self.heads.first().map(|(at, _)| at)
     }
 
     /// How many events are queued.
@@ -131,18 +137,14 @@ impl Scheduler {
     /// Take one of the earliest runnable events if it is due at `now`,
     /// choosing among simultaneous ones with `rng`.
     pub(crate) fn pop_due(&mut self, now: u64, rng: &mut SmallRng) -> Option<Ev> {
-        let &(at, first) = self.heads.first()?;
+        let (at, first) = self.heads.first()?;
         if at > now {
             return None;
         }
-        let tied = || self.heads.iter().take_while(|&&(t, _)| t == at).map(|&(_, lane)| lane);
-        let lane = match tied().nth(1) {
-            None => first,
-            Some(_) => {
-                let n = tied().count();
-                tied().nth(rng.gen_range(0..n)).expect("n heads are due")
-            }
-        };
+        // The heads due at `at` are the first n.
+        let n = at.checked_add(1).map_or(self.heads.len(), |later| self.heads.rank(&(later, Lane::FIRST)));
+        let lane =
+            if n == 1 { first } else { self.heads.nth(rng.gen_range(0..n)).expect("n heads are due").1 };
         self.take(lane)
     }
 }
@@ -322,7 +324,7 @@ mod tests {
                 prop_assert_eq!(a.map(id), b.map(id));
             }
             prop_assert_eq!(new.len(), 0);
-            prop_assert!(new.heads.is_empty());
+            prop_assert_eq!(new.heads.len(), 0);
         }
     }
 }
