@@ -6,7 +6,7 @@
 //! the completions of one CQ. Only a lane's head can run, so a later event
 //! of the same lane never overtakes an earlier one, whatever their times.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -41,17 +41,19 @@ pub(crate) struct Ev {
 }
 
 /// Ordered lanes stay (empty) once created, so a busy fabric reuses their
-/// queues; free events (timers) are kept apart by sequence number. `heads`
-/// holds the runnable events, one per non-empty lane and every free event,
-/// by time and then lane: those due first come in `Lane` order, free
-/// events last by sequence number, the order in which the generator picks
-/// among them. It counts them, so finding how many are due first and
-/// taking the k-th is O(log n) however many there are; so is every step.
+/// queues; free events (timers) are kept apart by sequence number. Both are
+/// found without a search (a lane by its indexes, a free event by hash) and
+/// never iterated. `heads` holds the runnable events, one per non-empty lane
+/// and every free event, by time and then lane: those due first come in
+/// `Lane` order, free events last by sequence number, the order in which
+/// the generator picks among them. It counts them, so finding how many are
+/// due first and taking the k-th is O(log n) however many there are; so is
+/// every step.
 #[derive(Default)]
 pub(crate) struct Scheduler {
-    lanes: BTreeMap<Lane, VecDeque<Ev>>,
+    lanes: Queues,
     /// Unordered events by sequence number.
-    free: BTreeMap<u64, Ev>,
+    free: HashMap<u64, Ev>,
     /// (time, lane) of every lane's head and every free event.
     heads: RankedSet<(u64, Lane)>,
     next_free: u64,
@@ -70,7 +72,7 @@ impl Scheduler {
             self.heads.insert((at, lane));
             return;
         }
-        let q = self.lanes.entry(lane).or_default();
+        let q = self.lanes.make(lane);
         let at = match q.back() {
             Some(b) => b.at.max(at),
             None => {
@@ -96,7 +98,7 @@ impl Scheduler {
                 self.take(lane);
             }
             _ => {
-                let Some(q) = self.lanes.get_mut(&lane) else { return };
+                let Some(q) = self.lanes.get_mut(lane) else { return };
                 if let Some(head) = q.front() {
                     self.heads.remove(&(head.at, lane));
                 }
@@ -111,7 +113,7 @@ impl Scheduler {
         let (ev, next) = match lane {
             Lane::Free(seq) => (self.free.remove(&seq)?, None),
             _ => {
-                let q = self.lanes.get_mut(&lane)?;
+                let q = self.lanes.get_mut(lane)?;
                 let ev = q.pop_front()?;
                 (ev, q.front().map(|e| e.at))
             }
@@ -149,8 +151,47 @@ impl Scheduler {
     }
 }
 
+/// The ordered lanes' queues by device, kind and index: devices, queue
+/// pairs and CQs are named by slab indexes, dense and never reused.
+#[derive(Default)]
+struct Queues(Vec<[Vec<VecDeque<Ev>>; 4]>);
+
+impl Queues {
+    /// Where an ordered lane's queue is: (device, kind, index).
+    fn slot(lane: Lane) -> (usize, usize, usize) {
+        let (kind, dev, index) = match lane {
+            Lane::Sq(dev, qp) => (0, dev, qp),
+            Lane::Resp(dev, qp) => (1, dev, qp),
+            Lane::Req(dev, qp) => (2, dev, qp),
+            Lane::Cq(dev, cq) => (3, dev, cq),
+            Lane::Free(_) => unreachable!("a free event has no queue"),
+        };
+        (dev as usize, kind, index as usize)
+    }
+
+    fn get_mut(&mut self, lane: Lane) -> Option<&mut VecDeque<Ev>> {
+        let (dev, kind, index) = Queues::slot(lane);
+        self.0.get_mut(dev)?[kind].get_mut(index)
+    }
+
+    /// The lane's queue, made (empty) if it is new.
+    fn make(&mut self, lane: Lane) -> &mut VecDeque<Ev> {
+        let (dev, kind, index) = Queues::slot(lane);
+        if self.0.len() <= dev {
+            self.0.resize_with(dev + 1, Default::default);
+        }
+        let queues = &mut self.0[dev][kind];
+        if queues.len() <= index {
+            queues.resize_with(index + 1, VecDeque::new);
+        }
+        &mut queues[index]
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
 
