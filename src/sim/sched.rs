@@ -118,9 +118,12 @@ impl Scheduler {
                 (ev, q.front().map(|e| e.at))
             }
         };
-        self.heads.remove(&(ev.at, lane));
-        if let Some(at) = next {
-            self.heads.insert((at, lane));
+        // A next event due at the same instant keeps the head's place.
+        if next != Some(ev.at) {
+            self.heads.remove(&(ev.at, lane));
+            if let Some(at) = next {
+                self.heads.insert((at, lane));
+            }
         }
         self.len -= 1;
         Some(ev)
