@@ -41,6 +41,7 @@ mod fabric;
 mod nic;
 mod oracle;
 mod pair;
+mod ranked;
 mod resp;
 mod sched;
 mod world;

@@ -6,12 +6,13 @@
 //! the completions of one CQ. Only a lane's head can run, so a later event
 //! of the same lane never overtakes an earlier one, whatever their times.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::Rng;
 
 use super::event::EvKind;
+use super::ranked::RankedSet;
 
 /// A FIFO of events that must run in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,6 +29,11 @@ pub(crate) enum Lane {
     Free(u64),
 }
 
+impl Lane {
+    /// The first lane in `Lane` order.
+    const FIRST: Lane = Lane::Sq(0, 0);
+}
+
 #[derive(Debug)]
 pub(crate) struct Ev {
     pub(crate) at: u64,
@@ -35,31 +41,45 @@ pub(crate) struct Ev {
 }
 
 /// Ordered lanes stay (empty) once created, so a busy fabric reuses their
-/// queues; free events (timers) are kept apart by sequence number. The
-/// runnable choice scans lanes in `Lane` order, free events last, exactly
-/// as one map of lanes would, so a seed gives the same schedule.
+/// queues; free events (timers) are kept apart by sequence number. Both are
+/// found without a search (a lane by its indexes, a free event by hash) and
+/// never iterated. `heads` holds the runnable events, one per non-empty lane
+/// and every free event, by time and then lane: those due first come in
+/// `Lane` order, free events last by sequence number, the order in which
+/// the generator picks among them. It counts them, so finding how many are
+/// due first and taking the k-th is O(log n) however many there are; so is
+/// every step.
 #[derive(Default)]
 pub(crate) struct Scheduler {
-    lanes: BTreeMap<Lane, VecDeque<Ev>>,
-    /// Unordered events by sequence number, ascending (a vector: timers
-    /// armed and cancelled on every call allocate nothing).
-    free: Vec<(u64, Ev)>,
+    lanes: Queues,
+    /// Unordered events by sequence number.
+    free: HashMap<u64, Ev>,
+    /// (time, lane) of every lane's head and every free event.
+    heads: RankedSet<(u64, Lane)>,
     next_free: u64,
-    /// Scratch for `pop_due`.
-    ready: Vec<Lane>,
+    len: usize,
 }
 
 impl Scheduler {
     /// Queue `kind` at the back of `lane`, no earlier than `at` nor than the
-    /// lane's last event.
+    /// lane's last event. A free lane must be a new one (from
+    /// [`Scheduler::push_free`]).
     pub(crate) fn push(&mut self, lane: Lane, at: u64, kind: EvKind) {
+        self.len += 1;
         if let Lane::Free(seq) = lane {
-            let i = self.free.partition_point(|&(s, _)| s < seq);
-            self.free.insert(i, (seq, Ev { at, kind }));
+            let old = self.free.insert(seq, Ev { at, kind });
+            debug_assert!(old.is_none(), "free lane {seq} queued twice");
+            self.heads.insert((at, lane));
             return;
         }
-        let q = self.lanes.entry(lane).or_default();
-        let at = q.back().map_or(at, |b| b.at.max(at));
+        let q = self.lanes.make(lane);
+        let at = match q.back() {
+            Some(b) => b.at.max(at),
+            None => {
+                self.heads.insert((at, lane));
+                at
+            }
+        };
         q.push_back(Ev { at, kind });
     }
 
@@ -74,50 +94,281 @@ impl Scheduler {
     /// Drop whatever is queued in `lane`.
     pub(crate) fn cancel(&mut self, lane: Lane) {
         match lane {
-            Lane::Free(seq) => {
-                self.take_free(seq);
+            Lane::Free(_) => {
+                self.take(lane);
             }
             _ => {
-                if let Some(q) = self.lanes.get_mut(&lane) {
-                    q.clear();
+                let Some(q) = self.lanes.get_mut(lane) else { return };
+                if let Some(head) = q.front() {
+                    self.heads.remove(&(head.at, lane));
                 }
+                self.len -= q.len();
+                q.clear();
             }
         }
     }
 
-    fn take_free(&mut self, seq: u64) -> Option<Ev> {
-        let i = self.free.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
-        Some(self.free.remove(i).1)
+    /// Take the head of `lane`, making the next event of an ordered lane its head.
+    fn take(&mut self, lane: Lane) -> Option<Ev> {
+        let (ev, next) = match lane {
+            Lane::Free(seq) => (self.free.remove(&seq)?, None),
+            _ => {
+                let q = self.lanes.get_mut(lane)?;
+                let ev = q.pop_front()?;
+                (ev, q.front().map(|e| e.at))
+            }
+        };
+        // A next event due at the same instant keeps the head's place.
+        if next != Some(ev.at) {
+            self.heads.remove(&(ev.at, lane));
+            if let Some(at) = next {
+                self.heads.insert((at, lane));
+            }
+        }
+        self.len -= 1;
+        Some(ev)
     }
 
     /// The time of the earliest runnable event.
     pub(crate) fn next_at(&self) -> Option<u64> {
-        let ordered = self.lanes.values().filter_map(|q| q.front()).map(|e| e.at);
-        ordered.chain(self.free.iter().map(|(_, e)| e.at)).min()
+        self.heads.first().map(|(at, _)| at)
     }
 
     /// How many events are queued.
     pub(crate) fn len(&self) -> usize {
-        self.lanes.values().map(VecDeque::len).sum::<usize>() + self.free.len()
+        self.len
     }
 
     /// Take one of the earliest runnable events if it is due at `now`,
     /// choosing among simultaneous ones with `rng`.
     pub(crate) fn pop_due(&mut self, now: u64, rng: &mut SmallRng) -> Option<Ev> {
-        let at = self.next_at()?;
+        let (at, first) = self.heads.first()?;
         if at > now {
             return None;
         }
-        self.ready.clear();
-        self.ready.extend(
-            self.lanes.iter().filter(|(_, q)| q.front().is_some_and(|e| e.at == at)).map(|(l, _)| *l),
-        );
-        self.ready.extend(self.free.iter().filter(|(_, e)| e.at == at).map(|(seq, _)| Lane::Free(*seq)));
-        let n = self.ready.len();
-        let lane = if n == 1 { self.ready[0] } else { self.ready[rng.gen_range(0..n)] };
-        match lane {
-            Lane::Free(seq) => self.take_free(seq),
-            _ => self.lanes.get_mut(&lane)?.pop_front(),
+        // The heads due at `at` are the first n.
+        let n = at.checked_add(1).map_or(self.heads.len(), |later| self.heads.rank(&(later, Lane::FIRST)));
+        let lane =
+            if n == 1 { first } else { self.heads.nth(rng.gen_range(0..n)).expect("n heads are due").1 };
+        self.take(lane)
+    }
+}
+
+/// The ordered lanes' queues by device, kind and index: devices, queue
+/// pairs and CQs are named by slab indexes, dense and never reused.
+#[derive(Default)]
+struct Queues(Vec<[Vec<VecDeque<Ev>>; 4]>);
+
+impl Queues {
+    /// Where an ordered lane's queue is: (device, kind, index).
+    fn slot(lane: Lane) -> (usize, usize, usize) {
+        let (kind, dev, index) = match lane {
+            Lane::Sq(dev, qp) => (0, dev, qp),
+            Lane::Resp(dev, qp) => (1, dev, qp),
+            Lane::Req(dev, qp) => (2, dev, qp),
+            Lane::Cq(dev, cq) => (3, dev, cq),
+            Lane::Free(_) => unreachable!("a free event has no queue"),
+        };
+        (dev as usize, kind, index as usize)
+    }
+
+    fn get_mut(&mut self, lane: Lane) -> Option<&mut VecDeque<Ev>> {
+        let (dev, kind, index) = Queues::slot(lane);
+        self.0.get_mut(dev)?[kind].get_mut(index)
+    }
+
+    /// The lane's queue, made (empty) if it is new.
+    fn make(&mut self, lane: Lane) -> &mut VecDeque<Ev> {
+        let (dev, kind, index) = Queues::slot(lane);
+        if self.0.len() <= dev {
+            self.0.resize_with(dev + 1, Default::default);
+        }
+        let queues = &mut self.0[dev][kind];
+        if queues.len() <= index {
+            queues.resize_with(index + 1, VecDeque::new);
+        }
+        &mut queues[index]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// The scheduler as it was before the runnable heads were kept in a
+    /// set: every step scans every lane. A seed must give the same schedule
+    /// on both.
+    #[derive(Default)]
+    struct Scan {
+        lanes: BTreeMap<Lane, VecDeque<Ev>>,
+        free: Vec<(u64, Ev)>,
+        next_free: u64,
+    }
+
+    impl Scan {
+        fn push(&mut self, lane: Lane, at: u64, kind: EvKind) {
+            let q = self.lanes.entry(lane).or_default();
+            let at = q.back().map_or(at, |b| b.at.max(at));
+            q.push_back(Ev { at, kind });
+        }
+
+        fn push_free(&mut self, at: u64, kind: EvKind) -> Lane {
+            self.next_free += 1;
+            self.free.push((self.next_free, Ev { at, kind }));
+            Lane::Free(self.next_free)
+        }
+
+        fn cancel(&mut self, lane: Lane) {
+            match lane {
+                Lane::Free(seq) => self.free.retain(|&(s, _)| s != seq),
+                _ => self.lanes.get_mut(&lane).map_or((), VecDeque::clear),
+            }
+        }
+
+        fn next_at(&self) -> Option<u64> {
+            let ordered = self.lanes.values().filter_map(|q| q.front()).map(|e| e.at);
+            ordered.chain(self.free.iter().map(|(_, e)| e.at)).min()
+        }
+
+        fn len(&self) -> usize {
+            self.lanes.values().map(VecDeque::len).sum::<usize>() + self.free.len()
+        }
+
+        fn pop_due(&mut self, now: u64, rng: &mut SmallRng) -> Option<Ev> {
+            let at = self.next_at().filter(|&at| at <= now)?;
+            let mut ready: Vec<Lane> = self
+                .lanes
+                .iter()
+                .filter(|(_, q)| q.front().is_some_and(|e| e.at == at))
+                .map(|(l, _)| *l)
+                .collect();
+            ready.extend(self.free.iter().filter(|(_, e)| e.at == at).map(|(seq, _)| Lane::Free(*seq)));
+            let n = ready.len();
+            let lane = if n == 1 { ready[0] } else { ready[rng.gen_range(0..n)] };
+            match lane {
+                Lane::Free(seq) => {
+                    let i = self.free.iter().position(|&(s, _)| s == seq)?;
+                    Some(self.free.remove(i).1)
+                }
+                _ => self.lanes.get_mut(&lane)?.pop_front(),
+            }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Queue on the `lane`th of [`LANES`], at `now + delay`.
+        Push { lane: usize, delay: u64 },
+        /// Queue a free event at `now + delay`.
+        PushFree { delay: u64 },
+        /// Cancel the `lane`th of [`LANES`].
+        Cancel { lane: usize },
+        /// Cancel the `nth` free event queued so far (perhaps run or cancelled already).
+        CancelFree { nth: usize },
+        /// Move the clock on by `by`, then run what is due, at most `max` events.
+        Run { by: u64, max: usize },
+        /// Move the clock to the next event, as `Fabric::step` does, and run one.
+        Step,
+    }
+
+    /// Few lanes and few instants, so that many heads are due together.
+    const LANES: [Lane; 8] = [
+        Lane::Sq(0, 0),
+        Lane::Sq(0, 1),
+        Lane::Sq(1, 0),
+        Lane::Resp(0, 0),
+        Lane::Resp(1, 3),
+        Lane::Req(0, 1),
+        Lane::Cq(0, 0),
+        Lane::Cq(1, 0),
+    ];
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let op = prop_oneof![
+            4 => (0..LANES.len(), 0..4u64).prop_map(|(lane, delay)| Op::Push { lane, delay }),
+            2 => (0..4u64).prop_map(|delay| Op::PushFree { delay }),
+            1 => (0..LANES.len()).prop_map(|lane| Op::Cancel { lane }),
+            1 => (0..16usize).prop_map(|nth| Op::CancelFree { nth }),
+            3 => (0..3u64, 0..6usize).prop_map(|(by, max)| Op::Run { by, max }),
+            1 => Just(Op::Step),
+        ];
+        proptest::collection::vec(op, 0..200)
+    }
+
+    /// An event named by `id`, so the two schedules can be compared.
+    fn ev(id: u64) -> EvKind {
+        EvKind::AckTimer { dev: 0, qp: 0, gen: id }
+    }
+
+    fn id(e: Ev) -> (u64, u64) {
+        match e.kind {
+            EvKind::AckTimer { gen, .. } => (e.at, gen),
+            other => panic!("not a test event: {other:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn same_schedule_as_a_scan_of_every_lane(seed in any::<u64>(), ops in ops()) {
+            let (mut new, mut old) = (Scheduler::default(), Scan::default());
+            let (mut rng_new, mut rng_old) = (SmallRng::seed_from_u64(seed), SmallRng::seed_from_u64(seed));
+            let (mut now, mut next_id, mut frees) = (0u64, 0u64, Vec::new());
+            for op in ops {
+                match op {
+                    Op::Push { lane, delay } => {
+                        next_id += 1;
+                        new.push(LANES[lane], now + delay, ev(next_id));
+                        old.push(LANES[lane], now + delay, ev(next_id));
+                    }
+                    Op::PushFree { delay } => {
+                        next_id += 1;
+                        let lane = new.push_free(now + delay, ev(next_id));
+                        prop_assert_eq!(lane, old.push_free(now + delay, ev(next_id)));
+                        frees.push(lane);
+                    }
+                    Op::Cancel { lane } => {
+                        new.cancel(LANES[lane]);
+                        old.cancel(LANES[lane]);
+                    }
+                    Op::CancelFree { nth } => {
+                        if let Some(&lane) = frees.get(nth) {
+                            new.cancel(lane);
+                            old.cancel(lane);
+                        }
+                    }
+                    Op::Run { by, max } => {
+                        now += by;
+                        for _ in 0..max {
+                            let (a, b) = (new.pop_due(now, &mut rng_new), old.pop_due(now, &mut rng_old));
+                            prop_assert_eq!(a.map(id), b.map(id));
+                        }
+                    }
+                    Op::Step => {
+                        prop_assert_eq!(new.next_at(), old.next_at());
+                        now = now.max(new.next_at().unwrap_or(now));
+                        let (a, b) = (new.pop_due(now, &mut rng_new), old.pop_due(now, &mut rng_old));
+                        prop_assert_eq!(a.map(id), b.map(id));
+                    }
+                }
+                prop_assert_eq!(new.next_at(), old.next_at());
+                prop_assert_eq!(new.len(), old.len());
+                // The generators were drawn from alike.
+                prop_assert_eq!(rng_new.clone().gen::<u64>(), rng_old.clone().gen::<u64>());
+            }
+            // Drain both.
+            while let Some(at) = old.next_at() {
+                now = now.max(at);
+                let (a, b) = (new.pop_due(now, &mut rng_new), old.pop_due(now, &mut rng_old));
+                prop_assert_eq!(a.map(id), b.map(id));
+            }
+            prop_assert_eq!(new.len(), 0);
+            prop_assert_eq!(new.heads.len(), 0);
         }
     }
 }
