@@ -774,10 +774,12 @@ struct CallFuture<N: Nic> {
 }
 
 impl<N: Nic> CallFuture<N> {
-    /// The call no longer takes turns itself.
+    /// The call no longer takes turns itself: the driver, which slept with
+    /// its CQ unarmed meanwhile, is rung to take over the polling.
     fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
             self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+            self.inner.bell.ring();
         }
     }
 }
@@ -1064,7 +1066,7 @@ impl<N: Nic> Driver<N> {
         // deadline comes before it: a timer that fires early costs one turn,
         // re-arming one on every sleep costs a registration per call.
         let mut timer = SleepTimer::default();
-        use std::sync::atomic::Ordering::Relaxed;
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
         let counters = &self.inner.counters;
         loop {
             let t = self.turn(&mut timer);
@@ -1085,7 +1087,7 @@ impl<N: Nic> Driver<N> {
                     // once if the doorbell rang, the CQ holds a completion,
                     // a buffer came back or a timer is due.
                     counters.sleeps.fetch_add(1, Relaxed);
-                    self.sleep(&mut timer).await;
+                    self.sleep(&mut timer, true).await;
                 }
                 continue;
             }
@@ -1098,13 +1100,20 @@ impl<N: Nic> Driver<N> {
                 }
             }
             counters.sleeps.fetch_add(1, Relaxed);
-            self.sleep(&mut timer).await;
+            // While a call takes the turns it polls the CQ: the driver does
+            // not arm it (an armed CQ raises a completion event per call: on
+            // verbs a wake of async-io's reactor thread and two system
+            // calls); the call rings the doorbell when it stops.
+            let arm_cq = !self.inner.spinning.load(Acquire);
+            self.sleep(&mut timer, arm_cq).await;
             idle_since = None;
         }
     }
 
-    /// Sleep until a completion may be waiting, the user kicks, or `next`.
-    async fn sleep(&self, timer: &mut SleepTimer) {
+    /// Sleep until a completion may be waiting (with `arm_cq`: the CQ is
+    /// armed and its readiness wakes the driver), the user kicks, a buffer
+    /// handle comes home, or the timer.
+    async fn sleep(&self, timer: &mut SleepTimer, arm_cq: bool) {
         poll_fn(|cx| {
             if self.inner.bell.poll_rung(cx).is_ready() {
                 return Poll::Ready(());
@@ -1117,7 +1126,7 @@ impl<N: Nic> Driver<N> {
                 return Poll::Ready(());
             }
             let cq = st.ep.cq();
-            if st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
+            if arm_cq && st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
                 // A completion may be waiting (or the CQ is gone: the next
                 // turn's poll reports it).
                 return Poll::Ready(());
