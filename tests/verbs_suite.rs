@@ -231,7 +231,6 @@ fn rkey_is_tracked_across_rebinds() {
     assert!(matches!(nic.post_send(l.a.id, &[bad]), Err(NicError::InvalidWr(_))));
     assert_eq!(nic.mw_rkey(mw.id).expect("rkey"), mw.rkey, "a refused bind changes nothing");
 
-    let mut seen = vec![mw.rkey];
     for round in 0..3u64 {
         let current = nic.mw_rkey(mw.id).expect("rkey");
         let new = rkey::rebind(current, rand::random());
@@ -250,8 +249,10 @@ fn rkey_is_tracked_across_rebinds() {
         let c = poll_one(&nic, l.cq_a);
         assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::BindMw), "{c:?}");
         assert_eq!(rkey::index(new), rkey::index(mw.rkey));
-        assert!(!seen.contains(&new) || seen.len() > 255);
-        seen.push(new);
+        // rkey::rebind's contract: never the current key (an older one may
+        // come back: the consumer key is a random byte, so "never seen"
+        // failed about one run in 80).
+        assert_ne!(new, current, "a rebind reused the current key");
         // The peer QP reads through the new key.
         let read = SendWr::Read {
             wr_id: 100 + round,
