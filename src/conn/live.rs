@@ -160,10 +160,11 @@ pub(crate) struct Inner<N: Nic> {
     epoch: Instant,
     /// A pending call takes the connection's turns itself (see
     /// [`CallFuture`]); at most one does at a time, and the driver does not
-    /// busy-poll meanwhile (it sleeps, woken as usual by completions and
-    /// the user).
+    /// busy-poll meanwhile: it sleeps with its CQ unarmed until the call
+    /// rings the doorbell as it stops.
     spinning: std::sync::atomic::AtomicBool,
-    /// `Config::busy_poll`: how long a pending call takes turns itself.
+    /// `Config::busy_poll`: how long a pending call takes turns itself, and
+    /// how long the driver busy-polls after a busy turn.
     spin: Duration,
     /// Set when the connection is driven by a [`super::Hub`].
     pub(super) hub: Option<HubPart>,
@@ -1060,7 +1061,7 @@ impl<N: Nic> Driver<N> {
             })
             .await;
         }
-        let spin = self.inner.state.lock().ep.config().busy_poll;
+        let spin = self.inner.spin;
         let mut idle_since: Option<Instant> = None;
         // The sleep timer is kept across sleeps and moved only when the next
         // deadline comes before it: a timer that fires early costs one turn,
