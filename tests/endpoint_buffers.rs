@@ -126,8 +126,7 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
 
 #[test]
 fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
-    use mwcap::backend::NicError;
-    use mwcap::conn::{BufClass, ConfigError};
+    use mwcap::conn::{BufClass, ConfigError, SetupError};
     let base = Config::new(Role::Server, Policies::both(Policy::Mw));
     type Case = (fn(&mut Config), fn(&ConfigError) -> bool);
     let cases: Vec<Case> = vec![
@@ -152,7 +151,7 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
         let mut cfg = base.clone();
         break_it(&mut cfg);
         match Endpoint::new(nic.clone(), cfg.clone()) {
-            Err(NicError::BadConfig(e)) => {
+            Err(SetupError::Config(e)) => {
                 assert!(expected(&e), "case {i}: {e:?}");
                 assert!(e.to_string().contains("Config::"), "case {i}: the message names the field: {e}");
             }

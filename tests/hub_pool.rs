@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::executor::LocalPool;
-use mwcap::backend::{MrId, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{MrId, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
-    BufClass, Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig,
+    BufClass, Config, ConfigError, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role,
+    SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
 
@@ -42,7 +43,7 @@ fn pooled_hub(nic: SimNic, small: u32, large: u32) -> (Hub<SimNic>, mwcap::conn:
     Hub::with_shared_buffers(nic, 1 << 16, SrqConfig { chunk: 64, max_slots: 4096 }, &classes).unwrap()
 }
 
-fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
+fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
     pair_with(ch, sh, cfg)
 }
 
@@ -52,7 +53,7 @@ fn pair_with(
     ch: &Hub<SimNic>,
     sh: &Hub<SimNic>,
     cfg: impl Fn(Role) -> Config,
-) -> Result<(Conn, Conn), NicError> {
+) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
     let p = Policies::both(Policy::Mw);
     let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
     let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
@@ -369,12 +370,17 @@ fn a_pool_refuses_what_it_cannot_serve_and_says_why() {
     let e = sh.prepare(sh.connection_nic().unwrap(), c).err().expect("8 KiB buffers are not in the pool");
     let msg = e.to_string();
     assert!(msg.contains("8192") && msg.contains("4096"), "{msg}");
+    assert!(
+        matches!(&e, SetupError::Config(ConfigError::NotAPoolClass { size: 8192, classes }) if classes == &[SMALL]),
+        "{e:?}"
+    );
     let confirm = Policies::both(Policy::Confirm);
     let p = sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap();
     let e = p.finish(confirm).err().expect("confirm on a shared pool");
     assert!(e.to_string().contains("mw policy only"), "{e}");
+    assert!(matches!(e, SetupError::Config(ConfigError::SharedReceivesNeedMw { .. })), "{e:?}");
     let none = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &[BufClass { size: 0, count: 9 }]);
-    assert!(none.is_err());
+    assert!(matches!(none, Err(SetupError::Config(ConfigError::EmptyPool))), "{:?}", none.err());
     assert_eq!(sh.stats().buffers.unwrap().free, 4, "nothing was taken");
 }
 

@@ -9,7 +9,10 @@ use futures::executor::LocalPool;
 use mwcap::backend::{
     rkey, Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
-use mwcap::conn::{Config, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SrqConfig};
+use mwcap::conn::{
+    Config, ConfigError, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SetupError,
+    SrqConfig,
+};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 mod hubs;
@@ -42,7 +45,7 @@ fn hubs(dev: DeviceConfig, srq: SrqConfig) -> (Fabric, Hub<SimNic>, Hub<SimNic>,
     (fabric, ch, sh, pool)
 }
 
-fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), NicError> {
+fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
     let p = Policies::both(Policy::Mw);
     let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
     let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
@@ -236,9 +239,9 @@ fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() 
         spawn(&pool, serve(s.clone()));
         conns.push((c, cd, s, sd));
     }
-    match pair(&ch, &sh) {
-        Err(NicError::SrqBudget { max_slots: 32, shares: 32 }) => {}
-        Err(e) => panic!("refused with {e}"),
+    match pair(&ch, &sh).map_err(|e| e.downcast::<SetupError>().map(|e| *e)) {
+        Err(Ok(SetupError::Nic(NicError::SrqBudget { max_slots: 32, shares: 32 }))) => {}
+        Err(e) => panic!("refused with {e:?}"),
         Ok(_) => panic!("a fifth connection fit in 32 receives"),
     }
     assert_eq!(sh.stats().srq.unwrap().refused, 1);
@@ -278,7 +281,7 @@ fn a_hub_with_shared_receives_reserves_its_receives_in_the_completion_queue() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let q = SrqConfig { chunk: 64, max_slots: 1000 };
     match Hub::with_shared_receives(sn.clone(), 1000, q) {
-        Err(NicError::CqBudget { depth: 1000, wanted: 1000, .. }) => {}
+        Err(SetupError::Nic(NicError::CqBudget { depth: 1000, wanted: 1000, .. })) => {}
         Err(e) => panic!("refused with {e}"),
         Ok(_) => panic!("a completion queue of 1000 entries took 1000 receives and more"),
     }
@@ -299,6 +302,14 @@ fn a_hub_with_shared_receives_refuses_confirm_and_says_why() {
     let e = prepared.finish(p).err().expect("refused");
     let msg = e.to_string();
     assert!(msg.contains("mw policy only") && msg.contains("Hub::new"), "{msg}");
+    let want = ConfigError::SharedReceivesNeedMw { request: Policy::Confirm, reply: Policy::Mw };
+    assert!(matches!(&e, SetupError::Config(c) if *c == want), "{e:?}");
+    let small = SrqConfig { chunk: 2, max_slots: 64 };
+    let e = Hub::with_shared_receives(fabric.add_device(DeviceConfig::spec()), 1 << 14, small).err();
+    assert!(
+        matches!(e, Some(SetupError::Config(ConfigError::BadSrqConfig { chunk: 2, max_slots: 64, .. }))),
+        "{e:?}"
+    );
     assert_eq!(sh.stats().srq.unwrap().shares, 0, "its share came back");
 }
 
@@ -566,7 +577,7 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     let mut bad = cfg(Role::Client);
     bad.send_slots = Some(1);
     match sh.prepare(sh.connection_nic().unwrap(), bad) {
-        Err(NicError::BadConfig(e)) => assert!(e.to_string().contains("send_slots"), "{e}"),
+        Err(SetupError::Config(e)) => assert!(e.to_string().contains("send_slots"), "{e}"),
         other => panic!("{:?}", other.map(|p| p.local())),
     }
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());

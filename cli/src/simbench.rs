@@ -82,7 +82,9 @@ fn async_group(
     let cfg = |role| cases::config(role, policy, o.pool(), &o.conn);
     if o.hub {
         use mwcap::conn::Hub;
-        let err = |e: mwcap::backend::NicError| e.to_string();
+        fn err(e: impl std::fmt::Display) -> String {
+            e.to_string()
+        }
         // Twice each class of the connection: what it can hold at once
         // stays outside the pool's reserve for incoming payloads (a
         // quarter), so the cases measure the pool's per-call cost, not

@@ -602,9 +602,6 @@ pub enum NicError {
         /// What state it needs.
         needs: &'static str,
     },
-    /// The connection settings cannot work; nothing was created.
-    #[error(transparent)]
-    BadConfig(#[from] crate::conn::ConfigError),
     /// The work request is malformed (e.g. a bind whose rkey has another window's index).
     #[error("invalid work request: {0}")]
     InvalidWr(String),

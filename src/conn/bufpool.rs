@@ -43,6 +43,7 @@
 //! window per buffer, enough for every buffer to be exposed at once;
 //! exposures of a user's own regions grow it.
 
+use super::{ConfigError, SetupError};
 use std::sync::atomic::Ordering;
 use std::task::Waker;
 
@@ -204,7 +205,7 @@ impl BufferPool {
     /// them with. Classes of the same size are merged; empty ones are
     /// skipped.
     #[cfg_attr(loom, allow(dead_code))] // the hub's, absent under loom
-    pub(crate) fn register<N: Nic + 'static>(nic: N, classes: &[BufClass]) -> Result<BufferPool, NicError> {
+    pub(crate) fn register<N: Nic + 'static>(nic: N, classes: &[BufClass]) -> Result<BufferPool, SetupError> {
         let mut wanted: Vec<BufClass> = Vec::new();
         for c in classes.iter().filter(|c| c.size > 0 && c.count > 0) {
             match wanted.iter_mut().find(|w| w.size == c.size) {
@@ -214,15 +215,11 @@ impl BufferPool {
         }
         wanted.sort_unstable_by_key(|c| c.size);
         if wanted.is_empty() {
-            return Err(NicError::InvalidWr(
-                "a shared buffer pool needs at least one class with a size and a count".into(),
-            ));
+            return Err(ConfigError::EmptyPool.into());
         }
         if let Some(c) = wanted.iter().find(|c| c.count > MAX_POOL_BUFFERS) {
-            return Err(NicError::InvalidWr(format!(
-                "a shared buffer pool class of {} buffers of {} bytes: at most {MAX_POOL_BUFFERS} per class",
-                c.count, c.size
-            )));
+            let (count, size, max) = (c.count, c.size, MAX_POOL_BUFFERS);
+            return Err(ConfigError::PoolClassTooLarge { count, size, max }.into());
         }
         let device = OnNic(nic);
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
@@ -239,7 +236,7 @@ impl BufferPool {
                         for mr in &mrs {
                             device.dereg(mr.id);
                         }
-                        return Err(e);
+                        return Err(e.into());
                     }
                 }
             }
@@ -259,7 +256,7 @@ impl BufferPool {
                     for mr in &mrs {
                         device.dereg(mr.id);
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }

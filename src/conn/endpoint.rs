@@ -15,6 +15,7 @@ use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};
 use super::srq::{self, Regrant, SharedReceives};
 use super::types::*;
+use super::SetupError;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
 
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
@@ -45,24 +46,16 @@ pub(crate) struct QueueSizes {
 
 impl QueueSizes {
     /// Check `cfg` and size its queues.
-    pub(crate) fn of(cfg: &Config) -> Result<QueueSizes, NicError> {
+    pub(crate) fn of(cfg: &Config) -> Result<QueueSizes, ConfigError> {
         cfg.check()?;
         let layout = Layout::new(cfg);
         let chunk = u64::from(cfg.read_chunk);
         let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
         let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
-        let send_wrs = u64::from(cfg.sends()) + 2 * exposable + reads + 8;
-        let send_wrs = u32::try_from(send_wrs).map_err(|_| {
-            NicError::InvalidWr(format!(
-                "{send_wrs} send work requests: fewer buffers, or a larger read_chunk"
-            ))
-        })?;
-        let cq_entries = send_wrs.checked_add(cfg.ctrl_slots).ok_or_else(|| {
-            NicError::InvalidWr(format!(
-                "{send_wrs} send work requests and {} receives: fewer buffers, or a larger read_chunk",
-                cfg.ctrl_slots
-            ))
-        })?;
+        let wanted = u64::from(cfg.sends()) + 2 * exposable + reads + 8;
+        let too_many = || ConfigError::TooManyWorkRequests { send_wrs: wanted, receives: cfg.ctrl_slots };
+        let send_wrs = u32::try_from(wanted).map_err(|_| too_many())?;
+        let cq_entries = send_wrs.checked_add(cfg.ctrl_slots).ok_or_else(too_many)?;
         Ok(QueueSizes { send_wrs, cq_entries })
     }
 
@@ -81,16 +74,11 @@ impl QueueSizes {
 }
 
 /// Whether every buffer class of `cfg` that has buffers is a class of `pool`.
-fn check_pool_classes(cfg: &Config, pool: &BufferPool) -> Result<(), NicError> {
+fn check_pool_classes(cfg: &Config, pool: &BufferPool) -> Result<(), ConfigError> {
     let layout = Layout::new(cfg);
     for (size, count) in layout.sizes().into_iter().zip(layout.counts()) {
         if count > 0 && pool.class_of_size(size).is_none() {
-            return Err(NicError::InvalidWr(format!(
-                "this connection's buffers of {size} bytes are not a class of the hub's shared buffer pool \
-                 (its classes are {:?} bytes): set Config::buffer_size and Config::large_buffers to sizes \
-                 the pool has",
-                pool.sizes()
-            )));
+            return Err(ConfigError::NotAPoolClass { size, classes: pool.sizes().to_vec() });
         }
     }
     Ok(())
@@ -166,7 +154,7 @@ impl<N: Nic> Endpoint<N> {
     /// domain of its own: see the confirm policy's security note). Returns
     /// it with its QP in INIT; give [`Endpoint::local`] to the peer and call
     /// [`Endpoint::connect`] with the peer's.
-    pub fn new(nic: N, cfg: Config) -> Result<Endpoint<N>, NicError> {
+    pub fn new(nic: N, cfg: Config) -> Result<Endpoint<N>, SetupError> {
         let policies = cfg.policies;
         Endpoint::prepare(nic, cfg)?.finish(policies)
     }
@@ -174,7 +162,7 @@ impl<N: Nic> Endpoint<N> {
     /// The first half of [`Endpoint::new`], for when the policies are only
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
-    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;
         match Endpoint::prepare_on(nic, cfg, sizes, cq, None, None, None) {
@@ -199,10 +187,10 @@ impl<N: Nic> Endpoint<N> {
         shared: Option<std::sync::Arc<dyn SharedCq>>,
         srq: Option<std::sync::Arc<SharedReceives<N>>>,
         pool: Option<BufferPool>,
-    ) -> Result<Prepared<N>, (N, NicError)> {
+    ) -> Result<Prepared<N>, (N, SetupError)> {
         if let Some(p) = &pool {
             if let Err(e) = check_pool_classes(&cfg, p) {
-                return Err((nic, e));
+                return Err((nic, e.into()));
             }
         }
         let mut qcfg = QpConfig::new(cq, cq);
@@ -211,7 +199,7 @@ impl<N: Nic> Endpoint<N> {
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
         if let Some(s) = &srq {
             if let Err(e) = s.admit() {
-                return Err((nic, e));
+                return Err((nic, e.into()));
             }
             qcfg.srq = Some(s.id());
             qcfg.max_recv_wr = 0;
@@ -222,7 +210,7 @@ impl<N: Nic> Endpoint<N> {
                 if let Some(s) = &srq {
                     s.release(INITIAL_CREDITS);
                 }
-                Err((nic, e))
+                Err((nic, e.into()))
             }
         }
     }
@@ -929,7 +917,7 @@ impl<N: Nic> Prepared<N> {
     }
 
     /// Create the rest for `policies`: regions, windows, the connection.
-    pub fn finish(mut self, policies: Policies) -> Result<Endpoint<N>, NicError> {
+    pub fn finish(mut self, policies: Policies) -> Result<Endpoint<N>, SetupError> {
         let mut cfg = self.cfg.clone();
         cfg.policies = policies;
         let (owns, _) = cfg.directions();
@@ -944,13 +932,8 @@ impl<N: Nic> Prepared<N> {
         let nic = self.nic.as_ref().expect("finish runs once");
         let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
         if self.srq.is_some() && (cfg.policies.request != Policy::Mw || cfg.policies.reply != Policy::Mw) {
-            return Err(NicError::InvalidWr(format!(
-                "a Hub with shared receives serves the mw policy only, and this connection's policies \
-                 are {:?} (requests) and {:?} (replies): under confirm a region's key would reach every \
-                 connection's memory in the hub's protection domain; serve confirm clients on a Hub \
-                 without shared receives (Hub::new), or require Policy::Mw",
-                cfg.policies.request, cfg.policies.reply
-            )));
+            let Policies { request, reply } = cfg.policies;
+            return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
         }
         // The settings may have changed since `prepare` (`config_mut`).
         if let Some(p) = &self.pool {

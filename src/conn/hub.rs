@@ -49,7 +49,7 @@ use super::bufpool::{BufferPool, BufferPoolStats};
 use super::endpoint::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{BufClass, Config, Connection, Driver, Endpoint, Prepared};
+use super::{BufClass, Config, ConfigError, Connection, Driver, Endpoint, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::handle::Doorbell;
 
@@ -273,7 +273,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// holds several hundred. Devices cap a queue's depth (`max_cqe`: 4M on
     /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
     /// with [`NicError::CqTooDeep`].
-    pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+    pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         Hub::make(nic, depth, None, None)
     }
 
@@ -288,7 +288,7 @@ impl<N: Nic + 'static> Hub<N> {
         nic: N,
         depth: u32,
         srq: SrqConfig,
-    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         let conn_nic = nic.same_pd()?;
         let srq = SharedReceives::new(conn_nic, srq)?;
         Hub::make(nic, depth, Some(Arc::new(srq)), None)
@@ -308,7 +308,7 @@ impl<N: Nic + 'static> Hub<N> {
         depth: u32,
         srq: SrqConfig,
         buffers: &[BufClass],
-    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         let pool = BufferPool::register(nic.same_pd()?, buffers)?;
         let conn_nic = nic.same_pd()?;
         let srq = SharedReceives::new(conn_nic, srq)?;
@@ -320,12 +320,12 @@ impl<N: Nic + 'static> Hub<N> {
         depth: u32,
         srq: Option<Arc<SharedReceives<N>>>,
         pool: Option<BufferPool>,
-    ) -> Result<(Hub<N>, HubDriver<N>), NicError> {
+    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
         let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
         if for_receives >= depth {
-            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives });
+            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives }.into());
         }
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
@@ -386,7 +386,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
-    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         self.reserve(sizes.reserved(self.shared.srq.is_some()))?;
         self.prepare_reserved(nic, cfg, sizes)
@@ -405,7 +405,7 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// [`Hub::prepare`] once `sizes.reserved(..)` entries are reserved
     /// (given back on failure).
-    fn prepare_reserved(&self, nic: N, cfg: Config, sizes: QueueSizes) -> Result<Prepared<N>, NicError> {
+    fn prepare_reserved(&self, nic: N, cfg: Config, sizes: QueueSizes) -> Result<Prepared<N>, SetupError> {
         let entries = sizes.reserved(self.shared.srq.is_some());
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
@@ -497,7 +497,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
     nic: N,
     cfg: Config,
     mw_only: bool,
-) -> Result<(Prepared<N>, &Hub<N>), NicError> {
+) -> Result<(Prepared<N>, &Hub<N>), SetupError> {
     let sizes = QueueSizes::of(&cfg)?;
     let mut order: Vec<(usize, &Hub<N>)> = hubs
         .iter()
@@ -505,11 +505,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
         .map(|h| (h.stats().connections, h))
         .collect();
     if order.is_empty() {
-        return Err(NicError::InvalidWr(
-            "every hub of the listener has shared receives, which serve the mw policy only, and this \
-             connection may negotiate confirm: require PolicyChoice::Mw, or add a Hub::new"
-                .into(),
-        ));
+        return Err(ConfigError::NoHubForConfirm.into());
     }
     order.sort_by_key(|(n, _)| *n);
     let mut refused = None;
@@ -523,7 +519,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
                         Ok(n) => n,
                         Err(e) => {
                             hub.shared.routes.lock().reserved -= u64::from(sizes.reserved(true));
-                            return Err(e);
+                            return Err(e.into());
                         }
                     },
                 };
@@ -532,7 +528,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
             Err(e) => refused = Some(e),
         }
     }
-    Err(refused.unwrap_or(NicError::InvalidWr("no hub to put the connection on".into())))
+    Err(refused.map_or(ConfigError::NoHub.into(), SetupError::from))
 }
 
 impl<N: Nic> Shared<N> {

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use super::endpoint::{QueueSizes, SharedCq};
 use super::hub::CqHold;
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{Config, Endpoint, Prepared};
+use super::{Config, Endpoint, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 
 /// Completions taken per poll of the queue.
@@ -186,23 +186,23 @@ impl<N: Nic> SharedCq for Retire<N> {
 impl<N: Nic + 'static> CqRouter<N> {
     /// A router whose completion queue, of `depth` entries, is created on
     /// `nic`. Give each endpoint [`CqRouter::connection_nic`].
-    pub fn new(nic: N, depth: u32) -> Result<CqRouter<N>, NicError> {
+    pub fn new(nic: N, depth: u32) -> Result<CqRouter<N>, SetupError> {
         CqRouter::make(nic, depth, None)
     }
 
     /// A router whose endpoints also take their control receives from one
     /// shared receive queue: as [`Hub::with_shared_receives`](super::Hub::with_shared_receives)
     /// (mw only).
-    pub fn with_shared_receives(nic: N, depth: u32, srq: SrqConfig) -> Result<CqRouter<N>, NicError> {
+    pub fn with_shared_receives(nic: N, depth: u32, srq: SrqConfig) -> Result<CqRouter<N>, SetupError> {
         let q = SharedReceives::new(nic.same_pd()?, srq)?;
         CqRouter::make(nic, depth, Some(Arc::new(q)))
     }
 
-    fn make(nic: N, depth: u32, srq: Option<Arc<SharedReceives<N>>>) -> Result<CqRouter<N>, NicError> {
+    fn make(nic: N, depth: u32, srq: Option<Arc<SharedReceives<N>>>) -> Result<CqRouter<N>, SetupError> {
         // Every receive of the shared queue may complete before a poll.
         let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
         if for_receives >= depth {
-            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives });
+            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives }.into());
         }
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
@@ -247,14 +247,14 @@ impl<N: Nic + 'static> CqRouter<N> {
     /// worst case reserved ([`NicError::CqBudget`] when it does not fit).
     /// Finish it, connect it, and from then on hand it its completions
     /// with [`CqRouter::poll`]. Its [`Endpoint::drive`] polls no queue.
-    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, NicError> {
+    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let entries = sizes.reserved(self.shared.srq.is_some());
         {
             let mut st = self.shared.state.lock();
             if st.reserved + u64::from(entries) > u64::from(self.shared.depth) {
                 let reserved = st.reserved;
-                return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries });
+                return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries }.into());
             }
             st.reserved += u64::from(entries);
         }

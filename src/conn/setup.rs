@@ -44,6 +44,9 @@ pub enum SetupError {
     /// The NIC refused to create or connect the endpoint's resources.
     #[error("the NIC refused: {0}")]
     Nic(#[from] NicError),
+    /// The connection's settings cannot work; nothing was created.
+    #[error(transparent)]
+    Config(#[from] super::ConfigError),
     /// `mw` was asked for but the device's type-2 windows do not work.
     #[error("the mw policy was requested but type-2 windows fail on {device} ({why}); use confirm or auto")]
     MwUnusable {

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Config, Endpoint, Event};
-use crate::backend::NicError;
+use super::{Config, Endpoint, Event, SetupError};
 use crate::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
 
 /// A client and a server endpoint, each on its own simulated device,
@@ -32,7 +31,7 @@ impl SimPair {
         server_dev: DeviceConfig,
         client: Config,
         server: Config,
-    ) -> Result<SimPair, NicError> {
+    ) -> Result<SimPair, SetupError> {
         let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..fabric });
         let cn = fabric.add_device(client_dev.named("client"));
         let sn = fabric.add_device(server_dev.named("server"));
@@ -46,7 +45,7 @@ impl SimPair {
 
     /// [`SimPair::new`] with spec-following devices on a fabric seeded
     /// `seed` (no faults): the usual start of a test.
-    pub fn spec(seed: u64, client: Config, server: Config) -> Result<SimPair, NicError> {
+    pub fn spec(seed: u64, client: Config, server: Config) -> Result<SimPair, SetupError> {
         SimPair::new(
             FabricConfig::with_seed(seed),
             DeviceConfig::spec(),

@@ -42,6 +42,7 @@
 //! connection's regions its own (a window that does not enforce its bounds,
 //! as on rxe, reaches only its own connection's region).
 
+use super::{ConfigError, SetupError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -141,13 +142,10 @@ pub(crate) struct SharedReceives<N: Nic> {
 impl<N: Nic> SharedReceives<N> {
     /// Create the queue on `nic` (the hub's handle and PD) with its first
     /// chunk posted and the limit armed.
-    pub(crate) fn new(nic: N, cfg: SrqConfig) -> Result<SharedReceives<N>, NicError> {
+    pub(crate) fn new(nic: N, cfg: SrqConfig) -> Result<SharedReceives<N>, SetupError> {
         if cfg.chunk < INITIAL_CREDITS || cfg.max_slots < cfg.chunk {
-            return Err(NicError::InvalidWr(format!(
-                "SrqConfig {{ chunk: {}, max_slots: {} }}: a chunk holds at least {INITIAL_CREDITS} \
-                 receives and max_slots at least a chunk",
-                cfg.chunk, cfg.max_slots
-            )));
+            let (chunk, max_slots, min_chunk) = (cfg.chunk, cfg.max_slots, INITIAL_CREDITS);
+            return Err(ConfigError::BadSrqConfig { chunk, max_slots, min_chunk }.into());
         }
         let srq = nic.create_srq(cfg.max_slots)?;
         let me = SharedReceives {

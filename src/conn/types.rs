@@ -179,6 +179,84 @@ pub enum ConfigError {
     /// `Config::max_attempts` is 0.
     #[error("Config::max_attempts is 0: a confirm read could never be tried; set it to 1 or more")]
     NoAttempts,
+    /// The settings need more work requests on the send queue than a queue
+    /// can be asked for.
+    #[error(
+        "these settings need {send_wrs} send work requests and {receives} receives at once, \
+         more than a queue holds: fewer buffers (Config::buffers, Config::large_buffers), \
+         or a larger Config::read_chunk"
+    )]
+    TooManyWorkRequests {
+        /// Send work requests the connection may have outstanding.
+        send_wrs: u64,
+        /// `Config::ctrl_slots`.
+        receives: u32,
+    },
+    /// A buffer size of the connection is not a class of the shared pool
+    /// it would take its buffers from.
+    #[error(
+        "this connection's buffers of {size} bytes are not a class of the hub's shared buffer \
+         pool (its classes are {classes:?} bytes): set Config::buffer_size and \
+         Config::large_buffers to sizes the pool has"
+    )]
+    NotAPoolClass {
+        /// The connection's buffer size.
+        size: u32,
+        /// The pool's buffer sizes.
+        classes: Vec<u32>,
+    },
+    /// A connection on a hub with shared receives would run confirm.
+    #[error(
+        "a Hub with shared receives serves the mw policy only, and this connection's policies \
+         are {request:?} (requests) and {reply:?} (replies): under confirm a region's key would \
+         reach every connection's memory in the hub's protection domain; serve confirm clients \
+         on a Hub without shared receives (Hub::new), or require Policy::Mw"
+    )]
+    SharedReceivesNeedMw {
+        /// The request payloads' policy.
+        request: Policy,
+        /// The reply payloads' policy.
+        reply: Policy,
+    },
+    /// A listener's hubs all have shared receives, and the client may
+    /// negotiate confirm.
+    #[error(
+        "every hub of the listener has shared receives, which serve the mw policy only, and \
+         this connection may negotiate confirm: require PolicyChoice::Mw, or add a Hub::new"
+    )]
+    NoHubForConfirm,
+    /// A listener was given no hub to put its connections on.
+    #[error("the listener has no hub to put the connection on: give it at least one Hub")]
+    NoHub,
+    /// A shared buffer pool was asked for with no buffers.
+    #[error("a shared buffer pool needs at least one class with a size and a count; give one")]
+    EmptyPool,
+    /// A shared buffer pool class is larger than a pool can index.
+    #[error(
+        "a shared buffer pool class of {count} buffers of {size} bytes: at most {max} per class; \
+         split it, or use fewer buffers"
+    )]
+    PoolClassTooLarge {
+        /// The class's buffer count.
+        count: u32,
+        /// The class's buffer size.
+        size: u32,
+        /// The most a class may hold.
+        max: u32,
+    },
+    /// A shared receive queue's settings cannot work.
+    #[error(
+        "SrqConfig {{ chunk: {chunk}, max_slots: {max_slots} }}: a chunk holds at least \
+         {min_chunk} receives and max_slots at least a chunk; raise them"
+    )]
+    BadSrqConfig {
+        /// `SrqConfig::chunk`.
+        chunk: u32,
+        /// `SrqConfig::max_slots`.
+        max_slots: u32,
+        /// The least a chunk may hold (the initial credits of one connection).
+        min_chunk: u32,
+    },
 }
 
 /// A class of data buffers of one size; see [`Config::large_buffers`].
