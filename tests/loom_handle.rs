@@ -19,9 +19,24 @@ impl Drop for Buf {
     }
 }
 
+/// `loom::model`, checking that it explored more than one interleaving: a
+/// model whose threads share nothing loom can see would pass without
+/// checking anything.
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    loom::model(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        f()
+    });
+    let n = runs.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(n > 1, "loom explored {n} interleaving: the model races nothing it can see");
+    eprintln!("loom explored {n} interleavings");
+}
+
 #[test]
 fn fulfil_races_with_drop_of_the_handle() {
-    loom::model(|| {
+    model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let slot = Slot::new();
         let recycle = Recycle::new();
@@ -49,7 +64,7 @@ fn fulfil_races_with_drop_of_the_handle() {
 
 #[test]
 fn fulfil_races_with_take() {
-    loom::model(|| {
+    model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let slot = Slot::new();
         let recycle = Recycle::new();
@@ -70,7 +85,7 @@ fn fulfil_races_with_take() {
 
 #[test]
 fn abandon_is_visible_to_the_driver_or_the_value_is_recycled() {
-    loom::model(|| {
+    model(|| {
         let slot: Arc<Slot<u32>> = Slot::new();
         let recycle = Recycle::new();
         let handle = Handle::new(slot.clone(), recycle.clone());
@@ -89,7 +104,7 @@ fn abandon_is_visible_to_the_driver_or_the_value_is_recycled() {
 #[test]
 fn a_ring_is_never_slept_through() {
     use mwcap::handle::Doorbell;
-    loom::model(|| {
+    model(|| {
         let bell = Arc::new(Doorbell::new());
         let work = Arc::new(AtomicUsize::new(0));
         let (b, w) = (bell.clone(), work.clone());

@@ -13,6 +13,21 @@ use loom::thread;
 use mwcap::conn::pool_model::{pool, BackedSlots};
 
 /// Counts its wake-ups (a connection's hub waker).
+/// `loom::model`, checking that it explored more than one interleaving: a
+/// model whose threads share nothing loom can see would pass without
+/// checking anything.
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    loom::model(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        f()
+    });
+    let n = runs.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(n > 1, "loom explored {n} interleaving: the model races nothing it can see");
+    eprintln!("loom explored {n} interleavings");
+}
+
 struct Woken(AtomicUsize);
 impl futures::task::ArcWake for Woken {
     fn wake_by_ref(this: &std::sync::Arc<Self>) {
@@ -35,7 +50,7 @@ fn a_take_racing_a_give_gets_it_or_is_woken<T: Copy + std::fmt::Debug + Send + '
     give: fn(&mut BackedSlots, T),
     same: fn(T, T) -> bool,
 ) {
-    loom::model(move || {
+    model(move || {
         let p = pool(64, 1);
         let mut a = BackedSlots::new(&p, 64, 1);
         let mut b = BackedSlots::new(&p, 64, 1);
@@ -71,7 +86,7 @@ fn a_take_that_finds_the_pool_empty_is_woken_by_the_next_give() {
 /// before it takes), with two connections waiting: both are woken.
 #[test]
 fn every_waiter_is_woken_when_a_buffer_comes_back() {
-    loom::model(|| {
+    model(|| {
         let p = pool(64, 1);
         let mut a = BackedSlots::new(&p, 64, 1);
         let held = a.take().expect("the pool's only buffer");
