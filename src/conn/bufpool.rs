@@ -49,7 +49,7 @@ use std::task::Waker;
 
 use mwcap_mw as mw;
 
-use super::types::BufClass;
+use super::config::BufClass;
 use crate::backend::{Access, MrId, MrInfo, MwId, MwInfo, Nic, NicError};
 use crate::sync::{Arc, AtomicU64, Mutex};
 

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use super::bufpool::BufferPool;
+use super::config::*;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};

@@ -23,7 +23,8 @@
 
 use std::fmt;
 
-use super::types::{TraceId, MAX_INLINE};
+use super::config::MAX_INLINE;
+use super::types::TraceId;
 
 /// The largest frame an endpoint sends or accepts (one receive buffer).
 pub const MAX_FRAME: usize = 4096;

@@ -44,11 +44,13 @@
 #[cfg(not(loom))]
 mod alarm;
 mod bufpool;
+mod config;
 mod endpoint;
 #[cfg(feature = "testing")]
 pub mod frame;
 #[cfg(not(feature = "testing"))]
 mod frame;
+mod header;
 #[cfg(not(loom))]
 mod hub;
 #[cfg(not(loom))]
@@ -126,8 +128,10 @@ pub mod pool_model {
         }
     }
 }
+pub use config::*;
 pub use endpoint::{Endpoint, Prepared};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
+pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::{Hub, HubDriver, HubStats};
 #[cfg(not(loom))]

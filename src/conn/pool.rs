@@ -2,7 +2,7 @@
 //! and where each data buffer is in the data region.
 
 use super::bufpool::BufferPool;
-use super::types::Config;
+use super::config::Config;
 
 /// Where each data buffer is: the size classes laid out one after the
 /// other in the data region (the standard class, `Config::buffers` of

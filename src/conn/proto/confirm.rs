@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mwcap_fallback as fb;
 
+use super::super::config::{Config, Role};
 use super::super::pool::Layout;
-use super::super::types::{Config, Role};
 use super::ids::{id_map, IdMap};
 use crate::backend::MrInfo;
 

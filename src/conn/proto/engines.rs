@@ -6,6 +6,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
+use super::super::config::*;
 use super::super::frame::Frame;
 use super::super::pool::Holder;
 use super::super::types::*;

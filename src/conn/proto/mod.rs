@@ -31,7 +31,9 @@ use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
 use super::bufpool::BufferPool;
+use super::config::*;
 use super::frame::{Attach, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
+use super::header::Header;
 use super::pool::{HoldChange, Holder, Layout, Slots};
 use super::types::*;
 use crate::backend::{Completion, CpuHold, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcStatus};

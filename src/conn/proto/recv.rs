@@ -10,6 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
+use super::super::config::*;
 use super::super::frame::{Attach, Attaches, EngineTag, Frame};
 use super::super::pool::Holder;
 use super::super::types::*;

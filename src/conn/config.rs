@@ -1,0 +1,351 @@
+//! A connection's settings ([`Config`]) and the policies and roles they name.
+
+use std::time::Duration;
+
+pub use crate::bootstrap::Policy;
+
+/// The policy of each direction. With `auto`, each side's capability probe
+/// decides the direction it owns: the client's for `request`, the server's
+/// for `reply`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policies {
+    /// Request payloads (client memory, READ by the server).
+    pub request: Policy,
+    /// Reply payloads (server memory, READ by the client).
+    pub reply: Policy,
+}
+
+impl Policies {
+    /// The same policy both ways.
+    pub fn both(p: Policy) -> Policies {
+        Policies { request: p, reply: p }
+    }
+}
+
+/// Which side of a connection an endpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Sends requests, receives replies.
+    Client,
+    /// Receives requests, sends replies.
+    Server,
+}
+
+/// Endpoint settings. Start from [`Config::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Client or server.
+    pub role: Role,
+    /// The policy of each direction; both sides must agree (the bootstrap
+    /// exchanges them).
+    pub policies: Policies,
+    /// Data buffers of the standard size in the pool ([`Connection::alloc`]
+    /// hands them out). Under mw each buffer of every class has a window.
+    ///
+    /// [`Connection::alloc`]: super::Connection::alloc
+    pub buffers: u32,
+    /// Bytes per standard data buffer.
+    pub buffer_size: u32,
+    /// Bigger buffers, for payloads larger than `buffer_size` (up to the
+    /// largest class): [`Connection::alloc_for`](super::Connection::alloc_for)
+    /// takes the smallest that fits, and a reader reads a payload into the
+    /// smallest free one that fits. Empty by default: every payload then
+    /// fits `buffer_size` or is refused.
+    pub large_buffers: Vec<BufClass>,
+    /// Payloads of at most this many bytes ride inline in the request or
+    /// reply frame: no window, READ or release; the reader copies them into
+    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
+    pub inline_max: u32,
+    /// Exposures of ranges of user regions ([`Endpoint::register_region`])
+    /// that may be live at once (under mw, a window each, on top of one per
+    /// buffer). A call or reply that finds them all live waits like one
+    /// that finds no free window.
+    ///
+    /// [`Endpoint::register_region`]: super::Endpoint::register_region
+    pub region_exposures: u32,
+    /// READs of payloads longer than this are split into READs of this
+    /// many bytes, posted together (the NIC pipelines them up to the QP's
+    /// outstanding-READ limit); only the last asks for a completion.
+    pub read_chunk: u32,
+    /// Control slots for RECVs: the frames the peer may have in flight
+    /// (on a hub with shared receives, the most the connection's share of
+    /// the hub's queue grows to). Also the control slots for SENDs unless
+    /// `send_slots` says otherwise.
+    pub ctrl_slots: u32,
+    /// Control slots for SENDs (4 KiB of registered memory each): the
+    /// frames this side may have in flight. `None`: `ctrl_slots`. A call or
+    /// reply that finds none free waits. On a hub with shared receives the
+    /// send slots are all a connection registers for its control frames, so
+    /// a few (8) with a larger `ctrl_slots` keep it small and still let its
+    /// peer send bursts. At least 2.
+    pub send_slots: Option<u32>,
+    /// How long an exposure lives before the owner takes it back.
+    pub lease_time: Duration,
+    /// Reader side: the time a lease must have left to be worth READing.
+    pub safety_margin: Duration,
+    /// Client: how long a call may take before it fails.
+    pub call_timeout: Duration,
+    /// Confirm policy: READs of a reply before giving up on stale reads.
+    pub max_attempts: u32,
+    /// Seed for the consumer keys of window binds.
+    pub seed: u64,
+    /// How long the async [`Driver`](super::Driver) keeps polling an idle
+    /// completion queue before it arms it and sleeps. Longer costs CPU,
+    /// shorter costs a wake-up's latency on the next completion.
+    pub busy_poll: Duration,
+    /// Receiver-not-ready retries before a SEND fails with
+    /// `RnrRetryExcErr` and the connection is declared dead (0..=6; the
+    /// verbs value 7, "retry forever", is never used: a peer that stops
+    /// posting receives must not hold exposed buffers forever).
+    pub rnr_retry: u8,
+    /// Dead-peer detection: with `Some`, a connection that has heard
+    /// nothing from its peer for `interval` sends a ping, and declares the
+    /// peer dead ([`LossReason::PeerUnresponsive`]) if no frame comes back
+    /// within `timeout`. Off by default. Both sides answer pings whether
+    /// or not they send their own.
+    pub keepalive: Option<Keepalive>,
+}
+
+/// The most bytes [`Config::inline_max`] may be: an inline payload, its
+/// header and attachments fit one frame.
+pub const MAX_INLINE: u32 = 1024;
+
+/// The most buffer classes a pool may have: the standard one and 255
+/// [`Config::large_buffers`] classes.
+pub const MAX_CLASSES: usize = 256;
+
+/// Why [`Config::check`] refused a configuration (the field to change is
+/// in the message).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The standard class is empty.
+    #[error(
+        "Config::buffers is {buffers} and Config::buffer_size {buffer_size}: a connection needs \
+         at least one standard buffer of at least one byte (inline payloads land in one)"
+    )]
+    NoBuffers {
+        /// `Config::buffers`.
+        buffers: u32,
+        /// `Config::buffer_size`.
+        buffer_size: u32,
+    },
+    /// A large class is no larger than a standard buffer.
+    #[error(
+        "a Config::large_buffers class of {size}-byte buffers is not larger than \
+         Config::buffer_size ({buffer_size}); make it larger, or add to Config::buffers"
+    )]
+    LargeClassTooSmall {
+        /// The class's buffer size.
+        size: u32,
+        /// `Config::buffer_size`.
+        buffer_size: u32,
+    },
+    /// More classes than a pool can tell apart.
+    #[error("{classes} buffer classes (Config::buffer_size and Config::large_buffers), above the {MAX_CLASSES} a pool can have; merge some")]
+    TooManyClasses {
+        /// Classes asked for (the standard one included).
+        classes: usize,
+    },
+    /// `Config::read_chunk` is 0.
+    #[error("Config::read_chunk is 0; set it to the bytes per READ (1 MiB is the default)")]
+    ZeroReadChunk,
+    /// Too few control slots for flow control's initial credits.
+    #[error(
+        "Config::ctrl_slots is {ctrl_slots}, below the {} receives every peer may count on \
+         at the start (flow control); raise it",
+        super::frame::INITIAL_CREDITS
+    )]
+    TooFewCtrlSlots {
+        /// `Config::ctrl_slots`.
+        ctrl_slots: u32,
+    },
+    /// Fewer than 2 send slots: a frame and a grant must be able to go.
+    #[error("Config::send_slots is {send_slots}, below 2 (a frame and a credit grant); raise it, or leave it None for ctrl_slots")]
+    TooFewSendSlots {
+        /// `Config::send_slots`.
+        send_slots: u32,
+    },
+    /// `Config::inline_max` is above [`MAX_INLINE`].
+    #[error("Config::inline_max is {inline_max}, above MAX_INLINE ({MAX_INLINE}); lower it")]
+    InlineTooLarge {
+        /// `Config::inline_max`.
+        inline_max: u32,
+    },
+    /// `Config::max_attempts` is 0.
+    #[error("Config::max_attempts is 0: a confirm read could never be tried; set it to 1 or more")]
+    NoAttempts,
+    /// The settings need more work requests on the send queue than a queue
+    /// can be asked for.
+    #[error(
+        "these settings need {send_wrs} send work requests and {receives} receives at once, \
+         more than a queue holds: fewer buffers (Config::buffers, Config::large_buffers), \
+         or a larger Config::read_chunk"
+    )]
+    TooManyWorkRequests {
+        /// Send work requests the connection may have outstanding.
+        send_wrs: u64,
+        /// `Config::ctrl_slots`.
+        receives: u32,
+    },
+    /// A buffer size of the connection is not a class of the shared pool
+    /// it would take its buffers from.
+    #[error(
+        "this connection's buffers of {size} bytes are not a class of the hub's shared buffer \
+         pool (its classes are {classes:?} bytes): set Config::buffer_size and \
+         Config::large_buffers to sizes the pool has"
+    )]
+    NotAPoolClass {
+        /// The connection's buffer size.
+        size: u32,
+        /// The pool's buffer sizes.
+        classes: Vec<u32>,
+    },
+    /// A connection on a hub with shared receives would run confirm.
+    #[error(
+        "a Hub with shared receives serves the mw policy only, and this connection's policies \
+         are {request:?} (requests) and {reply:?} (replies): under confirm a region's key would \
+         reach every connection's memory in the hub's protection domain; serve confirm clients \
+         on a Hub without shared receives (Hub::new), or require Policy::Mw"
+    )]
+    SharedReceivesNeedMw {
+        /// The request payloads' policy.
+        request: Policy,
+        /// The reply payloads' policy.
+        reply: Policy,
+    },
+    /// A listener's hubs all have shared receives, and the client may
+    /// negotiate confirm.
+    #[error(
+        "every hub of the listener has shared receives, which serve the mw policy only, and \
+         this connection may negotiate confirm: require PolicyChoice::Mw, or add a Hub::new"
+    )]
+    NoHubForConfirm,
+    /// A listener was given no hub to put its connections on.
+    #[error("the listener has no hub to put the connection on: give it at least one Hub")]
+    NoHub,
+    /// A shared buffer pool was asked for with no buffers.
+    #[error("a shared buffer pool needs at least one class with a size and a count; give one")]
+    EmptyPool,
+    /// A shared buffer pool class is larger than a pool can index.
+    #[error(
+        "a shared buffer pool class of {count} buffers of {size} bytes: at most {max} per class; \
+         split it, or use fewer buffers"
+    )]
+    PoolClassTooLarge {
+        /// The class's buffer count.
+        count: u32,
+        /// The class's buffer size.
+        size: u32,
+        /// The most a class may hold.
+        max: u32,
+    },
+    /// A shared receive queue's settings cannot work.
+    #[error(
+        "SrqConfig {{ chunk: {chunk}, max_slots: {max_slots} }}: a chunk holds at least \
+         {min_chunk} receives and max_slots at least a chunk; raise them"
+    )]
+    BadSrqConfig {
+        /// `SrqConfig::chunk`.
+        chunk: u32,
+        /// `SrqConfig::max_slots`.
+        max_slots: u32,
+        /// The least a chunk may hold (the initial credits of one connection).
+        min_chunk: u32,
+    },
+}
+
+/// A class of data buffers of one size; see [`Config::large_buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufClass {
+    /// Bytes per buffer.
+    pub size: u32,
+    /// How many.
+    pub count: u32,
+}
+
+/// Dead-peer detection settings; see [`Config::keepalive`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Silence after which the connection pings its peer.
+    pub interval: Duration,
+    /// How long an unanswered ping may wait before the peer is declared dead.
+    pub timeout: Duration,
+}
+
+impl Config {
+    /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
+    /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
+    /// 5 s leases, a 500 ms safety margin, 10 s calls.
+    pub fn new(role: Role, policies: Policies) -> Config {
+        Config {
+            role,
+            policies,
+            buffers: 16,
+            buffer_size: 64 << 10,
+            large_buffers: Vec::new(),
+            inline_max: 256,
+            region_exposures: 8,
+            read_chunk: 1 << 20,
+            ctrl_slots: 64,
+            send_slots: None,
+            lease_time: Duration::from_secs(5),
+            safety_margin: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+            seed: 0x6d77_6361_7000_0001,
+            busy_poll: Duration::from_micros(50),
+            rnr_retry: 6,
+            keepalive: None,
+        }
+    }
+
+    /// Control slots for SENDs: `send_slots`, or `ctrl_slots`.
+    pub fn sends(&self) -> u32 {
+        self.send_slots.unwrap_or(self.ctrl_slots)
+    }
+
+    /// Whether these settings can work: [`Endpoint::prepare`] (and so
+    /// every way of connecting) refuses the ones that cannot, before it
+    /// creates anything.
+    ///
+    /// [`Endpoint::prepare`]: super::Endpoint::prepare
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.buffers == 0 || self.buffer_size == 0 {
+            return Err(ConfigError::NoBuffers { buffers: self.buffers, buffer_size: self.buffer_size });
+        }
+        if let Some(c) = self.large_buffers.iter().find(|c| c.size <= self.buffer_size) {
+            return Err(ConfigError::LargeClassTooSmall { size: c.size, buffer_size: self.buffer_size });
+        }
+        let classes = 1 + self.large_buffers.iter().filter(|c| c.count > 0).count();
+        if classes > MAX_CLASSES {
+            return Err(ConfigError::TooManyClasses { classes });
+        }
+        if self.read_chunk == 0 {
+            return Err(ConfigError::ZeroReadChunk);
+        }
+        if self.ctrl_slots < super::frame::INITIAL_CREDITS {
+            return Err(ConfigError::TooFewCtrlSlots { ctrl_slots: self.ctrl_slots });
+        }
+        if self.send_slots.is_some_and(|n| n < 2) {
+            return Err(ConfigError::TooFewSendSlots { send_slots: self.send_slots.unwrap_or(0) });
+        }
+        if self.inline_max > MAX_INLINE {
+            return Err(ConfigError::InlineTooLarge { inline_max: self.inline_max });
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::NoAttempts);
+        }
+        Ok(())
+    }
+
+    /// The policies of this side's two directions: (the one it owns, whose
+    /// payloads are its memory; the one it reads).
+    pub fn directions(&self) -> (Policy, Policy) {
+        match self.role {
+            Role::Client => (self.policies.request, self.policies.reply),
+            Role::Server => (self.policies.reply, self.policies.request),
+        }
+    }
+}
