@@ -252,6 +252,10 @@ impl Loop {
                             .position(|p| p.id == call)
                             .ok_or("a reply to no call in flight")?;
                         let p = self.pending.swap_remove(i);
+                        // Recorded before the payload is checked, as the
+                        // request payload was written before `started`: the
+                        // interval times the calls, not the memcpy.
+                        hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         let ok = match data {
                             Some(d) => {
                                 let ok = pair
@@ -268,7 +272,6 @@ impl Loop {
                                 "call answered status {status}, reply payload as asked: {ok}"
                             ));
                         }
-                        hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         done += 1;
                     }
                     Event::CallFailed { error, .. } => return Err(error.to_string()),
