@@ -99,7 +99,7 @@ mod imp {
     pub fn remote(o: &BenchOpts, addr: SocketAddr, auth: &Auth) -> Result<(), String> {
         header(o, &format!("two processes, client of mwcap serve at {addr}"));
         let probes = ProbeCache::new();
-        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
+        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
             let to = policy_addr(addr, policy)?;
             let choice = match policy {
                 Policy::Mw => PolicyChoice::Mw,
@@ -183,7 +183,7 @@ mod imp {
     /// Both sides here, on two protection domains of one device.
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
-        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
+        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
             let cfg = |role| config(role, policy, o.pool(), &o.conn);
             let nic_err = |e: mwcap::backend::NicError| format!("setting up the {policy:?} endpoints: {e}");
             let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(nic_err)?;

@@ -3,10 +3,14 @@
 //! server's side of those instructions, and the machine-readable result line.
 //!
 //! A request header is [`HEADER_LEN`] bytes: an operation byte, the reply
-//! payload size the client wants (u32, little-endian) and a tag. Every byte
-//! of the call's payload, whichever side writes it, is a pattern of its
-//! index and the tag ([`fill`]), and the reader checks every byte
-//! ([`check`]): it READ this call's bytes, all of them, in place.
+//! payload size the client wants (u32, little-endian) and a tag. By default
+//! every byte of the call's payload, whichever side writes it, is a pattern
+//! of its index and the tag ([`fill`]), and the reader checks every byte
+//! ([`check`]): it READ this call's bytes, all of them, in place. A client
+//! can ask for stamps instead ([`Check::Stamp`], `--stamp-only`): only the
+//! payload's first and last [`STAMP_LEN`] bytes are written and checked,
+//! so that timing a 64 KiB call under emulation times the transport, not
+//! the memcpy.
 
 use std::time::Duration;
 
@@ -35,8 +39,48 @@ pub enum Kind {
     RequestRead,
 }
 
+/// How much of each payload its writer writes and its reader checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Check {
+    /// Every byte ([`fill`], [`check`]): the pass/fail runs.
+    #[default]
+    EveryByte,
+    /// The first and last [`STAMP_LEN`] bytes ([`stamp`], [`stamp_ok`]):
+    /// timing runs, where touching every byte would dominate the call.
+    Stamp,
+}
+
+impl Check {
+    /// The mode in result lines (`check=`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::EveryByte => "every_byte",
+            Check::Stamp => "stamp",
+        }
+    }
+
+    /// Write the payload of `len` bytes tagged `tag` into `buf` (see
+    /// [`fill_prefix`]); returns its length.
+    pub fn write(self, buf: &mut [u8], len: usize, tag: u8) -> usize {
+        match self {
+            Check::EveryByte => fill_prefix(buf, len, tag),
+            Check::Stamp => stamp(buf, len, tag),
+        }
+    }
+
+    /// Whether `bytes` is the payload of `len` bytes tagged `tag`, as far
+    /// as this mode looks.
+    pub fn passes(self, bytes: &[u8], len: u32, tag: u8) -> bool {
+        match self {
+            Check::EveryByte => check(bytes, len, tag),
+            Check::Stamp => stamp_ok(bytes, len, tag),
+        }
+    }
+}
+
 /// One line of results: a kind of call, the policy of its payload, its
-/// size and how many calls are in flight at once.
+/// size, how many calls are in flight at once and how much of each payload
+/// is written and checked.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
     /// What is measured.
@@ -47,6 +91,8 @@ pub struct Case {
     pub size: u32,
     /// Calls in flight at once.
     pub inflight: u32,
+    /// How much of each payload is written and checked.
+    pub check: Check,
 }
 
 impl Case {
@@ -90,20 +136,25 @@ impl Case {
 /// The cases, grouped by the policy of the connection they run on: `rpc`
 /// (at 64 B) on the first policy's connection, then for each policy its
 /// `reply_read` and `request_read` cases at every size; each case at every
-/// in-flight count.
-pub fn matrix(policies: &[Policy], sizes: &[u32], inflights: &[u32]) -> Vec<(Policy, Vec<Case>)> {
+/// in-flight count, every payload written and checked as `check` says.
+pub fn matrix(
+    policies: &[Policy],
+    sizes: &[u32],
+    inflights: &[u32],
+    check: Check,
+) -> Vec<(Policy, Vec<Case>)> {
     let mut groups = Vec::new();
     for (i, &policy) in policies.iter().enumerate() {
         let mut cases = Vec::new();
         if i == 0 {
             for &inflight in inflights {
-                cases.push(Case { kind: Kind::Rpc, policy, size: 64, inflight });
+                cases.push(Case { kind: Kind::Rpc, policy, size: 64, inflight, check });
             }
         }
         for kind in [Kind::ReplyRead, Kind::RequestRead] {
             for &size in sizes {
                 for &inflight in inflights {
-                    cases.push(Case { kind, policy, size, inflight });
+                    cases.push(Case { kind, policy, size, inflight, check });
                 }
             }
         }
@@ -120,8 +171,11 @@ pub enum Ask {
     Call {
         /// Reply payload bytes.
         reply_size: u32,
-        /// First and last byte of both payloads.
+        /// The call's tag, in both payloads.
         tag: u8,
+        /// How much of both payloads is written and checked: the client
+        /// says, so that one server serves timing and pass/fail runs.
+        check: Check,
     },
     /// Reply with the server process's allocation count (u64 LE in the
     /// reply header), for `allocs_per_call` across two processes.
@@ -133,7 +187,11 @@ impl Ask {
     pub fn encode(self) -> [u8; HEADER_LEN] {
         let mut h = [0; HEADER_LEN];
         match self {
-            Ask::Call { reply_size, tag } => {
+            Ask::Call { reply_size, tag, check } => {
+                h[0] = match check {
+                    Check::EveryByte => 0,
+                    Check::Stamp => 2,
+                };
                 h[1..5].copy_from_slice(&reply_size.to_le_bytes());
                 h[5] = tag;
             }
@@ -145,9 +203,12 @@ impl Ask {
     /// Parse a request header.
     pub fn decode(h: &[u8]) -> Option<Ask> {
         let h: &[u8; HEADER_LEN] = h.try_into().ok()?;
+        let call =
+            |check| Ask::Call { reply_size: u32::from_le_bytes([h[1], h[2], h[3], h[4]]), tag: h[5], check };
         match h[0] {
-            0 => Some(Ask::Call { reply_size: u32::from_le_bytes([h[1], h[2], h[3], h[4]]), tag: h[5] }),
+            0 => Some(call(Check::EveryByte)),
             1 => Some(Ask::Allocs),
+            2 => Some(call(Check::Stamp)),
             _ => None,
         }
     }
@@ -213,16 +274,55 @@ pub fn check(bytes: &[u8], len: u32, tag: u8) -> bool {
         && bytes.iter().enumerate().fold(0u8, |acc, (i, &b)| acc | (b ^ pattern(i, tag))) == 0
 }
 
+/// Bytes of each of a stamped payload's two stamps, its first and its last.
+pub const STAMP_LEN: usize = 8;
+
+/// The stamp at the start (`tail` false) or the end of the payload of
+/// `len` bytes tagged `tag`. Its top bytes are constant and non-zero, so
+/// that a zeroed buffer never passes; the tag makes it this call's, the
+/// length this size's, and `tail` tells the two apart.
+fn stamp_bytes(len: usize, tag: u8, tail: bool) -> [u8; STAMP_LEN] {
+    let w = 0x6d77_u64 << 48 | u64::from(tail) << 40 | u64::from(tag) << 32 | len as u64 & 0xffff_ffff;
+    w.to_le_bytes()
+}
+
+/// Write the stamps of the payload of `len` bytes tagged `tag` into `buf`
+/// (the rest of its bytes stay what they were); returns the payload's
+/// length, as [`fill_prefix`] does. A payload too short for two stamps
+/// gets every byte, which costs nothing at that size.
+pub fn stamp(buf: &mut [u8], len: usize, tag: u8) -> usize {
+    let n = len.min(buf.len());
+    if n < 2 * STAMP_LEN {
+        return fill_prefix(buf, n, tag);
+    }
+    buf[..STAMP_LEN].copy_from_slice(&stamp_bytes(n, tag, false));
+    buf[n - STAMP_LEN..n].copy_from_slice(&stamp_bytes(n, tag, true));
+    n
+}
+
+/// Whether `bytes` carries the stamps of the payload of `len` bytes tagged
+/// `tag` (every byte, if too short for two: see [`stamp`]). The bytes
+/// between the stamps are not looked at; that is [`check`]'s job.
+pub fn stamp_ok(bytes: &[u8], len: u32, tag: u8) -> bool {
+    let n = len as usize;
+    if bytes.len() != n || n < 2 * STAMP_LEN {
+        return check(bytes, len, tag);
+    }
+    bytes[..STAMP_LEN] == stamp_bytes(n, tag, false) && bytes[n - STAMP_LEN..] == stamp_bytes(n, tag, true)
+}
+
 /// What the server does with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// Reply with a payload (`reply_size` > 0) or none, tagged `tag`, after
-    /// checking the request payload against `tag`.
+    /// checking the request payload against `tag`, both as `check` says.
     Call {
         /// Reply payload bytes.
         reply_size: u32,
         /// The call's tag.
         tag: u8,
+        /// How much of both payloads is written and checked.
+        check: Check,
     },
     /// Reply with the allocation count.
     Allocs,
@@ -235,7 +335,7 @@ pub enum Plan {
 /// (`Request::again`), so nothing needs remembering.
 pub fn plan(header: &[u8]) -> Plan {
     match Ask::decode(header) {
-        Some(Ask::Call { reply_size, tag }) => Plan::Call { reply_size, tag },
+        Some(Ask::Call { reply_size, tag, check }) => Plan::Call { reply_size, tag, check },
         Some(Ask::Allocs) => Plan::Allocs,
         None => Plan::Bad,
     }
@@ -275,11 +375,12 @@ pub fn line(case: &Case, Labels { mode, backend, executor }: Labels, m: &Measure
     let us = |q: f64| m.hist.value_at_quantile(q) as f64 / 1e3;
     let calls = m.hist.len();
     let mut s = format!(
-        "case={} policy={} size={} inflight={} mode={mode} backend={backend} executor={executor} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
+        "case={} policy={} size={} inflight={} mode={mode} backend={backend} executor={executor} check={} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
         case.name(),
         case.policy_name(),
         case.size,
         case.inflight,
+        case.check.name(),
         us(0.5),
         us(0.99),
         us(0.999),
@@ -297,9 +398,12 @@ mod tests {
 
     #[test]
     fn headers_round_trip() {
-        for ask in
-            [Ask::Call { reply_size: 65536, tag: 7 }, Ask::Call { reply_size: 0, tag: 255 }, Ask::Allocs]
-        {
+        for ask in [
+            Ask::Call { reply_size: 65536, tag: 7, check: Check::EveryByte },
+            Ask::Call { reply_size: 0, tag: 255, check: Check::EveryByte },
+            Ask::Call { reply_size: 4096, tag: 9, check: Check::Stamp },
+            Ask::Allocs,
+        ] {
             assert_eq!(Ask::decode(&ask.encode()), Some(ask));
         }
         assert_eq!(Ask::decode(b"short"), None);
@@ -327,17 +431,68 @@ mod tests {
     }
 
     #[test]
+    fn a_stamp_is_this_calls_and_this_sizes() {
+        let mut b = vec![0u8; 4096];
+        assert_eq!(stamp(&mut b, 4096, 3), 4096);
+        assert!(stamp_ok(&b, 4096, 3));
+        assert!(Check::Stamp.passes(&b, 4096, 3));
+        assert!(!stamp_ok(&b, 4096, 4), "another call's tag");
+        assert!(!stamp_ok(&b[..64], 64, 3), "another length (the tail stamp is not there)");
+        // A payload of another length, read whole: its stamps say its length.
+        let mut longer = vec![0u8; 8192];
+        stamp(&mut longer, 8192, 3);
+        assert!(!stamp_ok(&longer[..4096], 4096, 3), "the head of a longer payload");
+        assert!(!stamp_ok(&[0u8; 4096], 4096, 3), "a zeroed buffer");
+        assert!(!stamp_ok(&b[..4095], 4096, 3), "a short read");
+        for i in [0, 7, 4088, 4095] {
+            let mut bad = b.clone();
+            bad[i] ^= 1;
+            assert!(!stamp_ok(&bad, 4096, 3), "stamp byte {i} changed");
+        }
+        // An every-byte payload is not a stamped one, nor the reverse.
+        let mut full = vec![0u8; 4096];
+        fill(&mut full, 3);
+        assert!(!stamp_ok(&full, 4096, 3) && !check(&b, 4096, 3));
+    }
+
+    #[test]
+    fn a_recycled_buffer_passes_only_for_the_call_that_stamped_it() {
+        // A pool buffer keeps its last call's bytes: stamping it for the
+        // next call makes it that call's, and the old call's no longer.
+        let mut b = vec![0u8; 65536];
+        fill(&mut b, 1);
+        stamp(&mut b, 65536, 2);
+        assert!(stamp_ok(&b, 65536, 2));
+        stamp(&mut b, 4096, 3);
+        assert!(stamp_ok(&b[..4096], 4096, 3));
+        assert!(!stamp_ok(&b, 65536, 2), "the head stamp is the new call's");
+    }
+
+    #[test]
+    fn a_payload_too_short_for_two_stamps_is_checked_whole() {
+        for len in [1usize, 8, 15] {
+            let mut b = vec![0u8; 64];
+            assert_eq!(stamp(&mut b, len, 5), len);
+            assert!(stamp_ok(&b[..len], len as u32, 5) && check(&b[..len], len as u32, 5));
+            assert!(!stamp_ok(&b[..len], len as u32, 6), "another call's tag at {len} bytes");
+        }
+        let mut b = vec![0u8; 16];
+        stamp(&mut b, 16, 5);
+        assert!(stamp_ok(&b, 16, 5) && !check(&b, 16, 5), "16 bytes hold two stamps");
+    }
+
+    #[test]
     fn a_plan_follows_the_header() {
         assert_eq!(
-            plan(&Ask::Call { reply_size: 64, tag: 1 }.encode()),
-            Plan::Call { reply_size: 64, tag: 1 }
+            plan(&Ask::Call { reply_size: 64, tag: 1, check: Check::Stamp }.encode()),
+            Plan::Call { reply_size: 64, tag: 1, check: Check::Stamp }
         );
         assert_eq!(plan(&[]), Plan::Bad);
     }
 
     #[test]
     fn the_matrix_puts_rpc_on_the_first_connection_only() {
-        let m = matrix(&[Policy::Mw, Policy::Confirm], &[64, 4096, 65536], &[1, 16]);
+        let m = matrix(&[Policy::Mw, Policy::Confirm], &[64, 4096, 65536], &[1, 16], Check::EveryByte);
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].1.len(), 2 + 2 * 3 * 2);
         assert_eq!(m[1].1.len(), 2 * 3 * 2);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
 
-use crate::cases::{self, Ask, Case, Labels, Measured, Plan};
+use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
 use crate::count;
 use crate::{BenchOpts, ExecutorArg};
 
@@ -25,7 +25,7 @@ pub fn run(o: &BenchOpts) -> ExitCode {
         "# mwcap bench --sim: simulated NIC, {} calls per case after {} warm-up calls, {} buffers of {buffer_size} bytes per side",
         o.iters, o.warmup, o.buffers
     );
-    for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight) {
+    for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
         if o.srq && policy != mwcap::conn::Policy::Mw {
             println!("# --srq: the {policy:?} cases are skipped (a hub with shared receives serves mw only)");
             continue;
@@ -182,8 +182,8 @@ fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
 struct Loop {
     pending: Vec<Pending>,
     /// Replies not sent yet (waiting for a free buffer or slot): request,
-    /// status, tag, reply payload size.
-    deferred: VecDeque<(RequestId, u8, u8, u32)>,
+    /// status, tag, reply payload size, how much of it to write.
+    deferred: VecDeque<(RequestId, u8, u8, u32, Check)>,
     tag: u8,
     /// Event vectors swapped with the pair's on each turn (kept, not regrown).
     spare_events: Vec<Event>,
@@ -199,7 +199,7 @@ impl Loop {
         n: u32,
         hist: &mut hdrhistogram::Histogram<u64>,
     ) -> Result<(), String> {
-        let (req_size, reply_size) = (case.request_size(), case.reply_size());
+        let (req_size, reply_size, check) = (case.request_size(), case.reply_size(), case.check);
         let (mut started, mut done) = (0, 0);
         let give_up = pair.now() + Duration::from_secs(60);
         while done < n {
@@ -211,7 +211,7 @@ impl Loop {
                     };
                     let (n, tag) = (req_size as usize, self.tag.wrapping_add(1));
                     pair.client
-                        .fill(&mut b, |bytes| cases::fill_prefix(bytes, n, tag))
+                        .fill(&mut b, |bytes| check.write(bytes, n, tag))
                         .map_err(|e| e.to_string())?;
                     Some(b)
                 } else {
@@ -220,7 +220,7 @@ impl Loop {
                 self.tag = self.tag.wrapping_add(1);
                 let now = pair.now();
                 let t = Instant::now();
-                match pair.client.call(now, &Ask::Call { reply_size, tag: self.tag }.encode(), data) {
+                match pair.client.call(now, &Ask::Call { reply_size, tag: self.tag, check }.encode(), data) {
                     Ok(id) => {
                         self.pending.push(Pending { id, tag: self.tag, started: t });
                         started += 1;
@@ -254,11 +254,15 @@ impl Loop {
                             .position(|p| p.id == call)
                             .ok_or("a reply to no call in flight")?;
                         let p = self.pending.swap_remove(i);
+                        // Recorded before the payload is checked, as the
+                        // request payload was written before `started`: the
+                        // interval times the calls, not the memcpy.
+                        hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         let ok = match data {
                             Some(d) => {
                                 let ok = pair
                                     .client
-                                    .bytes(&d, |b| cases::check(b, reply_size, p.tag))
+                                    .bytes(&d, |b| check.passes(b, reply_size, p.tag))
                                     .unwrap_or(false);
                                 pair.client.free(d);
                                 ok
@@ -270,7 +274,6 @@ impl Loop {
                                 "call answered status {status}, reply payload as asked: {ok}"
                             ));
                         }
-                        hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         done += 1;
                     }
                     Event::CallFailed { error, .. } => return Err(error.to_string()),
@@ -308,31 +311,29 @@ impl Loop {
             let plan = cases::plan(&header);
             let mut status = cases::STATUS_OK;
             if let Some(d) = data {
-                let ok = matches!(plan, Plan::Call { tag, .. } if pair.server.bytes(&d, |b| cases::check(b, d.len(), tag)).unwrap_or(false));
+                let ok = matches!(plan, Plan::Call { tag, check, .. } if pair.server.bytes(&d, |b| check.passes(b, d.len(), tag)).unwrap_or(false));
                 pair.server.free(d);
                 if !ok {
                     status = cases::STATUS_BAD_PAYLOAD;
                 }
             }
             self.deferred.push_back(match plan {
-                Plan::Call { reply_size, tag } if status == cases::STATUS_OK => {
-                    (req, status, tag, reply_size)
+                Plan::Call { reply_size, tag, check } if status == cases::STATUS_OK => {
+                    (req, status, tag, reply_size, check)
                 }
-                Plan::Call { tag, .. } => (req, status, tag, 0),
-                Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0),
+                Plan::Call { tag, check, .. } => (req, status, tag, 0, check),
+                Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0, Check::EveryByte),
             });
         }
         self.spare_server_events = events;
         // Reply in order, as far as the server has free buffers and slots.
-        while let Some(&(req, status, tag, size)) = self.deferred.front() {
+        while let Some(&(req, status, tag, size, check)) = self.deferred.front() {
             let data = if size > 0 {
                 let Some(mut b) = pair.server.alloc_for(size as usize).map_err(|e| e.to_string())? else {
                     break;
                 };
                 let n = size as usize;
-                pair.server
-                    .fill(&mut b, |bytes| cases::fill_prefix(bytes, n, tag))
-                    .map_err(|e| e.to_string())?;
+                pair.server.fill(&mut b, |bytes| check.write(bytes, n, tag)).map_err(|e| e.to_string())?;
                 Some(b)
             } else {
                 None
