@@ -61,6 +61,9 @@ pub mod proto;
 mod reconnect;
 #[cfg(not(loom))]
 mod router;
+#[cfg(not(loom))]
+#[allow(dead_code)] // until the hub and the router use it
+mod routes;
 mod setup;
 mod simpair;
 mod srq;
