@@ -62,7 +62,6 @@ mod reconnect;
 #[cfg(not(loom))]
 mod router;
 #[cfg(not(loom))]
-#[allow(dead_code)] // until the hub and the router use it
 mod routes;
 mod setup;
 mod simpair;

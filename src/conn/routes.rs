@@ -150,16 +150,31 @@ impl<T> Routes<T> {
         }
     }
 
-    /// Move the completions held for `qpn` into `out` (oldest first), for
-    /// the caller to hand to the target it has for them; how many.
-    pub(super) fn take_held(&mut self, qpn: u32, out: &mut Vec<Completion>) -> usize {
-        let Some(route) = self.by_qpn.get_mut(&qpn) else { return 0 };
-        let n = route.held.len();
-        // Its vector keeps its room: a router's routes hold and hand over
-        // on every poll.
-        out.append(&mut route.held);
-        self.unwait(qpn, n);
-        n
+    /// For each route holding completions (in the order their first one
+    /// came) for which `take(qpn)` says the caller has a target: move them
+    /// into `out`, oldest first, and note `(qpn, how many)` in `taken`, for
+    /// the caller to hand over. The others stay held.
+    pub(super) fn take_held(
+        &mut self,
+        mut take: impl FnMut(u32) -> bool,
+        out: &mut Vec<Completion>,
+        taken: &mut Vec<(u32, usize)>,
+    ) {
+        let by_qpn = &mut self.by_qpn;
+        let mut n = 0;
+        self.waiting.retain(|&qpn| {
+            if !take(qpn) {
+                return true;
+            }
+            let route = by_qpn.get_mut(&qpn).expect("a waiting number has a route");
+            taken.push((qpn, route.held.len()));
+            n += route.held.len();
+            // Its vector keeps its room: a router's routes hold and hand
+            // over on every poll.
+            out.append(&mut route.held);
+            false
+        });
+        self.held -= n;
     }
 
     /// Retire the route of `qpn`, whose QP `destroy` destroys: `drain`
@@ -214,9 +229,8 @@ impl<T> Routes<T> {
         self.held = 0;
     }
 
-    /// QP numbers whose route holds completions, in the order their first
-    /// one came.
-    pub(super) fn waiting(&self) -> &[u32] {
+    #[cfg(test)]
+    fn waiting(&self) -> &[u32] {
         &self.waiting
     }
 
@@ -334,11 +348,16 @@ mod tests {
             assert!(matches!(r.route(c), Routed::Held));
         }
         assert_eq!(r.waiting(), [2, 1]);
-        let mut out = Vec::new();
-        assert_eq!(r.take_held(2, &mut out), 2);
+        let (mut out, mut taken) = (Vec::new(), Vec::new());
+        r.take_held(|q| q == 2, &mut out, &mut taken);
         assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(taken, [(2, 2)]);
         assert_eq!((r.held(), r.waiting()), (1, &[1][..]));
-        assert_eq!(r.take_held(9, &mut out), 0);
+        assert!(matches!(r.route(wc(2, 4)), Routed::Held));
+        r.take_held(|_| true, &mut out, &mut taken);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3, 2, 4]);
+        assert_eq!(taken, [(2, 2), (1, 1), (2, 1)]);
+        assert_eq!((r.held(), r.waiting()), (0, &[][..]));
     }
 
     /// A completion left in the queue by a retired QP is never delivered to
@@ -401,7 +420,8 @@ mod tests {
         Complete(usize, u8),
         /// The caller takes up to `n` completions off the queue.
         Poll(usize),
-        TakeHeld(usize),
+        /// Take what is held for the QP numbers whose bit is set.
+        TakeHeld(u8),
         /// Retire a QP; `late` completions of it land between the first
         /// drain and the destroy.
         Retire(usize, u8),
@@ -416,7 +436,7 @@ mod tests {
             2 => any::<usize>().prop_map(Op::Attach),
             4 => (any::<usize>(), 1u8..4).prop_map(|(i, n)| Op::Complete(i, n)),
             3 => (1usize..8).prop_map(Op::Poll),
-            1 => any::<usize>().prop_map(Op::TakeHeld),
+            2 => any::<u8>().prop_map(Op::TakeHeld),
             2 => (any::<usize>(), 0u8..3).prop_map(|(i, n)| Op::Retire(i, n)),
             1 => Just(Op::Stray),
         ]
@@ -527,13 +547,22 @@ mod tests {
                         self.route(c);
                     }
                 }
-                Op::TakeHeld(i) => {
-                    let Some(qpn) = self.pick(i) else { return };
-                    let mut out = Vec::new();
-                    assert_eq!(self.r.take_held(qpn, &mut out), out.len());
+                Op::TakeHeld(mask) => {
+                    let wanted = |q: u32| q < 8 && mask & (1 << q) != 0;
+                    let (mut out, mut taken) = (Vec::new(), Vec::new());
+                    self.r.take_held(wanted, &mut out, &mut taken);
                     self.held -= out.len();
-                    let g = self.live[&qpn].generation;
-                    out.iter().for_each(|c| self.came_out(Some(g), c));
+                    let mut at = 0;
+                    for (qpn, n) in taken {
+                        assert!(wanted(qpn) && n > 0);
+                        let g = self.live[&qpn].generation;
+                        out[at..at + n].iter().for_each(|c| {
+                            assert_eq!(c.qpn, qpn);
+                            self.came_out(Some(g), c);
+                        });
+                        at += n;
+                    }
+                    assert_eq!(at, out.len());
                 }
                 Op::Retire(i, late) => {
                     let Some(qpn) = self.pick(i) else { return };
@@ -578,7 +607,11 @@ mod tests {
         fn check(&self) {
             let routed: u64 = self.live.values().map(|l| u64::from(l.entries)).sum();
             let pending: u64 = self.pending.iter().map(|&n| u64::from(n)).sum();
-            assert_eq!(self.r.reserved(), u64::from(self.up_front) + routed + pending, "reservations drifted");
+            assert_eq!(
+                self.r.reserved(),
+                u64::from(self.up_front) + routed + pending,
+                "reservations drifted"
+            );
             assert!(self.r.reserved() <= u64::from(self.r.depth()));
             assert_eq!(self.r.len(), self.live.len());
             assert_eq!(self.r.held(), self.held);
