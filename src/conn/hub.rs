@@ -24,7 +24,9 @@
 //! every completion of that QP out of the queue (after `destroy_qp` no new
 //! one appears), so a completion carrying a number is always the current
 //! QP's. A QP enters the routing table when it is created, before it can
-//! complete anything.
+//! complete anything. The table and the depth's reservations below are
+//! `routes.rs`'s `Routes`, shared with the [`super::CqRouter`]; the hub
+//! does the device work around it.
 //!
 //! # Depth
 //! A completion queue that overflows takes every QP on it to ERR. A hub

@@ -12,7 +12,10 @@
 //! mlx5, erase a destroyed QP's completions). Those leftovers are dropped,
 //! for the endpoint they belong to has returned everything by then (its QP
 //! is gone: that is the evidence), except a shared receive, which goes back
-//! to the shared queue.
+//! to the shared queue. The hub and the router keep these books in one
+//! `Routes` (`routes.rs`); a router's routes never get a target, for the
+//! caller gives its endpoints only at a poll, so each holds its completions
+//! until then.
 //!
 //! ```text
 //! let router = CqRouter::new(nic, 1 << 16)?;
