@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::backend::{Completion, Nic, NicError, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{Completion, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{Config, Connection, Driver, Hub, LossReason, Policies, Policy, Role, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -186,7 +186,7 @@ fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves
     };
     assert!(!held.is_empty());
     match err {
-        SetupError::Nic(NicError::CqBudget { depth, reserved, wanted }) => {
+        SetupError::CqBudget { depth, reserved, wanted } => {
             assert_eq!(depth, 400);
             assert!(reserved + u64::from(wanted) > 400);
             assert_eq!(hub.stats().reserved_entries, reserved);

@@ -6,9 +6,7 @@
 use std::time::Duration;
 
 use futures::executor::LocalPool;
-use mwcap::backend::{
-    rkey, Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
-};
+use mwcap::backend::{rkey, Access, Completion, Nic, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conn::{
     Config, ConfigError, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SetupError,
     SrqConfig,
@@ -240,7 +238,7 @@ fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() 
         conns.push((c, cd, s, sd));
     }
     match pair(&ch, &sh).map_err(|e| e.downcast::<SetupError>().map(|e| *e)) {
-        Err(Ok(SetupError::Nic(NicError::SrqBudget { max_slots: 32, shares: 32 }))) => {}
+        Err(Ok(SetupError::SrqBudget { max_slots: 32, shares: 32 })) => {}
         Err(e) => panic!("refused with {e:?}"),
         Ok(_) => panic!("a fifth connection fit in 32 receives"),
     }
@@ -281,7 +279,7 @@ fn a_hub_with_shared_receives_reserves_its_receives_in_the_completion_queue() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let q = SrqConfig { chunk: 64, max_slots: 1000 };
     match Hub::with_shared_receives(sn.clone(), 1000, q) {
-        Err(SetupError::Nic(NicError::CqBudget { depth: 1000, wanted: 1000, .. })) => {}
+        Err(SetupError::CqBudget { depth: 1000, wanted: 1000, .. }) => {}
         Err(e) => panic!("refused with {e}"),
         Ok(_) => panic!("a completion queue of 1000 entries took 1000 receives and more"),
     }

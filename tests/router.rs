@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use mwcap::backend::{Nic, NicError};
+use mwcap::backend::Nic;
 use mwcap::conn::{Config, CqRouter, Endpoint, Event, Policies, Policy, Role, SetupError, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
@@ -249,7 +249,7 @@ fn a_router_refuses_what_its_queue_cannot_hold() {
     let need = router.stats().reserved_entries;
     assert!(need > 50, "one endpoint reserves {need}: the test needs two not to fit in 100");
     match router.prepare(router.connection_nic().unwrap(), cfg(Role::Server, p)) {
-        Err(SetupError::Nic(NicError::CqBudget { depth: 100, .. })) => {}
+        Err(SetupError::CqBudget { depth: 100, .. }) => {}
         other => panic!("{:?}", other.map(|p| p.local())),
     }
     drop(first);

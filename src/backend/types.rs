@@ -613,26 +613,6 @@ pub enum NicError {
         /// The device's `max_cqe`.
         max: u32,
     },
-    /// A shared completion queue has no room left for another queue pair's
-    /// completions (it would overflow, taking every connection on it down).
-    #[error("the shared completion queue holds {depth} entries, {reserved} are reserved by its connections and this one needs {wanted}: serve it on another Hub (one per driver thread), or make the Hub's queue deeper")]
-    CqBudget {
-        /// The queue's depth.
-        depth: u32,
-        /// Entries reserved by the connections on it.
-        reserved: u64,
-        /// What the new connection needs.
-        wanted: u32,
-    },
-    /// A hub's shared receive queue is at its most and has no room for a
-    /// new connection's initial share.
-    #[error("the hub's shared receive queue holds its most, {max_slots} receives, and its connections' shares take {shares}: serve this connection on another Hub, or raise SrqConfig::max_slots (up to the device's max_srq_wr)")]
-    SrqBudget {
-        /// `SrqConfig::max_slots`.
-        max_slots: u32,
-        /// The connections' shares, summed.
-        shares: u32,
-    },
     /// The queue is full.
     #[error("{queue} is full ({depth} entries); poll completions before posting more")]
     QueueFull {

@@ -200,7 +200,7 @@ impl<N: Nic> Endpoint<N> {
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
         if let Some(s) = &srq {
             if let Err(e) = s.admit() {
-                return Err((nic, e.into()));
+                return Err((nic, e));
             }
             qcfg.srq = Some(s.id());
             qcfg.max_recv_wr = 0;

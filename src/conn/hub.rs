@@ -24,19 +24,21 @@
 //! every completion of that QP out of the queue (after `destroy_qp` no new
 //! one appears), so a completion carrying a number is always the current
 //! QP's. A QP enters the routing table when it is created, before it can
-//! complete anything.
+//! complete anything. The table and the depth's reservations below are
+//! `routes.rs`'s `Routes`, shared with the [`super::CqRouter`]; the hub
+//! does the device work around it.
 //!
 //! # Depth
 //! A completion queue that overflows takes every QP on it to ERR. A hub
 //! reserves each connection's worst case (every work request it can have
 //! outstanding) from its queue's depth, and refuses a connection that does
-//! not fit ([`NicError::CqBudget`]). With shared receives, every receive of
+//! not fit ([`SetupError::CqBudget`]). With shared receives, every receive of
 //! the shared queue may complete before the driver polls, whichever peer
 //! sent the frames (a peer past its credit included), so the queue's
 //! `max_slots` entries are reserved once when the hub is made, and each
 //! connection reserves only its send side.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -48,6 +50,7 @@ use parking_lot::Mutex;
 use super::bufpool::{BufferPool, BufferPoolStats};
 use super::endpoint::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
+use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{BufClass, Config, ConfigError, Connection, Driver, Endpoint, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
@@ -107,6 +110,44 @@ pub(super) struct CqHold<N: Nic> {
     pub(super) cq: CqId,
 }
 
+impl<N: Nic> CqHold<N> {
+    /// Take every completion off the queue, each where `routes` says: to
+    /// `deliver` with its route's target, held for its route, or, with no
+    /// route, to nobody ([`unclaimed`]). How many were taken. Under the
+    /// owner's lock (a QP is retired under it).
+    pub(super) fn drain<T>(
+        &self,
+        routes: &mut Routes<T>,
+        srq: Option<&SharedReceives<N>>,
+        mut deliver: impl FnMut(&T, Completion),
+    ) -> Result<usize, NicError> {
+        let mut batch = [Completion::EMPTY; POLL_BATCH];
+        let mut total = 0;
+        loop {
+            let n = self.nic.poll_cq(self.cq, &mut batch)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+            for c in &batch[..n] {
+                match routes.route(*c) {
+                    Routed::To(target) => deliver(target, *c),
+                    Routed::Held => {}
+                    Routed::Orphan => unclaimed(srq, c),
+                }
+            }
+        }
+    }
+}
+
+/// A completion nobody will take: a shared receive is posted again, or
+/// the shared queue would lose it for good.
+pub(super) fn unclaimed<N: Nic>(srq: Option<&SharedReceives<N>>, c: &Completion) {
+    if let Some(q) = srq {
+        q.repost_unclaimed(c);
+    }
+}
+
 impl<N: Nic> Drop for CqHold<N> {
     fn drop(&mut self) {
         if let Err(e) = self.nic.destroy_cq(self.cq) {
@@ -122,9 +163,9 @@ struct Shared<N: Nic> {
     srq: Option<Arc<SharedReceives<N>>>,
     /// The buffer pool its connections take their buffers from, if it has one.
     pool: Option<BufferPool>,
-    depth: u32,
     epoch: Instant,
-    routes: Mutex<Routes<N>>,
+    /// Its connections by QP number. A QP is retired under this lock.
+    routes: Mutex<Routes<Arc<Inner<N>>>>,
     /// Connections due a turn.
     ready: Mutex<Vec<Arc<Inner<N>>>>,
     bell: Doorbell,
@@ -139,64 +180,17 @@ struct Shared<N: Nic> {
     sleeps: AtomicU64,
 }
 
-struct Routes<N: Nic> {
-    by_qpn: HashMap<u32, Route<N>>,
-    /// Entries reserved by the connections in `by_qpn`.
-    reserved: u64,
-    batch: Vec<Completion>,
-    orphans: u64,
-}
-
-struct Route<N: Nic> {
-    /// `None` while prepared and not yet added.
-    conn: Option<Arc<Inner<N>>>,
-    /// Completions that came before the connection was added.
-    early: Vec<Completion>,
-    /// Its reservation of the queue's entries.
-    entries: u32,
-}
-
 impl<N: Nic> Shared<N> {
     /// Take every completion off the queue into its connection's inbox,
     /// queueing the connection for a turn. Under the routing lock.
-    fn poll(&self, routes: &mut Routes<N>) -> Result<usize, NicError> {
-        let mut total = 0;
-        let mut batch = std::mem::take(&mut routes.batch);
-        let result = loop {
-            let n = match self.hold.nic.poll_cq(self.hold.cq, &mut batch) {
-                Ok(n) => n,
-                Err(e) => break Err(e),
-            };
-            if n == 0 {
-                break Ok(total);
-            }
-            total += n;
-            for c in &batch[..n] {
-                match routes.by_qpn.get_mut(&c.qpn) {
-                    Some(Route { conn: Some(inner), .. }) => {
-                        let part = inner.hub.as_ref().expect("a hub connection");
-                        part.inbox.lock().push(*c);
-                        self.queue(inner);
-                    }
-                    Some(Route { conn: None, early, .. }) => early.push(*c),
-                    None => {
-                        routes.orphans += 1;
-                        self.unclaimed(c);
-                    }
-                }
-            }
-        };
-        routes.batch = batch;
-        self.completions.fetch_add(total as u64, Ordering::Relaxed);
-        result
-    }
-
-    /// A completion no connection will take: a shared receive is posted
-    /// again.
-    fn unclaimed(&self, c: &Completion) {
-        if let Some(q) = &self.srq {
-            q.repost_unclaimed(c);
-        }
+    fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>) -> Result<usize, NicError> {
+        let n = self.hold.drain(routes, self.srq.as_deref(), |inner, c| {
+            let part = inner.hub.as_ref().expect("a hub connection");
+            part.inbox.lock().push(c);
+            self.queue(inner);
+        })?;
+        self.completions.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 
     /// Put a connection on the ready list (once) and wake the driver.
@@ -220,26 +214,18 @@ impl<N: Nic> SharedCq for Retire<N> {
             return;
         };
         let mut routes = shared.routes.lock();
-        // Take what is queued before the destroy too: some providers (mlx5)
-        // erase a destroyed QP's completions, and a shared receive among
-        // them would never be posted again.
-        if let Err(e) = shared.poll(&mut routes) {
-            tracing::warn!(%e, "polling the hub's completion queue");
-        }
-        destroy();
-        // After destroy_qp no completion of it appears: drain what is queued
-        // (into its own inbox, with the others') before the number is free.
-        if let Err(e) = shared.poll(&mut routes) {
-            tracing::warn!(%e, "polling the hub's completion queue");
-        }
-        let gone = routes.by_qpn.remove(&qpn);
-        if let Some(r) = &gone {
-            routes.reserved -= u64::from(r.entries);
-            // Completions of a connection never added: none will take them.
-            for c in &r.early {
-                shared.unclaimed(c);
-            }
-        }
+        // Its completions drained after the destroy go to its inbox with
+        // the others'; an unadded connection's go to nobody.
+        let gone = routes.retire(
+            qpn,
+            |routes| {
+                if let Err(e) = shared.poll(routes) {
+                    tracing::warn!(%e, "polling the hub's completion queue");
+                }
+            },
+            destroy,
+            |c| unclaimed(shared.srq.as_deref(), c),
+        );
         drop(routes);
         // Dropped outside the lock: it may hold the last handle on a
         // connection, whose endpoint would retire through here again.
@@ -323,23 +309,14 @@ impl<N: Nic + 'static> Hub<N> {
     ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
-        let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
-        if for_receives >= depth {
-            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives }.into());
-        }
+        let routes = Routes::new(depth, srq.as_ref().map_or(0, |q| q.max_slots()))?;
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
             pool,
-            depth,
             epoch: Instant::now(),
-            routes: Mutex::new(Routes {
-                by_qpn: HashMap::new(),
-                reserved: u64::from(for_receives),
-                batch: vec![Completion::EMPTY; POLL_BATCH],
-                orphans: 0,
-            }),
+            routes: Mutex::new(routes),
             ready: Mutex::new(Vec::new()),
             bell: Doorbell::new(),
             handles: AtomicUsize::new(1),
@@ -393,14 +370,8 @@ impl<N: Nic + 'static> Hub<N> {
     }
 
     /// Reserve `entries` of the queue, or refuse with `CqBudget`.
-    fn reserve(&self, entries: u32) -> Result<(), NicError> {
-        let mut routes = self.shared.routes.lock();
-        let reserved = routes.reserved;
-        if reserved + u64::from(entries) > u64::from(self.shared.depth) {
-            return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries });
-        }
-        routes.reserved += u64::from(entries);
-        Ok(())
+    fn reserve(&self, entries: u32) -> Result<(), SetupError> {
+        self.shared.routes.lock().reserve(entries)
     }
 
     /// [`Hub::prepare`] once `sizes.reserved(..)` entries are reserved
@@ -421,7 +392,7 @@ impl<N: Nic + 'static> Hub<N> {
         ) {
             Ok(p) => p,
             Err((_, e)) => {
-                self.shared.routes.lock().reserved -= u64::from(entries);
+                self.shared.routes.lock().release(entries);
                 return Err(e);
             }
         };
@@ -429,9 +400,7 @@ impl<N: Nic + 'static> Hub<N> {
         // completion yet, and is known to the hub before it can have one.
         // A QP destroyed with this number had its completions drained under
         // the lock by then.
-        let qpn = prepared.local().qpn;
-        let mut routes = self.shared.routes.lock();
-        routes.by_qpn.insert(qpn, Route { conn: None, early: Vec::new(), entries });
+        self.shared.routes.lock().open(prepared.local().qpn, entries);
         Ok(prepared)
     }
 
@@ -452,14 +421,12 @@ impl<N: Nic + 'static> Hub<N> {
         });
         let inner = conn.inner_arc();
         {
-            let mut routes = self.shared.routes.lock();
-            let route = routes.by_qpn.get_mut(&qpn);
-            let route = route.filter(|r| r.conn.is_none()).unwrap_or_else(|| {
-                panic!("Hub::add: the endpoint of QP {qpn:#x} was not prepared on this hub (Hub::prepare)")
-            });
             let part = inner.hub.as_ref().expect("made on the hub");
-            part.inbox.lock().append(&mut route.early);
-            route.conn = Some(inner.clone());
+            let mut routes = self.shared.routes.lock();
+            if routes.attach(qpn, inner.clone(), &mut part.inbox.lock()).is_err() {
+                drop(routes);
+                panic!("Hub::add: the endpoint of QP {qpn:#x} was not prepared on this hub (Hub::prepare)");
+            }
         }
         self.shared.added.fetch_add(1, Ordering::Relaxed);
         self.shared.queue(&inner);
@@ -518,7 +485,7 @@ pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
                     (_, _) => match hub.connection_nic() {
                         Ok(n) => n,
                         Err(e) => {
-                            hub.shared.routes.lock().reserved -= u64::from(sizes.reserved(true));
+                            hub.shared.routes.lock().release(sizes.reserved(true));
                             return Err(e.into());
                         }
                     },
@@ -535,12 +502,12 @@ impl<N: Nic> Shared<N> {
     fn stats(&self) -> HubStats {
         let routes = self.routes.lock();
         HubStats {
-            connections: routes.by_qpn.len(),
+            connections: routes.len(),
             added: self.added.load(Ordering::Relaxed),
-            reserved_entries: routes.reserved,
-            depth: self.depth,
+            reserved_entries: routes.reserved(),
+            depth: routes.depth(),
             completions: self.completions.load(Ordering::Relaxed),
-            orphans: routes.orphans,
+            orphans: routes.orphans(),
             turns: self.turns.load(Ordering::Relaxed),
             connection_turns: self.connection_turns.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
@@ -570,7 +537,7 @@ impl<N: Nic> Drop for Shared<N> {
         // Connections still routed here (the driver was dropped before they
         // finished) go now, unless a user still holds one; the queue goes
         // with the last of them (`CqHold`).
-        drop(std::mem::take(&mut self.routes.get_mut().by_qpn));
+        self.routes.get_mut().clear();
     }
 }
 
@@ -650,8 +617,7 @@ impl<N: Nic> HubDriver<N> {
                 // its flush grace (no flush can come), its QP destroyed as
                 // evidence.
                 swept_at = Some(added);
-                let conns: Vec<Arc<Inner<N>>> =
-                    shared.routes.lock().by_qpn.values().filter_map(|r| r.conn.clone()).collect();
+                let conns: Vec<Arc<Inner<N>>> = shared.routes.lock().targets().cloned().collect();
                 for c in conns {
                     if c.cq_failed(e) {
                         shared.queue(&c);
@@ -669,7 +635,7 @@ impl<N: Nic> HubDriver<N> {
                 busy = true;
                 self.turn(&inner, now, &mut inbox, &mut timers);
             }
-            if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().by_qpn.is_empty() {
+            if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
             if busy {

@@ -197,7 +197,7 @@ impl<N: Nic + 'static> Listener<N> {
     /// `move || hub.connection_nic()`. The [`AsyncConnected::driver`] of
     /// such a connection only waits for its end; spawn the
     /// [`super::HubDriver`] once. A client the hub has no room for
-    /// ([`NicError::CqBudget`]) fails its handshake, and only that client.
+    /// ([`SetupError::CqBudget`]) fails its handshake, and only that client.
     pub fn on_hub(self, hub: super::Hub<N>) -> Listener<N> {
         self.on_hubs(vec![hub])
     }

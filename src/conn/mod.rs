@@ -63,6 +63,8 @@ pub mod proto;
 mod reconnect;
 #[cfg(not(loom))]
 mod router;
+#[cfg(not(loom))]
+mod routes;
 mod setup;
 mod simpair;
 mod srq;

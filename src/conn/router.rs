@@ -5,14 +5,17 @@
 //! It holds one completion queue (and, made with
 //! [`CqRouter::with_shared_receives`], one shared receive queue) for many
 //! endpoints, with the hub's rules: each endpoint's worst case is reserved
-//! from the queue's depth ([`NicError::CqBudget`] when it does not fit); a
+//! from the queue's depth ([`SetupError::CqBudget`] when it does not fit); a
 //! QP is known from its creation; and a QP is destroyed under the router's
 //! lock, with its completions taken out of the queue before its number can
 //! come back (the queue is drained before the destroy too: some providers,
 //! mlx5, erase a destroyed QP's completions). Those leftovers are dropped,
 //! for the endpoint they belong to has returned everything by then (its QP
 //! is gone: that is the evidence), except a shared receive, which goes back
-//! to the shared queue.
+//! to the shared queue. The hub and the router keep these books in one
+//! `Routes` (`routes.rs`); a router's routes never get a target, for the
+//! caller gives its endpoints only at a poll, so each holds its completions
+//! until then.
 //!
 //! ```text
 //! let router = CqRouter::new(nic, 1 << 16)?;
@@ -28,7 +31,7 @@
 //! }
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,13 +39,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::endpoint::{QueueSizes, SharedCq};
-use super::hub::CqHold;
+use super::hub::{unclaimed, CqHold};
+use super::routes::Routes;
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{Config, Endpoint, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
-
-/// Completions taken per poll of the queue.
-const BATCH: usize = 64;
 
 /// One completion queue for many endpoints driven by the caller; see the
 /// module docs (`docs/serving.md`). Dropping it while endpoints made on it live is
@@ -56,7 +57,9 @@ pub struct CqRouter<N: Nic> {
 /// vector (searched); implement it for your own container.
 pub trait Endpoints<N: Nic> {
     /// The endpoint whose QP has number `qpn`, or `None` to keep its
-    /// completions for a later poll.
+    /// completions for a later poll. A poll asks twice about a QP with
+    /// completions (whether it has them, then to hand them over): give the
+    /// same answer both times.
     fn endpoint(&mut self, qpn: u32) -> Option<&mut Endpoint<N>>;
 }
 
@@ -104,44 +107,26 @@ pub struct RouterStats {
 struct Shared<N: Nic> {
     hold: Arc<CqHold<N>>,
     srq: Option<Arc<SharedReceives<N>>>,
-    depth: u32,
     state: Mutex<State>,
 }
 
 struct State {
-    /// QP number to its reservation of the queue's entries.
-    known: HashMap<u32, u32>,
-    reserved: u64,
-    /// Completions taken off the queue and not yet handed over (drained
-    /// while a QP was destroyed, or whose endpoint was not given).
-    pending: VecDeque<Completion>,
-    batch: Vec<Completion>,
+    /// Its endpoints' QPs by number. The caller gives the endpoints only at
+    /// a poll, so no route has a target: each holds its completions until
+    /// a poll finds its endpoint. A QP is retired under this lock.
+    routes: Routes<()>,
+    /// The completions a poll hands over, by endpoint: kept so that a poll
+    /// allocates nothing.
+    handing: Vec<Completion>,
+    taken: Vec<(u32, usize)>,
     completions: u64,
     deferred: u64,
-    orphans: u64,
-    retired: u64,
 }
 
 impl<N: Nic> Shared<N> {
-    /// Move every completion on the queue into `pending`.
-    fn drain(&self, st: &mut State) -> Result<(), NicError> {
-        let mut batch = std::mem::take(&mut st.batch);
-        let r = loop {
-            match self.hold.nic.poll_cq(self.hold.cq, &mut batch) {
-                Ok(0) => break Ok(()),
-                Ok(n) => st.pending.extend(batch[..n].iter().copied()),
-                Err(e) => break Err(e),
-            }
-        };
-        st.batch = batch;
-        r
-    }
-
-    /// A completion nobody will take: a shared receive goes back.
-    fn drop_completion(&self, c: &Completion) {
-        if let Some(q) = &self.srq {
-            q.repost_unclaimed(c);
-        }
+    /// Take every completion off the queue, each held for its QP's route.
+    fn drain(&self, routes: &mut Routes<()>) -> Result<(), NicError> {
+        self.hold.drain(routes, self.srq.as_deref(), |(), _| {}).map(drop)
     }
 }
 
@@ -154,32 +139,19 @@ impl<N: Nic> SharedCq for Retire<N> {
             destroy();
             return;
         };
-        let mut st = shared.state.lock();
-        // Take what is queued before the destroy too: some providers (mlx5)
-        // erase a destroyed QP's completions, and a shared receive among
-        // them would never be posted again.
-        if let Err(e) = shared.drain(&mut st) {
-            tracing::warn!(%e, "polling the router's completion queue");
-        }
-        destroy();
-        // After destroy_qp no completion of it appears: take what is queued
-        // before the number is free, and drop that QP's.
-        if let Err(e) = shared.drain(&mut st) {
-            tracing::warn!(%e, "polling the router's completion queue");
-        }
-        let before = st.pending.len();
-        st.pending.retain(|c| {
-            if c.qpn == qpn {
-                shared.drop_completion(c);
-                false
-            } else {
-                true
-            }
-        });
-        st.retired += (before - st.pending.len()) as u64;
-        if let Some(entries) = st.known.remove(&qpn) {
-            st.reserved -= u64::from(entries);
-        }
+        // What is still held for the QP once it is destroyed is dropped
+        // (counted as retired): its endpoint has everything back by then,
+        // the destroy being the evidence.
+        shared.state.lock().routes.retire(
+            qpn,
+            |routes| {
+                if let Err(e) = shared.drain(routes) {
+                    tracing::warn!(%e, "polling the router's completion queue");
+                }
+            },
+            destroy,
+            |c| unclaimed(shared.srq.as_deref(), c),
+        );
     }
 }
 
@@ -200,24 +172,17 @@ impl<N: Nic + 'static> CqRouter<N> {
 
     fn make(nic: N, depth: u32, srq: Option<Arc<SharedReceives<N>>>) -> Result<CqRouter<N>, SetupError> {
         // Every receive of the shared queue may complete before a poll.
-        let for_receives = srq.as_ref().map_or(0, |q| q.max_slots());
-        if for_receives >= depth {
-            return Err(NicError::CqBudget { depth, reserved: 0, wanted: for_receives }.into());
-        }
+        let routes = Routes::new(depth, srq.as_ref().map_or(0, |q| q.max_slots()))?;
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
-            depth,
             state: Mutex::new(State {
-                known: HashMap::new(),
-                reserved: u64::from(for_receives),
-                pending: VecDeque::new(),
-                batch: vec![Completion::EMPTY; BATCH],
+                routes,
+                handing: Vec::new(),
+                taken: Vec::new(),
                 completions: 0,
                 deferred: 0,
-                orphans: 0,
-                retired: 0,
             }),
         });
         Ok(CqRouter { shared })
@@ -244,20 +209,13 @@ impl<N: Nic + 'static> CqRouter<N> {
     }
 
     /// [`Endpoint::prepare`] on the router's queue, with the endpoint's
-    /// worst case reserved ([`NicError::CqBudget`] when it does not fit).
+    /// worst case reserved ([`SetupError::CqBudget`] when it does not fit).
     /// Finish it, connect it, and from then on hand it its completions
     /// with [`CqRouter::poll`]. Its [`Endpoint::drive`] polls no queue.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let entries = sizes.reserved(self.shared.srq.is_some());
-        {
-            let mut st = self.shared.state.lock();
-            if st.reserved + u64::from(entries) > u64::from(self.shared.depth) {
-                let reserved = st.reserved;
-                return Err(NicError::CqBudget { depth: self.shared.depth, reserved, wanted: entries }.into());
-            }
-            st.reserved += u64::from(entries);
-        }
+        self.shared.state.lock().routes.reserve(entries)?;
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
@@ -265,11 +223,11 @@ impl<N: Nic + 'static> CqRouter<N> {
             Ok(p) => {
                 // Known before it can complete anything; a QP destroyed with
                 // this number had its completions drained by then.
-                self.shared.state.lock().known.insert(p.local().qpn, entries);
+                self.shared.state.lock().routes.open(p.local().qpn, entries);
                 Ok(p)
             }
             Err((_, e)) => {
-                self.shared.state.lock().reserved -= u64::from(entries);
+                self.shared.state.lock().routes.release(entries);
                 Err(e)
             }
         }
@@ -288,38 +246,31 @@ impl<N: Nic + 'static> CqRouter<N> {
     /// then [`Endpoint::finish_close`]).
     pub fn poll(&self, now: Duration, endpoints: &mut impl Endpoints<N>) -> Result<usize, NicError> {
         let mut st = self.shared.state.lock();
-        let drained = self.shared.drain(&mut st);
-        let mut handed = 0;
-        let mut kept = 0;
-        let mut n = st.pending.len();
-        while n > 0 {
-            n -= 1;
-            let Some(c) = st.pending.pop_front() else { break };
-            if !st.known.contains_key(&c.qpn) {
-                st.orphans += 1;
-                self.shared.drop_completion(&c);
-                continue;
-            }
-            match endpoints.endpoint(c.qpn) {
-                Some(ep) => {
-                    // Outside the lock: an endpoint that destroys its QP
-                    // retires through it (parking_lot's mutex is not
-                    // reentrant).
-                    drop(st);
-                    ep.handle_completions(now, std::slice::from_ref(&c));
-                    handed += 1;
-                    st = self.shared.state.lock();
-                }
-                None => {
-                    st.pending.push_back(c);
-                    kept += 1;
-                }
-            }
-        }
-        st.completions += handed as u64;
-        st.deferred += kept;
-        let srq_seen = handed > 0;
+        let drained = self.shared.drain(&mut st.routes);
+        let mut handing = std::mem::take(&mut st.handing);
+        let mut taken = std::mem::take(&mut st.taken);
+        st.routes.take_held(|qpn| endpoints.endpoint(qpn).is_some(), &mut handing, &mut taken);
+        st.deferred += st.routes.held() as u64;
+        // Handed over outside the lock: an endpoint that destroys its QP
+        // retires through it (parking_lot's mutex is not reentrant).
         drop(st);
+        let mut at = 0;
+        for &(qpn, n) in &taken {
+            let ep = endpoints.endpoint(qpn).unwrap_or_else(|| {
+                panic!("Endpoints::endpoint gave QP {qpn:#x}'s endpoint, then none, within one CqRouter::poll: answer the same until the poll returns")
+            });
+            ep.handle_completions(now, &handing[at..at + n]);
+            at += n;
+        }
+        let handed = handing.len();
+        handing.clear();
+        taken.clear();
+        let mut st = self.shared.state.lock();
+        st.handing = handing;
+        st.taken = taken;
+        st.completions += handed as u64;
+        drop(st);
+        let srq_seen = handed > 0;
         if let Some(q) = self.shared.srq.as_ref().filter(|_| srq_seen) {
             q.check_limit();
         }
@@ -329,7 +280,7 @@ impl<N: Nic + 'static> CqRouter<N> {
     /// Readiness of the queue, as [`Nic::poll_cq_ready`]: `Ready` means
     /// poll again. Call it after a [`CqRouter::poll`] that handed nothing.
     pub fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), NicError>> {
-        if !self.shared.state.lock().pending.is_empty() {
+        if self.shared.state.lock().routes.held() > 0 {
             return Poll::Ready(Ok(()));
         }
         self.shared.hold.nic.poll_cq_ready(self.shared.hold.cq, cx)
@@ -339,13 +290,13 @@ impl<N: Nic + 'static> CqRouter<N> {
     pub fn stats(&self) -> RouterStats {
         let st = self.shared.state.lock();
         RouterStats {
-            connections: st.known.len(),
-            reserved_entries: st.reserved,
-            depth: self.shared.depth,
+            connections: st.routes.len(),
+            reserved_entries: st.routes.reserved(),
+            depth: st.routes.depth(),
             completions: st.completions,
             deferred: st.deferred,
-            orphans: st.orphans,
-            retired: st.retired,
+            orphans: st.routes.orphans(),
+            retired: st.routes.retired(),
             srq: self.shared.srq.as_ref().map(|q| q.stats()),
         }
     }

@@ -47,6 +47,26 @@ pub enum SetupError {
     /// The connection's settings cannot work; nothing was created.
     #[error(transparent)]
     Config(#[from] super::ConfigError),
+    /// A shared completion queue has no room left for another queue pair's
+    /// completions (it would overflow, taking every connection on it down).
+    #[error("the shared completion queue holds {depth} entries, {reserved} are reserved by its connections and this one needs {wanted}: serve it on another Hub (one per driver thread), or make the Hub's queue deeper")]
+    CqBudget {
+        /// The queue's depth.
+        depth: u32,
+        /// Entries reserved by the connections on it.
+        reserved: u64,
+        /// What the new connection needs.
+        wanted: u32,
+    },
+    /// A hub's shared receive queue is at its most and has no room for a
+    /// new connection's initial share.
+    #[error("the hub's shared receive queue holds its most, {max_slots} receives, and its connections' shares take {shares}: serve this connection on another Hub, or raise SrqConfig::max_slots (up to the device's max_srq_wr)")]
+    SrqBudget {
+        /// `SrqConfig::max_slots`.
+        max_slots: u32,
+        /// The connections' shares, summed.
+        shares: u32,
+    },
     /// `mw` was asked for but the device's type-2 windows do not work.
     #[error("the mw policy was requested but type-2 windows fail on {device} ({why}); use confirm or auto")]
     MwUnusable {
@@ -285,7 +305,7 @@ pub fn connect_on<N: Nic + 'static>(
 /// [`accept_with`] for a connection that will run on `hub` (in a
 /// protection domain of its own); nothing is created before the client
 /// proved the key. A client the hub has no room for fails with
-/// [`NicError::CqBudget`](crate::backend::NicError::CqBudget), and only
+/// [`SetupError::CqBudget`], and only
 /// that client. Run it with [`Hub::add`](super::Hub::add).
 #[cfg(not(loom))]
 pub fn accept_on<N: Nic + 'static>(

@@ -29,7 +29,7 @@
 //! free, and when the SRQ's limit event (armed at an eighth of the queue)
 //! says that most receives are in use at once. A connection that finds the queue at
 //! `max_slots` with no room for its initial share is refused with
-//! [`NicError::SrqBudget`].
+//! [`SetupError::SrqBudget`].
 //!
 //! # Isolation
 //! rxe checks a receive's key against the receiving QP's protection
@@ -180,10 +180,10 @@ impl<N: Nic> SharedReceives<N> {
 
     /// Register and post one more chunk, and re-arm the limit at an
     /// eighth of the new total.
-    fn grow(&self, st: &mut State) -> Result<(), NicError> {
+    fn grow(&self, st: &mut State) -> Result<(), SetupError> {
         let n = self.cfg.chunk.min(self.cfg.max_slots - st.slots);
         if n == 0 {
-            return Err(NicError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
+            return Err(SetupError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
         let mr = self.nic.reg_mr(n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
         // Slab i's receives are numbered from i x chunk (`place`), whatever
@@ -196,16 +196,16 @@ impl<N: Nic> SharedReceives<N> {
                 // Those posted stay posted (and are counted); the rest of the
                 // region is unused.
                 st.slots += k;
-                return Err(e);
+                return Err(e.into());
             }
         }
         st.slots += n;
-        self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))
+        Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
     }
 
     /// A new connection's initial share, growing the queue if it does not
     /// fit; `SrqBudget` when the queue is at its most.
-    pub(crate) fn admit(&self) -> Result<(), NicError> {
+    pub(crate) fn admit(&self) -> Result<(), SetupError> {
         let mut st = self.state.lock();
         while st.shares + INITIAL_CREDITS > st.slots {
             // `grow` names the queue's most and the shares when it is full.
@@ -317,7 +317,7 @@ impl<N: Nic> SharedReceives<N> {
                 let grown = if st.slots < self.cfg.max_slots {
                     self.grow(&mut st)
                 } else {
-                    self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))
+                    self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1)).map_err(SetupError::from)
                 };
                 if let Err(e) = grown {
                     tracing::warn!(%e, "growing the hub's shared receive queue");

@@ -1,0 +1,650 @@
+//! [`Routes`]: what a completion queue shared by many QPs has to remember,
+//! without the device. [`Hub`](super::Hub) and [`CqRouter`](super::CqRouter)
+//! each keep one under their lock and do the device work around it: they
+//! poll the queue and pass each completion to [`Routes::route`], which says
+//! where it goes; destroy a QP inside [`Routes::retire`]; and post a shared
+//! receive that nobody will take back to its queue.
+//!
+//! The rules (the reasons are in `docs/serving.md`):
+//! - **Depth.** A queue that overflows takes every QP on it to ERR, so each
+//!   QP's worst case is reserved ([`Routes::reserve`]) before it is created,
+//!   and one that does not fit is refused with [`SetupError::CqBudget`]. The
+//!   reservation moves to the QP's route ([`Routes::open`]) and is given
+//!   back when the route is retired.
+//! - **Known from creation.** A route is opened as soon as its QP exists,
+//!   before the QP can complete anything, so a completion whose number has
+//!   no route is an orphan (none in a correct run), never an early one.
+//! - **Held.** A completion of a route with no target yet (a hub's
+//!   connection not yet added; a router's endpoint, which the caller gives
+//!   at each poll) is held for the route, in order, until a target takes it.
+//! - **QP numbers come back.** A device gives a destroyed QP's number to a
+//!   later QP. [`Routes::retire`] drains the queue, destroys the QP, drains
+//!   again (after the destroy no completion of it appears) and only then
+//!   forgets the number, dropping what is still held for it: a later route
+//!   with the same number never gets an old QP's completion.
+
+use std::collections::HashMap;
+
+use super::SetupError;
+use crate::backend::Completion;
+
+/// The routes of one shared completion queue, by QP number; `T` is what a
+/// route delivers to once it has a target (see the module docs).
+pub(super) struct Routes<T> {
+    depth: u32,
+    /// Entries reserved: those set aside when it was made, each route's,
+    /// and those reserved for a QP not yet opened.
+    reserved: u64,
+    by_qpn: HashMap<u32, Route<T>>,
+    /// QP numbers whose route holds completions, each once, in the order
+    /// their first one came (the router hands them over in this order).
+    waiting: Vec<u32>,
+    /// Completions held, over every route.
+    held: usize,
+    orphans: u64,
+    retired: u64,
+}
+
+struct Route<T> {
+    /// `None` until [`Routes::attach`] (for a router, always).
+    target: Option<T>,
+    /// Completions that came while it had no target, oldest first.
+    held: Vec<Completion>,
+    /// Its reservation of the queue's entries.
+    entries: u32,
+}
+
+/// Where [`Routes::route`] put a completion.
+#[derive(Debug)]
+pub(super) enum Routed<'a, T> {
+    /// To its route's target: hand it over.
+    To(&'a T),
+    /// Held for its route, which has no target.
+    Held,
+    /// No route has its QP number: nobody will take it (counted as an
+    /// orphan; a shared receive among them is the caller's to post again).
+    Orphan,
+}
+
+impl<T> Routes<T> {
+    /// Routes on a queue of `depth` entries, `up_front` of them reserved for
+    /// good (a shared receive queue's receives, which may all complete
+    /// before a poll, whichever QP they land on).
+    pub(super) fn new(depth: u32, up_front: u32) -> Result<Routes<T>, SetupError> {
+        if up_front >= depth {
+            return Err(SetupError::CqBudget { depth, reserved: 0, wanted: up_front });
+        }
+        Ok(Routes {
+            depth,
+            reserved: u64::from(up_front),
+            by_qpn: HashMap::new(),
+            waiting: Vec::new(),
+            held: 0,
+            orphans: 0,
+            retired: 0,
+        })
+    }
+
+    /// Reserve `entries` of the queue for a QP about to be created, or
+    /// refuse with [`SetupError::CqBudget`]. Hand the reservation to
+    /// [`Routes::open`] once the QP exists, or to [`Routes::release`].
+    pub(super) fn reserve(&mut self, entries: u32) -> Result<(), SetupError> {
+        let reserved = self.reserved;
+        if reserved + u64::from(entries) > u64::from(self.depth) {
+            return Err(SetupError::CqBudget { depth: self.depth, reserved, wanted: entries });
+        }
+        self.reserved += u64::from(entries);
+        Ok(())
+    }
+
+    /// Give back a reservation whose QP was never made.
+    pub(super) fn release(&mut self, entries: u32) {
+        debug_assert!(self.reserved >= u64::from(entries), "released more entries than were reserved");
+        self.reserved = self.reserved.saturating_sub(u64::from(entries));
+    }
+
+    /// Route the QP numbered `qpn`, just created with `entries` reserved,
+    /// before it can complete anything.
+    ///
+    /// # Panics
+    /// If `qpn` has a route: a device never gives a live QP's number to
+    /// another, and a QP destroyed through [`Routes::retire`] has none.
+    pub(super) fn open(&mut self, qpn: u32, entries: u32) {
+        let old = self.by_qpn.insert(qpn, Route { target: None, held: Vec::new(), entries });
+        assert!(
+            old.is_none(),
+            "QP number {qpn:#x} has a route already: a QP on a shared completion queue was destroyed \
+             without retiring it there, or the device gave a live QP's number to a new one"
+        );
+    }
+
+    /// Give the route of `qpn` its target, moving what it holds into
+    /// `early` (oldest first) for the caller to hand over. `Err(target)`
+    /// when `qpn` has no route or has a target already.
+    pub(super) fn attach(&mut self, qpn: u32, target: T, early: &mut Vec<Completion>) -> Result<(), T> {
+        let Some(route) = self.by_qpn.get_mut(&qpn).filter(|r| r.target.is_none()) else {
+            return Err(target);
+        };
+        let held = std::mem::take(&mut route.held);
+        route.target = Some(target);
+        self.unwait(qpn, held.len());
+        early.extend(held);
+        Ok(())
+    }
+
+    /// Where the completion `c`, just taken off the queue, goes.
+    pub(super) fn route(&mut self, c: Completion) -> Routed<'_, T> {
+        match self.by_qpn.get_mut(&c.qpn) {
+            Some(Route { target: Some(t), .. }) => Routed::To(t),
+            Some(Route { target: None, held, .. }) => {
+                if held.is_empty() {
+                    self.waiting.push(c.qpn);
+                }
+                held.push(c);
+                self.held += 1;
+                Routed::Held
+            }
+            None => {
+                self.orphans += 1;
+                Routed::Orphan
+            }
+        }
+    }
+
+    /// For each route holding completions (in the order their first one
+    /// came) for which `take(qpn)` says the caller has a target: move them
+    /// into `out`, oldest first, and note `(qpn, how many)` in `taken`, for
+    /// the caller to hand over. The others stay held.
+    pub(super) fn take_held(
+        &mut self,
+        mut take: impl FnMut(u32) -> bool,
+        out: &mut Vec<Completion>,
+        taken: &mut Vec<(u32, usize)>,
+    ) {
+        let by_qpn = &mut self.by_qpn;
+        let mut n = 0;
+        self.waiting.retain(|&qpn| {
+            if !take(qpn) {
+                return true;
+            }
+            let route = by_qpn.get_mut(&qpn).expect("a waiting number has a route");
+            taken.push((qpn, route.held.len()));
+            n += route.held.len();
+            // Its vector keeps its room: a router's routes hold and hand
+            // over on every poll.
+            out.append(&mut route.held);
+            false
+        });
+        self.held -= n;
+    }
+
+    /// Retire the route of `qpn`, whose QP `destroy` destroys: `drain`
+    /// (which takes every completion off the queue through
+    /// [`Routes::route`]), `destroy`, `drain` again, then forget `qpn` and
+    /// give back its reservation. What is still held for it goes to
+    /// `unclaimed` (counted as retired): nobody will take it. Returns the
+    /// route's target, to be dropped by the caller once its lock is
+    /// released. The caller holds its lock throughout, so no QP takes the
+    /// number until its completions are out of the queue.
+    pub(super) fn retire(
+        &mut self,
+        qpn: u32,
+        mut drain: impl FnMut(&mut Self),
+        destroy: impl FnOnce(),
+        mut unclaimed: impl FnMut(&Completion),
+    ) -> Option<T> {
+        // Before the destroy too: some providers (mlx5) erase a destroyed
+        // QP's completions, and a shared receive among them would never be
+        // posted again.
+        drain(self);
+        destroy();
+        // No completion of a destroyed QP appears any more: once these are
+        // taken, the queue has none of it.
+        drain(self);
+        let route = self.by_qpn.remove(&qpn)?;
+        self.reserved -= u64::from(route.entries);
+        self.unwait(qpn, route.held.len());
+        self.retired += route.held.len() as u64;
+        route.held.iter().for_each(&mut unclaimed);
+        route.target
+    }
+
+    /// `n` completions held for `qpn` were taken out of its route.
+    fn unwait(&mut self, qpn: u32, n: usize) {
+        if n > 0 {
+            self.held -= n;
+            self.waiting.retain(|q| *q != qpn);
+        }
+    }
+
+    /// Every route's target.
+    pub(super) fn targets(&self) -> impl Iterator<Item = &T> {
+        self.by_qpn.values().filter_map(|r| r.target.as_ref())
+    }
+
+    /// Forget every route without retiring it (its owner is going, with
+    /// its queue); the targets are dropped here.
+    pub(super) fn clear(&mut self) {
+        self.by_qpn.clear();
+        self.waiting.clear();
+        self.held = 0;
+    }
+
+    #[cfg(test)]
+    fn waiting(&self) -> &[u32] {
+        &self.waiting
+    }
+
+    /// QPs routed (prepared or running).
+    pub(super) fn len(&self) -> usize {
+        self.by_qpn.len()
+    }
+
+    /// Whether no QP is routed.
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_qpn.is_empty()
+    }
+
+    /// Entries reserved.
+    pub(super) fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// The queue's depth.
+    pub(super) fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Completions held over every route.
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Completions of a QP number with no route.
+    pub(super) fn orphans(&self) -> u64 {
+        self.orphans
+    }
+
+    /// Completions held for a retired route and dropped.
+    pub(super) fn retired(&self) -> u64 {
+        self.retired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::{BTreeMap, HashMap, VecDeque};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A completion of the QP numbered `qpn`, tagged `tag` (in `wr_id`).
+    fn wc(qpn: u32, tag: u64) -> Completion {
+        Completion { qpn, wr_id: tag, ..Completion::EMPTY }
+    }
+
+    /// Route `cs`, returning (target, tag) of each delivered one.
+    fn route_all(r: &mut Routes<u64>, cs: &[Completion]) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for c in cs {
+            if let Routed::To(t) = r.route(*c) {
+                out.push((*t, c.wr_id));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn refuses_what_does_not_fit_and_gives_back_what_is_released() {
+        assert!(matches!(
+            Routes::<u64>::new(100, 100),
+            Err(SetupError::CqBudget { depth: 100, reserved: 0, wanted: 100 })
+        ));
+        let mut r = Routes::<u64>::new(100, 40).unwrap();
+        r.reserve(50).unwrap();
+        assert!(matches!(r.reserve(11), Err(SetupError::CqBudget { depth: 100, reserved: 90, wanted: 11 })));
+        assert_eq!(r.reserved(), 90, "a refusal reserves nothing");
+        r.release(50);
+        r.reserve(60).unwrap();
+        r.open(7, 60);
+        assert_eq!(r.reserved(), 100);
+        assert!(r.retire(7, |_| {}, || {}, |_| {}).is_none());
+        assert_eq!(r.reserved(), 40, "only the up-front entries stay");
+        assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn early_completions_reach_the_route_when_its_target_comes() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        r.reserve(10).unwrap();
+        r.open(3, 10);
+        assert!(route_all(&mut r, &[wc(3, 1), wc(3, 2)]).is_empty());
+        assert_eq!((r.held(), r.waiting()), (2, &[3][..]));
+        let mut early = Vec::new();
+        r.attach(3, 33, &mut early).unwrap();
+        assert_eq!(early.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!((r.held(), r.waiting()), (0, &[][..]));
+        assert_eq!(route_all(&mut r, &[wc(3, 3)]), [(33, 3)]);
+        assert_eq!(r.attach(3, 34, &mut early), Err(34), "a second target");
+        assert_eq!(r.attach(4, 44, &mut early), Err(44), "no route");
+    }
+
+    #[test]
+    fn completions_of_an_unknown_qp_are_orphans() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        assert!(matches!(r.route(wc(9, 1)), Routed::Orphan));
+        assert_eq!((r.orphans(), r.held()), (1, 0));
+    }
+
+    #[test]
+    fn held_completions_are_taken_in_order_per_route() {
+        let mut r = Routes::<()>::new(100, 0).unwrap();
+        for q in [1, 2] {
+            r.reserve(5).unwrap();
+            r.open(q, 5);
+        }
+        for c in [wc(2, 1), wc(1, 2), wc(2, 3)] {
+            assert!(matches!(r.route(c), Routed::Held));
+        }
+        assert_eq!(r.waiting(), [2, 1]);
+        let (mut out, mut taken) = (Vec::new(), Vec::new());
+        r.take_held(|q| q == 2, &mut out, &mut taken);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(taken, [(2, 2)]);
+        assert_eq!((r.held(), r.waiting()), (1, &[1][..]));
+        assert!(matches!(r.route(wc(2, 4)), Routed::Held));
+        r.take_held(|_| true, &mut out, &mut taken);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3, 2, 4]);
+        assert_eq!(taken, [(2, 2), (1, 1), (2, 1)]);
+        assert_eq!((r.held(), r.waiting()), (0, &[][..]));
+    }
+
+    /// A completion left in the queue by a retired QP is never delivered to
+    /// the next QP with its number: `retire` drains it out, after the
+    /// destroy, and drops it.
+    #[test]
+    fn a_retired_number_gets_none_of_the_old_qps_completions() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        let cq: RefCell<VecDeque<Completion>> = RefCell::default();
+        r.reserve(10).unwrap();
+        r.open(5, 10);
+        // Held (not yet added) and in the queue when it goes, and one more
+        // that lands between the first drain and the destroy.
+        cq.borrow_mut().push_back(wc(5, 1));
+        let mut dropped = Vec::new();
+        let order = RefCell::new(Vec::new());
+        let gone = r.retire(
+            5,
+            |r| {
+                order.borrow_mut().push("drain");
+                while let Some(c) = cq.borrow_mut().pop_front() {
+                    assert!(!matches!(r.route(c), Routed::To(_)));
+                }
+                if order.borrow().len() == 1 {
+                    cq.borrow_mut().push_back(wc(5, 2));
+                }
+            },
+            || order.borrow_mut().push("destroy"),
+            |c| dropped.push(c.wr_id),
+        );
+        let order = order.into_inner();
+        assert_eq!(order, ["drain", "destroy", "drain"]);
+        assert_eq!(gone, None);
+        assert_eq!(dropped, [1, 2]);
+        assert_eq!((r.retired(), r.held(), r.reserved()), (2, 0, 0));
+        r.reserve(10).unwrap();
+        r.open(5, 10);
+        let mut early = Vec::new();
+        r.attach(5, 55, &mut early).unwrap();
+        assert!(early.is_empty(), "the new QP got the old one's completion");
+    }
+
+    #[test]
+    #[should_panic(expected = "has a route already")]
+    fn a_live_number_cannot_be_opened_twice() {
+        let mut r = Routes::<()>::new(100, 0).unwrap();
+        r.open(1, 0);
+        r.open(1, 0);
+    }
+
+    /// What a test does to the routes (indices pick among live QPs).
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Reserve for a QP about to be made.
+        Reserve(u32),
+        /// The QP of the oldest reservation is made (or its creation failed).
+        Open(bool),
+        Attach(usize),
+        /// A live QP completes `n` work requests.
+        Complete(usize, u8),
+        /// The caller takes up to `n` completions off the queue.
+        Poll(usize),
+        /// Take what is held for the QP numbers whose bit is set.
+        TakeHeld(u8),
+        /// Retire a QP; `late` completions of it land between the first
+        /// drain and the destroy.
+        Retire(usize, u8),
+        /// A completion of a QP that was never routed.
+        Stray,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1u32..60).prop_map(Op::Reserve),
+            3 => any::<bool>().prop_map(Op::Open),
+            2 => any::<usize>().prop_map(Op::Attach),
+            4 => (any::<usize>(), 1u8..4).prop_map(|(i, n)| Op::Complete(i, n)),
+            3 => (1usize..8).prop_map(Op::Poll),
+            2 => any::<u8>().prop_map(Op::TakeHeld),
+            2 => (any::<usize>(), 0u8..3).prop_map(|(i, n)| Op::Retire(i, n)),
+            1 => Just(Op::Stray),
+        ]
+    }
+
+    /// A live QP: its generation (a fresh number per QP, whatever its QP
+    /// number), its reservation, and how many completions it made.
+    struct Live {
+        generation: u64,
+        entries: u32,
+        made: u64,
+    }
+
+    /// The routes, a queue of completions and what should be true of them.
+    /// A completion's tag is its QP's generation << 32 | its sequence.
+    struct Model {
+        r: Routes<u64>,
+        up_front: u32,
+        cq: VecDeque<Completion>,
+        pending: VecDeque<u32>,
+        live: BTreeMap<u32, Live>,
+        next_generation: u64,
+        /// Per generation: the sequence of the last completion that came out
+        /// (delivered, taken, or dropped at its retirement), and how many did.
+        out: HashMap<u64, (Option<u64>, u64)>,
+        held: usize,
+        orphans: u64,
+    }
+
+    impl Model {
+        /// A completion of generation `g` came out of the routes: the
+        /// current QP's, and in order.
+        fn came_out(&mut self, to: Option<u64>, c: &Completion) {
+            let (g, seq) = (c.wr_id >> 32, c.wr_id & 0xffff_ffff);
+            if let Some(t) = to {
+                assert_eq!(t, g, "delivered to a route of another QP with its number");
+            }
+            let (last, n) = self.out.entry(g).or_default();
+            assert!(last.map_or(true, |l| l < seq), "out of order");
+            *last = Some(seq);
+            *n += 1;
+        }
+
+        fn pick(&self, i: usize) -> Option<u32> {
+            (!self.live.is_empty()).then(|| *self.live.keys().nth(i % self.live.len()).expect("in range"))
+        }
+
+        /// Route one completion taken off the queue.
+        fn route(&mut self, c: Completion) {
+            let current = self.live.get(&c.qpn).map(|l| l.generation);
+            match self.r.route(c) {
+                Routed::To(t) => {
+                    let t = *t;
+                    assert_eq!(Some(t), current);
+                    self.came_out(Some(t), &c);
+                }
+                Routed::Held => self.held += 1,
+                Routed::Orphan => {
+                    assert!(current.is_none(), "a known QP's completion was an orphan");
+                    self.orphans += 1;
+                }
+            }
+        }
+
+        fn apply(&mut self, op: Op) {
+            match op {
+                Op::Reserve(n) => {
+                    let free = u64::from(self.r.depth()) - self.r.reserved();
+                    match self.r.reserve(n) {
+                        Ok(()) => self.pending.push_back(n),
+                        Err(SetupError::CqBudget { .. }) => assert!(u64::from(n) > free),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                Op::Open(made) => {
+                    let Some(entries) = self.pending.pop_front() else { return };
+                    // The lowest free number, as a device that reuses them.
+                    let qpn = (0..).find(|q| !self.live.contains_key(q)).expect("a free number");
+                    if made {
+                        self.r.open(qpn, entries);
+                        let generation = self.next_generation;
+                        self.next_generation += 1;
+                        self.live.insert(qpn, Live { generation, entries, made: 0 });
+                    } else {
+                        self.r.release(entries);
+                    }
+                }
+                Op::Attach(i) => {
+                    let Some(qpn) = self.pick(i) else { return };
+                    let g = self.live[&qpn].generation;
+                    let mut early = Vec::new();
+                    if self.r.attach(qpn, g, &mut early).is_ok() {
+                        self.held -= early.len();
+                        early.iter().for_each(|c| self.came_out(Some(g), c));
+                    }
+                }
+                Op::Complete(i, n) => {
+                    let Some(qpn) = self.pick(i) else { return };
+                    let l = self.live.get_mut(&qpn).expect("picked");
+                    for _ in 0..n {
+                        self.cq.push_back(wc(qpn, l.generation << 32 | l.made));
+                        l.made += 1;
+                    }
+                }
+                Op::Poll(n) => {
+                    for _ in 0..n {
+                        let Some(c) = self.cq.pop_front() else { break };
+                        self.route(c);
+                    }
+                }
+                Op::TakeHeld(mask) => {
+                    let wanted = |q: u32| q < 8 && mask & (1 << q) != 0;
+                    let (mut out, mut taken) = (Vec::new(), Vec::new());
+                    self.r.take_held(wanted, &mut out, &mut taken);
+                    self.held -= out.len();
+                    let mut at = 0;
+                    for (qpn, n) in taken {
+                        assert!(wanted(qpn) && n > 0);
+                        let g = self.live[&qpn].generation;
+                        out[at..at + n].iter().for_each(|c| {
+                            assert_eq!(c.qpn, qpn);
+                            self.came_out(Some(g), c);
+                        });
+                        at += n;
+                    }
+                    assert_eq!(at, out.len());
+                }
+                Op::Retire(i, late) => {
+                    let Some(qpn) = self.pick(i) else { return };
+                    let mut r = std::mem::replace(&mut self.r, Routes::new(1, 0).expect("fits"));
+                    let mut drains = 0;
+                    let mut dropped = Vec::new();
+                    let gone = r.retire(
+                        qpn,
+                        |r| {
+                            std::mem::swap(&mut self.r, r);
+                            while let Some(c) = self.cq.pop_front() {
+                                self.route(c);
+                            }
+                            std::mem::swap(&mut self.r, r);
+                            drains += 1;
+                            if drains == 1 {
+                                let l = self.live.get_mut(&qpn).expect("picked");
+                                for _ in 0..late {
+                                    self.cq.push_back(wc(qpn, l.generation << 32 | l.made));
+                                    l.made += 1;
+                                }
+                            }
+                        },
+                        || {},
+                        |c| dropped.push(*c),
+                    );
+                    self.r = r;
+                    let l = self.live.remove(&qpn).expect("picked");
+                    assert!(gone.map_or(true, |t| t == l.generation));
+                    self.held -= dropped.len();
+                    dropped.iter().for_each(|c| self.came_out(None, c));
+                    // Every completion it made came out, once: none is left to
+                    // reach a later QP with its number.
+                    let made = l.made;
+                    assert_eq!(self.out.get(&l.generation).map_or(0, |o| o.1), made);
+                    assert!(self.cq.iter().all(|c| c.qpn != qpn));
+                }
+                Op::Stray => self.cq.push_back(wc(1000, u64::MAX)),
+            }
+        }
+
+        fn check(&self) {
+            let routed: u64 = self.live.values().map(|l| u64::from(l.entries)).sum();
+            let pending: u64 = self.pending.iter().map(|&n| u64::from(n)).sum();
+            assert_eq!(
+                self.r.reserved(),
+                u64::from(self.up_front) + routed + pending,
+                "reservations drifted"
+            );
+            assert!(self.r.reserved() <= u64::from(self.r.depth()));
+            assert_eq!(self.r.len(), self.live.len());
+            assert_eq!(self.r.held(), self.held);
+            assert_eq!(self.r.orphans(), self.orphans);
+            let mut waiting = self.r.waiting().to_vec();
+            waiting.sort_unstable();
+            waiting.dedup();
+            assert_eq!(waiting.len(), self.r.waiting().len(), "a number waits twice");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn routes_keep_their_books_under_random_schedules(
+            up_front in 0u32..50,
+            ops in prop::collection::vec(op(), 1..200),
+        ) {
+            let mut m = Model {
+                r: Routes::new(200, up_front).expect("fits"),
+                up_front,
+                cq: VecDeque::new(),
+                pending: VecDeque::new(),
+                live: BTreeMap::new(),
+                next_generation: 0,
+                out: HashMap::new(),
+                held: 0,
+                orphans: 0,
+            };
+            for op in ops {
+                m.apply(op);
+                m.check();
+            }
+        }
+    }
+}
