@@ -55,12 +55,11 @@ fn main() {
             while let Some(req) = server.next_request().await {
                 let data = if size > 0 {
                     let mut b = server.alloc().await.expect("server buffer");
-                    server
-                        .fill(&mut b, |bytes| {
-                            bytes[0] = 0x5a; // the application's own writing is not counted
-                            size
-                        })
-                        .expect("fill");
+                    b.write_with(|bytes| {
+                        bytes[0] = 0x5a; // the application's own writing is not counted
+                        size
+                    })
+                    .expect("fill");
                     Some(b)
                 } else {
                     None
@@ -76,7 +75,7 @@ fn main() {
         for _ in 0..200 + calls {
             let r = client.call(&header, None).await.expect("call");
             if let Some(d) = r.data {
-                let first = client.bytes(&d, |b| b[0]).expect("bytes");
+                let first = d[0];
                 assert_eq!(first, 0x5a);
             }
         }

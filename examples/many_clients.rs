@@ -49,15 +49,13 @@ fn options() -> SetupOptions {
 async fn serve(conn: Connection<SimNic>) {
     while let Some(req) = conn.next_request().await {
         let mut bytes = match &req.data {
-            Some(d) => conn.read(d).unwrap_or_default(),
+            Some(d) => d.to_vec(),
             None => Vec::new(),
         };
         drop(req.data); // back to the pool
         bytes.reverse();
         let Ok(mut out) = conn.alloc().await else { break };
-        if conn.write(&mut out, &bytes).is_err()
-            || conn.reply(req.id, 0, b"reversed", Some(out)).await.is_err()
-        {
+        if out.copy_from(&bytes).is_err() || conn.reply(req.id, 0, b"reversed", Some(out)).await.is_err() {
             break;
         }
     }
@@ -103,9 +101,9 @@ async fn client(
         for i in 0..CALLS {
             let text = format!("client {id} call {i}");
             let mut b = conn.alloc().await.expect("a buffer");
-            conn.write(&mut b, text.as_bytes()).expect("fits");
+            b.copy_from(text.as_bytes()).expect("fits");
             let reply = conn.call(b"reverse", Some(b)).await.expect("answered");
-            let got = conn.read(reply.data.as_ref().expect("a reply payload")).expect("readable");
+            let got = reply.data.as_ref().expect("a reply payload").to_vec();
             assert_eq!(got, text.bytes().rev().collect::<Vec<u8>>());
         }
         conn.close();

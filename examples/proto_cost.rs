@@ -56,7 +56,7 @@ impl Side {
         let n = if mw { BUFFERS } else { 0 };
         let res = Resources {
             ctrl: MrId::from_raw(1),
-            data: DataMemory::Region(data),
+            data: DataMemory::Region(data, mwcap::backend::Memory::zeroed(data.len, 8).expect("memory")),
             windows: (0..n).map(|i| MwId::from_raw(10 + i)).collect(),
             window_rkeys: (0..n).map(|i| (0x100 + i) << 8).collect(),
         };
@@ -112,7 +112,6 @@ fn run(me: &mut Side, peer: &mut Side) -> bool {
             }
             Command::SetQpError => panic!("the connection went down: {:?}", me.conn.is_down()),
             Command::CpuHold { .. } => {}
-            Command::Fill { .. } => unreachable!("no inline payloads here: every payload is a buffer"),
         }
     }
     while let Some(c) = me.cq.pop_front() {
@@ -153,7 +152,7 @@ fn main() {
                         assert!(data.is_none());
                         let out = (size > 0).then(|| {
                             let mut b = s.conn.alloc().expect("a server buffer");
-                            s.conn.set_payload_len(&mut b, size).unwrap();
+                            b.set_len(size).unwrap();
                             b
                         });
                         s.conn.reply(now, req, 0, b"ok", out).expect("reply");

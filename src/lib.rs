@@ -51,4 +51,8 @@ pub use probe_cache::ProbeCache;
 pub mod handle;
 #[cfg(not(feature = "testing"))]
 mod handle;
+// The other module with `unsafe`: registered memory a buffer handle lends
+// as a slice, with the argument that makes it sound.
+#[allow(unsafe_code)]
+mod mem;
 mod sync;

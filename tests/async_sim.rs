@@ -49,7 +49,7 @@ fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Dur
 async fn echo(server: Connection<SimNic>) {
     while let Some(req) = server.next_request().await {
         let mut bytes = match &req.data {
-            Some(d) => server.read(d).unwrap(),
+            Some(d) => d.to_vec(),
             None => Vec::new(),
         };
         if let Some(d) = req.data {
@@ -60,7 +60,7 @@ async fn echo(server: Connection<SimNic>) {
             None
         } else {
             let mut b = server.alloc().await.unwrap();
-            server.write(&mut b, &bytes).unwrap();
+            b.copy_from(&bytes).unwrap();
             Some(b)
         };
         server.reply(req.id, 0, b"echo", out).await.unwrap();
@@ -79,11 +79,11 @@ fn calls_over_the_async_api_in_every_policy_combination() {
         let app = async {
             for i in 0..5u8 {
                 let mut b = client.alloc().await.unwrap();
-                client.write(&mut b, &[i, 1, 2, 3]).unwrap();
+                b.copy_from(&[i, 1, 2, 3]).unwrap();
                 let r = client.call(b"hi", Some(b)).await.expect("call");
                 assert_eq!(r.header, b"echo");
                 let d = r.data.expect("reply data");
-                assert_eq!(client.read(&d).unwrap(), vec![3, 2, 1, i]);
+                assert_eq!(d.to_vec(), vec![3, 2, 1, i]);
                 client.free(d);
             }
             client.close();
@@ -103,7 +103,7 @@ fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let app = async {
         let mut b = client.alloc().await.unwrap();
         // Longer than `inline_max`: it is exposed through a window.
-        client.write(&mut b, &[7; 1000]).unwrap();
+        b.copy_from(&[7; 1000]).unwrap();
         // Nobody serves requests: the call future is dropped after a moment.
         let call = Box::pin(client.call(b"x", Some(b)));
         let timer = async_io::Timer::after(Duration::from_millis(20));
@@ -192,7 +192,7 @@ fn a_call_made_while_the_driver_sleeps_still_times_out() {
 async fn answer_with_data(server: Connection<SimNic>) {
     while let Some(req) = server.next_request().await {
         let mut b = server.alloc().await.expect("server buffer");
-        server.write(&mut b, &[0x42; 64]).unwrap();
+        b.copy_from(&[0x42; 64]).unwrap();
         server.reply(req.id, 0, b"data", Some(b)).await.unwrap();
     }
 }
@@ -221,7 +221,7 @@ fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
                         }
                     } else {
                         call.await.map(|r| {
-                            assert_eq!(r.data.map(|d| client.read(&d).unwrap()), Some(vec![0x42; 64]));
+                            assert_eq!(r.data.map(|d| d.to_vec()), Some(vec![0x42; 64]));
                             false
                         })
                     }
@@ -280,7 +280,7 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
             held.push(b);
         }
         let mut b = client.alloc().await.unwrap();
-        client.write(&mut b, &[9; 100]).unwrap();
+        b.copy_from(&[9; 100]).unwrap();
         let call = client.call(b"q", Some(b));
         let serve = async {
             async_io::Timer::after(Duration::from_millis(50)).await;
@@ -289,7 +289,7 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
             let req = server.next_request().await.expect("the request");
             let waited = freed.elapsed();
             assert!(waited < Duration::from_millis(500), "delivered {waited:?} after the buffer was freed");
-            assert_eq!(server.read(req.data.as_ref().unwrap()).unwrap(), vec![9; 100]);
+            assert_eq!(req.data.as_ref().unwrap().to_vec(), vec![9; 100]);
             server.free(req.data.unwrap());
             server.reply(req.id, 0, b"ok", None).await.unwrap();
             held
@@ -310,7 +310,7 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
 async fn answer_with(server: Connection<SimNic>, len: usize, replied: &std::cell::Cell<usize>) {
     while let Some(req) = server.next_request().await {
         let mut b = server.alloc().await.expect("server buffer");
-        server.write(&mut b, &vec![0x42; len]).unwrap();
+        b.copy_from(&vec![0x42; len]).unwrap();
         server.reply(req.id, 0, b"data", Some(b)).await.unwrap();
         replied.set(replied.get() + 1);
     }
@@ -361,7 +361,7 @@ fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
             let get = || async {
                 let r = client.call(b"get", None).await?;
                 let d = r.data.expect("a reply payload");
-                let bytes = client.read(&d).unwrap();
+                let bytes = d.to_vec();
                 drop(d); // the next payload may take it
                 Ok::<_, mwcap::conn::CallError>(bytes)
             };
@@ -415,7 +415,7 @@ fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
             drop(held);
             // With a buffer free, the next call goes through.
             let r = client.call(b"get", None).await.expect("a buffer is free now");
-            assert_eq!(client.read(r.data.as_ref().unwrap()).unwrap(), vec![0x42; len], "{p:?}");
+            assert_eq!(r.data.as_ref().unwrap().to_vec(), vec![0x42; len], "{p:?}");
             client.close();
             server.close();
         };
@@ -451,7 +451,7 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
                 let first = server.next_request().await.expect("the request");
                 assert_eq!((&first.header[..], first.trace, first.again), (&header[..], Some(trace), false));
                 let mut b = server.alloc().await.unwrap();
-                server.write(&mut b, &[1; 1000]).unwrap();
+                b.copy_from(&[1; 1000]).unwrap();
                 server.reply(first.id, 0, b"v1", Some(b)).await.unwrap();
                 // The offer's hold expires with the client's READ not made.
                 until(|| server.stats().buffers_exposed == 0).await;
@@ -462,13 +462,13 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
                 assert_eq!(again.header, header, "the request's own header");
                 assert_eq!(again.trace, Some(trace));
                 let mut b = server.alloc().await.unwrap();
-                server.write(&mut b, &[2; 1000]).unwrap();
+                b.copy_from(&[2; 1000]).unwrap();
                 server.reply(again.id, 0, b"v2", Some(b)).await.unwrap();
             };
             let (reply, ()) = futures::join!(call, serve);
             let reply = reply.expect("answered the second time");
             assert_eq!(reply.header, b"v2");
-            assert_eq!(client.read(reply.data.as_ref().unwrap()).unwrap(), vec![2; 1000]);
+            assert_eq!(reply.data.as_ref().unwrap().to_vec(), vec![2; 1000]);
             assert!(client.stats().stale_reads >= 1, "{:?}", client.stats());
             drop((reply, held));
             client.close();
@@ -501,10 +501,10 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     let calls = async {
         for i in 0..20u8 {
             let mut b = client.alloc().await.unwrap();
-            client.write(&mut b, &[i; 4096]).unwrap();
+            b.copy_from(&[i; 4096]).unwrap();
             let r = client.call(b"hi", Some(b)).await.expect("call");
             let data = r.data.expect("a payload");
-            assert_eq!(client.read(&data).unwrap(), vec![i; 4096]);
+            assert_eq!(data.to_vec(), vec![i; 4096]);
             client.free(data);
         }
     };

@@ -16,14 +16,13 @@ fn a_payload_written_in_place_is_read_in_place_by_the_peer() {
     for pol in [Policy::Mw, Policy::Confirm] {
         let mut p = pair(Policies::both(pol));
         let mut b = p.client.alloc().unwrap();
-        p.client
-            .fill(&mut b, |bytes| {
-                for (i, x) in bytes[..5000].iter_mut().enumerate() {
-                    *x = i as u8;
-                }
-                5000
-            })
-            .unwrap();
+        b.write_with(|bytes| {
+            for (i, x) in bytes[..5000].iter_mut().enumerate() {
+                *x = i as u8;
+            }
+            5000
+        })
+        .unwrap();
         assert_eq!(b.len(), 5000);
         let now = p.now();
         p.client.call(now, b"put", Some(b)).unwrap();
@@ -34,11 +33,44 @@ fn a_payload_written_in_place_is_read_in_place_by_the_peer() {
         let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else {
             panic!("{:?}", p.server_events)
         };
-        let sum = p.server.bytes(&d, |b| b.iter().map(|&x| u64::from(x)).sum::<u64>()).unwrap();
+        let sum = d.iter().map(|&x| u64::from(x)).sum::<u64>();
         let want: u64 = (0..5000u32).map(|i| u64::from(i as u8)).sum();
         assert_eq!(sum, want, "{pol:?}");
         drop(d);
     }
+}
+
+/// A held buffer is the handle's alone: its slice is the payload, the
+/// NIC's CPU accessors refuse its bytes (no safe code can race the
+/// handle's borrow), and once it is given back they work again.
+#[test]
+fn a_held_buffer_derefs_to_its_payload_and_nothing_else_touches_its_bytes() {
+    use mwcap::backend::{Nic, NicError};
+    let mut p = pair(Policies::both(Policy::Mw));
+    let data = p.client.data_region();
+    let mut b = p.client.alloc().unwrap();
+    assert_eq!((b.len(), b.capacity()), (0, 64 << 10));
+    b.set_len(100).unwrap();
+    b.fill(7);
+    assert_eq!(&b[..], &[7; 100][..]);
+    b.copy_from(b"hello").unwrap();
+    assert_eq!(&b[..], b"hello");
+    assert_eq!(b.set_len(b.capacity() + 1), Err(UseError::TooLong { len: (64 << 10) + 1, cap: 64 << 10 }));
+    assert_eq!(b.len(), 5, "a refused length leaves the payload");
+    let offset = b.slot() as usize * b.capacity();
+    let nic = p.client.nic().clone();
+    let held = |e: Result<(), NicError>| matches!(e, Err(NicError::Held { .. }));
+    assert!(held(nic.write_mr(data.id, offset + 10, b"x")), "a CPU write into a held buffer");
+    assert!(held(nic.read_mr(data.id, offset, &mut [0; 4])), "a CPU read of a held buffer");
+    assert!(
+        held(nic.with_mr_mut(data.id, offset.saturating_sub(1), 2, &mut |_| ())),
+        "overlapping its start"
+    );
+    assert_eq!(&b[..], b"hello", "untouched");
+    p.client.free(b);
+    let mut out = [0; 5];
+    nic.read_mr(data.id, offset, &mut out).unwrap();
+    assert_eq!(&out, b"hello", "given back, the bytes are the region's again");
 }
 
 #[test]
@@ -46,7 +78,7 @@ fn fill_refuses_a_length_beyond_the_buffer() {
     let mut p = pair(Policies::both(Policy::Mw));
     let mut b = p.client.alloc().unwrap();
     let cap = p.client.config().buffer_size as usize;
-    let err = p.client.fill(&mut b, |_| cap + 1).unwrap_err();
+    let err = b.write_with(|_| cap + 1).unwrap_err();
     assert_eq!(err, UseError::TooLong { len: cap + 1, cap: cap as u32 });
     assert_eq!(b.len(), 0, "the length is unchanged");
 }
@@ -71,7 +103,7 @@ fn a_dropped_event_gives_its_buffer_back() {
     assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
     let Some(Event::Request { req, .. }) = p.server_events.pop() else { panic!() };
     let mut out = p.server.alloc().unwrap();
-    p.server.write(&mut out, &[1; 100]).unwrap();
+    out.copy_from(&[1; 100]).unwrap();
     let now = p.now();
     p.server.reply(now, req, 0, b"r", Some(out)).unwrap();
     assert!(p.drive_until(Duration::from_secs(1), |p| p
@@ -87,7 +119,7 @@ fn a_dropped_event_gives_its_buffer_back() {
 fn a_buffer_of_another_endpoint_is_refused_and_handed_back() {
     let mut p = pair(Policies::both(Policy::Mw));
     let mut foreign = p.server.alloc().unwrap();
-    p.server.write(&mut foreign, b"x").unwrap();
+    foreign.copy_from(b"x").unwrap();
     let now = p.now();
     let r = p.client.call(now, b"q", Some(foreign)).unwrap_err();
     assert!(matches!(r.error, UseError::ForeignBuffer(_)));

@@ -79,7 +79,7 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
                 None
             } else {
                 let mut b = c.alloc_for(len).await.unwrap();
-                c.write(&mut b, &pattern(i + k, len)).unwrap();
+                b.copy_from(&pattern(i + k, len)).unwrap();
                 Some(b)
             };
             let r = c
@@ -92,7 +92,7 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
                 Some(d) => {
                     let mut want = pattern(i + k, len);
                     want.reverse();
-                    assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: another connection's bytes");
+                    assert!(d.to_vec() == want, "conn {i} call {k}: another connection's bytes");
                     c.free(d);
                 }
             }
@@ -141,14 +141,14 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
             let mut pending = Vec::new();
             for k in 0..3usize {
                 let mut b = c.alloc_for(3000).await.unwrap();
-                c.write(&mut b, &pattern(round + k, 3000)).unwrap();
+                b.copy_from(&pattern(round + k, 3000)).unwrap();
                 pending.push(Box::pin(c.call(b"x", Some(b))));
             }
             let first = pending.remove(0).await.expect("the first call");
             let mut want = pattern(round, 3000);
             want.reverse();
             let d = first.data.unwrap();
-            assert!(c.read(&d).unwrap() == want);
+            assert!(d.to_vec() == want);
             c.free(d);
             s.close();
             for call in pending {
@@ -245,11 +245,11 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     spawn(&pool, vdrv.run());
     let r = pool.run_until(async {
         let mut b = vclient.alloc().await.unwrap();
-        vclient.write(&mut b, b"abc").unwrap();
+        b.copy_from(b"abc").unwrap();
         vclient.call(b"x", Some(b)).await
     });
     let r = r.expect("the victim's call");
-    assert_eq!(vclient.read(r.data.as_ref().unwrap()).unwrap(), b"cba");
+    assert_eq!(r.data.as_ref().unwrap().to_vec(), b"cba");
     assert!(victim.is_down().is_none());
 }
 
@@ -351,10 +351,10 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     // The surviving connection still works.
     let r = pool.run_until(async {
         let mut b = client.alloc().await.unwrap();
-        client.write(&mut b, b"still here").unwrap();
+        b.copy_from(b"still here").unwrap();
         client.call(b"x", Some(b)).await
     });
-    assert_eq!(client.read(r.unwrap().data.as_ref().unwrap()).unwrap(), b"ereh llits");
+    assert_eq!(r.unwrap().data.as_ref().unwrap().to_vec(), b"ereh llits");
     assert!(server.is_down().is_none());
 }
 
@@ -536,9 +536,9 @@ fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
         .unwrap();
     let call = |conn: Connection<SimNic>| async move {
         let mut b = conn.alloc().await.unwrap();
-        conn.write(&mut b, b"abc").unwrap();
+        b.copy_from(b"abc").unwrap();
         let r = conn.call(b"x", Some(b)).await?;
-        Ok::<_, mwcap::conn::CallError>(conn.read(r.data.as_ref().unwrap()).unwrap())
+        Ok::<_, mwcap::conn::CallError>(r.data.as_ref().unwrap().to_vec())
     };
     let first = pool.run_until(client.connection()).expect("connected");
     assert_eq!(pool.run_until(call(first.clone())).expect("served"), b"cba");

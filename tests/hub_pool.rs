@@ -122,7 +122,7 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
             for k in 0..12usize {
                 let len = sizes[(i + k) % 4];
                 let mut b = c.alloc_for(len).await.unwrap();
-                c.write(&mut b, &pattern(i * 100 + k, len)).unwrap();
+                b.copy_from(&pattern(i * 100 + k, len)).unwrap();
                 let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
                 for (owner, remotes) in [(sdev, client_qps), (cdev, server_qps)] {
                     for (mr, through) in reachable(fabric, owner, remotes) {
@@ -132,7 +132,7 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
                 let mut want = pattern(i * 100 + k, len);
                 want.reverse();
                 let d = r.data.expect("a reply payload");
-                assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: not its own bytes");
+                assert!(d.to_vec() == want, "conn {i} call {k}: not its own bytes");
                 c.free(d);
             }
         }
@@ -204,7 +204,7 @@ async fn serve_fixed(server: Connection<SimNic>, fill: u8, check: impl Fn()) {
     while let Some(req) = server.next_request().await {
         let Ok(mut out) = server.alloc().await else { return };
         check();
-        server.write(&mut out, &[fill; 3000]).unwrap();
+        out.copy_from(&[fill; 3000]).unwrap();
         if server.reply(req.id, 0, b"", Some(out)).await.is_err() {
             return;
         }
@@ -344,7 +344,7 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
                 futures::future::Either::Right(_) => panic!("the other connection never got the buffer"),
             }
         });
-        assert_eq!(b_client.read(reply.data.as_ref().unwrap()).unwrap(), vec![0xbb; 3000]);
+        assert_eq!(reply.data.as_ref().unwrap().to_vec(), vec![0xbb; 3000]);
         assert!(a.stats().bytes_exposed > 0);
         // The silent client's key, on the buffer that now holds the other
         // connection's bytes, reaches nothing.
@@ -417,6 +417,41 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     // was destroyed, never given back; the other two are the pool's.
     assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{st:?}");
     assert_eq!(fabric.windows(sdev).len(), 2);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A buffer handle that outlives its connection keeps its bytes: the pool
+/// gets the buffer back when the connection goes, but lends it to nobody
+/// while the handle lives (another handle would alias its slice), and
+/// does once it is dropped.
+#[test]
+fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
+    let fabric = Fabric::with_seed(11);
+    let (n1, n2) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    // Three buffers, one kept for incoming payloads.
+    let sh = small_pool_hub(&pool, sn, 3);
+    let (server, _peer, _) = hand_driven_client(&sh, &n1);
+    let (a, ad) = sh.add(server);
+    let mut held = a.try_alloc().expect("a buffer");
+    held.copy_from(&[0xab; 1000]).unwrap();
+    a.close();
+    assert_eq!(pool.run_until(ad.run()), LossReason::Closed);
+    drop(a);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
+    assert_eq!(sh.stats().connections, 0, "the connection is gone");
+    assert_eq!(sh.stats().buffers.unwrap().free, 2, "the held one is parked, not free");
+    assert_eq!(&held[..], &[0xab; 1000][..], "its bytes are still the handle's");
+    held[..3].copy_from_slice(b"xyz");
+    let (server, _peer2, _) = hand_driven_client(&sh, &n2);
+    let (b, _bd) = sh.add(server);
+    let first = b.try_alloc().expect("a free buffer");
+    assert!(b.try_alloc().is_none(), "the last free one is the reserve; the parked one is not lent");
+    assert_eq!(&held[..3], b"xyz");
+    drop(held);
+    let second = b.try_alloc().expect("the parked buffer, free once its handle is gone");
+    drop((first, second));
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
@@ -531,7 +566,7 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
                 for k in 0..8usize {
                     let len = sizes[(i + k) % 4];
                     let mut b = c.alloc_for(len).await.unwrap();
-                    c.write(&mut b, &pattern(i * 100 + k, len)).unwrap();
+                    b.copy_from(&pattern(i * 100 + k, len)).unwrap();
                     let r = match c.call(b"x", Some(b)).await {
                         Ok(r) => r,
                         Err(e) => return Err(format!("conn {i} call {k}: {e}")),
@@ -539,7 +574,7 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
                     let mut want = pattern(i * 100 + k, len);
                     want.reverse();
                     let d = r.data.expect("a reply payload");
-                    assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: not its own bytes");
+                    assert!(d.to_vec() == want, "conn {i} call {k}: not its own bytes");
                 }
                 Ok(())
             })
@@ -609,12 +644,12 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
     let got = pool.run_until(async move {
         let call = async {
             let mut b = client2.alloc().await.unwrap();
-            client2.write(&mut b, &pattern(7, 3000)).unwrap();
+            b.copy_from(&pattern(7, 3000)).unwrap();
             client2.call(b"x", Some(b)).await
         };
         let serve = async {
             let req = server2.next_request().await.expect("the request");
-            let bytes = server2.read(req.data.as_ref().expect("its payload")).unwrap();
+            let bytes = req.data.as_ref().expect("its payload").to_vec();
             drop(req.data);
             server2.reply(req.id, 0, b"", None).await.unwrap();
             bytes
@@ -716,7 +751,7 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
             _ => panic!("B never got the window"),
         }
     });
-    assert_eq!(b_client.read(reply.data.as_ref().unwrap()).unwrap(), vec![0xbb; 3000]);
+    assert_eq!(reply.data.as_ref().unwrap().to_vec(), vec![0xbb; 3000]);
     assert!(bound_for_b.get(), "the silent client's window was bound again for B's client");
     let st = sh.stats().buffers.unwrap();
     assert!(st.window_alloc_failures >= 1 && st.window_waits >= 1, "B waited for the window: {st:?}");

@@ -176,7 +176,7 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
                 None
             } else {
                 let mut b = c.alloc_for(len).await.unwrap();
-                c.write(&mut b, &pattern(i * 100 + k, len)).unwrap();
+                b.copy_from(&pattern(i * 100 + k, len)).unwrap();
                 Some(b)
             };
             let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
@@ -185,7 +185,7 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
                 Some(d) => {
                     let mut want = pattern(i * 100 + k, len);
                     want.reverse();
-                    assert!(c.read(&d).unwrap() == want, "conn {i} call {k}: not its own bytes");
+                    assert!(d.to_vec() == want, "conn {i} call {k}: not its own bytes");
                     c.free(d);
                 }
             }
@@ -246,12 +246,12 @@ fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() 
     let calls = conns.iter().enumerate().map(|(i, (c, ..))| async move {
         for k in 0..10usize {
             let mut b = c.alloc_for(500).await.unwrap();
-            c.write(&mut b, &pattern(i + k, 500)).unwrap();
+            b.copy_from(&pattern(i + k, 500)).unwrap();
             let r = c.call(b"x", Some(b)).await.unwrap();
             let mut want = pattern(i + k, 500);
             want.reverse();
             let d = r.data.unwrap();
-            assert_eq!(c.read(&d).unwrap(), want);
+            assert_eq!(d.to_vec(), want);
             c.free(d);
         }
     });
@@ -380,10 +380,10 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
     spawn(&pool, vdrv.run());
     let r = pool.run_until(async {
         let mut b = vclient.alloc().await.unwrap();
-        vclient.write(&mut b, b"abc").unwrap();
+        b.copy_from(b"abc").unwrap();
         vclient.call(b"x", Some(b)).await
     });
-    assert_eq!(vclient.read(r.expect("the victim's call").data.as_ref().unwrap()).unwrap(), b"cba");
+    assert_eq!(r.expect("the victim's call").data.as_ref().unwrap().to_vec(), b"cba");
     assert!(victim.is_down().is_none());
 }
 
@@ -405,7 +405,7 @@ fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
                     let srv = srv.clone();
                     async move {
                         let mut b = c.alloc_for(100).await.unwrap();
-                        c.write(&mut b, &pattern(r + k, 100)).unwrap();
+                        b.copy_from(&pattern(r + k, 100)).unwrap();
                         let d = match c.call(b"x", Some(b)).await {
                             Ok(r) => r.data.unwrap(),
                             Err(e) => {
@@ -414,7 +414,7 @@ fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
                         };
                         let mut want = pattern(r + k, 100);
                         want.reverse();
-                        assert_eq!(c.read(&d).unwrap(), want);
+                        assert_eq!(d.to_vec(), want);
                         c.free(d);
                     }
                 });
@@ -507,9 +507,9 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
         let mut got = Vec::new();
         for k in 0..10usize {
             let mut b = vclient.alloc_for(300).await.unwrap();
-            vclient.write(&mut b, &pattern(k, 300)).unwrap();
+            b.copy_from(&pattern(k, 300)).unwrap();
             let d = vclient.call(b"x", Some(b)).await.expect("the victim's call").data.unwrap();
-            got.push(vclient.read(&d).unwrap());
+            got.push(d.to_vec());
             vclient.free(d);
         }
         got
@@ -557,11 +557,11 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
                 None
             } else {
                 let mut b = c.alloc_for(len).await.unwrap();
-                c.write(&mut b, &pattern(k, len)).unwrap();
+                b.copy_from(&pattern(k, len)).unwrap();
                 Some(b)
             };
             let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("call {k}: {e}"));
-            let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+            let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
             let mut want = pattern(k, len);
             want.reverse();
             assert!(got == want, "call {k}: not its own bytes");

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use mwcap::backend::{Completion, CpuHold, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{Completion, CpuHold, Memory, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
@@ -32,7 +32,7 @@ const SLOTS: u32 = 8;
 struct Side {
     conn: Connection,
     ctrl: Vec<u8>,
-    data: Vec<u8>,
+    data: std::sync::Arc<Memory>,
     addr: u64,
     rkey: u32,
     owns_mw: bool,
@@ -56,6 +56,7 @@ impl Side {
         cfg.ctrl_slots = SLOTS;
         let owns_mw = cfg.directions().0 == Policy::Mw;
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };
+        let memory = Memory::zeroed(data.len, 8).unwrap();
         let (windows, window_rkeys) = if owns_mw {
             (
                 (0..BUFFERS).map(|i| MwId::from_raw(10 + i)).collect(),
@@ -66,12 +67,17 @@ impl Side {
         };
         let conn = Connection::new(
             cfg,
-            Resources { ctrl: MrId::from_raw(1), data: DataMemory::Region(data), windows, window_rkeys },
+            Resources {
+                ctrl: MrId::from_raw(1),
+                data: DataMemory::Region(data, memory.clone()),
+                windows,
+                window_rkeys,
+            },
         );
         Side {
             conn,
             ctrl: vec![0; MAX_FRAME * 2 * SLOTS as usize],
-            data: vec![0; (BUFFERS * SIZE) as usize],
+            data: memory,
             addr,
             rkey,
             owns_mw,
@@ -94,18 +100,6 @@ impl Side {
             qpn: 0,
             vendor_err: 0,
         });
-    }
-
-    fn write_payload(&mut self, buf: &mut Buf, bytes: &[u8]) {
-        let (_, offset, _) = self.conn.buffer_place(buf);
-        self.data[offset..offset + bytes.len()].copy_from_slice(bytes);
-        self.conn.set_payload_len(buf, bytes.len()).unwrap();
-    }
-
-    fn payload(&self, buf: &Buf) -> Vec<u8> {
-        self.conn.check_buf(buf).unwrap();
-        let (_, offset, _) = self.conn.buffer_place(buf);
-        self.data[offset..offset + buf.len() as usize].to_vec()
     }
 }
 
@@ -160,8 +154,10 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                         "a DMA into a held buffer"
                     );
                 }
-                let bytes = peer.data[range].to_vec();
-                me.data[l.offset..l.offset + bytes.len()].copy_from_slice(&bytes);
+                let mut bytes = Vec::new();
+                peer.data.dma_read(range.start, range.len(), &mut bytes).unwrap();
+                let met = me.data.dma_write(l.offset, &bytes).unwrap();
+                assert!(!met, "a READ landed in a buffer a handle holds");
                 if signaled {
                     me.done(wr_id, WcOpcode::RdmaRead, bytes.len() as u32);
                 }
@@ -242,10 +238,6 @@ impl Pair {
                                 me.conn.is_down()
                             )
                         }
-                        Command::Fill { data, .. } => {
-                            let bytes = me.conn.staged(&data).to_vec();
-                            me.data[data.offset..data.offset + bytes.len()].copy_from_slice(&bytes);
-                        }
                         Command::CpuHold { offset, hold, .. } => match hold {
                             CpuHold::Held { remote_reads_allowed } => {
                                 me.held.insert(offset, remote_reads_allowed);
@@ -288,7 +280,7 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
         req_bytes += req_len as u64;
         rep_bytes += rep_len as u64;
         let mut b = p.c.conn.alloc().expect("a free client buffer");
-        p.c.write_payload(&mut b, &pattern(i, req_len));
+        b.copy_from(&pattern(i, req_len)).unwrap();
         let header = i.to_le_bytes();
         let call = p.c.conn.call(p.now, &header, Some(b)).expect("call accepted");
         p.settle();
@@ -298,10 +290,10 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
                 Event::Request { req, header: h, data, .. } => {
                     assert_eq!(h, header);
                     let data = data.expect("the request payload");
-                    assert_eq!(p.s.payload(&data), pattern(i, req_len), "request payload of call {i}");
+                    assert_eq!(data.to_vec(), pattern(i, req_len), "request payload of call {i}");
                     p.s.conn.free(data);
                     let mut out = p.s.conn.alloc().expect("a free server buffer");
-                    p.s.write_payload(&mut out, &pattern(i + 1000, rep_len));
+                    out.copy_from(&pattern(i + 1000, rep_len)).unwrap();
                     p.s.conn.reply(p.now, req, 0, b"ok", Some(out)).expect("reply accepted");
                     replied = true;
                 }
@@ -317,7 +309,7 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
                 Event::Reply { call: c, status, header: h, data } => {
                     assert_eq!((c, status, &h[..]), (call, 0, &b"ok"[..]));
                     let data = data.expect("the reply payload");
-                    assert_eq!(p.c.payload(&data), pattern(i + 1000, rep_len), "reply payload of call {i}");
+                    assert_eq!(data.to_vec(), pattern(i + 1000, rep_len), "reply payload of call {i}");
                     p.c.conn.free(data);
                     got = true;
                 }
@@ -401,7 +393,7 @@ fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     let mut p = Pair::new(Policies::both(Policy::Mw));
     p.frozen_server = true; // it receives, but never runs again
     let mut b = p.c.conn.alloc().unwrap();
-    p.c.write_payload(&mut b, b"payload");
+    b.copy_from(b"payload").unwrap();
     let call = p.c.conn.call(p.now, b"h", Some(b)).unwrap();
     p.settle();
     assert_eq!(p.c.windows.len(), 1, "the window is bound while the server sits on the grant");
@@ -523,7 +515,7 @@ fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
         p.settle();
         let Some(Event::Request { req, .. }) = p.s.conn.poll_event() else { panic!("no request") };
         let mut out = p.s.conn.alloc().unwrap();
-        p.s.write_payload(&mut out, b"reply payload");
+        out.copy_from(b"reply payload").unwrap();
         p.s.conn.reply(p.now, req, 0, b"", Some(out)).unwrap();
         p.settle();
         assert_eq!(p.c.conn.busy_buffers(), 0, "{policy:?}: the READ waits for a buffer");
@@ -618,7 +610,7 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
                 0..=3 => {
                     let data = if rng.gen_bool(0.5) { p.c.conn.alloc() } else { None };
                     let data = data.map(|mut b| {
-                        p.c.write_payload(&mut b, &pattern(made, 100));
+                        b.copy_from(&pattern(made, 100)).unwrap();
                         b
                     });
                     match p.c.conn.call(p.now, b"q", data) {
@@ -642,7 +634,7 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
                     let req = pending.swap_remove(rng.gen_range(0..pending.len()));
                     let data = if rng.gen_bool(0.5) { p.s.conn.alloc() } else { None };
                     let data = data.map(|mut b| {
-                        p.s.write_payload(&mut b, &pattern(7, 200));
+                        b.copy_from(&pattern(7, 200)).unwrap();
                         b
                     });
                     if let Err(r) = p.s.conn.reply(p.now, req, 0, b"a", data) {

@@ -68,14 +68,14 @@ impl World {
             s.handle_timeout(now);
             while let Some(e) = s.poll_event() {
                 if let Event::Request { req, data, .. } = e {
-                    let mut bytes = data.as_ref().map(|d| s.read(d).unwrap()).unwrap_or_default();
+                    let mut bytes = data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
                     drop(data);
                     bytes.reverse();
                     let out = if bytes.is_empty() {
                         None
                     } else {
                         let mut b = s.alloc_for(bytes.len()).unwrap().expect("a server buffer");
-                        s.write(&mut b, &bytes).unwrap();
+                        b.copy_from(&bytes).unwrap();
                         Some(b)
                     };
                     s.reply(now, req, 0, b"echo", out).unwrap();
@@ -88,7 +88,7 @@ impl World {
             while let Some(e) = c.poll_event() {
                 match e {
                     Event::Reply { data, .. } => {
-                        replies.push((i, data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default()));
+                        replies.push((i, data.as_ref().map(|d| d.to_vec()).unwrap_or_default()));
                     }
                     Event::CallFailed { .. } => *failures += 1,
                     _ => {}
@@ -119,7 +119,7 @@ fn twenty_endpoints_on_one_router_each_get_their_own_answers() {
         for (i, c) in w.clients.iter_mut().enumerate() {
             let data = (len > 0).then(|| {
                 let mut b = c.alloc_for(len).unwrap().expect("a client buffer");
-                c.write(&mut b, &pattern(i * 10 + k, len)).unwrap();
+                b.copy_from(&pattern(i * 10 + k, len)).unwrap();
                 b
             });
             c.call(now, b"x", data).map_err(|r| r.error).unwrap();
@@ -212,7 +212,7 @@ fn a_router_with_shared_receives_serves_its_endpoints_from_one_srq() {
         for (i, c) in w.clients.iter_mut().enumerate() {
             for k in 0..3usize {
                 let mut b = c.alloc_for(500).unwrap().expect("a client buffer");
-                c.write(&mut b, &pattern(i + k + round, 500)).unwrap();
+                b.copy_from(&pattern(i + k + round, 500)).unwrap();
                 c.call(now, b"x", Some(b)).map_err(|r| r.error).unwrap();
             }
         }

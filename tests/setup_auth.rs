@@ -69,6 +69,9 @@ impl Nic for Counting {
     ) -> Result<(), NicError> {
         self.nic.with_mr_mut(mr, offset, len, f)
     }
+    fn memory(&self, mr: MrId) -> Result<std::sync::Arc<mwcap::backend::Memory>, NicError> {
+        self.nic.memory(mr)
+    }
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {
         self.count(self.nic.alloc_mw())
     }

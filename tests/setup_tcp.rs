@@ -51,7 +51,7 @@ fn auto_picks_per_direction_from_each_owners_probe() {
 
     // And a call with payloads both ways works over the negotiated policies.
     let mut b = c.endpoint.alloc().unwrap();
-    c.endpoint.write(&mut b, b"over tcp bootstrap").unwrap();
+    b.copy_from(b"over tcp bootstrap").unwrap();
     let call = c.endpoint.call(fabric.now(), b"h", Some(b)).unwrap();
     let mut cev = Vec::new();
     let mut sev = Vec::new();
@@ -70,10 +70,10 @@ fn auto_picks_per_direction_from_each_owners_probe() {
         }
         if !replied {
             if let Some(Event::Request { req, data: Some(d), .. }) = sev.pop() {
-                assert_eq!(s.endpoint.read(&d).unwrap(), b"over tcp bootstrap");
+                assert_eq!(d.to_vec(), b"over tcp bootstrap");
                 s.endpoint.free(d);
                 let mut out = s.endpoint.alloc().unwrap();
-                s.endpoint.write(&mut out, b"reply").unwrap();
+                out.copy_from(b"reply").unwrap();
                 s.endpoint.reply(now, req, 0, b"r", Some(out)).unwrap();
                 replied = true;
             }
@@ -83,7 +83,7 @@ fn auto_picks_per_direction_from_each_owners_probe() {
         }
     }
     let reply = cev.iter().find_map(|e| match e {
-        Event::Reply { call: id, data: Some(d), .. } if *id == call => Some(c.endpoint.read(d).unwrap()),
+        Event::Reply { call: id, data: Some(d), .. } if *id == call => Some(d.to_vec()),
         _ => None,
     });
     assert_eq!(reply.as_deref(), Some(&b"reply"[..]));

@@ -13,7 +13,7 @@ fn pair(p: Policies) -> SimPair {
 
 fn filled(p: &mut SimPair, bytes: &[u8]) -> Buf {
     let mut b = p.client.alloc().expect("free buffer");
-    p.client.write(&mut b, bytes).unwrap();
+    b.copy_from(bytes).unwrap();
     b
 }
 

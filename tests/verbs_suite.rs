@@ -731,7 +731,7 @@ mod endpoints {
             let mut l = Live::new(pol, |_| {});
             for i in 0..4u8 {
                 let mut b = l.client.alloc().unwrap();
-                l.client.write(&mut b, &vec![i; 3000]).unwrap();
+                b.copy_from(&vec![i; 3000]).unwrap();
                 let now = l.now();
                 let call = l.client.call(now, b"req", Some(b)).unwrap();
                 l.until("the request", |l| l.sev.iter().any(|e| matches!(e, Event::Request { .. })));
@@ -739,10 +739,10 @@ mod endpoints {
                 let Event::Request { req, data: Some(d), .. } = l.sev.remove(i_req) else {
                     panic!("no payload")
                 };
-                assert_eq!(l.server.read(&d).unwrap(), vec![i; 3000], "{pol:?}");
+                assert_eq!(d.to_vec(), vec![i; 3000], "{pol:?}");
                 l.server.free(d);
                 let mut out = l.server.alloc().unwrap();
-                l.server.write(&mut out, &vec![!i; 5000]).unwrap();
+                out.copy_from(&vec![!i; 5000]).unwrap();
                 let now = l.now();
                 l.server.reply(now, req, 0, b"rep", Some(out)).unwrap();
                 l.until("the reply", |l| {
@@ -756,7 +756,7 @@ mod endpoints {
                 match l.cev.remove(i_rep) {
                     Event::Reply { call: c, data: Some(d), .. } => {
                         assert_eq!(c, call);
-                        assert_eq!(l.client.read(&d).unwrap(), vec![!i; 5000], "{pol:?}");
+                        assert_eq!(d.to_vec(), vec![!i; 5000], "{pol:?}");
                         l.client.free(d);
                     }
                     other => panic!("{pol:?}: {other:?}"),
@@ -781,7 +781,7 @@ mod endpoints {
         });
         let mut b = l.client.alloc().unwrap();
         // Above `inline_max`: exposed through a window, not copied into the frame.
-        l.client.write(&mut b, &[0x5a; 1000]).unwrap();
+        b.copy_from(&[0x5a; 1000]).unwrap();
         let now = l.now();
         let call = l.client.call(now, b"slow", Some(b)).unwrap();
         l.until("the call to time out", |l| {
@@ -862,14 +862,14 @@ mod hub {
 
     async fn serve(conn: Connection<VerbsNic>) {
         while let Some(req) = conn.next_request().await {
-            let mut bytes = req.data.as_ref().map(|d| conn.read(d).unwrap()).unwrap_or_default();
+            let mut bytes = req.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
             drop(req.data);
             bytes.reverse();
             let out = if bytes.is_empty() {
                 None
             } else {
                 let Ok(mut b) = conn.alloc_for(bytes.len()).await else { return };
-                conn.write(&mut b, &bytes).unwrap();
+                b.copy_from(&bytes).unwrap();
                 Some(b)
             };
             if conn.reply(req.id, 0, b"", out).await.is_err() {
@@ -910,11 +910,11 @@ mod hub {
                     None
                 } else {
                     let mut b = c.alloc_for(len).await.unwrap();
-                    c.write(&mut b, &pattern(i, k, len)).unwrap();
+                    b.copy_from(&pattern(i, k, len)).unwrap();
                     Some(b)
                 };
                 let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-                let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
                 let mut want = pattern(i, k, len);
                 want.reverse();
                 assert!(got == want, "conn {i} call {k}: wrong bytes");
@@ -965,13 +965,10 @@ mod hub {
         // The victim's connection goes on.
         let r = pool.run_until(async {
             let mut b = clients[1].alloc().await.unwrap();
-            clients[1].write(&mut b, b"abc").unwrap();
+            b.copy_from(b"abc").unwrap();
             clients[1].call(b"x", Some(b)).await
         });
-        assert_eq!(
-            clients[1].read(r.expect("the victim still serves").data.as_ref().unwrap()).unwrap(),
-            b"cba"
-        );
+        assert_eq!(r.expect("the victim still serves").data.as_ref().unwrap().to_vec(), b"cba");
         for c in clients.iter().chain(&servers) {
             c.close();
         }
@@ -1030,11 +1027,11 @@ mod hub {
                         None
                     } else {
                         let mut b = c.alloc_for(len).await.unwrap();
-                        c.write(&mut b, &pattern(i, k + round, len)).unwrap();
+                        b.copy_from(&pattern(i, k + round, len)).unwrap();
                         Some(b)
                     };
                     let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-                    let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                    let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
                     let mut want = pattern(i, k + round, len);
                     want.reverse();
                     assert!(got == want, "conn {i} call {k}: wrong bytes");
@@ -1111,9 +1108,9 @@ mod hub {
             for round in 0..3 {
                 for (k, &len) in sizes.iter().enumerate() {
                     let mut b = c.alloc_for(len).await.unwrap();
-                    c.write(&mut b, &pattern(i, k + round, len)).unwrap();
+                    b.copy_from(&pattern(i, k + round, len)).unwrap();
                     let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-                    let got = r.data.as_ref().map(|d| c.read(d).unwrap()).unwrap_or_default();
+                    let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
                     let mut want = pattern(i, k + round, len);
                     want.reverse();
                     assert!(got == want, "conn {i} call {k}: wrong bytes");
@@ -1227,11 +1224,11 @@ mod hub {
             let mut ok = 0;
             for k in 0..10usize {
                 let mut b = vclient.alloc_for(300).await.unwrap();
-                vclient.write(&mut b, &pattern(1, k, 300)).unwrap();
+                b.copy_from(&pattern(1, k, 300)).unwrap();
                 let r = vclient.call(b"x", Some(b)).await.expect("the victim's call");
                 let mut want = pattern(1, k, 300);
                 want.reverse();
-                ok += usize::from(vclient.read(r.data.as_ref().unwrap()).unwrap() == want);
+                ok += usize::from(r.data.as_ref().unwrap().to_vec() == want);
             }
             ok
         });

@@ -48,7 +48,7 @@ async fn alloc<N: Nic>(conn: &Connection<N>, len: u32) -> Result<Buf, String> {
 async fn filled<N: Nic>(conn: &Connection<N>, len: u32, tag: u8, check: Check) -> Result<Buf, String> {
     let mut b = alloc(conn, len).await?;
     let n = len as usize;
-    if let Err(e) = conn.fill(&mut b, |bytes| check.write(bytes, n, tag)) {
+    if let Err(e) = b.write_with(|bytes| check.write(bytes, n, tag)) {
         conn.free(b);
         return Err(format!("writing a {len}-byte payload: {e}"));
     }
@@ -84,9 +84,7 @@ pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64
         let mut status = cases::STATUS_OK;
         if let Some(d) = req.data {
             let ok = match plan {
-                Plan::Call { tag, check, .. } => {
-                    conn.bytes(&d, |b| check.passes(b, d.len(), tag)).unwrap_or(false)
-                }
+                Plan::Call { tag, check, .. } => check.passes(&d, d.len() as u32, tag),
                 _ => false,
             };
             conn.free(d);
@@ -133,7 +131,7 @@ async fn caller<N: Nic>(
         let data = match data {
             Some(mut b) => {
                 let n = req_size as usize;
-                if let Err(e) = conn.fill(&mut b, |bytes| check.write(bytes, n, tag)) {
+                if let Err(e) = b.write_with(|bytes| check.write(bytes, n, tag)) {
                     conn.free(b);
                     return Err(format!("writing a {req_size}-byte request payload: {e}"));
                 }
@@ -151,7 +149,7 @@ async fn caller<N: Nic>(
         hist.lock().saturating_record((waited + t0.elapsed()).as_nanos() as u64);
         let got = match r.data {
             Some(d) => {
-                let ok = conn.bytes(&d, |b| check.passes(b, reply_size, tag)).unwrap_or(false);
+                let ok = check.passes(&d, reply_size, tag);
                 conn.free(d);
                 Some(ok)
             }

@@ -251,7 +251,7 @@ fn pattern(i: usize, tag: u8) -> u8 {
 }
 
 /// Write the payload tagged `tag` over all of `bytes` (in place: into a
-/// registered buffer through `Connection::fill`).
+/// registered buffer through its `Buf`).
 pub fn fill(bytes: &mut [u8], tag: u8) {
     for (i, b) in bytes.iter_mut().enumerate() {
         *b = pattern(i, tag);

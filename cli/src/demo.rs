@@ -37,7 +37,7 @@ fn pair(seed: u64, p: Policies, tweak: impl Fn(&mut Config)) -> Result<SimPair, 
 fn filled(p: &mut SimPair, client: bool, bytes: &[u8]) -> Result<Buf, String> {
     let ep = if client { &mut p.client } else { &mut p.server };
     let mut b = ep.alloc().ok_or("pool empty")?;
-    ep.write(&mut b, bytes).map_err(|e| e.to_string())?;
+    b.copy_from(bytes).map_err(|e| e.to_string())?;
     Ok(b)
 }
 
@@ -79,7 +79,7 @@ fn mw_round_trip(seed: u64) -> R {
     );
     let (req, data) = take_request(&mut p)?;
     let data = data.ok_or("no payload")?;
-    let got = p.server.read(&data).map_err(|e| e.to_string())?;
+    let got = data.to_vec();
     println!("  {} server READ the request through the window: {:?}", t(&p), String::from_utf8_lossy(&got));
     p.server.free(data);
     ensure(
@@ -182,7 +182,7 @@ fn stale_read_caught(seed: u64) -> R {
             match e {
                 Event::BufferReturned(mut b) if !reused => {
                     // The hold expired: the server reuses the buffer at once.
-                    let _ = p.server.write(&mut b, b"SOMEONE ELSE'S");
+                    let _ = b.copy_from(b"SOMEONE ELSE'S");
                     p.server.free(b);
                     reused = true;
                     println!("  {} hold expired; the server REUSES the buffer while the client's READ/confirm is under way", t(p));
@@ -195,7 +195,7 @@ fn stale_read_caught(seed: u64) -> R {
                     );
                     p.fabric.set_link_delay(p.client_device(), p.server_device(), Duration::ZERO);
                     if let Some(mut b) = p.server.alloc() {
-                        let _ = p.server.write(&mut b, b"generation one");
+                        let _ = b.copy_from(b"generation one");
                         let now = p.now();
                         let _ = p.server.reply(now, req, 0, b"", Some(b));
                         answered_again = true;
@@ -211,7 +211,7 @@ fn stale_read_caught(seed: u64) -> R {
         Event::Reply { call: c, data: Some(d), .. } if *c == call => Some(d),
         _ => None,
     });
-    let bytes = data.map(|d| p.client.read(d).unwrap_or_default()).unwrap_or_default();
+    let bytes = data.map(|d| d.to_vec()).unwrap_or_default();
     println!("  {} the call returned {:?}", t(&p), String::from_utf8_lossy(&bytes));
     ensure(answered_again, "the server was asked again")?;
     ensure(bytes == b"generation one", "only intact data was returned: never the reused buffer's bytes")

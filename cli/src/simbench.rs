@@ -210,9 +210,7 @@ impl Loop {
                         break;
                     };
                     let (n, tag) = (req_size as usize, self.tag.wrapping_add(1));
-                    pair.client
-                        .fill(&mut b, |bytes| check.write(bytes, n, tag))
-                        .map_err(|e| e.to_string())?;
+                    b.write_with(|bytes| check.write(bytes, n, tag)).map_err(|e| e.to_string())?;
                     Some(b)
                 } else {
                     None
@@ -260,10 +258,7 @@ impl Loop {
                         hist.saturating_record(p.started.elapsed().as_nanos() as u64);
                         let ok = match data {
                             Some(d) => {
-                                let ok = pair
-                                    .client
-                                    .bytes(&d, |b| check.passes(b, reply_size, p.tag))
-                                    .unwrap_or(false);
+                                let ok = check.passes(&d, reply_size, p.tag);
                                 pair.client.free(d);
                                 ok
                             }
@@ -311,7 +306,8 @@ impl Loop {
             let plan = cases::plan(&header);
             let mut status = cases::STATUS_OK;
             if let Some(d) = data {
-                let ok = matches!(plan, Plan::Call { tag, check, .. } if pair.server.bytes(&d, |b| check.passes(b, d.len(), tag)).unwrap_or(false));
+                let ok =
+                    matches!(plan, Plan::Call { tag, check, .. } if check.passes(&d, d.len() as u32, tag));
                 pair.server.free(d);
                 if !ok {
                     status = cases::STATUS_BAD_PAYLOAD;
@@ -333,7 +329,7 @@ impl Loop {
                     break;
                 };
                 let n = size as usize;
-                pair.server.fill(&mut b, |bytes| check.write(bytes, n, tag)).map_err(|e| e.to_string())?;
+                b.write_with(|bytes| check.write(bytes, n, tag)).map_err(|e| e.to_string())?;
                 Some(b)
             } else {
                 None

@@ -38,7 +38,7 @@ async fn calls(client: &Connection<SimNic>, server: &Connection<SimNic>, n: usiz
     let app = async {
         for _ in 0..n {
             let mut b = client.alloc().await.unwrap();
-            client.write(&mut b, &[7; 1000]).unwrap();
+            b.copy_from(&[7; 1000]).unwrap();
             client.call(b"q", Some(b)).await.expect("call");
         }
     };

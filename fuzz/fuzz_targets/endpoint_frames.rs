@@ -47,7 +47,7 @@ fuzz_target!(|input: Input| {
         if step.call_first {
             let now = pair.now();
             let data = pair.client.alloc().map(|mut b| {
-                let _ = pair.client.write(&mut b, b"payload");
+                let _ = b.copy_from(b"payload");
                 b
             });
             let _ = pair.client.call(now, b"h", data);

@@ -25,6 +25,7 @@ pub(crate) mod loopback;
 pub mod rkey;
 mod types;
 
+pub use crate::mem::{MemError, Memory, POISON};
 pub use types::*;
 
 /// A NIC as mwcap uses it: one protection domain, its memory, windows,
@@ -66,6 +67,11 @@ pub trait Nic: Send + Sync {
         len: usize,
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), NicError>;
+
+    /// The memory of a region, which a buffer handle
+    /// ([`crate::conn::Buf`]) lends as a slice while it holds a range of
+    /// it (see [`Memory`]); it stays allocated while an `Arc` of it lives.
+    fn memory(&self, mr: MrId) -> Result<std::sync::Arc<Memory>, NicError>;
 
     /// Testing aid: `mr[offset..offset + len]` is lent to the CPU (a user
     /// holds it: no DMA may write it, and, unless `remote_reads_allowed`, no

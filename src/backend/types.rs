@@ -602,6 +602,18 @@ pub enum NicError {
         /// What state it needs.
         needs: &'static str,
     },
+    /// A CPU access (`write_mr`, `read_mr`, `with_mr`, `with_mr_mut`)
+    /// reached bytes a buffer handle ([`crate::conn::Buf`]) holds: while a
+    /// handle holds them, only it reads or writes them.
+    #[error("bytes {offset}..{end} of memory region {mr} are lent to a buffer handle (Buf): read and write them through the handle, or after it is given back")]
+    Held {
+        /// The region.
+        mr: u32,
+        /// Start of the held range.
+        offset: usize,
+        /// End of the held range.
+        end: usize,
+    },
     /// The work request is malformed (e.g. a bind whose rkey has another window's index).
     #[error("invalid work request: {0}")]
     InvalidWr(String),

@@ -51,6 +51,7 @@ use mwcap_mw as mw;
 
 use super::config::BufClass;
 use crate::backend::{Access, MrId, MrInfo, MwId, MwInfo, Nic, NicError};
+use crate::mem::Memory;
 use crate::sync::{Arc, AtomicU64, Mutex};
 
 /// Buffers registered per size class at most (a registration each).
@@ -84,6 +85,8 @@ struct Inner {
     sizes: Vec<u32>,
     /// One registration per buffer, class by class.
     mrs: Vec<MrInfo>,
+    /// Their memory, in the same order.
+    mems: Vec<std::sync::Arc<Memory>>,
     /// Where each class starts in `mrs`, and (last) its length.
     firsts: Vec<u32>,
     /// Buffers of each class that only incoming payloads may take.
@@ -122,6 +125,10 @@ impl<N: Nic> PoolDevice for OnNic<N> {
 struct State {
     /// Free buffers of each class (indices into `mrs`).
     free: Vec<Vec<u32>>,
+    /// Buffers given back while a buffer handle still holds them (its
+    /// connection went down while the user kept it): free again once the
+    /// handle is dropped, looked at when a take finds its class empty.
+    parked: Vec<u32>,
     /// Connections that found a class empty, to wake when a buffer comes back.
     waiting: Vec<Waker>,
     /// An empty list with capacity, swapped with `waiting` to wake its
@@ -224,14 +231,19 @@ impl BufferPool {
         let device = OnNic(nic);
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
         let mut mrs = Vec::with_capacity(total);
+        let mut mems = Vec::with_capacity(total);
         let mut free = Vec::with_capacity(wanted.len());
         let mut firsts = Vec::with_capacity(wanted.len() + 1);
         for c in &wanted {
             let first = mrs.len() as u32;
             firsts.push(first);
             for _ in 0..c.count {
-                match device.0.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND) {
-                    Ok(mr) => mrs.push(mr),
+                let made = device.0.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND);
+                match made.and_then(|mr| Ok((mr, device.0.memory(mr.id)?))) {
+                    Ok((mr, mem)) => {
+                        mrs.push(mr);
+                        mems.push(mem);
+                    }
                     Err(e) => {
                         for mr in &mrs {
                             device.dereg(mr.id);
@@ -261,12 +273,13 @@ impl BufferPool {
             }
         }
         let sizes = wanted.iter().map(|c| c.size).collect();
-        Ok(BufferPool::from_regions(sizes, mrs, firsts, free, windows, Box::new(device)))
+        Ok(BufferPool::from_regions(sizes, mrs, mems, firsts, free, windows, Box::new(device)))
     }
 
     fn from_regions(
         sizes: Vec<u32>,
         mrs: Vec<MrInfo>,
+        mems: Vec<std::sync::Arc<Memory>>,
         firsts: Vec<u32>,
         free: Vec<Vec<u32>>,
         windows: Vec<mw::Window>,
@@ -274,6 +287,7 @@ impl BufferPool {
     ) -> BufferPool {
         let state = State {
             free,
+            parked: Vec::new(),
             waiting: Vec::new(),
             spare: Vec::new(),
             taken: 0,
@@ -292,6 +306,7 @@ impl BufferPool {
         BufferPool(Arc::new(Inner {
             sizes,
             mrs,
+            mems,
             firsts,
             reserve,
             state: Mutex::new(state),
@@ -304,7 +319,7 @@ impl BufferPool {
     /// models of the wake-up protocol.
     #[cfg(loom)]
     pub(crate) fn for_model(classes: &[BufClass], windows: u32) -> BufferPool {
-        let (mut mrs, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut mrs, mut mems, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for c in classes {
             let first = mrs.len() as u32;
             firsts.push(first);
@@ -317,6 +332,7 @@ impl BufferPool {
                     lkey: 0,
                     rkey: 0,
                 });
+                mems.push(Memory::zeroed(c.size as usize, 8).expect("a small allocation"));
             }
             free.push((first..first + c.count).rev().collect());
         }
@@ -334,6 +350,7 @@ impl BufferPool {
         BufferPool::from_regions(
             classes.iter().map(|c| c.size).collect(),
             mrs,
+            mems,
             firsts,
             free,
             windows,
@@ -372,6 +389,9 @@ impl BufferPool {
     pub(crate) fn take(&self, class: usize, outgoing: bool, waker: Option<&Waker>) -> Option<u32> {
         let mut st = self.0.state.lock();
         let keep = if outgoing { self.0.reserve[class] as usize } else { 0 };
+        if !st.parked.is_empty() && st.free.get(class).is_some_and(|f| f.len() <= keep) {
+            self.unpark(&mut st);
+        }
         let free = st.free.get_mut(class).filter(|f| f.len() > keep);
         match free.and_then(Vec::pop) {
             Some(i) => {
@@ -391,6 +411,9 @@ impl BufferPool {
     /// woken when one comes back.
     pub(crate) fn has_free(&self, class: usize, waker: Option<&Waker>) -> bool {
         let mut st = self.0.state.lock();
+        if !st.parked.is_empty() && st.free.get(class).is_some_and(Vec::is_empty) {
+            self.unpark(&mut st);
+        }
         if st.free.get(class).is_some_and(|f| !f.is_empty()) {
             return true;
         }
@@ -403,9 +426,15 @@ impl BufferPool {
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
+        // A handle of a connection that went down may still hold it.
+        let parked = self.0.mems[i as usize].is_held();
         self.put_back(|st| {
             debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
-            st.free[class].push(i);
+            if parked {
+                st.parked.push(i);
+            } else {
+                st.free[class].push(i);
+            }
             st.held_bytes -= size;
         });
     }
@@ -498,6 +527,24 @@ impl BufferPool {
         if st.spare.capacity() < wake.capacity() {
             st.spare = wake;
         }
+    }
+
+    /// Free the parked buffers no handle holds any more.
+    fn unpark(&self, st: &mut State) {
+        let Inner { firsts, mems, .. } = &*self.0;
+        let State { parked, free, .. } = st;
+        parked.retain(|&i| {
+            if mems[i as usize].is_held() {
+                return true;
+            }
+            free[firsts.partition_point(|&f| f <= i) - 1].push(i);
+            false
+        });
+    }
+
+    /// The memory of buffer `i`.
+    pub(crate) fn memory(&self, i: u32) -> &std::sync::Arc<Memory> {
+        &self.0.mems[i as usize]
     }
 
     /// The registrations of the pool's buffers, class by class (for tests

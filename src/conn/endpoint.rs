@@ -341,12 +341,6 @@ impl<N: Nic> Endpoint<N> {
                     self.nic.set_cpu_held(*mr, *offset, *len, *hold);
                     Ok(())
                 }
-                // An inline payload received: into its buffer (the CPU's
-                // write; the buffer is the user's, not the NIC's).
-                Command::Fill { mr, data } => {
-                    let bytes = self.conn.staged(data);
-                    self.nic.with_mr_mut(*mr, data.offset, bytes.len(), &mut |b| b.copy_from_slice(bytes))
-                }
             };
             if let Err(e) = done {
                 self.conn.post_failed(&cmd, e);
@@ -400,34 +394,6 @@ impl<N: Nic> Endpoint<N> {
     pub fn free(&mut self, buf: Buf) {
         self.conn.free(buf);
         self.run();
-    }
-
-    /// Lend the bytes of `buf` (its `len()` valid bytes) to `f`, without a
-    /// copy, and return what `f` returns.
-    pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {
-        self.conn.check_buf(buf)?;
-        let (mr, offset, _) = self.conn.buffer_place(buf);
-        let mut f = Some(f);
-        let mut out = None;
-        self.nic.with_mr(mr, offset, buf.len as usize, &mut |b| {
-            out = f.take().map(|f| f(b));
-        })?;
-        Ok(out.expect("with_mr calls the closure once on success"))
-    }
-
-    /// Lend the whole of `buf` (its capacity: `Config::buffer_size`, or its
-    /// class's size) to `f`
-    /// to write a payload in place, without a copy; `f` returns how many
-    /// bytes it wrote, which become the buffer's `len()`.
-    pub fn fill(&mut self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
-        self.conn.check_buf(buf)?;
-        let (mr, offset, cap) = self.conn.buffer_place(buf);
-        let mut f = Some(f);
-        let mut wrote = 0;
-        self.nic.with_mr_mut(mr, offset, cap as usize, &mut |b| {
-            wrote = f.take().map_or(0, |f| f(b));
-        })?;
-        self.conn.set_payload_len(buf, wrote)
     }
 
     // ---- the user's regions ----
@@ -517,31 +483,6 @@ impl<N: Nic> Endpoint<N> {
         let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
         self.run();
         r
-    }
-
-    /// How many bytes `buf` holds at most (its class's size).
-    pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
-        self.conn.check_buf(buf)?;
-        Ok(self.conn.buffer_place(buf).2 as usize)
-    }
-
-    /// Fill `buf` with a copy of `bytes` (its length becomes `bytes.len()`);
-    /// [`Endpoint::fill`] writes in place instead.
-    pub fn write(&mut self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
-        self.conn.check_buf(buf)?;
-        let (_, _, cap) = self.conn.buffer_place(buf);
-        if bytes.len() > cap as usize {
-            return Err(UseError::TooLong { len: bytes.len(), cap });
-        }
-        self.fill(buf, |b| {
-            b[..bytes.len()].copy_from_slice(bytes);
-            bytes.len()
-        })
-    }
-
-    /// A copy of the bytes in `buf`; [`Endpoint::bytes`] lends them instead.
-    pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
-        self.bytes(buf, <[u8]>::to_vec)
     }
 
     /// Buffers currently exposed to the peer or being read into (for tests).
@@ -760,12 +701,9 @@ impl<N: Nic> Endpoint<N> {
         if len == 0 || len > self.conn.config().inline_max as usize || self.conn.check_buf(b).is_err() {
             return false;
         }
-        let (mr, offset, _) = self.conn.buffer_place(b);
-        let mut inline = std::mem::take(&mut self.inline);
-        inline.clear();
-        let copied = self.nic.with_mr(mr, offset, len, &mut |bytes| inline.extend_from_slice(bytes));
-        self.inline = inline;
-        copied.is_ok()
+        self.inline.clear();
+        self.inline.extend_from_slice(b);
+        true
     }
 
     /// After an inline call or reply: sent, the buffer goes back to the
@@ -965,8 +903,9 @@ impl<N: Nic> Prepared<N> {
             request = ?cfg.policies.request,
             reply = ?cfg.policies.reply,
         );
-        let memory = match (data, self.pool.take()) {
-            (Some(data), _) => DataMemory::Region(data),
+        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
+        let memory = match (data.zip(data_memory), self.pool.take()) {
+            (Some((data, mem)), _) => DataMemory::Region(data, mem),
             (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
         };
         let conn = Connection::new(

@@ -375,29 +375,6 @@ impl<N: Nic> Connection<N> {
         self.peek(|s| s.ep.registered_bytes())
     }
 
-    /// How many bytes `buf` holds at most.
-    pub fn capacity(&self, buf: &Buf) -> Result<usize, UseError> {
-        self.peek(|s| s.ep.capacity(buf))
-    }
-
-    /// Lend the bytes of `buf` to `f` without a copy (see
-    /// [`Endpoint::bytes`]). `f` runs under the connection's lock: keep it short.
-    pub fn bytes<R>(&self, buf: &Buf, f: impl FnOnce(&[u8]) -> R) -> Result<R, UseError> {
-        self.peek(|s| s.ep.bytes(buf, f))
-    }
-    /// Write a payload into `buf` in place (see [`Endpoint::fill`]). `f`
-    /// runs under the connection's lock: keep it short.
-    pub fn fill(&self, buf: &mut Buf, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
-        self.peek(|s| s.ep.fill(buf, f))
-    }
-    /// Fill a buffer (a copy; see [`Endpoint::write`]).
-    pub fn write(&self, buf: &mut Buf, bytes: &[u8]) -> Result<(), UseError> {
-        self.peek(|s| s.ep.write(buf, bytes))
-    }
-    /// Read a buffer (a copy; see [`Endpoint::read`]).
-    pub fn read(&self, buf: &Buf) -> Result<Vec<u8>, UseError> {
-        self.peek(|s| s.ep.read(buf))
-    }
     /// Return a buffer to the pool (dropping it does the same).
     pub fn free(&self, buf: Buf) {
         let mut st = self.inner.state.lock();

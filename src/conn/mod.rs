@@ -21,9 +21,9 @@
 //! - the **reply** payload is the server's memory, READ by the client
 //!   ([`Policies::reply`]).
 //!
-//! Buffers are move-only [`Buf`] handles into registered memory, whose
-//! bytes are lent without a copy ([`Endpoint::bytes`], [`Endpoint::fill`]):
-//! giving one to [`Endpoint::call`] or [`Endpoint::reply`] hands it to the
+//! Buffers are move-only [`Buf`] handles into registered memory that
+//! dereference to their payload (`&[u8]`, `&mut [u8]`) without a copy; while
+//! one is held nothing else touches its bytes (`src/mem.rs`). Giving one to [`Endpoint::call`] or [`Endpoint::reply`] hands it to the
 //! NIC, and it comes back only in [`Event::BufferReturned`], which the
 //! endpoint emits only on evidence that no remote access is possible any
 //! more (the invalidation's completion, the confirm answered, the QP flushed

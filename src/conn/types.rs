@@ -8,18 +8,23 @@ use crate::backend::{NicError, WcOpcode, WcStatus};
 use super::config::Role;
 use super::header::Header;
 
-/// A data buffer of an endpoint's pool, owned by whoever holds this handle.
+/// A data buffer in registered memory, owned by whoever holds this handle:
+/// it dereferences to its payload, `&[u8]` and `&mut [u8]`, without a copy.
 ///
-/// Not `Clone`: handing it to [`Endpoint::call`](super::Endpoint::call) or
-/// [`Endpoint::reply`](super::Endpoint::reply) gives it to the NIC, and only
-/// an [`Event::BufferReturned`] gives it back. Its bytes are lent without a
-/// copy by [`Endpoint::bytes`](super::Endpoint::bytes) and
-/// [`Endpoint::fill`](super::Endpoint::fill).
+/// Its payload is its first [`Buf::len`] bytes (of [`Buf::capacity`]);
+/// write a payload with [`Buf::set_len`] then the slice, or with
+/// [`Buf::copy_from`]. Not `Clone`: handing it to
+/// [`Connection::call`](super::Connection::call) or
+/// [`Request::reply`](super::Request::reply) gives it to the NIC, and only
+/// the connection gives it back (a reply payload, a returned buffer). While
+/// you hold it, nothing else touches its bytes: not the NIC's writes, not
+/// another handle, not the CPU accessors of the [`Nic`](crate::backend::Nic)
+/// (see `src/mem.rs`).
 ///
-/// Dropping a `Buf` returns it to its pool (the endpoint takes it back at
-/// its next `alloc`, `drive` or `free`): a buffer can be forgotten, never
-/// lost. Each hand-over to the user is a new *lending*, so a stale handle
-/// can never free a buffer lent again since.
+/// Dropping a `Buf` returns it to its pool (the connection takes it back at
+/// its next turn): a buffer can be forgotten, never lost. Each hand-over to
+/// the user is a new *lending*, so a stale handle can never free a buffer
+/// lent again since.
 pub struct Buf {
     pub(crate) endpoint: u64,
     pub(crate) slot: u32,
@@ -27,6 +32,8 @@ pub struct Buf {
     pub(crate) lending: u32,
     /// Where a dropped handle goes; `None` once the endpoint took it back.
     pub(crate) home: Option<std::sync::Arc<Returns>>,
+    /// Its bytes, held for this handle; `None` only while it is dropped.
+    pub(crate) bytes: Option<crate::mem::Lent>,
 }
 
 /// Buffers dropped by their holders, waiting for their endpoint to take
@@ -81,26 +88,85 @@ impl Returns {
 }
 
 impl Buf {
-    /// Bytes of valid data in it.
-    pub fn len(&self) -> u32 {
-        self.len
+    /// The most payload it holds: `Config::buffer_size`, or its class's size.
+    pub fn capacity(&self) -> usize {
+        self.bytes.as_ref().map_or(0, crate::mem::Lent::capacity)
     }
-    /// Whether it holds no data.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+
+    /// Make the payload `len` bytes (what the slice covers, and what a
+    /// call or reply sends); bytes past the old length keep what the buffer
+    /// held. Refused above [`Buf::capacity`].
+    pub fn set_len(&mut self, len: usize) -> Result<(), UseError> {
+        let cap = self.capacity();
+        if len > cap {
+            return Err(UseError::TooLong { len, cap: cap as u32 });
+        }
+        self.len = len as u32;
+        Ok(())
     }
+
+    /// Make `data` the payload: [`Buf::set_len`] to its length, then copy it in.
+    pub fn copy_from(&mut self, data: &[u8]) -> Result<(), UseError> {
+        self.set_len(data.len())?;
+        self.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Lend all of its capacity to `f` to write a payload in place (an
+    /// encoder that learns the length as it goes); the count `f` returns
+    /// becomes the payload's length. Refused, the length unchanged, when
+    /// `f` claims more than the capacity.
+    pub fn write_with(&mut self, f: impl FnOnce(&mut [u8]) -> usize) -> Result<(), UseError> {
+        let cap = self.capacity();
+        let wrote = match self.bytes.as_mut() {
+            Some(b) => f(b.bytes_mut(cap)),
+            None => 0,
+        };
+        self.set_len(wrote)
+    }
+
     /// Its index in the pool (for logs).
     pub fn slot(&self) -> u32 {
         self.slot
     }
+
     /// The endpoint takes the handle back: dropping it no longer returns it.
     pub(crate) fn disarm(mut self) {
         self.home = None;
     }
 }
 
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes.as_ref().map_or(&[], |b| b.bytes(self.len as usize))
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len as usize;
+        self.bytes.as_mut().map_or(&mut [], |b| b.bytes_mut(len))
+    }
+}
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
 impl Drop for Buf {
     fn drop(&mut self) {
+        // The hold ends before the buffer can be lent again: a handle that
+        // goes home is taken back (and may be lent anew) at once.
+        drop(self.bytes.take());
         if let Some(home) = self.home.take() {
             home.put(self.slot, self.lending);
         }

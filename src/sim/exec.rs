@@ -159,7 +159,9 @@ impl World {
         let pd = d.qp(qp)?.pd;
         for s in sges {
             let mr = d.mr(s.mr.0).filter(|m| m.pd == pd)?;
-            out.extend_from_slice(mr.data.get(s.offset..s.offset.checked_add(s.len as usize)?)?);
+            // A held byte reads as POISON (the oracle reports a SEND from
+            // held memory nowhere: the protocol sends only from its slots).
+            mr.data.dma_read(s.offset, s.len as usize, &mut out).ok()?;
         }
         Some(out)
     }
@@ -368,7 +370,8 @@ impl World {
             let Some(mr) = d.mr_mut(s.mr.0) else {
                 return Err(format!("READ wr_id {wr_id} landed in deregistered region {}", s.mr.0));
             };
-            mr.data[s.offset..s.offset + n].copy_from_slice(&data[at..at + n]);
+            // Held bytes are skipped (reported just below).
+            let _ = mr.data.dma_write(s.offset, &data[at..at + n]);
             if let Some((o, l, _)) = mr.held_overlap(s.offset..s.offset + n) {
                 held = Some(format!(
                     "READ wr_id {wr_id} landed in region {} bytes {}..{}, lent to the CPU at {o}..{}",

@@ -215,7 +215,7 @@ impl Nic for SimNic {
         d.next_addr += (len as u64).div_ceil(4096) * 4096 + 0x10_0000;
         d.mrs.push(Some(Mr {
             pd: self.pd,
-            data: vec![0; len],
+            data: crate::mem::Memory::zeroed(len, 8).ok_or_else(|| os("reg_mr", ENOMEM))?,
             access,
             addr,
             rkey,
@@ -243,8 +243,7 @@ impl Nic for SimNic {
         let d = live(&mut w, self.dev, "write_mr")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(data.len()).unwrap_or(u32::MAX) })?;
         let m = d.mr_mut(mr.0).expect("checked");
-        m.data[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
+        m.data.write(offset, data).map_err(|e| e.into_nic(mr.0, offset, data.len(), m.data.len()))
     }
 
     fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
@@ -252,8 +251,7 @@ impl Nic for SimNic {
         let d = live(&mut w, self.dev, "read_mr")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(out.len()).unwrap_or(u32::MAX) })?;
         let m = self.mr_of(d, mr)?;
-        out.copy_from_slice(&m.data[offset..offset + out.len()]);
-        Ok(())
+        m.data.read(offset, out).map_err(|e| e.into_nic(mr.0, offset, out.len(), m.data.len()))
     }
 
     fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
@@ -261,8 +259,7 @@ impl Nic for SimNic {
         let d = live(&mut w, self.dev, "with_mr")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
         let m = self.mr_of(d, mr)?;
-        f(&m.data[offset..offset + len]);
-        Ok(())
+        m.data.with(offset, len, |b| f(b)).map_err(|e| e.into_nic(mr.0, offset, len, m.data.len()))
     }
 
     fn with_mr_mut(
@@ -276,8 +273,13 @@ impl Nic for SimNic {
         let d = live(&mut w, self.dev, "with_mr_mut")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
         let m = d.mr_mut(mr.0).expect("checked");
-        f(&mut m.data[offset..offset + len]);
-        Ok(())
+        m.data.with_mut(offset, len, |b| f(b)).map_err(|e| e.into_nic(mr.0, offset, len, m.data.len()))
+    }
+
+    fn memory(&self, mr: MrId) -> Result<std::sync::Arc<crate::mem::Memory>, NicError> {
+        let mut w = self.fabric.lock();
+        let d = live(&mut w, self.dev, "memory")?;
+        Ok(self.mr_of(d, mr)?.data.clone())
     }
 
     fn set_cpu_held(&self, mr: MrId, offset: usize, len: usize, hold: CpuHold) {

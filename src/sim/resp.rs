@@ -147,7 +147,8 @@ impl World {
             Ok(inv) => {
                 let mr = self.devs[dev as usize].mr_mut(r.sge.mr.0).expect("checked above");
                 let range = r.sge.offset..r.sge.offset + payload.len();
-                mr.data[range.clone()].copy_from_slice(payload);
+                // Held bytes are skipped (reported just below).
+                let _ = mr.data.dma_write(range.start, payload);
                 if let Some((o, l, _)) = mr.held_overlap(range.clone()) {
                     let detail = format!(
                         "SEND landed in region {} bytes {range:?}, lent to the CPU at {o}..{} (recv wr_id {})",
@@ -193,7 +194,9 @@ impl World {
             Ok((mr, range, mw)) => {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
                 let mut data = World::take_bytes(&mut self.spare);
-                data.extend_from_slice(&m.data[range.clone()]);
+                // Held bytes read as POISON (reported below unless the
+                // policy lets a peer read a held buffer: confirm).
+                let _ = m.data.dma_read(range.start, range.len(), &mut data);
                 if let Some((o, l, false)) = m.held_overlap(range.clone()) {
                     let detail = format!(
                         "a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}",

@@ -66,7 +66,8 @@ pub(crate) enum KeyObj {
 
 pub(crate) struct Mr {
     pub(crate) pd: u32,
-    pub(crate) data: Vec<u8>,
+    /// Its bytes (a buffer handle may hold some: see `crate::mem`).
+    pub(crate) data: std::sync::Arc<crate::mem::Memory>,
     pub(crate) access: Access,
     pub(crate) addr: u64,
     pub(crate) rkey: u32,

@@ -1,6 +1,5 @@
 //! Memory regions over memory they own.
 
-use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -9,59 +8,24 @@ use rdma_mummy_sys as sys;
 use super::pd::Pd;
 use super::sys::{check, last_error};
 use crate::backend::{Access, NicError};
-
-/// Page-aligned, zeroed memory, freed on drop unless leaked.
-struct PageBuf {
-    ptr: NonNull<u8>,
-    layout: Layout,
-    leaked: bool,
-}
-
-impl PageBuf {
-    fn new(len: usize) -> Result<PageBuf, NicError> {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096);
-        let size = len.checked_next_multiple_of(page).filter(|&s| s > 0);
-        let layout = size
-            .and_then(|s| Layout::from_size_align(s, page).ok())
-            .ok_or_else(|| NicError::InvalidWr(format!("cannot allocate a region of {len} bytes")))?;
-        // SAFETY: the layout has a non-zero size (checked above).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| NicError::Os {
-            op: "alloc",
-            source: crate::backend::OsError::from_errno(libc::ENOMEM),
-        })?;
-        Ok(PageBuf { ptr, layout, leaked: false })
-    }
-}
-
-impl Drop for PageBuf {
-    fn drop(&mut self) {
-        if !self.leaked {
-            // SAFETY: allocated in `new` with exactly this layout, freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-        }
-    }
-}
+use crate::mem::Memory;
 
 /// A memory region registered over memory it owns: `struct ibv_mr`.
 ///
-/// The memory is freed only after a successful `ibv_dereg_mr`: once that
-/// returns the device no longer accesses it. If deregistration fails the
-/// memory is leaked rather than handed back to the allocator while a DMA
-/// might still reach it.
+/// The memory ([`Memory`]) is released only after a successful
+/// `ibv_dereg_mr`: once that returns the device no longer accesses it. If
+/// deregistration fails the memory is leaked rather than handed back to
+/// the allocator while a DMA might still reach it. A buffer handle may keep
+/// it alive after deregistration (then it is plain memory).
 ///
 /// The CPU accesses the memory by copying ([`Mr::write`], [`Mr::read`]) or
 /// through a borrow lent to a closure ([`Mr::with_bytes`],
-/// [`Mr::with_bytes_mut`]), always under the region's CPU lock: reads share
-/// it, writes take it alone, so two threads never race on the same bytes.
-/// The NIC's own DMA is outside that lock; the protocol layer lends only
-/// ranges no local work request targets (see `Nic::with_mr`).
+/// [`Mr::with_bytes_mut`]), under the memory's lock, never in a range a
+/// buffer handle holds (see `crate::mem`). The NIC's own DMA is outside that
+/// lock; the protocol layer lends only ranges no local work request targets.
 pub struct Mr {
     ptr: NonNull<sys::ibv_mr>,
-    buf: PageBuf,
-    /// Serialises CPU accesses to `buf`.
-    cpu: parking_lot::RwLock<()>,
+    mem: Arc<Memory>,
     len: usize,
     access: Access,
     deregistered: bool,
@@ -69,9 +33,8 @@ pub struct Mr {
 }
 
 // SAFETY: the ibv_mr is immutable after registration and every CPU access to
-// the owned memory happens under `cpu` (shared for reads, exclusive for
-// writes), so sharing `&Mr` across threads creates no data race between
-// threads; the NIC's DMA is governed by the protocol (see `with_bytes`).
+// the owned memory goes through `Memory`, which serialises threads (see
+// `crate::mem`); the NIC's DMA is governed by the protocol.
 unsafe impl Send for Mr {}
 // SAFETY: as above.
 unsafe impl Sync for Mr {}
@@ -83,23 +46,20 @@ impl Mr {
         if len == 0 {
             return Err(NicError::InvalidWr("a memory region needs at least one byte".into()));
         }
-        let buf = PageBuf::new(len)?;
-        // SAFETY: the PD is alive (we hold an Arc) and `buf` is `len` valid,
-        // writable bytes that outlive the registration (the Mr owns both and
-        // frees `buf` only after deregistration succeeds).
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096);
+        let mem = Memory::zeroed(len, page).ok_or_else(|| NicError::Os {
+            op: "alloc",
+            source: crate::backend::OsError::from_errno(libc::ENOMEM),
+        })?;
+        // SAFETY: the PD is alive (we hold an Arc) and `mem` is `len` valid,
+        // writable bytes that outlive the registration (the Mr holds an Arc
+        // and leaks it if deregistration fails).
         let raw = unsafe {
-            sys::ibv_reg_mr(pd.as_ptr(), buf.ptr.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
+            sys::ibv_reg_mr(pd.as_ptr(), mem.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
         };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_reg_mr"))?;
-        Ok(Mr {
-            ptr,
-            buf,
-            cpu: parking_lot::RwLock::new(()),
-            len,
-            access,
-            deregistered: false,
-            pd: Arc::clone(pd),
-        })
+        Ok(Mr { ptr, mem, len, access, deregistered: false, pd: Arc::clone(pd) })
     }
 
     /// The region's length in bytes.
@@ -119,7 +79,7 @@ impl Mr {
 
     /// The start address, as remote peers name it.
     pub fn addr(&self) -> u64 {
-        self.buf.ptr.as_ptr() as u64
+        self.mem.as_ptr() as u64
     }
 
     /// The local key.
@@ -167,25 +127,17 @@ impl Mr {
         self.with_bytes(offset, out.len(), &mut |b| out.copy_from_slice(b))
     }
 
-    /// Lend `offset..offset + len` to `f` for reading, under the shared CPU
-    /// lock. The caller must own the range in the protocol's sense: no
-    /// local work request (posted RECV, READ in flight) targets it.
+    /// Lend `offset..offset + len` to `f` for reading, under the memory's
+    /// lock, unless a buffer handle holds any of it. The caller must own the
+    /// range in the protocol's sense: no local work request (posted RECV,
+    /// READ in flight) targets it.
     pub fn with_bytes(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
         self.check_range(offset, len)?;
-        let _cpu = self.cpu.read();
-        // SAFETY: the range is inside the owned allocation (checked), which
-        // lives as long as `self`; no thread writes it with the CPU while the
-        // shared lock is held; the NIC does not write it, because the caller
-        // owns the range (no RECV or READ targets it), and remote peers can
-        // only read (mwcap never grants REMOTE_WRITE). The borrow ends with
-        // `f`.
-        let bytes = unsafe { std::slice::from_raw_parts(self.buf.ptr.as_ptr().add(offset), len) };
-        f(bytes);
-        Ok(())
+        self.mem.with(offset, len, |b| f(b)).map_err(|e| e.into_nic(self.lkey(), offset, len, self.len))
     }
 
-    /// Lend `offset..offset + len` to `f` for writing, under the exclusive
-    /// CPU lock; the ownership rule of [`Mr::with_bytes`] applies.
+    /// Lend `offset..offset + len` to `f` for writing; the rules of
+    /// [`Mr::with_bytes`] apply.
     pub fn with_bytes_mut(
         &self,
         offset: usize,
@@ -193,12 +145,12 @@ impl Mr {
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), NicError> {
         self.check_range(offset, len)?;
-        let _cpu = self.cpu.write();
-        // SAFETY: as in `with_bytes`; the exclusive lock also keeps every
-        // other CPU reader away, so this is the only reference to the range.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr.as_ptr().add(offset), len) };
-        f(bytes);
-        Ok(())
+        self.mem.with_mut(offset, len, |b| f(b)).map_err(|e| e.into_nic(self.lkey(), offset, len, self.len))
+    }
+
+    /// The region's memory (for a buffer handle to hold ranges of).
+    pub fn memory(&self) -> &Arc<Memory> {
+        &self.mem
     }
 
     /// Deregister now, reporting failure (e.g. windows still bound over the
@@ -226,7 +178,8 @@ impl Drop for Mr {
     fn drop(&mut self) {
         if let Err(e) = self.dereg() {
             tracing::warn!(error = %e, "leaking a memory region that could not be deregistered");
-            self.buf.leaked = true;
+            // The device may still reach it: it is never freed.
+            std::mem::forget(Arc::clone(&self.mem));
         }
     }
 }

@@ -398,6 +398,10 @@ impl Nic for VerbsNic {
         self.mr(mr)?.with_bytes_mut(offset, len, f).map_err(|e| relabel(e, mr))
     }
 
+    fn memory(&self, mr: MrId) -> Result<Arc<crate::mem::Memory>, NicError> {
+        Ok(self.mr(mr)?.memory().clone())
+    }
+
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {
         let mw = Mw::alloc(&self.pd)?;
         let rkey = mw.rkey();

@@ -425,7 +425,7 @@ impl Healthy {
         for ep in [&mut client, &mut server] {
             let bufs: Vec<Buf> = std::iter::from_fn(|| ep.alloc()).collect();
             for mut b in bufs {
-                ep.write(&mut b, &secret_payload(0, BUFFER_SIZE as usize)).unwrap();
+                b.copy_from(&secret_payload(0, BUFFER_SIZE as usize)).unwrap();
                 ep.free(b);
             }
         }
@@ -449,7 +449,7 @@ impl Healthy {
                     let seq = u32::from_le_bytes(header[..4].try_into().unwrap());
                     match data {
                         Some(d) => {
-                            if self.server.read(&d).unwrap() != secret_payload(seq, HEALTHY_REQ) {
+                            if d.to_vec() != secret_payload(seq, HEALTHY_REQ) {
                                 self.failures.push(format!("request {seq}: wrong payload"));
                             }
                             self.server.free(d);
@@ -469,7 +469,7 @@ impl Healthy {
                 Event::Reply { call, data, .. } => {
                     match (self.call.take(), data) {
                         (Some((c, seq)), Some(d)) if c == call => {
-                            if self.client.read(&d).unwrap() != secret_payload(seq | 1 << 31, HEALTHY_REP) {
+                            if d.to_vec() != secret_payload(seq | 1 << 31, HEALTHY_REP) {
                                 self.failures.push(format!("reply {seq}: wrong payload"));
                             } else {
                                 self.done += 1;
@@ -488,7 +488,7 @@ impl Healthy {
             self.seq += 1;
             let seq = self.seq;
             if let Some(mut b) = self.client.alloc() {
-                self.client.write(&mut b, &secret_payload(seq, HEALTHY_REQ)).unwrap();
+                b.copy_from(&secret_payload(seq, HEALTHY_REQ)).unwrap();
                 match self.client.call(now, &seq.to_le_bytes(), Some(b)) {
                     Ok(c) => self.call = Some((c, seq)),
                     Err(r) => self.failures.push(format!("call refused: {r}")),
@@ -503,7 +503,7 @@ impl Healthy {
         let Some(mut b) = self.server.alloc() else {
             return self.failures.push("server: no buffer".into());
         };
-        self.server.write(&mut b, &secret_payload(seq | 1 << 31, HEALTHY_REP)).unwrap();
+        b.copy_from(&secret_payload(seq | 1 << 31, HEALTHY_REP)).unwrap();
         if let Err(r) = self.server.reply(now, req, 0, b"ok", Some(b)) {
             self.failures.push(format!("reply refused: {r}"));
         }
@@ -557,7 +557,7 @@ impl World {
         attacker.post_recvs(recvs);
         let bufs: Vec<Buf> = std::iter::from_fn(|| victim.alloc()).collect();
         for mut b in bufs {
-            victim.write(&mut b, &secret_payload(0, BUFFER_SIZE as usize)).unwrap();
+            b.copy_from(&secret_payload(0, BUFFER_SIZE as usize)).unwrap();
             victim.free(b);
         }
         let healthy = Healthy::new(&vdev, &fabric, role, policies);
@@ -613,7 +613,7 @@ impl World {
                     {
                         self.reachable_after_return.push(b.slot());
                     }
-                    self.victim.write(&mut b, &secret_payload(0, size)).unwrap();
+                    b.copy_from(&secret_payload(0, size)).unwrap();
                     self.victim.free(b);
                 }
                 other => self.events.push(other),
@@ -715,12 +715,11 @@ impl World {
     /// the buffer keeps the secret).
     pub fn granted_buf(&mut self) -> Buf {
         let mut b = self.victim.alloc().expect("a free buffer");
-        self.victim
-            .fill(&mut b, |s| {
-                s[..PAYLOAD].fill(GRANTED);
-                PAYLOAD
-            })
-            .unwrap();
+        b.write_with(|s| {
+            s[..PAYLOAD].fill(GRANTED);
+            PAYLOAD
+        })
+        .unwrap();
         b
     }
 

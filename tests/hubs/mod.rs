@@ -34,7 +34,7 @@ pub async fn serve(server: Connection<SimNic>) {
             answered.get(&req.id).cloned().unwrap_or_default()
         } else {
             let mut bytes = match &req.data {
-                Some(d) => server.read(d).unwrap(),
+                Some(d) => d.to_vec(),
                 None => Vec::new(),
             };
             if let Some(d) = req.data {
@@ -52,7 +52,7 @@ pub async fn serve(server: Connection<SimNic>) {
                 Err(_) if server.is_down().is_some() => return,
                 Err(e) => panic!("no buffer for a reply on a live connection: {e}"),
             };
-            server.write(&mut b, &bytes).unwrap();
+            b.copy_from(&bytes).unwrap();
             Some(b)
         };
         if server.reply(req.id, 0, b"echo", out).await.is_err() {
@@ -119,11 +119,11 @@ pub fn serve_clients(
                 connect_async(nic.new_pd().unwrap(), addr, cfg, &opts).await.expect("connect").run();
             let work = async {
                 let mut b = conn.alloc().await.unwrap();
-                conn.write(&mut b, &pattern(i, 500)).unwrap();
+                b.copy_from(&pattern(i, 500)).unwrap();
                 let r = conn.call(b"x", Some(b)).await.expect("served");
                 let mut want = pattern(i, 500);
                 want.reverse();
-                let ok = conn.read(r.data.as_ref().unwrap()).unwrap() == want;
+                let ok = r.data.as_ref().unwrap().to_vec() == want;
                 drop(r);
                 conn.close();
                 ok

@@ -97,7 +97,7 @@ fn parse(h: &[u8]) -> (u32, usize) {
 /// A buffer of `ep` holding payload `seq` of `len` bytes, if one is free.
 fn filled(ep: &mut Ep, seq: u32, len: usize) -> Option<Buf> {
     let mut b = ep.alloc()?;
-    ep.fill(&mut b, |m| {
+    b.write_with(|m| {
         m[..len].copy_from_slice(&pattern(seq)[..len]);
         len
     })
@@ -108,15 +108,11 @@ fn filled(ep: &mut Ep, seq: u32, len: usize) -> Option<Buf> {
 /// Check a delivered payload against what was sent, then overwrite it and
 /// give it back to the pool.
 fn verify_and_free(ep: &mut Ep, b: Buf, seq: u32, len: usize, what: &str) -> u64 {
-    assert_eq!(b.len() as usize, len, "{what} {seq:#x}: payload length");
+    assert_eq!(b.len(), len, "{what} {seq:#x}: payload length");
     let want = &pattern(seq)[..len];
-    if !ep.bytes(&b, |m| m == want).expect("bytes") {
-        let (i, got) = ep
-            .bytes(&b, |m| {
-                m.iter().zip(want).enumerate().find(|(_, (x, y))| x != y).map(|(i, (x, _))| (i, *x))
-            })
-            .unwrap()
-            .unwrap();
+    if &b[..] != want {
+        let (i, got) =
+            b.iter().zip(want).enumerate().find(|(_, (x, y))| x != y).map(|(i, (x, _))| (i, *x)).unwrap();
         panic!(
             "{what} {seq:#x}: byte {i} of {len} is {got:#04x}, sent {:#04x}: a stale or foreign payload was accepted",
             want[i]
@@ -127,7 +123,7 @@ fn verify_and_free(ep: &mut Ep, b: Buf, seq: u32, len: usize, what: &str) -> u64
 }
 
 fn scribble_and_free(ep: &mut Ep, mut b: Buf) {
-    ep.fill(&mut b, |m| {
+    b.write_with(|m| {
         m.fill(SCRIBBLE);
         m.len()
     })

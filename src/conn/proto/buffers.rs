@@ -4,7 +4,7 @@
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::{Connection, RegionState};
-use crate::backend::{MrId, MrInfo};
+use crate::backend::MrInfo;
 
 impl Connection {
     // ---- the user's buffers ----
@@ -79,25 +79,6 @@ impl Connection {
         if buf.endpoint != self.id || !self.bufs.lent(buf.slot, buf.lending) {
             return Err(UseError::ForeignBuffer(buf.slot));
         }
-        Ok(())
-    }
-
-    /// Where `buf`'s bytes are: (region, offset in it, capacity). Check
-    /// the handle first ([`Connection::check_buf`]).
-    pub fn buffer_place(&self, buf: &Buf) -> (MrId, usize, u32) {
-        let (mr, offset) = self.place(buf.slot);
-        (mr.id, offset as usize, self.layout.size(buf.slot))
-    }
-
-    /// Set how many bytes of `buf` are payload, after writing them at
-    /// [`Connection::buffer_place`] (the I/O layer's job).
-    pub fn set_payload_len(&self, buf: &mut Buf, len: usize) -> Result<(), UseError> {
-        self.check_buf(buf)?;
-        let cap = self.layout.size(buf.slot);
-        if len > cap as usize {
-            return Err(UseError::TooLong { len, cap });
-        }
-        buf.len = len as u32;
         Ok(())
     }
 

@@ -139,19 +139,6 @@ pub enum Command {
     /// Move the QP to the error state: every outstanding work request
     /// flushes and no remote access through the QP is possible any more.
     SetQpError,
-    /// Copy the staged bytes of `data` into the data region at
-    /// `data.offset` (an inline payload received into a buffer of the
-    /// pool). Carry it out before the user reads the buffer of the event it
-    /// belongs to: take every command ([`Connection::poll_command`] until
-    /// `None`) before handing out the events' buffers, as
-    /// [`Endpoint`](super::Endpoint) does.
-    Fill {
-        /// The region the buffer is in (the data region, or a buffer of
-        /// the hub's shared pool).
-        mr: MrId,
-        /// The bytes, and where they go in that region.
-        data: Staged,
-    },
     /// Tell the NIC whether the user holds a data buffer's bytes (a
     /// testing aid, see [`Nic::set_cpu_held`](crate::backend::Nic::set_cpu_held);
     /// real NICs ignore it).
@@ -190,8 +177,9 @@ pub struct Resources {
 pub enum DataMemory {
     /// A data region of its own: the buffers of every size class, one class
     /// after the other (`Config::buffers` of `buffer_size`, then
-    /// `Config::large_buffers` by size).
-    Region(MrInfo),
+    /// `Config::large_buffers` by size), and its memory (which the
+    /// connection writes inline payloads into, and its buffer handles lend).
+    Region(MrInfo, std::sync::Arc<crate::mem::Memory>),
     /// Buffers of a hub's shared pool, each a region of its own, taken while
     /// a slot is in use; the classes of the `Config` say how many of each
     /// size the connection may hold at once, and each size must be a class
@@ -415,7 +403,7 @@ impl Connection {
         });
         let mut bufs = Slots::with_classes(&layout.counts());
         let confirm = (owns == Policy::Confirm || reads == Policy::Confirm).then(|| {
-            let DataMemory::Region(data) = &res.data else {
+            let DataMemory::Region(data, _) = &res.data else {
                 panic!("a shared buffer pool serves the mw policy only, not confirm")
             };
             ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, data)
@@ -591,11 +579,34 @@ impl Connection {
     /// region, or while the slot is taken the pool buffer behind it).
     fn place(&self, slot: u32) -> (MrInfo, u64) {
         match &self.res.data {
-            DataMemory::Region(data) => (*data, self.layout.offset(slot)),
+            DataMemory::Region(data, _) => (*data, self.layout.offset(slot)),
             DataMemory::Pool(_) => {
                 let (pool, of) = self.bufs.backing(slot).expect("a taken slot of a pool has a buffer");
                 (pool.info(of), 0)
             }
+        }
+    }
+
+    /// The memory of buffer `slot` (taken: on a pool, backed) and its
+    /// offset in it.
+    fn memory_at(&self, slot: u32) -> (&std::sync::Arc<crate::mem::Memory>, usize) {
+        match &self.res.data {
+            DataMemory::Region(_, mem) => (mem, self.layout.offset(slot) as usize),
+            DataMemory::Pool(_) => {
+                let (pool, of) = self.bufs.backing(slot).expect("a taken slot of a pool has a buffer");
+                (pool.memory(of), 0)
+            }
+        }
+    }
+
+    /// Write `bytes` at the start of buffer `slot`, which nobody holds (an
+    /// inline payload received into a buffer just taken for it).
+    pub(super) fn fill_slot(&self, slot: u32, bytes: &[u8]) {
+        let (mem, offset) = self.memory_at(slot);
+        if let Err(e) = mem.write(offset, bytes) {
+            // A buffer just taken has no handle: this is mwcap's bug.
+            debug_assert!(false, "writing an inline payload into buffer {slot}: {e}");
+            tracing::error!(%e, slot, "writing an inline payload into a buffer failed (a bug in mwcap)");
         }
     }
 
@@ -606,8 +617,8 @@ impl Connection {
 
     fn slot_of_mw(&self, b: &mw::Buffer) -> Option<u32> {
         match &self.res.data {
-            DataMemory::Region(data) if b.mr == data.id.raw() => self.layout.slot_at(b.offset),
-            DataMemory::Region(_) => None,
+            DataMemory::Region(data, _) if b.mr == data.id.raw() => self.layout.slot_at(b.offset),
+            DataMemory::Region(..) => None,
             DataMemory::Pool(_) => self.bufs.slot_of_mr(b.mr).filter(|_| b.offset == 0),
         }
     }
@@ -615,12 +626,22 @@ impl Connection {
     /// A handle for a slot the user now holds (its current lending).
     fn buf(&self, slot: u32, len: u32) -> Buf {
         debug_assert_eq!(self.bufs.holder(slot), Some(Holder::User));
+        let (mem, offset) = self.memory_at(slot);
+        let cap = self.layout.size(slot) as usize;
+        // No two handles ever hold one buffer: a slot is lent to one at a
+        // time, and a pool parks a buffer a stale handle still holds.
+        let bytes = mem.lend(offset, cap).unwrap_or_else(|| {
+            panic!(
+                "buffer {slot} ({cap} bytes at {offset}) is already held by another handle: a bug in mwcap"
+            )
+        });
         Buf {
             endpoint: self.id,
             slot,
             len,
             lending: self.bufs.lending(slot),
             home: Some(self.returns.clone()),
+            bytes: Some(bytes),
         }
     }
 
@@ -726,7 +747,7 @@ impl Connection {
             let (mr, offset) = match (&self.res.data, c.backing) {
                 (DataMemory::Pool(pool), Some(of)) => (pool.info(of).id, 0),
                 (DataMemory::Pool(_), None) => continue,
-                (DataMemory::Region(data), _) => (data.id, self.layout.offset(c.slot) as usize),
+                (DataMemory::Region(data, _), _) => (data.id, self.layout.offset(c.slot) as usize),
             };
             self.commands.push_back(Command::CpuHold { mr, offset, len, hold });
         }

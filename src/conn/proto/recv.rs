@@ -117,7 +117,7 @@ impl Connection {
     }
 
     /// An inline payload for `msg` arrived: copy it into the smallest free
-    /// buffer it fits (a `Fill` for the I/O layer), or keep it until one is
+    /// buffer it fits (written into its memory at once), or keep it until one is
     /// free. Longer than every buffer: the payload fails.
     fn take_inline(&mut self, msg: u64, bytes: &[u8]) {
         let len = bytes.len() as u32;
@@ -128,9 +128,7 @@ impl Connection {
         }
         match self.take_fit(len, Holder::User) {
             Some(slot) => {
-                let start = self.stage_start();
-                self.tx[start..start + bytes.len()].copy_from_slice(bytes);
-                self.push_fill(slot, start, bytes.len());
+                self.fill_slot(slot, bytes);
                 self.payload_done(msg, Data::Ready(slot, len));
             }
             None => {
@@ -155,9 +153,7 @@ impl Connection {
             match self.take_fit(len, Holder::User) {
                 Some(slot) => {
                     let (at, n) = (start as usize, len as usize);
-                    let staged = self.stage_start();
-                    self.tx[staged..staged + n].copy_from_slice(&self.inline_bytes[at..at + n]);
-                    self.push_fill(slot, staged, n);
+                    self.fill_slot(slot, &self.inline_bytes[at..at + n]);
                     self.payload_done(msg, Data::Ready(slot, len));
                     any = true;
                 }

@@ -66,15 +66,6 @@ impl Connection {
         Ok(())
     }
 
-    /// Queue the copy of `tx[start..start + len]` into `slot` (an inline
-    /// payload received).
-    pub(super) fn push_fill(&mut self, slot: u32, start: usize, len: usize) {
-        self.tx_used = start + len;
-        let (mr, offset) = self.place(slot);
-        let data = Staged { offset: offset as usize, start: start as u32, len: len as u32 };
-        self.commands.push_back(Command::Fill { mr: mr.id, data });
-    }
-
     /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).
     pub(super) fn stage_start(&mut self) -> usize {
         if self.commands.is_empty() {

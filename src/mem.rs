@@ -1,0 +1,350 @@
+//! Registered memory that a [`Buf`](crate::conn::Buf) lends as a plain
+//! slice: the one module besides `verbs` with `unsafe`.
+//!
+//! A [`Memory`] is a zeroed allocation that never moves and lives as long
+//! as its last `Arc` (the backend's region, or a buffer handle that
+//! outlived it). Its bytes are reached in two ways:
+//!
+//! - by copying, through [`Memory::read`], [`Memory::write`],
+//!   [`Memory::with`] and [`Memory::with_mut`] (a backend's CPU accessors)
+//!   and the simulated NIC's DMA ([`Memory::dma_read`],
+//!   [`Memory::dma_write`]), all under the memory's lock;
+//! - through a *hold*: [`Memory::lend`] marks a range as lent to one
+//!   [`Lent`], and from then until it is dropped only that owner touches
+//!   it, as a slice ([`Lent::bytes`], [`Lent::bytes_mut`]), without the
+//!   lock.
+//!
+//! # Why a hold is sound
+//! The holder's slices alias nothing the Rust abstract machine can see:
+//! - every other accessor of this memory goes through the lock and checks
+//!   the holds first: a CPU accessor refuses a range that overlaps one
+//!   (the caller gets an error), the simulated NIC's READ of it returns
+//!   [`POISON`] in its place and its writes skip it (the simulator's oracle
+//!   reports both as hazards when the protocol should have prevented them);
+//! - [`Memory::lend`] refuses a range that overlaps another hold, so two
+//!   owners never lend the same byte;
+//! - a [`Lent`] is not `Clone`, its slices borrow it (`&self` for reading,
+//!   `&mut self` for writing), and it releases the hold when dropped, after
+//!   its last borrow ended;
+//! - the allocation outlives it (it owns an `Arc`).
+//!
+//! A real NIC's DMA is outside the abstract machine, as another process's
+//! accesses to shared memory are: the protocol posts no RECV or READ into a
+//! held buffer (the simulator's oracle checks that on every test run), and
+//! remote READs under the confirm policy may see a held buffer's bytes
+//! half-written, which confirm discards as a read of reused memory.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// What the simulated NIC reads in place of bytes a handle holds.
+pub const POISON: u8 = 0xA5;
+
+/// A zeroed, fixed allocation of registered memory; see the module docs.
+pub struct Memory {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+    /// Held ranges as (offset, len), sorted by offset, disjoint. Every
+    /// locked access takes this lock, so a hold cannot begin in the middle
+    /// of a copy.
+    holds: Mutex<Vec<(usize, usize)>>,
+}
+
+// SAFETY: `Memory` owns its allocation (like a `Box<[u8]>`); the bytes are
+// reached either under `holds`' lock, which serialises threads, or through
+// a hold, which lends a range to exactly one handle (module docs).
+unsafe impl Send for Memory {}
+// SAFETY: as above; `&Memory` exposes no unsynchronised access but a held
+// range's, which only its one holder reaches.
+unsafe impl Sync for Memory {}
+
+/// Why an access to a [`Memory`] was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    /// The range ends past the memory.
+    #[error("the range ends past the memory")]
+    OutOfRange,
+    /// The range overlaps bytes a buffer handle holds, at this offset and
+    /// length: only the handle reads or writes them until it is given back.
+    #[error(
+        "bytes {0}..+{1} are lent to a buffer handle (Buf): use the handle, or wait until it is given back"
+    )]
+    Held(usize, usize),
+}
+
+impl MemError {
+    /// The error a backend's CPU accessor returns for region `mr`.
+    pub(crate) fn into_nic(
+        self,
+        mr: u32,
+        offset: usize,
+        len: usize,
+        region_len: usize,
+    ) -> crate::backend::NicError {
+        use crate::backend::NicError;
+        match self {
+            MemError::OutOfRange => {
+                NicError::OutOfRange { mr, offset, end: offset.saturating_add(len), len: region_len }
+            }
+            MemError::Held(o, l) => NicError::Held { mr, offset: o, end: o + l },
+        }
+    }
+}
+
+impl Memory {
+    /// `len` zeroed bytes, aligned to `align` (a power of two: a page for
+    /// verbs registration); `None` if the allocation fails. A backend
+    /// registers it with its device and keeps the `Arc` until the
+    /// registration is gone.
+    pub fn zeroed(len: usize, align: usize) -> Option<Arc<Memory>> {
+        let size = len.max(1).checked_next_multiple_of(align)?;
+        let layout = Layout::from_size_align(size, align).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(Arc::new(Memory { ptr, len, layout, holds: Mutex::new(Vec::new()) }))
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes (never: at least one is allocated, but a
+    /// region asked for 0 has length 0).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether a buffer handle holds any of its bytes.
+    pub fn is_held(&self) -> bool {
+        !self.holds.lock().is_empty()
+    }
+
+    /// The first byte, for registering the memory with a device (whose DMA
+    /// the module docs' rules govern).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn end(&self, offset: usize, len: usize) -> Result<usize, MemError> {
+        offset.checked_add(len).filter(|&e| e <= self.len).ok_or(MemError::OutOfRange)
+    }
+
+    /// The first hold overlapping `offset..end`.
+    fn overlap(holds: &[(usize, usize)], offset: usize, end: usize) -> Option<(usize, usize)> {
+        let i = holds.partition_point(|&(o, l)| o + l <= offset);
+        holds.get(i).copied().filter(|&(o, _)| o < end)
+    }
+
+    /// Copy `data` in at `offset` (the CPU's write).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        self.with_mut(offset, data.len(), |b| b.copy_from_slice(data))
+    }
+
+    /// Copy bytes at `offset` out into `out` (the CPU's read).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MemError> {
+        self.with(offset, out.len(), |b| out.copy_from_slice(b))
+    }
+
+    /// Lend `offset..offset + len` to `f` under the lock, unless a handle
+    /// holds any of it.
+    pub fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, MemError> {
+        let end = self.end(offset, len)?;
+        let holds = self.holds.lock();
+        if let Some((o, l)) = Memory::overlap(&holds, offset, end) {
+            return Err(MemError::Held(o, l));
+        }
+        // SAFETY: in bounds (checked); no handle holds any of the range and
+        // none can start to while the lock is held; every other access to
+        // unheld bytes takes the lock, so this borrow is the only one.
+        Ok(f(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }))
+    }
+
+    /// [`Memory::with`] for writing.
+    pub fn with_mut<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, MemError> {
+        let end = self.end(offset, len)?;
+        let holds = self.holds.lock();
+        if let Some((o, l)) = Memory::overlap(&holds, offset, end) {
+            return Err(MemError::Held(o, l));
+        }
+        // SAFETY: as in `with`: the lock makes this the only borrow.
+        Ok(f(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }))
+    }
+
+    /// The simulated NIC reads `offset..offset + len` onto the end of
+    /// `out`, with [`POISON`] for bytes a handle holds. Returns whether it
+    /// met a hold.
+    pub fn dma_read(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<bool, MemError> {
+        let end = self.end(offset, len)?;
+        let holds = self.holds.lock();
+        let mut at = offset;
+        let mut met = false;
+        while at < end {
+            let (next, held) = match Memory::overlap(&holds, at, end) {
+                Some((o, l)) if o <= at => ((o + l).min(end), true),
+                Some((o, _)) => (o, false),
+                None => (end, false),
+            };
+            if held {
+                out.resize(out.len() + (next - at), POISON);
+                met = true;
+            } else {
+                // SAFETY: in bounds; not held (the loop splits at holds) and
+                // under the lock, so nothing else borrows these bytes.
+                out.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(self.ptr.as_ptr().add(at), next - at)
+                });
+            }
+            at = next;
+        }
+        Ok(met)
+    }
+
+    /// The simulated NIC writes `data` at `offset`, skipping bytes a handle
+    /// holds. Returns whether it met a hold.
+    pub fn dma_write(&self, offset: usize, data: &[u8]) -> Result<bool, MemError> {
+        let end = self.end(offset, data.len())?;
+        let holds = self.holds.lock();
+        let mut at = offset;
+        let mut met = false;
+        while at < end {
+            let (next, held) = match Memory::overlap(&holds, at, end) {
+                Some((o, l)) if o <= at => ((o + l).min(end), true),
+                Some((o, _)) => (o, false),
+                None => (end, false),
+            };
+            if held {
+                met = true;
+            } else {
+                let src = &data[at - offset..next - offset];
+                // SAFETY: in bounds; not held and under the lock, so no
+                // borrow of these bytes exists; `src` is another allocation.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(at), src.len()) };
+            }
+            at = next;
+        }
+        Ok(met)
+    }
+
+    /// Lend `offset..offset + len` to one handle, or `None` if it is out
+    /// of range or overlaps a range lent already.
+    pub(crate) fn lend(self: &Arc<Memory>, offset: usize, len: usize) -> Option<Lent> {
+        let end = self.end(offset, len).ok()?;
+        let mut holds = self.holds.lock();
+        if Memory::overlap(&holds, offset, end).is_some() {
+            return None;
+        }
+        let i = holds.partition_point(|&(o, _)| o < offset);
+        holds.insert(i, (offset, len));
+        Some(Lent { mem: Arc::clone(self), offset, len })
+    }
+
+    /// End the hold that starts at `offset`.
+    fn release(&self, offset: usize) {
+        let mut holds = self.holds.lock();
+        if let Ok(i) = holds.binary_search_by_key(&offset, |&(o, _)| o) {
+            holds.remove(i);
+        }
+    }
+}
+
+/// A range of a [`Memory`] lent to one owner, who reads and writes it as a
+/// slice without a lock until it drops this (module docs).
+pub(crate) struct Lent {
+    mem: Arc<Memory>,
+    offset: usize,
+    len: usize,
+}
+
+impl Lent {
+    /// The first `len` bytes of the range (at most all of it).
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
+        let len = len.min(self.len);
+        // SAFETY: in bounds (`lend` checked the range); the range is held by
+        // this `Lent` alone, every other accessor of the memory skips held
+        // bytes, and the borrow is tied to `&self`, so it ends before `drop`
+        // releases the hold; the `Arc` keeps the allocation alive.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr().add(self.offset), len) }
+    }
+
+    /// [`Lent::bytes`] for writing.
+    pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        let len = len.min(self.len);
+        // SAFETY: as in `bytes`; `&mut self` makes this the only borrow of
+        // the range.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr().add(self.offset), len) }
+    }
+
+    /// The range's length.
+    pub(crate) fn capacity(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.mem.release(self.offset);
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with exactly this layout; the last
+        // `Arc` is gone, so no borrow or device registration remains (a
+        // backend keeps its `Arc` until deregistration succeeded, and leaks
+        // it if that fails).
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memory").field("len", &self.len).field("holds", &self.holds.lock().len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_keeps_every_locked_access_out_and_lends_its_bytes() {
+        let m = Memory::zeroed(100, 8).unwrap();
+        m.write(0, &[1; 100]).unwrap();
+        let mut a = m.lend(10, 20).unwrap();
+        assert!(m.lend(29, 5).is_none(), "overlaps the first hold's end");
+        assert!(m.lend(0, 11).is_none(), "overlaps its start");
+        let b = m.lend(30, 5).unwrap();
+        assert!(m.is_held());
+        assert_eq!(m.write(25, &[2; 10]), Err(MemError::Held(10, 20)));
+        assert_eq!(m.read(0, &mut [0; 11]), Err(MemError::Held(10, 20)));
+        assert_eq!(m.with(34, 2, |_| ()), Err(MemError::Held(30, 5)));
+        m.write(0, &[3; 10]).unwrap();
+        a.bytes_mut(20).copy_from_slice(&[7; 20]);
+        assert_eq!(a.bytes(100), &[7; 20], "at most the range");
+        let mut out = Vec::new();
+        assert!(m.dma_read(5, 30, &mut out).unwrap());
+        assert_eq!(&out[..5], &[3; 5]);
+        assert_eq!(&out[5..], &[POISON; 25][..], "held bytes are never read");
+        assert!(m.dma_write(0, &[9; 40]).unwrap());
+        drop((a, b));
+        assert!(!m.is_held());
+        let mut all = [0; 40];
+        m.read(0, &mut all).unwrap();
+        assert_eq!(&all[..10], &[9; 10]);
+        assert_eq!(&all[10..30], &[7; 20], "the DMA skipped the held bytes");
+        assert_eq!(&all[30..35], &[1; 5], "and these, held then");
+        assert_eq!(&all[35..], &[9; 5]);
+        assert_eq!(m.write(99, &[0; 2]), Err(MemError::OutOfRange));
+        assert!(m.lend(90, 11).is_none());
+    }
+}
