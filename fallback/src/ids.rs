@@ -57,6 +57,22 @@ id_type!(
     ReadToken(u64)
 );
 
+// Message ids and READ tokens are counters: a deque of them mostly has
+// every id between its ends.
+impl crate::sorted::Key for MsgId {
+    fn distance(self, front: MsgId) -> Option<u64> {
+        self.0.checked_sub(front.0)
+    }
+}
+
+impl crate::sorted::Key for ReadToken {
+    fn distance(self, front: ReadToken) -> Option<u64> {
+        self.0.checked_sub(front.0)
+    }
+}
+
+impl crate::sorted::Key for (MsgId, BufferId) {}
+
 impl Generation {
     /// The generation after this one, or `None` after 2^64 - 1 reuses.
     pub(crate) fn next(self) -> Option<Generation> {

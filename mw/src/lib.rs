@@ -56,6 +56,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod free_slots;
 mod owner;
 mod reader;
 pub mod rkey;

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
+use crate::free_slots::FreeSlots;
 use crate::rng::SplitMix64;
 use crate::slot_heap::SlotHeap;
 use crate::types::TokenKind;
@@ -41,9 +42,9 @@ pub struct Owner {
     lending: bool,
     /// The `Free` slots while the QP is up, lowest first: a grant binds the
     /// lowest free window.
-    free: SlotHeap<()>,
+    free: FreeSlots,
     /// The expiry of every `Leased` slot while the QP is up, earliest first.
-    expiries: SlotHeap<Duration>,
+    expiries: SlotHeap,
     /// Slots `Leased`, `Invalidating` or `Stranded`: buffers not returned.
     outstanding: usize,
     /// Grant SENDs and LOCAL_INVs posted and not completed (the slots'
@@ -364,9 +365,8 @@ impl Owner {
             })
             .collect();
         assert!(slots.len() <= 1 << 24, "a window pool holds at most 2^24 windows");
-        let free = SlotHeap::full(slots.len(), ());
-        let mut expiries = SlotHeap::full(slots.len(), Duration::ZERO);
-        expiries.clear();
+        let free = FreeSlots::full(slots.len());
+        let expiries = SlotHeap::with_slots(slots.len());
         Owner {
             slots,
             lending,
@@ -436,7 +436,7 @@ impl Owner {
         if lease_time < Duration::from_micros(1) || lease_time > MAX_LEASE_TIME {
             return Err(GrantError::BadLeaseTime(lease_time));
         }
-        let Some(((), idx)) = self.free.pop() else {
+        let Some(idx) = self.free.pop() else {
             return Err(GrantError::NoFreeWindow { pool: self.slots.len() });
         };
         let random = self.rng.next_u8();
@@ -773,7 +773,7 @@ impl Owner {
                     self.events.push_back(OwnerEvent::WindowUnbound { lease, window: s.window });
                 }
                 s.state = SlotState::Free;
-                self.free.insert(idx as u32, ());
+                self.free.insert(idx as u32);
                 self.outstanding -= 1;
             }
             Link::Down { in_err } => {
@@ -802,7 +802,7 @@ impl Owner {
         let free: Vec<u32> = (0..self.slots.len() as u32)
             .filter(|&i| up && self.slots[i as usize].state == SlotState::Free)
             .collect();
-        assert_eq!(self.free.entries().map(|(i, ())| i).collect::<Vec<_>>(), free, "free list");
+        assert_eq!(self.free.iter().collect::<Vec<_>>(), free, "free list");
         let expiries: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
             .filter_map(|i| match self.slots[i as usize].state {
                 SlotState::Leased { expiry, .. } if up => Some((i, expiry)),

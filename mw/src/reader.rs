@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::free_slots::FreeSlots;
 use crate::slot_heap::SlotHeap;
 use crate::types::TokenKind;
 use crate::{Buffer, Grant, LeaseId, Release, Status, Token};
@@ -46,10 +47,10 @@ pub struct Reader {
     config: ReaderConfig,
     slots: Vec<ReadSlot>,
     /// The slots with no READ, lowest first: a READ takes the lowest.
-    free: SlotHeap<()>,
+    free: FreeSlots,
     /// The deadline of every outstanding READ while the QP is up, earliest
     /// first.
-    deadlines: SlotHeap<Duration>,
+    deadlines: SlotHeap,
     /// Scratch for [`Reader::handle_timeout`]: the slots due, reported in
     /// slot order. Empty between calls.
     due: Vec<u32>,
@@ -221,7 +222,7 @@ impl Reader {
         Reader {
             config,
             slots: Vec::new(),
-            free: SlotHeap::default(),
+            free: FreeSlots::default(),
             deadlines: SlotHeap::default(),
             due: Vec::new(),
             link: Link::Up,
@@ -256,7 +257,7 @@ impl Reader {
             return;
         }
         let idx = match self.free.pop() {
-            Some(((), i)) => i as usize,
+            Some(i) => i as usize,
             None => {
                 self.slots.push(ReadSlot { epoch: 0, read: None });
                 self.free.add_slot();
@@ -307,7 +308,7 @@ impl Reader {
             }
         };
         let Some(read) = slot.read.take() else { return };
-        self.free.insert(idx as u32, ());
+        self.free.insert(idx as u32);
         self.deadlines.remove(idx as u32);
         let lease = read.grant.lease;
         if status.is_success() {
@@ -383,7 +384,7 @@ impl Reader {
         self.go_down();
         for (idx, slot) in self.slots.iter_mut().enumerate() {
             if let Some(read) = slot.read.take() {
-                self.free.insert(idx as u32, ());
+                self.free.insert(idx as u32);
                 self.stats.reads_failed += 1;
                 let error = if read.timed_out { ReadError::TimedOut } else { ReadError::Flushed };
                 self.events.push_back(ReaderEvent::ReadFailed {
@@ -462,7 +463,7 @@ impl Reader {
         }
         let free: Vec<u32> =
             (0..self.slots.len() as u32).filter(|&i| self.slots[i as usize].read.is_none()).collect();
-        assert_eq!(self.free.entries().map(|(i, ())| i).collect::<Vec<_>>(), free, "free READ slots");
+        assert_eq!(self.free.iter().collect::<Vec<_>>(), free, "free READ slots");
         let deadlines: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
             .filter_map(|i| match &self.slots[i as usize].read {
                 Some(r) if self.link == Link::Up && !r.timed_out => Some((i, r.deadline)),

@@ -18,7 +18,7 @@ fn leased_owner() -> Owner {
 #[should_panic(expected = "free list")]
 fn check_indexes_notices_a_leased_window_on_the_free_list() {
     let mut o = leased_owner();
-    o.free.insert(0, ());
+    o.free.insert(0);
     o.check_indexes();
 }
 
