@@ -185,12 +185,12 @@ mod imp {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
             let cfg = |role| config(role, policy, o.pool(), &o.conn);
-            let nic_err = |e: mwcap::backend::NicError| format!("setting up the {policy:?} endpoints: {e}");
-            let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(nic_err)?;
-            let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(nic_err)?;
+            let nic_err = |e: &dyn std::fmt::Display| format!("setting up the {policy:?} endpoints: {e}");
+            let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(|e| nic_err(&e))?;
+            let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(|e| nic_err(&e))?;
             let (ce, se) = (c.local(), s.local());
-            c.connect(&se).map_err(nic_err)?;
-            s.connect(&ce).map_err(nic_err)?;
+            c.connect(&se).map_err(|e| nic_err(&e))?;
+            s.connect(&ce).map_err(|e| nic_err(&e))?;
             one_process(c, s, &group, o.iters, o.warmup, Executor::BlockOn, ("async", "verbs"))?;
         }
         Ok(())
