@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Link, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn main() {
@@ -42,8 +42,8 @@ fn main() {
         c.busy_poll = Duration::ZERO;
         c
     };
-    let mut ce = Endpoint::new(cn, cfg(Role::Client)).expect("client endpoint");
-    let mut se = Endpoint::new(sn, cfg(Role::Server)).expect("server endpoint");
+    let mut ce = Link::new(cn, cfg(Role::Client)).expect("client endpoint");
+    let mut se = Link::new(sn, cfg(Role::Server)).expect("server endpoint");
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).expect("connect client");
     se.connect(&a).expect("connect server");

@@ -496,15 +496,15 @@ pub fn fetch(path: impl AsRef<Path>) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Config, Endpoint, Policies, Policy, Role};
+    use crate::conn::{Config, Link, Policies, Policy, Role};
     use crate::sim::{DeviceConfig, Fabric, SimNic};
 
     fn connection(fabric: &Fabric, i: usize) -> (Connection<SimNic>, crate::conn::Driver<SimNic>) {
         let c = fabric.add_device(DeviceConfig::spec().named(&format!("c{i}")));
         let s = fabric.add_device(DeviceConfig::spec().named(&format!("s{i}")));
         let p = Policies::both(Policy::Mw);
-        let mut c = Endpoint::new(c, Config::new(Role::Client, p)).unwrap();
-        let s = Endpoint::new(s, Config::new(Role::Server, p)).unwrap();
+        let mut c = Link::new(c, Config::new(Role::Client, p)).unwrap();
+        let s = Link::new(s, Config::new(Role::Server, p)).unwrap();
         c.connect(&s.local()).unwrap();
         Connection::new(c)
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use futures::future::{select, Either};
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Link, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 type Pair =
@@ -35,8 +35,8 @@ fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Dur
         c.safety_margin = Duration::from_millis(50);
         c
     };
-    let mut c = Endpoint::new(cn, cfg(Role::Client)).unwrap();
-    let mut s = Endpoint::new(sn, cfg(Role::Server)).unwrap();
+    let mut c = Link::new(cn, cfg(Role::Client)).unwrap();
+    let mut s = Link::new(sn, cfg(Role::Server)).unwrap();
     let (ce, se) = (c.local(), s.local());
     c.connect(&se).unwrap();
     s.connect(&ce).unwrap();
@@ -489,8 +489,8 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut ccfg = Config::new(Role::Client, Policies::both(Policy::Mw));
     ccfg.busy_poll = Duration::from_secs(10);
-    let mut c = Endpoint::new(cn, ccfg).unwrap();
-    let mut s = Endpoint::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
+    let mut c = Link::new(cn, ccfg).unwrap();
+    let mut s = Link::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
     let (ce, se) = (c.local(), s.local());
     c.connect(&se).unwrap();
     s.connect(&ce).unwrap();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::executor::block_on;
-use mwcap::conn::{Config, Connection, Endpoint, Event, Policies, Policy, Role, SimPair, UseError};
+use mwcap::conn::{Config, Connection, Event, Link, Policies, Policy, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn pair(p: Policies) -> SimPair {
@@ -134,7 +134,7 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
     let nic = fabric.add_device(DeviceConfig::spec());
     let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
     cfg.buffers = 1;
-    let ep = Endpoint::new(nic, cfg).unwrap();
+    let ep = Link::new(nic, cfg).unwrap();
     let (conn, driver) = Connection::new(ep);
     let only = conn.try_alloc().unwrap();
     assert!(conn.try_alloc().is_none());
@@ -182,7 +182,7 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     for (i, (break_it, expected)) in cases.into_iter().enumerate() {
         let mut cfg = base.clone();
         break_it(&mut cfg);
-        match Endpoint::new(nic.clone(), cfg.clone()) {
+        match Link::new(nic.clone(), cfg.clone()) {
             Err(SetupError::Config(e)) => {
                 assert!(expected(&e), "case {i}: {e:?}");
                 assert!(e.to_string().contains("Config::"), "case {i}: the message names the field: {e}");
@@ -196,5 +196,5 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     cfg.buffer_size = 64;
     cfg.large_buffers = (1..=255).map(|i| BufClass { size: 64 + i, count: 1 }).collect();
     assert_eq!(cfg.check(), Ok(()));
-    Endpoint::new(nic.clone(), base).expect("the defaults work");
+    Link::new(nic.clone(), base).expect("the defaults work");
 }

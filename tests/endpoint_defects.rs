@@ -6,8 +6,7 @@ use std::time::Duration;
 use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame};
 use mwcap::conn::{
-    Buf, CallError, Config, Endpoint, Event, LossReason, Misbehavior, Policies, Policy, Role, SimPair,
-    UseError,
+    Buf, CallError, Config, Event, Link, LossReason, Misbehavior, Policies, Policy, Role, SimPair, UseError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
@@ -15,7 +14,7 @@ fn pair(p: Policies) -> SimPair {
     SimPair::spec(11, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
-fn filled(ep: &mut Endpoint<SimNic>, bytes: &[u8]) -> Buf {
+fn filled(ep: &mut Link<SimNic>, bytes: &[u8]) -> Buf {
     let mut b = ep.alloc().expect("free buffer");
     b.copy_from(bytes).unwrap();
     b
@@ -73,8 +72,8 @@ fn the_async_call_reports_a_refusal_as_such_and_returns_the_buffer() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
-    let mut c = Endpoint::new(cn, Config::new(Role::Client, p)).unwrap();
-    let mut s = Endpoint::new(sn, Config::new(Role::Server, p)).unwrap();
+    let mut c = Link::new(cn, Config::new(Role::Client, p)).unwrap();
+    let mut s = Link::new(sn, Config::new(Role::Server, p)).unwrap();
     let (ce, se) = (c.local(), s.local());
     c.connect(&se).unwrap();
     s.connect(&ce).unwrap();
@@ -170,7 +169,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
     let raw = RawPeer::new(&fabric);
     let p = Policies::both(Policy::Mw);
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let mut server = Endpoint::new(sn, Config::new(Role::Server, p)).unwrap();
+    let mut server = Link::new(sn, Config::new(Role::Server, p)).unwrap();
     let total = server.free_buffers();
     raw.nic.connect_qp(raw.local.id, &server.local()).unwrap();
     server.connect(&raw.local).unwrap();
@@ -346,7 +345,7 @@ fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
     let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
     let raw = RawPeer::new(&fabric);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
-    let mut client = Endpoint::new(cn, Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
+    let mut client = Link::new(cn, Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
     raw.nic.connect_qp(raw.local.id, &client.local()).unwrap();
     client.connect(&raw.local).unwrap();
     // Longer than `inline_max`, so it is exposed (inline payloads need no buffer back).

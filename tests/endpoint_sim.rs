@@ -1,4 +1,4 @@
-//! Endpoints over the simulated NIC: calls in every policy combination,
+//! Links over the simulated NIC: calls in every policy combination,
 //! and the safety properties checked through the sim's oracle.
 
 use std::time::Duration;

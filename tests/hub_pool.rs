@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use mwcap::backend::{MrId, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
-    BufClass, Config, ConfigError, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role,
+    BufClass, Config, ConfigError, Connection, Driver, Hub, Link, LossReason, Policies, Policy, Role,
     SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
@@ -242,7 +242,7 @@ fn plain_hub(pool: &LocalPool, cn: SimNic) -> Hub<SimNic> {
 
 /// A server on `sh` and a client on `client_nic` driven by hand (with
 /// `small_cfg`): (the server's endpoint, the client, the client's QP).
-fn hand_driven_client(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Endpoint<SimNic>, Endpoint<SimNic>, QpAddr) {
+fn hand_driven_client(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Link<SimNic>, Link<SimNic>, QpAddr) {
     let (s, c) = server_on_hub(sh, client_nic, small_cfg(Role::Server), small_cfg(Role::Client));
     let qp = QpAddr { device: client_nic.device(), qpn: c.local().qpn };
     (s, c, qp)
@@ -255,7 +255,7 @@ fn call_and_wait_for_the_reply_window(
     pool: &mut LocalPool,
     fabric: &Fabric,
     dev: DeviceId,
-    client: &mut Endpoint<SimNic>,
+    client: &mut Link<SimNic>,
     qp: QpAddr,
 ) -> Vec<Exposure> {
     client.call(fabric.now(), b"x", None).unwrap();
@@ -270,12 +270,7 @@ fn call_and_wait_for_the_reply_window(
 /// A READ of 64 bytes at `remote_addr` with `rkey`, through `ep`'s QP
 /// into its data region: the completion's status, and the bytes there
 /// afterwards.
-fn read_with_key(
-    fabric: &Fabric,
-    ep: &Endpoint<SimNic>,
-    remote_addr: u64,
-    rkey: u32,
-) -> (WcStatus, [u8; 64]) {
+fn read_with_key(fabric: &Fabric, ep: &Link<SimNic>, remote_addr: u64, rkey: u32) -> (WcStatus, [u8; 64]) {
     let dst = ep.data_region();
     let wr = SendWr::Read {
         wr_id: 0x57a1e,

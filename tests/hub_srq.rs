@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use mwcap::backend::{rkey, Access, Completion, Nic, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conn::{
-    Config, ConfigError, Connection, Driver, Endpoint, Hub, LossReason, Policies, Policy, Role, SetupError,
+    Config, ConfigError, Connection, Driver, Hub, Link, LossReason, Policies, Policy, Role, SetupError,
     SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
@@ -58,7 +58,7 @@ fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), Box<dyn std:
 /// A server endpoint (mw) prepared on `sh` and a client endpoint with a
 /// CQ of its own on a new PD of `client_nic`, connected to each other.
 /// [`hubs::server_on_hub`] with this file's settings.
-fn server_on_hub(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
+fn server_on_hub(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Link<SimNic>, Link<SimNic>) {
     hubs::server_on_hub(sh, client_nic, cfg(Role::Server), cfg(Role::Client))
 }
 
@@ -344,7 +344,7 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
     };
     victim_s.nic().post_send(victim_s.local().id, &[bind]).unwrap();
     fabric.run_until_idle();
-    let read = |ep: &Endpoint<SimNic>, key: u32, wr_id: u64| {
+    let read = |ep: &Link<SimNic>, key: u32, wr_id: u64| {
         let dst = ep.data_region();
         let wr = SendWr::Read {
             wr_id,

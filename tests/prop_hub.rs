@@ -35,7 +35,7 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::FutureExt;
 use mwcap::conn::{
-    BufClass, Config, Connection, Driver, Endpoint, Hub, Keepalive, Policies, Policy, Role, SrqConfig,
+    BufClass, Config, Connection, Driver, Hub, Keepalive, Link, Policies, Policy, Role, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 use proptest::prelude::*;
@@ -153,7 +153,7 @@ fn run(
         let client_dev = fabric.add_device(DeviceConfig::spec().named("c"));
         let mut s =
             hub.prepare(hub.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-        let mut c = Endpoint::new(client_dev.clone(), cfg(Role::Client, p)).unwrap();
+        let mut c = Link::new(client_dev.clone(), cfg(Role::Client, p)).unwrap();
         c.connect(&s.local()).unwrap();
         s.connect(&c.local()).unwrap();
         let server_qp = QpAddr { device: sdev.device(), qpn: s.local().qpn };

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use mwcap::backend::Nic;
-use mwcap::conn::{Config, CqRouter, Endpoint, Event, Policies, Policy, Role, SetupError, SrqConfig};
+use mwcap::conn::{Config, CqRouter, Event, Link, Policies, Policy, Role, SetupError, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
 fn cfg(role: Role, p: Policies) -> Config {
@@ -26,8 +26,8 @@ fn pattern(i: usize, len: usize) -> Vec<u8> {
 struct World {
     fabric: Fabric,
     router: CqRouter<SimNic>,
-    servers: HashMap<u32, Endpoint<SimNic>>,
-    clients: Vec<Endpoint<SimNic>>,
+    servers: HashMap<u32, Link<SimNic>>,
+    clients: Vec<Link<SimNic>>,
 }
 
 impl World {
@@ -48,7 +48,7 @@ impl World {
                 .unwrap()
                 .finish(p)
                 .unwrap();
-            let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+            let mut c = Link::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
             c.connect(&s.local()).unwrap();
             s.connect(&c.local()).unwrap();
             servers.insert(s.local().qpn, s);
@@ -175,7 +175,7 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions_through_the_router() {
             .unwrap()
             .finish(p)
             .unwrap();
-        let mut c = Endpoint::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+        let mut c = Link::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
         c.connect(&s.local()).unwrap();
         s.connect(&c.local()).unwrap();
         (s, c)

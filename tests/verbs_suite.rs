@@ -1,7 +1,7 @@
 //! The verbs suite: runs on a real device, inside the SoftRoCE VM
 //! (`tests/softroce/verbs-suite.sh`). One test per conformance scenario,
 //! checked in the rxe flavor on two `VerbsNic` handles on rxe0 (loopback),
-//! plus tests of the verbs layer itself, whole `Endpoint` pairs, and the
+//! plus tests of the verbs layer itself, whole `Link` pairs, and the
 //! torture run (`verbs_torture/`: random calls and faults over several
 //! connections; `docs/reliability.md`).
 //!
@@ -644,18 +644,18 @@ fn concurrent_loops_and_table_changes_on_one_handle() {
     });
 }
 
-// ---- whole connections on real verbs: the Endpoint over two PDs of rxe0 ----
+// ---- whole connections on real verbs: the Link over two PDs of rxe0 ----
 
 mod endpoints {
     use std::time::{Duration, Instant};
 
-    use mwcap::conn::{CallError, Config, Endpoint, Event, Policies, Policy, Role};
+    use mwcap::conn::{CallError, Config, Event, Link, Policies, Policy, Role};
     use mwcap::verbs::VerbsNic;
 
     struct Live {
         epoch: Instant,
-        client: Endpoint<VerbsNic>,
-        server: Endpoint<VerbsNic>,
+        client: Link<VerbsNic>,
+        server: Link<VerbsNic>,
         cev: Vec<Event>,
         sev: Vec<Event>,
     }
@@ -670,8 +670,8 @@ mod endpoints {
                 tweak(&mut c);
                 c
             };
-            let mut client = Endpoint::new(super::open(), cfg(Role::Client)).expect("client endpoint");
-            let mut server = Endpoint::new(super::open(), cfg(Role::Server)).expect("server endpoint");
+            let mut client = Link::new(super::open(), cfg(Role::Client)).expect("client endpoint");
+            let mut server = Link::new(super::open(), cfg(Role::Server)).expect("server endpoint");
             let (c, s) = (client.local(), server.local());
             client.connect(&s).expect("connect client");
             server.connect(&c).expect("connect server");
@@ -927,7 +927,7 @@ mod hub {
         // READ through connection 3's client QP, whose peer is in another PD.
         let attacker_nic = ch.nic().new_pd().unwrap();
         let mut raw =
-            mwcap::conn::Endpoint::new(attacker_nic, cfg(Role::Client, Policies::both(Policy::Confirm)))
+            mwcap::conn::Link::new(attacker_nic, cfg(Role::Client, Policies::both(Policy::Confirm)))
                 .expect("attacker endpoint");
         let victim = regions[1];
         let mut target = sh
@@ -1163,7 +1163,7 @@ mod hub {
     fn shared_receives_a_flood_past_its_credit_ends_only_the_flooders_connection() {
         use mwcap::backend::Access;
         use mwcap::conn::frame::Frame;
-        use mwcap::conn::{Endpoint, LossReason, Misbehavior, SrqConfig};
+        use mwcap::conn::{Link, LossReason, Misbehavior, SrqConfig};
         let mut pool = LocalPool::new();
         let srq = SrqConfig { chunk: 64, max_slots: 128 };
         let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
@@ -1173,7 +1173,7 @@ mod hub {
         let on_hub = || {
             let mut s =
                 sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-            let mut c = Endpoint::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+            let mut c = Link::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
             c.connect(&s.local()).unwrap();
             s.connect(&c.local()).unwrap();
             (s, c)

@@ -20,7 +20,7 @@ use futures::future::{select, try_join_all, BoxFuture, Either};
 use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Connection, Driver, Endpoint, Refused};
+use mwcap::conn::{Buf, Connection, Driver, Link, Refused};
 use parking_lot::Mutex;
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
@@ -279,8 +279,8 @@ pub async fn run_case<N: Nic>(
 /// driver, under `executor`: run `cases` and print a line for each.
 #[allow(clippy::too_many_arguments)]
 pub fn one_process<N: Nic + 'static>(
-    client: Endpoint<N>,
-    server: Endpoint<N>,
+    client: Link<N>,
+    server: Link<N>,
     cases: &[Case],
     iters: u32,
     warmup: u32,
@@ -298,8 +298,8 @@ pub fn one_process<N: Nic + 'static>(
 #[allow(clippy::too_many_arguments)]
 pub fn one_process_on_hubs<N: Nic + 'static>(
     hubs: [(mwcap::conn::Hub<N>, mwcap::conn::HubDriver<N>); 2],
-    client: Endpoint<N>,
-    server: Endpoint<N>,
+    client: Link<N>,
+    server: Link<N>,
     cases: &[Case],
     iters: u32,
     warmup: u32,
@@ -323,7 +323,7 @@ pub fn one_process_on_hubs<N: Nic + 'static>(
     run_pair(executor, client, server, hub_drivers, max_payload, cases, iters, warmup, labels)
 }
 
-fn max_payload<N: Nic>(server: &Endpoint<N>) -> u32 {
+fn max_payload<N: Nic>(server: &Link<N>) -> u32 {
     server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size)
 }
 

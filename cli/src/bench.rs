@@ -61,7 +61,7 @@ mod imp {
 
     use mwcap::bootstrap::Auth;
     use mwcap::conn::{
-        connect_on, connect_with, Connected, Connection, Endpoint, Hub, Policies, Policy, PolicyChoice, Role,
+        connect_on, connect_with, Connected, Connection, Hub, Link, Policies, Policy, PolicyChoice, Role,
         SetupOptions,
     };
     use mwcap::verbs::VerbsNic;
@@ -186,8 +186,8 @@ mod imp {
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
             let cfg = |role| config(role, policy, o.pool(), &o.conn);
             let nic_err = |e: &dyn std::fmt::Display| format!("setting up the {policy:?} endpoints: {e}");
-            let mut c = Endpoint::new(open(o)?, cfg(Role::Client)).map_err(|e| nic_err(&e))?;
-            let mut s = Endpoint::new(open(o)?, cfg(Role::Server)).map_err(|e| nic_err(&e))?;
+            let mut c = Link::new(open(o)?, cfg(Role::Client)).map_err(|e| nic_err(&e))?;
+            let mut s = Link::new(open(o)?, cfg(Role::Server)).map_err(|e| nic_err(&e))?;
             let (ce, se) = (c.local(), s.local());
             c.connect(&se).map_err(|e| nic_err(&e))?;
             s.connect(&ce).map_err(|e| nic_err(&e))?;

@@ -229,7 +229,7 @@ pub struct Pool {
     pub large: u32,
 }
 
-/// Endpoint settings for a benchmark side: `pool` and `conn`, the same
+/// Link settings for a benchmark side: `pool` and `conn`, the same
 /// policy both ways.
 pub fn config(role: Role, policy: Policy, pool: Pool, conn: &ConnArgs) -> Config {
     let mut c = Config::new(role, Policies::both(policy));

@@ -2,7 +2,7 @@
 //! (no RDMA needed), the same case matrix as over real verbs, through the
 //! async `Connection`/`Driver` API users run, under each executor of
 //! `--executor` (`executors.rs`), and, as a reference, through the sans-IO
-//! `Endpoint` loop (`SimPair`, turned by the calling thread: `executor=none`).
+//! `Link` loop (`SimPair`, turned by the calling thread: `executor=none`).
 //! Heap allocations per call come from the binary's counting allocator, in
 //! steady state (after warm-up).
 
@@ -73,7 +73,7 @@ fn async_group(
     executor: ExecutorArg,
 ) -> Result<(), String> {
     let executor = crate::executors::Executor::from(executor);
-    use mwcap::conn::Endpoint;
+    use mwcap::conn::Link;
     use mwcap::sim::{DeviceConfig, Fabric};
 
     let fabric = Fabric::with_seed(1);
@@ -140,8 +140,8 @@ fn async_group(
             ),
         );
     }
-    let mut ce = Endpoint::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
-    let mut se = Endpoint::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
+    let mut ce = Link::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
+    let mut se = Link::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).map_err(|e| e.to_string())?;
     se.connect(&a).map_err(|e| e.to_string())?;

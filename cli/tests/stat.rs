@@ -3,7 +3,7 @@
 
 use futures::executor::block_on;
 use futures::future::{select, Either};
-use mwcap::conn::{Config, Connection, Endpoint, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Link, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 use mwcap::stat::{Registry, StatServer};
 
@@ -14,8 +14,8 @@ fn connected(p: Policies) -> Pair {
     let fabric = Fabric::with_seed(5);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let mut c = Endpoint::new(cn, Config::new(Role::Client, p)).unwrap();
-    let mut s = Endpoint::new(sn, Config::new(Role::Server, p)).unwrap();
+    let mut c = Link::new(cn, Config::new(Role::Client, p)).unwrap();
+    let mut s = Link::new(sn, Config::new(Role::Server, p)).unwrap();
     let (ce, se) = (c.local(), s.local());
     c.connect(&se).unwrap();
     s.connect(&ce).unwrap();

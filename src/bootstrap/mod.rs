@@ -44,11 +44,11 @@
 //! [`exchange_client`] and [`exchange_server`] run the auth and hello phases
 //! in one call. Everything is offered over blocking `std::net` sockets and
 //! over `async-io` (the `_async` functions). [`conn::connect`] and
-//! [`conn::accept`] run all of it for an [`Endpoint`].
+//! [`conn::accept`] run all of it for a [`Link`].
 //!
 //! [`conn::connect`]: crate::conn::connect
 //! [`conn::accept`]: crate::conn::accept
-//! [`Endpoint`]: crate::conn::Endpoint
+//! [`Link`]: crate::conn::Link
 //!
 //! # What the key protects, and what it does not
 //!

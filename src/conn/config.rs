@@ -31,7 +31,7 @@ pub enum Role {
     Server,
 }
 
-/// Endpoint settings. Start from [`Config::new`].
+/// Link settings. Start from [`Config::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
@@ -57,12 +57,12 @@ pub struct Config {
     /// reply frame: no window, READ or release; the reader copies them into
     /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
     pub inline_max: u32,
-    /// Exposures of ranges of user regions ([`Endpoint::register_region`])
+    /// Exposures of ranges of user regions ([`Link::register_region`])
     /// that may be live at once (under mw, a window each, on top of one per
     /// buffer). A call or reply that finds them all live waits like one
     /// that finds no free window.
     ///
-    /// [`Endpoint::register_region`]: super::Endpoint::register_region
+    /// [`Link::register_region`]: super::Link::register_region
     pub region_exposures: u32,
     /// READs of payloads longer than this are split into READs of this
     /// many bytes, posted together (the NIC pipelines them up to the QP's
@@ -241,6 +241,17 @@ pub enum ConfigError {
         /// The most a class may hold.
         max: u32,
     },
+    /// An endpoint that shares receives or buffers between its connections
+    /// was asked to serve another policy than mw.
+    #[error(
+        "an Endpoint with shared receives or a shared buffer pool serves the mw policy only \
+         (under confirm a region's key would reach every connection's memory in its protection \
+         domain), and it was built with {choice:?}: choose PolicyChoice::Mw, or share nothing"
+    )]
+    SharingNeedsMw {
+        /// The policy choice it was built with.
+        choice: super::PolicyChoice,
+    },
     /// A shared receive queue's settings cannot work.
     #[error(
         "SrqConfig {{ chunk: {chunk}, max_slots: {max_slots} }}: a chunk holds at least \
@@ -306,11 +317,11 @@ impl Config {
         self.send_slots.unwrap_or(self.ctrl_slots)
     }
 
-    /// Whether these settings can work: [`Endpoint::prepare`] (and so
+    /// Whether these settings can work: [`Link::prepare`] (and so
     /// every way of connecting) refuses the ones that cannot, before it
     /// creates anything.
     ///
-    /// [`Endpoint::prepare`]: super::Endpoint::prepare
+    /// [`Link::prepare`]: super::Link::prepare
     pub fn check(&self) -> Result<(), ConfigError> {
         if self.buffers == 0 || self.buffer_size == 0 {
             return Err(ConfigError::NoBuffers { buffers: self.buffers, buffer_size: self.buffer_size });

@@ -48,11 +48,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::bufpool::{BufferPool, BufferPoolStats};
-use super::endpoint::{QueueSizes, SharedCq};
+use super::link::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{BufClass, Config, ConfigError, Connection, Driver, Endpoint, Prepared, SetupError};
+use super::{BufClass, Config, ConfigError, Connection, Driver, Link, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::handle::Doorbell;
 
@@ -359,7 +359,7 @@ impl<N: Nic + 'static> Hub<N> {
         self.shared.pool.as_ref()
     }
 
-    /// [`Endpoint::prepare`] on the hub's completion queue: the QP, with
+    /// [`Link::prepare`] on the hub's completion queue: the QP, with
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
@@ -381,7 +381,7 @@ impl<N: Nic + 'static> Hub<N> {
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
-        let prepared = match Endpoint::prepare_on(
+        let prepared = match Link::prepare_on(
             nic,
             cfg,
             sizes,
@@ -411,7 +411,7 @@ impl<N: Nic + 'static> Hub<N> {
     ///
     /// # Panics
     /// If `ep` was not prepared on this hub.
-    pub fn add(&self, ep: Endpoint<N>) -> (Connection<N>, Driver<N>) {
+    pub fn add(&self, ep: Link<N>) -> (Connection<N>, Driver<N>) {
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
         let (conn, driver) = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {

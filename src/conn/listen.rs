@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use super::setup::{agreed, local_caps, serve_set};
 use super::{
-    Config, Connection, Driver, Endpoint, LossReason, Policies, PolicyChoice, Role, SetupError, SetupOptions,
+    Config, Connection, Driver, Link, LossReason, Policies, PolicyChoice, Role, SetupError, SetupOptions,
 };
 use crate::backend::{Nic, NicError};
 use crate::bootstrap::{self, Authenticated, BootstrapError, Hello, Phase, PolicySet};
@@ -447,7 +447,7 @@ async fn finish_setup_async<N: Nic + 'static>(
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
     let (mut prepared, hub) = if hubs.is_empty() {
-        (Endpoint::prepare(nic, cfg.clone())?, None)
+        (Link::prepare(nic, cfg.clone())?, None)
     } else {
         let mw_only = opts.choice == PolicyChoice::Mw;
         let (p, h) = super::hub::prepare_on_least_loaded(hubs, nic, cfg.clone(), mw_only)?;

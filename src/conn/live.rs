@@ -1,4 +1,4 @@
-//! The async face of an [`Endpoint`]: a [`Connection`] handle for the user
+//! The async face of a [`Link`]: a [`Connection`] handle for the user
 //! and one [`Driver`] future that runs the endpoint (house style: quinn's
 //! `ConnectionDriver`). The driver works under any executor: it needs only
 //! mwcap's alarm thread for its timer (`alarm.rs`) and, on verbs, async-io's
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{
-    Buf, CallError, CallId, ConnStats, Endpoint, Event, Header, LossReason, Policies, Refused, RegionId,
+    Buf, CallError, CallId, ConnStats, Event, Header, Link, LossReason, Policies, Refused, RegionId,
     RegionRange, RequestId, Role, TraceId, UseError,
 };
 use crate::backend::{Nic, NicError};
@@ -98,7 +98,7 @@ impl Waiters {
 }
 
 pub(super) struct State<N: Nic> {
-    ep: Endpoint<N>,
+    ep: Link<N>,
     /// Keyed by the connection's own sequential call ids (a multiplicative
     /// hash, not SipHash).
     calls: super::proto::ids::IdMap<CallId, Arc<Slot<CallResult>>>,
@@ -183,7 +183,7 @@ pub(super) struct HubPart {
 }
 
 impl<N: Nic> Inner<N> {
-    fn new(ep: Endpoint<N>, epoch: Instant, hub: Option<HubPart>) -> Inner<N> {
+    fn new(ep: Link<N>, epoch: Instant, hub: Option<HubPart>) -> Inner<N> {
         let spin = ep.config().busy_poll;
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
@@ -287,7 +287,7 @@ const FLUSH_GRACE: Duration = Duration::from_secs(1);
 
 impl<N: Nic> Connection<N> {
     /// Wrap a connected endpoint.
-    pub fn new(ep: Endpoint<N>) -> (Connection<N>, Driver<N>) {
+    pub fn new(ep: Link<N>) -> (Connection<N>, Driver<N>) {
         let inner = Arc::new(Inner::new(ep, Instant::now(), None));
         (Connection { inner: inner.clone() }, Driver { inner })
     }
@@ -295,7 +295,7 @@ impl<N: Nic> Connection<N> {
     /// A connection driven by a hub: `part` makes its hub part from the
     /// connection's weak handle (for its waker).
     pub(super) fn on_hub(
-        ep: Endpoint<N>,
+        ep: Link<N>,
         epoch: Instant,
         part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart,
     ) -> (Connection<N>, Driver<N>) {
@@ -370,7 +370,7 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Bytes of memory this connection has registered with the NIC (see
-    /// [`Endpoint::registered_bytes`]).
+    /// [`Link::registered_bytes`]).
     pub fn registered_bytes(&self) -> u64 {
         self.peek(|s| s.ep.registered_bytes())
     }
@@ -422,7 +422,7 @@ impl<N: Nic> Connection<N> {
     async fn make_call(
         &self,
         mut data: Option<Buf>,
-        mut attempt: impl FnMut(&mut Endpoint<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
+        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
     ) -> Result<Reply, CallError> {
         let slot = self.peek(|s| s.spare_slot());
         let started = poll_fn(|cx| {
@@ -483,7 +483,7 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Register `len` bytes for the application's own data, to expose
-    /// ranges of it without a copy (see [`Endpoint::register_region`]).
+    /// ranges of it without a copy (see [`Link::register_region`]).
     pub fn register_region(&self, len: usize) -> Result<RegionId, NicError> {
         self.peek(|s| s.ep.register_region(len))
     }
@@ -598,7 +598,7 @@ impl<N: Nic> Connection<N> {
     /// Server: answer a request. A reply that finds no free memory window,
     /// control slot or receive credit waits for one (like [`Connection::call`]); any other
     /// refusal (no such request, a header too long, a foreign buffer, the
-    /// connection down) hands `data` back, see [`Endpoint::reply`].
+    /// connection down) hands `data` back, see [`Link::reply`].
     pub async fn reply(
         &self,
         req: RequestId,
@@ -614,7 +614,7 @@ impl<N: Nic> Connection<N> {
     async fn send_reply(
         &self,
         mut data: Option<Buf>,
-        mut attempt: impl FnMut(&mut Endpoint<N>, Duration, Option<Buf>) -> Result<(), Refused>,
+        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused>,
     ) -> Result<(), Refused> {
         poll_fn(|cx| {
             let now = self.inner.now();
@@ -1153,7 +1153,7 @@ mod tests {
     fn client() -> Connection<crate::sim::SimNic> {
         let fabric = Fabric::with_seed(1);
         let nic = fabric.add_device(DeviceConfig::spec());
-        let ep = Endpoint::new(nic, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
+        let ep = Link::new(nic, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
         Connection::new(ep).0
     }
 

@@ -7,7 +7,7 @@
 //!   `mwcap-fallback`, takes completions, received frames and the time,
 //!   and returns work requests to post ([`proto::Command`]) and
 //!   [`Event`]s.
-//! - An [`Endpoint`] does its I/O: it owns the queue pair, its completion
+//! - A [`Link`] does its I/O: it owns the queue pair, its completion
 //!   queue, a control region for the SENDs and RECVs that carry frames, and
 //!   a data pool of fixed-size buffers, posts the connection's commands and
 //!   feeds back its completions.
@@ -23,7 +23,7 @@
 //!
 //! Buffers are move-only [`Buf`] handles into registered memory that
 //! dereference to their payload (`&[u8]`, `&mut [u8]`) without a copy; while
-//! one is held nothing else touches its bytes (`src/mem.rs`). Giving one to [`Endpoint::call`] or [`Endpoint::reply`] hands it to the
+//! one is held nothing else touches its bytes (`src/mem.rs`). Giving one to [`Link::call`] or [`Link::reply`] hands it to the
 //! NIC, and it comes back only in [`Event::BufferReturned`], which the
 //! endpoint emits only on evidence that no remote access is possible any
 //! more (the invalidation's completion, the confirm answered, the QP flushed
@@ -37,14 +37,15 @@
 //!
 //! Like the engines, an endpoint is sans-clock: the caller passes `now` and
 //! follows the quinn-style loop: `handle_*`/`call`/`reply` inputs, then
-//! [`Endpoint::drive`] (polls completions and carries out engine actions),
-//! then [`Endpoint::poll_event`] until `None`, then wait until
-//! [`Endpoint::poll_timeout`] or the next completion.
+//! [`Link::drive`] (polls completions and carries out engine actions),
+//! then [`Link::poll_event`] until `None`, then wait until
+//! [`Link::poll_timeout`] or the next completion.
 
 #[cfg(not(loom))]
 mod alarm;
 mod bufpool;
 mod config;
+#[cfg(not(loom))]
 mod endpoint;
 #[cfg(feature = "testing")]
 pub mod frame;
@@ -53,6 +54,7 @@ mod frame;
 mod header;
 #[cfg(not(loom))]
 mod hub;
+mod link;
 #[cfg(not(loom))]
 mod listen;
 #[cfg(not(loom))]
@@ -131,11 +133,13 @@ pub mod pool_model {
     }
 }
 pub use config::*;
-pub use endpoint::{Endpoint, Prepared};
+#[cfg(not(loom))]
+pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::{Hub, HubDriver, HubStats};
+pub use link::{Link, Prepared};
 #[cfg(not(loom))]
 pub use listen::{connect_async, connect_async_on, AsyncConnected, Listener, ListenerCloser};
 #[cfg(not(loom))]
@@ -143,7 +147,7 @@ pub use live::{Connection, Driver, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
 #[cfg(not(loom))]
-pub use router::{CqRouter, Endpoints, RouterStats};
+pub use router::{CqRouter, Links, RouterStats};
 pub use setup::{
     accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
 };

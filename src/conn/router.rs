@@ -1,5 +1,5 @@
 //! [`CqRouter`]: the sans-IO form of a [`Hub`](super::Hub), for a caller
-//! that drives its [`Endpoint`]s itself (its own event loop, a busy-polling
+//! that drives its [`Link`]s itself (its own event loop, a busy-polling
 //! thread per core) instead of running async [`Connection`](super::Connection)s.
 //!
 //! It holds one completion queue (and, made with
@@ -38,11 +38,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::endpoint::{QueueSizes, SharedCq};
 use super::hub::{unclaimed, CqHold};
+use super::link::{QueueSizes, SharedCq};
 use super::routes::Routes;
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{Config, Endpoint, Prepared, SetupError};
+use super::{Config, Link, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 
 /// One completion queue for many endpoints driven by the caller; see the
@@ -52,31 +52,31 @@ pub struct CqRouter<N: Nic> {
     shared: Arc<Shared<N>>,
 }
 
-/// The caller's endpoints, found by QP number ([`Endpoint::local`]`.qpn`)
+/// The caller's endpoints, found by QP number ([`Link::local`]`.qpn`)
 /// for [`CqRouter::poll`]. Implemented for a map by QP number and for a
 /// vector (searched); implement it for your own container.
-pub trait Endpoints<N: Nic> {
+pub trait Links<N: Nic> {
     /// The endpoint whose QP has number `qpn`, or `None` to keep its
     /// completions for a later poll. A poll asks twice about a QP with
     /// completions (whether it has them, then to hand them over): give the
     /// same answer both times.
-    fn endpoint(&mut self, qpn: u32) -> Option<&mut Endpoint<N>>;
+    fn endpoint(&mut self, qpn: u32) -> Option<&mut Link<N>>;
 }
 
-impl<N: Nic> Endpoints<N> for HashMap<u32, Endpoint<N>> {
-    fn endpoint(&mut self, qpn: u32) -> Option<&mut Endpoint<N>> {
+impl<N: Nic> Links<N> for HashMap<u32, Link<N>> {
+    fn endpoint(&mut self, qpn: u32) -> Option<&mut Link<N>> {
         self.get_mut(&qpn)
     }
 }
 
-impl<N: Nic> Endpoints<N> for std::collections::BTreeMap<u32, Endpoint<N>> {
-    fn endpoint(&mut self, qpn: u32) -> Option<&mut Endpoint<N>> {
+impl<N: Nic> Links<N> for std::collections::BTreeMap<u32, Link<N>> {
+    fn endpoint(&mut self, qpn: u32) -> Option<&mut Link<N>> {
         self.get_mut(&qpn)
     }
 }
 
-impl<N: Nic> Endpoints<N> for Vec<Endpoint<N>> {
-    fn endpoint(&mut self, qpn: u32) -> Option<&mut Endpoint<N>> {
+impl<N: Nic> Links<N> for Vec<Link<N>> {
+    fn endpoint(&mut self, qpn: u32) -> Option<&mut Link<N>> {
         self.iter_mut().find(|e| e.local().qpn == qpn)
     }
 }
@@ -85,7 +85,7 @@ impl<N: Nic> Endpoints<N> for Vec<Endpoint<N>> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RouterStats {
-    /// Endpoints whose QP is on the queue (prepared or running).
+    /// Links whose QP is on the queue (prepared or running).
     pub connections: usize,
     /// Queue entries reserved by them.
     pub reserved_entries: u64,
@@ -208,10 +208,10 @@ impl<N: Nic + 'static> CqRouter<N> {
         self.shared.hold.cq
     }
 
-    /// [`Endpoint::prepare`] on the router's queue, with the endpoint's
+    /// [`Link::prepare`] on the router's queue, with the endpoint's
     /// worst case reserved ([`SetupError::CqBudget`] when it does not fit).
     /// Finish it, connect it, and from then on hand it its completions
-    /// with [`CqRouter::poll`]. Its [`Endpoint::drive`] polls no queue.
+    /// with [`CqRouter::poll`]. Its [`Link::drive`] polls no queue.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let entries = sizes.reserved(self.shared.srq.is_some());
@@ -219,7 +219,7 @@ impl<N: Nic + 'static> CqRouter<N> {
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
-        match Endpoint::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq, None) {
+        match Link::prepare_on(nic, cfg, sizes, self.shared.hold.cq, Some(retire), srq, None) {
             Ok(p) => {
                 // Known before it can complete anything; a QP destroyed with
                 // this number had its completions drained by then.
@@ -242,9 +242,9 @@ impl<N: Nic + 'static> CqRouter<N> {
     /// Poll from one thread at a time (others may drop endpoints). Returns
     /// how many were handed over. Allocates nothing in
     /// steady state. A queue that fails (the device is gone) returns the
-    /// error: take every endpoint on it down ([`Endpoint::begin_close`],
-    /// then [`Endpoint::finish_close`]).
-    pub fn poll(&self, now: Duration, endpoints: &mut impl Endpoints<N>) -> Result<usize, NicError> {
+    /// error: take every endpoint on it down ([`Link::begin_close`],
+    /// then [`Link::finish_close`]).
+    pub fn poll(&self, now: Duration, endpoints: &mut impl Links<N>) -> Result<usize, NicError> {
         let mut st = self.shared.state.lock();
         let drained = self.shared.drain(&mut st.routes);
         let mut handing = std::mem::take(&mut st.handing);
@@ -257,7 +257,7 @@ impl<N: Nic + 'static> CqRouter<N> {
         let mut at = 0;
         for &(qpn, n) in &taken {
             let ep = endpoints.endpoint(qpn).unwrap_or_else(|| {
-                panic!("Endpoints::endpoint gave QP {qpn:#x}'s endpoint, then none, within one CqRouter::poll: answer the same until the poll returns")
+                panic!("Links::endpoint gave QP {qpn:#x}'s endpoint, then none, within one CqRouter::poll: answer the same until the poll returns")
             });
             ep.handle_completions(now, &handing[at..at + n]);
             at += n;

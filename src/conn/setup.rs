@@ -16,7 +16,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::{Config, Endpoint, Policies, Role};
+use super::{Config, Link, Policies, Role};
 use crate::backend::{Nic, NicError};
 use crate::bootstrap::{
     self, Auth, Authenticated, BootstrapError, Capabilities, Handshake, Hello, PolicySet,
@@ -80,14 +80,18 @@ pub enum SetupError {
     /// clients. End the accept loop.
     #[error("the listener was closed: it accepts no more clients (bind a new one to accept again)")]
     ListenerClosed,
+    /// [`Endpoint::accept`](super::Endpoint::accept) on an endpoint that
+    /// does not listen.
+    #[error("this endpoint does not listen: build it with EndpointBuilder::listen(addr) to accept clients")]
+    NotListening,
 }
 
 /// A connected endpoint and the TCP stream of its bootstrap; keep the stream
 /// open: its closing tells that the peer went away (then call
-/// [`Endpoint::peer_gone`]).
+/// [`Link::peer_gone`]).
 pub struct Connected<N: Nic> {
     /// The endpoint, QP in RTS, receives posted.
-    pub endpoint: Endpoint<N>,
+    pub endpoint: Link<N>,
     /// The bootstrap's TCP stream.
     pub stream: TcpStream,
     /// The policies chosen for the two directions.
@@ -160,7 +164,7 @@ fn finish_setup<N: Nic>(
     authed: Authenticated<TcpStream>,
     timeout: Duration,
 ) -> Result<Connected<N>, SetupError> {
-    let prepared = Endpoint::prepare(nic, cfg.clone())?;
+    let prepared = Link::prepare(nic, cfg.clone())?;
     finish_prepared(prepared, cfg, serve, authed, timeout)
 }
 

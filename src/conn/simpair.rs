@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Config, Endpoint, Event, SetupError};
+use super::{Config, Event, Link, SetupError};
 use crate::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
 
 /// A client and a server endpoint, each on its own simulated device,
@@ -13,9 +13,9 @@ pub struct SimPair {
     /// The fabric (faults, oracle).
     pub fabric: Fabric,
     /// The client endpoint.
-    pub client: Endpoint<SimNic>,
+    pub client: Link<SimNic>,
     /// The server endpoint.
-    pub server: Endpoint<SimNic>,
+    pub server: Link<SimNic>,
     /// Events the client produced, in order, not yet taken.
     pub client_events: Vec<Event>,
     /// Events the server produced, in order, not yet taken.
@@ -35,8 +35,8 @@ impl SimPair {
         let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..fabric });
         let cn = fabric.add_device(client_dev.named("client"));
         let sn = fabric.add_device(server_dev.named("server"));
-        let mut client = Endpoint::new(cn, client)?;
-        let mut server = Endpoint::new(sn, server)?;
+        let mut client = Link::new(cn, client)?;
+        let mut server = Link::new(sn, server)?;
         let (c, s) = (client.local(), server.local());
         client.connect(&s)?;
         server.connect(&c)?;

@@ -194,7 +194,7 @@ impl std::hash::Hash for Buf {
 }
 
 /// A region of memory the application registered with an endpoint
-/// ([`Endpoint::register_region`](super::Endpoint::register_region)), to
+/// ([`Link::register_region`](super::Link::register_region)), to
 /// expose ranges of it without copying them into pool buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionId(pub(crate) u32);
@@ -304,7 +304,7 @@ pub enum Event {
     },
     /// Server: a request, with its payload read and verified.
     Request {
-        /// Name it in [`Endpoint::reply`](super::Endpoint::reply).
+        /// Name it in [`Link::reply`](super::Link::reply).
         req: RequestId,
         /// The request header.
         header: Header,
@@ -324,7 +324,7 @@ pub enum Event {
     /// Server, confirm policy: the client read a stale reply (the offered
     /// buffer's hold ended before it confirmed its READ) and asks for it
     /// again. Answer `req` again as the first time, with
-    /// [`Endpoint::reply`](super::Endpoint::reply) and a fresh payload: the
+    /// [`Link::reply`](super::Link::reply) and a fresh payload: the
     /// request's header and trace id come again here; its payload, which
     /// the server had the first time, does not.
     ReplyAgain {
@@ -338,15 +338,15 @@ pub enum Event {
     /// A buffer given to the NIC is the user's again: no remote access to it
     /// is possible any more.
     BufferReturned(Buf),
-    /// An exposure of a range of a user region ([`Endpoint::call_region`],
-    /// [`Endpoint::reply_region`]) is over: no remote access to it is
+    /// An exposure of a range of a user region ([`Link::call_region`],
+    /// [`Link::reply_region`]) is over: no remote access to it is
     /// possible any more, and the range may be written again.
     ///
-    /// [`Endpoint::call_region`]: super::Endpoint::call_region
-    /// [`Endpoint::reply_region`]: super::Endpoint::reply_region
+    /// [`Link::call_region`]: super::Link::call_region
+    /// [`Link::reply_region`]: super::Link::reply_region
     RangeReturned(RegionRange),
     /// The connection is down; every call fails, buffers return as the NIC
-    /// flushes. Close it with [`Endpoint::close`](super::Endpoint::close).
+    /// flushes. Close it with [`Link::close`](super::Link::close).
     ConnectionLost(LossReason),
 }
 
@@ -462,7 +462,7 @@ pub enum LossReason {
     /// [`AsyncConnected::run`](super::AsyncConnected::run), which watches
     /// the stream, or by whoever watches it and calls
     /// [`Connection::peer_gone`](super::Connection::peer_gone) or
-    /// [`Endpoint::peer_gone`](super::Endpoint::peer_gone).
+    /// [`Link::peer_gone`](super::Link::peer_gone).
     PeerGone,
     /// The NIC refused an operation.
     Nic(NicError),

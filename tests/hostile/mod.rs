@@ -18,7 +18,7 @@ use mwcap::backend::{
     Access, Completion, CqId, MrInfo, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
 };
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
-use mwcap::conn::{Buf, CallId, Config, Endpoint, Event, LossReason, Policies, Policy, RequestId, Role};
+use mwcap::conn::{Buf, CallId, Config, Event, Link, LossReason, Policies, Policy, RequestId, Role};
 use mwcap::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
@@ -391,8 +391,8 @@ pub fn reply_frame(msg_id: u64, attach: &[Attach]) -> Vec<u8> {
 /// the victim's device, calling each other with checked payloads every
 /// few milliseconds.
 pub struct Healthy {
-    pub client: Endpoint<SimNic>,
-    pub server: Endpoint<SimNic>,
+    pub client: Link<SimNic>,
+    pub server: Link<SimNic>,
     call: Option<(CallId, u32)>,
     next_at: Duration,
     seq: u32,
@@ -416,8 +416,8 @@ impl Healthy {
             Role::Client => (own_pd, friend),
             Role::Server => (friend, own_pd),
         };
-        let mut client = Endpoint::new(cn, config(Role::Client, policies)).unwrap();
-        let mut server = Endpoint::new(sn, config(Role::Server, policies)).unwrap();
+        let mut client = Link::new(cn, config(Role::Client, policies)).unwrap();
+        let mut server = Link::new(sn, config(Role::Server, policies)).unwrap();
         let (c, s) = (client.local(), server.local());
         client.connect(&s).unwrap();
         server.connect(&c).unwrap();
@@ -516,7 +516,7 @@ pub struct World {
     pub fabric: Fabric,
     pub policies: Policies,
     pub role: Role,
-    pub victim: Endpoint<SimNic>,
+    pub victim: Link<SimNic>,
     pub attacker: Attacker,
     pub healthy: Healthy,
     /// The victim's events, except buffers coming back (counted, scribbled
@@ -550,7 +550,7 @@ impl World {
         let fabric =
             Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(device.named("victim"));
-        let mut victim = Endpoint::new(vdev.clone(), config(role, policies)).unwrap();
+        let mut victim = Link::new(vdev.clone(), config(role, policies)).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
         victim.connect(&attacker.qp).unwrap();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{connect_async, Config, Connection, Endpoint, Hub, Listener, SetupOptions};
+use mwcap::conn::{connect_async, Config, Connection, Hub, Link, Listener, SetupOptions};
 use mwcap::sim::SimNic;
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
@@ -70,10 +70,10 @@ pub fn server_on_hub(
     client_nic: &SimNic,
     scfg: Config,
     ccfg: Config,
-) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
+) -> (Link<SimNic>, Link<SimNic>) {
     let p = scfg.policies;
     let mut s = hub.prepare(hub.connection_nic().unwrap(), scfg).unwrap().finish(p).unwrap();
-    let mut c = Endpoint::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
+    let mut c = Link::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
     c.connect(&s.local()).unwrap();
     s.connect(&c.local()).unwrap();
     (s, c)

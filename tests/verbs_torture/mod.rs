@@ -1,6 +1,6 @@
 //! Torture on real verbs (issue 9 §5, the rxe half; `tests/torture.rs` is
 //! the simulator's): a long random run over several client/server
-//! `Endpoint<VerbsNic>` pairs at once on rxe0, each side on its own
+//! `Link<VerbsNic>` pairs at once on rxe0, each side on its own
 //! protection domain, driven in real time from one thread.
 //!
 //! Each step applies one random operation to one live connection: a call
@@ -45,12 +45,12 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, CallError, CallId, Config, Endpoint, Event, Policies, Policy, RequestId, Role};
+use mwcap::conn::{Buf, CallError, CallId, Config, Event, Link, Policies, Policy, RequestId, Role};
 use mwcap::verbs::VerbsNic;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-type Ep = Endpoint<VerbsNic>;
+type Ep = Link<VerbsNic>;
 
 /// Live connections at a time (draining ones come on top).
 const LIVE: usize = 4;
@@ -205,8 +205,8 @@ impl Conn {
             c.seed = seed;
             c
         };
-        let mut client = Endpoint::new(super::open(), cfg(Role::Client)).expect("client endpoint");
-        let mut server = Endpoint::new(super::open(), cfg(Role::Server)).expect("server endpoint");
+        let mut client = Link::new(super::open(), cfg(Role::Client)).expect("client endpoint");
+        let mut server = Link::new(super::open(), cfg(Role::Server)).expect("server endpoint");
         let (c, s) = (client.local(), server.local());
         client.connect(&s).expect("connect client");
         server.connect(&c).expect("connect server");

@@ -1,0 +1,1024 @@
+//! The I/O layer: a [`Connection`] state machine run over a [`Nic`].
+//!
+//! A [`Link`] owns the device resources of a connection (its
+//! completion queue, control and data regions, memory windows and queue
+//! pair) and does the I/O its [`Connection`] asks for: it posts the
+//! [`Command`]s, polls the completion queue and feeds each completion (with
+//! a received frame's bytes) back. Everything else (the protocols, buffers,
+//! calls, timers) is the connection's.
+
+use std::time::Duration;
+
+use super::bufpool::BufferPool;
+use super::config::*;
+use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use super::pool::Layout;
+use super::proto::{self, Command, Connection, DataMemory, Resources};
+use super::srq::{self, Regrant, SharedReceives};
+use super::types::*;
+use super::SetupError;
+use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
+
+/// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
+const POLL_BATCH: usize = 32;
+
+/// A completion queue an endpoint shares with others ([`super::Hub`]). The
+/// endpoint neither polls nor destroys it: its completions are handed to
+/// [`Link::handle_completions`], and it destroys its QP through
+/// [`SharedCq::retire`].
+pub(crate) trait SharedCq: Send + Sync {
+    /// Run `destroy` (which destroys the QP numbered `qpn`), then take that
+    /// QP's completions out of the shared queue and forget the QP, before
+    /// its number can name a new QP's completions there.
+    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut());
+}
+
+/// The queue depths a connection's settings need, worked out once (after
+/// [`Config::check`]) for the QP and for the completion queue it uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueSizes {
+    /// Send queue: control SENDs, per buffer a bind, an invalidate and the
+    /// READs of a payload (one per `read_chunk`).
+    pub(crate) send_wrs: u32,
+    /// Completion queue entries the connection may need at once: every
+    /// work request may come back, as a flush if nothing else.
+    pub(crate) cq_entries: u32,
+}
+
+impl QueueSizes {
+    /// Check `cfg` and size its queues.
+    pub(crate) fn of(cfg: &Config) -> Result<QueueSizes, ConfigError> {
+        cfg.check()?;
+        let layout = Layout::new(cfg);
+        let chunk = u64::from(cfg.read_chunk);
+        let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
+        let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
+        let wanted = u64::from(cfg.sends()) + 2 * exposable + reads + 8;
+        let too_many = || ConfigError::TooManyWorkRequests { send_wrs: wanted, receives: cfg.ctrl_slots };
+        let send_wrs = u32::try_from(wanted).map_err(|_| too_many())?;
+        let cq_entries = send_wrs.checked_add(cfg.ctrl_slots).ok_or_else(too_many)?;
+        Ok(QueueSizes { send_wrs, cq_entries })
+    }
+
+    /// The entries a connection reserves of a shared completion queue: all
+    /// of `cq_entries`, or on a shared receive queue only its send side
+    /// (the receives' completions are reserved once for the whole SRQ, for
+    /// every receive of it may complete before the queue is polled,
+    /// whichever connection's peer sent the frames).
+    pub(crate) fn reserved(&self, shared_receives: bool) -> u32 {
+        if shared_receives {
+            self.send_wrs
+        } else {
+            self.cq_entries
+        }
+    }
+}
+
+/// Whether every buffer class of `cfg` that has buffers is a class of `pool`.
+fn check_pool_classes(cfg: &Config, pool: &BufferPool) -> Result<(), ConfigError> {
+    let layout = Layout::new(cfg);
+    for (size, count) in layout.sizes().into_iter().zip(layout.counts()) {
+        if count > 0 && pool.class_of_size(size).is_none() {
+            return Err(ConfigError::NotAPoolClass { size, classes: pool.sizes().to_vec() });
+        }
+    }
+    Ok(())
+}
+
+/// Destroy `qp` directly, or through the shared queue's `retire`.
+fn destroy_qp<N: Nic>(
+    nic: &N,
+    shared: Option<&std::sync::Arc<dyn SharedCq>>,
+    qp: &QpEndpoint,
+) -> Result<(), NicError> {
+    match shared {
+        None => nic.destroy_qp(qp.id),
+        Some(s) => {
+            let mut out = Ok(());
+            s.retire(qp.qpn, &mut || out = nic.destroy_qp(qp.id));
+            out
+        }
+    }
+}
+
+/// Deallocate a window of the hub's pool that was lent to a connection
+/// going down (it never goes back to the pool); whether that worked.
+fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
+    match nic.dealloc_mw(w) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(%e, window = w.raw(), "deallocating a shared window lent to a closed connection failed: it stays out of the pool");
+            false
+        }
+    }
+}
+
+/// One side of one RC connection: its device resources on a [`Nic`], and
+/// the [`Connection`] state machine it runs. See the [module docs](super)
+/// for the call order.
+pub struct Link<N: Nic> {
+    nic: N,
+    conn: Connection,
+    cq: CqId,
+    local: QpEndpoint,
+    ctrl: MrInfo,
+    /// Its own data region; `None` on a hub's shared buffer pool.
+    data: Option<MrInfo>,
+    /// The access of the data region, which user regions get too.
+    access: Access,
+    windows: Vec<MwId>,
+    /// The completion queue is shared with other endpoints (see
+    /// [`SharedCq`]); `None`: it is this endpoint's own.
+    shared: Option<std::sync::Arc<dyn SharedCq>>,
+    /// The hub's shared receive queue the QP takes its receives from;
+    /// `None`: a receive queue of its own.
+    srq: Option<std::sync::Arc<SharedReceives<N>>>,
+    /// The share of `srq` went back with the QP.
+    share_released: bool,
+    /// Where `drive` polls completions into.
+    batch: Vec<Completion>,
+    /// Where a received frame is copied out of its receive slot to be
+    /// decoded (capacity MAX_FRAME; the slot is re-posted at once).
+    scratch: Vec<u8>,
+    /// An inline payload on its way out, read from the caller's buffer
+    /// (capacity MAX_INLINE).
+    inline: Vec<u8>,
+    destroyed: bool,
+    /// The connection's span (id, QP number, role, policies): every log
+    /// line of its work is inside it, so many connections' logs can be
+    /// told apart.
+    span: tracing::Span,
+}
+
+impl<N: Nic> Link<N> {
+    /// Create the endpoint's resources on `nic` (which should be a protection
+    /// domain of its own: see the confirm policy's security note). Returns
+    /// it with its QP in INIT; give [`Link::local`] to the peer and call
+    /// [`Link::connect`] with the peer's.
+    pub fn new(nic: N, cfg: Config) -> Result<Link<N>, SetupError> {
+        let policies = cfg.policies;
+        Link::prepare(nic, cfg)?.finish(policies)
+    }
+
+    /// The first half of [`Link::new`], for when the policies are only
+    /// known after the bootstrap exchange (which needs the QP number): the
+    /// completion queue and the QP. `cfg.policies` is ignored.
+    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
+        let sizes = QueueSizes::of(&cfg)?;
+        let cq = nic.create_cq(sizes.cq_entries)?;
+        match Link::prepare_on(nic, cfg, sizes, cq, None, None, None) {
+            Ok(p) => Ok(p),
+            Err((nic, e)) => {
+                let _ = nic.destroy_cq(cq);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Link::prepare`] with a QP sized by `sizes` (from the same
+    /// `cfg`) on the completion queue `cq`, which the endpoint does not own
+    /// when `shared` is given, taking its receives from `srq` when given
+    /// (`nic` then in the SRQ's PD), whose initial share it takes. On
+    /// failure the NIC comes back with the error.
+    pub(crate) fn prepare_on(
+        nic: N,
+        cfg: Config,
+        sizes: QueueSizes,
+        cq: CqId,
+        shared: Option<std::sync::Arc<dyn SharedCq>>,
+        srq: Option<std::sync::Arc<SharedReceives<N>>>,
+        pool: Option<BufferPool>,
+    ) -> Result<Prepared<N>, (N, SetupError)> {
+        if let Some(p) = &pool {
+            if let Err(e) = check_pool_classes(&cfg, p) {
+                return Err((nic, e.into()));
+            }
+        }
+        let mut qcfg = QpConfig::new(cq, cq);
+        qcfg.max_send_wr = sizes.send_wrs;
+        qcfg.max_recv_wr = cfg.ctrl_slots;
+        qcfg.rnr_retry = cfg.rnr_retry.min(6);
+        if let Some(s) = &srq {
+            if let Err(e) = s.admit() {
+                return Err((nic, e));
+            }
+            qcfg.srq = Some(s.id());
+            qcfg.max_recv_wr = 0;
+        }
+        match nic.create_qp(qcfg) {
+            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq, pool }),
+            Err(e) => {
+                if let Some(s) = &srq {
+                    s.release(INITIAL_CREDITS);
+                }
+                Err((nic, e.into()))
+            }
+        }
+    }
+
+    /// What the peer needs to connect to this endpoint.
+    pub fn local(&self) -> QpEndpoint {
+        self.local
+    }
+
+    /// The NIC handle (for tests and the oracle).
+    pub fn nic(&self) -> &N {
+        &self.nic
+    }
+
+    /// The connection state machine.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Bytes of memory this connection has registered with the NIC: its
+    /// control slots, its buffer pool, and the user regions it holds.
+    pub fn registered_bytes(&self) -> u64 {
+        let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
+        self.ctrl.len as u64 + self.data.map_or(0, |d| d.len as u64) + regions
+    }
+
+    /// The data region (for tests and the oracle).
+    ///
+    /// # Panics
+    /// On a hub's shared buffer pool, where the connection has no data
+    /// region ([`Link::shares_buffers`]).
+    pub fn data_region(&self) -> MrInfo {
+        self.data.expect("a connection on a shared buffer pool has no data region")
+    }
+
+    /// Whether the connection's buffers come from a hub's shared buffer
+    /// pool ([`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
+    pub fn shares_buffers(&self) -> bool {
+        self.data.is_none()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        self.conn.config()
+    }
+
+    /// The completion queue (for a driver waiting on its readiness).
+    pub fn cq(&self) -> CqId {
+        self.cq
+    }
+
+    /// Whether `buf` is one of this endpoint's buffers.
+    pub fn owns(&self, buf: &Buf) -> bool {
+        self.conn.owns(buf)
+    }
+
+    /// Confirm-policy messages the connection is tracking (diagnostics:
+    /// stays bounded by the calls and requests in progress).
+    pub fn tracked_messages(&self) -> usize {
+        self.conn.tracked_messages()
+    }
+
+    /// Connect to the peer's endpoint (QP to RTS) and post the receive buffers.
+    pub fn connect(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
+        self.nic.connect_qp(self.local.id, peer)?;
+        if self.srq.is_some() {
+            self.conn.start_shared();
+        } else {
+            self.conn.start();
+        }
+        self.run();
+        match self.conn.is_down() {
+            Some(LossReason::Nic(e)) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Why the connection is down, if it is.
+    pub fn is_down(&self) -> Option<&LossReason> {
+        self.conn.is_down()
+    }
+
+    /// What the connection has done so far, and where its buffers are.
+    pub fn stats(&self) -> ConnStats {
+        self.conn.stats()
+    }
+
+    /// Whether events wait to be taken with [`Link::poll_event`].
+    pub fn has_events(&self) -> bool {
+        self.conn.has_events()
+    }
+
+    /// Carry out every command the connection has queued. A command the NIC
+    /// refuses goes back to the connection, which goes down.
+    fn run(&mut self) {
+        if !self.conn.has_commands() {
+            // Most calls find nothing to do (every input and output runs
+            // this): skip the span and the loop.
+            self.conn.give_returned_buffers();
+            return;
+        }
+        let _in = self.span.enter();
+        while let Some(cmd) = self.conn.poll_command() {
+            let done = match &cmd {
+                Command::PostSend { chain, frame } => {
+                    let copied = match frame {
+                        // The frame is copied from the connection's staging
+                        // into its send slot (registered memory), then sent.
+                        Some(f) => {
+                            let bytes = self.conn.staged(f);
+                            self.nic.with_mr_mut(self.ctrl.id, f.offset, bytes.len(), &mut |b| {
+                                b.copy_from_slice(bytes)
+                            })
+                        }
+                        None => Ok(()),
+                    };
+                    copied.and_then(|()| self.nic.post_send(self.local.id, chain.as_slice()))
+                }
+                Command::PostRecv { wr_id, sge } => self.nic.post_recv(self.local.id, *wr_id, *sge),
+                Command::SetQpError => {
+                    if !self.destroyed {
+                        let _ = self.nic.set_qp_error(self.local.id);
+                    }
+                    Ok(())
+                }
+                Command::CpuHold { mr, offset, len, hold } => {
+                    self.nic.set_cpu_held(*mr, *offset, *len, *hold);
+                    Ok(())
+                }
+            };
+            if let Err(e) = done {
+                self.conn.post_failed(&cmd, e);
+            }
+        }
+        // Buffers users gave back go to the shared pool only now, after the
+        // release of their CPU holds above.
+        self.conn.give_returned_buffers();
+    }
+
+    /// Take back the buffers whose handles were dropped; returns how many.
+    pub(crate) fn reclaim(&mut self) -> usize {
+        let n = self.conn.reclaim() + usize::from(self.conn.pool_came_back());
+        self.run();
+        n
+    }
+
+    /// Wake `w` when the hub's shared buffer pool gets a buffer back after
+    /// this connection found it empty.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
+        self.conn.wake_on_pool(w);
+    }
+
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back.
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
+        self.conn.wake_on_return(w)
+    }
+
+    // ---- the user's buffers ----
+
+    /// Take a free buffer from the pool, or `None` when all are in use.
+    pub fn alloc(&mut self) -> Option<Buf> {
+        let b = self.conn.alloc();
+        self.run();
+        b
+    }
+
+    /// Take the smallest free buffer that holds `len` bytes (see
+    /// [`Config::large_buffers`]), or `Ok(None)` when all such buffers are
+    /// in use; fails when no buffer is that large.
+    pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
+        let b = self.conn.alloc_for(len);
+        self.run();
+        b
+    }
+
+    /// Put a buffer back in the pool (dropping it does the same, a little later).
+    pub fn free(&mut self, buf: Buf) {
+        self.conn.free(buf);
+        self.run();
+    }
+
+    // ---- the user's regions ----
+
+    /// Register `len` bytes of memory for the application to keep its data
+    /// in (a KV cache's values, a store's blocks) and expose ranges of it
+    /// without copying them into pool buffers ([`Link::call_region`],
+    /// [`Link::reply_region`]): each exposure gets the same capability
+    /// as a pool buffer (under mw a window over exactly the range, the
+    /// lease, expiry and evidence rules). Zeroed. Write it with
+    /// [`Link::region_write`]; a range cannot be written, nor the region
+    /// deregistered, while it is exposed.
+    ///
+    /// Under confirm the region's key lets the peer read all of it (the
+    /// same cost as the pool's region, see `docs/protocol-confirm.md`):
+    /// keep in it only what that peer may read.
+    pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
+        let info = self.nic.reg_mr(len, self.access)?;
+        Ok(self.conn.add_region(info))
+    }
+
+    /// Deregister a region once none of its ranges is exposed
+    /// ([`UseError::RegionBusy`] until then).
+    pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
+        // Checked first, deregistered second, forgotten last: a region the
+        // NIC refuses to deregister stays known (and may be tried again).
+        let info = self.conn.removable_region(id)?;
+        self.nic.dereg_mr(info.id)?;
+        self.conn.remove_region(id)?;
+        Ok(())
+    }
+
+    /// Copy `bytes` into region `id` at `offset`. Refused while any of those
+    /// bytes is exposed to the peer ([`UseError::RangeExposed`]): wait for
+    /// the exposure's [`Event::RangeReturned`].
+    pub fn region_write(&mut self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
+        self.conn.check_region_write(id, offset, bytes.len())?;
+        let info = self.conn.region_info(id)?;
+        self.nic.with_mr_mut(info.id, offset, bytes.len(), &mut |b| b.copy_from_slice(bytes))?;
+        Ok(())
+    }
+
+    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
+    pub fn region_bytes<R>(
+        &self,
+        id: RegionId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, UseError> {
+        let info = self.conn.region_info(id)?;
+        let range_len = u32::try_from(len).unwrap_or(u32::MAX);
+        if offset.checked_add(len).map_or(true, |end| end > info.len) {
+            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: info.len });
+        }
+        let mut f = Some(f);
+        let mut out = None;
+        self.nic.with_mr(info.id, offset, len, &mut |b| out = f.take().map(|f| f(b)))?;
+        Ok(out.expect("with_mr lends the bytes once"))
+    }
+
+    /// Client: a call whose request payload is `range` of a user region,
+    /// exposed until its [`Event::RangeReturned`] (see
+    /// [`Link::register_region`]).
+    pub fn call_region(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<CallId, UseError> {
+        let r = self.span.in_scope(|| self.conn.call_region(now, trace, header, range));
+        self.run();
+        r
+    }
+
+    /// Server: answer `req` with `range` of a user region as the payload,
+    /// exposed until its [`Event::RangeReturned`].
+    pub fn reply_region(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        range: RegionRange,
+    ) -> Result<(), UseError> {
+        let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
+        self.run();
+        r
+    }
+
+    /// Buffers currently exposed to the peer or being read into (for tests).
+    pub fn busy_buffers(&self) -> usize {
+        self.conn.busy_buffers()
+    }
+
+    /// Buffers free in the pool (dropped handles included).
+    pub fn free_buffers(&mut self) -> usize {
+        let n = self.conn.free_buffers();
+        self.run();
+        n
+    }
+
+    /// Byte ranges of the data region that are exposed to the peer or being
+    /// read into: every other byte must be unreachable by the peer (mw policy).
+    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.conn.busy_ranges()
+    }
+
+    /// The byte range of every buffer of the data region, of every class
+    /// (for checking [`Link::busy_ranges`] against).
+    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.conn.buffer_ranges()
+    }
+
+    // ---- events and time ----
+
+    /// The next event for the user.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let e = self.conn.poll_event();
+        self.run();
+        e
+    }
+
+    /// When [`Link::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        self.conn.poll_timeout()
+    }
+
+    /// Time has reached `now`: fire the engines' timers and call deadlines.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.span.in_scope(|| self.conn.handle_timeout(now));
+        self.run();
+    }
+
+    /// Poll the completion queue, feed every completion and received frame
+    /// to the connection, and post what it asks for. Returns how many
+    /// completions it handled.
+    ///
+    /// On a shared completion queue ([`super::Hub`]) it does not poll: the
+    /// hub hands the completions over (`Link::handle_completions`).
+    pub fn drive(&mut self, now: Duration) -> usize {
+        self.reclaim();
+        let mut handled = 0;
+        if self.shared.is_none() {
+            let mut batch = std::mem::take(&mut self.batch);
+            loop {
+                let n = match self.nic.poll_cq(self.cq, &mut batch) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.conn.post_failed(&Command::SetQpError, e);
+                        break;
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                handled += n;
+                self.handle_completions(now, &batch[..n]);
+            }
+            self.batch = batch;
+        }
+        self.run();
+        handled
+    }
+
+    /// The completion queue this endpoint's QP completes on failed (its
+    /// device is gone): the connection goes down with `e`, as when its own
+    /// queue fails in [`Link::drive`].
+    pub(crate) fn cq_failed(&mut self, e: NicError) {
+        self.conn.post_failed(&Command::SetQpError, e);
+        self.run();
+    }
+
+    /// Feed completions of this endpoint's QP (taken off a completion queue
+    /// by whoever polls it) and the frames they received to the connection,
+    /// and post what it asks for.
+    pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let span = self.span.clone();
+        let _in = span.enter();
+        for c in completions {
+            scratch.clear();
+            if let (Some(srq), Some(slot)) = (&self.srq, srq::slot_of(c.wr_id)) {
+                self.shared_receive(now, srq.clone(), slot, c, &mut scratch);
+                continue;
+            }
+            if let Some((offset, len)) = self.conn.received_frame(c) {
+                // Copied once out of the receive slot (which is re-posted
+                // right after) into the scratch kept for the endpoint's life.
+                let copied =
+                    self.nic.with_mr(self.ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b));
+                if let Err(e) = copied {
+                    self.conn.post_failed(&Command::SetQpError, e);
+                }
+            }
+            self.conn.handle_completion(now, c, &scratch);
+        }
+        drop(_in);
+        self.scratch = scratch;
+        self.run();
+    }
+
+    /// A completion of a receive of the hub's shared queue: copy the frame
+    /// out, post the receive again at once, hand the frame to the
+    /// connection, and grant its receive again (or more, or none: see
+    /// [`SharedReceives::regrant`]).
+    fn shared_receive(
+        &mut self,
+        now: Duration,
+        srq: std::sync::Arc<SharedReceives<N>>,
+        slot: u32,
+        c: &Completion,
+        scratch: &mut Vec<u8>,
+    ) {
+        let copy = c.status.is_success().then_some(c.byte_len as usize);
+        if let Err(e) = srq.take_frame(slot, copy, scratch) {
+            self.conn.post_failed(&Command::SetQpError, e);
+        }
+        let mut own = *c;
+        own.wr_id = proto::SHARED_RECV_WR_ID;
+        self.conn.handle_completion(now, &own, scratch);
+        if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
+            let share = self.conn.receive_share();
+            match srq.regrant(share, self.conn.config().ctrl_slots) {
+                Regrant::Same => self.conn.grant_receives(1, 0),
+                Regrant::Grow => self.conn.grant_receives(2, 1),
+                Regrant::Withhold => {
+                    let kept = self.conn.withhold_receive();
+                    debug_assert!(kept, "regrant withholds only above the least share");
+                }
+            }
+        }
+    }
+
+    /// The QP is gone: no frame takes a shared receive for it any more, so
+    /// its share goes back to the hub's queue (once).
+    fn release_share(&mut self) {
+        if let Some(s) = self.srq.as_ref().filter(|_| !self.share_released) {
+            // Admitted with the initial share; the connection's own once it
+            // started on the queue.
+            let share =
+                if self.conn.takes_shared_receives() { self.conn.receive_share() } else { INITIAL_CREDITS };
+            s.release(share);
+            self.share_released = true;
+        }
+    }
+
+    // ---- calls ----
+
+    /// Client: send a request with `header` and, optionally, a payload the
+    /// server will READ from `data` (which returns in an
+    /// [`Event::BufferReturned`]). The reply comes as [`Event::Reply`] or
+    /// [`Event::CallFailed`].
+    ///
+    /// A refusal sends nothing and hands `data` back in [`Refused::data`].
+    pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
+        self.call_traced(now, None, header, data)
+    }
+
+    /// [`Link::call`] carrying the caller's trace id (see
+    /// [`proto::Connection::call_traced`](super::proto::Connection::call_traced)).
+    pub fn call_traced(
+        &mut self,
+        now: Duration,
+        trace: Option<TraceId>,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<CallId, Refused> {
+        self.send_maybe_inline(
+            data,
+            |conn, inline| conn.call_inline(now, trace, header, inline),
+            |conn, data| conn.call_traced(now, trace, header, data),
+        )
+    }
+
+    /// Send a call or reply with `data` inline (`inline_send`, when it fits
+    /// `Config::inline_max`) or exposed (`send`), in the connection's span,
+    /// then carry out what it asks of the NIC.
+    fn send_maybe_inline<T>(
+        &mut self,
+        data: Option<Buf>,
+        inline_send: impl FnOnce(&mut Connection, &[u8]) -> Result<T, Refused>,
+        send: impl FnOnce(&mut Connection, Option<Buf>) -> Result<T, Refused>,
+    ) -> Result<T, Refused> {
+        let r = if self.stage_inline(data.as_ref()) {
+            let inline = std::mem::take(&mut self.inline);
+            let conn = &mut self.conn;
+            let r = self.span.in_scope(|| inline_send(conn, &inline));
+            self.inline = inline;
+            self.sent_inline(r, data)
+        } else {
+            let conn = &mut self.conn;
+            self.span.in_scope(|| send(conn, data))
+        };
+        self.run();
+        r
+    }
+
+    /// Whether `data` goes inline (`Config::inline_max`): then its bytes
+    /// are copied into `self.inline`.
+    fn stage_inline(&mut self, data: Option<&Buf>) -> bool {
+        let Some(b) = data else { return false };
+        let len = b.len as usize;
+        if len == 0 || len > self.conn.config().inline_max as usize || self.conn.check_buf(b).is_err() {
+            return false;
+        }
+        self.inline.clear();
+        self.inline.extend_from_slice(b);
+        true
+    }
+
+    /// After an inline call or reply: sent, the buffer goes back to the
+    /// pool (nothing can reach it); refused, it goes back to the caller.
+    fn sent_inline<T>(&mut self, r: Result<T, Refused>, data: Option<Buf>) -> Result<T, Refused> {
+        match r {
+            Ok(v) => {
+                if let Some(b) = data {
+                    self.conn.free(b);
+                }
+                Ok(v)
+            }
+            Err(Refused { error, .. }) => Err(Refused { error, data }),
+        }
+    }
+
+    /// Client: give up on a call. Its exposures end as the protocols allow
+    /// (an mw window stays bound until the peer releases or it expires).
+    pub fn cancel(&mut self, now: Duration, call: CallId) -> bool {
+        let r = self.conn.cancel(now, call);
+        self.run();
+        r
+    }
+
+    /// Server: answer `req` with `status`, `header` and optionally a payload
+    /// the client will READ from `data` (it returns in an
+    /// [`Event::BufferReturned`]).
+    ///
+    /// A refusal sends nothing, leaves the request waiting for a reply, and
+    /// hands `data` back in [`Refused::data`].
+    pub fn reply(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        data: Option<Buf>,
+    ) -> Result<(), Refused> {
+        self.send_maybe_inline(
+            data,
+            |conn, inline| conn.reply_inline(now, req, status, header, inline),
+            |conn, data| conn.reply(now, req, status, header, data),
+        )
+    }
+
+    // ---- closing ----
+
+    /// Start closing: the QP goes to ERR (no remote access through it is
+    /// possible any more), every call fails, and the flushes start arriving.
+    /// [`Link::drive`] reaps them; [`Link::finish_close`] then
+    /// destroys the QP. Never blocks.
+    pub fn begin_close(&mut self, now: Duration) {
+        self.span.in_scope(|| self.conn.begin_close(now));
+        self.run();
+    }
+
+    /// The peer went away: its end of the bootstrap stream
+    /// ([`Connected::stream`](super::Connected::stream)) closed. Starts
+    /// closing as [`Link::begin_close`] does, with the connection down
+    /// for [`LossReason::PeerGone`] (unless it was down already), so that
+    /// calls fail saying so. Never blocks.
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.span.in_scope(|| self.conn.peer_gone(now));
+        self.run();
+    }
+
+    /// Send-queue work requests whose completions have not been reaped.
+    pub fn sends_in_flight(&self) -> usize {
+        self.conn.sends_in_flight()
+    }
+
+    /// Close the connection: QP to ERR, reap the flushes, destroy the QP
+    /// (after which no DMA of it is possible) and return every buffer.
+    ///
+    /// This waits (a bounded number of polls) for the flushes; a driver that
+    /// must not block calls [`Link::begin_close`], drives until
+    /// [`Link::sends_in_flight`] and [`Link::busy_buffers`] are 0,
+    /// then [`Link::finish_close`].
+    pub fn close(&mut self, now: Duration) {
+        self.begin_close(now);
+        self.drive(now);
+        if self.destroyed {
+            return;
+        }
+        // Reap the flushes before destroying the QP (rxe warns, and waits,
+        // when a QP is destroyed while its flushes are still being
+        // generated). Bounded: a backend whose clock does not move (the sim
+        // in manual mode) simply falls through to the destroy, which is
+        // evidence enough.
+        for _ in 0..2000 {
+            if self.sends_in_flight() == 0 && self.busy_buffers() == 0 {
+                break;
+            }
+            std::thread::yield_now();
+            self.drive(now);
+        }
+        self.finish_close(now);
+    }
+
+    /// Destroy the QP of a connection that is down, and return every buffer
+    /// (nothing can reach or fill one after the destroy). Idempotent.
+    pub fn finish_close(&mut self, now: Duration) {
+        self.begin_close(now);
+        if self.destroyed {
+            return;
+        }
+        // The QP is in ERR: no remote access through it is possible. Free the
+        // windows first (freeing a bound window invalidates it without an
+        // invalidation work request); rxe stalls ~50 s destroying a QP that
+        // still has valid windows bound to it.
+        for w in self.windows.drain(..) {
+            let _ = self.nic.dealloc_mw(w);
+        }
+        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
+        if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
+            tracing::warn!(%e, "destroy QP");
+            // No evidence: the shared pool's buffers must not serve others.
+            self.conn.quarantine_pool_buffers();
+        }
+        self.destroyed = true;
+        self.release_share();
+        self.conn.handle_qp_destroyed(now);
+        self.run();
+    }
+}
+
+/// An endpoint whose QP exists but whose policies are not chosen yet; see
+/// [`Link::prepare`]. Dropping it destroys the QP and the CQ.
+pub struct Prepared<N: Nic> {
+    nic: Option<N>,
+    cfg: Config,
+    cq: CqId,
+    local: QpEndpoint,
+    shared: Option<std::sync::Arc<dyn SharedCq>>,
+    srq: Option<std::sync::Arc<SharedReceives<N>>>,
+    /// The hub's shared buffer pool, if it has one.
+    pool: Option<BufferPool>,
+}
+
+impl<N: Nic> Prepared<N> {
+    /// What the peer needs to connect to this endpoint.
+    pub fn local(&self) -> QpEndpoint {
+        self.local
+    }
+
+    /// The settings `finish` will use (adjust them after the bootstrap, e.g.
+    /// to the negotiated lease time).
+    pub fn config_mut(&mut self) -> &mut Config {
+        &mut self.cfg
+    }
+
+    /// Create the rest for `policies`: regions, windows, the connection.
+    pub fn finish(mut self, policies: Policies) -> Result<Link<N>, SetupError> {
+        let mut cfg = self.cfg.clone();
+        cfg.policies = policies;
+        let (owns, _) = cfg.directions();
+        let mut access = Access::LOCAL_WRITE;
+        if owns == Policy::Mw {
+            access = access | Access::MW_BIND;
+        } else {
+            access = access | Access::REMOTE_READ;
+        }
+        // The NIC stays in `self` until success, so that an error drops the
+        // QP and the CQ; `Resources` cleans up what was made so far.
+        let nic = self.nic.as_ref().expect("finish runs once");
+        let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
+        if self.srq.is_some() && (cfg.policies.request != Policy::Mw || cfg.policies.reply != Policy::Mw) {
+            let Policies { request, reply } = cfg.policies;
+            return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
+        }
+        // The settings may have changed since `prepare` (`config_mut`).
+        if let Some(p) = &self.pool {
+            check_pool_classes(&cfg, p)?;
+        }
+        // Send slots, then (with a receive queue of its own) receive slots.
+        let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
+        let ctrl = made.reg(MAX_FRAME * (cfg.sends() + recvs) as usize, Access::LOCAL_WRITE)?;
+        let layout = Layout::new(&cfg);
+        let data = match &self.pool {
+            None => Some(made.reg(layout.bytes() as usize, access)?),
+            Some(_) => None,
+        };
+        // On a shared pool the windows are the pool's, lent per exposure.
+        if owns == Policy::Mw && self.pool.is_none() {
+            for _ in 0..layout.slots() + cfg.region_exposures {
+                let w = nic.alloc_mw()?;
+                made.windows.push(w.id);
+                made.rkeys.push(w.rkey);
+            }
+        }
+        let (windows, window_rkeys) = made.keep();
+        let span = tracing::debug_span!(
+            "mwcap.conn",
+            id = tracing::field::Empty,
+            qpn = self.local.qpn,
+            role = ?cfg.role,
+            request = ?cfg.policies.request,
+            reply = ?cfg.policies.reply,
+        );
+        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
+        let memory = match (data.zip(data_memory), self.pool.take()) {
+            (Some((data, mem)), _) => DataMemory::Region(data, mem),
+            (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
+        };
+        let conn = Connection::new(
+            cfg,
+            Resources { ctrl: ctrl.id, data: memory, windows: windows.clone(), window_rkeys },
+        );
+        span.record("id", conn.id());
+        let nic = self.nic.take().expect("finish runs once");
+        Ok(Link {
+            nic,
+            conn,
+            cq: self.cq,
+            local: self.local,
+            ctrl,
+            data,
+            access,
+            windows,
+            shared: self.shared.take(),
+            srq: self.srq.take(),
+            share_released: false,
+            batch: vec![Completion::EMPTY; POLL_BATCH],
+            scratch: Vec::with_capacity(MAX_FRAME),
+            inline: Vec::with_capacity(MAX_INLINE as usize),
+            destroyed: false,
+            span,
+        })
+    }
+}
+
+/// Regions and windows made by `finish`, released if it fails half-way.
+struct Made<'a, N: Nic> {
+    nic: &'a N,
+    mrs: Vec<MrInfo>,
+    windows: Vec<MwId>,
+    rkeys: Vec<u32>,
+}
+
+impl<N: Nic> Made<'_, N> {
+    fn reg(&mut self, len: usize, access: Access) -> Result<MrInfo, NicError> {
+        let mr = self.nic.reg_mr(len, access)?;
+        self.mrs.push(mr);
+        Ok(mr)
+    }
+    /// Success: keep everything; returns the windows and their rkeys.
+    fn keep(mut self) -> (Vec<MwId>, Vec<u32>) {
+        self.mrs.clear();
+        (std::mem::take(&mut self.windows), std::mem::take(&mut self.rkeys))
+    }
+}
+
+impl<N: Nic> Drop for Made<'_, N> {
+    fn drop(&mut self) {
+        for w in self.windows.drain(..) {
+            let _ = self.nic.dealloc_mw(w);
+        }
+        for mr in self.mrs.drain(..) {
+            let _ = self.nic.dereg_mr(mr.id);
+        }
+    }
+}
+
+impl<N: Nic> Drop for Prepared<N> {
+    fn drop(&mut self) {
+        if let Some(nic) = self.nic.take() {
+            let _ = destroy_qp(&nic, self.shared.as_ref(), &self.local);
+            if let Some(s) = &self.srq {
+                s.release(INITIAL_CREDITS);
+            }
+            if self.shared.is_none() {
+                let _ = nic.destroy_cq(self.cq);
+            }
+        }
+    }
+}
+
+impl<N: Nic> Drop for Link<N> {
+    fn drop(&mut self) {
+        // Order: QP to ERR (no more remote access), windows freed, QP
+        // destroyed, then the memory and the CQ.
+        if !self.destroyed {
+            let _ = self.nic.set_qp_error(self.local.id);
+        }
+        for w in self.windows.drain(..) {
+            let _ = self.nic.dealloc_mw(w);
+        }
+        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
+        if !self.destroyed && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_err() {
+            // No evidence: the shared pool's buffers must not serve others.
+            self.conn.quarantine_pool_buffers();
+        }
+        self.release_share();
+        // Nothing can reach a buffer now (QP destroyed, windows freed): the
+        // shared pool's go back to it.
+        self.conn.release_pool_buffers();
+        if let Some(data) = self.data {
+            let _ = self.nic.dereg_mr(data.id);
+        }
+        let _ = self.nic.dereg_mr(self.ctrl.id);
+        for r in self.conn.region_infos() {
+            let _ = self.nic.dereg_mr(r.id);
+        }
+        if self.shared.is_none() {
+            let _ = self.nic.destroy_cq(self.cq);
+        }
+    }
+}
+
+#[cfg(fuzzing)]
+impl<N: Nic> Link<N> {
+    /// Fuzzing hook: handle `bytes` as if a SEND carrying them had arrived
+    /// (with `invalidated` as a SEND_WITH_INV's rkey), then run the engines.
+    pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
+        self.conn.fuzz_deliver(now, bytes, invalidated);
+        self.run();
+    }
+}

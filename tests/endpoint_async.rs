@@ -1,0 +1,200 @@
+//! The async `Endpoint` on simulated NICs over localhost TCP: one way to
+//! connect (`Endpoint::connect`) and one to accept (`Endpoint::accept`),
+//! every connection on the endpoint's one completion queue and driver, and
+//! each connection's bootstrap stream kept and watched by the endpoint.
+
+#![cfg(not(loom))]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use mwcap::bootstrap::{Auth, Key};
+use mwcap::conn::{
+    BufClass, Config, ConfigError, Connection, Endpoint, LossReason, Policies, Policy, PolicyChoice, Role,
+    SetupError, SrqConfig,
+};
+use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+
+fn auth() -> Auth {
+    Auth::Key(Key::from_bytes(b"endpoint_async's shared test key".to_vec()).unwrap())
+}
+
+fn small() -> Config {
+    let mut c = Config::new(Role::Client, Policies::both(Policy::Mw));
+    c.buffers = 4;
+    c.buffer_size = 4096;
+    c
+}
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Reverse each request's payload into the reply's, until the connection
+/// is down.
+async fn reverse(conn: Connection<SimNic>) {
+    while let Some(req) = conn.next_request().await {
+        let mut bytes = req.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
+        drop(req.data);
+        bytes.reverse();
+        let out = if bytes.is_empty() {
+            None
+        } else {
+            let Ok(mut out) = conn.alloc().await else { return };
+            out.copy_from(&bytes).unwrap();
+            Some(out)
+        };
+        if conn.reply(req.id, 0, &req.header, out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Wait for `f` on `pool` (a wall-time limit: the handshakes are real TCP).
+fn wait(pool: &mut LocalPool, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    true
+}
+
+/// Three clients connect to one listening endpoint and call it; every
+/// connection on each side is on its endpoint's one completion queue.
+#[test]
+fn clients_connect_to_a_listening_endpoint_and_call_it() {
+    let fabric = Fabric::with_seed(31);
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let mut pool = LocalPool::new();
+    let sp = pool.spawner();
+    let (server, sdrv) = Endpoint::builder(sn, auth()).config(small()).listen(any_port()).build().unwrap();
+    let (client, cdrv) = Endpoint::builder(cn, auth()).config(small()).build().unwrap();
+    sp.spawn_local(async move {
+        sdrv.run().await;
+    })
+    .unwrap();
+    sp.spawn_local(async move {
+        cdrv.run().await;
+    })
+    .unwrap();
+    let addr = server.local_addr().expect("it listens");
+    let s2 = server.clone();
+    let sp2 = sp.clone();
+    sp.spawn_local(async move {
+        while let Ok(conn) = s2.accept().await {
+            sp2.spawn_local(reverse(conn)).unwrap();
+        }
+    })
+    .unwrap();
+    let done = std::rc::Rc::new(std::cell::Cell::new(0));
+    for i in 0..3u8 {
+        let (client, done) = (client.clone(), done.clone());
+        sp.spawn_local(async move {
+            let conn = client.connect(addr).await.expect("connected");
+            for k in 0..5u8 {
+                let mut b = conn.alloc().await.unwrap();
+                b.copy_from(&[i, k, 1, 2, 3]).unwrap();
+                let r = conn.call(&[i], Some(b)).await.expect("a reply");
+                assert_eq!(r.data.as_deref(), Some(&[3, 2, 1, k, i][..]), "client {i} call {k}");
+            }
+            conn.close();
+            done.set(done.get() + 1);
+        })
+        .unwrap();
+    }
+    assert!(wait(&mut pool, || done.get() == 3), "every client made its calls");
+    assert_eq!(client.stats().added, 3, "the client side's connections share its one hub");
+    assert_eq!(server.stats().added, 3);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// Nothing the application keeps holds a connection up or lets it down:
+/// the endpoint keeps the bootstrap stream, so a client that keeps only its
+/// `Connection` stays up, and the server sees `PeerGone` when the client's
+/// process (here: its endpoint and driver) goes away.
+#[test]
+fn the_endpoint_keeps_each_bootstrap_stream_and_a_peer_that_goes_is_seen() {
+    let fabric = Fabric::with_seed(32);
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let mut pool = LocalPool::new();
+    let sp = pool.spawner();
+    let (server, sdrv) = Endpoint::builder(sn, auth()).config(small()).listen(any_port()).build().unwrap();
+    sp.spawn_local(async move {
+        sdrv.run().await;
+    })
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let accepted = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let a2 = accepted.clone();
+    let s2 = server.clone();
+    sp.spawn_local(async move {
+        let conn = s2.accept().await.expect("accepted");
+        *a2.borrow_mut() = Some(conn.clone());
+        reverse(conn).await;
+    })
+    .unwrap();
+    // The client runs on a thread of its own, as another process would.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let client = std::thread::spawn(move || {
+        let (ep, drv) = Endpoint::builder(cn, auth()).config(small()).build().unwrap();
+        let mut pool = LocalPool::new();
+        pool.spawner()
+            .spawn_local(async move {
+                drv.run().await;
+            })
+            .unwrap();
+        let conn = pool.run_until(ep.connect(addr)).expect("connected");
+        drop(ep); // only the connection is kept
+        pool.run_until(async_io::Timer::after(Duration::from_millis(200)));
+        let r = pool.run_until(conn.call(b"x", None)).expect("still up without the endpoint handle");
+        tx.send(r.status).unwrap();
+        // The process "dies": its pool (driver included) and connection go.
+    });
+    // The server's side runs on this thread's pool meanwhile.
+    let mut status = None;
+    assert!(wait(&mut pool, || {
+        status = status.or(rx.try_recv().ok());
+        status.is_some() && client.is_finished()
+    }));
+    assert_eq!(status, Some(0), "the call was answered");
+    client.join().unwrap();
+    assert!(wait(&mut pool, || accepted.borrow().as_ref().is_some_and(|c| c.is_down().is_some())));
+    let conn = accepted.borrow().clone().unwrap();
+    assert_eq!(conn.is_down(), Some(LossReason::PeerGone), "the server saw its peer go");
+}
+
+/// `accept` on an endpoint that does not listen says so; one that stops
+/// listening ends its accept loop; sharing needs the mw policy.
+#[test]
+fn accept_without_listening_stop_listening_and_sharing_say_what_to_do() {
+    let fabric = Fabric::with_seed(33);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let mut pool = LocalPool::new();
+    let (client, _drv) = Endpoint::builder(nic.clone(), auth()).build().unwrap();
+    let e = pool.run_until(client.accept()).err().unwrap();
+    assert!(matches!(e, SetupError::NotListening), "{e}");
+    assert!(e.to_string().contains("EndpointBuilder::listen"), "{e}");
+    let (server, _sdrv) = Endpoint::builder(nic.clone(), auth()).listen(any_port()).build().unwrap();
+    let s2 = server.clone();
+    let waiting = pool.spawner().spawn_local_with_handle(async move { s2.accept().await.err() }).unwrap();
+    pool.run_until_stalled();
+    server.stop_listening();
+    let e = pool.run_until(waiting).expect("the waiting accept ended");
+    assert!(matches!(e, SetupError::ListenerClosed), "{e}");
+    assert!(matches!(pool.run_until(server.accept()), Err(SetupError::ListenerClosed)));
+    let shared = Endpoint::builder(nic, auth())
+        .policy(PolicyChoice::Auto)
+        .shared_buffers(&[BufClass { size: 4096, count: 8 }])
+        .shared_receives(SrqConfig::default())
+        .build();
+    let e = shared.err().expect("refused");
+    assert!(
+        matches!(e, SetupError::Config(ConfigError::SharingNeedsMw { choice: PolicyChoice::Auto })),
+        "{e}"
+    );
+}
