@@ -3,7 +3,7 @@
 
 use super::super::pool::Holder;
 use super::super::types::*;
-use super::{Connection, RegionState};
+use super::*;
 use crate::backend::MrInfo;
 
 impl Connection {
@@ -260,5 +260,185 @@ impl Connection {
                 o..o + self.layout.size(s) as usize
             })
             .collect()
+    }
+
+    // ---- where buffers are, and who holds them ----
+
+    /// Where buffer `slot` is: its region and its offset in it (the data
+    /// region, or while the slot is taken the pool buffer behind it).
+    pub(super) fn place(&self, slot: u32) -> (MrInfo, u64) {
+        match &self.res.data {
+            DataMemory::Region(data, _) => (*data, self.layout.offset(slot)),
+            DataMemory::Pool(_) => {
+                let (pool, of) = self.bufs.backing(slot).expect("a taken slot of a pool has a buffer");
+                (pool.info(of), 0)
+            }
+        }
+    }
+
+    /// The memory of buffer `slot` (taken: on a pool, backed) and its
+    /// offset in it.
+    pub(super) fn memory_at(&self, slot: u32) -> (&std::sync::Arc<crate::mem::Memory>, usize) {
+        match &self.res.data {
+            DataMemory::Region(_, mem) => (mem, self.layout.offset(slot) as usize),
+            DataMemory::Pool(_) => {
+                let (pool, of) = self.bufs.backing(slot).expect("a taken slot of a pool has a buffer");
+                (pool.memory(of), 0)
+            }
+        }
+    }
+
+    /// Write `bytes` at the start of buffer `slot`, which nobody holds (an
+    /// inline payload received into a buffer just taken for it).
+    pub(super) fn fill_slot(&self, slot: u32, bytes: &[u8]) {
+        let (mem, offset) = self.memory_at(slot);
+        if let Err(e) = mem.write(offset, bytes) {
+            // A buffer just taken has no handle: this is mwcap's bug.
+            debug_assert!(false, "writing an inline payload into buffer {slot}: {e}");
+            tracing::error!(%e, slot, "writing an inline payload into a buffer failed (a bug in mwcap)");
+        }
+    }
+
+    pub(super) fn mw_buffer(&self, slot: u32, len: u32) -> mw::Buffer {
+        let (mr, offset) = self.place(slot);
+        mw::Buffer { mr: mr.id.raw(), offset, len, addr: mr.addr + offset }
+    }
+
+    pub(super) fn slot_of_mw(&self, b: &mw::Buffer) -> Option<u32> {
+        match &self.res.data {
+            DataMemory::Region(data, _) if b.mr == data.id.raw() => self.layout.slot_at(b.offset),
+            DataMemory::Region(..) => None,
+            DataMemory::Pool(_) => self.bufs.slot_of_mr(b.mr).filter(|_| b.offset == 0),
+        }
+    }
+
+    /// A handle for a slot the user now holds (its current lending).
+    pub(super) fn buf(&self, slot: u32, len: u32) -> Buf {
+        debug_assert_eq!(self.bufs.holder(slot), Some(Holder::User));
+        let (mem, offset) = self.memory_at(slot);
+        let cap = self.layout.size(slot) as usize;
+        // No two handles ever hold one buffer: a slot is lent to one at a
+        // time, and a pool parks a buffer a stale handle still holds.
+        let bytes = mem.lend(offset, cap).unwrap_or_else(|| {
+            panic!(
+                "buffer {slot} ({cap} bytes at {offset}) is already held by another handle: a bug in mwcap"
+            )
+        });
+        Buf {
+            endpoint: self.id,
+            slot,
+            len,
+            lending: self.bufs.lending(slot),
+            home: Some(self.returns.clone()),
+            bytes: Some(bytes),
+        }
+    }
+
+    /// Take back the buffers whose handles were dropped; returns how many.
+    pub fn reclaim(&mut self) -> usize {
+        self.returns.take_all(&mut self.reclaimed);
+        let mut n = 0;
+        for (slot, lending) in self.reclaimed.drain(..) {
+            n += usize::from(self.bufs.give_back(slot, lending));
+        }
+        if n > 0 {
+            // A payload may be waiting for a free buffer: the engines run.
+            self.dirty = true;
+            self.flush_holds();
+        }
+        n
+    }
+
+    /// Wake `w` when a buffer handle is dropped (the async driver); true if
+    /// dropped handles already wait to be taken back ([`Connection::reclaim`]).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
+        self.returns.set_waker(w);
+        self.returns.any()
+    }
+
+    /// Whether a take found the shared buffer pool empty and a buffer has
+    /// come back to it since: the engines run again (a READ waiting for a
+    /// destination). Only the driver's turn asks, so that it also wakes the
+    /// user's waiting `alloc`s; a user call that took the news instead
+    /// would leave them asleep.
+    pub(crate) fn pool_came_back(&mut self) -> bool {
+        let back = self.bufs.unstarve();
+        if back {
+            self.dirty = true;
+        }
+        back
+    }
+
+    /// Make sure no buffer of the shared pool goes back to it from now on:
+    /// the QP could not be destroyed, so no evidence says the peer's NIC
+    /// cannot reach them. They stay out of the pool (lost to it).
+    pub(crate) fn quarantine_pool_buffers(&mut self) {
+        self.bufs.quarantine();
+    }
+
+    /// Wake `w` when the shared buffer pool gets a buffer back after a take
+    /// found none (the hub's driver then asks
+    /// [`Connection::pool_came_back`]). No-op without a shared pool.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
+        self.bufs.wake_on_pool(w);
+    }
+
+    /// Deallocate (with `dealloc`) the shared pool's windows lent to this
+    /// connection's exposures and not yet back: bound to its QP, or unbound
+    /// by an invalidation whose news has not been taken yet. Call it once
+    /// the QP is in ERR and before it is destroyed (rxe stalls destroying a
+    /// QP with windows bound to it). They never go back to the pool; it
+    /// allocates others. No-op without a shared pool.
+    ///
+    /// `dealloc` says whether the window was deallocated; one that was not
+    /// stays out of the pool for good (still counted among its windows).
+    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) {
+        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return };
+        let mut n = 0;
+        for (_, w) in lent.drain() {
+            n += u32::from(dealloc(MwId::from_raw(w)));
+        }
+        self.bufs.windows_dropped(n);
+    }
+
+    /// Give the shared pool's buffers back, whoever holds their slots. Call
+    /// it only once the QP is destroyed and the windows are freed (the
+    /// endpoint's drop), and use no buffer of the connection afterwards.
+    pub(crate) fn release_pool_buffers(&mut self) {
+        self.bufs.release_backing();
+    }
+
+    /// Give the shared pool the buffers users gave back. The I/O layer
+    /// calls it after carrying out the commands, so that a buffer's
+    /// [`Command::CpuHold`] release comes before another connection can
+    /// take it (a testing aid's order: the NIC never reaches such a buffer).
+    pub(crate) fn give_returned_buffers(&mut self) {
+        self.bufs.give_returned();
+    }
+
+    /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
+    /// back since the last time. Called before the NIC can act again: at the
+    /// end of every input.
+    pub(super) fn flush_holds(&mut self) {
+        self.bufs.take_changes(&mut self.hold_changes);
+        if self.hold_changes.is_empty() {
+            return;
+        }
+        let remote_reads_allowed = self.cfg.directions().0 == Policy::Confirm;
+        for i in 0..self.hold_changes.len() {
+            let c = self.hold_changes[i];
+            let len = self.layout.size(c.slot) as usize;
+            let hold = if c.held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
+            // A pool buffer as it was at the change (a slot given back at
+            // once no longer has one).
+            let (mr, offset) = match (&self.res.data, c.backing) {
+                (DataMemory::Pool(pool), Some(of)) => (pool.info(of).id, 0),
+                (DataMemory::Pool(_), None) => continue,
+                (DataMemory::Region(data, _), _) => (data.id, self.layout.offset(c.slot) as usize),
+            };
+            self.commands.push_back(Command::CpuHold { mr, offset, len, hold });
+        }
     }
 }

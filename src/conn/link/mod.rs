@@ -9,6 +9,10 @@
 
 use std::time::Duration;
 
+mod create;
+pub use create::Prepared;
+pub(crate) use create::QueueSizes;
+
 use super::bufpool::BufferPool;
 use super::config::*;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
@@ -31,58 +35,6 @@ pub(crate) trait SharedCq: Send + Sync {
     /// QP's completions out of the shared queue and forget the QP, before
     /// its number can name a new QP's completions there.
     fn retire(&self, qpn: u32, destroy: &mut dyn FnMut());
-}
-
-/// The queue depths a connection's settings need, worked out once (after
-/// [`Config::check`]) for the QP and for the completion queue it uses.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct QueueSizes {
-    /// Send queue: control SENDs, per buffer a bind, an invalidate and the
-    /// READs of a payload (one per `read_chunk`).
-    pub(crate) send_wrs: u32,
-    /// Completion queue entries the connection may need at once: every
-    /// work request may come back, as a flush if nothing else.
-    pub(crate) cq_entries: u32,
-}
-
-impl QueueSizes {
-    /// Check `cfg` and size its queues.
-    pub(crate) fn of(cfg: &Config) -> Result<QueueSizes, ConfigError> {
-        cfg.check()?;
-        let layout = Layout::new(cfg);
-        let chunk = u64::from(cfg.read_chunk);
-        let reads: u64 = (0..layout.slots()).map(|s| u64::from(layout.size(s)).div_ceil(chunk)).sum();
-        let exposable = u64::from(layout.slots()) + u64::from(cfg.region_exposures);
-        let wanted = u64::from(cfg.sends()) + 2 * exposable + reads + 8;
-        let too_many = || ConfigError::TooManyWorkRequests { send_wrs: wanted, receives: cfg.ctrl_slots };
-        let send_wrs = u32::try_from(wanted).map_err(|_| too_many())?;
-        let cq_entries = send_wrs.checked_add(cfg.ctrl_slots).ok_or_else(too_many)?;
-        Ok(QueueSizes { send_wrs, cq_entries })
-    }
-
-    /// The entries a connection reserves of a shared completion queue: all
-    /// of `cq_entries`, or on a shared receive queue only its send side
-    /// (the receives' completions are reserved once for the whole SRQ, for
-    /// every receive of it may complete before the queue is polled,
-    /// whichever connection's peer sent the frames).
-    pub(crate) fn reserved(&self, shared_receives: bool) -> u32 {
-        if shared_receives {
-            self.send_wrs
-        } else {
-            self.cq_entries
-        }
-    }
-}
-
-/// Whether every buffer class of `cfg` that has buffers is a class of `pool`.
-fn check_pool_classes(cfg: &Config, pool: &BufferPool) -> Result<(), ConfigError> {
-    let layout = Layout::new(cfg);
-    for (size, count) in layout.sizes().into_iter().zip(layout.counts()) {
-        if count > 0 && pool.class_of_size(size).is_none() {
-            return Err(ConfigError::NotAPoolClass { size, classes: pool.sizes().to_vec() });
-        }
-    }
-    Ok(())
 }
 
 /// Destroy `qp` directly, or through the shared queue's `retire`.
@@ -151,71 +103,6 @@ pub struct Link<N: Nic> {
 }
 
 impl<N: Nic> Link<N> {
-    /// Create the endpoint's resources on `nic` (which should be a protection
-    /// domain of its own: see the confirm policy's security note). Returns
-    /// it with its QP in INIT; give [`Link::local`] to the peer and call
-    /// [`Link::connect`] with the peer's.
-    pub fn new(nic: N, cfg: Config) -> Result<Link<N>, SetupError> {
-        let policies = cfg.policies;
-        Link::prepare(nic, cfg)?.finish(policies)
-    }
-
-    /// The first half of [`Link::new`], for when the policies are only
-    /// known after the bootstrap exchange (which needs the QP number): the
-    /// completion queue and the QP. `cfg.policies` is ignored.
-    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
-        let sizes = QueueSizes::of(&cfg)?;
-        let cq = nic.create_cq(sizes.cq_entries)?;
-        match Link::prepare_on(nic, cfg, sizes, cq, None, None, None) {
-            Ok(p) => Ok(p),
-            Err((nic, e)) => {
-                let _ = nic.destroy_cq(cq);
-                Err(e)
-            }
-        }
-    }
-
-    /// [`Link::prepare`] with a QP sized by `sizes` (from the same
-    /// `cfg`) on the completion queue `cq`, which the endpoint does not own
-    /// when `shared` is given, taking its receives from `srq` when given
-    /// (`nic` then in the SRQ's PD), whose initial share it takes. On
-    /// failure the NIC comes back with the error.
-    pub(crate) fn prepare_on(
-        nic: N,
-        cfg: Config,
-        sizes: QueueSizes,
-        cq: CqId,
-        shared: Option<std::sync::Arc<dyn SharedCq>>,
-        srq: Option<std::sync::Arc<SharedReceives<N>>>,
-        pool: Option<BufferPool>,
-    ) -> Result<Prepared<N>, (N, SetupError)> {
-        if let Some(p) = &pool {
-            if let Err(e) = check_pool_classes(&cfg, p) {
-                return Err((nic, e.into()));
-            }
-        }
-        let mut qcfg = QpConfig::new(cq, cq);
-        qcfg.max_send_wr = sizes.send_wrs;
-        qcfg.max_recv_wr = cfg.ctrl_slots;
-        qcfg.rnr_retry = cfg.rnr_retry.min(6);
-        if let Some(s) = &srq {
-            if let Err(e) = s.admit() {
-                return Err((nic, e));
-            }
-            qcfg.srq = Some(s.id());
-            qcfg.max_recv_wr = 0;
-        }
-        match nic.create_qp(qcfg) {
-            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq, pool }),
-            Err(e) => {
-                if let Some(s) = &srq {
-                    s.release(INITIAL_CREDITS);
-                }
-                Err((nic, e.into()))
-            }
-        }
-    }
-
     /// What the peer needs to connect to this endpoint.
     pub fn local(&self) -> QpEndpoint {
         self.local
@@ -827,157 +714,6 @@ impl<N: Nic> Link<N> {
         self.release_share();
         self.conn.handle_qp_destroyed(now);
         self.run();
-    }
-}
-
-/// An endpoint whose QP exists but whose policies are not chosen yet; see
-/// [`Link::prepare`]. Dropping it destroys the QP and the CQ.
-pub struct Prepared<N: Nic> {
-    nic: Option<N>,
-    cfg: Config,
-    cq: CqId,
-    local: QpEndpoint,
-    shared: Option<std::sync::Arc<dyn SharedCq>>,
-    srq: Option<std::sync::Arc<SharedReceives<N>>>,
-    /// The hub's shared buffer pool, if it has one.
-    pool: Option<BufferPool>,
-}
-
-impl<N: Nic> Prepared<N> {
-    /// What the peer needs to connect to this endpoint.
-    pub fn local(&self) -> QpEndpoint {
-        self.local
-    }
-
-    /// The settings `finish` will use (adjust them after the bootstrap, e.g.
-    /// to the negotiated lease time).
-    pub fn config_mut(&mut self) -> &mut Config {
-        &mut self.cfg
-    }
-
-    /// Create the rest for `policies`: regions, windows, the connection.
-    pub fn finish(mut self, policies: Policies) -> Result<Link<N>, SetupError> {
-        let mut cfg = self.cfg.clone();
-        cfg.policies = policies;
-        let (owns, _) = cfg.directions();
-        let mut access = Access::LOCAL_WRITE;
-        if owns == Policy::Mw {
-            access = access | Access::MW_BIND;
-        } else {
-            access = access | Access::REMOTE_READ;
-        }
-        // The NIC stays in `self` until success, so that an error drops the
-        // QP and the CQ; `Resources` cleans up what was made so far.
-        let nic = self.nic.as_ref().expect("finish runs once");
-        let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
-        if self.srq.is_some() && (cfg.policies.request != Policy::Mw || cfg.policies.reply != Policy::Mw) {
-            let Policies { request, reply } = cfg.policies;
-            return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
-        }
-        // The settings may have changed since `prepare` (`config_mut`).
-        if let Some(p) = &self.pool {
-            check_pool_classes(&cfg, p)?;
-        }
-        // Send slots, then (with a receive queue of its own) receive slots.
-        let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
-        let ctrl = made.reg(MAX_FRAME * (cfg.sends() + recvs) as usize, Access::LOCAL_WRITE)?;
-        let layout = Layout::new(&cfg);
-        let data = match &self.pool {
-            None => Some(made.reg(layout.bytes() as usize, access)?),
-            Some(_) => None,
-        };
-        // On a shared pool the windows are the pool's, lent per exposure.
-        if owns == Policy::Mw && self.pool.is_none() {
-            for _ in 0..layout.slots() + cfg.region_exposures {
-                let w = nic.alloc_mw()?;
-                made.windows.push(w.id);
-                made.rkeys.push(w.rkey);
-            }
-        }
-        let (windows, window_rkeys) = made.keep();
-        let span = tracing::debug_span!(
-            "mwcap.conn",
-            id = tracing::field::Empty,
-            qpn = self.local.qpn,
-            role = ?cfg.role,
-            request = ?cfg.policies.request,
-            reply = ?cfg.policies.reply,
-        );
-        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
-        let memory = match (data.zip(data_memory), self.pool.take()) {
-            (Some((data, mem)), _) => DataMemory::Region(data, mem),
-            (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
-        };
-        let conn = Connection::new(
-            cfg,
-            Resources { ctrl: ctrl.id, data: memory, windows: windows.clone(), window_rkeys },
-        );
-        span.record("id", conn.id());
-        let nic = self.nic.take().expect("finish runs once");
-        Ok(Link {
-            nic,
-            conn,
-            cq: self.cq,
-            local: self.local,
-            ctrl,
-            data,
-            access,
-            windows,
-            shared: self.shared.take(),
-            srq: self.srq.take(),
-            share_released: false,
-            batch: vec![Completion::EMPTY; POLL_BATCH],
-            scratch: Vec::with_capacity(MAX_FRAME),
-            inline: Vec::with_capacity(MAX_INLINE as usize),
-            destroyed: false,
-            span,
-        })
-    }
-}
-
-/// Regions and windows made by `finish`, released if it fails half-way.
-struct Made<'a, N: Nic> {
-    nic: &'a N,
-    mrs: Vec<MrInfo>,
-    windows: Vec<MwId>,
-    rkeys: Vec<u32>,
-}
-
-impl<N: Nic> Made<'_, N> {
-    fn reg(&mut self, len: usize, access: Access) -> Result<MrInfo, NicError> {
-        let mr = self.nic.reg_mr(len, access)?;
-        self.mrs.push(mr);
-        Ok(mr)
-    }
-    /// Success: keep everything; returns the windows and their rkeys.
-    fn keep(mut self) -> (Vec<MwId>, Vec<u32>) {
-        self.mrs.clear();
-        (std::mem::take(&mut self.windows), std::mem::take(&mut self.rkeys))
-    }
-}
-
-impl<N: Nic> Drop for Made<'_, N> {
-    fn drop(&mut self) {
-        for w in self.windows.drain(..) {
-            let _ = self.nic.dealloc_mw(w);
-        }
-        for mr in self.mrs.drain(..) {
-            let _ = self.nic.dereg_mr(mr.id);
-        }
-    }
-}
-
-impl<N: Nic> Drop for Prepared<N> {
-    fn drop(&mut self) {
-        if let Some(nic) = self.nic.take() {
-            let _ = destroy_qp(&nic, self.shared.as_ref(), &self.local);
-            if let Some(s) = &self.srq {
-                s.release(INITIAL_CREDITS);
-            }
-            if self.shared.is_none() {
-                let _ = nic.destroy_cq(self.cq);
-            }
-        }
     }
 }
 

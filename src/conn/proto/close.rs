@@ -1,0 +1,121 @@
+//! Going down and closing: the QP to ERR, the engines told, the QP
+//! destroyed as evidence.
+
+use std::time::Duration;
+
+use super::*;
+
+impl Connection {
+    /// The connection is down: QP to ERR (every work request flushes), the
+    /// engines told, calls failed. Buffers come back as the flushes arrive.
+    pub(super) fn go_down(&mut self, now: Duration, reason: LossReason) {
+        if self.down.is_some() {
+            return;
+        }
+        tracing::info!(%reason, "connection down");
+        self.down = Some(reason.clone());
+        // Nothing more goes out: frames waiting for credit are dropped.
+        self.backlog.clear();
+        self.backlog_bytes.clear();
+        self.commands.push_back(Command::SetQpError);
+        if let Some(o) = &mut self.owner {
+            o.engine.handle_qp_error(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.engine.handle_qp_error(now);
+        }
+        if let Some(c) = &mut self.confirm {
+            c.handle_connection_lost(now);
+        }
+        for (msg, _) in self.calls.drain() {
+            self.emit(Event::CallFailed {
+                call: CallId(msg),
+                error: CallError::ConnectionLost(reason.clone()),
+            });
+        }
+        let mut requests: Vec<_> = self.requests.drain().collect();
+        requests.sort_unstable_by_key(|&(msg, _)| msg);
+        for (msg, r) in requests {
+            if !r.surfaced {
+                self.emit(Event::RequestDropped {
+                    req: RequestId(msg),
+                    error: CallError::ConnectionLost(reason.clone()),
+                });
+            }
+        }
+        self.emit(Event::ConnectionLost(reason));
+    }
+
+    /// Start closing: the QP goes to ERR (no remote access through it is
+    /// possible any more), every call fails, and the flushes start
+    /// arriving. Once the QP is destroyed, tell
+    /// [`Connection::handle_qp_destroyed`].
+    pub fn begin_close(&mut self, now: Duration) {
+        self.now = now;
+        self.dirty = true;
+        self.go_down(now, LossReason::Closed);
+    }
+
+    /// The peer went away (its bootstrap stream closed): as
+    /// [`Connection::begin_close`], but the connection is down with
+    /// [`LossReason::PeerGone`] (unless it was down already).
+    pub fn peer_gone(&mut self, now: Duration) {
+        self.now = now;
+        self.dirty = true;
+        self.go_down(now, LossReason::PeerGone);
+    }
+
+    /// Send-queue work requests whose completions are still to come. The
+    /// plain frames posted unsignaled after the last signaled one are not
+    /// counted: one that completed gives no completion, and one that did
+    /// not is flushed with the QP (their slots are control memory only).
+    pub fn sends_in_flight(&self) -> usize {
+        let silent = (self.unsignaled_run as usize).min(self.plain_sends.len());
+        self.sends.count(Holder::Exposed) - silent
+    }
+
+    /// Whether the QP was destroyed.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed
+    }
+
+    /// The QP is destroyed: no DMA through it is possible any more, so every
+    /// buffer comes back. Idempotent.
+    pub fn handle_qp_destroyed(&mut self, now: Duration) {
+        self.now = now;
+        self.go_down(now, LossReason::Closed);
+        if self.destroyed {
+            return;
+        }
+        self.destroyed = true;
+        if let Some(o) = &mut self.owner {
+            o.engine.handle_qp_destroyed(now);
+        }
+        if let Some(r) = &mut self.reader {
+            r.engine.handle_qp_destroyed(now);
+        }
+        self.pump(now);
+        // The QP is gone: nothing can reach or fill any buffer any more.
+        for k in 0..self.cfg.region_exposures {
+            if self.ranges.holder(k) == Some(Holder::Exposed) {
+                self.exposure_over(self.layout.slots() + k, 0);
+            }
+        }
+        for slot in 0..self.layout.slots() {
+            match self.bufs.holder(slot) {
+                Some(Holder::Exposed) => self.exposure_over(slot, 0),
+                Some(Holder::Reading) => {
+                    self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                }
+                _ => {}
+            }
+        }
+        if let Some(o) = &mut self.owner {
+            o.leases.clear();
+        }
+        if let Some(c) = &mut self.confirm {
+            c.forget_reads();
+        }
+        self.flush_holds();
+    }
+}
