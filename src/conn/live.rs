@@ -1080,7 +1080,7 @@ impl<N: Nic> Driver<N> {
             counters.sleeps.fetch_add(1, Relaxed);
             // While a call takes the turns it polls the CQ: the driver does
             // not arm it (an armed CQ raises a completion event per call: on
-            // verbs a wake of async-io's reactor thread and two system
+            // verbs a wake of the completion waiter thread and two system
             // calls); the call rings the doorbell when it stops.
             let arm_cq = !self.inner.spinning.load(Acquire);
             self.sleep(&mut timer, arm_cq).await;

@@ -4,7 +4,6 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use async_io::Async;
 use rdma_mummy_sys as sys;
 
 use super::device::Context;
@@ -76,20 +75,12 @@ impl Drop for CompChannel {
     }
 }
 
-/// A handle on the channel that async-io may own.
-struct ChannelFd(Arc<CompChannel>);
-
-impl AsFd for ChannelFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
-    }
-}
-
 /// A completion queue with its own completion channel: `struct ibv_cq`.
 pub struct Cq {
     ptr: NonNull<sys::ibv_cq>,
     channel: Arc<CompChannel>,
-    reactor: OnceLock<Async<ChannelFd>>,
+    /// The channel's fd on the process's completion waiter thread.
+    reactor: OnceLock<super::waiter::Registration>,
     /// Armed with `ibv_req_notify_cq` and no event taken since.
     armed: std::sync::atomic::AtomicBool,
     depth: u32,
@@ -215,8 +206,8 @@ impl Cq {
     /// The loop polls, arms the CQ, polls again (a completion may have landed
     /// between the first poll and the arming, and would raise no event),
     /// and only then waits for the channel's fd to become readable, so a
-    /// completion is never missed. Works under any executor that async-io
-    /// supports (smol, tokio via async-io's reactor thread, `block_on`).
+    /// completion is never missed. Works under any executor (the fd is
+    /// waited on by mwcap's own thread, `waiter.rs`).
     pub async fn wait(&self, max: usize) -> Result<Vec<Completion>, NicError> {
         let max = max.max(1);
         loop {
@@ -229,8 +220,8 @@ impl Cq {
             if !got.is_empty() {
                 return Ok(got);
             }
-            self.reactor()?
-                .readable()
+            let reactor = self.reactor()?;
+            std::future::poll_fn(|cx| reactor.poll_readable(cx))
                 .await
                 .map_err(|e| NicError::Os { op: "wait for completion event", source: io_error(&e) })?;
             self.take_events()?;
@@ -241,7 +232,8 @@ impl Cq {
     /// `Ready` means poll the CQ again. Takes and acknowledges channel
     /// events; arms the CQ (returning `Ready`, so the caller re-polls and no
     /// completion between its last poll and the arming is missed); once
-    /// armed, waits for the channel's fd through async-io's reactor.
+    /// armed, waits for the channel's fd on the process's waiter thread
+    /// (`waiter.rs`).
     pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
         use std::sync::atomic::Ordering;
         use std::task::Poll;
@@ -272,11 +264,11 @@ impl Cq {
         }
     }
 
-    fn reactor(&self) -> Result<&Async<ChannelFd>, NicError> {
+    fn reactor(&self) -> Result<&super::waiter::Registration, NicError> {
         if let Some(r) = self.reactor.get() {
             return Ok(r);
         }
-        let r = Async::new(ChannelFd(Arc::clone(&self.channel)))
+        let r = super::waiter::Registration::new(self.channel.raw_fd())
             .map_err(|e| NicError::Os { op: "register completion channel", source: io_error(&e) })?;
         // Another thread may have won the race; either registration is fine.
         Ok(self.reactor.get_or_init(|| r))

@@ -62,6 +62,7 @@ mod slots;
 mod srq;
 mod sys;
 mod track;
+mod waiter;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{list_devices, Context, DeviceAttrs, ListedDevice, PortAttrs};
