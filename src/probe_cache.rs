@@ -8,16 +8,18 @@
 //! probe the first time a device is asked about and hands out the same
 //! [`ProbeReport`] afterwards.
 //!
-//! The cache is a value, not a process-wide table: a [`Listener`] keeps one
-//! (or one it was given), and [`SetupOptions`] carries one to every
-//! connect. Clones share the table, so one cache can serve every listener
-//! and client of a process. Devices are told apart by their name
+//! The cache is a value, not a process-wide table: an [`Endpoint`] keeps
+//! one (or one it was given, [`EndpointBuilder::probe_cache`]) for its
+//! listener and every connect, and [`SetupOptions`] carries one to the
+//! blocking setup. Clones share the table, so one cache can serve every
+//! endpoint of a process. Devices are told apart by their name
 //! ([`DeviceInfo::name`](crate::backend::DeviceInfo::name)): the name
 //! identifies a device within one host. Simulated devices share names
 //! across fabrics (`sim0` on each), so tests that build several fabrics
 //! give each its own cache.
 //!
-//! [`Listener`]: crate::conn::Listener
+//! [`Endpoint`]: crate::conn::Endpoint
+//! [`EndpointBuilder::probe_cache`]: crate::conn::EndpointBuilder::probe_cache
 //! [`SetupOptions`]: crate::conn::SetupOptions
 
 use std::collections::HashMap;

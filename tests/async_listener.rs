@@ -1,7 +1,9 @@
-//! The async setup on simulated NICs: a `Listener` runs many handshakes at
-//! once (silent and wrong-key clients do not hold up good ones), the
-//! capability probe runs once per device however many clients connect,
-//! and `Reconnecting` comes back after the server went away, backing off.
+//! The async setup through `Endpoint` on simulated NICs: a listening
+//! endpoint runs many handshakes at once (silent and wrong-key clients do
+//! not hold up good ones), the capability probe runs once per device
+//! however many clients connect, stopping to listen ends the accept loop
+//! and the handshakes in progress, and `Reconnecting` comes back after the
+//! server went away, backing off.
 
 #![cfg(not(loom))]
 
@@ -9,14 +11,14 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use futures::executor::{block_on, LocalPool};
+use futures::executor::LocalPool;
 use futures::future::join_all;
 use futures::task::LocalSpawnExt;
-use mwcap::bootstrap::{Auth, BootstrapError, Key, PolicySet};
+use mwcap::bootstrap::{Auth, BootstrapError, Key};
 use mwcap::conn::{
-    accept, accept_with, connect_async, connect_with, AsyncConnected, Backoff, Config, Connection, Listener,
-    LossReason, Policies, Policy, PolicyChoice, ProbeCache, ReconnectError, Reconnecting, Role, SetupError,
-    SetupOptions,
+    accept, accept_with, connect_with, Backoff, Config, Connection, Endpoint, EndpointBuilder,
+    EndpointDriver, LossReason, Policies, Policy, PolicyChoice, ProbeCache, ReconnectError, Reconnecting,
+    Role, SetupError, SetupOptions,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -26,12 +28,37 @@ fn key(text: &str) -> Auth {
 
 const KEY: &str = "async_listener's shared test key";
 
-/// Small endpoints: many of them live at once.
+/// Small connections: many of them live at once.
 fn cfg(role: Role) -> Config {
     let mut c = Config::new(role, Policies::both(Policy::Confirm));
     c.buffers = 4;
     c.buffer_size = 4096;
     c
+}
+
+/// An endpoint on `nic` with the key `text`, the policy `choice` and small
+/// connections.
+fn builder(nic: SimNic, text: &str, choice: PolicyChoice) -> EndpointBuilder<SimNic> {
+    Endpoint::builder(nic, key(text)).policy(choice).config(cfg(Role::Client))
+}
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Spawn `f` on `pool`, its output dropped.
+fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
+    pool.spawner()
+        .spawn_local(async move {
+            f.await;
+        })
+        .unwrap();
+}
+
+/// The endpoint, its driver spawned on `pool`.
+fn driven(pool: &LocalPool, (ep, driver): (Endpoint<SimNic>, EndpointDriver<SimNic>)) -> Endpoint<SimNic> {
+    spawn(pool, driver.run());
+    ep
 }
 
 /// Answer every request with its header, until the connection is down.
@@ -47,40 +74,32 @@ async fn echo(conn: Connection<SimNic>) {
     }
 }
 
-/// What the server thread reports for each finished handshake.
-type Outcome = Result<SocketAddr, String>;
+/// What the server reports for each finished handshake.
+type Outcome = Result<(), String>;
 
-/// A server thread: a listener on `tcp` serving every client with `echo`
-/// on a `LocalPool`, reporting each handshake's outcome on `out`.
+/// A server thread: the listening endpoint `server` (its driver `driver`)
+/// serving every client with `echo` on a `LocalPool`, reporting each
+/// handshake's outcome on `out`, until it stops listening.
 fn serve(
-    tcp: TcpListener,
-    nic: SimNic,
-    opts: SetupOptions,
-    out: mpsc::Sender<(Outcome, usize)>,
+    server: Endpoint<SimNic>,
+    driver: EndpointDriver<SimNic>,
+    out: mpsc::Sender<Outcome>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut pool = LocalPool::new();
+        spawn(&pool, driver.run());
         let spawner = pool.spawner();
-        let mut listener = Listener::from_std(tcp, cfg(Role::Server), opts, move || Ok(nic.clone())).unwrap();
         let accept_loop = async move {
             loop {
-                let r = listener.accept().await;
-                let pending = listener.handshakes_in_progress();
-                let outcome = match r {
-                    Ok(c) => {
-                        let peer = c.peer_addr;
-                        let (conn, run) = c.run();
+                let outcome = match server.accept().await {
+                    Ok(conn) => {
                         spawner.spawn_local(echo(conn)).unwrap();
-                        spawner
-                            .spawn_local(async move {
-                                run.await;
-                            })
-                            .unwrap();
-                        Ok(peer)
+                        Ok(())
                     }
+                    Err(SetupError::ListenerClosed) => return,
                     Err(e) => Err(format!("{e:?}")),
                 };
-                if out.send((outcome, pending)).is_err() {
+                if out.send(outcome).is_err() {
                     return;
                 }
             }
@@ -89,43 +108,62 @@ fn serve(
     })
 }
 
+/// Run `pool` until `f` holds (a wall-time limit: the handshakes are real TCP).
+fn wait(pool: &mut LocalPool, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !f() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            return false;
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    true
+}
+
 #[test]
 fn silent_and_wrong_key_clients_do_not_hold_up_good_ones() {
     let fabric = Fabric::with_seed(21);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
     let timeout = Duration::from_secs(3);
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap();
+    let (server, sd) = builder(server_nic, KEY, PolicyChoice::Auto)
+        .handshake_timeout(timeout)
+        .listen(any_port())
+        .build()
+        .unwrap();
+    let addr = server.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
-    let opts = SetupOptions::new(PolicyChoice::Auto, key(KEY)).timeout(timeout);
-    let _server = serve(tcp, server_nic, opts, tx);
+    let _server = serve(server, sd, tx);
 
     // Ten clients connect and say nothing; they are first in the queue.
     let silent: Vec<TcpStream> = (0..10).map(|_| TcpStream::connect(addr).unwrap()).collect();
     let started = Instant::now();
-    let good_opts = SetupOptions::new(PolicyChoice::Auto, key(KEY)).timeout(timeout);
-    let bad_opts =
-        SetupOptions::new(PolicyChoice::Confirm, key("a wrong key for this server")).timeout(timeout);
+    let mut pool = LocalPool::new();
+    let good = driven(
+        &pool,
+        builder(client_nic.clone(), KEY, PolicyChoice::Auto).handshake_timeout(timeout).build().unwrap(),
+    );
+    let bad = driven(
+        &pool,
+        builder(client_nic, "a wrong key for this server", PolicyChoice::Confirm)
+            .handshake_timeout(timeout)
+            .build()
+            .unwrap(),
+    );
     let clients = async {
         let good = (0..30).map(|i| {
-            let (nic, opts) = (client_nic.clone(), &good_opts);
+            let good = good.clone();
             async move {
-                let c = connect_async(nic, addr, cfg(Role::Client), opts).await?;
-                let (conn, run) = c.run();
-                let call = async {
-                    let r = conn.call(format!("client {i}").as_bytes(), None).await;
-                    conn.close();
-                    r
-                };
-                let (reply, _) = futures::join!(call, run);
-                Ok::<_, SetupError>((reply.map(|r| r.header), started.elapsed()))
+                let conn = good.connect(addr).await?;
+                let r = conn.call(format!("client {i}").as_bytes(), None).await;
+                conn.close();
+                Ok::<_, SetupError>((r.map(|r| r.header), started.elapsed()))
             }
         });
-        let bad = (0..10).map(|_| connect_async(client_nic.clone(), addr, cfg(Role::Client), &bad_opts));
+        let bad = (0..10).map(|_| bad.connect(addr));
         futures::join!(join_all(good), join_all(bad))
     };
-    let (good, bad) = block_on(clients);
+    let (good, bad) = pool.run_until(clients);
     for (i, g) in good.into_iter().enumerate() {
         let (reply, at) = g.expect("a client with the key connects");
         assert_eq!(reply.expect("its call is answered"), format!("client {i}").as_bytes());
@@ -137,15 +175,13 @@ fn silent_and_wrong_key_clients_do_not_hold_up_good_ones() {
     }
     // The server saw 30 connections and 10 refusals while the silent
     // clients' handshakes stayed in progress.
-    let mut seen: Vec<(Outcome, usize)> = (0..40).map(|_| rx.recv_timeout(timeout).unwrap()).collect();
-    assert_eq!(seen.iter().filter(|(o, _)| o.is_ok()).count(), 30);
-    assert!(seen.iter().filter_map(|(o, _)| o.as_ref().err()).all(|e| e.contains("AuthFailed")), "{seen:?}");
-    assert!(seen.iter().all(|(_, pending)| *pending >= 10), "the silent clients' handshakes stay pending");
+    let seen: Vec<Outcome> = (0..40).map(|_| rx.recv_timeout(timeout).unwrap()).collect();
+    assert_eq!(seen.iter().filter(|o| o.is_ok()).count(), 30);
+    assert!(seen.iter().filter_map(|o| o.as_ref().err()).all(|e| e.contains("AuthFailed")), "{seen:?}");
 
     // Then the silent ones time out, each with a typed error.
-    seen = (0..10).map(|_| rx.recv_timeout(2 * timeout).unwrap()).collect();
-    for (o, _) in &seen {
-        let e = o.as_ref().expect_err("a silent client never connects");
+    for _ in 0..10 {
+        let e = rx.recv_timeout(2 * timeout).unwrap().expect_err("a silent client never connects");
         assert!(e.contains("TimedOut") && e.contains("Auth"), "{e}");
     }
     assert!(started.elapsed() >= timeout);
@@ -158,25 +194,31 @@ fn the_probe_runs_once_per_device_across_many_accepts() {
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
     let (server_probes, client_probes) = (ProbeCache::new(), ProbeCache::new());
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap();
+    let (server, sd) = builder(server_nic, KEY, PolicyChoice::Auto)
+        .probe_cache(server_probes.clone())
+        .listen(any_port())
+        .build()
+        .unwrap();
+    let addr = server.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
-    let opts = SetupOptions::new(PolicyChoice::Auto, key(KEY)).probe_cache(server_probes.clone());
-    let _server = serve(tcp, server_nic, opts, tx);
+    let _server = serve(server, sd, tx);
 
-    let copts = SetupOptions::new(PolicyChoice::Auto, key(KEY)).probe_cache(client_probes.clone());
-    block_on(async {
+    let mut pool = LocalPool::new();
+    let client = driven(
+        &pool,
+        builder(client_nic, KEY, PolicyChoice::Auto).probe_cache(client_probes.clone()).build().unwrap(),
+    );
+    pool.run_until(async {
         for _ in 0..20 {
-            let c: AsyncConnected<SimNic> =
-                connect_async(client_nic.clone(), addr, cfg(Role::Client), &copts).await.expect("connects");
-            assert_eq!(c.policies, Policies::both(Policy::Mw), "auto picks mw on a spec device");
-            let (conn, run) = c.run();
+            let conn = client.connect(addr).await.expect("connects");
+            let s = conn.stats();
+            assert!(s.lease_owner.is_some() && s.lease_reader.is_some(), "auto picks mw on a spec device");
             conn.close();
-            assert_eq!(run.await, LossReason::Closed);
+            assert_eq!(conn.closed().await, LossReason::Closed);
         }
     });
     for _ in 0..20 {
-        rx.recv_timeout(Duration::from_secs(5)).unwrap().0.expect("the server connects each");
+        rx.recv_timeout(Duration::from_secs(5)).unwrap().expect("the server connects each");
     }
     assert_eq!(server_probes.probes_run(), 1, "one probe for the server's device");
     assert_eq!(client_probes.probes_run(), 1, "one probe for the client's device");
@@ -228,19 +270,27 @@ fn the_blocking_setup_with_options_probes_once() {
 const T: Duration = Duration::from_secs(5);
 
 #[test]
-fn an_mw_listener_on_a_device_without_windows_fails_at_bind() {
+fn an_mw_endpoint_on_a_device_without_windows_fails_at_build() {
     let fabric = Fabric::with_seed(24);
     let nic = fabric.add_device(DeviceConfig::spec().with_mw(mwcap::sim::MwSupport::None).named("nomw"));
-    let opts = SetupOptions::new(PolicyChoice::Mw, key(KEY));
-    let n = nic.clone();
-    let e = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts, move || Ok(n.clone()))
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let e = builder(nic.clone(), KEY, PolicyChoice::Mw)
+        .listen(any_port())
+        .build()
         .err()
         .expect("mw cannot be served");
     assert!(matches!(e, SetupError::MwUnusable { .. }), "{e:?}");
-    let opts = SetupOptions::new(PolicyChoice::Auto, key(KEY));
-    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts, move || Ok(nic.clone()))
-        .expect("auto falls back to confirm");
-    assert_eq!(l.serves(), PolicySet::CONFIRM);
+    let mut pool = LocalPool::new();
+    let server = driven(
+        &pool,
+        builder(nic, KEY, PolicyChoice::Auto).listen(any_port()).build().expect("auto falls back to confirm"),
+    );
+    let client = driven(&pool, builder(client_nic, KEY, PolicyChoice::Auto).build().unwrap());
+    let addr = server.local_addr().unwrap();
+    let (s, c) = pool.run_until(async { futures::join!(server.accept(), client.connect(addr)) });
+    let (s, c) = (s.expect("accepted"), c.expect("connected"));
+    // The server serves confirm only: it owns no window, its client reads none.
+    assert!(s.stats().lease_owner.is_none() && c.stats().lease_reader.is_none());
 }
 
 #[test]
@@ -248,43 +298,47 @@ fn a_reconnecting_client_comes_back_after_the_server_went_away() {
     let fabric = Fabric::with_seed(25);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap();
+    let listening =
+        move |addr| builder(server_nic.clone(), KEY, PolicyChoice::Confirm).listen(addr).build().unwrap();
+    let first = listening(any_port());
+    let addr = first.0.local_addr().unwrap();
     let (go_down, down) = mpsc::channel::<()>();
     let server = std::thread::spawn(move || {
-        let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
-        let serve_one = |tcp: TcpListener, until: Option<&mpsc::Receiver<()>>| {
-            let mut l = Listener::from_std(tcp, cfg(Role::Server), opts.clone(), {
-                let n = server_nic.clone();
-                move || Ok(n.clone())
-            })
-            .unwrap();
-            block_on(async {
-                let (conn, run) = l.accept().await.expect("the client connects").run();
-                let serving = async {
-                    match until {
-                        Some(rx) => {
-                            let stop = blocking_recv(rx);
-                            futures::future::select(Box::pin(echo(conn.clone())), Box::pin(stop)).await;
-                            // The server goes away: its connection, bootstrap stream and listener.
-                            conn.close();
-                        }
-                        None => echo(conn.clone()).await,
+        let serve_one = |endpoint: (Endpoint<SimNic>, EndpointDriver<SimNic>),
+                         until: Option<&mpsc::Receiver<()>>| {
+            let mut pool = LocalPool::new();
+            let server = driven(&pool, endpoint);
+            pool.run_until(async {
+                let conn = server.accept().await.expect("the client connects");
+                match until {
+                    Some(rx) => {
+                        let stop = blocking_recv(rx);
+                        futures::future::select(Box::pin(echo(conn.clone())), Box::pin(stop)).await;
+                        // The server goes away: its connection, bootstrap stream and listener.
+                        conn.close();
+                        conn.closed().await;
                     }
-                };
-                futures::join!(serving, run);
+                    None => echo(conn).await,
+                }
             });
+            // The endpoint, its driver and the streams it watched go with the pool.
         };
-        serve_one(tcp, Some(&down));
+        serve_one(first, Some(&down));
         // Down for a while: the client's attempts are refused meanwhile.
         std::thread::sleep(Duration::from_millis(700));
-        serve_one(TcpListener::bind(addr).unwrap(), None);
+        serve_one(listening(addr), None);
     });
 
     let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(160)).jitter(0.0);
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY)).timeout(Duration::from_secs(2));
-    let (client, supervisor) =
-        Reconnecting::new(addr, cfg(Role::Client), opts, backoff, move || Ok(client_nic.clone()));
+    let mut pool = LocalPool::new();
+    let endpoint = driven(
+        &pool,
+        builder(client_nic, KEY, PolicyChoice::Confirm)
+            .handshake_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+    );
+    let (client, supervisor) = Reconnecting::new(endpoint, addr, backoff);
     let app = async {
         let c = client.connection().await.expect("connects");
         assert_eq!(c.call(b"first", None).await.expect("answered").header, b"first");
@@ -307,7 +361,7 @@ fn a_reconnecting_client_comes_back_after_the_server_went_away() {
         client.stop();
         stats
     };
-    let (stats, end) = block_on(futures::future::join(app, supervisor));
+    let (stats, end) = pool.run_until(futures::future::join(app, supervisor));
     assert!(matches!(end, ReconnectError::Stopped), "{end:?}");
     server.join().unwrap();
     assert_eq!(stats.connects, 2);
@@ -336,10 +390,10 @@ fn a_reconnecting_client_gives_up_after_max_failures() {
     let nic = fabric.add_device(DeviceConfig::spec().named("client"));
     let backoff =
         Backoff::new(Duration::from_millis(5), Duration::from_millis(20)).jitter(0.0).max_failures(4);
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
-    let (client, supervisor) =
-        Reconnecting::new(addr, cfg(Role::Client), opts, backoff, move || Ok(nic.clone()));
-    let (end, waited) = block_on(futures::future::join(supervisor, client.connection()));
+    let mut pool = LocalPool::new();
+    let endpoint = driven(&pool, builder(nic, KEY, PolicyChoice::Confirm).build().unwrap());
+    let (client, supervisor) = Reconnecting::new(endpoint, addr, backoff);
+    let (end, waited) = pool.run_until(futures::future::join(supervisor, client.connection()));
     let ReconnectError::GaveUp { failures: 4, last } = &end else { panic!("{end:?}") };
     assert!(matches!(**last, SetupError::Bootstrap(BootstrapError::Unreachable { .. })), "{last:?}");
     assert!(matches!(waited, Err(ReconnectError::GaveUp { .. })));
@@ -347,6 +401,8 @@ fn a_reconnecting_client_gives_up_after_max_failures() {
     assert_eq!(waits, [5, 10, 20], "one wait between each two attempts, doubling to the cap");
 }
 
+/// A listening endpoint runs at most 256 handshakes at once; the clients
+/// past them wait in the kernel's accept queue until a slot frees.
 /// Wait for a message on a std channel without blocking the executor's thread.
 async fn blocking_recv(rx: &mpsc::Receiver<()>) {
     loop {
@@ -359,42 +415,40 @@ async fn blocking_recv(rx: &mpsc::Receiver<()>) {
 
 #[test]
 fn past_max_handshakes_clients_wait_in_the_kernel_queue() {
+    const MAX_HANDSHAKES: usize = 256;
     let fabric = Fabric::with_seed(27);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
     let timeout = Duration::from_millis(600);
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY)).timeout(timeout);
-    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-        Ok(server_nic.clone())
-    })
-    .unwrap();
-    l.set_max_handshakes(2);
-    let addr = l.local_addr().unwrap();
-    // Two silent clients take both slots.
-    let _silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let (server, sd) = builder(server_nic, KEY, PolicyChoice::Confirm)
+        .handshake_timeout(timeout)
+        .listen(any_port())
+        .build()
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let _server = serve(server, sd, tx);
+    // Silent clients take every slot (each from when it is taken, after `started`).
     let started = Instant::now();
-    let (server_side, client_side) = block_on(async {
-        let server = async {
-            let mut outcomes = Vec::new();
-            for _ in 0..3 {
-                let r = l.accept().await;
-                assert!(l.handshakes_in_progress() <= 2);
-                outcomes.push(r.map(|c| c.peer_addr));
-            }
-            outcomes
-        };
-        // The client allows itself longer than the server allows the silent ones.
-        let copts = opts.clone().timeout(Duration::from_secs(5));
-        futures::join!(server, connect_async(client_nic.clone(), addr, cfg(Role::Client), &copts))
-    });
+    let _silent: Vec<TcpStream> = (0..MAX_HANDSHAKES).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // The client allows itself longer than the server allows the silent ones.
+    let mut pool = LocalPool::new();
+    let client = driven(
+        &pool,
+        builder(client_nic, KEY, PolicyChoice::Confirm)
+            .handshake_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+    );
+    let connected = pool.run_until(client.connect(addr));
     // The good client got a slot only once a silent one timed out.
     assert!(started.elapsed() >= timeout);
-    assert!(client_side.is_ok(), "{:?}", client_side.err());
-    let timed_out = server_side
-        .iter()
-        .filter(|r| matches!(r, Err(SetupError::Bootstrap(BootstrapError::TimedOut { .. }))))
-        .count();
-    assert_eq!((timed_out, server_side.iter().filter(|r| r.is_ok()).count()), (2, 1), "{server_side:?}");
+    assert!(connected.is_ok(), "{:?}", connected.err());
+    let seen: Vec<Outcome> =
+        (0..=MAX_HANDSHAKES).map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+    let timed_out = seen.iter().filter(|o| o.as_ref().is_err_and(|e| e.contains("TimedOut"))).count();
+    assert_eq!((timed_out, seen.iter().filter(|o| o.is_ok()).count()), (MAX_HANDSHAKES, 1));
+    assert!(seen[0].is_err(), "the good client was served before a silent one timed out: {:?}", seen[0]);
 }
 
 #[test]
@@ -402,30 +456,28 @@ fn a_dropped_accept_future_loses_no_handshake() {
     let fabric = Fabric::with_seed(28);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
-    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-        Ok(server_nic.clone())
-    })
-    .unwrap();
-    let addr = l.local_addr().unwrap();
-    let (accepted, client) = block_on(async {
-        let client = connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts);
+    let mut pool = LocalPool::new();
+    let server =
+        driven(&pool, builder(server_nic, KEY, PolicyChoice::Confirm).listen(any_port()).build().unwrap());
+    let client = driven(&pool, builder(client_nic, KEY, PolicyChoice::Confirm).build().unwrap());
+    let addr = server.local_addr().unwrap();
+    let (accepted, connected) = pool.run_until(async {
         let server = async {
             // Poll accept a little (the TCP connection is taken and its
             // handshake starts), drop it, then accept again.
             {
-                let first = std::pin::pin!(l.accept());
+                let first = std::pin::pin!(server.accept());
                 let tick = async_io::Timer::after(Duration::from_millis(1));
                 if let futures::future::Either::Left((r, _)) = futures::future::select(first, tick).await {
-                    return r.map(|c| c.peer_addr);
+                    return r;
                 }
             }
-            l.accept().await.map(|c| c.peer_addr)
+            server.accept().await
         };
-        futures::join!(server, client)
+        futures::join!(server, client.connect(addr))
     });
-    assert!(accepted.is_ok(), "{accepted:?}");
-    assert!(client.is_ok(), "{:?}", client.err());
+    assert!(accepted.is_ok(), "{:?}", accepted.err());
+    assert!(connected.is_ok(), "{:?}", connected.err());
 }
 
 #[test]
@@ -454,83 +506,71 @@ fn a_server_that_goes_away_is_reported_as_gone_not_as_closed_by_the_user() {
     let fabric = Fabric::with_seed(30);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
-    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-        Ok(server_nic.clone())
-    })
-    .unwrap();
-    let addr = l.local_addr().unwrap();
-    let (call, closed, ran) = block_on(async {
-        let server = async {
-            let AsyncConnected { connection, driver, stream, .. } =
-                l.accept().await.expect("the client connects");
-            // The request arrives; then the process dies: its driver stops
-            // and everything it held goes (nothing is closed in order).
-            {
-                let request = std::pin::pin!(connection.next_request());
-                let driving = std::pin::pin!(driver.run());
-                let _ = futures::future::select(request, driving).await;
-            }
-            drop((connection, stream));
-        };
-        let client = async {
-            let (conn, run) = connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts)
-                .await
-                .expect("connects")
-                .run();
-            let (call, ran) = futures::join!(conn.call(b"get", None), run);
-            (call, conn.closed().await, ran)
-        };
-        futures::join!(server, client).1
+    let (server, sd) = builder(server_nic, KEY, PolicyChoice::Confirm).listen(any_port()).build().unwrap();
+    let addr = server.local_addr().unwrap();
+    // The server's process, on a thread of its own.
+    let server = std::thread::spawn(move || {
+        let mut pool = LocalPool::new();
+        let server = driven(&pool, (server, sd));
+        let conn = pool.run_until(server.accept()).expect("the client connects");
+        // The request arrives; then the process dies: its driver stops
+        // and everything it held goes (nothing is closed in order).
+        let request = pool.run_until(conn.next_request());
+        assert!(request.is_some());
+        drop((request, conn, server, pool));
     });
+    let mut pool = LocalPool::new();
+    let client = driven(&pool, builder(client_nic, KEY, PolicyChoice::Confirm).build().unwrap());
+    let (call, closed) = pool.run_until(async {
+        let conn = client.connect(addr).await.expect("connects");
+        let call = conn.call(b"get", None).await;
+        (call, conn.closed().await)
+    });
+    server.join().unwrap();
     let e = call.expect_err("the server is gone");
     let msg = e.to_string();
     assert_eq!(e, mwcap::conn::CallError::ConnectionLost(LossReason::PeerGone), "{msg}");
     assert!(!msg.contains("closed by the user") && msg.contains("went away"), "{msg}");
-    assert_eq!((closed, ran), (LossReason::PeerGone, LossReason::PeerGone));
+    assert_eq!(closed, LossReason::PeerGone);
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
 #[test]
-fn closing_a_listener_ends_its_accept_loop_and_the_handshakes_in_progress() {
+fn stopping_to_listen_ends_the_accept_loop_and_the_handshakes_in_progress() {
     // Issue 18 §4.5: a listener had no close(); ending its accept loop
     // meant dropping the accept future, which its docs did not say.
     use std::io::Read;
     let fabric = Fabric::with_seed(31);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    let opts = SetupOptions::new(PolicyChoice::Confirm, key(KEY));
-    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-        Ok(server_nic.clone())
-    })
-    .unwrap();
-    let addr = l.local_addr().unwrap();
-    let closer = l.closer();
-    // A client whose handshake is in progress when the listener closes.
+    let mut pool = LocalPool::new();
+    let server =
+        driven(&pool, builder(server_nic, KEY, PolicyChoice::Confirm).listen(any_port()).build().unwrap());
+    let client = driven(&pool, builder(client_nic, KEY, PolicyChoice::Confirm).build().unwrap());
+    let addr = server.local_addr().unwrap();
+    // A client whose handshake is in progress when the endpoint stops listening.
     let mut silent = TcpStream::connect(addr).unwrap();
-    let (mut accepted, client) = block_on(async {
-        // A server's accept loop: it ends when the listener is closed.
+    let (mut accepted, connected) = pool.run_until(async {
+        // A server's accept loop: it ends when the endpoint stops listening.
         let accept_loop = async {
             let mut accepted = Vec::new();
             loop {
-                match l.accept().await {
+                match server.accept().await {
                     Ok(c) => accepted.push(c),
                     Err(SetupError::ListenerClosed) => break accepted,
                     Err(e) => panic!("{e}"),
                 }
             }
         };
-        // Another task closes it, once a client is connected.
-        let client = async {
-            let c =
-                connect_async(client_nic.clone(), addr, cfg(Role::Client), &opts).await.expect("connects");
-            closer.close();
+        // Another task stops it, once a client is connected.
+        let connect = async {
+            let c = client.connect(addr).await.expect("connects");
+            server.stop_listening();
             c
         };
-        futures::join!(accept_loop, client)
+        futures::join!(accept_loop, connect)
     });
     assert_eq!(accepted.len(), 1);
-    assert_eq!(l.handshakes_in_progress(), 0, "the handshakes in progress ended");
     // The silent client's connection was closed: it reads the end, not a timeout.
     silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut b = [0u8; 64];
@@ -542,20 +582,18 @@ fn closing_a_listener_ends_its_accept_loop_and_the_handshakes_in_progress() {
     // Nobody listens any more, and accept says why.
     let e = TcpStream::connect(addr).expect_err("the listener's socket is closed");
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
-    let e = block_on(l.accept()).err().expect("closed");
+    let e = pool.run_until(server.accept()).err().expect("closed");
     assert!(matches!(e, SetupError::ListenerClosed), "{e:?}");
     assert!(e.to_string().contains("listener was closed"), "{e}");
-    assert!(l.local_addr().is_err());
-    l.close(); // again: nothing more happens
-               // The connection accepted before runs on.
-    let (server, srun) = accepted.pop().unwrap().run();
-    let (client, crun) = client.run();
-    let call = async {
-        let r = client.call(b"still here", None).await;
-        client.close();
+    server.stop_listening(); // again: nothing more happens
+                             // The connection accepted before runs on.
+    spawn(&pool, echo(accepted.pop().unwrap()));
+    let reply = pool.run_until(async {
+        let r = connected.call(b"still here", None).await;
+        connected.close();
         r
-    };
-    let (reply, ..) = block_on(async { futures::join!(call, echo(server), srun, crun) });
+    });
     assert_eq!(reply.expect("answered").header, b"still here");
+    assert!(wait(&mut pool, || server.stats().connections == 0), "{:?}", server.stats());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

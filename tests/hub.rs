@@ -402,54 +402,63 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
     assert_eq!(stats.connections, 0);
 }
 
-/// A listener over two hubs of one device, each hub driven on a thread of
-/// its own (a driver per core): clients go to the hub with fewer
-/// connections, so the two share them, and every client is served.
+/// Two listening endpoints on one device, each driver on a thread of its
+/// own (a driver per core): the clients, spread over them, are all
+/// served, each endpoint's connections on its one hub; they end when
+/// their clients close, and the drivers end with no orphan completion.
 #[test]
-fn a_listener_over_two_hubs_driven_on_two_threads_shares_its_clients_between_them() {
+fn two_endpoints_driven_on_two_threads_serve_their_clients() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
+    use mwcap::conn::{Endpoint, PolicyChoice};
     let fabric = Fabric::with_seed(31);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let mut hubs = Vec::new();
+    let key = || Auth::Key(Key::from_bytes(b"two endpoints, two threads: a test key".to_vec()).unwrap());
+    let p = Policies::both(Policy::Mw);
+    let probes = mwcap::conn::ProbeCache::new();
+    let mut servers = Vec::new();
     let mut threads = Vec::new();
     for _ in 0..2 {
-        let (hub, driver) = Hub::new(sn.new_pd().unwrap(), 1 << 14).unwrap();
+        let (server, driver) = Endpoint::builder(sn.new_pd().unwrap(), key())
+            .policy(PolicyChoice::Auto)
+            .config(cfg(Role::Server, p))
+            .queue_depth(1 << 14)
+            .handshake_timeout(Duration::from_secs(5))
+            .probe_cache(probes.clone())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .build()
+            .unwrap();
         threads.push(std::thread::spawn(move || futures::executor::block_on(driver.run())));
-        hubs.push(hub);
+        servers.push(server);
     }
-    let key = || Auth::Key(Key::from_bytes(b"two hubs, one listener: a test key".to_vec()).unwrap());
-    let opts = SetupOptions::new(PolicyChoice::Auto, key()).timeout(Duration::from_secs(5));
-    let p = Policies::both(Policy::Mw);
-    let nics = sn.clone();
-    let listener =
-        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server, p), opts.clone(), move || {
-            nics.new_pd()
-        })
-        .unwrap()
-        .on_hubs(hubs.clone());
+    assert_eq!(probes.probes_run(), 1, "one probe for the device of both endpoints");
     let mut pool = LocalPool::new();
+    let (client, cd) = Endpoint::builder(cn, key())
+        .config(cfg(Role::Client, p))
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    spawn(&pool, cd.run());
     const CLIENTS: usize = 20;
-    let served = serve_clients(&mut pool, listener, CLIENTS, &cn, &cfg(Role::Client, p), &opts);
+    let served = serve_clients(&mut pool, &servers, CLIENTS, &client);
     assert!(served.iter().all(|&ok| ok));
-    let counts: Vec<u64> = hubs.iter().map(|h| h.stats().added).collect();
-    assert_eq!(counts.iter().sum::<u64>(), CLIENTS as u64);
-    assert!(counts.iter().all(|&n| n >= 5), "one hub took nearly all: {counts:?}");
-    // Servers end when their clients close the bootstrap streams.
+    let counts: Vec<u64> = servers.iter().map(|s| s.stats().added).collect();
+    assert_eq!(counts, [10, 10]);
+    assert_eq!(client.stats().added, CLIENTS as u64, "the client's connections share its one hub");
+    // Servers end when their clients close.
     for _ in 0..500 {
         pool.run_until_stalled();
-        if hubs.iter().all(|h| h.stats().connections == 0) {
+        if servers.iter().all(|s| s.stats().connections == 0) {
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(
-        hubs.iter().all(|h| h.stats().connections == 0),
+        servers.iter().all(|s| s.stats().connections == 0),
         "{:?}",
-        hubs.iter().map(|h| h.stats()).collect::<Vec<_>>()
+        servers.iter().map(|s| s.stats()).collect::<Vec<_>>()
     );
-    drop(hubs);
+    drop(servers);
     drop(pool);
     for t in threads {
         assert_eq!(t.join().unwrap().orphans, 0);
@@ -482,56 +491,49 @@ fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
     assert!(sn.poll_cq_vec(cq, 1).is_err(), "the hub's queue was left behind");
 }
 
-/// `Reconnecting::on_hub`: a client whose connection the server drops
-/// comes back by itself, on the same hub, and the first connection's
-/// place on the hub is given back.
+/// `Reconnecting` over an endpoint: a client whose connection the server
+/// drops comes back by itself, on the endpoint's same hub, and the first
+/// connection's place on the hub is given back.
 #[test]
-fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
+fn a_reconnecting_client_comes_back_on_its_endpoints_hub() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Backoff, Listener, PolicyChoice, Reconnecting, SetupOptions};
+    use mwcap::conn::{Backoff, Endpoint, PolicyChoice, Reconnecting};
     let fabric = Fabric::with_seed(41);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let key = Auth::Key(Key::from_bytes(b"reconnecting on a hub: a test key".to_vec()).unwrap());
-    let opts = SetupOptions::new(PolicyChoice::Auto, key).timeout(Duration::from_secs(5));
+    let key = || Auth::Key(Key::from_bytes(b"reconnecting on a hub: a test key".to_vec()).unwrap());
     let p = Policies::both(Policy::Mw);
-    let mut listener =
-        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server, p), opts.clone(), move || {
-            sn.new_pd()
-        })
+    let (server, sd) = Endpoint::builder(sn, key())
+        .policy(PolicyChoice::Auto)
+        .config(cfg(Role::Server, p))
+        .handshake_timeout(Duration::from_secs(5))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
         .unwrap();
-    let addr = listener.local_addr().unwrap();
+    let addr = server.local_addr().unwrap();
     let mut pool = LocalPool::new();
-    let (hub, hub_driver) = Hub::new(cn, 1 << 12).unwrap();
-    spawn(&pool, hub_driver.run());
-    let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
-    let (client, supervisor) = Reconnecting::on_hub(addr, cfg(Role::Client, p), opts, backoff, hub.clone());
-    pool.spawner()
-        .spawn_local(async move {
-            supervisor.await;
-        })
+    let (endpoint, cd) = Endpoint::builder(cn, key())
+        .config(cfg(Role::Client, p))
+        .queue_depth(1 << 12)
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
         .unwrap();
+    spawn(&pool, sd.run());
+    spawn(&pool, cd.run());
+    let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
+    let (client, supervisor) = Reconnecting::new(endpoint.clone(), addr, backoff);
+    spawn(&pool, supervisor);
     // The server takes the first connection, serves one call, then closes
-    // it (its bootstrap stream too); then serves the next one.
+    // it (its bootstrap stream goes with it); then serves the next one.
     let spawner = pool.spawner();
     pool.spawner()
         .spawn_local(async move {
-            let first = listener.accept().await.expect("the first connection");
-            let (conn, run) = first.run();
-            let served = conn.clone();
-            spawner
-                .spawn_local(async move {
-                    futures::join!(serve(served), run);
-                })
-                .unwrap();
+            let conn = server.accept().await.expect("the first connection");
+            spawner.spawn_local(serve(conn.clone())).unwrap();
             async_io::Timer::after(Duration::from_millis(100)).await;
-            conn.close(); // its driver ends, and the bootstrap stream with it
-            let (conn, run) = listener.accept().await.expect("the reconnection").run();
-            spawner
-                .spawn_local(async move {
-                    futures::join!(serve(conn), run);
-                })
-                .unwrap();
+            conn.close();
+            let conn = server.accept().await.expect("the reconnection");
+            spawner.spawn_local(serve(conn)).unwrap();
         })
         .unwrap();
     let call = |conn: Connection<SimNic>| async move {
@@ -553,15 +555,14 @@ fn a_reconnecting_client_on_a_hub_comes_back_on_the_same_hub() {
         }
     });
     assert_eq!(pool.run_until(call(second)).expect("served again"), b"cba");
-    let s = hub.stats();
-    assert_eq!(s.added, 2, "{s:?}");
+    assert_eq!(endpoint.stats().added, 2, "{:?}", endpoint.stats());
     for _ in 0..400 {
-        if hub.stats().connections == 1 {
+        if endpoint.stats().connections == 1 {
             break;
         }
         pool.run_until(async_io::Timer::after(Duration::from_millis(5)));
     }
-    assert_eq!(hub.stats().connections, 1, "the first connection's place was not given back");
+    assert_eq!(endpoint.stats().connections, 1, "the first connection's place was not given back");
     assert_eq!(client.stats().connects, 2);
     client.stop();
 }

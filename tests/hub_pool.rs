@@ -450,33 +450,40 @@ fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
-/// A listener over a hub with a shared pool: mw clients connected through
+/// A listening endpoint with a shared pool: mw clients connected through
 /// the async setup take their buffers from it, each gets its own bytes
 /// back, and every buffer is back in the pool when they are gone.
 #[test]
-fn a_listener_serves_mw_clients_from_a_shared_pool() {
+fn a_listening_endpoint_serves_mw_clients_from_a_shared_pool() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
+    use mwcap::conn::{Endpoint, PolicyChoice};
     let fabric = Fabric::with_seed(34);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (hub, hd) = pooled_hub(sn.new_pd().unwrap(), 4, 1);
-    spawn(&pool, hd.run());
     let key = || Auth::Key(Key::from_bytes(b"a listener over a pooled hub: a test key".to_vec()).unwrap());
-    let opts = SetupOptions::new(PolicyChoice::Mw, key()).timeout(Duration::from_secs(5));
-    let nics = sn.clone();
-    let listener =
-        Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-            nics.new_pd()
-        })
-        .unwrap()
-        .on_hubs(vec![hub.clone()]);
-    let served = serve_clients(&mut pool, listener, 10, &cn, &cfg(Role::Client), &opts);
+    let (server, sd) = Endpoint::builder(sn.new_pd().unwrap(), key())
+        .policy(PolicyChoice::Mw)
+        .config(cfg(Role::Server))
+        .shared_receives(SrqConfig { chunk: 64, max_slots: 4096 })
+        .shared_buffers(&[BufClass { size: SMALL, count: 4 }, BufClass { size: LARGE, count: 1 }])
+        .handshake_timeout(Duration::from_secs(5))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let (client, cd) = Endpoint::builder(cn, key())
+        .policy(PolicyChoice::Mw)
+        .config(cfg(Role::Client))
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    spawn(&pool, sd.run());
+    spawn(&pool, cd.run());
+    let served = serve_clients(&mut pool, std::slice::from_ref(&server), 10, &client);
     assert!(served.iter().all(|&ok| ok));
-    assert_eq!(hub.stats().added, 10);
-    assert!(run_until(&mut pool, Duration::from_secs(10), || hub.stats().connections == 0));
-    let st = hub.stats().buffers.unwrap();
+    assert_eq!(server.stats().added, 10);
+    assert!(run_until(&mut pool, Duration::from_secs(10), || server.stats().connections == 0));
+    let st = server.stats().buffers.unwrap();
     assert!(st.taken >= 20, "a READ destination and a reply buffer per client: {st:?}");
     assert_eq!((st.free, st.held_bytes), (5, 0), "{st:?}");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());

@@ -623,41 +623,54 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     drop(keep);
 }
 
-/// A listener over a hub with shared receives and a plain one: when it
-/// requires mw its clients go to either (those on the shared one with a
-/// handle on its PD, whatever `nics` gave); when it may negotiate confirm,
-/// only to the plain one.
+/// A listening endpoint with shared receives: its clients (mw) all take
+/// their receives from its one shared queue. An endpoint that may
+/// negotiate confirm cannot have shared receives: it is refused at build.
 #[test]
-fn a_listener_puts_clients_on_a_hub_with_shared_receives_only_when_it_requires_mw() {
+fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Listener, PolicyChoice, SetupOptions};
-    for (choice, clients) in [(PolicyChoice::Mw, 12usize), (PolicyChoice::Auto, 6)] {
-        let fabric = Fabric::with_seed(33);
-        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
-        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-        let mut pool = LocalPool::new();
-        let (shared, sd) =
-            Hub::with_shared_receives(sn.new_pd().unwrap(), 1 << 14, SrqConfig::default()).unwrap();
-        let (plain, pd) = Hub::new(sn.new_pd().unwrap(), 1 << 14).unwrap();
-        spawn(&pool, sd.run());
-        spawn(&pool, pd.run());
-        let key = || Auth::Key(Key::from_bytes(b"a listener over mixed hubs: a test key".to_vec()).unwrap());
-        let opts = SetupOptions::new(choice, key()).timeout(Duration::from_secs(5));
-        let nics = sn.clone();
-        let listener =
-            Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts.clone(), move || {
-                nics.new_pd()
-            })
-            .unwrap()
-            .on_hubs(vec![shared.clone(), plain.clone()]);
-        let served = serve_clients(&mut pool, listener, clients, &cn, &cfg(Role::Client), &opts);
-        assert!(served.iter().all(|&ok| ok), "{choice:?}");
-        let (on_shared, on_plain) = (shared.stats().added, plain.stats().added);
-        assert_eq!(on_shared + on_plain, clients as u64);
-        match choice {
-            PolicyChoice::Mw => assert!(on_shared >= 3 && on_plain >= 3, "{on_shared} / {on_plain}"),
-            _ => assert_eq!(on_shared, 0, "a client that may get confirm went to the shared hub"),
-        }
-        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-    }
+    use mwcap::conn::{Endpoint, PolicyChoice};
+    let fabric = Fabric::with_seed(33);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let key = || Auth::Key(Key::from_bytes(b"a listener over mixed hubs: a test key".to_vec()).unwrap());
+    let refused = Endpoint::builder(sn.new_pd().unwrap(), key())
+        .policy(PolicyChoice::Auto)
+        .shared_receives(SrqConfig::default())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build();
+    let e = refused.err().expect("a client that may get confirm cannot share receives");
+    assert!(
+        matches!(e, SetupError::Config(ConfigError::SharingNeedsMw { choice: PolicyChoice::Auto })),
+        "{e}"
+    );
+    let (server, sd) = Endpoint::builder(sn.new_pd().unwrap(), key())
+        .policy(PolicyChoice::Mw)
+        .config(cfg(Role::Server))
+        .queue_depth(1 << 14)
+        .shared_receives(SrqConfig::default())
+        .handshake_timeout(Duration::from_secs(5))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let (client, cd) = Endpoint::builder(cn, key())
+        .policy(PolicyChoice::Mw)
+        .config(cfg(Role::Client))
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    spawn(&pool, sd.run());
+    spawn(&pool, cd.run());
+    const CLIENTS: usize = 12;
+    let served = serve_clients(&mut pool, std::slice::from_ref(&server), CLIENTS, &client);
+    assert!(served.iter().all(|&ok| ok));
+    let st = server.stats();
+    assert_eq!(st.added, CLIENTS as u64);
+    assert!(
+        st.srq.is_some_and(|q| q.frames >= CLIENTS as u64),
+        "every request came through the shared queue: {st:?}"
+    );
+    assert!(client.stats().srq.is_none(), "the client's hub has receive queues of its own");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

@@ -156,7 +156,8 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// Keep the connection made by a handshake: its bootstrap stream goes
     /// to the driver, which watches it.
     fn adopt(&self, c: AsyncConnected<N>) -> Connection<N> {
-        let AsyncConnected { connection, driver, mut stream, .. } = c;
+        let AsyncConnected { connection, driver, mut stream, policies, peer_addr } = c;
+        tracing::debug!(peer = %peer_addr, ?policies, "endpoint: a connection is up");
         // A connection on a hub has a driver that only waits for its end.
         drop(driver);
         let watched = connection.clone();
@@ -267,9 +268,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
             Some(addr) => {
                 let mut server = cfg.clone();
                 server.role = Role::Server;
-                let source = hub.clone();
-                let l = Listener::bind(addr, server, opts.clone(), move || source.connection_nic())?
-                    .on_hub(hub.clone());
+                let l = Listener::bind(addr, server, opts.clone(), hub.clone())?;
                 let local = l.local_addr().ok();
                 let closer = l.closer();
                 (Some(futures::lock::Mutex::new(l)), local, Some(closer))

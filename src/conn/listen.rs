@@ -1,37 +1,34 @@
-//! Setting up connections without blocking a thread: a [`Listener`] whose
-//! `accept().await` runs many handshakes at once, and [`connect_async`].
+//! The async bootstrap under [`Endpoint`](super::Endpoint): a
+//! [`Listener`] whose `accept().await` runs many handshakes at once, and
+//! [`connect_async_on`], both for connections on a [`Hub`].
 //!
 //! The details are on [`Listener`].
 
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
 use async_io::Async;
-use futures::future::{select, BoxFuture, Either};
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::task::AtomicWaker;
-use futures::AsyncReadExt;
-use parking_lot::Mutex;
 
 use super::setup::{agreed, local_caps, serve_set};
-use super::{
-    Config, Connection, Driver, Link, LossReason, Policies, PolicyChoice, Role, SetupError, SetupOptions,
-};
-use crate::backend::{Nic, NicError};
+use super::{Config, Connection, Driver, Hub, Policies, PolicyChoice, Role, SetupError, SetupOptions};
+use crate::backend::Nic;
 use crate::bootstrap::{self, Authenticated, BootstrapError, Hello, Phase, PolicySet};
 
-/// A connection set up over the async bootstrap: the handle, its driver,
-/// and the bootstrap's TCP stream, whose closing tells that the peer went
-/// away. [`AsyncConnected::run`] runs the driver and watches the stream.
-pub struct AsyncConnected<N: Nic> {
+/// A connection set up over the async bootstrap: the handle, its driver
+/// (on a hub, it only waits for the connection's end), and the
+/// bootstrap's TCP stream, whose closing tells that the peer went away.
+pub(super) struct AsyncConnected<N: Nic> {
     /// The user's handle.
     pub connection: Connection<N>,
-    /// The connection's driver (or use [`AsyncConnected::run`]).
+    /// The connection's driver.
     pub driver: Driver<N>,
-    /// The bootstrap's TCP stream; keep it open while the connection lives.
+    /// The bootstrap's TCP stream; kept open while the connection lives.
     pub stream: Async<TcpStream>,
     /// The policies chosen for the two directions.
     pub policies: Policies,
@@ -39,40 +36,6 @@ pub struct AsyncConnected<N: Nic> {
     pub peer_addr: SocketAddr,
 }
 
-impl<N: Nic> AsyncConnected<N> {
-    /// Split into the handle and one future to spawn: it runs the driver,
-    /// takes the connection down with [`LossReason::PeerGone`] when the peer
-    /// closes the bootstrap stream (or the process at the other end dies),
-    /// and returns why the connection ended once every buffer is back.
-    pub fn run(self) -> (Connection<N>, impl Future<Output = LossReason> + Send + 'static)
-    where
-        N: 'static,
-    {
-        let AsyncConnected { connection, driver, stream, .. } = self;
-        let watcher = connection.clone();
-        let fut = async move {
-            let driving = std::pin::pin!(driver.run());
-            let watching = std::pin::pin!(watch(stream));
-            match select(driving, watching).await {
-                Either::Left((reason, _)) => reason,
-                Either::Right(((), driving)) => {
-                    watcher.peer_gone();
-                    driving.await
-                }
-            }
-        };
-        (connection, fut)
-    }
-}
-
-/// Wait until the peer closes the bootstrap stream (or it fails). The peer
-/// sends nothing on it after the ready byte.
-async fn watch(mut stream: Async<TcpStream>) {
-    let mut b = [0u8; 64];
-    while matches!(stream.read(&mut b).await, Ok(n) if n > 0) {}
-}
-
-type NicSource<N> = Box<dyn FnMut() -> Result<N, NicError> + Send>;
 type Handshake<N> = BoxFuture<'static, Result<AsyncConnected<N>, SetupError>>;
 
 /// What every handshake of a listener shares.
@@ -80,10 +43,14 @@ struct Shared<N: Nic> {
     cfg: Config,
     opts: SetupOptions,
     serve: PolicySet,
-    nics: Mutex<NicSource<N>>,
+    /// Accepted connections run on it, each in a protection domain of its
+    /// own (or, with shared receives, in the hub's).
+    hub: Hub<N>,
 }
 
-/// A TCP listener that sets up mwcap connections, many handshakes at once.
+/// A TCP listener that sets up mwcap connections on a hub, many
+/// handshakes at once: what [`Endpoint::accept`](super::Endpoint::accept)
+/// runs.
 ///
 /// # Concurrency of handshakes
 /// [`accept`](Listener::accept) takes TCP connections and runs their handshakes
@@ -92,30 +59,11 @@ struct Shared<N: Nic> {
 /// stays silent holds nothing but its own handshake, which ends with
 /// [`BootstrapError::TimedOut`] after [`SetupOptions::timeout`] per phase;
 /// the clients behind it connect meanwhile. Handshakes move only while
-/// `accept` is being awaited, so serve each connection in its own task
-/// and go straight back to `accept`:
+/// `accept` is being awaited. At most 256 handshakes are in progress;
+/// further clients wait in the kernel's accept queue.
 ///
-/// ```no_run
-/// # use mwcap::conn::{Config, Listener, PolicyChoice, Policies, Policy, Role, SetupError, SetupOptions};
-/// # use mwcap::bootstrap::Auth;
-/// # async fn demo(nic: mwcap::sim::SimNic, auth: Auth) -> Result<(), SetupError> {
-/// let cfg = Config::new(Role::Server, Policies::both(Policy::Confirm));
-/// let opts = SetupOptions::new(PolicyChoice::Auto, auth);
-/// let mut listener = Listener::bind("127.0.0.1:18600".parse().unwrap(), cfg, opts, move || Ok(nic.clone()))?;
-/// let closer = listener.closer(); // for whoever stops the server: closer.close()
-/// loop {
-///     match listener.accept().await {
-///         Ok(c) => { /* spawn c.run() and a task serving c.connection */ }
-///         Err(SetupError::ListenerClosed) => break, // closed: the loop ends
-///         Err(e) => eprintln!("a client failed to connect: {e}"), // that client only
-///     }
-/// }
-/// # Ok(())
-/// # }
-/// ```
-///
-/// At most [`Listener::set_max_handshakes`] handshakes (256 by default) are
-/// in progress; further clients wait in the kernel's accept queue.
+/// A client the hub has no room for ([`SetupError::CqBudget`]) fails its
+/// handshake, and only that client.
 ///
 /// # Closing
 /// [`Listener::close`] (or [`ListenerCloser::close`], from another task,
@@ -123,99 +71,54 @@ struct Shared<N: Nic> {
 /// are refused), the handshakes in progress end (their TCP connections
 /// close and whatever was made for them is destroyed; their clients' setup
 /// fails), and `accept` returns [`SetupError::ListenerClosed`] from then
-/// on, which ends an accept loop like the one above:
-/// `Err(SetupError::ListenerClosed) => break`. Connections accepted before
-/// run on. Dropping the listener does the same as closing it.
+/// on. Connections accepted before run on. Dropping the listener does the
+/// same as closing it.
 ///
 /// The capability probe runs when the listener is bound (through the
 /// options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
 /// `mw` listener on a device without working windows fails at once with
 /// [`SetupError::MwUnusable`]. More, with measured figures: `docs/serving.md`.
-pub struct Listener<N: Nic> {
+pub(super) struct Listener<N: Nic> {
     /// `None` once closed.
     tcp: Option<Async<TcpListener>>,
     /// Set by [`ListenerCloser::close`]; the next poll of `accept` closes.
     close: Arc<CloseSignal>,
     shared: Arc<Shared<N>>,
-    /// Accepted connections run on these hubs ([`Listener::on_hubs`]).
-    hubs: Arc<Vec<super::Hub<N>>>,
     handshakes: FuturesUnordered<Handshake<N>>,
     max_handshakes: usize,
 }
 
 impl<N: Nic + 'static> Listener<N> {
-    /// Listen on `addr`. Every client that proved the key gets an endpoint
-    /// on a NIC handle from `nics` (a clone of one handle, or a fresh open
-    /// of the device) configured by `cfg` (its role must be `Server`).
+    /// Listen on `addr`. Every client that proved the key gets a
+    /// connection on `hub` configured by `cfg` (its role must be `Server`).
     ///
     /// For `mw` and `auto` the device is probed here, once, through
     /// `opts.probes` (which may already know it).
-    pub fn bind<F>(
+    pub(super) fn bind(
         addr: SocketAddr,
         cfg: Config,
         opts: SetupOptions,
-        nics: F,
-    ) -> Result<Listener<N>, SetupError>
-    where
-        F: FnMut() -> Result<N, NicError> + Send + 'static,
-    {
+        hub: Hub<N>,
+    ) -> Result<Listener<N>, SetupError> {
+        debug_assert_eq!(cfg.role, Role::Server);
         let tcp =
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
-        Listener::from_std(tcp, cfg, opts, nics)
-    }
-
-    /// [`Listener::bind`] over a listener the caller bound itself.
-    pub fn from_std<F>(
-        tcp: TcpListener,
-        cfg: Config,
-        opts: SetupOptions,
-        mut nics: F,
-    ) -> Result<Listener<N>, SetupError>
-    where
-        F: FnMut() -> Result<N, NicError> + Send + 'static,
-    {
-        debug_assert_eq!(cfg.role, Role::Server);
         let serve = match opts.choice {
             PolicyChoice::Confirm => PolicySet::CONFIRM,
-            choice => serve_set(&nics()?, choice, Some(&opts.probes))?,
+            choice => serve_set(&hub.connection_nic()?, choice, Some(&opts.probes))?,
         };
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         Ok(Listener {
             tcp: Some(tcp),
             close: Arc::default(),
-            shared: Arc::new(Shared { cfg, opts, serve, nics: Mutex::new(Box::new(nics)) }),
-            hubs: Arc::new(Vec::new()),
+            shared: Arc::new(Shared { cfg, opts, serve, hub }),
             handshakes: FuturesUnordered::new(),
             max_handshakes: 256,
         })
     }
 
-    /// Run the connections this listener accepts on `hub` (one completion
-    /// queue and one driver for all of them; see [`super::Hub`]) instead
-    /// of each on its own. `nics` must then give siblings of the hub's
-    /// handle, each a protection domain of its own:
-    /// `move || hub.connection_nic()`. The [`AsyncConnected::driver`] of
-    /// such a connection only waits for its end; spawn the
-    /// [`super::HubDriver`] once. A client the hub has no room for
-    /// ([`SetupError::CqBudget`]) fails its handshake, and only that client.
-    pub fn on_hub(self, hub: super::Hub<N>) -> Listener<N> {
-        self.on_hubs(vec![hub])
-    }
-
-    /// [`Listener::on_hub`] over several hubs, say one per core, each with
-    /// its driver on a thread of its own: a client goes to the hub with
-    /// the fewest connections that has room for it. The hubs must be on
-    /// one device context (their handles opened once, then `new_pd`), so
-    /// that a handle from `nics` may complete on any of their queues.
-    /// Hubs with shared receives take clients only when the listener
-    /// requires mw (`PolicyChoice::Mw`), with a handle on their own PD.
-    pub fn on_hubs(mut self, hubs: Vec<super::Hub<N>>) -> Listener<N> {
-        self.hubs = Arc::new(hubs);
-        self
-    }
-
     /// The address the listener is bound to (an error once it is closed).
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+    pub(super) fn local_addr(&self) -> std::io::Result<SocketAddr> {
         match &self.tcp {
             Some(tcp) => tcp.get_ref().local_addr(),
             None => Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the listener was closed")),
@@ -228,7 +131,7 @@ impl<N: Nic + 'static> Listener<N> {
     /// destroyed); [`Listener::accept`] returns
     /// [`SetupError::ListenerClosed`] from now on. Connections already
     /// accepted are not touched. Idempotent.
-    pub fn close(&mut self) {
+    pub(super) fn close(&mut self) {
         self.close.close();
         self.shut();
     }
@@ -237,36 +140,14 @@ impl<N: Nic + 'static> Listener<N> {
     /// accept loop waits in [`Listener::accept`]: that `accept` (or the
     /// next) then closes the listener as [`Listener::close`] does and
     /// returns [`SetupError::ListenerClosed`].
-    pub fn closer(&self) -> ListenerCloser {
+    pub(super) fn closer(&self) -> ListenerCloser {
         ListenerCloser(self.close.clone())
-    }
-
-    /// Whether the listener is closed (or asked to close by its
-    /// [`ListenerCloser`]).
-    pub fn is_closed(&self) -> bool {
-        self.tcp.is_none() || self.close.is_closed()
     }
 
     /// Drop the socket and the handshakes in progress.
     fn shut(&mut self) {
         self.tcp = None;
         self.handshakes = FuturesUnordered::new();
-    }
-
-    /// At most `n` (at least 1) handshakes in progress at once; further
-    /// clients wait in the kernel's accept queue.
-    pub fn set_max_handshakes(&mut self, n: usize) {
-        self.max_handshakes = n.max(1);
-    }
-
-    /// Handshakes in progress.
-    pub fn handshakes_in_progress(&self) -> usize {
-        self.handshakes.len()
-    }
-
-    /// What this listener serves (after its probe).
-    pub fn serves(&self) -> PolicySet {
-        self.shared.serve
     }
 
     /// The next client whose handshake finished: connected, or the error
@@ -279,7 +160,7 @@ impl<N: Nic + 'static> Listener<N> {
     ///
     /// Cancel-safe: dropping the future loses no handshake; the next call
     /// goes on with them.
-    pub async fn accept(&mut self) -> Result<AsyncConnected<N>, SetupError> {
+    pub(super) async fn accept(&mut self) -> Result<AsyncConnected<N>, SetupError> {
         poll_fn(|cx| loop {
             // Registered before looking: a close from now on wakes this task.
             self.close.waker.register(cx.waker());
@@ -296,7 +177,7 @@ impl<N: Nic + 'static> Listener<N> {
             match tcp.get_ref().accept() {
                 Ok((stream, _)) => {
                     let shared = self.shared.clone();
-                    self.handshakes.push(Box::pin(handshake(stream, shared, self.hubs.clone())));
+                    self.handshakes.push(Box::pin(handshake(stream, shared)));
                     // Poll the new handshake (it registers its wakers), then look for more.
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match tcp.poll_readable(cx) {
@@ -319,13 +200,13 @@ impl<N: Nic + 'static> Listener<N> {
 /// Closes a [`Listener`] from another task ([`Listener::closer`]). Cheap to
 /// clone.
 #[derive(Clone)]
-pub struct ListenerCloser(Arc<CloseSignal>);
+pub(super) struct ListenerCloser(Arc<CloseSignal>);
 
 impl ListenerCloser {
     /// Close the listener: the `accept` its loop waits in (or its next
     /// one) closes it as [`Listener::close`] does and returns
     /// [`SetupError::ListenerClosed`]. Idempotent.
-    pub fn close(&self) {
+    pub(super) fn close(&self) {
         self.0.close();
     }
 }
@@ -363,40 +244,23 @@ fn is_transient(e: &std::io::Error) -> bool {
 async fn handshake<N: Nic + 'static>(
     stream: TcpStream,
     shared: Arc<Shared<N>>,
-    hubs: Arc<Vec<super::Hub<N>>>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let stream = Async::new(stream).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
     let opts = &shared.opts;
     let authed = bootstrap::authenticate_accepted_async(stream, &opts.auth, opts.timeout).await?;
     // Only now, for a client that proved the key, is anything created.
-    let nic = (shared.nics.lock())()?;
-    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, &hubs).await
+    let nic = shared.hub.connection_nic()?;
+    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, &shared.hub).await
 }
 
 /// Client: connect to a server listening at `addr` without blocking the
-/// thread; the async [`connect_with`](super::connect_with). The device is
-/// probed (for `mw` and `auto`) through `opts.probes`, so only the first
-/// connect on a device pays for it; that probe (about 100 ms on rxe) runs
-/// on a thread of its own, not on the executor's.
-pub async fn connect_async<N: Nic + 'static>(
-    nic: N,
-    addr: SocketAddr,
-    cfg: Config,
-    opts: &SetupOptions,
-) -> Result<AsyncConnected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Client);
-    let (nic, serve) = serve_set_off_thread(nic, opts).await?;
-    let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts, &[]).await
-}
-
-/// [`connect_async`] for a connection that runs on `hub` (in a protection
-/// domain of its own, `hub.connection_nic()`): a client process with many
-/// connections polls one completion queue for all of them. Spawn the
-/// [`super::HubDriver`] once; each connection's
-/// [`AsyncConnected::driver`] only waits for its end.
-pub async fn connect_async_on<N: Nic + 'static>(
-    hub: &super::Hub<N>,
+/// thread, for a connection that runs on `hub` (in a protection domain of
+/// its own, `hub.connection_nic()`); what [`Endpoint::connect`](super::Endpoint::connect)
+/// runs. The device is probed (for `mw` and `auto`) through `opts.probes`,
+/// so only the first connect on a device pays for it; that probe (about
+/// 100 ms on rxe) runs on a thread of its own, not on the executor's.
+pub(super) async fn connect_async_on<N: Nic + 'static>(
+    hub: &Hub<N>,
     addr: SocketAddr,
     cfg: Config,
     opts: &SetupOptions,
@@ -405,7 +269,7 @@ pub async fn connect_async_on<N: Nic + 'static>(
     let nic = hub.connection_nic()?;
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts, std::slice::from_ref(hub)).await
+    finish_setup_async(nic, cfg, serve, authed, opts, hub).await
 }
 
 /// [`serve_set`] without blocking the executor: a verdict the cache holds
@@ -443,16 +307,12 @@ async fn finish_setup_async<N: Nic + 'static>(
     serve: PolicySet,
     authed: Authenticated<Async<TcpStream>>,
     opts: &SetupOptions,
-    hubs: &[super::Hub<N>],
+    hub: &Hub<N>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
-    let (mut prepared, hub) = if hubs.is_empty() {
-        (Link::prepare(nic, cfg.clone())?, None)
-    } else {
-        let mw_only = opts.choice == PolicyChoice::Mw;
-        let (p, h) = super::hub::prepare_on_least_loaded(hubs, nic, cfg.clone(), mw_only)?;
-        (p, Some(h))
-    };
+    let mw_only = opts.choice == PolicyChoice::Mw;
+    let (mut prepared, hub) =
+        super::hub::prepare_on_least_loaded(std::slice::from_ref(hub), nic, cfg.clone(), mw_only)?;
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
     let policies = agreed(&hs, &mut cfg)?;
@@ -460,9 +320,6 @@ async fn finish_setup_async<N: Nic + 'static>(
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect(&hs.remote_endpoint())?;
     let stream = hs.ready(opts.timeout).await?;
-    let (connection, driver) = match hub {
-        Some(h) => h.add(endpoint),
-        None => Connection::new(endpoint),
-    };
+    let (connection, driver) = hub.add(endpoint);
     Ok(AsyncConnected { connection, driver, stream, policies, peer_addr })
 }

@@ -653,9 +653,9 @@ impl<N: Nic> Connection<N> {
     /// connection as [`Connection::close`] does, but calls then fail, and
     /// [`Connection::closed`] and [`Driver::run`] end, with
     /// [`LossReason::PeerGone`] (unless it was down already).
-    /// [`AsyncConnected::run`](super::AsyncConnected::run) calls it when it
-    /// sees the stream close; call it yourself if you run the driver and
-    /// watch the stream on your own.
+    /// The [`EndpointDriver`](super::EndpointDriver) calls it when it sees
+    /// the stream close; call it yourself if you run the driver and watch
+    /// the stream on your own.
     pub fn peer_gone(&self) {
         self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerGone));
     }

@@ -141,8 +141,6 @@ pub use header::Header;
 pub use hub::{Hub, HubDriver, HubStats};
 pub use link::{Link, Prepared};
 #[cfg(not(loom))]
-pub use listen::{connect_async, connect_async_on, AsyncConnected, Listener, ListenerCloser};
-#[cfg(not(loom))]
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};

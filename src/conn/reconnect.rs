@@ -11,8 +11,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
-use super::{connect_async, Config, Connection, LossReason, SetupError, SetupOptions};
-use crate::backend::{Nic, NicError};
+use super::{Connection, Endpoint, LossReason, SetupError};
+use crate::backend::Nic;
 
 /// How long to wait between failed connection attempts.
 ///
@@ -147,9 +147,9 @@ impl<N: Nic> State<N> {
 /// clones share the connection.
 ///
 /// It keeps one connection to a server up: it connects with
-/// [`connect_async`], runs the connection (driver and bootstrap stream
-/// watch, [`AsyncConnected::run`](super::AsyncConnected::run)) and, once the connection is down for
-/// whatever [`LossReason`], connects again. The first attempt after a loss
+/// [`Endpoint::connect`] (the connection runs on the endpoint's driver,
+/// which also watches its bootstrap stream) and, once the connection is
+/// down for whatever [`LossReason`], connects again. The first attempt after a loss
 /// is made at once; after each failed attempt it waits as [`Backoff`]
 /// says: exponential, capped, with jitter so that many clients of a
 /// restarted server do not come back in step.
@@ -171,61 +171,16 @@ impl<N: Nic> Clone for Reconnecting<N> {
 }
 
 impl<N: Nic + 'static> Reconnecting<N> {
-    /// A client of the server at `addr`; each connection gets a NIC handle
-    /// from `nics` and `cfg` (role `Client`). Returns the handle and the
-    /// future that connects and reconnects: spawn it. It ends when
-    /// [`Reconnecting::stop`] is called or the backoff gives up.
-    pub fn new<F>(
+    /// A client of the server at `addr` whose connections `endpoint` makes
+    /// ([`Endpoint::connect`]; they run on its driver, which must be
+    /// spawned). Returns the handle and the future that connects and
+    /// reconnects: spawn it. It ends when [`Reconnecting::stop`] is called
+    /// or the backoff gives up.
+    pub fn new(
+        endpoint: Endpoint<N>,
         addr: SocketAddr,
-        cfg: Config,
-        opts: SetupOptions,
         backoff: Backoff,
-        mut nics: F,
-    ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static)
-    where
-        F: FnMut() -> Result<N, NicError> + Send + 'static,
-    {
-        let cfg2 = cfg.clone();
-        let opts2 = opts;
-        Reconnecting::supervise(addr, backoff, move || {
-            let (nic, cfg, opts) = (nics(), cfg2.clone(), opts2.clone());
-            Box::pin(async move {
-                match nic {
-                    Ok(nic) => connect_async(nic, addr, cfg, &opts).await,
-                    Err(e) => Err(SetupError::Nic(e)),
-                }
-            })
-        })
-    }
-
-    /// [`Reconnecting::new`] whose connections run on `hub` (each in a
-    /// protection domain of its own): a client with many reconnecting
-    /// connections polls one completion queue for all of them.
-    pub fn on_hub(
-        addr: SocketAddr,
-        cfg: Config,
-        opts: SetupOptions,
-        backoff: Backoff,
-        hub: super::Hub<N>,
     ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static) {
-        let opts2 = opts;
-        Reconnecting::supervise(addr, backoff, move || {
-            let (hub, cfg, opts) = (hub.clone(), cfg.clone(), opts2.clone());
-            Box::pin(async move { super::connect_async_on(&hub, addr, cfg, &opts).await })
-        })
-    }
-
-    /// The supervisor over `connect`, which makes one attempt.
-    fn supervise<F>(
-        addr: SocketAddr,
-        backoff: Backoff,
-        mut connect: F,
-    ) -> (Reconnecting<N>, impl Future<Output = ReconnectError> + Send + 'static)
-    where
-        F: FnMut() -> futures::future::BoxFuture<'static, Result<super::AsyncConnected<N>, SetupError>>
-            + Send
-            + 'static,
-    {
         let state = Arc::new(Mutex::new(State {
             current: None,
             failures_in_row: 0,
@@ -243,10 +198,9 @@ impl<N: Nic + 'static> Reconnecting<N> {
                     break ReconnectError::Stopped;
                 }
                 state.lock().stats.attempts += 1;
-                let attempt = connect().await;
+                let attempt = endpoint.connect(addr).await;
                 match attempt {
-                    Ok(connected) => {
-                        let (conn, run) = connected.run();
+                    Ok(conn) => {
                         {
                             let mut st = state.lock();
                             st.stats.connects += 1;
@@ -256,11 +210,11 @@ impl<N: Nic + 'static> Reconnecting<N> {
                             if st.stopped {
                                 conn.close();
                             }
-                            st.current = Some(conn);
+                            st.current = Some(conn.clone());
                             st.wake();
                         }
                         tracing::debug!(%addr, "reconnecting client: connected");
-                        let reason = run.await;
+                        let reason = conn.closed().await;
                         tracing::debug!(%addr, %reason, "reconnecting client: connection down");
                         let mut st = state.lock();
                         st.current = None;

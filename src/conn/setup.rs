@@ -75,10 +75,10 @@ pub enum SetupError {
         /// The probe's first failing step.
         why: String,
     },
-    /// The [`Listener`](super::Listener) was closed
-    /// ([`Listener::close`](super::Listener::close)): it takes no more
-    /// clients. End the accept loop.
-    #[error("the listener was closed: it accepts no more clients (bind a new one to accept again)")]
+    /// The endpoint stopped listening
+    /// ([`Endpoint::stop_listening`](super::Endpoint::stop_listening)): it
+    /// takes no more clients. End the accept loop.
+    #[error("the listener was closed (Endpoint::stop_listening): it accepts no more clients (build a new endpoint to accept again)")]
     ListenerClosed,
     /// [`Endpoint::accept`](super::Endpoint::accept) on an endpoint that
     /// does not listen.
@@ -228,9 +228,8 @@ pub fn accept<N: Nic>(
 
 /// How to set up connections: the policy choice, the key, the time
 /// allowed per phase, and the [`ProbeCache`] that remembers each device's
-/// probe. Shared by [`accept_with`], [`connect_with`], the async
-/// [`Listener`](super::Listener) and [`connect_async`](super::connect_async),
-/// and [`Reconnecting`](super::Reconnecting).
+/// probe. Taken by [`accept_with`] and [`connect_with`]; an
+/// [`Endpoint`](super::Endpoint) keeps one, set by its builder.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SetupOptions {

@@ -459,8 +459,9 @@ pub enum LossReason {
     Closed,
     /// The peer went away: its end of the bootstrap TCP stream closed (it
     /// closed the connection, or its process exited or died). Reported by
-    /// [`AsyncConnected::run`](super::AsyncConnected::run), which watches
-    /// the stream, or by whoever watches it and calls
+    /// the [`EndpointDriver`](super::EndpointDriver), which watches the
+    /// stream of every connection of its endpoint, or by whoever watches it
+    /// and calls
     /// [`Connection::peer_gone`](super::Connection::peer_gone) or
     /// [`Link::peer_gone`](super::Link::peer_gone).
     PeerGone,

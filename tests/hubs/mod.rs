@@ -1,13 +1,13 @@
 //! What the hub tests (`hub.rs`, `hub_srq.rs`, `hub_pool.rs`) share:
 //! spawning on a `LocalPool`, the reversed-echo server, the payload
-//! pattern, a server on a hub with a hand-driven client, and a listener
-//! serving a batch of clients.
+//! pattern, a server on a hub with a hand-driven client, and listening
+//! endpoints serving a batch of clients.
 
 use std::net::SocketAddr;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{connect_async, Config, Connection, Hub, Link, Listener, SetupOptions};
+use mwcap::conn::{Config, Connection, Endpoint, Hub, Link};
 use mwcap::sim::SimNic;
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
@@ -84,51 +84,45 @@ pub fn pattern(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|k| ((k * 31 + i * 7) % 251) as u8).collect()
 }
 
-/// Accept `clients` connections on `listener` (each served by [`serve`]
-/// until its client closes the bootstrap stream), connect that many
-/// clients to it from new PDs of `client_nic`, each making one call with
-/// 500 bytes of its pattern; returns whether each got its own bytes back,
-/// reversed.
+/// Accept `clients` connections, spread over the listening endpoints
+/// `servers` (client `i` goes to `servers[i % servers.len()]`), each
+/// served by [`serve`] until its client's connection is down (its
+/// bootstrap stream closes with it); connect that many clients through
+/// `client`, each making one call with 500 bytes of its pattern; returns
+/// whether each got its own bytes back, reversed. Spawn the endpoints'
+/// drivers first.
 pub fn serve_clients(
     pool: &mut LocalPool,
-    mut listener: Listener<SimNic>,
+    servers: &[Endpoint<SimNic>],
     clients: usize,
-    client_nic: &SimNic,
-    client_cfg: &Config,
-    opts: &SetupOptions,
+    client: &Endpoint<SimNic>,
 ) -> Vec<bool> {
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    let spawner = pool.spawner();
-    pool.spawner()
-        .spawn_local(async move {
-            for _ in 0..clients {
-                let (conn, run) = listener.accept().await.expect("a client").run();
-                // Its service, and its end when the client closes the stream.
-                spawner
-                    .spawn_local(async move {
-                        futures::join!(serve(conn), run);
-                    })
-                    .unwrap();
-            }
-        })
-        .unwrap();
+    for (j, server) in servers.iter().enumerate() {
+        let mine = (0..clients).filter(|i| i % servers.len() == j).count();
+        let (server, spawner) = (server.clone(), pool.spawner());
+        pool.spawner()
+            .spawn_local(async move {
+                for _ in 0..mine {
+                    let conn = server.accept().await.expect("a client");
+                    spawner.spawn_local(serve(conn)).unwrap();
+                }
+            })
+            .unwrap();
+    }
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.local_addr().expect("it listens")).collect();
     pool.run_until(futures::future::join_all((0..clients).map(|i| {
-        let (nic, cfg, opts) = (client_nic.clone(), client_cfg.clone(), opts.clone());
+        let (client, addr) = (client.clone(), addrs[i % addrs.len()]);
         async move {
-            let (conn, run) =
-                connect_async(nic.new_pd().unwrap(), addr, cfg, &opts).await.expect("connect").run();
-            let work = async {
-                let mut b = conn.alloc().await.unwrap();
-                b.copy_from(&pattern(i, 500)).unwrap();
-                let r = conn.call(b"x", Some(b)).await.expect("served");
-                let mut want = pattern(i, 500);
-                want.reverse();
-                let ok = r.data.as_ref().unwrap().to_vec() == want;
-                drop(r);
-                conn.close();
-                ok
-            };
-            futures::join!(work, run).0
+            let conn = client.connect(addr).await.expect("connect");
+            let mut b = conn.alloc().await.unwrap();
+            b.copy_from(&pattern(i, 500)).unwrap();
+            let r = conn.call(b"x", Some(b)).await.expect("served");
+            let mut want = pattern(i, 500);
+            want.reverse();
+            let ok = r.data.as_ref().unwrap().to_vec() == want;
+            drop(r);
+            conn.close();
+            ok
         }
     })))
 }
