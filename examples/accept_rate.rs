@@ -47,7 +47,7 @@ fn blocking(n: usize, auth: &Auth) -> f64 {
         }
     });
     let started = Instant::now();
-    connect_one_at_a_time(n, client_nic, addr, auth);
+    clients_one_by_one(n, client_nic, addr, auth);
     server.join().unwrap();
     let rate = n as f64 / started.elapsed().as_secs_f64();
     println!("blocking accept (probe per accept): {n} clients, {rate:.0} setups/s, {n} probes");
@@ -56,7 +56,7 @@ fn blocking(n: usize, auth: &Auth) -> f64 {
 
 /// `n` blocking client setups one after the other (the clients serve
 /// `confirm`: they do not probe).
-fn connect_one_at_a_time(n: usize, nic: SimNic, addr: SocketAddr, auth: &Auth) {
+fn clients_one_by_one(n: usize, nic: SimNic, addr: SocketAddr, auth: &Auth) {
     for _ in 0..n {
         drop(connect(nic.clone(), addr, cfg(Role::Client), PolicyChoice::Confirm, auth, T).expect("connect"));
     }
@@ -98,7 +98,7 @@ fn one_at_a_time(n: usize, auth: &Auth) -> f64 {
     let (endpoint, probes) = server_endpoint(server_nic, auth);
     let addr = endpoint.local_addr().unwrap();
     let server = accept_n(endpoint, n);
-    connect_one_at_a_time(n, client_nic, addr, auth);
+    clients_one_by_one(n, client_nic, addr, auth);
     server.join().unwrap();
     let rate = n as f64 / started.elapsed().as_secs_f64();
     println!(
