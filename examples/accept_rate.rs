@@ -1,22 +1,20 @@
 //! How many clients a server sets up per second on the simulated NIC, with
 //! the capability probe run on every accept (the plain `conn::accept` with
-//! `auto`) and with its verdict cached (`conn::accept_with`, the async
-//! `Listener`).
+//! `auto`) and with its verdict cached (a listening `conn::Endpoint`,
+//! taking one client at a time, then many at once).
 //!
 //! Run with `cargo run --release --example accept_rate [CLIENTS]`. Clients
 //! connect with `confirm`, so only the server probes; the server serves
 //! `auto`. Figures are in docs/serving.md.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use mwcap::bootstrap::{Auth, Key};
-use mwcap::conn::{
-    accept, accept_with, connect, connect_async, Config, Listener, Policies, Policy, PolicyChoice, Role,
-    SetupOptions,
-};
+use mwcap::conn::{accept, connect, Config, Endpoint, Policies, Policy, PolicyChoice, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+use mwcap::ProbeCache;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -35,73 +33,108 @@ fn devices() -> (SimNic, SimNic) {
     )
 }
 
-/// `n` blocking setups one after the other; `cached` picks `accept_with`.
-fn blocking(n: usize, auth: &Auth, cached: bool) -> f64 {
+/// `n` blocking setups one after the other, the server probing on every
+/// accept.
+fn blocking(n: usize, auth: &Auth) -> f64 {
     let (server_nic, client_nic) = devices();
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = tcp.local_addr().unwrap();
-    let opts = SetupOptions::new(PolicyChoice::Auto, auth.clone()).timeout(T);
+    let server_auth = auth.clone();
     let server = std::thread::spawn(move || {
         for _ in 0..n {
-            let c = if cached {
-                accept_with(server_nic.clone(), &tcp, cfg(Role::Server), &opts)
-            } else {
-                accept(server_nic.clone(), &tcp, cfg(Role::Server), PolicyChoice::Auto, &opts.auth, T)
-            };
+            let c = accept(server_nic.clone(), &tcp, cfg(Role::Server), PolicyChoice::Auto, &server_auth, T);
             drop(c.expect("accept"));
         }
-        opts.probes.probes_run()
     });
     let started = Instant::now();
+    clients_one_by_one(n, client_nic, addr, auth);
+    server.join().unwrap();
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    println!("blocking accept (probe per accept): {n} clients, {rate:.0} setups/s, {n} probes");
+    rate
+}
+
+/// `n` blocking client setups one after the other (the clients serve
+/// `confirm`: they do not probe).
+fn clients_one_by_one(n: usize, nic: SimNic, addr: SocketAddr, auth: &Auth) {
     for _ in 0..n {
-        drop(
-            connect(client_nic.clone(), addr, cfg(Role::Client), PolicyChoice::Confirm, auth, T)
-                .expect("connect"),
-        );
+        drop(connect(nic.clone(), addr, cfg(Role::Client), PolicyChoice::Confirm, auth, T).expect("connect"));
     }
-    let probes = server.join().unwrap();
+}
+
+/// A listening endpoint serving `auto` on `nic`, its driver on a thread of
+/// its own, and the cache of its probe.
+fn server_endpoint(nic: SimNic, auth: &Auth) -> (Endpoint<SimNic>, ProbeCache) {
+    let probes = ProbeCache::new();
+    let (endpoint, driver) = Endpoint::builder(nic, auth.clone())
+        .policy(PolicyChoice::Auto)
+        .config(cfg(Role::Server))
+        .handshake_timeout(T)
+        .probe_cache(probes.clone())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .expect("a listening endpoint");
+    std::thread::spawn(move || block_on(driver.run()));
+    (endpoint, probes)
+}
+
+/// Accept `n` clients on `endpoint` from a thread of its own, dropping each.
+fn accept_n(endpoint: Endpoint<SimNic>, n: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        block_on(async {
+            for _ in 0..n {
+                drop(endpoint.accept().await.expect("accept"));
+            }
+        })
+    })
+}
+
+/// The same `n` blocking clients one after the other, served by a
+/// listening endpoint: its probe (run as it is built, timed here as the
+/// first accept's was) is cached for every client.
+fn one_at_a_time(n: usize, auth: &Auth) -> f64 {
+    let (server_nic, client_nic) = devices();
+    let started = Instant::now();
+    let (endpoint, probes) = server_endpoint(server_nic, auth);
+    let addr = endpoint.local_addr().unwrap();
+    let server = accept_n(endpoint, n);
+    clients_one_by_one(n, client_nic, addr, auth);
+    server.join().unwrap();
     let rate = n as f64 / started.elapsed().as_secs_f64();
     println!(
-        "blocking accept{}: {n} clients, {rate:.0} setups/s, {} probes",
-        if cached { "_with (cached)" } else { " (probe per accept)" },
-        if cached { probes.to_string() } else { n.to_string() }
+        "Endpoint::accept, one client at a time (cached): {n} clients, {rate:.0} setups/s, {} probes",
+        probes.probes_run()
     );
     rate
 }
 
-/// `n` clients at once through the async listener.
-fn listener(n: usize, auth: &Auth) -> f64 {
+/// `n` clients at once, from a client endpoint to a listening one.
+fn at_once(n: usize, auth: &Auth) -> f64 {
     let (server_nic, client_nic) = devices();
-    let opts = SetupOptions::new(PolicyChoice::Auto, auth.clone()).timeout(T);
-    let probes = opts.probes.clone();
-    let mut l = Listener::bind("127.0.0.1:0".parse().unwrap(), cfg(Role::Server), opts, move || {
-        Ok(server_nic.clone())
-    })
-    .expect("bind");
-    let addr = l.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        block_on(async {
-            for _ in 0..n {
-                drop(l.accept().await.expect("accept"));
-            }
-        })
-    });
-    let copts = SetupOptions::new(PolicyChoice::Confirm, auth.clone()).timeout(T);
+    let (endpoint, probes) = server_endpoint(server_nic, auth);
+    let addr = endpoint.local_addr().unwrap();
+    let server = accept_n(endpoint, n);
+    let (client, driver) = Endpoint::builder(client_nic, auth.clone())
+        .policy(PolicyChoice::Confirm)
+        .config(cfg(Role::Client))
+        .handshake_timeout(T)
+        .build()
+        .expect("a client endpoint");
+    std::thread::spawn(move || block_on(driver.run()));
     let started = Instant::now();
-    let clients = (0..n).map(|_| connect_async(client_nic.clone(), addr, cfg(Role::Client), &copts));
-    let all = block_on(futures::future::join_all(clients));
+    let all = block_on(futures::future::join_all((0..n).map(|_| client.connect(addr))));
     server.join().unwrap();
     let rate = n as f64 / started.elapsed().as_secs_f64();
     assert!(all.iter().all(|c| c.is_ok()));
-    println!("async Listener: {n} clients at once, {rate:.0} setups/s, {} probes", probes.probes_run());
+    println!("Endpoint::accept: {n} clients at once, {rate:.0} setups/s, {} probes", probes.probes_run());
     rate
 }
 
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200);
     let auth = Auth::Key(Key::from_bytes(b"accept_rate example key".to_vec()).unwrap());
-    let before = blocking(n, &auth, false);
-    let after = blocking(n, &auth, true);
-    listener(n, &auth);
+    let before = blocking(n, &auth);
+    let after = one_at_a_time(n, &auth);
+    at_once(n, &auth);
     println!("probe cache: {:.1}x the blocking setups per second", after / before);
 }

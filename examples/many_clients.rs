@@ -9,9 +9,9 @@
 //! Each good client makes calls with a payload that the server READs and
 //! answers with a reply payload that the client READs, then leaves.
 //!
-//! The server runs every connection it accepts on one `Hub` (one
+//! The server runs every connection it accepts on its one `Endpoint` (one
 //! completion queue, one driver task), each in a protection domain of its
-//! own; the clients share another hub.
+//! own; the clients share another endpoint.
 //!
 //! Run with `cargo run --example many_clients [futures|async-executor|both] [CLIENTS]`
 //! (both, 50 clients by default). A real server would use `VerbsNic`
@@ -25,8 +25,7 @@ use futures::future::{join_all, BoxFuture};
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
 use mwcap::conn::{
-    connect_async_on, Config, Connection, Hub, HubDriver, Listener, Policies, Policy, PolicyChoice, Role,
-    SetupError, SetupOptions,
+    Config, Connection, Endpoint, EndpointDriver, Policies, Policy, PolicyChoice, Role, SetupError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -40,9 +39,22 @@ fn cfg(role: Role) -> Config {
     c
 }
 
-fn options() -> SetupOptions {
+/// An endpoint on `nic` (listening on a free port for the server): `auto`,
+/// the example's key, 2 s per handshake phase.
+fn endpoint(nic: SimNic, server: bool) -> (Endpoint<SimNic>, EndpointDriver<SimNic>) {
     let key = Key::from_bytes(b"many_clients example key, 16+ bytes".to_vec()).expect("a long enough key");
-    SetupOptions::new(PolicyChoice::Auto, Auth::Key(key)).timeout(Duration::from_secs(2))
+    let role = if server { Role::Server } else { Role::Client };
+    let mut b = Endpoint::builder(nic, Auth::Key(key))
+        .policy(PolicyChoice::Auto)
+        .config(cfg(role))
+        .handshake_timeout(Duration::from_secs(2))
+        // A completion queue holds every connection's worst case: 65,536
+        // entries are enough for several hundred connections of this size.
+        .queue_depth(1 << 16);
+    if server {
+        b = b.listen("127.0.0.1:0".parse().expect("an address"));
+    }
+    b.build().expect("an endpoint")
 }
 
 /// Serve one connection: each request's payload comes back reversed.
@@ -62,85 +74,82 @@ async fn serve(conn: Connection<SimNic>) {
 }
 
 /// Accept `clients` connections (and report those that fail), handing
-/// each to `spawn`: its driver and its service are two tasks.
-async fn server<S>(mut listener: Listener<SimNic>, clients: usize, spawn: S)
+/// each to `spawn` to be served; then stop listening, which ends the
+/// silent clients' handshakes.
+async fn server<S>(endpoint: Endpoint<SimNic>, clients: usize, silent: Arc<Vec<TcpStream>>, spawn: S)
 where
     S: Fn(BoxFuture<'static, ()>),
 {
     let mut connected = 0;
     while connected < clients {
-        match listener.accept().await {
-            Ok(c) => {
+        match endpoint.accept().await {
+            Ok(conn) => {
                 connected += 1;
-                let (conn, run) = c.run();
                 spawn(Box::pin(serve(conn)));
-                spawn(Box::pin(async move {
-                    run.await;
-                }));
             }
             Err(e) => eprintln!("server: a client failed to connect: {e}"),
         }
     }
     println!(
         "server: {connected} clients connected; {} handshakes still pending (the silent clients)",
-        listener.handshakes_in_progress()
+        still_open(&silent)
     );
+    endpoint.stop_listening();
+}
+
+/// How many of the silent clients' TCP connections the server has not
+/// closed: their handshakes are still pending (a handshake that timed out
+/// or failed closes its connection).
+fn still_open(silent: &[TcpStream]) -> usize {
+    silent
+        .iter()
+        .filter(|s| match s.peek(&mut [0u8; 1]) {
+            Ok(n) => n > 0,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+        })
+        .count()
 }
 
 /// One client: connect, make `CALLS` calls, leave. Returns the setup time.
-async fn client(
-    hub: Hub<SimNic>,
-    addr: SocketAddr,
-    opts: SetupOptions,
-    id: usize,
-) -> Result<Duration, SetupError> {
+async fn client(endpoint: Endpoint<SimNic>, addr: SocketAddr, id: usize) -> Result<Duration, SetupError> {
     let started = Instant::now();
-    let (conn, run) = connect_async_on(&hub, addr, cfg(Role::Client), &opts).await?.run();
+    let conn = endpoint.connect(addr).await?;
     let setup = started.elapsed();
-    let calls = async {
-        for i in 0..CALLS {
-            let text = format!("client {id} call {i}");
-            let mut b = conn.alloc().await.expect("a buffer");
-            b.copy_from(text.as_bytes()).expect("fits");
-            let reply = conn.call(b"reverse", Some(b)).await.expect("answered");
-            let got = reply.data.as_ref().expect("a reply payload").to_vec();
-            assert_eq!(got, text.bytes().rev().collect::<Vec<u8>>());
-        }
-        conn.close();
-    };
-    futures::join!(calls, run);
+    for i in 0..CALLS {
+        let text = format!("client {id} call {i}");
+        let mut b = conn.alloc().await.expect("a buffer");
+        b.copy_from(text.as_bytes()).expect("fits");
+        let reply = conn.call(b"reverse", Some(b)).await.expect("answered");
+        let got = reply.data.as_ref().expect("a reply payload").to_vec();
+        assert_eq!(got, text.bytes().rev().collect::<Vec<u8>>());
+    }
+    conn.close();
+    conn.closed().await;
     Ok(setup)
 }
 
 /// What `setup` makes.
 struct Setup {
-    listener: Listener<SimNic>,
+    server: (Endpoint<SimNic>, EndpointDriver<SimNic>),
     addr: SocketAddr,
-    /// The server's hub driver and the clients' hub and its driver.
-    server_hub: HubDriver<SimNic>,
-    client_hub: (Hub<SimNic>, HubDriver<SimNic>),
-    _silent: Vec<TcpStream>,
+    client: (Endpoint<SimNic>, EndpointDriver<SimNic>),
+    silent: Arc<Vec<TcpStream>>,
 }
 
-/// The fabric, the hubs, the listener (on the server's hub), the silent clients.
+/// The fabric, the two endpoints (the server's listening), the silent clients.
 fn setup() -> Setup {
     let fabric = Fabric::with_seed(7);
-    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
-    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    // A hub's completion queue holds every connection's worst case: 65,536
-    // entries are enough for several hundred connections of this size.
-    let (hub, server_hub) = Hub::new(server_nic, 1 << 16).expect("a hub");
-    let nics = hub.clone();
-    let listener =
-        Listener::bind("127.0.0.1:0".parse().expect("an address"), cfg(Role::Server), options(), {
-            move || nics.nic().new_pd() // each connection in a PD of its own
+    let server = endpoint(fabric.add_device(DeviceConfig::spec().named("server")), true);
+    let addr = server.0.local_addr().expect("it listens");
+    let silent = (0..SILENT)
+        .map(|_| {
+            let s = TcpStream::connect(addr).expect("connect");
+            s.set_nonblocking(true).expect("a socket");
+            s
         })
-        .expect("listen")
-        .on_hub(hub);
-    let addr = listener.local_addr().expect("bound");
-    let _silent = (0..SILENT).map(|_| TcpStream::connect(addr).expect("connect")).collect();
-    let client_hub = Hub::new(client_nic, 1 << 16).expect("a hub");
-    Setup { listener, addr, server_hub, client_hub, _silent }
+        .collect();
+    let client = endpoint(fabric.add_device(DeviceConfig::spec().named("client")), false);
+    Setup { server, addr, client, silent: Arc::new(silent) }
 }
 
 fn report(name: &str, started: Instant, setups: Vec<Result<Duration, SetupError>>) {
@@ -159,32 +168,30 @@ fn report(name: &str, started: Instant, setups: Vec<Result<Duration, SetupError>
 
 /// `futures`' single-threaded `LocalPool`.
 fn with_local_pool(clients: usize) {
-    let Setup { listener, addr, server_hub, client_hub: (hub, client_hub), _silent } = setup();
+    let Setup { server: (server_ep, server_driver), addr, client: (client_ep, client_driver), silent } =
+        setup();
     let mut pool = futures::executor::LocalPool::new();
     let spawner = pool.spawner();
     let spawn = move |f: BoxFuture<'static, ()>| spawner.spawn_local(f).expect("the pool runs");
-    pool.spawner()
-        .spawn_local(async move {
-            server_hub.run().await;
-        })
-        .expect("the pool runs");
-    pool.spawner()
-        .spawn_local(async move {
-            client_hub.run().await;
-        })
-        .expect("the pool runs");
-    pool.spawner().spawn_local(server(listener, clients, spawn)).expect("the pool runs");
-    // One set of options for every client: its clones share one probe
-    // cache, so the client device is probed once, not by each client.
-    let opts = options();
+    for driver in [server_driver, client_driver] {
+        pool.spawner()
+            .spawn_local(async move {
+                driver.run().await;
+            })
+            .expect("the pool runs");
+    }
+    pool.spawner().spawn_local(server(server_ep, clients, silent, spawn)).expect("the pool runs");
+    // The clients share one endpoint, and so its probe cache: the client
+    // device is probed once, not by each client.
     let started = Instant::now();
-    let all = join_all((0..clients).map(|id| client(hub.clone(), addr, opts.clone(), id)));
+    let all = join_all((0..clients).map(|id| client(client_ep.clone(), addr, id)));
     report("futures LocalPool", started, pool.run_until(all));
 }
 
 /// `async-executor`'s `Executor` on two threads.
 fn with_async_executor(clients: usize) {
-    let Setup { listener, addr, server_hub, client_hub: (hub, client_hub), _silent } = setup();
+    let Setup { server: (server_ep, server_driver), addr, client: (client_ep, client_driver), silent } =
+        setup();
     let ex = Arc::new(async_executor::Executor::new());
     let (stop, stopped) = async_channel_pair();
     let worker = {
@@ -195,13 +202,11 @@ fn with_async_executor(clients: usize) {
         let ex = ex.clone();
         move |f: BoxFuture<'static, ()>| ex.spawn(f).detach()
     };
-    ex.spawn(server_hub.run()).detach();
-    ex.spawn(client_hub.run()).detach();
-    ex.spawn(server(listener, clients, spawn)).detach();
-    let opts = options();
+    ex.spawn(server_driver.run()).detach();
+    ex.spawn(client_driver.run()).detach();
+    ex.spawn(server(server_ep, clients, silent, spawn)).detach();
     let started = Instant::now();
-    let tasks: Vec<_> =
-        (0..clients).map(|id| ex.spawn(client(hub.clone(), addr, opts.clone(), id))).collect();
+    let tasks: Vec<_> = (0..clients).map(|id| ex.spawn(client(client_ep.clone(), addr, id))).collect();
     let setups = async_io::block_on(ex.run(join_all(tasks)));
     report("async-executor Executor (2 threads)", started, setups);
     stop();

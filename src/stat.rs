@@ -29,10 +29,11 @@
 //!
 //! A down connection's line ends with `reason=` and the reason as a
 //! sentence (it may have spaces: it is always last). After the total, a
-//! `hub name=mw connections=100 ...` line per hub the server added (with
-//! `srq_slots=... srq_shares=...` for a hub with shared receives, and
-//! `pool_buffers=... pool_free=...` for one with a shared buffer pool)
-//! ([`Registry::add_hub`]), then a `device name=rxe0 port=1 ...` line per device the server added
+//! `hub name=mw connections=100 ...` line per endpoint the server added,
+//! with the counts of its hub (with `srq_slots=... srq_shares=...` for one
+//! with shared receives, and `pool_buffers=... pool_free=...` for one with
+//! a shared buffer pool) ([`Registry::add_endpoint`]), then a
+//! `device name=rxe0 port=1 ...` line per device the server added
 //! ([`Registry::add_device`]) gives the kernel's hardware counters of the
 //! port (RNR NAKs, retries, sequence errors, packets). The socket is made
 //! readable by its owner only (mode 0600): the figures are the server's
@@ -139,12 +140,14 @@ impl Registry {
         entries.push(Entry { source, alive });
     }
 
-    /// Show `hub`'s counts too, as `name` (a `hub` line: its connections,
-    /// queue entries reserved of its depth, completions, orphans, turns,
-    /// connection turns and sleeps), for as long as the hub lives.
+    /// Show `endpoint`'s counts too, as `name` (a `hub` line: its
+    /// connections, queue entries reserved of its depth, completions,
+    /// orphans, turns, connection turns and sleeps), for as long as its
+    /// completion queue lives (every clone of it is dropped and its driver
+    /// has ended).
     #[cfg(not(loom))]
-    pub fn add_hub<N: Nic + 'static>(&self, name: &str, hub: &crate::conn::Hub<N>) {
-        let source = hub.stats_source();
+    pub fn add_endpoint<N: Nic + 'static>(&self, name: &str, endpoint: &crate::conn::Endpoint<N>) {
+        let source = endpoint.stats_source();
         let name = name.chars().map(|c| if c.is_whitespace() { '_' } else { c }).collect();
         self.hubs.lock().push((name, Box::new(source)));
     }

@@ -1,10 +1,11 @@
 //! `mwcap serve`: the server of `mwcap bench ADDR`, over real verbs and the
 //! async API. It listens on two ports, one per policy (the `--listen` port
 //! serves mw, the next one confirm), and serves many connections at once
-//! on each: every connection of a policy runs on one `Hub` (one completion
-//! queue polled by one driver thread), each in a protection domain of its
-//! own, and every request is answered as its header asks (see `cases`). A
-//! connection ends when its client closes the bootstrap TCP stream. Its
+//! on each: every connection of a policy runs on one `Endpoint` (one
+//! completion queue polled by one driver thread), each in a protection
+//! domain of its own, and every request is answered as its header asks
+//! (see `cases`). A connection ends when its client closes the bootstrap
+//! TCP stream (the endpoint watches it). Its
 //! connections are shown to `mwcap stat` on a local socket
 //! (`--stat-socket`).
 
@@ -35,17 +36,18 @@ pub fn run(o: &ServeOpts, auth: &Auth) -> ExitCode {
 #[cfg(all(feature = "verbs", not(loom)))]
 mod imp {
     use std::io::Write;
-    use std::net::TcpListener;
-    use std::pin::pin;
+    use std::net::SocketAddr;
     use std::time::Duration;
 
-    use futures::future::{select, Either};
-    use futures::AsyncReadExt;
+    use futures::executor::block_on;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{accept_on, Connected, Hub, Policy, PolicyChoice, Role, SetupOptions};
-    use mwcap::conn::{BufClass, SrqConfig};
+    use mwcap::conn::SrqConfig;
+    use mwcap::conn::{
+        BufClass, Connection, Endpoint, EndpointDriver, Policy, PolicyChoice, Role, SetupError,
+    };
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
+    use mwcap::ProbeCache;
 
     use crate::asyncbench::serve;
     use crate::bench::policy_addr;
@@ -62,8 +64,6 @@ mod imp {
     }
 
     pub fn run(o: &ServeOpts, auth: &Auth) -> Result<(), String> {
-        // Fail at once, not at the first client, when the device is unusable.
-        drop(open(o)?);
         if o.shared_buffers > 0 && o.max_payload > o.buffer_size && o.large_buffers > 0 && o.shared_large == 0
         {
             return Err(format!(
@@ -72,31 +72,42 @@ mod imp {
                 o.large_buffers, o.max_payload
             ));
         }
-        let mut listeners = Vec::new();
+        // Both endpoints are made (their ports bound, the device opened and
+        // probed) before anything is printed: a taken port or an unusable
+        // device fails at once, not at the first client.
+        let probes = ProbeCache::new();
+        let mut endpoints = Vec::new();
         for policy in [Policy::Mw, Policy::Confirm] {
             let addr = policy_addr(o.listen, policy)?;
-            let l = TcpListener::bind(addr)
-                .map_err(|e| format!("cannot listen on {addr}: {e}; pick another --listen port"))?;
-            listeners.push((policy, l, addr));
+            let (endpoint, driver) = endpoint(o, policy, addr, auth, &probes)?;
+            endpoints.push((policy, endpoint, driver));
         }
         let registry = Registry::new();
         registry.add_device(&o.device, 1);
+        for (policy, endpoint, _) in &endpoints {
+            registry.add_endpoint(&format!("{policy:?}").to_lowercase(), endpoint);
+        }
         let path = o.stat_socket.clone().unwrap_or_else(|| crate::stat_cmd::default_socket(o.listen.port()));
         let stat = StatServer::bind(&path, registry.clone()).map_err(|e| {
             format!("cannot serve stats at {}: {e}; pick another --stat-socket", path.display())
         })?;
+        let addr = |i: usize| endpoints[i].1.local_addr().map_or_else(|| "?".into(), |a| a.to_string());
         println!(
             "mwcap serve: listening on {} (mw) and {} (confirm), device {}; stats: mwcap stat --socket {}",
-            listeners[0].2,
-            listeners[1].2,
+            addr(0),
+            addr(1),
             o.device,
             stat.path().display()
         );
         let _ = std::io::stdout().flush();
+        let max_payload = o.max_payload.max(o.buffer_size);
         std::thread::scope(|s| {
-            for (policy, l, _) in &listeners {
+            for (policy, endpoint, driver) in endpoints {
+                // Every connection of a policy runs on its endpoint's one
+                // completion queue, polled by this thread.
+                std::thread::spawn(move || block_on(driver.run()));
                 let registry = &registry;
-                s.spawn(move || accept_loop(o, l, *policy, auth, registry));
+                s.spawn(move || accept_loop(s, &endpoint, policy, max_payload, registry));
             }
         });
         Ok(())
@@ -114,118 +125,96 @@ mod imp {
         Some(classes)
     }
 
-    /// Entries of a hub's completion queue: the device's limit, at most 2^17
-    /// (several hundred connections of `mwcap bench`'s sizes).
-    fn hub_depth(nic: &VerbsNic) -> u32 {
+    /// Entries of an endpoint's completion queue: the device's limit, at
+    /// most 2^17 (several hundred connections of `mwcap bench`'s sizes).
+    fn queue_depth(nic: &VerbsNic) -> u32 {
         nic.device_attrs().max_cqe.min(1 << 17)
     }
 
-    /// Accept connections and serve each on a thread of its own, forever;
-    /// all of them run on one hub.
-    fn accept_loop(o: &ServeOpts, listener: &TcpListener, policy: Policy, auth: &Auth, registry: &Registry) {
+    /// The endpoint serving `policy` on `addr`. mw connections take their
+    /// control receives from one shared receive queue (docs/serving.md),
+    /// and with --shared-buffers their buffers from one pool; a device that
+    /// cannot make those gets an endpoint whose connections have their own.
+    fn endpoint(
+        o: &ServeOpts,
+        policy: Policy,
+        addr: SocketAddr,
+        auth: &Auth,
+        probes: &ProbeCache,
+    ) -> Result<(Endpoint<VerbsNic>, EndpointDriver<VerbsNic>), String> {
         let choice = match policy {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
         };
-        let hub = loop {
-            match open(o).and_then(|nic| {
-                let depth = hub_depth(&nic);
-                let max_srq = nic.device_attrs().max_srq_wr;
-                // Half the completion queue for the shared receives.
-                let max_slots = max_srq.min(depth / 2).min(1 << 16);
-                if policy == Policy::Mw && max_slots >= 1024 {
-                    // mw connections take their control receives from one
-                    // shared receive queue (docs/serving.md), and with
-                    // --shared-buffers their buffers from one pool.
-                    let q = SrqConfig { chunk: 1024, max_slots };
-                    let made = match shared_classes(o) {
-                        Some(classes) => Hub::with_shared_buffers(nic, depth, q, &classes),
-                        None => Hub::with_shared_receives(nic, depth, q),
-                    };
-                    match made {
-                        Ok(h) => return Ok(h),
-                        Err(e) => eprintln!(
-                            "mwcap serve: cannot create the mw hub with shared receives: {e}; its \
-                             connections get receive queues of their own"
-                        ),
-                    }
-                    let nic = open(o)?;
-                    return Hub::new(nic, depth)
-                        .map_err(|e| format!("cannot create the {policy:?} hub: {e}"));
-                }
-                Hub::new(nic, depth).map_err(|e| format!("cannot create the {policy:?} hub: {e}"))
-            }) {
-                Ok((hub, driver)) => {
-                    std::thread::spawn(move || futures::executor::block_on(driver.run()));
-                    registry.add_hub(&format!("{policy:?}").to_lowercase(), &hub);
-                    break hub;
-                }
-                Err(e) => {
-                    eprintln!("mwcap serve: {e}; trying again in 1 s");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
+        let builder = |nic: VerbsNic| {
+            Endpoint::builder(nic, auth.clone())
+                .policy(choice)
+                .config(config(Role::Server, policy, o.pool(), &o.conn))
+                .handshake_timeout(SETUP)
+                .probe_cache(probes.clone())
+                .listen(addr)
         };
-        // The device is probed once (by the first client), not on every accept.
-        let opts = SetupOptions::new(choice, auth.clone()).timeout(SETUP);
-        let max_payload = o.max_payload.max(o.buffer_size);
-        // Each connection is served on a thread of its own, so that many
-        // clients are served at once (`mwcap bench --connections`).
-        std::thread::scope(|s| loop {
-            let cfg = config(Role::Server, policy, o.pool(), &o.conn);
-            match accept_on(&hub, listener, cfg, &opts) {
-                Ok(c) => {
-                    let hub = &hub;
-                    s.spawn(move || serve_one(hub, c, policy, max_payload, registry));
+        let failed = |e: SetupError| match e {
+            // Binding the listening socket is the only bootstrap step of a build.
+            SetupError::Bootstrap(e) => format!("cannot listen on {addr}: {e}; pick another --listen port"),
+            e => format!("cannot serve {policy:?} on {}: {e}", o.device),
+        };
+        let nic = open(o)?;
+        let depth = queue_depth(&nic);
+        // Half the completion queue for the shared receives.
+        let max_slots = nic.device_attrs().max_srq_wr.min(depth / 2).min(1 << 16);
+        if policy != Policy::Mw || max_slots < 1024 {
+            return builder(nic).queue_depth(depth).build().map_err(failed);
+        }
+        let mut shared =
+            builder(nic).queue_depth(depth).shared_receives(SrqConfig { chunk: 1024, max_slots });
+        if let Some(classes) = shared_classes(o) {
+            shared = shared.shared_buffers(&classes);
+        }
+        match shared.build() {
+            Ok(made) => return Ok(made),
+            // Without sharing these fail the same.
+            Err(e @ (SetupError::Bootstrap(_) | SetupError::MwUnusable { .. })) => return Err(failed(e)),
+            Err(e) => eprintln!(
+                "mwcap serve: cannot create the mw endpoint with shared receives: {e}; its connections \
+                 get receive queues of their own"
+            ),
+        }
+        builder(open(o)?).queue_depth(depth).build().map_err(failed)
+    }
+
+    /// Accept connections and serve each on a thread of its own (so that
+    /// many clients are served at once: `mwcap bench --connections`),
+    /// forever.
+    fn accept_loop<'s>(
+        s: &'s std::thread::Scope<'s, '_>,
+        endpoint: &Endpoint<VerbsNic>,
+        policy: Policy,
+        max_payload: u32,
+        registry: &'s Registry,
+    ) {
+        block_on(async {
+            loop {
+                match endpoint.accept().await {
+                    Ok(conn) => {
+                        s.spawn(move || serve_one(conn, policy, max_payload, registry));
+                    }
+                    Err(SetupError::ListenerClosed) => break,
+                    Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
                 }
-                Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
             }
         })
     }
 
-    /// Serve one connection until its client closes the bootstrap stream
-    /// (or the connection goes down).
-    fn serve_one(
-        hub: &Hub<VerbsNic>,
-        c: Connected<VerbsNic>,
-        policy: Policy,
-        max_payload: u32,
-        registry: &Registry,
-    ) {
-        let Connected { endpoint, stream, policies } = c;
-        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        println!("mwcap serve: {policy:?} connection from {peer} ({policies:?})");
-        let (server, driver) = hub.add(endpoint);
-        registry.register(&server, peer.clone());
-        let stream = match async_io::Async::new(stream) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("mwcap serve: cannot watch the bootstrap stream of {peer} ({e}); the connection ends with its QP");
-                None
-            }
-        };
-        // The client closing its stream (or dying) ends the connection.
-        let watch = async {
-            if let Some(mut s) = stream {
-                let mut b = [0u8; 64];
-                while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
-            } else {
-                futures::future::pending::<()>().await;
-            }
-            server.peer_gone();
-        };
-        let serving = async {
-            let r = serve(&server, max_payload).await;
-            server.close();
-            r
-        };
-        let work = futures::future::join(serving, driver.run());
-        let ((served, reason), _) = futures::executor::block_on(async {
-            match select(pin!(work), pin!(watch)).await {
-                Either::Left((out, _)) => (out, ()),
-                Either::Right(((), work)) => (work.await, ()),
-            }
-        });
+    /// Serve one connection until it is down: its client closed the
+    /// bootstrap stream (the endpoint watches it) or the connection failed.
+    fn serve_one(conn: Connection<VerbsNic>, policy: Policy, max_payload: u32, registry: &Registry) {
+        let peer = conn.peer_addr().map_or_else(|| "?".into(), |a| a.to_string());
+        println!("mwcap serve: {policy:?} connection from {peer} ({:?})", conn.policies());
+        registry.register(&conn, peer.clone());
+        let served = block_on(serve(&conn, max_payload));
+        conn.close();
+        let reason = block_on(conn.closed());
         match served {
             Ok(n) => {
                 println!("mwcap serve: {policy:?} connection from {peer} done after {n} requests ({reason})")

@@ -153,6 +153,12 @@ impl<N: Nic + 'static> Endpoint<N> {
         self.shared.hub.stats()
     }
 
+    /// Its counts for as long as its hub lives, without keeping it alive
+    /// (for [`crate::stat::Registry::add_endpoint`]).
+    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<HubStats> + Send + 'static {
+        self.shared.hub.stats_source()
+    }
+
     /// Keep the connection made by a handshake: its bootstrap stream goes
     /// to the driver, which watches it.
     fn adopt(&self, c: AsyncConnected<N>) -> Connection<N> {
@@ -160,6 +166,7 @@ impl<N: Nic + 'static> Endpoint<N> {
         tracing::debug!(peer = %peer_addr, ?policies, "endpoint: a connection is up");
         // A connection on a hub has a driver that only waits for its end.
         drop(driver);
+        connection.set_peer_addr(peer_addr);
         let watched = connection.clone();
         let watch: Watch = Box::pin(async move {
             let gone = std::pin::pin!(async {

@@ -448,7 +448,7 @@ impl<N: Nic + 'static> Hub<N> {
     }
 
     /// The hub's counts for as long as it lives, without keeping it alive
-    /// (for [`crate::stat::Registry::add_hub`]).
+    /// (for [`crate::stat::Registry::add_endpoint`], through its endpoint).
     pub(crate) fn stats_source(&self) -> impl Fn() -> Option<HubStats> + Send + 'static {
         let weak = Arc::downgrade(&self.shared);
         move || weak.upgrade().map(|s| s.stats())

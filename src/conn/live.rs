@@ -168,6 +168,9 @@ pub(crate) struct Inner<N: Nic> {
     spin: Duration,
     /// Set when the connection is driven by a [`super::Hub`].
     pub(super) hub: Option<HubPart>,
+    /// The peer's TCP address, set once by the [`super::Endpoint`] that
+    /// made the connection (a connection made otherwise has none).
+    peer_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// What a connection on a hub has besides: the waker that puts it on the
@@ -209,6 +212,7 @@ impl<N: Nic> Inner<N> {
             recycle: Recycle::new(),
             epoch,
             hub,
+            peer_addr: std::sync::OnceLock::new(),
         }
     }
 
@@ -707,6 +711,23 @@ impl<N: Nic> Connection<N> {
     /// and the tracing spans name it).
     pub fn qp_number(&self) -> u32 {
         self.peek(|s| s.ep.local().qpn)
+    }
+
+    /// The policy of each direction, as the bootstrap agreed them.
+    pub fn policies(&self) -> Policies {
+        self.peek(|s| s.ep.config().policies)
+    }
+
+    /// The peer's address on the bootstrap's TCP connection, for a
+    /// connection made by an [`Endpoint`](super::Endpoint) (`None` for
+    /// one wrapped from a [`Link`] with [`Connection::new`]).
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.peer_addr.get().copied()
+    }
+
+    /// Record the peer's address (once: the endpoint adopting it).
+    pub(super) fn set_peer_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.inner.peer_addr.set(addr);
     }
 
     /// What the driver has done so far.

@@ -149,8 +149,6 @@ pub use router::{CqRouter, Links, RouterStats};
 pub use setup::{
     accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
 };
-#[cfg(not(loom))]
-pub use setup::{accept_on, connect_on};
 pub use simpair::SimPair;
 pub use srq::{SrqConfig, SrqStats};
 pub use types::*;
