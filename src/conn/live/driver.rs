@@ -1,0 +1,437 @@
+//! The driver: one connection's turns, its sleep, and a call that takes
+//! its connection's turns while it waits (see the module docs of `live`).
+
+use super::*;
+
+/// What a connection's driver has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DriverStats {
+    /// Turns taken (poll the CQ, run the engines, hand out events).
+    pub turns: u64,
+    /// Turns that found something to do.
+    pub busy_turns: u64,
+    /// Times the driver went to sleep (CQ armed, waiting for a completion,
+    /// the user or a timer). An idle connection sleeps and takes no turns.
+    pub sleeps: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct DriverCounters {
+    pub(crate) turns: std::sync::atomic::AtomicU64,
+    pub(crate) busy_turns: std::sync::atomic::AtomicU64,
+    pub(crate) sleeps: std::sync::atomic::AtomicU64,
+}
+
+/// A call in flight: the result's handle, and a kick for the driver when the
+/// caller gives up (so a sleeping driver cancels the call at once).
+///
+/// While its reply has not come, a call takes turns of its connection
+/// itself and yields, for up to `Config::busy_poll`, unless another call
+/// of the connection does so already: the reply is then found on the
+/// caller's thread instead of the driver's, which under a multi-thread
+/// executor saves a wake-up across threads per call. Afterwards it waits
+/// for the driver. Not on a hub (whose driver polls the shared completion
+/// queue).
+pub(crate) struct CallFuture<N: Nic> {
+    pub(crate) handle: Handle<CallResult>,
+    pub(crate) inner: Arc<Inner<N>>,
+    pub(crate) done: bool,
+    /// When the call stops taking turns itself (set at its first wait).
+    pub(crate) spin_until: Option<Instant>,
+    /// This call holds `Inner::spinning`.
+    pub(crate) spinning: bool,
+}
+
+impl<N: Nic> CallFuture<N> {
+    /// The call no longer takes turns itself: the driver, which slept with
+    /// its CQ unarmed meanwhile, is rung to take over the polling.
+    pub(crate) fn stop_spinning(&mut self) {
+        if std::mem::take(&mut self.spinning) {
+            self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+            self.inner.bell.ring();
+        }
+    }
+}
+
+impl<N: Nic> Future for CallFuture<N> {
+    type Output = CallResult;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
+        let this = self.get_mut();
+        let mut r = Pin::new(&mut this.handle).poll(cx);
+        if r.is_pending() && !this.inner.spin.is_zero() && this.spin() {
+            r = Pin::new(&mut this.handle).poll(cx);
+            if r.is_pending() {
+                // Yield, then look again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+        if r.is_ready() {
+            this.done = true;
+        }
+        if this.spinning {
+            this.stop_spinning();
+        }
+        r
+    }
+}
+
+impl<N: Nic> CallFuture<N> {
+    /// While the call may spin (its window is open and no other call
+    /// spins): take a turn of the connection and return true.
+    #[inline(never)]
+    pub(crate) fn spin(&mut self) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let inner = &*self.inner;
+        if inner.hub.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= *self.spin_until.get_or_insert(now + inner.spin) {
+            return false;
+        }
+        if !self.spinning {
+            if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
+                return false;
+            }
+            self.spinning = true;
+        }
+        let t = inner.turn(inner.now(), &[], |st, next| {
+            // The driver's timer must fire no later than `next`.
+            if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
+                inner.bell.ring();
+            }
+        });
+        if t.finished {
+            // The driver ends on its next turn.
+            inner.bell.ring();
+        }
+        true
+    }
+}
+
+impl<N: Nic> Drop for CallFuture<N> {
+    fn drop(&mut self) {
+        self.stop_spinning();
+        if !self.done {
+            // Mark the slot abandoned first, then ring: the driver's next
+            // turn sees the abandonment and cancels the call.
+            let handle =
+                std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
+            drop(handle);
+            self.inner.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.inner.bell.ring();
+        }
+    }
+}
+
+impl<N: Nic> State<N> {
+    /// A slot for a new call: a finished call's, if its handle is gone.
+    pub(crate) fn spare_slot(&mut self) -> Arc<Slot<CallResult>> {
+        if let Some(i) = self.spare_slots.iter().position(|s| Arc::strong_count(s) == 1) {
+            let slot = self.spare_slots.swap_remove(i);
+            slot.reset();
+            return slot;
+        }
+        Slot::new()
+    }
+
+    pub(crate) fn dispatch(&mut self, ev: Event) {
+        match ev {
+            Event::Reply { call, status, header, data } => {
+                self.finish(call, Ok(Reply { status, header, data }))
+            }
+            Event::CallFailed { call, error } => self.finish(call, Err(error)),
+            Event::Request { req, header, data, trace } => {
+                self.requests.push_back(Request { id: req, header, data, trace, again: false });
+                self.request_waiters.wake_all();
+            }
+            Event::ReplyAgain { req, header, trace } => {
+                // Confirm policy: the client read a stale reply. The request
+                // comes again (same id, header and trace, no payload).
+                self.requests.push_back(Request { id: req, header, data: None, trace, again: true });
+                self.request_waiters.wake_all();
+            }
+            Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
+            // No remote access to it is possible any more: back to the pool.
+            Event::BufferReturned(b) => self.ep.free(b),
+            // A user range may be written again: writers waiting for it retry.
+            Event::RangeReturned(_) => self.capacity_waiters.wake_all(),
+            Event::ConnectionLost(r) => {
+                self.down = Some(r);
+                self.request_waiters.wake_all();
+                self.capacity_waiters.wake_all();
+                self.closed_waiters.wake_all();
+            }
+        }
+    }
+
+    pub(crate) fn finish(&mut self, call: CallId, result: CallResult) {
+        match self.calls.remove(&call) {
+            Some(slot) => {
+                if let Err(Ok(reply)) = slot.fulfil(result) {
+                    // The caller gave up: its reply buffer goes back to the pool.
+                    if let Some(b) = reply.data {
+                        self.ep.free(b);
+                    }
+                }
+                if self.spare_slots.len() < self.spare_slots.capacity() {
+                    self.spare_slots.push(slot);
+                }
+            }
+            None => {
+                if let Ok(Reply { data: Some(b), .. }) = result {
+                    self.ep.free(b);
+                }
+            }
+        }
+    }
+}
+
+/// Returns `Pending` once, after asking to be polled again: lets the
+/// executor run other tasks. (`futures::future::ready(())` does not yield.)
+pub(crate) struct YieldNow(bool);
+
+/// Yield to the executor once (it polls other tasks, then this one again).
+pub(crate) fn yield_now() -> YieldNow {
+    YieldNow(false)
+}
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// What one turn of the driver found.
+pub(crate) struct Turn {
+    /// Anything happened.
+    pub(crate) busy: bool,
+    /// The connection is down, closed and every buffer is back.
+    pub(crate) finished: bool,
+}
+
+impl<N: Nic> Driver<N> {
+    /// One turn: timers, completions, events, abandoned calls.
+    pub(crate) fn turn(&self, timer: &mut SleepTimer) -> Turn {
+        let inner = &self.inner;
+        inner.bell.take();
+        inner.turn(inner.now(), &[], |st, next| {
+            // Armed under the lock, so that a call made after this turn sees
+            // the timer it may rely on (see `State::needs_driver`).
+            st.driver_next = timer.arm(inner.epoch, next);
+        })
+    }
+}
+
+impl<N: Nic> Inner<N> {
+    /// One turn of the connection at `now`, with `completions` of its QP
+    /// (a hub's; a connection of its own polls its CQ here instead). `arm`
+    /// is called under the state lock with when the next turn is due.
+    pub(crate) fn turn(
+        &self,
+        now: Duration,
+        completions: &[crate::backend::Completion],
+        arm: impl FnOnce(&mut State<N>, Option<Duration>),
+    ) -> Turn {
+        let inner = self;
+        let mut st = inner.state.lock();
+        if st.closing.is_some() && st.ep.is_down().is_none() {
+            match st.closing {
+                Some(LossReason::PeerGone) => st.ep.peer_gone(now),
+                _ => st.ep.begin_close(now),
+            }
+        }
+        if st.ep.poll_timeout().is_some_and(|t| t <= now) {
+            st.ep.handle_timeout(now);
+        }
+        let mut busy = st.ep.reclaim() > 0;
+        if !completions.is_empty() {
+            st.ep.handle_completions(now, completions);
+            busy = true;
+        }
+        // Completions free send slots and bring credit: waiters retry.
+        busy |= st.ep.drive(now) > 0;
+        if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
+            let abandoned: Vec<CallId> =
+                st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
+            for id in &abandoned {
+                st.calls.remove(id);
+                st.ep.cancel(now, *id);
+            }
+            busy |= !abandoned.is_empty();
+        }
+        while let Some(ev) = st.ep.poll_event() {
+            busy = true;
+            st.dispatch(ev);
+        }
+        for r in inner.recycle.drain() {
+            busy = true;
+            if let Ok(Reply { data: Some(b), .. }) = r {
+                st.ep.free(b);
+            }
+        }
+        if busy {
+            st.capacity_waiters.wake_all();
+        }
+        let mut next = st.ep.poll_timeout();
+        let mut finished = false;
+        if st.down.is_some() {
+            let down_at = *st.down_at.get_or_insert(now);
+            let drained = st.calls.is_empty() && st.ep.busy_buffers() == 0 && st.ep.sends_in_flight() == 0;
+            if drained || now >= down_at + FLUSH_GRACE {
+                // Destroying the QP is the evidence for whatever is left.
+                st.ep.finish_close(now);
+                while let Some(ev) = st.ep.poll_event() {
+                    st.dispatch(ev);
+                }
+                finished = st.calls.is_empty();
+            } else {
+                let grace = down_at + FLUSH_GRACE;
+                next = Some(next.map_or(grace, |t| t.min(grace)));
+            }
+        }
+        if finished && !st.finished {
+            st.finished = true;
+            st.finish_waiters.wake_all();
+        }
+        arm(&mut st, next);
+        if let Some(h) = &inner.hub {
+            // A buffer handle dropped from now on queues the connection; one
+            // dropped since this turn's reclaim queues it now.
+            if st.ep.wake_on_return(&h.waker) {
+                h.waker.wake_by_ref();
+            }
+        }
+        Turn { busy, finished }
+    }
+}
+
+impl<N: Nic> Driver<N> {
+    /// Run the connection until it is down and every buffer is back. On a
+    /// [`Hub`](super::Hub) the hub's driver does the work and this only
+    /// waits for that moment.
+    pub async fn run(self) -> LossReason {
+        if self.inner.hub.is_some() {
+            return poll_fn(|cx| {
+                let mut st = self.inner.state.lock();
+                if st.finished {
+                    return Poll::Ready(st.down.clone().unwrap_or(LossReason::Closed));
+                }
+                st.finish_waiters.register(cx.waker());
+                Poll::Pending
+            })
+            .await;
+        }
+        let spin = self.inner.spin;
+        let mut idle_since: Option<Instant> = None;
+        // The sleep timer is kept across sleeps and moved only when the next
+        // deadline comes before it: a timer that fires early costs one turn,
+        // re-arming one on every sleep costs a registration per call.
+        let mut timer = SleepTimer::default();
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let counters = &self.inner.counters;
+        loop {
+            let t = self.turn(&mut timer);
+            counters.turns.fetch_add(1, Relaxed);
+            if t.busy {
+                counters.busy_turns.fetch_add(1, Relaxed);
+            }
+            if t.finished {
+                let st = self.inner.state.lock();
+                return st.down.clone().unwrap_or(LossReason::Closed);
+            }
+            if t.busy {
+                idle_since = None;
+                YieldNow(false).await;
+                if spin.is_zero() {
+                    // No busy-polling: instead of an idle turn to find out
+                    // whether more came meanwhile, sleep, which returns at
+                    // once if the doorbell rang, the CQ holds a completion,
+                    // a buffer came back or a timer is due.
+                    counters.sleeps.fetch_add(1, Relaxed);
+                    self.sleep(&mut timer, true).await;
+                }
+                continue;
+            }
+            // While calls take turns themselves, they do the polling.
+            if !spin.is_zero() && !self.inner.spinning.load(Relaxed) {
+                let idle = *idle_since.get_or_insert_with(Instant::now);
+                if idle.elapsed() < spin {
+                    YieldNow(false).await;
+                    continue;
+                }
+            }
+            counters.sleeps.fetch_add(1, Relaxed);
+            // While a call takes the turns it polls the CQ: the driver does
+            // not arm it (an armed CQ raises a completion event per call: on
+            // verbs a wake of the completion waiter thread and two system
+            // calls); the call rings the doorbell when it stops.
+            let arm_cq = !self.inner.spinning.load(Acquire);
+            self.sleep(&mut timer, arm_cq).await;
+            idle_since = None;
+        }
+    }
+
+    /// Sleep until a completion may be waiting (with `arm_cq`: the CQ is
+    /// armed and its readiness wakes the driver), the user kicks, a buffer
+    /// handle comes home, or the timer.
+    async fn sleep(&self, timer: &mut SleepTimer, arm_cq: bool) {
+        poll_fn(|cx| {
+            if self.inner.bell.poll_rung(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            let st = self.inner.state.lock();
+            // Registered first, then looked at: a handle dropped in between
+            // wakes this task. A dropped handle needs a turn to take it back
+            // (a READ may wait for a buffer).
+            if st.ep.wake_on_return(cx.waker()) {
+                return Poll::Ready(());
+            }
+            let cq = st.ep.cq();
+            if arm_cq && st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
+                // A completion may be waiting (or the CQ is gone: the next
+                // turn's poll reports it).
+                return Poll::Ready(());
+            }
+            drop(st);
+            if timer.poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The driver's sleep timer: an [`Alarm`](crate::conn::alarm::Alarm), kept armed
+/// across sleeps while its deadline is no later than the next one needed.
+#[derive(Default)]
+pub(crate) struct SleepTimer {
+    alarm: crate::conn::alarm::Alarm,
+}
+
+impl SleepTimer {
+    /// Make sure the timer fires no later than `next` (time since `epoch`);
+    /// returns when it fires, as time since the epoch.
+    pub(crate) fn arm(&mut self, epoch: Instant, next: Option<Duration>) -> Option<Duration> {
+        let want = next.map(|t| epoch + t);
+        let at = self.alarm.arm_until(want)?;
+        Some(match next {
+            // Armed for `next` itself (the usual case): no clock arithmetic.
+            Some(t) if want == Some(at) => t,
+            _ => at.saturating_duration_since(epoch),
+        })
+    }
+
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.alarm.poll(cx)
+    }
+}
