@@ -2,23 +2,35 @@
 //! simulated NIC, for counting what one call costs with callgrind
 //! (`tests/cost/callgrind.sh`, `docs/benchmarks.md`).
 //!
-//!   cargo run --release --example call_cost -- CASE CALLS
+//!   cargo run --release --example call_cost -- CASE CALLS [own|endpoint]
 //!
 //! CASE is `rpc` (64-byte header, no payload), `mw` or `confirm` (a 4 KiB
 //! reply payload the client READs). The process makes 200 warm-up calls,
-//! then CALLS measured ones, and prints what it did.
+//! then CALLS measured ones, and prints what it did. `own` (the default):
+//! each connection has its own completion queue and driver; `endpoint`:
+//! each side's connection is on a hub, as an `Endpoint`'s connections are
+//! (its completion queue and driver shared, completions routed by QP
+//! number; the bootstrap, which the simulator does not need, left out).
 
 use std::time::Duration;
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Link, Policies, Policy, Role};
+use mwcap::conn::{Config, Connection, Hub, Link, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let case = args.next().unwrap_or_else(|| "mw".into());
     let calls: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let on_hubs = match args.next().as_deref() {
+        None | Some("own") => false,
+        Some("endpoint") => true,
+        Some(other) => {
+            eprintln!("call_cost: unknown mode {other:?}; use own or endpoint");
+            std::process::exit(2);
+        }
+    };
     let (policy, size) = match case.as_str() {
         "rpc" => (Policy::Mw, 0usize),
         "mw" => (Policy::Mw, 4096),
@@ -42,13 +54,31 @@ fn main() {
         c.busy_poll = Duration::ZERO;
         c
     };
-    let mut ce = Link::new(cn, cfg(Role::Client)).expect("client endpoint");
-    let mut se = Link::new(sn, cfg(Role::Server)).expect("server endpoint");
+    // On hubs: the hubs' drivers do the work (the connections' own
+    // drivers only wait for their end), and end once the hubs are dropped.
+    let mut hubs = Vec::new();
+    let mut hub_drivers = Vec::new();
+    let mut link = |nic: mwcap::sim::SimNic, role| {
+        if on_hubs {
+            let (hub, drv) = Hub::new(nic, 1 << 14).expect("hub");
+            let l = hub.prepare(hub.connection_nic().expect("a PD"), cfg(role)).expect("prepare");
+            hubs.push(hub);
+            hub_drivers.push(drv.run());
+            l.finish(p).expect("link")
+        } else {
+            Link::new(nic, cfg(role)).expect("link")
+        }
+    };
+    let mut ce = link(cn, Role::Client);
+    let mut se = link(sn, Role::Server);
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).expect("connect client");
     se.connect(&a).expect("connect server");
-    let (client, cdrv) = Connection::new(ce);
-    let (server, sdrv) = Connection::new(se);
+    let ((client, cdrv), (server, sdrv)) = if on_hubs {
+        (hubs[0].add(ce), hubs[1].add(se))
+    } else {
+        (Connection::new(ce), Connection::new(se))
+    };
     let serve = {
         let server = server.clone();
         async move {
@@ -89,11 +119,22 @@ fn main() {
             c.sleeps as f64 / f64::from(200 + calls),
             s.sleeps as f64 / f64::from(200 + calls),
         );
+        for (side, h) in ["client", "server"].iter().zip(&hubs) {
+            let st = h.stats();
+            let n = f64::from(200 + calls);
+            println!(
+                "call_cost: {side} hub: driver loops per call {:.1}, connection turns {:.1}, sleeps {:.1}",
+                st.turns as f64 / n,
+                st.connection_turns as f64 / n,
+                st.sleeps as f64 / n
+            );
+        }
         client.close();
         server.close();
+        drop(hubs);
     };
     let work = futures::future::join(app, serve);
-    let drivers = futures::future::join(cdrv.run(), sdrv.run());
+    let drivers = futures::future::join3(cdrv.run(), sdrv.run(), futures::future::join_all(hub_drivers));
     block_on(futures::future::join(work, drivers).map(|_| ()));
     println!("call_cost: {case}: {calls} calls after 200 warm-up calls");
 }
