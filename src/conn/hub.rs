@@ -183,11 +183,14 @@ struct Shared<N: Nic> {
 impl<N: Nic> Shared<N> {
     /// Take every completion off the queue into its connection's inbox,
     /// queueing the connection for a turn. Under the routing lock.
-    fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>) -> Result<usize, NicError> {
+    /// `ring`: wake the driver for the connections queued (not when the
+    /// driver polls, for it takes their turns next: a ring would cost it
+    /// another loop and a sleep that returns at once).
+    fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>, ring: bool) -> Result<usize, NicError> {
         let n = self.hold.drain(routes, self.srq.as_deref(), |inner, c| {
             let part = inner.hub.as_ref().expect("a hub connection");
             part.inbox.lock().push(c);
-            self.queue(inner);
+            self.queue_ringing(inner, ring);
         })?;
         self.completions.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
@@ -195,10 +198,16 @@ impl<N: Nic> Shared<N> {
 
     /// Put a connection on the ready list (once) and wake the driver.
     fn queue(&self, inner: &Arc<Inner<N>>) {
+        self.queue_ringing(inner, true)
+    }
+
+    fn queue_ringing(&self, inner: &Arc<Inner<N>>, ring: bool) {
         let part = inner.hub.as_ref().expect("a hub connection");
         if !part.queued.swap(true, Ordering::AcqRel) {
             self.ready.lock().push(inner.clone());
-            self.bell.ring();
+            if ring {
+                self.bell.ring();
+            }
         }
     }
 }
@@ -219,7 +228,7 @@ impl<N: Nic> SharedCq for Retire<N> {
         let gone = routes.retire(
             qpn,
             |routes| {
-                if let Err(e) = shared.poll(routes) {
+                if let Err(e) = shared.poll(routes, true) {
                     tracing::warn!(%e, "polling the hub's completion queue");
                 }
             },
@@ -594,7 +603,7 @@ impl<N: Nic> HubDriver<N> {
             let mut busy = false;
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
-                let polled = shared.poll(&mut routes);
+                let polled = shared.poll(&mut routes, false);
                 drop(routes);
                 match polled {
                     Ok(n) => {
