@@ -121,12 +121,18 @@ impl<N: Nic> CqHold<N> {
         srq: Option<&SharedReceives<N>>,
         mut deliver: impl FnMut(&T, Completion),
     ) -> Result<usize, NicError> {
-        let mut batch = [Completion::EMPTY; POLL_BATCH];
+        let mut batch = routes.take_batch();
+        if batch.is_empty() {
+            batch.resize(super::routes::BATCH, Completion::EMPTY);
+        }
         let mut total = 0;
-        loop {
-            let n = self.nic.poll_cq(self.cq, &mut batch)?;
+        let r = loop {
+            let n = match self.nic.poll_cq(self.cq, &mut batch) {
+                Ok(n) => n,
+                Err(e) => break Err(e),
+            };
             if n == 0 {
-                return Ok(total);
+                break Ok(total);
             }
             total += n;
             for c in &batch[..n] {
@@ -136,7 +142,9 @@ impl<N: Nic> CqHold<N> {
                     Routed::Orphan => unclaimed(srq, c),
                 }
             }
-        }
+        };
+        routes.put_batch(batch);
+        r
     }
 }
 
