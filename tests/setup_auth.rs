@@ -161,6 +161,10 @@ fn driven(
     ep
 }
 
+/// Each accept's outcome (the connection's policies) and the count of
+/// objects created after it.
+type Accepts = Vec<(Result<Policies, SetupError>, usize)>;
+
 /// A thread that builds a listening endpoint on `nic` (the key `auth`, the
 /// policy `choice`), reports its address and what it created for itself,
 /// then runs `accepts` accepts and returns their outcomes (the policies of
@@ -171,7 +175,7 @@ fn server(
     choice: PolicyChoice,
     probes: ProbeCache,
     accepts: usize,
-) -> (SocketAddr, usize, std::thread::JoinHandle<Vec<(Result<Policies, SetupError>, usize)>>) {
+) -> (SocketAddr, usize, std::thread::JoinHandle<Accepts>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         let mut pool = LocalPool::new();
@@ -225,7 +229,7 @@ fn the_server_creates_nothing_before_the_client_proved_the_key() {
     s.read_exact(&mut reject).unwrap();
     assert_eq!(decode_auth(&reject), Ok(AuthFrame::Reject(RejectReason::BadProof)));
     let (e, after) = server.join().unwrap().pop().unwrap();
-    let e = e.err().expect("the server refuses the client");
+    let e = e.expect_err("the server refuses the client");
     assert!(matches!(e, SetupError::Bootstrap(BootstrapError::AuthFailed { .. })), "{e:?}");
     assert_eq!(after, own, "nor after it failed");
     assert_eq!(server_nic.created(), own);
