@@ -1,18 +1,20 @@
 //! How many clients a server sets up per second on the simulated NIC, with
-//! the capability probe run on every accept (the plain `conn::accept` with
-//! `auto`) and with its verdict cached (a listening `conn::Endpoint`,
-//! taking one client at a time, then many at once).
+//! the capability probe run for every client (a listening `conn::Endpoint`
+//! built per client, each with a `ProbeCache` of its own) and with its
+//! verdict cached (one listening endpoint, taking one client at a time,
+//! then many at once).
 //!
 //! Run with `cargo run --release --example accept_rate [CLIENTS]`. Clients
-//! connect with `confirm`, so only the server probes; the server serves
-//! `auto`. Figures are in docs/serving.md.
+//! connect from a client endpoint with `confirm`, so only the server
+//! probes; the server serves `auto`. Figures are in docs/serving.md.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use mwcap::bootstrap::{Auth, Key};
-use mwcap::conn::{accept, connect, Config, Endpoint, Policies, Policy, PolicyChoice, Role};
+use mwcap::conn::{Config, Endpoint, Policies, Policy, PolicyChoice, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 use mwcap::ProbeCache;
 
@@ -33,32 +35,52 @@ fn devices() -> (SimNic, SimNic) {
     )
 }
 
-/// `n` blocking setups one after the other, the server probing on every
-/// accept.
-fn blocking(n: usize, auth: &Auth) -> f64 {
+/// `n` clients one after the other, each served by a listening endpoint
+/// built for it with a probe cache of its own: the probe runs for every
+/// client, as a server without a cache would run it on every accept.
+fn probe_per_client(n: usize, auth: &Auth) -> f64 {
     let (server_nic, client_nic) = devices();
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
     let server_auth = auth.clone();
-    let server = std::thread::spawn(move || {
-        for _ in 0..n {
-            let c = accept(server_nic.clone(), &tcp, cfg(Role::Server), PolicyChoice::Auto, &server_auth, T);
-            drop(c.expect("accept"));
-        }
-    });
     let started = Instant::now();
-    clients_one_by_one(n, client_nic, addr, auth);
-    server.join().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut probes = 0;
+        for _ in 0..n {
+            let (endpoint, cache) = server_endpoint(server_nic.clone(), &server_auth);
+            probes += cache.probes_run();
+            tx.send(endpoint.local_addr().unwrap()).unwrap();
+            drop(block_on(endpoint.accept()).expect("accept"));
+        }
+        probes
+    });
+    let client = client_endpoint(client_nic, auth);
+    for addr in rx.iter().take(n) {
+        drop(block_on(client.connect(addr)).expect("connect"));
+    }
+    let probes = server.join().unwrap();
     let rate = n as f64 / started.elapsed().as_secs_f64();
-    println!("blocking accept (probe per accept): {n} clients, {rate:.0} setups/s, {n} probes");
+    println!("an Endpoint per client (fresh ProbeCache): {n} clients, {rate:.0} setups/s, {probes} probes");
     rate
 }
 
-/// `n` blocking client setups one after the other (the clients serve
-/// `confirm`: they do not probe).
+/// A client endpoint serving `confirm` (it does not probe) on `nic`, its
+/// driver on a thread of its own.
+fn client_endpoint(nic: SimNic, auth: &Auth) -> Endpoint<SimNic> {
+    let (client, driver) = Endpoint::builder(nic, auth.clone())
+        .policy(PolicyChoice::Confirm)
+        .config(cfg(Role::Client))
+        .handshake_timeout(T)
+        .build()
+        .expect("a client endpoint");
+    std::thread::spawn(move || block_on(driver.run()));
+    client
+}
+
+/// `n` clients one after the other from a client endpoint.
 fn clients_one_by_one(n: usize, nic: SimNic, addr: SocketAddr, auth: &Auth) {
+    let client = client_endpoint(nic, auth);
     for _ in 0..n {
-        drop(connect(nic.clone(), addr, cfg(Role::Client), PolicyChoice::Confirm, auth, T).expect("connect"));
+        drop(block_on(client.connect(addr)).expect("connect"));
     }
 }
 
@@ -89,8 +111,8 @@ fn accept_n(endpoint: Endpoint<SimNic>, n: usize) -> std::thread::JoinHandle<()>
     })
 }
 
-/// The same `n` blocking clients one after the other, served by a
-/// listening endpoint: its probe (run as it is built, timed here as the
+/// The same `n` clients one after the other, served by one listening
+/// endpoint: its probe (run as it is built, timed here as the
 /// first accept's was) is cached for every client.
 fn one_at_a_time(n: usize, auth: &Auth) -> f64 {
     let (server_nic, client_nic) = devices();
@@ -114,13 +136,7 @@ fn at_once(n: usize, auth: &Auth) -> f64 {
     let (endpoint, probes) = server_endpoint(server_nic, auth);
     let addr = endpoint.local_addr().unwrap();
     let server = accept_n(endpoint, n);
-    let (client, driver) = Endpoint::builder(client_nic, auth.clone())
-        .policy(PolicyChoice::Confirm)
-        .config(cfg(Role::Client))
-        .handshake_timeout(T)
-        .build()
-        .expect("a client endpoint");
-    std::thread::spawn(move || block_on(driver.run()));
+    let client = client_endpoint(client_nic, auth);
     let started = Instant::now();
     let all = block_on(futures::future::join_all((0..n).map(|_| client.connect(addr))));
     server.join().unwrap();
@@ -133,8 +149,8 @@ fn at_once(n: usize, auth: &Auth) -> f64 {
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200);
     let auth = Auth::Key(Key::from_bytes(b"accept_rate example key".to_vec()).unwrap());
-    let before = blocking(n, &auth);
+    let before = probe_per_client(n, &auth);
     let after = one_at_a_time(n, &auth);
     at_once(n, &auth);
-    println!("probe cache: {:.1}x the blocking setups per second", after / before);
+    println!("probe cache: {:.1}x the setups per second of a probe per client", after / before);
 }

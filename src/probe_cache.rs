@@ -10,8 +10,8 @@
 //!
 //! The cache is a value, not a process-wide table: an [`Endpoint`] keeps
 //! one (or one it was given, [`EndpointBuilder::probe_cache`]) for its
-//! listener and every connect, and [`SetupOptions`] carries one to the
-//! blocking setup. Clones share the table, so one cache can serve every
+//! listener and every connect (in its [`SetupOptions`]). Clones share
+//! the table, so one cache can serve every
 //! endpoint of a process. Devices are told apart by their name
 //! ([`DeviceInfo::name`](crate::backend::DeviceInfo::name)): the name
 //! identifies a device within one host. Simulated devices share names

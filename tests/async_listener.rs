@@ -16,9 +16,8 @@ use futures::future::join_all;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, BootstrapError, Key};
 use mwcap::conn::{
-    accept, accept_with, connect_with, Backoff, Config, Connection, Endpoint, EndpointBuilder,
-    EndpointDriver, LossReason, Policies, Policy, PolicyChoice, ProbeCache, ReconnectError, Reconnecting,
-    Role, SetupError, SetupOptions,
+    Backoff, Config, Connection, Endpoint, EndpointBuilder, EndpointDriver, LossReason, Policies, Policy,
+    PolicyChoice, ProbeCache, ReconnectError, Reconnecting, Role, SetupError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -232,42 +231,43 @@ fn the_probe_runs_once_per_device_across_many_accepts() {
     assert!(client_probes.cached("client").is_none());
 }
 
+/// Endpoints built with a probe cache of their own each probe their
+/// device as they are built; endpoints that share one probe it once
+/// between them, and a client endpoint probes once however often it connects.
 #[test]
-fn the_blocking_setup_with_options_probes_once() {
+fn endpoints_sharing_a_probe_cache_probe_once_and_fresh_caches_each_probe() {
     let fabric = Fabric::with_seed(23);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap();
-    let sopts = SetupOptions::new(PolicyChoice::Auto, key(KEY));
-    let server_probes = sopts.probes.clone();
-    let server = std::thread::spawn(move || {
-        let mut policies = Vec::new();
-        for _ in 0..3 {
-            policies.push(
-                accept(server_nic.clone(), &tcp, cfg(Role::Server), PolicyChoice::Auto, &key(KEY), T)
-                    .unwrap()
-                    .policies,
-            );
+    let mut pool = LocalPool::new();
+    let (shared, client_probes) = (ProbeCache::new(), ProbeCache::new());
+    let mut fresh_probes = 0;
+    let client = driven(
+        &pool,
+        builder(client_nic, KEY, PolicyChoice::Auto).probe_cache(client_probes.clone()).build().unwrap(),
+    );
+    let mut policies = Vec::new();
+    for i in 0..8 {
+        // The first three with a cache of their own, the other five sharing one.
+        let probes = if i < 3 { ProbeCache::new() } else { shared.clone() };
+        let built = builder(server_nic.clone(), KEY, PolicyChoice::Auto)
+            .probe_cache(probes.clone())
+            .listen(any_port())
+            .build()
+            .unwrap();
+        if i < 3 {
+            fresh_probes += probes.probes_run();
         }
-        for _ in 0..5 {
-            policies.push(accept_with(server_nic.clone(), &tcp, cfg(Role::Server), &sopts).unwrap().policies);
-        }
-        policies
-    });
-    let copts = SetupOptions::new(PolicyChoice::Auto, key(KEY));
-    let mut keep = Vec::new();
-    for _ in 0..8 {
-        keep.push(connect_with(client_nic.clone(), addr, cfg(Role::Client), &copts).unwrap());
+        let server = driven(&pool, built);
+        let addr = server.local_addr().unwrap();
+        let (s, c) = pool.run_until(async { futures::join!(server.accept(), client.connect(addr)) });
+        policies.push((s.expect("accepted").policies(), c.expect("connected").policies()));
     }
-    let policies = server.join().unwrap();
-    assert!(policies.iter().all(|p| *p == Policies::both(Policy::Mw)));
-    // The three plain accepts probed on their own (outside the cache); the five with options once.
-    assert_eq!(server_probes.probes_run(), 1);
-    assert_eq!(copts.probes.probes_run(), 1);
+    assert!(policies.iter().all(|&(s, c)| s == Policies::both(Policy::Mw) && c == s), "{policies:?}");
+    assert_eq!(fresh_probes, 3, "a probe per endpoint with a cache of its own");
+    assert_eq!(shared.probes_run(), 1, "five endpoints, one probe");
+    assert_eq!(client_probes.probes_run(), 1, "eight connects, one probe");
 }
-
-const T: Duration = Duration::from_secs(5);
 
 #[test]
 fn an_mw_endpoint_on_a_device_without_windows_fails_at_build() {

@@ -1,22 +1,28 @@
-//! `conn::accept` creates nothing for a client before it proved the key:
-//! every NIC object (queue pair, completion queue, region, window, the
-//! probe's throw-away pair included) is counted as it is created on a
-//! simulated NIC, while a client stops half way through the auth phase,
-//! after it failed, and, for contrast, after a client that has the key.
+//! A listening `Endpoint` creates nothing for a client before it proved
+//! the key: every NIC object (queue pair, completion queue, region,
+//! window, the probe's throw-away pair included) is counted as it is
+//! created on a simulated NIC, while a client stops half way through the
+//! auth phase, after it failed, and, for contrast, after a client that has
+//! the key. What the endpoint makes for itself (its completion queue, and
+//! its probe, run once as it is built) is counted before the first client.
+
+#![cfg(not(loom))]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
 use mwcap::backend::*;
 use mwcap::bootstrap::{
     decode_auth, encode_auth, Auth, AuthFrame, AuthMode, BootstrapError, Key, RejectReason,
     AUTH_HELLO_BODY_LEN, HEADER_LEN, MAC_LEN, NONCE_LEN,
 };
-use mwcap::conn::{accept, connect, Config, Policies, Policy, PolicyChoice, Role, SetupError};
+use mwcap::conn::{Endpoint, EndpointDriver, Policies, Policy, PolicyChoice, ProbeCache, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 const T: Duration = Duration::from_secs(20);
@@ -138,24 +144,74 @@ fn key(text: &str) -> Auth {
     Auth::Key(Key::from_bytes(text.as_bytes().to_vec()).unwrap())
 }
 
-fn server_cfg() -> Config {
-    Config::new(Role::Server, Policies::both(Policy::Mw))
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
 }
 
-fn client_cfg() -> Config {
-    Config::new(Role::Client, Policies::both(Policy::Mw))
+/// The endpoint, its driver spawned on `pool`.
+fn driven(
+    pool: &LocalPool,
+    (ep, driver): (Endpoint<Counting>, EndpointDriver<Counting>),
+) -> Endpoint<Counting> {
+    pool.spawner()
+        .spawn_local(async move {
+            driver.run().await;
+        })
+        .unwrap();
+    ep
+}
+
+/// Each accept's outcome (the connection's policies) and the count of
+/// objects created after it.
+type Accepts = Vec<(Result<Policies, SetupError>, usize)>;
+
+/// A thread that builds a listening endpoint on `nic` (the key `auth`, the
+/// policy `choice`), reports its address and what it created for itself,
+/// then runs `accepts` accepts and returns their outcomes (the policies of
+/// each connection) with the count of created objects after each.
+fn server(
+    nic: Counting,
+    auth: Auth,
+    choice: PolicyChoice,
+    probes: ProbeCache,
+    accepts: usize,
+) -> (SocketAddr, usize, std::thread::JoinHandle<Accepts>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let mut pool = LocalPool::new();
+        let built = Endpoint::builder(nic.clone(), auth)
+            .policy(choice)
+            .probe_cache(probes)
+            .handshake_timeout(T)
+            .listen(any_port())
+            .build()
+            .unwrap();
+        let endpoint = driven(&pool, built);
+        tx.send((endpoint.local_addr().unwrap(), nic.created())).unwrap();
+        pool.run_until(async {
+            let mut out = Vec::new();
+            for _ in 0..accepts {
+                let r = endpoint.accept().await.map(|c| c.policies());
+                out.push((r, nic.created()));
+            }
+            out
+        })
+    });
+    let (addr, own) = rx.recv().unwrap();
+    (addr, own, thread)
 }
 
 #[test]
 fn the_server_creates_nothing_before_the_client_proved_the_key() {
     let fabric = Fabric::with_seed(3);
     let server_nic = Counting::new(fabric.add_device(DeviceConfig::spec().named("server")));
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
     let k = key("the server's key for setup_auth");
-    let (nic, k2) = (server_nic.clone(), k.clone());
-    // `auto`: the probe's throw-away queue pairs count too.
-    let server = std::thread::spawn(move || accept(nic, &listener, server_cfg(), PolicyChoice::Auto, &k2, T));
+    // `auto`: the probe's throw-away queue pairs count too; the endpoint
+    // runs it once, as it is built, not for a client.
+    let probes = ProbeCache::new();
+    let (addr, own, server) = server(server_nic.clone(), k, PolicyChoice::Auto, probes.clone(), 1);
+    assert_eq!(probes.probes_run(), 1, "the listening endpoint probed as it was built");
+    assert!(own > 0, "the counter sees the endpoint's queue and its probe");
 
     // A client that stops half way: the server has answered its init and
     // waits for its proof.
@@ -165,16 +221,19 @@ fn the_server_creates_nothing_before_the_client_proved_the_key() {
     let mut buf = [0u8; HEADER_LEN + AUTH_HELLO_BODY_LEN];
     s.read_exact(&mut buf).unwrap();
     assert!(matches!(decode_auth(&buf), Ok(AuthFrame::Challenge { .. })));
-    assert_eq!(server_nic.created(), 0, "nothing exists for a client that has not proved the key");
+    assert_eq!(server_nic.created(), own, "nothing exists for a client that has not proved the key");
 
     // Then a proof it cannot have made without the key.
     s.write_all(&encode_auth(&AuthFrame::Proof([0x5a; MAC_LEN]))).unwrap();
     let mut reject = [0u8; HEADER_LEN + 1];
     s.read_exact(&mut reject).unwrap();
     assert_eq!(decode_auth(&reject), Ok(AuthFrame::Reject(RejectReason::BadProof)));
-    let e = server.join().unwrap().err().expect("the server refuses the client");
+    let (e, after) = server.join().unwrap().pop().unwrap();
+    let e = e.expect_err("the server refuses the client");
     assert!(matches!(e, SetupError::Bootstrap(BootstrapError::AuthFailed { .. })), "{e:?}");
-    assert_eq!(server_nic.created(), 0, "nor after it failed");
+    assert_eq!(after, own, "nor after it failed");
+    assert_eq!(server_nic.created(), own);
+    assert_eq!(probes.probes_run(), 1, "no probe for the client");
 }
 
 #[test]
@@ -182,37 +241,36 @@ fn a_wrong_key_costs_neither_side_a_queue_pair_and_the_right_one_does() {
     let fabric = Fabric::with_seed(4);
     let server_nic = Counting::new(fabric.add_device(DeviceConfig::spec().named("server")));
     let client_nic = Counting::new(fabric.add_device(DeviceConfig::spec().named("client")));
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (nic, k) = (server_nic.clone(), key("the right key, sixteen+"));
-    let server = std::thread::spawn(move || {
-        let first = accept(nic.clone(), &listener, server_cfg(), PolicyChoice::Confirm, &k, T);
-        let after_first = nic.created();
-        let second = accept(nic, &listener, server_cfg(), PolicyChoice::Confirm, &k, T);
-        (first.err(), after_first, second)
-    });
-    // `confirm`: the client runs no probe, so all it creates comes after the server's proof.
-    let cfg = client_cfg();
-    let e = connect(client_nic.clone(), addr, cfg, PolicyChoice::Confirm, &key("a wrong key, sixteen+"), T)
-        .err()
-        .expect("a wrong key is refused");
+    let right = key("the right key, sixteen+");
+    let (addr, server_own, server) =
+        server(server_nic.clone(), right.clone(), PolicyChoice::Confirm, ProbeCache::new(), 2);
+    // `confirm`: the client runs no probe, so all it creates for a
+    // connection comes after the server's proof.
+    let mut pool = LocalPool::new();
+    let client = |auth: Auth| {
+        let built = Endpoint::builder(client_nic.clone(), auth)
+            .policy(PolicyChoice::Confirm)
+            .handshake_timeout(T)
+            .build()
+            .unwrap();
+        driven(&pool, built)
+    };
+    let (wrong, good) = (client(key("a wrong key, sixteen+")), client(right));
+    let client_own = client_nic.created();
+    let e = pool.run_until(wrong.connect(addr)).err().expect("a wrong key is refused");
     assert!(matches!(e, SetupError::Bootstrap(BootstrapError::AuthRejected { .. })), "{e:?}");
-    assert_eq!(client_nic.created(), 0, "the client created nothing for a server that refused it");
+    assert_eq!(client_nic.created(), client_own, "the client created nothing for a server that refused it");
 
-    let c = connect(
-        client_nic.clone(),
-        addr,
-        client_cfg(),
-        PolicyChoice::Confirm,
-        &key("the right key, sixteen+"),
-        T,
-    )
-    .expect("the right key connects");
-    let (first, after_first, second) = server.join().unwrap();
-    assert!(matches!(first, Some(SetupError::Bootstrap(BootstrapError::AuthFailed { .. }))), "{first:?}");
-    assert_eq!(after_first, 0);
+    let c = pool.run_until(good.connect(addr)).expect("the right key connects");
+    let mut outcomes = server.join().unwrap().into_iter();
+    let (first, after_first) = outcomes.next().unwrap();
+    assert!(matches!(first, Err(SetupError::Bootstrap(BootstrapError::AuthFailed { .. }))), "{first:?}");
+    assert_eq!(after_first, server_own);
+    let (second, after_second) = outcomes.next().unwrap();
     let s = second.expect("the server connects the client with the key");
-    assert_eq!((c.policies, s.policies), (Policies::both(Policy::Confirm), Policies::both(Policy::Confirm)));
-    // The counter does see what a connection creates (a QP, a CQ, regions).
-    assert!(server_nic.created() >= 3 && client_nic.created() >= 3);
+    let want = Policies::both(Policy::Confirm);
+    assert_eq!((c.policies(), s), (want, want));
+    // The counter does see what a connection creates (a QP, regions).
+    assert!(after_second >= server_own + 3, "{after_second} after {server_own}");
+    assert!(client_nic.created() >= client_own + 3, "{} after {client_own}", client_nic.created());
 }

@@ -43,12 +43,12 @@
 //! silent client can hold it. For a caller whose queue pair exists already,
 //! [`exchange_client`] and [`exchange_server`] run the auth and hello phases
 //! in one call. Everything is offered over blocking `std::net` sockets and
-//! over `async-io` (the `_async` functions). [`conn::connect`] and
-//! [`conn::accept`] run all of it for a [`Link`].
+//! over `async-io` (the `_async` functions).
+//! [`Endpoint::connect`] and [`Endpoint::accept`] run all of it (the async
+//! way) for a connection.
 //!
-//! [`conn::connect`]: crate::conn::connect
-//! [`conn::accept`]: crate::conn::accept
-//! [`Link`]: crate::conn::Link
+//! [`Endpoint::connect`]: crate::conn::Endpoint::connect
+//! [`Endpoint::accept`]: crate::conn::Endpoint::accept
 //!
 //! # What the key protects, and what it does not
 //!

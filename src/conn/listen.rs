@@ -300,7 +300,8 @@ async fn serve_set_off_thread<N: Nic + 'static>(
     Ok((nic, serve?))
 }
 
-/// The hello and ready phases (see `setup::finish_setup`).
+/// The hello and ready phases, once the peer proved the key: only now are
+/// the connection's queue pair and memory created.
 async fn finish_setup_async<N: Nic + 'static>(
     nic: N,
     mut cfg: Config,

@@ -146,9 +146,7 @@ pub use live::{Connection, Driver, DriverStats, Reply, Request};
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
 #[cfg(not(loom))]
 pub use router::{CqRouter, Links, RouterStats};
-pub use setup::{
-    accept, accept_with, connect, connect_with, Connected, PolicyChoice, SetupError, SetupOptions,
-};
+pub use setup::{PolicyChoice, SetupError, SetupOptions};
 pub use simpair::SimPair;
 pub use srq::{SrqConfig, SrqStats};
 pub use types::*;

@@ -1,5 +1,8 @@
-//! Connecting two endpoints over TCP with a policy choice: `mw`, `confirm`
-//! or `auto`.
+//! What the setup of a connection over TCP shares between
+//! [`Endpoint::connect`](super::Endpoint::connect) and
+//! [`Endpoint::accept`](super::Endpoint::accept) (which run it, in
+//! `listen.rs`): the policy choice, `mw`, `confirm` or `auto`, its
+//! options and errors.
 //!
 //! Each side says which policies it can *serve* for memory it exposes (with
 //! `auto`: what its own capability probe found) and which it can *read*
@@ -10,17 +13,15 @@
 //!
 //! Both sides first prove the pre-shared key ([`Auth`]; see
 //! [`bootstrap`](crate::bootstrap)). The server creates nothing for a client
-//! before it proved the key: not the probe's throw-away queue pairs, not the
-//! endpoint's queue pair, completion queue or memory.
+//! before it proved the key: not the probe's throw-away queue pairs (a
+//! listening endpoint probes as it is built), not the connection's queue
+//! pair or memory.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::{Config, Link, Policies, Role};
+use super::{Config, Policies, Role};
 use crate::backend::{Nic, NicError};
-use crate::bootstrap::{
-    self, Auth, Authenticated, BootstrapError, Capabilities, Handshake, Hello, PolicySet,
-};
+use crate::bootstrap::{Auth, BootstrapError, Capabilities, Handshake, PolicySet};
 use crate::ProbeCache;
 
 /// What a side asks for when it connects.
@@ -86,18 +87,6 @@ pub enum SetupError {
     NotListening,
 }
 
-/// A connected endpoint and the TCP stream of its bootstrap; keep the stream
-/// open: its closing tells that the peer went away (then call
-/// [`Link::peer_gone`]).
-pub struct Connected<N: Nic> {
-    /// The endpoint, QP in RTS, receives posted.
-    pub endpoint: Link<N>,
-    /// The bootstrap's TCP stream.
-    pub stream: TcpStream,
-    /// The policies chosen for the two directions.
-    pub policies: Policies,
-}
-
 /// What this side serves for `choice`: the probe's verdict for `mw` and
 /// `auto` (from `probes` when given, else a fresh probe).
 pub(super) fn serve_set(
@@ -155,81 +144,9 @@ pub(super) fn agreed<S>(hs: &Handshake<S>, cfg: &mut Config) -> Result<Policies,
     })
 }
 
-/// The hello and ready phases, once the peer proved the key: only now are
-/// the endpoint's queue pair, completion queue and memory created.
-fn finish_setup<N: Nic>(
-    nic: N,
-    cfg: Config,
-    serve: PolicySet,
-    authed: Authenticated<TcpStream>,
-    timeout: Duration,
-) -> Result<Connected<N>, SetupError> {
-    let prepared = Link::prepare(nic, cfg.clone())?;
-    finish_prepared(prepared, cfg, serve, authed, timeout)
-}
-
-/// [`finish_setup`] from a prepared endpoint.
-fn finish_prepared<N: Nic>(
-    mut prepared: super::Prepared<N>,
-    mut cfg: Config,
-    serve: PolicySet,
-    authed: Authenticated<TcpStream>,
-    timeout: Duration,
-) -> Result<Connected<N>, SetupError> {
-    let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
-    let hs = authed.hello(&hello, timeout)?;
-    let policies = agreed(&hs, &mut cfg)?;
-    prepared.config_mut().lease_time = cfg.lease_time;
-    let mut endpoint = prepared.finish(policies)?;
-    endpoint.connect(&hs.remote_endpoint())?;
-    let stream = hs.ready(timeout)?;
-    Ok(Connected { endpoint, stream, policies })
-}
-
-/// Client: connect to a server listening at `addr`, prove `auth`'s key and
-/// check the server's proof, then set up the endpoint.
-///
-/// The client probes its own NIC (for `mw` and `auto`) before it dials, so
-/// a device that cannot do what was asked fails without a connection.
-/// `timeout` bounds each phase: connect and auth, hello, ready.
-pub fn connect<N: Nic>(
-    nic: N,
-    addr: SocketAddr,
-    cfg: Config,
-    choice: PolicyChoice,
-    auth: &Auth,
-    timeout: Duration,
-) -> Result<Connected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Client);
-    let serve = serve_set(&nic, choice, None)?;
-    let authed = bootstrap::authenticate_client(addr, auth, timeout)?;
-    finish_setup(nic, cfg, serve, authed, timeout)
-}
-
-/// Server: accept one client on `listener`; once it proved `auth`'s key,
-/// probe the NIC (for `mw` and `auto`) and set up the endpoint.
-///
-/// A client that fails the auth phase (a wrong key, none, a replay, a
-/// stranger, silence for `timeout`) costs nothing but its TCP connection:
-/// the error is returned and the listener can take the next client.
-pub fn accept<N: Nic>(
-    nic: N,
-    listener: &TcpListener,
-    cfg: Config,
-    choice: PolicyChoice,
-    auth: &Auth,
-    timeout: Duration,
-) -> Result<Connected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Server);
-    let authed = bootstrap::authenticate_server(listener, auth, timeout)?;
-    let serve = serve_set(&nic, choice, None)?;
-    finish_setup(nic, cfg, serve, authed, timeout)
-}
-
 /// How to set up connections: the policy choice, the key, the time
 /// allowed per phase, and the [`ProbeCache`] that remembers each device's
-/// probe. Taken by [`accept_with`] and [`connect_with`]; an
-/// [`Endpoint`](super::Endpoint) keeps one, set by its builder.
+/// probe. An [`Endpoint`](super::Endpoint) keeps one, set by its builder.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SetupOptions {
@@ -256,33 +173,4 @@ impl SetupOptions {
     pub fn probe_cache(self, probes: ProbeCache) -> SetupOptions {
         SetupOptions { probes, ..self }
     }
-}
-
-/// [`connect`] with the probe's verdict from `opts.probes`: the client's
-/// device is probed once, not on every connect.
-pub fn connect_with<N: Nic>(
-    nic: N,
-    addr: SocketAddr,
-    cfg: Config,
-    opts: &SetupOptions,
-) -> Result<Connected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Client);
-    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
-    let authed = bootstrap::authenticate_client(addr, &opts.auth, opts.timeout)?;
-    finish_setup(nic, cfg, serve, authed, opts.timeout)
-}
-
-/// [`accept`] with the probe's verdict from `opts.probes`: the server's
-/// device is probed by the first client that proved the key, not by every
-/// one (an rxe probe takes about 100 ms).
-pub fn accept_with<N: Nic>(
-    nic: N,
-    listener: &TcpListener,
-    cfg: Config,
-    opts: &SetupOptions,
-) -> Result<Connected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Server);
-    let authed = bootstrap::authenticate_server(listener, &opts.auth, opts.timeout)?;
-    let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
-    finish_setup(nic, cfg, serve, authed, opts.timeout)
 }

@@ -648,8 +648,8 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
-    /// The peer went away: its end of the bootstrap stream
-    /// ([`Connected::stream`](super::Connected::stream)) closed. Starts
+    /// The peer went away: its end of the bootstrap stream closed (an
+    /// [`Endpoint`](super::Endpoint)'s driver watches it). Starts
     /// closing as [`Link::begin_close`] does, with the connection down
     /// for [`LossReason::PeerGone`] (unless it was down already), so that
     /// calls fail saying so. Never blocks.
