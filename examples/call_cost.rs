@@ -74,11 +74,8 @@ fn main() {
     let (a, b) = (ce.local(), se.local());
     ce.connect(&b).expect("connect client");
     se.connect(&a).expect("connect server");
-    let ((client, cdrv), (server, sdrv)) = if on_hubs {
-        (hubs[0].add(ce), hubs[1].add(se))
-    } else {
-        (Connection::new(ce), Connection::new(se))
-    };
+    let ((client, cdrv), (server, sdrv)) =
+        if on_hubs { (hubs[0].add(ce), hubs[1].add(se)) } else { (Connection::new(ce), Connection::new(se)) };
     let serve = {
         let server = server.clone();
         async move {

@@ -101,7 +101,7 @@ pub struct Config {
     pub rnr_retry: u8,
     /// Dead-peer detection: with `Some`, a connection that has heard
     /// nothing from its peer for `interval` sends a ping, and declares the
-    /// peer dead ([`LossReason::PeerUnresponsive`]) if no frame comes back
+    /// peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)) if no frame comes back
     /// within `timeout`. Off by default. Both sides answer pings whether
     /// or not they send their own.
     pub keepalive: Option<Keepalive>,

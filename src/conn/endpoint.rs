@@ -33,7 +33,7 @@ use crate::bootstrap::Auth;
 use crate::ProbeCache;
 
 /// The connections of a process on one NIC, with one completion queue and
-/// one driver ([`EndpointDriver`]); see the [module docs](self). Cheap to
+/// one driver ([`EndpointDriver`]); see the module docs (`src/conn/endpoint.rs`). Cheap to
 /// clone: every clone is the same endpoint.
 pub struct Endpoint<N: Nic> {
     shared: Arc<Shared<N>>,

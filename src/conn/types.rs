@@ -11,11 +11,11 @@ use super::header::Header;
 /// A data buffer in registered memory, owned by whoever holds this handle:
 /// it dereferences to its payload, `&[u8]` and `&mut [u8]`, without a copy.
 ///
-/// Its payload is its first [`Buf::len`] bytes (of [`Buf::capacity`]);
+/// Its payload is its first `len()` bytes (of [`Buf::capacity`]);
 /// write a payload with [`Buf::set_len`] then the slice, or with
 /// [`Buf::copy_from`]. Not `Clone`: handing it to
 /// [`Connection::call`](super::Connection::call) or
-/// [`Request::reply`](super::Request::reply) gives it to the NIC, and only
+/// [`Connection::reply`](super::Connection::reply) gives it to the NIC, and only
 /// the connection gives it back (a reply payload, a returned buffer). While
 /// you hold it, nothing else touches its bytes: not the NIC's writes, not
 /// another handle, not the CPU accessors of the [`Nic`](crate::backend::Nic)
@@ -611,7 +611,7 @@ pub enum CallError {
         /// The request payload, handed back.
         data: Option<Buf>,
     },
-    /// No reply within [`Config::call_timeout`].
+    /// No reply within [`Config::call_timeout`](super::Config::call_timeout).
     #[error("no reply within the call timeout; the server may be overloaded or gone")]
     TimedOut,
     /// The user cancelled it.

@@ -316,7 +316,7 @@ impl<N: Nic> Inner<N> {
 
 impl<N: Nic> Driver<N> {
     /// Run the connection until it is down and every buffer is back. On a
-    /// [`Hub`](super::Hub) the hub's driver does the work and this only
+    /// [`Hub`](crate::conn::Hub) the hub's driver does the work and this only
     /// waits for that moment.
     pub async fn run(self) -> LossReason {
         if self.inner.hub.is_some() {
