@@ -479,6 +479,47 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
     }
 }
 
+/// On a hub too (an `Endpoint`'s connections are): a pending call polls
+/// the hub's shared queue itself and takes its connection's turn, so the
+/// calls finish with the hub's driver never run.
+#[test]
+fn a_pending_call_on_a_hub_polls_the_shared_queue_itself() {
+    let fabric = Fabric::with_seed(4);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let (hub, _hub_driver) = mwcap::conn::Hub::new(cn, 1 << 12).unwrap();
+    let mut ccfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    ccfg.busy_poll = Duration::from_secs(10);
+    let mut c =
+        hub.prepare(hub.connection_nic().unwrap(), ccfg).unwrap().finish(Policies::both(Policy::Mw)).unwrap();
+    let mut s = Link::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
+    let (ce, se) = (c.local(), s.local());
+    c.connect(&se).unwrap();
+    s.connect(&ce).unwrap();
+    let (client, _cdrv) = hub.add(c);
+    let (server, sdrv) = Connection::new(s);
+    let closer = server.clone();
+    let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
+    let calls = async {
+        for i in 0..20u8 {
+            let mut b = client.alloc().await.unwrap();
+            b.copy_from(&[i; 4096]).unwrap();
+            let r = client.call(b"hi", Some(b)).await.expect("call");
+            let data = r.data.expect("a payload");
+            assert_eq!(data.to_vec(), vec![i; 4096]);
+            client.free(data);
+        }
+    };
+    match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(30)))) {
+        Either::Left(_) => {}
+        Either::Right(_) => panic!("the calls did not finish: a waiting call on a hub took no turns"),
+    }
+    assert_eq!(hub.stats().connection_turns, 0, "the hub's driver never ran");
+    closer.close();
+    served.join().unwrap();
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
 /// A pending call takes the connection's turns itself while it busy-polls
 /// (`Config::busy_poll`), so it finds its reply on its own thread: here the
 /// client's driver is not polled at all until the calls are done.

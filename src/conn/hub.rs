@@ -251,6 +251,43 @@ impl<N: Nic> SharedCq for Retire<N> {
     }
 }
 
+/// What a waiting call on a hub does with the hub's queue (see
+/// `CallFuture::spin`): poll it, routing the caller's connection's
+/// completions to its inbox without queueing it for the driver (the
+/// caller takes that turn), and the others' as the driver would.
+pub(super) trait CallerPoll: Send + Sync {
+    /// Poll the shared queue for the connection at `me` (its `Inner`'s
+    /// address); whether anything came.
+    fn poll_for(&self, me: *const ()) -> bool;
+}
+
+impl<N: Nic> CallerPoll for Shared<N> {
+    fn poll_for(&self, me: *const ()) -> bool {
+        let Some(mut routes) = self.routes.try_lock() else {
+            // The driver (or another caller) is polling: it routes ours too.
+            return false;
+        };
+        let n = self.hold.drain(&mut routes, self.srq.as_deref(), |inner, c| {
+            let part = inner.hub.as_ref().expect("a hub connection");
+            part.inbox.lock().push(c);
+            if Arc::as_ptr(inner).cast::<()>() != me {
+                self.queue(inner);
+            }
+        });
+        match n {
+            Ok(n) => {
+                self.completions.fetch_add(n as u64, Ordering::Relaxed);
+                n > 0
+            }
+            // The driver sees the failure at its next poll.
+            Err(_) => {
+                self.bell.ring();
+                false
+            }
+        }
+    }
+}
+
 /// The waker of a connection on a hub: queue it for a turn.
 struct ConnWake<N: Nic> {
     conn: Weak<Inner<N>>,
@@ -431,10 +468,12 @@ impl<N: Nic + 'static> Hub<N> {
     pub fn add(&self, ep: Link<N>) -> (Connection<N>, Driver<N>) {
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
+        let poll: Weak<dyn CallerPoll> = Arc::downgrade(&self.shared) as Weak<dyn CallerPoll>;
         let (conn, driver) = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: AtomicBool::new(false),
             inbox: Mutex::new(Vec::new()),
+            hub: poll,
         });
         let inner = conn.inner_arc();
         {

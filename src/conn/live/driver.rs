@@ -49,7 +49,10 @@ impl<N: Nic> CallFuture<N> {
     pub(crate) fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
             self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
-            self.inner.bell.ring();
+            // A hub's driver never slept unarmed for this call.
+            if self.inner.hub.is_none() {
+                self.inner.bell.ring();
+            }
         }
     }
 }
@@ -84,9 +87,6 @@ impl<N: Nic> CallFuture<N> {
     pub(crate) fn spin(&mut self) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let inner = &*self.inner;
-        if inner.hub.is_some() {
-            return false;
-        }
         let now = Instant::now();
         if now >= *self.spin_until.get_or_insert(now + inner.spin) {
             return false;
@@ -97,15 +97,44 @@ impl<N: Nic> CallFuture<N> {
             }
             self.spinning = true;
         }
-        let t = inner.turn(inner.now(), &[], |st, next| {
-            // The driver's timer must fire no later than `next`.
-            if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
+        let Some(part) = &inner.hub else {
+            let t = inner.turn(inner.now(), &[], |st, next| {
+                // The driver's timer must fire no later than `next`.
+                if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
+                    inner.bell.ring();
+                }
+            });
+            if t.finished {
+                // The driver ends on its next turn.
                 inner.bell.ring();
             }
+            return true;
+        };
+        // On a hub: poll the shared queue (our completions come to our
+        // inbox, the others' to theirs, queued for the hub's driver), then
+        // take our turn with what came.
+        if let Some(hub) = part.hub.upgrade() {
+            hub.poll_for(Arc::as_ptr(&self.inner).cast());
+        }
+        let mut inbox = std::mem::take(&mut *part.inbox.lock());
+        let t = inner.turn(inner.now(), &inbox, |st, next| {
+            // The hub's timer heap must hold a deadline no later than
+            // `next`: a turn by the driver puts it there.
+            if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
+                part.waker.wake_by_ref();
+            }
         });
+        inbox.clear();
+        {
+            // Its capacity back, unless the hub routed more meanwhile.
+            let mut kept = part.inbox.lock();
+            if kept.is_empty() {
+                std::mem::swap(&mut *kept, &mut inbox);
+            }
+        }
         if t.finished {
-            // The driver ends on its next turn.
-            inner.bell.ring();
+            // The hub's driver finishes it on its turn.
+            part.waker.wake_by_ref();
         }
         true
     }

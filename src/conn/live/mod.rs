@@ -187,6 +187,8 @@ pub(super) struct HubPart {
     pub(super) queued: std::sync::atomic::AtomicBool,
     /// Completions of its QP, taken off the shared queue by the hub.
     pub(super) inbox: Mutex<Vec<crate::backend::Completion>>,
+    /// The hub, for a call that polls its queue itself while it waits.
+    pub(super) hub: std::sync::Weak<dyn super::hub::CallerPoll>,
 }
 
 impl<N: Nic> Inner<N> {
