@@ -62,7 +62,7 @@
 //! (RoCE or InfiniBand packets, rkeys included) travels in the clear, and
 //! whoever can inject packets on the fabric with the right QPN and PSN is
 //! not stopped by it. The bootstrap is not encrypted either: an observer
-//! learns both sides' queue pair parameters. More in `docs/bootstrap.md`.
+//! learns both sides' queue pair parameters. More in `docs/protocol-bootstrap.md`.
 //!
 //! # Wire format
 //! Every message is a frame: a fixed header (magic, version, kind, length)
