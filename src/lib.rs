@@ -17,8 +17,10 @@
 //! ## Architecture
 //! - [`backend`]: the [`Nic`](backend::Nic) trait, the small interface the
 //!   rest of mwcap needs from a NIC.
-//! - `verbs` (feature `verbs`): the real verbs backend over libibverbs, the
-//!   only module with `unsafe`.
+//! - `verbs` (feature `verbs`): the real verbs backend over libibverbs, one
+//!   of the two modules with `unsafe` (the other, `mem`, is the registered
+//!   memory a [`conn::Buf`] lends as a slice, with the argument that makes
+//!   it sound).
 //! - [`sim`]: an in-process simulated NIC that follows the InfiniBand spec,
 //!   deterministic, with fault injection and an oracle for tests.
 //! - [`bootstrap`]: the TCP exchange that connects RC queue pairs, once both
