@@ -12,8 +12,7 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
 use mwcap::conn::{
-    BufClass, Config, ConfigError, Connection, Endpoint, LossReason, Policies, Policy, PolicyChoice, Role,
-    SetupError, SrqConfig,
+    BufClass, Config, ConfigError, Connection, Endpoint, LossReason, PolicyChoice, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -22,7 +21,7 @@ fn auth() -> Auth {
 }
 
 fn small() -> Config {
-    let mut c = Config::new(Role::Client, Policies::both(Policy::Mw));
+    let mut c = Config::default();
     c.buffers = 4;
     c.buffer_size = 4096;
     c

@@ -285,6 +285,18 @@ pub struct Keepalive {
     pub timeout: Duration,
 }
 
+/// The settings an [`Endpoint`](super::Endpoint) gives every connection
+/// ([`EndpointBuilder::config`](super::EndpointBuilder::config)): the
+/// defaults of [`Config::new`]. The endpoint sets the role per connection
+/// and the bootstrap the policies, so this one leaves them to them (they
+/// read as a client's, both mw, until then): change the rest on it
+/// (`let mut cfg = Config::default(); cfg.buffers = 64;`).
+impl Default for Config {
+    fn default() -> Config {
+        Config::new(Role::Client, Policies::both(Policy::Mw))
+    }
+}
+
 impl Config {
     /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
     /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,

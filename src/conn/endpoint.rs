@@ -25,8 +25,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::listen::{AsyncConnected, Listener, ListenerCloser};
 use super::{
-    BufClass, Config, ConfigError, Connection, Hub, HubDriver, HubStats, Policies, Policy, PolicyChoice,
-    Role, SetupError, SetupOptions, SrqConfig,
+    BufClass, Config, ConfigError, Connection, Hub, HubDriver, HubStats, PolicyChoice, Role, SetupError,
+    SetupOptions, SrqConfig,
 };
 use crate::backend::Nic;
 use crate::bootstrap::Auth;
@@ -93,7 +93,7 @@ impl<N: Nic + 'static> Endpoint<N> {
         EndpointBuilder {
             nic,
             opts: SetupOptions::new(PolicyChoice::Auto, auth),
-            cfg: Config::new(Role::Client, Policies::both(Policy::Mw)),
+            cfg: Config::default(),
             depth: 1 << 16,
             srq: None,
             buffers: None,
@@ -197,8 +197,10 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         self
     }
 
-    /// The settings of every connection (buffers, timeouts, keepalive, ...);
-    /// the role is set per connection and the policies by the bootstrap.
+    /// The settings of every connection (buffers, timeouts, keepalive, ...),
+    /// from [`Config::default`]: the role is set per connection and the
+    /// policies by the bootstrap (this endpoint's [`EndpointBuilder::policy`]
+    /// and the peer's), so the ones in `cfg` are not used.
     pub fn config(mut self, cfg: Config) -> Self {
         self.cfg = cfg;
         self
