@@ -180,33 +180,47 @@ impl Memory {
         Ok(f(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }))
     }
 
+    /// Split `offset..end` at the holds and hand each run to `f` in order
+    /// (its start, its end, whether a handle holds it); whether any was
+    /// held.
+    fn runs(
+        holds: &[(usize, usize)],
+        offset: usize,
+        end: usize,
+        mut f: impl FnMut(usize, usize, bool),
+    ) -> bool {
+        let (mut at, mut met) = (offset, false);
+        while at < end {
+            let (next, held) = match Memory::overlap(holds, at, end) {
+                Some((o, l)) if o <= at => ((o + l).min(end), true),
+                Some((o, _)) => (o, false),
+                None => (end, false),
+            };
+            met |= held;
+            f(at, next, held);
+            at = next;
+        }
+        met
+    }
+
     /// The simulated NIC reads `offset..offset + len` onto the end of
     /// `out`, with [`POISON`] for bytes a handle holds. Returns whether it
     /// met a hold.
     pub fn dma_read(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<bool, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
-        let mut at = offset;
-        let mut met = false;
-        while at < end {
-            let (next, held) = match Memory::overlap(&holds, at, end) {
-                Some((o, l)) if o <= at => ((o + l).min(end), true),
-                Some((o, _)) => (o, false),
-                None => (end, false),
-            };
+        Ok(Memory::runs(&holds, offset, end, |at, next, held| {
             if held {
                 out.resize(out.len() + (next - at), POISON);
-                met = true;
             } else {
-                // SAFETY: in bounds; not held (the loop splits at holds) and
-                // under the lock, so nothing else borrows these bytes.
+                // SAFETY: in bounds; not held (`runs` splits at holds) and
+                // under the lock (`holds` lives across the call), so nothing
+                // else borrows these bytes.
                 out.extend_from_slice(unsafe {
                     std::slice::from_raw_parts(self.ptr.as_ptr().add(at), next - at)
                 });
             }
-            at = next;
-        }
-        Ok(met)
+        }))
     }
 
     /// The simulated NIC writes `data` at `offset`, skipping bytes a handle
@@ -214,25 +228,14 @@ impl Memory {
     pub fn dma_write(&self, offset: usize, data: &[u8]) -> Result<bool, MemError> {
         let end = self.end(offset, data.len())?;
         let holds = self.holds.lock();
-        let mut at = offset;
-        let mut met = false;
-        while at < end {
-            let (next, held) = match Memory::overlap(&holds, at, end) {
-                Some((o, l)) if o <= at => ((o + l).min(end), true),
-                Some((o, _)) => (o, false),
-                None => (end, false),
-            };
-            if held {
-                met = true;
-            } else {
+        Ok(Memory::runs(&holds, offset, end, |at, next, held| {
+            if !held {
                 let src = &data[at - offset..next - offset];
                 // SAFETY: in bounds; not held and under the lock, so no
                 // borrow of these bytes exists; `src` is another allocation.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(at), src.len()) };
             }
-            at = next;
-        }
-        Ok(met)
+        }))
     }
 
     /// Lend `offset..offset + len` to one handle, or `None` if it is out
