@@ -479,6 +479,18 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
     }
 }
 
+/// 20 calls, each with a 4 KiB payload the echo server sends back, checked.
+async fn twenty_echoed_calls(client: &Connection<SimNic>) {
+    for i in 0..20u8 {
+        let mut b = client.alloc().await.unwrap();
+        b.copy_from(&[i; 4096]).unwrap();
+        let r = client.call(b"hi", Some(b)).await.expect("call");
+        let data = r.data.expect("a payload");
+        assert_eq!(data.to_vec(), vec![i; 4096]);
+        client.free(data);
+    }
+}
+
 /// On a hub too (an `Endpoint`'s connections are): a pending call polls
 /// the hub's shared queue itself and takes its connection's turn, so the
 /// calls finish with the hub's driver never run.
@@ -500,16 +512,7 @@ fn a_pending_call_on_a_hub_polls_the_shared_queue_itself() {
     let (server, sdrv) = Connection::new(s);
     let closer = server.clone();
     let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
-    let calls = async {
-        for i in 0..20u8 {
-            let mut b = client.alloc().await.unwrap();
-            b.copy_from(&[i; 4096]).unwrap();
-            let r = client.call(b"hi", Some(b)).await.expect("call");
-            let data = r.data.expect("a payload");
-            assert_eq!(data.to_vec(), vec![i; 4096]);
-            client.free(data);
-        }
-    };
+    let calls = twenty_echoed_calls(&client);
     match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(30)))) {
         Either::Left(_) => {}
         Either::Right(_) => panic!("the calls did not finish: a waiting call on a hub took no turns"),
@@ -539,16 +542,7 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     let (server, sdrv) = Connection::new(s);
     let closer = server.clone();
     let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
-    let calls = async {
-        for i in 0..20u8 {
-            let mut b = client.alloc().await.unwrap();
-            b.copy_from(&[i; 4096]).unwrap();
-            let r = client.call(b"hi", Some(b)).await.expect("call");
-            let data = r.data.expect("a payload");
-            assert_eq!(data.to_vec(), vec![i; 4096]);
-            client.free(data);
-        }
-    };
+    let calls = twenty_echoed_calls(&client);
     // Fails rather than hangs if a waiting call stops taking turns (the
     // client's driver is not running, so nothing else would).
     match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(30)))) {
