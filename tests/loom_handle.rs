@@ -11,27 +11,15 @@ use loom::sync::Arc;
 use loom::thread;
 use mwcap::handle::{Handle, Recycle, Slot};
 
+mod loom_common;
+use loom_common::model;
+
 /// A value whose drop is counted, so a lost or duplicated buffer shows up.
 struct Buf(Arc<AtomicUsize>);
 impl Drop for Buf {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-/// `loom::model`, checking that it explored more than one interleaving: a
-/// model whose threads share nothing loom can see would pass without
-/// checking anything.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    loom::model(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        f()
-    });
-    let n = runs.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(n > 1, "loom explored {n} interleaving: the model races nothing it can see");
-    eprintln!("loom explored {n} interleavings");
 }
 
 #[test]

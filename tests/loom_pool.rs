@@ -12,22 +12,10 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use mwcap::conn::pool_model::{pool, BackedSlots};
 
-/// Counts its wake-ups (a connection's hub waker).
-/// `loom::model`, checking that it explored more than one interleaving: a
-/// model whose threads share nothing loom can see would pass without
-/// checking anything.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    loom::model(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        f()
-    });
-    let n = runs.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(n > 1, "loom explored {n} interleaving: the model races nothing it can see");
-    eprintln!("loom explored {n} interleavings");
-}
+mod loom_common;
+use loom_common::model;
 
+/// Counts its wake-ups (a connection's hub waker).
 struct Woken(AtomicUsize);
 impl futures::task::ArcWake for Woken {
     fn wake_by_ref(this: &std::sync::Arc<Self>) {
