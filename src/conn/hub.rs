@@ -25,8 +25,7 @@
 //! one appears), so a completion carrying a number is always the current
 //! QP's. A QP enters the routing table when it is created, before it can
 //! complete anything. The table and the depth's reservations below are
-//! `routes.rs`'s `Routes`, shared with the [`super::CqRouter`]; the hub
-//! does the device work around it.
+//! `routes.rs`'s `Routes`; the hub does the device work around it.
 //!
 //! # Depth
 //! A completion queue that overflows takes every QP on it to ERR. A hub
@@ -102,7 +101,7 @@ pub struct HubStats {
     pub buffers: Option<BufferPoolStats>,
 }
 
-/// A shared completion queue (a hub's or a [`super::CqRouter`]'s) and
+/// A hub's shared completion queue and
 /// the handle it was made on; destroyed when the last of its owner and
 /// the endpoints on it lets go (a queue outlives every QP on it).
 pub(super) struct CqHold<N: Nic> {

@@ -64,8 +64,6 @@ pub mod proto;
 #[cfg(not(loom))]
 mod reconnect;
 #[cfg(not(loom))]
-mod router;
-#[cfg(not(loom))]
 mod routes;
 mod setup;
 mod simpair;
@@ -144,8 +142,6 @@ pub use link::{Link, Prepared};
 pub use live::{Connection, Driver, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
-#[cfg(not(loom))]
-pub use router::{CqRouter, Links, RouterStats};
 pub use setup::{PolicyChoice, SetupError, SetupOptions};
 pub use simpair::SimPair;
 pub use srq::{SrqConfig, SrqStats};

@@ -1,8 +1,7 @@
 //! [`Routes`]: what a completion queue shared by many QPs has to remember,
-//! without the device. [`Hub`](super::Hub) and [`CqRouter`](super::CqRouter)
-//! each keep one under their lock and do the device work around it: they
-//! poll the queue and pass each completion to [`Routes::route`], which says
-//! where it goes; destroy a QP inside [`Routes::retire`]; and post a shared
+//! without the device. A [`Hub`](super::Hub) keeps one under its lock and
+//! does the device work around it: it polls the queue and pass each completion to [`Routes::route`], which says
+//! where it goes; destroys a QP inside [`Routes::retire`]; and posts a shared
 //! receive that nobody will take back to its queue.
 //!
 //! The rules (the reasons are in `docs/serving.md`):
@@ -15,8 +14,8 @@
 //!   before the QP can complete anything, so a completion whose number has
 //!   no route is an orphan (none in a correct run), never an early one.
 //! - **Held.** A completion of a route with no target yet (a hub's
-//!   connection not yet added; a router's endpoint, which the caller gives
-//!   at each poll) is held for the route, in order, until a target takes it.
+//!   connection not yet added) is held for the route, in order, until its
+//!   target is attached.
 //! - **QP numbers come back.** A device gives a destroyed QP's number to a
 //!   later QP. [`Routes::retire`] drains the queue, destroys the QP, drains
 //!   again (after the destroy no completion of it appears) and only then
@@ -37,9 +36,6 @@ pub(super) struct Routes<T> {
     /// and those reserved for a QP not yet opened.
     reserved: u64,
     by_qpn: HashMap<u32, Route<T>, BuildHasherDefault<QpnHasher>>,
-    /// QP numbers whose route holds completions, each once, in the order
-    /// their first one came (the router hands them over in this order).
-    waiting: Vec<u32>,
     /// Completions held, over every route.
     held: usize,
     orphans: u64,
@@ -69,7 +65,7 @@ impl std::hash::Hasher for QpnHasher {
 }
 
 struct Route<T> {
-    /// `None` until [`Routes::attach`] (for a router, always).
+    /// `None` until [`Routes::attach`].
     target: Option<T>,
     /// Completions that came while it had no target, oldest first.
     held: Vec<Completion>,
@@ -115,7 +111,6 @@ impl<T> Routes<T> {
             depth,
             reserved: u64::from(up_front),
             by_qpn: HashMap::default(),
-            waiting: Vec::new(),
             held: 0,
             orphans: 0,
             retired: 0,
@@ -165,7 +160,7 @@ impl<T> Routes<T> {
         };
         let held = std::mem::take(&mut route.held);
         route.target = Some(target);
-        self.unwait(qpn, held.len());
+        self.unwait(held.len());
         early.extend(held);
         Ok(())
     }
@@ -175,9 +170,6 @@ impl<T> Routes<T> {
         match self.by_qpn.get_mut(&c.qpn) {
             Some(Route { target: Some(t), .. }) => Routed::To(t),
             Some(Route { target: None, held, .. }) => {
-                if held.is_empty() {
-                    self.waiting.push(c.qpn);
-                }
                 held.push(c);
                 self.held += 1;
                 Routed::Held
@@ -187,33 +179,6 @@ impl<T> Routes<T> {
                 Routed::Orphan
             }
         }
-    }
-
-    /// For each route holding completions (in the order their first one
-    /// came) for which `take(qpn)` says the caller has a target: move them
-    /// into `out`, oldest first, and note `(qpn, how many)` in `taken`, for
-    /// the caller to hand over. The others stay held.
-    pub(super) fn take_held(
-        &mut self,
-        mut take: impl FnMut(u32) -> bool,
-        out: &mut Vec<Completion>,
-        taken: &mut Vec<(u32, usize)>,
-    ) {
-        let by_qpn = &mut self.by_qpn;
-        let mut n = 0;
-        self.waiting.retain(|&qpn| {
-            if !take(qpn) {
-                return true;
-            }
-            let route = by_qpn.get_mut(&qpn).expect("a waiting number has a route");
-            taken.push((qpn, route.held.len()));
-            n += route.held.len();
-            // Its vector keeps its room: a router's routes hold and hand
-            // over on every poll.
-            out.append(&mut route.held);
-            false
-        });
-        self.held -= n;
     }
 
     /// Retire the route of `qpn`, whose QP `destroy` destroys: `drain`
@@ -241,18 +206,15 @@ impl<T> Routes<T> {
         drain(self);
         let route = self.by_qpn.remove(&qpn)?;
         self.reserved -= u64::from(route.entries);
-        self.unwait(qpn, route.held.len());
+        self.unwait(route.held.len());
         self.retired += route.held.len() as u64;
         route.held.iter().for_each(&mut unclaimed);
         route.target
     }
 
-    /// `n` completions held for `qpn` were taken out of its route.
-    fn unwait(&mut self, qpn: u32, n: usize) {
-        if n > 0 {
-            self.held -= n;
-            self.waiting.retain(|q| *q != qpn);
-        }
+    /// `n` completions held for a route were taken out of it.
+    fn unwait(&mut self, n: usize) {
+        self.held -= n;
     }
 
     /// Every route's target.
@@ -264,13 +226,7 @@ impl<T> Routes<T> {
     /// its queue); the targets are dropped here.
     pub(super) fn clear(&mut self) {
         self.by_qpn.clear();
-        self.waiting.clear();
         self.held = 0;
-    }
-
-    #[cfg(test)]
-    fn waiting(&self) -> &[u32] {
-        &self.waiting
     }
 
     /// QPs routed (prepared or running).
@@ -294,7 +250,8 @@ impl<T> Routes<T> {
     }
 
     /// Completions held over every route.
-    pub(super) fn held(&self) -> usize {
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.held
     }
 
@@ -304,7 +261,8 @@ impl<T> Routes<T> {
     }
 
     /// Completions held for a retired route and dropped.
-    pub(super) fn retired(&self) -> u64 {
+    #[cfg(test)]
+    fn retired(&self) -> u64 {
         self.retired
     }
 }
@@ -359,11 +317,11 @@ mod tests {
         r.reserve(10).unwrap();
         r.open(3, 10);
         assert!(route_all(&mut r, &[wc(3, 1), wc(3, 2)]).is_empty());
-        assert_eq!((r.held(), r.waiting()), (2, &[3][..]));
+        assert_eq!(r.held(), 2);
         let mut early = Vec::new();
         r.attach(3, 33, &mut early).unwrap();
         assert_eq!(early.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!((r.held(), r.waiting()), (0, &[][..]));
+        assert_eq!(r.held(), 0);
         assert_eq!(route_all(&mut r, &[wc(3, 3)]), [(33, 3)]);
         assert_eq!(r.attach(3, 34, &mut early), Err(34), "a second target");
         assert_eq!(r.attach(4, 44, &mut early), Err(44), "no route");
@@ -374,29 +332,6 @@ mod tests {
         let mut r = Routes::<u64>::new(100, 0).unwrap();
         assert!(matches!(r.route(wc(9, 1)), Routed::Orphan));
         assert_eq!((r.orphans(), r.held()), (1, 0));
-    }
-
-    #[test]
-    fn held_completions_are_taken_in_order_per_route() {
-        let mut r = Routes::<()>::new(100, 0).unwrap();
-        for q in [1, 2] {
-            r.reserve(5).unwrap();
-            r.open(q, 5);
-        }
-        for c in [wc(2, 1), wc(1, 2), wc(2, 3)] {
-            assert!(matches!(r.route(c), Routed::Held));
-        }
-        assert_eq!(r.waiting(), [2, 1]);
-        let (mut out, mut taken) = (Vec::new(), Vec::new());
-        r.take_held(|q| q == 2, &mut out, &mut taken);
-        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
-        assert_eq!(taken, [(2, 2)]);
-        assert_eq!((r.held(), r.waiting()), (1, &[1][..]));
-        assert!(matches!(r.route(wc(2, 4)), Routed::Held));
-        r.take_held(|_| true, &mut out, &mut taken);
-        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3, 2, 4]);
-        assert_eq!(taken, [(2, 2), (1, 1), (2, 1)]);
-        assert_eq!((r.held(), r.waiting()), (0, &[][..]));
     }
 
     /// A completion left in the queue by a retired QP is never delivered to
@@ -459,8 +394,6 @@ mod tests {
         Complete(usize, u8),
         /// The caller takes up to `n` completions off the queue.
         Poll(usize),
-        /// Take what is held for the QP numbers whose bit is set.
-        TakeHeld(u8),
         /// Retire a QP; `late` completions of it land between the first
         /// drain and the destroy.
         Retire(usize, u8),
@@ -475,7 +408,6 @@ mod tests {
             2 => any::<usize>().prop_map(Op::Attach),
             4 => (any::<usize>(), 1u8..4).prop_map(|(i, n)| Op::Complete(i, n)),
             3 => (1usize..8).prop_map(Op::Poll),
-            2 => any::<u8>().prop_map(Op::TakeHeld),
             2 => (any::<usize>(), 0u8..3).prop_map(|(i, n)| Op::Retire(i, n)),
             1 => Just(Op::Stray),
         ]
@@ -586,23 +518,6 @@ mod tests {
                         self.route(c);
                     }
                 }
-                Op::TakeHeld(mask) => {
-                    let wanted = |q: u32| q < 8 && mask & (1 << q) != 0;
-                    let (mut out, mut taken) = (Vec::new(), Vec::new());
-                    self.r.take_held(wanted, &mut out, &mut taken);
-                    self.held -= out.len();
-                    let mut at = 0;
-                    for (qpn, n) in taken {
-                        assert!(wanted(qpn) && n > 0);
-                        let g = self.live[&qpn].generation;
-                        out[at..at + n].iter().for_each(|c| {
-                            assert_eq!(c.qpn, qpn);
-                            self.came_out(Some(g), c);
-                        });
-                        at += n;
-                    }
-                    assert_eq!(at, out.len());
-                }
                 Op::Retire(i, late) => {
                     let Some(qpn) = self.pick(i) else { return };
                     let mut r = std::mem::replace(&mut self.r, Routes::new(1, 0).expect("fits"));
@@ -655,10 +570,6 @@ mod tests {
             assert_eq!(self.r.len(), self.live.len());
             assert_eq!(self.r.held(), self.held);
             assert_eq!(self.r.orphans(), self.orphans);
-            let mut waiting = self.r.waiting().to_vec();
-            waiting.sort_unstable();
-            waiting.dedup();
-            assert_eq!(waiting.len(), self.r.waiting().len(), "a number waits twice");
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 mod create;
 pub use create::Prepared;
-#[cfg_attr(loom, allow(unused_imports))] // the hub's and router's, absent under loom
+#[cfg_attr(loom, allow(unused_imports))] // the hub's, absent under loom
 pub(crate) use create::QueueSizes;
 
 use super::bufpool::BufferPool;
