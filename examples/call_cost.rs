@@ -2,35 +2,27 @@
 //! simulated NIC, for counting what one call costs with callgrind
 //! (`tests/cost/callgrind.sh`, `docs/benchmarks.md`).
 //!
-//!   cargo run --release --example call_cost -- CASE CALLS [own|endpoint]
+//!   cargo run --release --example call_cost -- CASE CALLS
 //!
 //! CASE is `rpc` (64-byte header, no payload), `mw` or `confirm` (a 4 KiB
 //! reply payload the client READs). The process makes 200 warm-up calls,
-//! then CALLS measured ones, and prints what it did. `own` (the default):
-//! each connection has its own completion queue and driver; `endpoint`:
-//! each side's connection is on a hub, as an `Endpoint`'s connections are
-//! (its completion queue and driver shared, completions routed by QP
-//! number; the bootstrap, which the simulator does not need, left out).
+//! then CALLS measured ones, and prints what it did. Each side's
+//! connection is on an `Endpoint` of its own (its completion queue and
+//! driver, completions routed by QP number), connected without the TCP
+//! bootstrap, which the simulator does not need.
 
 use std::time::Duration;
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Hub, Link, Policies, Policy, Role};
+use mwcap::bootstrap::Auth;
+use mwcap::conn::{Config, Endpoint, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let case = args.next().unwrap_or_else(|| "mw".into());
     let calls: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let on_hubs = match args.next().as_deref() {
-        None | Some("own") => false,
-        Some("endpoint") => true,
-        Some(other) => {
-            eprintln!("call_cost: unknown mode {other:?}; use own or endpoint");
-            std::process::exit(2);
-        }
-    };
     let (policy, size) = match case.as_str() {
         "rpc" => (Policy::Mw, 0usize),
         "mw" => (Policy::Mw, 4096),
@@ -54,28 +46,16 @@ fn main() {
         c.busy_poll = Duration::ZERO;
         c
     };
-    // On hubs: the hubs' drivers do the work (the connections' own
-    // drivers only wait for their end), and end once the hubs are dropped.
-    let mut hubs = Vec::new();
-    let mut hub_drivers = Vec::new();
-    let mut link = |nic: mwcap::sim::SimNic, role| {
-        if on_hubs {
-            let (hub, drv) = Hub::new(nic, 1 << 14).expect("hub");
-            let l = hub.prepare(hub.connection_nic().expect("a PD"), cfg(role)).expect("prepare");
-            hubs.push(hub);
-            hub_drivers.push(drv.run());
-            l.finish(p).expect("link")
-        } else {
-            Link::new(nic, cfg(role)).expect("link")
-        }
-    };
-    let mut ce = link(cn, Role::Client);
-    let mut se = link(sn, Role::Server);
-    let (a, b) = (ce.local(), se.local());
-    ce.connect(&b).expect("connect client");
-    se.connect(&a).expect("connect server");
-    let ((client, cdrv), (server, sdrv)) =
-        if on_hubs { (hubs[0].add(ce), hubs[1].add(se)) } else { (Connection::new(ce), Connection::new(se)) };
+    let (ce, cdrv) =
+        Endpoint::builder(cn, Auth::Unauthenticated).queue_depth(1 << 14).build().expect("endpoint");
+    let (se, sdrv) =
+        Endpoint::builder(sn, Auth::Unauthenticated).queue_depth(1 << 14).build().expect("endpoint");
+    let (c, s) =
+        (ce.prepare(cfg(Role::Client)).expect("prepare"), se.prepare(cfg(Role::Server)).expect("prepare"));
+    let (a, b) = (c.local(), s.local());
+    let client = c.connect(&b).expect("connect client");
+    let server = s.connect(&a).expect("connect server");
+    let endpoints = [ce, se];
     let serve = {
         let server = server.clone();
         async move {
@@ -108,19 +88,17 @@ fn main() {
         }
         let (c, s) = (client.driver_stats(), server.driver_stats());
         println!(
-            "call_cost: driver turns per call: client {:.1} ({:.1} busy), server {:.1} ({:.1} busy); sleeps per call {:.1} / {:.1}",
+            "call_cost: connection turns per call: client {:.1} ({:.1} busy), server {:.1} ({:.1} busy)",
             c.turns as f64 / f64::from(200 + calls),
             c.busy_turns as f64 / f64::from(200 + calls),
             s.turns as f64 / f64::from(200 + calls),
             s.busy_turns as f64 / f64::from(200 + calls),
-            c.sleeps as f64 / f64::from(200 + calls),
-            s.sleeps as f64 / f64::from(200 + calls),
         );
-        for (side, h) in ["client", "server"].iter().zip(&hubs) {
+        for (side, h) in ["client", "server"].iter().zip(&endpoints) {
             let st = h.stats();
             let n = f64::from(200 + calls);
             println!(
-                "call_cost: {side} hub: driver loops per call {:.1}, connection turns {:.1}, sleeps {:.1}",
+                "call_cost: {side} endpoint: driver loops per call {:.1}, connection turns {:.1}, sleeps {:.1}",
                 st.turns as f64 / n,
                 st.connection_turns as f64 / n,
                 st.sleeps as f64 / n
@@ -128,10 +106,10 @@ fn main() {
         }
         client.close();
         server.close();
-        drop(hubs);
+        drop(endpoints);
     };
     let work = futures::future::join(app, serve);
-    let drivers = futures::future::join3(cdrv.run(), sdrv.run(), futures::future::join_all(hub_drivers));
+    let drivers = futures::future::join(cdrv.run(), sdrv.run());
     block_on(futures::future::join(work, drivers).map(|_| ()));
     println!("call_cost: {case}: {calls} calls after 200 warm-up calls");
 }

@@ -1,4 +1,4 @@
-//! Many connections in one process on one `Hub` per side, on the simulated
+//! Many connections in one process on one `Endpoint` per side, on the simulated
 //! NIC, through the async API: how fast they are set up, what each costs,
 //! and calls per second with some of them active.
 //!
@@ -6,15 +6,17 @@
 //! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [--shared-receives] [--shared-buffers]
 //! ```
 //! (defaults 10000, 1000, 20, 8 and `CTRL_SLOTS`). The server side is one simulated device
-//! with one hub (one completion queue, one driver task) and every server
+//! with one endpoint (one completion queue, one driver task) and every server
 //! connection in a protection domain of its own; the client side likewise.
+//! Connections are made with `Endpoint::prepare` (no TCP bootstrap: the
+//! simulator does not need it).
 //! Each connection has a small pool: 2 buffers of 4 KiB, `SEND_SLOTS`
-//! control slots for SENDs and `CTRL_SLOTS` for receives. With `--shared-receives` both hubs are made with
-//! `Hub::with_shared_receives`: the connections take their control receives
+//! control slots for SENDs and `CTRL_SLOTS` for receives. With `--shared-receives` both endpoints are made with
+//! `EndpointBuilder::shared_receives`: the connections take their control receives
 //! from one shared receive queue per side (8 each while idle, up to
 //! `CTRL_SLOTS` when busy) and keep only their send slots. With
-//! `--shared-buffers` (which implies `--shared-receives`) both hubs are made
-//! with `Hub::with_shared_buffers` and a pool of `ACTIVE` + 64 buffers of
+//! `--shared-buffers` (which implies `--shared-receives`) both endpoints are made
+//! with `EndpointBuilder::shared_buffers` and a pool of `ACTIVE` + 64 buffers of
 //! 4 KiB (and a memory window per buffer): a connection registers no
 //! buffers and allocates no windows of its own, and takes its 2 buffers,
 //! and a window per exposure, from the pool while it uses them. Each round, every active client makes a call with a
@@ -26,7 +28,8 @@ use std::time::Instant;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{BufClass, Config, Connection, Hub, Policies, Policy, Role, SrqConfig};
+use mwcap::bootstrap::Auth;
+use mwcap::conn::{BufClass, Config, Connection, Endpoint, Policies, Policy, PolicyChoice, Role, SrqConfig};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 fn rss_bytes() -> u64 {
@@ -94,17 +97,18 @@ fn main() {
     if shared {
         depth += q.max_slots;
     }
-    let hub = |dev| {
-        if pooled {
-            Hub::with_shared_buffers(dev, depth, q, &pool_classes)
-        } else if shared {
-            Hub::with_shared_receives(dev, depth, q)
-        } else {
-            Hub::new(dev, depth)
+    let endpoint = |dev| {
+        let mut b = Endpoint::builder(dev, Auth::Unauthenticated).policy(PolicyChoice::Mw).queue_depth(depth);
+        if shared {
+            b = b.shared_receives(q);
         }
+        if pooled {
+            b = b.shared_buffers(&pool_classes);
+        }
+        b.build()
     };
-    let (chub, cdrv) = hub(cdev).expect("client hub");
-    let (shub, sdrv) = hub(sdev).expect("server hub");
+    let (chub, cdrv) = endpoint(cdev).expect("client endpoint");
+    let (shub, sdrv) = endpoint(sdev).expect("server endpoint");
     pool.spawner()
         .spawn_local(async move {
             cdrv.run().await;
@@ -117,26 +121,16 @@ fn main() {
         .expect("spawn");
     let mut clients = Vec::with_capacity(n);
     let mut servers = Vec::with_capacity(n);
-    let mut drivers = Vec::with_capacity(2 * n);
     let mut registered = 0;
     for _ in 0..n {
-        let p = Policies::both(Policy::Mw);
-        let cnic = chub.connection_nic().expect("a NIC handle");
-        let snic = shub.connection_nic().expect("a NIC handle");
-        let cp = chub.prepare(cnic, config(Role::Client, ctrl_slots, send_slots)).expect("client");
-        let sp = shub.prepare(snic, config(Role::Server, ctrl_slots, send_slots)).expect("server");
-        let mut c = cp.finish(p).expect("client endpoint");
-        let mut s = sp.finish(p).expect("server endpoint");
+        let c = chub.prepare(config(Role::Client, ctrl_slots, send_slots)).expect("client");
+        let s = shub.prepare(config(Role::Server, ctrl_slots, send_slots)).expect("server");
         let (ce, se) = (c.local(), s.local());
-        c.connect(&se).expect("connect");
-        s.connect(&ce).expect("connect");
-        registered = c.registered_bytes();
-        let (client, cd) = chub.add(c);
-        let (server, sd) = shub.add(s);
+        let client = c.connect(&se).expect("connect");
+        let server = s.connect(&ce).expect("connect");
+        registered = client.registered_bytes();
         pool.spawner().spawn_local(serve(server.clone())).expect("spawn");
         servers.push(server);
-        drivers.push(cd);
-        drivers.push(sd);
         clients.push(client);
     }
     pool.run_until_stalled();
@@ -155,7 +149,7 @@ fn main() {
         .checked_sub(registered + srq_per_conn + pool_per_conn)
         .map_or_else(|| "n/a (registered pages not all resident)".to_string(), |h| h.to_string());
     println!(
-        "connections={n} hubs=2 shared_receives={shared} shared_buffers={pooled} ctrl_slots={ctrl_slots} \
+        "connections={n} endpoints=2 shared_receives={shared} shared_buffers={pooled} ctrl_slots={ctrl_slots} \
          send_slots={send_slots} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={} (own \
          {registered}, shared receive queue {srq_per_conn}, shared buffer pool {pool_per_conn}) \
          rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} (rss less the simulated \
@@ -166,7 +160,7 @@ fn main() {
     );
     let stats = shub.stats();
     println!(
-        "server hub: connections={} reserved_cq_entries={} of {}",
+        "server endpoint: connections={} reserved_cq_entries={} of {}",
         stats.connections, stats.reserved_entries, stats.depth
     );
     // Memory windows are device objects, not registered memory: with a
@@ -200,7 +194,7 @@ fn main() {
     assert_eq!(calls, active as u64 * rounds, "every call answered");
     let s = shub.stats();
     println!(
-        "active={active} rounds={rounds} calls={calls} calls_per_s={:.0} server_hub_turns={} \
+        "active={active} rounds={rounds} calls={calls} calls_per_s={:.0} server_endpoint_turns={} \
          connection_turns={} sleeps={} (async API, one thread, simulator included)",
         calls as f64 / elapsed.as_secs_f64().max(1e-9),
         s.turns,
@@ -242,8 +236,10 @@ fn main() {
     for c in clients.iter().chain(&servers) {
         c.close();
     }
+    let finished = futures::future::join_all(clients.iter().chain(&servers).map(|c| c.finished()));
+    pool.run_until(finished);
     drop((clients, servers));
     drop((chub, shub));
-    pool.run_until(futures::future::join_all(drivers.into_iter().map(|d| d.run())));
+    pool.run_until_stalled();
     println!("closed={n} close_s={:.2}", t2.elapsed().as_secs_f64());
 }

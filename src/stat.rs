@@ -13,8 +13,8 @@
 //! ```
 //!
 //! Reading a snapshot takes each connection's lock once, off the data path;
-//! a connection whose [`Connection`] and [`Driver`](crate::conn::Driver)
-//! are both dropped leaves the registry by itself.
+//! a connection that has finished and whose handles are all dropped
+//! leaves the registry by itself.
 //!
 //! # The format
 //! Text, one record per line, `key=value` words (values have no spaces),
@@ -99,7 +99,7 @@ pub struct Registry {
 }
 
 /// A hub's name and where its counts come from (`None` once it is gone).
-type HubEntry = (String, Box<dyn Fn() -> Option<crate::conn::HubStats> + Send>);
+type HubEntry = (String, Box<dyn Fn() -> Option<crate::conn::EndpointStats> + Send>);
 
 impl Registry {
     /// An empty registry.
@@ -395,7 +395,7 @@ pub fn render(snaps: &[Snapshot]) -> String {
             s.age.as_millis(),
         );
         counters(&mut out, &s.stats);
-        let _ = write!(out, " driver_turns={} driver_sleeps={}", s.driver.turns, s.driver.sleeps);
+        let _ = write!(out, " driver_turns={} driver_busy_turns={}", s.driver.turns, s.driver.busy_turns);
         if let Some(r) = &s.down {
             let reason = r.to_string().replace('\n', " ");
             let _ = write!(out, " reason={reason}");
@@ -499,29 +499,32 @@ pub fn fetch(path: impl AsRef<Path>) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Config, Link, Policies, Policy, Role};
+    use crate::bootstrap::Auth;
+    use crate::conn::{Endpoint, Policies, Policy};
     use crate::sim::{DeviceConfig, Fabric, SimNic};
 
-    fn connection(fabric: &Fabric, i: usize) -> (Connection<SimNic>, crate::conn::Driver<SimNic>) {
-        let c = fabric.add_device(DeviceConfig::spec().named(&format!("c{i}")));
-        let s = fabric.add_device(DeviceConfig::spec().named(&format!("s{i}")));
-        let p = Policies::both(Policy::Mw);
-        let mut c = Link::new(c, Config::new(Role::Client, p)).unwrap();
-        let s = Link::new(s, Config::new(Role::Server, p)).unwrap();
-        c.connect(&s.local()).unwrap();
-        Connection::new(c)
+    /// A connection between two endpoints of their own (not driven).
+    fn connection(fabric: &Fabric, i: usize) -> Connection<SimNic> {
+        let ep = |name: String| {
+            Endpoint::builder(fabric.add_device(DeviceConfig::spec().named(&name)), Auth::Unauthenticated)
+                .build()
+                .unwrap()
+                .0
+        };
+        let (c, s) = (ep(format!("c{i}")), ep(format!("s{i}")));
+        c.connect_local(&s, Policies::both(Policy::Mw)).unwrap().0
     }
 
     #[test]
     fn registering_forgets_the_connections_gone_without_a_snapshot() {
         let fabric = Fabric::with_seed(1);
         let registry = Registry::new();
-        let (kept, _kept_driver) = connection(&fabric, 0);
+        let kept = connection(&fabric, 0);
         registry.register(&kept, "kept");
         for i in 1..50 {
-            let (conn, driver) = connection(&fabric, i);
+            let conn = connection(&fabric, i);
             registry.register(&conn, format!("gone {i}"));
-            drop((conn, driver));
+            drop(conn);
         }
         // The last one registered is gone too, but is forgotten only at the
         // next registration or snapshot.

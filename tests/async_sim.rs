@@ -1,16 +1,49 @@
-//! The async API (Connection + Driver) over the simulated NIC, on a plain
-//! `futures` executor.
+//! The async API (`Connection` on an `Endpoint`) over the simulated NIC,
+//! on a plain `futures` executor: each side on an endpoint of its own.
 
 use std::time::Duration;
 
 use futures::executor::block_on;
 use futures::future::{select, Either};
 use futures::FutureExt;
-use mwcap::conn::{Config, Connection, Link, Policies, Policy, Role};
+use mwcap::bootstrap::Auth;
+use mwcap::conn::{Config, Connection, Endpoint, EndpointDriver, LossReason, Policies, Policy, Role};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
-type Pair =
-    (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
+/// A connection's endpoint driver, to run until the connection finished.
+struct Drive {
+    driver: EndpointDriver<SimNic>,
+    conn: Connection<SimNic>,
+}
+
+impl Drive {
+    /// Run the endpoint until its (only) connection is down and every
+    /// buffer is back; why it went down.
+    async fn run(self) -> LossReason {
+        futures::future::join(self.driver.run(), self.conn.finished()).await.1
+    }
+}
+
+type Pair = (Connection<SimNic>, Drive, Connection<SimNic>, Drive);
+
+/// An endpoint on `nic` for a connection made without TCP, and its driver.
+fn endpoint(nic: SimNic) -> (Endpoint<SimNic>, EndpointDriver<SimNic>) {
+    Endpoint::builder(nic, Auth::Unauthenticated).build().unwrap()
+}
+
+/// A client connection with `ccfg` on an endpoint on `cn`, a server one with
+/// `scfg` on an endpoint on `sn`, connected; the endpoints and their drivers.
+/// One side: its endpoint, the endpoint's driver, its connection.
+type Side = (Endpoint<SimNic>, EndpointDriver<SimNic>, Connection<SimNic>);
+
+fn pair_on(cn: SimNic, sn: SimNic, ccfg: Config, scfg: Config) -> (Side, Side) {
+    let (ce, cd) = endpoint(cn);
+    let (se, sd) = endpoint(sn);
+    let (c, s) = (ce.prepare(ccfg).unwrap(), se.prepare(scfg).unwrap());
+    let (cl, sl) = (c.local(), s.local());
+    let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
+    ((ce, cd, client), (se, sd, server))
+}
 
 fn connected(p: Policies) -> Pair {
     connected_with(p, Duration::from_millis(300))
@@ -35,13 +68,10 @@ fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Dur
         c.safety_margin = Duration::from_millis(50);
         c
     };
-    let mut c = Link::new(cn, cfg(Role::Client)).unwrap();
-    let mut s = Link::new(sn, cfg(Role::Server)).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let (client, cdrv) = Connection::new(c);
-    let (server, sdrv) = Connection::new(s);
+    // The endpoints are dropped: each driver ends once its connection has.
+    let ((_, cd, client), (_, sd, server)) = pair_on(cn, sn, cfg(Role::Client), cfg(Role::Server));
+    let cdrv = Drive { driver: cd, conn: client.clone() };
+    let sdrv = Drive { driver: sd, conn: server.clone() };
     (client, cdrv, server, sdrv)
 }
 
@@ -131,24 +161,30 @@ fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
 
 #[test]
 fn an_idle_connection_sleeps_instead_of_polling() {
-    let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let fabric = Fabric::with_seed(3);
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let p = Policies::both(Policy::Mw);
+    let ((ce, cd, client), (se, sd, server)) =
+        pair_on(cn, sn, Config::new(Role::Client, p), Config::new(Role::Server, p));
     let app = async {
         // One call, so that everything has run once, then nothing.
         client.call(b"ping", None).await.expect("call");
         async_io::Timer::after(Duration::from_millis(100)).await;
-        let at_100ms = (client.driver_stats(), server.driver_stats());
+        let at_100ms = (client.driver_stats(), server.driver_stats(), ce.stats(), se.stats());
         async_io::Timer::after(Duration::from_millis(200)).await;
-        let at_300ms = (client.driver_stats(), server.driver_stats());
+        let at_300ms = (client.driver_stats(), server.driver_stats(), ce.stats(), se.stats());
         (at_100ms, at_300ms)
     };
-    let rest = futures::future::join3(cdrv.run(), sdrv.run(), echo(server.clone()));
+    let rest = futures::future::join3(cd.run(), sd.run(), echo(server.clone()));
     let Either::Left(((a, b), _)) = block_on(select(Box::pin(app), Box::pin(rest))) else {
         panic!("drivers ended first")
     };
     // Asleep: not a single turn between 100 ms and 300 ms of idleness.
-    assert_eq!(a.0.turns, b.0.turns, "the client driver kept polling: {a:?} -> {b:?}");
-    assert_eq!(a.1.turns, b.1.turns, "the server driver kept polling: {a:?} -> {b:?}");
-    assert!(b.0.sleeps >= 1 && b.1.sleeps >= 1);
+    assert_eq!(a.0.turns, b.0.turns, "the client connection kept taking turns: {a:?} -> {b:?}");
+    assert_eq!(a.1.turns, b.1.turns, "the server connection kept taking turns: {a:?} -> {b:?}");
+    assert_eq!(a.2.turns, b.2.turns, "the client endpoint kept polling: {a:?} -> {b:?}");
+    assert_eq!(a.3.turns, b.3.turns, "the server endpoint kept polling: {a:?} -> {b:?}");
+    assert!(b.2.sleeps >= 1 && b.3.sleeps >= 1);
 }
 
 #[test]
@@ -491,56 +527,21 @@ async fn twenty_echoed_calls(client: &Connection<SimNic>) {
     }
 }
 
-/// On a hub too (an `Endpoint`'s connections are): a pending call polls
-/// the hub's shared queue itself and takes its connection's turn, so the
-/// calls finish with the hub's driver never run.
+/// A pending call takes its connection's turns itself while it busy-polls
+/// (`Config::busy_poll`): it polls the endpoint's shared completion queue
+/// and finds its reply on its own thread. Here the client's endpoint driver
+/// is never run, so the calls finish only if the waiting calls do the work.
 #[test]
-fn a_pending_call_on_a_hub_polls_the_shared_queue_itself() {
+fn a_pending_call_takes_its_connections_turns_itself() {
     let fabric = Fabric::with_seed(4);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let (hub, _hub_driver) = mwcap::conn::Hub::new(cn, 1 << 12).unwrap();
-    let mut ccfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    let p = Policies::both(Policy::Mw);
+    let mut ccfg = Config::new(Role::Client, p);
     ccfg.busy_poll = Duration::from_secs(10);
-    let mut c =
-        hub.prepare(hub.connection_nic().unwrap(), ccfg).unwrap().finish(Policies::both(Policy::Mw)).unwrap();
-    let mut s = Link::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let (client, _cdrv) = hub.add(c);
-    let (server, sdrv) = Connection::new(s);
+    let ((ce, _client_driver, client), (_, sd, server)) = pair_on(cn, sn, ccfg, Config::new(Role::Server, p));
     let closer = server.clone();
-    let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
-    let calls = twenty_echoed_calls(&client);
-    match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(30)))) {
-        Either::Left(_) => {}
-        Either::Right(_) => panic!("the calls did not finish: a waiting call on a hub took no turns"),
-    }
-    assert_eq!(hub.stats().connection_turns, 0, "the hub's driver never ran");
-    closer.close();
-    served.join().unwrap();
-    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-}
-
-/// A pending call takes the connection's turns itself while it busy-polls
-/// (`Config::busy_poll`), so it finds its reply on its own thread: here the
-/// client's driver is not polled at all until the calls are done.
-#[test]
-fn a_pending_call_takes_its_connections_turns_itself() {
-    let fabric = Fabric::with_seed(3);
-    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
-    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let mut ccfg = Config::new(Role::Client, Policies::both(Policy::Mw));
-    ccfg.busy_poll = Duration::from_secs(10);
-    let mut c = Link::new(cn, ccfg).unwrap();
-    let mut s = Link::new(sn, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let (client, cdrv) = Connection::new(c);
-    let (server, sdrv) = Connection::new(s);
-    let closer = server.clone();
+    let sdrv = Drive { driver: sd, conn: server.clone() };
     let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
     let calls = twenty_echoed_calls(&client);
     // Fails rather than hangs if a waiting call stops taking turns (the
@@ -549,9 +550,9 @@ fn a_pending_call_takes_its_connections_turns_itself() {
         Either::Left(_) => {}
         Either::Right(_) => panic!("the calls did not finish: a waiting call took no turns"),
     }
+    assert_eq!(ce.stats().connection_turns, 0, "the endpoint's driver never ran");
     assert_eq!(client.driver_stats().turns, 0);
-    client.close();
     closer.close();
-    block_on(cdrv.run());
     served.join().unwrap();
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

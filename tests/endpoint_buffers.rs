@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use futures::executor::block_on;
-use mwcap::conn::{Config, Connection, Event, Link, Policies, Policy, Role, SimPair, UseError};
+use mwcap::bootstrap::Auth;
+use mwcap::conn::{Config, Endpoint, Event, Link, Policies, Policy, Role, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn pair(p: Policies) -> SimPair {
@@ -132,10 +133,15 @@ fn a_buffer_of_another_endpoint_is_refused_and_handed_back() {
 fn alloc_waits_for_a_buffer_dropped_by_another_task() {
     let fabric = Fabric::with_seed(8);
     let nic = fabric.add_device(DeviceConfig::spec());
-    let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    let cfg_p = Policies::both(Policy::Mw);
+    let mut cfg = Config::new(Role::Client, cfg_p);
     cfg.buffers = 1;
-    let ep = Link::new(nic, cfg).unwrap();
-    let (conn, driver) = Connection::new(ep);
+    let (endpoint, driver) = Endpoint::builder(nic, Auth::Unauthenticated).build().unwrap();
+    let (peer, _peer_driver) =
+        Endpoint::builder(fabric.add_device(DeviceConfig::spec()), Auth::Unauthenticated).build().unwrap();
+    let (c, s) = (endpoint.prepare(cfg).unwrap(), peer.prepare(Config::new(Role::Server, cfg_p)).unwrap());
+    let (cl, sl) = (c.local(), s.local());
+    let (conn, _server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     let only = conn.try_alloc().unwrap();
     assert!(conn.try_alloc().is_none());
     let waiter = async {
@@ -152,7 +158,7 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
     futures::pin_mut!(drive);
     match block_on(futures::future::select(work, drive)) {
         futures::future::Either::Left(_) => {}
-        futures::future::Either::Right((reason, _)) => panic!("the driver ended: {reason}"),
+        futures::future::Either::Right((stats, _)) => panic!("the driver ended: {stats:?}"),
     }
 }
 

@@ -72,12 +72,10 @@ fn the_async_call_reports_a_refusal_as_such_and_returns_the_buffer() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
-    let mut c = Link::new(cn, Config::new(Role::Client, p)).unwrap();
-    let mut s = Link::new(sn, Config::new(Role::Server, p)).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let (client, _cdrv) = mwcap::conn::Connection::new(c);
+    let endpoint =
+        |nic| mwcap::conn::Endpoint::builder(nic, mwcap::bootstrap::Auth::Unauthenticated).build().unwrap();
+    let ((ce, _cdrv), (se, _sdrv)) = (endpoint(cn), endpoint(sn));
+    let (client, s) = ce.connect_local(&se, p).unwrap();
     let total = 16;
     let mut b = client.try_alloc().unwrap();
     b.copy_from(b"x").unwrap();

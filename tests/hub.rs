@@ -1,18 +1,17 @@
-//! Many connections on one [`Hub`]: one completion queue and one driver,
-//! each connection in a protection domain of its own, on the simulated NIC.
+//! Many connections on one [`Endpoint`]: one completion queue and one
+//! driver (the endpoint's hub), each connection in a protection domain of
+//! its own, on the simulated NIC.
 
 use std::time::Duration;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::backend::{Completion, Nic, SendWr, Sge, SgeList, WcStatus};
-use mwcap::conn::{Config, Connection, Driver, Hub, LossReason, Policies, Policy, Role, SetupError};
+use mwcap::conn::{Config, Connection, Endpoint, LossReason, Policies, Policy, Role, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 mod hubs;
-use hubs::{pattern, serve, serve_clients, server_on_hub, spawn};
-
-type Conn = (Connection<SimNic>, Driver<SimNic>);
+use hubs::{builder, endpoint, pattern, serve, serve_clients, server_with_link_client, spawn};
 
 fn cfg(role: Role, p: Policies) -> Config {
     let mut c = Config::new(role, p);
@@ -25,33 +24,31 @@ fn cfg(role: Role, p: Policies) -> Config {
     c
 }
 
-/// A client and a server connection, each on its hub, each in a new PD.
-fn pair(client_hub: &Hub<SimNic>, server_hub: &Hub<SimNic>, p: Policies) -> (Conn, Conn) {
-    let cp = client_hub.prepare(client_hub.nic().new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    let sp = server_hub.prepare(server_hub.nic().new_pd().unwrap(), cfg(Role::Server, p)).unwrap();
-    let mut c = cp.finish(p).unwrap();
-    let mut s = sp.finish(p).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    (client_hub.add(c), server_hub.add(s))
+/// A client and a server connection, each on its endpoint, each in a new
+/// PD.
+fn pair(
+    client: &Endpoint<SimNic>,
+    server: &Endpoint<SimNic>,
+    p: Policies,
+) -> (Connection<SimNic>, Connection<SimNic>) {
+    hubs::pair(client, server, cfg(Role::Client, p), cfg(Role::Server, p))
 }
 
-fn two_hubs(dev: DeviceConfig, depth: u32) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
+/// A client and a server endpoint with queues of `depth`, their drivers
+/// spawned on the pool; the server's on a device of `dev`.
+fn two_endpoints(dev: DeviceConfig, depth: u32) -> (Fabric, Endpoint<SimNic>, Endpoint<SimNic>, LocalPool) {
     let fabric = Fabric::with_seed(11);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(dev.named("s"));
     let pool = LocalPool::new();
-    let (ch, cdrv) = Hub::new(cn, depth).unwrap();
-    let (sh, sdrv) = Hub::new(sn, depth).unwrap();
-    spawn(&pool, cdrv.run());
-    spawn(&pool, sdrv.run());
+    let ch = endpoint(&pool, builder(cn).queue_depth(depth));
+    let sh = endpoint(&pool, builder(sn).queue_depth(depth));
     (fabric, ch, sh, pool)
 }
 
 #[test]
 fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
-    let (fabric, ch, sh, mut pool) = two_hubs(DeviceConfig::spec(), 1 << 16);
+    let (fabric, ch, sh, mut pool) = two_endpoints(DeviceConfig::spec(), 1 << 16);
     let policies = [
         Policies::both(Policy::Mw),
         Policies::both(Policy::Confirm),
@@ -59,13 +56,11 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
     ];
     let mut clients = Vec::new();
     let mut servers = Vec::new();
-    let mut drivers = Vec::new();
     let n = 64;
     for i in 0..n {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh, policies[i % 3]);
+        let (c, s) = pair(&ch, &sh, policies[i % 3]);
         spawn(&pool, serve(s.clone()));
         servers.push(s);
-        drivers.push((cd, sd));
         clients.push(c);
     }
     assert_eq!(sh.stats().connections, n);
@@ -102,14 +97,15 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
     let s = sh.stats();
     assert_eq!(s.orphans, 0);
     assert!(s.completions >= n as u64 * 4, "{s:?}");
-    // Close every connection: each driver says why, and the hubs forget them.
+    // Close every connection: each says why once it has finished, and the
+    // endpoints forget them.
     for (c, s) in clients.iter().zip(&servers) {
         assert_eq!(c.stats().calls_failed, 0);
         c.close();
         s.close();
     }
     let reasons = pool.run_until(futures::future::join_all(
-        drivers.into_iter().map(|(cd, sd)| futures::future::join(cd.run(), sd.run())),
+        clients.iter().zip(&servers).map(|(c, s)| futures::future::join(c.finished(), s.finished())),
     ));
     for (c, _) in &reasons {
         assert_eq!(*c, LossReason::Closed);
@@ -127,11 +123,11 @@ fn sixty_four_connections_on_one_hub_each_get_their_own_answers() {
 fn a_reused_qp_number_never_gets_the_old_qps_completions() {
     // The server device hands a destroyed QP's number to the next QP.
     let dev = DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() };
-    let (fabric, ch, sh, mut pool) = two_hubs(dev, 1 << 14);
+    let (fabric, ch, sh, mut pool) = two_endpoints(dev, 1 << 14);
     let p = Policies::both(Policy::Mw);
     let mut seen = std::collections::HashMap::new();
     for round in 0..12usize {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh, p);
+        let (c, s) = pair(&ch, &sh, p);
         let qpn = s.qp_number();
         *seen.entry(qpn).or_insert(0) += 1;
         spawn(&pool, serve(s.clone()));
@@ -159,9 +155,9 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
                     }
                 }
             }
-            assert!(matches!(sd.run().await, LossReason::Closed));
+            assert!(matches!(s.finished().await, LossReason::Closed));
             c.close();
-            cd.run().await;
+            c.finished().await;
         });
     }
     assert!(seen.values().any(|&n| n > 1), "the device reused no QP number: {seen:?}");
@@ -175,10 +171,10 @@ fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves
     let fabric = Fabric::with_seed(5);
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
-    let (hub, _drv) = Hub::new(sn.clone(), 400).unwrap();
+    let (ep, _drv) = builder(sn).queue_depth(400).build().unwrap();
     let mut held = Vec::new();
     let err = loop {
-        match hub.prepare(sn.new_pd().unwrap(), cfg(Role::Server, p)) {
+        match ep.prepare(cfg(Role::Server, p)) {
             Ok(prep) => held.push(prep),
             Err(e) => break e,
         }
@@ -189,33 +185,40 @@ fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves
         SetupError::CqBudget { depth, reserved, wanted } => {
             assert_eq!(depth, 400);
             assert!(reserved + u64::from(wanted) > 400);
-            assert_eq!(hub.stats().reserved_entries, reserved);
+            assert_eq!(ep.stats().reserved_entries, reserved);
         }
         e => panic!("expected CqBudget, got {e}"),
     }
-    assert!(err.to_string().contains("another Hub"), "{err}");
+    assert!(err.to_string().contains("another endpoint"), "{err}");
+    // Dropping a queue pair not yet connected gives its share back.
     held.pop();
-    hub.prepare(sn.new_pd().unwrap(), cfg(Role::Server, p)).expect("room again after one left");
+    ep.prepare(cfg(Role::Server, p)).expect("room again after one left");
 }
 
 /// A client that uses another connection's region key on an rxe-like
 /// device (windows reach their whole region) reaches nothing: each
-/// connection on the hub is in its own PD. The other connection goes on.
+/// connection on the endpoint is in its own PD. The other connection goes
+/// on.
 #[test]
 fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     let fabric = Fabric::with_seed(13);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let mut pool = LocalPool::new();
-    let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
-    spawn(&pool, sdrv.run());
+    let sh = endpoint(&pool, builder(sn).queue_depth(1 << 14));
+    // The victim's client is a connection on a client endpoint; the
+    // attacker's is a link driven by hand.
+    let ch = endpoint(&pool, builder(cn.clone()).queue_depth(1 << 14));
     let p = Policies::both(Policy::Confirm); // the region key covers the whole region
-    let (victim_s, victim_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    let (attack_s, attack_c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    let secret = victim_s.data_region();
-    victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
-    let (victim, _vd) = sh.add(victim_s);
-    let (_attacked, _ad) = sh.add(attack_s);
+    let victim_s = sh.prepare(cfg(Role::Server, p)).unwrap();
+    let victim_c = ch.prepare(cfg(Role::Client, p)).unwrap();
+    let (attack_s, attack_c) = server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let secret = victim_s.link().data_region();
+    victim_s.link().nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
+    let (vc, vs) = (victim_c.local(), victim_s.local());
+    let vclient = victim_c.connect(&vs).unwrap();
+    let victim = victim_s.connect(&vc).unwrap();
+    let _attacked = attack_s.connect(&attack_c.local()).unwrap();
     spawn(&pool, serve(victim.clone()));
     // The attacker READs the victim's region through its own connection.
     let dst = attack_c.data_region();
@@ -241,8 +244,6 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     attack_c.nic().read_mr(dst.id, 0, &mut seen).unwrap();
     assert_ne!(&seen, b"the victim's bytes");
     // The victim's connection, on the same queue, still serves its client.
-    let (vclient, vdrv) = Connection::new(victim_c);
-    spawn(&pool, vdrv.run());
     let r = pool.run_until(async {
         let mut b = vclient.alloc().await.unwrap();
         b.copy_from(b"abc").unwrap();
@@ -254,35 +255,77 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
 }
 
 /// The sharp case of QP number reuse: a frame lands in a QP's receive
-/// slot, its completion waits in the hub's queue, and the QP is destroyed
-/// before the hub polls. The next QP gets the same number (and posts the
-/// same receive `wr_id`s): the old completion must not reach it as a frame.
+/// slot, its completion waits in the endpoint's queue, and the QP is
+/// destroyed before the endpoint polls. A QP on an endpoint is connected
+/// but not yet running while its bootstrap waits for the client's ready
+/// byte: the client sends a request then, and goes away before the ready
+/// byte, and the failed handshake drops the QP, its driver not yet run. The
+/// next QP gets the same number (and posts the same receive `wr_id`s): the
+/// old completion must not reach it as a frame.
 #[test]
 fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_with_its_number() {
-    use mwcap::sim::{FabricConfig, Progress};
-    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(17) });
+    use mwcap::backend::QpState;
+    use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Hello, PolicySet};
+    use mwcap::conn::{Link, PolicyChoice};
+    use mwcap::sim::{FabricConfig, Progress, QpAddr};
+    let fabric = Fabric::new(FabricConfig::with_seed(17));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() }.named("s"));
-    let (hub, hub_driver) = Hub::new(sn, 1 << 14).unwrap();
     let p = Policies::both(Policy::Mw);
-    let (old, mut client) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    // A request lands in the old QP's receive slot; nothing polls the hub.
+    let mut pool = LocalPool::new();
+    // A listening endpoint whose driver does not run yet: nothing polls its
+    // queue. Building it probes the device, with the fabric moving by
+    // itself; from then on nothing moves unless the test says so.
+    let (ep, driver) = builder(sn.clone())
+        .policy(PolicyChoice::Mw)
+        .config(cfg(Role::Server, p))
+        .queue_depth(1 << 14)
+        .handshake_timeout(Duration::from_secs(5))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    fabric.set_progress(Progress::Manual);
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let server = ep.clone();
+    spawn(&pool, async move {
+        let _ = tx.send(server.accept().await.err());
+    });
+    // The client's bootstrap, by hand, as far as the server connecting its QP.
+    let mut client = Link::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    let mut caps = Capabilities::new();
+    caps.serve = PolicySet::MW;
+    let hello = Hello::new(client.local(), caps);
+    let addr = ep.local_addr().expect("it listens");
+    let hs = pool.run_until(async {
+        let t = Duration::from_secs(5);
+        let authed = authenticate_client_async(addr, &Auth::Unauthenticated, t).await.expect("auth");
+        authed.hello(&hello, t).await.expect("hello")
+    });
+    let at = QpAddr { device: sn.device(), qpn: hs.peer().endpoint.qpn };
+    let t0 = std::time::Instant::now();
+    while fabric.qp_state(at) != Some(QpState::Rts) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    client.connect(&hs.remote_endpoint()).unwrap();
+    // A request lands in the old QP's receive slot; nothing polls the
+    // endpoint's queue.
     client.call(fabric.now(), b"for the old QP only", None).unwrap();
     fabric.run_until_idle();
     client.drive(fabric.now());
     // (The request's SEND is unsignaled: the evidence is the server's side.)
-    let at = fabric.qp_addr(&old.local()).expect("the old QP exists");
     let landed = fabric.qp_counters(at).expect("its counters").completions;
     assert_eq!(landed, 1, "the request landed in the old QP's receive slot, its completion queued");
-    let old_qpn = old.local().qpn;
-    // Dropping it destroys the QP with its RECV completion still queued.
-    drop(old);
+    // The client goes before its ready byte: the handshake fails, which
+    // destroys the QP with its RECV completion still queued.
+    drop(hs);
+    assert!(pool.run_until(rx).unwrap().is_some(), "the handshake failed");
+    assert_eq!(fabric.qp_state(at), None, "the old QP is destroyed");
     // Its number serves the next connection, from another client.
-    let (new, _client2) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    assert_eq!(new.local().qpn, old_qpn, "the device reused the number");
-    let (conn, _driver) = hub.add(new);
-    let mut pool = LocalPool::new();
-    spawn(&pool, hub_driver.run());
+    let (new, client2) = server_with_link_client(&ep, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    assert_eq!(new.local().qpn, at.qpn, "the device reused the number");
+    let conn = new.connect(&client2.local()).unwrap();
+    spawn(&pool, driver.run());
     for _ in 0..50 {
         pool.run_until_stalled();
         fabric.run_until_idle();
@@ -292,13 +335,15 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     assert_eq!(s.requests, 0);
     assert_eq!(s.error_completions, 0);
     assert!(conn.is_down().is_none(), "{:?}", conn.is_down());
-    assert_eq!(hub.stats().orphans, 0);
+    assert_eq!(ep.stats().orphans, 0);
+    assert_eq!(ep.stats().added, 1, "only the new QP ever ran");
 }
 
-/// A client process dies: its server connections on the hub find out by
-/// keepalive (the hub's timer heap wakes them: the ping goes unanswered,
-/// or its SEND runs out of transport retries), go down, give every buffer back and leave the hub; the other
-/// connections on the hub go on.
+/// A client process dies: its server connections on the endpoint find out
+/// by keepalive (the endpoint's timer heap wakes them: the ping goes
+/// unanswered, or its SEND runs out of transport retries), go down, give
+/// every buffer back and leave the endpoint; the other connections on the
+/// endpoint go on.
 #[test]
 fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     let fabric = Fabric::with_seed(19);
@@ -306,38 +351,36 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     let alive = fabric.add_device(DeviceConfig::spec().named("alive"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (sh, sdrv) = Hub::new(sn, 1 << 14).unwrap();
-    spawn(&pool, sdrv.run());
+    let sh = endpoint(&pool, builder(sn).queue_depth(1 << 14));
+    // Each client process: an endpoint on its device.
+    let doomed_ep = endpoint(&pool, builder(doomed.clone()));
+    let alive_ep = endpoint(&pool, builder(alive));
     let p = Policies::both(Policy::Mw);
     let ka =
         mwcap::conn::Keepalive { interval: Duration::from_millis(50), timeout: Duration::from_millis(150) };
-    let connect = |client_nic: &SimNic| {
+    let connect = |client_ep: &Endpoint<SimNic>| {
         let mut scfg = cfg(Role::Server, p);
         scfg.keepalive = Some(ka);
-        let (s, c) = server_on_hub(&sh, client_nic, scfg, cfg(Role::Client, p));
-        let (client, cdrv) = Connection::new(c);
-        (client, cdrv, sh.add(s))
+        hubs::pair(client_ep, &sh, cfg(Role::Client, p), scfg)
     };
     let mut dying = Vec::new();
     for _ in 0..4 {
-        let (client, cdrv, (server, sdrv)) = connect(&doomed);
+        let (client, server) = connect(&doomed_ep);
         spawn(&pool, serve(server.clone()));
-        spawn(&pool, cdrv.run());
-        dying.push((client, server, sdrv));
+        dying.push((client, server));
     }
-    let (client, cdrv, (server, _sdrv)) = connect(&alive);
+    let (client, server) = connect(&alive_ep);
     spawn(&pool, serve(server.clone()));
-    spawn(&pool, cdrv.run());
     // Everyone is served once, then the doomed process dies.
     pool.run_until(async {
-        for (c, _, _) in &dying {
+        for (c, _) in &dying {
             c.call(b"x", None).await.expect("served before the death");
         }
         client.call(b"x", None).await.expect("served");
     });
     fabric.kill_device(doomed.device());
-    let reasons = pool.run_until(futures::future::join_all(dying.into_iter().map(|(_, s, d)| async move {
-        let r = d.run().await;
+    let reasons = pool.run_until(futures::future::join_all(dying.into_iter().map(|(_, s)| async move {
+        let r = s.finished().await;
         (r, s)
     })));
     for (r, s) in &reasons {
@@ -347,7 +390,7 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
         assert!(found, "{r:?}");
         assert_eq!(s.free_buffers(), 5, "every buffer back");
     }
-    assert_eq!(sh.stats().connections, 1, "the dead peers' connections left the hub");
+    assert_eq!(sh.stats().connections, 1, "the dead peers' connections left the endpoint");
     // The surviving connection still works.
     let r = pool.run_until(async {
         let mut b = client.alloc().await.unwrap();
@@ -358,27 +401,25 @@ fn peers_that_die_are_found_by_keepalive_on_the_hub_and_the_rest_go_on() {
     assert!(server.is_down().is_none());
 }
 
-/// The hub's own device dies (its process's NIC is gone): the queue fails,
-/// every connection on it goes down with the error and finishes, and the
-/// driver neither spins nor outlives its handles.
+/// The endpoint's own device dies (its process's NIC is gone): the queue
+/// fails, every connection on it goes down with the error and finishes, and
+/// the driver neither spins nor outlives its handles.
 #[test]
 fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not_spin() {
     let fabric = Fabric::with_seed(29);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (sh, sdrv) = Hub::new(sn.clone(), 1 << 14).unwrap();
+    let (sh, sdrv) = builder(sn.clone()).queue_depth(1 << 14).build().unwrap();
     let hub_done = pool.spawner().spawn_local_with_handle(sdrv.run()).unwrap();
+    let ch = endpoint(&pool, builder(cn));
     let p = Policies::both(Policy::Confirm);
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..8 {
-        let (s, c) = server_on_hub(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-        let (client, cdrv) = Connection::new(c);
-        spawn(&pool, cdrv.run());
-        let (server, sdrv) = sh.add(s);
+        let (client, server) = hubs::pair(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p));
         spawn(&pool, serve(server.clone()));
-        servers.push((server, sdrv));
+        servers.push(server);
         clients.push(client);
     }
     pool.run_until(async {
@@ -387,7 +428,7 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
         }
     });
     sn.kill();
-    let ends = pool.run_until(futures::future::join_all(servers.into_iter().map(|(_, d)| d.run())));
+    let ends = pool.run_until(futures::future::join_all(servers.iter().map(|s| s.finished())));
     for r in &ends {
         assert!(matches!(r, LossReason::Nic(_)), "{r:?}");
     }
@@ -397,7 +438,7 @@ fn when_the_hubs_device_dies_every_connection_on_it_ends_and_the_driver_does_not
     pool.run_until(async_io::Timer::after(Duration::from_millis(200)));
     assert!(sh.stats().turns - turns < 20, "the driver spins: {:?}", sh.stats());
     assert_eq!(sh.stats().connections, 0);
-    drop(sh);
+    drop((sh, servers));
     let stats = pool.run_until(hub_done);
     assert_eq!(stats.connections, 0);
 }
@@ -465,30 +506,30 @@ fn two_endpoints_driven_on_two_threads_serve_their_clients() {
     }
 }
 
-/// A hub whose driver is dropped, then its handle, with a connection on
-/// it: the queue stays while a QP is on it, and goes with the connection's
-/// last handle, after its QP (not left behind, busy, as it was).
+/// An endpoint whose driver is dropped, then its handle, with a connection
+/// on it: the queue stays while a QP is on it, and goes with the
+/// connection's last handle, after its QP (not left behind, busy, as it
+/// was).
 #[test]
 fn dropping_a_hub_and_its_driver_destroys_its_connections_before_its_queue() {
     let fabric = Fabric::with_seed(37);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
-    let (hub, driver) = Hub::new(sn.clone(), 1 << 12).unwrap();
-    let (s, _client) = server_on_hub(&hub, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let (ep, driver) = builder(sn.clone()).queue_depth(1 << 12).build().unwrap();
+    let (s, client) = server_with_link_client(&ep, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     let server_qp = mwcap::sim::QpAddr { device: sn.device(), qpn: s.local().qpn };
-    let cq = s.cq();
-    let (server, d) = hub.add(s);
-    drop(server);
+    let cq = s.link().cq();
+    let server = s.connect(&client.local()).unwrap();
     drop(driver);
-    drop(hub);
-    // The connection's driver handle is still held: its QP lives, and so
-    // does the queue under it.
+    drop(ep);
+    // The connection's handle is still held: its QP lives, and so does the
+    // queue under it.
     assert!(fabric.qp_state(server_qp).is_some());
     assert!(sn.poll_cq_vec(cq, 1).is_ok(), "the queue went while a QP was on it");
-    drop(d);
+    drop(server);
     assert_eq!(fabric.qp_state(server_qp), None, "the server's QP outlived its last handle");
-    assert!(sn.poll_cq_vec(cq, 1).is_err(), "the hub's queue was left behind");
+    assert!(sn.poll_cq_vec(cq, 1).is_err(), "the endpoint's queue was left behind");
 }
 
 /// `Reconnecting` over an endpoint: a client whose connection the server
@@ -567,32 +608,44 @@ fn a_reconnecting_client_comes_back_on_its_endpoints_hub() {
     client.stop();
 }
 
-/// `Hub::set_busy_poll`: an idle hub keeps polling for the window, then
-/// sleeps; without it, it sleeps at once.
+/// `EndpointBuilder::busy_poll`: an idle endpoint keeps polling for the
+/// window, then sleeps; without it, it sleeps at once. (The window is set
+/// when the endpoint is built: each window has a client endpoint of its
+/// own, on one device, against one server endpoint.)
 #[test]
 fn a_hub_busy_polls_for_its_window_then_sleeps() {
-    let (_fabric, ch, sh, mut pool) = two_hubs(DeviceConfig::spec(), 1 << 12);
+    let fabric = Fabric::with_seed(11);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let sh = endpoint(&pool, builder(sn).queue_depth(1 << 12));
     let p = Policies::both(Policy::Mw);
-    let ((c, _cd), (s, _sd)) = pair(&ch, &sh, p);
-    spawn(&pool, serve(s));
-    let idle_turns = |pool: &mut LocalPool, hub: &Hub<SimNic>, ms: u64| {
-        let (t0, s0) = (hub.stats().turns, hub.stats().sleeps);
+    // A client endpoint with busy-poll `window` and a connection on it, served.
+    let client = |pool: &LocalPool, window: Duration| {
+        let ch = endpoint(pool, builder(cn.new_pd().unwrap()).queue_depth(1 << 12).busy_poll(window));
+        let (c, s) = pair(&ch, &sh, p);
+        spawn(pool, serve(s));
+        (ch, c)
+    };
+    let idle_turns = |pool: &mut LocalPool, ep: &Endpoint<SimNic>, ms: u64| {
+        let (t0, s0) = (ep.stats().turns, ep.stats().sleeps);
         pool.run_until(async_io::Timer::after(Duration::from_millis(ms)));
-        (hub.stats().turns - t0, hub.stats().sleeps - s0)
+        (ep.stats().turns - t0, ep.stats().sleeps - s0)
     };
     // Without a window: a call, then idle: a handful of turns and a sleep.
+    let (ch, c) = client(&pool, Duration::ZERO);
     pool.run_until(c.call(b"x", None)).unwrap();
     let (turns, _) = idle_turns(&mut pool, &ch, 20);
-    assert!(turns < 10, "a hub without busy polling took {turns} turns idle");
+    assert!(turns < 10, "an endpoint without busy polling took {turns} turns idle");
     // With a 2 s window: it keeps polling (turns) without sleeping ...
-    ch.set_busy_poll(Duration::from_secs(2));
+    let (ch, c) = client(&pool, Duration::from_secs(2));
     pool.run_until(c.call(b"x", None)).unwrap();
     let (turns, sleeps) = idle_turns(&mut pool, &ch, 20);
     assert!(turns > 100 && sleeps == 0, "{turns} turns and {sleeps} sleeps in the window");
     // ... and after a short one it sleeps again.
-    ch.set_busy_poll(Duration::from_millis(5));
+    let (ch, c) = client(&pool, Duration::from_millis(5));
     pool.run_until(c.call(b"x", None)).unwrap();
     pool.run_until(async_io::Timer::after(Duration::from_millis(50)));
     let (turns, _) = idle_turns(&mut pool, &ch, 50);
-    assert!(turns < 10, "the hub did not sleep after its window: {turns} turns");
+    assert!(turns < 10, "the endpoint did not sleep after its window: {turns} turns");
 }

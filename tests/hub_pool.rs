@@ -1,8 +1,8 @@
-//! A [`Hub`] with a shared buffer pool ([`Hub::with_shared_buffers`]): its
-//! connections register no data region and take each buffer from the
-//! hub's pool while they use it. On the simulated NIC, whose oracle says
-//! which memory each remote QP can reach and records every NIC access to a
-//! buffer a user holds.
+//! An [`Endpoint`] with a shared buffer pool
+//! ([`EndpointBuilder::shared_buffers`]): its connections register no data
+//! region and take each buffer from the endpoint's pool while they use it.
+//! On the simulated NIC, whose oracle says which memory each remote QP can
+//! reach and records every NIC access to a buffer a user holds.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,15 +10,13 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use mwcap::backend::{MrId, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
-    BufClass, Config, ConfigError, Connection, Driver, Hub, Link, LossReason, Policies, Policy, Role,
-    SetupError, SrqConfig,
+    BufClass, Config, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason,
+    Policies, Policy, PolicyChoice, Role, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
 
 mod hubs;
-use hubs::{pattern, serve, serve_clients, server_on_hub, spawn};
-
-type Conn = (Connection<SimNic>, Driver<SimNic>);
+use hubs::{builder, pattern, serve, serve_clients, server_with_link_client, spawn};
 
 const SMALL: u32 = 4096;
 const LARGE: u32 = 64 * 1024;
@@ -38,31 +36,34 @@ fn cfg(role: Role) -> Config {
     c
 }
 
-fn pooled_hub(nic: SimNic, small: u32, large: u32) -> (Hub<SimNic>, mwcap::conn::HubDriver<SimNic>) {
+/// The builder of an endpoint (mw) on `nic` with shared receives and a
+/// shared pool of `small` buffers of `SMALL` bytes and `large` of `LARGE`.
+fn pooled(nic: SimNic, small: u32, large: u32) -> EndpointBuilder<SimNic> {
     let classes = [BufClass { size: SMALL, count: small }, BufClass { size: LARGE, count: large }];
-    Hub::with_shared_buffers(nic, 1 << 16, SrqConfig { chunk: 64, max_slots: 4096 }, &classes).unwrap()
+    builder(nic)
+        .policy(PolicyChoice::Mw)
+        .queue_depth(1 << 16)
+        .shared_receives(SrqConfig { chunk: 64, max_slots: 4096 })
+        .shared_buffers(&classes)
 }
 
-fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
+/// [`pooled`], built: the endpoint and its driver, not yet spawned.
+fn pooled_endpoint(nic: SimNic, small: u32, large: u32) -> (Endpoint<SimNic>, EndpointDriver<SimNic>) {
+    pooled(nic, small, large).build().unwrap()
+}
+
+fn pair(ch: &Endpoint<SimNic>, sh: &Endpoint<SimNic>) -> (Connection<SimNic>, Connection<SimNic>) {
     pair_with(ch, sh, cfg)
 }
 
 /// A client on `ch` and a server on `sh` with settings `cfg(role)`,
 /// connected: (client, server).
 fn pair_with(
-    ch: &Hub<SimNic>,
-    sh: &Hub<SimNic>,
+    ch: &Endpoint<SimNic>,
+    sh: &Endpoint<SimNic>,
     cfg: impl Fn(Role) -> Config,
-) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
-    let p = Policies::both(Policy::Mw);
-    let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
-    let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
-    let mut c = cp.finish(p)?;
-    let mut s = sp.finish(p)?;
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se)?;
-    s.connect(&ce)?;
-    Ok((ch.add(c), sh.add(s)))
+) -> (Connection<SimNic>, Connection<SimNic>) {
+    hubs::pair(ch, sh, cfg(Role::Client), cfg(Role::Server))
 }
 
 /// Every region of `owner` that some remote QP can reach now, and which
@@ -90,31 +91,28 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
     let fabric = Fabric::with_seed(5);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let (cdev, sdev) = (cn.device(), sn.device());
     let mut pool = LocalPool::new();
-    let (ch, cdrv) = pooled_hub(cn, 16, 3);
-    let (sh, sdrv) = pooled_hub(sn, 16, 3);
-    spawn(&pool, cdrv.run());
-    spawn(&pool, sdrv.run());
+    let ch = hubs::endpoint(&pool, pooled(cn, 16, 3));
+    let sh = hubs::endpoint(&pool, pooled(sn, 16, 3));
     let n = 24;
     let mut conns = Vec::new();
     for _ in 0..n {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        let (c, s) = pair(&ch, &sh);
         spawn(&pool, serve(s.clone()));
-        conns.push((c, cd, s, sd));
+        conns.push((c, s));
     }
     // A connection registers its control slots and nothing for buffers.
-    for (c, _, s, _) in &conns {
+    for (c, s) in &conns {
         assert_eq!(s.registered_bytes(), 8 * 4096, "the send slots only");
         assert_eq!(c.registered_bytes(), 8 * 4096);
     }
-    let sdev = sh.nic().device();
-    let cdev = ch.nic().device();
     let client_qps: Vec<QpAddr> =
-        conns.iter().map(|(c, ..)| QpAddr { device: cdev, qpn: c.qp_number() }).collect();
+        conns.iter().map(|(c, _)| QpAddr { device: cdev, qpn: c.qp_number() }).collect();
     let server_qps: Vec<QpAddr> =
-        conns.iter().map(|(_, _, s, _)| QpAddr { device: sdev, qpn: s.qp_number() }).collect();
+        conns.iter().map(|(_, s)| QpAddr { device: sdev, qpn: s.qp_number() }).collect();
     let sizes = [1usize, 100, 3000, 20_000];
-    let calls = conns.iter().enumerate().map(|(i, (c, ..))| {
+    let calls = conns.iter().enumerate().map(|(i, (c, _))| {
         let (fabric, client_qps, server_qps) = (&fabric, &client_qps, &server_qps);
         async move {
             // One call at a time per connection, 24 connections at once:
@@ -147,7 +145,7 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
     if !done {
         eprintln!("client pool {:?}", ch.stats().buffers);
         eprintln!("server pool {:?}", sh.stats().buffers);
-        for (c, _, s, _) in &conns {
+        for (c, s) in &conns {
             eprintln!("client {:?}\nserver {:?}", c.stats(), s.stats());
         }
         panic!("the calls stalled");
@@ -158,17 +156,18 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
         assert!(st.taken >= 24 * 12, "every call took a buffer from the pool: {st:?}");
         assert!(st.empty > 0 && st.wakeups > 0, "the pool ran empty and waiters were woken: {st:?}");
     }
-    for (c, _, s, _) in &conns {
+    for (c, s) in &conns {
         assert_eq!(c.stats().calls_failed, 0);
         assert_eq!(s.stats().requests_dropped, 0);
     }
-    for (c, _, s, _) in &conns {
+    for (c, s) in &conns {
         c.close();
         s.close();
     }
     let reasons = pool.run_until(futures::future::join_all(
-        conns.into_iter().map(|(_, cd, _, sd)| futures::future::join(cd.run(), sd.run())),
+        conns.iter().map(|(c, s)| futures::future::join(c.finished(), s.finished())),
     ));
+    drop(conns);
     for (c, _) in &reasons {
         assert_eq!(*c, LossReason::Closed);
     }
@@ -223,29 +222,38 @@ fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bo
     true
 }
 
-/// A hub on `sn` whose shared pool has `count` buffers of `SMALL` bytes
-/// (and a window each), its driver spawned on `pool`.
-fn small_pool_hub(pool: &LocalPool, sn: SimNic, count: u32) -> Hub<SimNic> {
+/// The builder of an endpoint (mw) on `sn` whose shared pool has `count`
+/// buffers of `SMALL` bytes (and a window each).
+fn small_pool(sn: SimNic, count: u32) -> EndpointBuilder<SimNic> {
     let classes = [BufClass { size: SMALL, count }];
-    let (hub, driver) = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &classes).unwrap();
-    spawn(pool, driver.run());
-    hub
+    builder(sn)
+        .policy(PolicyChoice::Mw)
+        .queue_depth(1 << 14)
+        .shared_receives(SrqConfig::default())
+        .shared_buffers(&classes)
 }
 
-/// A hub on `cn` with nothing shared but its CQ, its driver spawned on
-/// `pool`.
-fn plain_hub(pool: &LocalPool, cn: SimNic) -> Hub<SimNic> {
-    let (hub, driver) = Hub::new(cn, 1 << 14).unwrap();
-    spawn(pool, driver.run());
-    hub
+/// [`small_pool`], its driver spawned on `pool`.
+fn small_pool_endpoint(pool: &LocalPool, sn: SimNic, count: u32) -> Endpoint<SimNic> {
+    hubs::endpoint(pool, small_pool(sn, count))
 }
 
-/// A server on `sh` and a client on `client_nic` driven by hand (with
-/// `small_cfg`): (the server's endpoint, the client, the client's QP).
-fn hand_driven_client(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Link<SimNic>, Link<SimNic>, QpAddr) {
-    let (s, c) = server_on_hub(sh, client_nic, small_cfg(Role::Server), small_cfg(Role::Client));
+/// An endpoint on `cn` with nothing shared but its CQ, its driver spawned
+/// on `pool`.
+fn plain_endpoint(pool: &LocalPool, cn: SimNic) -> Endpoint<SimNic> {
+    hubs::endpoint(pool, builder(cn).queue_depth(1 << 14))
+}
+
+/// A server connection on `sh` and a client on `client_nic` driven by
+/// hand (with `small_cfg`), connected: (the server's connection, the
+/// client, the client's QP).
+fn hand_driven_client(
+    sh: &Endpoint<SimNic>,
+    client_nic: &SimNic,
+) -> (Connection<SimNic>, Link<SimNic>, QpAddr) {
+    let (s, c) = server_with_link_client(sh, client_nic, small_cfg(Role::Server), small_cfg(Role::Client));
     let qp = QpAddr { device: client_nic.device(), qpn: c.local().qpn };
-    (s, c, qp)
+    (s.connect(&c.local()).unwrap(), c, qp)
 }
 
 /// `client` (whose QP is `qp`) makes a call and says nothing more; once
@@ -288,9 +296,9 @@ fn read_with_key(fabric: &Fabric, ep: &Link<SimNic>, remote_addr: u64, rkey: u32
     (c.status, seen)
 }
 
-/// A server hub whose pool has one buffer, and a client that gets a reply
-/// window over it and then says nothing: the buffer stays out of the pool
-/// (and another connection that wants one waits) until the window's lease
+/// A server endpoint whose pool has one buffer, and a client that gets a
+/// reply window over it and then says nothing: the buffer stays out of the
+/// pool (and another connection that wants one waits) until the window's lease
 /// ends in an invalidation; only then does the other connection get it,
 /// and the silent client's key reaches nothing any more. On rxe, whose
 /// windows reach their whole region, the window reached exactly that
@@ -304,11 +312,12 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         let sn = fabric.add_device(dev.named("s"));
         let sdev = sn.device();
         let mut pool = LocalPool::new();
-        let sh = small_pool_hub(&pool, sn, 1);
-        let ch = plain_hub(&pool, cn);
-        // The silent client: an endpoint nobody drives after its call.
-        let (a_server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
-        let (a, _ad) = sh.add(a_server);
+        let sh = small_pool_endpoint(&pool, sn, 1);
+        let ch = plain_endpoint(&pool, cn);
+        // The silent client: a link nobody drives after its call.
+        let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
+        // No data region of its own: whatever it exposes is the pool's.
+        assert_eq!(a.registered_bytes(), 8 * 4096, "the send slots only");
         spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
         let exposed = call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
         assert_eq!(exposed.len(), 1, "{exposed:?}");
@@ -319,7 +328,7 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         assert_eq!((st.free, st.held_bytes), (0, u64::from(SMALL)));
 
         // Another connection's server wants the buffer: it waits.
-        let ((b_client, _bcd), (b_server, _bsd)) = pair_with(&ch, &sh, small_cfg).unwrap();
+        let (b_client, b_server) = pair_with(&ch, &sh, small_cfg);
         let f = fabric.clone();
         spawn(
             &pool,
@@ -343,7 +352,7 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         assert!(a.stats().bytes_exposed > 0);
         // The silent client's key, on the buffer that now holds the other
         // connection's bytes, reaches nothing.
-        let addr = sh.buffer_pool().unwrap().regions().iter().find(|m| m.id == x.mr).unwrap().addr;
+        let addr = fabric.region_addr(sdev, x.mr).expect("the buffer's region");
         let (status, seen) = read_with_key(&fabric, &silent, addr, x.rkey);
         assert_ne!(status, WcStatus::Success, "a stale key read a reused buffer");
         assert_ne!(seen, [0xbb; 64]);
@@ -353,35 +362,39 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
 
 /// A connection whose buffer sizes the pool does not have is refused at
 /// `prepare`, with the sizes in the message; confirm is refused as on any
-/// hub with shared receives; a pool with no buffers is refused.
+/// endpoint with shared receives; a pool with no buffers is refused.
 #[test]
 fn a_pool_refuses_what_it_cannot_serve_and_says_why() {
     let fabric = Fabric::with_seed(3);
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let classes = [BufClass { size: SMALL, count: 4 }];
-    let (sh, _d) = Hub::with_shared_buffers(sn.clone(), 1 << 14, SrqConfig::default(), &classes).unwrap();
+    let (sh, _d) = small_pool(sn.clone(), 4).build().unwrap();
     let mut c = small_cfg(Role::Server);
     c.buffer_size = 8192;
-    let e = sh.prepare(sh.connection_nic().unwrap(), c).err().expect("8 KiB buffers are not in the pool");
+    let e = sh.prepare(c).expect_err("8 KiB buffers are not in the pool");
     let msg = e.to_string();
     assert!(msg.contains("8192") && msg.contains("4096"), "{msg}");
     assert!(
         matches!(&e, SetupError::Config(ConfigError::NotAPoolClass { size: 8192, classes }) if classes == &[SMALL]),
         "{e:?}"
     );
-    let confirm = Policies::both(Policy::Confirm);
-    let p = sh.prepare(sh.connection_nic().unwrap(), small_cfg(Role::Server)).unwrap();
-    let e = p.finish(confirm).err().expect("confirm on a shared pool");
+    let mut confirm = small_cfg(Role::Server);
+    confirm.policies = Policies::both(Policy::Confirm);
+    let e = sh.prepare(confirm).expect_err("confirm on a shared pool");
     assert!(e.to_string().contains("mw policy only"), "{e}");
     assert!(matches!(e, SetupError::Config(ConfigError::SharedReceivesNeedMw { .. })), "{e:?}");
-    let none = Hub::with_shared_buffers(sn, 1 << 14, SrqConfig::default(), &[BufClass { size: 0, count: 9 }]);
+    let none = builder(sn)
+        .policy(PolicyChoice::Mw)
+        .queue_depth(1 << 14)
+        .shared_receives(SrqConfig::default())
+        .shared_buffers(&[BufClass { size: 0, count: 9 }])
+        .build();
     assert!(matches!(none, Err(SetupError::Config(ConfigError::EmptyPool))), "{:?}", none.err());
     assert_eq!(sh.stats().buffers.unwrap().free, 4, "nothing was taken");
 }
 
 /// A connection torn down while its buffer is exposed to a silent peer:
 /// the buffer comes back to the pool once the QP is destroyed and the
-/// endpoint is gone, not before.
+/// connection is gone, not before.
 #[test]
 fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     let fabric = Fabric::with_seed(9);
@@ -390,9 +403,8 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     let sdev = sn.device();
     let mut pool = LocalPool::new();
     // Three buffers, one of them kept for incoming payloads.
-    let sh = small_pool_hub(&pool, sn, 3);
-    let (server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
-    let (a, ad) = sh.add(server);
+    let sh = small_pool_endpoint(&pool, sn, 3);
+    let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
     spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
     call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
     // The user holds the second buffer; the third is the reserve, which a
@@ -400,14 +412,14 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     let held = a.try_alloc().expect("the pool's second buffer");
     assert_eq!(sh.stats().buffers.unwrap().free, 1);
     a.close();
-    let reason = pool.run_until(ad.run());
+    let reason = pool.run_until(a.finished());
     assert_eq!(reason, LossReason::Closed);
     assert!(fabric.exposure(sdev, silent_qp).is_empty(), "the QP is destroyed");
     drop(held);
     drop(a);
     pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
     let st = sh.stats().buffers.unwrap();
-    assert_eq!((st.free, st.held_bytes), (3, 0), "every buffer back once the endpoint is gone: {st:?}");
+    assert_eq!((st.free, st.held_bytes), (3, 0), "every buffer back once the connection is gone: {st:?}");
     // The window lent to the silent client was deallocated before the QP
     // was destroyed, never given back; the other two are the pool's.
     assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{st:?}");
@@ -426,21 +438,19 @@ fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
     // Three buffers, one kept for incoming payloads.
-    let sh = small_pool_hub(&pool, sn, 3);
-    let (server, _peer, _) = hand_driven_client(&sh, &n1);
-    let (a, ad) = sh.add(server);
+    let sh = small_pool_endpoint(&pool, sn, 3);
+    let (a, _peer, _) = hand_driven_client(&sh, &n1);
     let mut held = a.try_alloc().expect("a buffer");
     held.copy_from(&[0xab; 1000]).unwrap();
     a.close();
-    assert_eq!(pool.run_until(ad.run()), LossReason::Closed);
+    assert_eq!(pool.run_until(a.finished()), LossReason::Closed);
     drop(a);
     pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
     assert_eq!(sh.stats().connections, 0, "the connection is gone");
     assert_eq!(sh.stats().buffers.unwrap().free, 2, "the held one is parked, not free");
     assert_eq!(&held[..], &[0xab; 1000][..], "its bytes are still the handle's");
     held[..3].copy_from_slice(b"xyz");
-    let (server, _peer2, _) = hand_driven_client(&sh, &n2);
-    let (b, _bd) = sh.add(server);
+    let (b, _peer2, _) = hand_driven_client(&sh, &n2);
     let first = b.try_alloc().expect("a free buffer");
     assert!(b.try_alloc().is_none(), "the last free one is the reserve; the parked one is not lent");
     assert_eq!(&held[..3], b"xyz");
@@ -456,7 +466,6 @@ fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
 #[test]
 fn a_listening_endpoint_serves_mw_clients_from_a_shared_pool() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Endpoint, PolicyChoice};
     let fabric = Fabric::with_seed(34);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -500,10 +509,10 @@ fn a_waiting_alloc_is_woken_by_a_give_whatever_runs_before_its_turn() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let sh = small_pool_hub(&pool, sn, 1);
-    let ch = plain_hub(&pool, cn);
-    let pairs: Vec<_> = (0..2).map(|_| pair_with(&ch, &sh, small_cfg).unwrap()).collect();
-    let (c, d) = (pairs[0].1 .0.clone(), pairs[1].1 .0.clone());
+    let sh = small_pool_endpoint(&pool, sn, 1);
+    let ch = plain_endpoint(&pool, cn);
+    let pairs: Vec<_> = (0..2).map(|_| pair_with(&ch, &sh, small_cfg)).collect();
+    let (c, d) = (pairs[0].1.clone(), pairs[1].1.clone());
     let held = d.try_alloc().expect("the pool's only buffer");
     let got = std::rc::Rc::new(std::cell::Cell::new(false));
     let (c2, got2) = (c.clone(), got.clone());
@@ -523,7 +532,7 @@ fn a_waiting_alloc_is_woken_by_a_give_whatever_runs_before_its_turn() {
     );
 }
 
-/// Connections on two threads: both hubs' drivers, the services and the
+/// Connections on two threads: both endpoints' drivers, the services and the
 /// callers run as tasks of an `async-executor` on two threads, so takes,
 /// gives and wake-ups of the shared pools race for real (loom models the
 /// protocol; this runs it). 12 connections make 8 calls each, one after
@@ -536,8 +545,8 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
     let fabric = Fabric::with_seed(17);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let (ch, cdrv) = pooled_hub(cn, 8, 2);
-    let (sh, sdrv) = pooled_hub(sn, 8, 2);
+    let (ch, cdrv) = pooled_endpoint(cn, 8, 2);
+    let (sh, sdrv) = pooled_endpoint(sn, 8, 2);
     let ex = Arc::new(async_executor::Executor::new());
     let (stop, stopped) = futures::channel::oneshot::channel::<()>();
     let worker = {
@@ -552,9 +561,9 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
     ex.spawn(sdrv.run()).detach();
     let mut conns = Vec::new();
     for _ in 0..12 {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        let (c, s) = pair(&ch, &sh);
         ex.spawn(serve(s.clone())).detach();
-        conns.push((c, cd, s, sd));
+        conns.push((c, s));
     }
     let sizes = [1usize, 100, 3000, 20_000];
     // Each connection's calls one after another (its server serves one
@@ -562,7 +571,7 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
     let tasks: Vec<_> = conns
         .iter()
         .enumerate()
-        .map(|(i, (c, ..))| {
+        .map(|(i, (c, _))| {
             let c = c.clone();
             ex.spawn(async move {
                 for k in 0..8usize {
@@ -597,18 +606,21 @@ fn connections_on_two_threads_share_pools_and_every_byte_is_right() {
         None => vec!["the calls stalled".into()],
     };
     if !failed.is_empty() {
-        for (c, _, s, _) in &conns {
+        for (c, s) in &conns {
             eprintln!("client {:?}\nserver {:?}", c.stats(), s.stats());
         }
         panic!("{failed:?}: client pool {:?} server pool {:?}", ch.stats().buffers, sh.stats().buffers);
     }
-    for (c, _, s, _) in &conns {
+    for (c, s) in &conns {
         c.close();
         s.close();
     }
-    let drivers: Vec<_> =
-        conns.into_iter().flat_map(|(_, cd, _, sd)| [cd, sd]).map(|d| ex.spawn(d.run())).collect();
-    let reasons = async_io::block_on(ex.run(futures::future::join_all(drivers)));
+    let finished: Vec<_> = conns
+        .into_iter()
+        .flat_map(|(c, s)| [c, s])
+        .map(|c| ex.spawn(async move { c.finished().await }))
+        .collect();
+    let reasons = async_io::block_on(ex.run(futures::future::join_all(finished)));
     assert!(reasons.iter().all(|r| *r == LossReason::Closed), "{reasons:?}");
     let _ = stop.send(());
     worker.join().unwrap();
@@ -631,14 +643,14 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let sh = small_pool_hub(&pool, sn, 4);
-    let ch = plain_hub(&pool, cn);
+    let sh = small_pool_endpoint(&pool, sn, 4);
+    let ch = plain_endpoint(&pool, cn);
     let four = |role| {
         let mut c = small_cfg(role);
         c.buffers = 4;
         c
     };
-    let ((client, _cd), (server, _sd)) = pair_with(&ch, &sh, four).unwrap();
+    let (client, server) = pair_with(&ch, &sh, four);
     let held: Vec<_> = (0..3).map(|_| server.try_alloc().expect("outside the reserve")).collect();
     assert!(server.try_alloc().is_none(), "a user's alloc took the reserve");
     assert_eq!(sh.stats().buffers.unwrap().free, 1);
@@ -665,7 +677,7 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
-/// The hub's windows are lent per exposure. A server device with a single
+/// The pool's windows are lent per exposure. A server device with a single
 /// memory window (`max_mw` 1), which the pool holds: connection A exposes
 /// a range of its own region to a silent client, which takes the window
 /// and says nothing. Connection B's reply needs a window: the pool has
@@ -683,16 +695,15 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     let mut one_window = DeviceConfig::spec().named("s");
     one_window.max_mw = 1;
     let sn = fabric.add_device(one_window);
-    let sdev = sn.device();
+    let (cdev, sdev) = (cn.device(), sn.device());
     let mut pool = LocalPool::new();
-    let sh = small_pool_hub(&pool, sn, 1);
-    let ch = plain_hub(&pool, cn);
+    let sh = small_pool_endpoint(&pool, sn, 1);
+    let ch = plain_endpoint(&pool, cn);
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.windows, st.windows_free), (1, 1), "a window per buffer: {st:?}");
 
     // A: replies with a range of its own region, to a silent client.
-    let (a_server, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
-    let (a, _ad) = sh.add(a_server);
+    let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
     let region = a.register_region(SMALL as usize).unwrap();
     a.region_write(region, 0, &[0xaa; 3000]).unwrap();
     let a2 = a.clone();
@@ -710,11 +721,11 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     assert_eq!((st.windows, st.windows_free, st.windows_lent), (1, 0, 1), "{st:?}");
 
     // B: its reply waits for the window.
-    let ((b_client, _bcd), (b_server, _bsd)) = pair_with(&ch, &sh, small_cfg).unwrap();
-    let b_qp = QpAddr { device: ch.nic().device(), qpn: b_client.qp_number() };
+    let (b_client, b_server) = pair_with(&ch, &sh, small_cfg);
+    let b_qp = QpAddr { device: cdev, qpn: b_client.qp_number() };
     // B's READ takes a few hundred microseconds more (below the ACK
     // timeout), so that the watch below sees B's client reach the window.
-    fabric.set_link_delay(ch.nic().device(), sdev, Duration::from_micros(400));
+    fabric.set_link_delay(cdev, sdev, Duration::from_micros(400));
     spawn(&pool, serve_fixed(b_server.clone(), 0xbb, || {}));
     let f = fabric.clone();
     let bound_for_b = std::rc::Rc::new(std::cell::Cell::new(false));
@@ -767,8 +778,8 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
-/// A known exposure of a hub whose connections share a protection domain
-/// (shared receives, shared pool), shown as it is: on rxe (and in the
+/// A known exposure of an endpoint whose connections share a protection
+/// domain (shared receives, shared pool), shown as it is: on rxe (and in the
 /// simulator, which models it so) a SEND_WITH_INV invalidates any window
 /// of the receiving QP's PD that carries the key, not only the receiving
 /// QP's. A hostile client of connection A that knows (or guesses: an
@@ -786,17 +797,16 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let sdev = sn.device();
     let mut pool = LocalPool::new();
-    let sh = small_pool_hub(&pool, sn, 4);
+    let sh = small_pool_endpoint(&pool, sn, 4);
     // Two clients driven by hand: B takes a reply window and holds it (it
     // never READs); the attacker only sends.
     let mut clients = Vec::new();
     let mut servers = Vec::new();
     let mut qps = Vec::new();
     for nic in [&attacker_nic, &b_nic] {
-        let (server, client, qp) = hand_driven_client(&sh, nic);
-        let (s, sd) = sh.add(server);
+        let (s, client, qp) = hand_driven_client(&sh, nic);
         spawn(&pool, serve_fixed(s.clone(), 0xbb, || {}));
-        servers.push((s, sd));
+        servers.push(s);
         clients.push(client);
         qps.push(qp);
     }
@@ -814,8 +824,7 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
         invalidate_rkey: x.rkey,
     };
     attacker.nic().post_send(attacker.local().id, &[wr]).unwrap();
-    let (a, _) = &servers[0];
-    let (b, _) = &servers[1];
+    let (a, b) = (&servers[0], &servers[1]);
     assert!(run_until(&mut pool, Duration::from_secs(5), || a.is_down().is_some()), "A goes down");
     assert!(
         matches!(a.is_down(), Some(LossReason::PeerMisbehaved(_))),

@@ -1,22 +1,21 @@
-//! A [`Hub`] with shared receives: its connections' QPs take their control
-//! receives from one shared receive queue, each with a share that follows
-//! its load. On the simulated NIC, whose SRQ model (with its limit event)
-//! is checked first.
+//! An [`Endpoint`] with shared receives
+//! ([`EndpointBuilder::shared_receives`]): its connections' QPs take their
+//! control receives from one shared receive queue, each with a share that
+//! follows its load. On the simulated NIC, whose SRQ model (with its limit
+//! event) is checked first.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::executor::LocalPool;
 use mwcap::backend::{rkey, Access, Completion, Nic, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conn::{
-    Config, ConfigError, Connection, Driver, Hub, Link, LossReason, Policies, Policy, Role, SetupError,
-    SrqConfig,
+    Config, ConfigError, Connection, Endpoint, EndpointBuilder, Event, Link, LossReason, Pending, Policies,
+    Policy, PolicyChoice, Role, SetupError, SrqConfig,
 };
-use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+use mwcap::sim::{DeviceConfig, DeviceId, Fabric, SimNic};
 
 mod hubs;
-use hubs::{pattern, serve, serve_clients, spawn};
-
-type Conn = (Connection<SimNic>, Driver<SimNic>);
+use hubs::{builder, pattern, serve, serve_clients, spawn};
 
 fn cfg(role: Role) -> Config {
     let mut c = Config::new(role, Policies::both(Policy::Mw));
@@ -29,40 +28,75 @@ fn cfg(role: Role) -> Config {
     c
 }
 
-/// A client hub (receive queues of their own) and a server hub with shared
-/// receives, both driven on `pool`.
-fn hubs(dev: DeviceConfig, srq: SrqConfig) -> (Fabric, Hub<SimNic>, Hub<SimNic>, LocalPool) {
+/// The builder of an endpoint (mw) on `sn` with shared receives `srq`.
+fn shared(sn: SimNic, depth: u32, srq: SrqConfig) -> EndpointBuilder<SimNic> {
+    builder(sn).policy(PolicyChoice::Mw).queue_depth(depth).shared_receives(srq)
+}
+
+/// A client endpoint (receive queues of their own) and a server endpoint
+/// with shared receives, both driven on `pool`; and the client's device.
+fn endpoints(
+    dev: DeviceConfig,
+    srq: SrqConfig,
+) -> (Fabric, Endpoint<SimNic>, Endpoint<SimNic>, LocalPool, DeviceId) {
     let fabric = Fabric::with_seed(21);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(dev.named("s"));
+    let cdev = cn.device();
     let pool = LocalPool::new();
-    let (ch, cdrv) = Hub::new(cn, 1 << 16).unwrap();
-    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 16, srq).unwrap();
-    spawn(&pool, cdrv.run());
-    spawn(&pool, sdrv.run());
-    (fabric, ch, sh, pool)
+    let ch = hubs::endpoint(&pool, builder(cn).queue_depth(1 << 16));
+    let sh = hubs::endpoint(&pool, shared(sn, 1 << 16, srq));
+    (fabric, ch, sh, pool, cdev)
 }
 
-fn pair(ch: &Hub<SimNic>, sh: &Hub<SimNic>) -> Result<(Conn, Conn), Box<dyn std::error::Error>> {
-    let p = Policies::both(Policy::Mw);
-    let sp = sh.prepare(sh.connection_nic()?, cfg(Role::Server))?;
-    let cp = ch.prepare(ch.connection_nic()?, cfg(Role::Client))?;
-    let mut c = cp.finish(p)?;
-    let mut s = sp.finish(p)?;
+/// A client on `ch` and a server on `sh`, connected: (client, server).
+fn pair(
+    ch: &Endpoint<SimNic>,
+    sh: &Endpoint<SimNic>,
+) -> Result<(Connection<SimNic>, Connection<SimNic>), SetupError> {
+    let s = sh.prepare(cfg(Role::Server))?;
+    let c = ch.prepare(cfg(Role::Client))?;
     let (ce, se) = (c.local(), s.local());
-    c.connect(&se)?;
-    s.connect(&ce)?;
-    Ok((ch.add(c), sh.add(s)))
+    Ok((c.connect(&se)?, s.connect(&ce)?))
 }
 
-/// A server endpoint (mw) prepared on `sh` and a client endpoint with a
-/// CQ of its own on a new PD of `client_nic`, connected to each other.
-/// [`hubs::server_on_hub`] with this file's settings.
-fn server_on_hub(sh: &Hub<SimNic>, client_nic: &SimNic) -> (Link<SimNic>, Link<SimNic>) {
-    hubs::server_on_hub(sh, client_nic, cfg(Role::Server), cfg(Role::Client))
+/// A server queue pair (mw) on `sh` and a client link with a CQ of its own
+/// on a new PD of `client_nic`, connected to it:
+/// [`hubs::server_with_link_client`] with this file's settings.
+fn server_with_link_client(sh: &Endpoint<SimNic>, client_nic: &SimNic) -> (Pending<SimNic>, Link<SimNic>) {
+    hubs::server_with_link_client(sh, client_nic, cfg(Role::Server), cfg(Role::Client))
 }
 
-fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: mwcap::sim::DeviceId) -> u64 {
+/// A call with `payload` on the hand-driven `client`, driven (and `pool`,
+/// where its server runs) until its reply comes: the reply's payload.
+fn call_by_hand(pool: &mut LocalPool, fabric: &Fabric, client: &mut Link<SimNic>, payload: &[u8]) -> Vec<u8> {
+    let mut b = client.alloc().expect("a buffer");
+    b.copy_from(payload).unwrap();
+    client.call(fabric.now(), b"x", Some(b)).expect("the call is taken");
+    let t0 = Instant::now();
+    loop {
+        client.handle_timeout(fabric.now());
+        client.drive(fabric.now());
+        while let Some(e) = client.poll_event() {
+            match e {
+                Event::Reply { data, .. } => {
+                    let bytes = data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
+                    if let Some(d) = data {
+                        client.free(d);
+                    }
+                    return bytes;
+                }
+                Event::CallFailed { error, .. } => panic!("the call failed: {error}"),
+                Event::BufferReturned(b) => client.free(b),
+                _ => {}
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no reply: {:?}", client.stats());
+        pool.run_until(async_io::Timer::after(Duration::from_millis(1)));
+    }
+}
+
+fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: DeviceId) -> u64 {
     let addr = mwcap::sim::QpAddr { device: dev, qpn: c.qp_number() };
     fabric.qp_counters(addr).map_or(0, |q| q.rnr_naks)
 }
@@ -143,18 +177,19 @@ fn the_simulated_srq_serves_its_qps_in_post_order_and_raises_its_limit_once() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
-/// Forty connections on a server hub with shared receives: every byte is
-/// their own, idle shares are 8 receives, busy ones grow, nobody meets
+/// Forty connections on a server endpoint with shared receives: every byte
+/// is their own, idle shares are 8 receives, busy ones grow, nobody meets
 /// receiver-not-ready, and every share comes back at the end.
 #[test]
 fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
-    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 4096 });
+    let (fabric, ch, sh, mut pool, cdev) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 4096 });
     let n = 40;
     let mut conns = Vec::new();
     for _ in 0..n {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        let (c, s) = pair(&ch, &sh).unwrap();
         spawn(&pool, serve(s.clone()));
-        conns.push((c, cd, s, sd));
+        conns.push((c, s));
     }
     let st = sh.stats().srq.expect("shared receives");
     assert_eq!(st.shares, 8 * n as u32, "an idle connection holds 8: {st:?}");
@@ -164,12 +199,12 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
     assert_eq!(sends % n as u64, 0);
     assert!(sends / (n as u64) < 100, "{:?}", sh.stats());
     assert_eq!(st.slots, 320, "five chunks of 64 hold 40 x 8: {st:?}");
-    for (_, _, s, _) in &conns {
+    for (_, s) in &conns {
         assert_eq!(s.stats().receive_share, 8);
     }
     // The first ten connections are busy: 12 calls in flight each.
     let sizes = [0usize, 100, 3000, 20_000];
-    let busy = conns.iter().take(10).enumerate().map(|(i, (c, ..))| async move {
+    let busy = conns.iter().take(10).enumerate().map(|(i, (c, _))| async move {
         let calls = (0..12usize).map(|k| async move {
             let len = sizes[k % 4];
             let data = if len == 0 {
@@ -196,25 +231,24 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
     let st = sh.stats().srq.unwrap();
     assert!(st.grown > 0, "busy connections' shares grew: {st:?}");
     assert!(st.frames >= 120, "{st:?}");
-    let grown = conns.iter().take(10).filter(|(_, _, s, _)| s.stats().receive_share > 8).count();
+    let grown = conns.iter().take(10).filter(|(_, s)| s.stats().receive_share > 8).count();
     assert!(grown > 0, "a busy connection holds more than 8");
-    for (_, _, s, _) in conns.iter().skip(10) {
+    for (_, s) in conns.iter().skip(10) {
         assert_eq!(s.stats().receive_share, 8, "an idle connection stays at 8");
     }
     assert!(st.shares <= st.slots, "{st:?}");
-    let sdev = sh.nic().device();
-    for (c, ..) in &conns {
+    for (c, _) in &conns {
         assert_eq!(c.stats().calls_failed, 0);
-        assert_eq!(rnr_naks(&fabric, c, ch.nic().device()), 0);
-        let _ = sdev;
+        assert_eq!(rnr_naks(&fabric, c, cdev), 0);
     }
-    for (c, _, s, _) in &conns {
+    for (c, s) in &conns {
         c.close();
         s.close();
     }
     let reasons = pool.run_until(futures::future::join_all(
-        conns.into_iter().map(|(_, cd, _, sd)| futures::future::join(cd.run(), sd.run())),
+        conns.iter().map(|(c, s)| futures::future::join(c.finished(), s.finished())),
     ));
+    drop(conns);
     for (c, _) in &reasons {
         assert_eq!(*c, LossReason::Closed);
     }
@@ -230,20 +264,21 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
 /// grow, and the room comes back when one leaves.
 #[test]
 fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() {
-    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 32 });
+    let (fabric, ch, sh, mut pool, _) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 32 });
     let mut conns = Vec::new();
     for _ in 0..4 {
-        let ((c, cd), (s, sd)) = pair(&ch, &sh).unwrap();
+        let (c, s) = pair(&ch, &sh).unwrap();
         spawn(&pool, serve(s.clone()));
-        conns.push((c, cd, s, sd));
+        conns.push((c, s));
     }
-    match pair(&ch, &sh).map_err(|e| e.downcast::<SetupError>().map(|e| *e)) {
-        Err(Ok(SetupError::SrqBudget { max_slots: 32, shares: 32 })) => {}
+    match pair(&ch, &sh) {
+        Err(SetupError::SrqBudget { max_slots: 32, shares: 32 }) => {}
         Err(e) => panic!("refused with {e:?}"),
         Ok(_) => panic!("a fifth connection fit in 32 receives"),
     }
     assert_eq!(sh.stats().srq.unwrap().refused, 1);
-    let calls = conns.iter().enumerate().map(|(i, (c, ..))| async move {
+    let calls = conns.iter().enumerate().map(|(i, (c, _))| async move {
         for k in 0..10usize {
             let mut b = c.alloc_for(500).await.unwrap();
             b.copy_from(&pattern(i + k, 500)).unwrap();
@@ -259,17 +294,17 @@ fn a_full_shared_queue_refuses_the_next_connection_and_keeps_serving_the_rest() 
     let st = sh.stats().srq.unwrap();
     assert_eq!((st.slots, st.shares, st.grown), (32, 32, 0), "no room to grow: {st:?}");
     // One leaves: its share comes back and the next connection fits.
-    let (c, cd, s, sd) = conns.pop().unwrap();
+    let (c, s) = conns.pop().unwrap();
     c.close();
     s.close();
-    pool.run_until(futures::future::join(cd.run(), sd.run()));
+    pool.run_until(futures::future::join(c.finished(), s.finished()));
     // (The others may have grown into some of the room since.)
     assert!(sh.stats().srq.unwrap().shares < 32, "{:?}", sh.stats().srq);
     pair(&ch, &sh).expect("room again");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
-/// A hub with shared receives reserves every receive of its queue in its
+/// An endpoint with shared receives reserves every receive of its queue in its
 /// completion queue up front (a peer past its credit may fill them all
 /// before the driver polls): a completion queue not deeper than that is
 /// refused.
@@ -278,32 +313,32 @@ fn a_hub_with_shared_receives_reserves_its_receives_in_the_completion_queue() {
     let fabric = Fabric::with_seed(3);
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let q = SrqConfig { chunk: 64, max_slots: 1000 };
-    match Hub::with_shared_receives(sn.clone(), 1000, q) {
+    match shared(sn.clone(), 1000, q).build() {
         Err(SetupError::CqBudget { depth: 1000, wanted: 1000, .. }) => {}
         Err(e) => panic!("refused with {e}"),
         Ok(_) => panic!("a completion queue of 1000 entries took 1000 receives and more"),
     }
-    let (sh, _d) = Hub::with_shared_receives(sn, 1 << 12, q).unwrap();
+    let (sh, _d) = shared(sn, 1 << 12, q).build().unwrap();
     assert_eq!(sh.stats().reserved_entries, 1000);
 }
 
-/// A hub with shared receives puts its connections in one protection
+/// An endpoint with shared receives puts its connections in one protection
 /// domain, which the confirm policy's region keys would cross: it refuses
 /// a connection that negotiated confirm, saying why.
 #[test]
 fn a_hub_with_shared_receives_refuses_confirm_and_says_why() {
     let fabric = Fabric::with_seed(3);
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let (sh, _drv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig::default()).unwrap();
-    let p = Policies { request: Policy::Confirm, reply: Policy::Mw };
-    let prepared = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap();
-    let e = prepared.finish(p).err().expect("refused");
+    let (sh, _drv) = shared(sn, 1 << 14, SrqConfig::default()).build().unwrap();
+    let mut c = cfg(Role::Server);
+    c.policies = Policies { request: Policy::Confirm, reply: Policy::Mw };
+    let e = sh.prepare(c).expect_err("refused");
     let msg = e.to_string();
-    assert!(msg.contains("mw policy only") && msg.contains("Hub::new"), "{msg}");
+    assert!(msg.contains("mw policy only") && msg.contains("PolicyChoice::Mw"), "{msg}");
     let want = ConfigError::SharedReceivesNeedMw { request: Policy::Confirm, reply: Policy::Mw };
     assert!(matches!(&e, SetupError::Config(c) if *c == want), "{e:?}");
     let small = SrqConfig { chunk: 2, max_slots: 64 };
-    let e = Hub::with_shared_receives(fabric.add_device(DeviceConfig::spec()), 1 << 14, small).err();
+    let e = shared(fabric.add_device(DeviceConfig::spec()), 1 << 14, small).build().err();
     assert!(
         matches!(e, Some(SetupError::Config(ConfigError::BadSrqConfig { chunk: 2, max_slots: 64, .. }))),
         "{e:?}"
@@ -322,15 +357,22 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let mut pool = LocalPool::new();
-    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig::default()).unwrap();
-    spawn(&pool, sdrv.run());
-    let on_hub = || server_on_hub(&sh, &cn);
-    let (victim_s, mut victim_c) = on_hub();
-    let (attack_s, attack_c) = on_hub();
-    let secret = victim_s.data_region();
-    victim_s.nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
+    let sh = hubs::endpoint(&pool, shared(sn, 1 << 14, SrqConfig::default()));
+    let on_endpoint = || server_with_link_client(&sh, &cn);
+    let (victim_s, mut victim_c) = on_endpoint();
+    let (attack_s, attack_c) = on_endpoint();
+    // What the test reaches into of the victim's server side, before it
+    // runs on the endpoint.
+    let secret = victim_s.link().data_region();
+    let victim_nic = victim_s.link().nic().clone();
+    let victim_qp = victim_s.local().id;
+    // Both connected, so both run on the endpoint; its driver takes no
+    // turn until the pool runs, at the victim's call below.
+    let victim = victim_s.connect(&victim_c.local()).unwrap();
+    let _attacked = attack_s.connect(&attack_c.local()).unwrap();
+    victim_nic.write_mr(secret.id, 0, b"the victim's bytes").unwrap();
     // A window over the victim's bytes, bound on the victim's QP.
-    let mw = victim_s.nic().alloc_mw().unwrap();
+    let mw = victim_nic.alloc_mw().unwrap();
     let wkey = rkey::rebind(mw.rkey, 0x5a);
     let bind = SendWr::BindMw {
         wr_id: 0xb1,
@@ -342,7 +384,7 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
         len: 18,
         access: Access::REMOTE_READ,
     };
-    victim_s.nic().post_send(victim_s.local().id, &[bind]).unwrap();
+    victim_nic.post_send(victim_qp, &[bind]).unwrap();
     fabric.run_until_idle();
     let read = |ep: &Link<SimNic>, key: u32, wr_id: u64| {
         let dst = ep.data_region();
@@ -362,8 +404,6 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
         ep.nic().read_mr(dst.id, 0, &mut seen).unwrap();
         (c.status, seen)
     };
-    let (victim, _vd) = sh.add(victim_s);
-    let (_attacked, _ad) = sh.add(attack_s);
     let (status, seen) = read(&attack_c, secret.rkey, 0xbad1);
     assert_ne!(status, WcStatus::Success, "the region's own key reached it");
     assert_ne!(&seen, b"the victim's bytes");
@@ -374,16 +414,10 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
     let (status, seen) = read(&victim_c, wkey, 0x600d);
     assert_eq!(status, WcStatus::Success);
     assert_eq!(&seen, b"the victim's bytes");
-    victim_c.drive(fabric.now());
+    // The victim goes on: a call from its client, still driven by hand.
     spawn(&pool, serve(victim.clone()));
-    let (vclient, vdrv) = Connection::new(victim_c);
-    spawn(&pool, vdrv.run());
-    let r = pool.run_until(async {
-        let mut b = vclient.alloc().await.unwrap();
-        b.copy_from(b"abc").unwrap();
-        vclient.call(b"x", Some(b)).await
-    });
-    assert_eq!(r.expect("the victim's call").data.as_ref().unwrap().to_vec(), b"cba");
+    let r = call_by_hand(&mut pool, &fabric, &mut victim_c, b"abc");
+    assert_eq!(r, b"cba", "the victim's call");
     assert!(victim.is_down().is_none());
 }
 
@@ -392,12 +426,14 @@ fn on_rxe_a_peer_on_the_shared_pd_reaches_nothing_of_another_connection() {
 /// then fits, and nobody meets receiver-not-ready on the way.
 #[test]
 fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
-    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 48 });
+    let (fabric, ch, sh, mut pool, cdev) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 48 });
     let mut conns = Vec::new();
-    let busy = |conns: &Vec<(Conn, Conn)>, pool: &mut LocalPool, rounds: usize| {
-        let (c, _) = &conns[0].0;
-        let c = c.clone();
-        let srv = conns[0].1 .0.clone();
+    let busy = |conns: &Vec<(Connection<SimNic>, Connection<SimNic>)>,
+                pool: &mut LocalPool,
+                rounds: usize| {
+        let c = conns[0].0.clone();
+        let srv = conns[0].1.clone();
         pool.run_until(async move {
             for r in 0..rounds {
                 let calls = (0..4usize).map(|k| {
@@ -424,15 +460,15 @@ fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
     };
     for _ in 0..4 {
         let (cl, sv) = pair(&ch, &sh).unwrap();
-        spawn(&pool, serve(sv.0.clone()));
+        spawn(&pool, serve(sv.clone()));
         conns.push((cl, sv));
     }
     busy(&conns, &mut pool, 16);
     let st = sh.stats().srq.unwrap();
-    assert!(st.grown > 0 && conns[0].1 .0.stats().receive_share > 8, "{st:?}");
+    assert!(st.grown > 0 && conns[0].1.stats().receive_share > 8, "{st:?}");
     // A fifth fits in what is free; then the queue is at its most.
     let (cl, sv) = pair(&ch, &sh).expect("a fifth fits");
-    spawn(&pool, serve(sv.0.clone()));
+    spawn(&pool, serve(sv.clone()));
     conns.push((cl, sv));
     let before = sh.stats().srq.unwrap();
     assert_eq!(before.slots, 48);
@@ -442,20 +478,20 @@ fn grown_shares_shrink_to_make_room_when_the_queue_is_at_its_most() {
     assert!(st.slots - st.shares >= 8, "room for one more: {st:?}");
     let (cl, sv) = pair(&ch, &sh).expect("a sixth fits after the shrink");
     conns.push((cl, sv));
-    for ((c, _), _) in &conns {
-        assert_eq!(rnr_naks(&fabric, c, ch.nic().device()), 0);
+    for (c, _) in &conns {
+        assert_eq!(rnr_naks(&fabric, c, cdev), 0);
         assert_eq!(c.stats().calls_failed, 0);
     }
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
 /// A peer that ignores flow control and floods SENDs takes receives of
-/// the shared queue held for others. The hub grants each frame's receive
-/// again as it goes, but its grants ride on frames the flooder must give
-/// it credit for, which it never does: once the hub can send no more
+/// the shared queue held for others. The server grants each frame's
+/// receive again as it goes, but its grants ride on frames the flooder must
+/// give it credit for, which it never does: once the server can send no more
 /// grants, the next frame is past everything granted and the flooder's
-/// connection goes down (`ExceedsCredit`). The other connection on the hub
-/// goes on with every call answered.
+/// connection goes down (`ExceedsCredit`). The other connection on the
+/// endpoint goes on with every call answered.
 #[test]
 fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
     use mwcap::conn::frame::Frame;
@@ -464,13 +500,13 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (sh, sdrv) = Hub::with_shared_receives(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 64 }).unwrap();
-    spawn(&pool, sdrv.run());
-    let on_hub = || server_on_hub(&sh, &cn);
-    let (victim_s, victim_c) = on_hub();
-    let (flood_s, flooder) = on_hub();
-    let (victim, _vd) = sh.add(victim_s);
-    let (flooded, _fd) = sh.add(flood_s);
+    let sh = hubs::endpoint(&pool, shared(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 64 }));
+    // The victim's client: a connection on a client endpoint of its own.
+    let ch = hubs::endpoint(&pool, builder(cn.clone()).queue_depth(1 << 14));
+    let (vclient, victim) = hubs::pair(&ch, &sh, cfg(Role::Client), cfg(Role::Server));
+    // The flooder: a link driven by hand.
+    let (flood_s, flooder) = server_with_link_client(&sh, &cn);
+    let flooded = flood_s.connect(&flooder.local()).unwrap();
     spawn(&pool, serve(victim.clone()));
     spawn(&pool, serve(flooded.clone()));
     // 48 pings at once from the flooder's own QP, past its 8 credits.
@@ -501,8 +537,6 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
         other => panic!("the flooder's connection: {other:?} {:?} {:?}", flooded.stats(), sh.stats()),
     }
     // The victim, on the same queue, still gets answers.
-    let (vclient, vdrv) = Connection::new(victim_c);
-    spawn(&pool, vdrv.run());
     let r = pool.run_until(async {
         let mut got = Vec::new();
         for k in 0..10usize {
@@ -530,24 +564,20 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
 /// every one is answered with its own bytes; fewer than 2 is refused.
 #[test]
 fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
-    let (fabric, ch, sh, mut pool) = hubs(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 1024 });
-    let p = Policies::both(Policy::Mw);
+    let (fabric, ch, sh, mut pool, _) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 64, max_slots: 1024 });
     let with_sends = |role, n| {
         let mut c = cfg(role);
         c.send_slots = Some(n);
         c
     };
-    let mut s =
-        sh.prepare(sh.connection_nic().unwrap(), with_sends(Role::Server, 4)).unwrap().finish(p).unwrap();
-    let mut c =
-        ch.prepare(ch.connection_nic().unwrap(), with_sends(Role::Client, 2)).unwrap().finish(p).unwrap();
-    let data = s.data_region().len as u64;
-    assert_eq!(s.registered_bytes(), 4 * 4096 + data, "4 send slots, no receive slots");
-    assert_eq!(c.registered_bytes(), (2 + 32) * 4096 + data, "2 send slots, 32 receive slots");
+    let s = sh.prepare(with_sends(Role::Server, 4)).unwrap();
+    let c = ch.prepare(with_sends(Role::Client, 2)).unwrap();
+    let data = s.link().data_region().len as u64;
+    assert_eq!(s.link().registered_bytes(), 4 * 4096 + data, "4 send slots, no receive slots");
+    assert_eq!(c.link().registered_bytes(), (2 + 32) * 4096 + data, "2 send slots, 32 receive slots");
     let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let ((client, cd), (server, sd)) = (ch.add(c), sh.add(s));
+    let (client, server) = (c.connect(&se).unwrap(), s.connect(&ce).unwrap());
     spawn(&pool, serve(server.clone()));
     let calls = (0..12usize).map(|k| {
         let c = client.clone();
@@ -571,10 +601,10 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     assert_eq!(client.stats().calls_failed, 0);
     client.close();
     server.close();
-    pool.run_until(futures::future::join(cd.run(), sd.run()));
+    pool.run_until(futures::future::join(client.finished(), server.finished()));
     let mut bad = cfg(Role::Client);
     bad.send_slots = Some(1);
-    match sh.prepare(sh.connection_nic().unwrap(), bad) {
+    match sh.prepare(bad) {
         Err(SetupError::Config(e)) => assert!(e.to_string().contains("send_slots"), "{e}"),
         other => panic!("{:?}", other.map(|p| p.local())),
     }
@@ -582,31 +612,65 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
 }
 
 /// A connection that takes its initial share and never starts (its QP is
-/// never connected, or it is never added to the hub) gives exactly that
-/// share back, and the receives its peer's frames took while it waited are
-/// posted again when it goes: the accounting stays true for the others.
+/// never connected, or its handshake fails once its QP is connected, so it
+/// never runs on the endpoint) gives exactly that share back, and the
+/// receives its peer's frames took while it waited are posted again when
+/// it goes: the accounting stays true for the others.
 #[test]
 fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
-    use mwcap::sim::{FabricConfig, Progress};
-    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
+    use mwcap::backend::QpState;
+    use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Hello, PolicySet};
+    use mwcap::sim::{FabricConfig, Progress, QpAddr};
+    let fabric = Fabric::new(FabricConfig::with_seed(9));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let (sh, sdrv) =
-        Hub::with_shared_receives(sn, 1 << 14, SrqConfig { chunk: 64, max_slots: 1024 }).unwrap();
+    let sdev = sn.device();
     let mut pool = LocalPool::new();
-    spawn(&pool, sdrv.run());
-    let p = Policies::both(Policy::Mw);
+    // A listener: building it probes the device, with the fabric moving by
+    // itself; from then on nothing moves unless the test says so.
+    let sh = hubs::endpoint(
+        &pool,
+        shared(sn, 1 << 14, SrqConfig { chunk: 64, max_slots: 1024 })
+            .config(cfg(Role::Server))
+            .handshake_timeout(Duration::from_secs(5))
+            .listen("127.0.0.1:0".parse().unwrap()),
+    );
+    fabric.set_progress(Progress::Manual);
     let (keep, _keep_client) = {
-        let (s, c) = server_on_hub(&sh, &cn);
-        (sh.add(s), c)
+        let (s, c) = server_with_link_client(&sh, &cn);
+        (s.connect(&c.local()).unwrap(), c)
     };
-    // Finished but never connected (ctrl_slots 32): back go 8, not 32.
-    let never = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server)).unwrap().finish(p).unwrap();
+    // Prepared but never connected (ctrl_slots 32): back go 8, not 32.
+    let never = sh.prepare(cfg(Role::Server)).unwrap();
     assert_eq!(sh.stats().srq.unwrap().shares, 16);
     drop(never);
     assert_eq!(sh.stats().srq.unwrap().shares, 8, "exactly its initial share came back");
-    // Connected, its peer's requests in the hub's queue, never added.
-    let (s, mut c) = server_on_hub(&sh, &cn);
+
+    // Connected, its peer's requests in the endpoint's queue, never run: a
+    // client whose bootstrap goes as far as connecting the server's QP, that
+    // sends three requests, and goes away before the ready byte.
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let server = sh.clone();
+    spawn(&pool, async move {
+        let _ = tx.send(server.accept().await.err());
+    });
+    let mut c = Link::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+    let mut caps = Capabilities::new();
+    caps.serve = PolicySet::MW;
+    let hello = Hello::new(c.local(), caps);
+    let addr = sh.local_addr().expect("it listens");
+    let hs = pool.run_until(async {
+        let t = Duration::from_secs(5);
+        let authed = authenticate_client_async(addr, &Auth::Unauthenticated, t).await.expect("auth");
+        authed.hello(&hello, t).await.expect("hello")
+    });
+    let server_qp = QpAddr { device: sdev, qpn: hs.peer().endpoint.qpn };
+    let t0 = Instant::now();
+    while fabric.qp_state(server_qp) != Some(QpState::Rts) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    c.connect(&hs.remote_endpoint()).unwrap();
     for _ in 0..3 {
         c.call(fabric.now(), b"never served", None).unwrap();
     }
@@ -616,10 +680,16 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     }
     let before = sh.stats().srq.unwrap();
     assert_eq!(before.frames, 0, "nobody took the frames yet");
-    drop(s);
+    assert_eq!(before.shares, 16, "{before:?}");
+    // The client's bootstrap stream closes: the server's handshake fails
+    // and its connected queue pair goes.
+    drop(hs);
+    let e = pool.run_until(rx).unwrap();
+    assert!(e.is_some(), "the handshake failed");
     let after = sh.stats().srq.unwrap();
     assert_eq!(after.unclaimed, 3, "its three receives were posted again: {after:?}");
     assert_eq!(after.shares, 8);
+    assert_eq!(sh.stats().added, 1, "only `keep` ever ran");
     drop(keep);
 }
 
@@ -629,7 +699,6 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
 #[test]
 fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
     use mwcap::bootstrap::{Auth, Key};
-    use mwcap::conn::{Endpoint, PolicyChoice};
     let fabric = Fabric::with_seed(33);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -671,6 +740,6 @@ fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
         st.srq.is_some_and(|q| q.frames >= CLIENTS as u64),
         "every request came through the shared queue: {st:?}"
     );
-    assert!(client.stats().srq.is_none(), "the client's hub has receive queues of its own");
+    assert!(client.stats().srq.is_none(), "the client's endpoint has receive queues of its own");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

@@ -1,5 +1,5 @@
-//! proptest: many connections on one server [`Hub`] (one completion queue,
-//! one driver, a PD each) under random schedules mixing payload sizes
+//! proptest: many connections on one server [`Endpoint`] (one completion
+//! queue, one driver, a PD each) under random schedules mixing payload sizes
 //! (inline, one buffer, a large buffer), calls cancelled by dropping their
 //! future, QP errors on either side, client deaths and pauses, through the
 //! async API. After every step:
@@ -10,19 +10,22 @@
 //! 2. no stale or foreign read is accepted: every reply payload holds
 //!    exactly the bytes its server wrote for that call (a pattern of the
 //!    connection, the call and the size);
-//! 3. the hub routed no completion to a QP it did not know;
-//! 4. no client's SEND met receiver-not-ready (flow control, and on a hub
-//!    with shared receives the shares, never promise a receive that is not
-//!    posted), and the shares never exceed the shared queue.
+//! 3. the endpoint routed no completion to a QP it did not know;
+//! 4. no client's SEND met receiver-not-ready (flow control, and on an
+//!    endpoint with shared receives the shares, never promise a receive
+//!    that is not posted), and the shares never exceed the shared queue.
 //!
 //! At the end every connection is closed and:
 //!
-//! 5. every connection finishes, with every buffer back, and leaves the hub
-//!    (its queue reservation and its share of the shared queue returned);
+//! 5. every connection finishes, with every buffer back, and leaves the
+//!    endpoint (its queue reservation and its share of the shared queue
+//!    returned);
 //! 6. a connection no fault was injected into never failed a call.
 //!
-//! The schedules run on a hub whose connections have receive queues of
-//! their own (mixed policies), on one with shared receives (mw), whose
+//! Each client is a connection on an endpoint of its own, on a device of
+//! its own (killed by a client death). The schedules run on a server
+//! endpoint whose connections have receive queues of their own (mixed
+//! policies), on one with shared receives (mw), whose
 //! queue is small enough that shares grow to its top and shrink again, and
 //! on one that also shares a buffer pool smaller than its connections
 //! could hold, with each call made on every connection at once, where
@@ -34,8 +37,10 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::FutureExt;
+use mwcap::bootstrap::Auth;
 use mwcap::conn::{
-    BufClass, Config, Connection, Driver, Hub, Keepalive, Link, Policies, Policy, Role, SrqConfig,
+    BufClass, Config, Connection, Endpoint, EndpointBuilder, Keepalive, Policies, Policy, PolicyChoice, Role,
+    SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 use proptest::prelude::*;
@@ -118,10 +123,20 @@ async fn serve(conn: Connection<SimNic>) {
     }
 }
 
+/// Build the endpoint `b` says, its driver spawned on `pool`.
+fn endpoint(pool: &LocalPool, b: EndpointBuilder<SimNic>) -> Endpoint<SimNic> {
+    let (ep, driver) = b.build().unwrap();
+    pool.spawner()
+        .spawn_local(async move {
+            driver.run().await;
+        })
+        .unwrap();
+    ep
+}
+
 struct Side {
     client: Connection<SimNic>,
     server: Connection<SimNic>,
-    drivers: Vec<Driver<SimNic>>,
     client_dev: SimNic,
     server_qp: QpAddr,
     client_qp: QpAddr,
@@ -138,46 +153,27 @@ fn run(
     let fabric = Fabric::with_seed(23);
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
-    let (hub, hub_driver) = match (srq, buffers) {
-        (Some(q), Some(b)) => Hub::with_shared_buffers(sdev.clone(), 1 << 14, q, b).unwrap(),
-        (Some(q), None) => Hub::with_shared_receives(sdev.clone(), 1 << 14, q).unwrap(),
-        _ => Hub::new(sdev.clone(), 1 << 14).unwrap(),
+    let b = Endpoint::builder(sdev.clone(), Auth::Unauthenticated).queue_depth(1 << 14);
+    let b = match (srq, buffers) {
+        (Some(q), Some(classes)) => b.policy(PolicyChoice::Mw).shared_receives(q).shared_buffers(classes),
+        (Some(q), None) => b.policy(PolicyChoice::Mw).shared_receives(q),
+        _ => b,
     };
-    pool.spawner()
-        .spawn_local(async move {
-            hub_driver.run().await;
-        })
-        .unwrap();
+    let server_ep = endpoint(&pool, b);
     let mut sides = Vec::new();
     for p in policies {
         let client_dev = fabric.add_device(DeviceConfig::spec().named("c"));
-        let mut s =
-            hub.prepare(hub.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-        let mut c = Link::new(client_dev.clone(), cfg(Role::Client, p)).unwrap();
-        c.connect(&s.local()).unwrap();
-        s.connect(&c.local()).unwrap();
-        let server_qp = QpAddr { device: sdev.device(), qpn: s.local().qpn };
-        let client_qp = QpAddr { device: client_dev.device(), qpn: c.local().qpn };
-        let (client, cd) = Connection::new(c);
-        let (server, sd) = hub.add(s);
+        let client_ep = endpoint(&pool, Endpoint::builder(client_dev.clone(), Auth::Unauthenticated));
+        let s = server_ep.prepare(cfg(Role::Server, p)).unwrap();
+        let c = client_ep.prepare(cfg(Role::Client, p)).unwrap();
+        let (sl, cl) = (s.local(), c.local());
+        let server_qp = QpAddr { device: sdev.device(), qpn: sl.qpn };
+        let client_qp = QpAddr { device: client_dev.device(), qpn: cl.qpn };
+        let client = c.connect(&sl).unwrap();
+        let server = s.connect(&cl).unwrap();
         pool.spawner().spawn_local(serve(server.clone())).unwrap();
-        sides.push(Side {
-            client,
-            server,
-            drivers: vec![cd, sd],
-            client_dev,
-            server_qp,
-            client_qp,
-            faulted: false,
-            tag: 0,
-        });
+        sides.push(Side { client, server, client_dev, server_qp, client_qp, faulted: false, tag: 0 });
     }
-    let mut client_drivers = Vec::new();
-    for s in &mut sides {
-        client_drivers.push(s.drivers.remove(0));
-    }
-    let cdrv = futures::future::join_all(client_drivers.into_iter().map(|d| d.run())).shared();
-    pool.spawner().spawn_local(cdrv.clone().map(|_| ())).unwrap();
 
     for op in schedule {
         match op {
@@ -262,12 +258,12 @@ fn run(
         }
         pool.run_until_stalled();
         prop_assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-        prop_assert_eq!(hub.stats().orphans, 0);
+        prop_assert_eq!(server_ep.stats().orphans, 0);
         for (i, s) in sides.iter().enumerate() {
             let rnr = fabric.qp_counters(s.client_qp).map_or(0, |q| q.rnr_naks);
             prop_assert_eq!(rnr, 0, "conn {}: a SEND found no receive", i);
         }
-        if let Some(q) = hub.stats().srq {
+        if let Some(q) = server_ep.stats().srq {
             prop_assert!(q.shares <= q.slots, "{:?}", q);
         }
         // No region (a connection's, or a buffer of the shared pool) is
@@ -291,18 +287,17 @@ fn run(
         s.client.close();
         s.server.close();
     }
-    let servers: Vec<_> = sides.iter_mut().map(|s| s.drivers.remove(0)).collect();
-    pool.run_until(futures::future::join_all(servers.into_iter().map(|d| d.run())));
-    pool.run_until(cdrv);
+    pool.run_until(futures::future::join_all(sides.iter().map(|s| s.server.finished())));
+    pool.run_until(futures::future::join_all(sides.iter().map(|s| s.client.finished())));
     for (i, s) in sides.iter().enumerate() {
         prop_assert_eq!(s.server.free_buffers(), 4, "conn {}: a server buffer never came back", i);
         if !s.faulted || s.client.is_down().is_some() {
             prop_assert_eq!(s.client.free_buffers(), 4, "conn {}: a client buffer never came back", i);
         }
     }
-    let st = hub.stats();
+    let st = server_ep.stats();
     prop_assert_eq!(st.connections, 0);
-    // (A hub with shared receives keeps its queue's receives reserved.)
+    // (An endpoint with shared receives keeps its queue's receives reserved.)
     prop_assert_eq!(st.reserved_entries, srq.map_or(0, |q| u64::from(q.max_slots)));
     if let Some(q) = st.srq {
         prop_assert_eq!(q.shares, 0, "a share never came back: {:?}", q);

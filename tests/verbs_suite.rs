@@ -821,7 +821,7 @@ mod endpoints {
 
 mod verbs_torture;
 
-/// One hub per side on rxe0: 16 connections, each in a protection domain
+/// One endpoint per side on rxe0: 16 connections, each in a protection domain
 /// of its own (`new_pd`), all completing on one completion queue per side
 /// and driven by one task per side, with payloads from inline to 200 KB in
 /// both policies, every byte checked. Then a READ with one connection's
@@ -833,18 +833,46 @@ mod hub {
     use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use mwcap::backend::{Nic, SendWr, Sge, SgeList, WcStatus};
-    use mwcap::conn::{BufClass, Config, Connection, Hub, HubDriver, Policies, Policy, Role};
+    use mwcap::bootstrap::Auth;
+    use mwcap::conn::{
+        BufClass, Config, Connection, Endpoint, EndpointBuilder, Pending, Policies, Policy, PolicyChoice,
+        Role,
+    };
     use mwcap::verbs::VerbsNic;
 
-    /// Run each hub's driver as a task of `pool`.
-    fn spawn_drivers(pool: &LocalPool, drivers: impl IntoIterator<Item = HubDriver<VerbsNic>>) {
-        for d in drivers {
-            pool.spawner()
-                .spawn_local(async move {
-                    d.run().await;
-                })
-                .unwrap();
-        }
+    /// An endpoint on its own handle of rxe0, for connections made without
+    /// TCP (`Endpoint::prepare`), with `opts` applied to its builder.
+    fn builder() -> EndpointBuilder<VerbsNic> {
+        Endpoint::builder(super::open(), Auth::Unauthenticated).queue_depth(4096)
+    }
+
+    /// Build `b`'s endpoint and run its driver as a task of `pool`.
+    fn endpoint(pool: &LocalPool, b: EndpointBuilder<VerbsNic>) -> Endpoint<VerbsNic> {
+        let (ep, driver) = b.build().expect("endpoint");
+        pool.spawner()
+            .spawn_local(async move {
+                driver.run().await;
+            })
+            .unwrap();
+        ep
+    }
+
+    /// Queue pairs for a client on `ch` and a server on `sh`, not yet
+    /// connected; `connect` connects them.
+    fn prepared(
+        ch: &Endpoint<VerbsNic>,
+        sh: &Endpoint<VerbsNic>,
+        ccfg: Config,
+        scfg: Config,
+    ) -> (Pending<VerbsNic>, Pending<VerbsNic>) {
+        (ch.prepare(ccfg).expect("client"), sh.prepare(scfg).expect("server"))
+    }
+
+    fn connect(
+        (c, s): (Pending<VerbsNic>, Pending<VerbsNic>),
+    ) -> (Connection<VerbsNic>, Connection<VerbsNic>) {
+        let (cl, sl) = (c.local(), s.local());
+        (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
     }
 
     fn cfg(role: Role, p: Policies) -> Config {
@@ -881,24 +909,16 @@ mod hub {
     #[test]
     fn hub_serves_sixteen_connections_on_one_cq_per_side_and_keeps_their_pds_apart() {
         let mut pool = LocalPool::new();
-        let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
-        let (sh, sdrv) = Hub::new(super::open(), 4096).expect("server hub");
-        spawn_drivers(&pool, [cdrv, sdrv]);
+        let ch = endpoint(&pool, builder());
+        let sh = endpoint(&pool, builder());
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         let mut regions = Vec::new();
         for i in 0..16 {
             let p = if i % 2 == 0 { Policies::both(Policy::Mw) } else { Policies::both(Policy::Confirm) };
-            let cp = ch.prepare(ch.nic().new_pd().unwrap(), cfg(Role::Client, p)).expect("client");
-            let sp = sh.prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, p)).expect("server");
-            let mut c = cp.finish(p).unwrap();
-            let mut s = sp.finish(p).unwrap();
-            let (ce, se) = (c.local(), s.local());
-            c.connect(&se).unwrap();
-            s.connect(&ce).unwrap();
-            regions.push(s.data_region());
-            let (client, _) = ch.add(c);
-            let (server, _) = sh.add(s);
+            let both = prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p));
+            regions.push(both.1.link().data_region());
+            let (client, server) = connect(both);
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
             clients.push(client);
             servers.push(server);
@@ -925,19 +945,14 @@ mod hub {
         assert!(s.completions >= 16 * 4, "{s:?}");
         // Connection 1 (confirm: its region key covers its whole region)
         // READ through connection 3's client QP, whose peer is in another PD.
-        let attacker_nic = ch.nic().new_pd().unwrap();
+        let attacker_nic = super::open().new_pd().unwrap();
         let mut raw =
             mwcap::conn::Link::new(attacker_nic, cfg(Role::Client, Policies::both(Policy::Confirm)))
                 .expect("attacker endpoint");
         let victim = regions[1];
-        let mut target = sh
-            .prepare(sh.nic().new_pd().unwrap(), cfg(Role::Server, Policies::both(Policy::Confirm)))
-            .unwrap()
-            .finish(Policies::both(Policy::Confirm))
-            .unwrap();
+        let target = sh.prepare(cfg(Role::Server, Policies::both(Policy::Confirm))).unwrap();
         raw.connect(&target.local()).unwrap();
-        target.connect(&raw.local()).unwrap();
-        let (target_conn, _) = sh.add(target);
+        let target_conn = target.connect(&raw.local()).unwrap();
         let dst = raw.data_region();
         let read = SendWr::Read {
             wr_id: 0xbad,
@@ -983,18 +998,17 @@ mod hub {
         assert_eq!(sh.stats().connections, 0, "{:?}", sh.stats());
     }
 
-    /// A server hub with shared receives on rxe0: sixteen mw connections
-    /// take their control receives from one SRQ (in the hub's PD), busy
+    /// A server endpoint with shared receives on rxe0: sixteen mw connections
+    /// take their control receives from one SRQ (in the endpoint's PD), busy
     /// ones grow their shares, every byte is their own, and every share
     /// comes back when they close.
     #[test]
     fn shared_receives_serve_sixteen_mw_connections_from_one_srq() {
         use mwcap::conn::SrqConfig;
         let mut pool = LocalPool::new();
-        let (ch, cdrv) = Hub::new(super::open(), 4096).expect("client hub");
+        let ch = endpoint(&pool, builder());
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
-        let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
-        spawn_drivers(&pool, [cdrv, sdrv]);
+        let sh = endpoint(&pool, builder().policy(PolicyChoice::Mw).shared_receives(srq));
         let p = Policies::both(Policy::Mw);
         let cfg16 = |role| {
             let mut c = cfg(role, p);
@@ -1004,15 +1018,7 @@ mod hub {
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         for _ in 0..16 {
-            let cp = ch.prepare(ch.connection_nic().unwrap(), cfg16(Role::Client)).expect("client");
-            let sp = sh.prepare(sh.connection_nic().unwrap(), cfg16(Role::Server)).expect("server");
-            let mut c = cp.finish(p).unwrap();
-            let mut s = sp.finish(p).unwrap();
-            let (ce, se) = (c.local(), s.local());
-            c.connect(&se).unwrap();
-            s.connect(&ce).unwrap();
-            let (client, _) = ch.add(c);
-            let (server, _) = sh.add(s);
+            let (client, server) = connect(prepared(&ch, &sh, cfg16(Role::Client), cfg16(Role::Server)));
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
             clients.push(client);
             servers.push(server);
@@ -1064,7 +1070,7 @@ mod hub {
         assert_eq!(s.srq.unwrap().shares, 0, "every share came back: {s:?}");
     }
 
-    /// Hubs with a shared buffer pool on rxe0, both sides: sixteen mw
+    /// Endpoints with a shared buffer pool on rxe0, both sides: sixteen mw
     /// connections that could hold 4 standard and 1 large buffer each take
     /// them from pools of 12 and 2 (each buffer a region of its own, named
     /// through every connection's handle on the PD), and their windows
@@ -1081,22 +1087,15 @@ mod hub {
         let std_size = cfg(Role::Server, p).buffer_size;
         let classes = [BufClass { size: std_size, count: 12 }, BufClass { size: 256 << 10, count: 2 }];
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
-        let (ch, cdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("client hub");
-        let (sh, sdrv) = Hub::with_shared_buffers(super::open(), 4096, srq, &classes).expect("server hub");
-        spawn_drivers(&pool, [cdrv, sdrv]);
+        let pooled = || builder().policy(PolicyChoice::Mw).shared_receives(srq).shared_buffers(&classes);
+        let ch = endpoint(&pool, pooled());
+        let sh = endpoint(&pool, pooled());
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         for _ in 0..16 {
-            let cp = ch.prepare(ch.connection_nic().unwrap(), cfg(Role::Client, p)).expect("client");
-            let sp = sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server, p)).expect("server");
-            let mut c = cp.finish(p).unwrap();
-            let mut s = sp.finish(p).unwrap();
-            assert!(c.shares_buffers() && s.shares_buffers());
-            let (ce, se) = (c.local(), s.local());
-            c.connect(&se).unwrap();
-            s.connect(&ce).unwrap();
-            let (client, _) = ch.add(c);
-            let (server, _) = sh.add(s);
+            let both = prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p));
+            assert!(both.0.link().shares_buffers() && both.1.link().shares_buffers());
+            let (client, server) = connect(both);
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
             clients.push(client);
             servers.push(server);
@@ -1155,8 +1154,8 @@ mod hub {
         }
     }
 
-    /// A hostile peer on rxe0 floods SENDs at a connection on a hub with
-    /// shared receives, past its credit and granting none back: that
+    /// A hostile peer on rxe0 floods SENDs at a connection on an endpoint
+    /// with shared receives, past its credit and granting none back: that
     /// connection goes down with `ExceedsCredit`, and another connection on
     /// the same shared queue answers every call with its own bytes.
     #[test]
@@ -1166,22 +1165,16 @@ mod hub {
         use mwcap::conn::{Link, LossReason, Misbehavior, SrqConfig};
         let mut pool = LocalPool::new();
         let srq = SrqConfig { chunk: 64, max_slots: 128 };
-        let (sh, sdrv) = Hub::with_shared_receives(super::open(), 4096, srq).expect("server hub with an SRQ");
-        spawn_drivers(&pool, [sdrv]);
+        let sh = endpoint(&pool, builder().policy(PolicyChoice::Mw).shared_receives(srq));
+        let ch = endpoint(&pool, builder());
         let p = Policies::both(Policy::Mw);
-        let client_nic = super::open();
-        let on_hub = || {
-            let mut s =
-                sh.prepare(sh.connection_nic().unwrap(), cfg(Role::Server, p)).unwrap().finish(p).unwrap();
-            let mut c = Link::new(client_nic.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-            c.connect(&s.local()).unwrap();
-            s.connect(&c.local()).unwrap();
-            (s, c)
-        };
-        let (victim_s, victim_c) = on_hub();
-        let (flood_s, flooder) = on_hub();
-        let (victim, _vd) = sh.add(victim_s);
-        let (flooded, _fd) = sh.add(flood_s);
+        // The victim's client is an ordinary connection; the flooder drives
+        // a link by hand.
+        let (vclient, victim) = connect(prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p)));
+        let flood_s = sh.prepare(cfg(Role::Server, p)).unwrap();
+        let mut flooder = Link::new(super::open().new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+        flooder.connect(&flood_s.local()).unwrap();
+        let flooded = flood_s.connect(&flooder.local()).unwrap();
         pool.spawner().spawn_local(serve(victim.clone())).unwrap();
         pool.spawner().spawn_local(serve(flooded.clone())).unwrap();
         // 48 pings from the flooder's own QP, past its 8 credits.
@@ -1214,12 +1207,6 @@ mod hub {
             sh.stats()
         );
         // The victim, on the same shared queue, is answered.
-        let (vclient, vdrv) = mwcap::conn::Connection::new(victim_c);
-        pool.spawner()
-            .spawn_local(async move {
-                vdrv.run().await;
-            })
-            .unwrap();
         let got = pool.run_until(async {
             let mut ok = 0;
             for k in 0..10usize {

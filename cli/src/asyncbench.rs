@@ -20,7 +20,7 @@ use futures::future::{select, try_join_all, BoxFuture, Either};
 use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Connection, Driver, Link, Refused};
+use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, Refused};
 use parking_lot::Mutex;
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
@@ -275,43 +275,33 @@ pub async fn run_case<N: Nic>(
     Ok(Measured { hist: hist.into_inner(), elapsed, allocs: Some(allocs) })
 }
 
-/// Both sides of one connection in this process, each with its own
-/// driver, under `executor`: run `cases` and print a line for each.
+/// Both sides of one connection in this process, each on an endpoint of
+/// its own made by `builders` (client, server) and connected without TCP
+/// (`Endpoint::prepare`) with `cfgs` (client, server), under `executor`:
+/// run `cases` and print a line for each.
 #[allow(clippy::too_many_arguments)]
 pub fn one_process<N: Nic + 'static>(
-    client: Link<N>,
-    server: Link<N>,
+    builders: [EndpointBuilder<N>; 2],
+    cfgs: [Config; 2],
     cases: &[Case],
     iters: u32,
     warmup: u32,
     executor: Executor,
     (mode, backend): (&'static str, &'static str),
 ) -> Result<(), String> {
-    let max_payload = max_payload(&server);
-    let (client, server) = (Connection::new(client), Connection::new(server));
-    let labels = Labels { mode, backend, executor: executor.name() };
-    run_pair(executor, client, server, Vec::new(), max_payload, cases, iters, warmup, labels)
-}
-
-/// [`one_process`] with each side's connection on a hub of its own (one
-/// completion queue, one driver): the endpoints were prepared on them.
-#[allow(clippy::too_many_arguments)]
-pub fn one_process_on_hubs<N: Nic + 'static>(
-    hubs: [(mwcap::conn::Hub<N>, mwcap::conn::HubDriver<N>); 2],
-    client: Link<N>,
-    server: Link<N>,
-    cases: &[Case],
-    iters: u32,
-    warmup: u32,
-    executor: Executor,
-    (mode, backend): (&'static str, &'static str),
-) -> Result<(), String> {
-    let max_payload = max_payload(&server);
-    let [(ch, cd), (sh, sd)] = hubs;
-    let (client, server) = (ch.add(client), sh.add(server));
-    // The hub handles go now: the drivers end once both connections have.
-    drop((ch, sh));
-    let hub_drivers: Vec<BoxFuture<'static, ()>> = vec![
+    let err = |e: &dyn std::fmt::Display| format!("setting up the {mode} connection: {e}");
+    let [cb, sb] = builders;
+    let [ccfg, scfg] = cfgs;
+    let max_payload = scfg.large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(scfg.buffer_size);
+    let (ce, cd) = cb.build().map_err(|e| err(&e))?;
+    let (se, sd) = sb.build().map_err(|e| err(&e))?;
+    let (c, s) = (ce.prepare(ccfg).map_err(|e| err(&e))?, se.prepare(scfg).map_err(|e| err(&e))?);
+    let (cl, sl) = (c.local(), s.local());
+    let client = c.connect(&sl).map_err(|e| err(&e))?;
+    let server = s.connect(&cl).map_err(|e| err(&e))?;
+    // The endpoint handles go now: the drivers end once both connections have.
+    drop((ce, se));
+    let drivers: Vec<BoxFuture<'static, ()>> = vec![
         Box::pin(async move {
             cd.run().await;
         }),
@@ -320,37 +310,24 @@ pub fn one_process_on_hubs<N: Nic + 'static>(
         }),
     ];
     let labels = Labels { mode, backend, executor: executor.name() };
-    run_pair(executor, client, server, hub_drivers, max_payload, cases, iters, warmup, labels)
-}
-
-fn max_payload<N: Nic>(server: &Link<N>) -> u32 {
-    server.config().large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(server.config().buffer_size)
+    run_pair(executor, client, server, drivers, max_payload, cases, iters, warmup, labels)
 }
 
 /// Run `cases` over a client and a server connection in this process
-/// under `executor`, with `hub_drivers` alongside the connections' own,
-/// until both are closed.
+/// under `executor`, with their endpoints' `drivers`, until both are
+/// closed.
 #[allow(clippy::too_many_arguments)]
 fn run_pair<N: Nic + 'static>(
     executor: Executor,
-    (client, cdrv): (Connection<N>, Driver<N>),
-    (server, sdrv): (Connection<N>, Driver<N>),
-    hub_drivers: Vec<BoxFuture<'static, ()>>,
+    client: Connection<N>,
+    server: Connection<N>,
+    drivers: Vec<BoxFuture<'static, ()>>,
     max_payload: u32,
     cases: &[Case],
     iters: u32,
     warmup: u32,
     labels: Labels,
 ) -> Result<(), String> {
-    let mut drivers: Vec<BoxFuture<'static, ()>> = vec![
-        Box::pin(async move {
-            cdrv.run().await;
-        }),
-        Box::pin(async move {
-            sdrv.run().await;
-        }),
-    ];
-    drivers.extend(hub_drivers);
     let cases = cases.to_vec();
     let app = {
         let server = server.clone();

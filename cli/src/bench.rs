@@ -61,7 +61,7 @@ mod imp {
 
     use futures::executor::block_on;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{Endpoint, Link, Policies, Policy, PolicyChoice, Role};
+    use mwcap::conn::{Endpoint, Policies, Policy, PolicyChoice, Role};
     use mwcap::verbs::VerbsNic;
     use mwcap::ProbeCache;
 
@@ -199,13 +199,18 @@ mod imp {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
             let cfg = |role| config(role, policy, o.pool(), &o.conn);
-            let nic_err = |e: &dyn std::fmt::Display| format!("setting up the {policy:?} endpoints: {e}");
-            let mut c = Link::new(open(o)?, cfg(Role::Client)).map_err(|e| nic_err(&e))?;
-            let mut s = Link::new(open(o)?, cfg(Role::Server)).map_err(|e| nic_err(&e))?;
-            let (ce, se) = (c.local(), s.local());
-            c.connect(&se).map_err(|e| nic_err(&e))?;
-            s.connect(&ce).map_err(|e| nic_err(&e))?;
-            one_process(c, s, &group, o.iters, o.warmup, Executor::BlockOn, ("async", "verbs"))?;
+            let builder = || -> Result<_, String> {
+                Ok(Endpoint::builder(open(o)?, Auth::Unauthenticated).queue_depth(1 << 14))
+            };
+            one_process(
+                [builder()?, builder()?],
+                [cfg(Role::Client), cfg(Role::Server)],
+                &group,
+                o.iters,
+                o.warmup,
+                Executor::BlockOn,
+                ("async", "verbs"),
+            )?;
         }
         Ok(())
     }

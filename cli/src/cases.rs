@@ -360,8 +360,8 @@ pub fn histogram() -> Histogram<u64> {
 /// How the calls of a result line ran.
 #[derive(Clone, Copy, Debug)]
 pub struct Labels {
-    /// `async` (a connection of its own), `async-hub`, `async-hub-srq`,
-    /// `async-hub-pool`, or `sansio`.
+    /// `async` (each side's connection on an endpoint of its own),
+    /// `async-srq`, `async-pool`, or `sansio`.
     pub mode: &'static str,
     /// `sim` or `verbs`.
     pub backend: &'static str,

@@ -147,21 +147,14 @@ pub struct BenchOpts {
     /// (each connection keeps `inflight` calls in flight).
     #[arg(long, default_value_t = 1)]
     pub connections: u32,
-    /// With `--sim`: run each side's connection on a `Hub` (one shared
-    /// completion queue and driver) instead of a completion queue and
-    /// driver of its own, to measure what the hub costs per call (mode
-    /// `async-hub`). A client of `mwcap serve` with `--connections` above 1
-    /// always uses one.
-    #[arg(long)]
-    pub hub: bool,
-    /// With `--sim --hub`: make both hubs with shared receives (one shared
-    /// receive queue per side; mode `async-hub-srq`). Such a hub serves the
-    /// mw policy only, so the confirm cases are skipped.
-    #[arg(long, requires = "hub")]
+    /// With `--sim`: both endpoints with shared receives (one shared
+    /// receive queue per side; mode `async-srq`). Such an endpoint serves
+    /// the mw policy only, so the confirm cases are skipped.
+    #[arg(long, requires = "sim")]
     pub srq: bool,
-    /// With `--sim --hub --srq`: the hubs also share a buffer pool of the
-    /// connection's classes (`Hub::with_shared_buffers`; mode
-    /// `async-hub-pool`): each buffer, and each exposure's window, is taken
+    /// With `--sim --srq`: the endpoints also share a buffer pool of the
+    /// connection's classes (`EndpointBuilder::shared_buffers`; mode
+    /// `async-pool`): each buffer, and each exposure's window, is taken
     /// from the pool while in use.
     #[arg(long, requires = "srq")]
     pub shared_buffers: bool,

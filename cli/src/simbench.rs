@@ -27,7 +27,9 @@ pub fn run(o: &BenchOpts) -> ExitCode {
     );
     for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
         if o.srq && policy != mwcap::conn::Policy::Mw {
-            println!("# --srq: the {policy:?} cases are skipped (a hub with shared receives serves mw only)");
+            println!(
+                "# --srq: the {policy:?} cases are skipped (an endpoint with shared receives serves mw only)"
+            );
             continue;
         }
         for &executor in &o.executor {
@@ -73,79 +75,44 @@ fn async_group(
     executor: ExecutorArg,
 ) -> Result<(), String> {
     let executor = crate::executors::Executor::from(executor);
-    use mwcap::conn::Link;
+    use mwcap::bootstrap::Auth;
+    use mwcap::conn::{Endpoint, PolicyChoice};
     use mwcap::sim::{DeviceConfig, Fabric};
 
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
     let cfg = |role| cases::config(role, policy, o.pool(), &o.conn);
-    if o.hub {
-        use mwcap::conn::Hub;
-        fn err(e: impl std::fmt::Display) -> String {
-            e.to_string()
+    // Twice each class of the connection: what it can hold at once stays
+    // outside the pool's reserve for incoming payloads (a quarter), so the
+    // cases measure the pool's per-call cost, not waits for it.
+    let c = cfg(Role::Server);
+    let mut classes = vec![mwcap::conn::BufClass { size: c.buffer_size, count: 2 * c.buffers }];
+    classes
+        .extend(c.large_buffers.iter().map(|l| mwcap::conn::BufClass { size: l.size, count: 2 * l.count }));
+    let builder = |nic| {
+        let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
+        let b = Endpoint::builder(nic, Auth::Unauthenticated).queue_depth(1 << 16);
+        match (o.srq, o.shared_buffers) {
+            (_, true) => b.policy(PolicyChoice::Mw).shared_receives(q).shared_buffers(&classes),
+            (true, false) => b.policy(PolicyChoice::Mw).shared_receives(q),
+            (false, false) => b,
         }
-        // Twice each class of the connection: what it can hold at once
-        // stays outside the pool's reserve for incoming payloads (a
-        // quarter), so the cases measure the pool's per-call cost, not
-        // waits for it.
-        let c = cfg(Role::Server);
-        let mut classes = vec![mwcap::conn::BufClass { size: c.buffer_size, count: 2 * c.buffers }];
-        classes.extend(
-            c.large_buffers.iter().map(|l| mwcap::conn::BufClass { size: l.size, count: 2 * l.count }),
-        );
-        let hub = |nic| {
-            let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
-            if o.shared_buffers {
-                Hub::with_shared_buffers(nic, 1 << 16, q, &classes)
-            } else if o.srq {
-                Hub::with_shared_receives(nic, 1 << 16, q)
-            } else {
-                Hub::new(nic, 1 << 16)
-            }
-        };
-        let (ch, cd) = hub(cn).map_err(err)?;
-        let (sh, sd) = hub(sn).map_err(err)?;
-        let p = cfg(Role::Client).policies;
-        let mut ce = ch
-            .prepare(ch.connection_nic().map_err(err)?, cfg(Role::Client))
-            .map_err(err)?
-            .finish(p)
-            .map_err(err)?;
-        let mut se = sh
-            .prepare(sh.connection_nic().map_err(err)?, cfg(Role::Server))
-            .map_err(err)?
-            .finish(p)
-            .map_err(err)?;
-        let (a, b) = (ce.local(), se.local());
-        ce.connect(&b).map_err(err)?;
-        se.connect(&a).map_err(err)?;
-        return crate::asyncbench::one_process_on_hubs(
-            [(ch, cd), (sh, sd)],
-            ce,
-            se,
-            group,
-            o.iters,
-            o.warmup,
-            executor,
-            (
-                if o.shared_buffers {
-                    "async-hub-pool"
-                } else if o.srq {
-                    "async-hub-srq"
-                } else {
-                    "async-hub"
-                },
-                "sim",
-            ),
-        );
-    }
-    let mut ce = Link::new(cn, cfg(Role::Client)).map_err(|e| e.to_string())?;
-    let mut se = Link::new(sn, cfg(Role::Server)).map_err(|e| e.to_string())?;
-    let (a, b) = (ce.local(), se.local());
-    ce.connect(&b).map_err(|e| e.to_string())?;
-    se.connect(&a).map_err(|e| e.to_string())?;
-    crate::asyncbench::one_process(ce, se, group, o.iters, o.warmup, executor, ("async", "sim"))
+    };
+    let mode = match (o.srq, o.shared_buffers) {
+        (_, true) => "async-pool",
+        (true, false) => "async-srq",
+        (false, false) => "async",
+    };
+    crate::asyncbench::one_process(
+        [builder(cn), builder(sn)],
+        [cfg(Role::Client), cfg(Role::Server)],
+        group,
+        o.iters,
+        o.warmup,
+        executor,
+        (mode, "sim"),
+    )
 }
 
 /// A call in flight in the sans-IO loop.

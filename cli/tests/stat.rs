@@ -5,25 +5,24 @@ use futures::executor::{block_on, LocalPool};
 use futures::future::{select, Either};
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
-use mwcap::conn::{Config, Connection, Endpoint, Link, Policies, Policy, PolicyChoice, Role};
+use mwcap::conn::{Connection, Endpoint, Policies, Policy, PolicyChoice};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 use mwcap::stat::{Registry, StatServer};
 
-type Pair =
-    (Connection<SimNic>, mwcap::conn::Driver<SimNic>, Connection<SimNic>, mwcap::conn::Driver<SimNic>);
+/// The driver of an endpoint with one connection: ends once the
+/// connection has (the endpoint handle is dropped).
+type Drive = futures::future::BoxFuture<'static, mwcap::conn::EndpointStats>;
+
+type Pair = (Connection<SimNic>, Drive, Connection<SimNic>, Drive);
 
 fn connected(p: Policies) -> Pair {
     let fabric = Fabric::with_seed(5);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let mut c = Link::new(cn, Config::new(Role::Client, p)).unwrap();
-    let mut s = Link::new(sn, Config::new(Role::Server, p)).unwrap();
-    let (ce, se) = (c.local(), s.local());
-    c.connect(&se).unwrap();
-    s.connect(&ce).unwrap();
-    let (client, cdrv) = Connection::new(c);
-    let (server, sdrv) = Connection::new(s);
-    (client, cdrv, server, sdrv)
+    let (ce, cdrv) = Endpoint::builder(cn, Auth::Unauthenticated).build().unwrap();
+    let (se, sdrv) = Endpoint::builder(sn, Auth::Unauthenticated).build().unwrap();
+    let (client, server) = ce.connect_local(&se, p).unwrap();
+    (client, Box::pin(cdrv.run()), server, Box::pin(sdrv.run()))
 }
 
 /// `n` calls with a 1000-byte request payload, answered by `server`.
@@ -102,7 +101,7 @@ fn the_stat_socket_shows_each_connection_with_its_counters_until_it_is_gone() {
         assert!(c.ends_with(&format!(" reason={reason}")), "{c}");
         server.close();
     };
-    let drivers = futures::future::join(cdrv.run(), sdrv.run());
+    let drivers = futures::future::join(cdrv, sdrv);
     block_on(async {
         match select(std::pin::pin!(app), std::pin::pin!(drivers)).await {
             Either::Left(((), d)) => {

@@ -94,7 +94,7 @@ pub trait Nic: Send + Sync {
     /// through this handle (and a key of one PD reaches nothing of the
     /// other), but completion queues belong to the device context, as in
     /// verbs: a queue pair of either handle may complete on a CQ created
-    /// through either (see [`crate::conn::Hub`], which serves many
+    /// through either (an [`Endpoint`](crate::conn::Endpoint) serves many
     /// connections, each in its own PD, from one CQ).
     fn new_pd(&self) -> Result<Self, NicError>
     where
@@ -106,9 +106,9 @@ pub trait Nic: Send + Sync {
     /// hub's shared pool's buffers and windows are by its connections), and the PD's
     /// keys and shared receive queues ([`Nic::create_srq`]) serve its
     /// queue pairs.
-    /// A [`crate::conn::Hub`] with shared receives puts its connections in
-    /// its own PD this way (which is safe under the mw policy only: see
-    /// the hub's docs). (The simulator's `same_pd` is a clone: every handle
+    /// An [`Endpoint`](crate::conn::Endpoint) with shared receives puts its
+    /// connections in its own PD this way (which is safe under the mw policy
+    /// only: see `docs/serving.md`). (The simulator's `same_pd` is a clone: every handle
     /// of the PD sees its objects, and they outlive the handle.)
     fn same_pd(&self) -> Result<Self, NicError>
     where

@@ -4,7 +4,7 @@
 //! its buffers (`Config::buffers` of `buffer_size`, and its
 //! `large_buffers`), busy or idle: 10,000 idle connections with sixteen
 //! 64 KiB buffers each pin 10 GiB. On a hub with a shared buffer pool
-//! ([`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)) a
+//! ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)) a
 //! connection registers no data region: its buffer classes say how many
 //! buffers of each size it may hold *at once*, and each is backed by a
 //! buffer of the hub's pool while it is taken (by the user, by an exposure
@@ -74,7 +74,7 @@ fn reserve_of(count: u32) -> u32 {
 }
 
 /// A hub's pool of registered data buffers, shared by its connections
-/// (see [`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
+/// (see [`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)).
 /// A cheap handle: clones share the pool. The buffers are deregistered
 /// when the last handle (the hub's, or a connection's) goes.
 #[derive(Clone)]
@@ -167,7 +167,7 @@ impl State {
     }
 }
 
-/// What a [`BufferPool`] holds and has done (in [`HubStats`](super::HubStats)).
+/// What a [`BufferPool`] holds and has done (in [`EndpointStats`](super::EndpointStats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BufferPoolStats {

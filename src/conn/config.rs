@@ -90,9 +90,11 @@ pub struct Config {
     pub max_attempts: u32,
     /// Seed for the consumer keys of window binds.
     pub seed: u64,
-    /// How long the async [`Driver`](super::Driver) keeps polling an idle
-    /// completion queue before it arms it and sleeps. Longer costs CPU,
-    /// shorter costs a wake-up's latency on the next completion.
+    /// How long a call waiting for its reply takes its connection's turns
+    /// itself (polling the endpoint's completion queue on the caller's
+    /// thread) before it leaves the work to the endpoint's driver. Longer
+    /// costs CPU; shorter costs a wake-up, often across threads, per call.
+    /// The driver's own polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
     pub busy_poll: Duration,
     /// Receiver-not-ready retries before a SEND fails with
     /// `RnrRetryExcErr` and the connection is declared dead (0..=6; the
@@ -202,12 +204,12 @@ pub enum ConfigError {
         /// The pool's buffer sizes.
         classes: Vec<u32>,
     },
-    /// A connection on a hub with shared receives would run confirm.
+    /// A connection on an endpoint with shared receives would run confirm.
     #[error(
-        "a Hub with shared receives serves the mw policy only, and this connection's policies \
-         are {request:?} (requests) and {reply:?} (replies): under confirm a region's key would \
-         reach every connection's memory in the hub's protection domain; serve confirm clients \
-         on a Hub without shared receives (Hub::new), or require Policy::Mw"
+        "an endpoint with shared receives serves the mw policy only, and this connection's \
+         policies are {request:?} (requests) and {reply:?} (replies): under confirm a region's key \
+         would reach every connection's memory in the endpoint's protection domain; serve confirm \
+         clients from an endpoint without shared receives, or require PolicyChoice::Mw"
     )]
     SharedReceivesNeedMw {
         /// The request payloads' policy.
@@ -215,16 +217,6 @@ pub enum ConfigError {
         /// The reply payloads' policy.
         reply: Policy,
     },
-    /// A listener's hubs all have shared receives, and the client may
-    /// negotiate confirm.
-    #[error(
-        "every hub of the listener has shared receives, which serve the mw policy only, and \
-         this connection may negotiate confirm: require PolicyChoice::Mw, or add a Hub::new"
-    )]
-    NoHubForConfirm,
-    /// A listener was given no hub to put its connections on.
-    #[error("the listener has no hub to put the connection on: give it at least one Hub")]
-    NoHub,
     /// A shared buffer pool was asked for with no buffers.
     #[error("a shared buffer pool needs at least one class with a size and a count; give one")]
     EmptyPool,

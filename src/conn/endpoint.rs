@@ -4,8 +4,9 @@
 //!
 //! It follows quinn's `Endpoint`: the many-connection object the
 //! application keeps, cheap to clone, whose [`Connection`]s are cloneable
-//! handles. Under it a connection runs on the endpoint's [`Hub`] (each in a
-//! protection domain of its own, or with shared receives in the hub's), and
+//! handles. Under it a connection runs on the endpoint's hub (`hub.rs`:
+//! one completion queue and one driver; each connection in a protection
+//! domain of its own, or with shared receives in the hub's), and
 //! the bootstrap's TCP stream of each connection is the endpoint's to keep:
 //! its driver watches every stream and takes a connection down with
 //! [`LossReason::PeerGone`](super::LossReason::PeerGone) when its peer
@@ -14,21 +15,23 @@
 
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::future::{select, BoxFuture, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::task::AtomicWaker;
 
+use super::hub::{Hub, HubDriver};
 use super::listen::{AsyncConnected, Listener, ListenerCloser};
 use super::{
-    BufClass, Config, ConfigError, Connection, Hub, HubDriver, HubStats, PolicyChoice, Role, SetupError,
+    BufClass, Config, ConfigError, Connection, EndpointStats, Link, Policies, PolicyChoice, Role, SetupError,
     SetupOptions, SrqConfig,
 };
-use crate::backend::Nic;
+use crate::backend::{Nic, QpEndpoint};
 use crate::bootstrap::Auth;
 use crate::ProbeCache;
 
@@ -113,6 +116,51 @@ impl<N: Nic + 'static> Endpoint<N> {
         Ok(self.adopt(c))
     }
 
+    /// Connect to `server`, another endpoint of this process, without TCP
+    /// or a bootstrap: a queue pair on each endpoint, connected to each
+    /// other, with `policies` for the two directions (no probe runs: say
+    /// what the device can do). Returns the client's connection and the
+    /// server's. For tests on the simulated NIC (both endpoints' NICs on
+    /// one [`Fabric`](crate::sim::Fabric)) and loopback on one device. Each
+    /// side has its endpoint's [`EndpointBuilder::config`] settings. An
+    /// endpoint with shared receives or buffers serves the mw policy only
+    /// ([`ConfigError::SharedReceivesNeedMw`] otherwise); one whose
+    /// completion queue has no room left refuses with
+    /// [`SetupError::CqBudget`].
+    pub fn connect_local(
+        &self,
+        server: &Endpoint<N>,
+        policies: Policies,
+    ) -> Result<(Connection<N>, Connection<N>), SetupError> {
+        let side = |ep: &Endpoint<N>, role| {
+            let mut cfg = ep.shared.cfg.clone();
+            cfg.role = role;
+            cfg.policies = policies;
+            ep.prepare(cfg)
+        };
+        let client = side(self, Role::Client)?;
+        let srv = side(server, Role::Server)?;
+        let (c, s) = (client.local(), srv.local());
+        Ok((client.connect(&s)?, srv.connect(&c)?))
+    }
+
+    /// A connection set up by the application's own bootstrap instead of
+    /// mwcap's TCP one: a queue pair on this endpoint with `cfg`'s role,
+    /// policies and settings, to be connected to the peer's once the two
+    /// sides have swapped their [`Pending::local`] addresses by their own
+    /// means. The application then answers for what the bootstrap does:
+    /// authenticating the peer, and both sides agreeing on the policies
+    /// (the request payload's under the client's `cfg.policies.request`,
+    /// the reply payload's under the server's `cfg.policies.reply`).
+    /// Dropping it unconnected destroys the queue pair.
+    pub fn prepare(&self, cfg: Config) -> Result<Pending<N>, SetupError> {
+        let hub = &self.shared.hub;
+        let policies = cfg.policies;
+        let link = hub.prepare(hub.connection_nic()?, cfg)?.finish(policies)?;
+        Ok(Pending { link, hub: hub.clone() })
+    }
+
+    /// The next client whose handshake finished
     /// The next client whose handshake finished: connected, or the error
     /// that ended its handshake (a wrong key, silence past the timeout,
     /// ...), which concerns that client only: call `accept` again. Many
@@ -149,23 +197,21 @@ impl<N: Nic + 'static> Endpoint<N> {
     }
 
     /// What its completion queue and driver have done so far.
-    pub fn stats(&self) -> HubStats {
+    pub fn stats(&self) -> EndpointStats {
         self.shared.hub.stats()
     }
 
     /// Its counts for as long as its hub lives, without keeping it alive
     /// (for [`crate::stat::Registry::add_endpoint`]).
-    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<HubStats> + Send + 'static {
+    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
         self.shared.hub.stats_source()
     }
 
     /// Keep the connection made by a handshake: its bootstrap stream goes
     /// to the driver, which watches it.
     fn adopt(&self, c: AsyncConnected<N>) -> Connection<N> {
-        let AsyncConnected { connection, driver, mut stream, policies, peer_addr } = c;
+        let AsyncConnected { connection, mut stream, policies, peer_addr } = c;
         tracing::debug!(peer = %peer_addr, ?policies, "endpoint: a connection is up");
-        // A connection on a hub has a driver that only waits for its end.
-        drop(driver);
         connection.set_peer_addr(peer_addr);
         let watched = connection.clone();
         let watch: Watch = Box::pin(async move {
@@ -186,6 +232,41 @@ impl<N: Nic + 'static> Endpoint<N> {
             );
         }
         connection
+    }
+}
+
+/// A queue pair on an endpoint waiting for its peer's address
+/// ([`Endpoint::prepare`]).
+pub struct Pending<N: Nic> {
+    link: Link<N>,
+    hub: Hub<N>,
+}
+
+impl<N: Nic + 'static> Pending<N> {
+    /// Its address, for the peer to connect to.
+    pub fn local(&self) -> QpEndpoint {
+        self.link.local()
+    }
+
+    /// The link under it, not yet connected (mwcap's own tests reach into
+    /// its regions and NIC).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn link(&self) -> &Link<N> {
+        &self.link
+    }
+
+    /// Connect to the peer's queue pair at `peer`: the connection runs on
+    /// the endpoint from now on.
+    pub fn connect(mut self, peer: &QpEndpoint) -> Result<Connection<N>, SetupError> {
+        self.link.connect(peer)?;
+        Ok(self.hub.add(self.link))
+    }
+}
+
+impl<N: Nic> std::fmt::Debug for Pending<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("local", &self.link.local()).finish_non_exhaustive()
     }
 }
 
@@ -215,14 +296,21 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     }
 
     /// Connections take their control receives from one shared receive
-    /// queue (see [`Hub::with_shared_receives`]): the mw policy only.
+    /// queue (see [`SrqConfig`] and `docs/serving.md`): an idle connection
+    /// holds 8 receives of 4 KiB instead of `ctrl_slots`, a busy one up to
+    /// `ctrl_slots`. Its connections share the endpoint's protection
+    /// domain, so it serves the mw policy only.
     pub fn shared_receives(mut self, srq: SrqConfig) -> Self {
         self.srq = Some(srq);
         self
     }
 
     /// Connections take their buffers from one pool of `classes` (see
-    /// [`Hub::with_shared_buffers`]); implies shared receives (with
+    /// `docs/serving.md`): a connection registers no data region, its buffer
+    /// classes (`Config::buffers` of `buffer_size`, and `large_buffers`)
+    /// say how many buffers of each size it may hold at once, and each is a
+    /// buffer of the pool while it is in use; every size a connection uses
+    /// must be one of `classes`. Implies shared receives (with
     /// [`SrqConfig::default`] unless [`EndpointBuilder::shared_receives`]
     /// says otherwise): the mw policy only.
     pub fn shared_buffers(mut self, classes: &[BufClass]) -> Self {
@@ -293,21 +381,46 @@ impl<N: Nic + 'static> EndpointDriver<N> {
     /// Run every connection of the endpoint and watch their bootstrap
     /// streams; returns the final counts once every [`Endpoint`] clone is
     /// dropped and every connection has finished.
-    pub async fn run(self) -> HubStats {
+    pub async fn run(self) -> EndpointStats {
         let EndpointDriver { hub, mut streams } = self;
         let mut watching: FuturesUnordered<Watch> = FuturesUnordered::new();
-        let watch = poll_fn(move |cx| {
-            while let Poll::Ready(Some(w)) = streams.poll_next_unpin(cx) {
-                watching.push(w);
+        // The streams are looked at only when one of them (or the channel
+        // of new ones) woke the driver: polling them on every wake-up of the
+        // hub's driver cost about 150 instructions a call.
+        let woke = Arc::new(WatchWake { due: AtomicBool::new(true), driver: AtomicWaker::new() });
+        let watch_waker = futures::task::waker(woke.clone());
+        let mut driving = std::pin::pin!(hub.run());
+        poll_fn(move |cx| {
+            woke.driver.register(cx.waker());
+            if let Poll::Ready(stats) = driving.as_mut().poll(cx) {
+                return Poll::Ready(stats);
             }
-            while let Poll::Ready(Some(())) = watching.poll_next_unpin(cx) {}
-            Poll::<()>::Pending
-        });
-        let driving: Pin<Box<dyn Future<Output = HubStats> + Send>> = Box::pin(hub.run());
-        match select(driving, Box::pin(watch)).await {
-            Either::Left((stats, _)) => stats,
-            Either::Right(((), _)) => unreachable!("watching never ends"),
-        }
+            // After the turns: a connection that finished in one ends its
+            // watch now, closing its stream (the peer may be waiting for it).
+            if woke.due.swap(false, Ordering::AcqRel) {
+                let mut wcx = Context::from_waker(&watch_waker);
+                while let Poll::Ready(Some(w)) = streams.poll_next_unpin(&mut wcx) {
+                    watching.push(w);
+                }
+                while let Poll::Ready(Some(())) = watching.poll_next_unpin(&mut wcx) {}
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The waker the driver polls the bootstrap streams with: it marks them
+/// due and wakes the driver's task.
+struct WatchWake {
+    due: AtomicBool,
+    driver: AtomicWaker,
+}
+
+impl futures::task::ArcWake for WatchWake {
+    fn wake_by_ref(this: &Arc<Self>) {
+        this.due.store(true, Ordering::Release);
+        this.driver.wake();
     }
 }
 

@@ -1,19 +1,18 @@
-//! [`Hub`]: one completion queue and one driver for many connections.
+//! [`Hub`]: one completion queue and one driver for the connections of an
+//! [`Endpoint`](super::Endpoint), whose engine it is.
 //!
-//! A connection of its own ([`Connection::new`]) has a completion queue,
-//! its fd and a driver task. A server with thousands of clients puts them
-//! on a hub instead: every connection's queue pair completes on the hub's
-//! one completion queue, and one [`HubDriver`] future polls it, hands each
-//! completion to its connection (by QP number) and gives a turn to each
-//! connection that has something to do (a completion, a user's call or
-//! reply, a timer). Run one hub per core for more.
+//! Every connection's queue pair completes on the hub's one completion
+//! queue, and one [`HubDriver`] future polls it, hands each completion to
+//! its connection (by QP number) and gives a turn to each connection that
+//! has something to do (a completion, a user's call or reply, a timer).
+//! Run one endpoint per core for more.
 //!
 //! # Isolation
 //! Each connection keeps its own protection domain ([`Nic::new_pd`]): a
 //! completion queue belongs to the device context, not to a PD, so sharing
 //! it weakens nothing. A peer's keys reach only its own connection's
 //! memory, on rxe and under confirm too. A hub with shared receives
-//! ([`Hub::with_shared_receives`]) is the exception: its connections share
+//! (`Hub::with_shared_receives`) is the exception: its connections share
 //! its PD (rxe checks a receive against the receiving QP's PD), which is
 //! safe under the mw policy only, the one it serves (see [`SrqConfig`],
 //! `docs/serving.md`).
@@ -51,7 +50,7 @@ use super::link::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{BufClass, Config, ConfigError, Connection, Driver, Link, Prepared, SetupError};
+use super::{BufClass, Config, Connection, Link, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::handle::Doorbell;
 
@@ -61,23 +60,25 @@ const POLL_BATCH: usize = 64;
 /// One completion queue and one driver for many connections; see the
 /// module docs (`docs/serving.md`). Cheap to clone; the [`HubDriver`] ends once every
 /// clone is dropped and every connection on the hub has finished.
-pub struct Hub<N: Nic> {
+pub(crate) struct Hub<N: Nic> {
     shared: Arc<Shared<N>>,
 }
 
 /// The future that drives every connection of a [`Hub`]: spawn it once,
 /// and keep it running while any connection on the hub lives.
-pub struct HubDriver<N: Nic> {
+pub(crate) struct HubDriver<N: Nic> {
     shared: Arc<Shared<N>>,
 }
 
-/// What a hub has done so far.
+/// What an [`Endpoint`](super::Endpoint)'s completion queue and driver
+/// have done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct HubStats {
-    /// Connections on the hub now (prepared or running, not yet finished).
+pub struct EndpointStats {
+    /// Connections on the endpoint now (being set up or running, not yet
+    /// finished).
     pub connections: usize,
-    /// Connections added over the hub's life.
+    /// Connections added over the endpoint's life.
     pub added: u64,
     /// Completion queue entries reserved by the connections on it.
     pub reserved_entries: u64,
@@ -85,7 +86,7 @@ pub struct HubStats {
     pub depth: u32,
     /// Completions taken off the queue.
     pub completions: u64,
-    /// Completions of QPs the hub does not know (none in a correct run: a
+    /// Completions of QPs the endpoint does not know (none in a correct run: a
     /// QP is known from its creation until its completions are drained).
     pub orphans: u64,
     /// Turns the driver took (poll, timers, connection turns).
@@ -94,10 +95,11 @@ pub struct HubStats {
     pub connection_turns: u64,
     /// Times the driver slept (queue armed, waiting).
     pub sleeps: u64,
-    /// The shared receive queue, on a hub with shared receives
-    /// ([`Hub::with_shared_receives`]).
+    /// The shared receive queue, on an endpoint with shared receives
+    /// ([`EndpointBuilder::shared_receives`](super::EndpointBuilder::shared_receives)).
     pub srq: Option<SrqStats>,
-    /// The shared buffer pool, on a hub with one ([`Hub::with_shared_buffers`]).
+    /// The shared buffer pool, on an endpoint with one
+    /// ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)).
     pub buffers: Option<BufferPoolStats>,
 }
 
@@ -195,7 +197,7 @@ impl<N: Nic> Shared<N> {
     /// another loop and a sleep that returns at once).
     fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>, ring: bool) -> Result<usize, NicError> {
         let n = self.hold.drain(routes, self.srq.as_deref(), |inner, c| {
-            let part = inner.hub.as_ref().expect("a hub connection");
+            let part = &inner.hub;
             part.inbox.lock().push(c);
             self.queue_ringing(inner, ring);
         })?;
@@ -209,7 +211,7 @@ impl<N: Nic> Shared<N> {
     }
 
     fn queue_ringing(&self, inner: &Arc<Inner<N>>, ring: bool) {
-        let part = inner.hub.as_ref().expect("a hub connection");
+        let part = &inner.hub;
         if !part.queued.swap(true, Ordering::AcqRel) {
             self.ready.lock().push(inner.clone());
             if ring {
@@ -267,7 +269,7 @@ impl<N: Nic> CallerPoll for Shared<N> {
             return false;
         };
         let n = self.hold.drain(&mut routes, self.srq.as_deref(), |inner, c| {
-            let part = inner.hub.as_ref().expect("a hub connection");
+            let part = &inner.hub;
             part.inbox.lock().push(c);
             if Arc::as_ptr(inner).cast::<()>() != me {
                 self.queue(inner);
@@ -383,12 +385,6 @@ impl<N: Nic + 'static> Hub<N> {
         Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
     }
 
-    /// The handle the hub's completion queue was created on. Give each
-    /// connection [`Hub::connection_nic`].
-    pub fn nic(&self) -> &N {
-        &self.shared.hold.nic
-    }
-
     /// The NIC handle for a new connection on this hub: a protection domain
     /// of its own ([`Nic::new_pd`]), or on a hub with shared receives a
     /// handle on the hub's PD ([`Nic::same_pd`]), where its QP can take
@@ -400,21 +396,9 @@ impl<N: Nic + 'static> Hub<N> {
         }
     }
 
-    /// Whether the hub's connections take their receives from a shared
-    /// receive queue ([`Hub::with_shared_receives`]).
-    pub fn has_shared_receives(&self) -> bool {
-        self.shared.srq.is_some()
-    }
-
-    /// The buffer pool the hub's connections share, on a hub made with
-    /// [`Hub::with_shared_buffers`].
-    pub fn buffer_pool(&self) -> Option<&BufferPool> {
-        self.shared.pool.as_ref()
-    }
-
     /// [`Link::prepare`] on the hub's completion queue: the QP, with
     /// its share of the queue reserved. `nic` must be a sibling of the
-    /// hub's ([`Hub::nic`], [`Nic::new_pd`]). Finish it, connect it, and
+    /// hub's ([`Hub::connection_nic`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
     pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
@@ -457,18 +441,15 @@ impl<N: Nic + 'static> Hub<N> {
         Ok(prepared)
     }
 
-    /// Run a connected endpoint made with [`Hub::prepare`] on this hub. The
-    /// [`Driver`] returned does no work (the hub's driver does): it waits
-    /// until the connection is down and every buffer is back, and says why,
-    /// as a connection's own driver does.
+    /// Run a connected link made with [`Hub::prepare`] on this hub.
     ///
     /// # Panics
     /// If `ep` was not prepared on this hub.
-    pub fn add(&self, ep: Link<N>) -> (Connection<N>, Driver<N>) {
+    pub fn add(&self, ep: Link<N>) -> Connection<N> {
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
         let poll: Weak<dyn CallerPoll> = Arc::downgrade(&self.shared) as Weak<dyn CallerPoll>;
-        let (conn, driver) = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
+        let conn = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: AtomicBool::new(false),
             inbox: Mutex::new(Vec::new()),
@@ -476,7 +457,7 @@ impl<N: Nic + 'static> Hub<N> {
         });
         let inner = conn.inner_arc();
         {
-            let part = inner.hub.as_ref().expect("made on the hub");
+            let part = &inner.hub;
             let mut routes = self.shared.routes.lock();
             if routes.attach(qpn, inner.clone(), &mut part.inbox.lock()).is_err() {
                 drop(routes);
@@ -485,11 +466,11 @@ impl<N: Nic + 'static> Hub<N> {
         }
         self.shared.added.fetch_add(1, Ordering::Relaxed);
         self.shared.queue(&inner);
-        (conn, driver)
+        conn
     }
 
     /// What the hub has done so far.
-    pub fn stats(&self) -> HubStats {
+    pub fn stats(&self) -> EndpointStats {
         self.shared.stats()
     }
 
@@ -504,59 +485,16 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// The hub's counts for as long as it lives, without keeping it alive
     /// (for [`crate::stat::Registry::add_endpoint`], through its endpoint).
-    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<HubStats> + Send + 'static {
+    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
         let weak = Arc::downgrade(&self.shared);
         move || weak.upgrade().map(|s| s.stats())
     }
 }
 
-/// [`Hub::prepare`] on the hub of `hubs` with the fewest connections that
-/// has room for this one. Hubs with shared receives are passed over unless
-/// `mw_only` (the connection can only be mw: they serve nothing else), and
-/// a connection put on one gets a handle on its PD instead of `nic`.
-pub(super) fn prepare_on_least_loaded<N: Nic + 'static>(
-    hubs: &[Hub<N>],
-    nic: N,
-    cfg: Config,
-    mw_only: bool,
-) -> Result<(Prepared<N>, &Hub<N>), SetupError> {
-    let sizes = QueueSizes::of(&cfg)?;
-    let mut order: Vec<(usize, &Hub<N>)> = hubs
-        .iter()
-        .filter(|h| mw_only || !h.has_shared_receives())
-        .map(|h| (h.stats().connections, h))
-        .collect();
-    if order.is_empty() {
-        return Err(ConfigError::NoHubForConfirm.into());
-    }
-    order.sort_by_key(|(n, _)| *n);
-    let mut refused = None;
-    let mut nic = Some(nic);
-    for (_, hub) in order {
-        match hub.reserve(sizes.reserved(hub.shared.srq.is_some())) {
-            Ok(()) => {
-                let nic = match (hub.has_shared_receives(), nic.take()) {
-                    (false, Some(n)) => n,
-                    (_, _) => match hub.connection_nic() {
-                        Ok(n) => n,
-                        Err(e) => {
-                            hub.shared.routes.lock().release(sizes.reserved(true));
-                            return Err(e.into());
-                        }
-                    },
-                };
-                return Ok((hub.prepare_reserved(nic, cfg, sizes)?, hub));
-            }
-            Err(e) => refused = Some(e),
-        }
-    }
-    Err(refused.map_or(ConfigError::NoHub.into(), SetupError::from))
-}
-
 impl<N: Nic> Shared<N> {
-    fn stats(&self) -> HubStats {
+    fn stats(&self) -> EndpointStats {
         let routes = self.routes.lock();
-        HubStats {
+        EndpointStats {
             connections: routes.len(),
             added: self.added.load(Ordering::Relaxed),
             reserved_entries: routes.reserved(),
@@ -620,15 +558,10 @@ impl<N: Nic> Ord for Due<N> {
 }
 
 impl<N: Nic> HubDriver<N> {
-    /// What the hub has done so far.
-    pub fn stats(&self) -> HubStats {
-        self.shared.stats()
-    }
-
     /// Drive every connection on the hub; ends once every [`Hub`] handle
     /// is dropped and every connection has finished. Returns the hub's
     /// final counts.
-    pub async fn run(self) -> HubStats {
+    pub async fn run(self) -> EndpointStats {
         let shared = &self.shared;
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
@@ -731,7 +664,7 @@ impl<N: Nic> HubDriver<N> {
         inbox: &mut Vec<Completion>,
         timers: &mut BinaryHeap<Due<N>>,
     ) {
-        let part: &HubPart = inner.hub.as_ref().expect("a hub connection");
+        let part: &HubPart = &inner.hub;
         part.queued.store(false, Ordering::Release);
         std::mem::swap(&mut *part.inbox.lock(), inbox);
         inner.bell().take();

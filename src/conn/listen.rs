@@ -1,6 +1,6 @@
 //! The async bootstrap under [`Endpoint`](super::Endpoint): a
 //! [`Listener`] whose `accept().await` runs many handshakes at once, and
-//! [`connect_async_on`], both for connections on a [`Hub`].
+//! [`connect_async_on`], both for connections on an endpoint's [`Hub`].
 //!
 //! The details are on [`Listener`].
 
@@ -15,19 +15,17 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::task::AtomicWaker;
 
+use super::hub::Hub;
 use super::setup::{agreed, local_caps, serve_set};
-use super::{Config, Connection, Driver, Hub, Policies, PolicyChoice, Role, SetupError, SetupOptions};
+use super::{Config, Connection, Policies, PolicyChoice, Role, SetupError, SetupOptions};
 use crate::backend::Nic;
 use crate::bootstrap::{self, Authenticated, BootstrapError, Hello, Phase, PolicySet};
 
-/// A connection set up over the async bootstrap: the handle, its driver
-/// (on a hub, it only waits for the connection's end), and the
+/// A connection set up over the async bootstrap: the handle, and the
 /// bootstrap's TCP stream, whose closing tells that the peer went away.
 pub(super) struct AsyncConnected<N: Nic> {
     /// The user's handle.
     pub connection: Connection<N>,
-    /// The connection's driver.
-    pub driver: Driver<N>,
     /// The bootstrap's TCP stream; kept open while the connection lives.
     pub stream: Async<TcpStream>,
     /// The policies chosen for the two directions.
@@ -311,9 +309,7 @@ async fn finish_setup_async<N: Nic + 'static>(
     hub: &Hub<N>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
-    let mw_only = opts.choice == PolicyChoice::Mw;
-    let (mut prepared, hub) =
-        super::hub::prepare_on_least_loaded(std::slice::from_ref(hub), nic, cfg.clone(), mw_only)?;
+    let mut prepared = hub.prepare(nic, cfg.clone())?;
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
     let policies = agreed(&hs, &mut cfg)?;
@@ -321,6 +317,6 @@ async fn finish_setup_async<N: Nic + 'static>(
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect(&hs.remote_endpoint())?;
     let stream = hs.ready(opts.timeout).await?;
-    let (connection, driver) = hub.add(endpoint);
-    Ok(AsyncConnected { connection, driver, stream, policies, peer_addr })
+    let connection = hub.add(endpoint);
+    Ok(AsyncConnected { connection, stream, policies, peer_addr })
 }

@@ -50,7 +50,7 @@ pub enum SetupError {
     Config(#[from] super::ConfigError),
     /// A shared completion queue has no room left for another queue pair's
     /// completions (it would overflow, taking every connection on it down).
-    #[error("the shared completion queue holds {depth} entries, {reserved} are reserved by its connections and this one needs {wanted}: serve it on another Hub (one per driver thread), or make the Hub's queue deeper")]
+    #[error("the endpoint's completion queue holds {depth} entries, {reserved} are reserved by its connections and this one needs {wanted}: serve it on another endpoint (one per driver thread), or build the endpoint with a deeper queue (EndpointBuilder::queue_depth)")]
     CqBudget {
         /// The queue's depth.
         depth: u32,
@@ -59,9 +59,9 @@ pub enum SetupError {
         /// What the new connection needs.
         wanted: u32,
     },
-    /// A hub's shared receive queue is at its most and has no room for a
+    /// An endpoint's shared receive queue is at its most and has no room for a
     /// new connection's initial share.
-    #[error("the hub's shared receive queue holds its most, {max_slots} receives, and its connections' shares take {shares}: serve this connection on another Hub, or raise SrqConfig::max_slots (up to the device's max_srq_wr)")]
+    #[error("the endpoint's shared receive queue holds its most, {max_slots} receives, and its connections' shares take {shares}: serve this connection on another endpoint, or raise SrqConfig::max_slots (up to the device's max_srq_wr)")]
     SrqBudget {
         /// `SrqConfig::max_slots`.
         max_slots: u32,

@@ -57,7 +57,8 @@ const LIMIT_CHECK_EVERY: u64 = 16;
 /// and the engines' are different).
 pub(crate) const TAG_SRQ: u8 = 0xc3;
 
-/// How a [`Hub`](super::Hub) with shared receives sizes its queue.
+/// How an endpoint with shared receives sizes its queue
+/// ([`EndpointBuilder::shared_receives`](super::EndpointBuilder::shared_receives)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqConfig {
     /// Receives (of [`MAX_FRAME`] bytes) registered at a time: one region
@@ -80,7 +81,7 @@ impl Default for SrqConfig {
     }
 }
 
-/// What a shared receive queue has done so far (in [`HubStats`](super::HubStats)).
+/// What a shared receive queue has done so far (in [`EndpointStats`](super::EndpointStats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SrqStats {

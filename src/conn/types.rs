@@ -562,7 +562,7 @@ pub enum Misbehavior {
         queued: usize,
     },
     /// The peer sent more frames than it had receive credit for. On a
-    /// shared receive queue (a `Hub` with shared receives) those frames
+    /// shared receive queue (an endpoint with shared receives) those frames
     /// take receives held for other connections, so the connection goes
     /// down at the first one.
     #[error("the peer sent frame {received} with receive credit for {granted}; it does not run mwcap's flow control")]

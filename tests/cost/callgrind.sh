@@ -26,12 +26,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(rpc mw confirm)
-# Two modes: each connection with its own completion queue and driver
-# (`own`), and on a hub as an Endpoint's connections are (`endpoint`).
-for mode in own endpoint; do
+# Each side's connection on an Endpoint of its own, as every connection
+# is (`mode=endpoint` in the output).
+mode=endpoint
 for c in "${cases[@]}"; do
     for n in "$n1" "$n2"; do
-        valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" "$mode" >/dev/null 2>"$work/$c.$n.log"
+        valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" >/dev/null 2>"$work/$c.$n.log"
         callgrind_annotate --inclusive=yes --threshold=100 "$work/$c.$n.out" >"$work/$c.$n.txt" 2>/dev/null
     done
     python3 - "$work/$c.$n1.txt" "$work/$c.$n2.txt" "$c" "$n1" "$n2" "$mode" <<'PY'
@@ -56,7 +56,6 @@ calls = n2 - n1
 mw = ((t2 - s2) - (t1 - s1)) / calls / 2
 print(f"cost case={case} mode={mode} mwcap_ir_per_call_per_side={mw:.0f} sim_ir_per_call={(s2 - s1) / calls:.0f} total_ir_per_call={(t2 - t1) / calls:.0f}")
 PY
-done
 done
 
 # The sans-IO layer alone: examples/proto_cost.rs runs two proto::Connections

@@ -1,13 +1,16 @@
-//! What the hub tests (`hub.rs`, `hub_srq.rs`, `hub_pool.rs`) share:
-//! spawning on a `LocalPool`, the reversed-echo server, the payload
-//! pattern, a server on a hub with a hand-driven client, and listening
-//! endpoints serving a batch of clients.
+//! What the tests of many connections on one endpoint (`hub.rs`,
+//! `hub_srq.rs`, `hub_pool.rs`) share: spawning on a `LocalPool`, endpoints
+//! with their drivers spawned, pairs of connections set up without TCP, the
+//! reversed-echo server, the payload pattern, a server on an endpoint with
+//! a hand-driven client, and listening endpoints serving a batch of
+//! clients.
 
 use std::net::SocketAddr;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::conn::{Config, Connection, Endpoint, Hub, Link};
+use mwcap::bootstrap::Auth;
+use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending};
 use mwcap::sim::SimNic;
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
@@ -17,6 +20,32 @@ pub fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = 
             f.await;
         })
         .unwrap();
+}
+
+/// The builder of an endpoint on `nic` for connections set up without
+/// TCP ([`Endpoint::prepare`], [`Endpoint::connect_local`]): no key.
+pub fn builder(nic: SimNic) -> EndpointBuilder<SimNic> {
+    Endpoint::builder(nic, Auth::Unauthenticated)
+}
+
+/// Build the endpoint `b` says and spawn its driver on `pool`.
+pub fn endpoint(pool: &LocalPool, b: EndpointBuilder<SimNic>) -> Endpoint<SimNic> {
+    let (ep, driver) = b.build().unwrap();
+    spawn(pool, driver.run());
+    ep
+}
+
+/// A client connection on `client` with `ccfg` and a server connection on
+/// `server` with `scfg`, connected to each other.
+pub fn pair(
+    client: &Endpoint<SimNic>,
+    server: &Endpoint<SimNic>,
+    ccfg: Config,
+    scfg: Config,
+) -> (Connection<SimNic>, Connection<SimNic>) {
+    let (c, s) = (client.prepare(ccfg).unwrap(), server.prepare(scfg).unwrap());
+    let (cl, sl) = (c.local(), s.local());
+    (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
 }
 
 /// Serve requests: reply (header `echo`) with the request's payload
@@ -61,21 +90,20 @@ pub async fn serve(server: Connection<SimNic>) {
     }
 }
 
-/// A server endpoint prepared on `hub` with `scfg` (through
-/// `Hub::connection_nic`), and a client endpoint with `ccfg` and a CQ of
-/// its own on a new PD of `client_nic`, connected to each other. Hand the
-/// server to `hub.add`; drive the client by hand (or `Connection::new`).
-pub fn server_on_hub(
-    hub: &Hub<SimNic>,
+/// A server queue pair on `server` with `scfg`, and a client link with
+/// `ccfg` and a CQ of its own on a new PD of `client_nic`, connected to
+/// it: drive the client by hand (a hostile or misbehaving peer), and
+/// connect the server with `pending.connect(&client.local())` (or look into
+/// it first, `pending.link()`).
+pub fn server_with_link_client(
+    server: &Endpoint<SimNic>,
     client_nic: &SimNic,
     scfg: Config,
     ccfg: Config,
-) -> (Link<SimNic>, Link<SimNic>) {
-    let p = scfg.policies;
-    let mut s = hub.prepare(hub.connection_nic().unwrap(), scfg).unwrap().finish(p).unwrap();
+) -> (Pending<SimNic>, Link<SimNic>) {
+    let s = server.prepare(scfg).unwrap();
     let mut c = Link::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
     c.connect(&s.local()).unwrap();
-    s.connect(&c.local()).unwrap();
     (s, c)
 }
 

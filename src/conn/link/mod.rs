@@ -27,7 +27,7 @@ use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpCo
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
 const POLL_BATCH: usize = 32;
 
-/// A completion queue an endpoint shares with others ([`super::Hub`]). The
+/// A completion queue a link shares with others (an endpoint's hub). The
 /// endpoint neither polls nor destroys it: its completions are handed to
 /// [`Link::handle_completions`], and it destroys its QP through
 /// [`SharedCq::retire`].
@@ -136,7 +136,7 @@ impl<N: Nic> Link<N> {
     }
 
     /// Whether the connection's buffers come from a hub's shared buffer
-    /// pool ([`Hub::with_shared_buffers`](super::Hub::with_shared_buffers)).
+    /// pool ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)).
     pub fn shares_buffers(&self) -> bool {
         self.data.is_none()
     }
@@ -421,7 +421,7 @@ impl<N: Nic> Link<N> {
     /// to the connection, and post what it asks for. Returns how many
     /// completions it handled.
     ///
-    /// On a shared completion queue ([`super::Hub`]) it does not poll: the
+    /// On a shared completion queue (an endpoint's) it does not poll: the
     /// hub hands the completions over (`Link::handle_completions`).
     pub fn drive(&mut self, now: Duration) -> usize {
         self.reclaim();

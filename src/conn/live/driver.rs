@@ -1,26 +1,25 @@
-//! The driver: one connection's turns, its sleep, and a call that takes
-//! its connection's turns while it waits (see the module docs of `live`).
+//! A connection's turns (taken by its hub's driver), and a call that
+//! takes its connection's turns while it waits (see the module docs of
+//! `live`).
 
 use super::*;
 
-/// What a connection's driver has done so far.
+/// The turns taken for a connection so far (by its endpoint's driver, or
+/// by a call waiting for its reply). An idle connection takes none; the
+/// endpoint's sleeps are in its [`EndpointStats`](crate::conn::EndpointStats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DriverStats {
-    /// Turns taken (poll the CQ, run the engines, hand out events).
+    /// Turns taken (take its completions, run the engines, hand out events).
     pub turns: u64,
     /// Turns that found something to do.
     pub busy_turns: u64,
-    /// Times the driver went to sleep (CQ armed, waiting for a completion,
-    /// the user or a timer). An idle connection sleeps and takes no turns.
-    pub sleeps: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct DriverCounters {
     pub(crate) turns: std::sync::atomic::AtomicU64,
     pub(crate) busy_turns: std::sync::atomic::AtomicU64,
-    pub(crate) sleeps: std::sync::atomic::AtomicU64,
 }
 
 /// A call in flight: the result's handle, and a kick for the driver when the
@@ -30,9 +29,9 @@ pub(crate) struct DriverCounters {
 /// itself and yields, for up to `Config::busy_poll`, unless another call
 /// of the connection does so already: the reply is then found on the
 /// caller's thread instead of the driver's, which under a multi-thread
-/// executor saves a wake-up across threads per call. Afterwards it waits
-/// for the driver. Not on a hub (whose driver polls the shared completion
-/// queue).
+/// executor saves a wake-up across threads per call: it polls the hub's
+/// shared completion queue, routing the other connections' completions as
+/// the driver would. Afterwards it waits for the driver.
 pub(crate) struct CallFuture<N: Nic> {
     pub(crate) handle: Handle<CallResult>,
     pub(crate) inner: Arc<Inner<N>>,
@@ -44,15 +43,10 @@ pub(crate) struct CallFuture<N: Nic> {
 }
 
 impl<N: Nic> CallFuture<N> {
-    /// The call no longer takes turns itself: the driver, which slept with
-    /// its CQ unarmed meanwhile, is rung to take over the polling.
+    /// The call no longer takes turns itself (the hub's driver polls on).
     pub(crate) fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
             self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
-            // A hub's driver never slept unarmed for this call.
-            if self.inner.hub.is_none() {
-                self.inner.bell.ring();
-            }
         }
     }
 }
@@ -97,22 +91,10 @@ impl<N: Nic> CallFuture<N> {
             }
             self.spinning = true;
         }
-        let Some(part) = &inner.hub else {
-            let t = inner.turn(inner.now(), &[], |st, next| {
-                // The driver's timer must fire no later than `next`.
-                if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
-                    inner.bell.ring();
-                }
-            });
-            if t.finished {
-                // The driver ends on its next turn.
-                inner.bell.ring();
-            }
-            return true;
-        };
-        // On a hub: poll the shared queue (our completions come to our
-        // inbox, the others' to theirs, queued for the hub's driver), then
-        // take our turn with what came.
+        let part = &inner.hub;
+        // Poll the shared queue (our completions come to our inbox, the
+        // others' to theirs, queued for the hub's driver), then take our
+        // turn with what came.
         if let Some(hub) = part.hub.upgrade() {
             hub.poll_for(Arc::as_ptr(&self.inner).cast());
         }
@@ -247,23 +229,10 @@ pub(crate) struct Turn {
     pub(crate) finished: bool,
 }
 
-impl<N: Nic> Driver<N> {
-    /// One turn: timers, completions, events, abandoned calls.
-    pub(crate) fn turn(&self, timer: &mut SleepTimer) -> Turn {
-        let inner = &self.inner;
-        inner.bell.take();
-        inner.turn(inner.now(), &[], |st, next| {
-            // Armed under the lock, so that a call made after this turn sees
-            // the timer it may rely on (see `State::needs_driver`).
-            st.driver_next = timer.arm(inner.epoch, next);
-        })
-    }
-}
-
 impl<N: Nic> Inner<N> {
     /// One turn of the connection at `now`, with `completions` of its QP
-    /// (a hub's; a connection of its own polls its CQ here instead). `arm`
-    /// is called under the state lock with when the next turn is due.
+    /// (routed by the hub). `arm` is called under the state lock with when
+    /// the next turn is due.
     pub(crate) fn turn(
         &self,
         now: Duration,
@@ -332,135 +301,11 @@ impl<N: Nic> Inner<N> {
             st.finish_waiters.wake_all();
         }
         arm(&mut st, next);
-        if let Some(h) = &inner.hub {
-            // A buffer handle dropped from now on queues the connection; one
-            // dropped since this turn's reclaim queues it now.
-            if st.ep.wake_on_return(&h.waker) {
-                h.waker.wake_by_ref();
-            }
+        // A buffer handle dropped from now on queues the connection; one
+        // dropped since this turn's reclaim queues it now.
+        if st.ep.wake_on_return(&inner.hub.waker) {
+            inner.hub.waker.wake_by_ref();
         }
         Turn { busy, finished }
-    }
-}
-
-impl<N: Nic> Driver<N> {
-    /// Run the connection until it is down and every buffer is back. On a
-    /// [`Hub`](crate::conn::Hub) the hub's driver does the work and this only
-    /// waits for that moment.
-    pub async fn run(self) -> LossReason {
-        if self.inner.hub.is_some() {
-            return poll_fn(|cx| {
-                let mut st = self.inner.state.lock();
-                if st.finished {
-                    return Poll::Ready(st.down.clone().unwrap_or(LossReason::Closed));
-                }
-                st.finish_waiters.register(cx.waker());
-                Poll::Pending
-            })
-            .await;
-        }
-        let spin = self.inner.spin;
-        let mut idle_since: Option<Instant> = None;
-        // The sleep timer is kept across sleeps and moved only when the next
-        // deadline comes before it: a timer that fires early costs one turn,
-        // re-arming one on every sleep costs a registration per call.
-        let mut timer = SleepTimer::default();
-        use std::sync::atomic::Ordering::{Acquire, Relaxed};
-        let counters = &self.inner.counters;
-        loop {
-            let t = self.turn(&mut timer);
-            counters.turns.fetch_add(1, Relaxed);
-            if t.busy {
-                counters.busy_turns.fetch_add(1, Relaxed);
-            }
-            if t.finished {
-                let st = self.inner.state.lock();
-                return st.down.clone().unwrap_or(LossReason::Closed);
-            }
-            if t.busy {
-                idle_since = None;
-                YieldNow(false).await;
-                if spin.is_zero() {
-                    // No busy-polling: instead of an idle turn to find out
-                    // whether more came meanwhile, sleep, which returns at
-                    // once if the doorbell rang, the CQ holds a completion,
-                    // a buffer came back or a timer is due.
-                    counters.sleeps.fetch_add(1, Relaxed);
-                    self.sleep(&mut timer, true).await;
-                }
-                continue;
-            }
-            // While calls take turns themselves, they do the polling.
-            if !spin.is_zero() && !self.inner.spinning.load(Relaxed) {
-                let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() < spin {
-                    YieldNow(false).await;
-                    continue;
-                }
-            }
-            counters.sleeps.fetch_add(1, Relaxed);
-            // While a call takes the turns it polls the CQ: the driver does
-            // not arm it (an armed CQ raises a completion event per call: on
-            // verbs a wake of the completion waiter thread and two system
-            // calls); the call rings the doorbell when it stops.
-            let arm_cq = !self.inner.spinning.load(Acquire);
-            self.sleep(&mut timer, arm_cq).await;
-            idle_since = None;
-        }
-    }
-
-    /// Sleep until a completion may be waiting (with `arm_cq`: the CQ is
-    /// armed and its readiness wakes the driver), the user kicks, a buffer
-    /// handle comes home, or the timer.
-    async fn sleep(&self, timer: &mut SleepTimer, arm_cq: bool) {
-        poll_fn(|cx| {
-            if self.inner.bell.poll_rung(cx).is_ready() {
-                return Poll::Ready(());
-            }
-            let st = self.inner.state.lock();
-            // Registered first, then looked at: a handle dropped in between
-            // wakes this task. A dropped handle needs a turn to take it back
-            // (a READ may wait for a buffer).
-            if st.ep.wake_on_return(cx.waker()) {
-                return Poll::Ready(());
-            }
-            let cq = st.ep.cq();
-            if arm_cq && st.ep.nic().poll_cq_ready(cq, cx).is_ready() {
-                // A completion may be waiting (or the CQ is gone: the next
-                // turn's poll reports it).
-                return Poll::Ready(());
-            }
-            drop(st);
-            if timer.poll(cx).is_ready() {
-                return Poll::Ready(());
-            }
-            Poll::Pending
-        })
-        .await
-    }
-}
-
-/// The driver's sleep timer: an [`Alarm`](crate::conn::alarm::Alarm), kept armed
-/// across sleeps while its deadline is no later than the next one needed.
-#[derive(Default)]
-pub(crate) struct SleepTimer {
-    alarm: crate::conn::alarm::Alarm,
-}
-
-impl SleepTimer {
-    /// Make sure the timer fires no later than `next` (time since `epoch`);
-    /// returns when it fires, as time since the epoch.
-    pub(crate) fn arm(&mut self, epoch: Instant, next: Option<Duration>) -> Option<Duration> {
-        let want = next.map(|t| epoch + t);
-        let at = self.alarm.arm_until(want)?;
-        Some(match next {
-            // Armed for `next` itself (the usual case): no clock arithmetic.
-            Some(t) if want == Some(at) => t,
-            _ => at.saturating_duration_since(epoch),
-        })
-    }
-
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.alarm.poll(cx)
     }
 }

@@ -1,21 +1,14 @@
-//! The async face of a [`Link`]: a [`Connection`] handle for the user
-//! and one [`Driver`] future that runs the endpoint (house style: quinn's
-//! `ConnectionDriver`). The driver works under any executor: it needs only
-//! mwcap's alarm thread for its timer (`alarm.rs`) and, on verbs, mwcap's
-//! completion waiter thread for the completion channel's fd, so smol, tokio, or
-//! `futures::executor::block_on` on a plain thread all do.
+//! The async face of a [`Link`]: the [`Connection`] handle the user
+//! holds, and the turns its endpoint's driver (the hub's, `hub.rs`) takes
+//! for it.
 //!
-//! # The driver's loop
-//! Each turn fires due timers, polls the completion queue until it is
-//! empty, carries out what the engines ask for, and hands events to the
-//! waiting calls. After a turn that did something the driver yields to its
-//! executor (so a busy connection cannot starve other tasks) and goes on.
-//! After a turn that did nothing it keeps polling for
-//! [`Config::busy_poll`](super::Config::busy_poll) (the cheapest way to catch
-//! a completion that is microseconds away), then arms the completion queue
-//! and sleeps until a completion ([`Nic::poll_cq_ready`]), the user (a
-//! call, a reply, a dropped call future, a close) or the next timer wakes
-//! it. An idle connection costs no CPU.
+//! # A connection's turn
+//! Each turn fires due timers, takes the completions the hub routed to the
+//! connection, carries out what the engines ask for, and hands events to
+//! the waiting calls. The hub gives a connection a turn when something
+//! woke it: a completion, the user (a call, a reply, a dropped call future,
+//! a close), a buffer handle dropped, or its timer. A waiting call takes
+//! its connection's turns itself for a while (see [`CallFuture`]).
 //!
 //! # Hand-over
 //! A call's result travels from the driver to the caller through a
@@ -117,10 +110,9 @@ pub(crate) struct State<N: Nic> {
     /// Tasks in `closed`.
     closed_waiters: Waiters,
     /// The connection is down, closed and every buffer is back (its QP is
-    /// destroyed); set by the hub, whose connections' [`Driver::run`]
-    /// waits for it.
+    /// destroyed); [`Connection::finished`] waits for it.
     finished: bool,
-    /// Tasks in `Driver::run` of a connection on a hub.
+    /// Tasks in [`Connection::finished`].
     finish_waiters: Waiters,
     /// The user asked to close (`Closed`), or the peer went away
     /// (`PeerGone`): the connection goes down for that reason.
@@ -170,15 +162,15 @@ pub(crate) struct Inner<N: Nic> {
     /// `Config::busy_poll`: how long a pending call takes turns itself, and
     /// how long the driver busy-polls after a busy turn.
     spin: Duration,
-    /// Set when the connection is driven by a [`super::Hub`].
-    pub(super) hub: Option<HubPart>,
+    /// Its place on the endpoint's hub.
+    pub(super) hub: HubPart,
     /// The peer's TCP address, set once by the [`super::Endpoint`] that
     /// made the connection (a connection made otherwise has none).
     peer_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
-/// What a connection on a hub has besides: the waker that puts it on the
-/// hub's ready list, and the completions the hub routed to it.
+/// A connection's place on its hub: the waker that puts it on the hub's
+/// ready list, and the completions the hub routed to it.
 pub(super) struct HubPart {
     /// Registered with the doorbell and the buffer-return hook: it queues
     /// the connection for a turn and wakes the hub.
@@ -192,7 +184,7 @@ pub(super) struct HubPart {
 }
 
 impl<N: Nic> Inner<N> {
-    fn new(ep: Link<N>, epoch: Instant, hub: Option<HubPart>) -> Inner<N> {
+    fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
@@ -252,7 +244,8 @@ impl<N: Nic> Inner<N> {
     }
 }
 
-/// The user's handle on a connection. Cheap to clone.
+/// The user's handle on a connection, made by an
+/// [`Endpoint`](super::Endpoint), whose driver runs it. Cheap to clone.
 pub struct Connection<N: Nic> {
     inner: Arc<Inner<N>>,
 }
@@ -263,39 +256,24 @@ impl<N: Nic> Clone for Connection<N> {
     }
 }
 
-/// The future that runs a connection; spawn it (or poll it alongside the
-/// user's work). It finishes when the connection is down and every buffer
-/// is back, with the reason.
-pub struct Driver<N: Nic> {
-    inner: Arc<Inner<N>>,
-}
-
 /// How long a closing or lost connection waits for the NIC to flush its
 /// work requests before destroying the QP anyway (destroying it is evidence
 /// too: no DMA of it is possible afterwards).
 const FLUSH_GRACE: Duration = Duration::from_secs(1);
 
 impl<N: Nic> Connection<N> {
-    /// Wrap a connected endpoint.
-    pub fn new(ep: Link<N>) -> (Connection<N>, Driver<N>) {
-        let inner = Arc::new(Inner::new(ep, Instant::now(), None));
-        (Connection { inner: inner.clone() }, Driver { inner })
-    }
-
     /// A connection driven by a hub: `part` makes its hub part from the
     /// connection's weak handle (for its waker).
     pub(super) fn on_hub(
         ep: Link<N>,
         epoch: Instant,
         part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart,
-    ) -> (Connection<N>, Driver<N>) {
-        let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, Some(part(w.clone()))));
-        if let Some(h) = &inner.hub {
-            // A connection that finds the hub's shared buffer pool empty is
-            // queued for a turn when a buffer comes back.
-            inner.state.lock().ep.wake_on_pool(&h.waker);
-        }
-        (Connection { inner: inner.clone() }, Driver { inner })
+    ) -> Connection<N> {
+        let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, part(w.clone())));
+        // A connection that finds the hub's shared buffer pool empty is
+        // queued for a turn when a buffer comes back.
+        inner.state.lock().ep.wake_on_pool(&inner.hub.waker);
+        Connection { inner }
     }
 
     /// The shared part (for the hub).
@@ -641,11 +619,11 @@ impl<N: Nic> Connection<N> {
 
     /// The peer went away: its bootstrap stream closed. Closes the
     /// connection as [`Connection::close`] does, but calls then fail, and
-    /// [`Connection::closed`] and [`Driver::run`] end, with
-    /// [`LossReason::PeerGone`] (unless it was down already).
-    /// The [`EndpointDriver`](super::EndpointDriver) calls it when it sees
-    /// the stream close; call it yourself if you run the driver and watch
-    /// the stream on your own.
+    /// [`Connection::closed`] and [`Connection::finished`] end, with
+    /// [`LossReason::PeerGone`] (unless it was down already). The
+    /// [`EndpointDriver`](super::EndpointDriver) calls it when it sees the
+    /// stream close; call it yourself when you learn by other means that
+    /// the peer is gone.
     pub fn peer_gone(&self) {
         self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerGone));
     }
@@ -668,6 +646,22 @@ impl<N: Nic> Connection<N> {
                 return Poll::Ready(r.clone());
             }
             st.closed_waiters.register(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Wait until the connection is down, closed, and every buffer is back
+    /// (its QP destroyed: no remote access to its memory is possible any
+    /// more), and say why it went down. The endpoint's driver must run
+    /// meanwhile.
+    pub async fn finished(&self) -> LossReason {
+        poll_fn(|cx| {
+            let mut st = self.inner.state.lock();
+            if st.finished {
+                return Poll::Ready(st.down.clone().unwrap_or(LossReason::Closed));
+            }
+            st.finish_waiters.register(cx.waker());
             Poll::Pending
         })
         .await
@@ -704,9 +698,8 @@ impl<N: Nic> Connection<N> {
         self.peek(|s| s.ep.config().policies)
     }
 
-    /// The peer's address on the bootstrap's TCP connection, for a
-    /// connection made by an [`Endpoint`](super::Endpoint) (`None` for
-    /// one wrapped from a [`Link`] with [`Connection::new`]).
+    /// The peer's address on the bootstrap's TCP connection (`None` for a
+    /// connection made without one, [`Endpoint::connect_local`](super::Endpoint::connect_local)).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         self.inner.peer_addr.get().copied()
     }
@@ -716,15 +709,11 @@ impl<N: Nic> Connection<N> {
         let _ = self.inner.peer_addr.set(addr);
     }
 
-    /// What the driver has done so far.
+    /// The turns its endpoint's driver (or a waiting call) took for it.
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;
         let c = &self.inner.counters;
-        DriverStats {
-            turns: c.turns.load(Relaxed),
-            busy_turns: c.busy_turns.load(Relaxed),
-            sleeps: c.sleeps.load(Relaxed),
-        }
+        DriverStats { turns: c.turns.load(Relaxed), busy_turns: c.busy_turns.load(Relaxed) }
     }
 
     /// Why the connection is down, if it is.
@@ -747,8 +736,10 @@ mod tests {
     fn client() -> Connection<crate::sim::SimNic> {
         let fabric = Fabric::with_seed(1);
         let nic = fabric.add_device(DeviceConfig::spec());
-        let ep = Link::new(nic, Config::new(Role::Server, Policies::both(Policy::Mw))).unwrap();
-        Connection::new(ep).0
+        let (hub, _driver) = crate::conn::hub::Hub::new(nic, 1024).unwrap();
+        let policies = Policies::both(Policy::Mw);
+        let link = hub.prepare(hub.connection_nic().unwrap(), Config::new(Role::Server, policies)).unwrap();
+        hub.add(link.finish(policies).unwrap())
     }
 
     #[test]

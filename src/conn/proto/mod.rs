@@ -509,7 +509,7 @@ impl Connection {
 
     /// [`Connection::start`] for a QP that takes its receives from a
     /// shared receive queue its owner posts (a
-    /// [`Hub`](crate::conn::Hub) with shared receives): nothing is posted
+    /// endpoint with shared receives): nothing is posted
     /// here, the peer may send `INITIAL_CREDITS` (8) frames, and the
     /// connection's share of the queue is that many until the owner
     /// changes it. A received frame's receive is not re-granted by itself:
