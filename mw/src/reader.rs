@@ -397,6 +397,12 @@ impl Reader {
         self.check_indexes();
     }
 
+    /// Whether actions or events wait to be polled (a driver with none
+    /// skips polling).
+    pub fn has_output(&self) -> bool {
+        !self.actions.is_empty() || !self.events.is_empty()
+    }
+
     /// The next work to post, in order.
     pub fn poll_action(&mut self) -> Option<ReaderAction> {
         self.actions.pop_front()

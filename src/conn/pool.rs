@@ -422,6 +422,11 @@ impl Slots {
         }
     }
 
+    /// Whether user hand-overs were recorded since the last `take_changes`.
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
     /// Move the recorded user hand-overs into `out` (emptied first).
     pub(crate) fn take_changes(&mut self, out: &mut Vec<HoldChange>) {
         out.clear();

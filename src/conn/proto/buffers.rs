@@ -422,6 +422,9 @@ impl Connection {
     /// back since the last time. Called before the NIC can act again: at the
     /// end of every input.
     pub(super) fn flush_holds(&mut self) {
+        if !self.bufs.has_changes() {
+            return;
+        }
         self.bufs.take_changes(&mut self.hold_changes);
         if self.hold_changes.is_empty() {
             return;

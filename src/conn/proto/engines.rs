@@ -19,7 +19,7 @@ impl Connection {
 
     /// Drain every engine's actions and events until all are quiet.
     pub(super) fn pump(&mut self, now: Duration) {
-        loop {
+        while !self.idle() {
             let mut progressed = self.retry_pending(now);
             while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
                 progressed = true;
@@ -43,6 +43,19 @@ impl Connection {
         }
         self.maybe_grant();
         self.flush_holds();
+    }
+
+    /// Whether a round of [`Connection::pump`] would find nothing to do
+    /// (most turns of a connection at rest between calls): up, no engine
+    /// output queued, nothing waiting for a buffer or for credit. Every
+    /// queue the round drains is checked here.
+    fn idle(&self) -> bool {
+        self.down.is_none()
+            && self.backlog.is_empty()
+            && self.inline_wait.is_empty()
+            && self.owner.as_ref().map_or(true, |o| !o.engine.has_output())
+            && self.reader.as_ref().map_or(true, |r| !r.engine.has_output() && r.pending.is_empty())
+            && self.confirm.as_ref().map_or(true, ConfirmEngine::idle)
     }
 
     /// Carry out an owner action. A `BindAndGrant` goes out chained with the
