@@ -647,6 +647,7 @@ impl Owner {
 
     /// Whether actions or events wait to be polled (a driver with none
     /// skips polling).
+    #[inline]
     pub fn has_output(&self) -> bool {
         !self.actions.is_empty() || !self.events.is_empty()
     }

@@ -399,6 +399,7 @@ impl Reader {
 
     /// Whether actions or events wait to be polled (a driver with none
     /// skips polling).
+    #[inline]
     pub fn has_output(&self) -> bool {
         !self.actions.is_empty() || !self.events.is_empty()
     }

@@ -423,6 +423,7 @@ impl Slots {
     }
 
     /// Whether user hand-overs were recorded since the last `take_changes`.
+    #[inline]
     pub(crate) fn has_changes(&self) -> bool {
         !self.changes.is_empty()
     }

@@ -18,8 +18,22 @@ impl Connection {
     // ---- carrying out engine actions ----
 
     /// Drain every engine's actions and events until all are quiet.
+    /// (Inline: at rest, most calls find nothing to do and cost the
+    /// checks only.)
+    #[inline]
     pub(super) fn pump(&mut self, now: Duration) {
-        while !self.idle() {
+        if !self.idle() {
+            self.pump_rounds(now);
+        }
+        self.maybe_grant();
+        self.flush_holds();
+    }
+
+    /// [`Connection::pump`]'s rounds, while one makes progress and leaves
+    /// something to do.
+    #[inline(never)]
+    fn pump_rounds(&mut self, now: Duration) {
+        loop {
             let mut progressed = self.retry_pending(now);
             while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
                 progressed = true;
@@ -37,18 +51,17 @@ impl Connection {
             progressed |= self.reader_events(now);
             progressed |= self.fb_events(now);
             progressed |= self.drain_backlog();
-            if !progressed {
+            if !progressed || self.idle() {
                 break;
             }
         }
-        self.maybe_grant();
-        self.flush_holds();
     }
 
     /// Whether a round of [`Connection::pump`] would find nothing to do
     /// (most turns of a connection at rest between calls): up, no engine
     /// output queued, nothing waiting for a buffer or for credit. Every
     /// queue the round drains is checked here.
+    #[inline]
     fn idle(&self) -> bool {
         self.down.is_none()
             && self.backlog.is_empty()

@@ -205,9 +205,10 @@ impl Connection {
     /// with at most one credit left means its peer owes it at least
     /// `share - 1` (at least 7), past the
     /// threshold.
+    #[inline]
     pub(super) fn maybe_grant(&mut self) {
         let threshold = (self.share / 2).max(2);
-        if self.down.is_none() && self.owed >= threshold && self.can_send(1) {
+        if self.owed >= threshold && self.down.is_none() && self.can_send(1) {
             self.stats.credit_frames += 1;
             if let Err(e) = self.send_frame(&Frame::Credit, None) {
                 self.go_down(self.now, LossReason::Nic(e));
