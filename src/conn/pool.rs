@@ -3,6 +3,7 @@
 
 use super::bufpool::BufferPool;
 use super::config::Config;
+use super::proto::ids::{id_map, IdMap};
 
 /// Where each data buffer is: the size classes laid out one after the
 /// other in the data region (the standard class, `Config::buffers` of
@@ -139,7 +140,7 @@ struct Backed {
     /// The pool buffer behind each slot (`NONE` while free).
     of: Vec<u32>,
     /// The slot each taken pool buffer backs, by its region's raw id.
-    by_mr: std::collections::HashMap<u32, u32>,
+    by_mr: IdMap<u32, u32>,
     /// Buffers the user gave back, to go back to the pool once the release
     /// of their CPU hold is carried out ([`Slots::give_returned`]).
     returning: Vec<u32>,
@@ -226,7 +227,7 @@ impl Slots {
             })
             .collect::<Result<Vec<_>, u32>>()?;
         let n = self.holder.len();
-        let by_mr = std::collections::HashMap::with_capacity(n);
+        let by_mr = id_map(n);
         self.backed = Some(Backed {
             pool,
             class,
@@ -348,18 +349,27 @@ impl Slots {
         self.take_backed(k, Holder::User, true)
     }
 
+    #[inline]
     fn take_backed(&mut self, k: usize, to: Holder, outgoing: bool) -> Option<u32> {
         let i = *self.free.get(k)?.last()?;
-        if let Some(b) = &mut self.backed {
-            let class = b.class[k];
-            let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
-            b.of[i as usize] = of;
-            b.by_mr.insert(b.pool.info(of).id.raw(), i);
+        if self.backed.is_some() {
+            self.back(k, i, outgoing)?;
         }
         self.free[k].pop();
         debug_assert_eq!(self.holder[i as usize], Holder::Free);
         self.set(i, to);
         Some(i)
+    }
+
+    /// Take a buffer of the pool for slot `i` of class `k` (backed).
+    #[inline(never)]
+    fn back(&mut self, k: usize, i: u32, outgoing: bool) -> Option<()> {
+        let b = self.backed.as_mut()?;
+        let class = b.class[k];
+        let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
+        b.of[i as usize] = of;
+        b.by_mr.insert(b.pool.info(of).id.raw(), i);
+        Some(())
     }
 
     /// Whether a take of class `k` would find a buffer now: a free slot,
@@ -380,35 +390,46 @@ impl Slots {
         self.free.get(k).map_or(0, Vec::len)
     }
 
+    #[inline]
     fn set(&mut self, i: u32, to: Holder) {
-        let from = self.holder[i as usize];
+        let at = i as usize;
+        let from = self.holder[at];
         if to == Holder::User {
-            self.lending[i as usize] = self.lending[i as usize].wrapping_add(1);
+            self.lending[at] = self.lending[at].wrapping_add(1);
         }
         if (to == Holder::User) != (from == Holder::User) {
             // Recorded with the slot's pool buffer before it can go back.
-            let backing = self.backed.as_ref().map(|b| b.of[i as usize]).filter(|&o| o != NONE);
+            let backing = self.backed.as_ref().map(|b| b.of[at]).filter(|&o| o != NONE);
             self.changes.push(HoldChange { slot: i, held: to == Holder::User, backing });
         }
         if to == Holder::Free && from != Holder::Free {
-            self.free[usize::from(self.class[i as usize])].push(i);
-            if let Some(b) = &mut self.backed {
-                let of = std::mem::replace(&mut b.of[i as usize], NONE);
-                if of != NONE {
-                    b.by_mr.remove(&b.pool.info(of).id.raw());
-                    if b.quarantined {
-                        // Kept out of the pool for good.
-                    } else if from == Holder::User {
-                        // The release of its CPU hold is a command still to
-                        // be carried out: the buffer goes back after it.
-                        b.returning.push(of);
-                    } else {
-                        b.pool.give(of);
-                    }
-                }
+            self.free[usize::from(self.class[at])].push(i);
+            if self.backed.is_some() {
+                self.unback(at, from);
             }
         }
-        self.holder[i as usize] = to;
+        self.holder[at] = to;
+    }
+
+    /// Slot `at` (backed), held by `from`, goes back to the free list: its
+    /// pool buffer goes back to the pool (after the release of its CPU
+    /// hold if the user held it), unless quarantined.
+    #[inline(never)]
+    fn unback(&mut self, at: usize, from: Holder) {
+        let Some(b) = &mut self.backed else { return };
+        let of = std::mem::replace(&mut b.of[at], NONE);
+        if of != NONE {
+            b.by_mr.remove(&b.pool.info(of).id.raw());
+            if b.quarantined {
+                // Kept out of the pool for good.
+            } else if from == Holder::User {
+                // The release of its CPU hold is a command still to
+                // be carried out: the buffer goes back after it.
+                b.returning.push(of);
+            } else {
+                b.pool.give(of);
+            }
+        }
     }
 
     /// Move slot `i` from `from` to `to`; false (and no change) if it was not held by `from`.

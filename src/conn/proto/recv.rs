@@ -75,8 +75,9 @@ impl Connection {
         inline: &[u8],
         attach: RawAttaches<'_>,
     ) {
-        if let Some(n) = too_many_payloads(attach, inline) {
-            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
+        let payloads = payloads(attach, inline);
+        if payloads > 1 {
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
         if msg <= self.last_request {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
@@ -182,10 +183,11 @@ impl Connection {
         inline: &[u8],
         attach: RawAttaches<'_>,
     ) {
-        if let Some(n) = too_many_payloads(attach, inline) {
-            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
+        let payloads = payloads(attach, inline);
+        if payloads > 1 {
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
-        let carries_data = attach.iter().any(|(e, b)| is_data_exposure(e, b)) || !inline.is_empty();
+        let carries_data = payloads > 0;
         for (engine, bytes) in attach.iter() {
             self.on_attach(now, Some(msg), engine, bytes);
             if self.down.is_some() {
@@ -609,11 +611,11 @@ fn is_data_exposure(engine: EngineTag, bytes: &[u8]) -> bool {
     }
 }
 
-/// A request or reply carries at most one payload (one grant, offer or
-/// exposure); more would make the reader fill buffers nobody is handed.
-fn too_many_payloads(attach: RawAttaches<'_>, inline: &[u8]) -> Option<usize> {
-    let n = attach.iter().filter(|&(e, b)| is_data_exposure(e, b)).count() + usize::from(!inline.is_empty());
-    (n > 1).then_some(n)
+/// The payloads a request or reply carries: its grants, offers and
+/// exposures, and its inline payload. It may carry at most one; more would
+/// make the reader fill buffers nobody is handed.
+fn payloads(attach: RawAttaches<'_>, inline: &[u8]) -> usize {
+    attach.iter().filter(|&(e, b)| is_data_exposure(e, b)).count() + usize::from(!inline.is_empty())
 }
 
 fn kind(f: &Received<'_>) -> &'static str {
