@@ -298,7 +298,7 @@ impl<'a> Reader<'a> {
         self.at += n;
         Ok(s)
     }
-    #[inline]
+    #[inline(always)]
     fn u8(&mut self) -> Result<u8, FrameError> {
         Ok(self.take(1)?[0])
     }
@@ -308,19 +308,19 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
-    #[inline]
+    #[inline(always)]
     fn u16(&mut self) -> Result<u16, FrameError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
-    #[inline]
+    #[inline(always)]
     fn u64(&mut self) -> Result<u64, FrameError> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
-    #[inline]
+    #[inline(always)]
     fn header(&mut self) -> Result<&'a [u8], FrameError> {
         let len = self.u16()? as usize;
         if len > MAX_HEADER {
@@ -328,7 +328,7 @@ impl<'a> Reader<'a> {
         }
         self.take(len)
     }
-    #[inline]
+    #[inline(always)]
     fn inline(&mut self) -> Result<&'a [u8], FrameError> {
         let len = self.u16()? as usize;
         if len > MAX_INLINE as usize {
@@ -338,7 +338,7 @@ impl<'a> Reader<'a> {
     }
     /// The attachment list, checked (count, engines, lengths) but left in
     /// the received bytes.
-    #[inline]
+    #[inline(always)]
     fn attaches(&mut self) -> Result<RawAttaches<'a>, FrameError> {
         let count = self.u8()? as usize;
         if count > MAX_ATTACH {
@@ -450,13 +450,13 @@ impl Writer<'_> {
         self.at = end;
         Ok(())
     }
-    #[inline]
+    #[inline(always)]
     fn header(&mut self, header: &[u8]) -> Result<(), FrameError> {
         check_header(header)?;
         self.put(&(header.len() as u16).to_le_bytes())?;
         self.put(header)
     }
-    #[inline]
+    #[inline(always)]
     fn inline(&mut self, inline: &[u8]) -> Result<(), FrameError> {
         if inline.len() > MAX_INLINE as usize {
             return Err(FrameError::TooLarge {
@@ -471,7 +471,7 @@ impl Writer<'_> {
         }
         self.put(inline)
     }
-    #[inline]
+    #[inline(always)]
     fn attaches(&mut self, attach: &[Attach]) -> Result<(), FrameError> {
         if attach.len() > MAX_ATTACH {
             return Err(FrameError::TooLarge {

@@ -119,14 +119,13 @@ impl Connection {
     /// and every plain frame's posted before it are free (a send queue
     /// completes in order).
     pub(super) fn plain_send_done(&mut self, slot: u32) {
-        if !self.plain_sends.contains(&slot) {
+        let Some(at) = self.plain_sends.iter().position(|&s| s == slot) else {
             tracing::warn!(slot, "completion of a send slot not in flight");
             return;
-        }
-        while let Some(s) = self.plain_sends.pop_front() {
-            self.sends.hand(s, Holder::Exposed, Holder::Free);
-            if s == slot {
-                break;
+        };
+        for _ in 0..=at {
+            if let Some(s) = self.plain_sends.pop_front() {
+                self.sends.hand(s, Holder::Exposed, Holder::Free);
             }
         }
     }
