@@ -476,6 +476,12 @@ impl Slots {
         self.holder.get(i as usize).copied()
     }
 
+    /// Whether some slot, of any class, is free.
+    #[inline]
+    pub(crate) fn any_free(&self) -> bool {
+        self.free.iter().any(|f| !f.is_empty())
+    }
+
     pub(crate) fn count(&self, h: Holder) -> usize {
         if h == Holder::Free {
             return self.free.iter().map(Vec::len).sum();

@@ -9,8 +9,9 @@ use crate::backend::{NicError, SendWr, Sge, SgeList};
 
 impl Connection {
     /// Whether a frame needing `need` credits can go now.
+    #[inline]
     pub(super) fn can_send(&self, need: u32) -> bool {
-        self.credits >= need && self.sends.count(Holder::Free) > 0
+        self.credits >= need && self.sends.any_free()
     }
 
     /// Credits a frame of `kind` needs: a `Credit` frame may spend the
@@ -26,7 +27,7 @@ impl Connection {
     /// Whether a call or reply could go now: a send slot, credit, and no
     /// older frame waiting for either.
     pub(super) fn send_capacity(&self) -> Result<(), UseError> {
-        if self.sends.count(Holder::Free) == 0 {
+        if !self.sends.any_free() {
             return Err(UseError::NoCtrlSlot);
         }
         if !self.backlog.is_empty() || self.credits < 2 {
