@@ -77,12 +77,16 @@ impl Connection {
         match a {
             mw::OwnerAction::BindAndGrant(b) => {
                 let attach = mw_attach(&mw::Message::Grant(b.grant));
-                let frame = match frame {
+                let alone;
+                let frame: &Frame<'_> = match frame {
                     Some(f) => {
                         push_attach(f, attach);
-                        *f
+                        f
                     }
-                    None => Frame::Engine(attach),
+                    None => {
+                        alone = Frame::Engine(attach);
+                        &alone
+                    }
                 };
                 let bind = SendWr::BindMw {
                     wr_id: b.bind_token.wr_id(),
@@ -95,7 +99,7 @@ impl Connection {
                     len: b.buffer.len as usize,
                     access: Access::REMOTE_READ,
                 };
-                if let Err(e) = self.send_frame(&frame, Some((bind, b.send_token.wr_id()))) {
+                if let Err(e) = self.send_frame(frame, Some((bind, b.send_token.wr_id()))) {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
