@@ -62,7 +62,13 @@ impl Layout {
     }
 
     /// The class of `slot` (which must exist).
+    #[inline]
     pub(crate) fn class_of(&self, slot: u32) -> usize {
+        if let [only] = self.classes.as_slice() {
+            // The usual layout: one class, no search.
+            debug_assert!(slot < only.count, "slot {slot} of {}", only.count);
+            return 0;
+        }
         self.classes.partition_point(|c| c.first + c.count <= slot)
     }
 
@@ -115,10 +121,9 @@ pub(crate) enum Holder {
 /// later one.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    holder: Vec<Holder>,
-    lending: Vec<u32>,
-    /// Each slot's class.
-    class: Vec<u8>,
+    /// Each slot's holder, lending and class, together (one bounds check
+    /// per hand-over).
+    slots: Vec<Slot>,
     /// Free slots of each class, so taking one is O(1).
     free: Vec<Vec<u32>>,
     /// Slots that entered (true) or left (false) the user's hands since the
@@ -174,6 +179,15 @@ impl Backed {
     }
 }
 
+/// One slot of [`Slots`].
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    holder: Holder,
+    /// Its class.
+    class: u8,
+    lending: u32,
+}
+
 /// A slot that entered or left the user's hands.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HoldChange {
@@ -195,22 +209,16 @@ impl Slots {
     /// `counts[k]` slots of class `k`, for each class.
     pub(crate) fn with_classes(counts: &[u32]) -> Slots {
         let n: u32 = counts.iter().sum();
-        let mut class = Vec::with_capacity(n as usize);
+        let mut slots = Vec::with_capacity(n as usize);
         let mut free = Vec::with_capacity(counts.len());
         let mut first = 0;
         for (k, &count) in counts.iter().enumerate() {
-            class.extend(std::iter::repeat(k as u8).take(count as usize));
+            let slot = Slot { holder: Holder::Free, class: k as u8, lending: 0 };
+            slots.extend(std::iter::repeat(slot).take(count as usize));
             free.push((first..first + count).rev().collect());
             first += count;
         }
-        Slots {
-            holder: vec![Holder::Free; n as usize],
-            lending: vec![0; n as usize],
-            class,
-            free,
-            changes: Vec::with_capacity(2 * n as usize),
-            backed: None,
-        }
+        Slots { slots, free, changes: Vec::with_capacity(2 * n as usize), backed: None }
     }
 
     /// Back the slots with `pool`'s buffers: slot class `k` (of
@@ -226,7 +234,7 @@ impl Slots {
                 None => Err(size),
             })
             .collect::<Result<Vec<_>, u32>>()?;
-        let n = self.holder.len();
+        let n = self.slots.len();
         let by_mr = id_map(n);
         self.backed = Some(Backed {
             pool,
@@ -356,7 +364,7 @@ impl Slots {
             self.back(k, i, outgoing)?;
         }
         self.free[k].pop();
-        debug_assert_eq!(self.holder[i as usize], Holder::Free);
+        debug_assert_eq!(self.slots[i as usize].holder, Holder::Free);
         self.set(i, to);
         Some(i)
     }
@@ -393,9 +401,11 @@ impl Slots {
     #[inline]
     fn set(&mut self, i: u32, to: Holder) {
         let at = i as usize;
-        let from = self.holder[at];
+        let slot = &mut self.slots[at];
+        let (from, class) = (slot.holder, slot.class);
+        slot.holder = to;
         if to == Holder::User {
-            self.lending[at] = self.lending[at].wrapping_add(1);
+            slot.lending = slot.lending.wrapping_add(1);
         }
         if (to == Holder::User) != (from == Holder::User) {
             // Recorded with the slot's pool buffer before it can go back.
@@ -403,12 +413,11 @@ impl Slots {
             self.changes.push(HoldChange { slot: i, held: to == Holder::User, backing });
         }
         if to == Holder::Free && from != Holder::Free {
-            self.free[usize::from(self.class[at])].push(i);
+            self.free[usize::from(class)].push(i);
             if self.backed.is_some() {
                 self.unback(at, from);
             }
         }
-        self.holder[at] = to;
     }
 
     /// Slot `at` (backed), held by `from`, goes back to the free list: its
@@ -434,8 +443,8 @@ impl Slots {
 
     /// Move slot `i` from `from` to `to`; false (and no change) if it was not held by `from`.
     pub(crate) fn hand(&mut self, i: u32, from: Holder, to: Holder) -> bool {
-        match self.holder.get(i as usize) {
-            Some(h) if *h == from && from != Holder::Free => {
+        match self.slots.get(i as usize) {
+            Some(s) if s.holder == from && from != Holder::Free => {
                 self.set(i, to);
                 true
             }
@@ -457,7 +466,7 @@ impl Slots {
 
     /// The current lending of slot `i` (meaningful while the user holds it).
     pub(crate) fn lending(&self, i: u32) -> u32 {
-        self.lending.get(i as usize).copied().unwrap_or(0)
+        self.slots.get(i as usize).map_or(0, |s| s.lending)
     }
 
     /// The user gives slot `i` back to the pool, if they still hold it
@@ -473,7 +482,7 @@ impl Slots {
     }
 
     pub(crate) fn holder(&self, i: u32) -> Option<Holder> {
-        self.holder.get(i as usize).copied()
+        self.slots.get(i as usize).map(|s| s.holder)
     }
 
     /// Whether some slot, of any class, is free.
@@ -486,7 +495,7 @@ impl Slots {
         if h == Holder::Free {
             return self.free.iter().map(Vec::len).sum();
         }
-        self.holder.iter().filter(|x| **x == h).count()
+        self.slots.iter().filter(|s| s.holder == h).count()
     }
 }
 
