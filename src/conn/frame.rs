@@ -368,6 +368,11 @@ pub(crate) struct RawAttaches<'a> {
 }
 
 impl<'a> RawAttaches<'a> {
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
     /// Each attachment: its engine and its bytes (at most [`MAX_ATTACH_LEN`]).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (EngineTag, &'a [u8])> {
         let mut r = Reader { buf: self.bytes, at: 0 };

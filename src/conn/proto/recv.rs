@@ -88,6 +88,23 @@ impl Connection {
             span.record("trace", tracing::field::display(t));
         }
         tracing::debug!(parent: &span, header_len = header.len(), "request received");
+        if attach.is_empty() && inline.is_empty() {
+            // No payload, no fetch: the request surfaces at once (as
+            // maybe_surface would), its header going straight into the
+            // event (the request keeps none: only a confirm fetch needs it).
+            let r = Request {
+                span,
+                trace,
+                header: Header::default(),
+                data: Data::Absent,
+                release: None,
+                fetch_fb: None,
+                surfaced: true,
+            };
+            self.requests.insert(msg, r);
+            let header = header.into();
+            return self.emit(Event::Request { req: RequestId(msg), header, data: None, trace });
+        }
         self.requests.insert(
             msg,
             Request {
@@ -188,6 +205,17 @@ impl Connection {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
         let carries_data = payloads > 0;
+        if payloads == 0 && attach.is_empty() {
+            // No payload and nothing else attached: a call that waited for
+            // nothing but this reply is delivered at once (as maybe_finish
+            // would), its header going straight into the event.
+            if self.calls.get(&msg).is_some_and(|c| c.data == Data::Unknown) {
+                let call = self.calls.remove(&msg).expect("present");
+                tracing::debug!(parent: &call.span, status = Some(status), "reply delivered");
+                let header = header.into();
+                return self.emit(Event::Reply { call: CallId(msg), status, header, data: None });
+            }
+        }
         for (engine, bytes) in attach.iter() {
             self.on_attach(now, Some(msg), engine, bytes);
             if self.down.is_some() {
