@@ -318,6 +318,13 @@ impl Client {
         self.events.push_back(Event::ReadFailed { msg, error });
     }
 
+    /// Whether actions or events wait to be polled (a driver with none
+    /// skips polling).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.actions.is_empty() || !self.events.is_empty()
+    }
+
     /// The next work request to post or message to send.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()

@@ -305,6 +305,13 @@ impl Server {
         self.check_indexes();
     }
 
+    /// Whether actions or events wait to be polled (a driver with none
+    /// skips polling).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.actions.is_empty() || !self.events.is_empty()
+    }
+
     /// The next work request to post or message to send.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()

@@ -397,6 +397,13 @@ impl Reader {
         self.check_indexes();
     }
 
+    /// Whether actions or events wait to be polled (a driver with none
+    /// skips polling).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.actions.is_empty() || !self.events.is_empty()
+    }
+
     /// The next work to post, in order.
     pub fn poll_action(&mut self) -> Option<ReaderAction> {
         self.actions.pop_front()

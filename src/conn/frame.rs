@@ -288,6 +288,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline(always)]
     fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
         let left = self.buf.len() - self.at;
         if left < n {
@@ -297,24 +298,29 @@ impl<'a> Reader<'a> {
         self.at += n;
         Ok(s)
     }
+    #[inline(always)]
     fn u8(&mut self) -> Result<u8, FrameError> {
         Ok(self.take(1)?[0])
     }
+    #[inline]
     fn array<const N: usize>(&mut self) -> Result<[u8; N], FrameError> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
+    #[inline(always)]
     fn u16(&mut self) -> Result<u16, FrameError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
+    #[inline(always)]
     fn u64(&mut self) -> Result<u64, FrameError> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
+    #[inline(always)]
     fn header(&mut self) -> Result<&'a [u8], FrameError> {
         let len = self.u16()? as usize;
         if len > MAX_HEADER {
@@ -322,6 +328,7 @@ impl<'a> Reader<'a> {
         }
         self.take(len)
     }
+    #[inline(always)]
     fn inline(&mut self) -> Result<&'a [u8], FrameError> {
         let len = self.u16()? as usize;
         if len > MAX_INLINE as usize {
@@ -329,18 +336,104 @@ impl<'a> Reader<'a> {
         }
         self.take(len)
     }
-    fn attaches(&mut self) -> Result<Attaches, FrameError> {
+    /// The attachment list, checked (count, engines, lengths) but left in
+    /// the received bytes.
+    #[inline(always)]
+    fn attaches(&mut self) -> Result<RawAttaches<'a>, FrameError> {
         let count = self.u8()? as usize;
         if count > MAX_ATTACH {
             return Err(FrameError::TooLarge { what: "attachment count", len: count, max: MAX_ATTACH });
         }
-        let mut out = Attaches::new();
+        let start = self.at;
         for _ in 0..count {
-            let engine = EngineTag::from_u8(self.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
+            EngineTag::from_u8(self.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
             let len = self.u16()? as usize;
-            out.push(Attach::new(engine, self.take(len)?)?)?;
+            self.take(len)?;
+            if len > MAX_ATTACH_LEN {
+                return Err(FrameError::TooLarge { what: "attachment", len, max: MAX_ATTACH_LEN });
+            }
+        }
+        Ok(RawAttaches { count: count as u8, bytes: &self.buf[start..self.at] })
+    }
+}
+
+/// The attachments of a received request or reply, checked by the decoder
+/// and borrowed from the received bytes: reading a frame copies none of
+/// them (an [`Attaches`] is 265 bytes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawAttaches<'a> {
+    count: u8,
+    /// `count` entries `engine:u8 len:u16 bytes`, each checked.
+    bytes: &'a [u8],
+}
+
+impl<'a> RawAttaches<'a> {
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Each attachment: its engine and its bytes (at most [`MAX_ATTACH_LEN`]).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (EngineTag, &'a [u8])> {
+        let mut r = Reader { buf: self.bytes, at: 0 };
+        // Checked when decoded: an entry that does not parse cannot occur,
+        // and would end the list rather than panic.
+        (0..self.count).map_while(move |_| {
+            let engine = EngineTag::from_u8(r.u8().ok()?).ok()??;
+            let len = r.u16().ok()? as usize;
+            Some((engine, r.take(len).ok()?))
+        })
+    }
+
+    fn to_attaches(self) -> Result<Attaches, FrameError> {
+        let mut out = Attaches::new();
+        for (engine, bytes) in self.iter() {
+            out.push(Attach::new(engine, bytes)?)?;
         }
         Ok(out)
+    }
+}
+
+/// A frame as the connection reads it: a [`Frame`] whose attachments stay
+/// in the received bytes ([`RawAttaches`]), and whose engine message is
+/// borrowed too. Decoding one copies nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Received<'a> {
+    /// [`Frame::Request`].
+    Request {
+        msg_id: u64,
+        trace: Option<TraceId>,
+        header: &'a [u8],
+        inline: &'a [u8],
+        attach: RawAttaches<'a>,
+    },
+    /// [`Frame::Reply`].
+    Reply { msg_id: u64, status: u8, header: &'a [u8], inline: &'a [u8], attach: RawAttaches<'a> },
+    /// [`Frame::Engine`]: the engine and its message (at most [`MAX_ATTACH_LEN`] bytes).
+    Engine(EngineTag, &'a [u8]),
+    /// [`Frame::Ping`].
+    Ping { seq: u64 },
+    /// [`Frame::Pong`].
+    Pong { seq: u64 },
+    /// [`Frame::Credit`].
+    Credit,
+}
+
+impl<'a> Received<'a> {
+    /// The [`Frame`] (its attachments copied out).
+    fn to_frame(self) -> Result<Frame<'a>, FrameError> {
+        Ok(match self {
+            Received::Request { msg_id, trace, header, inline, attach } => {
+                Frame::Request { msg_id, trace, header, inline, attach: attach.to_attaches()? }
+            }
+            Received::Reply { msg_id, status, header, inline, attach } => {
+                Frame::Reply { msg_id, status, header, inline, attach: attach.to_attaches()? }
+            }
+            Received::Engine(engine, bytes) => Frame::Engine(Attach::new(engine, bytes)?),
+            Received::Ping { seq } => Frame::Ping { seq },
+            Received::Pong { seq } => Frame::Pong { seq },
+            Received::Credit => Frame::Credit,
+        })
     }
 }
 
@@ -352,6 +445,7 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    #[inline(always)]
     fn put(&mut self, bytes: &[u8]) -> Result<(), FrameError> {
         let end = self.at + bytes.len();
         if end > self.out.len() {
@@ -361,11 +455,13 @@ impl Writer<'_> {
         self.at = end;
         Ok(())
     }
+    #[inline(always)]
     fn header(&mut self, header: &[u8]) -> Result<(), FrameError> {
         check_header(header)?;
         self.put(&(header.len() as u16).to_le_bytes())?;
         self.put(header)
     }
+    #[inline(always)]
     fn inline(&mut self, inline: &[u8]) -> Result<(), FrameError> {
         if inline.len() > MAX_INLINE as usize {
             return Err(FrameError::TooLarge {
@@ -375,8 +471,12 @@ impl Writer<'_> {
             });
         }
         self.put(&(inline.len() as u16).to_le_bytes())?;
+        if inline.is_empty() {
+            return Ok(());
+        }
         self.put(inline)
     }
+    #[inline(always)]
     fn attaches(&mut self, attach: &[Attach]) -> Result<(), FrameError> {
         if attach.len() > MAX_ATTACH {
             return Err(FrameError::TooLarge {
@@ -387,8 +487,8 @@ impl Writer<'_> {
         }
         self.put(&[attach.len() as u8])?;
         for a in attach {
-            self.put(&[a.engine.to_u8()])?;
-            self.put(&(a.bytes().len() as u16).to_le_bytes())?;
+            let [l0, l1] = (a.bytes().len() as u16).to_le_bytes();
+            self.put(&[a.engine.to_u8(), l0, l1])?;
             self.put(a.bytes())?;
         }
         Ok(())
@@ -416,8 +516,8 @@ impl<'a> Frame<'a> {
     pub fn encode_with_credit(&self, credit: u16, out: &mut [u8]) -> Result<usize, FrameError> {
         let limit = out.len().min(MAX_FRAME);
         let mut w = Writer { out: &mut out[..limit], at: 0 };
-        w.put(&[VERSION, self.kind_byte()])?;
-        w.put(&credit.to_le_bytes())?;
+        let [c0, c1] = credit.to_le_bytes();
+        w.put(&[VERSION, self.kind_byte(), c0, c1])?;
         match self {
             Frame::Request { msg_id, trace, header, inline, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
@@ -469,6 +569,14 @@ impl<'a> Frame<'a> {
 
     /// Decode one frame from untrusted bytes, with the credit it grants.
     pub fn decode_with_credit(buf: &'a [u8]) -> Result<(Frame<'a>, u16), FrameError> {
+        let (r, credit) = Frame::receive(buf)?;
+        Ok((r.to_frame()?, credit))
+    }
+
+    /// Decode one frame from untrusted bytes, with the credit it grants,
+    /// leaving its attachments in `buf` (what the connection reads: the
+    /// checks are [`Frame::decode_with_credit`]'s, which builds on it).
+    pub(crate) fn receive(buf: &'a [u8]) -> Result<(Received<'a>, u16), FrameError> {
         if buf.len() > MAX_FRAME {
             return Err(FrameError::TooLarge { what: "frame", len: buf.len(), max: MAX_FRAME });
         }
@@ -487,7 +595,7 @@ impl<'a> Frame<'a> {
                     FLAG_TRACE => Some(TraceId::from_bytes(r.array()?)),
                     other => return Err(FrameError::UnknownFlags(other)),
                 };
-                Frame::Request {
+                Received::Request {
                     msg_id,
                     trace,
                     header: r.header()?,
@@ -495,7 +603,7 @@ impl<'a> Frame<'a> {
                     attach: r.attaches()?,
                 }
             }
-            2 => Frame::Reply {
+            2 => Received::Reply {
                 msg_id: r.u64()?,
                 status: r.u8()?,
                 header: r.header()?,
@@ -505,11 +613,15 @@ impl<'a> Frame<'a> {
             3 => {
                 let engine = EngineTag::from_u8(r.u8()?)?.ok_or(FrameError::UnknownEngine(0))?;
                 let bytes = r.take(buf.len() - r.at)?;
-                Frame::Engine(Attach::new(engine, bytes)?)
+                if bytes.len() > MAX_ATTACH_LEN {
+                    let len = bytes.len();
+                    return Err(FrameError::TooLarge { what: "attachment", len, max: MAX_ATTACH_LEN });
+                }
+                Received::Engine(engine, bytes)
             }
-            4 => Frame::Ping { seq: r.u64()? },
-            5 => Frame::Pong { seq: r.u64()? },
-            6 => Frame::Credit,
+            4 => Received::Ping { seq: r.u64()? },
+            5 => Received::Pong { seq: r.u64()? },
+            6 => Received::Credit,
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {

@@ -3,6 +3,7 @@
 
 use super::bufpool::BufferPool;
 use super::config::Config;
+use super::proto::ids::{id_map, IdMap};
 
 /// Where each data buffer is: the size classes laid out one after the
 /// other in the data region (the standard class, `Config::buffers` of
@@ -61,7 +62,13 @@ impl Layout {
     }
 
     /// The class of `slot` (which must exist).
+    #[inline]
     pub(crate) fn class_of(&self, slot: u32) -> usize {
+        if let [only] = self.classes.as_slice() {
+            // The usual layout: one class, no search.
+            debug_assert!(slot < only.count, "slot {slot} of {}", only.count);
+            return 0;
+        }
         self.classes.partition_point(|c| c.first + c.count <= slot)
     }
 
@@ -114,10 +121,9 @@ pub(crate) enum Holder {
 /// later one.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    holder: Vec<Holder>,
-    lending: Vec<u32>,
-    /// Each slot's class.
-    class: Vec<u8>,
+    /// Each slot's holder, lending and class, together (one bounds check
+    /// per hand-over).
+    slots: Vec<Slot>,
     /// Free slots of each class, so taking one is O(1).
     free: Vec<Vec<u32>>,
     /// Slots that entered (true) or left (false) the user's hands since the
@@ -139,7 +145,7 @@ struct Backed {
     /// The pool buffer behind each slot (`NONE` while free).
     of: Vec<u32>,
     /// The slot each taken pool buffer backs, by its region's raw id.
-    by_mr: std::collections::HashMap<u32, u32>,
+    by_mr: IdMap<u32, u32>,
     /// Buffers the user gave back, to go back to the pool once the release
     /// of their CPU hold is carried out ([`Slots::give_returned`]).
     returning: Vec<u32>,
@@ -173,6 +179,15 @@ impl Backed {
     }
 }
 
+/// One slot of [`Slots`].
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    holder: Holder,
+    /// Its class.
+    class: u8,
+    lending: u32,
+}
+
 /// A slot that entered or left the user's hands.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HoldChange {
@@ -194,22 +209,16 @@ impl Slots {
     /// `counts[k]` slots of class `k`, for each class.
     pub(crate) fn with_classes(counts: &[u32]) -> Slots {
         let n: u32 = counts.iter().sum();
-        let mut class = Vec::with_capacity(n as usize);
+        let mut slots = Vec::with_capacity(n as usize);
         let mut free = Vec::with_capacity(counts.len());
         let mut first = 0;
         for (k, &count) in counts.iter().enumerate() {
-            class.extend(std::iter::repeat(k as u8).take(count as usize));
+            let slot = Slot { holder: Holder::Free, class: k as u8, lending: 0 };
+            slots.extend(std::iter::repeat(slot).take(count as usize));
             free.push((first..first + count).rev().collect());
             first += count;
         }
-        Slots {
-            holder: vec![Holder::Free; n as usize],
-            lending: vec![0; n as usize],
-            class,
-            free,
-            changes: Vec::with_capacity(2 * n as usize),
-            backed: None,
-        }
+        Slots { slots, free, changes: Vec::with_capacity(2 * n as usize), backed: None }
     }
 
     /// Back the slots with `pool`'s buffers: slot class `k` (of
@@ -225,8 +234,8 @@ impl Slots {
                 None => Err(size),
             })
             .collect::<Result<Vec<_>, u32>>()?;
-        let n = self.holder.len();
-        let by_mr = std::collections::HashMap::with_capacity(n);
+        let n = self.slots.len();
+        let by_mr = id_map(n);
         self.backed = Some(Backed {
             pool,
             class,
@@ -348,18 +357,27 @@ impl Slots {
         self.take_backed(k, Holder::User, true)
     }
 
+    #[inline]
     fn take_backed(&mut self, k: usize, to: Holder, outgoing: bool) -> Option<u32> {
         let i = *self.free.get(k)?.last()?;
-        if let Some(b) = &mut self.backed {
-            let class = b.class[k];
-            let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
-            b.of[i as usize] = of;
-            b.by_mr.insert(b.pool.info(of).id.raw(), i);
+        if self.backed.is_some() {
+            self.back(k, i, outgoing)?;
         }
         self.free[k].pop();
-        debug_assert_eq!(self.holder[i as usize], Holder::Free);
+        debug_assert_eq!(self.slots[i as usize].holder, Holder::Free);
         self.set(i, to);
         Some(i)
+    }
+
+    /// Take a buffer of the pool for slot `i` of class `k` (backed).
+    #[inline(never)]
+    fn back(&mut self, k: usize, i: u32, outgoing: bool) -> Option<()> {
+        let b = self.backed.as_mut()?;
+        let class = b.class[k];
+        let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
+        b.of[i as usize] = of;
+        b.by_mr.insert(b.pool.info(of).id.raw(), i);
+        Some(())
     }
 
     /// Whether a take of class `k` would find a buffer now: a free slot,
@@ -380,46 +398,64 @@ impl Slots {
         self.free.get(k).map_or(0, Vec::len)
     }
 
+    #[inline]
     fn set(&mut self, i: u32, to: Holder) {
-        let from = self.holder[i as usize];
+        let at = i as usize;
+        let slot = &mut self.slots[at];
+        let (from, class) = (slot.holder, slot.class);
+        slot.holder = to;
         if to == Holder::User {
-            self.lending[i as usize] = self.lending[i as usize].wrapping_add(1);
+            slot.lending = slot.lending.wrapping_add(1);
         }
         if (to == Holder::User) != (from == Holder::User) {
             // Recorded with the slot's pool buffer before it can go back.
-            let backing = self.backed.as_ref().map(|b| b.of[i as usize]).filter(|&o| o != NONE);
+            let backing = self.backed.as_ref().map(|b| b.of[at]).filter(|&o| o != NONE);
             self.changes.push(HoldChange { slot: i, held: to == Holder::User, backing });
         }
         if to == Holder::Free && from != Holder::Free {
-            self.free[usize::from(self.class[i as usize])].push(i);
-            if let Some(b) = &mut self.backed {
-                let of = std::mem::replace(&mut b.of[i as usize], NONE);
-                if of != NONE {
-                    b.by_mr.remove(&b.pool.info(of).id.raw());
-                    if b.quarantined {
-                        // Kept out of the pool for good.
-                    } else if from == Holder::User {
-                        // The release of its CPU hold is a command still to
-                        // be carried out: the buffer goes back after it.
-                        b.returning.push(of);
-                    } else {
-                        b.pool.give(of);
-                    }
-                }
+            self.free[usize::from(class)].push(i);
+            if self.backed.is_some() {
+                self.unback(at, from);
             }
         }
-        self.holder[i as usize] = to;
+    }
+
+    /// Slot `at` (backed), held by `from`, goes back to the free list: its
+    /// pool buffer goes back to the pool (after the release of its CPU
+    /// hold if the user held it), unless quarantined.
+    #[inline(never)]
+    fn unback(&mut self, at: usize, from: Holder) {
+        let Some(b) = &mut self.backed else { return };
+        let of = std::mem::replace(&mut b.of[at], NONE);
+        if of != NONE {
+            b.by_mr.remove(&b.pool.info(of).id.raw());
+            if b.quarantined {
+                // Kept out of the pool for good.
+            } else if from == Holder::User {
+                // The release of its CPU hold is a command still to
+                // be carried out: the buffer goes back after it.
+                b.returning.push(of);
+            } else {
+                b.pool.give(of);
+            }
+        }
     }
 
     /// Move slot `i` from `from` to `to`; false (and no change) if it was not held by `from`.
     pub(crate) fn hand(&mut self, i: u32, from: Holder, to: Holder) -> bool {
-        match self.holder.get(i as usize) {
-            Some(h) if *h == from && from != Holder::Free => {
+        match self.slots.get(i as usize) {
+            Some(s) if s.holder == from && from != Holder::Free => {
                 self.set(i, to);
                 true
             }
             _ => false,
         }
+    }
+
+    /// Whether user hand-overs were recorded since the last `take_changes`.
+    #[inline]
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
     }
 
     /// Move the recorded user hand-overs into `out` (emptied first).
@@ -430,7 +466,7 @@ impl Slots {
 
     /// The current lending of slot `i` (meaningful while the user holds it).
     pub(crate) fn lending(&self, i: u32) -> u32 {
-        self.lending.get(i as usize).copied().unwrap_or(0)
+        self.slots.get(i as usize).map_or(0, |s| s.lending)
     }
 
     /// The user gives slot `i` back to the pool, if they still hold it
@@ -446,14 +482,20 @@ impl Slots {
     }
 
     pub(crate) fn holder(&self, i: u32) -> Option<Holder> {
-        self.holder.get(i as usize).copied()
+        self.slots.get(i as usize).map(|s| s.holder)
+    }
+
+    /// Whether some slot, of any class, is free.
+    #[inline]
+    pub(crate) fn any_free(&self) -> bool {
+        self.free.iter().any(|f| !f.is_empty())
     }
 
     pub(crate) fn count(&self, h: Holder) -> usize {
         if h == Holder::Free {
             return self.free.iter().map(Vec::len).sum();
         }
-        self.holder.iter().filter(|x| **x == h).count()
+        self.slots.iter().filter(|s| s.holder == h).count()
     }
 }
 

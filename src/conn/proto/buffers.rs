@@ -421,7 +421,15 @@ impl Connection {
     /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
     /// back since the last time. Called before the NIC can act again: at the
     /// end of every input.
+    #[inline]
     pub(super) fn flush_holds(&mut self) {
+        if self.bufs.has_changes() {
+            self.queue_holds();
+        }
+    }
+
+    #[inline(never)]
+    fn queue_holds(&mut self) {
         self.bufs.take_changes(&mut self.hold_changes);
         if self.hold_changes.is_empty() {
             return;

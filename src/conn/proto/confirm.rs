@@ -149,6 +149,17 @@ impl ConfirmEngine {
         }
     }
 
+    /// Whether the connection's pump has nothing of the engine's to carry
+    /// out: no action or event queued, no READ waiting for a destination,
+    /// no expired offer whose entries are to go.
+    pub(super) fn idle(&self) -> bool {
+        let quiet = match &self.engine {
+            Engine::Client(c) => !c.has_output(),
+            Engine::Server(s) => !s.has_output(),
+        };
+        quiet && self.pending_reads.is_empty() && self.expired.is_empty()
+    }
+
     pub(super) fn poll_action(&mut self) -> Option<fb::Action> {
         match &mut self.engine {
             Engine::Client(c) => c.poll_action(),

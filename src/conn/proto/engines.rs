@@ -18,7 +18,21 @@ impl Connection {
     // ---- carrying out engine actions ----
 
     /// Drain every engine's actions and events until all are quiet.
+    /// (Inline: at rest, most calls find nothing to do and cost the
+    /// checks only.)
+    #[inline]
     pub(super) fn pump(&mut self, now: Duration) {
+        if !self.idle() {
+            self.pump_rounds(now);
+        }
+        self.maybe_grant();
+        self.flush_holds();
+    }
+
+    /// [`Connection::pump`]'s rounds, while one makes progress and leaves
+    /// something to do.
+    #[inline(never)]
+    fn pump_rounds(&mut self, now: Duration) {
         loop {
             let mut progressed = self.retry_pending(now);
             while let Some(a) = self.owner.as_mut().and_then(|o| o.engine.poll_action()) {
@@ -37,12 +51,24 @@ impl Connection {
             progressed |= self.reader_events(now);
             progressed |= self.fb_events(now);
             progressed |= self.drain_backlog();
-            if !progressed {
+            if !progressed || self.idle() {
                 break;
             }
         }
-        self.maybe_grant();
-        self.flush_holds();
+    }
+
+    /// Whether a round of [`Connection::pump`] would find nothing to do
+    /// (most turns of a connection at rest between calls): up, no engine
+    /// output queued, nothing waiting for a buffer or for credit. Every
+    /// queue the round drains is checked here.
+    #[inline]
+    fn idle(&self) -> bool {
+        self.down.is_none()
+            && self.backlog.is_empty()
+            && self.inline_wait.is_empty()
+            && self.owner.as_ref().map_or(true, |o| !o.engine.has_output())
+            && self.reader.as_ref().map_or(true, |r| !r.engine.has_output() && r.pending.is_empty())
+            && self.confirm.as_ref().map_or(true, ConfirmEngine::idle)
     }
 
     /// Carry out an owner action. A `BindAndGrant` goes out chained with the
@@ -51,12 +77,16 @@ impl Connection {
         match a {
             mw::OwnerAction::BindAndGrant(b) => {
                 let attach = mw_attach(&mw::Message::Grant(b.grant));
-                let frame = match frame {
+                let alone;
+                let frame: &Frame<'_> = match frame {
                     Some(f) => {
                         push_attach(f, attach);
-                        *f
+                        f
                     }
-                    None => Frame::Engine(attach),
+                    None => {
+                        alone = Frame::Engine(attach);
+                        &alone
+                    }
                 };
                 let bind = SendWr::BindMw {
                     wr_id: b.bind_token.wr_id(),
@@ -69,7 +99,7 @@ impl Connection {
                     len: b.buffer.len as usize,
                     access: Access::REMOTE_READ,
                 };
-                if let Err(e) = self.send_frame(&frame, Some((bind, b.send_token.wr_id()))) {
+                if let Err(e) = self.send_frame(frame, Some((bind, b.send_token.wr_id()))) {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
@@ -167,6 +197,12 @@ impl Connection {
 
     /// Start READs that waited for a free destination. Returns whether any did.
     pub(super) fn retry_pending(&mut self, now: Duration) -> bool {
+        let waiting = self.confirm.as_ref().is_some_and(|c| !c.pending_reads.is_empty())
+            || self.reader.as_ref().is_some_and(|r| !r.pending.is_empty())
+            || !self.inline_wait.is_empty();
+        if !waiting && self.down.is_none() {
+            return false; // nothing waits for a buffer
+        }
         let mut any = false;
         if self.down.is_some() {
             // Nothing can be read any more: a queued READ would take a

@@ -10,7 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{Attach, Attaches, EngineTag, Frame};
+use super::super::frame::{EngineTag, Frame, RawAttaches, Received};
 use super::super::pool::Holder;
 use super::confirm::ConfirmEngine;
 use super::*;
@@ -36,7 +36,7 @@ impl Connection {
             }
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
-        match Frame::decode_with_credit(bytes) {
+        match Frame::receive(bytes) {
             Ok((frame, credit)) => {
                 // A peer that grants more than it posted only hurts itself
                 // (its receive queue runs dry, RNR ends its connection).
@@ -47,21 +47,21 @@ impl Connection {
         }
     }
 
-    fn on_frame(&mut self, now: Duration, frame: Frame<'_>) {
+    fn on_frame(&mut self, now: Duration, frame: Received<'_>) {
         match (frame, self.cfg.role) {
-            (Frame::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
+            (Received::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
                 self.on_request(now, msg_id, trace, header, inline, attach)
             }
-            (Frame::Reply { msg_id, status, header, inline, attach }, Role::Client) => {
+            (Received::Reply { msg_id, status, header, inline, attach }, Role::Client) => {
                 self.on_reply(now, msg_id, status, header, inline, attach)
             }
-            (Frame::Engine(a), _) => self.on_attach(now, None, a),
-            (Frame::Ping { seq }, _) => {
+            (Received::Engine(engine, bytes), _) => self.on_attach(now, None, engine, bytes),
+            (Received::Ping { seq }, _) => {
                 if let Err(e) = self.send_frame(&Frame::Pong { seq }, None) {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
-            (Frame::Pong { .. } | Frame::Credit, _) => {} // heard, credit taken: see above
+            (Received::Pong { .. } | Received::Credit, _) => {} // heard, credit taken: see above
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
@@ -73,10 +73,11 @@ impl Connection {
         trace: Option<TraceId>,
         header: &[u8],
         inline: &[u8],
-        attach: Attaches,
+        attach: RawAttaches<'_>,
     ) {
-        if let Some(n) = too_many_payloads(&attach, inline) {
-            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
+        let payloads = payloads(attach, inline);
+        if payloads > 1 {
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
         if msg <= self.last_request {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
@@ -87,6 +88,23 @@ impl Connection {
             span.record("trace", tracing::field::display(t));
         }
         tracing::debug!(parent: &span, header_len = header.len(), "request received");
+        if attach.is_empty() && inline.is_empty() {
+            // No payload, no fetch: the request surfaces at once (as
+            // maybe_surface would), its header going straight into the
+            // event (the request keeps none: only a confirm fetch needs it).
+            let r = Request {
+                span,
+                trace,
+                header: Header::default(),
+                data: Data::Absent,
+                release: None,
+                fetch_fb: None,
+                surfaced: true,
+            };
+            self.requests.insert(msg, r);
+            let header = header.into();
+            return self.emit(Event::Request { req: RequestId(msg), header, data: None, trace });
+        }
         self.requests.insert(
             msg,
             Request {
@@ -99,8 +117,8 @@ impl Connection {
                 surfaced: false,
             },
         );
-        for &a in attach.iter() {
-            self.on_attach(now, Some(msg), a);
+        for (engine, bytes) in attach.iter() {
+            self.on_attach(now, Some(msg), engine, bytes);
             if self.down.is_some() {
                 return;
             }
@@ -180,14 +198,26 @@ impl Connection {
         status: u8,
         header: &[u8],
         inline: &[u8],
-        attach: Attaches,
+        attach: RawAttaches<'_>,
     ) {
-        if let Some(n) = too_many_payloads(&attach, inline) {
-            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: n });
+        let payloads = payloads(attach, inline);
+        if payloads > 1 {
+            return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
-        let carries_data = attach.iter().any(is_data_exposure) || !inline.is_empty();
-        for &a in attach.iter() {
-            self.on_attach(now, Some(msg), a);
+        let carries_data = payloads > 0;
+        if payloads == 0 && attach.is_empty() {
+            // No payload and nothing else attached: a call that waited for
+            // nothing but this reply is delivered at once (as maybe_finish
+            // would), its header going straight into the event.
+            if self.calls.get(&msg).is_some_and(|c| c.data == Data::Unknown) {
+                let call = self.calls.remove(&msg).expect("present");
+                tracing::debug!(parent: &call.span, status = Some(status), "reply delivered");
+                let header = header.into();
+                return self.emit(Event::Reply { call: CallId(msg), status, header, data: None });
+            }
+        }
+        for (engine, bytes) in attach.iter() {
+            self.on_attach(now, Some(msg), engine, bytes);
             if self.down.is_some() {
                 return;
             }
@@ -206,9 +236,9 @@ impl Connection {
     }
 
     /// One engine message, riding in a request or reply for `msg`, or alone.
-    fn on_attach(&mut self, now: Duration, msg: Option<u64>, a: Attach) {
-        match a.engine {
-            EngineTag::Mw => match mw::Message::decode(a.bytes()) {
+    fn on_attach(&mut self, now: Duration, msg: Option<u64>, engine: EngineTag, bytes: &[u8]) {
+        match engine {
+            EngineTag::Mw => match mw::Message::decode(bytes) {
                 Ok(mw::Message::Grant(g)) => {
                     let Some(msg) = msg else {
                         return self.misbehaved(now, Misbehavior::GrantOutsideMessage);
@@ -232,7 +262,7 @@ impl Connection {
                 Err(e) => self.misbehaved(now, Misbehavior::MalformedLeaseMessage(e)),
             },
             EngineTag::Confirm => {
-                let m = match fb::Message::decode(a.bytes()) {
+                let m = match fb::Message::decode(bytes) {
                     Ok((m, [])) => m,
                     Ok(_) => return self.misbehaved(now, Misbehavior::ConfirmTrailingBytes),
                     Err(e) => return self.misbehaved(now, Misbehavior::MalformedConfirmMessage(e)),
@@ -599,31 +629,31 @@ impl Connection {
     }
 }
 
-fn is_data_exposure(a: &Attach) -> bool {
-    match a.engine {
-        EngineTag::Mw => matches!(mw::Message::decode(a.bytes()), Ok(mw::Message::Grant(_))),
+fn is_data_exposure(engine: EngineTag, bytes: &[u8]) -> bool {
+    match engine {
+        EngineTag::Mw => matches!(mw::Message::decode(bytes), Ok(mw::Message::Grant(_))),
         EngineTag::Confirm => matches!(
-            fb::Message::decode(a.bytes()),
+            fb::Message::decode(bytes),
             Ok((fb::Message::Offer { .. } | fb::Message::Expose { .. }, _))
         ),
     }
 }
 
-/// A request or reply carries at most one payload (one grant, offer or
-/// exposure); more would make the reader fill buffers nobody is handed.
-fn too_many_payloads(attach: &[Attach], inline: &[u8]) -> Option<usize> {
-    let n = attach.iter().filter(|a| is_data_exposure(a)).count() + usize::from(!inline.is_empty());
-    (n > 1).then_some(n)
+/// The payloads a request or reply carries: its grants, offers and
+/// exposures, and its inline payload. It may carry at most one; more would
+/// make the reader fill buffers nobody is handed.
+fn payloads(attach: RawAttaches<'_>, inline: &[u8]) -> usize {
+    attach.iter().filter(|&(e, b)| is_data_exposure(e, b)).count() + usize::from(!inline.is_empty())
 }
 
-fn kind(f: &Frame<'_>) -> &'static str {
+fn kind(f: &Received<'_>) -> &'static str {
     match f {
-        Frame::Request { .. } => "request",
-        Frame::Reply { .. } => "reply",
-        Frame::Engine(_) => "engine message",
-        Frame::Ping { .. } => "ping",
-        Frame::Pong { .. } => "pong",
-        Frame::Credit => "credit",
+        Received::Request { .. } => "request",
+        Received::Reply { .. } => "reply",
+        Received::Engine(..) => "engine message",
+        Received::Ping { .. } => "ping",
+        Received::Pong { .. } => "pong",
+        Received::Credit => "credit",
     }
 }
 

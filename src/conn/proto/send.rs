@@ -9,8 +9,9 @@ use crate::backend::{NicError, SendWr, Sge, SgeList};
 
 impl Connection {
     /// Whether a frame needing `need` credits can go now.
+    #[inline]
     pub(super) fn can_send(&self, need: u32) -> bool {
-        self.credits >= need && self.sends.count(Holder::Free) > 0
+        self.credits >= need && self.sends.any_free()
     }
 
     /// Credits a frame of `kind` needs: a `Credit` frame may spend the
@@ -26,7 +27,7 @@ impl Connection {
     /// Whether a call or reply could go now: a send slot, credit, and no
     /// older frame waiting for either.
     pub(super) fn send_capacity(&self) -> Result<(), UseError> {
-        if self.sends.count(Holder::Free) == 0 {
+        if !self.sends.any_free() {
             return Err(UseError::NoCtrlSlot);
         }
         if !self.backlog.is_empty() || self.credits < 2 {
@@ -119,14 +120,13 @@ impl Connection {
     /// and every plain frame's posted before it are free (a send queue
     /// completes in order).
     pub(super) fn plain_send_done(&mut self, slot: u32) {
-        if !self.plain_sends.contains(&slot) {
+        let Some(at) = self.plain_sends.iter().position(|&s| s == slot) else {
             tracing::warn!(slot, "completion of a send slot not in flight");
             return;
-        }
-        while let Some(s) = self.plain_sends.pop_front() {
-            self.sends.hand(s, Holder::Exposed, Holder::Free);
-            if s == slot {
-                break;
+        };
+        for _ in 0..=at {
+            if let Some(s) = self.plain_sends.pop_front() {
+                self.sends.hand(s, Holder::Exposed, Holder::Free);
             }
         }
     }
@@ -205,9 +205,10 @@ impl Connection {
     /// with at most one credit left means its peer owes it at least
     /// `share - 1` (at least 7), past the
     /// threshold.
+    #[inline]
     pub(super) fn maybe_grant(&mut self) {
         let threshold = (self.share / 2).max(2);
-        if self.down.is_none() && self.owed >= threshold && self.can_send(1) {
+        if self.owed >= threshold && self.down.is_none() && self.can_send(1) {
             self.stats.credit_frames += 1;
             if let Err(e) = self.send_frame(&Frame::Credit, None) {
                 self.go_down(self.now, LossReason::Nic(e));
