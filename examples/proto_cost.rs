@@ -111,7 +111,6 @@ fn run(me: &mut Side, peer: &mut Side) -> bool {
                 }
             }
             Command::SetQpError => panic!("the connection went down: {:?}", me.conn.is_down()),
-            Command::CpuHold { .. } => {}
         }
     }
     while let Some(c) = me.cq.pop_front() {

@@ -36,6 +36,7 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -52,6 +53,8 @@ pub struct Memory {
     /// locked access takes this lock, so a hold cannot begin in the middle
     /// of a copy.
     holds: Mutex<Vec<(usize, usize)>>,
+    /// A peer may READ held bytes (see [`Memory::expect_reads_of_held`]).
+    reads_of_held: AtomicBool,
 }
 
 // SAFETY: `Memory` owns its allocation (like a `Box<[u8]>`); the bytes are
@@ -105,7 +108,13 @@ impl Memory {
         let layout = Layout::from_size_align(size, align).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        Some(Arc::new(Memory { ptr, len, layout, holds: Mutex::new(Vec::new()) }))
+        Some(Arc::new(Memory {
+            ptr,
+            len,
+            layout,
+            holds: Mutex::new(Vec::new()),
+            reads_of_held: AtomicBool::new(false),
+        }))
     }
 
     /// The length in bytes.
@@ -122,6 +131,34 @@ impl Memory {
     /// Whether a buffer handle holds any of its bytes.
     pub fn is_held(&self) -> bool {
         !self.holds.lock().is_empty()
+    }
+
+    /// Whether a handle holds any of `offset..offset + len`.
+    pub fn is_range_held(&self, offset: usize, len: usize) -> bool {
+        let end = offset.saturating_add(len);
+        self.holds.lock().iter().any(|&(o, l)| o < end && offset < o + l)
+    }
+
+    /// Hold `offset..offset + len` with no access to its bytes, until the
+    /// [`Hold`] is dropped, as a buffer handle does while its user has it
+    /// (`None` if out of range or held already): for tests of what the
+    /// simulated NIC does with held bytes.
+    pub fn hold(self: &Arc<Memory>, offset: usize, len: usize) -> Option<Hold> {
+        self.lend(offset, len).map(Hold)
+    }
+
+    /// A peer may READ bytes a handle holds: the memory is exposed under
+    /// the confirm policy, whose region key reaches all of it, so a reader
+    /// may READ a buffer that is being reused, and discards what it read.
+    /// The simulator's oracle then does not report such a READ (under mw it
+    /// does: a window never covers a buffer a user holds).
+    pub fn expect_reads_of_held(&self) {
+        self.reads_of_held.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Memory::expect_reads_of_held`] was called.
+    pub fn reads_of_held_expected(&self) -> bool {
+        self.reads_of_held.load(Ordering::Relaxed)
     }
 
     /// The first byte, for registering the memory with a device (whose DMA
@@ -257,6 +294,16 @@ impl Memory {
         if let Ok(i) = holds.binary_search_by_key(&offset, |&(o, _)| o) {
             holds.remove(i);
         }
+    }
+}
+
+/// A hold on a range of a [`Memory`] with no access to its bytes
+/// ([`Memory::hold`]); released when dropped.
+pub struct Hold(#[allow(dead_code)] Lent);
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hold")
     }
 }
 

@@ -58,7 +58,7 @@ impl Victim {
             match c {
                 Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
                 Command::SetQpError => self.qp_errors += 1,
-                Command::PostSend { .. } | Command::CpuHold { .. } => {}
+                Command::PostSend { .. } => {}
             }
         }
     }

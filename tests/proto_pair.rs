@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use mwcap::backend::{Completion, CpuHold, Memory, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
@@ -40,8 +40,6 @@ struct Side {
     cq: VecDeque<Completion>,
     /// Valid windows over our data: rkey → byte range.
     windows: HashMap<u32, std::ops::Range<usize>>,
-    /// Buffers (by offset) the user holds, and whether the peer may READ them.
-    held: HashMap<usize, bool>,
     binds: u64,
     invalidations: u64,
 }
@@ -84,7 +82,6 @@ impl Side {
             recvs: VecDeque::new(),
             cq: VecDeque::new(),
             windows: HashMap::new(),
-            held: HashMap::new(),
             binds: 0,
             invalidations: 0,
         }
@@ -143,19 +140,9 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                 } else {
                     assert_eq!(rkey, peer.rkey, "a READ with a key that is not the region's");
                 }
-                for (&off, &reads_ok) in &peer.held {
-                    if off < range.end && range.start < off + SIZE as usize {
-                        assert!(reads_ok, "under mw, a READ of a buffer its owner's user holds");
-                    }
-                }
-                for &off in me.held.keys() {
-                    assert!(
-                        !(off < l.offset + l.len as usize && l.offset < off + SIZE as usize),
-                        "a DMA into a held buffer"
-                    );
-                }
                 let mut bytes = Vec::new();
-                peer.data.dma_read(range.start, range.len(), &mut bytes).unwrap();
+                let met = peer.data.dma_read(range.start, range.len(), &mut bytes).unwrap();
+                assert!(!met || !peer.owns_mw, "under mw, a READ of a buffer its owner's user holds");
                 let met = me.data.dma_write(l.offset, &bytes).unwrap();
                 assert!(!met, "a READ landed in a buffer a handle holds");
                 if signaled {
@@ -238,14 +225,6 @@ impl Pair {
                                 me.conn.is_down()
                             )
                         }
-                        Command::CpuHold { offset, hold, .. } => match hold {
-                            CpuHold::Held { remote_reads_allowed } => {
-                                me.held.insert(offset, remote_reads_allowed);
-                            }
-                            CpuHold::Released => {
-                                me.held.remove(&offset);
-                            }
-                        },
                     }
                 }
                 while let Some(c) = me.cq.pop_front() {
@@ -362,7 +341,7 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
     for side in [&mut p.c, &mut p.s] {
         assert!(side.windows.is_empty(), "every bound window was invalidated");
         assert_eq!(side.binds, side.invalidations, "each bind invalidated exactly once");
-        assert!(side.held.is_empty(), "no buffer left held");
+        assert!(!side.data.is_held(), "no buffer left held");
     }
     p
 }

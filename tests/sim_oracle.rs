@@ -191,38 +191,45 @@ fn the_same_seed_gives_the_same_trace() {
 
 #[test]
 fn a_dma_into_or_a_forbidden_read_of_cpu_held_memory_is_a_hazard() {
-    use mwcap::backend::CpuHold;
     use mwcap::sim::HazardKind;
     let f = Fabric::with_seed(5);
     let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
     // a's region is public; b READs it into its own region.
     let src = p.a.nic.reg_mr(256, Access::REMOTE_READ).unwrap();
     let dst = p.b.nic.reg_mr(256, Access::LOCAL_WRITE).unwrap();
+    let (src_mem, dst_mem) = (p.a.nic.memory(src.id).unwrap(), p.b.nic.memory(dst.id).unwrap());
     // Holding other bytes is fine: nothing happens.
-    p.b.nic.set_cpu_held(dst.id, 128, 64, CpuHold::Held { remote_reads_allowed: true });
+    let _other = dst_mem.hold(128, 64).unwrap();
     p.b.nic.post_send(p.b.qp, &[read(1, dst.id, 0, 64, src.addr, src.rkey)]).unwrap();
     p.settle();
     assert!(f.hazards().is_empty(), "{:?}", f.hazards());
-    // A READ into bytes the user holds changes them under the user.
+    // A READ into bytes a handle holds would change them under its user.
     p.b.nic.post_send(p.b.qp, &[read(2, dst.id, 150, 8, src.addr, src.rkey)]).unwrap();
     p.settle();
     let h = f.hazards();
     assert_eq!(h.len(), 1, "{h:?}");
     assert_eq!(h[0].kind, HazardKind::DmaIntoHeldBuffer);
-    // A remote READ of held bytes is a hazard only when the holder forbids it.
-    p.a.nic.set_cpu_held(src.id, 0, 32, CpuHold::Held { remote_reads_allowed: true });
+    // A remote READ of held bytes is a hazard unless the memory expects it
+    // (confirm); the reader gets POISON in their place.
+    let held = src_mem.hold(0, 32).unwrap();
     p.b.nic.post_send(p.b.qp, &[read(3, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
-    p.settle();
-    assert_eq!(f.hazards().len(), 1);
-    p.a.nic.set_cpu_held(src.id, 0, 32, CpuHold::Held { remote_reads_allowed: false });
-    p.b.nic.post_send(p.b.qp, &[read(4, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
     p.settle();
     let h = f.hazards();
     assert_eq!(h.len(), 2, "{h:?}");
     assert_eq!(h[1].kind, HazardKind::RemoteReadOfHeldBuffer);
-    // Released: no more hazards.
-    p.a.nic.set_cpu_held(src.id, 0, 32, CpuHold::Released);
+    let mut seen = [0u8; 16];
+    dst_mem.read(0, &mut seen).unwrap();
+    assert_eq!(seen, [mwcap::backend::POISON; 16]);
+    src_mem.expect_reads_of_held();
+    p.b.nic.post_send(p.b.qp, &[read(4, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
+    p.settle();
+    assert_eq!(f.hazards().len(), 2);
+    // Released: no more hazards, and the bytes are the region's again.
+    drop(held);
+    src_mem.write(0, &[7; 16]).unwrap();
     p.b.nic.post_send(p.b.qp, &[read(5, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
     p.settle();
     assert_eq!(f.hazards().len(), 2);
+    dst_mem.read(0, &mut seen).unwrap();
+    assert_eq!(seen, [7; 16]);
 }

@@ -25,7 +25,7 @@ pub(crate) mod loopback;
 pub mod rkey;
 mod types;
 
-pub use crate::mem::{MemError, Memory, POISON};
+pub use crate::mem::{Hold, MemError, Memory, POISON};
 pub use types::*;
 
 /// A NIC as mwcap uses it: one protection domain, its memory, windows,
@@ -72,16 +72,6 @@ pub trait Nic: Send + Sync {
     /// ([`crate::conn::Buf`]) lends as a slice while it holds a range of
     /// it (see [`Memory`]); it stays allocated while an `Arc` of it lives.
     fn memory(&self, mr: MrId) -> Result<std::sync::Arc<Memory>, NicError>;
-
-    /// Testing aid: `mr[offset..offset + len]` is lent to the CPU (a user
-    /// holds it: no DMA may write it, and, unless `remote_reads_allowed`, no
-    /// remote READ may reach it), or no longer (`CpuHold::Released`, with the
-    /// same `offset`). The simulator reports a violation as a hazard
-    /// ([`crate::sim::HazardKind::DmaIntoHeldBuffer`],
-    /// [`crate::sim::HazardKind::RemoteReadOfHeldBuffer`]); real NICs ignore it.
-    fn set_cpu_held(&self, mr: MrId, offset: usize, len: usize, hold: CpuHold) {
-        let _ = (mr, offset, len, hold);
-    }
 
     /// Allocate a type-2 memory window. It starts unbound; its rkey's index
     /// bits are fixed for its life.

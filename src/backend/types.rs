@@ -147,21 +147,6 @@ pub struct MwInfo {
     pub rkey: u32,
 }
 
-/// Whether the CPU holds a range of a region; see
-/// [`Nic::set_cpu_held`](super::Nic::set_cpu_held).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CpuHold {
-    /// Lent to the CPU.
-    Held {
-        /// Remote READs may still reach it (the confirm policy exposes the
-        /// whole region through its rkey; the mw policy exposes nothing a
-        /// user holds).
-        remote_reads_allowed: bool,
-    },
-    /// Given back.
-    Released,
-}
-
 /// How to create a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpConfig {

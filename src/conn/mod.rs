@@ -115,9 +115,7 @@ pub mod pool_model {
         }
         /// The user gives slot `i` back (its buffer goes back to the pool).
         pub fn give_back(&mut self, i: u32) -> bool {
-            let back = self.0.hand(i, Holder::User, Holder::Free);
-            self.0.give_returned();
-            back
+            self.0.hand(i, Holder::User, Holder::Free)
         }
         /// The waker the pool wakes after a take found it empty.
         pub fn wake_on_pool(&mut self, w: &std::task::Waker) {

@@ -126,9 +126,6 @@ pub(crate) struct Slots {
     slots: Vec<Slot>,
     /// Free slots of each class, so taking one is O(1).
     free: Vec<Vec<u32>>,
-    /// Slots that entered (true) or left (false) the user's hands since the
-    /// last `take_changes`, for `Nic::set_cpu_held`.
-    changes: Vec<HoldChange>,
     /// Backing from a shared pool, when the slots are a connection's
     /// places in it rather than buffers of its own.
     backed: Option<Backed>,
@@ -146,9 +143,6 @@ struct Backed {
     of: Vec<u32>,
     /// The slot each taken pool buffer backs, by its region's raw id.
     by_mr: IdMap<u32, u32>,
-    /// Buffers the user gave back, to go back to the pool once the release
-    /// of their CPU hold is carried out ([`Slots::give_returned`]).
-    returning: Vec<u32>,
     /// Woken when a buffer comes back after a take found none.
     waker: Option<std::task::Waker>,
     /// A take found the pool's class empty, when the pool had had this
@@ -188,18 +182,6 @@ struct Slot {
     lending: u32,
 }
 
-/// A slot that entered or left the user's hands.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HoldChange {
-    pub(crate) slot: u32,
-    /// Entered (true) or left.
-    pub(crate) held: bool,
-    /// The pool buffer behind the slot at the change, when backed: a slot
-    /// given back to the pool at once has none by the time the change is
-    /// carried out.
-    pub(crate) backing: Option<u32>,
-}
-
 impl Slots {
     /// `n` slots of one class.
     pub(crate) fn new(n: u32) -> Slots {
@@ -218,7 +200,7 @@ impl Slots {
             free.push((first..first + count).rev().collect());
             first += count;
         }
-        Slots { slots, free, changes: Vec::with_capacity(2 * n as usize), backed: None }
+        Slots { slots, free, backed: None }
     }
 
     /// Back the slots with `pool`'s buffers: slot class `k` (of
@@ -241,7 +223,6 @@ impl Slots {
             class,
             of: vec![NONE; n],
             by_mr,
-            returning: Vec::with_capacity(n),
             waker: None,
             starved: None,
             quarantined: false,
@@ -301,16 +282,6 @@ impl Slots {
         (of != NONE).then_some((&b.pool, of))
     }
 
-    /// Give the pool the buffers users gave back, once the commands that
-    /// release their CPU holds have been carried out.
-    pub(crate) fn give_returned(&mut self) {
-        if let Some(b) = &mut self.backed {
-            for of in b.returning.drain(..) {
-                b.pool.give(of);
-            }
-        }
-    }
-
     /// Keep every buffer taken now (and later) out of the pool for good.
     pub(crate) fn quarantine(&mut self) {
         if let Some(b) = &mut self.backed {
@@ -331,7 +302,6 @@ impl Slots {
     /// Give every slot's pool buffer back, whoever holds the slot: only once
     /// nothing can reach any of them (the QP destroyed, its windows freed).
     pub(crate) fn release_backing(&mut self) {
-        self.give_returned();
         if let Some(b) = self.backed.as_mut().filter(|b| !b.quarantined) {
             b.by_mr.clear();
             for of in b.of.iter_mut().filter(|o| **o != NONE) {
@@ -407,35 +377,25 @@ impl Slots {
         if to == Holder::User {
             slot.lending = slot.lending.wrapping_add(1);
         }
-        if (to == Holder::User) != (from == Holder::User) {
-            // Recorded with the slot's pool buffer before it can go back.
-            let backing = self.backed.as_ref().map(|b| b.of[at]).filter(|&o| o != NONE);
-            self.changes.push(HoldChange { slot: i, held: to == Holder::User, backing });
-        }
         if to == Holder::Free && from != Holder::Free {
             self.free[usize::from(class)].push(i);
             if self.backed.is_some() {
-                self.unback(at, from);
+                self.unback(at);
             }
         }
     }
 
-    /// Slot `at` (backed), held by `from`, goes back to the free list: its
-    /// pool buffer goes back to the pool (after the release of its CPU
-    /// hold if the user held it), unless quarantined.
+    /// Slot `at` (backed) goes back to the free list: its pool buffer goes
+    /// back to the pool, unless quarantined. (A buffer the user held was
+    /// released by its handle already: a `Buf`'s hold on the memory ends
+    /// when the handle does.)
     #[inline(never)]
-    fn unback(&mut self, at: usize, from: Holder) {
+    fn unback(&mut self, at: usize) {
         let Some(b) = &mut self.backed else { return };
         let of = std::mem::replace(&mut b.of[at], NONE);
         if of != NONE {
             b.by_mr.remove(&b.pool.info(of).id.raw());
-            if b.quarantined {
-                // Kept out of the pool for good.
-            } else if from == Holder::User {
-                // The release of its CPU hold is a command still to
-                // be carried out: the buffer goes back after it.
-                b.returning.push(of);
-            } else {
+            if !b.quarantined {
                 b.pool.give(of);
             }
         }
@@ -450,18 +410,6 @@ impl Slots {
             }
             _ => false,
         }
-    }
-
-    /// Whether user hand-overs were recorded since the last `take_changes`.
-    #[inline]
-    pub(crate) fn has_changes(&self) -> bool {
-        !self.changes.is_empty()
-    }
-
-    /// Move the recorded user hand-overs into `out` (emptied first).
-    pub(crate) fn take_changes(&mut self, out: &mut Vec<HoldChange>) {
-        out.clear();
-        std::mem::swap(out, &mut self.changes);
     }
 
     /// The current lending of slot `i` (meaningful while the user holds it).

@@ -8,8 +8,8 @@ use super::oracle::{DeviceId, QpAddr};
 use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, Srq, World, WrState};
 use super::Fabric;
 use crate::backend::{
-    Access, Completion, CpuHold, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError,
-    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge, SrqId,
+    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
+    QpEndpoint, QpId, QpState, SendWr, Sge, SrqId,
 };
 
 const ENODEV: i32 = 19;
@@ -220,7 +220,6 @@ impl Nic for SimNic {
             addr,
             rkey,
             bound_mws: 0,
-            held: Default::default(),
         }));
         Ok(MrInfo { id: MrId(idx), addr, len, lkey: rkey, rkey })
     }
@@ -280,19 +279,6 @@ impl Nic for SimNic {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "memory")?;
         Ok(self.mr_of(d, mr)?.data.clone())
-    }
-
-    fn set_cpu_held(&self, mr: MrId, offset: usize, len: usize, hold: CpuHold) {
-        let mut w = self.fabric.lock();
-        let Some(m) = w.devs.get_mut(self.dev as usize).and_then(|d| d.mr_mut(mr.0)) else { return };
-        match hold {
-            CpuHold::Released => {
-                m.held.remove(offset);
-            }
-            CpuHold::Held { remote_reads_allowed } => {
-                m.held.insert(offset, len, remote_reads_allowed);
-            }
-        }
     }
 
     fn alloc_mw(&self) -> Result<MwInfo, NicError> {

@@ -112,13 +112,13 @@ pub enum HazardKind {
     /// A READ response or a SEND landed in a region deregistered meanwhile:
     /// on a real NIC, a DMA into freed memory.
     DmaIntoFreedMemory,
-    /// A READ response or a SEND landed in memory lent to the CPU (a buffer
-    /// a user holds, see `Nic::set_cpu_held`): the user's bytes changed
-    /// under them.
+    /// A READ response or a SEND landed in bytes a buffer handle holds (a
+    /// `Buf` its user has, see `crate::mem`): the user's bytes would have
+    /// changed under them (the simulator skips them).
     DmaIntoHeldBuffer,
-    /// A remote READ was served from memory lent to the CPU whose holder
-    /// forbids remote reads (under the mw policy a user-held buffer must be
-    /// unreachable).
+    /// A remote READ was served from bytes a buffer handle holds, in memory
+    /// that does not expect it (`Memory::expect_reads_of_held`: under the
+    /// mw policy a held buffer must be unreachable; confirm expects it).
     RemoteReadOfHeldBuffer,
 }
 

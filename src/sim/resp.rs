@@ -147,14 +147,11 @@ impl World {
             Ok(inv) => {
                 let mr = self.devs[dev as usize].mr_mut(r.sge.mr.0).expect("checked above");
                 let range = r.sge.offset..r.sge.offset + payload.len();
-                // Held bytes are skipped (reported just below).
-                let _ = mr.data.dma_write(range.start, payload);
-                if let Some((o, l, _)) = mr.held_overlap(range.clone()) {
+                // Held bytes are skipped, and reported.
+                if mr.data.dma_write(range.start, payload).unwrap_or(false) {
                     let detail = format!(
-                        "SEND landed in region {} bytes {range:?}, lent to the CPU at {o}..{} (recv wr_id {})",
-                        r.sge.mr.0,
-                        o + l,
-                        r.wr_id
+                        "SEND landed in region {} bytes {range:?}, some lent to a buffer handle (recv wr_id {})",
+                        r.sge.mr.0, r.wr_id
                     );
                     self.hazard(dev, HazardKind::DmaIntoHeldBuffer, detail);
                 }
@@ -194,13 +191,12 @@ impl World {
             Ok((mr, range, mw)) => {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
                 let mut data = World::take_bytes(&mut self.spare);
-                // Held bytes read as POISON (reported below unless the
-                // policy lets a peer read a held buffer: confirm).
-                let _ = m.data.dma_read(range.start, range.len(), &mut data);
-                if let Some((o, l, false)) = m.held_overlap(range.clone()) {
+                // Held bytes read as POISON, reported unless the memory's
+                // policy lets a peer read a held buffer (confirm).
+                let met = m.data.dma_read(range.start, range.len(), &mut data).unwrap_or(false);
+                if met && !m.data.reads_of_held_expected() {
                     let detail = format!(
-                        "a READ was served from region {mr} bytes {range:?}, lent to the CPU at {o}..{}",
-                        o + l
+                        "a READ was served from region {mr} bytes {range:?}, some lent to a buffer handle"
                     );
                     self.hazard(dev, HazardKind::RemoteReadOfHeldBuffer, detail);
                 }

@@ -72,41 +72,6 @@ pub(crate) struct Mr {
     pub(crate) addr: u64,
     pub(crate) rkey: u32,
     pub(crate) bound_mws: u32,
-    /// Ranges lent to the CPU (a user holds them): offset -> (len, whether
-    /// remote READs of them are allowed). See `Nic::set_cpu_held`.
-    pub(crate) held: HeldRanges,
-}
-
-/// CPU-held ranges of a region, sorted by offset (a vector: holding and
-/// releasing a buffer allocates nothing once it has grown).
-#[derive(Default)]
-pub(crate) struct HeldRanges(Vec<(usize, usize, bool)>);
-
-impl HeldRanges {
-    pub(crate) fn insert(&mut self, offset: usize, len: usize, remote_reads_allowed: bool) {
-        match self.0.binary_search_by_key(&offset, |&(o, _, _)| o) {
-            Ok(i) => self.0[i] = (offset, len, remote_reads_allowed),
-            Err(i) => self.0.insert(i, (offset, len, remote_reads_allowed)),
-        }
-    }
-    pub(crate) fn remove(&mut self, offset: usize) {
-        if let Ok(i) = self.0.binary_search_by_key(&offset, |&(o, _, _)| o) {
-            self.0.remove(i);
-        }
-    }
-    /// The last range starting before `end`.
-    fn last_before(&self, end: usize) -> Option<(usize, usize, bool)> {
-        let i = self.0.partition_point(|&(o, _, _)| o < end);
-        i.checked_sub(1).map(|i| self.0[i])
-    }
-}
-
-impl Mr {
-    /// The first CPU-held range overlapping `range` (with its remote-read
-    /// permission), if any.
-    pub(crate) fn held_overlap(&self, range: std::ops::Range<usize>) -> Option<(usize, usize, bool)> {
-        self.held.last_before(range.end).filter(|&(o, l, _)| o + l > range.start)
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -198,7 +198,6 @@ impl<N: Nic> Link<N> {
         if !self.conn.has_commands() {
             // Most calls find nothing to do (every input and output runs
             // this): skip the span and the loop.
-            self.conn.give_returned_buffers();
             return;
         }
         let _in = self.span.enter();
@@ -225,18 +224,11 @@ impl<N: Nic> Link<N> {
                     }
                     Ok(())
                 }
-                Command::CpuHold { mr, offset, len, hold } => {
-                    self.nic.set_cpu_held(*mr, *offset, *len, *hold);
-                    Ok(())
-                }
             };
             if let Err(e) = done {
                 self.conn.post_failed(&cmd, e);
             }
         }
-        // Buffers users gave back go to the shared pool only now, after the
-        // release of their CPU holds above.
-        self.conn.give_returned_buffers();
     }
 
     /// Take back the buffers whose handles were dropped; returns how many.

@@ -14,7 +14,6 @@ impl Connection {
     pub fn alloc(&mut self) -> Option<Buf> {
         self.reclaim();
         let slot = self.bufs.take_outgoing(0)?;
-        self.flush_holds();
         Some(self.buf(slot, 0))
     }
 
@@ -37,7 +36,6 @@ impl Connection {
             }
         });
         let Some(slot) = found else { return Ok(None) };
-        self.flush_holds();
         Ok(Some(self.buf(slot, 0)))
     }
 
@@ -70,7 +68,6 @@ impl Connection {
                 // A payload may be waiting for a free buffer: the engines run.
                 self.dirty = true;
             }
-            self.flush_holds();
         }
     }
 
@@ -344,7 +341,6 @@ impl Connection {
         if n > 0 {
             // A payload may be waiting for a free buffer: the engines run.
             self.dirty = true;
-            self.flush_holds();
         }
         n
     }
@@ -408,45 +404,5 @@ impl Connection {
     /// endpoint's drop), and use no buffer of the connection afterwards.
     pub(crate) fn release_pool_buffers(&mut self) {
         self.bufs.release_backing();
-    }
-
-    /// Give the shared pool the buffers users gave back. The I/O layer
-    /// calls it after carrying out the commands, so that a buffer's
-    /// [`Command::CpuHold`] release comes before another connection can
-    /// take it (a testing aid's order: the NIC never reaches such a buffer).
-    pub(crate) fn give_returned_buffers(&mut self) {
-        self.bufs.give_returned();
-    }
-
-    /// Queue [`Command::CpuHold`]s for the buffers the user took or gave
-    /// back since the last time. Called before the NIC can act again: at the
-    /// end of every input.
-    #[inline]
-    pub(super) fn flush_holds(&mut self) {
-        if self.bufs.has_changes() {
-            self.queue_holds();
-        }
-    }
-
-    #[inline(never)]
-    fn queue_holds(&mut self) {
-        self.bufs.take_changes(&mut self.hold_changes);
-        if self.hold_changes.is_empty() {
-            return;
-        }
-        let remote_reads_allowed = self.cfg.directions().0 == Policy::Confirm;
-        for i in 0..self.hold_changes.len() {
-            let c = self.hold_changes[i];
-            let len = self.layout.size(c.slot) as usize;
-            let hold = if c.held { CpuHold::Held { remote_reads_allowed } } else { CpuHold::Released };
-            // A pool buffer as it was at the change (a slot given back at
-            // once no longer has one).
-            let (mr, offset) = match (&self.res.data, c.backing) {
-                (DataMemory::Pool(pool), Some(of)) => (pool.info(of).id, 0),
-                (DataMemory::Pool(_), None) => continue,
-                (DataMemory::Region(data, _), _) => (data.id, self.layout.offset(c.slot) as usize),
-            };
-            self.commands.push_back(Command::CpuHold { mr, offset, len, hold });
-        }
     }
 }

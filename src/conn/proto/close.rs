@@ -116,6 +116,5 @@ impl Connection {
         if let Some(c) = &mut self.confirm {
             c.forget_reads();
         }
-        self.flush_holds();
     }
 }

@@ -26,7 +26,6 @@ impl Connection {
             self.pump_rounds(now);
         }
         self.maybe_grant();
-        self.flush_holds();
     }
 
     /// [`Connection::pump`]'s rounds, while one makes progress and leaves

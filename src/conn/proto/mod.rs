@@ -34,9 +34,9 @@ use super::bufpool::BufferPool;
 use super::config::*;
 use super::frame::{Attach, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use super::header::Header;
-use super::pool::{HoldChange, Holder, Layout, Slots};
+use super::pool::{Holder, Layout, Slots};
 use super::types::*;
-use crate::backend::{Completion, CpuHold, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcStatus};
+use crate::backend::{Completion, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcStatus};
 
 mod buffers;
 mod calls;
@@ -141,20 +141,6 @@ pub enum Command {
     /// Move the QP to the error state: every outstanding work request
     /// flushes and no remote access through the QP is possible any more.
     SetQpError,
-    /// Tell the NIC whether the user holds a data buffer's bytes (a
-    /// testing aid, see [`Nic::set_cpu_held`](crate::backend::Nic::set_cpu_held);
-    /// real NICs ignore it).
-    CpuHold {
-        /// The region the buffer is in (the data region, or a buffer of
-        /// the hub's shared pool).
-        mr: MrId,
-        /// Offset in that region.
-        offset: usize,
-        /// Length.
-        len: usize,
-        /// Held or released.
-        hold: CpuHold,
-    },
 }
 
 /// The device resources a connection names in its work requests; the I/O
@@ -332,8 +318,6 @@ pub struct Connection {
     backlog: VecDeque<(u32, u32)>,
     backlog_bytes: Vec<u8>,
     bufs: Slots,
-    /// Scratch for `flush_holds`.
-    hold_changes: Vec<HoldChange>,
     /// Handles dropped by the user, to take back.
     returns: std::sync::Arc<Returns>,
     reclaimed: Vec<(u32, u32)>,
@@ -404,6 +388,11 @@ impl Connection {
             }
         });
         let mut bufs = Slots::with_classes(&layout.counts());
+        if let (Policy::Confirm, DataMemory::Region(_, mem)) = (owns, &res.data) {
+            // The region's key reaches all of it: a peer may READ a buffer
+            // the user holds (reused), and discards what it read.
+            mem.expect_reads_of_held();
+        }
         let confirm = (owns == Policy::Confirm || reads == Policy::Confirm).then(|| {
             let DataMemory::Region(data, _) = &res.data else {
                 panic!("a shared buffer pool serves the mw policy only, not confirm")
@@ -440,7 +429,6 @@ impl Connection {
             inline_wait: VecDeque::new(),
             inline_bytes: Vec::new(),
             returns: Default::default(),
-            hold_changes: Vec::with_capacity(2 * slots),
             reclaimed: Vec::with_capacity(slots),
             now: Duration::ZERO,
             dirty: false,

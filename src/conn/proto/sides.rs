@@ -119,9 +119,6 @@ impl Connection {
                 }
             }
         }
-        // The user's CPU hold on the buffer ends before the bind and SEND
-        // that expose it are posted (the commands go out in order).
-        self.flush_holds();
         self.stats.bytes_exposed += u64::from(len);
         Ok(Some(exposure))
     }
