@@ -57,12 +57,10 @@ pub struct Config {
     /// reply frame: no window, READ or release; the reader copies them into
     /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
     pub inline_max: u32,
-    /// Exposures of ranges of user regions ([`Link::register_region`])
+    /// Exposures of ranges of user regions ([`Connection::register_region`](super::Connection::register_region))
     /// that may be live at once (under mw, a window each, on top of one per
     /// buffer). A call or reply that finds them all live waits like one
     /// that finds no free window.
-    ///
-    /// [`Link::register_region`]: super::Link::register_region
     pub region_exposures: u32,
     /// READs of payloads longer than this are split into READs of this
     /// many bytes, posted together (the NIC pipelines them up to the QP's
@@ -321,11 +319,9 @@ impl Config {
         self.send_slots.unwrap_or(self.ctrl_slots)
     }
 
-    /// Whether these settings can work: [`Link::prepare`] (and so
-    /// every way of connecting) refuses the ones that cannot, before it
-    /// creates anything.
-    ///
-    /// [`Link::prepare`]: super::Link::prepare
+    /// Whether these settings can work: every way of connecting (and
+    /// [`EndpointBuilder::build`](super::EndpointBuilder::build)) refuses
+    /// the ones that cannot, before it creates anything.
     pub fn check(&self) -> Result<(), ConfigError> {
         if self.buffers == 0 || self.buffer_size == 0 {
             return Err(ConfigError::NoBuffers { buffers: self.buffers, buffer_size: self.buffer_size });

@@ -7,12 +7,10 @@
 //!   `mwcap-fallback`, takes completions, received frames and the time,
 //!   and returns work requests to post ([`proto::Command`]) and
 //!   [`Event`]s.
-//! - A [`Link`] does its I/O: it owns the queue pair, a control region for
-//!   the SENDs and RECVs that carry frames, and a data pool of fixed-size
-//!   buffers, posts the connection's commands and feeds back its
-//!   completions. With a completion queue of its own it is a sans-clock
-//!   loop for tests and tools ([`SimPair`]); under an [`Endpoint`] it
-//!   completes on the endpoint's queue.
+//! - A `Link` (internal) does its I/O: it owns the queue pair, a control
+//!   region for the SENDs and RECVs that carry frames, and a data pool of
+//!   fixed-size buffers, posts the connection's commands and feeds back
+//!   its completions from the endpoint's completion queue.
 //! - [`Endpoint`] and [`Connection`] are the async face: an endpoint is
 //!   one completion queue and one driver ([`EndpointDriver`]) for many
 //!   connections, made with [`Endpoint::connect`], [`Endpoint::accept`] or,
@@ -37,11 +35,8 @@
 //! payload arrives as a `Buf` the user owns. Dropping a `Buf` returns it to
 //! the pool; a refused call or reply hands it back in [`Refused`].
 //!
-//! Like the engines, a [`Link`] is sans-clock: the caller passes `now` and
-//! follows the quinn-style loop: `handle_*`/`call`/`reply` inputs, then
-//! [`Link::drive`] (polls completions and carries out engine actions),
-//! then [`Link::poll_event`] until `None`, then wait until
-//! [`Link::poll_timeout`] or the next completion.
+//! An application that runs its own loop drives [`proto::Connection`]s and
+//! carries out their commands itself, as quinn-proto's users do.
 
 #[cfg(not(loom))]
 mod alarm;
@@ -72,6 +67,7 @@ mod routes;
 // Under loom only the pool's model is built: what the endpoint uses goes unused.
 #[cfg_attr(loom, allow(dead_code))]
 mod setup;
+#[cfg(feature = "testing")]
 mod simpair;
 // Under loom only the pool's model is built: what the endpoint uses goes unused.
 #[cfg_attr(loom, allow(dead_code))]
@@ -143,12 +139,18 @@ pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::EndpointStats;
+// The I/O layer is internal: mwcap's own tests, the fuzzers and the
+// benchmark's sans-IO rows reach it through the `testing` feature.
+#[cfg(feature = "testing")]
 pub use link::{Link, Prepared};
+#[cfg(not(feature = "testing"))]
+pub(crate) use link::{Link, Prepared};
 #[cfg(not(loom))]
 pub use live::{Connection, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
 pub use setup::{PolicyChoice, SetupError, SetupOptions};
+#[cfg(feature = "testing")]
 pub use simpair::SimPair;
 pub use srq::{SrqConfig, SrqStats};
 pub use types::*;

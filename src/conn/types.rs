@@ -194,7 +194,7 @@ impl std::hash::Hash for Buf {
 }
 
 /// A region of memory the application registered with an endpoint
-/// ([`Link::register_region`](super::Link::register_region)), to
+/// ([`Connection::register_region`](super::Connection::register_region)), to
 /// expose ranges of it without copying them into pool buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionId(pub(crate) u32);
@@ -304,7 +304,7 @@ pub enum Event {
     },
     /// Server: a request, with its payload read and verified.
     Request {
-        /// Name it in [`Link::reply`](super::Link::reply).
+        /// Name it in the reply.
         req: RequestId,
         /// The request header.
         header: Header,
@@ -323,8 +323,7 @@ pub enum Event {
     },
     /// Server, confirm policy: the client read a stale reply (the offered
     /// buffer's hold ended before it confirmed its READ) and asks for it
-    /// again. Answer `req` again as the first time, with
-    /// [`Link::reply`](super::Link::reply) and a fresh payload: the
+    /// again. Answer `req` again as the first time, with a fresh payload: the
     /// request's header and trace id come again here; its payload, which
     /// the server had the first time, does not.
     ReplyAgain {
@@ -338,15 +337,14 @@ pub enum Event {
     /// A buffer given to the NIC is the user's again: no remote access to it
     /// is possible any more.
     BufferReturned(Buf),
-    /// An exposure of a range of a user region ([`Link::call_region`],
-    /// [`Link::reply_region`]) is over: no remote access to it is
-    /// possible any more, and the range may be written again.
-    ///
-    /// [`Link::call_region`]: super::Link::call_region
-    /// [`Link::reply_region`]: super::Link::reply_region
+    /// An exposure of a range of a user region
+    /// ([`Connection::call_region`](super::Connection::call_region),
+    /// [`Connection::reply_region`](super::Connection::reply_region)) is
+    /// over: no remote access to it is possible any more, and the range may
+    /// be written again.
     RangeReturned(RegionRange),
     /// The connection is down; every call fails, buffers return as the NIC
-    /// flushes. Close it with [`Link::close`](super::Link::close).
+    /// flushes.
     ConnectionLost(LossReason),
 }
 
@@ -462,8 +460,7 @@ pub enum LossReason {
     /// the [`EndpointDriver`](super::EndpointDriver), which watches the
     /// stream of every connection of its endpoint, or by whoever watches it
     /// and calls
-    /// [`Connection::peer_gone`](super::Connection::peer_gone) or
-    /// [`Link::peer_gone`](super::Link::peer_gone).
+    /// [`Connection::peer_gone`](super::Connection::peer_gone).
     PeerGone,
     /// The NIC refused an operation.
     Nic(NicError),

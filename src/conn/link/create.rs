@@ -61,6 +61,7 @@ impl<N: Nic> Link<N> {
     /// domain of its own: see the confirm policy's security note). Returns
     /// it with its QP in INIT; give [`Link::local`] to the peer and call
     /// [`Link::connect`] with the peer's.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(nic: N, cfg: Config) -> Result<Link<N>, SetupError> {
         let policies = cfg.policies;
         Link::prepare(nic, cfg)?.finish(policies)
@@ -69,6 +70,7 @@ impl<N: Nic> Link<N> {
     /// The first half of [`Link::new`], for when the policies are only
     /// known after the bootstrap exchange (which needs the QP number): the
     /// completion queue and the QP. `cfg.policies` is ignored.
+    #[cfg(any(test, feature = "testing"))]
     pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;

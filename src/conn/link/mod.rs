@@ -110,6 +110,7 @@ impl<N: Nic> Link<N> {
     }
 
     /// The NIC handle (for tests and the oracle).
+    #[cfg(any(test, feature = "testing"))]
     pub fn nic(&self) -> &N {
         &self.nic
     }
@@ -131,12 +132,14 @@ impl<N: Nic> Link<N> {
     /// # Panics
     /// On a hub's shared buffer pool, where the connection has no data
     /// region ([`Link::shares_buffers`]).
+    #[cfg(any(test, feature = "testing"))]
     pub fn data_region(&self) -> MrInfo {
         self.data.expect("a connection on a shared buffer pool has no data region")
     }
 
     /// Whether the connection's buffers come from a hub's shared buffer
     /// pool ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)).
+    #[cfg(any(test, feature = "testing"))]
     pub fn shares_buffers(&self) -> bool {
         self.data.is_none()
     }
@@ -147,17 +150,20 @@ impl<N: Nic> Link<N> {
     }
 
     /// The completion queue (for a driver waiting on its readiness).
+    #[cfg(any(test, feature = "testing"))]
     pub fn cq(&self) -> CqId {
         self.cq
     }
 
     /// Whether `buf` is one of this endpoint's buffers.
+    #[cfg(any(test, feature = "testing"))]
     pub fn owns(&self, buf: &Buf) -> bool {
         self.conn.owns(buf)
     }
 
     /// Confirm-policy messages the connection is tracking (diagnostics:
     /// stays bounded by the calls and requests in progress).
+    #[cfg(any(test, feature = "testing"))]
     pub fn tracked_messages(&self) -> usize {
         self.conn.tracked_messages()
     }
@@ -379,12 +385,14 @@ impl<N: Nic> Link<N> {
 
     /// Byte ranges of the data region that are exposed to the peer or being
     /// read into: every other byte must be unreachable by the peer (mw policy).
+    #[cfg(any(test, feature = "testing"))]
     pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
         self.conn.busy_ranges()
     }
 
     /// The byte range of every buffer of the data region, of every class
     /// (for checking [`Link::busy_ranges`] against).
+    #[cfg(any(test, feature = "testing"))]
     pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
         self.conn.buffer_ranges()
     }
@@ -530,6 +538,7 @@ impl<N: Nic> Link<N> {
     /// [`Event::CallFailed`].
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
         self.call_traced(now, None, header, data)
     }
@@ -662,6 +671,7 @@ impl<N: Nic> Link<N> {
     /// must not block calls [`Link::begin_close`], drives until
     /// [`Link::sends_in_flight`] and [`Link::busy_buffers`] are 0,
     /// then [`Link::finish_close`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn close(&mut self, now: Duration) {
         self.begin_close(now);
         self.drive(now);

@@ -337,8 +337,9 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Bytes of memory this connection has registered with the NIC (see
-    /// [`Link::registered_bytes`]).
+    /// Bytes of memory this connection has registered with the NIC: its
+    /// control slots, its buffers (none of its own on an endpoint with a
+    /// shared pool), and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
         self.peek(|s| s.ep.registered_bytes())
     }
@@ -450,8 +451,16 @@ impl<N: Nic> Connection<N> {
         .map_err(|Refused { error, .. }| error)
     }
 
-    /// Register `len` bytes for the application's own data, to expose
-    /// ranges of it without a copy (see [`Link::register_region`]).
+    /// Register `len` bytes of memory for the application to keep its data
+    /// in (a KV cache's values, a store's blocks) and expose ranges of it
+    /// without copying them into pool buffers ([`Connection::call_region`],
+    /// [`Connection::reply_region`]): each exposure gets the same capability
+    /// as a pool buffer (under mw a window over exactly the range, the
+    /// lease, expiry and evidence rules). Zeroed. Write it with
+    /// [`Connection::region_write`]; a range cannot be written, nor the
+    /// region deregistered, while it is exposed. Under confirm the region's
+    /// key lets the peer read all of it (`docs/protocol-confirm.md`): keep
+    /// in it only what that peer may read.
     pub fn register_region(&self, len: usize) -> Result<RegionId, NicError> {
         self.peek(|s| s.ep.register_region(len))
     }
@@ -566,7 +575,8 @@ impl<N: Nic> Connection<N> {
     /// Server: answer a request. A reply that finds no free memory window,
     /// control slot or receive credit waits for one (like [`Connection::call`]); any other
     /// refusal (no such request, a header too long, a foreign buffer, the
-    /// connection down) hands `data` back, see [`Link::reply`].
+    /// connection down) sends nothing, leaves the request waiting for a
+    /// reply, and hands `data` back in [`Refused::data`].
     pub async fn reply(
         &self,
         req: RequestId,

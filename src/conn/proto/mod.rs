@@ -13,7 +13,7 @@
 //! [`Connection::poll_timeout`].
 //!
 //! The I/O layer that carries the commands out on a
-//! [`Nic`](crate::backend::Nic) is [`Link`](super::Link); a test can
+//! [`Nic`](crate::backend::Nic) is mwcap's internal `Link`; a test can
 //! instead carry them out by hand (see `tests/proto_pair.rs`, which runs two
 //! connections against each other with no NIC at all).
 //!
@@ -144,7 +144,7 @@ pub enum Command {
 }
 
 /// The device resources a connection names in its work requests; the I/O
-/// layer creates them (see [`Link`](super::Link)).
+/// layer creates them.
 #[derive(Clone, Debug)]
 pub struct Resources {
     /// The control region: `Config::sends()` send slots then (with a
