@@ -83,7 +83,9 @@ fn the_async_call_reports_a_refusal_as_such_and_returns_the_buffer() {
     let msg = err.to_string();
     assert!(msg.contains("header") && !msg.contains("could not be read intact"), "{msg}");
     match err {
-        CallError::Refused { error: UseError::HeaderTooLong(3000), data: Some(b) } => client.free(b),
+        CallError::Refused(mwcap::conn::Refused { error: UseError::HeaderTooLong(3000), data: Some(b) }) => {
+            client.free(b)
+        }
         other => panic!("{other:?}"),
     }
     let mut all = Vec::new();

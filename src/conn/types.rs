@@ -600,14 +600,10 @@ pub enum PayloadError {
 #[non_exhaustive]
 pub enum CallError {
     /// The call was refused before anything was sent; the request payload
-    /// (if one was given) comes back here, untouched and still the caller's.
-    #[error("the call was not sent: {error}")]
-    Refused {
-        /// Why.
-        error: UseError,
-        /// The request payload, handed back.
-        data: Option<Buf>,
-    },
+    /// (if one was given) comes back in it, untouched and still the
+    /// caller's: the same [`Refused`] a refused reply gives.
+    #[error("the call was not sent: {0}")]
+    Refused(#[from] Refused),
     /// No reply within [`Config::call_timeout`](super::Config::call_timeout).
     #[error("no reply within the call timeout; the server may be overloaded or gone")]
     TimedOut,

@@ -402,7 +402,7 @@ impl<N: Nic> Connection<N> {
             if let Poll::Ready(Ok(id)) = &r {
                 st.calls.insert(*id, slot.clone());
             }
-            r.map_err(|Refused { error, data }| CallError::Refused { error, data }).map_ok(|_| ())
+            r.map_err(CallError::Refused).map_ok(|_| ())
         })
         .await;
         started?;
