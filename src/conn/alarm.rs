@@ -146,10 +146,12 @@ impl Alarm {
         }
     }
 
-    /// Ready once the armed deadline passed (then the alarm is disarmed).
+    /// Ready once the alarm rang for the armed deadline (then it is
+    /// disarmed). The alarm thread rings it when the deadline passes (it
+    /// reads the clock, not the poll: a driver's sleep is polled often).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.rang || st.at.is_some_and(|t| t <= Instant::now()) {
+        if st.rang {
             st.rang = false;
             st.at = None;
             return Poll::Ready(());

@@ -567,6 +567,8 @@ impl<N: Nic> HubDriver<N> {
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
         let mut alarm = super::alarm::Alarm::default();
+        // When the alarm rings (since the hub's epoch), while it is armed.
+        let mut armed: Option<Duration> = None;
         // Set once the queue failed (its device is gone): it is polled no
         // more, and every connection on it is taken down.
         let mut failed: Option<NicError> = None;
@@ -626,13 +628,18 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
+            let spin = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
             if busy {
                 idle_since = None;
-                super::live::yield_now().await;
-                continue;
-            }
-            let spin = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
-            if !spin.is_zero() && failed.is_none() {
+                if !spin.is_zero() {
+                    super::live::yield_now().await;
+                    continue;
+                }
+                // Without busy polling, a busy loop goes straight to the
+                // check before sleeping (a ring since this loop's `take`, a
+                // completion, a timer), not through another loop that would
+                // find nothing: what came meanwhile is seen there.
+            } else if !spin.is_zero() && failed.is_none() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() < spin {
                     super::live::yield_now().await;
@@ -640,19 +647,38 @@ impl<N: Nic> HubDriver<N> {
                 }
             }
             idle_since = None;
-            shared.sleeps.fetch_add(1, Ordering::Relaxed);
-            alarm.arm(timers.peek().map(|d| shared.epoch + d.at));
+            // Armed only when the earliest timer is earlier than the alarm
+            // (an earlier deadline wins; a later one would change nothing).
+            if let Some(d) = timers.peek().filter(|d| armed.map_or(true, |a| d.at < a)) {
+                alarm.arm(Some(shared.epoch + d.at));
+                armed = Some(d.at);
+            }
             let cq_gone = failed.is_some();
-            poll_fn(|cx: &mut Context<'_>| {
+            let mut slept = false;
+            let at_once = poll_fn(|cx: &mut Context<'_>| {
                 if shared.bell.poll_rung(cx).is_ready() {
-                    return Poll::Ready(());
+                    return Poll::Ready(!slept);
                 }
                 if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
-                    return Poll::Ready(());
+                    return Poll::Ready(!slept);
                 }
-                alarm.poll(cx)
+                if alarm.poll(cx).is_ready() {
+                    // Rung, and disarmed.
+                    armed = None;
+                    return Poll::Ready(!slept);
+                }
+                if !slept {
+                    slept = true;
+                    shared.sleeps.fetch_add(1, Ordering::Relaxed);
+                }
+                Poll::Pending
             })
             .await;
+            if at_once && busy {
+                // More work at once after a busy loop: let the executor run
+                // other tasks first.
+                super::live::yield_now().await;
+            }
         }
     }
 
