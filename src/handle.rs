@@ -43,21 +43,16 @@ impl<T> Slot<T> {
     pub fn fulfil(&self, value: T) -> Result<(), T> {
         let waker = {
             let mut st = self.state.lock();
-            match std::mem::replace(&mut *st, State::Taken) {
+            match &mut *st {
                 State::Waiting(w) => {
+                    let w = w.take();
                     *st = State::Ready(value);
                     w
                 }
-                State::Abandoned => {
-                    *st = State::Abandoned;
-                    return Err(value);
-                }
-                // Fulfilled twice: a driver bug. Keep the first value, hand
-                // the second back rather than lose or double-deliver it.
-                other => {
-                    *st = other;
-                    return Err(value);
-                }
+                // Abandoned: the user gave up. Or fulfilled twice: a driver
+                // bug; keep the first value, hand the second back rather
+                // than lose or double-deliver it.
+                _ => return Err(value),
             }
         };
         if let Some(w) = waker {
@@ -74,16 +69,17 @@ impl<T> Slot<T> {
     /// User side: take the value if it has arrived, else register `cx`'s waker.
     pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Taken) {
-            State::Ready(v) => Poll::Ready(v),
-            State::Waiting(_) => {
-                *st = State::Waiting(Some(cx.waker().clone()));
+        match &mut *st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Taken) {
+                State::Ready(v) => Poll::Ready(v),
+                _ => Poll::Pending, // matched Ready under the lock: never
+            },
+            State::Waiting(w) => {
+                // A task polled again keeps its waker (no clone).
+                store_waker(w, cx.waker());
                 Poll::Pending
             }
-            other => {
-                *st = other;
-                Poll::Pending
-            }
+            _ => Poll::Pending,
         }
     }
 
@@ -91,12 +87,12 @@ impl<T> Slot<T> {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the loom models use it
     pub fn try_take(&self) -> Option<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Taken) {
-            State::Ready(v) => Some(v),
-            other => {
-                *st = other;
-                None
-            }
+        match &*st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Taken) {
+                State::Ready(v) => Some(v),
+                _ => None, // matched Ready under the lock: never
+            },
+            _ => None,
         }
     }
 
@@ -104,13 +100,16 @@ impl<T> Slot<T> {
     /// caller must recycle it); afterwards [`Slot::fulfil`] hands values back.
     pub fn abandon(&self) -> Option<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Abandoned) {
-            State::Ready(v) => Some(v),
-            State::Taken => {
-                *st = State::Taken;
+        match &*st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Abandoned) {
+                State::Ready(v) => Some(v),
+                _ => None, // matched Ready under the lock: never
+            },
+            State::Taken => None,
+            _ => {
+                *st = State::Abandoned;
                 None
             }
-            _ => None,
         }
     }
 }

@@ -255,9 +255,16 @@ impl<N: Nic> Inner<N> {
             st.ep.handle_completions(now, completions);
             busy = true;
         }
-        // Completions free send slots and bring credit: waiters retry.
-        busy |= st.ep.drive(now) > 0;
-        if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
+        // (The completions were handled above: nothing is polled here, and
+        // the buffers were reclaimed at the start of the turn; a handle
+        // dropped since queues the connection again, see the end.)
+        // A call future dropped before its result counts itself in
+        // `abandoned` after its handle gave up (and recycled a result that
+        // had come): both are looked at only when it is non-zero.
+        let mut recycled = Vec::new();
+        if inner.abandoned.load(std::sync::atomic::Ordering::Relaxed) > 0
+            && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0
+        {
             let abandoned: Vec<CallId> =
                 st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
             for id in &abandoned {
@@ -265,12 +272,13 @@ impl<N: Nic> Inner<N> {
                 st.ep.cancel(now, *id);
             }
             busy |= !abandoned.is_empty();
+            recycled = inner.recycle.drain();
         }
         while let Some(ev) = st.ep.poll_event() {
             busy = true;
             st.dispatch(ev);
         }
-        for r in inner.recycle.drain() {
+        for r in recycled {
             busy = true;
             if let Ok(Reply { data: Some(b), .. }) = r {
                 st.ep.free(b);

@@ -86,7 +86,9 @@ impl Waiters {
         }
     }
     fn wake_all(&mut self) {
-        self.0.drain(..).for_each(Waker::wake);
+        if !self.0.is_empty() {
+            self.0.drain(..).for_each(Waker::wake);
+        }
     }
     #[cfg(test)]
     fn len(&self) -> usize {
