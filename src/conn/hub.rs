@@ -621,10 +621,11 @@ impl<N: Nic> HubDriver<N> {
                 }
             }
             std::mem::swap(&mut *shared.ready.lock(), &mut work);
-            for inner in work.drain(..) {
+            for inner in &work {
                 busy = true;
-                self.turn(&inner, now, &mut inbox, &mut timers);
+                self.turn(inner, now, &mut inbox, &mut timers);
             }
+            work.clear();
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }

@@ -274,7 +274,10 @@ impl<N: Nic> Inner<N> {
             busy |= !abandoned.is_empty();
             recycled = inner.recycle.drain();
         }
-        while let Some(ev) = st.ep.poll_event() {
+        // (`has_events` first: the last, empty poll would copy an event's
+        // worth of nothing, and carry out the commands again.)
+        while st.ep.has_events() {
+            let Some(ev) = st.ep.poll_event() else { break };
             busy = true;
             st.dispatch(ev);
         }

@@ -394,19 +394,20 @@ impl<N: Nic> Connection<N> {
         mut data: Option<Buf>,
         mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
     ) -> Result<Reply, CallError> {
-        let slot = self.peek(|s| s.spare_slot());
-        let started = poll_fn(|cx| {
+        // Its result's slot, taken under the lock the call starts under.
+        let slot = poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
-            let r = self.committed_or_wait(&mut st, cx, r, &mut data);
-            if let Poll::Ready(Ok(id)) = &r {
-                st.calls.insert(*id, slot.clone());
-            }
-            r.map_err(|Refused { error, data }| CallError::Refused { error, data }).map_ok(|_| ())
+            self.committed_or_wait(&mut st, cx, r, &mut data)
+                .map_ok(|id| {
+                    let slot = st.spare_slot();
+                    st.calls.insert(id, slot.clone());
+                    slot
+                })
+                .map_err(|Refused { error, data }| CallError::Refused { error, data })
         })
-        .await;
-        started?;
+        .await?;
         CallFuture {
             handle: Handle::new(slot, self.inner.recycle.clone()),
             inner: self.inner.clone(),
