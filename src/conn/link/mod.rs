@@ -194,13 +194,20 @@ impl<N: Nic> Link<N> {
 
     /// Carry out every command the connection has queued. A command the NIC
     /// refuses goes back to the connection, which goes down.
+    #[inline]
     fn run(&mut self) {
-        if !self.conn.has_commands() {
+        if self.conn.has_commands() {
+            self.run_commands();
+        } else {
             // Most calls find nothing to do (every input and output runs
-            // this): skip the span and the loop.
+            // this): no call, no span, no loop.
             self.conn.give_returned_buffers();
-            return;
         }
+    }
+
+    /// [`Link::run`] with commands queued.
+    #[inline(never)]
+    fn run_commands(&mut self) {
         let _in = self.span.enter();
         while let Some(cmd) = self.conn.poll_command() {
             let done = match &cmd {
