@@ -692,9 +692,11 @@ impl<N: Nic> HubDriver<N> {
         timers: &mut BinaryHeap<Due<N>>,
     ) {
         let part: &HubPart = &inner.hub;
+        // Cleared before the turn takes the connection's lock: whatever the
+        // user does and rings for from now on queues it again
+        // (`Inner::ring`), and what it did before, this turn sees.
         part.queued.store(false, Ordering::Release);
         std::mem::swap(&mut *part.inbox.lock(), inbox);
-        inner.bell().take();
         let t = inner.turn(now, inbox, |st, next| {
             let Some(next) = next else { return };
             // A heap entry at or before `next`, still ahead, serves.
@@ -707,10 +709,6 @@ impl<N: Nic> HubDriver<N> {
         inbox.clear();
         inner.count_turn(t.busy);
         self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
-        // Rung during the turn, or rung from now on: queued again.
-        if !t.finished && inner.bell().poll_rung(&mut Context::from_waker(&part.waker)).is_ready() {
-            self.shared.queue(inner);
-        }
     }
 }
 

@@ -132,7 +132,7 @@ impl<N: Nic> Drop for CallFuture<N> {
                 std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
             drop(handle);
             self.inner.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            self.inner.bell.ring();
+            self.inner.ring();
         }
     }
 }
