@@ -11,7 +11,9 @@
 
 use std::task::{Context, Poll, Waker};
 
-use crate::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 enum State<T> {
     Waiting(Option<Waker>),
@@ -197,6 +199,9 @@ pub(crate) fn store_waker(slot: &mut Option<Waker>, new: &Waker) {
 /// `tests/loom_handle.rs::a_ring_is_never_slept_through` checks this.
 pub struct Doorbell {
     state: Mutex<Bell>,
+    /// The waker [`Doorbell::poll_rung`] left is still there: no ring took
+    /// it since (and so none rang). Written under `state`'s lock.
+    armed: AtomicBool,
 }
 
 struct Bell {
@@ -213,7 +218,7 @@ impl Default for Doorbell {
 impl Doorbell {
     /// A silent doorbell.
     pub fn new() -> Doorbell {
-        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }) }
+        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }), armed: AtomicBool::new(false) }
     }
 
     /// User side: ring, waking the driver if it sleeps.
@@ -221,6 +226,7 @@ impl Doorbell {
         let waker = {
             let mut b = self.state.lock();
             b.rung = true;
+            self.armed.store(false, Ordering::Release);
             b.waker.take()
         };
         if let Some(w) = waker {
@@ -242,6 +248,24 @@ impl Doorbell {
             return Poll::Ready(());
         }
         store_waker(&mut b.waker, cx.waker());
+        self.armed.store(true, Ordering::Release);
         Poll::Pending
+    }
+
+    /// [`Doorbell::poll_rung`] for the bell's one poller (the driver),
+    /// which keeps in `held` the waker it left at its last `Pending`.
+    /// While that waker is still in the bell (no ring took it: none rang
+    /// since) and wakes `cx`'s task, the answer is `Pending` without the
+    /// lock: a ring that comes meanwhile wakes that waker. Only for a bell
+    /// nobody else polls (another poller's waker would replace `held`'s).
+    pub fn poll_rung_held(&self, cx: &mut Context<'_>, held: &mut Option<Waker>) -> Poll<()> {
+        if held.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && self.armed.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        let r = self.poll_rung(cx);
+        if r.is_pending() {
+            store_waker(held, cx.waker());
+        }
+        r
     }
 }

@@ -569,6 +569,8 @@ impl<N: Nic> HubDriver<N> {
         let mut alarm = super::alarm::Alarm::default();
         // When the alarm rings (since the hub's epoch), while it is armed.
         let mut armed: Option<Duration> = None;
+        // The waker the driver left in its doorbell (its only poller).
+        let mut bell_waker: Option<std::task::Waker> = None;
         // Set once the queue failed (its device is gone): it is polled no
         // more, and every connection on it is taken down.
         let mut failed: Option<NicError> = None;
@@ -657,7 +659,7 @@ impl<N: Nic> HubDriver<N> {
             let cq_gone = failed.is_some();
             let mut slept = false;
             let at_once = poll_fn(|cx: &mut Context<'_>| {
-                if shared.bell.poll_rung(cx).is_ready() {
+                if shared.bell.poll_rung_held(cx, &mut bell_waker).is_ready() {
                     return Poll::Ready(!slept);
                 }
                 if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
