@@ -143,6 +143,11 @@ impl<N: Nic> CqHold<N> {
                     Routed::Orphan => unclaimed(srq, c),
                 }
             }
+            if n < batch.len() {
+                // Fewer than asked: the queue was empty (no poll that
+                // finds nothing).
+                break Ok(total);
+            }
         };
         routes.put_batch(batch);
         r

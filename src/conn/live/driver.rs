@@ -32,9 +32,10 @@ pub(crate) struct DriverCounters {
 /// executor saves a wake-up across threads per call: it polls the hub's
 /// shared completion queue, routing the other connections' completions as
 /// the driver would. Afterwards it waits for the driver.
-pub(crate) struct CallFuture<N: Nic> {
+pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) handle: Handle<CallResult>,
-    pub(crate) inner: Arc<Inner<N>>,
+    /// The connection (borrowed from the caller's handle for the call).
+    pub(crate) inner: &'a Inner<N>,
     pub(crate) done: bool,
     /// When the call stops taking turns itself (set at its first wait).
     pub(crate) spin_until: Option<Instant>,
@@ -42,7 +43,7 @@ pub(crate) struct CallFuture<N: Nic> {
     pub(crate) spinning: bool,
 }
 
-impl<N: Nic> CallFuture<N> {
+impl<N: Nic> CallFuture<'_, N> {
     /// The call no longer takes turns itself (the hub's driver polls on).
     pub(crate) fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
@@ -51,7 +52,7 @@ impl<N: Nic> CallFuture<N> {
     }
 }
 
-impl<N: Nic> Future for CallFuture<N> {
+impl<N: Nic> Future for CallFuture<'_, N> {
     type Output = CallResult;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
         let this = self.get_mut();
@@ -74,13 +75,13 @@ impl<N: Nic> Future for CallFuture<N> {
     }
 }
 
-impl<N: Nic> CallFuture<N> {
+impl<N: Nic> CallFuture<'_, N> {
     /// While the call may spin (its window is open and no other call
     /// spins): take a turn of the connection and return true.
     #[inline(never)]
     pub(crate) fn spin(&mut self) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let inner = &*self.inner;
+        let inner = self.inner;
         let now = Instant::now();
         if now >= *self.spin_until.get_or_insert(now + inner.spin) {
             return false;
@@ -96,7 +97,7 @@ impl<N: Nic> CallFuture<N> {
         // others' to theirs, queued for the hub's driver), then take our
         // turn with what came.
         if let Some(hub) = part.hub.upgrade() {
-            hub.poll_for(Arc::as_ptr(&self.inner).cast());
+            hub.poll_for(std::ptr::from_ref(inner).cast());
         }
         let mut inbox = std::mem::take(&mut *part.inbox.lock());
         let t = inner.turn(inner.now(), &inbox, |st, next| {
@@ -122,7 +123,7 @@ impl<N: Nic> CallFuture<N> {
     }
 }
 
-impl<N: Nic> Drop for CallFuture<N> {
+impl<N: Nic> Drop for CallFuture<'_, N> {
     fn drop(&mut self) {
         self.stop_spinning();
         if !self.done {

@@ -409,7 +409,7 @@ impl<N: Nic> Connection<N> {
         .await?;
         CallFuture {
             handle: Handle::new(slot, self.inner.recycle.clone()),
-            inner: self.inner.clone(),
+            inner: &self.inner,
             done: false,
             spin_until: None,
             spinning: false,
