@@ -202,6 +202,8 @@ pub struct Doorbell {
     /// The waker [`Doorbell::poll_rung`] left is still there: no ring took
     /// it since (and so none rang). Written under `state`'s lock.
     armed: AtomicBool,
+    /// `Bell::rung`, readable without the lock. Written under the lock.
+    rung: AtomicBool,
 }
 
 struct Bell {
@@ -218,7 +220,11 @@ impl Default for Doorbell {
 impl Doorbell {
     /// A silent doorbell.
     pub fn new() -> Doorbell {
-        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }), armed: AtomicBool::new(false) }
+        Doorbell {
+            state: Mutex::new(Bell { rung: false, waker: None }),
+            armed: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
+        }
     }
 
     /// User side: ring, waking the driver if it sleeps.
@@ -226,6 +232,7 @@ impl Doorbell {
         let waker = {
             let mut b = self.state.lock();
             b.rung = true;
+            self.rung.store(true, Ordering::Release);
             self.armed.store(false, Ordering::Release);
             b.waker.take()
         };
@@ -236,8 +243,16 @@ impl Doorbell {
 
     /// Driver side, at the start of a turn: clear the bell; returns whether
     /// it had been rung.
+    ///
+    /// Without the lock when it finds the bell silent: a ring it does not
+    /// see yet stays rung, and [`Doorbell::poll_rung`] sees it.
     pub fn take(&self) -> bool {
-        std::mem::take(&mut self.state.lock().rung)
+        if !self.rung.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut b = self.state.lock();
+        self.rung.store(false, Ordering::Relaxed);
+        std::mem::take(&mut b.rung)
     }
 
     /// Driver side, before sleeping: `Ready` if rung since the last

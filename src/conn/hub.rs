@@ -636,10 +636,10 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
-            let spin = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
+            let spin_ns = shared.busy_poll_ns.load(Ordering::Relaxed);
             if busy {
                 idle_since = None;
-                if !spin.is_zero() {
+                if spin_ns != 0 {
                     super::live::yield_now().await;
                     continue;
                 }
@@ -647,9 +647,9 @@ impl<N: Nic> HubDriver<N> {
                 // check before sleeping (a ring since this loop's `take`, a
                 // completion, a timer), not through another loop that would
                 // find nothing: what came meanwhile is seen there.
-            } else if !spin.is_zero() && failed.is_none() {
+            } else if spin_ns != 0 && failed.is_none() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() < spin {
+                if idle.elapsed() < Duration::from_nanos(spin_ns) {
                     super::live::yield_now().await;
                     continue;
                 }
