@@ -370,7 +370,8 @@ impl<N: Nic> Connection<N> {
     /// too long, a foreign or empty buffer, the connection down) fails with
     /// [`CallError::Refused`], which hands `data` back.
     pub async fn call(&self, header: &[u8], data: Option<Buf>) -> Result<Reply, CallError> {
-        self.call_traced(None, header, data).await
+        // (Not through `call_traced`: one future less around each poll.)
+        self.make_call(data, |ep, now, data| ep.call(now, header, data)).await
     }
 
     /// [`Connection::call`] carrying the caller's trace id to the server:
@@ -581,12 +582,13 @@ impl<N: Nic> Connection<N> {
 
     /// Send a reply with `attempt` (given the payload, if any), retried
     /// while it waits for a window, control slot or credit.
-    async fn send_reply(
-        &self,
+    /// (A future, not an `async fn`: no state machine around the poll.)
+    fn send_reply<'a>(
+        &'a self,
         mut data: Option<Buf>,
-        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused>,
-    ) -> Result<(), Refused> {
-        poll_fn(|cx| {
+        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused> + 'a,
+    ) -> impl Future<Output = Result<(), Refused>> + 'a {
+        poll_fn(move |cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
@@ -596,7 +598,6 @@ impl<N: Nic> Connection<N> {
             }
             r
         })
-        .await
     }
 
     /// Server: answer a request now, or fail (without waiting for a window
