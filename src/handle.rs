@@ -11,7 +11,9 @@
 
 use std::task::{Context, Poll, Waker};
 
-use crate::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 enum State<T> {
     Waiting(Option<Waker>),
@@ -43,21 +45,16 @@ impl<T> Slot<T> {
     pub fn fulfil(&self, value: T) -> Result<(), T> {
         let waker = {
             let mut st = self.state.lock();
-            match std::mem::replace(&mut *st, State::Taken) {
+            match &mut *st {
                 State::Waiting(w) => {
+                    let w = w.take();
                     *st = State::Ready(value);
                     w
                 }
-                State::Abandoned => {
-                    *st = State::Abandoned;
-                    return Err(value);
-                }
-                // Fulfilled twice: a driver bug. Keep the first value, hand
-                // the second back rather than lose or double-deliver it.
-                other => {
-                    *st = other;
-                    return Err(value);
-                }
+                // Abandoned: the user gave up. Or fulfilled twice: a driver
+                // bug; keep the first value, hand the second back rather
+                // than lose or double-deliver it.
+                _ => return Err(value),
             }
         };
         if let Some(w) = waker {
@@ -74,16 +71,17 @@ impl<T> Slot<T> {
     /// User side: take the value if it has arrived, else register `cx`'s waker.
     pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Taken) {
-            State::Ready(v) => Poll::Ready(v),
-            State::Waiting(_) => {
-                *st = State::Waiting(Some(cx.waker().clone()));
+        match &mut *st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Taken) {
+                State::Ready(v) => Poll::Ready(v),
+                _ => Poll::Pending, // matched Ready under the lock: never
+            },
+            State::Waiting(w) => {
+                // A task polled again keeps its waker (no clone).
+                store_waker(w, cx.waker());
                 Poll::Pending
             }
-            other => {
-                *st = other;
-                Poll::Pending
-            }
+            _ => Poll::Pending,
         }
     }
 
@@ -91,12 +89,12 @@ impl<T> Slot<T> {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the loom models use it
     pub fn try_take(&self) -> Option<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Taken) {
-            State::Ready(v) => Some(v),
-            other => {
-                *st = other;
-                None
-            }
+        match &*st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Taken) {
+                State::Ready(v) => Some(v),
+                _ => None, // matched Ready under the lock: never
+            },
+            _ => None,
         }
     }
 
@@ -104,13 +102,16 @@ impl<T> Slot<T> {
     /// caller must recycle it); afterwards [`Slot::fulfil`] hands values back.
     pub fn abandon(&self) -> Option<T> {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, State::Abandoned) {
-            State::Ready(v) => Some(v),
-            State::Taken => {
-                *st = State::Taken;
+        match &*st {
+            State::Ready(_) => match std::mem::replace(&mut *st, State::Abandoned) {
+                State::Ready(v) => Some(v),
+                _ => None, // matched Ready under the lock: never
+            },
+            State::Taken => None,
+            _ => {
+                *st = State::Abandoned;
                 None
             }
-            _ => None,
         }
     }
 }
@@ -198,6 +199,11 @@ pub(crate) fn store_waker(slot: &mut Option<Waker>, new: &Waker) {
 /// `tests/loom_handle.rs::a_ring_is_never_slept_through` checks this.
 pub struct Doorbell {
     state: Mutex<Bell>,
+    /// The waker [`Doorbell::poll_rung`] left is still there: no ring took
+    /// it since (and so none rang). Written under `state`'s lock.
+    armed: AtomicBool,
+    /// `Bell::rung`, readable without the lock. Written under the lock.
+    rung: AtomicBool,
 }
 
 struct Bell {
@@ -214,7 +220,11 @@ impl Default for Doorbell {
 impl Doorbell {
     /// A silent doorbell.
     pub fn new() -> Doorbell {
-        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }) }
+        Doorbell {
+            state: Mutex::new(Bell { rung: false, waker: None }),
+            armed: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
+        }
     }
 
     /// User side: ring, waking the driver if it sleeps.
@@ -222,6 +232,8 @@ impl Doorbell {
         let waker = {
             let mut b = self.state.lock();
             b.rung = true;
+            self.rung.store(true, Ordering::Release);
+            self.armed.store(false, Ordering::Release);
             b.waker.take()
         };
         if let Some(w) = waker {
@@ -231,8 +243,16 @@ impl Doorbell {
 
     /// Driver side, at the start of a turn: clear the bell; returns whether
     /// it had been rung.
+    ///
+    /// Without the lock when it finds the bell silent: a ring it does not
+    /// see yet stays rung, and [`Doorbell::poll_rung`] sees it.
     pub fn take(&self) -> bool {
-        std::mem::take(&mut self.state.lock().rung)
+        if !self.rung.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut b = self.state.lock();
+        self.rung.store(false, Ordering::Relaxed);
+        std::mem::take(&mut b.rung)
     }
 
     /// Driver side, before sleeping: `Ready` if rung since the last
@@ -243,6 +263,24 @@ impl Doorbell {
             return Poll::Ready(());
         }
         store_waker(&mut b.waker, cx.waker());
+        self.armed.store(true, Ordering::Release);
         Poll::Pending
+    }
+
+    /// [`Doorbell::poll_rung`] for the bell's one poller (the driver),
+    /// which keeps in `held` the waker it left at its last `Pending`.
+    /// While that waker is still in the bell (no ring took it: none rang
+    /// since) and wakes `cx`'s task, the answer is `Pending` without the
+    /// lock: a ring that comes meanwhile wakes that waker. Only for a bell
+    /// nobody else polls (another poller's waker would replace `held`'s).
+    pub fn poll_rung_held(&self, cx: &mut Context<'_>, held: &mut Option<Waker>) -> Poll<()> {
+        if held.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && self.armed.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        let r = self.poll_rung(cx);
+        if r.is_pending() {
+            store_waker(held, cx.waker());
+        }
+        r
     }
 }

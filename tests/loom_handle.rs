@@ -113,3 +113,54 @@ fn a_ring_is_never_slept_through() {
         user.join().unwrap();
     });
 }
+
+/// The driver's lock-free look at its bell (`Doorbell::poll_rung_held`),
+/// as the hub's driver uses it: one task for the whole loop (so the waker it
+/// left stays the same), and a second source of wake-ups (standing for the
+/// completion queue) that ends a sleep while the bell keeps its waker, so
+/// the next sleep takes the lock-free path. No ring is slept through.
+#[test]
+fn a_ring_is_never_slept_through_with_a_held_waker() {
+    use mwcap::handle::Doorbell;
+    model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let other = Arc::new(Doorbell::new());
+        let work = Arc::new(AtomicUsize::new(0));
+        let (b, o, w) = (bell.clone(), other.clone(), work.clone());
+        // The other source first (the bell keeps its waker through that
+        // wake-up), then the work and its ring.
+        let user = thread::spawn(move || {
+            o.ring();
+            w.store(1, Ordering::SeqCst);
+            b.ring();
+        });
+        // The driver's task, polled by hand with one waker for its life (so
+        // that the waker it leaves in the bell is the one it is polled with).
+        struct Task(loom::sync::Notify);
+        impl std::task::Wake for Task {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.notify();
+            }
+        }
+        let task = std::sync::Arc::new(Task(loom::sync::Notify::new()));
+        let waker = std::task::Waker::from(task.clone());
+        assert!(waker.clone().will_wake(&waker), "the model needs a waker that knows its clones");
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut held = None;
+        loop {
+            bell.take();
+            other.take();
+            if work.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            loop {
+                let bell_rung = bell.poll_rung_held(&mut cx, &mut held).is_ready();
+                if bell_rung || other.poll_rung(&mut cx).is_ready() {
+                    break;
+                }
+                task.0.wait();
+            }
+        }
+        user.join().unwrap();
+    });
+}

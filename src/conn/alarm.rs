@@ -24,7 +24,8 @@ pub(crate) struct Alarm {
 
 #[derive(Default)]
 struct Slot {
-    state: Mutex<SlotState>,
+    /// parking_lot's: no poisoning to check on the driver's path.
+    state: parking_lot::Mutex<SlotState>,
 }
 
 #[derive(Default)]
@@ -90,7 +91,7 @@ impl Wheel {
                 }
                 Some(_) => {
                     let Reverse((at, Entry(slot))) = heap.pop().expect("peeked");
-                    let mut st = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut st = slot.state.lock();
                     match st.at {
                         // Moved later since: queue it again for then.
                         Some(t) if t > at => {
@@ -125,7 +126,7 @@ impl Alarm {
     /// [`Alarm::arm`], returning when the alarm now rings (`None`:
     /// disarmed), read under the same lock.
     pub(crate) fn arm_until(&mut self, at: Option<Instant>) -> Option<Instant> {
-        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.slot.state.lock();
         let Some(at) = at else { return st.at };
         match st.at {
             Some(t) if t <= at => Some(t),
@@ -146,10 +147,12 @@ impl Alarm {
         }
     }
 
-    /// Ready once the armed deadline passed (then the alarm is disarmed).
+    /// Ready once the alarm rang for the armed deadline (then it is
+    /// disarmed). The alarm thread rings it when the deadline passes (it
+    /// reads the clock, not the poll: a driver's sleep is polled often).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.rang || st.at.is_some_and(|t| t <= Instant::now()) {
+        let mut st = self.slot.state.lock();
+        if st.rang {
             st.rang = false;
             st.at = None;
             return Poll::Ready(());
@@ -164,7 +167,7 @@ impl Alarm {
 impl Drop for Alarm {
     fn drop(&mut self) {
         // Disarm: the thread drops its entry when it comes due.
-        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.slot.state.lock();
         st.at = None;
         st.waker = None;
     }

@@ -143,6 +143,11 @@ impl<N: Nic> CqHold<N> {
                     Routed::Orphan => unclaimed(srq, c),
                 }
             }
+            if n < batch.len() {
+                // Fewer than asked: the queue was empty (no poll that
+                // finds nothing).
+                break Ok(total);
+            }
         };
         routes.put_batch(batch);
         r
@@ -567,6 +572,10 @@ impl<N: Nic> HubDriver<N> {
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
         let mut alarm = super::alarm::Alarm::default();
+        // When the alarm rings (since the hub's epoch), while it is armed.
+        let mut armed: Option<Duration> = None;
+        // The waker the driver left in its doorbell (its only poller).
+        let mut bell_waker: Option<std::task::Waker> = None;
         // Set once the queue failed (its device is gone): it is polled no
         // more, and every connection on it is taken down.
         let mut failed: Option<NicError> = None;
@@ -619,40 +628,65 @@ impl<N: Nic> HubDriver<N> {
                 }
             }
             std::mem::swap(&mut *shared.ready.lock(), &mut work);
-            for inner in work.drain(..) {
+            for inner in &work {
                 busy = true;
-                self.turn(&inner, now, &mut inbox, &mut timers);
+                self.turn(inner, now, &mut inbox, &mut timers);
             }
+            work.clear();
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
+            let spin_ns = shared.busy_poll_ns.load(Ordering::Relaxed);
             if busy {
                 idle_since = None;
-                super::live::yield_now().await;
-                continue;
-            }
-            let spin = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
-            if !spin.is_zero() && failed.is_none() {
+                if spin_ns != 0 {
+                    super::live::yield_now().await;
+                    continue;
+                }
+                // Without busy polling, a busy loop goes straight to the
+                // check before sleeping (a ring since this loop's `take`, a
+                // completion, a timer), not through another loop that would
+                // find nothing: what came meanwhile is seen there.
+            } else if spin_ns != 0 && failed.is_none() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() < spin {
+                if idle.elapsed() < Duration::from_nanos(spin_ns) {
                     super::live::yield_now().await;
                     continue;
                 }
             }
             idle_since = None;
-            shared.sleeps.fetch_add(1, Ordering::Relaxed);
-            alarm.arm(timers.peek().map(|d| shared.epoch + d.at));
+            // Armed only when the earliest timer is earlier than the alarm
+            // (an earlier deadline wins; a later one would change nothing).
+            if let Some(d) = timers.peek().filter(|d| armed.map_or(true, |a| d.at < a)) {
+                alarm.arm(Some(shared.epoch + d.at));
+                armed = Some(d.at);
+            }
             let cq_gone = failed.is_some();
-            poll_fn(|cx: &mut Context<'_>| {
-                if shared.bell.poll_rung(cx).is_ready() {
-                    return Poll::Ready(());
+            let mut slept = false;
+            let at_once = poll_fn(|cx: &mut Context<'_>| {
+                if shared.bell.poll_rung_held(cx, &mut bell_waker).is_ready() {
+                    return Poll::Ready(!slept);
                 }
                 if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
-                    return Poll::Ready(());
+                    return Poll::Ready(!slept);
                 }
-                alarm.poll(cx)
+                if alarm.poll(cx).is_ready() {
+                    // Rung, and disarmed.
+                    armed = None;
+                    return Poll::Ready(!slept);
+                }
+                if !slept {
+                    slept = true;
+                    shared.sleeps.fetch_add(1, Ordering::Relaxed);
+                }
+                Poll::Pending
             })
             .await;
+            if at_once && busy {
+                // More work at once after a busy loop: let the executor run
+                // other tasks first.
+                super::live::yield_now().await;
+            }
         }
     }
 
@@ -665,9 +699,11 @@ impl<N: Nic> HubDriver<N> {
         timers: &mut BinaryHeap<Due<N>>,
     ) {
         let part: &HubPart = &inner.hub;
+        // Cleared before the turn takes the connection's lock: whatever the
+        // user does and rings for from now on queues it again
+        // (`Inner::ring`), and what it did before, this turn sees.
         part.queued.store(false, Ordering::Release);
         std::mem::swap(&mut *part.inbox.lock(), inbox);
-        inner.bell().take();
         let t = inner.turn(now, inbox, |st, next| {
             let Some(next) = next else { return };
             // A heap entry at or before `next`, still ahead, serves.
@@ -680,10 +716,6 @@ impl<N: Nic> HubDriver<N> {
         inbox.clear();
         inner.count_turn(t.busy);
         self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
-        // Rung during the turn, or rung from now on: queued again.
-        if !t.finished && inner.bell().poll_rung(&mut Context::from_waker(&part.waker)).is_ready() {
-            self.shared.queue(inner);
-        }
     }
 }
 

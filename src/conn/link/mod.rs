@@ -200,12 +200,16 @@ impl<N: Nic> Link<N> {
 
     /// Carry out every command the connection has queued. A command the NIC
     /// refuses goes back to the connection, which goes down.
+    #[inline]
     fn run(&mut self) {
-        if !self.conn.has_commands() {
-            // Most calls find nothing to do (every input and output runs
-            // this): skip the span and the loop.
-            return;
+        if self.conn.has_commands() {
+            self.run_commands();
         }
+    }
+
+    /// [`Link::run`] with commands queued.
+    #[inline(never)]
+    fn run_commands(&mut self) {
         let _in = self.span.enter();
         while let Some(cmd) = self.conn.poll_command() {
             let done = match &cmd {

@@ -32,9 +32,10 @@ pub(crate) struct DriverCounters {
 /// executor saves a wake-up across threads per call: it polls the hub's
 /// shared completion queue, routing the other connections' completions as
 /// the driver would. Afterwards it waits for the driver.
-pub(crate) struct CallFuture<N: Nic> {
+pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) handle: Handle<CallResult>,
-    pub(crate) inner: Arc<Inner<N>>,
+    /// The connection (borrowed from the caller's handle for the call).
+    pub(crate) inner: &'a Inner<N>,
     pub(crate) done: bool,
     /// When the call stops taking turns itself (set at its first wait).
     pub(crate) spin_until: Option<Instant>,
@@ -42,7 +43,7 @@ pub(crate) struct CallFuture<N: Nic> {
     pub(crate) spinning: bool,
 }
 
-impl<N: Nic> CallFuture<N> {
+impl<N: Nic> CallFuture<'_, N> {
     /// The call no longer takes turns itself (the hub's driver polls on).
     pub(crate) fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
@@ -51,7 +52,7 @@ impl<N: Nic> CallFuture<N> {
     }
 }
 
-impl<N: Nic> Future for CallFuture<N> {
+impl<N: Nic> Future for CallFuture<'_, N> {
     type Output = CallResult;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
         let this = self.get_mut();
@@ -74,13 +75,13 @@ impl<N: Nic> Future for CallFuture<N> {
     }
 }
 
-impl<N: Nic> CallFuture<N> {
+impl<N: Nic> CallFuture<'_, N> {
     /// While the call may spin (its window is open and no other call
     /// spins): take a turn of the connection and return true.
     #[inline(never)]
     pub(crate) fn spin(&mut self) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let inner = &*self.inner;
+        let inner = self.inner;
         let now = Instant::now();
         if now >= *self.spin_until.get_or_insert(now + inner.spin) {
             return false;
@@ -96,7 +97,7 @@ impl<N: Nic> CallFuture<N> {
         // others' to theirs, queued for the hub's driver), then take our
         // turn with what came.
         if let Some(hub) = part.hub.upgrade() {
-            hub.poll_for(Arc::as_ptr(&self.inner).cast());
+            hub.poll_for(std::ptr::from_ref(inner).cast());
         }
         let mut inbox = std::mem::take(&mut *part.inbox.lock());
         let t = inner.turn(inner.now(), &inbox, |st, next| {
@@ -122,7 +123,7 @@ impl<N: Nic> CallFuture<N> {
     }
 }
 
-impl<N: Nic> Drop for CallFuture<N> {
+impl<N: Nic> Drop for CallFuture<'_, N> {
     fn drop(&mut self) {
         self.stop_spinning();
         if !self.done {
@@ -132,7 +133,7 @@ impl<N: Nic> Drop for CallFuture<N> {
                 std::mem::replace(&mut self.handle, Handle::new(Slot::new(), self.inner.recycle.clone()));
             drop(handle);
             self.inner.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            self.inner.bell.ring();
+            self.inner.ring();
         }
     }
 }
@@ -255,9 +256,16 @@ impl<N: Nic> Inner<N> {
             st.ep.handle_completions(now, completions);
             busy = true;
         }
-        // Completions free send slots and bring credit: waiters retry.
-        busy |= st.ep.drive(now) > 0;
-        if !st.calls.is_empty() && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
+        // (The completions were handled above: nothing is polled here, and
+        // the buffers were reclaimed at the start of the turn; a handle
+        // dropped since queues the connection again, see the end.)
+        // A call future dropped before its result counts itself in
+        // `abandoned` after its handle gave up (and recycled a result that
+        // had come): both are looked at only when it is non-zero.
+        let mut recycled = Vec::new();
+        if inner.abandoned.load(std::sync::atomic::Ordering::Relaxed) > 0
+            && inner.abandoned.swap(0, std::sync::atomic::Ordering::AcqRel) > 0
+        {
             let abandoned: Vec<CallId> =
                 st.calls.iter().filter(|(_, s)| s.is_abandoned()).map(|(id, _)| *id).collect();
             for id in &abandoned {
@@ -265,12 +273,16 @@ impl<N: Nic> Inner<N> {
                 st.ep.cancel(now, *id);
             }
             busy |= !abandoned.is_empty();
+            recycled = inner.recycle.drain();
         }
-        while let Some(ev) = st.ep.poll_event() {
+        // (`has_events` first: the last, empty poll would copy an event's
+        // worth of nothing, and carry out the commands again.)
+        while st.ep.has_events() {
+            let Some(ev) = st.ep.poll_event() else { break };
             busy = true;
             st.dispatch(ev);
         }
-        for r in inner.recycle.drain() {
+        for r in recycled {
             busy = true;
             if let Ok(Reply { data: Some(b), .. }) = r {
                 st.ep.free(b);

@@ -33,7 +33,7 @@ use super::{
     RegionRange, RequestId, Role, TraceId, UseError,
 };
 use crate::backend::{Nic, NicError};
-use crate::handle::{Doorbell, Handle, Recycle, Slot};
+use crate::handle::{Handle, Recycle, Slot};
 
 mod driver;
 pub use driver::DriverStats;
@@ -86,7 +86,9 @@ impl Waiters {
         }
     }
     fn wake_all(&mut self) {
-        self.0.drain(..).for_each(Waker::wake);
+        if !self.0.is_empty() {
+            self.0.drain(..).for_each(Waker::wake);
+        }
     }
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -147,8 +149,6 @@ pub(crate) struct Inner<N: Nic> {
     /// What the driver did (read without the state lock).
     counters: DriverCounters,
     state: Mutex<State<N>>,
-    /// Rung by the user whenever the driver should take a turn.
-    bell: Doorbell,
     /// Call futures dropped before their result (the driver looks for
     /// abandoned calls only when this is non-zero).
     abandoned: std::sync::atomic::AtomicUsize,
@@ -156,8 +156,7 @@ pub(crate) struct Inner<N: Nic> {
     epoch: Instant,
     /// A pending call takes the connection's turns itself (see
     /// [`CallFuture`]); at most one does at a time, and the driver does not
-    /// busy-poll meanwhile: it sleeps with its CQ unarmed until the call
-    /// rings the doorbell as it stops.
+    /// busy-poll meanwhile.
     spinning: std::sync::atomic::AtomicBool,
     /// `Config::busy_poll`: how long a pending call takes turns itself, and
     /// how long the driver busy-polls after a busy turn.
@@ -172,8 +171,8 @@ pub(crate) struct Inner<N: Nic> {
 /// A connection's place on its hub: the waker that puts it on the hub's
 /// ready list, and the completions the hub routed to it.
 pub(super) struct HubPart {
-    /// Registered with the doorbell and the buffer-return hook: it queues
-    /// the connection for a turn and wakes the hub.
+    /// Woken by the user ([`Inner::ring`]), the buffer-return hook and
+    /// the pool: it queues the connection for a turn and wakes the hub.
     pub(super) waker: Waker,
     /// On the hub's ready list already.
     pub(super) queued: std::sync::atomic::AtomicBool,
@@ -204,7 +203,6 @@ impl<N: Nic> Inner<N> {
                 down: None,
                 driver_next: None,
             }),
-            bell: Doorbell::new(),
             abandoned: std::sync::atomic::AtomicUsize::new(0),
             counters: DriverCounters::default(),
             recycle: Recycle::new(),
@@ -238,9 +236,12 @@ impl<N: Nic> Inner<N> {
         }
     }
 
-    /// The doorbell: rung by the user for a turn.
-    pub(super) fn bell(&self) -> &Doorbell {
-        &self.bell
+    /// The user changed something the driver must act on: queue the
+    /// connection for a turn (once, until the turn starts) and wake the hub.
+    /// A ring during a turn queues it again: the turn clears `queued` before
+    /// it takes the state lock.
+    pub(super) fn ring(&self) {
+        self.hub.waker.wake_by_ref();
     }
 }
 
@@ -284,7 +285,7 @@ impl<N: Nic> Connection<N> {
     /// Run `f` on the state, then wake the driver to act on it.
     fn with<T>(&self, f: impl FnOnce(&mut State<N>) -> T) -> T {
         let out = f(&mut self.inner.state.lock());
-        self.inner.bell.ring();
+        self.inner.ring();
         out
     }
 
@@ -351,7 +352,7 @@ impl<N: Nic> Connection<N> {
         st.capacity_waiters.wake_all();
         if st.ep.has_events() {
             // A payload that waited for a free buffer arrived.
-            self.inner.bell.ring();
+            self.inner.ring();
         }
     }
 
@@ -370,7 +371,8 @@ impl<N: Nic> Connection<N> {
     /// too long, a foreign or empty buffer, the connection down) fails with
     /// [`CallError::Refused`], which hands `data` back.
     pub async fn call(&self, header: &[u8], data: Option<Buf>) -> Result<Reply, CallError> {
-        self.call_traced(None, header, data).await
+        // (Not through `call_traced`: one future less around each poll.)
+        self.make_call(data, |ep, now, data| ep.call(now, header, data)).await
     }
 
     /// [`Connection::call`] carrying the caller's trace id to the server:
@@ -393,22 +395,23 @@ impl<N: Nic> Connection<N> {
         mut data: Option<Buf>,
         mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
     ) -> Result<Reply, CallError> {
-        let slot = self.peek(|s| s.spare_slot());
-        let started = poll_fn(|cx| {
+        // Its result's slot, taken under the lock the call starts under.
+        let slot = poll_fn(|cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
-            let r = self.committed_or_wait(&mut st, cx, r, &mut data);
-            if let Poll::Ready(Ok(id)) = &r {
-                st.calls.insert(*id, slot.clone());
-            }
-            r.map_err(CallError::Refused).map_ok(|_| ())
+            self.committed_or_wait(&mut st, cx, r, &mut data)
+                .map_ok(|id| {
+                    let slot = st.spare_slot();
+                    st.calls.insert(id, slot.clone());
+                    slot
+                })
+                .map_err(CallError::Refused)
         })
-        .await;
-        started?;
+        .await?;
         CallFuture {
             handle: Handle::new(slot, self.inner.recycle.clone()),
-            inner: self.inner.clone(),
+            inner: &self.inner,
             done: false,
             spin_until: None,
             spinning: false,
@@ -522,7 +525,7 @@ impl<N: Nic> Connection<N> {
         match r {
             Ok(v) => {
                 if st.needs_driver() {
-                    self.inner.bell.ring();
+                    self.inner.ring();
                 }
                 Poll::Ready(Ok(v))
             }
@@ -533,7 +536,7 @@ impl<N: Nic> Connection<N> {
                 *data = back;
                 st.capacity_waiters.register(cx.waker());
                 // The driver frees capacity as completions arrive.
-                self.inner.bell.ring();
+                self.inner.ring();
                 Poll::Pending
             }
             Err(refused) => Poll::Ready(Err(refused)),
@@ -589,22 +592,22 @@ impl<N: Nic> Connection<N> {
 
     /// Send a reply with `attempt` (given the payload, if any), retried
     /// while it waits for a window, control slot or credit.
-    async fn send_reply(
-        &self,
+    /// (A future, not an `async fn`: no state machine around the poll.)
+    fn send_reply<'a>(
+        &'a self,
         mut data: Option<Buf>,
-        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused>,
-    ) -> Result<(), Refused> {
-        poll_fn(|cx| {
+        mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused> + 'a,
+    ) -> impl Future<Output = Result<(), Refused>> + 'a {
+        poll_fn(move |cx| {
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
             let r = self.committed_or_wait(&mut st, cx, r, &mut data);
             if matches!(r, Poll::Ready(Err(_))) {
-                self.inner.bell.ring();
+                self.inner.ring();
             }
             r
         })
-        .await
     }
 
     /// Server: answer a request now, or fail (without waiting for a window
