@@ -38,7 +38,7 @@
 
 use std::collections::BinaryHeap;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -48,11 +48,11 @@ use parking_lot::Mutex;
 use super::bufpool::{BufferPool, BufferPoolStats};
 use super::link::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
+use super::ready::{Mark, ReadyList};
 use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{BufClass, Config, Connection, Link, Prepared, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
-use crate::handle::Doorbell;
 
 /// Completions taken per poll of the shared queue.
 const POLL_BATCH: usize = 64;
@@ -180,9 +180,8 @@ struct Shared<N: Nic> {
     epoch: Instant,
     /// Its connections by QP number. A QP is retired under this lock.
     routes: Mutex<Routes<Arc<Inner<N>>>>,
-    /// Connections due a turn.
-    ready: Mutex<Vec<Arc<Inner<N>>>>,
-    bell: Doorbell,
+    /// Connections due a turn, and the driver's doorbell (`ready.rs`).
+    ready: ReadyList<Arc<Inner<N>>>,
     /// `Hub` handles alive.
     handles: AtomicUsize,
     /// How long the driver keeps polling an idle queue before it sleeps.
@@ -216,13 +215,7 @@ impl<N: Nic> Shared<N> {
     }
 
     fn queue_ringing(&self, inner: &Arc<Inner<N>>, ring: bool) {
-        let part = &inner.hub;
-        if !part.queued.swap(true, Ordering::AcqRel) {
-            self.ready.lock().push(inner.clone());
-            if ring {
-                self.bell.ring();
-            }
-        }
+        self.ready.push(&inner.hub.queued, || inner.clone(), ring);
     }
 }
 
@@ -253,7 +246,7 @@ impl<N: Nic> SharedCq for Retire<N> {
         // Dropped outside the lock: it may hold the last handle on a
         // connection, whose endpoint would retire through here again.
         drop(gone);
-        shared.bell.ring();
+        shared.ready.bell().ring();
     }
 }
 
@@ -287,7 +280,7 @@ impl<N: Nic> CallerPoll for Shared<N> {
             }
             // The driver sees the failure at its next poll.
             Err(_) => {
-                self.bell.ring();
+                self.ready.bell().ring();
                 false
             }
         }
@@ -377,8 +370,7 @@ impl<N: Nic + 'static> Hub<N> {
             pool,
             epoch: Instant::now(),
             routes: Mutex::new(routes),
-            ready: Mutex::new(Vec::new()),
-            bell: Doorbell::new(),
+            ready: ReadyList::new(),
             handles: AtomicUsize::new(1),
             busy_poll_ns: AtomicU64::new(0),
             added: AtomicU64::new(0),
@@ -456,7 +448,7 @@ impl<N: Nic + 'static> Hub<N> {
         let poll: Weak<dyn CallerPoll> = Arc::downgrade(&self.shared) as Weak<dyn CallerPoll>;
         let conn = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
-            queued: AtomicBool::new(false),
+            queued: Mark::new(),
             inbox: Mutex::new(Vec::new()),
             hub: poll,
         });
@@ -525,7 +517,7 @@ impl<N: Nic> Clone for Hub<N> {
 impl<N: Nic> Drop for Hub<N> {
     fn drop(&mut self) {
         if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.shared.bell.ring();
+            self.shared.ready.bell().ring();
         }
     }
 }
@@ -585,7 +577,7 @@ impl<N: Nic> HubDriver<N> {
         // Since when turns have found nothing (for the busy-poll window).
         let mut idle_since: Option<Instant> = None;
         loop {
-            shared.bell.take();
+            shared.ready.bell().take();
             shared.turns.fetch_add(1, Ordering::Relaxed);
             let now = shared.epoch.elapsed();
             let mut busy = false;
@@ -627,7 +619,7 @@ impl<N: Nic> HubDriver<N> {
                     shared.queue(&c);
                 }
             }
-            std::mem::swap(&mut *shared.ready.lock(), &mut work);
+            shared.ready.take(&mut work);
             for inner in &work {
                 busy = true;
                 self.turn(inner, now, &mut inbox, &mut timers);
@@ -664,7 +656,7 @@ impl<N: Nic> HubDriver<N> {
             let cq_gone = failed.is_some();
             let mut slept = false;
             let at_once = poll_fn(|cx: &mut Context<'_>| {
-                if shared.bell.poll_rung_held(cx, &mut bell_waker).is_ready() {
+                if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {
                     return Poll::Ready(!slept);
                 }
                 if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
@@ -702,7 +694,7 @@ impl<N: Nic> HubDriver<N> {
         // Cleared before the turn takes the connection's lock: whatever the
         // user does and rings for from now on queues it again
         // (`Inner::ring`), and what it did before, this turn sees.
-        part.queued.store(false, Ordering::Release);
+        part.queued.clear();
         std::mem::swap(&mut *part.inbox.lock(), inbox);
         let t = inner.turn(now, inbox, |st, next| {
             let Some(next) = next else { return };

@@ -60,6 +60,11 @@ mod listen;
 mod live;
 mod pool;
 pub mod proto;
+// The hub's ready list; public under loom for its model (tests/loom_ready.rs).
+#[cfg(loom)]
+pub mod ready;
+#[cfg(not(loom))]
+mod ready;
 #[cfg(not(loom))]
 mod reconnect;
 #[cfg(not(loom))]

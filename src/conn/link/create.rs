@@ -221,6 +221,7 @@ impl<N: Nic> Prepared<N> {
             shared: self.shared.take(),
             srq: self.srq.take(),
             share_released: false,
+            #[cfg(any(test, feature = "testing"))]
             batch: vec![Completion::EMPTY; POLL_BATCH],
             scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),

@@ -25,6 +25,7 @@ use super::SetupError;
 use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
 
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
+#[cfg(any(test, feature = "testing"))]
 const POLL_BATCH: usize = 32;
 
 /// A completion queue a link shares with others (an endpoint's hub). The
@@ -88,7 +89,9 @@ pub struct Link<N: Nic> {
     srq: Option<std::sync::Arc<SharedReceives<N>>>,
     /// The share of `srq` went back with the QP.
     share_released: bool,
-    /// Where `drive` polls completions into.
+    /// Where `drive` polls completions into (a link with a CQ of its own:
+    /// tests).
+    #[cfg(any(test, feature = "testing"))]
     batch: Vec<Completion>,
     /// Where a received frame is copied out of its receive slot to be
     /// decoded (capacity MAX_FRAME; the slot is re-posted at once).
@@ -427,6 +430,7 @@ impl<N: Nic> Link<N> {
     ///
     /// On a shared completion queue (an endpoint's) it does not poll: the
     /// hub hands the completions over (`Link::handle_completions`).
+    #[cfg(any(test, feature = "testing"))]
     pub fn drive(&mut self, now: Duration) -> usize {
         self.reclaim();
         let mut handled = 0;
@@ -542,7 +546,6 @@ impl<N: Nic> Link<N> {
     /// [`Event::CallFailed`].
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
-    #[cfg(any(test, feature = "testing"))]
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
         self.call_traced(now, None, header, data)
     }

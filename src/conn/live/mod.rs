@@ -175,7 +175,7 @@ pub(super) struct HubPart {
     /// the pool: it queues the connection for a turn and wakes the hub.
     pub(super) waker: Waker,
     /// On the hub's ready list already.
-    pub(super) queued: std::sync::atomic::AtomicBool,
+    pub(super) queued: super::ready::Mark,
     /// Completions of its QP, taken off the shared queue by the hub.
     pub(super) inbox: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
