@@ -11,7 +11,9 @@ use mwcap::conn::{Config, Connection, Endpoint, LossReason, Policies, Policy, Ro
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 mod hubs;
-use hubs::{builder, endpoint, pattern, serve, serve_clients, server_with_link_client, spawn};
+use hubs::{
+    builder, endpoint, half_bootstrap, pattern, serve, serve_clients, server_with_link_client, spawn,
+};
 
 fn cfg(role: Role, p: Policies) -> Config {
     let mut c = Config::new(role, p);
@@ -264,10 +266,8 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
 /// old completion must not reach it as a frame.
 #[test]
 fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_with_its_number() {
-    use mwcap::backend::QpState;
-    use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Hello, PolicySet};
     use mwcap::conn::{Link, PolicyChoice};
-    use mwcap::sim::{FabricConfig, Progress, QpAddr};
+    use mwcap::sim::{FabricConfig, Progress};
     let fabric = Fabric::new(FabricConfig::with_seed(17));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig { reuse_qpns: true, ..DeviceConfig::spec() }.named("s"));
@@ -285,29 +285,9 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
         .build()
         .unwrap();
     fabric.set_progress(Progress::Manual);
-    let (tx, rx) = futures::channel::oneshot::channel();
-    let server = ep.clone();
-    spawn(&pool, async move {
-        let _ = tx.send(server.accept().await.err());
-    });
     // The client's bootstrap, by hand, as far as the server connecting its QP.
     let mut client = Link::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
-    let mut caps = Capabilities::new();
-    caps.serve = PolicySet::MW;
-    let hello = Hello::new(client.local(), caps);
-    let addr = ep.local_addr().expect("it listens");
-    let hs = pool.run_until(async {
-        let t = Duration::from_secs(5);
-        let authed = authenticate_client_async(addr, &Auth::Unauthenticated, t).await.expect("auth");
-        authed.hello(&hello, t).await.expect("hello")
-    });
-    let at = QpAddr { device: sn.device(), qpn: hs.peer().endpoint.qpn };
-    let t0 = std::time::Instant::now();
-    while fabric.qp_state(at) != Some(QpState::Rts) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    client.connect(&hs.remote_endpoint()).unwrap();
+    let (hs, at, rx) = half_bootstrap(&mut pool, &fabric, &ep, sn.device(), &mut client);
     // A request lands in the old QP's receive slot; nothing polls the
     // endpoint's queue.
     client.call(fabric.now(), b"for the old QP only", None).unwrap();

@@ -618,9 +618,7 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
 /// it goes: the accounting stays true for the others.
 #[test]
 fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
-    use mwcap::backend::QpState;
-    use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Hello, PolicySet};
-    use mwcap::sim::{FabricConfig, Progress, QpAddr};
+    use mwcap::sim::{FabricConfig, Progress};
     let fabric = Fabric::new(FabricConfig::with_seed(9));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -649,28 +647,8 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     // Connected, its peer's requests in the endpoint's queue, never run: a
     // client whose bootstrap goes as far as connecting the server's QP, that
     // sends three requests, and goes away before the ready byte.
-    let (tx, rx) = futures::channel::oneshot::channel();
-    let server = sh.clone();
-    spawn(&pool, async move {
-        let _ = tx.send(server.accept().await.err());
-    });
     let mut c = Link::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
-    let mut caps = Capabilities::new();
-    caps.serve = PolicySet::MW;
-    let hello = Hello::new(c.local(), caps);
-    let addr = sh.local_addr().expect("it listens");
-    let hs = pool.run_until(async {
-        let t = Duration::from_secs(5);
-        let authed = authenticate_client_async(addr, &Auth::Unauthenticated, t).await.expect("auth");
-        authed.hello(&hello, t).await.expect("hello")
-    });
-    let server_qp = QpAddr { device: sdev, qpn: hs.peer().endpoint.qpn };
-    let t0 = Instant::now();
-    while fabric.qp_state(server_qp) != Some(QpState::Rts) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    c.connect(&hs.remote_endpoint()).unwrap();
+    let (hs, _, rx) = hubs::half_bootstrap(&mut pool, &fabric, &sh, sdev, &mut c);
     for _ in 0..3 {
         c.call(fabric.now(), b"never served", None).unwrap();
     }

@@ -473,8 +473,8 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// Keep polling the queue for `d` after the driver's turns stop finding
     /// work, before it arms the queue and sleeps (0, the default: sleep at
-    /// once). As [`Config::busy_poll`] for a connection of its own: a
-    /// completion microseconds away is caught without a wake-up, for CPU.
+    /// once; `EndpointBuilder::busy_poll`): a completion microseconds away
+    /// is caught without a wake-up, for CPU.
     pub fn set_busy_poll(&self, d: Duration) {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.shared.busy_poll_ns.store(ns, Ordering::Relaxed);

@@ -5,13 +5,18 @@
 //! a hand-driven client, and listening endpoints serving a batch of
 //! clients.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use async_io::Async;
+use futures::channel::oneshot;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::bootstrap::Auth;
-use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending};
-use mwcap::sim::SimNic;
+use mwcap::backend::QpState;
+use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Handshake, Hello, PolicySet};
+use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending, SetupError};
+use mwcap::sim::{DeviceId, Fabric, QpAddr, SimNic};
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
 pub fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
@@ -105,6 +110,46 @@ pub fn server_with_link_client(
     let mut c = Link::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
     c.connect(&s.local()).unwrap();
     (s, c)
+}
+
+/// The first half of a client's bootstrap, by hand, against the listening
+/// endpoint `ep` (whose QPs are on device `server_dev` of `fabric`): an
+/// `accept` spawned on `pool`, `client`'s hello (serving mw), then a wait
+/// until the server has connected its QP, and `client` connected to it.
+/// Returns the handshake (drop it to go away before the ready byte, which
+/// fails the server's handshake and destroys its QP), the server QP's
+/// address, and what that `accept` will end with (`Some` error: the
+/// handshake failed).
+#[allow(dead_code)] // hub.rs and hub_srq.rs use it; hub_pool.rs includes this module too
+pub fn half_bootstrap(
+    pool: &mut LocalPool,
+    fabric: &Fabric,
+    ep: &Endpoint<SimNic>,
+    server_dev: DeviceId,
+    client: &mut Link<SimNic>,
+) -> (Handshake<Async<TcpStream>>, QpAddr, oneshot::Receiver<Option<SetupError>>) {
+    let (tx, rx) = oneshot::channel();
+    let server = ep.clone();
+    spawn(pool, async move {
+        let _ = tx.send(server.accept().await.err());
+    });
+    let mut caps = Capabilities::new();
+    caps.serve = PolicySet::MW;
+    let hello = Hello::new(client.local(), caps);
+    let addr = ep.local_addr().expect("it listens");
+    let hs = pool.run_until(async {
+        let t = Duration::from_secs(5);
+        let authed = authenticate_client_async(addr, &Auth::Unauthenticated, t).await.expect("auth");
+        authed.hello(&hello, t).await.expect("hello")
+    });
+    let at = QpAddr { device: server_dev, qpn: hs.peer().endpoint.qpn };
+    let t0 = Instant::now();
+    while fabric.qp_state(at) != Some(QpState::Rts) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    client.connect(&hs.remote_endpoint()).unwrap();
+    (hs, at, rx)
 }
 
 /// The bytes of payload `i`.
