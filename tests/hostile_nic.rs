@@ -1148,9 +1148,10 @@ fn protocol_violations_end_the_connection_with_their_reason() {
 
 #[test]
 fn mw_send_with_inv_cannot_reach_the_other_connections_windows() {
-    // Windows are scoped to their PD: a live window of the healthy
-    // connection (another PD of the victim's device) cannot be invalidated
-    // through the attacker's connection.
+    // On a spec device a type-2 window is invalidated only through its own
+    // queue pair: a live window of the healthy connection (another QP and
+    // PD of the victim's device) cannot be invalidated through the
+    // attacker's connection. (rxe allows it: tests/hub.rs.)
     use mwcap::backend::MwId;
     use mwcap::sim::WindowState;
     for role in [Role::Server, Role::Client] {

@@ -5,7 +5,7 @@ use mwcap::backend::{
     rkey, Access, Completion, MrInfo, MwInfo, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode,
     WcStatus,
 };
-use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, WindowState};
+use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, SimNic, WindowState};
 
 struct Setup {
     p: Pair,
@@ -355,20 +355,49 @@ fn send_with_inv_invalidates_and_reports_the_rkey() {
     assert_eq!(c.status, WcStatus::RemAccessErr, "the window really is invalid");
 }
 
-#[test]
-fn send_with_inv_on_another_connection_of_the_pd_also_invalidates() {
-    let s = setup(DeviceConfig::spec());
-    let rk = bind_and_send(&s);
-    let a2 = End::new(&s.p.a.nic).unwrap();
+/// A SEND_WITH_INV naming a window bound to the QP of the pair `s`,
+/// received on a second connection made through `nic_a` (the window's PD,
+/// or another): returns the receive's completion.
+fn send_with_inv_on_a_second_connection(s: &Setup, nic_a: &SimNic, rk: u32) -> Completion {
+    let a2 = End::new(nic_a).unwrap();
     let b2 = End::new(&s.p.b.nic).unwrap();
     End::connect(&a2, &b2).unwrap();
-    let arecv = s.p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let arecv = nic_a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     a2.nic.post_recv(a2.qp, 77, Sge { mr: arecv.id, offset: 0, len: 64 }).unwrap();
     let wr = SendWr::SendWithInv { wr_id: 8, signaled: true, sge: SgeList::new(), invalidate_rkey: rk };
     b2.nic.post_send(b2.qp, &[wr]).unwrap();
     s.p.fabric.run_until_idle();
-    assert_eq!(a2.poll()[0].invalidated_rkey, Some(rk));
-    assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
+    a2.poll()[0]
+}
+
+#[test]
+fn send_with_inv_on_another_queue_pair_is_refused_by_the_spec_and_obeyed_by_rxe() {
+    // InfiniBand invalidates a type-2B window through a SEND_WITH_INV only
+    // on the queue pair it is bound to; rxe looks the key up across the
+    // device and checks neither the QP nor the PD (rdma-facts, measured by
+    // `mwcap probe` in the VM).
+    for other_pd in [false, true] {
+        let s = setup(DeviceConfig::spec());
+        let rk = bind_and_send(&s);
+        let nic = if other_pd { s.p.a.nic.new_pd().unwrap() } else { s.p.a.nic.clone() };
+        let c = send_with_inv_on_a_second_connection(&s, &nic, rk);
+        assert_eq!(
+            (c.status, c.invalidated_rkey),
+            (WcStatus::RemInvReqErr, None),
+            "spec, other PD {other_pd}"
+        );
+        assert!(
+            matches!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Bound { .. })),
+            "spec, other PD {other_pd}: the window stays bound"
+        );
+
+        let s = setup(DeviceConfig::rxe());
+        let rk = bind_and_send(&s);
+        let nic = if other_pd { s.p.a.nic.new_pd().unwrap() } else { s.p.a.nic.clone() };
+        let c = send_with_inv_on_a_second_connection(&s, &nic, rk);
+        assert_eq!((c.status, c.invalidated_rkey), (WcStatus::Success, Some(rk)), "rxe, other PD {other_pd}");
+        assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
+    }
 }
 
 #[test]

@@ -96,7 +96,7 @@ impl World {
             }
             SendWr::LocalInv { rkey, .. } => {
                 let pd = self.devs[dev as usize].qp(qp).map_or(0, |q| q.pd);
-                match self.invalidate(dev, pd, *rkey) {
+                match self.invalidate(dev, pd, *rkey, None) {
                     Ok(to_err) => {
                         self.done(dev, qp, i, 0);
                         self.error_all(to_err);

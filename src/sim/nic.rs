@@ -315,7 +315,7 @@ impl Nic for SimNic {
         let mut to_err = Vec::new();
         if bound {
             // Freeing a bound window invalidates it (a legitimate invalidation, never a hazard).
-            to_err = w.invalidate(self.dev, self.pd, rkey).unwrap_or_default();
+            to_err = w.invalidate(self.dev, self.pd, rkey, None).unwrap_or_default();
         }
         let d = &mut w.devs[self.dev as usize];
         d.keys.remove(&(rkey >> 8));
@@ -326,6 +326,10 @@ impl Nic for SimNic {
 
     fn new_pd(&self) -> Result<SimNic, NicError> {
         SimNic::new_pd(self)
+    }
+
+    fn new_pd_boxed(&self) -> Result<Box<dyn Nic>, NicError> {
+        Ok(Box::new(SimNic::new_pd(self)?))
     }
 
     fn same_pd(&self) -> Result<SimNic, NicError> {

@@ -20,6 +20,10 @@ pub(crate) enum InvError {
     WrongKey,
     /// The window is not bound (never bound, or already invalidated).
     NotBound,
+    /// A SEND_WITH_INV received on a queue pair other than the one the
+    /// type-2 window is bound to (or through another protection domain):
+    /// the specification refuses it; rxe does not check.
+    OtherQp,
 }
 
 impl InvError {
@@ -120,7 +124,7 @@ impl World {
         let mut to_err = Vec::new();
         let result = check.and_then(|()| match invalidate {
             None => Ok(None),
-            Some(rk) => match self.invalidate(dev, pd, rk) {
+            Some(rk) => match self.invalidate(dev, pd, rk, Some(qp)) {
                 Ok(qps) => {
                     to_err = qps;
                     Ok(Some(rk))
@@ -317,19 +321,40 @@ impl World {
         Ok(())
     }
 
-    /// Invalidate the window named by `rk` in protection domain `pd`.
+    /// Invalidate the window named by `rk`: by a LOCAL_INV posted in
+    /// protection domain `pd` (`by_qp` `None`), or by a SEND_WITH_INV
+    /// received on queue pair `by_qp` of `pd`.
+    ///
+    /// A spec device finds the window among `pd`'s, and invalidates a
+    /// type-2 window for a SEND_WITH_INV only when it is bound to the
+    /// receiving queue pair (InfiniBand's rule for type 2B windows, which
+    /// mlx5 follows). An rxe device looks the key up across the whole
+    /// device and checks neither the queue pair nor the protection domain
+    /// (`rxe_invalidate_mw`; measured by `mwcap probe` in the VM): any
+    /// peer that knows or guesses a key can invalidate any window.
+    ///
     /// Returns the queue pairs rxe's in-flight quirk moves to ERR.
-    pub(crate) fn invalidate(&mut self, dev: u32, pd: u32, rk: u32) -> Result<Vec<(u32, u32)>, InvError> {
+    pub(crate) fn invalidate(
+        &mut self,
+        dev: u32,
+        pd: u32,
+        rk: u32,
+        by_qp: Option<u32>,
+    ) -> Result<Vec<(u32, u32)>, InvError> {
         let d = &mut self.devs[dev as usize];
+        let rxe = d.cfg.rxe_quirks;
         let w = match d.keys.get(&(rk >> 8)) {
             Some(KeyObj::Mw(w)) => *w,
             Some(KeyObj::Mr(m)) if d.mr(*m).is_some_and(|m| m.pd == pd) => return Err(InvError::NotAWindow),
             _ => return Err(InvError::UnknownKey),
         };
-        let mw = d.mw_mut(w).filter(|mw| mw.pd == pd).ok_or(InvError::UnknownKey)?;
-        let MwState::Bound { mr, .. } = mw.state else { return Err(InvError::NotBound) };
+        let mw = d.mw_mut(w).filter(|mw| rxe || mw.pd == pd).ok_or(InvError::UnknownKey)?;
+        let MwState::Bound { mr, qp: bound_to, .. } = mw.state else { return Err(InvError::NotBound) };
         if mw.rkey != rk {
             return Err(InvError::WrongKey);
+        }
+        if by_qp.is_some_and(|q| q != bound_to) && !rxe {
+            return Err(InvError::OtherQp);
         }
         mw.state = MwState::Invalidated;
         if let Some(m) = d.mr_mut(mr) {
