@@ -42,6 +42,12 @@ pub enum ProbeStep {
     ReadAfterInvalidate,
     /// SEND_WITH_INV from the peer invalidates the window.
     SendWithInv,
+    /// A SEND_WITH_INV naming the window, received on another queue pair
+    /// of the same protection domain (must fail per spec for a type-2B
+    /// window; rxe invalidates it).
+    SendWithInvOtherQp,
+    /// The same, received on a queue pair of another protection domain.
+    SendWithInvOtherPd,
 }
 
 impl fmt::Display for ProbeStep {
@@ -54,6 +60,8 @@ impl fmt::Display for ProbeStep {
             ProbeStep::Invalidate => "LOCAL_INV",
             ProbeStep::ReadAfterInvalidate => "READ after invalidation",
             ProbeStep::SendWithInv => "SEND_WITH_INV",
+            ProbeStep::SendWithInvOtherQp => "SEND_WITH_INV on another QP",
+            ProbeStep::SendWithInvOtherPd => "SEND_WITH_INV from another PD",
         })
     }
 }
@@ -85,15 +93,46 @@ pub struct ProbeReport {
     /// A peer's SEND_WITH_INV invalidates the window and is reported with
     /// the right rkey. `None` when not measured.
     pub send_with_inv: Option<bool>,
+    /// A SEND_WITH_INV received on *another* queue pair of the window's
+    /// protection domain invalidates it (rxe: yes; the specification and
+    /// mlx5: no, the receive fails). `None` when not measured.
+    pub other_qp_invalidates: Option<bool>,
+    /// The same from a queue pair of another protection domain.
+    pub other_pd_invalidates: Option<bool>,
 }
 
 impl ProbeReport {
     /// The first failing step and what happened there.
     pub fn first_failure(&self) -> Option<(ProbeStep, &str)> {
         self.steps.iter().find_map(|(s, o)| match o {
-            StepOutcome::Failed(t) if *s != ProbeStep::ReadOutside => Some((*s, t.as_str())),
+            StepOutcome::Failed(t) if s.needed_by_mw() => Some((*s, t.as_str())),
             _ => None,
         })
+    }
+
+    /// Whether the mw policy is safe with peers that are not trusted: type-2
+    /// windows work, and a peer cannot invalidate a window bound to another
+    /// connection's queue pair. Where it can (rxe), a peer that invalidates
+    /// a window its owner then invalidates too, or one already invalid,
+    /// panics the rxe kernel driver (`docs/protocol-mw.md`, "Invalidation
+    /// by a peer"), so [`PolicyChoice::Auto`](crate::conn::PolicyChoice::Auto)
+    /// picks confirm there unless the peers are trusted
+    /// ([`EndpointBuilder::trusted_peers`](crate::conn::EndpointBuilder::trusted_peers)).
+    /// Not measured counts as unsafe.
+    pub fn mw_safe_with_untrusted_peers(&self) -> bool {
+        self.mw_usable && self.other_qp_invalidates == Some(false) && self.other_pd_invalidates == Some(false)
+    }
+}
+
+impl ProbeStep {
+    /// Whether the mw policy cannot work when this step fails (a READ past
+    /// the window and another queue pair's invalidation are findings about
+    /// isolation, not about whether windows work).
+    fn needed_by_mw(self) -> bool {
+        !matches!(
+            self,
+            ProbeStep::ReadOutside | ProbeStep::SendWithInvOtherQp | ProbeStep::SendWithInvOtherPd
+        )
     }
 }
 
@@ -123,7 +162,14 @@ impl fmt::Display for ProbeReport {
         writeln!(f, "  type-2 memory windows usable: {}", if self.mw_usable { "yes" } else { "no" })?;
         writeln!(f, "  window bounds enforced:       {}", yn(self.bounds_enforced))?;
         writeln!(f, "  SEND_WITH_INV works:          {}", yn(self.send_with_inv))?;
+        writeln!(f, "  ... invalidates another QP's: {}", yn(self.other_qp_invalidates))?;
+        writeln!(f, "  ... and another PD's:         {}", yn(self.other_pd_invalidates))?;
         match (self.mw_usable, self.first_failure()) {
+            (true, _) if !self.mw_safe_with_untrusted_peers() => write!(
+                f,
+                "  policy: confirm with untrusted peers; mw only with trusted ones (a peer can invalidate \
+                 windows bound to other connections, and a double invalidation panics rxe)"
+            ),
             (true, _) => write!(f, "  policy: mw (confirm also available)"),
             (false, Some((s, t))) => write!(f, "  policy: confirm (type-2 windows fail at '{s}': {t})"),
             (false, None) => write!(f, "  policy: confirm"),
@@ -136,6 +182,11 @@ impl fmt::Display for ProbeReport {
 pub fn probe(nic: &dyn Nic) -> ProbeReport {
     let mut p = Prober { nic, steps: Vec::new() };
     let (mw_usable, bounds_enforced, send_with_inv) = p.run();
+    let (other_qp_invalidates, other_pd_invalidates) = if send_with_inv == Some(true) {
+        (p.run_foreign_invalidation(false), p.run_foreign_invalidation(true))
+    } else {
+        (None, None)
+    };
     let mut steps = p.steps;
     for step in ALL_STEPS {
         if !steps.iter().any(|(s, _)| *s == step) {
@@ -143,10 +194,18 @@ pub fn probe(nic: &dyn Nic) -> ProbeReport {
         }
     }
     steps.sort_by_key(|(s, _)| ALL_STEPS.iter().position(|x| x == s));
-    ProbeReport { device: nic.device_info(), steps, mw_usable, bounds_enforced, send_with_inv }
+    ProbeReport {
+        device: nic.device_info(),
+        steps,
+        mw_usable,
+        bounds_enforced,
+        send_with_inv,
+        other_qp_invalidates,
+        other_pd_invalidates,
+    }
 }
 
-const ALL_STEPS: [ProbeStep; 7] = [
+const ALL_STEPS: [ProbeStep; 9] = [
     ProbeStep::Alloc,
     ProbeStep::Bind,
     ProbeStep::ReadInside,
@@ -154,6 +213,8 @@ const ALL_STEPS: [ProbeStep; 7] = [
     ProbeStep::Invalidate,
     ProbeStep::ReadAfterInvalidate,
     ProbeStep::SendWithInv,
+    ProbeStep::SendWithInvOtherQp,
+    ProbeStep::SendWithInvOtherPd,
 ];
 
 /// A bound window with its memory and QP pair. Field order is drop order:
@@ -489,6 +550,110 @@ impl<'a> Prober<'a> {
             _ => {
                 self.fail(step, "READ after SEND_WITH_INV: no completion");
                 Some(false)
+            }
+        }
+    }
+
+    /// On a fresh window bound on one loopback pair: a SEND_WITH_INV naming
+    /// it arrives on a queue pair of another pair, made through this
+    /// handle's protection domain or (`other_pd`) another one. `Some(true)`:
+    /// the window was invalidated (a READ through it then fails);
+    /// `Some(false)`: the receive failed and the window is still bound (a
+    /// READ through it works). On rxe the window is invalidated once here
+    /// and only deallocated afterwards: never a second invalidation.
+    fn run_foreign_invalidation(&mut self, other_pd: bool) -> Option<bool> {
+        let step = if other_pd { ProbeStep::SendWithInvOtherPd } else { ProbeStep::SendWithInvOtherQp };
+        let bound = self.fresh_bound(step)?;
+        // Declared before the pair and the region: dropped after them.
+        let other: Box<dyn Nic>;
+        let via: &dyn Nic = if other_pd {
+            other = match self.nic.new_pd_boxed() {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail(step, format!("could not open another protection domain: {e}"));
+                    return None;
+                }
+            };
+            &*other
+        } else {
+            self.nic
+        };
+        let pair = match LoopbackPair::new(via) {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail(step, format!("could not create a second loopback QP pair: {e}"));
+                return None;
+            }
+        };
+        let mr = match via.reg_mr(MR_LEN, Access::LOCAL_WRITE) {
+            Ok(mr) => mr,
+            Err(e) => {
+                self.fail(step, format!("could not register memory: {e}"));
+                return None;
+            }
+        };
+        let outcome = self.foreign_invalidation(via, &pair, mr, &bound, step);
+        drop(pair);
+        let _ = via.dereg_mr(mr.id);
+        outcome
+    }
+
+    fn foreign_invalidation(
+        &mut self,
+        via: &dyn Nic,
+        pair: &LoopbackPair,
+        mr: MrInfo,
+        bound: &Bound,
+        step: ProbeStep,
+    ) -> Option<bool> {
+        let rk = bound.rkey;
+        if let Err(e) = via.post_recv(pair.a.id, 3, Sge { mr: mr.id, offset: 0, len: MSG_LEN }) {
+            self.fail(step, format!("post RECV: {e}"));
+            return None;
+        }
+        let wr = SendWr::SendWithInv {
+            wr_id: 50,
+            signaled: true,
+            sge: SgeList::from([Sge { mr: mr.id, offset: 0, len: 8 }]),
+            invalidate_rkey: rk,
+        };
+        if let Err(e) = via.post_send(pair.b.id, &[wr]) {
+            self.fail(step, format!("post SEND_WITH_INV: {e}"));
+            return None;
+        }
+        let recv = wait_completions(via, pair.cq_a, 1, STEP_TIMEOUT).ok()?;
+        let Some(r) = recv.first() else {
+            self.fail(step, format!("no receive completion within {STEP_TIMEOUT:?}"));
+            return None;
+        };
+        let invalidated = r.status.is_success();
+        // Is the window still bound? A READ through it from its own pair.
+        let read = self.read(&bound.setup, &bound.pair, rk, 0, 64);
+        match (invalidated, read) {
+            (true, Ok(Some(c))) if c.status == WcStatus::RemAccessErr => {
+                self.fail(
+                    step,
+                    "the window was invalidated through a queue pair it is not bound to: a peer of one \
+                     connection can invalidate another's windows",
+                );
+                Some(true)
+            }
+            (false, Ok(Some(c))) if c.status.is_success() => {
+                self.record(
+                    step,
+                    StepOutcome::Ok(format!("refused ({}); the window stays bound", describe(r))),
+                );
+                Some(false)
+            }
+            (_, read) => {
+                let what = match read {
+                    Ok(Some(c)) => describe(&c),
+                    Ok(None) => "no completion".into(),
+                    Err(e) => e,
+                };
+                self.fail(step, format!("receive {}, then a READ through the window: {what}", describe(r)));
+                // Not known to be refused: counted as reachable.
+                Some(true)
             }
         }
     }

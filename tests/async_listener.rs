@@ -294,6 +294,41 @@ fn an_mw_endpoint_on_a_device_without_windows_fails_at_build() {
 }
 
 #[test]
+fn where_a_peer_reaches_other_connections_windows_mw_is_served_only_to_trusted_peers() {
+    // On rxe (and the sim's rxe mode) a SEND_WITH_INV received on any queue
+    // pair invalidates any window of the device, and a second invalidation
+    // panics the kernel: the probe sees it, `mw` is refused and `auto`
+    // serves confirm, unless the peers are trusted.
+    let fabric = Fabric::with_seed(26);
+    let nic = fabric.add_device(DeviceConfig::rxe().named("rxe0"));
+    let client_nic = fabric.add_device(DeviceConfig::rxe().named("rxe1"));
+    let e = builder(nic.clone(), KEY, PolicyChoice::Mw).listen(any_port()).build().err().expect("refused");
+    assert!(matches!(e, SetupError::MwUnsafe { .. }), "{e:?}");
+    assert!(e.to_string().contains("trusted_peers(true)"), "the error says what to do: {e}");
+    let mut pool = LocalPool::new();
+    for trusted in [false, true] {
+        let server = driven(
+            &pool,
+            builder(nic.clone(), KEY, PolicyChoice::Auto)
+                .trusted_peers(trusted)
+                .listen(any_port())
+                .build()
+                .unwrap(),
+        );
+        let client = driven(
+            &pool,
+            builder(client_nic.clone(), KEY, PolicyChoice::Auto).trusted_peers(trusted).build().unwrap(),
+        );
+        let addr = server.local_addr().unwrap();
+        let (s, c) = pool.run_until(async { futures::join!(server.accept(), client.connect(addr)) });
+        let (s, c) = (s.expect("accepted"), c.expect("connected"));
+        let want = if trusted { Policy::Mw } else { Policy::Confirm };
+        assert_eq!(s.policies(), Policies::both(want), "trusted peers: {trusted}");
+        assert_eq!(c.policies(), Policies::both(want), "trusted peers: {trusted}");
+    }
+}
+
+#[test]
 fn a_reconnecting_client_comes_back_after_the_server_went_away() {
     let fabric = Fabric::with_seed(25);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));

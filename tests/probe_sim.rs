@@ -24,7 +24,12 @@ fn a_spec_nic_has_usable_enforced_windows() {
     assert!(r.mw_usable, "{r}");
     assert_eq!((r.bounds_enforced, r.send_with_inv), (Some(true), Some(true)), "{r}");
     assert!(r.steps.iter().all(|(_, o)| matches!(o, StepOutcome::Ok(_))), "{r}");
-    assert_eq!(r.steps.len(), 7);
+    assert_eq!(r.steps.len(), 9);
+    // The spec's rule: a SEND_WITH_INV invalidates only a window bound to
+    // the queue pair it arrives on. Safe for mw with any peer.
+    assert_eq!((r.other_qp_invalidates, r.other_pd_invalidates), (Some(false), Some(false)), "{r}");
+    assert!(r.mw_safe_with_untrusted_peers(), "{r}");
+    assert!(r.to_string().contains("policy: mw (confirm also available)"), "{r}");
 }
 
 #[test]
@@ -34,6 +39,13 @@ fn rxe_windows_are_usable_but_not_bounded() {
     assert_eq!(r.bounds_enforced, Some(false), "{r}");
     assert!(matches!(r.steps[3], (ProbeStep::ReadOutside, StepOutcome::Failed(_))), "{r}");
     assert!(r.first_failure().is_none(), "an unbounded window does not make windows unusable: {r}");
+    // rxe's rule: any queue pair of the device invalidates any window.
+    assert_eq!((r.other_qp_invalidates, r.other_pd_invalidates), (Some(true), Some(true)), "{r}");
+    assert!(!r.mw_safe_with_untrusted_peers(), "{r}");
+    for step in [ProbeStep::SendWithInvOtherQp, ProbeStep::SendWithInvOtherPd] {
+        assert!(r.steps.iter().any(|(s, o)| *s == step && matches!(o, StepOutcome::Failed(_))), "{r}");
+    }
+    assert!(r.to_string().contains("policy: confirm with untrusted peers"), "{r}");
 }
 
 #[test]

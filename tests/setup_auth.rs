@@ -90,6 +90,9 @@ impl Nic for Counting {
     fn same_pd(&self) -> Result<Counting, NicError> {
         Ok(Counting { nic: self.nic.same_pd()?, created: self.created.clone() })
     }
+    fn new_pd_boxed(&self) -> Result<Box<dyn Nic>, NicError> {
+        Ok(Box::new(self.new_pd()?))
+    }
     fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
         self.count(self.nic.create_cq(depth))
     }

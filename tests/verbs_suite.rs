@@ -843,7 +843,9 @@ mod hub {
     /// An endpoint on its own handle of rxe0, for connections made without
     /// TCP (`Endpoint::prepare`), with `opts` applied to its builder.
     fn builder() -> EndpointBuilder<VerbsNic> {
-        Endpoint::builder(super::open(), Auth::Unauthenticated).queue_depth(4096)
+        // The suite is its own peer on rxe, where a peer reaches other
+        // connections' windows: it trusts itself (EndpointBuilder::trusted_peers).
+        Endpoint::builder(super::open(), Auth::Unauthenticated).queue_depth(4096).trusted_peers(true)
     }
 
     /// Build `b`'s endpoint and run its driver as a task of `pool`.

@@ -113,6 +113,7 @@ mod imp {
                     .queue_depth(depth)
                     .handshake_timeout(SETUP)
                     .probe_cache(probes.clone())
+                    .trusted_peers(o.trusted_peers)
                     .busy_poll(busy_poll)
                     .build()
                     .map_err(|e| format!("setting up the {policy:?} endpoint: {e}"))

@@ -250,22 +250,32 @@ fn dead_peer(seed: u64) -> R {
 
 fn probes() -> R {
     println!("\n5. the capability probe on simulated NICs (device flags are not trusted)");
+    // (device, windows usable, mw safe with peers that are not trusted: a
+    // peer's SEND_WITH_INV cannot reach other queue pairs' windows)
     let kinds = [
-        ("spec", DeviceConfig::spec(), true),
-        ("rxe", DeviceConfig::rxe(), true),
-        ("bnxt-like", DeviceConfig::spec().with_mw(MwSupport::AdvertisedNoAlloc), false),
-        ("mana-like", DeviceConfig::spec().with_mw(MwSupport::AllocNoBind), false),
-        ("no-mw", DeviceConfig::spec().with_mw(MwSupport::None), false),
+        ("spec", DeviceConfig::spec(), true, true),
+        ("rxe", DeviceConfig::rxe(), true, false),
+        ("bnxt-like", DeviceConfig::spec().with_mw(MwSupport::AdvertisedNoAlloc), false, false),
+        ("mana-like", DeviceConfig::spec().with_mw(MwSupport::AllocNoBind), false, false),
+        ("no-mw", DeviceConfig::spec().with_mw(MwSupport::None), false, false),
     ];
-    for (name, cfg, want) in kinds {
+    for (name, cfg, want, safe) in kinds {
         let nic = mwcap::sim::Fabric::with_seed(1).add_device(cfg.named(name));
         let r = mwcap::probe(&nic);
         let why = r.first_failure().map(|(s, t)| format!(" (fails at '{s}': {t})")).unwrap_or_default();
         println!(
-            "  {name:<10} advertises 2B={:<5} -> windows usable={:<5} bounds enforced={:?}{why}",
-            r.device.mw_type_2b, r.mw_usable, r.bounds_enforced
+            "  {name:<10} advertises 2B={:<5} -> windows usable={:<5} bounds enforced={:<11} \
+             safe with untrusted peers={:<5}{why}",
+            r.device.mw_type_2b,
+            r.mw_usable,
+            format!("{:?}", r.bounds_enforced),
+            r.mw_safe_with_untrusted_peers()
         );
         ensure(r.mw_usable == want, &format!("{name}: policy {}", if want { "mw" } else { "confirm" }))?;
+        ensure(
+            r.mw_safe_with_untrusted_peers() == safe,
+            &format!("{name}: mw {}for untrusted peers", if safe { "" } else { "not " }),
+        )?;
     }
     Ok(())
 }

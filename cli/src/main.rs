@@ -181,6 +181,12 @@ pub struct BenchOpts {
     /// the async API runs under block_on.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "block_on,smol,tokio")]
     pub executor: Vec<ExecutorArg>,
+    /// Trust the peers not to invalidate windows they were not granted:
+    /// needed for mw on a device where a peer's SEND_WITH_INV reaches
+    /// windows bound to other connections' queue pairs (rxe; `mwcap probe`
+    /// says), where a hostile peer could panic the kernel.
+    #[arg(long)]
+    pub trusted_peers: bool,
     /// How the bootstrap is authenticated (with ADDR).
     #[command(flatten)]
     pub auth: auth_args::AuthArgs,
@@ -298,6 +304,12 @@ pub struct ServeOpts {
     /// Settings of each connection beyond its pool.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// Trust the peers not to invalidate windows they were not granted:
+    /// needed for mw on a device where a peer's SEND_WITH_INV reaches
+    /// windows bound to other connections' queue pairs (rxe; `mwcap probe`
+    /// says), where a hostile peer could panic the kernel.
+    #[arg(long)]
+    pub trusted_peers: bool,
     /// How the bootstrap is authenticated.
     #[command(flatten)]
     pub auth: auth_args::AuthArgs,

@@ -79,6 +79,12 @@ mod imp {
         let mut endpoints = Vec::new();
         for policy in [Policy::Mw, Policy::Confirm] {
             let addr = policy_addr(o.listen, policy)?;
+            if policy == Policy::Mw {
+                if let Some(why) = mw_not_served(o, &probes)? {
+                    eprintln!("mwcap serve: not serving mw on {}: {why}", o.device);
+                    continue;
+                }
+            }
             let (endpoint, driver) = endpoint(o, policy, addr, auth, &probes)?;
             endpoints.push((policy, endpoint, driver));
         }
@@ -91,11 +97,14 @@ mod imp {
         let stat = StatServer::bind(&path, registry.clone()).map_err(|e| {
             format!("cannot serve stats at {}: {e}; pick another --stat-socket", path.display())
         })?;
-        let addr = |i: usize| endpoints[i].1.local_addr().map_or_else(|| "?".into(), |a| a.to_string());
+        let addr = |p: Policy| {
+            let e = endpoints.iter().find(|(q, ..)| *q == p);
+            e.and_then(|(_, e, _)| e.local_addr()).map_or_else(|| "nothing".into(), |a| a.to_string())
+        };
         println!(
             "mwcap serve: listening on {} (mw) and {} (confirm), device {}; stats: mwcap stat --socket {}",
-            addr(0),
-            addr(1),
+            addr(Policy::Mw),
+            addr(Policy::Confirm),
             o.device,
             stat.path().display()
         );
@@ -111,6 +120,26 @@ mod imp {
             }
         });
         Ok(())
+    }
+
+    /// Why this device does not serve mw (the capability probe's verdict),
+    /// if it does not: its type-2 windows fail, or a peer can invalidate
+    /// windows bound to other connections' queue pairs (rxe) and the
+    /// clients are not trusted (--trusted-peers). Confirm is served either way.
+    fn mw_not_served(o: &ServeOpts, probes: &ProbeCache) -> Result<Option<String>, String> {
+        let report = probes.report(&open(o)?);
+        Ok(if !report.mw_usable {
+            let why = report.first_failure().map(|(s, t)| format!("{s}: {t}")).unwrap_or_default();
+            Some(format!("its type-2 windows fail ({why})"))
+        } else if !report.mw_safe_with_untrusted_peers() && !o.trusted_peers {
+            Some(
+                "a client's SEND_WITH_INV can invalidate windows bound to other connections there, and a \
+                 double invalidation panics the rxe kernel; pass --trusted-peers if every client is yours"
+                    .into(),
+            )
+        } else {
+            None
+        })
     }
 
     /// The shared pool's classes (--shared-buffers, --shared-large), if any.
@@ -152,6 +181,7 @@ mod imp {
                 .config(config(Role::Server, policy, o.pool(), &o.conn))
                 .handshake_timeout(SETUP)
                 .probe_cache(probes.clone())
+                .trusted_peers(o.trusted_peers)
                 .listen(addr)
         };
         let failed = |e: SetupError| match e {

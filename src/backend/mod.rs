@@ -90,6 +90,10 @@ pub trait Nic: Send + Sync {
     where
         Self: Sized;
 
+    /// [`Nic::new_pd`] through `dyn Nic`, boxed (the capability probe
+    /// tries a SEND_WITH_INV from another protection domain).
+    fn new_pd_boxed(&self) -> Result<Box<dyn Nic>, NicError>;
+
     /// Another handle on this handle's protection domain. The queue pairs
     /// made through it are its own and go with it; its regions and windows
     /// are the PD's (named by id through any of the PD's handles, as a

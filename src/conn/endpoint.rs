@@ -278,6 +278,18 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         self
     }
 
+    /// Trust every peer not to invalidate windows it was not granted (false
+    /// by default). On a device where a peer's SEND_WITH_INV reaches
+    /// windows bound to other queue pairs (rxe; `mwcap probe` says), a
+    /// hostile peer can make an owner invalidate a window twice, which
+    /// panics the rxe kernel driver: there `auto` serves confirm and `mw`
+    /// is refused ([`SetupError::MwUnsafe`]) unless the peers are trusted.
+    /// Devices that follow the specification (mlx5) are safe either way.
+    pub fn trusted_peers(mut self, trusted: bool) -> Self {
+        self.opts.trusted_peers = trusted;
+        self
+    }
+
     /// The settings of every connection (buffers, timeouts, keepalive, ...),
     /// from [`Config::default`]: the role is set per connection and the
     /// policies by the bootstrap (this endpoint's [`EndpointBuilder::policy`]

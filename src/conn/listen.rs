@@ -103,7 +103,7 @@ impl<N: Nic + 'static> Listener<N> {
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         let serve = match opts.choice {
             PolicyChoice::Confirm => PolicySet::CONFIRM,
-            choice => serve_set(&hub.connection_nic()?, choice, Some(&opts.probes))?,
+            choice => serve_set(&hub.connection_nic()?, choice, opts.trusted_peers, Some(&opts.probes))?,
         };
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         Ok(Listener {
@@ -279,15 +279,15 @@ async fn serve_set_off_thread<N: Nic + 'static>(
 ) -> Result<(N, PolicySet), SetupError> {
     let known = opts.choice == PolicyChoice::Confirm || opts.probes.cached(&nic.device_info().name).is_some();
     if known {
-        let serve = serve_set(&nic, opts.choice, Some(&opts.probes))?;
+        let serve = serve_set(&nic, opts.choice, opts.trusted_peers, Some(&opts.probes))?;
         return Ok((nic, serve));
     }
     let (tx, rx) = futures::channel::oneshot::channel();
-    let (choice, probes) = (opts.choice, opts.probes.clone());
+    let (choice, trusted, probes) = (opts.choice, opts.trusted_peers, opts.probes.clone());
     std::thread::Builder::new()
         .name("mwcap-probe".into())
         .spawn(move || {
-            let serve = serve_set(&nic, choice, Some(&probes));
+            let serve = serve_set(&nic, choice, trusted, Some(&probes));
             let _ = tx.send((nic, serve));
         })
         .map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;

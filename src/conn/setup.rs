@@ -27,11 +27,14 @@ use crate::ProbeCache;
 /// What a side asks for when it connects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyChoice {
-    /// Serve only type-2 windows; fail if the device cannot (see `mwcap probe`).
+    /// Serve only type-2 windows; fail if the device cannot (see `mwcap
+    /// probe`), or if a peer could invalidate other connections' windows
+    /// there and the peers are not trusted ([`SetupOptions::trusted_peers`]).
     Mw,
     /// Serve only the confirm protocol.
     Confirm,
-    /// Probe the device and serve mw where it works, else confirm.
+    /// Probe the device and serve mw where it works and is safe with the
+    /// peers (see [`Mw`](PolicyChoice::Mw)), else confirm.
     Auto,
 }
 
@@ -76,6 +79,17 @@ pub enum SetupError {
         /// The probe's first failing step.
         why: String,
     },
+    /// `mw` was asked for, with peers that are not trusted, on a device
+    /// where a peer can invalidate windows bound to other queue pairs (rxe):
+    /// a peer could make its owner invalidate a window twice, which panics
+    /// the rxe kernel driver.
+    #[error("the mw policy was requested but on {device} a peer can invalidate windows bound to other connections' queue pairs (SEND_WITH_INV; {why}), and a double invalidation panics the rxe kernel: use confirm or auto, or, if every peer is yours, EndpointBuilder::trusted_peers(true)")]
+    MwUnsafe {
+        /// The device.
+        device: String,
+        /// What the probe measured.
+        why: String,
+    },
     /// The endpoint stopped listening
     /// ([`Endpoint::stop_listening`](super::Endpoint::stop_listening)): it
     /// takes no more clients. End the accept loop.
@@ -89,9 +103,14 @@ pub enum SetupError {
 
 /// What this side serves for `choice`: the probe's verdict for `mw` and
 /// `auto` (from `probes` when given, else a fresh probe).
+///
+/// Where a peer can invalidate windows bound to other queue pairs (the
+/// probe's [`ProbeReport::mw_safe_with_untrusted_peers`](crate::ProbeReport::mw_safe_with_untrusted_peers)),
+/// mw is served only to `trusted` peers.
 pub(super) fn serve_set(
     nic: &dyn Nic,
     choice: PolicyChoice,
+    trusted: bool,
     probes: Option<&ProbeCache>,
 ) -> Result<PolicySet, SetupError> {
     match choice {
@@ -101,8 +120,25 @@ pub(super) fn serve_set(
                 Some(cache) => cache.report(nic),
                 None => std::sync::Arc::new(crate::probe(nic)),
             };
+            let safe = trusted || report.mw_safe_with_untrusted_peers();
             match (report.mw_usable, choice) {
+                (true, PolicyChoice::Mw) if !safe => Err(SetupError::MwUnsafe {
+                    device: report.device.name.clone(),
+                    why: format!(
+                        "another QP of the PD: {}, another PD: {}",
+                        measured(report.other_qp_invalidates),
+                        measured(report.other_pd_invalidates)
+                    ),
+                }),
                 (true, PolicyChoice::Mw) => Ok(PolicySet::MW),
+                (true, _) if !safe => {
+                    tracing::warn!(
+                        device = %report.device.name,
+                        "type-2 windows work here, but a peer can invalidate windows bound to other queue \
+                         pairs: serving confirm (EndpointBuilder::trusted_peers(true) serves mw to peers you trust)"
+                    );
+                    Ok(PolicySet::CONFIRM)
+                }
                 (true, _) => Ok(PolicySet::BOTH),
                 (false, PolicyChoice::Mw) => Err(SetupError::MwUnusable {
                     device: report.device.name.clone(),
@@ -111,6 +147,14 @@ pub(super) fn serve_set(
                 (false, _) => Ok(PolicySet::CONFIRM),
             }
         }
+    }
+}
+
+fn measured(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "invalidates",
+        Some(false) => "refused",
+        None => "not measured",
     }
 }
 
@@ -158,12 +202,23 @@ pub struct SetupOptions {
     pub timeout: Duration,
     /// Where the capability probe's verdicts are kept.
     pub probes: ProbeCache,
+    /// Every peer is trusted not to invalidate windows it was not granted
+    /// (false by default): on a device where a SEND_WITH_INV reaches windows
+    /// bound to other queue pairs (rxe), mw is served only to trusted peers
+    /// ([`PolicyChoice::Mw`]).
+    pub trusted_peers: bool,
 }
 
 impl SetupOptions {
     /// `choice` and `auth`, 10 s per phase, a new probe cache.
     pub fn new(choice: PolicyChoice, auth: Auth) -> SetupOptions {
-        SetupOptions { choice, auth, timeout: Duration::from_secs(10), probes: ProbeCache::new() }
+        SetupOptions {
+            choice,
+            auth,
+            timeout: Duration::from_secs(10),
+            probes: ProbeCache::new(),
+            trusted_peers: false,
+        }
     }
     /// The same options with another time per phase.
     pub fn timeout(self, timeout: Duration) -> SetupOptions {

@@ -359,6 +359,10 @@ impl Nic for VerbsNic {
         VerbsNic::new_pd(self)
     }
 
+    fn new_pd_boxed(&self) -> Result<Box<dyn Nic>, NicError> {
+        Ok(Box::new(VerbsNic::new_pd(self)?))
+    }
+
     fn same_pd(&self) -> Result<VerbsNic, NicError> {
         Ok(VerbsNic::same_pd(self))
     }

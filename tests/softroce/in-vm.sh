@@ -22,6 +22,18 @@ fail=0
 echo "$probe_out" | grep -q "type-2 memory windows usable: yes" || { echo "probe: expected type-2 windows usable on rxe0"; fail=1; }
 echo "$probe_out" | grep -qE "window bounds enforced: +no" || { echo "probe: expected window bounds NOT enforced on rxe0 (rxe deviation)"; fail=1; }
 [ "$fail" -eq 0 ] && echo "probe: as expected on rxe (windows usable, bounds not enforced)"
+# Whether a SEND_WITH_INV received on one queue pair invalidates a window
+# bound to another (of the same PD, or of another): a measurement, printed
+# (docs/protocol-mw.md; rxe's rxe_invalidate_mw checks neither). Where it
+# does, the probe must not advise mw for peers that are not trusted.
+for what in "invalidates another QP's" "and another PD's"; do
+    echo "$probe_out" | grep -qE "$what: +(yes|no)\$" || { echo "probe: '$what' was not measured (FAIL)"; fail=1; }
+done
+if echo "$probe_out" | grep -qE "(another QP's|another PD's): +yes"; then
+    echo "probe: a SEND_WITH_INV on rxe0 reaches windows bound to other queue pairs"
+    echo "$probe_out" | grep -q "policy: confirm with untrusted peers" ||
+        { echo "probe: it still advises mw for untrusted peers (FAIL)"; fail=1; }
+fi
 
 # Figures only (docs/benchmarks.md): mwcap's call latency and perftest's
 # floor on the same device in the same VM. Not a pass/fail step: every
@@ -218,7 +230,25 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     # of random bytes that only this user can read (mktemp makes it 0600).
     key_file=$(mktemp)
     head -c 32 /dev/urandom >"$key_file"
-    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --key-file "$key_file" \
+    # Without --trusted-peers, on a device where a peer reaches other
+    # connections' windows, `mwcap serve` serves confirm only (pass/fail).
+    if echo "$probe_out" | grep -qE "(another QP's|another PD's): +yes"; then
+        untrusted_log=$pdir/untrusted-serve.log
+        timeout -k 5 60 "$mwcap" serve --device rxe0 --listen "127.0.0.1:18900" --key-file "$key_file" \
+            >"$untrusted_log" 2>&1 &
+        untrusted_pid=$!
+        wait_listening "$untrusted_log" "$untrusted_pid"
+        kill "$untrusted_pid" 2>/dev/null
+        wait "$untrusted_pid" 2>/dev/null
+        if grep -q "not serving mw on rxe0" "$untrusted_log" && grep -q "listening on nothing (mw)" "$untrusted_log"; then
+            echo "serve without --trusted-peers: confirm only, as it must be on rxe0"
+        else
+            echo "serve without --trusted-peers: it served mw on rxe0 (FAIL)"
+            sed -e 's/^/untrusted-serve: /' "$untrusted_log"
+            fail=1
+        fi
+    fi
+    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --key-file "$key_file" --trusted-peers \
         --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
     serve_pid=$!
     wait_listening "$serve_log" "$serve_pid"
@@ -233,7 +263,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     ) &
     stat_pid=$!
     if grep -q "listening" "$serve_log"; then
-        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
             --busy-poll-us "$busy_us" --stamp-only \
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$bench_out"
         rc=${PIPESTATUS[0]}
@@ -247,7 +277,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     if grep -q "listening" "$serve_log"; then
         echo "=== payloads of 1 MiB and 16 MiB (pass/fail)"
         large_out=$pdir/large.out
-        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
             --connections 2 --sizes 1048576,16777216 --inflight 1 --iters 6 --warmup 1 \
             --large-buffers 2 | tee "$large_out"
         rc=${PIPESTATUS[0]}
@@ -281,19 +311,19 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     many_log=$pdir/many-serve.log
     many_out=$pdir/many.out
     small="--buffers 4 --large-buffers 1 --ctrl-slots 16"
-    timeout -k 5 900 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" \
+    timeout -k 5 900 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" --trusted-peers \
         --max-payload 16777216 --lease-ms 120000 $small >"$many_log" 2>&1 &
     many_pid=$!
     wait_listening "$many_log" "$many_pid"
     many_start=$(date +%s)
-    timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
+    timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" --trusted-peers \
         --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$many_out"
     rc=${PIPESTATUS[0]}
     many_leg "many connections" "$rc" "$(grep -c "^case=.* connections=100 " "$many_out")" 13 "$many_start"
     echo "=== 16 MiB payloads over 100 connections per policy (pass/fail)"
     huge_out=$pdir/many-16m.out
     huge_start=$(date +%s)
-    timeout -k 5 600 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" \
+    timeout -k 5 600 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" --trusted-peers \
         --connections 100 --sizes 16777216 --inflight 1 --iters 100 --warmup 0 \
         --lease-ms 120000 --call-timeout-ms 180000 $small 2>&1 | tee "$huge_out"
     rc=${PIPESTATUS[0]}
@@ -312,12 +342,12 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     pool_port=18800
     many_log=$pdir/pool-serve.log
     pool_out=$pdir/pool.out
-    timeout -k 5 400 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" \
+    timeout -k 5 400 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" --trusted-peers \
         --max-payload 1048576 --shared-buffers 64 --shared-large 16 $small >"$many_log" 2>&1 &
     pool_pid=$!
     wait_listening "$many_log" "$pool_pid"
     pool_start=$(date +%s)
-    timeout -k 5 300 "$mwcap" bench "127.0.0.1:$pool_port" --device rxe0 --key-file "$key_file" \
+    timeout -k 5 300 "$mwcap" bench "127.0.0.1:$pool_port" --device rxe0 --key-file "$key_file" --trusted-peers \
         --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$pool_out"
     rc=${PIPESTATUS[0]}
     many_leg "shared buffer pool" "$rc" "$(grep -c "^case=.* connections=100 " "$pool_out")" 13 "$pool_start"
