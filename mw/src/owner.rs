@@ -120,6 +120,10 @@ pub enum LossCause {
     QpDestroyed,
     /// The peer broke the protocol; the owner asked for the QP to be flushed.
     HostilePeer,
+    /// One of its windows was invalidated by a SEND_WITH_INV received on
+    /// another queue pair of the device ([`Owner::handle_invalidation_elsewhere`]):
+    /// not this peer's doing. The owner asked for the QP to be flushed.
+    InvalidatedElsewhere,
 }
 
 /// Peer behaviour the protocol forbids.
@@ -621,6 +625,48 @@ impl Owner {
         }
         self.settle(None);
         self.check_indexes();
+    }
+
+    /// Whether `rkey` is the key of one of this owner's current binds (a
+    /// window leased, being invalidated, or stranded by a loss).
+    pub fn binds_rkey(&self, rkey: u32) -> bool {
+        self.slots.iter().any(|s| {
+            s.window.rkey == rkey
+                && matches!(
+                    s.state,
+                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
+                )
+        })
+    }
+
+    /// One of this owner's windows, bound with `rkey`, was invalidated by a
+    /// SEND_WITH_INV received on *another* queue pair of the device, which
+    /// the driver saw (a device that does not scope invalidation to the
+    /// window's queue pair: rxe). The window has had its one invalidation:
+    /// the owner never posts another for it (on rxe a second one panics the
+    /// kernel). Its peer did nothing wrong, but a READ of it through the
+    /// window now fails, so the connection goes down
+    /// ([`LossCause::InvalidatedElsewhere`]) and its buffers come back on
+    /// the flush, as for [`handle_peer_invalidation`](Owner::handle_peer_invalidation).
+    /// Returns false (and changes nothing) when no current bind has `rkey`.
+    pub fn handle_invalidation_elsewhere(&mut self, _now: Duration, rkey: u32) -> bool {
+        let hit = self.slots.iter_mut().find(|s| {
+            s.window.rkey == rkey
+                && matches!(
+                    s.state,
+                    SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. }
+                )
+        });
+        let Some(slot) = hit else { return false };
+        slot.peer_invalidated = true;
+        self.stats.peer_invalidations += 1;
+        if self.link == Link::Up {
+            self.actions.push_back(OwnerAction::FlushQp);
+            self.go_down(LossCause::InvalidatedElsewhere, false);
+        }
+        self.settle(None);
+        self.check_indexes();
+        true
     }
 
     /// The QP is in ERR (async event, a flush the driver did, or the other

@@ -332,6 +332,36 @@ fn a_peer_invalidation_names_only_the_window_that_carried_the_rkey() {
 }
 
 #[test]
+fn an_invalidation_through_another_queue_pair_ends_the_connection_without_a_second_one() {
+    let mut o = owner(2);
+    let (earlier, _) = full_cycle(&mut o, ms(0), 0);
+    let leased = grant(&mut o, ms(1), 1);
+    o.handle_completion(ms(1), leased.send, Status::Success);
+    // Keys this owner does not bind now: nothing changes.
+    assert!(!o.binds_rkey(earlier.rkey));
+    assert!(!o.handle_invalidation_elsewhere(ms(2), earlier.rkey));
+    assert!(!o.is_connection_lost() && o.poll_action().is_none() && events(&mut o).is_empty());
+    assert_eq!(o.stats().peer_invalidations, 0);
+    // Its leased window's key: invalidated elsewhere, so the QP is flushed
+    // and the connection lost, not blamed on the peer.
+    assert!(o.binds_rkey(leased.rkey));
+    assert!(o.handle_invalidation_elsewhere(ms(2), leased.rkey));
+    assert_eq!(o.stats().peer_invalidations, 1);
+    assert_eq!(o.poll_action(), Some(OwnerAction::FlushQp));
+    let ev = events(&mut o);
+    assert_eq!(ev[0], OwnerEvent::ConnectionLost { cause: LossCause::InvalidatedElsewhere });
+    assert!(!ev.iter().any(|e| matches!(e, OwnerEvent::PeerMisbehaved(_))), "{ev:?}");
+    // The lease's end and the peer's release post no LOCAL_INV: the window
+    // had its one invalidation. The buffer comes back on the QP's flush.
+    o.handle_release(ms(3), leased.release());
+    o.handle_timeout(ms(100));
+    assert_eq!(o.poll_action(), None, "no second invalidation");
+    o.handle_qp_destroyed(ms(101));
+    assert!(events(&mut o).contains(&returned(leased.lease, 1, LeaseEnd::ConnectionLost)));
+    assert_eq!(o.stats().invalidations, 1, "only the earlier bind's");
+}
+
+#[test]
 fn a_fixed_seed_gives_a_fixed_sequence_of_consumer_keys() {
     // Seed 1's key bytes are 91 be f8 71 71 c3 e0 85 (see rng.rs); the
     // second 0x71 equals the current key and is bumped to 0x72.

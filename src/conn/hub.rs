@@ -703,6 +703,26 @@ impl<N: Nic> HubDriver<N> {
         inbox.clear();
         inner.count_turn(t.busy);
         self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
+        if let Some(rkey) = t.foreign_invalidation {
+            self.invalidated_elsewhere(inner, now, rkey);
+        }
+    }
+
+    /// The peer of `from` invalidated `rkey`, which is none of `from`'s
+    /// windows, and the NIC let it (rxe: any queue pair reaches any window
+    /// of the device). Find the connection whose window it was: its one
+    /// invalidation has happened, so it must never post another (on rxe a
+    /// second one panics the kernel), and it goes down. A search of every
+    /// connection, only ever run for a hostile peer (which `from`'s
+    /// connection is closed as).
+    #[inline(never)]
+    fn invalidated_elsewhere(&self, from: &Arc<Inner<N>>, now: Duration, rkey: u32) {
+        let conns: Vec<Arc<Inner<N>>> = self.shared.routes.lock().targets().cloned().collect();
+        let owner = conns.iter().find(|c| !Arc::ptr_eq(c, from) && c.window_invalidated_elsewhere(now, rkey));
+        match owner {
+            Some(c) => self.shared.queue(c),
+            None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),
+        }
     }
 }
 

@@ -467,6 +467,20 @@ impl<N: Nic> Link<N> {
     /// Feed completions of this endpoint's QP (taken off a completion queue
     /// by whoever polls it) and the frames they received to the connection,
     /// and post what it asks for.
+    /// See [`Connection::take_foreign_invalidation`](super::proto::Connection::take_foreign_invalidation).
+    #[inline]
+    pub(crate) fn take_foreign_invalidation(&mut self) -> Option<u32> {
+        self.conn.take_foreign_invalidation()
+    }
+
+    /// See [`Connection::window_invalidated_elsewhere`](super::proto::Connection::window_invalidated_elsewhere);
+    /// the commands it leads to are carried out.
+    pub(crate) fn window_invalidated_elsewhere(&mut self, now: Duration, rkey: u32) -> bool {
+        let hit = self.conn.window_invalidated_elsewhere(now, rkey);
+        self.run();
+        hit
+    }
+
     pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
         let mut scratch = std::mem::take(&mut self.scratch);
         let span = self.span.clone();

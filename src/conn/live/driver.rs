@@ -228,6 +228,9 @@ pub(crate) struct Turn {
     pub(crate) busy: bool,
     /// The connection is down, closed and every buffer is back.
     pub(crate) finished: bool,
+    /// An rkey the peer invalidated that was none of this connection's
+    /// windows: the endpoint looks for the connection it belongs to.
+    pub(crate) foreign_invalidation: Option<u32>,
 }
 
 impl<N: Nic> Inner<N> {
@@ -318,6 +321,13 @@ impl<N: Nic> Inner<N> {
         if st.ep.wake_on_return(&inner.hub.waker) {
             inner.hub.waker.wake_by_ref();
         }
-        Turn { busy, finished }
+        Turn { busy, finished, foreign_invalidation: st.ep.take_foreign_invalidation() }
+    }
+
+    /// A SEND_WITH_INV received on another connection's queue pair
+    /// invalidated `rkey`: whether it was one of this connection's windows
+    /// (which then goes down without ever invalidating it again).
+    pub(crate) fn window_invalidated_elsewhere(&self, now: Duration, rkey: u32) -> bool {
+        self.state.lock().ep.window_invalidated_elsewhere(now, rkey)
     }
 }

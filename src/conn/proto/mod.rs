@@ -332,6 +332,10 @@ pub struct Connection {
     last_heard: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
+    /// An rkey the peer's SEND_WITH_INV invalidated that is not one of this
+    /// connection's windows: the endpoint looks for the connection whose
+    /// window it was ([`Connection::take_foreign_invalidation`]).
+    foreign_invalidation: Option<u32>,
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
@@ -443,6 +447,7 @@ impl Connection {
             stats: ConnStats::default(),
             last_heard: None,
             ping: None,
+            foreign_invalidation: None,
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),

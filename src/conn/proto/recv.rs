@@ -16,6 +16,33 @@ use super::confirm::ConfirmEngine;
 use super::*;
 
 impl Connection {
+    /// The rkey of a window this connection's peer invalidated that was not
+    /// one of this connection's, once: the endpoint hands it to the
+    /// connection that bound it ([`Connection::window_invalidated_elsewhere`]).
+    #[inline]
+    pub(crate) fn take_foreign_invalidation(&mut self) -> Option<u32> {
+        self.foreign_invalidation.take()
+    }
+
+    /// A SEND_WITH_INV received on another connection's queue pair
+    /// invalidated `rkey`: if it is one of this connection's windows, that
+    /// window has had its one invalidation (none is posted for it from now
+    /// on) and the connection goes down (`InvalidatedElsewhere`), its
+    /// buffers coming back on the flush. Returns whether it was one.
+    pub(crate) fn window_invalidated_elsewhere(&mut self, now: Duration, rkey: u32) -> bool {
+        let Some(o) = self.owner.as_mut() else { return false };
+        if !o.engine.handle_invalidation_elsewhere(now, rkey) {
+            return false;
+        }
+        tracing::warn!(rkey, "a window of this connection was invalidated through another queue pair");
+        self.now = now;
+        self.dirty = true;
+        // Down with this reason before the engine's flush says "hostile peer".
+        self.go_down(now, LossReason::LeaseEngine(mw::LossCause::InvalidatedElsewhere));
+        self.pump(now);
+        true
+    }
+
     pub(super) fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
@@ -31,8 +58,15 @@ impl Connection {
         if let Some(rkey) = invalidated {
             // Only the owner invalidates: the connection is over (the owner
             // engine, if any, keeps the window's slot until the flush).
+            let ours = self.owner.as_ref().is_some_and(|o| o.engine.binds_rkey(rkey));
             if let Some(o) = self.owner.as_mut() {
                 o.engine.handle_peer_invalidation(now, rkey);
+            }
+            if !ours {
+                // The NIC invalidated a window bound to another queue pair
+                // (rxe does not scope invalidation): perhaps another
+                // connection's, which must then never invalidate it again.
+                self.foreign_invalidation = Some(rkey);
             }
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
