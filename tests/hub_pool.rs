@@ -853,3 +853,88 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     assert_eq!((st.free, st.held_bytes), (4, 0), "{st:?}");
     assert_eq!((st.windows, st.windows_free, st.windows_dropped), (3, 3, 1), "{st:?}");
 }
+
+/// Issue 19, finding 4: a shared pool is fair. Two careless clients (hand
+/// driven) that keep 6 calls in flight, within their credit, and never read
+/// a reply (they hold both of their own buffers, so no READ of theirs ever
+/// has a destination): each reply their server connections expose keeps a
+/// pool buffer for a whole lease. Beside them an honest client makes 30
+/// calls one after another, 30 ms apart (some three leases or more), on a pool of 4
+/// buffers. Every honest call is
+/// answered with its payload: the honest server connection is below its
+/// share (4 buffers / 3 connections: one), so each buffer a hoarder's
+/// lease gives back goes to it first. Before the pool had shares and
+/// queues, every give woke every waiter and a hoarder's reply could take
+/// it first, and the honest calls timed out.
+#[test]
+fn hoarders_on_a_shared_pool_do_not_starve_an_honest_client() {
+    use mwcap::conn::Event;
+    let fabric = Fabric::with_seed(19);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let sh = small_pool_endpoint(&pool, sn, 4);
+    let ch = plain_endpoint(&pool, cn.clone());
+    let mut hoarders = Vec::new();
+    for _ in 0..2 {
+        // Its calls give up after 400 ms (a lease and a bit), and it calls again.
+        let mut ccfg = small_cfg(Role::Client);
+        ccfg.call_timeout = Duration::from_millis(400);
+        let (s, mut client) = server_with_link_client(&sh, &cn, small_cfg(Role::Server), ccfg);
+        let s = s.connect(&client.local()).unwrap();
+        spawn(&pool, serve_fixed(s, 0x40, || {}));
+        // Both of its buffers held: it can read nothing.
+        let held = [client.alloc().unwrap(), client.alloc().unwrap()];
+        hoarders.push((client, held, 0usize));
+    }
+    let (honest, honest_s) = pair_with(&ch, &sh, |role| {
+        let mut c = small_cfg(role);
+        c.call_timeout = Duration::from_secs(3);
+        c
+    });
+    spawn(&pool, serve_fixed(honest_s, 0x11, || {}));
+    let done = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let d = done.clone();
+    spawn(&pool, async move {
+        for _ in 0..30 {
+            async_io::Timer::after(Duration::from_millis(30)).await;
+            let r = honest.call(b"x", None).await;
+            let ok = matches!(&r, Ok(r) if r.data.as_ref().is_some_and(|b| b.to_vec() == vec![0x11; 3000]));
+            d.borrow_mut().push(if ok { Ok(()) } else { Err(format!("{:?}", r.map(|_| ()))) });
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let mut hoarded = 0u64;
+    while done.borrow().len() < 30 && t0.elapsed() < Duration::from_secs(120) {
+        // The hoarders' clocks: wall time, as the endpoints' are.
+        let now = t0.elapsed();
+        for (h, _, in_flight) in &mut hoarders {
+            if h.poll_timeout().is_some_and(|t| t <= now) {
+                h.handle_timeout(now);
+            }
+            h.drive(now);
+            while let Some(ev) = h.poll_event() {
+                if matches!(ev, Event::Reply { .. } | Event::CallFailed { .. }) {
+                    *in_flight -= 1;
+                }
+            }
+            while *in_flight < 6 && h.call(now, b"x", None).is_ok() {
+                *in_flight += 1;
+                hoarded += 1;
+            }
+            h.drive(now);
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(1)));
+    }
+    let done = done.borrow();
+    assert_eq!(done.len(), 30, "the honest client finished {} calls", done.len());
+    let failed: Vec<_> = done.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "honest calls failed beside the hoarders: {failed:?}; pool {:?}",
+        sh.stats().buffers
+    );
+    assert!(hoarded > 24, "the hoarders kept calling ({hoarded} calls)");
+    let st = sh.stats().buffers.unwrap();
+    assert!(st.empty > 0, "the pool ran empty: {st:?}");
+}

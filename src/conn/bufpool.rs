@@ -19,7 +19,31 @@
 //! connection that is torn down goes back after its QP is destroyed and its
 //! windows are freed. A connection that finds no buffer in the pool waits
 //! as it waits for one of its own (`alloc().await`, a READ queued for a
-//! destination), and is woken when any connection gives one back.
+//! destination).
+//!
+//! # Fairness
+//! Each connection on the pool has a *share* of each class: the class's
+//! buffers divided by the connections on the pool, at least one. A
+//! connection below its share takes a free buffer whenever there is one; a
+//! connection at or above it *borrows*, and may do so only while no other
+//! connection waits for that class (queued, or woken and on its way).
+//! Waiting connections queue per class, and a buffer given back wakes
+//! **one** of them that can take it: one below its share before one at or
+//! above it, then the one that has held the pool's buffers least of late
+//! (for each buffer it took, the gives that passed before it came back;
+//! halved every 256 gives), then the first to come. The woken connection's
+//! next try takes it whatever its share; one that no longer wants it passes
+//! the wake-up on at the end of the turn after it (`Slots::end_turn`, not
+//! before tasks it woke, a user's `alloc`, have had a chance to run). So a
+//! peer whose server connection holds every buffer it gets for whole leases
+//! (it never reads or releases its replies) is served after connections
+//! that hand buffers back within a call. Windows queue the same way, without
+//! shares (the pool allocates more when it runs short).
+//!
+//! What this does not yet bound: with more hoarding connections than the
+//! class has buffers, each hoarder that holds none is below its share too,
+//! and takes a buffer given back before the honest connection's woken task
+//! can (`docs/benchmarks.md`, "Pool fairness").
 //!
 //! # Isolation
 //! Every buffer of the pool is a memory region of its own, registered for
@@ -44,7 +68,7 @@
 //! exposures of a user's own regions grow it.
 
 use super::{ConfigError, SetupError};
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::task::Waker;
 
 use mwcap_mw as mw;
@@ -52,7 +76,7 @@ use mwcap_mw as mw;
 use super::config::BufClass;
 use crate::backend::{Access, MrId, MrInfo, MwId, MwInfo, Nic, NicError};
 use crate::mem::Memory;
-use crate::sync::{Arc, AtomicU64, Mutex};
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 /// Buffers registered per size class at most (a registration each).
 #[cfg_attr(loom, allow(dead_code))] // used by register, absent from the loom models
@@ -92,8 +116,6 @@ struct Inner {
     /// Buffers of each class that only incoming payloads may take.
     reserve: Vec<u32>,
     state: Mutex<State>,
-    /// Buffers given back so far (a waiter compares it with what it saw).
-    gives: AtomicU64,
     /// The handle the pool registered through and allocates windows on.
     device: Box<dyn PoolDevice>,
 }
@@ -129,11 +151,26 @@ struct State {
     /// connection went down while the user kept it): free again once the
     /// handle is dropped, looked at when a take finds its class empty.
     parked: Vec<u32>,
-    /// Connections that found a class empty, to wake when a buffer comes back.
-    waiting: Vec<Waker>,
-    /// An empty list with capacity, swapped with `waiting` to wake its
-    /// wakers outside the lock without allocating.
-    spare: Vec<Waker>,
+    /// The member holding each buffer (`NOBODY` while free).
+    owner_of: Vec<u32>,
+    /// The pool's clock (gives so far) when each buffer was taken.
+    took_at: Vec<u64>,
+    /// Buffers given back so far.
+    clock: u64,
+    /// The connections on the pool, by member id (ids are reused).
+    members: Vec<Member>,
+    /// Ids of members that left, for the next to join.
+    vacant: Vec<u32>,
+    /// Members on the pool now.
+    live: u32,
+    /// Members waiting for each class, in the order they came, each with
+    /// whether it waits only for an outgoing payload (which leaves the
+    /// class's reserve); the last queue is the windows'.
+    queues: Vec<std::collections::VecDeque<(u32, bool)>>,
+    /// Members woken from each queue that have not tried again yet: they
+    /// count as waiting (a connection at its share does not borrow while
+    /// one is on its way).
+    woken_n: Vec<u32>,
     taken: u64,
     empty: u64,
     wakeups: u64,
@@ -149,6 +186,35 @@ struct State {
     window_waits: u64,
 }
 
+/// A connection on the pool (the slots of one connection, backed by it).
+#[derive(Default)]
+struct Member {
+    /// Woken when it is its turn for what it waits for.
+    waker: Option<Waker>,
+    /// Set before `waker` is woken: the member's next turn sees it.
+    flag: Option<Arc<AtomicBool>>,
+    /// Buffers it holds, per class.
+    held: Vec<u32>,
+    /// The queues it is in (bit `k`: class `k`'s; the windows' is the
+    /// last class's bit plus one).
+    queued: u64,
+    /// The queues it was woken from and has not tried again since.
+    woken: u64,
+    /// How much it held the pool's buffers of late: for each buffer it
+    /// took, the gives that passed until it came back (halved every 256
+    /// gives). A connection that holds buffers for a whole lease (a peer
+    /// that never reads) uses far more than one that hands them back
+    /// within a call, and is woken after it.
+    used: u64,
+}
+
+/// No member.
+const NOBODY: u32 = u32::MAX;
+
+/// Size classes a pool may have (a bit each, and one for windows, in a
+/// member's `queued` and `woken`).
+pub(crate) const MAX_POOL_CLASSES: usize = 63;
+
 impl State {
     /// Lend a free window, if there is one.
     fn lend_window(&mut self) -> Option<mw::Window> {
@@ -157,11 +223,132 @@ impl State {
         Some(w)
     }
 
-    /// Wake `waker` (if given, once) at the next give.
-    fn wait(&mut self, waker: Option<&Waker>) {
-        if let Some(w) = waker {
-            if !self.waiting.iter().any(|x| x.will_wake(w)) {
-                self.waiting.push(w.clone());
+    /// Member `m`'s share of class `k`, of `count` buffers: the buffers
+    /// divided by the members, at least one.
+    fn share(&self, count: u32) -> u32 {
+        (count / self.live.max(1)).max(1)
+    }
+
+    /// Whether member `m` was woken from queue `k` and has not tried since.
+    fn is_woken(&self, m: u32, k: usize) -> bool {
+        self.members[m as usize].woken & (1 << k) != 0
+    }
+
+    /// Member `m` tried again (or gave up) after a wake-up from queue `k`.
+    fn unwake(&mut self, m: u32, k: usize) {
+        let member = &mut self.members[m as usize];
+        if member.woken & (1 << k) != 0 {
+            member.woken &= !(1 << k);
+            self.woken_n[k] -= 1;
+        }
+    }
+
+    /// Every wake-up member `m` has not used, taken from it (bits).
+    fn unwake_all(&mut self, m: u32) -> u64 {
+        let woken = std::mem::take(&mut self.members[m as usize].woken);
+        for (k, n) in self.woken_n.iter_mut().enumerate() {
+            if woken & (1 << k) != 0 {
+                *n -= 1;
+            }
+        }
+        woken
+    }
+
+    /// Whether a member other than `m` waits in queue `k`, or was woken
+    /// from it and has not tried yet.
+    fn others_wait(&self, m: u32, k: usize) -> bool {
+        let queued = self.members[m as usize].queued & (1 << k) != 0;
+        self.queues[k].len() > usize::from(queued) || self.woken_n[k] > u32::from(self.is_woken(m, k))
+    }
+
+    /// Member `m` got what it waited for in queue `k` without a wake-up
+    /// (nobody else waited): out of the queue.
+    fn dequeue(&mut self, m: u32, k: usize) {
+        let member = &mut self.members[m as usize];
+        if member.queued & (1 << k) != 0 {
+            member.queued &= !(1 << k);
+            self.queues[k].retain(|e| e.0 != m);
+        }
+    }
+
+    /// Whether member `m` may take one of class `k`'s free buffers now,
+    /// leaving `keep` free: it was woken for one, or nobody else waits, or
+    /// it is below its share (of `count`).
+    fn may_take(&self, m: u32, k: usize, count: u32, keep: usize) -> bool {
+        if self.free[k].len() <= keep {
+            return false;
+        }
+        self.is_woken(m, k) || !self.others_wait(m, k) || self.members[m as usize].held[k] < self.share(count)
+    }
+
+    /// Member `m` waits for queue `k` (at its head, if it had been woken
+    /// for it: its turn came and went to someone below their share), for
+    /// an `outgoing` payload only or not.
+    fn enqueue(&mut self, m: u32, k: usize, outgoing: bool) {
+        let was_woken = self.is_woken(m, k);
+        self.unwake(m, k);
+        let member = &mut self.members[m as usize];
+        if member.queued & (1 << k) != 0 {
+            if let Some(e) = self.queues[k].iter_mut().find(|e| e.0 == m) {
+                e.1 &= outgoing;
+            }
+            return;
+        }
+        member.queued |= 1 << k;
+        if was_woken {
+            self.queues[k].push_front((m, outgoing));
+        } else {
+            self.queues[k].push_back((m, outgoing));
+        }
+    }
+
+    /// Something of queue `k` came back: wake one waiter that can take
+    /// what is free (an outgoing one only above the class's `reserve`).
+    /// Which one: below its share (of `count` buffers; windows have no
+    /// shares) before at or above it, then the one that has held the pool's
+    /// buffers least of late ([`Member::used`]), then the first to come.
+    /// Returns its waker, to wake outside the lock.
+    fn wake_next(&mut self, k: usize, count: Option<u32>, reserve: usize) -> Option<Waker> {
+        let share = count.map_or(u32::MAX, |c| self.share(c));
+        let room = match count {
+            Some(_) => self.free[k].len() > reserve,
+            None => true,
+        };
+        let members = &self.members;
+        let at = self.queues[k]
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.1 || room)
+            .min_by_key(|(i, e)| {
+                let m = &members[e.0 as usize];
+                let held = if count.is_some() { m.held[k] } else { 0 };
+                (held >= share, m.used, *i)
+            })
+            .map(|(i, _)| i)?;
+        let (m, _) = self.queues[k].remove(at)?;
+        let member = &mut self.members[m as usize];
+        member.queued &= !(1 << k);
+        member.woken |= 1 << k;
+        if let Some(f) = &member.flag {
+            f.store(true, Ordering::Release);
+        }
+        self.woken_n[k] += 1;
+        self.wakeups += 1;
+        member.waker.clone()
+    }
+
+    /// Buffer `i`, held by member `m`, came back: `m` used the pool for
+    /// as many gives as passed while it held it. Every 256 gives, what
+    /// every member used is halved: old use fades.
+    fn account(&mut self, m: u32, i: u32) {
+        self.clock += 1;
+        let since = self.took_at[i as usize];
+        if let Some(member) = self.members.get_mut(m as usize) {
+            member.used += self.clock - since;
+        }
+        if self.clock % 256 == 0 {
+            for member in &mut self.members {
+                member.used /= 2;
             }
         }
     }
@@ -182,10 +369,14 @@ pub struct BufferPoolStats {
     /// Buffers handed to connections so far.
     pub taken: u64,
     /// Times a connection wanted a buffer of a class that had none free
-    /// (it waits, and is woken when one comes back).
+    /// for it (none free, or it was at its share while others waited): it
+    /// waits in the class's queue.
     pub empty: u64,
-    /// Wake-ups of waiting connections.
+    /// Wake-ups of waiting connections (one per buffer or window given
+    /// back while some wait, and one per wake-up passed on).
     pub wakeups: u64,
+    /// Connections waiting now (for a buffer of some class, or a window).
+    pub waiting: u32,
     /// Memory windows of the pool (allocated and not deallocated).
     pub windows: u32,
     /// Of those, unbound and free now (the rest are lent to exposures).
@@ -223,6 +414,11 @@ impl BufferPool {
         wanted.sort_unstable_by_key(|c| c.size);
         if wanted.is_empty() {
             return Err(ConfigError::EmptyPool.into());
+        }
+        if wanted.len() > MAX_POOL_CLASSES {
+            return Err(
+                ConfigError::TooManyPoolClasses { classes: wanted.len(), max: MAX_POOL_CLASSES }.into()
+            );
         }
         if let Some(c) = wanted.iter().find(|c| c.count > MAX_POOL_BUFFERS) {
             let (count, size, max) = (c.count, c.size, MAX_POOL_BUFFERS);
@@ -285,11 +481,18 @@ impl BufferPool {
         windows: Vec<mw::Window>,
         device: Box<dyn PoolDevice>,
     ) -> BufferPool {
+        let classes = free.len();
         let state = State {
             free,
             parked: Vec::new(),
-            waiting: Vec::new(),
-            spare: Vec::new(),
+            owner_of: vec![NOBODY; mrs.len()],
+            took_at: vec![0; mrs.len()],
+            clock: 0,
+            members: Vec::new(),
+            vacant: Vec::new(),
+            live: 0,
+            queues: vec![std::collections::VecDeque::new(); classes + 1],
+            woken_n: vec![0; classes + 1],
             taken: 0,
             empty: 0,
             wakeups: 0,
@@ -303,16 +506,7 @@ impl BufferPool {
             window_waits: 0,
         };
         let reserve = firsts.windows(2).map(|w| reserve_of(w[1] - w[0])).collect();
-        BufferPool(Arc::new(Inner {
-            sizes,
-            mrs,
-            mems,
-            firsts,
-            reserve,
-            state: Mutex::new(state),
-            gives: AtomicU64::new(0),
-            device,
-        }))
+        BufferPool(Arc::new(Inner { sizes, mrs, mems, firsts, reserve, state: Mutex::new(state), device }))
     }
 
     /// A pool of `classes` over stand-in regions (no NIC), for the loom
@@ -377,59 +571,180 @@ impl BufferPool {
         self.0.sizes.iter().position(|&s| s == size)
     }
 
-    /// Buffers given back so far: a connection that found the pool empty
-    /// tries again once this moved.
-    pub(crate) fn gives(&self) -> u64 {
-        self.0.gives.load(Ordering::Acquire)
+    /// Join the pool as a member (a connection's slots). Returns its member
+    /// id, and the flag the pool sets (before it wakes the member's waker)
+    /// when it is the member's turn for something it waits for.
+    pub(crate) fn join(&self) -> (u32, Arc<AtomicBool>) {
+        let mut st = self.0.state.lock();
+        let classes = self.0.sizes.len();
+        let m = match st.vacant.pop() {
+            Some(m) => m,
+            None => {
+                st.members.push(Member::default());
+                st.members.len() as u32 - 1
+            }
+        };
+        let flag = Arc::new(AtomicBool::new(false));
+        st.members[m as usize] = Member {
+            waker: None,
+            flag: Some(flag.clone()),
+            held: vec![0; classes],
+            queued: 0,
+            woken: 0,
+            used: 0,
+        };
+        st.live += 1;
+        (m, flag)
     }
 
-    /// Take a free buffer of `class`; when there is none, `waker` (if
-    /// given) is woken when one comes back. An `outgoing` take (a user's
+    /// Member `m` wakes `waker` when its turn comes.
+    pub(crate) fn set_waker(&self, m: u32, waker: &Waker) {
+        let mut st = self.0.state.lock();
+        let member = &mut st.members[m as usize];
+        if !member.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            member.waker = Some(waker.clone());
+        }
+    }
+
+    /// Member `m` leaves the pool (its connection is gone, every buffer it
+    /// could give back given): out of every queue, and a wake-up it had not
+    /// used goes to the next waiter.
+    pub(crate) fn leave(&self, m: u32) {
+        let wake = {
+            let mut st = self.0.state.lock();
+            for q in &mut st.queues {
+                q.retain(|e| e.0 != m);
+            }
+            let woken = st.unwake_all(m);
+            st.members[m as usize] = Member::default();
+            st.live -= 1;
+            st.vacant.push(m);
+            self.pass_on(&mut st, woken)
+        };
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Member `m`'s turn is over: wake-ups it got and did not use (it did
+    /// not try again: it wants nothing of that queue now) go to the next
+    /// waiter of each queue. Cheap when it has none.
+    pub(crate) fn settle(&self, m: u32) {
+        let wake = {
+            let mut st = self.0.state.lock();
+            if st.members[m as usize].woken == 0 {
+                return;
+            }
+            let woken = st.unwake_all(m);
+            self.pass_on(&mut st, woken)
+        };
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Wake the next waiter of each queue in `woken` (bits), where the
+    /// queue has something free.
+    fn pass_on(&self, st: &mut State, woken: u64) -> Vec<Waker> {
+        let mut wake = Vec::new();
+        if woken == 0 {
+            return wake;
+        }
+        for k in 0..st.queues.len() {
+            if woken & (1 << k) == 0 {
+                continue;
+            }
+            let windows = k == self.0.sizes.len();
+            let free = if windows { !st.windows.is_empty() } else { !st.free[k].is_empty() };
+            if free {
+                let count = (!windows).then(|| self.count(k));
+                let reserve = if windows { 0 } else { self.0.reserve[k] as usize };
+                wake.extend(st.wake_next(k, count, reserve));
+            }
+        }
+        wake
+    }
+
+    /// Buffers in class `k`.
+    fn count(&self, k: usize) -> u32 {
+        self.0.firsts[k + 1] - self.0.firsts[k]
+    }
+
+    /// Take a free buffer of `class` for member `m`, if it may have one now
+    /// (it is below its share, or nobody waits, or it was woken for one);
+    /// if not, it waits in the class's queue. An `outgoing` take (a user's
     /// alloc) leaves the class's reserve for incoming payloads.
-    pub(crate) fn take(&self, class: usize, outgoing: bool, waker: Option<&Waker>) -> Option<u32> {
+    pub(crate) fn take(&self, m: u32, class: usize, outgoing: bool) -> Option<u32> {
         let mut st = self.0.state.lock();
         let keep = if outgoing { self.0.reserve[class] as usize } else { 0 };
         if !st.parked.is_empty() && st.free.get(class).is_some_and(|f| f.len() <= keep) {
             self.unpark(&mut st);
         }
-        let free = st.free.get_mut(class).filter(|f| f.len() > keep);
-        match free.and_then(Vec::pop) {
-            Some(i) => {
-                st.taken += 1;
-                st.held_bytes += u64::from(self.0.sizes[class]);
-                Some(i)
+        if !st.may_take(m, class, self.count(class), keep) {
+            st.empty += 1;
+            st.enqueue(m, class, outgoing);
+            let wake = self.kick(&mut st, class);
+            drop(st);
+            if let Some(w) = wake {
+                w.wake();
             }
-            None => {
-                st.empty += 1;
-                st.wait(waker);
-                None
-            }
+            return None;
         }
+        let i = st.free[class].pop().expect("may_take saw one");
+        st.unwake(m, class);
+        st.dequeue(m, class);
+        st.members[m as usize].held[class] += 1;
+        st.owner_of[i as usize] = m;
+        st.took_at[i as usize] = st.clock;
+        st.taken += 1;
+        st.held_bytes += u64::from(self.0.sizes[class]);
+        Some(i)
     }
 
-    /// Whether `class` has a free buffer now; if not, `waker` (if given) is
-    /// woken when one comes back.
-    pub(crate) fn has_free(&self, class: usize, waker: Option<&Waker>) -> bool {
+    /// Whether member `m` may take a buffer of `class` now (as
+    /// [`BufferPool::take`] would, with no reserve kept); if not, it waits in
+    /// the class's queue.
+    pub(crate) fn has_free(&self, m: u32, class: usize) -> bool {
         let mut st = self.0.state.lock();
         if !st.parked.is_empty() && st.free.get(class).is_some_and(Vec::is_empty) {
             self.unpark(&mut st);
         }
-        if st.free.get(class).is_some_and(|f| !f.is_empty()) {
+        if st.may_take(m, class, self.count(class), 0) {
             return true;
         }
-        st.wait(waker);
+        st.enqueue(m, class, false);
+        let wake = self.kick(&mut st, class);
+        drop(st);
+        if let Some(w) = wake {
+            w.wake();
+        }
         false
     }
 
+    /// After a take of `class` found nothing for its member: if something
+    /// is free and nobody is on the way to take it (the waiters ahead
+    /// may all be outgoing payloads the reserve keeps out), wake the next
+    /// waiter that can take it, which may be that member. So a free buffer
+    /// never sits beside a waiter that could have it with no one woken.
+    fn kick(&self, st: &mut State, class: usize) -> Option<Waker> {
+        if st.woken_n[class] > 0 || st.free[class].is_empty() {
+            return None;
+        }
+        st.wake_next(class, Some(self.count(class)), self.0.reserve[class] as usize)
+    }
+
     /// Give buffer `i` back (its connection has evidence that no remote
-    /// access to it is possible) and wake the connections waiting for one.
+    /// access to it is possible) and wake the next connection waiting for
+    /// its class.
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
         // A handle of a connection that went down may still hold it.
         let parked = self.0.mems[i as usize].is_held();
-        self.put_back(|st| {
+        let count = self.count(class);
+        self.put_back(class, Some((count, self.0.reserve[class] as usize)), |st| {
             debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
+            let m = std::mem::replace(&mut st.owner_of[i as usize], NOBODY);
+            if let Some(member) = st.members.get_mut(m as usize) {
+                member.held[class] = member.held[class].saturating_sub(1);
+            }
+            st.account(m, i);
             if parked {
                 st.parked.push(i);
             } else {
@@ -439,11 +754,19 @@ impl BufferPool {
         });
     }
 
-    /// Take an unbound window for an exposure; when there is none and none
-    /// can be allocated, `waker` (if given) is woken when one comes back.
-    pub(crate) fn take_window(&self, waker: Option<&Waker>) -> Option<mw::Window> {
-        if let Some(w) = self.0.state.lock().lend_window() {
-            return Some(w);
+    /// Take an unbound window for member `m`'s exposure; when there is none
+    /// for it and none can be allocated, it waits in the windows' queue.
+    pub(crate) fn take_window(&self, m: u32) -> Option<mw::Window> {
+        let wk = self.0.sizes.len();
+        {
+            let mut st = self.0.state.lock();
+            if st.is_woken(m, wk) || !st.others_wait(m, wk) {
+                if let Some(w) = st.lend_window() {
+                    st.unwake(m, wk);
+                    st.dequeue(m, wk);
+                    return Some(w);
+                }
+            }
         }
         // Short: one more (outside the lock: a device call).
         let made = self.0.device.alloc_mw();
@@ -453,13 +776,19 @@ impl BufferPool {
                 st.windows_live += 1;
                 st.windows_allocated += 1;
                 st.windows_lent += 1;
+                st.unwake(m, wk);
+                st.dequeue(m, wk);
                 Some(mw::Window { handle: w.id.raw(), rkey: w.rkey })
             }
             Err(e) => {
                 st.window_alloc_failures += 1;
                 // One may have come back meanwhile.
-                if let Some(w) = st.lend_window() {
-                    return Some(w);
+                if st.is_woken(m, wk) || !st.others_wait(m, wk) {
+                    if let Some(w) = st.lend_window() {
+                        st.unwake(m, wk);
+                        st.dequeue(m, wk);
+                        return Some(w);
+                    }
                 }
                 // The first, then every 1024th: a device at its max_mw
                 // fails every retry.
@@ -472,7 +801,7 @@ impl BufferPool {
                     );
                 }
                 st.window_waits += 1;
-                st.wait(waker);
+                st.enqueue(m, wk, false);
                 None
             }
         }
@@ -483,7 +812,7 @@ impl BufferPool {
     /// `used`: false for a window taken for a grant that was refused (never
     /// bound), which is not counted as lent.
     pub(crate) fn give_window(&self, window: mw::Window, used: bool) {
-        self.put_back(|st| {
+        self.put_back(self.0.sizes.len(), None, |st| {
             debug_assert!(!st.windows.iter().any(|w| w.handle == window.handle), "window given back twice");
             st.windows.push(window);
             if !used {
@@ -494,38 +823,40 @@ impl BufferPool {
 
     /// `n` lent windows were deallocated by their connection (it went down
     /// while they were lent). The pool allocates others when it runs short;
-    /// connections waiting for a window try again (the device has room).
+    /// the next connection waiting for a window tries again (the device has
+    /// room).
     pub(crate) fn windows_dropped(&self, n: u32) {
         if n == 0 {
             return;
         }
-        self.put_back(|st| {
+        let wk = self.0.sizes.len();
+        let wake = {
+            let mut st = self.0.state.lock();
             st.windows_live -= n;
             st.windows_dropped += u64::from(n);
-        });
+            st.wake_next(wk, None, 0)
+        };
+        if let Some(w) = wake {
+            w.wake();
+        }
     }
 
-    /// Change the pool under its lock with `f` (something came back), and
-    /// wake the connections waiting for it.
-    fn put_back(&self, f: impl FnOnce(&mut State)) {
-        let mut wake = {
+    /// Change the pool under its lock with `f` (something of queue `k`
+    /// came back; `class`: the class's buffers and reserve, `None` for
+    /// windows), and wake the next connection waiting in that queue.
+    fn put_back(&self, k: usize, class: Option<(u32, usize)>, f: impl FnOnce(&mut State)) {
+        let wake = {
             let mut st = self.0.state.lock();
             f(&mut st);
-            self.0.gives.fetch_add(1, Ordering::Release);
-            if st.waiting.is_empty() {
+            if st.queues[k].is_empty() {
                 return;
             }
-            st.wakeups += st.waiting.len() as u64;
-            let mut wake = std::mem::take(&mut st.spare);
-            std::mem::swap(&mut wake, &mut st.waiting);
-            wake
+            st.wake_next(k, class.map(|c| c.0), class.map_or(0, |c| c.1))
         };
         // Woken outside the lock: waking can drop the last reference to a
         // connection, whose endpoint then gives its own buffers back.
-        wake.drain(..).for_each(Waker::wake);
-        let mut st = self.0.state.lock();
-        if st.spare.capacity() < wake.capacity() {
-            st.spare = wake;
+        if let Some(w) = wake {
+            w.wake();
         }
     }
 
@@ -569,6 +900,7 @@ impl BufferPool {
             taken: st.taken,
             empty: st.empty,
             wakeups: st.wakeups,
+            waiting: st.members.iter().filter(|m| m.queued != 0).count() as u32,
             windows: st.windows_live,
             windows_free: st.windows.len() as u32,
             windows_lent: st.windows_lent,

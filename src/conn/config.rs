@@ -218,6 +218,14 @@ pub enum ConfigError {
     /// A shared buffer pool was asked for with no buffers.
     #[error("a shared buffer pool needs at least one class with a size and a count; give one")]
     EmptyPool,
+    /// A shared buffer pool with more size classes than a pool can hold.
+    #[error("a shared buffer pool of {classes} buffer sizes: at most {max}; use fewer sizes")]
+    TooManyPoolClasses {
+        /// The sizes asked for (after merging equal ones).
+        classes: usize,
+        /// The most a pool may have.
+        max: usize,
+    },
     /// A shared buffer pool class is larger than a pool can index.
     #[error(
         "a shared buffer pool class of {count} buffers of {size} bytes: at most {max} per class; \

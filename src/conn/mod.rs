@@ -126,6 +126,11 @@ pub mod pool_model {
         pub fn unstarve(&mut self) -> bool {
             self.0.unstarve()
         }
+        /// The connection's turn is over (see `Slots::end_turn`): true when
+        /// one more turn is due, after which an unused wake-up passes on.
+        pub fn end_turn(&mut self) -> bool {
+            self.0.end_turn(false)
+        }
         /// Take a window of the pool for an exposure (registering for a
         /// wake-up if there is none), as an mw exposure does.
         pub fn take_window(&mut self) -> Option<mwcap_mw::Window> {

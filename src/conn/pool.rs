@@ -133,21 +133,25 @@ pub(crate) struct Slots {
 
 /// Slot numbers backed by buffers of a [`BufferPool`]: a slot that leaves
 /// the free list takes a buffer of its class's size from the pool, and
-/// gives it back when it returns to the free list.
+/// gives it back when it returns to the free list. The slots are a member
+/// of the pool (its fairness: `bufpool`'s module docs).
 #[derive(Debug)]
 struct Backed {
     pool: BufferPool,
+    /// Its member id in the pool.
+    member: u32,
     /// The pool's class for each of ours.
     class: Vec<usize>,
     /// The pool buffer behind each slot (`NONE` while free).
     of: Vec<u32>,
     /// The slot each taken pool buffer backs, by its region's raw id.
     by_mr: IdMap<u32, u32>,
-    /// Woken when a buffer comes back after a take found none.
-    waker: Option<std::task::Waker>,
-    /// A take found the pool's class empty, when the pool had had this
-    /// many buffers given back.
-    starved: Option<u64>,
+    /// Set by the pool when it is the slots' turn for something they wait
+    /// for (it then wakes their waker).
+    turn: crate::sync::Arc<crate::sync::AtomicBool>,
+    /// Turns to go before a wake-up from the pool that was not used is
+    /// passed on (0: none pending): see [`Slots::end_turn`].
+    settle_in: u8,
     /// No evidence will come for the buffers held (the QP could not be
     /// destroyed): none goes back to the pool.
     quarantined: bool,
@@ -156,20 +160,17 @@ struct Backed {
 const NONE: u32 = u32::MAX;
 
 impl Backed {
-    /// Try to get something of the pool with `attempt` (given the slots'
-    /// waker, for the pool to wake when something comes back). If it finds
-    /// nothing, the slots remember how many gives the pool had seen before
-    /// the attempt: [`Slots::unstarve`] says when one came back since.
-    fn attempt<T>(
-        &mut self,
-        attempt: impl FnOnce(&BufferPool, Option<&std::task::Waker>) -> Option<T>,
-    ) -> Option<T> {
-        let gives = self.pool.gives();
-        let got = attempt(&self.pool, self.waker.as_ref());
-        if got.is_none() {
-            self.starved = Some(self.starved.map_or(gives, |s| s.min(gives)));
-        }
-        got
+    /// Try to get something of the pool with `attempt` (given the member
+    /// id; the pool queues the member when it finds nothing for it, and
+    /// wakes it in its turn: [`Slots::unstarve`]).
+    fn attempt<T>(&mut self, attempt: impl FnOnce(&BufferPool, u32) -> Option<T>) -> Option<T> {
+        attempt(&self.pool, self.member)
+    }
+}
+
+impl Drop for Backed {
+    fn drop(&mut self) {
+        self.pool.leave(self.member);
     }
 }
 
@@ -218,23 +219,47 @@ impl Slots {
             .collect::<Result<Vec<_>, u32>>()?;
         let n = self.slots.len();
         let by_mr = id_map(n);
+        let (member, turn) = pool.join();
         self.backed = Some(Backed {
             pool,
+            member,
             class,
             of: vec![NONE; n],
             by_mr,
-            waker: None,
-            starved: None,
+            turn,
+            settle_in: 0,
             quarantined: false,
         });
         Ok(())
     }
 
-    /// Wake `w` when the pool gets a buffer back after a take found none.
+    /// Wake `w` when it is the slots' turn for something of the pool they
+    /// wait for (a buffer, a window).
     pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
-        if let Some(b) = &mut self.backed {
-            if !b.waker.as_ref().is_some_and(|x| x.will_wake(w)) {
-                b.waker = Some(w.clone());
+        if let Some(b) = &self.backed {
+            b.pool.set_waker(b.member, w);
+        }
+    }
+
+    /// The owner's turn is over. A wake-up from the pool (seen by
+    /// [`Slots::unstarve`]) that no try has used by the end of the *next*
+    /// turn goes to the next waiter: the turn after the wake-up lets the
+    /// tasks it woke (a user's `alloc`) try first; `defer`: not yet, those
+    /// tasks have not run. Returns true when that next turn is due (the
+    /// caller runs one soon).
+    pub(crate) fn end_turn(&mut self, defer: bool) -> bool {
+        let Some(b) = &mut self.backed else { return false };
+        match b.settle_in {
+            0 => false,
+            1 if defer => true,
+            2 => {
+                b.settle_in = 1;
+                true
+            }
+            _ => {
+                b.settle_in = 0;
+                b.pool.settle(b.member);
+                false
             }
         }
     }
@@ -243,7 +268,7 @@ impl Slots {
     /// pool has none (the connection is woken, as for a buffer, when one
     /// comes back), or the slots are not backed by a pool.
     pub(crate) fn take_window(&mut self) -> Option<mwcap_mw::Window> {
-        self.backed.as_mut()?.attempt(|pool, waker| pool.take_window(waker))
+        self.backed.as_mut()?.attempt(|pool, m| pool.take_window(m))
     }
 
     /// Give the pool back a window lent for an exposure, unbound (its
@@ -262,17 +287,16 @@ impl Slots {
         }
     }
 
-    /// Whether a take found the pool empty and a buffer has come back to it
-    /// since (the caller then tries again).
+    /// Whether the pool woke the slots for something they wait for (a
+    /// buffer or window came back and it is their turn): the caller tries
+    /// again, and a wake-up no try uses is passed on ([`Slots::end_turn`]).
     pub(crate) fn unstarve(&mut self) -> bool {
         let Some(b) = &mut self.backed else { return false };
-        match b.starved {
-            Some(seen) if b.pool.gives() != seen => {
-                b.starved = None;
-                true
-            }
-            _ => false,
+        if !b.turn.swap(false, crate::sync::Ordering::AcqRel) {
+            return false;
         }
+        b.settle_in = 2;
+        true
     }
 
     /// The pool and its buffer behind slot `i`, while it is taken.
@@ -344,7 +368,7 @@ impl Slots {
     fn back(&mut self, k: usize, i: u32, outgoing: bool) -> Option<()> {
         let b = self.backed.as_mut()?;
         let class = b.class[k];
-        let of = b.attempt(|pool, waker| pool.take(class, outgoing, waker))?;
+        let of = b.attempt(|pool, m| pool.take(m, class, outgoing))?;
         b.of[i as usize] = of;
         b.by_mr.insert(b.pool.info(of).id.raw(), i);
         Some(())
@@ -359,7 +383,7 @@ impl Slots {
         }
         let Some(b) = &mut self.backed else { return true };
         let class = b.class[k];
-        b.attempt(|pool, waker| pool.has_free(class, waker).then_some(())).is_some()
+        b.attempt(|pool, m| pool.has_free(m, class).then_some(())).is_some()
     }
 
     /// Free slots of class `k`. When backed by a pool, a take may still

@@ -251,8 +251,14 @@ impl<N: Nic> Link<N> {
         n
     }
 
-    /// Wake `w` when the hub's shared buffer pool gets a buffer back after
-    /// this connection found it empty.
+    /// See [`Connection::end_pool_turn`](super::proto::Connection::end_pool_turn).
+    #[inline]
+    pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {
+        self.conn.end_pool_turn(defer)
+    }
+
+    /// Wake `w` when it is this connection's turn for something of the
+    /// hub's shared buffer pool it waits for.
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
         self.conn.wake_on_pool(w);

@@ -169,11 +169,11 @@ impl<N: Nic> State<N> {
             // No remote access to it is possible any more: back to the pool.
             Event::BufferReturned(b) => self.ep.free(b),
             // A user range may be written again: writers waiting for it retry.
-            Event::RangeReturned(_) => self.capacity_waiters.wake_all(),
+            Event::RangeReturned(_) => self.wake_capacity(),
             Event::ConnectionLost(r) => {
                 self.down = Some(r);
                 self.request_waiters.wake_all();
-                self.capacity_waiters.wake_all();
+                self.wake_capacity();
                 self.closed_waiters.wake_all();
             }
         }
@@ -292,7 +292,7 @@ impl<N: Nic> Inner<N> {
             }
         }
         if busy {
-            st.capacity_waiters.wake_all();
+            st.wake_capacity();
         }
         let mut next = st.ep.poll_timeout();
         let mut finished = false;
@@ -316,9 +316,15 @@ impl<N: Nic> Inner<N> {
             st.finish_waiters.wake_all();
         }
         arm(&mut st, next);
+        // A wake-up from the shared pool is passed on at the end of the
+        // turn after it, which must come, and not while tasks it woke (a
+        // user's alloc) have not run yet: a few turns at most.
+        let defer = st.capacity_polled < st.capacity_wakes && st.pool_defers < 16;
+        st.pool_defers = if defer { st.pool_defers + 1 } else { 0 };
+        let again = st.ep.end_pool_turn(defer);
         // A buffer handle dropped from now on queues the connection; one
         // dropped since this turn's reclaim queues it now.
-        if st.ep.wake_on_return(&inner.hub.waker) {
+        if st.ep.wake_on_return(&inner.hub.waker) || again {
             inner.hub.waker.wake_by_ref();
         }
         Turn { busy, finished, foreign_invalidation: st.ep.take_foreign_invalidation() }

@@ -79,16 +79,35 @@ type CallResult = Result<Reply, CallError>;
 #[derive(Default)]
 struct Waiters(Vec<Waker>);
 
+impl<N: Nic> State<N> {
+    /// The task of `w` waits for a free buffer, control slot or window (and
+    /// has run since the last wake-up).
+    fn wait_for_capacity(&mut self, w: &Waker) {
+        self.capacity_polled = self.capacity_wakes;
+        self.capacity_waiters.register(w);
+    }
+
+    /// Wake the tasks waiting for capacity.
+    pub(crate) fn wake_capacity(&mut self) {
+        if self.capacity_waiters.wake_all() {
+            self.capacity_wakes += 1;
+        }
+    }
+}
+
 impl Waiters {
     fn register(&mut self, w: &Waker) {
         if !self.0.iter().any(|x| x.will_wake(w)) {
             self.0.push(w.clone());
         }
     }
-    fn wake_all(&mut self) {
-        if !self.0.is_empty() {
-            self.0.drain(..).for_each(Waker::wake);
+    /// Wake every task; whether there was one.
+    fn wake_all(&mut self) -> bool {
+        if self.0.is_empty() {
+            return false;
         }
+        self.0.drain(..).for_each(Waker::wake);
+        true
     }
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -109,6 +128,13 @@ pub(crate) struct State<N: Nic> {
     request_waiters: Waiters,
     /// Tasks waiting for a free buffer, control slot or window.
     capacity_waiters: Waiters,
+    /// Times `capacity_waiters` were woken, and the count when one of them
+    /// last ran: a wake-up from the shared pool is not passed on while
+    /// tasks it woke have not run yet (`Inner::turn`).
+    capacity_wakes: u64,
+    capacity_polled: u64,
+    /// Turns the pass-on has waited for them (a bounded few).
+    pool_defers: u8,
     /// Tasks in `closed`.
     closed_waiters: Waiters,
     /// The connection is down, closed and every buffer is back (its QP is
@@ -195,6 +221,9 @@ impl<N: Nic> Inner<N> {
                 requests: VecDeque::new(),
                 request_waiters: Waiters::default(),
                 capacity_waiters: Waiters::default(),
+                capacity_wakes: 0,
+                capacity_polled: 0,
+                pool_defers: 0,
                 closed_waiters: Waiters::default(),
                 finished: false,
                 finish_waiters: Waiters::default(),
@@ -308,10 +337,11 @@ impl<N: Nic> Connection<N> {
             if let Some(r) = &st.down {
                 return Poll::Ready(Err(UseError::Down(r.clone())));
             }
+            st.capacity_polled = st.capacity_wakes;
             if let Some(b) = st.ep.alloc() {
                 return Poll::Ready(Ok(b));
             }
-            st.capacity_waiters.register(cx.waker());
+            st.wait_for_capacity(cx.waker());
             Poll::Pending
         })
         .await
@@ -327,12 +357,13 @@ impl<N: Nic> Connection<N> {
             if let Some(r) = &st.down {
                 return Poll::Ready(Err(UseError::Down(r.clone())));
             }
+            st.capacity_polled = st.capacity_wakes;
             match st.ep.alloc_for(len) {
                 Ok(Some(b)) => return Poll::Ready(Ok(b)),
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            st.capacity_waiters.register(cx.waker());
+            st.wait_for_capacity(cx.waker());
             Poll::Pending
         })
         .await
@@ -349,7 +380,7 @@ impl<N: Nic> Connection<N> {
     pub fn free(&self, buf: Buf) {
         let mut st = self.inner.state.lock();
         st.ep.free(buf);
-        st.capacity_waiters.wake_all();
+        st.wake_capacity();
         if st.ep.has_events() {
             // A payload that waited for a free buffer arrived.
             self.inner.ring();
@@ -489,9 +520,10 @@ impl<N: Nic> Connection<N> {
     ) -> Result<(), UseError> {
         poll_fn(|cx| {
             let mut st = self.inner.state.lock();
+            st.capacity_polled = st.capacity_wakes;
             match st.ep.region_write(id, offset, bytes) {
                 Err(UseError::RangeExposed { .. }) => {
-                    st.capacity_waiters.register(cx.waker());
+                    st.wait_for_capacity(cx.waker());
                     Poll::Pending
                 }
                 r => Poll::Ready(r),
@@ -522,6 +554,7 @@ impl<N: Nic> Connection<N> {
         r: Result<T, Refused>,
         data: &mut Option<Buf>,
     ) -> Poll<Result<T, Refused>> {
+        st.capacity_polled = st.capacity_wakes;
         match r {
             Ok(v) => {
                 if st.needs_driver() {
@@ -534,7 +567,7 @@ impl<N: Nic> Connection<N> {
                 data: back,
             }) => {
                 *data = back;
-                st.capacity_waiters.register(cx.waker());
+                st.wait_for_capacity(cx.waker());
                 // The driver frees capacity as completions arrive.
                 self.inner.ring();
                 Poll::Pending

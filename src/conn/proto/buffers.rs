@@ -366,6 +366,15 @@ impl Connection {
         back
     }
 
+    /// The driver's turn of this connection is over: a wake-up from the
+    /// shared pool that no try used by the end of the turn after it goes to
+    /// the next waiter (not yet, if `defer`: tasks it woke have not run).
+    /// True: run one more turn soon (that next turn).
+    #[inline]
+    pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {
+        self.bufs.end_turn(defer)
+    }
+
     /// Make sure no buffer of the shared pool goes back to it from now on:
     /// the QP could not be destroyed, so no evidence says the peer's NIC
     /// cannot reach them. They stay out of the pool (lost to it).
