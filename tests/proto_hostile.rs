@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use mwcap::backend::{Completion, MrId, MrInfo, MwId, WcOpcode, WcStatus};
-use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
+use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, LossReason, Misbehavior, Policies, Policy, Role};
 use mwcap_fallback as fb;
@@ -19,6 +19,9 @@ struct Victim {
     /// Posted receives' work request ids, oldest first.
     recvs: std::collections::VecDeque<u64>,
     qp_errors: usize,
+    /// The credit the connection granted its peer: `INITIAL_CREDITS` and
+    /// the credit field of every frame it sent.
+    granted: u64,
 }
 
 impl Victim {
@@ -48,7 +51,8 @@ impl Victim {
             },
         );
         conn.start();
-        let mut v = Victim { conn, recvs: Default::default(), qp_errors: 0 };
+        let mut v =
+            Victim { conn, recvs: Default::default(), qp_errors: 0, granted: u64::from(INITIAL_CREDITS) };
         v.take_commands();
         v
     }
@@ -58,7 +62,11 @@ impl Victim {
             match c {
                 Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
                 Command::SetQpError => self.qp_errors += 1,
-                Command::PostSend { .. } => {}
+                Command::PostSend { frame: Some(f), .. } => {
+                    let (_, credit) = Frame::decode_with_credit(self.conn.staged(&f)).expect("a frame");
+                    self.granted += u64::from(credit);
+                }
+                Command::PostSend { frame: None, .. } => {}
             }
         }
     }
@@ -213,6 +221,28 @@ fn an_inline_payload_is_delivered_in_a_buffer_of_the_pool() {
     assert_eq!(&b[..], b"inline bytes");
     assert_eq!(b.capacity(), 4096);
     v.conn.free(b);
+}
+
+#[test]
+fn a_frame_past_the_credit_granted_closes_the_connection() {
+    // Issue 19, finding 1: on a receive queue of its own a peer past its
+    // credit went unnoticed (the NIC's RNR retries let its frames in as
+    // receives were reposted). The peer here grants nothing, so the
+    // connection's own grants stop once its credit is spent.
+    for role in [Role::Server, Role::Client] {
+        for policy in [Policy::Mw, Policy::Confirm] {
+            let mut v = Victim::new(role, policy);
+            let mut sent = 0;
+            while sent < v.granted {
+                v.receive(&Frame::Credit.encode().unwrap(), None);
+                sent += 1;
+                assert!(v.conn.is_down().is_none(), "{role:?} {policy:?}: frame {sent} is within the credit");
+            }
+            assert!(sent > u64::from(INITIAL_CREDITS), "{role:?} {policy:?}: the connection granted more");
+            v.receive(&Frame::Credit.encode().unwrap(), None);
+            v.assert_down(|m| *m == Misbehavior::ExceedsCredit { granted: sent, received: sent + 1 });
+        }
+    }
 }
 
 #[test]

@@ -558,10 +558,12 @@ pub enum Misbehavior {
         /// Frames waiting for credit when the connection gave up.
         queued: usize,
     },
-    /// The peer sent more frames than it had receive credit for. On a
-    /// shared receive queue (an endpoint with shared receives) those frames
-    /// take receives held for other connections, so the connection goes
-    /// down at the first one.
+    /// The peer sent more frames than it had receive credit for (the
+    /// initial credits and every grant this side sent): the connection goes
+    /// down at the first one. On a receive queue of the connection's own
+    /// such a frame met RNR, or took a receive reposted for a grant not yet
+    /// sent; on a shared receive queue (an endpoint with shared receives)
+    /// it takes a receive held for another connection.
     #[error("the peer sent frame {received} with receive credit for {granted}; it does not run mwcap's flow control")]
     ExceedsCredit {
         /// Frames the peer was granted credit for, in all.

@@ -103,6 +103,11 @@ pub struct Attacker {
     pub auto_credit: bool,
     /// Frames received, oldest first.
     pub frames: VecDeque<Vec<u8>>,
+    /// The credit the victim granted: `INITIAL_CREDITS` and the credit
+    /// field of every frame received from it.
+    pub credit_granted: u64,
+    /// SENDs posted (each takes one of the victim's receives).
+    pub sends: u64,
     /// Send-queue completions (SENDs, READs).
     pub sent: Vec<Completion>,
     /// Receive completions that failed.
@@ -136,6 +141,8 @@ impl Attacker {
             granted: 0,
             auto_credit: true,
             frames: VecDeque::new(),
+            credit_granted: u64::from(INITIAL_CREDITS),
+            sends: 0,
             sent: Vec::new(),
             recv_errors: Vec::new(),
         }
@@ -184,6 +191,7 @@ impl Attacker {
             Some(invalidate_rkey) => SendWr::SendWithInv { wr_id, signaled: true, sge, invalidate_rkey },
         };
         self.nic.post_send(self.qp.id, &[wr]).unwrap();
+        self.sends += 1;
         wr_id
     }
 
@@ -238,6 +246,9 @@ impl Attacker {
                     let slot = (c.wr_id & 0xffff) as usize;
                     let mut b = vec![0; c.byte_len as usize];
                     self.nic.read_mr(self.recv.id, slot * MAX_FRAME, &mut b).unwrap();
+                    if let Ok((_, credit)) = Frame::decode_with_credit(&b) {
+                        self.credit_granted += u64::from(credit);
+                    }
                     self.frames.push_back(b);
                     if self.repost {
                         self.post_recv(slot);

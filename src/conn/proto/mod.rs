@@ -307,9 +307,11 @@ pub struct Connection {
     /// Receives come from a shared receive queue: nothing is posted here.
     shared_receives: bool,
     /// Flow control: frames the peer was granted credit for in all (the
-    /// initial credits and every grant sent), and frames received. On a
-    /// shared receive queue a peer past its credit takes receives held for
-    /// other connections, so there the connection goes down at once.
+    /// initial credits and every grant sent), and frames received. The
+    /// first frame past the credit takes the connection down
+    /// ([`Misbehavior::ExceedsCredit`]): on a receive queue of its own it
+    /// would have met RNR or taken a receive reposted for a later grant, on
+    /// a shared one it takes a receive held for another connection.
     granted_total: u64,
     frames_in: u64,
     /// Frames waiting for credit or a send slot, oldest first: (start,

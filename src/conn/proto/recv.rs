@@ -16,6 +16,10 @@ use super::confirm::ConfirmEngine;
 use super::*;
 
 impl Connection {
+    /// The peer broke the protocol: the connection goes down. (Cold: kept
+    /// out of the receive path it is checked on.)
+    #[cold]
+    #[inline(never)]
     pub(super) fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
@@ -712,8 +716,12 @@ impl Connection {
             TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
                 if c.status.is_success() {
+                    // A frame past every credit granted: on a receive queue
+                    // of its own it met RNR or took a receive reposted for a
+                    // later grant, on a shared one a receive held for another
+                    // connection. Either way the peer ignores flow control.
                     self.frames_in += 1;
-                    if self.shared_receives && self.frames_in > self.granted_total {
+                    if self.frames_in > self.granted_total {
                         let (granted, received) = (self.granted_total, self.frames_in);
                         return self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
                     }
