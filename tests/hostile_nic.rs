@@ -1072,6 +1072,58 @@ fn mw_unsolicited_grants_are_released_unread() {
 
 // ---- protocol violations, through the NIC ----
 
+/// A request (to a victim server) or a reply to the victim client's call
+/// (made here) carrying `inline` as its payload.
+fn inline_payload(w: &mut World, msg_id: u64, inline: &[u8]) -> Vec<u8> {
+    use mwcap::conn::frame::{Attaches, Frame};
+    let attach = Attaches::new();
+    match w.role {
+        Role::Server => {
+            Frame::Request { msg_id, trace: None, header: b"h", inline, attach }.encode().unwrap()
+        }
+        Role::Client => {
+            let now = w.now();
+            w.victim.call(now, b"call", None).unwrap();
+            let seen = Seen::of(&w.next_frame());
+            let msg_id = seen.msg_id.expect("the victim's request");
+            Frame::Reply { msg_id, status: 0, header: b"h", inline, attach }.encode().unwrap()
+        }
+    }
+}
+
+#[test]
+fn an_inline_payload_above_the_victims_inline_max_ends_the_connection() {
+    // Issue 19, finding 2: inline payloads up to 1024 bytes (MAX_INLINE)
+    // were taken whatever the receiver's own inline_max (256 here). One of
+    // exactly inline_max is delivered; one byte more ends the connection.
+    let max = hostile::config(Role::Server, ALL[0]).inline_max as usize;
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let mut w = World::new(role, pol);
+            let fits = inline_payload(&mut w, 1, &vec![0x5a; max]);
+            w.send(&fits);
+            let got = w.run_until(Duration::from_millis(5), |w| {
+                w.events.iter().any(|e| match e {
+                    Event::Request { data: Some(b), .. } | Event::Reply { data: Some(b), .. } => {
+                        b[..] == vec![0x5a; max][..]
+                    }
+                    _ => false,
+                })
+            });
+            assert!(got, "{role:?} {pol:?}: {:?} {:?}", w.events, w.down());
+            let over = inline_payload(&mut w, 2, &vec![0x5b; max + 1]);
+            w.send(&over);
+            match goes_down(&mut w) {
+                LossReason::PeerMisbehaved(Misbehavior::InlineTooLong { len, max: m, .. }) => {
+                    assert_eq!((len as usize, m as usize), (max + 1, max), "{role:?} {pol:?}")
+                }
+                other => panic!("{role:?} {pol:?}: {other:?}"),
+            }
+            w.finish();
+        }
+    }
+}
+
 #[test]
 fn protocol_violations_end_the_connection_with_their_reason() {
     use mwcap::conn::frame::{Attach, EngineTag};

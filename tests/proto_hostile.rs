@@ -246,6 +246,18 @@ fn a_frame_past_the_credit_granted_closes_the_connection() {
 }
 
 #[test]
+fn an_inline_payload_above_inline_max_closes_the_connection() {
+    // Issue 19, finding 2: the receiver's own limit (256 by default), not
+    // the most a frame carries (MAX_INLINE, 1024), bounds what it takes.
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    let max = v.conn.config().inline_max;
+    let long = vec![7; max as usize + 1];
+    let f = Frame::Request { msg_id: 1, trace: None, header: b"h", inline: &long, attach: Attaches::new() };
+    v.receive(&f.encode().unwrap(), None);
+    v.assert_down(|m| *m == Misbehavior::InlineTooLong { msg: 1, len: max + 1, max });
+}
+
+#[test]
 fn trailing_bytes_after_a_confirm_message_close_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Confirm);
     let m = fb::Message::Expose {

@@ -467,6 +467,26 @@ fn a_silent_peer_is_declared_dead_after_its_ping_goes_unanswered() {
 }
 
 #[test]
+fn an_inline_payload_above_inline_max_is_refused_before_anything_is_sent() {
+    // A receiver closes the connection on an inline payload above its own
+    // inline_max (the same on both sides here), so the sender keeps to its.
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    let max = p.c.conn.config().inline_max as usize;
+    let sent = p.c.conn.stats().frames_sent;
+    let r = p.c.conn.call_inline(p.now, None, b"h", &vec![1; max + 1]).unwrap_err();
+    assert_eq!(r.error, UseError::TooLong { len: max + 1, cap: max as u32 });
+    assert_eq!(p.c.conn.stats().frames_sent, sent, "nothing sent");
+    let call = p.c.conn.call_inline(p.now, None, b"h", &vec![1; max]).unwrap();
+    p.settle();
+    let Some(Event::Request { req, data: Some(b), .. }) = p.s.conn.poll_event() else { panic!("no request") };
+    assert_eq!(b.len(), max);
+    p.s.conn.free(b);
+    p.s.conn.reply(p.now, req, 0, b"", None).unwrap();
+    p.settle();
+    assert!(matches!(p.c.conn.poll_event(), Some(Event::Reply { call: c, .. }) if c == call));
+}
+
+#[test]
 fn without_keepalive_an_idle_connection_sends_nothing() {
     let mut p = Pair::new(Policies::both(Policy::Mw));
     for _ in 0..40 {

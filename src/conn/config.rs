@@ -55,7 +55,10 @@ pub struct Config {
     pub large_buffers: Vec<BufClass>,
     /// Payloads of at most this many bytes ride inline in the request or
     /// reply frame: no window, READ or release; the reader copies them into
-    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
+    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`]. A
+    /// receiver closes the connection on an inline payload above its own
+    /// `inline_max` ([`Misbehavior::InlineTooLong`](super::Misbehavior::InlineTooLong)):
+    /// give both sides the same (the sender's may be smaller).
     pub inline_max: u32,
     /// Exposures of ranges of user regions ([`Connection::register_region`](super::Connection::register_region))
     /// that may be live at once (under mw, a window each, on top of one per

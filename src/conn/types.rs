@@ -558,6 +558,21 @@ pub enum Misbehavior {
         /// Frames waiting for credit when the connection gave up.
         queued: usize,
     },
+    /// An inline payload longer than this side's `Config::inline_max`:
+    /// the peer ignores it, or its own is larger (set `inline_max` the same
+    /// on both sides, or the sender's smaller).
+    #[error(
+        "message {msg} carries an inline payload of {len} bytes, above this side's \
+         Config::inline_max ({max}); give both sides the same inline_max"
+    )]
+    InlineTooLong {
+        /// The message id.
+        msg: u64,
+        /// Bytes it carried inline.
+        len: u32,
+        /// This side's `Config::inline_max`.
+        max: u32,
+    },
     /// The peer sent more frames than it had receive credit for (the
     /// initial credits and every grant this side sent): the connection goes
     /// down at the first one. On a receive queue of the connection's own

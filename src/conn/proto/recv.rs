@@ -83,6 +83,9 @@ impl Connection {
         if payloads > 1 {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
+        if inline.len() > self.cfg.inline_max as usize {
+            return self.inline_too_long(now, msg, inline.len());
+        }
         if msg <= self.last_request {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
         }
@@ -134,6 +137,15 @@ impl Connection {
             self.take_inline(msg, inline);
         }
         self.maybe_surface(msg);
+    }
+
+    /// An inline payload longer than our `inline_max` (a peer whose own
+    /// is larger, or one that ignores it).
+    #[cold]
+    #[inline(never)]
+    fn inline_too_long(&mut self, now: Duration, msg: u64, len: usize) {
+        let max = self.cfg.inline_max;
+        self.misbehaved(now, Misbehavior::InlineTooLong { msg, len: len as u32, max })
     }
 
     /// An inline payload for `msg` arrived: copy it into the smallest free
@@ -207,6 +219,9 @@ impl Connection {
         let payloads = payloads(attach, inline);
         if payloads > 1 {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
+        }
+        if inline.len() > self.cfg.inline_max as usize {
+            return self.inline_too_long(now, msg, inline.len());
         }
         let carries_data = payloads > 0;
         if payloads == 0 && attach.is_empty() {
