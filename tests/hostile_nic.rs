@@ -536,6 +536,193 @@ fn a_ping_flood_that_ignores_flow_control_ends_the_connection_not_the_victims_me
     }
 }
 
+// ---- bounds per connection (issue 19) ----
+
+/// A request to the victim server whose payload, under the request
+/// policy, is a window grant with `time_left` (over a window of the
+/// attacker's, `rkey`) or a confirm exposure, of `PAYLOAD` bytes.
+fn payload_request(w: &World, msg_id: u64, rkey: u32, time_left: Duration) -> Vec<u8> {
+    let a = match w.policies.request {
+        Policy::Mw => mw_attach(mw::Message::Grant(mw::Grant {
+            lease: mw::LeaseId::from_raw(7 << 32 | msg_id),
+            addr: w.attacker.mem.addr,
+            len: PAYLOAD as u32,
+            rkey,
+            time_left,
+        })),
+        Policy::Confirm => fb_attach(fb::Message::Expose {
+            msg: fb::MsgId::from_raw(msg_id),
+            buffer: fb::BufferId::from_raw(msg_id as u32),
+            generation: fb::Generation::from_raw(1),
+            region: fb::Region::new(w.attacker.mem.addr, PAYLOAD as u32, w.attacker.mem.rkey),
+        }),
+    };
+    request_frame(msg_id, &[a])
+}
+
+/// The victim's user takes every buffer of its pool.
+fn hold_every_buffer(w: &mut World) -> Vec<mwcap::conn::Buf> {
+    let held: Vec<_> = std::iter::from_fn(|| w.victim.alloc()).collect();
+    assert_eq!(held.len(), BUFFERS as usize);
+    held
+}
+
+#[test]
+fn a_server_whose_user_holds_its_buffers_keeps_no_more_waiting_payloads_than_its_bound() {
+    // Issue 19, finding 1: while the server's user held every buffer, it
+    // kept every grant a client sent (20,000), with no cap: credit does
+    // not limit them, the server reposts each receive at once. Now at most
+    // `max_waiting_payloads` wait; the next takes the connection down.
+    // The attacker keeps to the flow control throughout.
+    for pol in ALL {
+        let mut w = World::with_config(Role::Server, pol, |c| c.lease_time = Duration::from_secs(10));
+        let max = w.victim.config().max_waiting_payloads;
+        assert_eq!(max, 64, "the default");
+        let held = hold_every_buffer(&mut w);
+        let rkey = w.attacker.bind_own(BUFFER_SIZE);
+        for msg_id in 1..=u64::from(max) {
+            let f = payload_request(&w, msg_id, rkey, Duration::from_secs(10));
+            w.send_within_credit(&f);
+        }
+        w.run_for(Duration::from_millis(2));
+        assert!(w.down().is_none(), "{pol:?}: {} waiting is within the bound: {:?}", max, w.down());
+        let f = payload_request(&w, u64::from(max) + 1, rkey, Duration::from_secs(10));
+        w.send_within_credit(&f);
+        match goes_down(&mut w) {
+            LossReason::PeerMisbehaved(Misbehavior::TooManyWaitingPayloads { waiting }) => {
+                assert_eq!(waiting, max, "{pol:?}")
+            }
+            other => panic!("{pol:?}: {other:?}"),
+        }
+        // Nothing was read into a buffer the user holds, and no request
+        // surfaced; each is dropped with the connection.
+        assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{pol:?}");
+        let dropped = w.events.iter().filter(|e| matches!(e, Event::RequestDropped { .. })).count();
+        assert_eq!(dropped as u32, max + 1, "{pol:?}");
+        for b in held {
+            w.victim.free(b);
+        }
+        w.finish();
+    }
+}
+
+#[test]
+fn mw_grants_whose_lease_ran_out_while_waiting_do_not_count_against_the_bound() {
+    // The bound is on payloads that can still be read: a client whose
+    // earlier grants expired while the server's user held its buffers may
+    // send as many live ones again. The expired ones are declined and
+    // released (the owner's lease is over anyway).
+    for pol in ALL.into_iter().filter(|p| p.request == Policy::Mw) {
+        let mut w = World::new(Role::Server, pol);
+        let max = u64::from(w.victim.config().max_waiting_payloads);
+        let held = hold_every_buffer(&mut w);
+        let rkey = w.attacker.bind_own(BUFFER_SIZE);
+        for msg_id in 1..=max {
+            let f = payload_request(&w, msg_id, rkey, LEASE);
+            w.send_within_credit(&f);
+        }
+        w.run_for(LEASE);
+        for msg_id in max + 1..=2 * max {
+            let f = payload_request(&w, msg_id, rkey, Duration::from_secs(10));
+            w.send_within_credit(&f);
+        }
+        w.run_for(Duration::from_millis(2));
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        let released = w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count();
+        assert_eq!(released as u64, max, "{pol:?}: every expired grant released");
+        let f = payload_request(&w, 2 * max + 1, rkey, Duration::from_secs(10));
+        w.send_within_credit(&f);
+        assert!(matches!(
+            goes_down(&mut w),
+            LossReason::PeerMisbehaved(Misbehavior::TooManyWaitingPayloads { .. })
+        ));
+        for b in held {
+            w.victim.free(b);
+        }
+        w.finish();
+    }
+}
+
+#[test]
+fn a_server_whose_user_held_its_buffers_is_not_a_peer_withholding_credit() {
+    // Issue 19, finding 1: when the buffers came free, the grants that had
+    // waited past their lease were declined at once, one release each,
+    // more than the client's receives; the server took the client for one
+    // withholding credit (`WithholdsCredit`), though it granted credit for
+    // every receive it posted. Now the releases wait for credit and go.
+    for pol in ALL.into_iter().filter(|p| p.request == Policy::Mw) {
+        let mut w = World::new(Role::Server, pol);
+        let held = hold_every_buffer(&mut w);
+        let rkey = w.attacker.bind_own(BUFFER_SIZE);
+        let n = 5 * CTRL_SLOTS as u64;
+        for msg_id in 1..=n {
+            let f = payload_request(&w, msg_id, rkey, LEASE);
+            w.send_within_credit(&f);
+        }
+        w.run_for(LEASE + Duration::from_millis(10));
+        for b in held {
+            w.victim.free(b);
+        }
+        let all = w.run_until(Duration::from_millis(50), |w| {
+            w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count() as u64 == n
+        });
+        assert!(all, "{pol:?}: every grant released; down: {:?}", w.down());
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        let dropped = w.events.iter().filter(|e| matches!(e, Event::RequestDropped { .. })).count();
+        assert_eq!(dropped as u64, n, "{pol:?}: each request dropped (its lease ran out)");
+        assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{pol:?}");
+        w.finish();
+    }
+}
+
+#[test]
+fn mw_a_client_releases_the_grant_of_a_second_reply_to_a_call_unread() {
+    // A client's waiting payloads are replies to its own calls, one each:
+    // a server that replies again and again to one call, each time with a
+    // grant, while the client's user holds every buffer, gets each later
+    // grant released at once instead of kept.
+    for pol in ALL.into_iter().filter(|p| p.reply == Policy::Mw) {
+        let mut w = World::new(Role::Client, pol);
+        let held = hold_every_buffer(&mut w);
+        let now = w.now();
+        let call = w.victim.call(now, b"call", None).unwrap();
+        let msg_id = Seen::of(&w.next_frame()).msg_id.unwrap();
+        let rkey = w.attacker.bind_own(BUFFER_SIZE);
+        w.attacker.nic.write_mr(w.attacker.mem.id, 0, &[0x77; PAYLOAD]).unwrap();
+        let n = 3 * CTRL_SLOTS as u64;
+        for k in 1..=n {
+            let g = mw::Grant {
+                lease: mw::LeaseId::from_raw(5 << 32 | k),
+                addr: w.attacker.mem.addr,
+                len: PAYLOAD as u32,
+                rkey,
+                time_left: Duration::from_secs(10),
+            };
+            w.send_within_credit(&reply_frame(msg_id, &[mw_attach(mw::Message::Grant(g))]));
+        }
+        w.run_for(Duration::from_millis(2));
+        let released: Vec<u64> = w
+            .attacker
+            .frames
+            .iter()
+            .filter_map(|f| Seen::of(f).release)
+            .map(|r| r.lease.raw() & 0xffff)
+            .collect();
+        assert_eq!(released, (2..=n).collect::<Vec<_>>(), "{pol:?}: every grant but the first, unread");
+        assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{pol:?}");
+        // The first is read once a buffer comes free.
+        for b in held {
+            w.victim.free(b);
+        }
+        let got = w.run_until(Duration::from_millis(20), |w| {
+            w.events.iter().any(|e| matches!(e, Event::Reply { call: c, data: Some(b), .. } if *c == call && b[..] == [0x77; PAYLOAD][..]))
+        });
+        assert!(got, "{pol:?}: {:?} {:?}", w.events, w.down());
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        w.finish();
+    }
+}
+
 // ---- lying confirm answers (the victim reads under confirm) ----
 
 const LIE_LEN: u32 = 500;

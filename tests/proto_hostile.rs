@@ -26,11 +26,16 @@ struct Victim {
 
 impl Victim {
     fn new(role: Role, policy: Policy) -> Victim {
+        Victim::with(role, policy, |_| {})
+    }
+
+    fn with(role: Role, policy: Policy, tweak: impl FnOnce(&mut Config)) -> Victim {
         let mut cfg = Config::new(role, Policies::both(policy));
         cfg.buffers = BUFFERS;
         cfg.buffer_size = 4096;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = 8;
+        tweak(&mut cfg);
         let data = MrInfo { id: MrId::from_raw(2), addr: 0x1000_0000, len: 4 * 4096, lkey: 2, rkey: 0x22 };
         let memory = mwcap::backend::Memory::zeroed(data.len, 8).unwrap();
         let (windows, window_rkeys) = if policy == Policy::Mw {
@@ -255,6 +260,41 @@ fn an_inline_payload_above_inline_max_closes_the_connection() {
     let f = Frame::Request { msg_id: 1, trace: None, header: b"h", inline: &long, attach: Attaches::new() };
     v.receive(&f.encode().unwrap(), None);
     v.assert_down(|m| *m == Misbehavior::InlineTooLong { msg: 1, len: max + 1, max });
+}
+
+#[test]
+fn more_waiting_request_payloads_than_the_bound_close_the_connection() {
+    // Issue 19, finding 1: a server whose user holds every buffer keeps at
+    // most `max_waiting_payloads` request payloads waiting for one.
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut v = Victim::with(Role::Server, policy, |c| c.max_waiting_payloads = 3);
+        let held: Vec<_> = std::iter::from_fn(|| v.conn.alloc()).collect();
+        assert_eq!(held.len(), BUFFERS as usize);
+        let payload = |msg: u64| match policy {
+            Policy::Mw => Attach::new(
+                EngineTag::Mw,
+                &mwcap_mw::Message::Grant(mwcap_mw::Grant {
+                    lease: mwcap_mw::LeaseId::from_raw(1 << 32 | msg),
+                    addr: 0x4000_0000,
+                    len: 64,
+                    rkey: 0x4401,
+                    time_left: Duration::from_secs(5),
+                })
+                .to_bytes(),
+            )
+            .unwrap(),
+            Policy::Confirm => expose(msg),
+        };
+        for msg in 1..=3 {
+            v.receive(&request(msg, &[payload(msg)]), None);
+            assert!(v.conn.is_down().is_none(), "{policy:?}: payload {msg} may wait");
+        }
+        v.receive(&request(4, &[payload(4)]), None);
+        for b in held {
+            v.conn.free(b);
+        }
+        v.assert_down(|m| *m == Misbehavior::TooManyWaitingPayloads { waiting: 3 });
+    }
 }
 
 #[test]

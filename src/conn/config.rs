@@ -102,6 +102,18 @@ pub struct Config {
     /// verbs value 7, "retry forever", is never used: a peer that stops
     /// posting receives must not hold exposed buffers forever).
     pub rnr_retry: u8,
+    /// Server: request payloads (window grants, confirm exposures) that
+    /// may wait for a free buffer at once, while every buffer they fit is
+    /// held (by the user, or by other payloads). One more takes the
+    /// connection down ([`Misbehavior::TooManyWaitingPayloads`](super::Misbehavior::TooManyWaitingPayloads)):
+    /// a client sends them faster than this side frees its buffers.
+    /// Payloads whose lease ran out while they waited are dropped first
+    /// and do not count. An honest client has at most its own buffers and
+    /// region exposures exposed at once, so give it at least that many
+    /// (`docs/deploy.md`, "Bounds per connection"). A client never counts
+    /// the replies to its own calls (one payload each: a grant in a second
+    /// reply to a call is released unread).
+    pub max_waiting_payloads: u32,
     /// Dead-peer detection: with `Some`, a connection that has heard
     /// nothing from its peer for `interval` sends a ping, and declares the
     /// peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)) if no frame comes back
@@ -293,7 +305,8 @@ impl Default for Config {
 impl Config {
     /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
     /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
-    /// 5 s leases, a 500 ms safety margin, 10 s calls.
+    /// 5 s leases, a 500 ms safety margin, 10 s calls; a server lets 64
+    /// request payloads wait for a buffer.
     pub fn new(role: Role, policies: Policies) -> Config {
         Config {
             role,
@@ -314,6 +327,7 @@ impl Config {
             busy_poll: Duration::from_micros(50),
             rnr_retry: 6,
             keepalive: None,
+            max_waiting_payloads: 64,
         }
     }
 

@@ -549,14 +549,28 @@ pub enum Misbehavior {
         /// The rkey it invalidated.
         rkey: u32,
     },
-    /// The peer kept sending frames that need an answer (pings, releases,
-    /// confirms) faster than it granted receive credit for the answers
-    /// (or granted none): it does not run mwcap's flow control
-    /// (`docs/protocol.md`, "Flow control").
+    /// More of our frames wait for receive credit than a peer that grants
+    /// as it reposts its receives can leave waiting (answers to its frames,
+    /// and a message or two for each call, request and payload open): it
+    /// does not run mwcap's flow control (`docs/protocol.md`, "Flow
+    /// control"). A peer that keeps within its own credit cannot cause it.
     #[error("{queued} of our frames wait for receive credit the peer does not grant; it does not run mwcap's flow control")]
     WithholdsCredit {
         /// Frames waiting for credit when the connection gave up.
         queued: usize,
+    },
+    /// A server's user held every buffer a request payload fits, and the
+    /// client sent more payloads (window grants, confirm exposures) than
+    /// `Config::max_waiting_payloads` lets wait for one. Payloads whose
+    /// lease ran out while they waited do not count.
+    #[error(
+        "{waiting} request payloads already wait for a free buffer (Config::max_waiting_payloads), \
+         and the peer sent another: it sends faster than this side frees its buffers; free them \
+         sooner, or give this side more buffers or a larger max_waiting_payloads"
+    )]
+    TooManyWaitingPayloads {
+        /// Payloads waiting when the next came (`max_waiting_payloads`).
+        waiting: u32,
     },
     /// An inline payload longer than this side's `Config::inline_max`:
     /// the peer ignores it, or its own is larger (set `inline_max` the same

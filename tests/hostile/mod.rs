@@ -548,20 +548,29 @@ impl World {
 
     /// [`World::new`], with the attacker posting only `recvs` receives.
     pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
-        World::build(role, policies, recvs, DeviceConfig::spec())
+        World::build(config(role, policies), recvs, DeviceConfig::spec())
     }
 
     /// [`World::new`] with the victim (and its other connection) on a
     /// device that behaves like `device` (e.g. [`DeviceConfig::rxe`]).
     pub fn on(role: Role, policies: Policies, device: DeviceConfig) -> World {
-        World::build(role, policies, CTRL_SLOTS as usize * 2, device)
+        World::build(config(role, policies), CTRL_SLOTS as usize * 2, device)
     }
 
-    fn build(role: Role, policies: Policies, recvs: usize, device: DeviceConfig) -> World {
+    /// [`World::new`] with the victim's settings changed by `tweak` (its
+    /// other connection keeps [`config`]).
+    pub fn with_config(role: Role, policies: Policies, tweak: impl FnOnce(&mut Config)) -> World {
+        let mut cfg = config(role, policies);
+        tweak(&mut cfg);
+        World::build(cfg, CTRL_SLOTS as usize * 2, DeviceConfig::spec())
+    }
+
+    fn build(cfg: Config, recvs: usize, device: DeviceConfig) -> World {
+        let (role, policies) = (cfg.role, cfg.policies);
         let fabric =
             Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(device.named("victim"));
-        let mut victim = Link::new(vdev.clone(), config(role, policies)).unwrap();
+        let mut victim = Link::new(vdev.clone(), cfg).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
         victim.connect(&attacker.qp).unwrap();
@@ -698,6 +707,14 @@ impl World {
         let got = self.attacker.dst_bytes(len as usize);
         assert!(!contains_secret(&got), "the attacker read a secret with status {:?}", c.status);
         (c.status, got)
+    }
+
+    /// [`World::send`], once the victim has granted credit for it (an
+    /// attacker that keeps to the flow control).
+    pub fn send_within_credit(&mut self, bytes: &[u8]) -> u64 {
+        let has = self.run_until(Duration::from_millis(50), |w| w.attacker.sends < w.attacker.credit_granted);
+        assert!(has, "no credit from the victim; down: {:?}", self.victim.is_down());
+        self.send(bytes)
     }
 
     /// SEND a frame and let the victim take it in.

@@ -174,15 +174,19 @@ impl Connection {
     }
 
     pub(super) fn start_fb_read(&mut self, rr: fb::ReadRequest) {
-        if self.confirm.is_none() {
+        if self.confirm.is_none() || self.down.is_some() {
+            // Down: the engine failed the read's request when the
+            // connection was lost, and nothing is read any more.
             return;
         }
         let len = rr.remote().len();
         let Some(slot) = self.take_fit(len, Holder::Reading) else {
             // The engine refuses reads longer than the largest buffer, so
             // one fits once a buffer of its class is free.
-            if let Some(c) = self.confirm.as_mut() {
-                c.pending_reads.push_back(rr);
+            if self.may_wait(self.now) {
+                if let Some(c) = self.confirm.as_mut() {
+                    c.pending_reads.push_back(rr);
+                }
             }
             return;
         };
@@ -274,6 +278,19 @@ impl Connection {
         };
         let largest = self.layout.largest();
         let dest = if wanted && g.len <= largest { self.take_fit(g.len, Holder::Reading) } else { None };
+        if wanted && g.len <= largest && dest.is_none() {
+            // Every buffer it fits is busy: it waits, if it may (else the
+            // connection is down, and the lease ends with the QP).
+            let waits = self.may_wait(now);
+            if let Some(r) = self.reader.as_mut() {
+                if waits {
+                    r.pending.push_back((msg, g, now));
+                } else {
+                    r.engine.decline(now, g, mw::DeclineReason::ConnectionLost);
+                }
+            }
+            return;
+        }
         let dest = dest.map(|slot| self.mw_buffer(slot, self.layout.size(slot)));
         let Some(r) = self.reader.as_mut() else { return };
         if !wanted {
@@ -290,8 +307,52 @@ impl Connection {
         } else if let Some(dest) = dest {
             r.leases.insert(g.lease, msg);
             r.engine.handle_grant(now, g, dest);
-        } else {
-            r.pending.push_back((msg, g, now));
+        }
+    }
+
+    /// Payloads of the peer's waiting for a free buffer: window grants and
+    /// confirm READs.
+    fn waiting_payloads(&self) -> usize {
+        self.reader.as_ref().map_or(0, |r| r.pending.len())
+            + self.confirm.as_ref().map_or(0, |c| c.pending_reads.len())
+    }
+
+    /// A payload of the peer's found every buffer it fits busy: whether it
+    /// may wait for one. A server lets at most `Config::max_waiting_payloads`
+    /// wait (not counting those whose lease ran out, which go first); one
+    /// more takes the connection down. A client's waiting payloads are
+    /// replies to its own calls, one each.
+    fn may_wait(&mut self, now: Duration) -> bool {
+        if self.cfg.role == Role::Client {
+            return true;
+        }
+        let max = self.cfg.max_waiting_payloads as usize;
+        if self.waiting_payloads() >= max {
+            self.drop_stale_waiting(now);
+        }
+        if self.waiting_payloads() < max {
+            return true;
+        }
+        self.misbehaved(now, Misbehavior::TooManyWaitingPayloads { waiting: max as u32 });
+        false
+    }
+
+    /// Decline (and release) the waiting grants whose lease has no more
+    /// than the safety margin left: they would be declined when a buffer
+    /// came free anyway.
+    fn drop_stale_waiting(&mut self, now: Duration) {
+        let margin = self.cfg.safety_margin;
+        let Some(r) = self.reader.as_mut() else { return };
+        for _ in 0..r.pending.len() {
+            let Some((msg, mut g, at)) = r.pending.pop_front() else { break };
+            let left = g.time_left.saturating_sub(now.saturating_sub(at));
+            if left > margin {
+                r.pending.push_back((msg, g, at));
+                continue;
+            }
+            g.time_left = left;
+            r.leases.insert(g.lease, msg);
+            r.engine.decline(now, g, mw::DeclineReason::LeaseTooShort { time_left: left, margin });
         }
     }
 }

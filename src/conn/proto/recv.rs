@@ -270,6 +270,16 @@ impl Connection {
                             r.data = Data::Reading;
                         }
                     } else if let Some(c) = self.calls.get_mut(&msg) {
+                        if c.reply.is_some() {
+                            // A second reply to the call (an honest server
+                            // never sends one under mw): its grant is
+                            // released unread, so that a client's waiting
+                            // grants stay within its calls, one each.
+                            if let Some(r) = self.reader.as_mut() {
+                                r.engine.decline(now, g, mw::DeclineReason::Unwanted);
+                            }
+                            return;
+                        }
                         c.data = Data::Reading;
                     }
                     self.start_grant(now, msg, g);
