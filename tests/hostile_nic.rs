@@ -723,6 +723,75 @@ fn mw_a_client_releases_the_grant_of_a_second_reply_to_a_call_unread() {
     }
 }
 
+#[test]
+fn a_server_whose_user_holds_its_buffers_keeps_no_more_waiting_inline_bytes_than_its_bound() {
+    // Issue 19, finding 2: 20,000 inline payloads of 1 KiB from one client
+    // were kept (19 MiB) while the server's user held its buffers, and
+    // delivered later. Now at most `max_waiting_inline` bytes wait.
+    for pol in ALL {
+        let mut w = World::new(Role::Server, pol);
+        let (max, len) = (w.victim.config().max_waiting_inline, w.victim.config().inline_max);
+        assert_eq!(max, 64 << 10, "the default");
+        let held = hold_every_buffer(&mut w);
+        let fit = u64::from(max / len);
+        for msg_id in 1..=fit {
+            let f = inline_payload(&mut w, msg_id, &vec![0x3c; len as usize]);
+            w.send_within_credit(&f);
+        }
+        w.run_for(Duration::from_millis(2));
+        assert!(w.down().is_none(), "{pol:?}: {max} bytes may wait: {:?}", w.down());
+        let f = inline_payload(&mut w, fit + 1, &vec![0x3c; len as usize]);
+        w.send_within_credit(&f);
+        match goes_down(&mut w) {
+            LossReason::PeerMisbehaved(Misbehavior::TooMuchWaitingInline { waiting, len: l, max: m }) => {
+                assert_eq!((waiting, l, m), (max, len, max), "{pol:?}")
+            }
+            other => panic!("{pol:?}: {other:?}"),
+        }
+        let dropped = w.events.iter().filter(|e| matches!(e, Event::RequestDropped { .. })).count();
+        assert_eq!(dropped as u64, fit + 1, "{pol:?}: no request surfaced, each dropped");
+        for b in held {
+            w.victim.free(b);
+        }
+        w.finish();
+    }
+}
+
+#[test]
+fn a_client_keeps_one_inline_payload_per_call_while_its_user_holds_its_buffers() {
+    // Replies to one call, each with an inline payload, while the client's
+    // user holds every buffer: the first waits for a buffer, the others
+    // are dropped, so that what a client keeps stays within its calls.
+    for pol in ALL {
+        let mut w = World::new(Role::Client, pol);
+        let held = hold_every_buffer(&mut w);
+        let now = w.now();
+        let call = w.victim.call(now, b"call", None).unwrap();
+        let msg_id = Seen::of(&w.next_frame()).msg_id.unwrap();
+        for k in 0..3 * CTRL_SLOTS as u8 {
+            let f = mwcap::conn::frame::Frame::Reply {
+                msg_id,
+                status: 0,
+                header: b"h",
+                inline: &[k; 200],
+                attach: mwcap::conn::frame::Attaches::new(),
+            };
+            w.send_within_credit(&f.encode().unwrap());
+        }
+        w.run_for(Duration::from_millis(2));
+        assert_eq!(w.victim.stats().inline_received, 1, "{pol:?}: one inline payload kept");
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        for b in held {
+            w.victim.free(b);
+        }
+        let got = w.run_until(Duration::from_millis(20), |w| {
+            w.events.iter().any(|e| matches!(e, Event::Reply { call: c, data: Some(b), .. } if *c == call && b[..] == [0; 200][..]))
+        });
+        assert!(got, "{pol:?}: the first payload delivered: {:?}", w.events);
+        w.finish();
+    }
+}
+
 // ---- lying confirm answers (the victim reads under confirm) ----
 
 const LIE_LEN: u32 = 500;

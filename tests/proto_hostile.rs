@@ -298,6 +298,27 @@ fn more_waiting_request_payloads_than_the_bound_close_the_connection() {
 }
 
 #[test]
+fn more_waiting_inline_bytes_than_the_bound_close_the_connection() {
+    // Issue 19, finding 2: a server whose user holds every buffer keeps at
+    // most `max_waiting_inline` bytes of inline payloads waiting for one.
+    let mut v = Victim::with(Role::Server, Policy::Mw, |c| c.max_waiting_inline = 512);
+    let held: Vec<_> = std::iter::from_fn(|| v.conn.alloc()).collect();
+    let inline = [9; 256];
+    for msg_id in 1..=3 {
+        let f =
+            Frame::Request { msg_id, trace: None, header: b"h", inline: &inline, attach: Attaches::new() };
+        v.receive(&f.encode().unwrap(), None);
+        if msg_id < 3 {
+            assert!(v.conn.is_down().is_none(), "payload {msg_id} may wait");
+        }
+    }
+    for b in held {
+        v.conn.free(b);
+    }
+    v.assert_down(|m| *m == Misbehavior::TooMuchWaitingInline { waiting: 512, len: 256, max: 512 });
+}
+
+#[test]
 fn trailing_bytes_after_a_confirm_message_close_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Confirm);
     let m = fb::Message::Expose {

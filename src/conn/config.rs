@@ -114,6 +114,15 @@ pub struct Config {
     /// the replies to its own calls (one payload each: a grant in a second
     /// reply to a call is released unread).
     pub max_waiting_payloads: u32,
+    /// Server: bytes of inline request payloads that may wait in the
+    /// connection for a free buffer at once (each is copied out of its
+    /// frame, which goes back to the NIC, and waits there while every
+    /// buffer it fits is held). One more takes the connection down
+    /// ([`Misbehavior::TooMuchWaitingInline`](super::Misbehavior::TooMuchWaitingInline)):
+    /// a client sends them faster than this side frees its buffers
+    /// (`docs/deploy.md`, "Bounds per connection"). A client keeps at most
+    /// one inline payload per call of its own.
+    pub max_waiting_inline: u32,
     /// Dead-peer detection: with `Some`, a connection that has heard
     /// nothing from its peer for `interval` sends a ping, and declares the
     /// peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)) if no frame comes back
@@ -306,7 +315,7 @@ impl Config {
     /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
     /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
     /// 5 s leases, a 500 ms safety margin, 10 s calls; a server lets 64
-    /// request payloads wait for a buffer.
+    /// request payloads and 64 KiB of inline ones wait for a buffer.
     pub fn new(role: Role, policies: Policies) -> Config {
         Config {
             role,
@@ -328,6 +337,7 @@ impl Config {
             rnr_retry: 6,
             keepalive: None,
             max_waiting_payloads: 64,
+            max_waiting_inline: 64 << 10,
         }
     }
 

@@ -572,6 +572,23 @@ pub enum Misbehavior {
         /// Payloads waiting when the next came (`max_waiting_payloads`).
         waiting: u32,
     },
+    /// A server's user held every buffer an inline request payload fits,
+    /// and the client sent more inline bytes than
+    /// `Config::max_waiting_inline` lets wait for one.
+    #[error(
+        "{waiting} bytes of inline request payloads already wait for a free buffer and the peer \
+         sent {len} more, past Config::max_waiting_inline ({max}): it sends faster than this side \
+         frees its buffers; free them sooner, or give this side more buffers or a larger \
+         max_waiting_inline"
+    )]
+    TooMuchWaitingInline {
+        /// Bytes waiting when the next payload came.
+        waiting: u32,
+        /// Bytes of that payload.
+        len: u32,
+        /// `Config::max_waiting_inline`.
+        max: u32,
+    },
     /// An inline payload longer than this side's `Config::inline_max`:
     /// the peer ignores it, or its own is larger (set `inline_max` the same
     /// on both sides, or the sender's smaller).

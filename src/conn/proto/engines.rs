@@ -226,6 +226,7 @@ impl Connection {
             any |= !self.inline_wait.is_empty();
             self.inline_wait.clear();
             self.inline_bytes.clear();
+            self.inline_waiting = 0;
             return any;
         }
         // Each waiting READ, oldest first, starts if a buffer it fits is

@@ -291,6 +291,9 @@ pub struct Connection {
     /// (message, start, length) in `inline_bytes`, oldest first.
     inline_wait: VecDeque<(u64, u32, u32)>,
     inline_bytes: Vec<u8>,
+    /// The bytes of the payloads in `inline_wait` (a server keeps at most
+    /// `Config::max_waiting_inline`).
+    inline_waiting: u32,
     /// Flow control: SENDs the peer has a receive posted for (granted in
     /// the credit field of its frames, `INITIAL_CREDITS` (8) at the start).
     /// Every frame but a `Credit` leaves one in reserve, so that a grant
@@ -430,6 +433,7 @@ impl Connection {
             ],
             inline_wait: VecDeque::new(),
             inline_bytes: Vec::new(),
+            inline_waiting: 0,
             returns: Default::default(),
             reclaimed: Vec::with_capacity(slots),
             now: Duration::ZERO,

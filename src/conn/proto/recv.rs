@@ -164,9 +164,16 @@ impl Connection {
                 self.payload_done(msg, Data::Ready(slot, len));
             }
             None => {
+                let waiting = self.inline_waiting;
+                let max = self.cfg.max_waiting_inline;
+                if self.cfg.role == Role::Server && u64::from(waiting) + u64::from(len) > u64::from(max) {
+                    let now = self.now;
+                    return self.misbehaved(now, Misbehavior::TooMuchWaitingInline { waiting, len, max });
+                }
                 let start = self.inline_bytes.len();
                 self.inline_bytes.extend_from_slice(bytes);
                 self.inline_wait.push_back((msg, start as u32, len));
+                self.inline_waiting += len;
             }
         }
     }
@@ -179,11 +186,13 @@ impl Connection {
         for _ in 0..self.inline_wait.len() {
             let Some((msg, start, len)) = self.inline_wait.pop_front() else { break };
             if !self.awaits_payload(msg) {
+                self.inline_waiting -= len;
                 any = true;
                 continue;
             }
             match self.take_fit(len, Holder::User) {
                 Some(slot) => {
+                    self.inline_waiting -= len;
                     let (at, n) = (start as usize, len as usize);
                     self.fill_slot(slot, &self.inline_bytes[at..at + n]);
                     self.payload_done(msg, Data::Ready(slot, len));
@@ -246,7 +255,10 @@ impl Connection {
             if call.data == Data::Unknown {
                 call.data = if carries_data { Data::Reading } else { Data::Absent };
             }
-            if !inline.is_empty() {
+            if !inline.is_empty() && !call.inline {
+                // (An inline payload in a later reply to a call that had one
+                // is dropped: a client's waiting inline payloads stay
+                // within its calls, one each.)
                 call.inline = true;
                 self.take_inline(msg, inline);
             }
