@@ -607,12 +607,13 @@ fn a_server_whose_user_holds_its_buffers_keeps_no_more_waiting_payloads_than_its
 }
 
 #[test]
-fn mw_grants_whose_lease_ran_out_while_waiting_do_not_count_against_the_bound() {
+fn payloads_whose_lease_ran_out_while_waiting_do_not_count_against_the_bound() {
     // The bound is on payloads that can still be read: a client whose
-    // earlier grants expired while the server's user held its buffers may
-    // send as many live ones again. The expired ones are declined and
-    // released (the owner's lease is over anyway).
-    for pol in ALL.into_iter().filter(|p| p.request == Policy::Mw) {
+    // earlier payloads expired while the server's user held its buffers may
+    // send as many live ones again. Expired grants are declined and
+    // released (the owner's lease is over anyway); expired confirm
+    // exposures are dropped unread (`ConfirmTimedOut`).
+    for pol in ALL {
         let mut w = World::new(Role::Server, pol);
         let max = u64::from(w.victim.config().max_waiting_payloads);
         let held = hold_every_buffer(&mut w);
@@ -628,17 +629,67 @@ fn mw_grants_whose_lease_ran_out_while_waiting_do_not_count_against_the_bound() 
         }
         w.run_for(Duration::from_millis(2));
         assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
-        let released = w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count();
-        assert_eq!(released as u64, max, "{pol:?}: every expired grant released");
+        if pol.request == Policy::Mw {
+            let released = w.attacker.frames.iter().filter(|f| Seen::of(f).release.is_some()).count();
+            assert_eq!(released as u64, max, "{pol:?}: every expired grant released");
+        }
+        let dropped = w.events.iter().filter(|e| matches!(e, Event::RequestDropped { .. })).count();
+        assert_eq!(dropped as u64, max, "{pol:?}: every expired payload's request dropped");
         let f = payload_request(&w, 2 * max + 1, rkey, Duration::from_secs(10));
         w.send_within_credit(&f);
         assert!(matches!(
             goes_down(&mut w),
             LossReason::PeerMisbehaved(Misbehavior::TooManyWaitingPayloads { .. })
         ));
+        assert_eq!(w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served, 0, "{pol:?}");
         for b in held {
             w.victim.free(b);
         }
+        w.finish();
+    }
+}
+
+#[test]
+fn confirm_a_burst_of_unanswered_exposures_holds_the_servers_buffers_for_one_lease() {
+    // Issue 19, finding 3: a server reading under confirm took a burst of
+    // exposures, read them a pool of buffers at a time, and held each
+    // buffer until its confirm timed out, `confirm_timeout` after its READ:
+    // one burst pinned every buffer for 63 leases. Now every exposure is
+    // read and confirmed within a lease of its arrival or dropped, and an
+    // exposure whose time ran out while it waited for a buffer is not read.
+    for pol in ALL.into_iter().filter(|p| p.request == Policy::Confirm) {
+        let mut w = World::new(Role::Server, pol);
+        let n = 4 * u64::from(BUFFERS);
+        let start = w.now();
+        for msg_id in 1..=n {
+            let f = payload_request(&w, msg_id, 0, LEASE);
+            w.send_within_credit(&f);
+        }
+        let sent = w.now();
+        assert!(sent - start < LEASE / 10, "the burst took {:?}", sent - start);
+        // The attacker never answers a confirm.
+        w.run_until(LEASE, |w| w.victim.busy_buffers() == BUFFERS as usize);
+        assert_eq!(w.victim.busy_buffers(), BUFFERS as usize, "{pol:?}: every buffer read into");
+        let free = w.run_until(2 * LEASE, |w| w.victim.busy_buffers() == 0);
+        assert!(free, "{pol:?}: buffers still held at {:?}", w.now() - start);
+        assert!(w.now() <= sent + LEASE, "{pol:?}: buffers back {:?} after the burst", w.now() - start);
+        let served = w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served;
+        assert_eq!(served, u64::from(BUFFERS) * PAYLOAD as u64, "{pol:?}: one READ per buffer, no more");
+        w.run_for(Duration::from_millis(2));
+        let timed_out = mwcap::conn::CallError::Payload(mwcap::conn::PayloadError::Confirm(
+            fb::ReadError::ConfirmTimedOut,
+        ));
+        let dropped = w
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::RequestDropped { error, .. } if *error == timed_out))
+            .count();
+        assert_eq!(dropped as u64, n, "{pol:?}: every request dropped: {:?}", w.events);
+        let mut refused: Vec<u64> =
+            w.attacker.frames.iter().filter_map(|f| Seen::of(f).refuse).map(|m| m.raw()).collect();
+        refused.sort_unstable();
+        assert_eq!(refused, (1..=n).collect::<Vec<_>>(), "{pol:?}: the client is told of each");
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
         w.finish();
     }
 }

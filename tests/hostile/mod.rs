@@ -299,6 +299,7 @@ pub struct Seen {
     pub exposed: Option<(fb::MsgId, fb::BufferId, fb::Generation, fb::Region)>,
     pub verdict: Option<(fb::MsgId, fb::Verdict)>,
     pub confirm: Option<(fb::MsgId, fb::BufferId, fb::Generation)>,
+    pub refuse: Option<fb::MsgId>,
     pub kind: &'static str,
 }
 
@@ -320,6 +321,7 @@ impl Seen {
                     fb::Message::Confirm { msg, buffer, generation } => {
                         self.confirm = Some((msg, buffer, generation))
                     }
+                    fb::Message::Refuse { msg } => self.refuse = Some(msg),
                     _ => {}
                 }
             }

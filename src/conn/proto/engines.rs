@@ -234,7 +234,18 @@ impl Connection {
         let waiting = self.confirm.as_ref().map_or(0, |c| c.pending_reads.len());
         for _ in 0..waiting {
             let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) else { break };
-            if self.can_fit(rr.remote().len()) {
+            let margin = self.cfg.safety_margin;
+            if self.confirm.as_mut().is_some_and(|c| c.withdraw_read(rr.token())) {
+                // Its request ended while it waited (its time ran out, or
+                // the fetch was cancelled): nothing is read for nobody.
+                any = true;
+            } else if self.confirm.as_ref().is_some_and(|c| c.too_late(rr.token(), now, margin)) {
+                // As a grant with too little lease left is declined: not
+                // started, it ends with its request, shortly.
+                if let Some(c) = self.confirm.as_mut() {
+                    c.pending_reads.push_back(rr);
+                }
+            } else if self.can_fit(rr.remote().len()) {
                 self.start_fb_read(rr);
                 any = true;
             } else if let Some(c) = self.confirm.as_mut() {
@@ -338,10 +349,19 @@ impl Connection {
         false
     }
 
-    /// Decline (and release) the waiting grants whose lease has no more
-    /// than the safety margin left: they would be declined when a buffer
-    /// came free anyway.
+    /// Drop the waiting payloads that will never be read: confirm READs
+    /// whose request ended (its time ran out), and grants whose lease has
+    /// no more than the safety margin left (declined and released: they
+    /// would be declined when a buffer came free anyway).
     fn drop_stale_waiting(&mut self, now: Duration) {
+        if let Some(c) = self.confirm.as_mut() {
+            for _ in 0..c.pending_reads.len() {
+                let Some(rr) = c.pending_reads.pop_front() else { break };
+                if !c.withdraw_read(rr.token()) {
+                    c.pending_reads.push_back(rr);
+                }
+            }
+        }
         let margin = self.cfg.safety_margin;
         let Some(r) = self.reader.as_mut() else { return };
         for _ in 0..r.pending.len() {
