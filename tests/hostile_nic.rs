@@ -843,6 +843,58 @@ fn a_client_keeps_one_inline_payload_per_call_while_its_user_holds_its_buffers()
     }
 }
 
+// ---- keepalive ----
+
+#[test]
+fn keepalive_only_a_pong_answers_a_ping() {
+    // Issue 19, finding 6: any frame counted as a sign of life, so a peer
+    // that kept sending `Credit` frames and never answered a ping stayed up
+    // for ever. A ping proves that the peer takes in and answers this
+    // side's frames: only its pong answers it.
+    use mwcap::conn::frame::Frame;
+    use mwcap::conn::Keepalive;
+    let ka = Keepalive { interval: Duration::from_millis(20), timeout: Duration::from_millis(50) };
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let mut w = World::with_config(role, pol, |c| c.keepalive = Some(ka));
+            // A peer that answers every ping stays up for many intervals.
+            let mut answered = 0;
+            for _ in 0..20 {
+                w.run_for(ka.interval / 2);
+                while let Some(f) = w.attacker.frames.pop_front() {
+                    if let Ok(Frame::Ping { seq }) = Frame::decode(&f) {
+                        w.send_within_credit(&Frame::Pong { seq }.encode().unwrap());
+                        answered += 1;
+                    }
+                }
+            }
+            assert!(answered >= 5, "{role:?} {pol:?}: {answered} pings");
+            assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
+            // Then it sends `Credit` frames and never answers again.
+            let start = w.now();
+            for _ in 0..20 {
+                if w.down().is_some() {
+                    break;
+                }
+                w.send_within_credit(&Frame::Credit.encode().unwrap());
+                w.run_for(ka.interval / 2);
+            }
+            match w.down() {
+                Some(LossReason::PeerUnresponsive { silent }) => {
+                    assert!(*silent >= ka.timeout, "{role:?} {pol:?}: {silent:?}")
+                }
+                other => panic!("{role:?} {pol:?}: {other:?} after {:?}", w.now() - start),
+            }
+            assert!(
+                w.now() - start <= ka.interval + ka.timeout + ka.interval / 2,
+                "{role:?} {pol:?}: down {:?} after it stopped answering",
+                w.now() - start
+            );
+            w.finish();
+        }
+    }
+}
+
 // ---- lying confirm answers (the victim reads under confirm) ----
 
 const LIE_LEN: u32 = 500;

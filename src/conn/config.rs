@@ -123,11 +123,17 @@ pub struct Config {
     /// (`docs/deploy.md`, "Bounds per connection"). A client keeps at most
     /// one inline payload per call of its own.
     pub max_waiting_inline: u32,
-    /// Dead-peer detection: with `Some`, a connection that has heard
-    /// nothing from its peer for `interval` sends a ping, and declares the
-    /// peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)) if no frame comes back
-    /// within `timeout`. Off by default. Both sides answer pings whether
-    /// or not they send their own.
+    /// Dead-peer detection: with `Some`, a connection pings its peer
+    /// `interval` after the peer last answered one (busy or idle), and
+    /// declares the peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive))
+    /// if the pong does not come within `timeout`. Off by default. Both
+    /// sides answer pings whether or not they send their own.
+    ///
+    /// What a ping proves: that the peer's connection takes this side's
+    /// frames in and answers them, within `timeout`. Only the pong that
+    /// echoes the ping's number answers it. Any other frame proves only
+    /// that the peer sends (a peer that sends `Credit` frames, or
+    /// requests, and never answers a ping is declared dead all the same).
     pub keepalive: Option<Keepalive>,
 }
 

@@ -333,8 +333,9 @@ pub struct Connection {
     last_request: u64,
     /// Counters for `stats` (the buffer counts are read when asked).
     stats: ConnStats,
-    /// Keepalive: when the peer was last heard from (any frame).
-    last_heard: Option<Duration>,
+    /// Keepalive: when the peer last answered a ping (or, until it has,
+    /// when keepalive first ran): the next ping goes `interval` after.
+    last_answer: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
     next_ping: u64,
@@ -447,7 +448,7 @@ impl Connection {
             next_msg: 1,
             last_request: 0,
             stats: ConnStats::default(),
-            last_heard: None,
+            last_answer: None,
             ping: None,
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),

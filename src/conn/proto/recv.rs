@@ -29,9 +29,6 @@ impl Connection {
     /// SEND_WITH_INV invalidated here.
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.stats.frames_received += 1;
-        // Any frame shows the peer alive: an outstanding ping is answered.
-        self.last_heard = Some(now);
-        self.ping = None;
         if let Some(rkey) = invalidated {
             // Only the owner invalidates: the connection is over (the owner
             // engine, if any, keeps the window's slot until the flush).
@@ -65,7 +62,16 @@ impl Connection {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
-            (Received::Pong { .. } | Received::Credit, _) => {} // heard, credit taken: see above
+            (Received::Pong { seq }, _) => {
+                // Only the pong of the outstanding ping answers it (see
+                // `Config::keepalive`: what a ping proves); another is
+                // stale or made up, and ignored.
+                if self.ping.is_some_and(|(s, _)| s == seq) {
+                    self.ping = None;
+                    self.last_answer = Some(now);
+                }
+            }
+            (Received::Credit, _) => {} // credit taken: see on_recv
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
