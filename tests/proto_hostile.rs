@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use mwcap::backend::{Completion, MrId, MrInfo, MwId, WcOpcode, WcStatus};
-use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, MAX_FRAME};
+use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, LossReason, Misbehavior, Policies, Policy, Role};
 use mwcap_fallback as fb;
@@ -19,15 +19,23 @@ struct Victim {
     /// Posted receives' work request ids, oldest first.
     recvs: std::collections::VecDeque<u64>,
     qp_errors: usize,
+    /// The credit the connection granted its peer: `INITIAL_CREDITS` and
+    /// the credit field of every frame it sent.
+    granted: u64,
 }
 
 impl Victim {
     fn new(role: Role, policy: Policy) -> Victim {
+        Victim::with(role, policy, |_| {})
+    }
+
+    fn with(role: Role, policy: Policy, tweak: impl FnOnce(&mut Config)) -> Victim {
         let mut cfg = Config::new(role, Policies::both(policy));
         cfg.buffers = BUFFERS;
         cfg.buffer_size = 4096;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = 8;
+        tweak(&mut cfg);
         let data = MrInfo { id: MrId::from_raw(2), addr: 0x1000_0000, len: 4 * 4096, lkey: 2, rkey: 0x22 };
         let memory = mwcap::backend::Memory::zeroed(data.len, 8).unwrap();
         let (windows, window_rkeys) = if policy == Policy::Mw {
@@ -48,7 +56,8 @@ impl Victim {
             },
         );
         conn.start();
-        let mut v = Victim { conn, recvs: Default::default(), qp_errors: 0 };
+        let mut v =
+            Victim { conn, recvs: Default::default(), qp_errors: 0, granted: u64::from(INITIAL_CREDITS) };
         v.take_commands();
         v
     }
@@ -58,7 +67,11 @@ impl Victim {
             match c {
                 Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
                 Command::SetQpError => self.qp_errors += 1,
-                Command::PostSend { .. } => {}
+                Command::PostSend { frame: Some(f), .. } => {
+                    let (_, credit) = Frame::decode_with_credit(self.conn.staged(&f)).expect("a frame");
+                    self.granted += u64::from(credit);
+                }
+                Command::PostSend { frame: None, .. } => {}
             }
         }
     }
@@ -213,6 +226,96 @@ fn an_inline_payload_is_delivered_in_a_buffer_of_the_pool() {
     assert_eq!(&b[..], b"inline bytes");
     assert_eq!(b.capacity(), 4096);
     v.conn.free(b);
+}
+
+#[test]
+fn a_frame_past_the_credit_granted_closes_the_connection() {
+    // Issue 19, finding 1: on a receive queue of its own a peer past its
+    // credit went unnoticed (the NIC's RNR retries let its frames in as
+    // receives were reposted). The peer here grants nothing, so the
+    // connection's own grants stop once its credit is spent.
+    for role in [Role::Server, Role::Client] {
+        for policy in [Policy::Mw, Policy::Confirm] {
+            let mut v = Victim::new(role, policy);
+            let mut sent = 0;
+            while sent < v.granted {
+                v.receive(&Frame::Credit.encode().unwrap(), None);
+                sent += 1;
+                assert!(v.conn.is_down().is_none(), "{role:?} {policy:?}: frame {sent} is within the credit");
+            }
+            assert!(sent > u64::from(INITIAL_CREDITS), "{role:?} {policy:?}: the connection granted more");
+            v.receive(&Frame::Credit.encode().unwrap(), None);
+            v.assert_down(|m| *m == Misbehavior::ExceedsCredit { granted: sent, received: sent + 1 });
+        }
+    }
+}
+
+#[test]
+fn an_inline_payload_above_inline_max_closes_the_connection() {
+    // Issue 19, finding 2: the receiver's own limit (256 by default), not
+    // the most a frame carries (MAX_INLINE, 1024), bounds what it takes.
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    let max = v.conn.config().inline_max;
+    let long = vec![7; max as usize + 1];
+    let f = Frame::Request { msg_id: 1, trace: None, header: b"h", inline: &long, attach: Attaches::new() };
+    v.receive(&f.encode().unwrap(), None);
+    v.assert_down(|m| *m == Misbehavior::InlineTooLong { msg: 1, len: max + 1, max });
+}
+
+#[test]
+fn more_waiting_request_payloads_than_the_bound_close_the_connection() {
+    // Issue 19, finding 1: a server whose user holds every buffer keeps at
+    // most `max_waiting_payloads` request payloads waiting for one.
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut v = Victim::with(Role::Server, policy, |c| c.max_waiting_payloads = 3);
+        let held: Vec<_> = std::iter::from_fn(|| v.conn.alloc()).collect();
+        assert_eq!(held.len(), BUFFERS as usize);
+        let payload = |msg: u64| match policy {
+            Policy::Mw => Attach::new(
+                EngineTag::Mw,
+                &mwcap_mw::Message::Grant(mwcap_mw::Grant {
+                    lease: mwcap_mw::LeaseId::from_raw(1 << 32 | msg),
+                    addr: 0x4000_0000,
+                    len: 64,
+                    rkey: 0x4401,
+                    time_left: Duration::from_secs(5),
+                })
+                .to_bytes(),
+            )
+            .unwrap(),
+            Policy::Confirm => expose(msg),
+        };
+        for msg in 1..=3 {
+            v.receive(&request(msg, &[payload(msg)]), None);
+            assert!(v.conn.is_down().is_none(), "{policy:?}: payload {msg} may wait");
+        }
+        v.receive(&request(4, &[payload(4)]), None);
+        for b in held {
+            v.conn.free(b);
+        }
+        v.assert_down(|m| *m == Misbehavior::TooManyWaitingPayloads { waiting: 3 });
+    }
+}
+
+#[test]
+fn more_waiting_inline_bytes_than_the_bound_close_the_connection() {
+    // Issue 19, finding 2: a server whose user holds every buffer keeps at
+    // most `max_waiting_inline` bytes of inline payloads waiting for one.
+    let mut v = Victim::with(Role::Server, Policy::Mw, |c| c.max_waiting_inline = 512);
+    let held: Vec<_> = std::iter::from_fn(|| v.conn.alloc()).collect();
+    let inline = [9; 256];
+    for msg_id in 1..=3 {
+        let f =
+            Frame::Request { msg_id, trace: None, header: b"h", inline: &inline, attach: Attaches::new() };
+        v.receive(&f.encode().unwrap(), None);
+        if msg_id < 3 {
+            assert!(v.conn.is_down().is_none(), "payload {msg_id} may wait");
+        }
+    }
+    for b in held {
+        v.conn.free(b);
+    }
+    v.assert_down(|m| *m == Misbehavior::TooMuchWaitingInline { waiting: 512, len: 256, max: 512 });
 }
 
 #[test]

@@ -361,6 +361,15 @@ impl Client {
         self.reading.get(&token).copied()
     }
 
+    /// The driver never posted READ `token` (it waited for a destination).
+    /// If its fetch is over (timed out, cancelled, the connection lost),
+    /// the READ is forgotten and true returned: do not post it, and no
+    /// event names it. False while the READ is still wanted, and for a
+    /// READ posted: one posted must be handed in by its completion.
+    pub fn withdraw_read(&mut self, token: ReadToken) -> bool {
+        self.reads.forget_orphan(token)
+    }
+
     /// Nothing outstanding: no fetch, no READ in flight, no exposed buffer.
     pub fn is_idle(&self) -> bool {
         self.fetches.is_empty() && self.reads.orphans() == 0 && self.owner.held() == 0

@@ -37,8 +37,11 @@
 //!    and the local calls (`fetch`, `send_request`, `offer`, `refuse`, `cancel`);
 //! 2. then drain `poll_action` until `None`, carrying out each [`Action`] in
 //!    order: [`Action::Read`] → `SendWr::Read` (signaled) with the token as
-//!    `wr_id` into a destination of `remote().len()` bytes; [`Action::Send`] →
-//!    [`Message::encode`] into a `SendWr::Send` payload;
+//!    `wr_id` into a destination of `remote().len()` bytes (a driver with no
+//!    destination free may hold the READ back; before posting it later it
+//!    asks `withdraw_read`, which forgets a READ whose request ended
+//!    meanwhile); [`Action::Send`] → [`Message::encode`] into a `SendWr::Send`
+//!    payload;
 //! 3. drain `poll_event` until `None` and hand ownership back to the user as
 //!    each [`Event`] says;
 //! 4. re-arm the timer with `poll_timeout` (it may move earlier after any call).

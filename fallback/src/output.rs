@@ -19,8 +19,12 @@ pub struct Config {
     /// exposed request buffer (direction 2) lives. At expiry a fetch fails and
     /// an exposed buffer returns to the client.
     pub request_timeout: Duration,
-    /// Server, direction 2: how long to wait for the client's answer to a
-    /// confirm before dropping the request.
+    /// Server, direction 2: how long after an exposure arrives the
+    /// client's answer to its confirm may come. The READ (however long it
+    /// waited for a destination) and the answer fit in it, or the request
+    /// is dropped ([`ReadError::ConfirmTimedOut`]): a destination is held
+    /// for at most this long after the exposure came, whatever the number
+    /// of exposures that came with it.
     pub confirm_timeout: Duration,
     /// Client, direction 1: how many offers to READ before giving up after
     /// stale reads (1 means no retry).
@@ -109,7 +113,8 @@ pub enum ReadError {
     Withdrawn,
     /// The fetch's `request_timeout` passed.
     TimedOut,
-    /// The owner did not answer the confirm within `confirm_timeout`.
+    /// The READ and the owner's answer to its confirm did not both come
+    /// within `confirm_timeout` of the exposure.
     ConfirmTimedOut,
     /// The local user cancelled the fetch.
     Cancelled,
@@ -140,9 +145,11 @@ impl fmt::Display for ReadError {
                 f.write_str("the owner withdrew the data before the confirm; drop the request")
             }
             ReadError::TimedOut => f.write_str("fetch timed out; raise request_timeout or check the peer"),
-            ReadError::ConfirmTimedOut => {
-                f.write_str("the owner did not answer the confirm in time; check the peer")
-            }
+            ReadError::ConfirmTimedOut => f.write_str(
+                "the data was not read and confirmed within confirm_timeout of its exposure \
+                     (no destination free soon enough, or no answer from the owner); free \
+                     destinations sooner, or check the peer",
+            ),
             ReadError::Cancelled => f.write_str("fetch cancelled"),
             ReadError::Refused => f.write_str("the peer refused the request"),
             ReadError::TooLong { offered, limit } => {

@@ -50,6 +50,12 @@ impl Reads {
         found
     }
 
+    /// A READ that was never posted and whose request ended: forgotten
+    /// (no completion will come for it). Whether it was one.
+    pub(crate) fn forget_orphan(&mut self, token: ReadToken) -> bool {
+        self.orphans.remove(&token)
+    }
+
     pub(crate) fn orphans(&self) -> usize {
         self.orphans.len()
     }

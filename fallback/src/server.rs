@@ -15,8 +15,11 @@ use crate::wire::Message;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Incoming {
     exposure: Exposure,
-    /// `None` while the READ is in flight; then the confirm's deadline.
-    confirm_deadline: Option<Duration>,
+    /// The exposure arrived at `deadline - confirm_timeout`: its READ and
+    /// the client's answer to the confirm are due by then.
+    deadline: Duration,
+    /// The READ completed and the confirm went out.
+    confirming: bool,
 }
 
 /// The server side of one connection.
@@ -30,7 +33,11 @@ struct Incoming {
 /// and reports [`Event::ReadVerified`] (process the request) only if the
 /// client answers `Intact`; otherwise the request is dropped with
 /// [`ReadError::Withdrawn`]. There is no retry: `Reused` means the request
-/// itself is gone.
+/// itself is gone. The READ and the answer are due within
+/// [`Config::confirm_timeout`] of the exposure's arrival, however long the
+/// READ waited for a destination: past it the request is dropped with
+/// [`ReadError::ConfirmTimedOut`], so a burst of exposures holds the
+/// reader's buffers for one such time, not one per round of buffers.
 ///
 /// Call order: see the crate doc.
 ///
@@ -49,11 +56,10 @@ pub struct Server {
     wanted: SortedDeque<MsgId, u32>,
     incoming: SortedDeque<MsgId, Incoming>,
     /// The request each READ in flight belongs to (the incoming requests
-    /// with no confirm deadline yet).
+    /// not confirming yet).
     reading: SortedDeque<ReadToken, MsgId>,
-    /// `(confirm deadline, msg)` of every incoming request waiting for its
-    /// answer, earliest first.
-    confirm_deadlines: SortedDeque<(Duration, MsgId), ()>,
+    /// `(deadline, msg)` of every incoming request, earliest first.
+    deadlines: SortedDeque<(Duration, MsgId), ()>,
     reads: Reads,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
@@ -71,7 +77,7 @@ impl Server {
             wanted: SortedDeque::default(),
             incoming: SortedDeque::default(),
             reading: SortedDeque::default(),
-            confirm_deadlines: SortedDeque::default(),
+            deadlines: SortedDeque::default(),
             reads: Reads::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -134,19 +140,18 @@ impl Server {
 
     /// A message from the client.
     pub fn handle_message(&mut self, now: Duration, message: Message) {
-        let _ = now;
         if self.lost {
             return;
         }
-        self.on_message(message);
+        self.on_message(now, message);
         self.check_indexes();
     }
 
-    fn on_message(&mut self, message: Message) {
+    fn on_message(&mut self, now: Duration, message: Message) {
         match message {
             Message::Fetch { msg, attempt } => self.on_fetch(msg, attempt),
             Message::Expose { msg, buffer, generation, region } => {
-                self.on_expose(msg, buffer, generation, region)
+                self.on_expose(now, msg, buffer, generation, region)
             }
             Message::Confirm { msg, buffer, generation } => {
                 let verdict = self.owner.answer(msg, buffer, generation, &mut self.events);
@@ -159,8 +164,7 @@ impl Server {
             }
             Message::ConfirmReply { msg, buffer, generation, verdict } => {
                 let matches = self.incoming.get(&msg).is_some_and(|i| {
-                    i.confirm_deadline.is_some()
-                        && (i.exposure.buffer, i.exposure.generation) == (buffer, generation)
+                    i.confirming && (i.exposure.buffer, i.exposure.generation) == (buffer, generation)
                 });
                 if !matches {
                     self.violations += 1;
@@ -217,7 +221,14 @@ impl Server {
         self.events.push_back(Event::ReplyWanted { msg, attempt });
     }
 
-    fn on_expose(&mut self, msg: MsgId, buffer: BufferId, generation: Generation, region: Region) {
+    fn on_expose(
+        &mut self,
+        now: Duration,
+        msg: MsgId,
+        buffer: BufferId,
+        generation: Generation,
+        region: Region,
+    ) {
         if msg.raw() <= self.last_msg {
             self.violations += 1;
             return;
@@ -229,7 +240,9 @@ impl Server {
         }
         let token = self.reads.token();
         let exposure = Exposure { token, buffer, generation, len: region.len() };
-        self.incoming.insert(msg, Incoming { exposure, confirm_deadline: None });
+        let deadline = now.saturating_add(self.config.confirm_timeout);
+        self.incoming.insert(msg, Incoming { exposure, deadline, confirming: false });
+        self.deadlines.insert((deadline, msg), ());
         self.reading.insert(token, msg);
         self.actions.push_back(Action::Read(ReadRequest::new(token, region)));
     }
@@ -242,30 +255,40 @@ impl Server {
         }
         let Some(msg) = self.reading.remove(&token) else { return };
         let Some(inc) = self.incoming.get_mut(&msg) else { return };
-        debug_assert!(inc.confirm_deadline.is_none() && inc.exposure.token == token);
-        if success {
+        debug_assert!(!inc.confirming && inc.exposure.token == token);
+        if success && now < inc.deadline {
             // Only now, with the bytes landed, may the client be asked.
-            let deadline = now.saturating_add(self.config.confirm_timeout);
-            inc.confirm_deadline = Some(deadline);
+            inc.confirming = true;
             let Exposure { buffer, generation, .. } = inc.exposure;
-            self.confirm_deadlines.insert((deadline, msg), ());
             self.actions.push_back(Action::Send(Message::Confirm { msg, buffer, generation }));
         } else {
+            // Failed, or landed too late for an answer (a driver that took
+            // its timeout late): the request ends here.
             self.remove_incoming(msg);
             self.events.push_back(Event::ReadDiscarded { token });
-            self.events.push_back(Event::ReadFailed { msg, error: ReadError::ReadFailed });
+            let error = if success {
+                self.actions.push_back(Action::Send(Message::Refuse { msg }));
+                ReadError::ConfirmTimedOut
+            } else {
+                ReadError::ReadFailed
+            };
+            self.events.push_back(Event::ReadFailed { msg, error });
         }
         self.check_indexes();
     }
 
-    /// Fires every deadline at or before `now`: confirms in message order,
-    /// then offered buffers in buffer order.
+    /// Fires every deadline at or before `now`: incoming requests in
+    /// message order (a READ still in flight, or never posted, gives its
+    /// destination back on its completion; the client is sent a `Refuse`,
+    /// so that its buffer comes back at once rather than at its own
+    /// timeout), then offered buffers in buffer order.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let due = self.confirm_deadlines.due(now);
+        let due = self.deadlines.due(now);
         for msg in due {
             if let Some(inc) = self.remove_incoming(msg) {
-                self.events.push_back(Event::ReadDiscarded { token: inc.exposure.token });
+                self.reads.abandon(inc.exposure.token, inc.confirming, &mut self.events);
                 self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConfirmTimedOut });
+                self.actions.push_back(Action::Send(Message::Refuse { msg }));
             }
         }
         self.owner.expire(now, &mut self.events);
@@ -275,15 +298,30 @@ impl Server {
     /// Forgets an incoming request, and its entries in the indexes.
     fn remove_incoming(&mut self, msg: MsgId) -> Option<Incoming> {
         let inc = self.incoming.remove(&msg)?;
-        match inc.confirm_deadline {
-            None => {
-                self.reading.remove(&inc.exposure.token);
-            }
-            Some(deadline) => {
-                self.confirm_deadlines.remove(&(deadline, msg));
-            }
+        if !inc.confirming {
+            self.reading.remove(&inc.exposure.token);
         }
+        self.deadlines.remove(&(inc.deadline, msg));
         Some(inc)
+    }
+
+    /// When the request of READ `token` is due: its READ and the client's
+    /// answer to the confirm must be in by then. A driver whose READ waited
+    /// for a destination need not start it with too little time left (the
+    /// request ends at this deadline, and the READ is withdrawn then).
+    /// `None` for a READ not in flight.
+    pub fn read_deadline(&self, token: ReadToken) -> Option<Duration> {
+        let msg = self.reading.get(&token)?;
+        self.incoming.get(msg).map(|i| i.deadline)
+    }
+
+    /// The driver never posted READ `token` (it waited for a destination).
+    /// If its request is over (its time ran out, or the connection was
+    /// lost), the READ is forgotten and true returned: do not post it, and
+    /// no event names it. False while the READ is still wanted, and for a
+    /// READ posted: one posted must be handed in by its completion.
+    pub fn withdraw_read(&mut self, token: ReadToken) -> bool {
+        self.reads.forget_orphan(token)
     }
 
     /// The queue pair went to error (or was destroyed): every request fails,
@@ -295,10 +333,9 @@ impl Server {
         self.wanted = SortedDeque::default();
         let incoming = std::mem::take(&mut self.incoming);
         self.reading = SortedDeque::default();
-        self.confirm_deadlines = SortedDeque::default();
+        self.deadlines = SortedDeque::default();
         for (msg, inc) in incoming.into_entries() {
-            let completed = inc.confirm_deadline.is_some();
-            self.reads.abandon(inc.exposure.token, completed, &mut self.events);
+            self.reads.abandon(inc.exposure.token, inc.confirming, &mut self.events);
             self.events.push_back(Event::ReadFailed { msg, error: ReadError::ConnectionLost });
         }
         self.owner.release_all(Release::ConnectionLost, &mut self.events);
@@ -324,7 +361,7 @@ impl Server {
 
     /// When to call [`Server::handle_timeout`] next, if ever.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let confirms = self.confirm_deadlines.first().map(|(&(deadline, _), ())| deadline);
+        let confirms = self.deadlines.first().map(|(&(deadline, _), ())| deadline);
         match (confirms, self.owner.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -378,14 +415,14 @@ impl Server {
         let reading: BTreeMap<ReadToken, MsgId> = self
             .incoming
             .iter()
-            .filter(|(_, i)| i.confirm_deadline.is_none())
+            .filter(|(_, i)| !i.confirming)
             .map(|(&m, i)| (i.exposure.token, m))
             .collect();
         assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
         let mut deadlines: Vec<(Duration, MsgId)> =
-            self.incoming.iter().filter_map(|(&m, i)| i.confirm_deadline.map(|d| (d, m))).collect();
+            self.incoming.iter().map(|(&m, i)| (i.deadline, m)).collect();
         deadlines.sort_unstable();
-        assert!(self.confirm_deadlines.iter().map(|(&k, ())| k).eq(deadlines), "confirm deadlines");
+        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "deadlines");
     }
 }
 

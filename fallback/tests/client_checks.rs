@@ -232,3 +232,21 @@ fn an_exposed_buffer_keeps_the_client_busy() {
     );
     assert!(c.is_idle());
 }
+
+#[test]
+fn a_read_never_posted_is_withdrawn_once_its_fetch_is_over() {
+    // A driver with no destination free holds the READ back; once the
+    // fetch ended (here, cancelled) it forgets the READ rather than READ
+    // for nobody, and nothing is left to wait for.
+    let mut c = client();
+    let m = fetch(&mut c, secs(0));
+    let t = offered(&mut c, m, 0, 0);
+    assert!(!c.withdraw_read(t), "still wanted");
+    assert!(c.cancel(secs(1), m));
+    let _ = actions(&mut c);
+    let _ = events(&mut c);
+    assert!(!c.is_idle(), "the READ may be in flight");
+    assert!(c.withdraw_read(t));
+    assert!(!c.withdraw_read(t), "once");
+    assert!(c.is_idle());
+}

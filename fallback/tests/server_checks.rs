@@ -58,6 +58,10 @@ fn confirm(m: u64, b: u32, g: u64) -> Action {
     Action::Send(Message::Confirm { msg: msg(m), buffer: buf(b), generation: generation(g) })
 }
 
+fn refuse(m: u64) -> Action {
+    Action::Send(Message::Refuse { msg: msg(m) })
+}
+
 fn reply(m: u64, b: u32, g: u64, verdict: Verdict) -> Message {
     Message::ConfirmReply { msg: msg(m), buffer: buf(b), generation: generation(g), verdict }
 }
@@ -146,24 +150,80 @@ fn read_completions_are_matched_by_token_not_by_order() {
 }
 
 #[test]
-fn confirm_deadlines_start_when_each_read_completes() {
+fn an_exposure_is_read_and_confirmed_within_confirm_timeout_of_its_arrival() {
+    // Issue 19, finding 3: the confirm's deadline started when its READ
+    // completed, so exposures whose READs waited for a destination held one
+    // `confirm_timeout` each, round after round (a burst of 1,024 on 16
+    // buffers: 64 rounds of 5 s). Now each is due `confirm_timeout` (5 s)
+    // after it arrived, however long its READ waited.
     let mut s = server();
     let t1 = expose(&mut s, secs(0), 1, 0, 0);
-    let t2 = expose(&mut s, secs(0), 2, 1, 0);
-    assert_eq!(s.poll_timeout(), None, "no deadline while the READs are in flight");
+    let t2 = expose(&mut s, secs(1), 2, 1, 0);
+    let t3 = expose(&mut s, secs(1), 3, 2, 0);
+    assert_eq!(s.poll_timeout(), Some(secs(5)), "msg 1's, while its READ is in flight");
+    // msg 2's READ lands at 3 s: its confirm is due at 6 s, not 8 s.
     s.handle_read_completion(secs(3), t2, true);
-    s.handle_read_completion(secs(4), t1, true);
-    let _ = actions(&mut s);
-    assert_eq!(s.poll_timeout(), Some(secs(8)), "msg 2's confirm (3 s + 5 s)");
-    s.handle_timeout(secs(8));
+    assert_eq!(actions(&mut s), vec![confirm(2, 1, 0)]);
+    // msg 1's READ has not landed by 5 s: the request ends (the client is
+    // told, so that its buffer comes back at once), and the READ's
+    // destination comes back with its completion, unconfirmed.
+    s.handle_timeout(secs(5));
+    assert_eq!(events(&mut s), vec![Event::ReadFailed { msg: msg(1), error: ReadError::ConfirmTimedOut }]);
+    assert_eq!(actions(&mut s), vec![refuse(1)]);
+    s.handle_read_completion(secs(5), t1, true);
+    assert_eq!(actions(&mut s), vec![], "no confirm for a request that is over");
+    assert_eq!(events(&mut s), vec![Event::ReadDiscarded { token: t1 }]);
+    // msg 2 is never answered, and msg 3's READ never lands: both end at
+    // 6 s, msg 2's destination free at once.
+    assert_eq!(s.poll_timeout(), Some(secs(6)));
+    s.handle_timeout(secs(6));
     assert_eq!(
         events(&mut s),
         vec![
             Event::ReadDiscarded { token: t2 },
-            Event::ReadFailed { msg: msg(2), error: ReadError::ConfirmTimedOut }
+            Event::ReadFailed { msg: msg(2), error: ReadError::ConfirmTimedOut },
+            Event::ReadFailed { msg: msg(3), error: ReadError::ConfirmTimedOut },
         ]
     );
-    assert_eq!(s.poll_timeout(), Some(secs(9)));
+    assert_eq!(actions(&mut s), vec![refuse(2), refuse(3)]);
+    s.handle_read_completion(secs(7), t3, false);
+    assert_eq!(events(&mut s), vec![Event::ReadDiscarded { token: t3 }]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_read_never_posted_is_withdrawn_once_its_request_is_over() {
+    // A driver with no destination free keeps the READ; once its request
+    // ended it asks to forget it rather than READ for nobody.
+    let mut s = server();
+    let t = expose(&mut s, secs(0), 1, 0, 0);
+    assert!(!s.withdraw_read(t), "still wanted");
+    assert_eq!(s.read_deadline(t), Some(secs(5)), "its request is due 5 s after it came");
+    s.handle_timeout(secs(5));
+    assert_eq!(s.read_deadline(t), None);
+    assert_eq!(events(&mut s), vec![Event::ReadFailed { msg: msg(1), error: ReadError::ConfirmTimedOut }]);
+    assert!(!s.is_idle(), "its READ may be in flight");
+    assert!(s.withdraw_read(t));
+    assert!(!s.withdraw_read(t), "once");
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_read_that_lands_past_its_deadline_is_discarded_without_a_confirm() {
+    // A driver that hands in the completion before the timeout that was
+    // due: the request ends there, nobody is asked.
+    let mut s = server();
+    let t = expose(&mut s, secs(0), 1, 0, 0);
+    s.handle_read_completion(secs(5), t, true);
+    assert_eq!(actions(&mut s), vec![refuse(1)], "no confirm: the client is told it is over");
+    assert_eq!(
+        events(&mut s),
+        vec![
+            Event::ReadDiscarded { token: t },
+            Event::ReadFailed { msg: msg(1), error: ReadError::ConfirmTimedOut }
+        ]
+    );
+    assert!(s.is_idle());
 }
 
 #[test]

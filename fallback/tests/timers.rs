@@ -131,12 +131,12 @@ fn holds_due_together_expire_in_buffer_order() {
     assert_eq!(s.peer_violations(), 0);
 }
 
-/// Direction 2 on the server: `n` requests exposed, READs posted; returns
-/// their tokens in message order.
+/// Direction 2 on the server: `n` requests exposed, message `m` at `m - 1`
+/// ms, READs posted; returns their tokens in message order.
 fn exposed(s: &mut Server, n: u64) -> Vec<ReadToken> {
     for m in 1..=n {
         s.handle_message(
-            ms(0),
+            ms(m - 1),
             Message::Expose {
                 msg: msg(m),
                 buffer: BufferId::from_raw(m as u32),
@@ -155,10 +155,12 @@ fn exposed(s: &mut Server, n: u64) -> Vec<ReadToken> {
 }
 
 #[test]
-fn confirm_deadlines_follow_completions_and_fire_in_message_order() {
+fn incoming_deadlines_follow_arrivals_and_leave_with_their_requests() {
     let mut s = Server::new(config());
     let tokens = exposed(&mut s, 3);
-    assert_eq!(s.poll_timeout(), None, "no deadline while the READs are in flight");
+    // Each is due `confirm_timeout` (20 ms) after it arrived (0, 1 and 2
+    // ms), its READ in flight or not.
+    assert_eq!(s.poll_timeout(), Some(ms(20)), "msg 1's, while the READs are in flight");
     // Completions out of order: msg 3 at 1 ms, msg 1 at 2 ms, msg 2 at 3 ms.
     for (t, i) in [(1, 2), (2, 0), (3, 1)] {
         s.handle_read_completion(ms(t), tokens[i], true);
@@ -173,7 +175,7 @@ fn confirm_deadlines_follow_completions_and_fire_in_message_order() {
         })
         .collect();
     assert_eq!(confirms, vec![3, 1, 2], "one confirm per READ, as they completed");
-    assert_eq!(s.poll_timeout(), Some(ms(21)));
+    assert_eq!(s.poll_timeout(), Some(ms(20)), "completions move no deadline");
     // msg 1 is answered: its deadline goes with it.
     s.handle_message(
         ms(5),
@@ -188,8 +190,7 @@ fn confirm_deadlines_follow_completions_and_fire_in_message_order() {
     assert_eq!(s.poll_timeout(), Some(ms(21)));
     s.handle_timeout(ms(20));
     assert!(events_of_server(&mut s).is_empty(), "nothing is due before 21 ms");
-    // msg 3 (deadline 21) and msg 2 (23) time out in one call, in message
-    // order, not deadline order.
+    // msg 2 (deadline 21) and msg 3 (22) time out in one call, in order.
     s.handle_timeout(ms(30));
     let failed: Vec<u64> = events_of_server(&mut s)
         .into_iter()

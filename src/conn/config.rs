@@ -55,7 +55,10 @@ pub struct Config {
     pub large_buffers: Vec<BufClass>,
     /// Payloads of at most this many bytes ride inline in the request or
     /// reply frame: no window, READ or release; the reader copies them into
-    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`].
+    /// a buffer of its pool. 0 turns it off. At most [`MAX_INLINE`]. A
+    /// receiver closes the connection on an inline payload above its own
+    /// `inline_max` ([`Misbehavior::InlineTooLong`](super::Misbehavior::InlineTooLong)):
+    /// give both sides the same (the sender's may be smaller).
     pub inline_max: u32,
     /// Exposures of ranges of user regions ([`Connection::register_region`](super::Connection::register_region))
     /// that may be live at once (under mw, a window each, on top of one per
@@ -99,11 +102,38 @@ pub struct Config {
     /// verbs value 7, "retry forever", is never used: a peer that stops
     /// posting receives must not hold exposed buffers forever).
     pub rnr_retry: u8,
-    /// Dead-peer detection: with `Some`, a connection that has heard
-    /// nothing from its peer for `interval` sends a ping, and declares the
-    /// peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)) if no frame comes back
-    /// within `timeout`. Off by default. Both sides answer pings whether
-    /// or not they send their own.
+    /// Server: request payloads (window grants, confirm exposures) that
+    /// may wait for a free buffer at once, while every buffer they fit is
+    /// held (by the user, or by other payloads). One more takes the
+    /// connection down ([`Misbehavior::TooManyWaitingPayloads`](super::Misbehavior::TooManyWaitingPayloads)):
+    /// a client sends them faster than this side frees its buffers.
+    /// Payloads whose lease ran out while they waited are dropped first
+    /// and do not count. An honest client has at most its own buffers and
+    /// region exposures exposed at once, so give it at least that many
+    /// (`docs/deploy.md`, "Bounds per connection"). A client never counts
+    /// the replies to its own calls (one payload each: a grant in a second
+    /// reply to a call is released unread).
+    pub max_waiting_payloads: u32,
+    /// Server: bytes of inline request payloads that may wait in the
+    /// connection for a free buffer at once (each is copied out of its
+    /// frame, which goes back to the NIC, and waits there while every
+    /// buffer it fits is held). One more takes the connection down
+    /// ([`Misbehavior::TooMuchWaitingInline`](super::Misbehavior::TooMuchWaitingInline)):
+    /// a client sends them faster than this side frees its buffers
+    /// (`docs/deploy.md`, "Bounds per connection"). A client keeps at most
+    /// one inline payload per call of its own.
+    pub max_waiting_inline: u32,
+    /// Dead-peer detection: with `Some`, a connection pings its peer
+    /// `interval` after the peer last answered one (busy or idle), and
+    /// declares the peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive))
+    /// if the pong does not come within `timeout`. Off by default. Both
+    /// sides answer pings whether or not they send their own.
+    ///
+    /// What a ping proves: that the peer's connection takes this side's
+    /// frames in and answers them, within `timeout`. Only the pong that
+    /// echoes the ping's number answers it. Any other frame proves only
+    /// that the peer sends (a peer that sends `Credit` frames, or
+    /// requests, and never answers a ping is declared dead all the same).
     pub keepalive: Option<Keepalive>,
 }
 
@@ -298,7 +328,8 @@ impl Default for Config {
 impl Config {
     /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
     /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
-    /// 5 s leases, a 500 ms safety margin, 10 s calls.
+    /// 5 s leases, a 500 ms safety margin, 10 s calls; a server lets 64
+    /// request payloads and 64 KiB of inline ones wait for a buffer.
     pub fn new(role: Role, policies: Policies) -> Config {
         Config {
             role,
@@ -319,6 +350,8 @@ impl Config {
             busy_poll: Duration::from_micros(50),
             rnr_retry: 6,
             keepalive: None,
+            max_waiting_payloads: 64,
+            max_waiting_inline: 64 << 10,
         }
     }
 

@@ -549,19 +549,67 @@ pub enum Misbehavior {
         /// The rkey it invalidated.
         rkey: u32,
     },
-    /// The peer kept sending frames that need an answer (pings, releases,
-    /// confirms) faster than it granted receive credit for the answers
-    /// (or granted none): it does not run mwcap's flow control
-    /// (`docs/protocol.md`, "Flow control").
+    /// More of our frames wait for receive credit than a peer that grants
+    /// as it reposts its receives can leave waiting (answers to its frames,
+    /// and a message or two for each call, request and payload open): it
+    /// does not run mwcap's flow control (`docs/protocol.md`, "Flow
+    /// control"). A peer that keeps within its own credit cannot cause it.
     #[error("{queued} of our frames wait for receive credit the peer does not grant; it does not run mwcap's flow control")]
     WithholdsCredit {
         /// Frames waiting for credit when the connection gave up.
         queued: usize,
     },
-    /// The peer sent more frames than it had receive credit for. On a
-    /// shared receive queue (an endpoint with shared receives) those frames
-    /// take receives held for other connections, so the connection goes
-    /// down at the first one.
+    /// A server's user held every buffer a request payload fits, and the
+    /// client sent more payloads (window grants, confirm exposures) than
+    /// `Config::max_waiting_payloads` lets wait for one. Payloads whose
+    /// lease ran out while they waited do not count.
+    #[error(
+        "{waiting} request payloads already wait for a free buffer (Config::max_waiting_payloads), \
+         and the peer sent another: it sends faster than this side frees its buffers; free them \
+         sooner, or give this side more buffers or a larger max_waiting_payloads"
+    )]
+    TooManyWaitingPayloads {
+        /// Payloads waiting when the next came (`max_waiting_payloads`).
+        waiting: u32,
+    },
+    /// A server's user held every buffer an inline request payload fits,
+    /// and the client sent more inline bytes than
+    /// `Config::max_waiting_inline` lets wait for one.
+    #[error(
+        "{waiting} bytes of inline request payloads already wait for a free buffer and the peer \
+         sent {len} more, past Config::max_waiting_inline ({max}): it sends faster than this side \
+         frees its buffers; free them sooner, or give this side more buffers or a larger \
+         max_waiting_inline"
+    )]
+    TooMuchWaitingInline {
+        /// Bytes waiting when the next payload came.
+        waiting: u32,
+        /// Bytes of that payload.
+        len: u32,
+        /// `Config::max_waiting_inline`.
+        max: u32,
+    },
+    /// An inline payload longer than this side's `Config::inline_max`:
+    /// the peer ignores it, or its own is larger (set `inline_max` the same
+    /// on both sides, or the sender's smaller).
+    #[error(
+        "message {msg} carries an inline payload of {len} bytes, above this side's \
+         Config::inline_max ({max}); give both sides the same inline_max"
+    )]
+    InlineTooLong {
+        /// The message id.
+        msg: u64,
+        /// Bytes it carried inline.
+        len: u32,
+        /// This side's `Config::inline_max`.
+        max: u32,
+    },
+    /// The peer sent more frames than it had receive credit for (the
+    /// initial credits and every grant this side sent): the connection goes
+    /// down at the first one. On a receive queue of the connection's own
+    /// such a frame met RNR, or took a receive reposted for a grant not yet
+    /// sent; on a shared receive queue (an endpoint with shared receives)
+    /// it takes a receive held for another connection.
     #[error("the peer sent frame {received} with receive credit for {granted}; it does not run mwcap's flow control")]
     ExceedsCredit {
         /// Frames the peer was granted credit for, in all.

@@ -103,6 +103,11 @@ pub struct Attacker {
     pub auto_credit: bool,
     /// Frames received, oldest first.
     pub frames: VecDeque<Vec<u8>>,
+    /// The credit the victim granted: `INITIAL_CREDITS` and the credit
+    /// field of every frame received from it.
+    pub credit_granted: u64,
+    /// SENDs posted (each takes one of the victim's receives).
+    pub sends: u64,
     /// Send-queue completions (SENDs, READs).
     pub sent: Vec<Completion>,
     /// Receive completions that failed.
@@ -136,6 +141,8 @@ impl Attacker {
             granted: 0,
             auto_credit: true,
             frames: VecDeque::new(),
+            credit_granted: u64::from(INITIAL_CREDITS),
+            sends: 0,
             sent: Vec::new(),
             recv_errors: Vec::new(),
         }
@@ -184,6 +191,7 @@ impl Attacker {
             Some(invalidate_rkey) => SendWr::SendWithInv { wr_id, signaled: true, sge, invalidate_rkey },
         };
         self.nic.post_send(self.qp.id, &[wr]).unwrap();
+        self.sends += 1;
         wr_id
     }
 
@@ -238,6 +246,9 @@ impl Attacker {
                     let slot = (c.wr_id & 0xffff) as usize;
                     let mut b = vec![0; c.byte_len as usize];
                     self.nic.read_mr(self.recv.id, slot * MAX_FRAME, &mut b).unwrap();
+                    if let Ok((_, credit)) = Frame::decode_with_credit(&b) {
+                        self.credit_granted += u64::from(credit);
+                    }
                     self.frames.push_back(b);
                     if self.repost {
                         self.post_recv(slot);
@@ -288,6 +299,7 @@ pub struct Seen {
     pub exposed: Option<(fb::MsgId, fb::BufferId, fb::Generation, fb::Region)>,
     pub verdict: Option<(fb::MsgId, fb::Verdict)>,
     pub confirm: Option<(fb::MsgId, fb::BufferId, fb::Generation)>,
+    pub refuse: Option<fb::MsgId>,
     pub kind: &'static str,
 }
 
@@ -309,6 +321,7 @@ impl Seen {
                     fb::Message::Confirm { msg, buffer, generation } => {
                         self.confirm = Some((msg, buffer, generation))
                     }
+                    fb::Message::Refuse { msg } => self.refuse = Some(msg),
                     _ => {}
                 }
             }
@@ -537,20 +550,29 @@ impl World {
 
     /// [`World::new`], with the attacker posting only `recvs` receives.
     pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
-        World::build(role, policies, recvs, DeviceConfig::spec())
+        World::build(config(role, policies), recvs, DeviceConfig::spec())
     }
 
     /// [`World::new`] with the victim (and its other connection) on a
     /// device that behaves like `device` (e.g. [`DeviceConfig::rxe`]).
     pub fn on(role: Role, policies: Policies, device: DeviceConfig) -> World {
-        World::build(role, policies, CTRL_SLOTS as usize * 2, device)
+        World::build(config(role, policies), CTRL_SLOTS as usize * 2, device)
     }
 
-    fn build(role: Role, policies: Policies, recvs: usize, device: DeviceConfig) -> World {
+    /// [`World::new`] with the victim's settings changed by `tweak` (its
+    /// other connection keeps [`config`]).
+    pub fn with_config(role: Role, policies: Policies, tweak: impl FnOnce(&mut Config)) -> World {
+        let mut cfg = config(role, policies);
+        tweak(&mut cfg);
+        World::build(cfg, CTRL_SLOTS as usize * 2, DeviceConfig::spec())
+    }
+
+    fn build(cfg: Config, recvs: usize, device: DeviceConfig) -> World {
+        let (role, policies) = (cfg.role, cfg.policies);
         let fabric =
             Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(device.named("victim"));
-        let mut victim = Link::new(vdev.clone(), config(role, policies)).unwrap();
+        let mut victim = Link::new(vdev.clone(), cfg).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
         victim.connect(&attacker.qp).unwrap();
@@ -687,6 +709,14 @@ impl World {
         let got = self.attacker.dst_bytes(len as usize);
         assert!(!contains_secret(&got), "the attacker read a secret with status {:?}", c.status);
         (c.status, got)
+    }
+
+    /// [`World::send`], once the victim has granted credit for it (an
+    /// attacker that keeps to the flow control).
+    pub fn send_within_credit(&mut self, bytes: &[u8]) -> u64 {
+        let has = self.run_until(Duration::from_millis(50), |w| w.attacker.sends < w.attacker.credit_granted);
+        assert!(has, "no credit from the victim; down: {:?}", self.victim.is_down());
+        self.send(bytes)
     }
 
     /// SEND a frame and let the victim take it in.

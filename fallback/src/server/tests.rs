@@ -28,9 +28,10 @@ fn check_indexes_notices_a_read_no_request_waits_for() {
 }
 
 #[test]
-#[should_panic(expected = "confirm deadlines")]
-fn check_indexes_notices_a_confirm_deadline_of_no_request() {
+#[should_panic(expected = "deadlines")]
+fn check_indexes_notices_a_deadline_of_no_request() {
     let (mut s, msg) = reading_server();
-    s.confirm_deadlines.insert((Duration::from_secs(5), msg), ());
+    // Its own deadline is 5 s (confirm_timeout after its arrival at 0).
+    s.deadlines.insert((Duration::from_secs(7), msg), ());
     s.check_indexes();
 }

@@ -50,9 +50,11 @@ impl Connection {
     }
 
     /// Client: a call whose request payload, `inline` (at most
-    /// [`MAX_INLINE`] bytes, with `header` fitting one frame), rides in the
-    /// request frame: no window, READ or release. The I/O layer reads it
-    /// out of the caller's buffer (see `Config::inline_max`).
+    /// `Config::inline_max` bytes, with `header` fitting one frame), rides
+    /// in the request frame: no window, READ or release. The I/O layer
+    /// reads it out of the caller's buffer. The server's `inline_max` must
+    /// be as large: it closes the connection on a longer inline payload
+    /// ([`Misbehavior::InlineTooLong`]).
     pub fn call_inline(
         &mut self,
         now: Duration,
@@ -120,7 +122,9 @@ impl Connection {
         inline: &[u8],
     ) -> Result<CallId, Refused> {
         self.now = now;
-        if let Err(e) = check_inline(header, inline).and_then(|()| self.check_call(header, data.as_ref())) {
+        if let Err(e) = check_inline(header, inline, self.cfg.inline_max)
+            .and_then(|()| self.check_call(header, data.as_ref()))
+        {
             if e == UseError::NoCredit {
                 self.stats.credit_waits += 1;
             }
@@ -275,9 +279,10 @@ impl Connection {
         self.send_reply(now, req, status, header, data, &[])
     }
 
-    /// Server: a reply whose payload, `inline` (at most [`MAX_INLINE`]
-    /// bytes, with `header` fitting one frame), rides in the reply frame:
-    /// no window, READ or release (see [`Connection::call_inline`]).
+    /// Server: a reply whose payload, `inline` (at most
+    /// `Config::inline_max` bytes, with `header` fitting one frame), rides
+    /// in the reply frame: no window, READ or release (see
+    /// [`Connection::call_inline`]).
     pub fn reply_inline(
         &mut self,
         now: Duration,
@@ -299,16 +304,17 @@ impl Connection {
         inline: &[u8],
     ) -> Result<(), Refused> {
         self.now = now;
-        let fetch =
-            match check_inline(header, inline).and_then(|()| self.check_reply(req, header, data.as_ref())) {
-                Ok(f) => f,
-                Err(e) => {
-                    if e == UseError::NoCredit {
-                        self.stats.credit_waits += 1;
-                    }
-                    return Err(Refused::new(e, data));
+        let fetch = match check_inline(header, inline, self.cfg.inline_max)
+            .and_then(|()| self.check_reply(req, header, data.as_ref()))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                if e == UseError::NoCredit {
+                    self.stats.credit_waits += 1;
                 }
-            };
+                return Err(Refused::new(e, data));
+            }
+        };
         let exposed = match &data {
             Some(b) => match self.expose(now, b.slot, b.len, fetch) {
                 Ok(e) => e.is_some(),
@@ -444,9 +450,13 @@ impl Connection {
 
 /// An inline payload must fit one frame with its header (and the
 /// attachments a request or reply may carry).
-fn check_inline(header: &[u8], inline: &[u8]) -> Result<(), UseError> {
-    if inline.len() > MAX_INLINE as usize {
-        return Err(UseError::TooLong { len: inline.len(), cap: MAX_INLINE });
+/// Whether `inline` may ride in a frame with `header`: at most `max`
+/// (`Config::inline_max`, which the peer's must allow: a receiver closes
+/// the connection on an inline payload above its own).
+fn check_inline(header: &[u8], inline: &[u8], max: u32) -> Result<(), UseError> {
+    let max = max.min(MAX_INLINE);
+    if inline.len() > max as usize {
+        return Err(UseError::TooLong { len: inline.len(), cap: max });
     }
     let room = MAX_FRAME - MAX_HEADER - 512; // version, ids, trace, attachments
     if !inline.is_empty() && header.len() + inline.len() > MAX_HEADER + room.min(MAX_INLINE as usize) {

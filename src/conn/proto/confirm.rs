@@ -51,6 +51,9 @@ impl ConfirmEngine {
         let mut fcfg = fb::Config::default();
         fcfg.hold_timeout = cfg.lease_time;
         fcfg.request_timeout = cfg.call_timeout;
+        // An exposure is read and confirmed within a lease of its arrival,
+        // however long its READ waits for a buffer (as a window grant is
+        // read within its lease or declined).
         fcfg.confirm_timeout = cfg.lease_time;
         fcfg.max_attempts = cfg.max_attempts;
         fcfg.max_read_len = layout.largest();
@@ -121,6 +124,28 @@ impl ConfirmEngine {
         let Engine::Client(c) = &self.engine else { return None };
         let rr = self.pending_reads.iter().find(|rr| c.fetch_of_read(rr.token()) == Some(fm))?;
         Some(rr.remote().len())
+    }
+
+    /// Whether READ `token`, which waited for a destination and was never
+    /// posted, is no longer wanted (its request or fetch ended): then the
+    /// engine forgets it, and it must not be posted.
+    pub(super) fn withdraw_read(&mut self, token: fb::ReadToken) -> bool {
+        match &mut self.engine {
+            Engine::Client(c) => c.withdraw_read(token),
+            Engine::Server(s) => s.withdraw_read(token),
+        }
+    }
+
+    /// Whether READ `token`, waiting for a destination, has no more than
+    /// `margin` left before its request is due (a server's: an exposure is
+    /// read and confirmed within a lease of its arrival), so that starting
+    /// it now would only take a buffer for an answer that cannot come in
+    /// time. It then keeps waiting until its request ends.
+    pub(super) fn too_late(&self, token: fb::ReadToken, now: Duration, margin: Duration) -> bool {
+        match &self.engine {
+            Engine::Server(s) => s.read_deadline(token).is_some_and(|d| d.saturating_sub(now) <= margin),
+            Engine::Client(_) => false,
+        }
     }
 
     pub(super) fn tracked(&self) -> usize {

@@ -174,15 +174,19 @@ impl Connection {
     }
 
     pub(super) fn start_fb_read(&mut self, rr: fb::ReadRequest) {
-        if self.confirm.is_none() {
+        if self.confirm.is_none() || self.down.is_some() {
+            // Down: the engine failed the read's request when the
+            // connection was lost, and nothing is read any more.
             return;
         }
         let len = rr.remote().len();
         let Some(slot) = self.take_fit(len, Holder::Reading) else {
             // The engine refuses reads longer than the largest buffer, so
             // one fits once a buffer of its class is free.
-            if let Some(c) = self.confirm.as_mut() {
-                c.pending_reads.push_back(rr);
+            if self.may_wait(self.now) {
+                if let Some(c) = self.confirm.as_mut() {
+                    c.pending_reads.push_back(rr);
+                }
             }
             return;
         };
@@ -222,6 +226,7 @@ impl Connection {
             any |= !self.inline_wait.is_empty();
             self.inline_wait.clear();
             self.inline_bytes.clear();
+            self.inline_waiting = 0;
             return any;
         }
         // Each waiting READ, oldest first, starts if a buffer it fits is
@@ -229,7 +234,18 @@ impl Connection {
         let waiting = self.confirm.as_ref().map_or(0, |c| c.pending_reads.len());
         for _ in 0..waiting {
             let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) else { break };
-            if self.can_fit(rr.remote().len()) {
+            let margin = self.cfg.safety_margin;
+            if self.confirm.as_mut().is_some_and(|c| c.withdraw_read(rr.token())) {
+                // Its request ended while it waited (its time ran out, or
+                // the fetch was cancelled): nothing is read for nobody.
+                any = true;
+            } else if self.confirm.as_ref().is_some_and(|c| c.too_late(rr.token(), now, margin)) {
+                // As a grant with too little lease left is declined: not
+                // started, it ends with its request, shortly.
+                if let Some(c) = self.confirm.as_mut() {
+                    c.pending_reads.push_back(rr);
+                }
+            } else if self.can_fit(rr.remote().len()) {
                 self.start_fb_read(rr);
                 any = true;
             } else if let Some(c) = self.confirm.as_mut() {
@@ -274,6 +290,19 @@ impl Connection {
         };
         let largest = self.layout.largest();
         let dest = if wanted && g.len <= largest { self.take_fit(g.len, Holder::Reading) } else { None };
+        if wanted && g.len <= largest && dest.is_none() {
+            // Every buffer it fits is busy: it waits, if it may (else the
+            // connection is down, and the lease ends with the QP).
+            let waits = self.may_wait(now);
+            if let Some(r) = self.reader.as_mut() {
+                if waits {
+                    r.pending.push_back((msg, g, now));
+                } else {
+                    r.engine.decline(now, g, mw::DeclineReason::ConnectionLost);
+                }
+            }
+            return;
+        }
         let dest = dest.map(|slot| self.mw_buffer(slot, self.layout.size(slot)));
         let Some(r) = self.reader.as_mut() else { return };
         if !wanted {
@@ -290,8 +319,61 @@ impl Connection {
         } else if let Some(dest) = dest {
             r.leases.insert(g.lease, msg);
             r.engine.handle_grant(now, g, dest);
-        } else {
-            r.pending.push_back((msg, g, now));
+        }
+    }
+
+    /// Payloads of the peer's waiting for a free buffer: window grants and
+    /// confirm READs.
+    fn waiting_payloads(&self) -> usize {
+        self.reader.as_ref().map_or(0, |r| r.pending.len())
+            + self.confirm.as_ref().map_or(0, |c| c.pending_reads.len())
+    }
+
+    /// A payload of the peer's found every buffer it fits busy: whether it
+    /// may wait for one. A server lets at most `Config::max_waiting_payloads`
+    /// wait (not counting those whose lease ran out, which go first); one
+    /// more takes the connection down. A client's waiting payloads are
+    /// replies to its own calls, one each.
+    fn may_wait(&mut self, now: Duration) -> bool {
+        if self.cfg.role == Role::Client {
+            return true;
+        }
+        let max = self.cfg.max_waiting_payloads as usize;
+        if self.waiting_payloads() >= max {
+            self.drop_stale_waiting(now);
+        }
+        if self.waiting_payloads() < max {
+            return true;
+        }
+        self.misbehaved(now, Misbehavior::TooManyWaitingPayloads { waiting: max as u32 });
+        false
+    }
+
+    /// Drop the waiting payloads that will never be read: confirm READs
+    /// whose request ended (its time ran out), and grants whose lease has
+    /// no more than the safety margin left (declined and released: they
+    /// would be declined when a buffer came free anyway).
+    fn drop_stale_waiting(&mut self, now: Duration) {
+        if let Some(c) = self.confirm.as_mut() {
+            for _ in 0..c.pending_reads.len() {
+                let Some(rr) = c.pending_reads.pop_front() else { break };
+                if !c.withdraw_read(rr.token()) {
+                    c.pending_reads.push_back(rr);
+                }
+            }
+        }
+        let margin = self.cfg.safety_margin;
+        let Some(r) = self.reader.as_mut() else { return };
+        for _ in 0..r.pending.len() {
+            let Some((msg, mut g, at)) = r.pending.pop_front() else { break };
+            let left = g.time_left.saturating_sub(now.saturating_sub(at));
+            if left > margin {
+                r.pending.push_back((msg, g, at));
+                continue;
+            }
+            g.time_left = left;
+            r.leases.insert(g.lease, msg);
+            r.engine.decline(now, g, mw::DeclineReason::LeaseTooShort { time_left: left, margin });
         }
     }
 }

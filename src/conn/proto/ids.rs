@@ -78,6 +78,11 @@ impl<V> Timed<V> {
         self.map.contains_key(id)
     }
 
+    /// Live entries.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
     pub(crate) fn remove(&mut self, id: &u64) -> Option<V> {
         let v = self.map.remove(id)?;
         self.prune();
@@ -126,11 +131,6 @@ impl<V> Timed<V> {
             }
         }
         out
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
     }
 }
 

@@ -291,6 +291,9 @@ pub struct Connection {
     /// (message, start, length) in `inline_bytes`, oldest first.
     inline_wait: VecDeque<(u64, u32, u32)>,
     inline_bytes: Vec<u8>,
+    /// The bytes of the payloads in `inline_wait` (a server keeps at most
+    /// `Config::max_waiting_inline`).
+    inline_waiting: u32,
     /// Flow control: SENDs the peer has a receive posted for (granted in
     /// the credit field of its frames, `INITIAL_CREDITS` (8) at the start).
     /// Every frame but a `Credit` leaves one in reserve, so that a grant
@@ -307,9 +310,11 @@ pub struct Connection {
     /// Receives come from a shared receive queue: nothing is posted here.
     shared_receives: bool,
     /// Flow control: frames the peer was granted credit for in all (the
-    /// initial credits and every grant sent), and frames received. On a
-    /// shared receive queue a peer past its credit takes receives held for
-    /// other connections, so there the connection goes down at once.
+    /// initial credits and every grant sent), and frames received. The
+    /// first frame past the credit takes the connection down
+    /// ([`Misbehavior::ExceedsCredit`]): on a receive queue of its own it
+    /// would have met RNR or taken a receive reposted for a later grant, on
+    /// a shared one it takes a receive held for another connection.
     granted_total: u64,
     frames_in: u64,
     /// Frames waiting for credit or a send slot, oldest first: (start,
@@ -328,8 +333,9 @@ pub struct Connection {
     last_request: u64,
     /// Counters for `stats` (the buffer counts are read when asked).
     stats: ConnStats,
-    /// Keepalive: when the peer was last heard from (any frame).
-    last_heard: Option<Duration>,
+    /// Keepalive: when the peer last answered a ping (or, until it has,
+    /// when keepalive first ran): the next ping goes `interval` after.
+    last_answer: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
     /// An rkey the peer's SEND_WITH_INV invalidated that is not one of this
@@ -432,6 +438,7 @@ impl Connection {
             ],
             inline_wait: VecDeque::new(),
             inline_bytes: Vec::new(),
+            inline_waiting: 0,
             returns: Default::default(),
             reclaimed: Vec::with_capacity(slots),
             now: Duration::ZERO,
@@ -445,7 +452,7 @@ impl Connection {
             next_msg: 1,
             last_request: 0,
             stats: ConnStats::default(),
-            last_heard: None,
+            last_answer: None,
             ping: None,
             foreign_invalidation: None,
             next_ping: 1,

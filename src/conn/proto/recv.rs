@@ -43,6 +43,10 @@ impl Connection {
         true
     }
 
+    /// The peer broke the protocol: the connection goes down. (Cold: kept
+    /// out of the receive path it is checked on.)
+    #[cold]
+    #[inline(never)]
     pub(super) fn misbehaved(&mut self, now: Duration, what: Misbehavior) {
         tracing::warn!(%what, "peer misbehaved");
         self.go_down(now, LossReason::PeerMisbehaved(what));
@@ -52,9 +56,6 @@ impl Connection {
     /// SEND_WITH_INV invalidated here.
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.stats.frames_received += 1;
-        // Any frame shows the peer alive: an outstanding ping is answered.
-        self.last_heard = Some(now);
-        self.ping = None;
         if let Some(rkey) = invalidated {
             // Only the owner invalidates: the connection is over (the owner
             // engine, if any, keeps the window's slot until the flush).
@@ -95,7 +96,16 @@ impl Connection {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
-            (Received::Pong { .. } | Received::Credit, _) => {} // heard, credit taken: see above
+            (Received::Pong { seq }, _) => {
+                // Only the pong of the outstanding ping answers it (see
+                // `Config::keepalive`: what a ping proves); another is
+                // stale or made up, and ignored.
+                if self.ping.is_some_and(|(s, _)| s == seq) {
+                    self.ping = None;
+                    self.last_answer = Some(now);
+                }
+            }
+            (Received::Credit, _) => {} // credit taken: see on_recv
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
@@ -112,6 +122,9 @@ impl Connection {
         let payloads = payloads(attach, inline);
         if payloads > 1 {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
+        }
+        if inline.len() > self.cfg.inline_max as usize {
+            return self.inline_too_long(now, msg, inline.len());
         }
         if msg <= self.last_request {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
@@ -166,6 +179,15 @@ impl Connection {
         self.maybe_surface(msg);
     }
 
+    /// An inline payload longer than our `inline_max` (a peer whose own
+    /// is larger, or one that ignores it).
+    #[cold]
+    #[inline(never)]
+    fn inline_too_long(&mut self, now: Duration, msg: u64, len: usize) {
+        let max = self.cfg.inline_max;
+        self.misbehaved(now, Misbehavior::InlineTooLong { msg, len: len as u32, max })
+    }
+
     /// An inline payload for `msg` arrived: copy it into the smallest free
     /// buffer it fits (written into its memory at once), or keep it until one is
     /// free. Longer than every buffer: the payload fails.
@@ -182,9 +204,16 @@ impl Connection {
                 self.payload_done(msg, Data::Ready(slot, len));
             }
             None => {
+                let waiting = self.inline_waiting;
+                let max = self.cfg.max_waiting_inline;
+                if self.cfg.role == Role::Server && u64::from(waiting) + u64::from(len) > u64::from(max) {
+                    let now = self.now;
+                    return self.misbehaved(now, Misbehavior::TooMuchWaitingInline { waiting, len, max });
+                }
                 let start = self.inline_bytes.len();
                 self.inline_bytes.extend_from_slice(bytes);
                 self.inline_wait.push_back((msg, start as u32, len));
+                self.inline_waiting += len;
             }
         }
     }
@@ -197,11 +226,13 @@ impl Connection {
         for _ in 0..self.inline_wait.len() {
             let Some((msg, start, len)) = self.inline_wait.pop_front() else { break };
             if !self.awaits_payload(msg) {
+                self.inline_waiting -= len;
                 any = true;
                 continue;
             }
             match self.take_fit(len, Holder::User) {
                 Some(slot) => {
+                    self.inline_waiting -= len;
                     let (at, n) = (start as usize, len as usize);
                     self.fill_slot(slot, &self.inline_bytes[at..at + n]);
                     self.payload_done(msg, Data::Ready(slot, len));
@@ -238,6 +269,9 @@ impl Connection {
         if payloads > 1 {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
+        if inline.len() > self.cfg.inline_max as usize {
+            return self.inline_too_long(now, msg, inline.len());
+        }
         let carries_data = payloads > 0;
         if payloads == 0 && attach.is_empty() {
             // No payload and nothing else attached: a call that waited for
@@ -261,7 +295,10 @@ impl Connection {
             if call.data == Data::Unknown {
                 call.data = if carries_data { Data::Reading } else { Data::Absent };
             }
-            if !inline.is_empty() {
+            if !inline.is_empty() && !call.inline {
+                // (An inline payload in a later reply to a call that had one
+                // is dropped: a client's waiting inline payloads stay
+                // within its calls, one each.)
                 call.inline = true;
                 self.take_inline(msg, inline);
             }
@@ -285,6 +322,16 @@ impl Connection {
                             r.data = Data::Reading;
                         }
                     } else if let Some(c) = self.calls.get_mut(&msg) {
+                        if c.reply.is_some() {
+                            // A second reply to the call (an honest server
+                            // never sends one under mw): its grant is
+                            // released unread, so that a client's waiting
+                            // grants stay within its calls, one each.
+                            if let Some(r) = self.reader.as_mut() {
+                                r.engine.decline(now, g, mw::DeclineReason::Unwanted);
+                            }
+                            return;
+                        }
                         c.data = Data::Reading;
                     }
                     self.start_grant(now, msg, g);
@@ -746,8 +793,12 @@ impl Connection {
             TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
                 if c.status.is_success() {
+                    // A frame past every credit granted: on a receive queue
+                    // of its own it met RNR or took a receive reposted for a
+                    // later grant, on a shared one a receive held for another
+                    // connection. Either way the peer ignores flow control.
                     self.frames_in += 1;
-                    if self.shared_receives && self.frames_in > self.granted_total {
+                    if self.frames_in > self.granted_total {
                         let (granted, received) = (self.granted_total, self.frames_in);
                         return self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
                     }

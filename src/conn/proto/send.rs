@@ -131,13 +131,30 @@ impl Connection {
         }
     }
 
+    /// The most frames that may wait for credit: the answers to the
+    /// peer's frames (a peer within its credit has at most `ctrl_slots`
+    /// frames' worth of credit once this side runs dry), and a message or
+    /// two of this side's own for each payload it can have open at once
+    /// (a release of a grant read or declined, a confirm: its buffers and
+    /// region exposures, and the payloads that may wait for a buffer), and
+    /// one for each call or request open. A server whose user held its
+    /// buffers while grants waited, then frees them, sends a release for
+    /// each at once: that is no peer withholding credit. (A backstop: a
+    /// peer that keeps to its credit cannot reach it.)
+    fn backlog_max(&self) -> usize {
+        let payloads = self.layout.slots() as usize
+            + self.cfg.region_exposures as usize
+            + self.cfg.max_waiting_payloads as usize;
+        2 * (self.cfg.ctrl_slots as usize + payloads) + self.calls.len() + self.requests.len()
+    }
+
     /// Keep `f` (encoded) until credit and a send slot come. An honest
-    /// peer grants credit long before `2 × ctrl_slots` frames wait (each of
-    /// its frames asks for at most a few answers, and it grants as it
-    /// reposts); past that the peer withholds credit, and the connection
-    /// goes down rather than queue without bound.
+    /// peer grants credit as it reposts its receives; when more frames
+    /// wait than it could ever cause ([`Connection::backlog_max`]) the
+    /// peer withholds credit, and the connection goes down rather than
+    /// queue without bound.
     pub(super) fn defer(&mut self, f: &Frame, need: u32) -> Result<(), NicError> {
-        if self.backlog.len() >= 2 * self.cfg.ctrl_slots as usize {
+        if self.backlog.len() >= self.backlog_max() {
             let queued = self.backlog.len();
             tracing::warn!(queued, "peer withholds receive credit");
             self.go_down(self.now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));

@@ -26,8 +26,8 @@ impl Connection {
         min(t, self.keepalive_at())
     }
 
-    /// When keepalive must act next: ping after `interval` of silence, give
-    /// up `timeout` after an unanswered ping.
+    /// When keepalive must act next: ping `interval` after the last answer,
+    /// give up `timeout` after an unanswered ping.
     pub(super) fn keepalive_at(&self) -> Option<Duration> {
         let k = self.cfg.keepalive?;
         if self.down.is_some() {
@@ -35,7 +35,7 @@ impl Connection {
         }
         Some(match self.ping {
             Some((_, sent)) => sent + k.timeout,
-            None => self.last_heard.unwrap_or(self.now) + k.interval,
+            None => self.last_answer.unwrap_or(self.now) + k.interval,
         })
     }
 
@@ -44,14 +44,14 @@ impl Connection {
         if self.down.is_some() {
             return;
         }
-        let heard = *self.last_heard.get_or_insert(now);
+        let answered = *self.last_answer.get_or_insert(now);
         match self.ping {
             Some((_, sent)) if now >= sent + k.timeout => {
-                let silent = now.saturating_sub(heard);
+                let silent = now.saturating_sub(answered);
                 self.go_down(now, LossReason::PeerUnresponsive { silent });
             }
             Some(_) => {}
-            None if now >= heard + k.interval => {
+            None if now >= answered + k.interval => {
                 let seq = self.next_ping;
                 // No free send slot means traffic is flowing: try later.
                 if self.send_frame(&Frame::Ping { seq }, None).is_ok() {
