@@ -750,3 +750,37 @@ fn on_a_spec_nic_a_peer_cannot_invalidate_another_connections_window() {
     assert_eq!(victim.is_down(), None);
     assert!(fabric.would_crash_rxe().is_empty());
 }
+
+/// A call's timeout fires even when nothing else happens on its
+/// connection: here the server takes every request and never answers, so
+/// no completion comes for the client's second call (its SEND completes
+/// unsignaled). Before the fix the first call's timer, once fired, was
+/// still taken for armed, the second call did not ring the driver to arm
+/// its own, and it waited for ever.
+#[test]
+fn a_second_call_times_out_when_its_server_never_answers() {
+    let (_fabric, ch, sh, mut pool) = two_endpoints(DeviceConfig::spec(), 1 << 14);
+    let mut ccfg = cfg(Role::Client, Policies::both(Policy::Mw));
+    ccfg.call_timeout = Duration::from_millis(100);
+    let (client, server) = hubs::pair(&ch, &sh, ccfg, cfg(Role::Server, Policies::both(Policy::Mw)));
+    // The server keeps every request and answers none.
+    spawn(&pool, async move {
+        let mut kept = Vec::new();
+        while let Some(req) = server.next_request().await {
+            kept.push(req);
+        }
+    });
+    for k in 0..3 {
+        let call = client.call(b"x", None);
+        let guard = async_io::Timer::after(Duration::from_secs(5));
+        let r = pool.run_until(async {
+            futures::pin_mut!(call);
+            match futures::future::select(call, guard).await {
+                futures::future::Either::Left((r, _)) => Some(r),
+                futures::future::Either::Right(_) => None,
+            }
+        });
+        let r = r.unwrap_or_else(|| panic!("call {k} never ended (its timeout is 100 ms)"));
+        assert!(matches!(r, Err(mwcap::conn::CallError::TimedOut)), "call {k}: {r:?}");
+    }
+}
