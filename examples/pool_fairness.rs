@@ -114,6 +114,7 @@ fn run(hoarders: usize, calls: usize) -> Run {
     let (cl, sl) = (c.local(), s.local());
     let (honest, honest_s) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     let watch = honest_s.clone();
+    let watch_c = honest.clone();
     spawn(&pool, serve(honest_s, 0x11));
     let out = Rc::new(RefCell::new((Vec::new(), 0usize)));
     let o = out.clone();
@@ -136,7 +137,12 @@ fn run(hoarders: usize, calls: usize) -> Run {
     });
     let t0 = Instant::now();
     let mut hoarded = 0;
+    let mut shown = 0;
     loop {
+        if std::env::var_os("FAIRNESS_TRACE").is_some() && t0.elapsed().as_secs() >= shown + 5 {
+            shown = t0.elapsed().as_secs();
+            eprintln!("{shown}s client {:?}\n server {:?}", watch_c.stats(), watch.stats());
+        }
         let (n, f) = (out.borrow().0.len(), out.borrow().1);
         if n + f >= calls {
             break;
