@@ -334,7 +334,13 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     # serve whose mw clients take their buffers from one pool of 64 buffers
     # of 64 KiB and 16 of 1 MiB (what 16 of them could hold at once: the
     # pool runs empty and connections wait for buffers given back by
-    # others), payloads of 64 B to 1 MiB, every byte checked. Once the
+    # others), payloads of 64 B to 1 MiB, every byte checked, with 30 s
+    # leases: 100 connections' 1 MiB READs wait their turn for 16 buffers
+    # at rxe's ~40 MB/s under TCG, and with the default 5 s lease a READ
+    # that started with the margin left ran past its lease (p99 3-4.4 s in
+    # earlier runs; 6.6 s once the pool woke one waiter at a time, when one
+    # 1 MiB request_read call lost its connection, its QP flushed: most
+    # likely a READ that ran past its lease). Once the
     # clients are gone, mwcap stat must show every pool buffer back, and
     # every window the pool lent to the exposures (N of N free: a window
     # lent when its connection went down is deallocated, not given back).
@@ -343,12 +349,13 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     many_log=$pdir/pool-serve.log
     pool_out=$pdir/pool.out
     timeout -k 5 400 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" --trusted-peers \
-        --max-payload 1048576 --shared-buffers 64 --shared-large 16 $small >"$many_log" 2>&1 &
+        --max-payload 1048576 --shared-buffers 64 --shared-large 16 --lease-ms 30000 $small >"$many_log" 2>&1 &
     pool_pid=$!
     wait_listening "$many_log" "$pool_pid"
     pool_start=$(date +%s)
     timeout -k 5 300 "$mwcap" bench "127.0.0.1:$pool_port" --device rxe0 --key-file "$key_file" --trusted-peers \
-        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 $small 2>&1 | tee "$pool_out"
+        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 0 \
+        --lease-ms 30000 --call-timeout-ms 60000 $small 2>&1 | tee "$pool_out"
     rc=${PIPESTATUS[0]}
     many_leg "shared buffer pool" "$rc" "$(grep -c "^case=.* connections=100 " "$pool_out")" 13 "$pool_start"
     pool_back() {
