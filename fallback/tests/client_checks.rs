@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mwcap_fallback::{
     Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadError, ReadToken, Region,
-    Release, Verdict,
+    Release, UsageError, Verdict,
 };
 
 fn secs(s: u64) -> Duration {
@@ -231,4 +231,35 @@ fn an_exposed_buffer_keeps_the_client_busy() {
         vec![Event::BufferFree { buffer: buf(0), msg: m, reason: Release::ConnectionLost }]
     );
     assert!(c.is_idle());
+}
+
+/// `set_buffer_region` points a free buffer at other memory: the next
+/// request exposes the new range at a new generation. A buffer that is
+/// exposed, or that does not exist, is refused.
+#[test]
+fn a_buffer_pointed_at_another_region_exposes_that_region() {
+    let mut c = client();
+    let before = c.send_request(secs(0), buf(0), 8).unwrap();
+    let old = match actions(&mut c)[..] {
+        [Action::Send(Message::Expose { generation, region, .. })] => {
+            assert_eq!(region, Region::new(0x1000, 8, 0xc1));
+            generation
+        }
+        ref other => panic!("expected one Expose, got {other:?}"),
+    };
+    let elsewhere = Region::new(0x4000, 32, 0xd2);
+    assert_eq!(c.set_buffer_region(buf(0), elsewhere), Err(UsageError::BufferBusy(buf(0))));
+    assert!(c.cancel(secs(1), before));
+    let _ = (actions(&mut c), events(&mut c));
+    c.set_buffer_region(buf(0), elsewhere).unwrap();
+    let m = c.send_request(secs(2), buf(0), 8).unwrap();
+    match actions(&mut c)[..] {
+        [Action::Send(Message::Expose { msg, buffer, generation, region })] => {
+            assert_eq!((msg, buffer), (m, buf(0)));
+            assert_eq!(region, Region::new(0x4000, 8, 0xd2), "the new region, not the old one");
+            assert_ne!(generation, old, "a confirm of the old region cannot match");
+        }
+        ref other => panic!("expected one Expose, got {other:?}"),
+    }
+    assert_eq!(c.set_buffer_region(buf(7), elsewhere), Err(UsageError::UnknownBuffer(buf(7))));
 }
