@@ -342,10 +342,26 @@ fn free_anywhere(p: &mut SimPair, b: Buf) {
 
 #[test]
 fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
+    never_posting_peer(Config::new(Role::Client, Policies::both(Policy::Mw)));
+}
+
+/// A user's `rnr_retry` of 7 ("retry forever" on a real NIC) is taken as
+/// 6: the connection still goes down.
+#[test]
+fn a_users_rnr_retry_of_7_is_taken_as_6() {
+    let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    cfg.rnr_retry = 7;
+    never_posting_peer(cfg);
+}
+
+/// The client (configured by `cfg`) calls a raw peer that never posts a
+/// receive: it is declared dead within its RNR budget and its buffer
+/// returns.
+fn never_posting_peer(cfg: Config) {
     let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
     let raw = RawPeer::new(&fabric);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
-    let mut client = Link::new(cn, Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
+    let mut client = Link::new(cn, cfg).unwrap();
     raw.nic.connect_qp(raw.local.id, &client.local()).unwrap();
     client.connect(&raw.local).unwrap();
     // Longer than `inline_max`, so it is exposed (inline payloads need no buffer back).
