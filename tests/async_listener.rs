@@ -7,9 +7,9 @@
 
 #![cfg(not(loom))]
 
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
-use std::future::Future;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
