@@ -629,3 +629,35 @@ fn a_hub_busy_polls_for_its_window_then_sleeps() {
     let (turns, _) = idle_turns(&mut pool, &ch, 50);
     assert!(turns < 10, "the endpoint did not sleep after its window: {turns} turns");
 }
+
+/// An endpoint whose queue is deeper than the device's `max_cqe` is
+/// refused with `CqTooDeep` (naming both), not built on a smaller queue
+/// that could overflow; one exactly as deep is built. Nothing is left
+/// behind by the refusal.
+#[test]
+fn a_queue_deeper_than_the_device_holds_is_refused() {
+    use mwcap::backend::NicError;
+    const MAX: u32 = 32_767; // rxe's
+    let fabric = Fabric::with_seed(60);
+    let nic = fabric.add_device(DeviceConfig::rxe().with_max_cqe(MAX).named("rxe-like"));
+    let dev = nic.device();
+    for shared in [false, true] {
+        let b = builder(nic.clone()).queue_depth(MAX + 1);
+        let b = if shared {
+            b.policy(mwcap::conn::PolicyChoice::Mw).shared_receives(Default::default())
+        } else {
+            b
+        };
+        let before = fabric.created(dev);
+        match b.build() {
+            Err(SetupError::Nic(NicError::CqTooDeep { depth, max })) => {
+                assert_eq!((depth, max), (MAX + 1, MAX))
+            }
+            Err(e) => panic!("shared receives {shared}: {e:?}"),
+            Ok(_) => panic!("shared receives {shared}: a queue of {} entries on a device of {MAX}", MAX + 1),
+        }
+        assert_eq!(fabric.created(dev).cqs, before.cqs, "shared receives {shared}: no queue made");
+    }
+    let (ep, _driver) = builder(nic).queue_depth(MAX).build().expect("as deep as the device holds");
+    drop(ep);
+}
