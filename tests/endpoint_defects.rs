@@ -14,6 +14,14 @@ fn pair(p: Policies) -> SimPair {
     SimPair::spec(11, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
+/// Fail on any hazard the simulator's oracle recorded on `fabric`: no DMA
+/// into a buffer a user holds or into freed memory, no READ of a held mw
+/// buffer, no invalidation that would crash rxe.
+fn assert_no_hazards(fabric: &Fabric) {
+    let hazards = fabric.hazards();
+    assert!(hazards.is_empty(), "the oracle saw {hazards:?}");
+}
+
 fn filled(ep: &mut Link<SimNic>, bytes: &[u8]) -> Buf {
     let mut b = ep.alloc().expect("free buffer");
     b.copy_from(bytes).unwrap();
@@ -132,6 +140,7 @@ fn a_victim_whose_qp_was_flushed_reports_the_connection_down() {
     // A later call fails at once instead of timing out.
     let now = p.now();
     assert!(matches!(p.client.call(now, b"x", None).map_err(|r| r.error), Err(UseError::Down(_))));
+    assert_no_hazards(&p.fabric);
 }
 
 // ---- 3. two payload attachments in one request ----
@@ -248,6 +257,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
         server.is_down()
     );
     assert_eq!(server.free_buffers(), total, "no buffer held");
+    assert_no_hazards(&fabric);
 }
 
 // ---- 4. confirm: a cancelled fetch releases the server's hold at once ----
@@ -265,7 +275,8 @@ fn confirm_a_cancelled_call_releases_the_servers_reply_buffer_at_once() {
         }
         let b = filled(&mut p.server, &[3; 4000]);
         let now = p.now();
-        let _ = p.server.reply(now, req, 0, b"r", Some(b));
+        // The client's Refuse is not there yet: the reply goes out.
+        p.server.reply(now, req, 0, b"r", Some(b)).expect("the reply");
         if cancel_after_offer {
             p.settle();
             let now = p.now();
@@ -278,6 +289,7 @@ fn confirm_a_cancelled_call_releases_the_servers_reply_buffer_at_once() {
         );
         assert!(p.client.is_down().is_none() && p.server.is_down().is_none());
         assert_eq!(p.client.busy_buffers(), 0);
+        assert_no_hazards(&p.fabric);
     }
 }
 
@@ -297,6 +309,7 @@ fn mw_a_cancelled_call_releases_its_reply_without_reading_it() {
     let read = p.fabric.qp_counters(p.client_qp()).unwrap().bytes_read;
     assert_eq!(read, 0, "the cancelled call's reply was READ");
     assert_eq!(p.client.busy_buffers(), 0);
+    assert_no_hazards(&p.fabric);
 }
 
 // ---- 6. the confirm engine's message map does not grow ----
@@ -389,6 +402,7 @@ fn never_posting_peer(cfg: Config) {
         client.is_down()
     );
     assert!(events.iter().any(|e| matches!(e, Event::BufferReturned(_))), "{events:?}");
+    assert_no_hazards(&fabric);
 }
 
 #[test]
