@@ -263,3 +263,32 @@ fn a_buffer_pointed_at_another_region_exposes_that_region() {
     }
     assert_eq!(c.set_buffer_region(buf(7), elsewhere), Err(UsageError::UnknownBuffer(buf(7))));
 }
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut c = client();
+    assert!(!c.has_output());
+    let m = c.fetch(secs(0), 64).unwrap();
+    assert!(c.has_output(), "a Fetch to send");
+    let _ = actions(&mut c);
+    assert!(!c.has_output());
+    assert!(c.cancel(secs(1), m));
+    let _ = actions(&mut c);
+    assert!(c.has_output(), "the ReadFailed event alone");
+    let _ = events(&mut c);
+    assert!(!c.has_output());
+}
+
+/// `fetch_of_read` names the fetch a READ belongs to from its action until
+/// its completion is handled.
+#[test]
+fn fetch_of_read_names_the_fetch_until_the_completion() {
+    let mut c = client();
+    let m = fetch(&mut c, secs(0));
+    let t = offered(&mut c, m, 0, 1);
+    assert_eq!(c.fetch_of_read(t), Some(m));
+    c.handle_read_completion(secs(0), t, true);
+    assert_eq!(c.fetch_of_read(t), None, "handled");
+}

@@ -334,3 +334,19 @@ fn a_buffer_pointed_at_another_region_offers_that_region() {
     }
     assert_eq!(s.set_buffer_region(buf(7), elsewhere), Err(UsageError::UnknownBuffer(buf(7))));
 }
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut s = server();
+    assert!(!s.has_output());
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    assert!(s.has_output(), "the ReplyWanted event alone");
+    let _ = events(&mut s);
+    assert!(!s.has_output());
+    s.offer(secs(0), msg(1), buf(0), 8).unwrap();
+    assert!(s.has_output(), "an Offer to send");
+    let _ = actions(&mut s);
+    assert!(!s.has_output());
+}
