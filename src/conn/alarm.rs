@@ -212,7 +212,10 @@ mod tests {
         for (i, a) in alarms.iter_mut().enumerate() {
             a.arm(Some(base + Duration::from_millis(5 * (20 - i as u64))));
             let waker = Waker::from(Arc::new(Ring(i, tx.clone())));
-            assert!(a.poll(&mut Context::from_waker(&waker)).is_pending(), "alarm {i} rang before its deadline");
+            assert!(
+                a.poll(&mut Context::from_waker(&waker)).is_pending(),
+                "alarm {i} rang before its deadline"
+            );
         }
         let rang: Vec<usize> = (0..20).map(|_| rx.recv().expect("every alarm rings")).collect();
         assert_eq!(rang, (0..20).rev().collect::<Vec<_>>(), "rung by deadline, earliest first");
