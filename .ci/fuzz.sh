@@ -19,10 +19,19 @@ fi
 echo "fuzz: building targets"
 cargo fuzz build
 
+# No target at all (or no list) is a failure, not a smoke run of nothing.
+targets=$(cargo fuzz list) || { echo "fuzz: cargo fuzz list failed"; exit 1; }
+if [ -z "$targets" ]; then
+    echo "fuzz: cargo fuzz list names no target"
+    exit 1
+fi
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
-for target in $(cargo fuzz list); do
+ran=0
+for target in $targets; do
+    ran=$((ran + 1))
     corpus=("$work/$target")
     mkdir -p "$work/$target"
     if [ -d "fuzz/corpus/$target" ]; then
@@ -42,4 +51,5 @@ for target in $(cargo fuzz list); do
         tail -n 60 "$log"
     fi
 done
+echo "fuzz: $ran targets run"
 exit "$status"

@@ -7,8 +7,10 @@
 
 #![cfg(not(loom))]
 
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures::executor::LocalPool;
@@ -491,28 +493,55 @@ fn a_dropped_accept_future_loses_no_handshake() {
     let fabric = Fabric::with_seed(28);
     let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
     let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let server_dev = server_nic.device();
     let mut pool = LocalPool::new();
     let server =
         driven(&pool, builder(server_nic, KEY, PolicyChoice::Confirm).listen(any_port()).build().unwrap());
     let client = driven(&pool, builder(client_nic, KEY, PolicyChoice::Confirm).build().unwrap());
     let addr = server.local_addr().unwrap();
+    // The server creates a queue pair only for a client that proved the
+    // key, half-way through its handshake, which then waits for the
+    // client's hello and ready: the first accept is dropped right then.
+    let qps = fabric.created(server_dev).qps;
     let (accepted, connected) = pool.run_until(async {
-        let server = async {
-            // Poll accept a little (the TCP connection is taken and its
-            // handshake starts), drop it, then accept again.
-            {
-                let first = std::pin::pin!(server.accept());
-                let tick = async_io::Timer::after(Duration::from_millis(1));
-                if let futures::future::Either::Left((r, _)) = futures::future::select(first, tick).await {
-                    return r;
+        let mut connect = std::pin::pin!(client.connect(addr));
+        let mut connected = None;
+        {
+            let mut first = std::pin::pin!(server.accept());
+            std::future::poll_fn(|cx| {
+                if connected.is_none() {
+                    if let Poll::Ready(c) = connect.as_mut().poll(cx) {
+                        connected = Some(c);
+                    }
                 }
+                match first.as_mut().poll(cx) {
+                    Poll::Ready(r) => panic!("the first accept ended before it was dropped: {:?}", r.err()),
+                    Poll::Pending if fabric.created(server_dev).qps > qps => Poll::Ready(()),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+        }
+        assert!(connected.is_none(), "the client connected with no server to finish its handshake");
+        let connected = std::pin::pin!(async {
+            match connected {
+                Some(c) => c,
+                None => connect.await,
             }
-            server.accept().await
-        };
-        futures::join!(server, client.connect(addr))
+        });
+        // A client whose handshake was lost fails: seen at once, not as a
+        // second accept that waits for ever.
+        match futures::future::select(std::pin::pin!(server.accept()), connected).await {
+            futures::future::Either::Left((accepted, connected)) => (accepted, connected.await),
+            futures::future::Either::Right((connected, accepted)) => {
+                assert!(connected.is_ok(), "{:?}", connected.err());
+                (accepted.await, connected)
+            }
+        }
     });
     assert!(accepted.is_ok(), "{:?}", accepted.err());
     assert!(connected.is_ok(), "{:?}", connected.err());
+    assert_eq!(fabric.created(server_dev).qps, qps + 1, "the handshake went on; no second one started");
 }
 
 #[test]

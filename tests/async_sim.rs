@@ -14,6 +14,8 @@ use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 struct Drive {
     driver: EndpointDriver<SimNic>,
     conn: Connection<SimNic>,
+    /// The fabric both sides are on, whose oracle the test reads.
+    fabric: Fabric,
 }
 
 impl Drive {
@@ -70,9 +72,17 @@ fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Dur
     };
     // The endpoints are dropped: each driver ends once its connection has.
     let ((_, cd, client), (_, sd, server)) = pair_on(cn, sn, cfg(Role::Client), cfg(Role::Server));
-    let cdrv = Drive { driver: cd, conn: client.clone() };
-    let sdrv = Drive { driver: sd, conn: server.clone() };
+    let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
     (client, cdrv, server, sdrv)
+}
+
+/// Fail on any hazard the simulator's oracle recorded: no DMA into a
+/// buffer a user holds or into freed memory, no READ of a held mw buffer,
+/// no invalidation that would crash rxe.
+fn assert_no_hazards(fabric: &Fabric) {
+    let hazards = fabric.hazards();
+    assert!(hazards.is_empty(), "the oracle saw {hazards:?}");
 }
 
 /// A server that echoes each request payload back, reversed.
@@ -106,6 +116,7 @@ fn calls_over_the_async_api_in_every_policy_combination() {
         (Policy::Confirm, Policy::Confirm),
     ] {
         let (client, cdrv, server, sdrv) = connected(Policies { request, reply });
+        let fabric = cdrv.fabric.clone();
         let app = async {
             for i in 0..5u8 {
                 let mut b = client.alloc().await.unwrap();
@@ -124,12 +135,14 @@ fn calls_over_the_async_api_in_every_policy_combination() {
         // Both drivers end once their connection is closed and every buffer is back.
         let (_, (creason, ())) = block_on(futures::future::join(everything, drivers));
         assert_eq!(creason, mwcap::conn::LossReason::Closed);
+        assert_no_hazards(&fabric);
     }
 }
 
 #[test]
 fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let fabric = cdrv.fabric.clone();
     let app = async {
         let mut b = client.alloc().await.unwrap();
         // Longer than `inline_max`: it is exposed through a window.
@@ -157,6 +170,7 @@ fn dropping_a_call_future_cancels_it_and_its_buffer_still_returns() {
     let r = block_on(select(Box::pin(app), Box::pin(drivers)));
     assert!(matches!(r, Either::Left(_)), "drivers ended first");
     drop(server);
+    assert_no_hazards(&fabric);
 }
 
 #[test]
@@ -194,6 +208,7 @@ fn a_call_made_while_the_driver_sleeps_still_times_out() {
     // own deadline, not at the first one's.
     let timeout = Duration::from_millis(300);
     let (client, cdrv, server, sdrv) = connected_timeouts(Policies::both(Policy::Mw), timeout, timeout);
+    let fabric = cdrv.fabric.clone();
     let app = async {
         client.call(b"first", None).await.expect("the first call is answered");
         // Idle: both drivers go to sleep (the client's alarm still armed at
@@ -222,6 +237,7 @@ fn a_call_made_while_the_driver_sleeps_still_times_out() {
     };
     assert_eq!(r.unwrap_err(), mwcap::conn::CallError::TimedOut);
     assert!(took >= timeout, "timed out after {took:?}, before its {timeout:?}");
+    assert_no_hazards(&fabric);
 }
 
 /// A server that answers every request with a 64-byte payload.
@@ -240,6 +256,7 @@ fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
     // buffer held for a whole 5 s lease) and every call timed out.
     let (client, cdrv, server, sdrv) =
         connected_with(Policies::both(Policy::Confirm), Duration::from_secs(5));
+    let fabric = cdrv.fabric.clone();
     let app = async {
         let mut ok = 0;
         let mut cancelled = 0;
@@ -281,11 +298,13 @@ fn confirm_cancelled_calls_do_not_starve_the_servers_pool() {
     // for a server buffer).
     assert_eq!(ok + cancelled, 200);
     assert!(cancelled >= 16, "enough cancelled calls to starve the pool without the fix: {cancelled}");
+    assert_no_hazards(&fabric);
 }
 
 #[test]
 fn closed_resolves_with_the_reason_once_the_connection_is_down() {
     let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let fabric = cdrv.fabric.clone();
     let app = async {
         client.call(b"ping", None).await.expect("call");
         assert_eq!(client.is_down(), None);
@@ -302,6 +321,7 @@ fn closed_resolves_with_the_reason_once_the_connection_is_down() {
     };
     assert_eq!(reason, mwcap::conn::LossReason::Closed);
     assert_eq!(client.is_down(), Some(mwcap::conn::LossReason::Closed));
+    assert_no_hazards(&fabric);
 }
 
 #[test]
@@ -310,6 +330,7 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
     // waits in the connection. Freeing a buffer must deliver it at once,
     // with no timer due to wake the driver.
     let (client, cdrv, server, sdrv) = connected(Policies::both(Policy::Mw));
+    let fabric = cdrv.fabric.clone();
     let app = async {
         let mut held = Vec::new();
         while let Some(b) = server.try_alloc() {
@@ -338,6 +359,7 @@ fn an_inline_request_that_waited_for_a_buffer_arrives_as_soon_as_one_is_freed() 
     };
     let drivers = futures::future::join(cdrv.run(), sdrv.run());
     let (_, _) = block_on(futures::future::join(app, drivers));
+    assert_no_hazards(&fabric);
 }
 
 /// A server that answers every request with `len` bytes of `0x42` (READ
@@ -421,7 +443,7 @@ fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
         };
         let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
         block_on(futures::future::join(app, rest));
-        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+        assert_no_hazards(&fabric);
     }
 }
 
@@ -457,7 +479,7 @@ fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
         };
         let rest = futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), len, &replied));
         block_on(futures::future::join(app, rest));
-        assert!(fabric.hazards().is_empty(), "{p:?}: {:?}", fabric.hazards());
+        assert_no_hazards(&fabric);
     }
 }
 
@@ -511,7 +533,7 @@ fn a_request_that_comes_again_under_confirm_has_its_header_and_trace() {
             server.close();
         };
         block_on(futures::future::join(app, futures::future::join(cdrv.run(), sdrv.run())));
-        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+        assert_no_hazards(&fabric);
     }
 }
 
@@ -541,7 +563,7 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     ccfg.busy_poll = Duration::from_secs(10);
     let ((ce, _client_driver, client), (_, sd, server)) = pair_on(cn, sn, ccfg, Config::new(Role::Server, p));
     let closer = server.clone();
-    let sdrv = Drive { driver: sd, conn: server.clone() };
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
     let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
     let calls = twenty_echoed_calls(&client);
     // Fails rather than hangs if a waiting call stops taking turns (the
@@ -554,5 +576,5 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     assert_eq!(client.driver_stats().turns, 0);
     closer.close();
     served.join().unwrap();
-    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    assert_no_hazards(&fabric);
 }

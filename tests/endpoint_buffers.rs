@@ -162,12 +162,12 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
     }
 }
 
-#[test]
-fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
-    use mwcap::conn::{BufClass, ConfigError, SetupError};
-    let base = Config::new(Role::Server, Policies::both(Policy::Mw));
-    type Case = (fn(&mut Config), fn(&ConfigError) -> bool);
-    let cases: Vec<Case> = vec![
+type Case = (fn(&mut Config), fn(&mwcap::conn::ConfigError) -> bool);
+
+/// Settings that cannot work, each with the error it must meet.
+fn broken_settings() -> Vec<Case> {
+    use mwcap::conn::{BufClass, ConfigError};
+    vec![
         (|c| c.buffers = 0, |e| matches!(e, ConfigError::NoBuffers { buffers: 0, .. })),
         (|c| c.buffer_size = 0, |e| matches!(e, ConfigError::NoBuffers { buffer_size: 0, .. })),
         (
@@ -182,7 +182,15 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
         (|c| c.ctrl_slots = 7, |e| matches!(e, ConfigError::TooFewCtrlSlots { ctrl_slots: 7 })),
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
-    ];
+        (|c| c.send_slots = Some(1), |e| matches!(e, ConfigError::TooFewSendSlots { send_slots: 1 })),
+    ]
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
+    use mwcap::conn::{BufClass, SetupError};
+    let base = Config::new(Role::Server, Policies::both(Policy::Mw));
+    let cases = broken_settings();
     let fabric = Fabric::with_seed(3);
     let nic = fabric.add_device(DeviceConfig::spec());
     for (i, (break_it, expected)) in cases.into_iter().enumerate() {
@@ -203,4 +211,64 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     cfg.large_buffers = (1..=255).map(|i| BufClass { size: 64 + i, count: 1 }).collect();
     assert_eq!(cfg.check(), Ok(()));
     Link::new(nic.clone(), base).expect("the defaults work");
+}
+
+/// Every way to connect checks the settings before it creates anything on
+/// the device: an endpoint's (which `connect`, `accept` and
+/// `connect_local` use) when it is built, plain, listening, with shared
+/// receives or with shared buffers; a connection's own when
+/// `Endpoint::prepare` gets them (then `Pending::local` and
+/// `Pending::connect`).
+#[test]
+fn settings_that_cannot_work_are_refused_before_anything_is_created() {
+    use mwcap::conn::{BufClass, EndpointBuilder, PolicyChoice, SetupError, SrqConfig};
+    use mwcap::sim::SimNic;
+    let fabric = Fabric::with_seed(4);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let dev = nic.device();
+    let (good, _driver) = Endpoint::builder(nic.clone(), Auth::Unauthenticated).build().unwrap();
+    type Way = fn(SimNic, Config) -> EndpointBuilder<SimNic>;
+    let builders: [(&str, Way); 4] = [
+        ("build", |n, c| Endpoint::builder(n, Auth::Unauthenticated).config(c)),
+        ("build with listen", |n, c| {
+            Endpoint::builder(n, Auth::Unauthenticated).config(c).listen("127.0.0.1:0".parse().unwrap())
+        }),
+        ("build with shared receives", |n, c| {
+            Endpoint::builder(n, Auth::Unauthenticated)
+                .config(c)
+                .policy(PolicyChoice::Mw)
+                .shared_receives(SrqConfig::default())
+        }),
+        ("build with shared buffers", |n, c| {
+            Endpoint::builder(n, Auth::Unauthenticated)
+                .config(c)
+                .policy(PolicyChoice::Mw)
+                .shared_buffers(&[BufClass { size: 4096, count: 8 }])
+        }),
+    ];
+    for (i, (break_it, expected)) in broken_settings().into_iter().enumerate() {
+        let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+        break_it(&mut cfg);
+        for (way, make) in builders {
+            let before = fabric.created(dev);
+            match make(nic.clone(), cfg.clone()).build() {
+                Err(SetupError::Config(e)) => assert!(expected(&e), "case {i}, {way}: {e:?}"),
+                Err(e) => panic!("case {i}, {way}: {e:?}"),
+                Ok(_) => panic!("case {i}, {way}: accepted {cfg:?}"),
+            }
+            assert_eq!(fabric.created(dev), before, "case {i}, {way}: created something first");
+        }
+        let before = fabric.created(dev);
+        match good.prepare(cfg.clone()) {
+            Err(SetupError::Config(e)) => assert!(expected(&e), "case {i}, prepare: {e:?}"),
+            Err(e) => panic!("case {i}, prepare: {e:?}"),
+            Ok(_) => panic!("case {i}, prepare: accepted {cfg:?}"),
+        }
+        assert_eq!(fabric.created(dev), before, "case {i}, prepare: created something first");
+    }
+    // The counts do move when a way to connect creates something.
+    let before = fabric.created(dev);
+    let pending = good.prepare(Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
+    assert!(fabric.created(dev).qps > before.qps);
+    drop(pending);
 }

@@ -14,6 +14,14 @@ fn pair(p: Policies) -> SimPair {
     SimPair::spec(11, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
 }
 
+/// Fail on any hazard the simulator's oracle recorded on `fabric`: no DMA
+/// into a buffer a user holds or into freed memory, no READ of a held mw
+/// buffer, no invalidation that would crash rxe.
+fn assert_no_hazards(fabric: &Fabric) {
+    let hazards = fabric.hazards();
+    assert!(hazards.is_empty(), "the oracle saw {hazards:?}");
+}
+
 fn filled(ep: &mut Link<SimNic>, bytes: &[u8]) -> Buf {
     let mut b = ep.alloc().expect("free buffer");
     b.copy_from(bytes).unwrap();
@@ -132,6 +140,7 @@ fn a_victim_whose_qp_was_flushed_reports_the_connection_down() {
     // A later call fails at once instead of timing out.
     let now = p.now();
     assert!(matches!(p.client.call(now, b"x", None).map_err(|r| r.error), Err(UseError::Down(_))));
+    assert_no_hazards(&p.fabric);
 }
 
 // ---- 3. two payload attachments in one request ----
@@ -248,6 +257,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
         server.is_down()
     );
     assert_eq!(server.free_buffers(), total, "no buffer held");
+    assert_no_hazards(&fabric);
 }
 
 // ---- 4. confirm: a cancelled fetch releases the server's hold at once ----
@@ -265,7 +275,8 @@ fn confirm_a_cancelled_call_releases_the_servers_reply_buffer_at_once() {
         }
         let b = filled(&mut p.server, &[3; 4000]);
         let now = p.now();
-        let _ = p.server.reply(now, req, 0, b"r", Some(b));
+        // The client's Refuse is not there yet: the reply goes out.
+        p.server.reply(now, req, 0, b"r", Some(b)).expect("the reply");
         if cancel_after_offer {
             p.settle();
             let now = p.now();
@@ -278,6 +289,7 @@ fn confirm_a_cancelled_call_releases_the_servers_reply_buffer_at_once() {
         );
         assert!(p.client.is_down().is_none() && p.server.is_down().is_none());
         assert_eq!(p.client.busy_buffers(), 0);
+        assert_no_hazards(&p.fabric);
     }
 }
 
@@ -297,6 +309,7 @@ fn mw_a_cancelled_call_releases_its_reply_without_reading_it() {
     let read = p.fabric.qp_counters(p.client_qp()).unwrap().bytes_read;
     assert_eq!(read, 0, "the cancelled call's reply was READ");
     assert_eq!(p.client.busy_buffers(), 0);
+    assert_no_hazards(&p.fabric);
 }
 
 // ---- 6. the confirm engine's message map does not grow ----
@@ -342,10 +355,26 @@ fn free_anywhere(p: &mut SimPair, b: Buf) {
 
 #[test]
 fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
+    never_posting_peer(Config::new(Role::Client, Policies::both(Policy::Mw)));
+}
+
+/// A user's `rnr_retry` of 7 ("retry forever" on a real NIC) is taken as
+/// 6: the connection still goes down.
+#[test]
+fn a_users_rnr_retry_of_7_is_taken_as_6() {
+    let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    cfg.rnr_retry = 7;
+    never_posting_peer(cfg);
+}
+
+/// The client (configured by `cfg`) calls a raw peer that never posts a
+/// receive: it is declared dead within its RNR budget and its buffer
+/// returns.
+fn never_posting_peer(cfg: Config) {
     let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
     let raw = RawPeer::new(&fabric);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
-    let mut client = Link::new(cn, Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
+    let mut client = Link::new(cn, cfg).unwrap();
     raw.nic.connect_qp(raw.local.id, &client.local()).unwrap();
     client.connect(&raw.local).unwrap();
     // Longer than `inline_max`, so it is exposed (inline payloads need no buffer back).
@@ -373,6 +402,7 @@ fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
         client.is_down()
     );
     assert!(events.iter().any(|e| matches!(e, Event::BufferReturned(_))), "{events:?}");
+    assert_no_hazards(&fabric);
 }
 
 #[test]

@@ -128,6 +128,7 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
     let (fabric, ch, sh, mut pool) = two_endpoints(dev, 1 << 14);
     let p = Policies::both(Policy::Mw);
     let mut seen = std::collections::HashMap::new();
+    let checked = std::cell::Cell::new(0);
     for round in 0..12usize {
         let (c, s) = pair(&ch, &sh, p);
         let qpn = s.qp_number();
@@ -142,20 +143,26 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
                 b.copy_from(&pattern(round + k, 3000)).unwrap();
                 pending.push(Box::pin(c.call(b"x", Some(b))));
             }
-            let first = pending.remove(0).await.expect("the first call");
-            let mut want = pattern(round, 3000);
-            want.reverse();
-            let d = first.data.unwrap();
-            assert!(d.to_vec() == want);
-            c.free(d);
+            // The first two are answered, each with its own bytes; the
+            // third is in flight while the server's QP goes.
+            for k in 0..2 {
+                let r = pending.remove(0).await.expect("an answered call");
+                let mut want = pattern(round + k, 3000);
+                want.reverse();
+                let d = r.data.expect("an echo carries the request's bytes");
+                assert!(d.to_vec() == want, "round {round} call {k}: not its own reply");
+                c.free(d);
+                checked.set(checked.get() + 1);
+            }
             s.close();
-            for call in pending {
-                // Answered or failed, never another connection's reply.
-                if let Ok(r) = call.await {
-                    if let Some(d) = r.data {
-                        c.free(d);
-                    }
-                }
+            // Answered (with its own bytes) or failed, never another
+            // connection's reply.
+            if let Ok(r) = pending.remove(0).await {
+                let mut want = pattern(round + 2, 3000);
+                want.reverse();
+                let d = r.data.expect("an echo carries the request's bytes");
+                assert!(d.to_vec() == want, "round {round} call 2: not its own reply");
+                c.free(d);
             }
             assert!(matches!(s.finished().await, LossReason::Closed));
             c.close();
@@ -163,6 +170,7 @@ fn a_reused_qp_number_never_gets_the_old_qps_completions() {
         });
     }
     assert!(seen.values().any(|&n| n > 1), "the device reused no QP number: {seen:?}");
+    assert_eq!(checked.get(), 24, "two calls answered and checked per round");
     assert_eq!(sh.stats().orphans, 0);
     assert_eq!(sh.stats().connections, 0);
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
@@ -783,4 +791,36 @@ fn a_second_call_times_out_when_its_server_never_answers() {
         let r = r.unwrap_or_else(|| panic!("call {k} never ended (its timeout is 100 ms)"));
         assert!(matches!(r, Err(mwcap::conn::CallError::TimedOut)), "call {k}: {r:?}");
     }
+}
+
+/// An endpoint whose queue is deeper than the device's `max_cqe` is
+/// refused with `CqTooDeep` (naming both), not built on a smaller queue
+/// that could overflow; one exactly as deep is built. Nothing is left
+/// behind by the refusal.
+#[test]
+fn a_queue_deeper_than_the_device_holds_is_refused() {
+    use mwcap::backend::NicError;
+    const MAX: u32 = 32_767; // rxe's
+    let fabric = Fabric::with_seed(60);
+    let nic = fabric.add_device(DeviceConfig::rxe().with_max_cqe(MAX).named("rxe-like"));
+    let dev = nic.device();
+    for shared in [false, true] {
+        let b = builder(nic.clone()).queue_depth(MAX + 1);
+        let b = if shared {
+            b.policy(mwcap::conn::PolicyChoice::Mw).shared_receives(Default::default())
+        } else {
+            b
+        };
+        let before = fabric.created(dev);
+        match b.build() {
+            Err(SetupError::Nic(NicError::CqTooDeep { depth, max })) => {
+                assert_eq!((depth, max), (MAX + 1, MAX))
+            }
+            Err(e) => panic!("shared receives {shared}: {e:?}"),
+            Ok(_) => panic!("shared receives {shared}: a queue of {} entries on a device of {MAX}", MAX + 1),
+        }
+        assert_eq!(fabric.created(dev).cqs, before.cqs, "shared receives {shared}: no queue made");
+    }
+    let (ep, _driver) = builder(nic).queue_depth(MAX).build().expect("as deep as the device holds");
+    drop(ep);
 }

@@ -37,6 +37,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31) ^ (i >> 8) as u8 ^ seed).collect()
 }
 
+/// Fail on any hazard the simulator's oracle recorded: no DMA into a
+/// buffer a user holds or into freed memory, no READ of a held mw buffer,
+/// no invalidation that would crash rxe.
+fn assert_no_hazards(p: &SimPair) {
+    let hazards = p.fabric.hazards();
+    assert!(hazards.is_empty(), "the oracle saw {hazards:?}");
+}
+
 /// What one round trip saw.
 #[derive(Debug, PartialEq, Eq)]
 struct Seen {
@@ -61,7 +69,7 @@ fn free_returned(p: &mut SimPair) {
 }
 
 /// One call with a `req`-byte request payload and a `rep`-byte reply
-/// payload, both checked byte for byte.
+/// payload, both checked byte for byte, and checked by the oracle.
 fn round_trip(p: &mut SimPair, req: usize, rep: usize) -> Seen {
     let mut b = p.client.alloc_for(req).unwrap().expect("a free client buffer");
     b.copy_from(&pattern(1, req)).unwrap();
@@ -110,6 +118,7 @@ fn round_trip(p: &mut SimPair, req: usize, rep: usize) -> Seen {
     for e in p.client_events.drain(..).chain(p.server_events.drain(..)) {
         assert!(matches!(e, Event::BufferReturned(_)), "{e:?}");
     }
+    assert_no_hazards(p);
     Seen { req_cap, rep_cap }
 }
 
@@ -219,6 +228,7 @@ fn a_payload_larger_than_every_reader_buffer_is_refused_with_its_reason() {
             ),
         }
         assert!(p.client.is_down().is_none() && p.server.is_down().is_none(), "{pol:?}");
+        assert_no_hazards(&p);
         let _ = call;
     }
 }
@@ -264,6 +274,7 @@ fn an_inline_payload_waits_for_a_free_buffer_and_then_arrives() {
     assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
     let Some(Event::Request { data: Some(d), .. }) = p.server_events.pop() else { panic!("no request") };
     assert_eq!(d.to_vec(), pattern(9, 200));
+    assert_no_hazards(&p);
 }
 
 #[test]
@@ -295,5 +306,6 @@ fn an_inline_reply_waiting_for_a_client_buffer_is_delivered_under_every_policy()
             }
             other => panic!("{pol:?}: {other:?}"),
         }
+        assert_no_hazards(&p);
     }
 }

@@ -158,6 +158,16 @@ fn a_replayed_request_id_closes_the_connection() {
 }
 
 #[test]
+fn a_request_id_below_the_last_one_closes_the_connection() {
+    let mut v = Victim::new(Role::Server, Policy::Mw);
+    v.receive(&request(5, &[]), None);
+    assert!(matches!(v.conn.poll_event(), Some(Event::Request { .. })));
+    // Ids only go up: an older id is a replay too, not only the same one.
+    v.receive(&request(4, &[]), None);
+    v.assert_down(|m| *m == Misbehavior::RequestIdReused { msg: 4, last: 5 });
+}
+
+#[test]
 fn a_frame_of_the_other_role_closes_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Mw);
     let reply = Frame::Reply { msg_id: 1, status: 0, header: b"", inline: b"", attach: Attaches::new() }

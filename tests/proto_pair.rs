@@ -602,7 +602,8 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
         let policies = Policies { request: pol(&mut rng), reply: pol(&mut rng) };
         let mut p = Pair::new(policies);
         let mut pending: Vec<RequestId> = Vec::new();
-        let (mut made, mut done) = (0u64, 0u64);
+        let mut made = 0u64;
+        let mut t = Tally::default();
         for _ in 0..400 {
             p.now += Duration::from_micros(rng.gen_range(0..50));
             match rng.gen_range(0..10) {
@@ -648,7 +649,7 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
                 _ => {}
             }
             p.settle();
-            drain(&mut p, &mut pending, &mut done);
+            drain(&mut p, &mut pending, &mut t);
         }
         // Everyone runs again: every call must finish. Time moves on too: a
         // side whose buffers are all exposed for payloads the peer cannot
@@ -656,14 +657,14 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
         p.frozen_server = false;
         p.frozen_client = false;
         for _ in 0..200 {
-            if done == made {
+            if t.done + t.timed_out == made {
                 break;
             }
             p.now += Duration::from_millis(500);
             p.c.conn.handle_timeout(p.now);
             p.s.conn.handle_timeout(p.now);
             p.settle();
-            drain(&mut p, &mut pending, &mut done);
+            drain(&mut p, &mut pending, &mut t);
             while let Some(req) = pending.pop() {
                 if let Err(r) = p.s.conn.reply(p.now, req, 0, b"a", None) {
                     assert!(matches!(r.error, UseError::NoCredit | UseError::NoCtrlSlot), "{:?}", r.error);
@@ -673,11 +674,18 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
             }
         }
         assert_eq!(
-            done,
+            t.done + t.timed_out,
             made,
             "seed {seed}: every call finished ({policies:?}) pending {pending:?}\nclient {:?}\nserver {:?}",
             p.c.conn.stats(),
             p.s.conn.stats()
+        );
+        // A call times out only when the server dropped its request (its
+        // payload out of time): the server says nothing then. Any other
+        // timeout is a call that never finished (a credit deadlock, say).
+        assert_eq!(
+            t.timed_out, t.dropped,
+            "seed {seed}: calls timed out whose requests were not dropped ({policies:?})"
         );
         assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none(), "seed {seed}");
         let (c, s) = (p.c.conn.stats(), p.s.conn.stats());
@@ -687,9 +695,20 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
     assert!(waits > 100 && grants > 100, "the schedules ran out of credit ({waits} waits, {grants} grants)");
 }
 
-/// Take both sides' events: requests to answer, finished calls counted,
-/// buffers freed.
-fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, done: &mut u64) {
+/// What became of the calls of a schedule.
+#[derive(Default)]
+struct Tally {
+    /// Finished: a reply, or a reply payload the client could not read.
+    done: u64,
+    /// Failed by their timeout.
+    timed_out: u64,
+    /// Requests the server dropped (their payload out of time).
+    dropped: u64,
+}
+
+/// Take both sides' events: requests to answer, calls counted, buffers
+/// freed.
+fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, t: &mut Tally) {
     while let Some(ev) = p.s.conn.poll_event() {
         match ev {
             Event::Request { req, data, .. } => {
@@ -700,8 +719,9 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, done: &mut u64) {
             }
             // Confirm: the client read a reply whose buffer was reused; answer again.
             Event::ReplyAgain { req, .. } => pending.push(req),
-            // A request payload out of time (the call fails at the client).
-            Event::RequestDropped { .. } => {}
+            // A request payload out of time (the call times out at the
+            // client).
+            Event::RequestDropped { .. } => t.dropped += 1,
             Event::BufferReturned(b) => p.s.conn.free(b),
             other => panic!("server: {other:?}"),
         }
@@ -712,11 +732,12 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, done: &mut u64) {
                 if let Some(b) = data {
                     p.c.conn.free(b);
                 }
-                *done += 1;
+                t.done += 1;
             }
-            // A payload the client could not read in time, or a call
-            // out of time: finished, not lost.
-            Event::CallFailed { error: CallError::Payload(_) | CallError::TimedOut, .. } => *done += 1,
+            // A payload the client could not read in time: finished, not
+            // lost.
+            Event::CallFailed { error: CallError::Payload(_), .. } => t.done += 1,
+            Event::CallFailed { error: CallError::TimedOut, .. } => t.timed_out += 1,
             Event::BufferReturned(b) => p.c.conn.free(b),
             other => panic!("client: {other:?}"),
         }

@@ -1225,6 +1225,28 @@ mod hub {
         assert!(victim.is_down().is_none());
         drop(flooder);
     }
+
+    /// An endpoint whose queue is deeper than rxe0's `max_cqe` is refused
+    /// with `CqTooDeep` naming both, not built on a smaller queue that
+    /// could overflow; one exactly as deep is built.
+    #[test]
+    fn an_endpoint_deeper_than_max_cqe_is_refused() {
+        use mwcap::backend::NicError;
+        use mwcap::conn::SetupError;
+        let nic = super::open();
+        let max = nic.device_attrs().max_cqe;
+        println!("rxe0's max_cqe: {max}");
+        let deeper = max.checked_add(1).expect("a device that caps its queues");
+        match Endpoint::builder(nic, Auth::Unauthenticated).queue_depth(deeper).build() {
+            Err(SetupError::Nic(NicError::CqTooDeep { depth, max: m })) => {
+                assert_eq!((depth, m), (deeper, max))
+            }
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("a queue of {deeper} entries on a device of {max}"),
+        }
+        let built = Endpoint::builder(super::open(), Auth::Unauthenticated).queue_depth(max).build();
+        assert!(built.is_ok(), "as deep as the device holds: {:?}", built.err());
+    }
 }
 
 /// A shared receive queue on rxe0: one QP of a loopback pair takes its

@@ -101,7 +101,10 @@ fn mw_round_trip(seed: u64) -> R {
         _ => None,
     });
     ensure(reply == Some(1000), "the client READ the 1000-byte reply")?;
-    p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0 && p.server.busy_buffers() == 0);
+    let back = p.drive_until(Duration::from_secs(1), |p| {
+        p.client.busy_buffers() == 0 && p.server.busy_buffers() == 0
+    });
+    ensure(back, "every buffer of both sides came back")?;
     println!(
         "  {} both owners posted LOCAL_INV after the releases; buffers returned on its completion",
         t(&p)
@@ -138,7 +141,8 @@ fn timeout_without_teardown(seed: u64) -> R {
         "its request buffer is still with the NIC: the window is still bound",
     )?;
     println!("  {} the server could still READ it; only the lease expiry (300 ms) may end that", t(&p));
-    p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0);
+    let back = p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0);
+    ensure(back, "the request buffer came back once its lease expired")?;
     println!("  {} lease expired -> LOCAL_INV -> its completion -> the buffer is back", t(&p));
     ensure(reachable(&p, true) == 0, "the server can reach nothing of the client's region")?;
     ensure(p.client.is_down().is_none(), "the connection is still up: a timeout never tears it down")?;

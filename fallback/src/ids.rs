@@ -141,4 +141,18 @@ mod tests {
         assert_eq!(Generation::from_raw(3).next(), Some(Generation::from_raw(4)));
         assert_eq!(Generation::from_raw(u64::MAX).next(), None);
     }
+
+    #[test]
+    fn counters_say_how_far_they_are_above_the_front() {
+        use crate::sorted::Key;
+        assert_eq!(MsgId::from_raw(7).distance(MsgId::from_raw(3)), Some(4));
+        assert_eq!(MsgId::from_raw(3).distance(MsgId::from_raw(3)), Some(0));
+        assert_eq!(MsgId::from_raw(3).distance(MsgId::from_raw(7)), None, "below the front");
+        assert_eq!(ReadToken::from_raw(12).distance(ReadToken::from_raw(2)), Some(10));
+        assert_eq!(ReadToken::from_raw(2).distance(ReadToken::from_raw(2)), Some(0));
+        assert_eq!(ReadToken::from_raw(1).distance(ReadToken::from_raw(2)), None, "below the front");
+        // Pairs are no counters: a lookup searches.
+        let pair = (MsgId::from_raw(5), BufferId::from_raw(0));
+        assert_eq!(pair.distance((MsgId::from_raw(1), BufferId::from_raw(0))), None);
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mwcap_fallback::{
     Action, BufferId, Client, Config, Event, Generation, Message, MsgId, ReadError, ReadToken, Region,
-    Release, Verdict,
+    Release, UsageError, Verdict,
 };
 
 fn secs(s: u64) -> Duration {
@@ -249,4 +249,64 @@ fn a_read_never_posted_is_withdrawn_once_its_fetch_is_over() {
     assert!(c.withdraw_read(t));
     assert!(!c.withdraw_read(t), "once");
     assert!(c.is_idle());
+}
+
+/// `set_buffer_region` points a free buffer at other memory: the next
+/// request exposes the new range at a new generation. A buffer that is
+/// exposed, or that does not exist, is refused.
+#[test]
+fn a_buffer_pointed_at_another_region_exposes_that_region() {
+    let mut c = client();
+    let before = c.send_request(secs(0), buf(0), 8).unwrap();
+    let old = match actions(&mut c)[..] {
+        [Action::Send(Message::Expose { generation, region, .. })] => {
+            assert_eq!(region, Region::new(0x1000, 8, 0xc1));
+            generation
+        }
+        ref other => panic!("expected one Expose, got {other:?}"),
+    };
+    let elsewhere = Region::new(0x4000, 32, 0xd2);
+    assert_eq!(c.set_buffer_region(buf(0), elsewhere), Err(UsageError::BufferBusy(buf(0))));
+    assert!(c.cancel(secs(1), before));
+    let _ = (actions(&mut c), events(&mut c));
+    c.set_buffer_region(buf(0), elsewhere).unwrap();
+    let m = c.send_request(secs(2), buf(0), 8).unwrap();
+    match actions(&mut c)[..] {
+        [Action::Send(Message::Expose { msg, buffer, generation, region })] => {
+            assert_eq!((msg, buffer), (m, buf(0)));
+            assert_eq!(region, Region::new(0x4000, 8, 0xd2), "the new region, not the old one");
+            assert_ne!(generation, old, "a confirm of the old region cannot match");
+        }
+        ref other => panic!("expected one Expose, got {other:?}"),
+    }
+    assert_eq!(c.set_buffer_region(buf(7), elsewhere), Err(UsageError::UnknownBuffer(buf(7))));
+}
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut c = client();
+    assert!(!c.has_output());
+    let m = c.fetch(secs(0), 64).unwrap();
+    assert!(c.has_output(), "a Fetch to send");
+    let _ = actions(&mut c);
+    assert!(!c.has_output());
+    assert!(c.cancel(secs(1), m));
+    let _ = actions(&mut c);
+    assert!(c.has_output(), "the ReadFailed event alone");
+    let _ = events(&mut c);
+    assert!(!c.has_output());
+}
+
+/// `fetch_of_read` names the fetch a READ belongs to from its action until
+/// its completion is handled.
+#[test]
+fn fetch_of_read_names_the_fetch_until_the_completion() {
+    let mut c = client();
+    let m = fetch(&mut c, secs(0));
+    let t = offered(&mut c, m, 0, 1);
+    assert_eq!(c.fetch_of_read(t), Some(m));
+    c.handle_read_completion(secs(0), t, true);
+    assert_eq!(c.fetch_of_read(t), None, "handled");
 }

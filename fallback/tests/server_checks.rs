@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mwcap_fallback::{
     Action, BufferId, Config, Event, Generation, Message, MsgId, ReadError, ReadToken, Region, Release,
-    Server, Verdict,
+    Server, UsageError, Verdict,
 };
 
 fn secs(s: u64) -> Duration {
@@ -358,4 +358,55 @@ fn a_lost_connection_is_reported_and_refuses_new_work() {
     assert_eq!(events(&mut s), vec![]);
     assert_eq!(actions(&mut s), vec![]);
     assert!(s.is_idle());
+}
+
+/// `set_buffer_region` points a free buffer at other memory: the next
+/// offer exposes the new range at a new generation. A buffer that is
+/// offered, or that does not exist, is refused.
+#[test]
+fn a_buffer_pointed_at_another_region_offers_that_region() {
+    let mut s = server();
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    s.handle_message(secs(0), Message::Fetch { msg: msg(2), attempt: 1 });
+    let _ = events(&mut s);
+    s.offer(secs(0), msg(1), buf(0), 8).unwrap();
+    let old = match actions(&mut s)[..] {
+        [Action::Send(Message::Offer { generation, region, .. })] => {
+            assert_eq!(region, Region::new(0x8000, 8, 0x5e));
+            generation
+        }
+        ref other => panic!("expected one Offer, got {other:?}"),
+    };
+    let elsewhere = Region::new(0xa000, 32, 0x6f);
+    assert_eq!(s.set_buffer_region(buf(0), elsewhere), Err(UsageError::BufferBusy(buf(0))));
+    s.handle_message(secs(1), Message::Refuse { msg: msg(1) });
+    let _ = events(&mut s);
+    assert!(s.is_buffer_free(buf(0)));
+    s.set_buffer_region(buf(0), elsewhere).unwrap();
+    s.offer(secs(1), msg(2), buf(0), 8).unwrap();
+    match actions(&mut s)[..] {
+        [Action::Send(Message::Offer { msg: m, buffer, generation, region })] => {
+            assert_eq!((m, buffer), (msg(2), buf(0)));
+            assert_eq!(region, Region::new(0xa000, 8, 0x6f), "the new region, not the old one");
+            assert_ne!(generation, old, "a confirm of the old region cannot match");
+        }
+        ref other => panic!("expected one Offer, got {other:?}"),
+    }
+    assert_eq!(s.set_buffer_region(buf(7), elsewhere), Err(UsageError::UnknownBuffer(buf(7))));
+}
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut s = server();
+    assert!(!s.has_output());
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    assert!(s.has_output(), "the ReplyWanted event alone");
+    let _ = events(&mut s);
+    assert!(!s.has_output());
+    s.offer(secs(0), msg(1), buf(0), 8).unwrap();
+    assert!(s.has_output(), "an Offer to send");
+    let _ = actions(&mut s);
+    assert!(!s.has_output());
 }

@@ -454,3 +454,19 @@ fn a_lending_owner_hands_windows_back_only_unbound() {
     assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::WindowUnbound { .. })), "{evs:?}");
     assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::WindowRetired { window } if *window == u32::MAX)));
 }
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut o = owner(1);
+    assert!(!o.has_output());
+    o.grant(ms(0), buffer(0), ms(50)).expect("a window is free");
+    assert!(o.has_output(), "a bind and grant to post");
+    assert!(matches!(o.poll_action(), Some(OwnerAction::BindAndGrant(_))));
+    assert!(!o.has_output());
+    o.handle_qp_error(ms(1));
+    assert!(o.has_output(), "the ConnectionLost event alone");
+    let _ = events(&mut o);
+    assert!(!o.has_output());
+}

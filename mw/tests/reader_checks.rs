@@ -152,3 +152,19 @@ fn a_destroyed_qp_returns_every_destination_at_once() {
     assert_eq!(r.stats().reads_failed, 3);
     assert_eq!(r.outstanding_reads(), 0);
 }
+
+/// `has_output` says whether an action or an event waits to be polled,
+/// each on its own.
+#[test]
+fn has_output_counts_actions_and_events_each() {
+    let mut r = reader(ReleaseMode::Message);
+    assert!(!r.has_output());
+    r.handle_grant(ms(0), grant(0), dest(0));
+    assert!(r.has_output(), "a READ to post");
+    let _ = read_token(&mut r);
+    assert!(!r.has_output());
+    r.handle_qp_error(ms(1));
+    assert!(r.has_output(), "the ConnectionLost event alone");
+    let _ = events(&mut r);
+    assert!(!r.has_output());
+}

@@ -154,6 +154,9 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// the reply payload's under the server's `cfg.policies.reply`).
     /// Dropping it unconnected destroys the queue pair.
     pub fn prepare(&self, cfg: Config) -> Result<Pending<N>, SetupError> {
+        // Before the connection's protection domain: nothing is created
+        // for settings that cannot work.
+        cfg.check()?;
         let hub = &self.shared.hub;
         let policies = cfg.policies;
         let link = hub.prepare(hub.connection_nic()?, cfg)?.finish(policies)?;

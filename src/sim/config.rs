@@ -152,6 +152,11 @@ pub struct DeviceConfig {
     pub max_sge: u32,
     /// Path MTU in bytes.
     pub mtu: u32,
+    /// The deepest completion queue the device makes (`max_cqe`); a
+    /// deeper one fails with [`NicError::CqTooDeep`](crate::backend::NicError::CqTooDeep),
+    /// as on verbs. Default: mlx5's 4,194,303, also for [`DeviceConfig::rxe`]
+    /// (a real rxe holds 32,767: [`DeviceConfig::with_max_cqe`]).
+    pub max_cqe: u32,
     /// Hand the number of a destroyed queue pair to the next one created
     /// (the latest freed first), as real devices reuse QP numbers; off by
     /// default, so that numbers are unique in a trace. A completion queue
@@ -169,6 +174,7 @@ impl Default for DeviceConfig {
             max_mw: 1 << 16,
             max_sge: 16,
             mtu: 4096,
+            max_cqe: (1 << 22) - 1,
             reuse_qpns: false,
         }
     }
@@ -186,6 +192,10 @@ impl DeviceConfig {
     /// This configuration with another window support level.
     pub fn with_mw(self, mw: MwSupport) -> DeviceConfig {
         DeviceConfig { mw, ..self }
+    }
+    /// This configuration with another `max_cqe`.
+    pub fn with_max_cqe(self, max_cqe: u32) -> DeviceConfig {
+        DeviceConfig { max_cqe, ..self }
     }
     /// This configuration with a name.
     pub fn named(self, name: &str) -> DeviceConfig {

@@ -9,7 +9,8 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::config::{DeviceConfig, FabricConfig, Faults, Progress};
 use super::oracle::{
-    DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, TraceEntry, WindowState,
+    Created, DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, TraceEntry,
+    WindowState,
 };
 use super::world::{Device, World};
 use super::SimNic;
@@ -292,6 +293,21 @@ impl Fabric {
         let w = self.lock();
         let Some(d) = w.devs.get(dev.0 as usize) else { return Vec::new() };
         (0..d.mws.len() as u32).filter_map(|i| w.window_state(dev.0, i).map(|s| (MwId(i), s))).collect()
+    }
+
+    /// How many objects of each kind were ever created on device `dev`.
+    pub fn created(&self, dev: DeviceId) -> Created {
+        let w = self.lock();
+        let Some(d) = w.devs.get(dev.0 as usize) else { return Created::default() };
+        let n = |len: usize| len as u32;
+        Created {
+            pds: d.next_pd,
+            cqs: n(d.cqs.len()),
+            qps: n(d.qps.len()),
+            srqs: n(d.srqs.len()),
+            mrs: n(d.mrs.len()),
+            mws: n(d.mws.len()),
+        }
     }
 
     /// The recorded trace ([`FabricConfig::record_trace`]).

@@ -50,7 +50,7 @@ pub use config::{DeviceConfig, FabricConfig, Faults, Latency, MwSupport, Progres
 pub use fabric::{Fabric, IDLE_EVENT_LIMIT};
 pub use nic::SimNic;
 pub use oracle::{
-    DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, ReadPhase, ReadSource,
+    Created, DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, ReadPhase, ReadSource,
     TraceEntry, Via, WindowState,
 };
 pub use pair::{End, Pair};

@@ -336,9 +336,12 @@ impl Nic for SimNic {
         Ok(self.clone())
     }
 
-    fn create_cq(&self, _depth: u32) -> Result<CqId, NicError> {
+    fn create_cq(&self, depth: u32) -> Result<CqId, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "create_cq")?;
+        if depth > d.cfg.max_cqe {
+            return Err(NicError::CqTooDeep { depth, max: d.cfg.max_cqe });
+        }
         d.cqs.push(Some(Cq { entries: Default::default(), users: 0, waker: None }));
         Ok(CqId(d.cqs.len() as u32 - 1))
     }

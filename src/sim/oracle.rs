@@ -161,6 +161,27 @@ pub struct QpCounters {
     pub bytes_served: u64,
 }
 
+/// How many objects of each kind were ever created on one device, in
+/// any of its protection domains (destroyed ones still count): what a
+/// test reads to show that something was refused before anything was
+/// created ([`Fabric::created`](super::Fabric::created)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Created {
+    /// Protection domains, the device's first one included.
+    pub pds: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Shared receive queues.
+    pub srqs: u32,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Memory windows.
+    pub mws: u32,
+}
+
 /// A window's state as the device sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WindowState {

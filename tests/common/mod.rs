@@ -46,7 +46,9 @@ pub struct World {
     pub returned: [usize; 2],
     /// The server process died: its memory is gone and nobody drives it.
     pub server_dead: bool,
-    /// Replies delivered (payloads checked) and calls failed.
+    /// Calls made (accepted by `call`), replies delivered (payloads
+    /// checked) and calls failed.
+    pub made: u64,
     pub replies: u64,
     pub failed: u64,
 }
@@ -79,6 +81,7 @@ impl World {
             given: [0; 2],
             returned: [0; 2],
             server_dead: false,
+            made: 0,
             replies: 0,
             failed: 0,
         }
@@ -103,6 +106,7 @@ impl World {
                 let h = header(seq, if had { len } else { 0 });
                 match self.p.client.call(now, &h, data) {
                     Ok(id) => {
+                        self.made += 1;
                         self.calls.push((id, seq));
                         // An inline payload was copied into the frame and its
                         // buffer freed at once: only the others come back.

@@ -171,10 +171,11 @@ PY
 # lines): perftest touches no payload byte, and under TCG writing or
 # checking 64 KiB costs milliseconds, which would time the memcpy, not the
 # transport. The pass/fail legs after it check every byte (the server
-# follows each request's header). About 5 minutes under TCG. To change
-# the iteration counts (MWCAP_BENCH_ITERS, MWCAP_BENCH_WARMUP) or skip the
-# step (MWCAP_BENCH=0), set them on the host: run.sh exports every MWCAP_*
-# variable into the VM (which inherits no other environment).
+# follows each request's header), one of them with 16 calls in flight.
+# About 5 minutes under TCG. To change the iteration counts
+# (MWCAP_BENCH_ITERS, MWCAP_BENCH_WARMUP) or skip the step (MWCAP_BENCH=0),
+# set them on the host: run.sh exports every MWCAP_* variable into the VM
+# (which inherits no other environment).
 # Wait (up to 60 s) until the server logging to $1 (pid $2) listens, or dies.
 wait_listening() {
     for _ in $(seq 1 60); do
@@ -287,6 +288,27 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             fail=1
         else
             echo "large payloads: $lines cases, every byte checked"
+        fi
+    fi
+    # 16 calls in flight (pass/fail): every case of the ratio run again
+    # (rpc, reply and request READs of 64 B, 4 KiB and 64 KiB, mw and
+    # confirm) with 16 calls in flight on one connection, every byte
+    # written and checked by both sides (no --stamp-only): the only leg
+    # that puts a queue of calls through real verbs.
+    if grep -q "listening" "$serve_log"; then
+        echo "=== 16 calls in flight, every byte checked (pass/fail)"
+        deep_out=$pdir/inflight16.out
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+            --busy-poll-us "$busy_us" --inflight 16 \
+            --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$deep_out"
+        rc=${PIPESTATUS[0]}
+        lines=$(grep -c "^case=.* inflight=16 .* check=every_byte " "$deep_out")
+        if [ "$rc" -ne 0 ] || [ "$lines" -lt 13 ]; then
+            echo "16 in flight: exit $rc, $lines result lines of 13 with every byte checked (FAIL)"
+            tail -20 "$serve_log" | sed -e 's/^/serve: /'
+            fail=1
+        else
+            echo "16 in flight: $lines cases, every byte checked"
         fi
     fi
     kill "$serve_pid" 2>/dev/null
