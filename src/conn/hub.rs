@@ -692,16 +692,15 @@ impl<N: Nic> HubDriver<N> {
         part.queued.clear();
         std::mem::swap(&mut *part.inbox.lock(), inbox);
         let t = inner.turn(now, inbox, |st, next| {
-            let Some(next) = next else {
-                // Nothing due: a heap entry still ahead no longer stands for
-                // a deadline, and one behind has fired. A deadline set from
-                // now on (a call) rings the driver to be armed
-                // (`State::needs_driver`).
+            // A heap entry at or before now has fired (this turn may be
+            // its): it arms nothing any more, and a deadline set from now on
+            // (a call) rings the driver to be armed (`State::needs_driver`).
+            if st.driver_next.is_some_and(|armed| armed <= now) {
                 st.driver_next = None;
-                return;
-            };
+            }
+            let Some(next) = next else { return };
             // A heap entry at or before `next`, still ahead, serves.
-            if st.driver_next.is_some_and(|armed| armed <= next && armed > now) {
+            if st.driver_next.is_some_and(|armed| armed <= next) {
                 return;
             }
             timers.push(Due { at: next, conn: Arc::downgrade(inner) });
