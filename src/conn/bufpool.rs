@@ -167,6 +167,9 @@ struct State {
     /// whether it waits only for an outgoing payload (which leaves the
     /// class's reserve); the last queue is the windows'.
     queues: Vec<std::collections::VecDeque<(u32, bool)>>,
+    /// An empty list with room for a waker per queue, taken to pass
+    /// wake-ups on without allocating (`BufferPool::pass_on`).
+    spare: Vec<Waker>,
     /// Members woken from each queue that have not tried again yet: they
     /// count as waiting (a connection at its share does not borrow while
     /// one is on its way).
@@ -493,6 +496,7 @@ impl BufferPool {
             live: 0,
             queues: vec![std::collections::VecDeque::new(); classes + 1],
             woken_n: vec![0; classes + 1],
+            spare: Vec::with_capacity(classes + 1),
             taken: 0,
             empty: 0,
             wakeups: 0,
@@ -594,6 +598,14 @@ impl BufferPool {
             used: 0,
         };
         st.live += 1;
+        // Room in every queue for every member, made now: waiting
+        // allocates nothing.
+        let live = st.live as usize;
+        for q in &mut st.queues {
+            if q.capacity() < live {
+                q.reserve(live - q.len());
+            }
+        }
         (m, flag)
     }
 
@@ -621,7 +633,7 @@ impl BufferPool {
             st.vacant.push(m);
             self.pass_on(&mut st, woken)
         };
-        wake.into_iter().for_each(Waker::wake);
+        self.wake_and_keep(wake);
     }
 
     /// Member `m`'s turn is over: wake-ups it got and did not use (it did
@@ -636,13 +648,14 @@ impl BufferPool {
             let woken = st.unwake_all(m);
             self.pass_on(&mut st, woken)
         };
-        wake.into_iter().for_each(Waker::wake);
+        self.wake_and_keep(wake);
     }
 
     /// Wake the next waiter of each queue in `woken` (bits), where the
-    /// queue has something free.
+    /// queue has something free. The wakers come back in the pool's spare
+    /// list (no allocation): wake them outside the lock with [`BufferPool::wake_and_keep`].
     fn pass_on(&self, st: &mut State, woken: u64) -> Vec<Waker> {
-        let mut wake = Vec::new();
+        let mut wake = std::mem::take(&mut st.spare);
         if woken == 0 {
             return wake;
         }
@@ -659,6 +672,16 @@ impl BufferPool {
             }
         }
         wake
+    }
+
+    /// Wake `wake` (from [`BufferPool::pass_on`]) outside the lock and
+    /// keep the emptied list for the next time.
+    fn wake_and_keep(&self, mut wake: Vec<Waker>) {
+        wake.drain(..).for_each(Waker::wake);
+        let mut st = self.0.state.lock();
+        if st.spare.capacity() < wake.capacity() {
+            st.spare = wake;
+        }
     }
 
     /// Buffers in class `k`.

@@ -220,7 +220,10 @@ impl<N: Nic> Inner<N> {
                 spare_slots: Vec::with_capacity(64),
                 requests: VecDeque::new(),
                 request_waiters: Waiters::default(),
-                capacity_waiters: Waiters::default(),
+                // Room for 16 tasks waiting at once (a shared pool's
+                // wake-one hand-off can have every call in flight of a
+                // busy connection wait): no allocation while they do.
+                capacity_waiters: Waiters(Vec::with_capacity(16)),
                 capacity_wakes: 0,
                 capacity_polled: 0,
                 pool_defers: 0,
