@@ -298,7 +298,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     if grep -q "listening" "$serve_log"; then
         echo "=== 16 calls in flight, every byte checked (pass/fail)"
         deep_out=$pdir/inflight16.out
-        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" \
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
             --busy-poll-us "$busy_us" --inflight 16 \
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$deep_out"
         rc=${PIPESTATUS[0]}
