@@ -1,5 +1,5 @@
 //! Fairness of an endpoint's shared buffer pool, on the simulated NIC: an
-//! honest client's call latency beside 0, 1, 2 and 8 careless clients
+//! honest client's call latency beside 0, 1, 2, 8 and 32 careless clients
 //! ("hoarders") on the same server endpoint.
 //!
 //! The server endpoint has shared receives and a shared pool of 4 buffers
@@ -194,7 +194,7 @@ fn main() {
     println!("# pool of {POOL} buffers, lease {} ms, honest calls {calls}, 20 ms apart", LEASE.as_millis());
     let mut unloaded_p99 = None;
     let only: Option<usize> = std::env::var("HOARDERS").ok().and_then(|v| v.parse().ok());
-    for hoarders in [0, 1, 2, 8].into_iter().filter(|h| only.map_or(true, |o| o == *h)) {
+    for hoarders in [0, 1, 2, 8, 32].into_iter().filter(|h| only.map_or(true, |o| o == *h)) {
         let mut r = run(hoarders, calls);
         r.lat.sort();
         let (p50, p99, max) =

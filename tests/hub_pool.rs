@@ -859,15 +859,32 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
 /// a reply (they hold both of their own buffers, so no READ of theirs ever
 /// has a destination): each reply their server connections expose keeps a
 /// pool buffer for a whole lease. Beside them an honest client makes 30
-/// calls one after another, 30 ms apart (some three leases or more), on a pool of 4
-/// buffers. Every honest call is
-/// answered with its payload: the honest server connection is below its
-/// share (4 buffers / 3 connections: one), so each buffer a hoarder's
+/// calls one after another, 30 ms apart, on a pool of 4 buffers, and every
+/// one is answered with its payload: the honest server connection is below
+/// its share (4 buffers / 3 connections: one), so each buffer a hoarder's
 /// lease gives back goes to it first. Before the pool had shares and
 /// queues, every give woke every waiter and a hoarder's reply could take
 /// it first, and the honest calls timed out.
 #[test]
 fn hoarders_on_a_shared_pool_do_not_starve_an_honest_client() {
+    honest_client_beside_hoarders(2);
+}
+
+/// As above with 8 hoarders on 4 buffers: nobody has a guaranteed share
+/// (4 / 9 rounds down to none), so every take while others wait goes
+/// through the queue, and each buffer that comes back goes to the waiter
+/// that has held the pool's buffers least: the honest connection, which
+/// hands its back within a call. Before, each hoarder holding none was
+/// "below its share" of one and took a returned buffer before the honest
+/// connection's woken task could: 0 of 30 calls answered. (It also found a
+/// lost wake-up: a woken connection that took one of two free buffers left
+/// the next waiter asleep beside the other, `State::kick`.)
+#[test]
+fn more_hoarders_than_buffers_do_not_starve_an_honest_client() {
+    honest_client_beside_hoarders(8);
+}
+
+fn honest_client_beside_hoarders(n: usize) {
     use mwcap::conn::Event;
     let fabric = Fabric::with_seed(19);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
@@ -876,7 +893,7 @@ fn hoarders_on_a_shared_pool_do_not_starve_an_honest_client() {
     let sh = small_pool_endpoint(&pool, sn, 4);
     let ch = plain_endpoint(&pool, cn.clone());
     let mut hoarders = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         // Its calls give up after 400 ms (a lease and a bit), and it calls again.
         let mut ccfg = small_cfg(Role::Client);
         ccfg.call_timeout = Duration::from_millis(400);

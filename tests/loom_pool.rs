@@ -123,6 +123,54 @@ fn a_give_wakes_one_waiter_and_an_unused_wake_up_passes_on() {
     });
 }
 
+/// Connection A holds the pool's two buffers and gives both back on
+/// another thread while B and C, each wanting one, ask in turn. Three
+/// connections on two buffers have no guaranteed share, so one that asks
+/// while another is woken waits in the queue. Whatever the interleaving,
+/// both end with a buffer: in particular, when B was woken by the first
+/// give, the second give found nobody queued, and C queued only then, B's
+/// take of one wakes C for the other (before, C slept beside a free
+/// buffer until some other give).
+#[test]
+fn a_woken_waiter_that_takes_one_of_two_wakes_the_next() {
+    model(|| {
+        let p = pool(64, 2);
+        let mut a = BackedSlots::new(&p, 64, 2);
+        let held = [a.take().expect("a buffer"), a.take().expect("the other")];
+        let mut waiters = Vec::new();
+        for _ in 0..2 {
+            let mut s = BackedSlots::new(&p, 64, 1);
+            let (woken, w) = waker();
+            s.wake_on_pool(&w);
+            waiters.push((s, woken, None));
+        }
+        let giver = thread::spawn(move || {
+            for i in held {
+                assert!(a.give_back(i));
+            }
+            a
+        });
+        for (s, _, got) in &mut waiters {
+            if s.can_take() {
+                *got = s.take();
+            }
+        }
+        let _a = giver.join().unwrap();
+        // Each connection's turns, as its driver runs them when woken: a
+        // woken one tries again; a turn that ends without a try passes an
+        // unused wake-up on. Two rounds are enough for anyone woken.
+        for _ in 0..2 {
+            for (s, woken, got) in &mut waiters {
+                if got.is_none() && woken.0.load(Ordering::SeqCst) > 0 && s.unstarve() {
+                    *got = s.take();
+                }
+            }
+        }
+        let got: Vec<bool> = waiters.iter().map(|w| w.2.is_some()).collect();
+        assert_eq!(got, vec![true, true], "two buffers free, two connections wanting one: each gets one");
+    });
+}
+
 /// One window (the device has room for no more); connection A has it lent
 /// and gives it back, unbound, while connection B's exposure asks for one:
 /// B gets that window, or is woken and its retry gets it.

@@ -22,28 +22,33 @@
 //! destination).
 //!
 //! # Fairness
-//! Each connection on the pool has a *share* of each class: the class's
-//! buffers divided by the connections on the pool, at least one. A
-//! connection below its share takes a free buffer whenever there is one; a
-//! connection at or above it *borrows*, and may do so only while no other
-//! connection waits for that class (queued, or woken and on its way).
-//! Waiting connections queue per class, and a buffer given back wakes
-//! **one** of them that can take it: one below its share before one at or
-//! above it, then the one that has held the pool's buffers least of late
-//! (for each buffer it took, the gives that passed before it came back;
-//! halved every 256 gives), then the first to come. The woken connection's
-//! next try takes it whatever its share; one that no longer wants it passes
-//! the wake-up on at the end of the turn after it (`Slots::end_turn`, not
-//! before tasks it woke, a user's `alloc`, have had a chance to run). So a
-//! peer whose server connection holds every buffer it gets for whole leases
-//! (it never reads or releases its replies) is served after connections
-//! that hand buffers back within a call. Windows queue the same way, without
-//! shares (the pool allocates more when it runs short).
+//! Each connection on the pool has a guaranteed *share* of each class: the
+//! class's buffers divided by the connections on the pool, rounded down
+//! (none, when connections outnumber buffers). A connection below its
+//! share takes a free buffer whenever there is one; any other take
+//! *borrows*, and may do so only while no other connection waits for that
+//! class (queued, or woken and on its way). Waiting connections queue per
+//! class, and a buffer given back wakes **one** of them that can take it:
+//! one below its share before the others, then the one that has held the
+//! pool's buffers least of late (for each buffer it took, the gives that
+//! passed before it came back; halved every 256 gives), then the first to
+//! come. The woken connection's next try takes it whatever its share; one
+//! that no longer wants it passes the wake-up on at the end of the turn
+//! after it (`Slots::end_turn`, not before tasks it woke, a user's
+//! `alloc`, have had a chance to run). A woken connection that takes one
+//! of several free buffers wakes the next waiter for the rest. So a peer
+//! whose server connection holds every buffer it gets for whole leases (it
+//! never reads or releases its replies) is served after connections that
+//! hand buffers back within a call, however many such peers there are.
+//! Windows queue the same way, without shares (the pool allocates more
+//! when it runs short). The rules live in [`fair`].
 //!
-//! What this does not yet bound: with more hoarding connections than the
-//! class has buffers, each hoarder that holds none is below its share too,
-//! and takes a buffer given back before the honest connection's woken task
-//! can (`docs/benchmarks.md`, "Pool fairness").
+//! What no rule can do is take back a buffer exposed to a peer: a
+//! connection that comes while hoarders hold every buffer waits for the
+//! next lease to end, and one new to the pool is no better known than
+//! hoarders that have not held buffers yet either (`docs/benchmarks.md`,
+//! "Pool fairness": an honest client's first call beside 8 hoarders on 4
+//! buffers waits 2 leases, its later ones at most one).
 //!
 //! # Isolation
 //! Every buffer of the pool is a memory region of its own, registered for
@@ -67,8 +72,10 @@
 //! window per buffer, enough for every buffer to be exposed at once;
 //! exposures of a user's own regions grow it.
 
+mod fair;
+
 use super::{ConfigError, SetupError};
-use crate::sync::Ordering;
+use fair::Member;
 use std::task::Waker;
 
 use mwcap_mw as mw;
@@ -189,173 +196,12 @@ struct State {
     window_waits: u64,
 }
 
-/// A connection on the pool (the slots of one connection, backed by it).
-#[derive(Default)]
-struct Member {
-    /// Woken when it is its turn for what it waits for.
-    waker: Option<Waker>,
-    /// Set before `waker` is woken: the member's next turn sees it.
-    flag: Option<Arc<AtomicBool>>,
-    /// Buffers it holds, per class.
-    held: Vec<u32>,
-    /// The queues it is in (bit `k`: class `k`'s; the windows' is the
-    /// last class's bit plus one).
-    queued: u64,
-    /// The queues it was woken from and has not tried again since.
-    woken: u64,
-    /// How much it held the pool's buffers of late: for each buffer it
-    /// took, the gives that passed until it came back (halved every 256
-    /// gives). A connection that holds buffers for a whole lease (a peer
-    /// that never reads) uses far more than one that hands them back
-    /// within a call, and is woken after it.
-    used: u64,
-}
-
 /// No member.
 const NOBODY: u32 = u32::MAX;
 
 /// Size classes a pool may have (a bit each, and one for windows, in a
 /// member's `queued` and `woken`).
 pub(crate) const MAX_POOL_CLASSES: usize = 63;
-
-impl State {
-    /// Lend a free window, if there is one.
-    fn lend_window(&mut self) -> Option<mw::Window> {
-        let w = self.windows.pop()?;
-        self.windows_lent += 1;
-        Some(w)
-    }
-
-    /// Member `m`'s share of class `k`, of `count` buffers: the buffers
-    /// divided by the members, at least one.
-    fn share(&self, count: u32) -> u32 {
-        (count / self.live.max(1)).max(1)
-    }
-
-    /// Whether member `m` was woken from queue `k` and has not tried since.
-    fn is_woken(&self, m: u32, k: usize) -> bool {
-        self.members[m as usize].woken & (1 << k) != 0
-    }
-
-    /// Member `m` tried again (or gave up) after a wake-up from queue `k`.
-    fn unwake(&mut self, m: u32, k: usize) {
-        let member = &mut self.members[m as usize];
-        if member.woken & (1 << k) != 0 {
-            member.woken &= !(1 << k);
-            self.woken_n[k] -= 1;
-        }
-    }
-
-    /// Every wake-up member `m` has not used, taken from it (bits).
-    fn unwake_all(&mut self, m: u32) -> u64 {
-        let woken = std::mem::take(&mut self.members[m as usize].woken);
-        for (k, n) in self.woken_n.iter_mut().enumerate() {
-            if woken & (1 << k) != 0 {
-                *n -= 1;
-            }
-        }
-        woken
-    }
-
-    /// Whether a member other than `m` waits in queue `k`, or was woken
-    /// from it and has not tried yet.
-    fn others_wait(&self, m: u32, k: usize) -> bool {
-        let queued = self.members[m as usize].queued & (1 << k) != 0;
-        self.queues[k].len() > usize::from(queued) || self.woken_n[k] > u32::from(self.is_woken(m, k))
-    }
-
-    /// Member `m` got what it waited for in queue `k` without a wake-up
-    /// (nobody else waited): out of the queue.
-    fn dequeue(&mut self, m: u32, k: usize) {
-        let member = &mut self.members[m as usize];
-        if member.queued & (1 << k) != 0 {
-            member.queued &= !(1 << k);
-            self.queues[k].retain(|e| e.0 != m);
-        }
-    }
-
-    /// Whether member `m` may take one of class `k`'s free buffers now,
-    /// leaving `keep` free: it was woken for one, or nobody else waits, or
-    /// it is below its share (of `count`).
-    fn may_take(&self, m: u32, k: usize, count: u32, keep: usize) -> bool {
-        if self.free[k].len() <= keep {
-            return false;
-        }
-        self.is_woken(m, k) || !self.others_wait(m, k) || self.members[m as usize].held[k] < self.share(count)
-    }
-
-    /// Member `m` waits for queue `k` (at its head, if it had been woken
-    /// for it: its turn came and went to someone below their share), for
-    /// an `outgoing` payload only or not.
-    fn enqueue(&mut self, m: u32, k: usize, outgoing: bool) {
-        let was_woken = self.is_woken(m, k);
-        self.unwake(m, k);
-        let member = &mut self.members[m as usize];
-        if member.queued & (1 << k) != 0 {
-            if let Some(e) = self.queues[k].iter_mut().find(|e| e.0 == m) {
-                e.1 &= outgoing;
-            }
-            return;
-        }
-        member.queued |= 1 << k;
-        if was_woken {
-            self.queues[k].push_front((m, outgoing));
-        } else {
-            self.queues[k].push_back((m, outgoing));
-        }
-    }
-
-    /// Something of queue `k` came back: wake one waiter that can take
-    /// what is free (an outgoing one only above the class's `reserve`).
-    /// Which one: below its share (of `count` buffers; windows have no
-    /// shares) before at or above it, then the one that has held the pool's
-    /// buffers least of late ([`Member::used`]), then the first to come.
-    /// Returns its waker, to wake outside the lock.
-    fn wake_next(&mut self, k: usize, count: Option<u32>, reserve: usize) -> Option<Waker> {
-        let share = count.map_or(u32::MAX, |c| self.share(c));
-        let room = match count {
-            Some(_) => self.free[k].len() > reserve,
-            None => true,
-        };
-        let members = &self.members;
-        let at = self.queues[k]
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| !e.1 || room)
-            .min_by_key(|(i, e)| {
-                let m = &members[e.0 as usize];
-                let held = if count.is_some() { m.held[k] } else { 0 };
-                (held >= share, m.used, *i)
-            })
-            .map(|(i, _)| i)?;
-        let (m, _) = self.queues[k].remove(at)?;
-        let member = &mut self.members[m as usize];
-        member.queued &= !(1 << k);
-        member.woken |= 1 << k;
-        if let Some(f) = &member.flag {
-            f.store(true, Ordering::Release);
-        }
-        self.woken_n[k] += 1;
-        self.wakeups += 1;
-        member.waker.clone()
-    }
-
-    /// Buffer `i`, held by member `m`, came back: `m` used the pool for
-    /// as many gives as passed while it held it. Every 256 gives, what
-    /// every member used is halved: old use fades.
-    fn account(&mut self, m: u32, i: u32) {
-        self.clock += 1;
-        let since = self.took_at[i as usize];
-        if let Some(member) = self.members.get_mut(m as usize) {
-            member.used += self.clock - since;
-        }
-        if self.clock % 256 == 0 {
-            for member in &mut self.members {
-                member.used /= 2;
-            }
-        }
-    }
-}
 
 /// What a [`BufferPool`] holds and has done (in [`EndpointStats`](super::EndpointStats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -717,7 +563,19 @@ impl BufferPool {
         st.took_at[i as usize] = st.clock;
         st.taken += 1;
         st.held_bytes += u64::from(self.0.sizes[class]);
+        // It may have been woken for one of several free: the next waiter
+        // hears of the rest.
+        let wake = self.kick(&mut st, class);
+        drop(st);
+        if let Some(w) = wake {
+            w.wake();
+        }
         Some(i)
+    }
+
+    /// [`State::kick`] for buffer class `class`.
+    fn kick(&self, st: &mut State, class: usize) -> Option<Waker> {
+        st.kick(class, Some(self.count(class)), self.0.reserve[class] as usize)
     }
 
     /// Whether member `m` may take a buffer of `class` now (as
@@ -738,18 +596,6 @@ impl BufferPool {
             w.wake();
         }
         false
-    }
-
-    /// After a take of `class` found nothing for its member: if something
-    /// is free and nobody is on the way to take it (the waiters ahead
-    /// may all be outgoing payloads the reserve keeps out), wake the next
-    /// waiter that can take it, which may be that member. So a free buffer
-    /// never sits beside a waiter that could have it with no one woken.
-    fn kick(&self, st: &mut State, class: usize) -> Option<Waker> {
-        if st.woken_n[class] > 0 || st.free[class].is_empty() {
-            return None;
-        }
-        st.wake_next(class, Some(self.count(class)), self.0.reserve[class] as usize)
     }
 
     /// Give buffer `i` back (its connection has evidence that no remote
@@ -781,53 +627,54 @@ impl BufferPool {
     /// for it and none can be allocated, it waits in the windows' queue.
     pub(crate) fn take_window(&self, m: u32) -> Option<mw::Window> {
         let wk = self.0.sizes.len();
-        {
+        let lent = {
             let mut st = self.0.state.lock();
-            if st.is_woken(m, wk) || !st.others_wait(m, wk) {
-                if let Some(w) = st.lend_window() {
-                    st.unwake(m, wk);
-                    st.dequeue(m, wk);
-                    return Some(w);
-                }
+            st.lend_window_to(m, wk).map(|w| (w, st.kick(wk, None, 0)))
+        };
+        if let Some((w, wake)) = lent {
+            if let Some(wake) = wake {
+                wake.wake();
             }
+            return Some(w);
         }
         // Short: one more (outside the lock: a device call).
         let made = self.0.device.alloc_mw();
         let mut st = self.0.state.lock();
-        match made {
+        let (taken, wake) = match made {
             Ok(w) => {
                 st.windows_live += 1;
                 st.windows_allocated += 1;
                 st.windows_lent += 1;
                 st.unwake(m, wk);
                 st.dequeue(m, wk);
-                Some(mw::Window { handle: w.id.raw(), rkey: w.rkey })
+                (Some(mw::Window { handle: w.id.raw(), rkey: w.rkey }), st.kick(wk, None, 0))
             }
             Err(e) => {
                 st.window_alloc_failures += 1;
                 // One may have come back meanwhile.
-                if st.is_woken(m, wk) || !st.others_wait(m, wk) {
-                    if let Some(w) = st.lend_window() {
-                        st.unwake(m, wk);
-                        st.dequeue(m, wk);
-                        return Some(w);
+                let lent = st.lend_window_to(m, wk);
+                if lent.is_none() {
+                    // The first, then every 1024th: a device at its max_mw
+                    // fails every retry.
+                    if st.window_waits % 1024 == 0 {
+                        tracing::warn!(
+                            %e,
+                            live = st.windows_live,
+                            waits = st.window_waits + 1,
+                            "no memory window for an exposure and none can be allocated: waiting for one to come back"
+                        );
                     }
+                    st.window_waits += 1;
+                    st.enqueue(m, wk, false);
                 }
-                // The first, then every 1024th: a device at its max_mw
-                // fails every retry.
-                if st.window_waits % 1024 == 0 {
-                    tracing::warn!(
-                        %e,
-                        live = st.windows_live,
-                        waits = st.window_waits + 1,
-                        "no memory window for an exposure and none can be allocated: waiting for one to come back"
-                    );
-                }
-                st.window_waits += 1;
-                st.enqueue(m, wk, false);
-                None
+                (lent, st.kick(wk, None, 0))
             }
+        };
+        drop(st);
+        if let Some(w) = wake {
+            w.wake();
         }
+        taken
     }
 
     /// Give back a window lent for an exposure: its one LOCAL_INV completed
