@@ -589,6 +589,102 @@ fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits()
     assert_eq!(replies.last(), Some(&last));
 }
 
+/// The last credit is kept for a `Credit` frame: a release (or any frame
+/// but a grant) that finds one credit left waits for more. Were it sent,
+/// two sides each down to their last credit could each spend it on a
+/// release at once, each then owing the other a grant it has no credit to
+/// send: both stall for good. Here the server stops turning (its receives
+/// land, none is reposted), the client spends its credit on calls down to
+/// the last, and only then reads a reply payload: its release (a frame of
+/// its own; a request payload's rides on the reply) must leave the
+/// server's last receive alone, and go once the server runs.
+#[test]
+fn a_release_leaves_the_last_credit_for_a_grant() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    let replies = |p: &mut Pair, held: &mut Vec<_>| {
+        let mut n = 0;
+        while let Some(ev) = p.c.conn.poll_event() {
+            if let Event::Reply { data, .. } = ev {
+                held.extend(data);
+                n += 1;
+            }
+        }
+        n
+    };
+    // The server answers what it can: each reply with a payload of its
+    // own buffers, while it has one free.
+    let mut pending: Vec<RequestId> = Vec::new();
+    let mut answer = |p: &mut Pair| {
+        while let Some(ev) = p.s.conn.poll_event() {
+            if let Event::Request { req, .. } = ev {
+                pending.push(req);
+            }
+        }
+        while !pending.is_empty() {
+            let Some(mut b) = p.s.conn.alloc() else { break };
+            b.copy_from(&pattern(7, 100)).unwrap();
+            p.s.conn.reply(p.now, pending.remove(0), 0, b"a", Some(b)).expect("credit for the reply");
+            p.settle();
+        }
+    };
+    // BUFFERS calls whose reply payloads the client reads and its
+    // application keeps: it has no buffer left for the next one.
+    let mut held = Vec::new();
+    for _ in 0..BUFFERS {
+        p.c.conn.call(p.now, b"q", None).expect("credit for the call");
+        p.settle();
+        answer(&mut p);
+    }
+    let mut answered = replies(&mut p, &mut held);
+    assert_eq!(held.len() as u32, BUFFERS, "every reply payload read");
+    p.c.conn.call(p.now, b"q", None).expect("credit for the call");
+    p.settle();
+    answer(&mut p);
+    assert_eq!(replies(&mut p, &mut held), 0, "no buffer for the last reply payload yet");
+    // The server stops turning; the client calls until it is down to its
+    // last credit.
+    p.frozen_server = true;
+    let mut calls = BUFFERS + 1;
+    loop {
+        match p.c.conn.call(p.now, b"q", None) {
+            Ok(_) => calls += 1,
+            Err(r) => {
+                assert_eq!(r.error, UseError::NoCredit, "backpressure");
+                break;
+            }
+        }
+        p.settle();
+    }
+    assert_eq!(p.c.conn.stats().credits, 1, "down to the last credit");
+    assert_eq!(p.s.recvs.len(), 1, "one server receive left");
+    // A buffer comes free: the client reads the waiting payload, and its
+    // release finds one credit.
+    p.c.conn.free(held.pop().unwrap());
+    p.settle();
+    answered += replies(&mut p, &mut held);
+    assert_eq!(answered, BUFFERS + 1, "the last reply payload was read");
+    assert_eq!(p.c.conn.stats().credits, 1, "the release waits: the last credit is the grant's");
+    assert_eq!(p.s.recvs.len(), 1, "the server's last receive is left for a grant");
+    assert!(p.c.conn.stats().credit_waits > 0);
+    // The server runs again: credit comes back, the release goes, and
+    // every call is answered.
+    p.frozen_server = false;
+    p.settle();
+    for b in held.drain(..) {
+        p.c.conn.free(b);
+    }
+    for _ in 0..calls {
+        answer(&mut p);
+        p.settle();
+        answered += replies(&mut p, &mut held);
+        for b in held.drain(..) {
+            p.c.conn.free(b);
+        }
+    }
+    assert_eq!(answered, calls, "every call answered");
+    assert_eq!(p.s.conn.stats().lease_owner.unwrap().released, u64::from(calls), "every payload released");
+}
+
 /// Random schedules of calls, replies (with and without payloads) and sides
 /// that stall and resume: no SEND ever finds the peer's receive queue empty
 /// (the harness panics), nothing goes down, and once both sides run again
