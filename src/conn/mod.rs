@@ -75,6 +75,7 @@ mod setup;
 #[cfg(feature = "testing")]
 mod simpair;
 // Under loom only the pool's model is built: what the endpoint uses goes unused.
+mod buf;
 #[cfg_attr(loom, allow(dead_code))]
 mod srq;
 mod types;
@@ -151,6 +152,7 @@ pub use header::Header;
 pub use hub::EndpointStats;
 // The I/O layer is internal: mwcap's own tests, the fuzzers and the
 // benchmark's sans-IO rows reach it through the `testing` feature.
+pub use buf::Buf;
 #[cfg(feature = "testing")]
 pub use link::{Link, Prepared};
 #[cfg(not(feature = "testing"))]

@@ -14,6 +14,7 @@ pub use create::Prepared;
 #[cfg_attr(loom, allow(unused_imports))] // the hub's, absent under loom
 pub(crate) use create::QueueSizes;
 
+use super::buf::Buf;
 use super::bufpool::BufferPool;
 use super::config::*;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};

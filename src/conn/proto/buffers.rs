@@ -1,8 +1,8 @@
 //! The user's buffers and regions: taking, giving back, exposing ranges,
 //! and the CPU holds the simulator's oracle checks.
 
+use super::super::buf::Buf;
 use super::super::pool::Holder;
-use super::super::types::*;
 use super::*;
 use crate::backend::MrInfo;
 

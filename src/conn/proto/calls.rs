@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use mwcap_fallback as fb;
 
+use super::super::buf::Buf;
 use super::super::config::*;
 use super::super::frame::{Attaches, Frame, MAX_FRAME, MAX_HEADER};
 use super::super::pool::Holder;

@@ -30,6 +30,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
+use super::buf::{Buf, Returns};
 use super::bufpool::BufferPool;
 use super::config::*;
 use super::frame::{Attach, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
@@ -41,6 +42,7 @@ use crate::backend::{Completion, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcSt
 mod buffers;
 mod calls;
 mod close;
+mod completion;
 mod confirm;
 mod engines;
 pub(crate) mod ids;
