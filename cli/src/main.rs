@@ -249,6 +249,16 @@ pub struct ConnArgs {
     /// on the completion channel, in µs (default: the library's).
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
+    /// Server: request payloads that may wait for a free buffer per
+    /// connection before it is closed (`Config::max_waiting_payloads`,
+    /// default: the library's; sizing: `docs/deploy.md`).
+    #[arg(long)]
+    pub max_waiting_payloads: Option<u32>,
+    /// Server: bytes of inline request payloads that may wait for a free
+    /// buffer per connection before it is closed
+    /// (`Config::max_waiting_inline`, default: the library's).
+    #[arg(long)]
+    pub max_waiting_inline: Option<u32>,
 }
 
 impl ConnArgs {
@@ -258,6 +268,12 @@ impl ConnArgs {
         c.send_slots = self.send_slots;
         c.lease_time = std::time::Duration::from_millis(self.lease_ms);
         c.call_timeout = std::time::Duration::from_millis(self.call_timeout_ms);
+        if let Some(n) = self.max_waiting_payloads {
+            c.max_waiting_payloads = n;
+        }
+        if let Some(n) = self.max_waiting_inline {
+            c.max_waiting_inline = n;
+        }
         if let Some(us) = self.busy_poll_us {
             c.busy_poll = std::time::Duration::from_micros(us);
         }
@@ -415,4 +431,28 @@ fn check(o: &BenchOpts) -> Result<(), String> {
         return Err("--executor needs block_on, smol, tokio or several".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounds' flags reach the connection's `Config`; left out, the
+    /// library's defaults stay.
+    #[test]
+    fn bound_flags_set_the_config() {
+        let conn = |args: &[&str]| match Cli::try_parse_from(args).expect("valid flags").cmd {
+            Cmd::Serve(o) => o.conn,
+            _ => unreachable!("a serve command"),
+        };
+        let mut c = mwcap::conn::Config::new(
+            mwcap::conn::Role::Server,
+            mwcap::conn::Policies::both(mwcap::conn::Policy::Mw),
+        );
+        let default = (c.max_waiting_payloads, c.max_waiting_inline);
+        conn(&["mwcap", "serve"]).apply(&mut c);
+        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), default);
+        conn(&["mwcap", "serve", "--max-waiting-payloads", "3", "--max-waiting-inline", "4096"]).apply(&mut c);
+        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), (3, 4096));
+    }
 }
