@@ -452,7 +452,8 @@ mod tests {
         let default = (c.max_waiting_payloads, c.max_waiting_inline);
         conn(&["mwcap", "serve"]).apply(&mut c);
         assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), default);
-        conn(&["mwcap", "serve", "--max-waiting-payloads", "3", "--max-waiting-inline", "4096"]).apply(&mut c);
+        conn(&["mwcap", "serve", "--max-waiting-payloads", "3", "--max-waiting-inline", "4096"])
+            .apply(&mut c);
         assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), (3, 4096));
     }
 }

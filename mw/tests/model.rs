@@ -92,6 +92,17 @@ impl Model for LeaseModel {
             }),
             // Sanity: the interesting paths are reachable.
             Property::sometimes("a read completes", |_, s: &World| s.reader.stats().reads_done > 0),
+            // With a foreign invalidation (`Config::foreign`; trivially met
+            // without): the owner is told of it, and the race rxe leaves
+            // open is reachable (see `invalidation_from_another_connection`).
+            Property::sometimes(
+                "the owner is told of a foreign invalidation",
+                |m: &LeaseModel, s: &World| !m.cfg.foreign || s.foreign_told > 0,
+            ),
+            Property::sometimes(
+                "a LOCAL_INV posted before the owner was told meets the invalidated window",
+                |m: &LeaseModel, s: &World| !m.cfg.foreign || s.peer_caused_double_inv > 0,
+            ),
         ]
     }
 }
@@ -183,4 +194,26 @@ fn lent_windows_retire_with_a_dead_peer() {
     let cfg =
         Config { lend: Some(2), peer_death: Some(5), cancels: 1, ..Config::small(ReleaseMode::Piggyback) };
     check("lent windows, peer dies", cfg);
+}
+
+/// Issue 19, finding 5: a peer of *another* connection of the device
+/// invalidates one of this owner's windows (rxe scopes a SEND_WITH_INV to
+/// neither the QP nor the PD), and the endpoint tells the owner only when
+/// it polls that other connection's receive. Every property above holds:
+/// no buffer is reused while reachable, and once told the owner never
+/// posts the window's LOCAL_INV (the connection goes down, its buffers and
+/// windows come back on the flush or are retired). What the model also
+/// finds, and why mw on rxe is served only to trusted peers
+/// (`ProbeReport::mw_safe_with_untrusted_peers`): a LOCAL_INV the owner
+/// posted *before* it was told can meet the window the attacker
+/// invalidated, the double invalidation that panics rxe (the two
+/// "sometimes" properties that only foreign configurations need).
+#[test]
+fn invalidation_from_another_connection() {
+    check(
+        "foreign SEND_WITH_INV (release message)",
+        Config { foreign: true, ..Config::small(ReleaseMode::Message) },
+    );
+    let lent = Config { foreign: true, lend: Some(2), ..Config::small(ReleaseMode::Piggyback) };
+    check("foreign SEND_WITH_INV (lent windows, piggyback)", lent);
 }

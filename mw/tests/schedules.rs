@@ -18,10 +18,11 @@ fn configs() -> impl Strategy<Value = Config> {
         0u8..3,
         proptest::option::of(0u32..20),
         any::<bool>(),
+        any::<bool>(),
         2u32..6,
         any::<u64>(),
     )
-        .prop_map(|(windows, mode, cancels, peer_death, hostile, lease, seed)| Config {
+        .prop_map(|(windows, mode, cancels, peer_death, hostile, foreign, lease, seed)| Config {
             windows,
             buffers: windows + 1,
             dests: windows,
@@ -34,6 +35,7 @@ fn configs() -> impl Strategy<Value = Config> {
             cancels,
             peer_death,
             hostile,
+            foreign,
             seed,
             lend: None,
         })

@@ -146,6 +146,15 @@ pub enum Step {
     ReaderNoticesErr,
     /// B misbehaves: SEND_WITH_INV of the last rkey it was granted.
     PeerSendsWithInv,
+    /// A peer of *another* connection on A's device sends a SEND_WITH_INV
+    /// carrying the last rkey B was granted (it guessed it), and A's NIC
+    /// invalidates the window device-wide (rxe): A's owner sees no
+    /// completion for it.
+    ForeignSendsWithInv,
+    /// A's endpoint polls the other connection's receive, sees the rkey it
+    /// invalidated is none of that connection's, and tells A's owner
+    /// (`Owner::handle_invalidation_elsewhere`), which takes A down.
+    HubReportsForeign,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -165,6 +174,8 @@ pub struct Config {
     /// The peer may crash (at any time, and by `die_by` at the latest).
     pub peer_death: Option<u32>,
     pub hostile: bool,
+    /// A peer of another connection may invalidate A's window (`Step::ForeignSendsWithInv`).
+    pub foreign: bool,
     pub seed: u64,
     /// `Some(n)`: the owner is made with `Owner::lending` (`windows` lease
     /// slots) and each grant takes a window from a pool of `n` that the
@@ -187,6 +198,7 @@ impl Config {
             cancels: 0,
             peer_death: None,
             hostile: false,
+            foreign: false,
             seed: 7,
             lend: None,
         }
@@ -227,7 +239,17 @@ pub struct World {
     pub grants_left: u8,
     pub cancels_left: u8,
     pub hostile_left: bool,
+    pub foreign_left: bool,
+    /// An rkey a peer of another connection invalidated, not yet reported
+    /// to A's owner by the endpoint.
+    pub foreign_pending: Option<u32>,
     // Ghost counters.
+    /// A LOCAL_INV the owner posted before it was told met a window that a
+    /// peer had invalidated: the double invalidation that panics rxe,
+    /// caused by the peer (why mw on rxe needs trusted peers).
+    pub peer_caused_double_inv: u32,
+    /// Reports of a foreign invalidation that found the owner's bind.
+    pub foreign_told: u32,
     pub binds: Vec<u32>,
     pub invalidations: Vec<u32>,
     pub violation: Option<String>,
@@ -289,6 +311,10 @@ impl World {
             grants_left: cfg.grants,
             cancels_left: cfg.cancels,
             hostile_left: cfg.hostile,
+            foreign_left: cfg.foreign,
+            foreign_pending: None,
+            peer_caused_double_inv: 0,
+            foreign_told: 0,
             binds: vec![0; nic_windows as usize],
             invalidations: vec![0; nic_windows as usize],
             violation: None,
@@ -398,6 +424,18 @@ impl World {
         }
         if self.hostile_left && b_alive && !self.b_err && self.last_rkey_seen.is_some() {
             out.push(Step::PeerSendsWithInv);
+        }
+        // Only at a window bound with the key: one that is not bound any
+        // more would be the attacker's own double invalidation.
+        if self.foreign_left
+            && self.last_rkey_seen.is_some_and(|k| {
+                self.windows.iter().any(|w| matches!(w, WinState::Bound { rkey, .. } if *rkey == k))
+            })
+        {
+            out.push(Step::ForeignSendsWithInv);
+        }
+        if self.foreign_pending.is_some() {
+            out.push(Step::HubReportsForeign);
         }
     }
 
@@ -512,6 +550,32 @@ impl World {
                 self.reader.handle_qp_error(now);
                 self.drive_reader();
             }
+            Step::ForeignSendsWithInv => {
+                self.foreign_left = false;
+                let rkey = self.last_rkey_seen.expect("enabled with a key seen");
+                let w = self
+                    .windows
+                    .iter()
+                    .position(|w| matches!(w, WinState::Bound { rkey: k, .. } if *k == rkey))
+                    .expect("enabled with the window bound");
+                self.windows[w] = WinState::PeerInvalid { rkey };
+                self.invalidations[w] += 1;
+                self.foreign_pending = Some(rkey);
+            }
+            Step::HubReportsForeign => {
+                let rkey = self.foreign_pending.take().expect("enabled with one pending");
+                if self.owner.handle_invalidation_elsewhere(now, rkey) {
+                    self.foreign_told += 1;
+                    if let Some(w) = self
+                        .windows
+                        .iter()
+                        .position(|s| matches!(s, WinState::PeerInvalid { rkey: k } if *k == rkey))
+                    {
+                        self.told_peer_inv.push(window_handle(w as u32));
+                    }
+                }
+                self.drive_owner();
+            }
             Step::PeerSendsWithInv => {
                 self.hostile_left = false;
                 if let Some(rkey) = self.last_rkey_seen {
@@ -564,6 +628,7 @@ impl World {
                                 "LOCAL_INV of window {window} after the owner learned of SEND_WITH_INV"
                             ));
                         }
+                        self.peer_caused_double_inv += 1;
                         self.owner_cq.push_back((token, Status::Failed(11)));
                         self.fail_a();
                     }
