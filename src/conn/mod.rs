@@ -40,6 +40,7 @@
 
 #[cfg(not(loom))]
 mod alarm;
+mod buf;
 mod bufpool;
 mod config;
 #[cfg(not(loom))]
@@ -75,7 +76,6 @@ mod setup;
 #[cfg(feature = "testing")]
 mod simpair;
 // Under loom only the pool's model is built: what the endpoint uses goes unused.
-mod buf;
 #[cfg_attr(loom, allow(dead_code))]
 mod srq;
 mod types;
@@ -150,9 +150,9 @@ pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::EndpointStats;
+pub use buf::Buf;
 // The I/O layer is internal: mwcap's own tests, the fuzzers and the
 // benchmark's sans-IO rows reach it through the `testing` feature.
-pub use buf::Buf;
 #[cfg(feature = "testing")]
 pub use link::{Link, Prepared};
 #[cfg(not(feature = "testing"))]
