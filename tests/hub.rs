@@ -650,63 +650,84 @@ fn a_hub_busy_polls_for_its_window_then_sleeps() {
     assert!(turns < 10, "the endpoint did not sleep after its window: {turns} turns");
 }
 
-/// The window of a reply the server exposed to a hand-driven client that
-/// never reads it, and a second hand-driven client (the attacker) whose
-/// peer sends a SEND_WITH_INV naming that window, on a server endpoint on
-/// a device of `dev`. Returns the fabric, the pool, the two server
-/// connections (victim, attacker), the window's rkey, and the two client
-/// links (to keep: a link dropped destroys its QP).
+/// The windows of replies the server exposed to `victims` hand-driven
+/// clients that never read them, and one more hand-driven client (the
+/// attacker) whose peer sends a SEND_WITH_INV naming each of those windows,
+/// back to back (one post: they arrive in one batch), on a server endpoint
+/// on a device of `dev`. Returns the fabric, the pool, the victims' server
+/// connections, the attacker's, the windows' rkeys, and the client links
+/// (to keep: a link dropped destroys its QP).
 #[allow(clippy::type_complexity)]
 fn invalidation_by_another_connection(
     dev: DeviceConfig,
-) -> (Fabric, LocalPool, Connection<SimNic>, Connection<SimNic>, u32, [mwcap::conn::Link<SimNic>; 2]) {
+    victims: usize,
+) -> (Fabric, LocalPool, Vec<Connection<SimNic>>, Connection<SimNic>, Vec<u32>, Vec<mwcap::conn::Link<SimNic>>)
+{
     let fabric = Fabric::with_seed(17);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(dev.named("s"));
     let mut pool = LocalPool::new();
     let sh = endpoint(&pool, builder(sn.clone()).queue_depth(1 << 14));
     let p = Policies::both(Policy::Mw);
-    let (victim_s, mut victim_c) =
-        server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    let victim_qp = victim_s.link().nic().qp_addr(victim_s.link().local().id).unwrap();
-    let (attack_s, attack_c) = server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
-    let victim = victim_s.connect(&victim_c.local()).unwrap();
-    let attacked = attack_s.connect(&attack_c.local()).unwrap();
-    spawn(&pool, serve(victim.clone()));
-    // The victim's client calls with 3000 bytes (not inline) and is then driven only
-    // until its request is out: the reply's window stays bound.
-    let mut b = victim_c.alloc().unwrap();
-    b.copy_from(&pattern(1, 3000)).unwrap();
-    victim_c.call(Duration::ZERO, b"x", Some(b)).unwrap();
-    let bound = |fabric: &Fabric| {
-        fabric.windows(sn.device()).into_iter().find_map(|(_, w)| match w {
-            mwcap::sim::WindowState::Bound { rkey, qp, .. } if qp == victim_qp => Some(rkey),
-            _ => None,
-        })
-    };
-    let mut rkey = None;
-    for _ in 0..2000 {
-        victim_c.drive(Duration::ZERO);
-        pool.run_until_stalled();
-        rkey = bound(&fabric);
-        if rkey.is_some() {
-            break;
+    let mut conns = Vec::new();
+    let mut links = Vec::new();
+    let mut rkeys = Vec::new();
+    for v in 0..victims {
+        let (victim_s, mut victim_c) =
+            server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+        let victim_qp = victim_s.link().nic().qp_addr(victim_s.link().local().id).unwrap();
+        let victim = victim_s.connect(&victim_c.local()).unwrap();
+        spawn(&pool, serve(victim.clone()));
+        // The victim's client calls with 3000 bytes (not inline) and is then
+        // driven only until its request is out: the reply's window stays bound.
+        let mut b = victim_c.alloc().unwrap();
+        b.copy_from(&pattern(v, 3000)).unwrap();
+        victim_c.call(Duration::ZERO, b"x", Some(b)).unwrap();
+        let bound = |fabric: &Fabric| {
+            fabric.windows(sn.device()).into_iter().find_map(|(_, w)| match w {
+                mwcap::sim::WindowState::Bound { rkey, qp, .. } if qp == victim_qp => Some(rkey),
+                _ => None,
+            })
+        };
+        let mut rkey = None;
+        for _ in 0..2000 {
+            victim_c.drive(Duration::ZERO);
+            pool.run_until_stalled();
+            rkey = bound(&fabric);
+            if rkey.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
-        std::thread::sleep(Duration::from_micros(200));
+        let rkey = rkey.unwrap_or_else(|| {
+            panic!(
+                "the server bound no window for its reply: {:?}; victim {:?} {:?}; client {:?}",
+                fabric.windows(sn.device()),
+                victim.is_down(),
+                victim.stats(),
+                victim_c.stats()
+            )
+        });
+        conns.push(victim);
+        links.push(victim_c);
+        rkeys.push(rkey);
     }
-    let rkey = rkey.unwrap_or_else(|| {
-        panic!(
-            "the server bound no window for its reply: {:?}; victim {:?} {:?}; client {:?}",
-            fabric.windows(sn.device()),
-            victim.is_down(),
-            victim.stats(),
-            victim_c.stats()
-        )
-    });
-    // The attacker's peer invalidates it through its own connection.
-    let wr = SendWr::SendWithInv { wr_id: 0xbad, signaled: true, sge: SgeList::new(), invalidate_rkey: rkey };
-    attack_c.nic().post_send(attack_c.local().id, &[wr]).unwrap();
-    (fabric, pool, victim, attacked, rkey, [victim_c, attack_c])
+    let (attack_s, attack_c) = server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let attacked = attack_s.connect(&attack_c.local()).unwrap();
+    pool.run_until_stalled();
+    // The attacker's peer invalidates them through its own connection.
+    let wrs: Vec<SendWr> = rkeys
+        .iter()
+        .map(|&rkey| SendWr::SendWithInv {
+            wr_id: 0xbad,
+            signaled: true,
+            sge: SgeList::new(),
+            invalidate_rkey: rkey,
+        })
+        .collect();
+    attack_c.nic().post_send(attack_c.local().id, &wrs).unwrap();
+    links.push(attack_c);
+    (fabric, pool, conns, attacked, rkeys, links)
 }
 
 /// Run `fabric` and `pool` (real time, the endpoint's timers) until `done`
@@ -734,19 +755,39 @@ fn run_until(fabric: &Fabric, pool: &mut LocalPool, mut done: impl FnMut() -> bo
 /// second LOCAL_INV.
 #[test]
 fn on_rxe_a_peer_that_invalidates_another_connections_window_never_makes_it_invalidated_twice() {
-    let (fabric, mut pool, victim, attacked, rkey, _links) =
-        invalidation_by_another_connection(DeviceConfig::rxe());
-    assert!(run_until(&fabric, &mut pool, || victim.is_down().is_some() && attacked.is_down().is_some()));
+    rxe_invalidations_by_another_connection(1);
+}
+
+/// As above with two victims, their windows invalidated by two
+/// SEND_WITH_INVs that reach the attacker's connection in one batch: each
+/// victim is told. (Before, the connection kept one such rkey per turn:
+/// the second overwrote the first, whose victim later invalidated its
+/// window again.)
+#[test]
+fn on_rxe_two_windows_invalidated_at_once_through_another_connection_are_both_found() {
+    rxe_invalidations_by_another_connection(2);
+}
+
+fn rxe_invalidations_by_another_connection(n: usize) {
+    let (fabric, mut pool, victims, attacked, rkeys, _links) =
+        invalidation_by_another_connection(DeviceConfig::rxe(), n);
+    assert!(run_until(&fabric, &mut pool, || victims.iter().all(|v| v.is_down().is_some())
+        && attacked.is_down().is_some()));
     assert_eq!(
         attacked.is_down(),
-        Some(LossReason::PeerMisbehaved(mwcap::conn::Misbehavior::SendWithInvalidate { rkey }))
+        Some(LossReason::PeerMisbehaved(mwcap::conn::Misbehavior::SendWithInvalidate { rkey: rkeys[0] }))
     );
-    assert_eq!(victim.is_down(), Some(LossReason::LeaseEngine(mwcap_mw::LossCause::InvalidatedElsewhere)));
-    // Past the reply's lease (300 ms), when the victim's expiry would
-    // have invalidated the window: both connections finish, every buffer
+    for victim in &victims {
+        assert_eq!(
+            victim.is_down(),
+            Some(LossReason::LeaseEngine(mwcap_mw::LossCause::InvalidatedElsewhere))
+        );
+    }
+    // Past the replies' lease (300 ms), when each victim's expiry would
+    // have invalidated its window: every connection finishes, every buffer
     // back, and nothing was invalidated twice.
-    let (v, a) = (victim.clone(), attacked.clone());
-    pool.run_until(async move { futures::join!(v.finished(), a.finished()) });
+    let all: Vec<_> = victims.iter().chain([&attacked]).cloned().collect();
+    pool.run_until(async move { futures::future::join_all(all.iter().map(|c| c.finished())).await });
     pool.run_until(async_io::Timer::after(Duration::from_millis(400)));
     assert!(fabric.would_crash_rxe().is_empty(), "{:?}", fabric.would_crash_rxe());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
@@ -758,8 +799,9 @@ fn on_rxe_a_peer_that_invalidates_another_connections_window_never_makes_it_inva
 /// and its connection stays up.
 #[test]
 fn on_a_spec_nic_a_peer_cannot_invalidate_another_connections_window() {
-    let (fabric, mut pool, victim, attacked, _, _links) =
-        invalidation_by_another_connection(DeviceConfig::spec());
+    let (fabric, mut pool, victims, attacked, _, _links) =
+        invalidation_by_another_connection(DeviceConfig::spec(), 1);
+    let victim = &victims[0];
     assert!(run_until(&fabric, &mut pool, || attacked.is_down().is_some()));
     assert!(
         matches!(attacked.is_down(), Some(LossReason::Completion { status: WcStatus::RemInvReqErr, .. })),

@@ -951,7 +951,9 @@ fn honest_client_beside_hoarders(n: usize) {
         "honest calls failed beside the hoarders: {failed:?}; pool {:?}",
         sh.stats().buffers
     );
-    assert!(hoarded > 24, "the hoarders kept calling ({hoarded} calls)");
+    // Each hoarder's first 6 calls go out at once; more means their calls
+    // timed out and they called again, holding the pool all along.
+    assert!(hoarded > 7 * n as u64, "the hoarders kept calling ({hoarded} calls)");
     let st = sh.stats().buffers.unwrap();
     assert!(st.empty > 0, "the pool ran empty: {st:?}");
 }

@@ -168,6 +168,9 @@ fn a_woken_waiter_that_takes_one_of_two_wakes_the_next() {
         }
         let got: Vec<bool> = waiters.iter().map(|w| w.2.is_some()).collect();
         assert_eq!(got, vec![true, true], "two buffers free, two connections wanting one: each gets one");
+        let st = p.stats();
+        assert_eq!(st.waiting, 0, "nobody left queued: {st:?}");
+        assert!(st.wakeups <= 2, "one wake-up per buffer at most: {st:?}");
     });
 }
 

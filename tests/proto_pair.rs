@@ -659,13 +659,16 @@ fn a_release_leaves_the_last_credit_for_a_grant() {
     assert_eq!(p.s.recvs.len(), 1, "one server receive left");
     // A buffer comes free: the client reads the waiting payload, and its
     // release finds one credit.
+    let waits = p.c.conn.stats().credit_waits;
+    let released = p.s.conn.stats().lease_owner.unwrap().released;
     p.c.conn.free(held.pop().unwrap());
     p.settle();
     answered += replies(&mut p, &mut held);
     assert_eq!(answered, BUFFERS + 1, "the last reply payload was read");
     assert_eq!(p.c.conn.stats().credits, 1, "the release waits: the last credit is the grant's");
     assert_eq!(p.s.recvs.len(), 1, "the server's last receive is left for a grant");
-    assert!(p.c.conn.stats().credit_waits > 0);
+    assert!(p.c.conn.stats().credit_waits > waits, "the release waited for credit");
+    assert_eq!(p.s.conn.stats().lease_owner.unwrap().released, released, "nothing released yet");
     // The server runs again: credit comes back, the release goes, and
     // every call is answered.
     p.frozen_server = false;

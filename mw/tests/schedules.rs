@@ -18,7 +18,7 @@ fn configs() -> impl Strategy<Value = Config> {
         0u8..3,
         proptest::option::of(0u32..20),
         any::<bool>(),
-        any::<bool>(),
+        0u8..3,
         2u32..6,
         any::<u64>(),
     )

@@ -709,7 +709,7 @@ impl<N: Nic> HubDriver<N> {
         inbox.clear();
         inner.count_turn(t.busy);
         self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
-        if let Some(rkey) = t.foreign_invalidation {
+        for rkey in t.foreign_invalidations {
             self.invalidated_elsewhere(inner, now, rkey);
         }
     }

@@ -143,6 +143,7 @@ pub mod pool_model {
         }
     }
 }
+pub use buf::Buf;
 pub use config::*;
 #[cfg(not(loom))]
 pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver, Pending};
@@ -150,7 +151,6 @@ pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::EndpointStats;
-pub use buf::Buf;
 // The I/O layer is internal: mwcap's own tests, the fuzzers and the
 // benchmark's sans-IO rows reach it through the `testing` feature.
 #[cfg(feature = "testing")]

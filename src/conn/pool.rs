@@ -374,6 +374,23 @@ impl Slots {
         Some(())
     }
 
+    /// The slots no longer wait for the pool's buffers of their classes in
+    /// `classes` (bits): a take of a larger class that fits as well
+    /// succeeded after those failed ([`BufferPool::withdraw`]).
+    #[cold]
+    pub(crate) fn stop_waiting(&mut self, classes: u64) {
+        let Some(b) = &self.backed else { return };
+        let mut mask = 0u64;
+        for (k, &c) in b.class.iter().enumerate() {
+            if classes & (1 << k) != 0 && c != usize::MAX {
+                mask |= 1 << c;
+            }
+        }
+        if mask != 0 {
+            b.pool.withdraw(b.member, mask);
+        }
+    }
+
     /// Whether a take of class `k` would find a buffer now: a free slot,
     /// and when backed, a free buffer of the pool (if not, the slots wait
     /// for one as a failed take does).

@@ -147,13 +147,14 @@ pub enum Step {
     /// B misbehaves: SEND_WITH_INV of the last rkey it was granted.
     PeerSendsWithInv,
     /// A peer of *another* connection on A's device sends a SEND_WITH_INV
-    /// carrying the last rkey B was granted (it guessed it), and A's NIC
-    /// invalidates the window device-wide (rxe): A's owner sees no
+    /// carrying the key of A's window `w`, bound now (it guessed it), and
+    /// A's NIC invalidates the window device-wide (rxe): A's owner sees no
     /// completion for it.
-    ForeignSendsWithInv,
-    /// A's endpoint polls the other connection's receive, sees the rkey it
-    /// invalidated is none of that connection's, and tells A's owner
-    /// (`Owner::handle_invalidation_elsewhere`), which takes A down.
+    ForeignSendsWithInv { w: u32 },
+    /// A's endpoint polls the other connection's receives, sees that the
+    /// oldest rkey not yet reported is none of that connection's, and tells
+    /// A's owner (`Owner::handle_invalidation_elsewhere`), which takes A
+    /// down. Every one is reported, in order (the endpoint keeps them all).
     HubReportsForeign,
 }
 
@@ -174,8 +175,9 @@ pub struct Config {
     /// The peer may crash (at any time, and by `die_by` at the latest).
     pub peer_death: Option<u32>,
     pub hostile: bool,
-    /// A peer of another connection may invalidate A's window (`Step::ForeignSendsWithInv`).
-    pub foreign: bool,
+    /// How many of A's windows a peer of another connection may invalidate
+    /// (`Step::ForeignSendsWithInv`).
+    pub foreign: u8,
     pub seed: u64,
     /// `Some(n)`: the owner is made with `Owner::lending` (`windows` lease
     /// slots) and each grant takes a window from a pool of `n` that the
@@ -198,7 +200,7 @@ impl Config {
             cancels: 0,
             peer_death: None,
             hostile: false,
-            foreign: false,
+            foreign: 0,
             seed: 7,
             lend: None,
         }
@@ -239,10 +241,10 @@ pub struct World {
     pub grants_left: u8,
     pub cancels_left: u8,
     pub hostile_left: bool,
-    pub foreign_left: bool,
-    /// An rkey a peer of another connection invalidated, not yet reported
-    /// to A's owner by the endpoint.
-    pub foreign_pending: Option<u32>,
+    pub foreign_left: u8,
+    /// Rkeys a peer of another connection invalidated, not yet reported to
+    /// A's owner by the endpoint, oldest first.
+    pub foreign_pending: Vec<u32>,
     // Ghost counters.
     /// A LOCAL_INV the owner posted before it was told met a window that a
     /// peer had invalidated: the double invalidation that panics rxe,
@@ -312,7 +314,7 @@ impl World {
             cancels_left: cfg.cancels,
             hostile_left: cfg.hostile,
             foreign_left: cfg.foreign,
-            foreign_pending: None,
+            foreign_pending: Vec::new(),
             peer_caused_double_inv: 0,
             foreign_told: 0,
             binds: vec![0; nic_windows as usize],
@@ -425,16 +427,16 @@ impl World {
         if self.hostile_left && b_alive && !self.b_err && self.last_rkey_seen.is_some() {
             out.push(Step::PeerSendsWithInv);
         }
-        // Only at a window bound with the key: one that is not bound any
-        // more would be the attacker's own double invalidation.
-        if self.foreign_left
-            && self.last_rkey_seen.is_some_and(|k| {
-                self.windows.iter().any(|w| matches!(w, WinState::Bound { rkey, .. } if *rkey == k))
-            })
-        {
-            out.push(Step::ForeignSendsWithInv);
+        // Only at a window bound now: one that is not bound any more would
+        // be the attacker's own double invalidation.
+        if self.foreign_left > 0 {
+            for (w, state) in self.windows.iter().enumerate() {
+                if matches!(state, WinState::Bound { .. }) {
+                    out.push(Step::ForeignSendsWithInv { w: w as u32 });
+                }
+            }
         }
-        if self.foreign_pending.is_some() {
+        if !self.foreign_pending.is_empty() {
             out.push(Step::HubReportsForeign);
         }
     }
@@ -550,20 +552,18 @@ impl World {
                 self.reader.handle_qp_error(now);
                 self.drive_reader();
             }
-            Step::ForeignSendsWithInv => {
-                self.foreign_left = false;
-                let rkey = self.last_rkey_seen.expect("enabled with a key seen");
-                let w = self
-                    .windows
-                    .iter()
-                    .position(|w| matches!(w, WinState::Bound { rkey: k, .. } if *k == rkey))
-                    .expect("enabled with the window bound");
+            Step::ForeignSendsWithInv { w } => {
+                self.foreign_left -= 1;
+                let w = w as usize;
+                let WinState::Bound { rkey, .. } = self.windows[w] else {
+                    unreachable!("enabled while bound")
+                };
                 self.windows[w] = WinState::PeerInvalid { rkey };
                 self.invalidations[w] += 1;
-                self.foreign_pending = Some(rkey);
+                self.foreign_pending.push(rkey);
             }
             Step::HubReportsForeign => {
-                let rkey = self.foreign_pending.take().expect("enabled with one pending");
+                let rkey = self.foreign_pending.remove(0);
                 if self.owner.handle_invalidation_elsewhere(now, rkey) {
                     self.foreign_told += 1;
                     if let Some(w) = self

@@ -40,6 +40,9 @@
 //! whose server connection holds every buffer it gets for whole leases (it
 //! never reads or releases its replies) is served after connections that
 //! hand buffers back within a call, however many such peers there are.
+//! (With no guaranteed share, a connection that holds buffers long is
+//! served after newcomers that have held none: a stream of new
+//! connections can keep it waiting.)
 //! Windows queue the same way, without shares (the pool allocates more
 //! when it runs short). The rules live in [`fair`].
 //!
@@ -521,6 +524,28 @@ impl BufferPool {
         wake
     }
 
+    /// Member `m` no longer waits for the pool classes in `classes` (bits):
+    /// it found a buffer of a larger class that suits it as well. Out of
+    /// those queues (a stale entry would make others defer to it), and a
+    /// wake-up it got from one and did not use goes to the next waiter.
+    pub(crate) fn withdraw(&self, m: u32, classes: u64) {
+        let wake = {
+            let mut st = self.0.state.lock();
+            let mut woken = 0;
+            for k in 0..self.0.sizes.len() {
+                if classes & (1 << k) != 0 {
+                    st.dequeue(m, k);
+                    if st.is_woken(m, k) {
+                        st.unwake(m, k);
+                        woken |= 1 << k;
+                    }
+                }
+            }
+            self.pass_on(&mut st, woken)
+        };
+        self.wake_and_keep(wake);
+    }
+
     /// Wake `wake` (from [`BufferPool::pass_on`]) outside the lock and
     /// keep the emptied list for the next time.
     fn wake_and_keep(&self, mut wake: Vec<Waker>) {
@@ -543,35 +568,37 @@ impl BufferPool {
     pub(crate) fn take(&self, m: u32, class: usize, outgoing: bool) -> Option<u32> {
         let mut st = self.0.state.lock();
         let keep = if outgoing { self.0.reserve[class] as usize } else { 0 };
+        // Wakers of other classes' waiters, for buffers unparked here
+        // (empty, no allocation, on every other take).
+        let mut others = Vec::new();
         if !st.parked.is_empty() && st.free.get(class).is_some_and(|f| f.len() <= keep) {
-            self.unpark(&mut st);
+            others = self.unpark(&mut st, class);
         }
-        if !st.may_take(m, class, self.count(class), keep) {
+        let taken = if st.may_take(m, class, self.count(class), keep) {
+            let i = st.free[class].pop().expect("may_take saw one");
+            st.unwake(m, class);
+            st.dequeue(m, class);
+            st.members[m as usize].held[class] += 1;
+            st.owner_of[i as usize] = m;
+            st.took_at[i as usize] = st.clock;
+            st.taken += 1;
+            st.held_bytes += u64::from(self.0.sizes[class]);
+            Some(i)
+        } else {
             st.empty += 1;
             st.enqueue(m, class, outgoing);
-            let wake = self.kick(&mut st, class);
-            drop(st);
-            if let Some(w) = wake {
-                w.wake();
-            }
-            return None;
-        }
-        let i = st.free[class].pop().expect("may_take saw one");
-        st.unwake(m, class);
-        st.dequeue(m, class);
-        st.members[m as usize].held[class] += 1;
-        st.owner_of[i as usize] = m;
-        st.took_at[i as usize] = st.clock;
-        st.taken += 1;
-        st.held_bytes += u64::from(self.0.sizes[class]);
-        // It may have been woken for one of several free: the next waiter
-        // hears of the rest.
+            None
+        };
+        // Taken: it may have been woken for one of several free, and the
+        // next waiter hears of the rest. Not: a free buffer the reserve
+        // keeps from it may suit a waiter behind it.
         let wake = self.kick(&mut st, class);
         drop(st);
         if let Some(w) = wake {
             w.wake();
         }
-        Some(i)
+        others.into_iter().for_each(Waker::wake);
+        taken
     }
 
     /// [`State::kick`] for buffer class `class`.
@@ -584,19 +611,23 @@ impl BufferPool {
     /// the class's queue.
     pub(crate) fn has_free(&self, m: u32, class: usize) -> bool {
         let mut st = self.0.state.lock();
+        let mut woken = Vec::new();
         if !st.parked.is_empty() && st.free.get(class).is_some_and(Vec::is_empty) {
-            self.unpark(&mut st);
+            woken = self.unpark(&mut st, class);
+            // More came free in this class than the caller will take: the
+            // next waiter hears of the rest.
+            if st.free[class].len() > 1 {
+                woken.extend(self.kick(&mut st, class));
+            }
         }
-        if st.may_take(m, class, self.count(class), 0) {
-            return true;
+        let ok = st.may_take(m, class, self.count(class), 0);
+        if !ok {
+            st.enqueue(m, class, false);
+            woken.extend(self.kick(&mut st, class));
         }
-        st.enqueue(m, class, false);
-        let wake = self.kick(&mut st, class);
         drop(st);
-        if let Some(w) = wake {
-            w.wake();
-        }
-        false
+        woken.into_iter().for_each(Waker::wake);
+        ok
     }
 
     /// Give buffer `i` back (its connection has evidence that no remote
@@ -643,17 +674,32 @@ impl BufferPool {
         }
     }
 
-    /// Free the parked buffers no handle holds any more.
-    fn unpark(&self, st: &mut State) {
+    /// Free the parked buffers no handle holds any more, and wake a waiter
+    /// of each class other than `class` that got some (the caller's class
+    /// is the caller's to take from, and its take wakes the next waiter).
+    /// Returns the wakers, to wake outside the lock (empty, no allocation,
+    /// when nothing of another class came free).
+    fn unpark(&self, st: &mut State, class: usize) -> Vec<Waker> {
         let Inner { firsts, mems, .. } = &*self.0;
+        let mut freed = 0u64;
         let State { parked, free, .. } = st;
         parked.retain(|&i| {
             if mems[i as usize].is_held() {
                 return true;
             }
-            free[firsts.partition_point(|&f| f <= i) - 1].push(i);
+            let k = firsts.partition_point(|&f| f <= i) - 1;
+            free[k].push(i);
+            freed |= 1 << k;
             false
         });
+        freed &= !(1 << class);
+        let mut wake = Vec::new();
+        for k in 0..self.0.sizes.len() {
+            if freed & (1 << k) != 0 {
+                wake.extend(self.kick(st, k));
+            }
+        }
+        wake
     }
 
     /// The memory of buffer `i`.

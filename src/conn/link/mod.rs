@@ -471,13 +471,10 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
-    /// Feed completions of this endpoint's QP (taken off a completion queue
-    /// by whoever polls it) and the frames they received to the connection,
-    /// and post what it asks for.
-    /// See [`Connection::take_foreign_invalidation`](super::proto::Connection::take_foreign_invalidation).
+    /// See [`Connection::take_foreign_invalidations`](super::proto::Connection::take_foreign_invalidations).
     #[inline]
-    pub(crate) fn take_foreign_invalidation(&mut self) -> Option<u32> {
-        self.conn.take_foreign_invalidation()
+    pub(crate) fn take_foreign_invalidations(&mut self) -> Vec<u32> {
+        self.conn.take_foreign_invalidations()
     }
 
     /// See [`Connection::window_invalidated_elsewhere`](super::proto::Connection::window_invalidated_elsewhere);
@@ -488,6 +485,9 @@ impl<N: Nic> Link<N> {
         hit
     }
 
+    /// Feed completions of this endpoint's QP (taken off a completion queue
+    /// by whoever polls it) and the frames they received to the connection,
+    /// and post what it asks for.
     pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
         let mut scratch = std::mem::take(&mut self.scratch);
         let span = self.span.clone();

@@ -228,9 +228,9 @@ pub(crate) struct Turn {
     pub(crate) busy: bool,
     /// The connection is down, closed and every buffer is back.
     pub(crate) finished: bool,
-    /// An rkey the peer invalidated that was none of this connection's
-    /// windows: the endpoint looks for the connection it belongs to.
-    pub(crate) foreign_invalidation: Option<u32>,
+    /// Rkeys the peer invalidated that were none of this connection's
+    /// windows: the endpoint looks for the connection each belongs to.
+    pub(crate) foreign_invalidations: Vec<u32>,
 }
 
 impl<N: Nic> Inner<N> {
@@ -327,7 +327,7 @@ impl<N: Nic> Inner<N> {
         if st.ep.wake_on_return(&inner.hub.waker) || again {
             inner.hub.waker.wake_by_ref();
         }
-        Turn { busy, finished, foreign_invalidation: st.ep.take_foreign_invalidation() }
+        Turn { busy, finished, foreign_invalidations: st.ep.take_foreign_invalidations() }
     }
 
     /// A SEND_WITH_INV received on another connection's queue pair

@@ -70,6 +70,10 @@ impl Connection {
                     // connection. Either way the peer ignores flow control.
                     self.frames_in += 1;
                     if self.frames_in > self.granted_total {
+                        // Its SEND_WITH_INV, if any, has happened all the same.
+                        if let Some(rkey) = c.invalidated_rkey {
+                            self.peer_invalidated(now, rkey);
+                        }
                         let (granted, received) = (self.granted_total, self.frames_in);
                         return self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
                     }

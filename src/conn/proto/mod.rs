@@ -340,10 +340,12 @@ pub struct Connection {
     last_answer: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
-    /// An rkey the peer's SEND_WITH_INV invalidated that is not one of this
+    /// Rkeys the peer's SEND_WITH_INVs invalidated that are none of this
     /// connection's windows: the endpoint looks for the connection whose
-    /// window it was ([`Connection::take_foreign_invalidation`]).
-    foreign_invalidation: Option<u32>,
+    /// window each was ([`Connection::take_foreign_invalidations`]). Every
+    /// one, not only the first: frames already received when the first
+    /// took the connection down are still handled, and each may carry one.
+    foreign_invalidations: Vec<u32>,
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
@@ -456,7 +458,7 @@ impl Connection {
             stats: ConnStats::default(),
             last_answer: None,
             ping: None,
-            foreign_invalidation: None,
+            foreign_invalidations: Vec::new(),
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),

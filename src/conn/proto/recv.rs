@@ -16,12 +16,13 @@ use super::confirm::ConfirmEngine;
 use super::*;
 
 impl Connection {
-    /// The rkey of a window this connection's peer invalidated that was not
-    /// one of this connection's, once: the endpoint hands it to the
+    /// The rkeys of windows this connection's peer invalidated that were
+    /// none of this connection's, each once: the endpoint hands each to the
     /// connection that bound it ([`Connection::window_invalidated_elsewhere`]).
+    /// Empty (no allocation) unless a peer sent SEND_WITH_INV.
     #[inline]
-    pub(crate) fn take_foreign_invalidation(&mut self) -> Option<u32> {
-        self.foreign_invalidation.take()
+    pub(crate) fn take_foreign_invalidations(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.foreign_invalidations)
     }
 
     /// A SEND_WITH_INV received on another connection's queue pair
@@ -43,6 +44,25 @@ impl Connection {
         true
     }
 
+    /// A frame from the peer came with SEND_WITH_INV of `rkey`, which the
+    /// NIC has carried out, whatever else is wrong with the frame: only the
+    /// owner invalidates, so the connection is over (the owner engine, if
+    /// any, keeps the window's slot until the flush). A window that is none
+    /// of ours was bound to another queue pair (rxe does not scope
+    /// invalidation): perhaps another connection's, which must then never
+    /// invalidate it again.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn peer_invalidated(&mut self, now: Duration, rkey: u32) {
+        let ours = self.owner.as_ref().is_some_and(|o| o.engine.binds_rkey(rkey));
+        if let Some(o) = self.owner.as_mut() {
+            o.engine.handle_peer_invalidation(now, rkey);
+        }
+        if !ours {
+            self.foreign_invalidations.push(rkey);
+        }
+    }
+
     /// The peer broke the protocol: the connection goes down. (Cold: kept
     /// out of the receive path it is checked on.)
     #[cold]
@@ -57,18 +77,7 @@ impl Connection {
     pub(super) fn on_recv(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.stats.frames_received += 1;
         if let Some(rkey) = invalidated {
-            // Only the owner invalidates: the connection is over (the owner
-            // engine, if any, keeps the window's slot until the flush).
-            let ours = self.owner.as_ref().is_some_and(|o| o.engine.binds_rkey(rkey));
-            if let Some(o) = self.owner.as_mut() {
-                o.engine.handle_peer_invalidation(now, rkey);
-            }
-            if !ours {
-                // The NIC invalidated a window bound to another queue pair
-                // (rxe does not scope invalidation): perhaps another
-                // connection's, which must then never invalidate it again.
-                self.foreign_invalidation = Some(rkey);
-            }
+            self.peer_invalidated(now, rkey);
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
         match Frame::receive(bytes) {
