@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use mwcap::bootstrap::{Auth, Key};
-use mwcap::conn::{Config, Endpoint, Policies, Policy, PolicyChoice, Role};
+use mwcap::conn::{Config, Endpoint, PolicyChoice};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 use mwcap::ProbeCache;
 
 const T: Duration = Duration::from_secs(10);
 
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Confirm));
+fn cfg() -> Config {
+    let mut c = Config::default();
     c.buffers = 4;
     c.buffer_size = 4096;
     c
@@ -68,7 +68,7 @@ fn probe_per_client(n: usize, auth: &Auth) -> f64 {
 fn client_endpoint(nic: SimNic, auth: &Auth) -> Endpoint<SimNic> {
     let (client, driver) = Endpoint::builder(nic, auth.clone())
         .policy(PolicyChoice::Confirm)
-        .config(cfg(Role::Client))
+        .config(cfg())
         .handshake_timeout(T)
         .build()
         .expect("a client endpoint");
@@ -90,7 +90,7 @@ fn server_endpoint(nic: SimNic, auth: &Auth) -> (Endpoint<SimNic>, ProbeCache) {
     let probes = ProbeCache::new();
     let (endpoint, driver) = Endpoint::builder(nic, auth.clone())
         .policy(PolicyChoice::Auto)
-        .config(cfg(Role::Server))
+        .config(cfg())
         .handshake_timeout(T)
         .probe_cache(probes.clone())
         .listen("127.0.0.1:0".parse().unwrap())

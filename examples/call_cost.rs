@@ -36,8 +36,8 @@ fn main() {
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
     let p = Policies::both(policy);
-    let cfg = |role| {
-        let mut c = Config::new(role, p);
+    let cfg = || {
+        let mut c = Config::default();
         // Callgrind runs ~50x slower: keep timers far from firing.
         c.call_timeout = Duration::from_secs(600);
         c.lease_time = Duration::from_secs(300);
@@ -50,8 +50,8 @@ fn main() {
         Endpoint::builder(cn, Auth::Unauthenticated).queue_depth(1 << 14).build().expect("endpoint");
     let (se, sdrv) =
         Endpoint::builder(sn, Auth::Unauthenticated).queue_depth(1 << 14).build().expect("endpoint");
-    let (c, s) =
-        (ce.prepare(cfg(Role::Client)).expect("prepare"), se.prepare(cfg(Role::Server)).expect("prepare"));
+    let c = ce.prepare(Role::Client, p, cfg()).expect("prepare");
+    let s = se.prepare(Role::Server, p, cfg()).expect("prepare");
     let (a, b) = (c.local(), s.local());
     let client = c.connect(&b).expect("connect client");
     let server = s.connect(&a).expect("connect server");

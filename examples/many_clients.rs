@@ -24,16 +24,14 @@ use std::time::{Duration, Instant};
 use futures::future::{join_all, BoxFuture};
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
-use mwcap::conn::{
-    Config, Connection, Endpoint, EndpointDriver, Policies, Policy, PolicyChoice, Role, SetupError,
-};
+use mwcap::conn::{Config, Connection, Endpoint, EndpointDriver, PolicyChoice, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 const CALLS: usize = 5;
 const SILENT: usize = 3;
 
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Confirm));
+fn cfg() -> Config {
+    let mut c = Config::default();
     c.buffers = 4;
     c.buffer_size = 4096;
     c
@@ -43,10 +41,9 @@ fn cfg(role: Role) -> Config {
 /// the example's key, 2 s per handshake phase.
 fn endpoint(nic: SimNic, server: bool) -> (Endpoint<SimNic>, EndpointDriver<SimNic>) {
     let key = Key::from_bytes(b"many_clients example key, 16+ bytes".to_vec()).expect("a long enough key");
-    let role = if server { Role::Server } else { Role::Client };
     let mut b = Endpoint::builder(nic, Auth::Key(key))
         .policy(PolicyChoice::Auto)
-        .config(cfg(role))
+        .config(cfg())
         .handshake_timeout(Duration::from_secs(2))
         // A completion queue holds every connection's worst case: 65,536
         // entries are enough for several hundred connections of this size.

@@ -38,8 +38,8 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn config(role: Role, ctrl_slots: u32, send_slots: u32) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Mw));
+fn config(ctrl_slots: u32, send_slots: u32) -> Config {
+    let mut c = Config::default();
     c.buffers = 2;
     c.buffer_size = 4096;
     c.ctrl_slots = ctrl_slots;
@@ -123,8 +123,9 @@ fn main() {
     let mut servers = Vec::with_capacity(n);
     let mut registered = 0;
     for _ in 0..n {
-        let c = chub.prepare(config(Role::Client, ctrl_slots, send_slots)).expect("client");
-        let s = shub.prepare(config(Role::Server, ctrl_slots, send_slots)).expect("server");
+        let mw = Policies::both(Policy::Mw);
+        let c = chub.prepare(Role::Client, mw, config(ctrl_slots, send_slots)).expect("client");
+        let s = shub.prepare(Role::Server, mw, config(ctrl_slots, send_slots)).expect("server");
         let (ce, se) = (c.local(), s.local());
         let client = c.connect(&se).expect("connect");
         let server = s.connect(&ce).expect("connect");

@@ -38,8 +38,11 @@ use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 const LEASE: Duration = Duration::from_millis(300);
 const POOL: u32 = 4;
 
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Mw));
+/// Both directions under mw.
+const MW: Policies = Policies { request: Policy::Mw, reply: Policy::Mw };
+
+fn cfg() -> Config {
+    let mut c = Config::default();
     c.buffers = 2;
     c.buffer_size = 4096;
     c.large_buffers = Vec::new();
@@ -97,10 +100,10 @@ fn run(hoarders: usize, calls: usize) -> Run {
     let mut hoards: Vec<(Link<SimNic>, usize)> = Vec::new();
     let mut held = Vec::new();
     for _ in 0..hoarders {
-        let s = sh.prepare(cfg(Role::Server)).unwrap();
-        let mut ccfg = cfg(Role::Client);
+        let s = sh.prepare(Role::Server, MW, cfg()).unwrap();
+        let mut ccfg = cfg();
         ccfg.call_timeout = Duration::from_millis(400);
-        let mut c = Link::new(cn.new_pd().unwrap(), ccfg).unwrap();
+        let mut c = Link::new(cn.new_pd().unwrap(), Role::Client, MW, ccfg).unwrap();
         c.connect(&s.local()).unwrap();
         let s = s.connect(&c.local()).unwrap();
         spawn(&pool, serve(s, 0x40));
@@ -108,9 +111,9 @@ fn run(hoarders: usize, calls: usize) -> Run {
         hoards.push((c, 0));
     }
     // The honest client gives a call up after 3 s (10 leases).
-    let mut hcfg = cfg(Role::Client);
+    let mut hcfg = cfg();
     hcfg.call_timeout = Duration::from_secs(3);
-    let (c, s) = (ch.prepare(hcfg).unwrap(), sh.prepare(cfg(Role::Server)).unwrap());
+    let (c, s) = (ch.prepare(Role::Client, MW, hcfg).unwrap(), sh.prepare(Role::Server, MW, cfg()).unwrap());
     let (cl, sl) = (c.local(), s.local());
     let (honest, honest_s) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     let watch = honest_s.clone();

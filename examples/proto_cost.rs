@@ -44,7 +44,7 @@ fn done(cq: &mut VecDeque<Completion>, wr_id: u64, opcode: WcOpcode, byte_len: u
 
 impl Side {
     fn new(role: Role, p: Policy, addr: u64) -> Side {
-        let mut cfg = Config::new(role, Policies::both(p));
+        let mut cfg = Config::default();
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
@@ -52,7 +52,7 @@ impl Side {
         cfg.call_timeout = Duration::from_secs(600);
         cfg.lease_time = Duration::from_secs(300);
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey: 7 };
-        let mw = cfg.directions().0 == Policy::Mw;
+        let mw = Policies::both(p).directions(role).0 == Policy::Mw;
         let n = if mw { BUFFERS } else { 0 };
         let res = Resources {
             ctrl: MrId::from_raw(1),
@@ -60,7 +60,7 @@ impl Side {
             windows: (0..n).map(|i| MwId::from_raw(10 + i)).collect(),
             window_rkeys: (0..n).map(|i| (0x100 + i) << 8).collect(),
         };
-        let mut conn = Connection::new(cfg, res);
+        let mut conn = Connection::new(role, Policies::both(p), cfg, res);
         conn.start();
         Side {
             conn,

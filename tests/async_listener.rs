@@ -19,7 +19,7 @@ use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, BootstrapError, Key};
 use mwcap::conn::{
     Backoff, Config, Connection, Endpoint, EndpointBuilder, EndpointDriver, LossReason, Policies, Policy,
-    PolicyChoice, ProbeCache, ReconnectError, Reconnecting, Role, SetupError,
+    PolicyChoice, ProbeCache, ReconnectError, Reconnecting, SetupError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -30,8 +30,8 @@ fn key(text: &str) -> Auth {
 const KEY: &str = "async_listener's shared test key";
 
 /// Small connections: many of them live at once.
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Confirm));
+fn cfg() -> Config {
+    let mut c = Config::default();
     c.buffers = 4;
     c.buffer_size = 4096;
     c
@@ -40,7 +40,7 @@ fn cfg(role: Role) -> Config {
 /// An endpoint on `nic` with the key `text`, the policy `choice` and small
 /// connections.
 fn builder(nic: SimNic, text: &str, choice: PolicyChoice) -> EndpointBuilder<SimNic> {
-    Endpoint::builder(nic, key(text)).policy(choice).config(cfg(Role::Client))
+    Endpoint::builder(nic, key(text)).policy(choice).config(cfg())
 }
 
 fn any_port() -> SocketAddr {

@@ -33,15 +33,16 @@ fn endpoint(nic: SimNic) -> (Endpoint<SimNic>, EndpointDriver<SimNic>) {
     Endpoint::builder(nic, Auth::Unauthenticated).build().unwrap()
 }
 
-/// A client connection with `ccfg` on an endpoint on `cn`, a server one with
-/// `scfg` on an endpoint on `sn`, connected; the endpoints and their drivers.
 /// One side: its endpoint, the endpoint's driver, its connection.
 type Side = (Endpoint<SimNic>, EndpointDriver<SimNic>, Connection<SimNic>);
 
-fn pair_on(cn: SimNic, sn: SimNic, ccfg: Config, scfg: Config) -> (Side, Side) {
+/// A client connection with `ccfg` on an endpoint on `cn`, a server one with
+/// `scfg` on an endpoint on `sn`, with `p`, connected; the endpoints and
+/// their drivers.
+fn pair_on(cn: SimNic, sn: SimNic, p: Policies, ccfg: Config, scfg: Config) -> (Side, Side) {
     let (ce, cd) = endpoint(cn);
     let (se, sd) = endpoint(sn);
-    let (c, s) = (ce.prepare(ccfg).unwrap(), se.prepare(scfg).unwrap());
+    let (c, s) = (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, scfg).unwrap());
     let (cl, sl) = (c.local(), s.local());
     let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     ((ce, cd, client), (se, sd, server))
@@ -63,15 +64,15 @@ fn connected_timeouts(p: Policies, lease: Duration, call_timeout: Duration) -> P
 fn connected_on(fabric: &Fabric, p: Policies, lease: Duration, call_timeout: Duration) -> Pair {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let cfg = |role| {
-        let mut c = Config::new(role, p);
+    let cfg = || {
+        let mut c = Config::default();
         c.call_timeout = call_timeout;
         c.lease_time = lease;
         c.safety_margin = Duration::from_millis(50);
         c
     };
     // The endpoints are dropped: each driver ends once its connection has.
-    let ((_, cd, client), (_, sd, server)) = pair_on(cn, sn, cfg(Role::Client), cfg(Role::Server));
+    let ((_, cd, client), (_, sd, server)) = pair_on(cn, sn, p, cfg(), cfg());
     let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
     let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
     (client, cdrv, server, sdrv)
@@ -178,8 +179,7 @@ fn an_idle_connection_sleeps_instead_of_polling() {
     let fabric = Fabric::with_seed(3);
     let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
     let p = Policies::both(Policy::Mw);
-    let ((ce, cd, client), (se, sd, server)) =
-        pair_on(cn, sn, Config::new(Role::Client, p), Config::new(Role::Server, p));
+    let ((ce, cd, client), (se, sd, server)) = pair_on(cn, sn, p, Config::default(), Config::default());
     let app = async {
         // One call, so that everything has run once, then nothing.
         client.call(b"ping", None).await.expect("call");
@@ -559,9 +559,9 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let p = Policies::both(Policy::Mw);
-    let mut ccfg = Config::new(Role::Client, p);
+    let mut ccfg = Config::default();
     ccfg.busy_poll = Duration::from_secs(10);
-    let ((ce, _client_driver, client), (_, sd, server)) = pair_on(cn, sn, ccfg, Config::new(Role::Server, p));
+    let ((ce, _client_driver, client), (_, sd, server)) = pair_on(cn, sn, p, ccfg, Config::default());
     let closer = server.clone();
     let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
     let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));

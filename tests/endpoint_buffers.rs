@@ -9,7 +9,7 @@ use mwcap::conn::{Config, Endpoint, Event, Link, Policies, Policy, Role, SimPair
 use mwcap::sim::{DeviceConfig, Fabric};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::spec(21, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
+    SimPair::spec(21, p, Config::default(), Config::default()).expect("pair")
 }
 
 #[test]
@@ -134,12 +134,13 @@ fn alloc_waits_for_a_buffer_dropped_by_another_task() {
     let fabric = Fabric::with_seed(8);
     let nic = fabric.add_device(DeviceConfig::spec());
     let cfg_p = Policies::both(Policy::Mw);
-    let mut cfg = Config::new(Role::Client, cfg_p);
+    let mut cfg = Config::default();
     cfg.buffers = 1;
     let (endpoint, driver) = Endpoint::builder(nic, Auth::Unauthenticated).build().unwrap();
     let (peer, _peer_driver) =
         Endpoint::builder(fabric.add_device(DeviceConfig::spec()), Auth::Unauthenticated).build().unwrap();
-    let (c, s) = (endpoint.prepare(cfg).unwrap(), peer.prepare(Config::new(Role::Server, cfg_p)).unwrap());
+    let c = endpoint.prepare(Role::Client, cfg_p, cfg).unwrap();
+    let s = peer.prepare(Role::Server, cfg_p, Config::default()).unwrap();
     let (cl, sl) = (c.local(), s.local());
     let (conn, _server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     let only = conn.try_alloc().unwrap();
@@ -189,14 +190,15 @@ fn broken_settings() -> Vec<Case> {
 #[test]
 fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     use mwcap::conn::{BufClass, SetupError};
-    let base = Config::new(Role::Server, Policies::both(Policy::Mw));
+    let base = Config::default();
+    let mw = Policies::both(Policy::Mw);
     let cases = broken_settings();
     let fabric = Fabric::with_seed(3);
     let nic = fabric.add_device(DeviceConfig::spec());
     for (i, (break_it, expected)) in cases.into_iter().enumerate() {
         let mut cfg = base.clone();
         break_it(&mut cfg);
-        match Link::new(nic.clone(), cfg.clone()) {
+        match Link::new(nic.clone(), Role::Server, mw, cfg.clone()) {
             Err(SetupError::Config(e)) => {
                 assert!(expected(&e), "case {i}: {e:?}");
                 assert!(e.to_string().contains("Config::"), "case {i}: the message names the field: {e}");
@@ -210,7 +212,7 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     cfg.buffer_size = 64;
     cfg.large_buffers = (1..=255).map(|i| BufClass { size: 64 + i, count: 1 }).collect();
     assert_eq!(cfg.check(), Ok(()));
-    Link::new(nic.clone(), base).expect("the defaults work");
+    Link::new(nic.clone(), Role::Server, mw, base).expect("the defaults work");
 }
 
 /// Every way to connect checks the settings before it creates anything on
@@ -247,7 +249,7 @@ fn settings_that_cannot_work_are_refused_before_anything_is_created() {
         }),
     ];
     for (i, (break_it, expected)) in broken_settings().into_iter().enumerate() {
-        let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+        let mut cfg = Config::default();
         break_it(&mut cfg);
         for (way, make) in builders {
             let before = fabric.created(dev);
@@ -259,7 +261,7 @@ fn settings_that_cannot_work_are_refused_before_anything_is_created() {
             assert_eq!(fabric.created(dev), before, "case {i}, {way}: created something first");
         }
         let before = fabric.created(dev);
-        match good.prepare(cfg.clone()) {
+        match good.prepare(Role::Client, Policies::both(Policy::Mw), cfg.clone()) {
             Err(SetupError::Config(e)) => assert!(expected(&e), "case {i}, prepare: {e:?}"),
             Err(e) => panic!("case {i}, prepare: {e:?}"),
             Ok(_) => panic!("case {i}, prepare: accepted {cfg:?}"),
@@ -268,7 +270,7 @@ fn settings_that_cannot_work_are_refused_before_anything_is_created() {
     }
     // The counts do move when a way to connect creates something.
     let before = fabric.created(dev);
-    let pending = good.prepare(Config::new(Role::Client, Policies::both(Policy::Mw))).unwrap();
+    let pending = good.prepare(Role::Client, Policies::both(Policy::Mw), Config::default()).unwrap();
     assert!(fabric.created(dev).qps > before.qps);
     drop(pending);
 }

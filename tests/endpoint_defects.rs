@@ -11,7 +11,7 @@ use mwcap::conn::{
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Progress, SimNic};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::spec(11, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
+    SimPair::spec(11, p, Config::default(), Config::default()).expect("pair")
 }
 
 /// Fail on any hazard the simulator's oracle recorded on `fabric`: no DMA
@@ -178,7 +178,7 @@ fn a_request_with_two_payloads_is_refused_and_holds_no_buffer() {
     let raw = RawPeer::new(&fabric);
     let p = Policies::both(Policy::Mw);
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let mut server = Link::new(sn, Config::new(Role::Server, p)).unwrap();
+    let mut server = Link::new(sn, Role::Server, p, Config::default()).unwrap();
     let total = server.free_buffers();
     raw.nic.connect_qp(raw.local.id, &server.local()).unwrap();
     server.connect(&raw.local).unwrap();
@@ -355,26 +355,26 @@ fn free_anywhere(p: &mut SimPair, b: Buf) {
 
 #[test]
 fn a_peer_that_never_posts_receives_is_declared_dead_and_the_buffer_returns() {
-    never_posting_peer(Config::new(Role::Client, Policies::both(Policy::Mw)));
+    never_posting_peer(Config::default());
 }
 
 /// A user's `rnr_retry` of 7 ("retry forever" on a real NIC) is taken as
 /// 6: the connection still goes down.
 #[test]
 fn a_users_rnr_retry_of_7_is_taken_as_6() {
-    let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
+    let mut cfg = Config::default();
     cfg.rnr_retry = 7;
     never_posting_peer(cfg);
 }
 
-/// The client (configured by `cfg`) calls a raw peer that never posts a
+/// The client (configured by `cfg`, both directions mw) calls a raw peer that never posts a
 /// receive: it is declared dead within its RNR budget and its buffer
 /// returns.
 fn never_posting_peer(cfg: Config) {
     let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
     let raw = RawPeer::new(&fabric);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
-    let mut client = Link::new(cn, cfg).unwrap();
+    let mut client = Link::new(cn, Role::Client, Policies::both(Policy::Mw), cfg).unwrap();
     raw.nic.connect_qp(raw.local.id, &client.local()).unwrap();
     client.connect(&raw.local).unwrap();
     // Longer than `inline_max`, so it is exposed (inline payloads need no buffer back).

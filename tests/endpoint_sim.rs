@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, Role, SimPair};
+use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, SimPair};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::spec(7, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
+    SimPair::spec(7, p, Config::default(), Config::default()).expect("pair")
 }
 
 const ALL: [Policies; 4] = [
@@ -130,12 +130,12 @@ fn a_call_times_out_when_the_server_never_replies_and_buffers_still_return() {
 #[test]
 fn unsignaled_frames_give_their_send_slots_back_with_a_later_completion() {
     for slots in [4u32, 6] {
-        let cfg = |role| {
-            let mut c = Config::new(role, Policies::both(Policy::Mw));
+        let cfg = || {
+            let mut c = Config::default();
             c.send_slots = Some(slots);
             c
         };
-        let mut p = SimPair::spec(11, cfg(Role::Client), cfg(Role::Server)).expect("pair");
+        let mut p = SimPair::spec(11, Policies::both(Policy::Mw), cfg(), cfg()).expect("pair");
         let calls = 10 * slots as u64;
         for i in 0..calls {
             let now = p.now();

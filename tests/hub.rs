@@ -7,16 +7,16 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::backend::{Completion, Nic, SendWr, Sge, SgeList, WcStatus};
-use mwcap::conn::{Config, Connection, Endpoint, LossReason, Policies, Policy, Role, SetupError};
+use mwcap::conn::{Connection, Endpoint, LossReason, Policies, Policy, Role, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
 mod hubs;
 use hubs::{
-    builder, endpoint, half_bootstrap, pattern, serve, serve_clients, server_with_link_client, spawn,
+    builder, endpoint, half_bootstrap, pattern, serve, serve_clients, server_with_link_client, spawn, Side,
 };
 
-fn cfg(role: Role, p: Policies) -> Config {
-    let mut c = Config::new(role, p);
+fn cfg(role: Role, p: Policies) -> Side {
+    let mut c = Side::new(role, p);
     c.buffers = 4;
     c.large_buffers = vec![mwcap::conn::BufClass { size: 256 * 1024, count: 1 }];
     c.ctrl_slots = 8;
@@ -196,7 +196,7 @@ fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves
     let (ep, _drv) = builder(sn).queue_depth(400).build().unwrap();
     let mut held = Vec::new();
     let err = loop {
-        match ep.prepare(cfg(Role::Server, p)) {
+        match cfg(Role::Server, p).prepare(&ep) {
             Ok(prep) => held.push(prep),
             Err(e) => break e,
         }
@@ -214,7 +214,7 @@ fn a_hub_refuses_a_connection_its_queue_cannot_hold_and_takes_it_once_one_leaves
     assert!(err.to_string().contains("another endpoint"), "{err}");
     // Dropping a queue pair not yet connected gives its share back.
     held.pop();
-    ep.prepare(cfg(Role::Server, p)).expect("room again after one left");
+    cfg(Role::Server, p).prepare(&ep).expect("room again after one left");
 }
 
 /// A client that uses another connection's region key on an rxe-like
@@ -232,8 +232,8 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
     // attacker's is a link driven by hand.
     let ch = endpoint(&pool, builder(cn.clone()).queue_depth(1 << 14));
     let p = Policies::both(Policy::Confirm); // the region key covers the whole region
-    let victim_s = sh.prepare(cfg(Role::Server, p)).unwrap();
-    let victim_c = ch.prepare(cfg(Role::Client, p)).unwrap();
+    let victim_s = cfg(Role::Server, p).prepare(&sh).unwrap();
+    let victim_c = cfg(Role::Client, p).prepare(&ch).unwrap();
     let (attack_s, attack_c) = server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
     let secret = victim_s.link().data_region();
     victim_s.link().nic().write_mr(secret.id, 0, b"the victim's bytes").unwrap();
@@ -286,7 +286,7 @@ fn on_rxe_a_peer_reaches_nothing_of_another_connection_on_the_same_hub() {
 /// old completion must not reach it as a frame.
 #[test]
 fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_with_its_number() {
-    use mwcap::conn::{Link, PolicyChoice};
+    use mwcap::conn::PolicyChoice;
     use mwcap::sim::{FabricConfig, Progress};
     let fabric = Fabric::new(FabricConfig::with_seed(17));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
@@ -298,7 +298,7 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
     // itself; from then on nothing moves unless the test says so.
     let (ep, driver) = builder(sn.clone())
         .policy(PolicyChoice::Mw)
-        .config(cfg(Role::Server, p))
+        .config(cfg(Role::Server, p).cfg)
         .queue_depth(1 << 14)
         .handshake_timeout(Duration::from_secs(5))
         .listen("127.0.0.1:0".parse().unwrap())
@@ -306,7 +306,7 @@ fn a_completion_left_in_the_queue_by_a_destroyed_qp_never_reaches_the_next_qp_wi
         .unwrap();
     fabric.set_progress(Progress::Manual);
     // The client's bootstrap, by hand, as far as the server connecting its QP.
-    let mut client = Link::new(cn.new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+    let mut client = cfg(Role::Client, p).link(cn.new_pd().unwrap()).unwrap();
     let (hs, at, rx) = half_bootstrap(&mut pool, &fabric, &ep, sn.device(), &mut client);
     // A request lands in the old QP's receive slot; nothing polls the
     // endpoint's queue.
@@ -462,7 +462,7 @@ fn two_endpoints_driven_on_two_threads_serve_their_clients() {
     for _ in 0..2 {
         let (server, driver) = Endpoint::builder(sn.new_pd().unwrap(), key())
             .policy(PolicyChoice::Auto)
-            .config(cfg(Role::Server, p))
+            .config(cfg(Role::Server, p).cfg)
             .queue_depth(1 << 14)
             .handshake_timeout(Duration::from_secs(5))
             .probe_cache(probes.clone())
@@ -475,7 +475,7 @@ fn two_endpoints_driven_on_two_threads_serve_their_clients() {
     assert_eq!(probes.probes_run(), 1, "one probe for the device of both endpoints");
     let mut pool = LocalPool::new();
     let (client, cd) = Endpoint::builder(cn, key())
-        .config(cfg(Role::Client, p))
+        .config(cfg(Role::Client, p).cfg)
         .handshake_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -546,7 +546,7 @@ fn a_reconnecting_client_comes_back_on_its_endpoints_hub() {
     let p = Policies::both(Policy::Mw);
     let (server, sd) = Endpoint::builder(sn, key())
         .policy(PolicyChoice::Auto)
-        .config(cfg(Role::Server, p))
+        .config(cfg(Role::Server, p).cfg)
         .handshake_timeout(Duration::from_secs(5))
         .listen("127.0.0.1:0".parse().unwrap())
         .build()
@@ -554,7 +554,7 @@ fn a_reconnecting_client_comes_back_on_its_endpoints_hub() {
     let addr = server.local_addr().unwrap();
     let mut pool = LocalPool::new();
     let (endpoint, cd) = Endpoint::builder(cn, key())
-        .config(cfg(Role::Client, p))
+        .config(cfg(Role::Client, p).cfg)
         .queue_depth(1 << 12)
         .handshake_timeout(Duration::from_secs(5))
         .build()

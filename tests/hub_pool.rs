@@ -10,20 +10,20 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use mwcap::backend::{MrId, Nic, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
-    BufClass, Config, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason,
-    Policies, Policy, PolicyChoice, Role, SetupError, SrqConfig,
+    BufClass, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason, Policies,
+    Policy, PolicyChoice, Role, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
 
 mod hubs;
-use hubs::{builder, pattern, serve, serve_clients, server_with_link_client, spawn};
+use hubs::{builder, pattern, serve, serve_clients, server_with_link_client, spawn, Side};
 
 const SMALL: u32 = 4096;
 const LARGE: u32 = 64 * 1024;
 
 /// Per connection: up to 4 small buffers and 1 large one at once.
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Mw));
+fn cfg(role: Role) -> Side {
+    let mut c = Side::new(role, Policies::both(Policy::Mw));
     c.buffers = 4;
     c.buffer_size = SMALL;
     c.large_buffers = vec![BufClass { size: LARGE, count: 1 }];
@@ -61,7 +61,7 @@ fn pair(ch: &Endpoint<SimNic>, sh: &Endpoint<SimNic>) -> (Connection<SimNic>, Co
 fn pair_with(
     ch: &Endpoint<SimNic>,
     sh: &Endpoint<SimNic>,
-    cfg: impl Fn(Role) -> Config,
+    cfg: impl Fn(Role) -> Side,
 ) -> (Connection<SimNic>, Connection<SimNic>) {
     hubs::pair(ch, sh, cfg(Role::Client), cfg(Role::Server))
 }
@@ -190,7 +190,7 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
 }
 
 /// Per connection: 2 small buffers, nothing else.
-fn small_cfg(role: Role) -> Config {
+fn small_cfg(role: Role) -> Side {
     let mut c = cfg(role);
     c.buffers = 2;
     c.large_buffers = Vec::new();
@@ -370,7 +370,7 @@ fn a_pool_refuses_what_it_cannot_serve_and_says_why() {
     let (sh, _d) = small_pool(sn.clone(), 4).build().unwrap();
     let mut c = small_cfg(Role::Server);
     c.buffer_size = 8192;
-    let e = sh.prepare(c).expect_err("8 KiB buffers are not in the pool");
+    let e = c.prepare(&sh).expect_err("8 KiB buffers are not in the pool");
     let msg = e.to_string();
     assert!(msg.contains("8192") && msg.contains("4096"), "{msg}");
     assert!(
@@ -379,7 +379,7 @@ fn a_pool_refuses_what_it_cannot_serve_and_says_why() {
     );
     let mut confirm = small_cfg(Role::Server);
     confirm.policies = Policies::both(Policy::Confirm);
-    let e = sh.prepare(confirm).expect_err("confirm on a shared pool");
+    let e = confirm.prepare(&sh).expect_err("confirm on a shared pool");
     assert!(e.to_string().contains("mw policy only"), "{e}");
     assert!(matches!(e, SetupError::Config(ConfigError::SharedReceivesNeedMw { .. })), "{e:?}");
     let none = builder(sn)
@@ -473,7 +473,7 @@ fn a_listening_endpoint_serves_mw_clients_from_a_shared_pool() {
     let key = || Auth::Key(Key::from_bytes(b"a listener over a pooled hub: a test key".to_vec()).unwrap());
     let (server, sd) = Endpoint::builder(sn.new_pd().unwrap(), key())
         .policy(PolicyChoice::Mw)
-        .config(cfg(Role::Server))
+        .config(cfg(Role::Server).cfg)
         .shared_receives(SrqConfig { chunk: 64, max_slots: 4096 })
         .shared_buffers(&[BufClass { size: SMALL, count: 4 }, BufClass { size: LARGE, count: 1 }])
         .handshake_timeout(Duration::from_secs(5))
@@ -482,7 +482,7 @@ fn a_listening_endpoint_serves_mw_clients_from_a_shared_pool() {
         .unwrap();
     let (client, cd) = Endpoint::builder(cn, key())
         .policy(PolicyChoice::Mw)
-        .config(cfg(Role::Client))
+        .config(cfg(Role::Client).cfg)
         .handshake_timeout(Duration::from_secs(5))
         .build()
         .unwrap();

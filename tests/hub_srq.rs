@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 use futures::executor::LocalPool;
 use mwcap::backend::{rkey, Access, Completion, Nic, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conn::{
-    Config, ConfigError, Connection, Endpoint, EndpointBuilder, Event, Link, LossReason, Pending, Policies,
-    Policy, PolicyChoice, Role, SetupError, SrqConfig,
+    ConfigError, Connection, Endpoint, EndpointBuilder, Event, Link, LossReason, Pending, Policies, Policy,
+    PolicyChoice, Role, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, DeviceId, Fabric, SimNic};
 
 mod hubs;
-use hubs::{builder, pattern, serve, serve_clients, spawn};
+use hubs::{builder, pattern, serve, serve_clients, spawn, Side};
 
-fn cfg(role: Role) -> Config {
-    let mut c = Config::new(role, Policies::both(Policy::Mw));
+fn cfg(role: Role) -> Side {
+    let mut c = Side::new(role, Policies::both(Policy::Mw));
     c.buffers = 8;
     c.large_buffers = vec![mwcap::conn::BufClass { size: 256 * 1024, count: 1 }];
     c.ctrl_slots = 32;
@@ -54,8 +54,8 @@ fn pair(
     ch: &Endpoint<SimNic>,
     sh: &Endpoint<SimNic>,
 ) -> Result<(Connection<SimNic>, Connection<SimNic>), SetupError> {
-    let s = sh.prepare(cfg(Role::Server))?;
-    let c = ch.prepare(cfg(Role::Client))?;
+    let s = cfg(Role::Server).prepare(sh)?;
+    let c = cfg(Role::Client).prepare(ch)?;
     let (ce, se) = (c.local(), s.local());
     Ok((c.connect(&se)?, s.connect(&ce)?))
 }
@@ -332,7 +332,7 @@ fn a_hub_with_shared_receives_refuses_confirm_and_says_why() {
     let (sh, _drv) = shared(sn, 1 << 14, SrqConfig::default()).build().unwrap();
     let mut c = cfg(Role::Server);
     c.policies = Policies { request: Policy::Confirm, reply: Policy::Mw };
-    let e = sh.prepare(c).expect_err("refused");
+    let e = c.prepare(&sh).expect_err("refused");
     let msg = e.to_string();
     assert!(msg.contains("mw policy only") && msg.contains("PolicyChoice::Mw"), "{msg}");
     let want = ConfigError::SharedReceivesNeedMw { request: Policy::Confirm, reply: Policy::Mw };
@@ -571,8 +571,8 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
         c.send_slots = Some(n);
         c
     };
-    let s = sh.prepare(with_sends(Role::Server, 4)).unwrap();
-    let c = ch.prepare(with_sends(Role::Client, 2)).unwrap();
+    let s = with_sends(Role::Server, 4).prepare(&sh).unwrap();
+    let c = with_sends(Role::Client, 2).prepare(&ch).unwrap();
     let data = s.link().data_region().len as u64;
     assert_eq!(s.link().registered_bytes(), 4 * 4096 + data, "4 send slots, no receive slots");
     assert_eq!(c.link().registered_bytes(), (2 + 32) * 4096 + data, "2 send slots, 32 receive slots");
@@ -604,7 +604,7 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     pool.run_until(futures::future::join(client.finished(), server.finished()));
     let mut bad = cfg(Role::Client);
     bad.send_slots = Some(1);
-    match sh.prepare(bad) {
+    match bad.prepare(&sh) {
         Err(SetupError::Config(e)) => assert!(e.to_string().contains("send_slots"), "{e}"),
         other => panic!("{:?}", other.map(|p| p.local())),
     }
@@ -629,7 +629,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     let sh = hubs::endpoint(
         &pool,
         shared(sn, 1 << 14, SrqConfig { chunk: 64, max_slots: 1024 })
-            .config(cfg(Role::Server))
+            .config(cfg(Role::Server).cfg)
             .handshake_timeout(Duration::from_secs(5))
             .listen("127.0.0.1:0".parse().unwrap()),
     );
@@ -639,7 +639,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
         (s.connect(&c.local()).unwrap(), c)
     };
     // Prepared but never connected (ctrl_slots 32): back go 8, not 32.
-    let never = sh.prepare(cfg(Role::Server)).unwrap();
+    let never = cfg(Role::Server).prepare(&sh).unwrap();
     assert_eq!(sh.stats().srq.unwrap().shares, 16);
     drop(never);
     assert_eq!(sh.stats().srq.unwrap().shares, 8, "exactly its initial share came back");
@@ -647,7 +647,7 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     // Connected, its peer's requests in the endpoint's queue, never run: a
     // client whose bootstrap goes as far as connecting the server's QP, that
     // sends three requests, and goes away before the ready byte.
-    let mut c = Link::new(cn.new_pd().unwrap(), cfg(Role::Client)).unwrap();
+    let mut c = cfg(Role::Client).link(cn.new_pd().unwrap()).unwrap();
     let (hs, _, rx) = hubs::half_bootstrap(&mut pool, &fabric, &sh, sdev, &mut c);
     for _ in 0..3 {
         c.call(fabric.now(), b"never served", None).unwrap();
@@ -694,7 +694,7 @@ fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
     );
     let (server, sd) = Endpoint::builder(sn.new_pd().unwrap(), key())
         .policy(PolicyChoice::Mw)
-        .config(cfg(Role::Server))
+        .config(cfg(Role::Server).cfg)
         .queue_depth(1 << 14)
         .shared_receives(SrqConfig::default())
         .handshake_timeout(Duration::from_secs(5))
@@ -703,7 +703,7 @@ fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
         .unwrap();
     let (client, cd) = Endpoint::builder(cn, key())
         .policy(PolicyChoice::Mw)
-        .config(cfg(Role::Client))
+        .config(cfg(Role::Client).cfg)
         .handshake_timeout(Duration::from_secs(5))
         .build()
         .unwrap();

@@ -5,9 +5,7 @@
 
 use std::time::Duration;
 
-use mwcap::conn::{
-    BufClass, CallError, Config, Event, PayloadError, Policies, Policy, Role, SimPair, UseError,
-};
+use mwcap::conn::{BufClass, CallError, Config, Event, PayloadError, Policies, Policy, SimPair, UseError};
 use mwcap::sim::{DeviceConfig, FabricConfig};
 
 const ALL: [Policies; 4] = [
@@ -20,8 +18,8 @@ const ALL: [Policies; 4] = [
 const CHUNK: u32 = 256 << 10;
 
 fn pair_with(p: Policies, tweak: impl Fn(&mut Config)) -> SimPair {
-    let cfg = |role| {
-        let mut c = Config::new(role, p);
+    let cfg = || {
+        let mut c = Config::default();
         c.buffers = 4;
         c.buffer_size = 4096;
         c.large_buffers = vec![BufClass { size: 4 << 20, count: 1 }, BufClass { size: 64 << 10, count: 2 }];
@@ -30,7 +28,7 @@ fn pair_with(p: Policies, tweak: impl Fn(&mut Config)) -> SimPair {
         tweak(&mut c);
         c
     };
-    SimPair::spec(11, cfg(Role::Client), cfg(Role::Server)).expect("pair")
+    SimPair::spec(11, p, cfg(), cfg()).expect("pair")
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -187,12 +185,13 @@ fn a_payload_larger_than_every_reader_buffer_is_refused_with_its_reason() {
             FabricConfig::with_seed(3),
             DeviceConfig::spec(),
             DeviceConfig::spec(),
+            pol,
             {
-                let mut c = Config::new(Role::Client, pol);
+                let mut c = Config::default();
                 c.large_buffers = vec![BufClass { size: 4 << 20, count: 1 }];
                 c
             },
-            Config::new(Role::Server, pol),
+            Config::default(),
         )
         .unwrap();
         let mut b = p.client.alloc_for(1 << 20).unwrap().unwrap();

@@ -84,8 +84,8 @@ fn ops() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn cfg(role: Role, p: Policies) -> Config {
-    let mut c = Config::new(role, p);
+fn cfg() -> Config {
+    let mut c = Config::default();
     c.buffers = 3;
     c.large_buffers = vec![BufClass { size: 128 * 1024, count: 1 }];
     c.ctrl_slots = 8;
@@ -164,8 +164,8 @@ fn run(
     for p in policies {
         let client_dev = fabric.add_device(DeviceConfig::spec().named("c"));
         let client_ep = endpoint(&pool, Endpoint::builder(client_dev.clone(), Auth::Unauthenticated));
-        let s = server_ep.prepare(cfg(Role::Server, p)).unwrap();
-        let c = client_ep.prepare(cfg(Role::Client, p)).unwrap();
+        let s = server_ep.prepare(Role::Server, p, cfg()).unwrap();
+        let c = client_ep.prepare(Role::Client, p, cfg()).unwrap();
         let (sl, cl) = (s.local(), c.local());
         let server_qp = QpAddr { device: sdev.device(), qpn: sl.qpn };
         let client_qp = QpAddr { device: client_dev.device(), qpn: cl.qpn };
@@ -353,7 +353,7 @@ proptest! {
         // pool runs empty, buffers move between connections, and a faulted
         // connection's wait for its evidence holds some back.
         let q = SrqConfig { chunk: 16, max_slots: 48 };
-        let b = [BufClass { size: Config::new(Role::Server, Policies::both(Policy::Mw)).buffer_size, count: 2 },
+        let b = [BufClass { size: Config::default().buffer_size, count: 2 },
             BufClass { size: 128 * 1024, count: 1 }];
         run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q), Some(&b))?;
     }

@@ -30,7 +30,7 @@ impl Victim {
     }
 
     fn with(role: Role, policy: Policy, tweak: impl FnOnce(&mut Config)) -> Victim {
-        let mut cfg = Config::new(role, Policies::both(policy));
+        let mut cfg = Config::default();
         cfg.buffers = BUFFERS;
         cfg.buffer_size = 4096;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
@@ -47,6 +47,8 @@ impl Victim {
             (vec![], vec![])
         };
         let mut conn = Connection::new(
+            role,
+            Policies::both(policy),
             cfg,
             Resources {
                 ctrl: MrId::from_raw(1),

@@ -46,13 +46,13 @@ struct Side {
 
 impl Side {
     fn with(role: Role, policies: Policies, addr: u64, rkey: u32, keepalive: Option<Keepalive>) -> Side {
-        let mut cfg = Config::new(role, policies);
+        let mut cfg = Config::default();
         cfg.keepalive = keepalive;
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = SLOTS;
-        let owns_mw = cfg.directions().0 == Policy::Mw;
+        let owns_mw = policies.directions(role).0 == Policy::Mw;
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };
         let memory = Memory::zeroed(data.len, 8).unwrap();
         let (windows, window_rkeys) = if owns_mw {
@@ -64,6 +64,8 @@ impl Side {
             (vec![], vec![])
         };
         let conn = Connection::new(
+            role,
+            policies,
             cfg,
             Resources {
                 ctrl: MrId::from_raw(1),

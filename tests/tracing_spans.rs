@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use mwcap::conn::{Buf, Config, Event, Policies, Policy, Role, SimPair};
+use mwcap::conn::{Buf, Config, Event, Policies, Policy, SimPair};
 
 fn pair(p: Policies) -> SimPair {
-    SimPair::spec(7, Config::new(Role::Client, p), Config::new(Role::Server, p)).expect("pair")
+    SimPair::spec(7, p, Config::default(), Config::default()).expect("pair")
 }
 
 fn filled(p: &mut SimPair, bytes: &[u8]) -> Buf {

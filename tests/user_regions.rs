@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use mwcap::conn::{Config, Event, Policies, Policy, RegionId, RegionRange, Role, SimPair, UseError};
+use mwcap::conn::{Config, Event, Policies, Policy, RegionId, RegionRange, SimPair, UseError};
 
 const ALL: [Policies; 4] = [
     Policies { request: Policy::Mw, reply: Policy::Mw },
@@ -17,15 +17,15 @@ const ALL: [Policies; 4] = [
 ];
 
 fn pair(p: Policies, tweak: impl Fn(&mut Config)) -> SimPair {
-    let cfg = |role| {
-        let mut c = Config::new(role, p);
+    let cfg = || {
+        let mut c = Config::default();
         c.lease_time = Duration::from_millis(500);
         c.safety_margin = Duration::from_millis(50);
         c.call_timeout = Duration::from_secs(2);
         tweak(&mut c);
         c
     };
-    SimPair::spec(21, cfg(Role::Client), cfg(Role::Server)).unwrap()
+    SimPair::spec(21, p, cfg(), cfg()).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -662,16 +662,16 @@ mod endpoints {
 
     impl Live {
         fn new(p: Policies, tweak: impl Fn(&mut Config)) -> Live {
-            let cfg = |role| {
-                let mut c = Config::new(role, p);
+            let cfg = || {
+                let mut c = Config::default();
                 c.buffers = 4;
                 c.buffer_size = 16 << 10;
                 c.ctrl_slots = 16;
                 tweak(&mut c);
                 c
             };
-            let mut client = Link::new(super::open(), cfg(Role::Client)).expect("client endpoint");
-            let mut server = Link::new(super::open(), cfg(Role::Server)).expect("server endpoint");
+            let mut client = Link::new(super::open(), Role::Client, p, cfg()).expect("client endpoint");
+            let mut server = Link::new(super::open(), Role::Server, p, cfg()).expect("server endpoint");
             let (c, s) = (client.local(), server.local());
             client.connect(&s).expect("connect client");
             server.connect(&c).expect("connect server");
@@ -864,10 +864,14 @@ mod hub {
     fn prepared(
         ch: &Endpoint<VerbsNic>,
         sh: &Endpoint<VerbsNic>,
+        p: Policies,
         ccfg: Config,
         scfg: Config,
     ) -> (Pending<VerbsNic>, Pending<VerbsNic>) {
-        (ch.prepare(ccfg).expect("client"), sh.prepare(scfg).expect("server"))
+        (
+            ch.prepare(Role::Client, p, ccfg).expect("client"),
+            sh.prepare(Role::Server, p, scfg).expect("server"),
+        )
     }
 
     fn connect(
@@ -877,8 +881,8 @@ mod hub {
         (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
     }
 
-    fn cfg(role: Role, p: Policies) -> Config {
-        let mut c = Config::new(role, p);
+    fn cfg() -> Config {
+        let mut c = Config::default();
         c.buffers = 4;
         c.large_buffers = vec![BufClass { size: 256 << 10, count: 1 }];
         c.ctrl_slots = 8;
@@ -918,7 +922,7 @@ mod hub {
         let mut regions = Vec::new();
         for i in 0..16 {
             let p = if i % 2 == 0 { Policies::both(Policy::Mw) } else { Policies::both(Policy::Confirm) };
-            let both = prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p));
+            let both = prepared(&ch, &sh, p, cfg(), cfg());
             regions.push(both.1.link().data_region());
             let (client, server) = connect(both);
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
@@ -949,10 +953,10 @@ mod hub {
         // READ through connection 3's client QP, whose peer is in another PD.
         let attacker_nic = super::open().new_pd().unwrap();
         let mut raw =
-            mwcap::conn::Link::new(attacker_nic, cfg(Role::Client, Policies::both(Policy::Confirm)))
+            mwcap::conn::Link::new(attacker_nic, Role::Client, Policies::both(Policy::Confirm), cfg())
                 .expect("attacker endpoint");
         let victim = regions[1];
-        let target = sh.prepare(cfg(Role::Server, Policies::both(Policy::Confirm))).unwrap();
+        let target = sh.prepare(Role::Server, Policies::both(Policy::Confirm), cfg()).unwrap();
         raw.connect(&target.local()).unwrap();
         let target_conn = target.connect(&raw.local()).unwrap();
         let dst = raw.data_region();
@@ -1012,15 +1016,15 @@ mod hub {
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
         let sh = endpoint(&pool, builder().policy(PolicyChoice::Mw).shared_receives(srq));
         let p = Policies::both(Policy::Mw);
-        let cfg16 = |role| {
-            let mut c = cfg(role, p);
+        let cfg16 = || {
+            let mut c = cfg();
             c.ctrl_slots = 16;
             c
         };
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         for _ in 0..16 {
-            let (client, server) = connect(prepared(&ch, &sh, cfg16(Role::Client), cfg16(Role::Server)));
+            let (client, server) = connect(prepared(&ch, &sh, p, cfg16(), cfg16()));
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
             clients.push(client);
             servers.push(server);
@@ -1086,7 +1090,7 @@ mod hub {
         use mwcap::conn::SrqConfig;
         let mut pool = LocalPool::new();
         let p = Policies::both(Policy::Mw);
-        let std_size = cfg(Role::Server, p).buffer_size;
+        let std_size = cfg().buffer_size;
         let classes = [BufClass { size: std_size, count: 12 }, BufClass { size: 256 << 10, count: 2 }];
         let srq = SrqConfig { chunk: 64, max_slots: 1024 };
         let pooled = || builder().policy(PolicyChoice::Mw).shared_receives(srq).shared_buffers(&classes);
@@ -1095,7 +1099,7 @@ mod hub {
         let mut clients = Vec::new();
         let mut servers = Vec::new();
         for _ in 0..16 {
-            let both = prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p));
+            let both = prepared(&ch, &sh, p, cfg(), cfg());
             assert!(both.0.link().shares_buffers() && both.1.link().shares_buffers());
             let (client, server) = connect(both);
             pool.spawner().spawn_local(serve(server.clone())).unwrap();
@@ -1172,9 +1176,9 @@ mod hub {
         let p = Policies::both(Policy::Mw);
         // The victim's client is an ordinary connection; the flooder drives
         // a link by hand.
-        let (vclient, victim) = connect(prepared(&ch, &sh, cfg(Role::Client, p), cfg(Role::Server, p)));
-        let flood_s = sh.prepare(cfg(Role::Server, p)).unwrap();
-        let mut flooder = Link::new(super::open().new_pd().unwrap(), cfg(Role::Client, p)).unwrap();
+        let (vclient, victim) = connect(prepared(&ch, &sh, p, cfg(), cfg()));
+        let flood_s = sh.prepare(Role::Server, p, cfg()).unwrap();
+        let mut flooder = Link::new(super::open().new_pd().unwrap(), Role::Client, p, cfg()).unwrap();
         flooder.connect(&flood_s.local()).unwrap();
         let flooded = flood_s.connect(&flooder.local()).unwrap();
         pool.spawner().spawn_local(serve(victim.clone())).unwrap();

@@ -20,7 +20,7 @@ use futures::future::{select, try_join_all, BoxFuture, Either};
 use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, Refused};
+use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, Policies, Refused, Role};
 use parking_lot::Mutex;
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
@@ -277,11 +277,12 @@ pub async fn run_case<N: Nic>(
 
 /// Both sides of one connection in this process, each on an endpoint of
 /// its own made by `builders` (client, server) and connected without TCP
-/// (`Endpoint::prepare`) with `cfgs` (client, server), under `executor`:
+/// (`Endpoint::prepare`) with `policies` and `cfgs` (client, server), under `executor`:
 /// run `cases` and print a line for each.
 #[allow(clippy::too_many_arguments)]
 pub fn one_process<N: Nic + 'static>(
     builders: [EndpointBuilder<N>; 2],
+    policies: Policies,
     cfgs: [Config; 2],
     cases: &[Case],
     iters: u32,
@@ -295,7 +296,8 @@ pub fn one_process<N: Nic + 'static>(
     let max_payload = scfg.large_buffers.iter().map(|c| c.size).max().unwrap_or(0).max(scfg.buffer_size);
     let (ce, cd) = cb.build().map_err(|e| err(&e))?;
     let (se, sd) = sb.build().map_err(|e| err(&e))?;
-    let (c, s) = (ce.prepare(ccfg).map_err(|e| err(&e))?, se.prepare(scfg).map_err(|e| err(&e))?);
+    let c = ce.prepare(Role::Client, policies, ccfg).map_err(|e| err(&e))?;
+    let s = se.prepare(Role::Server, policies, scfg).map_err(|e| err(&e))?;
     let (cl, sl) = (c.local(), s.local());
     let client = c.connect(&sl).map_err(|e| err(&e))?;
     let server = s.connect(&cl).map_err(|e| err(&e))?;

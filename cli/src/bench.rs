@@ -61,7 +61,7 @@ mod imp {
 
     use futures::executor::block_on;
     use mwcap::bootstrap::Auth;
-    use mwcap::conn::{Endpoint, Policies, Policy, PolicyChoice, Role};
+    use mwcap::conn::{Endpoint, Policies, Policy, PolicyChoice};
     use mwcap::verbs::VerbsNic;
     use mwcap::ProbeCache;
 
@@ -103,7 +103,7 @@ mod imp {
                 Policy::Mw => PolicyChoice::Mw,
                 Policy::Confirm => PolicyChoice::Confirm,
             };
-            let cfg = config(Role::Client, policy, o.pool(), &o.conn);
+            let cfg = config(o.pool(), &o.conn);
             let endpoint = |busy_poll| {
                 let nic = open(o)?;
                 let depth = nic.device_attrs().max_cqe.min(1 << 17);
@@ -199,13 +199,14 @@ mod imp {
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
         for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
-            let cfg = |role| config(role, policy, o.pool(), &o.conn);
+            let cfg = || config(o.pool(), &o.conn);
             let builder = || -> Result<_, String> {
                 Ok(Endpoint::builder(open(o)?, Auth::Unauthenticated).queue_depth(1 << 14))
             };
             one_process(
                 [builder()?, builder()?],
-                [cfg(Role::Client), cfg(Role::Server)],
+                Policies::both(policy),
+                [cfg(), cfg()],
                 &group,
                 o.iters,
                 o.warmup,

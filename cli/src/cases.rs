@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use mwcap::conn::{BufClass, Config, Policies, Policy, Role};
+use mwcap::conn::{BufClass, Config, Policy};
 
 use crate::ConnArgs;
 
@@ -229,10 +229,9 @@ pub struct Pool {
     pub large: u32,
 }
 
-/// Link settings for a benchmark side: `pool` and `conn`, the same
-/// policy both ways.
-pub fn config(role: Role, policy: Policy, pool: Pool, conn: &ConnArgs) -> Config {
-    let mut c = Config::new(role, Policies::both(policy));
+/// A benchmark connection's settings: `pool` and `conn` (either side's).
+pub fn config(pool: Pool, conn: &ConnArgs) -> Config {
+    let mut c = Config::default();
     c.buffers = pool.buffers;
     c.buffer_size = pool.buffer_size;
     if pool.max_payload > pool.buffer_size && pool.large > 0 {

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, Role, SimPair};
+use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, SimPair};
 use mwcap::sim::{DeviceConfig, MwSupport};
 
 type R = Result<(), String>;
@@ -20,8 +20,8 @@ fn ensure(cond: bool, what: &str) -> R {
 }
 
 fn pair(seed: u64, p: Policies, tweak: impl Fn(&mut Config)) -> Result<SimPair, String> {
-    let mut c = Config::new(Role::Client, p);
-    let mut s = Config::new(Role::Server, p);
+    let mut c = Config::default();
+    let mut s = Config::default();
     for cfg in [&mut c, &mut s] {
         cfg.buffers = 4;
         cfg.buffer_size = 4096;
@@ -31,7 +31,7 @@ fn pair(seed: u64, p: Policies, tweak: impl Fn(&mut Config)) -> Result<SimPair, 
         cfg.inline_max = 0;
         tweak(cfg);
     }
-    SimPair::spec(seed, c, s).map_err(|e| e.to_string())
+    SimPair::spec(seed, p, c, s).map_err(|e| e.to_string())
 }
 
 fn filled(p: &mut SimPair, client: bool, bytes: &[u8]) -> Result<Buf, String> {

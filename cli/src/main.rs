@@ -445,10 +445,7 @@ mod tests {
             Cmd::Serve(o) => o.conn,
             _ => unreachable!("a serve command"),
         };
-        let mut c = mwcap::conn::Config::new(
-            mwcap::conn::Role::Server,
-            mwcap::conn::Policies::both(mwcap::conn::Policy::Mw),
-        );
+        let mut c = mwcap::conn::Config::default();
         let default = (c.max_waiting_payloads, c.max_waiting_inline);
         conn(&["mwcap", "serve"]).apply(&mut c);
         assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), default);

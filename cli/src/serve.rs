@@ -42,9 +42,7 @@ mod imp {
     use futures::executor::block_on;
     use mwcap::bootstrap::Auth;
     use mwcap::conn::SrqConfig;
-    use mwcap::conn::{
-        BufClass, Connection, Endpoint, EndpointDriver, Policy, PolicyChoice, Role, SetupError,
-    };
+    use mwcap::conn::{BufClass, Connection, Endpoint, EndpointDriver, Policy, PolicyChoice, SetupError};
     use mwcap::stat::{Registry, StatServer};
     use mwcap::verbs::VerbsNic;
     use mwcap::ProbeCache;
@@ -178,7 +176,7 @@ mod imp {
         let builder = |nic: VerbsNic| {
             Endpoint::builder(nic, auth.clone())
                 .policy(choice)
-                .config(config(Role::Server, policy, o.pool(), &o.conn))
+                .config(config(o.pool(), &o.conn))
                 .handshake_timeout(SETUP)
                 .probe_cache(probes.clone())
                 .trusted_peers(o.trusted_peers)

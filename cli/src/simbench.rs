@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use mwcap::conn::{CallId, Event, Refused, RequestId, Role, SimPair, UseError};
+use mwcap::conn::{CallId, Event, Policies, Refused, RequestId, SimPair, UseError};
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
 use crate::count;
@@ -82,11 +82,11 @@ fn async_group(
     let fabric = Fabric::with_seed(1);
     let cn = fabric.add_device(DeviceConfig::spec().named("client"));
     let sn = fabric.add_device(DeviceConfig::spec().named("server"));
-    let cfg = |role| cases::config(role, policy, o.pool(), &o.conn);
+    let cfg = || cases::config(o.pool(), &o.conn);
     // Twice each class of the connection: what it can hold at once stays
     // outside the pool's reserve for incoming payloads (a quarter), so the
     // cases measure the pool's per-call cost, not waits for it.
-    let c = cfg(Role::Server);
+    let c = cfg();
     let mut classes = vec![mwcap::conn::BufClass { size: c.buffer_size, count: 2 * c.buffers }];
     classes
         .extend(c.large_buffers.iter().map(|l| mwcap::conn::BufClass { size: l.size, count: 2 * l.count }));
@@ -106,7 +106,8 @@ fn async_group(
     };
     crate::asyncbench::one_process(
         [builder(cn), builder(sn)],
-        [cfg(Role::Client), cfg(Role::Server)],
+        Policies::both(policy),
+        [cfg(), cfg()],
         group,
         o.iters,
         o.warmup,
@@ -125,8 +126,8 @@ struct Pending {
 /// `case` through the sans-IO loop: `warmup` calls, then `iters` measured.
 fn sansio_case(o: &BenchOpts, case: &Case) -> Result<Measured, String> {
     // The async side's settings (large buffers for payloads above 64 KiB).
-    let cfg = |role| cases::config(role, case.policy, o.pool(), &o.conn);
-    let mut pair = SimPair::spec(1, cfg(Role::Client), cfg(Role::Server)).map_err(|e| e.to_string())?;
+    let cfg = || cases::config(o.pool(), &o.conn);
+    let mut pair = SimPair::spec(1, Policies::both(case.policy), cfg(), cfg()).map_err(|e| e.to_string())?;
     let mut state = Loop {
         pending: Vec::with_capacity(case.inflight as usize),
         deferred: VecDeque::with_capacity(64),

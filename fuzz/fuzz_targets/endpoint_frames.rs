@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use mwcap::conn::{Config, Policies, Policy, Role, SimPair};
+use mwcap::conn::{Config, Policies, Policy, SimPair};
 use mwcap::sim::{DeviceConfig, FabricConfig};
 
 #[derive(Arbitrary, Debug)]
@@ -31,15 +31,15 @@ struct Input {
 fuzz_target!(|input: Input| {
     let pol = |mw| if mw { Policy::Mw } else { Policy::Confirm };
     let p = Policies { request: pol(input.request_mw), reply: pol(input.reply_mw) };
-    let cfg = |role| {
-        let mut c = Config::new(role, p);
+    let cfg = || {
+        let mut c = Config::default();
         c.buffers = 2;
         c.buffer_size = 4096;
         c.ctrl_slots = 8;
         c
     };
     let Ok(mut pair) =
-        SimPair::new(FabricConfig::with_seed(1), DeviceConfig::spec(), DeviceConfig::spec(), cfg(Role::Client), cfg(Role::Server))
+        SimPair::new(FabricConfig::with_seed(1), DeviceConfig::spec(), DeviceConfig::spec(), p, cfg(), cfg())
     else {
         return;
     };

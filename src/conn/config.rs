@@ -20,6 +20,15 @@ impl Policies {
     pub fn both(p: Policy) -> Policies {
         Policies { request: p, reply: p }
     }
+
+    /// The policies of `role`'s two directions: (the one it owns, whose
+    /// payloads are its memory; the one it reads).
+    pub fn directions(self, role: Role) -> (Policy, Policy) {
+        match role {
+            Role::Client => (self.request, self.reply),
+            Role::Server => (self.reply, self.request),
+        }
+    }
 }
 
 /// Which side of a connection an endpoint is.
@@ -31,15 +40,14 @@ pub enum Role {
     Server,
 }
 
-/// Link settings. Start from [`Config::new`].
+/// A connection's settings: buffers, timeouts, flow control, bounds.
+/// Start from `Config::default()` and change what you need. Not in here:
+/// the role, which connecting or accepting decides, and the policies,
+/// which the bootstrap (or [`Endpoint::connect_local`](super::Endpoint::connect_local),
+/// [`Endpoint::prepare`](super::Endpoint::prepare)) chooses per connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// Client or server.
-    pub role: Role,
-    /// The policy of each direction; both sides must agree (the bootstrap
-    /// exchanges them).
-    pub policies: Policies,
     /// Data buffers of the standard size in the pool ([`Connection::alloc`]
     /// hands them out). Under mw each buffer of every class has a window.
     ///
@@ -313,27 +321,14 @@ pub struct Keepalive {
     pub timeout: Duration,
 }
 
-/// The settings an [`Endpoint`](super::Endpoint) gives every connection
-/// ([`EndpointBuilder::config`](super::EndpointBuilder::config)): the
-/// defaults of [`Config::new`]. The endpoint sets the role per connection
-/// and the bootstrap the policies, so this one leaves them to them (they
-/// read as a client's, both mw, until then): change the rest on it
+/// The defaults: 16 buffers of 64 KiB (no larger classes), payloads up to
+/// 256 bytes inline, READs in 1 MiB chunks, 5 s leases, a 500 ms safety
+/// margin, 10 s calls; a server lets 64 request payloads and 64 KiB of
+/// inline ones wait for a buffer. Change the rest on it
 /// (`let mut cfg = Config::default(); cfg.buffers = 64;`).
 impl Default for Config {
     fn default() -> Config {
-        Config::new(Role::Client, Policies::both(Policy::Mw))
-    }
-}
-
-impl Config {
-    /// Defaults for `role` and `policies`: 16 buffers of 64 KiB (no larger
-    /// classes), payloads up to 256 bytes inline, READs in 1 MiB chunks,
-    /// 5 s leases, a 500 ms safety margin, 10 s calls; a server lets 64
-    /// request payloads and 64 KiB of inline ones wait for a buffer.
-    pub fn new(role: Role, policies: Policies) -> Config {
         Config {
-            role,
-            policies,
             buffers: 16,
             buffer_size: 64 << 10,
             large_buffers: Vec::new(),
@@ -354,7 +349,9 @@ impl Config {
             max_waiting_inline: 64 << 10,
         }
     }
+}
 
+impl Config {
     /// Control slots for SENDs: `send_slots`, or `ctrl_slots`.
     pub fn sends(&self) -> u32 {
         self.send_slots.unwrap_or(self.ctrl_slots)
@@ -390,14 +387,5 @@ impl Config {
             return Err(ConfigError::NoAttempts);
         }
         Ok(())
-    }
-
-    /// The policies of this side's two directions: (the one it owns, whose
-    /// payloads are its memory; the one it reads).
-    pub fn directions(&self) -> (Policy, Policy) {
-        match self.role {
-            Role::Client => (self.policies.request, self.policies.reply),
-            Role::Server => (self.policies.reply, self.policies.request),
-        }
     }
 }

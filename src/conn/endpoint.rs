@@ -90,7 +90,7 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// their own, siblings of `nic`'s), whose peers must prove `auth`'s
     /// key. By default it connects only (no [`EndpointBuilder::listen`]),
     /// picks the policy with the capability probe
-    /// ([`PolicyChoice::Auto`]), uses [`Config::new`]'s settings for every
+    /// ([`PolicyChoice::Auto`]), uses the default [`Config`] for every
     /// connection and a completion queue of 65,536 entries.
     pub fn builder(nic: N, auth: Auth) -> EndpointBuilder<N> {
         EndpointBuilder {
@@ -110,8 +110,7 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// endpoint. The device is probed for `mw` and `auto` once per
     /// endpoint's probe cache, on a thread of its own.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Connection<N>, SetupError> {
-        let mut cfg = self.shared.cfg.clone();
-        cfg.role = Role::Client;
+        let cfg = self.shared.cfg.clone();
         let c = super::listen::connect_async_on(&self.shared.hub, addr, cfg, &self.shared.opts).await?;
         Ok(self.adopt(c))
     }
@@ -132,12 +131,7 @@ impl<N: Nic + 'static> Endpoint<N> {
         server: &Endpoint<N>,
         policies: Policies,
     ) -> Result<(Connection<N>, Connection<N>), SetupError> {
-        let side = |ep: &Endpoint<N>, role| {
-            let mut cfg = ep.shared.cfg.clone();
-            cfg.role = role;
-            cfg.policies = policies;
-            ep.prepare(cfg)
-        };
+        let side = |ep: &Endpoint<N>, role| ep.prepare(role, policies, ep.shared.cfg.clone());
         let client = side(self, Role::Client)?;
         let srv = side(server, Role::Server)?;
         let (c, s) = (client.local(), srv.local());
@@ -145,25 +139,22 @@ impl<N: Nic + 'static> Endpoint<N> {
     }
 
     /// A connection set up by the application's own bootstrap instead of
-    /// mwcap's TCP one: a queue pair on this endpoint with `cfg`'s role,
-    /// policies and settings, to be connected to the peer's once the two
-    /// sides have swapped their [`Pending::local`] addresses by their own
-    /// means. The application then answers for what the bootstrap does:
-    /// authenticating the peer, and both sides agreeing on the policies
-    /// (the request payload's under the client's `cfg.policies.request`,
-    /// the reply payload's under the server's `cfg.policies.reply`).
+    /// mwcap's TCP one: a queue pair on this endpoint, of `role`, with
+    /// `policies` for the two directions and the settings `cfg`, to be
+    /// connected to the peer's once the two sides have swapped their
+    /// [`Pending::local`] addresses by their own means. The application then
+    /// answers for what the bootstrap does: authenticating the peer, and
+    /// both sides agreeing on the policies (give both the same).
     /// Dropping it unconnected destroys the queue pair.
-    pub fn prepare(&self, cfg: Config) -> Result<Pending<N>, SetupError> {
+    pub fn prepare(&self, role: Role, policies: Policies, cfg: Config) -> Result<Pending<N>, SetupError> {
         // Before the connection's protection domain: nothing is created
         // for settings that cannot work.
         cfg.check()?;
         let hub = &self.shared.hub;
-        let policies = cfg.policies;
-        let link = hub.prepare(hub.connection_nic()?, cfg)?.finish(policies)?;
+        let link = hub.prepare(hub.connection_nic()?, role, cfg)?.finish(policies)?;
         Ok(Pending { link, hub: hub.clone() })
     }
 
-    /// The next client whose handshake finished
     /// The next client whose handshake finished: connected, or the error
     /// that ended its handshake (a wrong key, silence past the timeout,
     /// ...), which concerns that client only: call `accept` again. Many
@@ -378,9 +369,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         let (listener, local_addr, closer) = match listen {
             None => (None, None, None),
             Some(addr) => {
-                let mut server = cfg.clone();
-                server.role = Role::Server;
-                let l = Listener::bind(addr, server, opts.clone(), hub.clone())?;
+                let l = Listener::bind(addr, cfg.clone(), opts.clone(), hub.clone())?;
                 let local = l.local_addr().ok();
                 let closer = l.closer();
                 (Some(futures::lock::Mutex::new(l)), local, Some(closer))

@@ -51,7 +51,7 @@ use super::live::{HubPart, Inner};
 use super::ready::{Mark, ReadyList};
 use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{BufClass, Config, Connection, Link, Prepared, SetupError};
+use super::{BufClass, Config, Connection, Link, Prepared, Role, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 
 /// Completions taken per poll of the shared queue.
@@ -397,10 +397,10 @@ impl<N: Nic + 'static> Hub<N> {
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::connection_nic`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
-    pub fn prepare(&self, nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
+    pub fn prepare(&self, nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         self.reserve(sizes.reserved(self.shared.srq.is_some()))?;
-        self.prepare_reserved(nic, cfg, sizes)
+        self.prepare_reserved(nic, role, cfg, sizes)
     }
 
     /// Reserve `entries` of the queue, or refuse with `CqBudget`.
@@ -410,13 +410,20 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// [`Hub::prepare`] once `sizes.reserved(..)` entries are reserved
     /// (given back on failure).
-    fn prepare_reserved(&self, nic: N, cfg: Config, sizes: QueueSizes) -> Result<Prepared<N>, SetupError> {
+    fn prepare_reserved(
+        &self,
+        nic: N,
+        role: Role,
+        cfg: Config,
+        sizes: QueueSizes,
+    ) -> Result<Prepared<N>, SetupError> {
         let entries = sizes.reserved(self.shared.srq.is_some());
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
         let prepared = match Link::prepare_on(
             nic,
+            role,
             cfg,
             sizes,
             self.shared.hold.cq,

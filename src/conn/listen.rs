@@ -87,8 +87,8 @@ pub(super) struct Listener<N: Nic> {
 }
 
 impl<N: Nic + 'static> Listener<N> {
-    /// Listen on `addr`. Every client that proved the key gets a
-    /// connection on `hub` configured by `cfg` (its role must be `Server`).
+    /// Listen on `addr`. Every client that proved the key gets a server
+    /// connection on `hub` with the settings `cfg`.
     ///
     /// For `mw` and `auto` the device is probed here, once, through
     /// `opts.probes` (which may already know it).
@@ -98,7 +98,6 @@ impl<N: Nic + 'static> Listener<N> {
         opts: SetupOptions,
         hub: Hub<N>,
     ) -> Result<Listener<N>, SetupError> {
-        debug_assert_eq!(cfg.role, Role::Server);
         let tcp =
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         let serve = match opts.choice {
@@ -248,7 +247,7 @@ async fn handshake<N: Nic + 'static>(
     let authed = bootstrap::authenticate_accepted_async(stream, &opts.auth, opts.timeout).await?;
     // Only now, for a client that proved the key, is anything created.
     let nic = shared.hub.connection_nic()?;
-    finish_setup_async(nic, shared.cfg.clone(), shared.serve, authed, opts, &shared.hub).await
+    finish_setup_async(nic, Role::Server, shared.cfg.clone(), shared.serve, authed, opts, &shared.hub).await
 }
 
 /// Client: connect to a server listening at `addr` without blocking the
@@ -263,11 +262,10 @@ pub(super) async fn connect_async_on<N: Nic + 'static>(
     cfg: Config,
     opts: &SetupOptions,
 ) -> Result<AsyncConnected<N>, SetupError> {
-    debug_assert_eq!(cfg.role, Role::Client);
     let nic = hub.connection_nic()?;
     let (nic, serve) = serve_set_off_thread(nic, opts).await?;
     let authed = bootstrap::authenticate_client_async(addr, &opts.auth, opts.timeout).await?;
-    finish_setup_async(nic, cfg, serve, authed, opts, hub).await
+    finish_setup_async(nic, Role::Client, cfg, serve, authed, opts, hub).await
 }
 
 /// [`serve_set`] without blocking the executor: a verdict the cache holds
@@ -302,6 +300,7 @@ async fn serve_set_off_thread<N: Nic + 'static>(
 /// the connection's queue pair and memory created.
 async fn finish_setup_async<N: Nic + 'static>(
     nic: N,
+    role: Role,
     mut cfg: Config,
     serve: PolicySet,
     authed: Authenticated<Async<TcpStream>>,
@@ -309,10 +308,10 @@ async fn finish_setup_async<N: Nic + 'static>(
     hub: &Hub<N>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
-    let mut prepared = hub.prepare(nic, cfg.clone())?;
+    let mut prepared = hub.prepare(nic, role, cfg.clone())?;
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
-    let policies = agreed(&hs, &mut cfg)?;
+    let policies = agreed(&hs, role, &mut cfg)?;
     prepared.config_mut().lease_time = cfg.lease_time;
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect(&hs.remote_endpoint())?;

@@ -491,14 +491,16 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{BufClass, Policies, Policy, Role};
+    use crate::conn::BufClass;
 
     #[test]
     fn classes_are_laid_out_by_size_after_the_standard_one() {
-        let mut cfg = Config::new(Role::Client, Policies::both(Policy::Mw));
-        cfg.buffers = 4;
-        cfg.buffer_size = 4096;
-        cfg.large_buffers = vec![BufClass { size: 1 << 20, count: 1 }, BufClass { size: 65536, count: 2 }];
+        let cfg = Config {
+            buffers: 4,
+            buffer_size: 4096,
+            large_buffers: vec![BufClass { size: 1 << 20, count: 1 }, BufClass { size: 65536, count: 2 }],
+            ..Config::default()
+        };
         let l = Layout::new(&cfg);
         assert_eq!(l.slots(), 7);
         assert_eq!(l.bytes(), 4 * 4096 + 2 * 65536 + (1 << 20));

@@ -167,9 +167,10 @@ pub(super) fn local_caps(cfg: &Config, serve: PolicySet) -> Capabilities {
     caps
 }
 
-/// The policies both hellos agreed on, and the lease time that applies
-/// (the shorter of the two sides'), written into `cfg`.
-pub(super) fn agreed<S>(hs: &Handshake<S>, cfg: &mut Config) -> Result<Policies, SetupError> {
+/// The policies both hellos agreed on, for this side's `role`, and the
+/// lease time that applies (the shorter of the two sides'), written into
+/// `cfg`.
+pub(super) fn agreed<S>(hs: &Handshake<S>, role: Role, cfg: &mut Config) -> Result<Policies, SetupError> {
     let n = hs.negotiated();
     let (Some(we), Some(they)) = (n.we_expose, n.peer_exposes) else {
         // `negotiate` already refuses this; kept as an error, not a panic.
@@ -182,7 +183,7 @@ pub(super) fn agreed<S>(hs: &Handshake<S>, cfg: &mut Config) -> Result<Policies,
         }));
     };
     cfg.lease_time = cfg.lease_time.min(n.lease);
-    Ok(match cfg.role {
+    Ok(match role {
         Role::Client => Policies { request: we, reply: they },
         Role::Server => Policies { request: they, reply: we },
     })

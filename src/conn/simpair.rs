@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Config, Event, Link, SetupError};
+use super::{Config, Event, Link, Policies, Role, SetupError};
 use crate::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr, SimNic};
 
 /// A client and a server endpoint, each on its own simulated device,
@@ -24,19 +24,21 @@ pub struct SimPair {
 
 impl SimPair {
     /// Build the pair: `fabric` (its progress mode is set to manual), a
-    /// device for each side, and each side's endpoint settings.
+    /// device for each side, the `policies` of the two directions, and each
+    /// side's settings.
     pub fn new(
         fabric: FabricConfig,
         client_dev: DeviceConfig,
         server_dev: DeviceConfig,
+        policies: Policies,
         client: Config,
         server: Config,
     ) -> Result<SimPair, SetupError> {
         let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..fabric });
         let cn = fabric.add_device(client_dev.named("client"));
         let sn = fabric.add_device(server_dev.named("server"));
-        let mut client = Link::new(cn, client)?;
-        let mut server = Link::new(sn, server)?;
+        let mut client = Link::new(cn, Role::Client, policies, client)?;
+        let mut server = Link::new(sn, Role::Server, policies, server)?;
         let (c, s) = (client.local(), server.local());
         client.connect(&s)?;
         server.connect(&c)?;
@@ -45,11 +47,17 @@ impl SimPair {
 
     /// [`SimPair::new`] with spec-following devices on a fabric seeded
     /// `seed` (no faults): the usual start of a test.
-    pub fn spec(seed: u64, client: Config, server: Config) -> Result<SimPair, SetupError> {
+    pub fn spec(
+        seed: u64,
+        policies: Policies,
+        client: Config,
+        server: Config,
+    ) -> Result<SimPair, SetupError> {
         SimPair::new(
             FabricConfig::with_seed(seed),
             DeviceConfig::spec(),
             DeviceConfig::spec(),
+            policies,
             client,
             server,
         )

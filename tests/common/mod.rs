@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use mwcap::conn::{Buf, Config, Event, Policies, Policy, RequestId, Role, SimPair};
+use mwcap::conn::{Buf, Config, Event, Policies, Policy, RequestId, SimPair};
 
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -57,8 +57,8 @@ const SCRIBBLE: [u8; 16] = [0xee; 16];
 
 impl World {
     pub fn new(policies: Policies, seed: u64) -> World {
-        let cfg = |role| {
-            let mut c = Config::new(role, policies);
+        let cfg = || {
+            let mut c = Config::default();
             c.buffers = 6;
             c.buffer_size = 8192;
             // Payloads of every path: inline (up to 256 bytes), a standard
@@ -71,7 +71,7 @@ impl World {
             c.seed = seed;
             c
         };
-        let p = SimPair::spec(seed, cfg(Role::Client), cfg(Role::Server)).unwrap();
+        let p = SimPair::spec(seed, policies, cfg(), cfg()).unwrap();
         World {
             p,
             policies,

@@ -42,8 +42,8 @@ pub const ALL: [Policies; 4] = [
     Policies { request: Policy::Confirm, reply: Policy::Confirm },
 ];
 
-pub fn config(role: Role, policies: Policies) -> Config {
-    let mut c = Config::new(role, policies);
+pub fn config() -> Config {
+    let mut c = Config::default();
     c.buffers = BUFFERS;
     c.buffer_size = BUFFER_SIZE;
     c.ctrl_slots = CTRL_SLOTS;
@@ -429,8 +429,8 @@ impl Healthy {
             Role::Client => (own_pd, friend),
             Role::Server => (friend, own_pd),
         };
-        let mut client = Link::new(cn, config(Role::Client, policies)).unwrap();
-        let mut server = Link::new(sn, config(Role::Server, policies)).unwrap();
+        let mut client = Link::new(cn, Role::Client, policies, config()).unwrap();
+        let mut server = Link::new(sn, Role::Server, policies, config()).unwrap();
         let (c, s) = (client.local(), server.local());
         client.connect(&s).unwrap();
         server.connect(&c).unwrap();
@@ -550,29 +550,28 @@ impl World {
 
     /// [`World::new`], with the attacker posting only `recvs` receives.
     pub fn with_recvs(role: Role, policies: Policies, recvs: usize) -> World {
-        World::build(config(role, policies), recvs, DeviceConfig::spec())
+        World::build(role, policies, config(), recvs, DeviceConfig::spec())
     }
 
     /// [`World::new`] with the victim (and its other connection) on a
     /// device that behaves like `device` (e.g. [`DeviceConfig::rxe`]).
     pub fn on(role: Role, policies: Policies, device: DeviceConfig) -> World {
-        World::build(config(role, policies), CTRL_SLOTS as usize * 2, device)
+        World::build(role, policies, config(), CTRL_SLOTS as usize * 2, device)
     }
 
     /// [`World::new`] with the victim's settings changed by `tweak` (its
     /// other connection keeps [`config`]).
     pub fn with_config(role: Role, policies: Policies, tweak: impl FnOnce(&mut Config)) -> World {
-        let mut cfg = config(role, policies);
+        let mut cfg = config();
         tweak(&mut cfg);
-        World::build(cfg, CTRL_SLOTS as usize * 2, DeviceConfig::spec())
+        World::build(role, policies, cfg, CTRL_SLOTS as usize * 2, DeviceConfig::spec())
     }
 
-    fn build(cfg: Config, recvs: usize, device: DeviceConfig) -> World {
-        let (role, policies) = (cfg.role, cfg.policies);
+    fn build(role: Role, policies: Policies, cfg: Config, recvs: usize, device: DeviceConfig) -> World {
         let fabric =
             Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(0x4057) });
         let vdev = fabric.add_device(device.named("victim"));
-        let mut victim = Link::new(vdev.clone(), cfg).unwrap();
+        let mut victim = Link::new(vdev.clone(), role, policies, cfg).unwrap();
         let mut attacker = Attacker::new(&fabric);
         attacker.nic.connect_qp(attacker.qp.id, &victim.local()).unwrap();
         victim.connect(&attacker.qp).unwrap();
@@ -615,7 +614,7 @@ impl World {
     /// The policy of the direction the victim owns (its payloads, which the
     /// attacker reads).
     pub fn owned(&self) -> Policy {
-        self.victim.config().directions().0
+        self.policies.directions(self.role).0
     }
 
     fn take_victim_events(&mut self) -> bool {

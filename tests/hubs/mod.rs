@@ -15,8 +15,51 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::backend::QpState;
 use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Handshake, Hello, PolicySet};
-use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending, SetupError};
+use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending, Policies, Role, SetupError};
 use mwcap::sim::{DeviceId, Fabric, QpAddr, SimNic};
+
+/// One side of a connection as these tests make it: its role, the
+/// policies of both directions and its settings (which the library keeps
+/// apart: `Endpoint::prepare(role, policies, cfg)`). Dereferences to the
+/// settings, to change them in place.
+#[derive(Clone, Debug)]
+pub struct Side {
+    pub role: Role,
+    pub policies: Policies,
+    pub cfg: Config,
+}
+
+impl Side {
+    /// `role` with `policies` and the default settings.
+    pub fn new(role: Role, policies: Policies) -> Side {
+        Side { role, policies, cfg: Config::default() }
+    }
+
+    /// A link of this side on `nic`, with a completion queue of its own:
+    /// a peer driven by hand.
+    #[allow(dead_code)] // not every test of this module drives one
+    pub fn link(self, nic: SimNic) -> Result<Link<SimNic>, SetupError> {
+        Link::new(nic, self.role, self.policies, self.cfg)
+    }
+
+    /// A connection of this side on `ep`, to connect to its peer.
+    pub fn prepare(self, ep: &Endpoint<SimNic>) -> Result<Pending<SimNic>, SetupError> {
+        ep.prepare(self.role, self.policies, self.cfg)
+    }
+}
+
+impl std::ops::Deref for Side {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.cfg
+    }
+}
+
+impl std::ops::DerefMut for Side {
+    fn deref_mut(&mut self) -> &mut Config {
+        &mut self.cfg
+    }
+}
 
 /// Run `f` on `pool`, its output dropped (drivers, services).
 pub fn spawn<T: 'static>(pool: &LocalPool, f: impl std::future::Future<Output = T> + 'static) {
@@ -45,10 +88,10 @@ pub fn endpoint(pool: &LocalPool, b: EndpointBuilder<SimNic>) -> Endpoint<SimNic
 pub fn pair(
     client: &Endpoint<SimNic>,
     server: &Endpoint<SimNic>,
-    ccfg: Config,
-    scfg: Config,
+    ccfg: Side,
+    scfg: Side,
 ) -> (Connection<SimNic>, Connection<SimNic>) {
-    let (c, s) = (client.prepare(ccfg).unwrap(), server.prepare(scfg).unwrap());
+    let (c, s) = (ccfg.prepare(client).unwrap(), scfg.prepare(server).unwrap());
     let (cl, sl) = (c.local(), s.local());
     (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
 }
@@ -103,11 +146,11 @@ pub async fn serve(server: Connection<SimNic>) {
 pub fn server_with_link_client(
     server: &Endpoint<SimNic>,
     client_nic: &SimNic,
-    scfg: Config,
-    ccfg: Config,
+    scfg: Side,
+    ccfg: Side,
 ) -> (Pending<SimNic>, Link<SimNic>) {
-    let s = server.prepare(scfg).unwrap();
-    let mut c = Link::new(client_nic.new_pd().unwrap(), ccfg).unwrap();
+    let s = scfg.prepare(server).unwrap();
+    let mut c = Link::new(client_nic.new_pd().unwrap(), ccfg.role, ccfg.policies, ccfg.cfg).unwrap();
     c.connect(&s.local()).unwrap();
     (s, c)
 }

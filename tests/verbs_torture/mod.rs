@@ -196,8 +196,8 @@ impl Conn {
             if rng.gen_bool(0.25) { Duration::from_millis(rng.gen_range(20..300)) } else { CALL_TIMEOUT };
         let buffers = rng.gen_range(4..=8);
         let seed = rng.gen();
-        let cfg = |role| {
-            let mut c = Config::new(role, policies);
+        let cfg = || {
+            let mut c = Config::default();
             c.buffers = buffers;
             c.buffer_size = BUFFER_SIZE;
             c.ctrl_slots = 16;
@@ -207,8 +207,8 @@ impl Conn {
             c.seed = seed;
             c
         };
-        let mut client = Link::new(super::open(), cfg(Role::Client)).expect("client endpoint");
-        let mut server = Link::new(super::open(), cfg(Role::Server)).expect("server endpoint");
+        let mut client = Link::new(super::open(), Role::Client, policies, cfg()).expect("client endpoint");
+        let mut server = Link::new(super::open(), Role::Server, policies, cfg()).expect("server endpoint");
         let (c, s) = (client.local(), server.local());
         client.connect(&s).expect("connect client");
         server.connect(&c).expect("connect server");

@@ -62,19 +62,18 @@ impl<N: Nic> Link<N> {
     /// it with its QP in INIT; give [`Link::local`] to the peer and call
     /// [`Link::connect`] with the peer's.
     #[cfg(any(test, feature = "testing"))]
-    pub fn new(nic: N, cfg: Config) -> Result<Link<N>, SetupError> {
-        let policies = cfg.policies;
-        Link::prepare(nic, cfg)?.finish(policies)
+    pub fn new(nic: N, role: Role, policies: Policies, cfg: Config) -> Result<Link<N>, SetupError> {
+        Link::prepare(nic, role, cfg)?.finish(policies)
     }
 
     /// The first half of [`Link::new`], for when the policies are only
     /// known after the bootstrap exchange (which needs the QP number): the
-    /// completion queue and the QP. `cfg.policies` is ignored.
+    /// completion queue and the QP.
     #[cfg(any(test, feature = "testing"))]
-    pub fn prepare(nic: N, cfg: Config) -> Result<Prepared<N>, SetupError> {
+    pub fn prepare(nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;
-        match Link::prepare_on(nic, cfg, sizes, cq, None, None, None) {
+        match Link::prepare_on(nic, role, cfg, sizes, cq, None, None, None) {
             Ok(p) => Ok(p),
             Err((nic, e)) => {
                 let _ = nic.destroy_cq(cq);
@@ -88,8 +87,10 @@ impl<N: Nic> Link<N> {
     /// when `shared` is given, taking its receives from `srq` when given
     /// (`nic` then in the SRQ's PD), whose initial share it takes. On
     /// failure the NIC comes back with the error.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn prepare_on(
         nic: N,
+        role: Role,
         cfg: Config,
         sizes: QueueSizes,
         cq: CqId,
@@ -114,7 +115,7 @@ impl<N: Nic> Link<N> {
             qcfg.max_recv_wr = 0;
         }
         match nic.create_qp(qcfg) {
-            Ok(local) => Ok(Prepared { nic: Some(nic), cfg, cq, local, shared, srq, pool }),
+            Ok(local) => Ok(Prepared { nic: Some(nic), role, cfg, cq, local, shared, srq, pool }),
             Err(e) => {
                 if let Some(s) = &srq {
                     s.release(INITIAL_CREDITS);
@@ -129,6 +130,7 @@ impl<N: Nic> Link<N> {
 /// [`Link::prepare`]. Dropping it destroys the QP and the CQ.
 pub struct Prepared<N: Nic> {
     nic: Option<N>,
+    role: Role,
     cfg: Config,
     cq: CqId,
     local: QpEndpoint,
@@ -152,9 +154,9 @@ impl<N: Nic> Prepared<N> {
 
     /// Create the rest for `policies`: regions, windows, the connection.
     pub fn finish(mut self, policies: Policies) -> Result<Link<N>, SetupError> {
-        let mut cfg = self.cfg.clone();
-        cfg.policies = policies;
-        let (owns, _) = cfg.directions();
+        let cfg = self.cfg.clone();
+        let role = self.role;
+        let (owns, _) = policies.directions(role);
         let mut access = Access::LOCAL_WRITE;
         if owns == Policy::Mw {
             access = access | Access::MW_BIND;
@@ -165,8 +167,8 @@ impl<N: Nic> Prepared<N> {
         // QP and the CQ; `Resources` cleans up what was made so far.
         let nic = self.nic.as_ref().expect("finish runs once");
         let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
-        if self.srq.is_some() && (cfg.policies.request != Policy::Mw || cfg.policies.reply != Policy::Mw) {
-            let Policies { request, reply } = cfg.policies;
+        if self.srq.is_some() && (policies.request != Policy::Mw || policies.reply != Policy::Mw) {
+            let Policies { request, reply } = policies;
             return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
         }
         // The settings may have changed since `prepare` (`config_mut`).
@@ -194,9 +196,9 @@ impl<N: Nic> Prepared<N> {
             "mwcap.conn",
             id = tracing::field::Empty,
             qpn = self.local.qpn,
-            role = ?cfg.role,
-            request = ?cfg.policies.request,
-            reply = ?cfg.policies.reply,
+            role = ?role,
+            request = ?policies.request,
+            reply = ?policies.reply,
         );
         let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
         let memory = match (data.zip(data_memory), self.pool.take()) {
@@ -204,6 +206,8 @@ impl<N: Nic> Prepared<N> {
             (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
         };
         let conn = Connection::new(
+            role,
+            policies,
             cfg,
             Resources { ctrl: ctrl.id, data: memory, windows: windows.clone(), window_rkeys },
         );

@@ -673,8 +673,8 @@ impl<N: Nic> Connection<N> {
     /// one lock (for [`crate::stat`]).
     pub(crate) fn describe(&self) -> (u64, u32, Role, Policies, Option<LossReason>, ConnStats) {
         self.peek(|s| {
-            let c = s.ep.config();
-            (s.ep.connection().id(), s.ep.local().qpn, c.role, c.policies, s.down.clone(), s.ep.stats())
+            let c = s.ep.connection();
+            (c.id(), s.ep.local().qpn, c.role(), c.policies(), s.down.clone(), s.ep.stats())
         })
     }
 
@@ -686,7 +686,7 @@ impl<N: Nic> Connection<N> {
 
     /// The policy of each direction, as the bootstrap agreed them.
     pub fn policies(&self) -> Policies {
-        self.peek(|s| s.ep.config().policies)
+        self.peek(|s| s.ep.connection().policies())
     }
 
     /// The peer's address on the bootstrap's TCP connection (`None` for a
@@ -729,7 +729,7 @@ mod tests {
         let nic = fabric.add_device(DeviceConfig::spec());
         let (hub, _driver) = crate::conn::hub::Hub::new(nic, 1024).unwrap();
         let policies = Policies::both(Policy::Mw);
-        let link = hub.prepare(hub.connection_nic().unwrap(), Config::new(Role::Server, policies)).unwrap();
+        let link = hub.prepare(hub.connection_nic().unwrap(), Role::Server, Config::default()).unwrap();
         hub.add(link.finish(policies).unwrap())
     }
 

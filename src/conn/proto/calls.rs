@@ -15,8 +15,8 @@ use super::{Call, Connection, Data};
 
 impl Connection {
     fn ready_to_send(&self, role: Role, header: &[u8]) -> Result<(), UseError> {
-        if self.cfg.role != role {
-            return Err(UseError::WrongRole(self.cfg.role));
+        if self.role != role {
+            return Err(UseError::WrongRole(self.role));
         }
         if let Some(r) = &self.down {
             return Err(UseError::Down(r.clone()));

@@ -45,9 +45,9 @@ pub(super) struct ConfirmEngine {
 }
 
 impl ConfirmEngine {
-    /// The engine for `cfg`'s role; when `owns` (we expose a direction under
+    /// The engine for `role`; when `owns` (we expose a direction under
     /// confirm), every data buffer is registered with it.
-    pub(super) fn new(cfg: &Config, layout: &Layout, owns: bool, data: &MrInfo) -> ConfirmEngine {
+    pub(super) fn new(role: Role, cfg: &Config, layout: &Layout, owns: bool, data: &MrInfo) -> ConfirmEngine {
         let mut fcfg = fb::Config::default();
         fcfg.hold_timeout = cfg.lease_time;
         fcfg.request_timeout = cfg.call_timeout;
@@ -57,7 +57,7 @@ impl ConfirmEngine {
         fcfg.confirm_timeout = cfg.lease_time;
         fcfg.max_attempts = cfg.max_attempts;
         fcfg.max_read_len = layout.largest();
-        let mut engine = match cfg.role {
+        let mut engine = match role {
             Role::Client => Engine::Client(fb::Client::new(fcfg)),
             Role::Server => Engine::Server(fb::Server::new(fcfg)),
         };
@@ -92,7 +92,7 @@ impl ConfirmEngine {
             slot_of,
             msgs: id_map(2 * cfg.ctrl_slots as usize),
             expired: VecDeque::new(),
-            kept: id_map(if cfg.role == Role::Server { 2 * cfg.ctrl_slots as usize } else { 0 }),
+            kept: id_map(if role == Role::Server { 2 * cfg.ctrl_slots as usize } else { 0 }),
             reads: id_map(slots as usize),
             pending_reads: VecDeque::with_capacity(slots as usize),
         }

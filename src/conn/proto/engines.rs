@@ -284,7 +284,7 @@ impl Connection {
 
     /// Hand a grant to the reader with a destination (or queue it).
     pub(super) fn start_grant(&mut self, now: Duration, msg: u64, g: mw::Grant) {
-        let wanted = match self.cfg.role {
+        let wanted = match self.role {
             Role::Client => self.calls.contains_key(&msg),
             Role::Server => self.requests.contains_key(&msg),
         };
@@ -335,7 +335,7 @@ impl Connection {
     /// more takes the connection down. A client's waiting payloads are
     /// replies to its own calls, one each.
     fn may_wait(&mut self, now: Duration) -> bool {
-        if self.cfg.role == Role::Client {
+        if self.role == Role::Client {
             return true;
         }
         let max = self.cfg.max_waiting_payloads as usize;

@@ -349,20 +349,23 @@ pub struct Connection {
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
+    role: Role,
+    policies: Policies,
     events: VecDeque<Event>,
     down: Option<LossReason>,
     destroyed: bool,
 }
 
 impl Connection {
-    /// A connection for `cfg` (its role and policies) over `res`.
+    /// A connection of `role` with `policies` for its two directions (both
+    /// sides must agree), with the settings `cfg`, over `res`.
     ///
     /// # Panics
-    /// If `res` does not match `cfg`: a window per buffer when we own a
-    /// direction under mw, none otherwise.
-    pub fn new(cfg: Config, res: Resources) -> Connection {
-        let is_client = cfg.role == Role::Client;
-        let (owns, reads) = cfg.directions();
+    /// If `res` does not match: a window per buffer when we own a direction
+    /// under mw, none otherwise.
+    pub fn new(role: Role, policies: Policies, cfg: Config, res: Resources) -> Connection {
+        let is_client = role == Role::Client;
+        let (owns, reads) = policies.directions(role);
         let layout = Layout::new(&cfg);
         let slots = layout.slots() as usize;
         let exposable = slots + cfg.region_exposures as usize;
@@ -411,7 +414,7 @@ impl Connection {
             let DataMemory::Region(data, _) = &res.data else {
                 panic!("a shared buffer pool serves the mw policy only, not confirm")
             };
-            ConfirmEngine::new(&cfg, &layout, owns == Policy::Confirm, data)
+            ConfirmEngine::new(role, &cfg, &layout, owns == Policy::Confirm, data)
         });
         if let DataMemory::Pool(pool) = &res.data {
             let classes: Vec<(u32, u32)> = layout.sizes().into_iter().zip(layout.counts()).collect();
@@ -466,6 +469,8 @@ impl Connection {
             down: None,
             destroyed: false,
             res,
+            role,
+            policies,
             cfg,
         }
     }
@@ -473,6 +478,16 @@ impl Connection {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Client or server.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The policy of each direction.
+    pub fn policies(&self) -> Policies {
+        self.policies
     }
 
     /// This connection's id in the process (in logs and spans; buffers

@@ -92,7 +92,7 @@ impl Connection {
     }
 
     fn on_frame(&mut self, now: Duration, frame: Received<'_>) {
-        match (frame, self.cfg.role) {
+        match (frame, self.role) {
             (Received::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
                 self.on_request(now, msg_id, trace, header, inline, attach)
             }
@@ -215,7 +215,7 @@ impl Connection {
             None => {
                 let waiting = self.inline_waiting;
                 let max = self.cfg.max_waiting_inline;
-                if self.cfg.role == Role::Server && u64::from(waiting) + u64::from(len) > u64::from(max) {
+                if self.role == Role::Server && u64::from(waiting) + u64::from(len) > u64::from(max) {
                     let now = self.now;
                     return self.misbehaved(now, Misbehavior::TooMuchWaitingInline { waiting, len, max });
                 }
@@ -326,7 +326,7 @@ impl Connection {
                     if self.reader.is_none() {
                         return self.misbehaved(now, Misbehavior::WrongPolicy { what: "window grant" });
                     }
-                    if self.cfg.role == Role::Server {
+                    if self.role == Role::Server {
                         if let Some(r) = self.requests.get_mut(&msg) {
                             r.data = Data::Reading;
                         }
@@ -465,7 +465,7 @@ impl Connection {
     /// for its payload.
     fn awaits_payload(&self, msg: u64) -> bool {
         let pending = |d: &Data| matches!(d, Data::Reading | Data::Unknown);
-        match self.cfg.role {
+        match self.role {
             Role::Server => self.requests.get(&msg).is_some_and(|r| !r.surfaced && pending(&r.data)),
             Role::Client => self.calls.get(&msg).is_some_and(|c| pending(&c.data)),
         }
@@ -482,7 +482,7 @@ impl Connection {
     fn payload_done(&mut self, msg: u64, data: Data) {
         // A payload for a message that is gone, or whose payload is already
         // resolved, has nobody to go to: its buffer goes back to the pool.
-        if self.cfg.role == Role::Server {
+        if self.role == Role::Server {
             match self.requests.get_mut(&msg) {
                 Some(r) if !r.surfaced && matches!(r.data, Data::Reading | Data::Unknown) => r.data = data,
                 _ => return self.drop_payload(data),
@@ -697,7 +697,7 @@ impl Connection {
                     // the client may ask again after a stale read (the hold
                     // expired), in which case the entry lives until the
                     // client's fetch is over (pruned by age).
-                    if self.cfg.role == Role::Client || reason != fb::Release::Expired {
+                    if self.role == Role::Client || reason != fb::Release::Expired {
                         if let Some(m) = self.cf().msgs.remove(&msg) {
                             self.cf().kept.remove(&m);
                         }
