@@ -55,6 +55,11 @@ pub struct Memory {
     holds: Mutex<Vec<(usize, usize)>>,
     /// A peer may READ held bytes (see [`Memory::expect_reads_of_held`]).
     reads_of_held: AtomicBool,
+    /// Run once when the last hold ends ([`Memory::when_unheld`]); `hooked`
+    /// says one is set, read and written under `holds`' lock, so the
+    /// release of a hold pays for no second lock unless it is.
+    on_unheld: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    hooked: AtomicBool,
 }
 
 // SAFETY: `Memory` owns its allocation (like a `Box<[u8]>`); the bytes are
@@ -114,6 +119,8 @@ impl Memory {
             layout,
             holds: Mutex::new(Vec::new()),
             reads_of_held: AtomicBool::new(false),
+            on_unheld: Mutex::new(None),
+            hooked: AtomicBool::new(false),
         }))
     }
 
@@ -131,6 +138,21 @@ impl Memory {
     /// Whether a buffer handle holds any of its bytes.
     pub fn is_held(&self) -> bool {
         !self.holds.lock().is_empty()
+    }
+
+    /// If a buffer handle holds any of its bytes now, run `hook()` once the
+    /// last hold ends (on the thread that drops it, after the memory's own
+    /// lock is released), and return true; otherwise return false and make
+    /// nothing. Checked and set under the holds' lock, so a hold cannot end
+    /// unseen in between. One hook at a time: a later one replaces it.
+    pub(crate) fn when_unheld(&self, hook: impl FnOnce() -> Box<dyn FnOnce() + Send>) -> bool {
+        let holds = self.holds.lock();
+        if holds.is_empty() {
+            return false;
+        }
+        *self.on_unheld.lock() = Some(hook());
+        self.hooked.store(true, Ordering::Relaxed);
+        true
     }
 
     /// Whether a handle holds any of `offset..offset + len`.
@@ -290,9 +312,22 @@ impl Memory {
 
     /// End the hold that starts at `offset`.
     fn release(&self, offset: usize) {
-        let mut holds = self.holds.lock();
-        if let Ok(i) = holds.binary_search_by_key(&offset, |&(o, _)| o) {
-            holds.remove(i);
+        let hook = {
+            let mut holds = self.holds.lock();
+            if let Ok(i) = holds.binary_search_by_key(&offset, |&(o, _)| o) {
+                holds.remove(i);
+            }
+            // A plain load (no locked exchange on every release): the flag
+            // is only written under this lock.
+            if holds.is_empty() && self.hooked.load(Ordering::Relaxed) {
+                self.hooked.store(false, Ordering::Relaxed);
+                self.on_unheld.lock().take()
+            } else {
+                None
+            }
+        };
+        if let Some(hook) = hook {
+            hook();
         }
     }
 }
@@ -396,5 +431,31 @@ mod tests {
         assert_eq!(&all[35..], &[9; 5]);
         assert_eq!(m.write(99, &[0; 2]), Err(MemError::OutOfRange));
         assert!(m.lend(90, 11).is_none());
+    }
+
+    /// A hook set while a handle holds bytes runs once, when the last hold
+    /// ends; on memory no handle holds, none is made.
+    #[test]
+    fn a_hook_runs_once_when_the_last_hold_ends() {
+        use std::sync::atomic::AtomicUsize;
+        let m = Memory::zeroed(100, 8).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let hook = |runs: &Arc<AtomicUsize>| {
+            let r = runs.clone();
+            move || -> Box<dyn FnOnce() + Send> {
+                Box::new(move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                })
+            }
+        };
+        assert!(!m.when_unheld(hook(&runs)), "nothing held: no hook");
+        let (a, b) = (m.lend(0, 10).unwrap(), m.lend(20, 10).unwrap());
+        assert!(m.when_unheld(hook(&runs)));
+        drop(a);
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "one hold is left");
+        drop(b);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the last hold ended");
+        drop(m.lend(0, 10).unwrap());
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "once");
     }
 }

@@ -429,8 +429,10 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
 
 /// A buffer handle that outlives its connection keeps its bytes: the pool
 /// gets the buffer back when the connection goes, but lends it to nobody
-/// while the handle lives (another handle would alias its slice), and
-/// does once it is dropped.
+/// while the handle lives (another handle would alias its slice). Dropping
+/// the handle frees it at once and wakes a connection waiting for it.
+/// (Before, the pool noticed only at a later take of that class: a
+/// connection already waiting slept on.)
 #[test]
 fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
     let fabric = Fabric::with_seed(11);
@@ -454,8 +456,22 @@ fn a_handle_that_outlives_its_connection_keeps_its_buffer_from_the_pool() {
     let first = b.try_alloc().expect("a free buffer");
     assert!(b.try_alloc().is_none(), "the last free one is the reserve; the parked one is not lent");
     assert_eq!(&held[..3], b"xyz");
+    // A second alloc waits for a buffer: the parked one.
+    let got = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let g = got.clone();
+    let b2 = b.clone();
+    spawn(&pool, async move {
+        *g.borrow_mut() = Some(b2.alloc().await);
+    });
+    pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
+    assert!(got.borrow().is_none(), "nothing free for it yet");
     drop(held);
-    let second = b.try_alloc().expect("the parked buffer, free once its handle is gone");
+    assert_eq!(sh.stats().buffers.unwrap().free, 2, "free as soon as its handle is gone");
+    let t0 = std::time::Instant::now();
+    while got.borrow().is_none() && t0.elapsed() < Duration::from_secs(5) {
+        pool.run_until(async_io::Timer::after(Duration::from_millis(5)));
+    }
+    let second = got.borrow_mut().take().expect("the waiting alloc was woken").expect("the parked buffer");
     drop((first, second));
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

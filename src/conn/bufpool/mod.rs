@@ -17,7 +17,9 @@
 //! it: the invalidation's completion, the QP destroyed, a READ into it
 //! completed or flushed, or the user's handle dropped. A buffer of a
 //! connection that is torn down goes back after its QP is destroyed and its
-//! windows are freed. A connection that finds no buffer in the pool waits
+//! windows are freed; one the user still holds then is lent to nobody until
+//! the user drops it, which frees it and wakes the next waiter for its
+//! class ([`Memory::when_unheld`](crate::mem::Memory)). A connection that finds no buffer in the pool waits
 //! as it waits for one of its own (`alloc().await`, a READ queued for a
 //! destination).
 //!
@@ -158,10 +160,6 @@ impl<N: Nic> PoolDevice for OnNic<N> {
 struct State {
     /// Free buffers of each class (indices into `mrs`).
     free: Vec<Vec<u32>>,
-    /// Buffers given back while a buffer handle still holds them (its
-    /// connection went down while the user kept it): free again once the
-    /// handle is dropped, looked at when a take finds its class empty.
-    parked: Vec<u32>,
     /// The member holding each buffer (`NOBODY` while free).
     owner_of: Vec<u32>,
     /// The pool's clock (gives so far) when each buffer was taken.
@@ -337,7 +335,6 @@ impl BufferPool {
         let classes = free.len();
         let state = State {
             free,
-            parked: Vec::new(),
             owner_of: vec![NOBODY; mrs.len()],
             took_at: vec![0; mrs.len()],
             clock: 0,
@@ -568,12 +565,6 @@ impl BufferPool {
     pub(crate) fn take(&self, m: u32, class: usize, outgoing: bool) -> Option<u32> {
         let mut st = self.0.state.lock();
         let keep = if outgoing { self.0.reserve[class] as usize } else { 0 };
-        // Wakers of other classes' waiters, for buffers unparked here
-        // (empty, no allocation, on every other take).
-        let mut others = Vec::new();
-        if !st.parked.is_empty() && st.free.get(class).is_some_and(|f| f.len() <= keep) {
-            others = self.unpark(&mut st, class);
-        }
         let taken = if st.may_take(m, class, self.count(class), keep) {
             let i = st.free[class].pop().expect("may_take saw one");
             st.unwake(m, class);
@@ -597,7 +588,6 @@ impl BufferPool {
         if let Some(w) = wake {
             w.wake();
         }
-        others.into_iter().for_each(Waker::wake);
         taken
     }
 
@@ -611,23 +601,16 @@ impl BufferPool {
     /// the class's queue.
     pub(crate) fn has_free(&self, m: u32, class: usize) -> bool {
         let mut st = self.0.state.lock();
-        let mut woken = Vec::new();
-        if !st.parked.is_empty() && st.free.get(class).is_some_and(Vec::is_empty) {
-            woken = self.unpark(&mut st, class);
-            // More came free in this class than the caller will take: the
-            // next waiter hears of the rest.
-            if st.free[class].len() > 1 {
-                woken.extend(self.kick(&mut st, class));
-            }
+        if st.may_take(m, class, self.count(class), 0) {
+            return true;
         }
-        let ok = st.may_take(m, class, self.count(class), 0);
-        if !ok {
-            st.enqueue(m, class, false);
-            woken.extend(self.kick(&mut st, class));
-        }
+        st.enqueue(m, class, false);
+        let wake = self.kick(&mut st, class);
         drop(st);
-        woken.into_iter().for_each(Waker::wake);
-        ok
+        if let Some(w) = wake {
+            w.wake();
+        }
+        false
     }
 
     /// Give buffer `i` back (its connection has evidence that no remote
@@ -636,8 +619,6 @@ impl BufferPool {
     pub(crate) fn give(&self, i: u32) {
         let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
         let size = u64::from(self.0.sizes[class]);
-        // A handle of a connection that went down may still hold it.
-        let parked = self.0.mems[i as usize].is_held();
         let count = self.count(class);
         self.put_back(class, Some((count, self.0.reserve[class] as usize)), |st| {
             debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
@@ -646,23 +627,39 @@ impl BufferPool {
                 member.held[class] = member.held[class].saturating_sub(1);
             }
             st.account(m, i);
-            if parked {
-                st.parked.push(i);
-            } else {
+            st.held_bytes -= size;
+            // A handle of a connection that went down may still hold it:
+            // lent to nobody (another handle would alias its slice) until
+            // that handle is dropped, which frees it (`unheld`).
+            let held = self.0.mems[i as usize].when_unheld(|| {
+                let pool = self.clone();
+                Box::new(move || pool.unheld(i))
+            });
+            if !held {
                 st.free[class].push(i);
             }
-            st.held_bytes -= size;
+            !held
+        });
+    }
+
+    /// Buffer `i`, given back while a user's handle still held it, is free:
+    /// that handle was dropped. The next waiter for its class is woken.
+    fn unheld(&self, i: u32) {
+        let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
+        self.put_back(class, Some((self.count(class), self.0.reserve[class] as usize)), |st| {
+            st.free[class].push(i);
+            true
         });
     }
 
     /// Change the pool under its lock with `f` (something of queue `k`
     /// came back; `class`: the class's buffers and reserve, `None` for
-    /// windows), and wake the next connection waiting in that queue.
-    fn put_back(&self, k: usize, class: Option<(u32, usize)>, f: impl FnOnce(&mut State)) {
+    /// windows), and, if `f` says something is free for it now, wake the
+    /// next connection waiting in that queue.
+    fn put_back(&self, k: usize, class: Option<(u32, usize)>, f: impl FnOnce(&mut State) -> bool) {
         let wake = {
             let mut st = self.0.state.lock();
-            f(&mut st);
-            if st.queues[k].is_empty() {
+            if !f(&mut st) || st.queues[k].is_empty() {
                 return;
             }
             st.wake_next(k, class.map(|c| c.0), class.map_or(0, |c| c.1))
@@ -672,34 +669,6 @@ impl BufferPool {
         if let Some(w) = wake {
             w.wake();
         }
-    }
-
-    /// Free the parked buffers no handle holds any more, and wake a waiter
-    /// of each class other than `class` that got some (the caller's class
-    /// is the caller's to take from, and its take wakes the next waiter).
-    /// Returns the wakers, to wake outside the lock (empty, no allocation,
-    /// when nothing of another class came free).
-    fn unpark(&self, st: &mut State, class: usize) -> Vec<Waker> {
-        let Inner { firsts, mems, .. } = &*self.0;
-        let mut freed = 0u64;
-        let State { parked, free, .. } = st;
-        parked.retain(|&i| {
-            if mems[i as usize].is_held() {
-                return true;
-            }
-            let k = firsts.partition_point(|&f| f <= i) - 1;
-            free[k].push(i);
-            freed |= 1 << k;
-            false
-        });
-        freed &= !(1 << class);
-        let mut wake = Vec::new();
-        for k in 0..self.0.sizes.len() {
-            if freed & (1 << k) != 0 {
-                wake.extend(self.kick(st, k));
-            }
-        }
-        wake
     }
 
     /// The memory of buffer `i`.

@@ -71,6 +71,7 @@ impl BufferPool {
             if !used {
                 st.windows_lent -= 1;
             }
+            true
         });
     }
 
