@@ -363,6 +363,9 @@ impl<N: Nic + 'static> Hub<N> {
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
         let routes = Routes::new(depth, srq.as_ref().map_or(0, |q| q.max_slots()))?;
+        // The driver sleeps on the alarm thread: started now, with the
+        // endpoint, not by the first call that waits.
+        super::alarm::start();
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
