@@ -117,7 +117,10 @@ impl Memory {
             ptr,
             len,
             layout,
-            holds: Mutex::new(Vec::new()),
+            // Room for a few holds now, not at the first lend: a pool
+            // buffer is one region, and its first lend may come thousands
+            // of calls in (a call's path allocates nothing).
+            holds: Mutex::new(Vec::with_capacity(4)),
             reads_of_held: AtomicBool::new(false),
             on_unheld: Mutex::new(None),
             hooked: AtomicBool::new(false),

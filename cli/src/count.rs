@@ -25,29 +25,18 @@ pub fn heap_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
-/// Wait, once per process and for at most a second, until mwcap's alarm
-/// thread runs. A driver spawns it when it first sleeps (in the warm-up),
-/// and std allocates once as a new thread starts (its name, for the
+/// Start async-io's reactor thread, once per process, and return once it
+/// runs. std allocates once as a new thread starts (its name, for the
 /// stack-overflow handler), whenever the OS first runs it: on a loaded host
-/// that can fall inside the first case's measured calls (1 allocation in
-/// about one run of five). The thread runs once `/proc` lists it by its
-/// name, which std gives it after that allocation.
+/// that fell inside the first case's measured calls in about one run of
+/// five. A timer of async-io's fires only when its reactor is driven, and
+/// under `futures`' `block_on` or tokio (not async-io's `block_on`, which
+/// drives the reactor itself) only that thread drives it. (mwcap's alarm
+/// thread needs no such wait: the endpoint's start returns once it runs.)
 #[cfg_attr(loom, allow(dead_code))] // the async bench's
-pub fn alarm_thread_started() {
-    static DONE: std::sync::Once = std::sync::Once::new();
-    DONE.call_once(|| {
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while !thread_named("mwcap-alarm") && std::time::Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    });
-}
-
-/// Whether a thread of this process is named `name` (true where `/proc`
-/// cannot tell).
-fn thread_named(name: &str) -> bool {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return true };
-    tasks
-        .flatten()
-        .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name))
+pub async fn helper_threads_started() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        async_io::Timer::after(std::time::Duration::from_millis(1)).await;
+    }
 }

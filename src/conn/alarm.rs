@@ -63,10 +63,11 @@ impl Ord for Entry {
     }
 }
 
-/// Start the alarm thread now if it is not running yet (an endpoint does,
-/// when it is made): its start-up allocations then fall in the setup, not
-/// in the first call that sleeps (which the allocation-free call path,
-/// and the benchmarks that count it, would see).
+/// Start the alarm thread now if it is not running yet, and return once it
+/// runs (an endpoint does, when it is made): its start-up allocations
+/// (std's, as the OS first runs a thread) then fall in the setup, not in
+/// some later call (which the allocation-free call path, and the
+/// benchmarks that count it, would see).
 pub(crate) fn start() {
     wheel();
 }
@@ -78,10 +79,16 @@ fn wheel() -> &'static Wheel {
             heap: Mutex::new(BinaryHeap::with_capacity(64)),
             wake: Condvar::new(),
         }));
+        let (running, wait) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("mwcap-alarm".into())
-            .spawn(move || w.run())
+            .spawn(move || {
+                let _ = running.send(());
+                w.run()
+            })
             .expect("the alarm thread starts");
+        // Its body runs after std's start-up of the thread.
+        let _ = wait.recv();
         w
     })
 }

@@ -6,7 +6,7 @@
 //! the completions of one CQ. Only a lane's head can run, so a later event
 //! of the same lane never overtakes an earlier one, whatever their times.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -40,8 +40,8 @@ pub(crate) struct Ev {
     pub(crate) kind: EvKind,
 }
 
-/// Ordered lanes stay (empty) once created, so a busy fabric reuses their
-/// queues; free events (timers) are kept apart by sequence number. Both are
+/// Ordered lanes stay (empty) once created, their events in one slab whose
+/// nodes are reused; free events (timers) are kept apart by sequence number. Both are
 /// found without a search (a lane by its indexes, a free event by hash) and
 /// never iterated. `heads` holds the runnable events, one per non-empty lane
 /// and every free event, by time and then lane: those due first come in
@@ -49,15 +49,32 @@ pub(crate) struct Ev {
 /// the generator picks among them. It counts them, so finding how many are
 /// due first and taking the k-th is O(log n) however many there are; so is
 /// every step.
-#[derive(Default)]
 pub(crate) struct Scheduler {
     lanes: Queues,
+    /// The ordered lanes' events.
+    slab: Slab,
     /// Unordered events by sequence number.
     free: HashMap<u64, Ev>,
     /// (time, lane) of every lane's head and every free event.
     heads: RankedSet<(u64, Lane)>,
     next_free: u64,
     len: usize,
+}
+
+impl Default for Scheduler {
+    fn default() -> Scheduler {
+        Scheduler {
+            lanes: Queues::default(),
+            slab: Slab::default(),
+            // Room for twice the timers a busy fabric has at once: a hash
+            // map whose removals' tombstones fill it rehashes in place only
+            // while it is at most half full.
+            free: HashMap::with_capacity(256),
+            heads: RankedSet::default(),
+            next_free: 0,
+            len: 0,
+        }
+    }
 }
 
 impl Scheduler {
@@ -73,14 +90,14 @@ impl Scheduler {
             return;
         }
         let q = self.lanes.make(lane);
-        let at = match q.back() {
-            Some(b) => b.at.max(at),
+        let at = match q.back_at(&self.slab) {
+            Some(b) => b.max(at),
             None => {
                 self.heads.insert((at, lane));
                 at
             }
         };
-        q.push_back(Ev { at, kind });
+        q.push_back(&mut self.slab, Ev { at, kind });
     }
 
     /// Queue an unordered event; its lane can be passed to [`Scheduler::cancel`].
@@ -99,11 +116,11 @@ impl Scheduler {
             }
             _ => {
                 let Some(q) = self.lanes.get_mut(lane) else { return };
-                if let Some(head) = q.front() {
-                    self.heads.remove(&(head.at, lane));
+                if let Some(at) = q.front_at(&self.slab) {
+                    self.heads.remove(&(at, lane));
                 }
-                self.len -= q.len();
-                q.clear();
+                self.len -= q.len as usize;
+                q.clear(&mut self.slab);
             }
         }
     }
@@ -114,8 +131,8 @@ impl Scheduler {
             Lane::Free(seq) => (self.free.remove(&seq)?, None),
             _ => {
                 let q = self.lanes.get_mut(lane)?;
-                let ev = q.pop_front()?;
-                (ev, q.front().map(|e| e.at))
+                let ev = q.pop_front(&mut self.slab)?;
+                (ev, q.front_at(&self.slab))
             }
         };
         // A next event due at the same instant keeps the head's place.
@@ -154,13 +171,122 @@ impl Scheduler {
     }
 }
 
-/// The ordered lanes' queues by device, kind and index: devices, queue
-/// pairs and CQs are named by slab indexes, dense and never reused.
+/// No event: the end of a lane, or of the spare list.
+const NIL: u32 = u32::MAX;
+
+/// Events in a slab, each lane a linked list through it: a lane costs
+/// three words, and the slab grows only when the events queued in the whole
+/// fabric at once reach a new high, not whenever one of thousands of lanes
+/// does (which a queue per lane did, now and then thousands of calls into a
+/// steady run).
+struct Slab {
+    nodes: Vec<Node>,
+    /// The first unused node, or NIL.
+    spare: u32,
+}
+
+struct Node {
+    ev: Option<Ev>,
+    /// The next node of the lane (or of the spare list), or NIL.
+    next: u32,
+}
+
+/// Events the slab has room for from the start: more than a busy
+/// benchmark's fabric holds at once.
+const SLAB_ROOM: usize = 1024;
+
+impl Default for Slab {
+    fn default() -> Slab {
+        Slab { nodes: Vec::with_capacity(SLAB_ROOM), spare: NIL }
+    }
+}
+
+impl Slab {
+    fn put(&mut self, ev: Ev) -> u32 {
+        if self.spare == NIL {
+            self.nodes.push(Node { ev: Some(ev), next: NIL });
+            return (self.nodes.len() - 1) as u32;
+        }
+        let i = self.spare;
+        let node = &mut self.nodes[i as usize];
+        self.spare = node.next;
+        *node = Node { ev: Some(ev), next: NIL };
+        i
+    }
+
+    /// Take the event out of node `i`; returns it and the node after it.
+    fn take(&mut self, i: u32) -> (Ev, u32) {
+        let node = &mut self.nodes[i as usize];
+        let ev = node.ev.take().expect("a queued node holds an event");
+        let next = std::mem::replace(&mut node.next, self.spare);
+        self.spare = i;
+        (ev, next)
+    }
+
+    fn at(&self, i: u32) -> u64 {
+        self.nodes[i as usize].ev.as_ref().expect("a queued node holds an event").at
+    }
+}
+
+/// One ordered lane: a FIFO linked through the slab.
+#[derive(Clone, Copy)]
+struct Fifo {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl Default for Fifo {
+    fn default() -> Fifo {
+        Fifo { head: NIL, tail: NIL, len: 0 }
+    }
+}
+
+impl Fifo {
+    fn back_at(&self, slab: &Slab) -> Option<u64> {
+        (self.len > 0).then(|| slab.at(self.tail))
+    }
+
+    fn front_at(&self, slab: &Slab) -> Option<u64> {
+        (self.len > 0).then(|| slab.at(self.head))
+    }
+
+    fn push_back(&mut self, slab: &mut Slab, ev: Ev) {
+        let i = slab.put(ev);
+        if self.len == 0 {
+            self.head = i;
+        } else {
+            slab.nodes[self.tail as usize].next = i;
+        }
+        self.tail = i;
+        self.len += 1;
+    }
+
+    fn pop_front(&mut self, slab: &mut Slab) -> Option<Ev> {
+        if self.len == 0 {
+            return None;
+        }
+        let (ev, next) = slab.take(self.head);
+        self.head = next;
+        self.len -= 1;
+        if self.len == 0 {
+            *self = Fifo::default();
+        }
+        Some(ev)
+    }
+
+    fn clear(&mut self, slab: &mut Slab) {
+        while self.pop_front(slab).is_some() {}
+    }
+}
+
+/// The ordered lanes by device, kind and index: devices, queue pairs and
+/// CQs are named by slab indexes, dense and never reused.
 #[derive(Default)]
-struct Queues(Vec<[Vec<VecDeque<Ev>>; 4]>);
+struct Queues(Vec<[Vec<Fifo>; 4]>);
 
 impl Queues {
-    /// Where an ordered lane's queue is: (device, kind, index).
+    /// Where an ordered lane is: (device, kind, index).
     fn slot(lane: Lane) -> (usize, usize, usize) {
         let (kind, dev, index) = match lane {
             Lane::Sq(dev, qp) => (0, dev, qp),
@@ -172,20 +298,20 @@ impl Queues {
         (dev as usize, kind, index as usize)
     }
 
-    fn get_mut(&mut self, lane: Lane) -> Option<&mut VecDeque<Ev>> {
+    fn get_mut(&mut self, lane: Lane) -> Option<&mut Fifo> {
         let (dev, kind, index) = Queues::slot(lane);
         self.0.get_mut(dev)?[kind].get_mut(index)
     }
 
-    /// The lane's queue, made (empty) if it is new.
-    fn make(&mut self, lane: Lane) -> &mut VecDeque<Ev> {
+    /// The lane, made (empty) if it is new.
+    fn make(&mut self, lane: Lane) -> &mut Fifo {
         let (dev, kind, index) = Queues::slot(lane);
         if self.0.len() <= dev {
             self.0.resize_with(dev + 1, Default::default);
         }
         let queues = &mut self.0[dev][kind];
         if queues.len() <= index {
-            queues.resize_with(index + 1, VecDeque::new);
+            queues.resize_with(index + 1, Fifo::default);
         }
         &mut queues[index]
     }
@@ -193,7 +319,7 @@ impl Queues {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, VecDeque};
 
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
@@ -310,6 +436,27 @@ mod tests {
             EvKind::AckTimer { gen, .. } => (e.at, gen),
             other => panic!("not a test event: {other:?}"),
         }
+    }
+
+    #[test]
+    fn lanes_that_fill_in_turn_reuse_the_same_nodes() {
+        // 64 lanes each fill to 16 events and drain, one after another, as
+        // a fabric's queue pairs take turns: the slab holds 16 events, not
+        // 16 per lane (a queue per lane kept room for each lane's highest).
+        let mut s = Scheduler::default();
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut now = 0;
+        for qp in 0..64 {
+            for i in 0..16 {
+                s.push(Lane::Resp(0, qp), now + i, ev(i));
+            }
+            while s.len() > 0 {
+                now = s.next_at().expect("queued");
+                s.pop_due(now, &mut rng).expect("due");
+            }
+        }
+        assert_eq!(s.slab.nodes.len(), 16);
+        assert_eq!(s.slab.nodes.capacity(), SLAB_ROOM, "the slab never grew");
     }
 
     proptest! {
