@@ -31,9 +31,13 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::Auth;
 use mwcap::conn::{
-    BufClass, Config, Connection, Endpoint, Event, Link, Policies, Policy, PolicyChoice, Role, SrqConfig,
+    BufClass, Config, Connection, Endpoint, Link, Policies, Policy, PolicyChoice, Role, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
+
+/// The hand-driven careless clients, as `tests/hub_pool.rs` runs them.
+#[path = "../tests/hubs/hoarders.rs"]
+mod hoarders;
 
 const LEASE: Duration = Duration::from_millis(300);
 const POOL: u32 = 4;
@@ -97,8 +101,7 @@ fn run(hoarders: usize, calls: usize) -> Run {
     spawn(&pool, async move {
         cd.run().await;
     });
-    let mut hoards: Vec<(Link<SimNic>, usize)> = Vec::new();
-    let mut held = Vec::new();
+    let mut hoards = hoarders::Hoarders::default();
     for _ in 0..hoarders {
         let s = sh.prepare(Role::Server, MW, cfg()).unwrap();
         let mut ccfg = cfg();
@@ -107,8 +110,7 @@ fn run(hoarders: usize, calls: usize) -> Run {
         c.connect(&s.local()).unwrap();
         let s = s.connect(&c.local()).unwrap();
         spawn(&pool, serve(s, 0x40));
-        held.push([c.alloc().unwrap(), c.alloc().unwrap()]);
-        hoards.push((c, 0));
+        hoards.add(c);
     }
     // The honest client gives a call up after 3 s (10 leases).
     let mut hcfg = cfg();
@@ -139,7 +141,6 @@ fn run(hoarders: usize, calls: usize) -> Run {
         }
     });
     let t0 = Instant::now();
-    let mut hoarded = 0;
     let mut shown = 0;
     loop {
         if std::env::var_os("FAIRNESS_TRACE").is_some() && t0.elapsed().as_secs() >= shown + 5 {
@@ -150,23 +151,7 @@ fn run(hoarders: usize, calls: usize) -> Run {
         if n + f >= calls {
             break;
         }
-        let now = t0.elapsed();
-        for (h, in_flight) in &mut hoards {
-            if h.poll_timeout().is_some_and(|t| t <= now) {
-                h.handle_timeout(now);
-            }
-            h.drive(now);
-            while let Some(ev) = h.poll_event() {
-                if matches!(ev, Event::Reply { .. } | Event::CallFailed { .. }) {
-                    *in_flight -= 1;
-                }
-            }
-            while *in_flight < 6 && h.call(now, b"x", None).is_ok() {
-                *in_flight += 1;
-                hoarded += 1;
-            }
-            h.drive(now);
-        }
+        hoards.turn(t0.elapsed());
         pool.run_until(async_io::Timer::after(Duration::from_millis(1)));
     }
     if std::env::var_os("FAIRNESS_TRACE").is_some() {
@@ -175,8 +160,7 @@ fn run(hoarders: usize, calls: usize) -> Run {
     let b = sh.stats().buffers.unwrap();
     let stats = format!("pool_taken={} pool_empty={} pool_wakeups={}", b.taken, b.empty, b.wakeups);
     let (lat, failed) = std::mem::take(&mut *out.borrow_mut());
-    drop(held);
-    Run { lat, failed, hoarded, stats }
+    Run { lat, failed, hoarded: hoards.calls, stats }
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {

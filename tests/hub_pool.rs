@@ -901,24 +901,21 @@ fn more_hoarders_than_buffers_do_not_starve_an_honest_client() {
 }
 
 fn honest_client_beside_hoarders(n: usize) {
-    use mwcap::conn::Event;
     let fabric = Fabric::with_seed(19);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
     let mut pool = LocalPool::new();
     let sh = small_pool_endpoint(&pool, sn, 4);
     let ch = plain_endpoint(&pool, cn.clone());
-    let mut hoarders = Vec::new();
+    let mut hoarders = hubs::hoarders::Hoarders::default();
     for _ in 0..n {
         // Its calls give up after 400 ms (a lease and a bit), and it calls again.
         let mut ccfg = small_cfg(Role::Client);
         ccfg.call_timeout = Duration::from_millis(400);
-        let (s, mut client) = server_with_link_client(&sh, &cn, small_cfg(Role::Server), ccfg);
+        let (s, client) = server_with_link_client(&sh, &cn, small_cfg(Role::Server), ccfg);
         let s = s.connect(&client.local()).unwrap();
         spawn(&pool, serve_fixed(s, 0x40, || {}));
-        // Both of its buffers held: it can read nothing.
-        let held = [client.alloc().unwrap(), client.alloc().unwrap()];
-        hoarders.push((client, held, 0usize));
+        hoarders.add(client);
     }
     let (honest, honest_s) = pair_with(&ch, &sh, |role| {
         let mut c = small_cfg(role);
@@ -937,28 +934,11 @@ fn honest_client_beside_hoarders(n: usize) {
         }
     });
     let t0 = std::time::Instant::now();
-    let mut hoarded = 0u64;
     while done.borrow().len() < 30 && t0.elapsed() < Duration::from_secs(120) {
-        // The hoarders' clocks: wall time, as the endpoints' are.
-        let now = t0.elapsed();
-        for (h, _, in_flight) in &mut hoarders {
-            if h.poll_timeout().is_some_and(|t| t <= now) {
-                h.handle_timeout(now);
-            }
-            h.drive(now);
-            while let Some(ev) = h.poll_event() {
-                if matches!(ev, Event::Reply { .. } | Event::CallFailed { .. }) {
-                    *in_flight -= 1;
-                }
-            }
-            while *in_flight < 6 && h.call(now, b"x", None).is_ok() {
-                *in_flight += 1;
-                hoarded += 1;
-            }
-            h.drive(now);
-        }
+        hoarders.turn(t0.elapsed());
         pool.run_until(async_io::Timer::after(Duration::from_millis(1)));
     }
+    let hoarded = hoarders.calls;
     let done = done.borrow();
     assert_eq!(done.len(), 30, "the honest client finished {} calls", done.len());
     let failed: Vec<_> = done.iter().filter_map(|r| r.as_ref().err()).collect();

@@ -18,6 +18,9 @@ use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Handshake,
 use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending, Policies, Role, SetupError};
 use mwcap::sim::{DeviceId, Fabric, QpAddr, SimNic};
 
+#[allow(dead_code)] // hub_pool.rs uses it; hub.rs and hub_srq.rs include this module too
+pub mod hoarders;
+
 /// One side of a connection as these tests make it: its role, the
 /// policies of both directions and its settings (which the library keeps
 /// apart: `Endpoint::prepare(role, policies, cfg)`). Dereferences to the
