@@ -103,6 +103,9 @@ pub struct Config {
     /// itself (polling the endpoint's completion queue on the caller's
     /// thread) before it leaves the work to the endpoint's driver. Longer
     /// costs CPU; shorter costs a wake-up, often across threads, per call.
+    /// Every 16 turns that find nothing, the spinning thread gives its core
+    /// up to the OS, so that the thread it waits for can run where threads
+    /// outnumber free cores.
     /// The driver's own polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
     pub busy_poll: Duration,
     /// Receiver-not-ready retries before a SEND fails with

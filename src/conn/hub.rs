@@ -584,8 +584,10 @@ impl<N: Nic> HubDriver<N> {
         // The `added` count when the connections were last taken down
         // after the failure.
         let mut swept_at: Option<u64> = None;
-        // Since when turns have found nothing (for the busy-poll window).
+        // Since when turns have found nothing (for the busy-poll window),
+        // and how many have (for `live::idle_turn`).
         let mut idle_since: Option<Instant> = None;
+        let mut idle_turns = 0u32;
         loop {
             shared.ready.bell().take();
             shared.turns.fetch_add(1, Ordering::Relaxed);
@@ -652,6 +654,7 @@ impl<N: Nic> HubDriver<N> {
             if spin_ns != 0 && failed.is_none() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() < Duration::from_nanos(spin_ns) {
+                    super::live::idle_turn(&mut idle_turns);
                     super::live::yield_now().await;
                     continue;
                 }

@@ -41,6 +41,28 @@ pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) spin_until: Option<Instant>,
     /// This call holds `Inner::spinning`.
     pub(crate) spinning: bool,
+    /// Turns taken while spinning that found nothing (see [`OS_YIELD_EVERY`]).
+    pub(crate) idle_spins: u32,
+}
+
+/// A thread that busy-polls (a call taking its connection's turns, or the
+/// endpoint's driver in its busy-poll window) gives its CPU up to the OS
+/// (`std::thread::yield_now`) once every this many turns that found
+/// nothing. On a host with fewer free cores than busy threads, the thread
+/// it waits for (the driver, or the server's) would otherwise get a core
+/// only when the spin window ends: smol's calls pinned to one core took
+/// `busy_poll` plus the call each. A `sched_yield` with nothing else to run
+/// returns at once.
+pub(crate) const OS_YIELD_EVERY: u32 = 16;
+
+/// Count one turn that found nothing, and give the CPU up to the OS once
+/// every [`OS_YIELD_EVERY`].
+#[inline]
+pub(crate) fn idle_turn(idle: &mut u32) {
+    *idle += 1;
+    if *idle % OS_YIELD_EVERY == 0 {
+        std::thread::yield_now();
+    }
 }
 
 impl<N: Nic> CallFuture<'_, N> {
@@ -118,6 +140,9 @@ impl<N: Nic> CallFuture<'_, N> {
         if t.finished {
             // The hub's driver finishes it on its turn.
             part.waker.wake_by_ref();
+        }
+        if !t.busy {
+            idle_turn(&mut self.idle_spins);
         }
         true
     }

@@ -38,7 +38,7 @@ use crate::handle::{Handle, Recycle, Slot};
 mod driver;
 mod regions;
 pub use driver::DriverStats;
-pub(crate) use driver::{yield_now, CallFuture, DriverCounters};
+pub(crate) use driver::{idle_turn, yield_now, CallFuture, DriverCounters};
 
 /// A reply to a call.
 #[derive(Debug, PartialEq, Eq)]
@@ -450,6 +450,7 @@ impl<N: Nic> Connection<N> {
             done: false,
             spin_until: None,
             spinning: false,
+            idle_spins: 0,
         }
         .await
     }
