@@ -16,10 +16,14 @@
 //! from one shared receive queue per side (8 each while idle, up to
 //! `CTRL_SLOTS` when busy) and keep only their send slots. With
 //! `--shared-buffers` (which implies `--shared-receives`) both endpoints are made
-//! with `EndpointBuilder::shared_buffers` and a pool of `ACTIVE` + 64 buffers of
-//! 4 KiB (and a memory window per buffer): a connection registers no
+//! with `EndpointBuilder::shared_buffers` and a pool of 2 x `ACTIVE` + 64 buffers
+//! of 4 KiB (and a memory window per buffer): a connection registers no
 //! buffers and allocates no windows of its own, and takes its 2 buffers,
-//! and a window per exposure, from the pool while it uses them. Each round, every active client makes a call with a
+//! and a window per exposure, from the pool while it uses them. (Two per
+//! active connection: a server connection holds the reply its client is
+//! reading until the release comes, and may take the next reply's before.
+//! With one per active connection the pool ran empty and the run measured
+//! waiting for buffers.) Each round, every active client makes a call with a
 //! 100-byte payload (inline) and its server answers with a 3000-byte
 //! payload (a window bound, READ, released), all checked. Everything runs
 //! on one thread (`futures`' `LocalPool`), the simulator included.
@@ -80,7 +84,7 @@ fn main() {
     let send_slots = args.get(4).copied().map_or(ctrl_slots, |n| n as u32);
     let pooled = std::env::args().any(|a| a == "--shared-buffers");
     let shared = pooled || std::env::args().any(|a| a == "--shared-receives");
-    let pool_classes = [BufClass { size: 4096, count: active as u32 + 64 }];
+    let pool_classes = [BufClass { size: 4096, count: 2 * active as u32 + 64 }];
     let fabric = Fabric::with_seed(1);
     let cdev = fabric.add_device(DeviceConfig::spec().named("c"));
     let sdev = fabric.add_device(DeviceConfig::spec().named("s"));
