@@ -262,7 +262,6 @@ pub async fn run_case<N: Nic>(
     let hist = Mutex::new(cases::histogram());
     let remote0 = if server == Server::Remote { Some(server_allocs(first).await?) } else { None };
     let run = spread(conns, case, iters, &tags, &hist);
-    count::helper_threads_started().await;
     let a0 = count::allocs();
     let t0 = Instant::now();
     run.await?;

@@ -26,17 +26,18 @@ pub fn heap_bytes() -> i64 {
 }
 
 /// Start async-io's reactor thread, once per process, and return once it
-/// runs. std allocates once as a new thread starts (its name, for the
+/// has run. std allocates once as a new thread starts (its name, for the
 /// stack-overflow handler), whenever the OS first runs it: on a loaded host
 /// that fell inside the first case's measured calls in about one run of
 /// five. A timer of async-io's fires only when its reactor is driven, and
-/// under `futures`' `block_on` or tokio (not async-io's `block_on`, which
-/// drives the reactor itself) only that thread drives it. (mwcap's alarm
-/// thread needs no such wait: the endpoint's start returns once it runs.)
+/// under `futures`' `block_on` (not async-io's, which drives the reactor
+/// itself) only that thread drives it. Call it outside any executor
+/// (`executors::run` does, before it starts one). (mwcap's alarm thread
+/// needs no such wait: the endpoint's start returns once it runs.)
 #[cfg_attr(loom, allow(dead_code))] // the async bench's
-pub async fn helper_threads_started() {
-    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        async_io::Timer::after(std::time::Duration::from_millis(1)).await;
-    }
+pub fn helper_threads_started() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        futures::executor::block_on(async_io::Timer::after(std::time::Duration::from_millis(1)));
+    });
 }

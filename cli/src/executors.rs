@@ -72,6 +72,8 @@ where
     S: Future + Send + 'static,
     S::Output: Send + 'static,
 {
+    // Before any executor: so that no thread's start falls in measured calls.
+    crate::count::helper_threads_started();
     match executor {
         Executor::BlockOn => Ok(futures::executor::block_on(async {
             let (out, _) =

@@ -175,7 +175,7 @@ impl Scheduler {
 const NIL: u32 = u32::MAX;
 
 /// Events in a slab, each lane a linked list through it: a lane costs
-/// three words, and the slab grows only when the events queued in the whole
+/// 12 bytes, and the slab grows only when the events queued in the whole
 /// fabric at once reach a new high, not whenever one of thousands of lanes
 /// does (which a queue per lane did, now and then thousands of calls into a
 /// steady run).

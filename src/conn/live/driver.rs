@@ -59,7 +59,7 @@ pub(crate) const OS_YIELD_EVERY: u32 = 16;
 /// every [`OS_YIELD_EVERY`].
 #[inline]
 pub(crate) fn idle_turn(idle: &mut u32) {
-    *idle += 1;
+    *idle = idle.wrapping_add(1);
     if *idle % OS_YIELD_EVERY == 0 {
         std::thread::yield_now();
     }
