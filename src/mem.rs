@@ -49,17 +49,19 @@ pub struct Memory {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
-    /// Held ranges as (offset, len), sorted by offset, disjoint. Every
-    /// locked access takes this lock, so a hold cannot begin in the middle
-    /// of a copy.
-    holds: Mutex<Vec<(usize, usize)>>,
+    /// The holds. Every locked access takes this lock, so a hold cannot
+    /// begin in the middle of a copy.
+    holds: Mutex<Holds>,
     /// A peer may READ held bytes (see [`Memory::expect_reads_of_held`]).
     reads_of_held: AtomicBool,
-    /// Run once when the last hold ends ([`Memory::when_unheld`]); `hooked`
-    /// says one is set, read and written under `holds`' lock, so the
-    /// release of a hold pays for no second lock unless it is.
-    on_unheld: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    hooked: AtomicBool,
+}
+
+/// The ranges handles hold, and what to run when the last ends.
+struct Holds {
+    /// Held ranges as (offset, len), sorted by offset, disjoint.
+    ranges: Vec<(usize, usize)>,
+    /// Run once when the last hold ends ([`Memory::when_unheld`]).
+    on_unheld: Option<Box<dyn FnOnce() + Send>>,
 }
 
 // SAFETY: `Memory` owns its allocation (like a `Box<[u8]>`); the bytes are
@@ -120,10 +122,8 @@ impl Memory {
             // Room for a few holds now, not at the first lend: a pool
             // buffer is one region, and its first lend may come thousands
             // of calls in (a call's path allocates nothing).
-            holds: Mutex::new(Vec::with_capacity(4)),
+            holds: Mutex::new(Holds { ranges: Vec::with_capacity(4), on_unheld: None }),
             reads_of_held: AtomicBool::new(false),
-            on_unheld: Mutex::new(None),
-            hooked: AtomicBool::new(false),
         }))
     }
 
@@ -140,7 +140,7 @@ impl Memory {
 
     /// Whether a buffer handle holds any of its bytes.
     pub fn is_held(&self) -> bool {
-        !self.holds.lock().is_empty()
+        !self.holds.lock().ranges.is_empty()
     }
 
     /// If a buffer handle holds any of its bytes now, run `hook()` once the
@@ -149,19 +149,18 @@ impl Memory {
     /// nothing. Checked and set under the holds' lock, so a hold cannot end
     /// unseen in between. One hook at a time: a later one replaces it.
     pub(crate) fn when_unheld(&self, hook: impl FnOnce() -> Box<dyn FnOnce() + Send>) -> bool {
-        let holds = self.holds.lock();
-        if holds.is_empty() {
+        let mut holds = self.holds.lock();
+        if holds.ranges.is_empty() {
             return false;
         }
-        *self.on_unheld.lock() = Some(hook());
-        self.hooked.store(true, Ordering::Relaxed);
+        holds.on_unheld = Some(hook());
         true
     }
 
     /// Whether a handle holds any of `offset..offset + len`.
     pub fn is_range_held(&self, offset: usize, len: usize) -> bool {
         let end = offset.saturating_add(len);
-        self.holds.lock().iter().any(|&(o, l)| o < end && offset < o + l)
+        self.holds.lock().ranges.iter().any(|&(o, l)| o < end && offset < o + l)
     }
 
     /// Hold `offset..offset + len` with no access to its bytes, until the
@@ -217,7 +216,7 @@ impl Memory {
     pub fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
-        if let Some((o, l)) = Memory::overlap(&holds, offset, end) {
+        if let Some((o, l)) = Memory::overlap(&holds.ranges, offset, end) {
             return Err(MemError::Held(o, l));
         }
         // SAFETY: in bounds (checked); no handle holds any of the range and
@@ -235,7 +234,7 @@ impl Memory {
     ) -> Result<R, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
-        if let Some((o, l)) = Memory::overlap(&holds, offset, end) {
+        if let Some((o, l)) = Memory::overlap(&holds.ranges, offset, end) {
             return Err(MemError::Held(o, l));
         }
         // SAFETY: as in `with`: the lock makes this the only borrow.
@@ -271,7 +270,7 @@ impl Memory {
     pub fn dma_read(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<bool, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
-        Ok(Memory::runs(&holds, offset, end, |at, next, held| {
+        Ok(Memory::runs(&holds.ranges, offset, end, |at, next, held| {
             if held {
                 out.resize(out.len() + (next - at), POISON);
             } else {
@@ -290,7 +289,7 @@ impl Memory {
     pub fn dma_write(&self, offset: usize, data: &[u8]) -> Result<bool, MemError> {
         let end = self.end(offset, data.len())?;
         let holds = self.holds.lock();
-        Ok(Memory::runs(&holds, offset, end, |at, next, held| {
+        Ok(Memory::runs(&holds.ranges, offset, end, |at, next, held| {
             if !held {
                 let src = &data[at - offset..next - offset];
                 // SAFETY: in bounds; not held and under the lock, so no
@@ -305,26 +304,24 @@ impl Memory {
     pub(crate) fn lend(self: &Arc<Memory>, offset: usize, len: usize) -> Option<Lent> {
         let end = self.end(offset, len).ok()?;
         let mut holds = self.holds.lock();
-        if Memory::overlap(&holds, offset, end).is_some() {
+        if Memory::overlap(&holds.ranges, offset, end).is_some() {
             return None;
         }
-        let i = holds.partition_point(|&(o, _)| o < offset);
-        holds.insert(i, (offset, len));
+        let i = holds.ranges.partition_point(|&(o, _)| o < offset);
+        holds.ranges.insert(i, (offset, len));
         Some(Lent { mem: Arc::clone(self), offset, len })
     }
 
-    /// End the hold that starts at `offset`.
+    /// End the hold that starts at `offset`; the last one runs the hook
+    /// set by [`Memory::when_unheld`], after the lock is released.
     fn release(&self, offset: usize) {
         let hook = {
             let mut holds = self.holds.lock();
-            if let Ok(i) = holds.binary_search_by_key(&offset, |&(o, _)| o) {
-                holds.remove(i);
+            if let Ok(i) = holds.ranges.binary_search_by_key(&offset, |&(o, _)| o) {
+                holds.ranges.remove(i);
             }
-            // A plain load (no locked exchange on every release): the flag
-            // is only written under this lock.
-            if holds.is_empty() && self.hooked.load(Ordering::Relaxed) {
-                self.hooked.store(false, Ordering::Relaxed);
-                self.on_unheld.lock().take()
+            if holds.ranges.is_empty() {
+                holds.on_unheld.take()
             } else {
                 None
             }
@@ -396,7 +393,10 @@ impl Drop for Memory {
 
 impl std::fmt::Debug for Memory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Memory").field("len", &self.len).field("holds", &self.holds.lock().len()).finish()
+        f.debug_struct("Memory")
+            .field("len", &self.len)
+            .field("holds", &self.holds.lock().ranges.len())
+            .finish()
     }
 }
 

@@ -374,11 +374,37 @@ impl Slots {
         Some(())
     }
 
+    /// The first of `classes` (smallest first) with a free slot for which
+    /// `take` succeeds. With a shared pool a class with free slots may find
+    /// the pool's buffers of its size all taken (the failed take queues the
+    /// slots for a wake-up) and the next class is tried; once one serves,
+    /// the classes that queued stop waiting ([`Slots::stop_waiting`]).
+    #[inline]
+    pub(crate) fn first_fitting<T>(
+        &mut self,
+        classes: impl IntoIterator<Item = usize>,
+        mut take: impl FnMut(&mut Slots, usize) -> Option<T>,
+    ) -> Option<T> {
+        let mut queued = 0u64;
+        let found = classes.into_iter().find_map(|k| {
+            if self.free_in(k) == 0 {
+                return None;
+            }
+            let got = take(self, k);
+            queued |= u64::from(got.is_none()) << k;
+            got
+        });
+        if found.is_some() && queued != 0 {
+            self.stop_waiting(queued);
+        }
+        found
+    }
+
     /// The slots no longer wait for the pool's buffers of their classes in
     /// `classes` (bits): a take of a larger class that fits as well
     /// succeeded after those failed ([`BufferPool::withdraw`]).
     #[cold]
-    pub(crate) fn stop_waiting(&mut self, classes: u64) {
+    fn stop_waiting(&mut self, classes: u64) {
         let Some(b) = &self.backed else { return };
         let mut mask = 0u64;
         for (k, &c) in b.class.iter().enumerate() {

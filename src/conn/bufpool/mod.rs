@@ -510,11 +510,9 @@ impl BufferPool {
             if woken & (1 << k) == 0 {
                 continue;
             }
-            let windows = k == self.0.sizes.len();
-            let free = if windows { !st.windows.is_empty() } else { !st.free[k].is_empty() };
+            let free = if k == self.0.sizes.len() { !st.windows.is_empty() } else { !st.free[k].is_empty() };
             if free {
-                let count = (!windows).then(|| self.count(k));
-                let reserve = if windows { 0 } else { self.0.reserve[k] as usize };
+                let (count, reserve) = self.bounds(k);
                 wake.extend(st.wake_next(k, count, reserve));
             }
         }
@@ -558,6 +556,22 @@ impl BufferPool {
         self.0.firsts[k + 1] - self.0.firsts[k]
     }
 
+    /// The class of buffer `i`.
+    fn class_of(&self, i: u32) -> usize {
+        self.0.firsts.partition_point(|&f| f <= i) - 1
+    }
+
+    /// What choosing a waiter of queue `k` weighs ([`State::wake_next`]):
+    /// a class's buffers (for the shares) and its reserve; `(None, 0)` for
+    /// the windows' queue.
+    fn bounds(&self, k: usize) -> (Option<u32>, usize) {
+        if k == self.0.sizes.len() {
+            (None, 0)
+        } else {
+            (Some(self.count(k)), self.0.reserve[k] as usize)
+        }
+    }
+
     /// Take a free buffer of `class` for member `m`, if it may have one now
     /// (it is below its share, or nobody waits, or it was woken for one);
     /// if not, it waits in the class's queue. An `outgoing` take (a user's
@@ -593,7 +607,8 @@ impl BufferPool {
 
     /// [`State::kick`] for buffer class `class`.
     fn kick(&self, st: &mut State, class: usize) -> Option<Waker> {
-        st.kick(class, Some(self.count(class)), self.0.reserve[class] as usize)
+        let (count, reserve) = self.bounds(class);
+        st.kick(class, count, reserve)
     }
 
     /// Whether member `m` may take a buffer of `class` now (as
@@ -617,10 +632,9 @@ impl BufferPool {
     /// access to it is possible) and wake the next connection waiting for
     /// its class.
     pub(crate) fn give(&self, i: u32) {
-        let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
+        let class = self.class_of(i);
         let size = u64::from(self.0.sizes[class]);
-        let count = self.count(class);
-        self.put_back(class, Some((count, self.0.reserve[class] as usize)), |st| {
+        self.put_back(class, |st| {
             debug_assert!(!st.free[class].contains(&i), "buffer {i} given back twice");
             let m = std::mem::replace(&mut st.owner_of[i as usize], NOBODY);
             if let Some(member) = st.members.get_mut(m as usize) {
@@ -645,24 +659,25 @@ impl BufferPool {
     /// Buffer `i`, given back while a user's handle still held it, is free:
     /// that handle was dropped. The next waiter for its class is woken.
     fn unheld(&self, i: u32) {
-        let class = self.0.firsts.partition_point(|&f| f <= i) - 1;
-        self.put_back(class, Some((self.count(class), self.0.reserve[class] as usize)), |st| {
+        let class = self.class_of(i);
+        self.put_back(class, |st| {
             st.free[class].push(i);
             true
         });
     }
 
     /// Change the pool under its lock with `f` (something of queue `k`
-    /// came back; `class`: the class's buffers and reserve, `None` for
-    /// windows), and, if `f` says something is free for it now, wake the
-    /// next connection waiting in that queue.
-    fn put_back(&self, k: usize, class: Option<(u32, usize)>, f: impl FnOnce(&mut State) -> bool) {
+    /// came back: a buffer class's, or the windows'), and, if `f` says
+    /// something is free for it now, wake the next connection waiting in
+    /// that queue.
+    fn put_back(&self, k: usize, f: impl FnOnce(&mut State) -> bool) {
+        let (count, reserve) = self.bounds(k);
         let wake = {
             let mut st = self.0.state.lock();
             if !f(&mut st) || st.queues[k].is_empty() {
                 return;
             }
-            st.wake_next(k, class.map(|c| c.0), class.map_or(0, |c| c.1))
+            st.wake_next(k, count, reserve)
         };
         // Woken outside the lock: waking can drop the last reference to a
         // connection, whose endpoint then gives its own buffers back.

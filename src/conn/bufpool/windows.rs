@@ -65,7 +65,7 @@ impl BufferPool {
     /// `used`: false for a window taken for a grant that was refused (never
     /// bound), which is not counted as lent.
     pub(crate) fn give_window(&self, window: mw::Window, used: bool) {
-        self.put_back(self.0.sizes.len(), None, |st| {
+        self.put_back(self.0.sizes.len(), |st| {
             debug_assert!(!st.windows.iter().any(|w| w.handle == window.handle), "window given back twice");
             st.windows.push(window);
             if !used {

@@ -27,59 +27,20 @@ impl Connection {
             return Err(UseError::TooLong { len, cap: largest });
         }
         self.reclaim();
-        let bufs = &mut self.bufs;
-        let mut queued = 0u64;
-        let found = self.layout.fitting(want).find_map(|k| {
-            if bufs.free_in(k) == 0 {
-                return None;
-            }
-            let got = bufs.take_outgoing(k);
-            queued |= u64::from(got.is_none()) << k;
-            got
-        });
-        let Some(slot) = found else { return Ok(None) };
-        if queued != 0 {
-            bufs.stop_waiting(queued);
-        }
+        let Some(slot) = self.bufs.first_fitting(self.layout.fitting(want), |b, k| b.take_outgoing(k)) else {
+            return Ok(None);
+        };
         Ok(Some(self.buf(slot, 0)))
     }
 
     /// A free buffer of the smallest class that has one and holds `len`.
     pub(super) fn take_fit(&mut self, len: u32, to: Holder) -> Option<u32> {
-        // Smallest class first; with a shared pool a class with free slots
-        // may find the pool's buffers of its size all taken (the take then
-        // registers for a wake-up), and a larger class is tried.
-        // A smaller class whose take queued the slots for the pool is
-        // withdrawn from once a larger one served.
-        let bufs = &mut self.bufs;
-        let mut queued = 0u64;
-        let found = self.layout.fitting(len).find_map(|k| {
-            if bufs.free_in(k) == 0 {
-                return None;
-            }
-            let got = bufs.take_in(k, to);
-            queued |= u64::from(got.is_none()) << k;
-            got
-        });
-        if found.is_some() && queued != 0 {
-            bufs.stop_waiting(queued);
-        }
-        found
+        self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.take_in(k, to))
     }
 
     /// Whether some class holds `len` bytes and has a free buffer.
     pub(super) fn can_fit(&mut self, len: u32) -> bool {
-        let bufs = &mut self.bufs;
-        let mut queued = 0u64;
-        let fits = self.layout.fitting(len).any(|k| {
-            let ok = bufs.can_take(k);
-            queued |= u64::from(!ok && bufs.free_in(k) > 0) << k;
-            ok
-        });
-        if fits && queued != 0 {
-            bufs.stop_waiting(queued);
-        }
-        fits
+        self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.can_take(k).then_some(())).is_some()
     }
 
     /// The largest payload a buffer of the pool holds.
