@@ -9,7 +9,6 @@
 //! `MWCAP_PORT` (1) and `MWCAP_GID_INDEX` (1).
 #![cfg(feature = "verbs")]
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
@@ -19,51 +18,18 @@ use mwcap::backend::{
 use mwcap::conformance::{check, table, Flavor, Rig};
 use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic, MAX_CHAIN};
 
-thread_local! {
-    /// Heap allocations made by this thread (counted by [`Counting`]).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting each thread's allocations, so a test can
-/// assert that its own steady-state loop allocates nothing (other threads,
-/// libtest's included, do not disturb the count).
-struct Counting;
-
-fn count_one() {
-    // `try_with`: the allocator also runs while thread-locals are torn down.
-    let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// count is a thread-local `Cell` with a const initialiser and no destructor,
-// so touching it never allocates or re-enters the allocator.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
-        unsafe { std::alloc::System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: as above.
-        unsafe { std::alloc::System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: `p` was allocated by `System` (through us) with layout `l`.
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: `p` was allocated by `System` (through us) with layout `l`.
-        unsafe { std::alloc::System.realloc(p, l, n) }
-    }
-}
-
+/// The system allocator, counting this process's allocations
+/// (`stats_alloc`'s, so the test holds no `unsafe`). The suite runs with
+/// `--test-threads=1` (`tests/softroce/in-vm.sh`), and while a test runs
+/// libtest's main thread only waits for it, so a test's steady-state loop
+/// is the only code that could allocate in its window.
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
-fn allocations_here() -> u64 {
-    ALLOCS.with(Cell::get)
+/// Heap allocations (and reallocations) made by this process so far.
+fn allocations_here() -> usize {
+    let s = GLOBAL.stats();
+    s.allocations + s.reallocations
 }
 
 fn device() -> String {

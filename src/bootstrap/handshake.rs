@@ -33,6 +33,7 @@ impl<S> Authenticated<S> {
     }
     /// Whether the peer proved the pre-shared key (`false` when both sides
     /// run with [`Auth::Unauthenticated`](super::Auth::Unauthenticated)).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
     pub fn peer_proved_key(&self) -> bool {
         self.session.is_keyed()
     }
@@ -96,6 +97,7 @@ impl<S> Handshake<S> {
         &self.negotiated
     }
     /// The peer's TCP address.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests'
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer_addr
     }
@@ -159,6 +161,7 @@ impl Deadline {
         self.phase
     }
     /// The time left, or the timeout error once none is.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
     pub(super) fn remaining(&self) -> Result<Duration, BootstrapError> {
         match self.at.checked_duration_since(Instant::now()) {
             Some(left) if !left.is_zero() => Ok(left),

@@ -11,41 +11,23 @@
 //!    A side that runs with [`Auth::Unauthenticated`] says so, and a peer
 //!    that does not run the same way is refused with an error that names
 //!    the mismatch. Nothing is created for the peer in this phase: the
-//!    queue pair comes after it (see [`Authenticated`]).
-//! 2. **hello**: each side sends a [`Hello`] (its QPN, GID, PSN, MTU, LID and
-//!    [`Capabilities`]), followed under a key by a tag that binds it to the
-//!    session, and reads the peer's. Both validate it and [`negotiate`] the
+//!    queue pair comes after it (see `Authenticated`).
+//! 2. **hello**: each side sends a `Hello` (its QPN, GID, PSN, MTU, LID and
+//!    `Capabilities`), followed under a key by a tag that binds it to the
+//!    session, and reads the peer's. Both validate it and `negotiate` the
 //!    parameters (the path MTU is the smaller of the two).
 //! 3. **ready**: each side moves its queue pair through RTR to RTS towards
-//!    [`Handshake::remote_endpoint`], then sends one ready byte and waits for
-//!    the peer's. When [`Handshake::ready`] returns, the peer's queue pair is
+//!    `Handshake::remote_endpoint`, then sends one ready byte and waits for
+//!    the peer's. When `Handshake::ready` returns, the peer's queue pair is
 //!    in RTS, so a SEND cannot reach a queue pair that is not yet receiving.
 //!
-//! ```no_run
-//! # use mwcap::backend::{Nic, QpConfig, QpEndpoint};
-//! # use mwcap::bootstrap::{authenticate_client, Auth, Capabilities, Hello, Key};
-//! # use std::time::Duration;
-//! # fn demo(nic: &dyn Nic, qcfg: QpConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! let timeout = Duration::from_secs(5);
-//! let auth = Auth::Key(Key::from_file("/etc/mwcap/key")?);
-//! let authed = authenticate_client("192.0.2.7:18515".parse()?, &auth, timeout)?;
-//! // The server proved the key: only now create the queue pair.
-//! let local = nic.create_qp(qcfg)?;
-//! let hs = authed.hello(&Hello::new(local, Capabilities::new()), timeout)?;
-//! nic.connect_qp(local.id, &hs.remote_endpoint())?;
-//! let control = hs.ready(timeout)?; // keep it: its closing tells that the peer went away
-//! # drop(control); Ok(()) }
-//! ```
-//!
-//! The server side is [`authenticate_server`] (or [`authenticate_accepted`]
-//! for a connection accepted elsewhere); a failed auth phase costs the
-//! listener nothing but that connection, and `timeout` bounds how long a
-//! silent client can hold it. For a caller whose queue pair exists already,
-//! [`exchange_client`] and [`exchange_server`] run the auth and hello phases
-//! in one call. Everything is offered over blocking `std::net` sockets and
-//! over `async-io` (the `_async` functions).
-//! [`Endpoint::connect`] and [`Endpoint::accept`] run all of it (the async
-//! way) for a connection.
+//! [`Endpoint::connect`] and [`Endpoint::accept`] run all of it for a
+//! connection (`Endpoint::prepare` leaves the exchange to an application's
+//! own channel). The pieces (the codec, the phases' state machines, the
+//! blocking and async exchanges) are internal; mwcap's tests and fuzzers
+//! reach them through the `testing` feature. A failed auth phase costs the
+//! listener nothing but that connection, and the handshake timeout bounds
+//! how long a silent client can hold it.
 //!
 //! [`Endpoint::connect`]: crate::conn::Endpoint::connect
 //! [`Endpoint::accept`]: crate::conn::Endpoint::accept
@@ -66,9 +48,9 @@
 //!
 //! # Wire format
 //! Every message is a frame: a fixed header (magic, version, kind, length)
-//! and a fixed body per kind (see [`MAGIC`], [`PROTOCOL_VERSION`],
-//! [`HEADER_LEN`], [`HELLO_BODY_LEN`], [`AUTH_HELLO_BODY_LEN`],
-//! [`MAC_LEN`], [`MAX_BODY_LEN`], [`READY_BYTE`]):
+//! and a fixed body per kind (see `MAGIC`, `PROTOCOL_VERSION`,
+//! `HEADER_LEN`, `HELLO_BODY_LEN`, `AUTH_HELLO_BODY_LEN`,
+//! `MAC_LEN`, `MAX_BODY_LEN`, `READY_BYTE`):
 //!
 //! ```text
 //! header:        magic "MWCP" (4) | version u16 (2) | kind u8 | body length u16
@@ -81,14 +63,16 @@
 //! ready          one byte, READY_BYTE, both ways
 //! ```
 //!
-//! The decoders ([`decode`] and [`HelloDecoder`], [`decode_auth`] and
-//! [`AuthDecoder`]) read untrusted bytes: they never panic, never wait for
-//! more than [`MAX_FRAME_LEN`] bytes, check the length of a kind before its
+//! The decoders (`decode` and `HelloDecoder`, `decode_auth` and
+//! `AuthDecoder`) read untrusted bytes: they never panic, never wait for
+//! more than `MAX_FRAME_LEN` bytes, check the length of a kind before its
 //! body, and reject trailing bytes. A peer of another version fails with
 //! [`BootstrapError::VersionMismatch`]; anything else that answers fails
 //! with [`BootstrapError::NotMwcapPeer`].
 
 mod auth;
+// Blocking exchanges over std's TcpStream: the tests' and fuzzers' only.
+#[cfg(feature = "testing")]
 mod blocking;
 mod caps;
 mod error;
@@ -100,22 +84,38 @@ mod negotiate;
 mod nonblocking;
 mod wire;
 
-pub use blocking::{
-    authenticate_accepted, authenticate_client, authenticate_server, exchange_accepted, exchange_client,
-    exchange_server,
-};
-pub use caps::{Capabilities, Features, Policy, PolicySet};
+pub use caps::Policy;
 pub use error::{BootstrapError, Phase, Side};
-pub use handshake::{Authenticated, Handshake};
 pub use key::{Auth, Key, KeyError, KEY_ENV_VAR};
-pub use negotiate::{negotiate, Negotiated};
-#[cfg(not(loom))]
-pub use nonblocking::{
-    authenticate_accepted_async, authenticate_client_async, authenticate_server_async,
-    exchange_accepted_async, exchange_client_async, exchange_server_async,
-};
-pub use wire::{
-    decode, decode_auth, encode, encode_auth, AuthDecoder, AuthFrame, AuthMode, DecodeError, Hello,
-    HelloDecoder, RejectReason, AUTH_HELLO_BODY_LEN, HEADER_LEN, HELLO_BODY_LEN, MAC_LEN, MAGIC,
-    MAX_BODY_LEN, MAX_FRAME_LEN, NONCE_LEN, PEER_QP_ID, PROTOCOL_VERSION, READY_BYTE, VALID_MTUS,
-};
+pub use wire::RejectReason;
+
+// The handshake's pieces (codec, state machines, blocking and async
+// exchanges) are internal: mwcap's own tests and the fuzzers reach them
+// through the `testing` feature. An application bootstraps through
+// `Endpoint` (or its own channel, `Endpoint::prepare`).
+#[cfg(feature = "testing")]
+pub use testing_api::*;
+#[cfg(not(feature = "testing"))]
+pub(crate) use testing_api::*;
+
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
+mod testing_api {
+    #[cfg(feature = "testing")]
+    pub use super::blocking::{
+        authenticate_accepted, authenticate_client, authenticate_server, exchange_accepted, exchange_client,
+        exchange_server,
+    };
+    pub use super::caps::{Capabilities, Features, PolicySet};
+    pub use super::handshake::{Authenticated, Handshake};
+    pub use super::negotiate::{negotiate, Negotiated};
+    #[cfg(not(loom))]
+    pub use super::nonblocking::{
+        authenticate_accepted_async, authenticate_client_async, authenticate_server_async,
+        exchange_accepted_async, exchange_client_async, exchange_server_async,
+    };
+    pub use super::wire::{
+        decode, decode_auth, encode, encode_auth, AuthDecoder, AuthFrame, AuthMode, DecodeError, Hello,
+        HelloDecoder, AUTH_HELLO_BODY_LEN, HEADER_LEN, HELLO_BODY_LEN, MAC_LEN, MAGIC, MAX_BODY_LEN,
+        MAX_FRAME_LEN, NONCE_LEN, PEER_QP_ID, PROTOCOL_VERSION, READY_BYTE, VALID_MTUS,
+    };
+}

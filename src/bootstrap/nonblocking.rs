@@ -44,6 +44,7 @@ pub async fn authenticate_client_async(
 
 /// Accept one connection on `listener` and run the auth phase as the
 /// server; the async [`authenticate_server`](super::authenticate_server).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn authenticate_server_async(
     listener: &Async<TcpListener>,
     auth: &Auth,
@@ -79,6 +80,7 @@ impl Authenticated<Async<TcpStream>> {
 
 /// Connect to the server at `addr`, authenticate and exchange hellos; the
 /// async [`exchange_client`](super::exchange_client).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn exchange_client_async(
     addr: SocketAddr,
     local: &Hello,
@@ -96,6 +98,7 @@ pub async fn exchange_client_async(
 /// Accept one connection on `listener`, authenticate and exchange hellos;
 /// the async [`exchange_server`](super::exchange_server). The accept waits
 /// as long as it takes; `timeout` bounds the auth and hello phases.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn exchange_server_async(
     listener: &Async<TcpListener>,
     local: &Hello,
@@ -109,6 +112,7 @@ pub async fn exchange_server_async(
 }
 
 /// [`exchange_server_async`] over a connection the caller accepted itself.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn exchange_accepted_async(
     stream: Async<TcpStream>,
     local: &Hello,

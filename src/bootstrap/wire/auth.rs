@@ -118,6 +118,7 @@ pub fn encode_auth(frame: &AuthFrame) -> Vec<u8> {
 }
 
 /// Decode exactly one auth frame. Bytes after the frame are an error.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub fn decode_auth(bytes: &[u8]) -> Result<AuthFrame, DecodeError> {
     decode_frame(bytes)
 }
@@ -182,8 +183,10 @@ impl Message for AuthFrame {
 /// read at most [`wanted`](Self::wanted) bytes, [`feed`](Self::feed) them,
 /// until [`frame`](Self::frame) is `Some`.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub struct AuthDecoder(FrameReader<AuthFrame>);
 
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 impl AuthDecoder {
     /// A decoder waiting for the first byte.
     pub fn new() -> AuthDecoder {

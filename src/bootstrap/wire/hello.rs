@@ -103,6 +103,7 @@ pub fn encode(hello: &Hello) -> Vec<u8> {
 }
 
 /// Decode exactly one hello frame. Bytes after the frame are an error.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub fn decode(bytes: &[u8]) -> Result<Hello, DecodeError> {
     decode_frame(bytes)
 }
@@ -151,8 +152,10 @@ impl Message for Hello {
 /// bytes (so that no byte of the next phase is read off the socket),
 /// [`feed`](Self::feed) them, until [`hello`](Self::hello) is `Some`.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub struct HelloDecoder(FrameReader<Hello>);
 
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 impl HelloDecoder {
     /// A decoder waiting for the first byte.
     pub fn new() -> HelloDecoder {

@@ -212,6 +212,7 @@ fn check_header<M: Message>(prefix: &[u8]) -> Result<Option<(u8, usize)>, Decode
 }
 
 /// Decode exactly one frame of `M`. Bytes after the frame are an error.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 fn decode_frame<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
     let header = &bytes[..bytes.len().min(HEADER_LEN)];
     let (kind, body_len) = match check_header::<M>(header)? {

@@ -20,7 +20,7 @@ impl Connection {
     /// Take the smallest free buffer that holds `len` bytes (of the
     /// standard size or a class of `Config::large_buffers`), or `Ok(None)`
     /// when every such buffer is in use. Fails when no class is that large.
-    pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
+    pub(crate) fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
         let largest = self.layout.largest();
         let Ok(want) = u32::try_from(len) else { return Err(UseError::TooLong { len, cap: largest }) };
         if want > largest {
@@ -43,11 +43,6 @@ impl Connection {
         self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.can_take(k).then_some(())).is_some()
     }
 
-    /// The largest payload a buffer of the pool holds.
-    pub fn largest_buffer(&self) -> u32 {
-        self.layout.largest()
-    }
-
     /// Put a buffer back in the pool (dropping it does the same, a little later).
     pub fn free(&mut self, buf: Buf) {
         if buf.endpoint == self.id {
@@ -61,7 +56,7 @@ impl Connection {
     }
 
     /// Whether `buf` is one of this connection's buffers, held by the user.
-    pub fn check_buf(&self, buf: &Buf) -> Result<(), UseError> {
+    pub(crate) fn check_buf(&self, buf: &Buf) -> Result<(), UseError> {
         if buf.endpoint != self.id || !self.bufs.lent(buf.slot, buf.lending) {
             return Err(UseError::ForeignBuffer(buf.slot));
         }
@@ -104,7 +99,7 @@ impl Connection {
     /// Whether region `id` may be removed (it exists and no range of it is
     /// exposed): its registration, to deregister before
     /// [`Connection::remove_region`].
-    pub fn removable_region(&self, id: RegionId) -> Result<MrInfo, UseError> {
+    pub(crate) fn removable_region(&self, id: RegionId) -> Result<MrInfo, UseError> {
         let r = self.region(id)?;
         if r.live > 0 {
             return Err(UseError::RegionBusy(id));
@@ -113,7 +108,7 @@ impl Connection {
     }
 
     /// Every region still registered (for the I/O layer's teardown).
-    pub fn region_infos(&self) -> Vec<MrInfo> {
+    pub(crate) fn region_infos(&self) -> Vec<MrInfo> {
         self.regions.iter().flatten().map(|r| r.info).collect()
     }
 
@@ -122,13 +117,13 @@ impl Connection {
     }
 
     /// Where a region is: its registration.
-    pub fn region_info(&self, id: RegionId) -> Result<MrInfo, UseError> {
+    pub(crate) fn region_info(&self, id: RegionId) -> Result<MrInfo, UseError> {
         Ok(self.region(id)?.info)
     }
 
     /// Whether `offset..offset + len` of region `id` may be written (it is
     /// inside the region and overlaps no exposed range).
-    pub fn check_region_write(&self, id: RegionId, offset: usize, len: usize) -> Result<(), UseError> {
+    pub(crate) fn check_region_write(&self, id: RegionId, offset: usize, len: usize) -> Result<(), UseError> {
         let r = self.region(id)?;
         let range_len = u32::try_from(len).unwrap_or(u32::MAX);
         if offset.checked_add(len).map_or(true, |end| end > r.info.len) {
@@ -220,7 +215,8 @@ impl Connection {
     /// Byte ranges of the data region that are exposed to the peer or being
     /// read into: every other byte must be unreachable by the peer (mw policy).
     /// Empty with a shared buffer pool (each buffer is a region of its own).
-    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
         if self.bufs.is_backed() {
             return Vec::new();
         }
@@ -236,7 +232,8 @@ impl Connection {
     /// The byte range of every buffer of the data region, every class,
     /// in slot order (for checking [`Connection::busy_ranges`] against).
     /// Empty with a shared buffer pool.
-    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
         if self.bufs.is_backed() {
             return Vec::new();
         }
@@ -321,7 +318,7 @@ impl Connection {
     }
 
     /// Take back the buffers whose handles were dropped; returns how many.
-    pub fn reclaim(&mut self) -> usize {
+    pub(crate) fn reclaim(&mut self) -> usize {
         self.returns.take_all(&mut self.reclaimed);
         let mut n = 0;
         for (slot, lending) in self.reclaimed.drain(..) {

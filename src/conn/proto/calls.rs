@@ -40,7 +40,7 @@ impl Connection {
     /// [`Connection::call`] carrying the caller's trace id in the request
     /// frame: the call's span (`mwcap.call`) and the server's span for the
     /// request (`mwcap.request`) both record it.
-    pub fn call_traced(
+    pub(crate) fn call_traced(
         &mut self,
         now: Duration,
         trace: Option<TraceId>,

@@ -148,6 +148,7 @@ impl ConfirmEngine {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn tracked(&self) -> usize {
         self.msgs.len()
     }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::buf::{Buf, Returns};
+use super::buf::Returns;
 use super::bufpool::BufferPool;
 use super::config::*;
 use super::frame::{Attach, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
@@ -65,7 +65,7 @@ const LOW56: u64 = (1 << 56) - 1;
 /// The `wr_id` under which a frame received through a shared receive
 /// queue is handed to [`Connection::handle_completion`] (see
 /// [`Connection::start_shared`]).
-pub const SHARED_RECV_WR_ID: u64 = wr(TAG_RECV, 0);
+pub(crate) const SHARED_RECV_WR_ID: u64 = wr(TAG_RECV, 0);
 
 const fn wr(tag: u8, low: u64) -> u64 {
     ((tag as u64) << 56) | (low & LOW56)
@@ -492,18 +492,20 @@ impl Connection {
 
     /// This connection's id in the process (in logs and spans; buffers
     /// name it).
-    pub fn id(&self) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
     /// Whether `buf` is one of this connection's buffers.
-    pub fn owns(&self, buf: &Buf) -> bool {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn owns(&self, buf: &super::buf::Buf) -> bool {
         buf.endpoint == self.id
     }
 
     /// Confirm-policy messages the connection is tracking (diagnostics:
     /// stays bounded by the calls and requests in progress).
-    pub fn tracked_messages(&self) -> usize {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn tracked_messages(&self) -> usize {
         self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
     }
 
@@ -538,7 +540,7 @@ impl Connection {
     /// Its completions arrive as for a receive of its own
     /// (`TAG_RECV`): the owner copies the frame out of its slot and passes
     /// the bytes to [`Connection::handle_completion`].
-    pub fn start_shared(&mut self) {
+    pub(crate) fn start_shared(&mut self) {
         self.shared_receives = true;
         self.credits = INITIAL_CREDITS;
         self.share = INITIAL_CREDITS;
@@ -549,7 +551,7 @@ impl Connection {
     /// by `n - 1` when called for one received frame with `n` above 1).
     /// They go with the next frame out, or in a `Credit` frame once they
     /// are half the share.
-    pub fn grant_receives(&mut self, n: u32, grows: u32) {
+    pub(crate) fn grant_receives(&mut self, n: u32, grows: u32) {
         self.owed += n;
         self.share += grows;
         self.dirty = true;
@@ -559,7 +561,7 @@ impl Connection {
     /// Shared receives: the receive of a frame just received goes back to
     /// the owner instead of the peer (the share shrinks by one). Refused
     /// (false) at `INITIAL_CREDITS` (8): below it flow control could stall.
-    pub fn withhold_receive(&mut self) -> bool {
+    pub(crate) fn withhold_receive(&mut self) -> bool {
         if self.share <= INITIAL_CREDITS {
             return false;
         }
@@ -568,13 +570,13 @@ impl Connection {
     }
 
     /// The receives this side keeps for its peer (see `share`).
-    pub fn receive_share(&self) -> u32 {
+    pub(crate) fn receive_share(&self) -> u32 {
         self.share
     }
 
     /// Whether the connection started on a shared receive queue
     /// ([`Connection::start_shared`]).
-    pub fn takes_shared_receives(&self) -> bool {
+    pub(crate) fn takes_shared_receives(&self) -> bool {
         self.shared_receives
     }
 
@@ -619,7 +621,7 @@ impl Connection {
 
     /// Whether [`Connection::poll_command`] may have a command: some are
     /// queued, or inputs wait for the engines (which may queue some).
-    pub fn has_commands(&self) -> bool {
+    pub(crate) fn has_commands(&self) -> bool {
         self.dirty || !self.commands.is_empty()
     }
 
@@ -630,7 +632,7 @@ impl Connection {
 
     /// Whether events wait to be taken (or inputs wait for the engines,
     /// which may make some).
-    pub fn has_events(&self) -> bool {
+    pub(crate) fn has_events(&self) -> bool {
         self.dirty || !self.events.is_empty()
     }
 
