@@ -238,7 +238,8 @@ mod imp {
     /// bootstrap stream (the endpoint watches it) or the connection failed.
     fn serve_one(conn: Connection<VerbsNic>, policy: Policy, max_payload: u32, registry: &Registry) {
         let peer = conn.peer_addr().map_or_else(|| "?".into(), |a| a.to_string());
-        println!("mwcap serve: {policy:?} connection from {peer} ({:?})", conn.policies());
+        let who = conn.peer_identity().map_or_else(|| "no key".into(), |id| format!("identity {id}"));
+        println!("mwcap serve: {policy:?} connection from {peer}, {who} ({:?})", conn.policies());
         registry.register(&conn, peer.clone());
         let served = block_on(serve(&conn, max_payload));
         conn.close();

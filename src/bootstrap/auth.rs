@@ -29,7 +29,9 @@ use rand::RngCore;
 use sha2::Sha256;
 
 use super::error::{BootstrapError, Phase};
-use super::key::{Auth, Key};
+use std::sync::Arc;
+
+use super::key::{Auth, Key, SHARED_IDENTITY};
 use super::wire::{AuthFrame, AuthMode, RejectReason, MAC_LEN, NONCE_LEN};
 
 type Nonce = [u8; NONCE_LEN];
@@ -92,6 +94,8 @@ pub(super) struct Session {
 #[derive(Clone, Debug)]
 struct Keyed {
     key: Key,
+    /// The key's name: the peer's identity.
+    name: Arc<str>,
     client_nonce: Nonce,
     server_nonce: Nonce,
 }
@@ -106,6 +110,11 @@ impl Session {
     /// Whether the peer proved the key.
     pub(super) fn is_keyed(&self) -> bool {
         self.keyed.is_some()
+    }
+
+    /// The name of the key the peer proved: its identity (`None` without a key).
+    pub(super) fn identity(&self) -> Option<&Arc<str>> {
+        self.keyed.as_ref().map(|k| &k.name)
     }
 
     /// The tag to send after our hello `frame`, if the session has a key.
@@ -164,7 +173,14 @@ enum Step {
 #[derive(Debug)]
 pub(super) struct Machine {
     us: End,
-    key: Option<Key>,
+    /// The keys this side proves or accepts: a client's one, a server's
+    /// ring; empty without a key. Once the peer's proof is checked, the
+    /// one it proved is `keys[proved]`.
+    keys: Vec<(Arc<str>, Key)>,
+    /// Whether this side runs with a key (a server with an empty ring
+    /// does, and accepts no one).
+    keyed: bool,
+    proved: usize,
     ours: Nonce,
     theirs: Nonce,
     step: Step,
@@ -172,28 +188,41 @@ pub(super) struct Machine {
 }
 
 impl Machine {
-    /// The client, with its fresh nonce: it speaks first.
-    pub(super) fn client(auth: &Auth, nonce: Nonce) -> Machine {
-        let mut m = Machine::new(End::Client, auth, nonce, Step::AwaitChallenge);
-        m.out = Some(AuthFrame::Init { mode: m.mode(), nonce });
-        m
-    }
-
-    /// The server, with its fresh nonce: it waits for the client's init.
-    pub(super) fn server(auth: &Auth, nonce: Nonce) -> Machine {
-        Machine::new(End::Server, auth, nonce, Step::AwaitInit)
-    }
-
-    fn new(us: End, auth: &Auth, ours: Nonce, step: Step) -> Machine {
-        let key = match auth {
-            Auth::Key(k) => Some(k.clone()),
-            Auth::Unauthenticated => None,
+    /// The client, with its fresh nonce: it speaks first. A keyring of
+    /// several keys must say which one the client proves.
+    pub(super) fn client(auth: &Auth, nonce: Nonce) -> Result<Machine, BootstrapError> {
+        let keys = match auth {
+            Auth::Key(k) => vec![(Arc::from(SHARED_IDENTITY), k.clone())],
+            Auth::Keyring(ring) => match ring.own() {
+                Some((name, key)) => vec![(name.clone(), key.clone())],
+                None => return Err(BootstrapError::NoIdentity { keys: ring.len() }),
+            },
+            Auth::Unauthenticated => Vec::new(),
         };
-        Machine { us, key, ours, theirs: [0; NONCE_LEN], step, out: None }
+        let keyed = !keys.is_empty();
+        let mut m = Machine::new(End::Client, keys, keyed, nonce, Step::AwaitChallenge);
+        m.out = Some(AuthFrame::Init { mode: m.mode(), nonce });
+        Ok(m)
+    }
+
+    /// The server, with its fresh nonce: it waits for the client's init,
+    /// and accepts a proof of any of its keys.
+    pub(super) fn server(auth: &Auth, nonce: Nonce) -> Machine {
+        let keys = match auth {
+            Auth::Key(k) => vec![(Arc::from(SHARED_IDENTITY), k.clone())],
+            Auth::Keyring(ring) => ring.keys().to_vec(),
+            Auth::Unauthenticated => Vec::new(),
+        };
+        let keyed = !matches!(auth, Auth::Unauthenticated);
+        Machine::new(End::Server, keys, keyed, nonce, Step::AwaitInit)
+    }
+
+    fn new(us: End, keys: Vec<(Arc<str>, Key)>, keyed: bool, ours: Nonce, step: Step) -> Machine {
+        Machine { us, keys, keyed, proved: 0, ours, theirs: [0; NONCE_LEN], step, out: None }
     }
 
     fn mode(&self) -> AuthMode {
-        if self.key.is_some() {
+        if self.keyed {
             AuthMode::PreSharedKey
         } else {
             AuthMode::Unauthenticated
@@ -211,12 +240,12 @@ impl Machine {
         if self.step != Step::Done || self.out.is_some() {
             return None;
         }
-        let keyed = self.key.clone().map(|key| {
+        let keyed = self.keys.get(self.proved).map(|(name, key)| {
             let (client_nonce, server_nonce) = match self.us {
                 End::Client => (self.ours, self.theirs),
                 End::Server => (self.theirs, self.ours),
             };
-            Keyed { key, client_nonce, server_nonce }
+            Keyed { key: key.clone(), name: name.clone(), client_nonce, server_nonce }
         });
         Some(Session { us: self.us, keyed })
     }
@@ -258,8 +287,8 @@ impl Machine {
             (Step::AwaitChallenge, AuthFrame::Challenge { mode, nonce }) => {
                 self.theirs = nonce;
                 self.agree(mode)?;
-                self.step = match &self.key {
-                    Some(key) => {
+                self.step = match self.keys.first() {
+                    Some((_, key)) => {
                         let pc = self.proof(key, End::Client).finalize().into_bytes().into();
                         self.out = Some(AuthFrame::Proof(pc));
                         Step::AwaitProof
@@ -270,15 +299,26 @@ impl Machine {
             }
             (Step::AwaitChallenge, _) => unexpected("an auth challenge"),
             (Step::AwaitProof, AuthFrame::Proof(p)) => {
-                let Some(key) = &self.key else { return unexpected("nothing (no key)") };
-                if self.proof(key, self.us.other()).verify_slice(&p).is_err() {
+                if !self.keyed {
+                    return unexpected("nothing (no key)");
+                }
+                // Check the proof against every key (a client has one), all
+                // of them whichever matches, so the time does not tell which.
+                let mut proved = None;
+                for (i, (_, key)) in self.keys.iter().enumerate() {
+                    if self.proof(key, self.us.other()).verify_slice(&p).is_ok() {
+                        proved = Some(i);
+                    }
+                }
+                let Some(i) = proved else {
                     if self.us == End::Server {
                         self.out = Some(AuthFrame::Reject(RejectReason::BadProof));
                     }
                     return Err(AuthFailure::ProofInvalid);
-                }
+                };
+                self.proved = i;
                 if self.us == End::Server {
-                    let ps = self.proof(key, End::Server).finalize().into_bytes().into();
+                    let ps = self.proof(&self.keys[i].1, End::Server).finalize().into_bytes().into();
                     self.out = Some(AuthFrame::Proof(ps));
                 }
                 self.step = Step::Done;

@@ -21,9 +21,10 @@ pub fn authenticate_client(
     auth: &Auth,
     timeout: Duration,
 ) -> Result<Authenticated<TcpStream>, BootstrapError> {
+    let machine = Machine::client(auth, fresh_nonce()?)?;
     let connect = Deadline::after(timeout, Phase::Connect);
     let stream = dial(addr, &connect)?;
-    auth_phase(stream, addr, Machine::client(auth, fresh_nonce()?), connect.with_phase(Phase::Auth))
+    auth_phase(stream, addr, machine, connect.with_phase(Phase::Auth))
 }
 
 /// Accept one connection on `listener` and run the auth phase as the server.
@@ -74,9 +75,9 @@ pub fn exchange_client(
     timeout: Duration,
 ) -> Result<Handshake<TcpStream>, BootstrapError> {
     local.validate().map_err(BootstrapError::from_local)?;
+    let machine = Machine::client(auth, fresh_nonce()?)?;
     let connect = Deadline::after(timeout, Phase::Connect);
     let stream = dial(addr, &connect)?;
-    let machine = Machine::client(auth, fresh_nonce()?);
     let authed = auth_phase(stream, addr, machine, connect.with_phase(Phase::Auth))?;
     hello_phase(authed, local, connect.with_phase(Phase::Hello))
 }

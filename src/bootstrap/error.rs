@@ -142,20 +142,31 @@ pub enum BootstrapError {
         /// Policies the peer can read under.
         peer_read: PolicySet,
     },
-    /// The peer did not prove the pre-shared key: its proof does not match
-    /// this side's key.
+    /// The peer did not prove the pre-shared key: its proof matches no key
+    /// of this side.
     #[error(
-        "{peer} did not prove the pre-shared key: its proof does not match this side's key \
-         (the keys differ, or a recorded handshake was replayed); give both sides the same key"
+        "{peer} did not prove the pre-shared key: its proof matches no key of this side's \
+         (the keys differ, or a recorded handshake was replayed); give both sides the same key \
+         (or add the peer's key to this side's keyring)"
     )]
     AuthFailed {
         /// Who failed.
         peer: SocketAddr,
     },
+    /// This side connects with a keyring that does not say which of its
+    /// keys to prove.
+    #[error(
+        "the keyring holds {keys} keys and none is chosen as this side's identity; \
+         choose the one to prove with Keyring::prove_as (mwcap: --identity NAME)"
+    )]
+    NoIdentity {
+        /// How many keys the ring holds.
+        keys: usize,
+    },
     /// The peer refused this side's proof of the pre-shared key.
     #[error(
-        "{peer} refused this side's proof of the pre-shared key: the two sides have different keys; \
-         give both sides the same key"
+        "{peer} refused this side's proof of the pre-shared key: the peer does not hold this side's key; \
+         give both sides the same key (or add this side's key to the peer's keyring)"
     )]
     AuthRejected {
         /// Who refused.

@@ -37,6 +37,12 @@ impl<S> Authenticated<S> {
     pub fn peer_proved_key(&self) -> bool {
         self.session.is_keyed()
     }
+    /// The peer's identity: the name of the key it proved
+    /// ([`SHARED_IDENTITY`](super::SHARED_IDENTITY) for an
+    /// [`Auth::Key`](super::Auth::Key)); `None` without a key.
+    pub fn peer_identity(&self) -> Option<&std::sync::Arc<str>> {
+        self.session.identity()
+    }
 }
 
 /// Our hello frame, followed by its tag when the session has a key.

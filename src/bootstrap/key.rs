@@ -1,8 +1,10 @@
-//! The pre-shared key, and the choice to run without one.
+//! The pre-shared keys (one shared key, or a keyring of named keys whose
+//! names are the peers' identities), and the choice to run without one.
 
 use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
@@ -15,12 +17,24 @@ pub const KEY_ENV_VAR: &str = "MWCAP_KEY";
 pub enum Auth {
     /// Both sides prove that they hold this key before either creates a
     /// queue pair for the other (mutual HMAC-SHA256 challenge-response).
+    /// Every peer then has the same identity, [`SHARED_IDENTITY`].
     Key(Key),
+    /// Named keys: a peer proves one of them, and its name is the peer's
+    /// identity ([`Connection::peer_identity`]). As a server this side
+    /// accepts any key of the ring; as a client it proves the one
+    /// [`Keyring::prove_as`] chose (or the only one).
+    ///
+    /// [`Connection::peer_identity`]: crate::conn::Connection::peer_identity
+    Keyring(Keyring),
     /// No authentication: whoever reaches the bootstrap port gets a
     /// connected queue pair and, under the confirm policy, a region's rkey.
     /// Only for a network where every host that can reach the port is trusted.
     Unauthenticated,
 }
+
+/// The identity of a peer that proved an [`Auth::Key`]: every such peer
+/// has this one.
+pub const SHARED_IDENTITY: &str = "shared";
 
 /// A pre-shared key: at least [`Key::MIN_LEN`] bytes, the same on both sides.
 ///
@@ -57,14 +71,7 @@ impl Key {
         let path = path.as_ref();
         let read_err = |source| KeyError::Read { path: path.to_owned(), source };
         let file = std::fs::File::open(path).map_err(read_err)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = file.metadata().map_err(read_err)?.permissions().mode();
-            if mode & 0o006 != 0 {
-                return Err(KeyError::OpenToAll { path: path.to_owned(), mode: mode & 0o7777 });
-            }
-        }
+        check_not_open_to_all(&file, path)?;
         // Room for one byte more than a key may have, so that reading never
         // reallocates (a reallocation would leave a copy of the key behind).
         let mut bytes = Zeroizing::new(Vec::with_capacity(Key::MAX_LEN + 3));
@@ -91,6 +98,185 @@ impl Key {
     pub(super) fn bytes(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// Named pre-shared keys: the identities this process knows.
+///
+/// A peer's identity is the name of the key it proved. A server holds the
+/// keys of everyone it accepts; a client holds (at least) its own and
+/// proves it ([`prove_as`](Self::prove_as)). The proof never says which
+/// key it is under: the server checks it against every key of its ring
+/// (all of them, whichever matches, so the time taken does not tell which
+/// one did). No key may be under two names, or a proof would name two
+/// identities.
+///
+/// The file format ([`from_file`](Self::from_file)) is one key per line,
+/// `NAME HEX`, with `#` comments and blank lines ignored:
+///
+/// ```text
+/// # mwcap keyring: chmod 600
+/// storage-1   8f1c...  (at least 32 hex digits: 16 bytes)
+/// compute-7   03ab...
+/// ```
+#[derive(Clone, Default)]
+pub struct Keyring {
+    keys: Vec<(Arc<str>, Key)>,
+    own: Option<usize>,
+}
+
+impl Keyring {
+    /// The most keys a ring may hold (a server checks a proof against each).
+    pub const MAX_KEYS: usize = 4096;
+    /// The longest name.
+    pub const MAX_NAME_LEN: usize = 64;
+
+    /// An empty ring.
+    pub fn new() -> Keyring {
+        Keyring::default()
+    }
+
+    /// Add `key` under `name`: 1 to [`MAX_NAME_LEN`](Self::MAX_NAME_LEN)
+    /// ASCII letters, digits, `.`, `_`, `-` or `@`, not already in the
+    /// ring, and a key no other name has.
+    pub fn insert(&mut self, name: &str, key: Key) -> Result<(), KeyError> {
+        let valid = !name.is_empty()
+            && name.len() <= Keyring::MAX_NAME_LEN
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b));
+        if !valid {
+            return Err(KeyError::BadName { name: name.to_owned(), max: Keyring::MAX_NAME_LEN });
+        }
+        if self.keys.len() >= Keyring::MAX_KEYS {
+            return Err(KeyError::TooManyKeys { max: Keyring::MAX_KEYS });
+        }
+        if self.keys.iter().any(|(n, _)| &**n == name) {
+            return Err(KeyError::DuplicateName { name: name.to_owned() });
+        }
+        if let Some((other, _)) = self.keys.iter().find(|(_, k)| k.bytes() == key.bytes()) {
+            return Err(KeyError::SameKeyTwice { name: name.to_owned(), other: other.to_string() });
+        }
+        self.keys.push((name.into(), key));
+        Ok(())
+    }
+
+    /// The ring, proving the key `name` when this side connects as a client.
+    /// (A ring of one key proves it without being told.)
+    pub fn prove_as(mut self, name: &str) -> Result<Keyring, KeyError> {
+        match self.keys.iter().position(|(n, _)| &**n == name) {
+            Some(i) => {
+                self.own = Some(i);
+                Ok(self)
+            }
+            None => Err(KeyError::UnknownName { name: name.to_owned() }),
+        }
+    }
+
+    /// The ring in the file at `path` (format: the type's docs). As for
+    /// [`Key::from_file`], a file every user may read or write is refused.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Keyring, KeyError> {
+        let path = path.as_ref();
+        let read_err = |source| KeyError::Read { path: path.to_owned(), source };
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        check_not_open_to_all(&file, path)?;
+        const MAX_FILE: u64 = 1 << 24;
+        let mut text = Zeroizing::new(Vec::new());
+        file.take(MAX_FILE + 1).read_to_end(&mut text).map_err(read_err)?;
+        if text.len() as u64 > MAX_FILE {
+            return Err(KeyError::TooLong { max: MAX_FILE as usize });
+        }
+        let line_err = |line: usize, what: String| KeyError::BadLine { path: path.to_owned(), line, what };
+        let mut ring = Keyring::new();
+        for (n, raw) in text.split(|&b| b == b'\n').enumerate() {
+            let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+            let line = line.trim_ascii();
+            if line.is_empty() || line.starts_with(b"#") {
+                continue;
+            }
+            let mut words = line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty());
+            let (Some(name), Some(hex), None) = (words.next(), words.next(), words.next()) else {
+                return Err(line_err(n + 1, "a line is NAME HEX-KEY".into()));
+            };
+            let name =
+                std::str::from_utf8(name).map_err(|_| line_err(n + 1, "the name is not UTF-8".into()))?;
+            let mut key =
+                decode_hex(hex).ok_or_else(|| line_err(n + 1, "the key is not hex digits".into()))?;
+            let key =
+                Key::from_bytes(std::mem::take(&mut *key)).map_err(|e| line_err(n + 1, e.to_string()))?;
+            ring.insert(name, key).map_err(|e| line_err(n + 1, e.to_string()))?;
+        }
+        if ring.is_empty() {
+            return Err(KeyError::EmptyKeyring { path: path.to_owned() });
+        }
+        Ok(ring)
+    }
+
+    /// The names in the ring, in the order they were added.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|(n, _)| &**n)
+    }
+
+    /// How many keys the ring holds.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the ring holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key a client proves, and its name.
+    pub(super) fn own(&self) -> Option<(&Arc<str>, &Key)> {
+        let i = match (self.own, self.keys.len()) {
+            (Some(i), _) => i,
+            (None, 1) => 0,
+            (None, _) => return None,
+        };
+        self.keys.get(i).map(|(n, k)| (n, k))
+    }
+
+    /// Every name and key, for a server to check a proof against.
+    pub(super) fn keys(&self) -> &[(Arc<str>, Key)] {
+        &self.keys
+    }
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let own = self.own().map(|(n, _)| &**n);
+        f.debug_struct("Keyring")
+            .field("names", &self.names().collect::<Vec<_>>())
+            .field("proves", &own)
+            .finish()
+    }
+}
+
+/// The bytes of a hex string (two digits a byte), or `None`.
+fn decode_hex(hex: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Zeroizing::new(Vec::with_capacity(hex.len() / 2));
+    for pair in hex.chunks_exact(2) {
+        out.push(digit(pair[0])? << 4 | digit(pair[1])?);
+    }
+    Some(out)
+}
+
+/// Refuse a key file that every user may read or write (unix).
+fn check_not_open_to_all(file: &std::fs::File, path: &Path) -> Result<(), KeyError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = file.metadata().map_err(|source| KeyError::Read { path: path.to_owned(), source })?;
+        let mode = meta.permissions().mode();
+        if mode & 0o006 != 0 {
+            return Err(KeyError::OpenToAll { path: path.to_owned(), mode: mode & 0o7777 });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (file, path);
+    Ok(())
 }
 
 fn trim_newline(bytes: &mut Vec<u8>) {
@@ -155,6 +341,61 @@ pub enum KeyError {
     EnvNotSet {
         /// Its name.
         var: String,
+    },
+    /// A keyring name is empty, too long, or has a character other than
+    /// an ASCII letter, a digit, `.`, `_`, `-` or `@`.
+    #[error("the key name {name:?} is not 1 to {max} ASCII letters, digits, '.', '_', '-' or '@'")]
+    BadName {
+        /// The name.
+        name: String,
+        /// [`Keyring::MAX_NAME_LEN`].
+        max: usize,
+    },
+    /// The keyring already has a key under this name.
+    #[error("the keyring already has a key named {name:?}; give each key its own name")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// The key is in the keyring under another name already.
+    #[error(
+        "the key for {name:?} is the key of {other:?} already: a proof would name both; \
+         give each identity its own key"
+    )]
+    SameKeyTwice {
+        /// The name being added.
+        name: String,
+        /// The name the key has already.
+        other: String,
+    },
+    /// The keyring has no key of this name.
+    #[error("the keyring has no key named {name:?}")]
+    UnknownName {
+        /// The name.
+        name: String,
+    },
+    /// The keyring holds [`Keyring::MAX_KEYS`] keys already.
+    #[error("the keyring holds {max} keys already, the most it may")]
+    TooManyKeys {
+        /// [`Keyring::MAX_KEYS`].
+        max: usize,
+    },
+    /// A line of a keyring file is not `NAME HEX-KEY`, or its key or name
+    /// is refused.
+    #[error("{}, line {line}: {what}", path.display())]
+    BadLine {
+        /// The file.
+        path: PathBuf,
+        /// The line's number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// A keyring file holds no key.
+    #[error("the keyring file {} holds no key (a line is NAME HEX-KEY)", path.display())]
+    EmptyKeyring {
+        /// The file.
+        path: PathBuf,
     },
     /// The environment variable holds bytes that are not UTF-8.
     #[error("the environment variable {var} is not valid UTF-8; put a binary key in a file instead")]

@@ -86,7 +86,7 @@ mod wire;
 
 pub use caps::Policy;
 pub use error::{BootstrapError, Phase, Side};
-pub use key::{Auth, Key, KeyError, KEY_ENV_VAR};
+pub use key::{Auth, Key, KeyError, Keyring, KEY_ENV_VAR, SHARED_IDENTITY};
 pub use wire::RejectReason;
 
 // The handshake's pieces (codec, state machines, blocking and async

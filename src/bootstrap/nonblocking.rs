@@ -37,9 +37,10 @@ pub async fn authenticate_client_async(
     auth: &Auth,
     timeout: Duration,
 ) -> Result<Authenticated<Async<TcpStream>>, BootstrapError> {
+    let machine = Machine::client(auth, fresh_nonce()?)?;
     let connect = Deadline::after(timeout, Phase::Connect);
     let stream = dial(addr, &connect).await?;
-    auth_phase(stream, addr, Machine::client(auth, fresh_nonce()?), connect.with_phase(Phase::Auth)).await
+    auth_phase(stream, addr, machine, connect.with_phase(Phase::Auth)).await
 }
 
 /// Accept one connection on `listener` and run the auth phase as the
@@ -88,9 +89,9 @@ pub async fn exchange_client_async(
     timeout: Duration,
 ) -> Result<Handshake<Async<TcpStream>>, BootstrapError> {
     local.validate().map_err(BootstrapError::from_local)?;
+    let machine = Machine::client(auth, fresh_nonce()?)?;
     let connect = Deadline::after(timeout, Phase::Connect);
     let stream = dial(addr, &connect).await?;
-    let machine = Machine::client(auth, fresh_nonce()?);
     let authed = auth_phase(stream, addr, machine, connect.with_phase(Phase::Auth)).await?;
     hello_phase(authed, local, connect.with_phase(Phase::Hello)).await
 }

@@ -204,9 +204,9 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// Keep the connection made by a handshake: its bootstrap stream goes
     /// to the driver, which watches it.
     fn adopt(&self, c: AsyncConnected<N>) -> Connection<N> {
-        let AsyncConnected { connection, mut stream, policies, peer_addr } = c;
-        tracing::debug!(peer = %peer_addr, ?policies, "endpoint: a connection is up");
-        connection.set_peer_addr(peer_addr);
+        let AsyncConnected { connection, mut stream, policies, peer_addr, peer_identity } = c;
+        tracing::debug!(peer = %peer_addr, identity = ?peer_identity, ?policies, "endpoint: a connection is up");
+        connection.set_peer(peer_addr, peer_identity);
         let watched = connection.clone();
         let watch: Watch = Box::pin(async move {
             let gone = std::pin::pin!(async {

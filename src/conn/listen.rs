@@ -32,6 +32,8 @@ pub(super) struct AsyncConnected<N: Nic> {
     pub policies: Policies,
     /// The peer's TCP address.
     pub peer_addr: SocketAddr,
+    /// The name of the key the peer proved (`None` without a key).
+    pub peer_identity: Option<std::sync::Arc<str>>,
 }
 
 type Handshake<N> = BoxFuture<'static, Result<AsyncConnected<N>, SetupError>>;
@@ -308,6 +310,7 @@ async fn finish_setup_async<N: Nic + 'static>(
     hub: &Hub<N>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
+    let peer_identity = authed.peer_identity().cloned();
     let mut prepared = hub.prepare(nic, role, cfg.clone())?;
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
@@ -317,5 +320,5 @@ async fn finish_setup_async<N: Nic + 'static>(
     endpoint.connect(&hs.remote_endpoint())?;
     let stream = hs.ready(opts.timeout).await?;
     let connection = hub.add(endpoint);
-    Ok(AsyncConnected { connection, stream, policies, peer_addr })
+    Ok(AsyncConnected { connection, stream, policies, peer_addr, peer_identity })
 }

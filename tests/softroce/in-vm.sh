@@ -231,6 +231,14 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     # of random bytes that only this user can read (mktemp makes it 0600).
     key_file=$(mktemp)
     head -c 32 /dev/urandom >"$key_file"
+    # The main server's keyring names two clients (NAME HEX-KEY a line):
+    # the legs below prove "bench" from a ring of both, told which, or
+    # "large" from a ring of that one key; the server logs each identity.
+    hexkey() { head -c 32 /dev/urandom | od -An -tx1 -v | tr -d ' \n'; }
+    keyring=$(mktemp)
+    large_ring=$(mktemp)
+    printf 'bench %s\nlarge %s\n' "$(hexkey)" "$(hexkey)" >"$keyring"
+    grep '^large ' "$keyring" >"$large_ring"
     # Without --trusted-peers, on a device where a peer reaches other
     # connections' windows, `mwcap serve` serves confirm only (pass/fail).
     if echo "$probe_out" | grep -qE "(another QP's|another PD's): +yes"; then
@@ -249,7 +257,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             fail=1
         fi
     fi
-    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --key-file "$key_file" --trusted-peers \
+    timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --keyring "$keyring" --trusted-peers \
         --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
     serve_pid=$!
     wait_listening "$serve_log" "$serve_pid"
@@ -264,7 +272,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     ) &
     stat_pid=$!
     if grep -q "listening" "$serve_log"; then
-        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
+        timeout -k 5 360 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$keyring" --identity bench --trusted-peers \
             --busy-poll-us "$busy_us" --stamp-only \
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$bench_out"
         rc=${PIPESTATUS[0]}
@@ -278,7 +286,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     if grep -q "listening" "$serve_log"; then
         echo "=== payloads of 1 MiB and 16 MiB (pass/fail)"
         large_out=$pdir/large.out
-        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$large_ring" --trusted-peers \
             --connections 2 --sizes 1048576,16777216 --inflight 1 --iters 6 --warmup 1 \
             --large-buffers 2 | tee "$large_out"
         rc=${PIPESTATUS[0]}
@@ -298,7 +306,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     if grep -q "listening" "$serve_log"; then
         echo "=== 16 calls in flight, every byte checked (pass/fail)"
         deep_out=$pdir/inflight16.out
-        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --key-file "$key_file" --trusted-peers \
+        timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$keyring" --identity bench --trusted-peers \
             --busy-poll-us "$busy_us" --inflight 16 \
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$deep_out"
         rc=${PIPESTATUS[0]}
@@ -314,6 +322,13 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     kill "$serve_pid" 2>/dev/null
     wait "$serve_pid" 2>/dev/null
     wait "$stat_pid" 2>/dev/null
+    # Identities (pass/fail): the server named both keyring clients.
+    if grep -q "connection from .*, identity bench " "$serve_log" && grep -q "connection from .*, identity large " "$serve_log"; then
+        echo "keyring: the server named its clients bench and large"
+    else
+        echo "keyring: the server did not log both identities, bench and large (FAIL)"
+        fail=1
+    fi
 
     # Many clients (pass/fail): 100 connections per policy from this
     # process to one mwcap serve (each served on its own thread), payloads
@@ -397,7 +412,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     fi
     kill "$pool_pid" 2>/dev/null
     wait "$pool_pid" 2>/dev/null
-    rm -f "$key_file"
+    rm -f "$key_file" "$keyring" "$large_ring"
     # A row of a live server connection that has served requests: "ID PEER
     # QPN server POLICIES up AGE OPS ...", OPS > 0.
     live_rows=$(grep -aE "^[0-9]+ +[0-9.:]+ +[0-9]+ +server +[a-z]+/[a-z]+ +up +[0-9hms.]+ +[1-9]" "$stat_out" | wc -l)

@@ -19,7 +19,7 @@ fn run(
     client: &Auth,
     server: &Auth,
 ) -> (Result<Session, AuthFailure>, Result<Session, AuthFailure>, Vec<AuthFrame>) {
-    let mut c = Machine::client(client, NC);
+    let mut c = Machine::client(client, NC).unwrap();
     let mut s = Machine::server(server, NS);
     let (mut c_err, mut s_err) = (None, None);
     let mut wire = Vec::new();
@@ -123,7 +123,7 @@ fn proofs_match_an_independent_hmac_sha256() {
 #[test]
 fn a_client_proof_reflected_as_the_server_proof_is_refused() {
     let k = key(7);
-    let mut c = Machine::client(&k, NC);
+    let mut c = Machine::client(&k, NC).unwrap();
     let _init = c.poll_transmit();
     // A fake server without the key sends a challenge, takes the client's
     // proof and sends it back as its own.
@@ -189,3 +189,81 @@ proptest! {
         }
     }
 }
+
+fn raw(fill: u8) -> Key {
+    Key::from_bytes(vec![fill; 32]).unwrap()
+}
+
+fn ring(entries: &[(&str, u8)]) -> Keyring {
+    let mut r = Keyring::new();
+    for &(name, fill) in entries {
+        r.insert(name, raw(fill)).unwrap();
+    }
+    r
+}
+
+use super::super::key::Keyring;
+
+#[test]
+fn a_server_keyring_names_each_client_by_the_key_it_proved() {
+    let server = Auth::Keyring(ring(&[("storage-1", 1), ("compute-7", 7), ("router", 9)]));
+    for (name, fill) in [("compute-7", 7), ("router", 9), ("storage-1", 1)] {
+        // The client holds only its own key, or a ring that names it.
+        for client in [
+            Auth::Keyring(ring(&[(name, fill)])),
+            Auth::Keyring(ring(&[("other", 42), (name, fill)]).prove_as(name).unwrap()),
+        ] {
+            let (c, s, wire) = run(&client, &server);
+            let (c, s) = (c.unwrap(), s.unwrap());
+            assert_eq!(s.identity().map(|n| &**n), Some(name), "the server names the client");
+            assert_eq!(c.identity().map(|n| &**n), Some(name), "and the client the key both proved");
+            assert_eq!(wire.len(), 4);
+            let h = b"client hello";
+            assert!(s.check_hello_tag(h, &c.hello_tag(h).unwrap()), "the tags are under the proved key");
+        }
+    }
+}
+
+#[test]
+fn a_key_not_in_the_servers_ring_is_refused_and_a_shared_key_is_one_identity() {
+    let server = Auth::Keyring(ring(&[("storage-1", 1), ("compute-7", 7)]));
+    let (c, s, wire) = run(&Auth::Keyring(ring(&[("compute-7", 8)])), &server);
+    assert_eq!(s.unwrap_err(), AuthFailure::ProofInvalid, "the name is not what is checked: the key is");
+    assert_eq!(c.unwrap_err(), AuthFailure::ProofRejected);
+    assert!(matches!(wire.last(), Some(AuthFrame::Reject(RejectReason::BadProof))));
+    // One shared key on both sides: everyone is SHARED_IDENTITY.
+    let (c, s, _) = run(&key(5), &key(5));
+    assert_eq!(s.unwrap().identity().map(|n| &**n), Some(SHARED_IDENTITY));
+    assert_eq!(c.unwrap().identity().map(|n| &**n), Some(SHARED_IDENTITY));
+    // A shared key on the client and a ring holding it under a name: the name.
+    let (_, s, _) = run(&key(7), &server);
+    assert_eq!(s.unwrap().identity().map(|n| &**n), Some("compute-7"));
+    // An empty ring on a server runs keyed and accepts no one.
+    let (_, s, _) = run(&key(7), &Auth::Keyring(Keyring::new()));
+    assert_eq!(s.unwrap_err(), AuthFailure::ProofInvalid);
+}
+
+#[test]
+fn a_client_ring_of_several_keys_must_say_which_it_proves() {
+    let r = ring(&[("a", 1), ("b", 2)]);
+    let e = Machine::client(&Auth::Keyring(r.clone()), NC).unwrap_err();
+    assert!(matches!(e, BootstrapError::NoIdentity { keys: 2 }), "{e}");
+    assert!(e.to_string().contains("prove_as"), "{e}");
+    assert!(Machine::client(&Auth::Keyring(Keyring::new()), NC).is_err());
+    assert!(matches!(r.prove_as("c"), Err(KeyError::UnknownName { .. })));
+}
+
+#[test]
+fn a_keyring_refuses_bad_names_duplicates_and_one_key_under_two_names() {
+    let mut r = ring(&[("a", 1)]);
+    assert!(matches!(r.insert("a", raw(2)), Err(KeyError::DuplicateName { .. })));
+    assert!(matches!(r.insert("b", raw(1)), Err(KeyError::SameKeyTwice { .. })));
+    for bad in ["", "has space", "slash/", &"x".repeat(Keyring::MAX_NAME_LEN + 1), "é"] {
+        assert!(matches!(r.insert(bad, raw(3)), Err(KeyError::BadName { .. })), "{bad:?}");
+    }
+    r.insert("node-2.rack_1@dc", raw(3)).unwrap();
+    assert_eq!(r.names().collect::<Vec<_>>(), ["a", "node-2.rack_1@dc"]);
+    assert!(!format!("{r:?}").contains("0101"), "Debug shows names, never keys: {r:?}");
+}
+
+use super::super::key::KeyError;

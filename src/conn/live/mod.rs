@@ -190,9 +190,10 @@ pub(crate) struct Inner<N: Nic> {
     spin: Duration,
     /// Its place on the endpoint's hub.
     pub(super) hub: HubPart,
-    /// The peer's TCP address, set once by the [`super::Endpoint`] that
-    /// made the connection (a connection made otherwise has none).
-    peer_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The peer's TCP address and the name of the key it proved, set once
+    /// by the [`super::Endpoint`] that made the connection (a connection
+    /// made otherwise has neither).
+    peer: std::sync::OnceLock<(std::net::SocketAddr, Option<std::sync::Arc<str>>)>,
 }
 
 /// A connection's place on its hub: the waker that puts it on the hub's
@@ -241,7 +242,7 @@ impl<N: Nic> Inner<N> {
             recycle: Recycle::new(),
             epoch,
             hub,
-            peer_addr: std::sync::OnceLock::new(),
+            peer: std::sync::OnceLock::new(),
         }
     }
 
@@ -693,12 +694,23 @@ impl<N: Nic> Connection<N> {
     /// The peer's address on the bootstrap's TCP connection (`None` for a
     /// connection made without one, [`Endpoint::connect_local`](super::Endpoint::connect_local)).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        self.inner.peer_addr.get().copied()
+        self.inner.peer.get().map(|p| p.0)
     }
 
-    /// Record the peer's address (once: the endpoint adopting it).
-    pub(super) fn set_peer_addr(&self, addr: std::net::SocketAddr) {
-        let _ = self.inner.peer_addr.set(addr);
+    /// The peer's identity: the name of the key it proved in the bootstrap
+    /// (an [`Auth::Keyring`](crate::bootstrap::Auth::Keyring)'s name, or
+    /// [`SHARED_IDENTITY`](crate::bootstrap::SHARED_IDENTITY) for an
+    /// [`Auth::Key`](crate::bootstrap::Auth::Key)). `None` when the
+    /// bootstrap ran without a key, or without a bootstrap
+    /// ([`Endpoint::connect_local`](super::Endpoint::connect_local),
+    /// [`Endpoint::prepare`](super::Endpoint::prepare)).
+    pub fn peer_identity(&self) -> Option<&str> {
+        self.inner.peer.get().and_then(|p| p.1.as_deref())
+    }
+
+    /// Record the peer's address and identity (once: the endpoint adopting it).
+    pub(super) fn set_peer(&self, addr: std::net::SocketAddr, identity: Option<std::sync::Arc<str>>) {
+        let _ = self.inner.peer.set((addr, identity));
     }
 
     /// The turns its endpoint's driver (or a waiting call) took for it.
