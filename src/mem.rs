@@ -157,12 +157,6 @@ impl Memory {
         true
     }
 
-    /// Whether a handle holds any of `offset..offset + len`.
-    pub fn is_range_held(&self, offset: usize, len: usize) -> bool {
-        let end = offset.saturating_add(len);
-        self.holds.lock().ranges.iter().any(|&(o, l)| o < end && offset < o + l)
-    }
-
     /// Hold `offset..offset + len` with no access to its bytes, until the
     /// [`Hold`] is dropped, as a buffer handle does while its user has it
     /// (`None` if out of range or held already): for tests of what the
@@ -181,7 +175,7 @@ impl Memory {
     }
 
     /// Whether [`Memory::expect_reads_of_held`] was called.
-    pub fn reads_of_held_expected(&self) -> bool {
+    pub(crate) fn reads_of_held_expected(&self) -> bool {
         self.reads_of_held.load(Ordering::Relaxed)
     }
 
@@ -213,7 +207,7 @@ impl Memory {
 
     /// Lend `offset..offset + len` to `f` under the lock, unless a handle
     /// holds any of it.
-    pub fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, MemError> {
+    pub(crate) fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
         if let Some((o, l)) = Memory::overlap(&holds.ranges, offset, end) {
@@ -226,7 +220,7 @@ impl Memory {
     }
 
     /// [`Memory::with`] for writing.
-    pub fn with_mut<R>(
+    pub(crate) fn with_mut<R>(
         &self,
         offset: usize,
         len: usize,
