@@ -207,7 +207,12 @@ impl Memory {
 
     /// Lend `offset..offset + len` to `f` under the lock, unless a handle
     /// holds any of it.
-    pub(crate) fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, MemError> {
+    pub(crate) fn with<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, MemError> {
         let end = self.end(offset, len)?;
         let holds = self.holds.lock();
         if let Some((o, l)) = Memory::overlap(&holds.ranges, offset, end) {

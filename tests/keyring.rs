@@ -178,7 +178,7 @@ fn file(name: &str, text: &str, mode: u32) -> PathBuf {
 fn a_keyring_file_loads_names_and_hex_keys() {
     let hex = |b: u8| format!("{b:02x}").repeat(16);
     let text = format!(
-        "# mwcap keyring\n\nstorage-1 {}\r\n  compute-7\t{}  \n# done\n",
+        "# mwcap keyring\n\nstorage-1 {}\r\n  compute-7\t{}  # the compute node\n# done\n",
         hex(0xab),
         hex(0x07).to_uppercase()
     );
@@ -198,7 +198,7 @@ fn a_bad_keyring_file_says_which_line_and_why() {
         ("three-words", format!("a {k16} extra\n"), "line 1: a line is NAME HEX-KEY"),
         ("not-hex", "# c\na zz\n".into(), "line 2: the key is not hex digits"),
         ("odd-hex", "a abc\n".into(), "line 1: the key is not hex digits"),
-        ("short", "a 0011\n".into(), "fewer than 16"),
+        ("short", "a 0011\n".into(), "2 bytes, fewer than 16; use at least 32 hex digits"),
         ("bad-name", format!("a/b {k16}\n"), "is not 1 to 64"),
         (
             "dup-name",

@@ -23,7 +23,8 @@ pub struct AuthArgs {
     /// peer's name; a client proves its `--identity` (or the ring's only key).
     #[arg(long, value_name = "PATH")]
     pub keyring: Option<PathBuf>,
-    /// The key of `--keyring` this side proves when it connects.
+    /// The key of `--keyring` this side proves when it connects (`mwcap
+    /// bench`; refused by `mwcap serve`, which accepts every key of its ring).
     #[arg(long, value_name = "NAME", requires = "keyring")]
     pub identity: Option<String>,
     /// Run the bootstrap without authentication: whoever reaches the port

@@ -396,6 +396,13 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve(o) => match o.auth.resolve() {
+            Ok(_) if o.auth.identity.is_some() => {
+                eprintln!(
+                    "mwcap serve: --identity is for a client (mwcap bench); a server accepts every key \
+                     of its --keyring: drop --identity"
+                );
+                ExitCode::from(2)
+            }
             Ok(auth) => {
                 if matches!(auth, mwcap::bootstrap::Auth::Unauthenticated) {
                     eprintln!("mwcap serve: --no-auth: anyone who reaches {} gets a connection", o.listen);

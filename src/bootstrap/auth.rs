@@ -176,7 +176,7 @@ pub(super) struct Machine {
     /// The keys this side proves or accepts: a client's one, a server's
     /// ring; empty without a key. Once the peer's proof is checked, the
     /// one it proved is `keys[proved]`.
-    keys: Vec<(Arc<str>, Key)>,
+    keys: Arc<Vec<(Arc<str>, Key)>>,
     /// Whether this side runs with a key (a server with an empty ring
     /// does, and accepts no one).
     keyed: bool,
@@ -199,6 +199,7 @@ impl Machine {
             },
             Auth::Unauthenticated => Vec::new(),
         };
+        let keys = Arc::new(keys);
         let keyed = !keys.is_empty();
         let mut m = Machine::new(End::Client, keys, keyed, nonce, Step::AwaitChallenge);
         m.out = Some(AuthFrame::Init { mode: m.mode(), nonce });
@@ -209,15 +210,15 @@ impl Machine {
     /// and accepts a proof of any of its keys.
     pub(super) fn server(auth: &Auth, nonce: Nonce) -> Machine {
         let keys = match auth {
-            Auth::Key(k) => vec![(Arc::from(SHARED_IDENTITY), k.clone())],
-            Auth::Keyring(ring) => ring.keys().to_vec(),
-            Auth::Unauthenticated => Vec::new(),
+            Auth::Key(k) => Arc::new(vec![(Arc::from(SHARED_IDENTITY), k.clone())]),
+            Auth::Keyring(ring) => ring.keys().clone(),
+            Auth::Unauthenticated => Arc::default(),
         };
         let keyed = !matches!(auth, Auth::Unauthenticated);
         Machine::new(End::Server, keys, keyed, nonce, Step::AwaitInit)
     }
 
-    fn new(us: End, keys: Vec<(Arc<str>, Key)>, keyed: bool, ours: Nonce, step: Step) -> Machine {
+    fn new(us: End, keys: Arc<Vec<(Arc<str>, Key)>>, keyed: bool, ours: Nonce, step: Step) -> Machine {
         Machine { us, keys, keyed, proved: 0, ours, theirs: [0; NONCE_LEN], step, out: None }
     }
 
@@ -304,13 +305,15 @@ impl Machine {
                 }
                 // Check the proof against every key (a client has one), all
                 // of them whichever matches, so the time does not tell which.
-                let mut proved = None;
+                // Two matches cannot happen (a ring refuses keys that are one
+                // HMAC key); if they did, the proof would name neither.
+                let (mut proved, mut matches) = (0, 0);
                 for (i, (_, key)) in self.keys.iter().enumerate() {
                     if self.proof(key, self.us.other()).verify_slice(&p).is_ok() {
-                        proved = Some(i);
+                        (proved, matches) = (i, matches + 1);
                     }
                 }
-                let Some(i) = proved else {
+                let (1, i) = (matches, proved) else {
                     if self.us == End::Server {
                         self.out = Some(AuthFrame::Reject(RejectReason::BadProof));
                     }

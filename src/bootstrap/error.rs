@@ -155,10 +155,7 @@ pub enum BootstrapError {
     },
     /// This side connects with a keyring that does not say which of its
     /// keys to prove.
-    #[error(
-        "the keyring holds {keys} keys and none is chosen as this side's identity; \
-         choose the one to prove with Keyring::prove_as (mwcap: --identity NAME)"
-    )]
+    #[error("{}", no_identity(*keys))]
     NoIdentity {
         /// How many keys the ring holds.
         keys: usize,
@@ -253,5 +250,17 @@ impl BootstrapError {
             }
             _ => BootstrapError::Io { phase, source: e },
         }
+    }
+}
+
+fn no_identity(keys: usize) -> String {
+    match keys {
+        0 => "the keyring is empty, so this side has no key to prove as a client; \
+              add its key (Keyring::insert, or a line of the --keyring file)"
+            .into(),
+        n => format!(
+            "the keyring holds {n} keys and none is chosen as this side's identity; \
+             choose the one to prove with Keyring::prove_as (mwcap: --identity NAME)"
+        ),
     }
 }

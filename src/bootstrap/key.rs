@@ -98,6 +98,20 @@ impl Key {
     pub(super) fn bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// The key as HMAC-SHA256 uses it: hashed if longer than the 64-byte
+    /// block, then padded with zeros to the block. Two keys with the same
+    /// block make the same MACs.
+    fn hmac_block(&self) -> Zeroizing<[u8; 64]> {
+        use sha2::Digest;
+        let mut block = Zeroizing::new([0u8; 64]);
+        if self.0.len() > 64 {
+            block[..32].copy_from_slice(&sha2::Sha256::digest(&self.0[..]));
+        } else {
+            block[..self.0.len()].copy_from_slice(&self.0);
+        }
+        block
+    }
 }
 
 /// Named pre-shared keys: the identities this process knows.
@@ -120,7 +134,8 @@ impl Key {
 /// ```
 #[derive(Clone, Default)]
 pub struct Keyring {
-    keys: Vec<(Arc<str>, Key)>,
+    /// Shared with every handshake in progress (none copies the keys).
+    keys: Arc<Vec<(Arc<str>, Key)>>,
     own: Option<usize>,
 }
 
@@ -151,10 +166,12 @@ impl Keyring {
         if self.keys.iter().any(|(n, _)| &**n == name) {
             return Err(KeyError::DuplicateName { name: name.to_owned() });
         }
-        if let Some((other, _)) = self.keys.iter().find(|(_, k)| k.bytes() == key.bytes()) {
+        // HMAC pads a key to its block and hashes a longer one first, so
+        // different bytes can be one HMAC key (K and K followed by zeros).
+        if let Some((other, _)) = self.keys.iter().find(|(_, k)| k.hmac_block() == key.hmac_block()) {
             return Err(KeyError::SameKeyTwice { name: name.to_owned(), other: other.to_string() });
         }
-        self.keys.push((name.into(), key));
+        Arc::make_mut(&mut self.keys).push((name.into(), key));
         Ok(())
     }
 
@@ -178,17 +195,22 @@ impl Keyring {
         let file = std::fs::File::open(path).map_err(read_err)?;
         check_not_open_to_all(&file, path)?;
         const MAX_FILE: u64 = 1 << 24;
-        let mut text = Zeroizing::new(Vec::new());
-        file.take(MAX_FILE + 1).read_to_end(&mut text).map_err(read_err)?;
-        if text.len() as u64 > MAX_FILE {
-            return Err(KeyError::TooLong { max: MAX_FILE as usize });
+        // Room for the whole file and one byte more, so that reading never
+        // reallocates (a reallocation would leave a copy of the keys behind);
+        // a file that fills it is over the limit or grew while it was read.
+        let len = file.metadata().map_err(read_err)?.len().min(MAX_FILE);
+        let room = len as usize + 1;
+        let mut text = Zeroizing::new(Vec::with_capacity(room));
+        file.take(room as u64).read_to_end(&mut text).map_err(read_err)?;
+        if text.len() >= room {
+            return Err(KeyError::KeyringTooLarge { path: path.to_owned(), max: MAX_FILE as usize });
         }
         let line_err = |line: usize, what: String| KeyError::BadLine { path: path.to_owned(), line, what };
         let mut ring = Keyring::new();
         for (n, raw) in text.split(|&b| b == b'\n').enumerate() {
-            let line = raw.strip_suffix(b"\r").unwrap_or(raw);
-            let line = line.trim_ascii();
-            if line.is_empty() || line.starts_with(b"#") {
+            // A `#` starts a comment, on a line of its own or after the key.
+            let line = raw.split(|&b| b == b'#').next().unwrap_or(raw).trim_ascii();
+            if line.is_empty() {
                 continue;
             }
             let mut words = line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty());
@@ -199,8 +221,16 @@ impl Keyring {
                 std::str::from_utf8(name).map_err(|_| line_err(n + 1, "the name is not UTF-8".into()))?;
             let mut key =
                 decode_hex(hex).ok_or_else(|| line_err(n + 1, "the key is not hex digits".into()))?;
-            let key =
-                Key::from_bytes(std::mem::take(&mut *key)).map_err(|e| line_err(n + 1, e.to_string()))?;
+            let key = Key::from_bytes(std::mem::take(&mut *key)).map_err(|e| {
+                let what = match e {
+                    KeyError::TooShort { len, min } => format!(
+                        "the key is {len} bytes, fewer than {min}; use at least {} hex digits of random bytes",
+                        2 * min
+                    ),
+                    e => e.to_string(),
+                };
+                line_err(n + 1, what)
+            })?;
             ring.insert(name, key).map_err(|e| line_err(n + 1, e.to_string()))?;
         }
         if ring.is_empty() {
@@ -235,7 +265,7 @@ impl Keyring {
     }
 
     /// Every name and key, for a server to check a proof against.
-    pub(super) fn keys(&self) -> &[(Arc<str>, Key)] {
+    pub(super) fn keys(&self) -> &Arc<Vec<(Arc<str>, Key)>> {
         &self.keys
     }
 }
@@ -390,6 +420,15 @@ pub enum KeyError {
         line: usize,
         /// What is wrong with it.
         what: String,
+    },
+    /// A keyring file is larger than any keyring should be (or grew while
+    /// it was read).
+    #[error("the keyring file {} is over {max} bytes (or grew while it was read); is this the right file?", path.display())]
+    KeyringTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The largest file read.
+        max: usize,
     },
     /// A keyring file holds no key.
     #[error("the keyring file {} holds no key (a line is NAME HEX-KEY)", path.display())]

@@ -249,7 +249,8 @@ fn a_client_ring_of_several_keys_must_say_which_it_proves() {
     let e = Machine::client(&Auth::Keyring(r.clone()), NC).unwrap_err();
     assert!(matches!(e, BootstrapError::NoIdentity { keys: 2 }), "{e}");
     assert!(e.to_string().contains("prove_as"), "{e}");
-    assert!(Machine::client(&Auth::Keyring(Keyring::new()), NC).is_err());
+    let e = Machine::client(&Auth::Keyring(Keyring::new()), NC).unwrap_err();
+    assert!(e.to_string().contains("the keyring is empty"), "{e}");
     assert!(matches!(r.prove_as("c"), Err(KeyError::UnknownName { .. })));
 }
 
@@ -261,8 +262,22 @@ fn a_keyring_refuses_bad_names_duplicates_and_one_key_under_two_names() {
     for bad in ["", "has space", "slash/", &"x".repeat(Keyring::MAX_NAME_LEN + 1), "é"] {
         assert!(matches!(r.insert(bad, raw(3)), Err(KeyError::BadName { .. })), "{bad:?}");
     }
+    // Keys HMAC makes one key: K and K followed by zeros; a key longer than
+    // the block and its SHA-256.
+    let k = vec![5u8; 20];
+    r.insert("k", Key::from_bytes(k.clone()).unwrap()).unwrap();
+    let padded = [k.clone(), vec![0; 7]].concat();
+    assert!(matches!(r.insert("k0", Key::from_bytes(padded).unwrap()), Err(KeyError::SameKeyTwice { .. })));
+    let long = vec![6u8; 100];
+    use sha2::Digest;
+    r.insert("long", Key::from_bytes(long.clone()).unwrap()).unwrap();
+    let hashed = sha2::Sha256::digest(&long).to_vec();
+    assert!(matches!(
+        r.insert("hashed", Key::from_bytes(hashed).unwrap()),
+        Err(KeyError::SameKeyTwice { .. })
+    ));
     r.insert("node-2.rack_1@dc", raw(3)).unwrap();
-    assert_eq!(r.names().collect::<Vec<_>>(), ["a", "node-2.rack_1@dc"]);
+    assert_eq!(r.names().collect::<Vec<_>>(), ["a", "k", "long", "node-2.rack_1@dc"]);
     assert!(!format!("{r:?}").contains("0101"), "Debug shows names, never keys: {r:?}");
 }
 

@@ -700,7 +700,9 @@ impl<N: Nic> Connection<N> {
     /// The peer's identity: the name of the key it proved in the bootstrap
     /// (an [`Auth::Keyring`](crate::bootstrap::Auth::Keyring)'s name, or
     /// [`SHARED_IDENTITY`](crate::bootstrap::SHARED_IDENTITY) for an
-    /// [`Auth::Key`](crate::bootstrap::Auth::Key)). `None` when the
+    /// [`Auth::Key`](crate::bootstrap::Auth::Key)). Both sides proved the
+    /// same key, so on a client it is the name of the client's own key, as
+    /// its ring names it (the server is known by its address). `None` when the
     /// bootstrap ran without a key, or without a bootstrap
     /// ([`Endpoint::connect_local`](super::Endpoint::connect_local),
     /// [`Endpoint::prepare`](super::Endpoint::prepare)).
