@@ -81,7 +81,11 @@ mod srq;
 mod types;
 
 pub use crate::ProbeCache;
-pub use bufpool::{BufferPool, BufferPoolStats};
+pub use bufpool::BufferPoolStats;
+// The pool is the endpoint's (`EndpointBuilder::shared_buffers`); public
+// only for the loom models of it (tests/loom_pool.rs).
+#[cfg(loom)]
+pub use bufpool::BufferPool;
 
 /// What the loom models of the shared buffer pool (`tests/loom_pool.rs`)
 /// drive: a pool over stand-in regions, and a connection's buffer slots
@@ -161,7 +165,9 @@ pub(crate) use link::{Link, Prepared};
 pub use live::{Connection, DriverStats, Reply, Request};
 #[cfg(not(loom))]
 pub use reconnect::{Backoff, ReconnectError, ReconnectStats, Reconnecting};
-pub use setup::{PolicyChoice, SetupError, SetupOptions};
+#[cfg_attr(loom, allow(unused_imports))] // the endpoint's, left out of loom builds
+pub(crate) use setup::SetupOptions;
+pub use setup::{PolicyChoice, SetupError};
 #[cfg(feature = "testing")]
 pub use simpair::SimPair;
 pub use srq::{SrqConfig, SrqStats};

@@ -29,7 +29,7 @@ use crate::ProbeCache;
 pub enum PolicyChoice {
     /// Serve only type-2 windows; fail if the device cannot (see `mwcap
     /// probe`), or if a peer could invalidate other connections' windows
-    /// there and the peers are not trusted ([`SetupOptions::trusted_peers`]).
+    /// there and the peers are not trusted ([`EndpointBuilder::trusted_peers`](super::EndpointBuilder::trusted_peers)).
     Mw,
     /// Serve only the confirm protocol.
     Confirm,
@@ -191,10 +191,10 @@ pub(super) fn agreed<S>(hs: &Handshake<S>, role: Role, cfg: &mut Config) -> Resu
 
 /// How to set up connections: the policy choice, the key, the time
 /// allowed per phase, and the [`ProbeCache`] that remembers each device's
-/// probe. An [`Endpoint`](super::Endpoint) keeps one, set by its builder.
+/// probe. An [`Endpoint`](super::Endpoint) keeps one, set by its builder
+/// ([`EndpointBuilder`](super::EndpointBuilder) is where a user sets them).
 #[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct SetupOptions {
+pub(crate) struct SetupOptions {
     /// Which policies to serve.
     pub choice: PolicyChoice,
     /// The pre-shared key, or running without one.
@@ -212,7 +212,7 @@ pub struct SetupOptions {
 
 impl SetupOptions {
     /// `choice` and `auth`, 10 s per phase, a new probe cache.
-    pub fn new(choice: PolicyChoice, auth: Auth) -> SetupOptions {
+    pub(crate) fn new(choice: PolicyChoice, auth: Auth) -> SetupOptions {
         SetupOptions {
             choice,
             auth,
@@ -220,13 +220,5 @@ impl SetupOptions {
             probes: ProbeCache::new(),
             trusted_peers: false,
         }
-    }
-    /// The same options with another time per phase.
-    pub fn timeout(self, timeout: Duration) -> SetupOptions {
-        SetupOptions { timeout, ..self }
-    }
-    /// The same options with a probe cache shared with others.
-    pub fn probe_cache(self, probes: ProbeCache) -> SetupOptions {
-        SetupOptions { probes, ..self }
     }
 }

@@ -205,7 +205,7 @@ const NOBODY: u32 = u32::MAX;
 /// member's `queued` and `woken`).
 pub(crate) const MAX_POOL_CLASSES: usize = 63;
 
-/// What a [`BufferPool`] holds and has done (in [`EndpointStats`](super::EndpointStats)).
+/// What an endpoint's shared pool of buffers and windows ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)) holds and has done (in [`EndpointStats`](super::EndpointStats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BufferPoolStats {
