@@ -245,8 +245,14 @@ pub struct ConnArgs {
     /// the lease.
     #[arg(long, default_value_t = 10000)]
     pub call_timeout_ms: u64,
-    /// How long each driver polls an idle completion queue before it sleeps
-    /// on the completion channel, in µs (default: the library's).
+    /// How long a waiting call takes its connection's turns itself
+    /// (`Config::busy_poll`), and how long the endpoint's driver keeps
+    /// polling an idle completion queue before it sleeps on the completion
+    /// channel (`EndpointBuilder::busy_poll`), in µs. Default: the
+    /// library's (50 µs for a call, 0 for a driver: it sleeps at once). A
+    /// one-connection `bench ADDR`, whose driver runs on the calling
+    /// thread, polls it for as long as its calls; `bench --sim` leaves its
+    /// drivers at 0.
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
     /// Server: request payloads that may wait for a free buffer per

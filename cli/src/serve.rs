@@ -173,10 +173,15 @@ mod imp {
             Policy::Mw => PolicyChoice::Mw,
             Policy::Confirm => PolicyChoice::Confirm,
         };
+        // --busy-poll-us: the driver polls that long before it sleeps, as
+        // perftest's server polls (a request found by a polling driver, not
+        // by a wake-up through the completion channel).
+        let spin = o.conn.busy_poll_us.map_or(Duration::ZERO, Duration::from_micros);
         let builder = |nic: VerbsNic| {
             Endpoint::builder(nic, auth.clone())
                 .policy(choice)
                 .config(config(o.pool(), &o.conn))
+                .busy_poll(spin)
                 .handshake_timeout(SETUP)
                 .probe_cache(probes.clone())
                 .trusted_peers(o.trusted_peers)
