@@ -591,7 +591,9 @@ impl<N: Nic> HubDriver<N> {
         loop {
             shared.ready.bell().take();
             shared.turns.fetch_add(1, Ordering::Relaxed);
-            let now = shared.epoch.elapsed();
+            // One clock read a loop: the turns' time and the busy-poll window's.
+            let at = Instant::now();
+            let now = at.saturating_duration_since(shared.epoch);
             let mut busy = false;
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
@@ -652,8 +654,8 @@ impl<N: Nic> HubDriver<N> {
                 continue;
             }
             if spin_ns != 0 && failed.is_none() {
-                let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() < Duration::from_nanos(spin_ns) {
+                let idle = *idle_since.get_or_insert(at);
+                if at.saturating_duration_since(idle) < Duration::from_nanos(spin_ns) {
                     super::live::idle_turn(&mut idle_turns);
                     super::live::yield_now().await;
                     continue;

@@ -122,7 +122,8 @@ impl<N: Nic> CallFuture<'_, N> {
             hub.poll_for(std::ptr::from_ref(inner).cast());
         }
         let mut inbox = std::mem::take(&mut *part.inbox.lock());
-        let t = inner.turn(inner.now(), &inbox, |st, next| {
+        // The clock read above, not a second one.
+        let t = inner.turn(inner.now_at(now), &inbox, |st, next| {
             // The hub's timer heap must hold a deadline no later than
             // `next`: a turn by the driver puts it there.
             if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {

@@ -250,6 +250,11 @@ impl<N: Nic> Inner<N> {
         self.epoch.elapsed()
     }
 
+    /// The connection's time at `at` (a clock read the caller made already).
+    pub(super) fn now_at(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.epoch)
+    }
+
     /// The hub's completion queue failed: take the connection down with
     /// `e`. Returns whether it was up.
     pub(super) fn cq_failed(&self, e: &NicError) -> bool {
