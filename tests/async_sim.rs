@@ -549,6 +549,58 @@ async fn twenty_echoed_calls(client: &Connection<SimNic>) {
     }
 }
 
+/// A server waiting for its next request takes its connection's turns
+/// itself with `Config::serve_busy_poll`: here the server's endpoint
+/// driver is never run, so the requests arrive (and their payloads are
+/// read, and the replies' windows come back) only if the waiting
+/// `next_request` does the work. Without the setting the same server gets
+/// nothing.
+#[test]
+fn a_server_waiting_for_a_request_takes_its_connections_turns_itself() {
+    for spin in [true, false] {
+        let fabric = Fabric::with_seed(5);
+        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+        let p = Policies::both(Policy::Mw);
+        let mut scfg = Config::default();
+        if spin {
+            scfg.serve_busy_poll = Duration::from_secs(10);
+        }
+        let ((_, cd, client), (se, sd, server)) = pair_on(cn, sn, p, Config::default(), scfg);
+        let (done_tx, done_rx) = futures::channel::oneshot::channel::<()>();
+        let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+        let calling = std::thread::spawn(move || {
+            let calls = async {
+                let out = select(
+                    Box::pin(twenty_echoed_calls(&client)),
+                    async_io::Timer::after(Duration::from_secs(3)),
+                )
+                .await;
+                let finished = matches!(out, Either::Left(_));
+                client.close();
+                let _ = done_tx.send(());
+                finished
+            };
+            block_on(futures::future::join(calls, cdrv.run())).0
+        });
+        // The server's loop, and not its driver, until the client is done.
+        block_on(select(Box::pin(echo(server.clone())), done_rx));
+        let finished = calling.join().unwrap();
+        assert_eq!(finished, spin, "the calls finish only when the server's wait takes turns (spin: {spin})");
+        if spin {
+            assert_eq!(se.stats().connection_turns, 0, "the server's driver never ran");
+            assert_eq!(server.driver_stats().turns, 0, "no turn by the driver (the waits' are not counted)");
+            assert_eq!(server.stats().requests, 20);
+        }
+        let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+        // The driver ends once the endpoint is dropped and the connection finished.
+        drop(se);
+        server.close();
+        block_on(sdrv.run());
+        assert_no_hazards(&fabric);
+    }
+}
+
 /// A pending call takes its connection's turns itself while it busy-polls
 /// (`Config::busy_poll`): it polls the endpoint's shared completion queue
 /// and finds its reply on its own thread. Here the client's endpoint driver

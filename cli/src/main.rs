@@ -245,11 +245,13 @@ pub struct ConnArgs {
     /// the lease.
     #[arg(long, default_value_t = 10000)]
     pub call_timeout_ms: u64,
-    /// How long a waiting call takes its connection's turns itself
-    /// (`Config::busy_poll`), and how long the endpoint's driver keeps
-    /// polling an idle completion queue before it sleeps on the completion
-    /// channel (`EndpointBuilder::busy_poll`), in µs. Default: the
-    /// library's (50 µs for a call, 0 for a driver: it sleeps at once). A
+    /// How long a waiting call (`Config::busy_poll`) and a server's wait
+    /// for its next request (`Config::serve_busy_poll`) take their
+    /// connection's turns themselves, and how long the endpoint's driver
+    /// keeps polling an idle completion queue before it sleeps on the
+    /// completion channel (`EndpointBuilder::busy_poll`), in µs. Default:
+    /// the library's (50 µs for a call, 0 for a server's wait and for a
+    /// driver: they wait, and sleep, at once). A
     /// one-connection `bench ADDR`, whose driver runs on the calling
     /// thread, polls it for as long as its calls; `bench --sim` leaves its
     /// drivers at 0.
@@ -282,6 +284,7 @@ impl ConnArgs {
         }
         if let Some(us) = self.busy_poll_us {
             c.busy_poll = std::time::Duration::from_micros(us);
+            c.serve_busy_poll = c.busy_poll;
         }
     }
 }

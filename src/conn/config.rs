@@ -108,6 +108,16 @@ pub struct Config {
     /// outnumber free cores.
     /// The driver's own polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
     pub busy_poll: Duration,
+    /// Server: how long [`Connection::next_request`](super::Connection::next_request)
+    /// waiting for a request takes its connection's turns itself (polling
+    /// the endpoint's completion queue on the serving thread) before it
+    /// waits for the endpoint's driver. 0, the default: it waits for the
+    /// driver at once, whose thread, if it is another, then wakes the
+    /// serving one for each request. The window runs out whenever no
+    /// request comes, so give it to a thread or task that serves one busy
+    /// connection (as perftest's server polls); on a server of many mostly
+    /// idle connections each window costs its CPU for nothing.
+    pub serve_busy_poll: Duration,
     /// Receiver-not-ready retries before a SEND fails with
     /// `RnrRetryExcErr` and the connection is declared dead (0..=6; the
     /// verbs value 7, "retry forever", is never used: a peer that stops
@@ -346,6 +356,7 @@ impl Default for Config {
             max_attempts: 3,
             seed: 0x6d77_6361_7000_0001,
             busy_poll: Duration::from_micros(50),
+            serve_busy_poll: Duration::ZERO,
             rnr_retry: 6,
             keepalive: None,
             max_waiting_payloads: 64,

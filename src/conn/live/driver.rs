@@ -37,12 +37,23 @@ pub(crate) struct CallFuture<'a, N: Nic> {
     /// The connection (borrowed from the caller's handle for the call).
     pub(crate) inner: &'a Inner<N>,
     pub(crate) done: bool,
-    /// When the call stops taking turns itself (set at its first wait).
-    pub(crate) spin_until: Option<Instant>,
-    /// This call holds `Inner::spinning`.
-    pub(crate) spinning: bool,
+    /// Its turns while it waits.
+    pub(crate) spin: Spin,
+}
+
+/// A waiter (a call for its reply, a serving loop for its next request)
+/// that takes its connection's turns itself for a while: it polls the
+/// hub's shared completion queue on its own thread, so what it waits for
+/// is found there instead of by the driver, which on another thread would
+/// have to wake it. At most one waiter of a connection spins at a time.
+#[derive(Default)]
+pub(crate) struct Spin {
+    /// When the waiter stops taking turns itself (set at its first wait).
+    until: Option<Instant>,
+    /// This waiter holds `Inner::spinning`.
+    spinning: bool,
     /// Turns taken while spinning that found nothing (see [`OS_YIELD_EVERY`]).
-    pub(crate) idle_spins: u32,
+    idle: u32,
 }
 
 /// A thread that busy-polls (a call taking its connection's turns, or the
@@ -65,11 +76,12 @@ pub(crate) fn idle_turn(idle: &mut u32) {
     }
 }
 
-impl<N: Nic> CallFuture<'_, N> {
-    /// The call no longer takes turns itself (the hub's driver polls on).
-    pub(crate) fn stop_spinning(&mut self) {
+impl Spin {
+    /// The waiter no longer takes turns itself (the hub's driver polls on).
+    #[inline]
+    pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>) {
         if std::mem::take(&mut self.spinning) {
-            self.inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+            inner.spinning.store(false, std::sync::atomic::Ordering::Release);
         }
     }
 }
@@ -79,7 +91,7 @@ impl<N: Nic> Future for CallFuture<'_, N> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
         let this = self.get_mut();
         let mut r = Pin::new(&mut this.handle).poll(cx);
-        if r.is_pending() && !this.inner.spin.is_zero() && this.spin() {
+        if r.is_pending() && !this.inner.spin.is_zero() && this.spin.turn(this.inner, this.inner.spin) {
             r = Pin::new(&mut this.handle).poll(cx);
             if r.is_pending() {
                 // Yield, then look again.
@@ -90,22 +102,20 @@ impl<N: Nic> Future for CallFuture<'_, N> {
         if r.is_ready() {
             this.done = true;
         }
-        if this.spinning {
-            this.stop_spinning();
-        }
+        this.spin.stop(this.inner);
         r
     }
 }
 
-impl<N: Nic> CallFuture<'_, N> {
-    /// While the call may spin (its window is open and no other call
-    /// spins): take a turn of the connection and return true.
+impl Spin {
+    /// While the waiter may spin (its `window` is open and no other waiter
+    /// of the connection spins): take a turn of the connection and return
+    /// true.
     #[inline(never)]
-    pub(crate) fn spin(&mut self) -> bool {
+    pub(crate) fn turn<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let inner = self.inner;
         let now = Instant::now();
-        if now >= *self.spin_until.get_or_insert(now + inner.spin) {
+        if now >= *self.until.get_or_insert(now + window) {
             return false;
         }
         if !self.spinning {
@@ -143,7 +153,7 @@ impl<N: Nic> CallFuture<'_, N> {
             part.waker.wake_by_ref();
         }
         if !t.busy {
-            idle_turn(&mut self.idle_spins);
+            idle_turn(&mut self.idle);
         }
         true
     }
@@ -151,7 +161,7 @@ impl<N: Nic> CallFuture<'_, N> {
 
 impl<N: Nic> Drop for CallFuture<'_, N> {
     fn drop(&mut self) {
-        self.stop_spinning();
+        self.spin.stop(self.inner);
         if !self.done {
             // Mark the slot abandoned first, then ring: the driver's next
             // turn sees the abandonment and cancels the call.

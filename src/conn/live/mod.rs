@@ -181,13 +181,15 @@ pub(crate) struct Inner<N: Nic> {
     abandoned: std::sync::atomic::AtomicUsize,
     recycle: Arc<Recycle<CallResult>>,
     epoch: Instant,
-    /// A pending call takes the connection's turns itself (see
-    /// [`CallFuture`]); at most one does at a time, and the driver does not
-    /// busy-poll meanwhile.
+    /// A waiting call, or a server's `next_request`, takes the
+    /// connection's turns itself (see [`driver::Spin`]); at most one does
+    /// at a time.
     spinning: std::sync::atomic::AtomicBool,
     /// `Config::busy_poll`: how long a pending call takes turns itself, and
     /// how long the driver busy-polls after a busy turn.
     spin: Duration,
+    /// `Config::serve_busy_poll`: how long `next_request` takes turns itself.
+    serve_spin: Duration,
     /// Its place on the endpoint's hub.
     pub(super) hub: HubPart,
     /// The peer's TCP address and the name of the key it proved, set once
@@ -213,9 +215,11 @@ pub(super) struct HubPart {
 impl<N: Nic> Inner<N> {
     fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
+        let serve_spin = ep.config().serve_busy_poll;
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
             spin,
+            serve_spin,
             state: Mutex::new(State {
                 ep,
                 calls: super::proto::ids::id_map(64),
@@ -454,9 +458,7 @@ impl<N: Nic> Connection<N> {
             handle: Handle::new(slot, self.inner.recycle.clone()),
             inner: &self.inner,
             done: false,
-            spin_until: None,
-            spinning: false,
-            idle_spins: 0,
+            spin: driver::Spin::default(),
         }
         .await
     }
@@ -545,19 +547,17 @@ impl<N: Nic> Connection<N> {
     /// [`Config::call_timeout`](super::Config::call_timeout) after the
     /// request came, at most), or answer a request that comes again with
     /// an error status.
+    ///
+    /// With [`Config::serve_busy_poll`](super::Config::serve_busy_poll)
+    /// set, a wait first takes the connection's turns itself for that long.
     pub async fn next_request(&self) -> Option<Request> {
-        poll_fn(|cx| {
-            let mut st = self.inner.state.lock();
-            if let Some(r) = st.requests.pop_front() {
-                return Poll::Ready(Some(r));
-            }
-            if st.down.is_some() {
-                return Poll::Ready(None);
-            }
-            st.request_waiters.register(cx.waker());
-            Poll::Pending
-        })
-        .await
+        let waiting = NextRequest { inner: &self.inner, spin: driver::Spin::default() };
+        if self.inner.serve_spin.is_zero() {
+            // No spin: the plain wait, without a spinner's state.
+            poll_fn(|cx| waiting.take(cx)).await
+        } else {
+            waiting.await
+        }
     }
 
     /// Server: answer a request. A reply that finds no free memory window,
@@ -735,6 +735,54 @@ impl<N: Nic> Connection<N> {
     #[cfg(test)]
     fn request_waiters(&self) -> usize {
         self.peek(|s| s.request_waiters.len())
+    }
+}
+
+/// [`Connection::next_request`] waiting with a spin window: the next
+/// request, or `None` once the connection is down and no request is left.
+struct NextRequest<'a, N: Nic> {
+    inner: &'a Inner<N>,
+    spin: driver::Spin,
+}
+
+impl<N: Nic> NextRequest<'_, N> {
+    /// A request, or the end, if either is there.
+    #[inline]
+    fn take(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        let mut st = self.inner.state.lock();
+        if let Some(r) = st.requests.pop_front() {
+            return Poll::Ready(Some(r));
+        }
+        if st.down.is_some() {
+            return Poll::Ready(None);
+        }
+        st.request_waiters.register(cx.waker());
+        Poll::Pending
+    }
+}
+
+impl<N: Nic> Future for NextRequest<'_, N> {
+    type Output = Option<Request>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        let this = self.get_mut();
+        let mut r = this.take(cx);
+        let window = this.inner.serve_spin;
+        if r.is_pending() && !window.is_zero() && this.spin.turn(this.inner, window) {
+            r = this.take(cx);
+            if r.is_pending() {
+                // Yield, then look again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+        this.spin.stop(this.inner);
+        r
+    }
+}
+
+impl<N: Nic> Drop for NextRequest<'_, N> {
+    fn drop(&mut self) {
+        self.spin.stop(self.inner);
     }
 }
 
