@@ -601,6 +601,52 @@ fn a_server_waiting_for_a_request_takes_its_connections_turns_itself() {
     }
 }
 
+/// A spinning serving wait on one thread and the endpoint's driver on
+/// another both take the connection's turns, with 16 calls in flight: each
+/// turn takes the routed completions under the connection's lock, so the
+/// requests are handled in the order they came. (When a turn took them
+/// before the lock, a later turn could run first: on rxe the server saw
+/// request ids going backwards and closed the connection.)
+#[test]
+fn a_spinning_server_and_its_driver_on_two_threads_keep_the_order_of_requests() {
+    let fabric = Fabric::with_seed(6);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let mut scfg = Config::default();
+    scfg.serve_busy_poll = Duration::from_millis(20);
+    let ((_, cd, client), (_, sd, server)) = pair_on(cn, sn, p, Config::default(), scfg);
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+    let driving = std::thread::spawn(move || block_on(sdrv.run()));
+    let s2 = server.clone();
+    let serving = std::thread::spawn(move || block_on(echo(s2)));
+    let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+    let calls = async {
+        let one = |i: u32| {
+            let client = &client;
+            async move {
+                let mut b = client.alloc().await.unwrap();
+                b.copy_from(&i.to_le_bytes()).unwrap();
+                let r = client.call(b"hi", Some(b)).await.expect("a reply");
+                let mut want = i.to_le_bytes();
+                want.reverse();
+                assert_eq!(r.data.as_deref(), Some(&want[..]), "call {i}");
+            }
+        };
+        for round in 0..200u32 {
+            futures::future::join_all((0..16).map(|k| one(round * 16 + k))).await;
+        }
+        assert_eq!(client.stats().calls_failed, 0);
+        client.close();
+    };
+    block_on(futures::future::join(calls, cdrv.run()));
+    assert_eq!(server.stats().requests, 3200, "{:?}", server.stats());
+    server.close();
+    serving.join().unwrap();
+    driving.join().unwrap();
+    assert_no_hazards(&fabric);
+}
+
 /// A pending call takes its connection's turns itself while it busy-polls
 /// (`Config::busy_poll`): it polls the endpoint's shared completion queue
 /// and finds its reply on its own thread. Here the client's endpoint driver

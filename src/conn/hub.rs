@@ -705,7 +705,8 @@ impl<N: Nic> HubDriver<N> {
         // user does and rings for from now on queues it again
         // (`Inner::ring`), and what it did before, this turn sees.
         part.queued.clear();
-        std::mem::swap(&mut *part.inbox.lock(), inbox);
+        // `inbox` (empty, with its capacity) and the connection's routed
+        // completions trade places under the connection's lock (`Inner::turn`).
         let t = inner.turn(now, inbox, |st, next| {
             // A heap entry at or before now has fired (this turn may be
             // its): it arms nothing any more, and a deadline set from now on

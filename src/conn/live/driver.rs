@@ -131,9 +131,10 @@ impl Spin {
         if let Some(hub) = part.hub.upgrade() {
             hub.poll_for(std::ptr::from_ref(inner).cast());
         }
-        let mut inbox = std::mem::take(&mut *part.inbox.lock());
+        // The turn takes the inbox (and its capacity) under the state lock.
+        let mut inbox = Vec::new();
         // The clock read above, not a second one.
-        let t = inner.turn(inner.now_at(now), &inbox, |st, next| {
+        let t = inner.turn(inner.now_at(now), &mut inbox, |st, next| {
             // The hub's timer heap must hold a deadline no later than
             // `next`: a turn by the driver puts it there.
             if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
@@ -270,17 +271,26 @@ pub(crate) struct Turn {
 }
 
 impl<N: Nic> Inner<N> {
-    /// One turn of the connection at `now`, with `completions` of its QP
-    /// (routed by the hub). `arm` is called under the state lock with when
-    /// the next turn is due.
+    /// One turn of the connection at `now`, with the completions of its QP
+    /// the hub routed to its inbox: they are swapped into `inbox` (an empty
+    /// vector, whose capacity the inbox gets) under the state lock, so two
+    /// turns on two threads (the driver's and a spinning waiter's) handle
+    /// them in the order the queue gave them. `arm` is called under the
+    /// state lock with when the next turn is due.
     pub(crate) fn turn(
         &self,
         now: Duration,
-        completions: &[crate::backend::Completion],
+        inbox: &mut Vec<crate::backend::Completion>,
         arm: impl FnOnce(&mut State<N>, Option<Duration>),
     ) -> Turn {
         let inner = self;
         let mut st = inner.state.lock();
+        // Taken only now: a turn that took the inbox before it had the lock
+        // could run after one that took later completions (a request
+        // handled before the one sent ahead of it: the peer then looks like
+        // it broke the protocol).
+        std::mem::swap(&mut *inner.hub.inbox.lock(), inbox);
+        let completions = &inbox[..];
         if st.closing.is_some() && st.ep.is_down().is_none() {
             match st.closing {
                 Some(LossReason::PeerGone) => st.ep.peer_gone(now),
