@@ -460,6 +460,7 @@ impl<N: Nic + 'static> Hub<N> {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: Mark::new(),
             inbox: Mutex::new(Vec::new()),
+            spin_scratch: Mutex::new(Vec::new()),
             hub: poll,
         });
         let inner = conn.inner_arc();

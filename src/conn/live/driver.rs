@@ -131,8 +131,11 @@ impl Spin {
         if let Some(hub) = part.hub.upgrade() {
             hub.poll_for(std::ptr::from_ref(inner).cast());
         }
-        // The turn takes the inbox (and its capacity) under the state lock.
-        let mut inbox = Vec::new();
+        // The spinner's own vector (one spinner at a time), empty and with
+        // its capacity, trades places with the inbox under the state lock:
+        // no vector without capacity enters the inbox, where the hub's next
+        // routed completion would grow it.
+        let mut inbox = std::mem::take(&mut *part.spin_scratch.lock());
         // The clock read above, not a second one.
         let t = inner.turn(inner.now_at(now), &mut inbox, |st, next| {
             // The hub's timer heap must hold a deadline no later than
@@ -142,13 +145,7 @@ impl Spin {
             }
         });
         inbox.clear();
-        {
-            // Its capacity back, unless the hub routed more meanwhile.
-            let mut kept = part.inbox.lock();
-            if kept.is_empty() {
-                std::mem::swap(&mut *kept, &mut inbox);
-            }
-        }
+        *part.spin_scratch.lock() = inbox;
         if t.finished {
             // The hub's driver finishes it on its turn.
             part.waker.wake_by_ref();

@@ -208,6 +208,9 @@ pub(super) struct HubPart {
     pub(super) queued: super::ready::Mark,
     /// Completions of its QP, taken off the shared queue by the hub.
     pub(super) inbox: Mutex<Vec<crate::backend::Completion>>,
+    /// The vector a spinning waiter trades for the inbox on its turns
+    /// (`driver::Spin`): empty between them.
+    pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
     pub(super) hub: std::sync::Weak<dyn super::hub::CallerPoll>,
 }
