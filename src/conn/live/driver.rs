@@ -157,6 +157,54 @@ impl Spin {
     }
 }
 
+/// [`Connection::next_request`] waiting with a spin window: the next
+/// request, or `None` once the connection is down and no request is left.
+pub(crate) struct NextRequest<'a, N: Nic> {
+    pub(crate) inner: &'a Inner<N>,
+    pub(crate) spin: Spin,
+}
+
+impl<N: Nic> NextRequest<'_, N> {
+    /// A request, or the end, if either is there.
+    #[inline]
+    pub(crate) fn take(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        let mut st = self.inner.state.lock();
+        if let Some(r) = st.requests.pop_front() {
+            return Poll::Ready(Some(r));
+        }
+        if st.down.is_some() {
+            return Poll::Ready(None);
+        }
+        st.request_waiters.register(cx.waker());
+        Poll::Pending
+    }
+}
+
+impl<N: Nic> Future for NextRequest<'_, N> {
+    type Output = Option<Request>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        let this = self.get_mut();
+        let mut r = this.take(cx);
+        let window = this.inner.serve_spin;
+        if r.is_pending() && !window.is_zero() && this.spin.turn(this.inner, window) {
+            r = this.take(cx);
+            if r.is_pending() {
+                // Yield, then look again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+        this.spin.stop(this.inner);
+        r
+    }
+}
+
+impl<N: Nic> Drop for NextRequest<'_, N> {
+    fn drop(&mut self) {
+        self.spin.stop(self.inner);
+    }
+}
+
 impl<N: Nic> Drop for CallFuture<'_, N> {
     fn drop(&mut self) {
         self.spin.stop(self.inner);

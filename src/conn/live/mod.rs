@@ -554,7 +554,7 @@ impl<N: Nic> Connection<N> {
     /// With [`Config::serve_busy_poll`](super::Config::serve_busy_poll)
     /// set, a wait first takes the connection's turns itself for that long.
     pub async fn next_request(&self) -> Option<Request> {
-        let waiting = NextRequest { inner: &self.inner, spin: driver::Spin::default() };
+        let waiting = driver::NextRequest { inner: &self.inner, spin: driver::Spin::default() };
         if self.inner.serve_spin.is_zero() {
             // No spin: the plain wait, without a spinner's state.
             poll_fn(|cx| waiting.take(cx)).await
@@ -738,54 +738,6 @@ impl<N: Nic> Connection<N> {
     #[cfg(test)]
     fn request_waiters(&self) -> usize {
         self.peek(|s| s.request_waiters.len())
-    }
-}
-
-/// [`Connection::next_request`] waiting with a spin window: the next
-/// request, or `None` once the connection is down and no request is left.
-struct NextRequest<'a, N: Nic> {
-    inner: &'a Inner<N>,
-    spin: driver::Spin,
-}
-
-impl<N: Nic> NextRequest<'_, N> {
-    /// A request, or the end, if either is there.
-    #[inline]
-    fn take(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
-        let mut st = self.inner.state.lock();
-        if let Some(r) = st.requests.pop_front() {
-            return Poll::Ready(Some(r));
-        }
-        if st.down.is_some() {
-            return Poll::Ready(None);
-        }
-        st.request_waiters.register(cx.waker());
-        Poll::Pending
-    }
-}
-
-impl<N: Nic> Future for NextRequest<'_, N> {
-    type Output = Option<Request>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
-        let this = self.get_mut();
-        let mut r = this.take(cx);
-        let window = this.inner.serve_spin;
-        if r.is_pending() && !window.is_zero() && this.spin.turn(this.inner, window) {
-            r = this.take(cx);
-            if r.is_pending() {
-                // Yield, then look again.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        }
-        this.spin.stop(this.inner);
-        r
-    }
-}
-
-impl<N: Nic> Drop for NextRequest<'_, N> {
-    fn drop(&mut self) {
-        self.spin.stop(self.inner);
     }
 }
 
