@@ -251,7 +251,7 @@ impl<N: Nic> SharedCq for Retire<N> {
 }
 
 /// What a waiting call on a hub does with the hub's queue (see
-/// `CallFuture::spin`): poll it, routing the caller's connection's
+/// `live::driver::Spin::turn`): poll it, routing the caller's connection's
 /// completions to its inbox without queueing it for the driver (the
 /// caller takes that turn), and the others' as the driver would.
 pub(super) trait CallerPoll: Send + Sync {
