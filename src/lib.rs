@@ -40,6 +40,7 @@ pub mod conn;
 mod probe;
 mod probe_cache;
 pub mod sim;
+pub mod telemetry;
 #[cfg(not(loom))]
 pub mod stat;
 // The one module with `unsafe`: every block carries its SAFETY comment.

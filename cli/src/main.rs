@@ -18,6 +18,8 @@ mod count;
 mod demo;
 #[cfg(not(loom))]
 mod executors;
+#[cfg_attr(not(all(feature = "verbs", not(loom))), allow(dead_code))]
+mod metrics_http;
 mod probe_cmd;
 mod serve;
 mod simbench;
@@ -342,6 +344,11 @@ pub struct ServeOpts {
     /// mode 0600). Default: `/tmp/mwcap-<port of --listen>.sock`.
     #[arg(long)]
     pub stat_socket: Option<std::path::PathBuf>,
+    /// Serve the capability telemetry in the Prometheus text format at
+    /// `http://ADDR/metrics` (each series labelled `endpoint="mw"` or
+    /// `"confirm"`; see `mwcap::telemetry` and docs/deploy.md). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ServeOpts {

@@ -7,7 +7,8 @@
 //! (see `cases`). A connection ends when its client closes the bootstrap
 //! TCP stream (the endpoint watches it). Its
 //! connections are shown to `mwcap stat` on a local socket
-//! (`--stat-socket`).
+//! (`--stat-socket`), and with `--metrics ADDR` its telemetry to
+//! Prometheus (`metrics_http`).
 
 use std::process::ExitCode;
 
@@ -95,6 +96,15 @@ mod imp {
         let stat = StatServer::bind(&path, registry.clone()).map_err(|e| {
             format!("cannot serve stats at {}: {e}; pick another --stat-socket", path.display())
         })?;
+        if let Some(at) = o.metrics {
+            let listener = crate::metrics_http::bind(at)?;
+            let handle = crate::metrics_http::install()?;
+            let served: Vec<Endpoint<VerbsNic>> = endpoints.iter().map(|(_, e, _)| e.clone()).collect();
+            println!("mwcap serve: metrics at http://{}/metrics", listener.local_addr().unwrap_or(at));
+            std::thread::spawn(move || {
+                crate::metrics_http::serve(listener, handle, || served.iter().for_each(Endpoint::record_metrics))
+            });
+        }
         let addr = |p: Policy| {
             let e = endpoints.iter().find(|(q, ..)| *q == p);
             e.and_then(|(_, e, _)| e.local_addr()).map_or_else(|| "nothing".into(), |a| a.to_string())
@@ -185,6 +195,7 @@ mod imp {
                 .handshake_timeout(SETUP)
                 .probe_cache(probes.clone())
                 .trusted_peers(o.trusted_peers)
+                .name(&format!("{policy:?}").to_lowercase())
                 .listen(addr)
         };
         let failed = |e: SetupError| match e {

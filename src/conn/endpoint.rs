@@ -69,6 +69,8 @@ struct Shared<N: Nic> {
     closer: Option<ListenerCloser>,
     local_addr: Option<SocketAddr>,
     streams: mpsc::UnboundedSender<Watch>,
+    /// The `endpoint` label of its telemetry.
+    name: String,
 }
 
 /// How an [`Endpoint`] is made: [`Endpoint::builder`], then its options,
@@ -83,6 +85,7 @@ pub struct EndpointBuilder<N: Nic> {
     buffers: Option<Vec<BufClass>>,
     listen: Option<SocketAddr>,
     busy_poll: Duration,
+    name: String,
 }
 
 impl<N: Nic + 'static> Endpoint<N> {
@@ -102,6 +105,7 @@ impl<N: Nic + 'static> Endpoint<N> {
             buffers: None,
             listen: None,
             busy_poll: Duration::ZERO,
+            name: "mwcap".to_owned(),
         }
     }
 
@@ -193,6 +197,17 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// What its completion queue and driver have done so far.
     pub fn stats(&self) -> EndpointStats {
         self.shared.hub.stats()
+    }
+
+    /// Record the endpoint's capability telemetry through the [`metrics`]
+    /// facade, to whatever recorder the application installed (none: a
+    /// no-op): connections, capabilities live and made by policy, their
+    /// ages when they ended, expiries, stale reads, late accesses, binds,
+    /// invalidations and the shared pool ([`crate::telemetry`] lists the
+    /// series). Call it on a timer, or just before the exporter renders;
+    /// it takes each connection's lock once, off the data path.
+    pub fn record_metrics(&self) {
+        self.shared.hub.record_metrics(&self.shared.name);
     }
 
     /// Its counts for as long as its hub lives, without keeping it alive
@@ -351,11 +366,19 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         self
     }
 
+    /// The endpoint's name in its telemetry (the `endpoint` label of
+    /// every series [`Endpoint::record_metrics`] records; "mwcap" by
+    /// default): name endpoints apart when a process has several.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
     /// Make the endpoint: its completion queue (and shared receive queue
     /// and buffer pool, if asked for), and with [`EndpointBuilder::listen`]
     /// its listening socket, after the device's probe. Spawn the driver.
     pub fn build(self) -> Result<(Endpoint<N>, EndpointDriver<N>), SetupError> {
-        let EndpointBuilder { nic, opts, cfg, depth, srq, buffers, listen, busy_poll } = self;
+        let EndpointBuilder { nic, opts, cfg, depth, srq, buffers, listen, busy_poll, name } = self;
         cfg.check()?;
         let shares = srq.is_some() || buffers.is_some();
         if shares && opts.choice != PolicyChoice::Mw {
@@ -377,7 +400,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
             }
         };
         let (tx, rx) = mpsc::unbounded();
-        let shared = Arc::new(Shared { hub, cfg, opts, listener, local_addr, closer, streams: tx });
+        let shared = Arc::new(Shared { hub, cfg, opts, listener, local_addr, closer, streams: tx, name });
         Ok((Endpoint { shared }, EndpointDriver { hub: driver, streams: rx }))
     }
 }

@@ -53,6 +53,7 @@ use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
 use super::{BufClass, Config, Connection, Link, Prepared, Role, SetupError};
 use crate::backend::{Completion, CqId, Nic, NicError};
+use crate::telemetry::Tally;
 
 /// Completions taken per poll of the shared queue.
 const POLL_BATCH: usize = 64;
@@ -191,6 +192,9 @@ struct Shared<N: Nic> {
     turns: AtomicU64,
     connection_turns: AtomicU64,
     sleeps: AtomicU64,
+    /// Telemetry: the figures of the connections that finished, and how
+    /// many have (the epoch a finished connection's figures came in at).
+    finished: Mutex<(u64, Tally)>,
 }
 
 impl<N: Nic> Shared<N> {
@@ -258,9 +262,20 @@ pub(super) trait CallerPoll: Send + Sync {
     /// Poll the shared queue for the connection at `me` (its `Inner`'s
     /// address); whether anything came.
     fn poll_for(&self, me: *const ()) -> bool;
+
+    /// A connection finished: `add` puts its figures into the hub's tally
+    /// of finished connections. Returns the epoch they came in at.
+    fn fold(&self, add: &mut dyn FnMut(&mut Tally)) -> u64;
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
+    fn fold(&self, add: &mut dyn FnMut(&mut Tally)) -> u64 {
+        let mut f = self.finished.lock();
+        f.0 += 1;
+        add(&mut f.1);
+        f.0
+    }
+
     fn poll_for(&self, me: *const ()) -> bool {
         let Some(mut routes) = self.routes.try_lock() else {
             // The driver (or another caller) is polling: it routes ours too.
@@ -381,6 +396,7 @@ impl<N: Nic + 'static> Hub<N> {
             turns: AtomicU64::new(0),
             connection_turns: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
+            finished: Mutex::new((0, Tally::default())),
         });
         Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
     }
@@ -489,6 +505,32 @@ impl<N: Nic + 'static> Hub<N> {
     pub fn set_busy_poll(&self, d: Duration) {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.shared.busy_poll_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Record the hub's figures through the `metrics` facade, labelled
+    /// `endpoint = name` (see [`crate::telemetry`]).
+    pub(crate) fn record_metrics(&self, name: &str) {
+        let s = &self.shared;
+        let (live, connections) = {
+            let routes = s.routes.lock();
+            (routes.targets().cloned().collect::<Vec<_>>(), routes.len())
+        };
+        // The finished connections' figures as of an epoch, then each
+        // running connection's unless it finished by then: each counted
+        // once (a connection folds under its own lock).
+        let (epoch, mut tally) = {
+            let mut f = s.finished.lock();
+            let mut t = Tally::default();
+            t.merge(&mut f.1);
+            // `merge` moved the ages out; the counters stay for next time.
+            (f.0, t)
+        };
+        for inner in &live {
+            inner.tally_into(epoch, &mut tally);
+        }
+        drop(live);
+        let pool = s.pool.as_ref().map(BufferPool::stats);
+        tally.record(name, connections, pool.as_ref());
     }
 
     /// The hub's counts for as long as it lives, without keeping it alive

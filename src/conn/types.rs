@@ -190,6 +190,16 @@ pub struct ConnStats {
     /// Confirm policy: READs discarded because the owner had reused the
     /// buffer meanwhile (each is retried, or the call fails).
     pub stale_reads: u64,
+    /// Exposures this side made (buffers and ranges of regions, mw or
+    /// confirm): each a capability the peer may READ.
+    pub exposures: u64,
+    /// Exposures that ended on evidence (released, expired, or the QP
+    /// flushed or destroyed) and came back; `exposures - exposures_ended`
+    /// are live.
+    pub exposures_ended: u64,
+    /// Exposures ended by their own expiry rather than by the peer (mw:
+    /// the lease timer; confirm: the hold or request timeout).
+    pub expiries: u64,
     /// Control frames sent and received.
     pub frames_sent: u64,
     /// Control frames received.

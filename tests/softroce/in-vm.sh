@@ -257,8 +257,11 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             fail=1
         fi
     fi
+    # --metrics: the telemetry, scraped with curl during the large-payload
+    # leg below (pass/fail: the counters must move).
+    metrics_url=http://127.0.0.1:9464/metrics
     timeout -k 5 420 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$port" --keyring "$keyring" --trusted-peers \
-        --busy-poll-us "$busy_us" >"$serve_log" 2>&1 &
+        --busy-poll-us "$busy_us" --metrics 127.0.0.1:9464 >"$serve_log" 2>&1 &
     serve_pid=$!
     wait_listening "$serve_log" "$serve_pid"
     if grep -q "listening" "$serve_log"; then
@@ -279,10 +282,16 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     # formats a snapshot, about 110 allocations), which the allocation
     # figures of the other legs, the server's and client's together, would
     # count as the calls' (this leg's 6 calls a case make no such figure).
+    # Prometheus scrapes the server's --metrics the same way (the first
+    # scrape kept, the last taken after the leg), like the stat queries
+    # only during this leg: a scrape allocates in the server too.
     stat_out=$pdir/stat.out
+    metrics_first=$pdir/metrics.first
+    metrics_last=$pdir/metrics.last
     (
         while kill -0 "$serve_pid" 2>/dev/null; do
             timeout 10 "$mwcap" stat --socket "/tmp/mwcap-$port.sock" >>"$stat_out" 2>&1
+            [ -s "$metrics_first" ] || timeout 10 curl -sf "$metrics_url" >"$metrics_first" 2>/dev/null
             sleep 3
         done
     ) &
@@ -304,6 +313,40 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     fi
     kill "$stat_pid" 2>/dev/null
     wait "$stat_pid" 2>/dev/null
+    # Telemetry (pass/fail, once the server listened): between the first
+    # scrape and one after the leg, each endpoint's capabilities (mw:
+    # binds and invalidations too) counted up, and the mw endpoint's
+    # capability ages were recorded.
+    if grep -q "listening" "$serve_log"; then
+        timeout 10 curl -sf "$metrics_url" >"$metrics_last" 2>/dev/null
+        # series FILE NAME LABEL...: the value of the series with every LABEL (0 if absent).
+        series() {
+            local file=$1 name=$2 line
+            shift 2
+            line=$(grep -a "^$name{" "$file" 2>/dev/null)
+            for l in "$@"; do line=$(echo "$line" | grep -aF "$l"); done
+            echo "$line" | awk 'NF { v = $NF } END { print (v == "" ? 0 : v) }'
+        }
+        moved=1
+        for s in 'mwcap_capabilities_total endpoint="mw" policy="mw"' 'mwcap_binds_total endpoint="mw"' \
+            'mwcap_invalidations_total endpoint="mw"' 'mwcap_capabilities_total endpoint="confirm" policy="confirm"'; do
+            # shellcheck disable=SC2086
+            a=$(series "$metrics_first" $s)
+            # shellcheck disable=SC2086
+            b=$(series "$metrics_last" $s)
+            echo "metrics: $s: $a -> $b"
+            [ "$(echo "$b > $a" | bc)" = 1 ] || moved=0
+        done
+        ages=$(series "$metrics_last" mwcap_capability_age_seconds_count 'endpoint="mw"' 'policy="mw"')
+        echo "metrics: mw capability ages recorded: $ages"
+        if [ "$moved" = 1 ] && [ "$(echo "$ages > 0" | bc)" = 1 ]; then
+            echo "metrics: the counters moved while the large-payload leg ran"
+        else
+            echo "metrics: the scraped counters did not move (FAIL)"
+            head -c 2000 "$metrics_last" | sed -e 's/^/metrics: /'
+            fail=1
+        fi
+    fi
     # 16 calls in flight (pass/fail): every case of the ratio run again
     # (rpc, reply and request READs of 64 B, 4 KiB and 64 KiB, mw and
     # confirm) with 16 calls in flight on one connection, every byte

@@ -197,6 +197,14 @@ impl<N: Nic> Link<N> {
         self.conn.stats()
     }
 
+    /// Add the connection's counters to `tally`, and move the ages of the
+    /// exposures that ended since the last time into it (telemetry).
+    pub(crate) fn tally_into(&mut self, tally: &mut crate::telemetry::Tally) {
+        let mut ages = crate::telemetry::Ages::default();
+        self.conn.drain_ages(&mut ages);
+        tally.add(&self.conn.stats(), self.conn.policies(), self.conn.role(), &mut ages);
+    }
+
     /// Whether events wait to be taken with [`Link::poll_event`].
     pub fn has_events(&self) -> bool {
         self.conn.has_events()

@@ -143,6 +143,10 @@ pub(crate) struct State<N: Nic> {
     finished: bool,
     /// Tasks in [`Connection::finished`].
     finish_waiters: Waiters,
+    /// Once finished, its figures are in its hub's tally of finished
+    /// connections, as of that tally's epoch (telemetry reads it live until
+    /// then).
+    folded: Option<u64>,
     /// The user asked to close (`Closed`), or the peer went away
     /// (`PeerGone`): the connection goes down for that reason.
     closing: Option<LossReason>,
@@ -216,6 +220,15 @@ pub(super) struct HubPart {
 }
 
 impl<N: Nic> Inner<N> {
+    /// Add its figures to `tally` unless they are in the hub's tally of
+    /// finished connections as of `epoch` (telemetry).
+    pub(super) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
+        let mut st = self.state.lock();
+        if !st.folded.is_some_and(|e| e <= epoch) {
+            st.ep.tally_into(tally);
+        }
+    }
+
     fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;
@@ -239,6 +252,7 @@ impl<N: Nic> Inner<N> {
                 closed_waiters: Waiters::default(),
                 finished: false,
                 finish_waiters: Waiters::default(),
+                folded: None,
                 closing: None,
                 down_at: None,
                 down: None,

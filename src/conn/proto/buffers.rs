@@ -190,12 +190,14 @@ impl Connection {
         match slot.checked_sub(self.layout.slots()) {
             None => {
                 if self.bufs.hand(slot, Holder::Exposed, Holder::User) {
+                    self.exposure_ended(slot);
                     let b = self.buf(slot, len);
                     self.emit(Event::BufferReturned(b));
                 }
             }
             Some(k) => {
                 if self.ranges.hand(k, Holder::Exposed, Holder::Free) {
+                    self.exposure_ended(slot);
                     let range = self.range_at[k as usize];
                     if let Some(r) = self.regions.get_mut(range.region.0 as usize).and_then(Option::as_mut) {
                         r.live = r.live.saturating_sub(1);
@@ -203,6 +205,14 @@ impl Connection {
                     self.emit(Event::RangeReturned(range));
                 }
             }
+        }
+    }
+
+    /// Count an exposure's end, and its age.
+    fn exposure_ended(&mut self, slot: u32) {
+        self.stats.exposures_ended += 1;
+        if let Some(&at) = self.exposed_at.get(slot as usize) {
+            self.ages.record(self.now.saturating_sub(at));
         }
     }
 

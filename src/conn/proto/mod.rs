@@ -335,6 +335,11 @@ pub struct Connection {
     last_request: u64,
     /// Counters for `stats` (the buffer counts are read when asked).
     stats: ConnStats,
+    /// When each buffer (pool slots, then range slots) was last exposed,
+    /// for the age histogram.
+    exposed_at: Vec<Duration>,
+    /// Ages of the exposures that ended since telemetry last took them.
+    ages: crate::telemetry::Ages,
     /// Keepalive: when the peer last answered a ping (or, until it has,
     /// when keepalive first ran): the next ping goes `interval` after.
     last_answer: Option<Duration>,
@@ -459,6 +464,8 @@ impl Connection {
             next_msg: 1,
             last_request: 0,
             stats: ConnStats::default(),
+            exposed_at: vec![Duration::ZERO; slots + cfg.region_exposures as usize],
+            ages: Default::default(),
             last_answer: None,
             ping: None,
             foreign_invalidations: Vec::new(),
@@ -667,8 +674,15 @@ impl Connection {
             credits: self.credits,
             credits_owed: self.owed,
             receive_share: self.share,
+            expiries: self.stats.expiries + self.owner.as_ref().map_or(0, |o| o.engine.stats().expired),
             ..self.stats
         }
+    }
+
+    /// Move the ages of the exposures that ended since the last call into
+    /// `into` (telemetry).
+    pub(crate) fn drain_ages(&mut self, into: &mut crate::telemetry::Ages) {
+        self.ages.drain_into(into);
     }
 
     /// The next event for the user.

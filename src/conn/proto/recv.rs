@@ -697,6 +697,9 @@ impl Connection {
                     // the client may ask again after a stale read (the hold
                     // expired), in which case the entry lives until the
                     // client's fetch is over (pruned by age).
+                    if reason == fb::Release::Expired {
+                        self.stats.expiries += 1;
+                    }
                     if self.role == Role::Client || reason != fb::Release::Expired {
                         if let Some(m) = self.cf().msgs.remove(&msg) {
                             self.cf().kept.remove(&m);

@@ -120,6 +120,10 @@ impl Connection {
             }
         }
         self.stats.bytes_exposed += u64::from(len);
+        self.stats.exposures += 1;
+        if let Some(at) = self.exposed_at.get_mut(slot as usize) {
+            *at = now;
+        }
         Ok(Some(exposure))
     }
 
