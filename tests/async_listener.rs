@@ -7,6 +7,8 @@
 
 #![cfg(not(loom))]
 
+mod util;
+
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -110,15 +112,8 @@ fn serve(
 }
 
 /// Run `pool` until `f` holds (a wall-time limit: the handshakes are real TCP).
-fn wait(pool: &mut LocalPool, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while !f() {
-        if t0.elapsed() > Duration::from_secs(20) {
-            return false;
-        }
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    true
+fn wait(pool: &mut LocalPool, f: impl FnMut() -> bool) -> bool {
+    util::wait_for(pool, Duration::from_secs(20), f)
 }
 
 #[test]

@@ -1,25 +1,14 @@
 //! Loading the pre-shared key: from a file, from the environment, the
 //! limits, and that the bytes never show in `Debug`.
 
+mod util;
+
 use std::path::PathBuf;
 
 use mwcap::bootstrap::{Auth, Key, KeyError};
 
-/// A fresh file under the target directory's temp space, with `mode` on unix.
 fn key_file(name: &str, bytes: &[u8], mode: u32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mwcap-key-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    std::fs::write(&path, bytes).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    path
+    util::temp_file("key-test", name, bytes, mode)
 }
 
 #[test]

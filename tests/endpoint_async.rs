@@ -5,6 +5,8 @@
 
 #![cfg(not(loom))]
 
+mod util;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -51,16 +53,8 @@ async fn reverse(conn: Connection<SimNic>) {
     }
 }
 
-/// Wait for `f` on `pool` (a wall-time limit: the handshakes are real TCP).
-fn wait(pool: &mut LocalPool, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !f() {
-        if t0.elapsed() > Duration::from_secs(10) {
-            return false;
-        }
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    true
+fn wait(pool: &mut LocalPool, f: impl FnMut() -> bool) -> bool {
+    util::wait_for(pool, Duration::from_secs(10), f)
 }
 
 /// Three clients connect to one listening endpoint and call it; every

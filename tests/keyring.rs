@@ -5,6 +5,8 @@
 
 #![cfg(not(loom))]
 
+mod util;
+
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,16 +38,8 @@ fn small() -> Config {
     c
 }
 
-/// Wait for `f` on `pool` (a wall-time limit: the handshakes are real TCP).
-fn wait(pool: &mut LocalPool, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !f() {
-        if t0.elapsed() > Duration::from_secs(10) {
-            return false;
-        }
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    true
+fn wait(pool: &mut LocalPool, f: impl FnMut() -> bool) -> bool {
+    util::wait_for(pool, Duration::from_secs(10), f)
 }
 
 /// One server with a keyring of three identities; clients connect with
@@ -157,21 +151,8 @@ fn a_client_ring_without_an_identity_fails_before_it_dials() {
     assert!(matches!(e, SetupError::Bootstrap(BootstrapError::NoIdentity { keys: 2 })), "{e}");
 }
 
-/// A fresh file under the temp directory, with `mode` on unix.
 fn file(name: &str, text: &str, mode: u32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mwcap-keyring-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    std::fs::write(&path, text).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    path
+    util::temp_file("keyring-test", name, text.as_bytes(), mode)
 }
 
 #[test]

@@ -1,0 +1,41 @@
+//! Helpers shared by the integration tests that include this module
+//! (`mod util;`): each test file is its own crate, so an unused helper is
+//! not an error.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::executor::LocalPool;
+
+/// Run `pool` until `f` holds, for at most `limit` of wall time (the
+/// bootstrap's handshakes are real TCP); whether it came to hold.
+pub fn wait_for(pool: &mut LocalPool, limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !f() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    }
+    true
+}
+
+/// A fresh file `name` holding `bytes`, in a directory of the temp space
+/// named after `test` and this process, with permissions `mode` on unix.
+pub fn temp_file(test: &str, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mwcap-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    std::fs::write(&path, bytes).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    path
+}
