@@ -4,12 +4,13 @@
 //!
 //! [`Endpoint::record_metrics`](crate::conn::Endpoint::record_metrics)
 //! records an endpoint's figures; call it on a timer, or just before an
-//! exporter renders (as `mwcap serve` does on each scrape). Nothing is
-//! recorded on the data path: a connection keeps the counts it keeps
-//! anyway, and one age histogram (an array of counts, no allocation), and
-//! `record_metrics` reads them, so a process that never records pays
-//! nothing. Counters are monotonic over the endpoint's life: a connection
-//! that finished still counts.
+//! exporter renders (as `mwcap serve` does on each scrape). The data path
+//! only counts: a connection keeps its counters and its age buckets (a
+//! few instructions per exposure, no allocation), and `record_metrics`
+//! reads them, so a process that never records pays almost nothing, and a
+//! record costs the same whatever the traffic since the last. Counters are
+//! monotonic over the endpoint's life: a connection that finished still
+//! counts.
 //!
 //! Every series has the label `endpoint` (the endpoint's
 //! [`name`](crate::conn::EndpointBuilder::name)); those of capabilities
@@ -18,97 +19,110 @@
 //!
 //! | series | kind | what |
 //! |---|---|---|
-//! | `mwcap_connections` | gauge | connections on the endpoint |
+//! | `mwcap_connections` | gauge | connections set up on the endpoint and not yet finished |
 //! | `mwcap_capabilities_live{policy,kind="own"}` | gauge | buffers and ranges this side has exposed, not yet ended on evidence |
 //! | `mwcap_capabilities_total{policy}` | counter | exposures made |
-//! | `mwcap_capability_age_seconds{policy}` | histogram | an exposure's age when it ended (released, expired or flushed, on the NIC's evidence) |
-//! | `mwcap_expiries_total{policy}` | counter | exposures ended by their expiry (mw: the lease timer; confirm: the hold) rather than by the peer |
-//! | `mwcap_stale_reads_total` | counter | confirm READs discarded: the owner had reused the buffer |
-//! | `mwcap_late_accesses_total` | counter | mw READs that failed (the window was invalidated or never valid) |
+//! | `mwcap_capability_age_seconds_bucket{policy,le}`, `_count`, `_sum` | counters (`_sum`: a gauge) | a Prometheus histogram of each exposure's age when it ended (released, expired or flushed, on the NIC's evidence) |
+//! | `mwcap_expiries_total{policy}` | counter | exposures ended by their expiry (mw: the lease timer; confirm: the hold or request timeout) rather than by the peer |
+//! | `mwcap_stale_reads_total` | counter | confirm READs of this side discarded: the owner had reused the buffer |
+//! | `mwcap_late_accesses_total` | counter | mw READs of this side the owner's NIC refused (`REM_ACCESS_ERR`: the window was already invalidated) |
 //! | `mwcap_binds_total`, `mwcap_invalidations_total` | counter | windows bound, and LOCAL_INVs posted (mw) |
 //! | `mwcap_pool_buffers{state="free"\|"lent"}` | gauge | the shared pool's buffers |
 //! | `mwcap_pool_windows{state="free"\|"lent"}` | gauge | the shared pool's windows |
-//! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes that found the pool empty; tasks waiting now |
+//! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes of a buffer that found its class empty or the connection at its share; tasks waiting now |
 //!
-//! The age histogram is kept with four buckets per doubling (from 1 µs to
-//! about an hour); each bucket is recorded at its midpoint, so an age is
-//! off by at most 12.5 %.
+//! The age histogram is counted into its exported buckets directly (`le`
+//! of 10 µs to 60 s, then `+Inf`), so it is exact at those bounds. It is
+//! exported as the counters of a Prometheus histogram rather than through
+//! the facade's histograms, which take one sample at a time: a record
+//! would then cost as much as the exposures since the last one.
+//! `histogram_quantile(0.99, rate(mwcap_capability_age_seconds_bucket[5m]))`
+//! works as for any Prometheus histogram.
 
 // The loom build leaves out the endpoint that records (its async layer).
 #![cfg_attr(loom, allow(dead_code))]
 
-use std::time::Duration;
-
 use crate::bootstrap::Policy;
-use crate::conn::{BufferPoolStats, ConnStats, Policies, Role};
+use crate::conn::{BufferPoolStats, Policies, Role};
 
-/// Buckets of [`Ages`]: one below 1,024 ns, then four per doubling up to 2^43 ns.
-const AGE_BUCKETS: usize = 1 + 4 * 33;
+/// The upper bounds of the age buckets, in nanoseconds (a last bucket,
+/// `+Inf`, holds the rest), and the same as Prometheus `le` labels.
+const AGE_LE_NS: [u64; 15] = [
+    10_000,
+    50_000,
+    100_000,
+    500_000,
+    1_000_000,
+    5_000_000,
+    10_000_000,
+    50_000_000,
+    100_000_000,
+    500_000_000,
+    1_000_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    30_000_000_000,
+    60_000_000_000,
+];
+const AGE_LE: [&str; 16] = [
+    "0.00001", "0.00005", "0.0001", "0.0005", "0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1", "5", "10", "30",
+    "60", "+Inf",
+];
 
-/// A histogram of exposure ages, four buckets per doubling: no allocation
-/// and a few instructions to record, so it lives on the data path.
-#[derive(Clone)]
+/// Exposure ages, counted into the exported buckets: no allocation and a
+/// few instructions per exposure. Cumulative over the connection's life.
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Ages {
-    counts: [u32; AGE_BUCKETS],
-    any: bool,
-}
-
-impl Default for Ages {
-    fn default() -> Ages {
-        Ages { counts: [0; AGE_BUCKETS], any: false }
-    }
+    counts: [u64; 16],
+    sum_ns: u64,
 }
 
 impl Ages {
-    fn bucket(age: Duration) -> usize {
-        let ns = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
-        if ns < 1024 {
-            return 0;
-        }
-        let e = 63 - ns.leading_zeros() as usize; // >= 10
-        let sub = ((ns >> (e - 2)) & 3) as usize;
-        (1 + (e - 10) * 4 + sub).min(AGE_BUCKETS - 1)
-    }
-
-    /// The midpoint of bucket `i`, in seconds.
-    fn midpoint(i: usize) -> f64 {
-        if i == 0 {
-            return 512e-9;
-        }
-        let e = (i - 1) / 4 + 10;
-        let sub = ((i - 1) % 4) as f64;
-        (1u64 << e) as f64 * (1.0 + (sub + 0.5) / 4.0) * 1e-9
-    }
-
     /// Count one age.
-    pub(crate) fn record(&mut self, age: Duration) {
-        let c = &mut self.counts[Ages::bucket(age)];
-        *c = c.saturating_add(1);
-        self.any = true;
+    pub(crate) fn record(&mut self, age: std::time::Duration) {
+        let ns = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
+        let i = AGE_LE_NS.partition_point(|&le| le < ns);
+        self.counts[i] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
     }
 
-    /// Move every count of `self` into `into`.
-    pub(crate) fn drain_into(&mut self, into: &mut Ages) {
-        if !self.any {
-            return;
+    fn add(&mut self, other: &Ages) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
         }
-        for (a, b) in into.counts.iter_mut().zip(self.counts.iter_mut()) {
-            *a = a.saturating_add(std::mem::take(b));
-        }
-        into.any = true;
-        self.any = false;
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
     }
 
-    /// Each bucket's midpoint (seconds) and count, for the non-empty ones.
-    fn each(&self, mut f: impl FnMut(f64, u32)) {
-        for (i, &n) in self.counts.iter().enumerate().filter(|(_, &n)| n > 0) {
-            f(Ages::midpoint(i), n);
+    /// Each bucket's cumulative count (`le` order), as Prometheus has them.
+    fn cumulative(&self) -> [u64; 16] {
+        let mut out = self.counts;
+        for i in 1..out.len() {
+            out[i] += out[i - 1];
         }
+        out
     }
+}
 
-    fn clear(&mut self) {
-        self.counts = [0; AGE_BUCKETS];
-        self.any = false;
+/// One connection's counters, as [`Tally::add`] takes them.
+pub(crate) struct ConnCounts {
+    /// The policy of the direction this side exposes in (its own payloads:
+    /// requests on a client, replies on a server).
+    pub own: Policy,
+    pub exposures: u64,
+    pub ended: u64,
+    pub expiries: u64,
+    pub ages: Ages,
+    pub stale_reads: u64,
+    pub late_accesses: u64,
+    pub binds: u64,
+    pub invalidations: u64,
+}
+
+/// The policy this side exposes in.
+pub(crate) fn own_policy(policies: Policies, role: Role) -> Policy {
+    match role {
+        Role::Client => policies.request,
+        Role::Server => policies.reply,
     }
 }
 
@@ -118,82 +132,56 @@ struct PolicyTally {
     exposures: u64,
     ended: u64,
     expiries: u64,
+    ages: Ages,
 }
 
 /// An endpoint's figures, summed over its connections (those running and
 /// those finished).
-#[derive(Clone, Default)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Tally {
     /// By [`Policy`]: mw, then confirm.
     own: [PolicyTally; 2],
-    ages: [Ages; 2],
     stale_reads: u64,
     late_accesses: u64,
     binds: u64,
     invalidations: u64,
 }
 
-fn index(p: Policy) -> usize {
-    match p {
-        Policy::Mw => 0,
-        Policy::Confirm => 1,
-    }
-}
-
 impl Tally {
-    /// Add a connection's counters, and move its ages here.
-    pub(crate) fn add(&mut self, stats: &ConnStats, policies: Policies, role: Role, ages: &mut Ages) {
-        // Our side exposes request payloads on a client, reply payloads on
-        // a server.
-        let own = index(match role {
-            Role::Client => policies.request,
-            Role::Server => policies.reply,
-        });
-        let t = &mut self.own[own];
-        t.exposures += stats.exposures;
-        t.ended += stats.exposures_ended;
-        t.expiries += stats.expiries;
-        ages.drain_into(&mut self.ages[own]);
-        self.stale_reads += stats.stale_reads;
-        if let Some(o) = &stats.lease_owner {
-            self.binds += o.grants;
-            self.invalidations += o.invalidations;
-        }
-        if let Some(r) = &stats.lease_reader {
-            self.late_accesses += r.reads_failed;
-        }
-    }
-
-    /// Add another tally's counters, and move its ages here.
-    pub(crate) fn merge(&mut self, other: &mut Tally) {
-        for i in 0..2 {
-            let (a, b) = (&mut self.own[i], other.own[i]);
-            a.exposures += b.exposures;
-            a.ended += b.ended;
-            a.expiries += b.expiries;
-            other.ages[i].drain_into(&mut self.ages[i]);
-        }
-        self.stale_reads += other.stale_reads;
-        self.late_accesses += other.late_accesses;
-        self.binds += other.binds;
-        self.invalidations += other.invalidations;
+    /// Add a connection's counters.
+    pub(crate) fn add(&mut self, c: &ConnCounts) {
+        let t = &mut self.own[match c.own {
+            Policy::Mw => 0,
+            Policy::Confirm => 1,
+        }];
+        t.exposures += c.exposures;
+        t.ended += c.ended;
+        t.expiries += c.expiries;
+        t.ages.add(&c.ages);
+        self.stale_reads += c.stale_reads;
+        self.late_accesses += c.late_accesses;
+        self.binds += c.binds;
+        self.invalidations += c.invalidations;
     }
 
     /// Record it through the facade: counters as their totals, gauges as
-    /// they are now, and the ages counted since the last record.
-    pub(crate) fn record(&mut self, endpoint: &str, connections: usize, pool: Option<&BufferPoolStats>) {
+    /// they are now.
+    pub(crate) fn record(&self, endpoint: &str, connections: usize, pool: Option<&BufferPoolStats>) {
         let ep = endpoint.to_owned();
         metrics::gauge!("mwcap_connections", "endpoint" => ep.clone()).set(connections as f64);
-        for (i, policy) in ["mw", "confirm"].into_iter().enumerate() {
-            let t = self.own[i];
+        for (t, policy) in self.own.iter().zip(["mw", "confirm"]) {
             let l = [("endpoint", ep.clone()), ("policy", policy.to_owned())];
             metrics::counter!("mwcap_capabilities_total", &l).absolute(t.exposures);
             metrics::counter!("mwcap_expiries_total", &l).absolute(t.expiries);
             let live = [("endpoint", ep.clone()), ("policy", policy.to_owned()), ("kind", "own".to_owned())];
             metrics::gauge!("mwcap_capabilities_live", &live).set(t.exposures.saturating_sub(t.ended) as f64);
-            let h = metrics::histogram!("mwcap_capability_age_seconds", &l);
-            self.ages[i].each(|secs, n| h.record_many(secs, n as usize));
-            self.ages[i].clear();
+            let cumulative = t.ages.cumulative();
+            for (le, n) in AGE_LE.iter().zip(cumulative) {
+                let b = [("endpoint", ep.clone()), ("policy", policy.to_owned()), ("le", (*le).to_owned())];
+                metrics::counter!("mwcap_capability_age_seconds_bucket", &b).absolute(n);
+            }
+            metrics::counter!("mwcap_capability_age_seconds_count", &l).absolute(cumulative[15]);
+            metrics::gauge!("mwcap_capability_age_seconds_sum", &l).set(t.ages.sum_ns as f64 * 1e-9);
         }
         let l = [("endpoint", ep.clone())];
         metrics::counter!("mwcap_stale_reads_total", &l).absolute(self.stale_reads);
@@ -203,9 +191,10 @@ impl Tally {
         if let Some(p) = pool {
             let state = |s: &str| [("endpoint", ep.clone()), ("state", s.to_owned())];
             metrics::gauge!("mwcap_pool_buffers", &state("free")).set(f64::from(p.free));
-            metrics::gauge!("mwcap_pool_buffers", &state("lent")).set(f64::from(p.buffers - p.free));
+            metrics::gauge!("mwcap_pool_buffers", &state("lent")).set(f64::from(p.buffers.saturating_sub(p.free)));
             metrics::gauge!("mwcap_pool_windows", &state("free")).set(f64::from(p.windows_free));
-            metrics::gauge!("mwcap_pool_windows", &state("lent")).set(f64::from(p.windows - p.windows_free));
+            metrics::gauge!("mwcap_pool_windows", &state("lent"))
+                .set(f64::from(p.windows.saturating_sub(p.windows_free)));
             metrics::counter!("mwcap_pool_waits_total", &l).absolute(p.empty);
             metrics::gauge!("mwcap_pool_waiting", &l).set(f64::from(p.waiting));
         }
@@ -215,34 +204,41 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
-    fn an_age_lands_in_a_bucket_whose_midpoint_is_within_an_eighth_of_it() {
-        for ns in [1_100u64, 1_500, 2_047, 2_048, 3_000, 10_000, 123_456, 1_000_000, 7_777_777_777] {
-            let i = Ages::bucket(Duration::from_nanos(ns));
-            let mid = Ages::midpoint(i) * 1e9;
-            let err = (mid - ns as f64).abs() / ns as f64;
-            assert!(err <= 0.125 + 1e-9, "{ns} ns: bucket {i}, midpoint {mid}, off by {err}");
+    fn an_age_is_counted_in_the_first_bucket_whose_bound_is_not_below_it() {
+        let mut a = Ages::default();
+        for d in [
+            Duration::from_nanos(1),
+            Duration::from_micros(10),
+            Duration::from_micros(11),
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+            Duration::from_secs(61),
+            Duration::MAX,
+        ] {
+            a.record(d);
         }
-        assert_eq!(Ages::bucket(Duration::from_nanos(10)), 0);
-        assert_eq!(Ages::bucket(Duration::from_secs(1 << 20)), AGE_BUCKETS - 1);
+        // le=10us: 1 ns and 10 us; le=50us: 11 us; le=1ms: 1 ms; le=60: 60 s;
+        // +Inf: 61 s and the longest.
+        assert_eq!(a.counts[0], 2);
+        assert_eq!(a.counts[1], 1);
+        assert_eq!(a.counts[4], 1);
+        assert_eq!(a.counts[14], 1);
+        assert_eq!(a.counts[15], 2);
+        let c = a.cumulative();
+        assert_eq!(c[15], 7, "the +Inf bucket counts every age");
+        assert!(c.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(a.sum_ns, u64::MAX, "the sum saturates");
     }
 
     #[test]
-    fn draining_moves_the_counts_once() {
-        let mut a = Ages::default();
-        a.record(Duration::from_micros(5));
-        a.record(Duration::from_micros(5));
-        a.record(Duration::from_millis(3));
-        let mut b = Ages::default();
-        a.drain_into(&mut b);
-        a.drain_into(&mut b);
-        let mut seen = Vec::new();
-        b.each(|s, n| seen.push((s, n)));
-        assert_eq!(seen.len(), 2);
-        assert_eq!(seen.iter().map(|s| s.1).sum::<u32>(), 3);
-        let mut none = 0;
-        a.each(|_, _| none += 1);
-        assert_eq!(none, 0);
+    fn the_le_labels_name_the_bounds() {
+        for (le, ns) in AGE_LE.iter().zip(AGE_LE_NS) {
+            let secs: f64 = le.parse().unwrap();
+            assert_eq!((secs * 1e9).round() as u64, ns, "{le}");
+        }
+        assert_eq!(AGE_LE[15], "+Inf");
     }
 }

@@ -42,6 +42,9 @@ struct Side {
     windows: HashMap<u32, std::ops::Range<usize>>,
     binds: u64,
     invalidations: u64,
+    /// Answer a READ of a window that is not bound with REM_ACCESS_ERR (as
+    /// a NIC does) instead of failing the test.
+    refuse_unbound_reads: bool,
 }
 
 impl Side {
@@ -86,13 +89,18 @@ impl Side {
             windows: HashMap::new(),
             binds: 0,
             invalidations: 0,
+            refuse_unbound_reads: false,
         }
     }
 
     fn done(&mut self, wr_id: u64, opcode: WcOpcode, byte_len: u32) {
+        self.done_with(wr_id, opcode, byte_len, WcStatus::Success)
+    }
+
+    fn done_with(&mut self, wr_id: u64, opcode: WcOpcode, byte_len: u32, status: WcStatus) {
         self.cq.push_back(Completion {
             wr_id,
-            status: WcStatus::Success,
+            status,
             opcode,
             byte_len,
             invalidated_rkey: None,
@@ -137,7 +145,12 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                 let start = (remote_addr - peer.addr) as usize;
                 let range = start..start + l.len as usize;
                 if peer.owns_mw {
-                    let w = peer.windows.get(&rkey).expect("a READ through a window that is not bound");
+                    let Some(w) = peer.windows.get(&rkey) else {
+                        // As a NIC answers a READ of an invalidated window.
+                        assert!(peer.refuse_unbound_reads, "a READ through a window that is not bound");
+                        me.done_with(wr_id, WcOpcode::RdmaRead, 0, WcStatus::RemAccessErr);
+                        continue;
+                    };
                     assert!(w.start <= range.start && range.end <= w.end, "a READ outside its window");
                 } else {
                     assert_eq!(rkey, peer.rkey, "a READ with a key that is not the region's");
@@ -406,6 +419,40 @@ fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     let o = st.lease_owner.expect("the client owns its direction under mw");
     assert_eq!((o.grants, o.expired, o.invalidations, o.released), (1, 1, 1, 0));
     assert_eq!((st.calls, st.calls_failed, st.buffers_exposed), (1, 1, 0));
+    // Telemetry's counts: one exposure, ended, by its expiry.
+    assert_eq!((st.exposures, st.exposures_ended, st.expiries, st.late_accesses), (1, 1, 1, 0));
+}
+
+/// A READ that meets a window its owner already invalidated (the reader
+/// sat on the grant past the lease) fails with REM_ACCESS_ERR: the reader
+/// counts a late access, the owner an expiry.
+#[test]
+fn a_read_of_an_invalidated_window_is_counted_as_a_late_access() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    p.allow_down = true; // a READ that fails takes the QP to ERR
+    p.s.refuse_unbound_reads = true;
+    p.c.conn.call(p.now, b"h", None).unwrap();
+    p.settle();
+    let Some(Event::Request { req, .. }) = p.s.conn.poll_event() else { panic!("no request") };
+    p.frozen_client = true; // the grant lands, but the client does not run
+    let mut b = p.s.conn.alloc().unwrap();
+    b.copy_from(b"reply").unwrap();
+    p.s.conn.reply(p.now, req, 0, b"", Some(b)).unwrap();
+    p.settle();
+    for _ in 0..8 {
+        p.now += Duration::from_secs(1);
+        p.s.conn.handle_timeout(p.now);
+        p.settle();
+    }
+    let s = p.s.conn.stats();
+    assert_eq!((s.exposures, s.exposures_ended, s.expiries), (1, 1, 1), "{s:?}");
+    assert!(p.s.windows.is_empty(), "the lease ran out: the window is invalidated");
+    p.frozen_client = false;
+    p.c.conn.handle_timeout(p.now);
+    p.settle();
+    let c = p.c.conn.stats();
+    assert_eq!(c.late_accesses, 1, "{c:?}");
+    assert_eq!(c.lease_reader.map(|r| r.reads_failed), Some(1));
 }
 
 const KEEPALIVE: Keepalive =

@@ -346,7 +346,9 @@ pub struct ServeOpts {
     pub stat_socket: Option<std::path::PathBuf>,
     /// Serve the capability telemetry in the Prometheus text format at
     /// `http://ADDR/metrics` (each series labelled `endpoint="mw"` or
-    /// `"confirm"`; see `mwcap::telemetry` and docs/deploy.md). Off by default.
+    /// `"confirm"`; see `mwcap::telemetry` and docs/deploy.md). Off by
+    /// default. The port has no authentication: bind it to an address only
+    /// your monitoring reaches.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
 }

@@ -105,7 +105,7 @@ impl<N: Nic + 'static> Endpoint<N> {
             buffers: None,
             listen: None,
             busy_poll: Duration::ZERO,
-            name: "mwcap".to_owned(),
+            name: default_name(),
         }
     }
 
@@ -366,9 +366,12 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         self
     }
 
-    /// The endpoint's name in its telemetry (the `endpoint` label of
-    /// every series [`Endpoint::record_metrics`] records; "mwcap" by
-    /// default): name endpoints apart when a process has several.
+    /// The endpoint's name in its telemetry: the `endpoint` label of
+    /// every series [`Endpoint::record_metrics`] records. By default
+    /// "mwcap-1", "mwcap-2", ... in the order the process builds its
+    /// endpoints; give a name for a label that stays the same across
+    /// restarts. Two endpoints of one process given the same name write
+    /// the same series, each over the other's figures: name them apart.
     pub fn name(mut self, name: &str) -> Self {
         self.name = name.to_owned();
         self
@@ -403,6 +406,12 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         let shared = Arc::new(Shared { hub, cfg, opts, listener, local_addr, closer, streams: tx, name });
         Ok((Endpoint { shared }, EndpointDriver { hub: driver, streams: rx }))
     }
+}
+
+/// "mwcap-N", N counting the endpoint builders of the process from 1.
+fn default_name() -> String {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!("mwcap-{}", MADE.fetch_add(1, Ordering::Relaxed) + 1)
 }
 
 impl<N: Nic + 'static> EndpointDriver<N> {

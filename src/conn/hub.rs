@@ -192,9 +192,21 @@ struct Shared<N: Nic> {
     turns: AtomicU64,
     connection_turns: AtomicU64,
     sleeps: AtomicU64,
-    /// Telemetry: the figures of the connections that finished, and how
-    /// many have (the epoch a finished connection's figures came in at).
-    finished: Mutex<(u64, Tally)>,
+    /// Telemetry's books (`record_metrics`).
+    telemetry: Mutex<Members<N>>,
+    /// Held through a record, so that records write their totals in order.
+    recording: Mutex<()>,
+}
+
+/// Telemetry's books: the connections added and not yet finished, and the
+/// figures of those that finished, with how many have (the epoch a
+/// finished connection's figures came in at). A connection leaves
+/// `running` as its figures enter `finished`, under this lock, so a
+/// record that takes both under it counts each connection once.
+struct Members<N: Nic> {
+    epoch: u64,
+    finished: Tally,
+    running: std::collections::HashMap<usize, Arc<Inner<N>>>,
 }
 
 impl<N: Nic> Shared<N> {
@@ -263,17 +275,24 @@ pub(super) trait CallerPoll: Send + Sync {
     /// address); whether anything came.
     fn poll_for(&self, me: *const ()) -> bool;
 
-    /// A connection finished: `add` puts its figures into the hub's tally
-    /// of finished connections. Returns the epoch they came in at.
-    fn fold(&self, add: &mut dyn FnMut(&mut Tally)) -> u64;
+    /// The connection at `me` finished: `add` puts its figures into the
+    /// hub's tally of finished connections, and it leaves the running
+    /// ones. Returns the epoch they came in at.
+    fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64;
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
-    fn fold(&self, add: &mut dyn FnMut(&mut Tally)) -> u64 {
-        let mut f = self.finished.lock();
-        f.0 += 1;
-        add(&mut f.1);
-        f.0
+    fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64 {
+        let mut m = self.telemetry.lock();
+        m.epoch += 1;
+        add(&mut m.finished);
+        let gone = m.running.remove(&(me as usize));
+        let epoch = m.epoch;
+        drop(m);
+        // Not the last handle (the turn that folds holds one), but dropped
+        // outside the lock all the same.
+        drop(gone);
+        epoch
     }
 
     fn poll_for(&self, me: *const ()) -> bool {
@@ -396,7 +415,8 @@ impl<N: Nic + 'static> Hub<N> {
             turns: AtomicU64::new(0),
             connection_turns: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
-            finished: Mutex::new((0, Tally::default())),
+            telemetry: Mutex::new(Members { epoch: 0, finished: Tally::default(), running: Default::default() }),
+            recording: Mutex::new(()),
         });
         Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
     }
@@ -480,6 +500,9 @@ impl<N: Nic + 'static> Hub<N> {
             hub: poll,
         });
         let inner = conn.inner_arc();
+        // Counted from now until its figures move to the finished ones.
+        let me = Arc::as_ptr(&inner).cast::<()>() as usize;
+        self.shared.telemetry.lock().running.insert(me, inner.clone());
         {
             let part = &inner.hub;
             let mut routes = self.shared.routes.lock();
@@ -511,24 +534,20 @@ impl<N: Nic + 'static> Hub<N> {
     /// `endpoint = name` (see [`crate::telemetry`]).
     pub(crate) fn record_metrics(&self, name: &str) {
         let s = &self.shared;
-        let (live, connections) = {
-            let routes = s.routes.lock();
-            (routes.targets().cloned().collect::<Vec<_>>(), routes.len())
+        let _one_at_a_time = s.recording.lock();
+        // The finished connections' figures and the running ones, as of one
+        // epoch; then each running connection's own, unless it finished by
+        // that epoch (it folds under its own lock, which `tally_into`
+        // takes): each connection counted once, and none missed.
+        let (epoch, mut tally, running) = {
+            let m = s.telemetry.lock();
+            (m.epoch, m.finished, m.running.values().cloned().collect::<Vec<_>>())
         };
-        // The finished connections' figures as of an epoch, then each
-        // running connection's unless it finished by then: each counted
-        // once (a connection folds under its own lock).
-        let (epoch, mut tally) = {
-            let mut f = s.finished.lock();
-            let mut t = Tally::default();
-            t.merge(&mut f.1);
-            // `merge` moved the ages out; the counters stay for next time.
-            (f.0, t)
-        };
-        for inner in &live {
+        for inner in &running {
             inner.tally_into(epoch, &mut tally);
         }
-        drop(live);
+        let connections = running.len();
+        drop(running);
         let pool = s.pool.as_ref().map(BufferPool::stats);
         tally.record(name, connections, pool.as_ref());
     }

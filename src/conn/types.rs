@@ -200,6 +200,10 @@ pub struct ConnStats {
     /// Exposures ended by their own expiry rather than by the peer (mw:
     /// the lease timer; confirm: the hold or request timeout).
     pub expiries: u64,
+    /// mw: READs of this side that the owner's NIC refused
+    /// (`REM_ACCESS_ERR`): the window was already invalidated, or the
+    /// grant was bad.
+    pub late_accesses: u64,
     /// Control frames sent and received.
     pub frames_sent: u64,
     /// Control frames received.

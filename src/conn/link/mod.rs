@@ -197,12 +197,9 @@ impl<N: Nic> Link<N> {
         self.conn.stats()
     }
 
-    /// Add the connection's counters to `tally`, and move the ages of the
-    /// exposures that ended since the last time into it (telemetry).
-    pub(crate) fn tally_into(&mut self, tally: &mut crate::telemetry::Tally) {
-        let mut ages = crate::telemetry::Ages::default();
-        self.conn.drain_ages(&mut ages);
-        tally.add(&self.conn.stats(), self.conn.policies(), self.conn.role(), &mut ages);
+    /// Add the connection's counters to `tally` (telemetry).
+    pub(crate) fn tally_into(&self, tally: &mut crate::telemetry::Tally) {
+        tally.add(&self.conn.counts());
     }
 
     /// Whether events wait to be taken with [`Link::poll_event`].

@@ -223,7 +223,7 @@ impl<N: Nic> Inner<N> {
     /// Add its figures to `tally` unless they are in the hub's tally of
     /// finished connections as of `epoch` (telemetry).
     pub(super) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         if !st.folded.is_some_and(|e| e <= epoch) {
             st.ep.tally_into(tally);
         }

@@ -338,7 +338,7 @@ pub struct Connection {
     /// When each buffer (pool slots, then range slots) was last exposed,
     /// for the age histogram.
     exposed_at: Vec<Duration>,
-    /// Ages of the exposures that ended since telemetry last took them.
+    /// Ages of the exposures that ended (telemetry).
     ages: crate::telemetry::Ages,
     /// Keepalive: when the peer last answered a ping (or, until it has,
     /// when keepalive first ran): the next ping goes `interval` after.
@@ -679,10 +679,21 @@ impl Connection {
         }
     }
 
-    /// Move the ages of the exposures that ended since the last call into
-    /// `into` (telemetry).
-    pub(crate) fn drain_ages(&mut self, into: &mut crate::telemetry::Ages) {
-        self.ages.drain_into(into);
+    /// The counters telemetry records (without the buffer counts of
+    /// [`Connection::stats`], which scan the slots).
+    pub(crate) fn counts(&self) -> crate::telemetry::ConnCounts {
+        let owner = self.owner.as_ref().map(|o| o.engine.stats());
+        crate::telemetry::ConnCounts {
+            own: crate::telemetry::own_policy(self.policies(), self.role),
+            exposures: self.stats.exposures,
+            ended: self.stats.exposures_ended,
+            expiries: self.stats.expiries + owner.map_or(0, |o| o.expired),
+            ages: self.ages,
+            stale_reads: self.stats.stale_reads,
+            late_accesses: self.stats.late_accesses,
+            binds: owner.map_or(0, |o| o.grants),
+            invalidations: owner.map_or(0, |o| o.invalidations),
+        }
     }
 
     /// The next event for the user.

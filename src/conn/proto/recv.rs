@@ -589,6 +589,9 @@ impl Connection {
                     tracing::warn!(?lease, "READ timed out; flushing the QP");
                 }
                 mw::ReaderEvent::ReadFailed { lease, dest, error } => {
+                    if error == mw::ReadError::RemoteAccess {
+                        self.stats.late_accesses += 1;
+                    }
                     if let Some(slot) = self.slot_of_mw(&dest) {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
