@@ -40,9 +40,9 @@ pub mod conn;
 mod probe;
 mod probe_cache;
 pub mod sim;
-pub mod telemetry;
 #[cfg(not(loom))]
 pub mod stat;
+pub mod telemetry;
 // The one module with `unsafe`: every block carries its SAFETY comment.
 #[cfg(feature = "verbs")]
 #[allow(unsafe_code)]

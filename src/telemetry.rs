@@ -65,8 +65,8 @@ const AGE_LE_NS: [u64; 15] = [
     60_000_000_000,
 ];
 const AGE_LE: [&str; 16] = [
-    "0.00001", "0.00005", "0.0001", "0.0005", "0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1", "5", "10", "30",
-    "60", "+Inf",
+    "0.00001", "0.00005", "0.0001", "0.0005", "0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1", "5", "10",
+    "30", "60", "+Inf",
 ];
 
 /// Exposure ages, counted into the exported buckets: no allocation and a
@@ -191,7 +191,8 @@ impl Tally {
         if let Some(p) = pool {
             let state = |s: &str| [("endpoint", ep.clone()), ("state", s.to_owned())];
             metrics::gauge!("mwcap_pool_buffers", &state("free")).set(f64::from(p.free));
-            metrics::gauge!("mwcap_pool_buffers", &state("lent")).set(f64::from(p.buffers.saturating_sub(p.free)));
+            metrics::gauge!("mwcap_pool_buffers", &state("lent"))
+                .set(f64::from(p.buffers.saturating_sub(p.free)));
             metrics::gauge!("mwcap_pool_windows", &state("free")).set(f64::from(p.windows_free));
             metrics::gauge!("mwcap_pool_windows", &state("lent"))
                 .set(f64::from(p.windows.saturating_sub(p.windows_free)));

@@ -695,7 +695,7 @@ fn a_users_allocs_leave_the_pools_reserve_for_incoming_payloads() {
 
 /// The pool's windows are lent per exposure. A server device with a single
 /// memory window (`max_mw` 1), which the pool holds: connection A exposes
-/// a range of its own region to a silent client, which takes the window
+/// a range of the endpoint's region to a silent client, which takes the window
 /// and says nothing. Connection B's reply needs a window: the pool has
 /// none and cannot allocate one, so B waits until A's lease expires and
 /// its invalidation completes; then the very same window is bound for B's
@@ -718,10 +718,10 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.windows, st.windows_free), (1, 1), "a window per buffer: {st:?}");
 
-    // A: replies with a range of its own region, to a silent client.
+    // A: replies with a range of the endpoint's region, to a silent client.
     let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
-    let region = a.register_region(SMALL as usize).unwrap();
-    a.region_write(region, 0, &[0xaa; 3000]).unwrap();
+    let region = sh.register_region(SMALL as usize).unwrap();
+    sh.region_write(region, 0, &[0xaa; 3000]).unwrap();
     let a2 = a.clone();
     spawn(&pool, async move {
         while let Some(req) = a2.next_request().await {

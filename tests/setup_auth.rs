@@ -54,6 +54,13 @@ impl Nic for Counting {
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
         self.count(self.nic.reg_mr(len, access))
     }
+    fn reg_memory(
+        &self,
+        mem: &std::sync::Arc<mwcap::backend::Memory>,
+        access: Access,
+    ) -> Result<MrInfo, NicError> {
+        self.count(self.nic.reg_memory(mem, access))
+    }
     fn dereg_mr(&self, mr: MrId) -> Result<(), NicError> {
         self.nic.dereg_mr(mr)
     }

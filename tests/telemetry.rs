@@ -28,7 +28,8 @@ impl Recorded {
         let mut out = HashMap::new();
         for (key, _, _, value) in snap.snapshot().into_vec() {
             let key = key.key();
-            let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let mut labels: Vec<String> =
+                key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
             labels.sort();
             out.insert(format!("{}{{{}}}", key.name(), labels.join(",")), value);
         }
@@ -160,7 +161,8 @@ fn mw_capabilities_are_counted_aged_and_kept_after_the_connection_finished() {
     // The client exposed each request's payload; the server read it (no
     // failed READs on the client's side of the count: those are the
     // server's READs of the client's windows).
-    let cl = until(&client, |r| r.gauge("mwcap_capabilities_live{endpoint=client,kind=own,policy=mw}") == 0.0);
+    let cl =
+        until(&client, |r| r.gauge("mwcap_capabilities_live{endpoint=client,kind=own,policy=mw}") == 0.0);
     assert_eq!(cl.counter("mwcap_capabilities_total{endpoint=client,policy=mw}"), u64::from(CALLS));
     assert_eq!(cl.counter("mwcap_binds_total{endpoint=client}"), u64::from(CALLS));
 
@@ -183,7 +185,8 @@ fn mw_capabilities_are_counted_aged_and_kept_after_the_connection_finished() {
 fn confirm_capabilities_are_counted_without_windows() {
     let (_client, server, c, _serving) = connected(Policies::both(Policy::Confirm), false);
     call(&c, CALLS);
-    let s = until(&server, |r| r.gauge("mwcap_capabilities_live{endpoint=store,kind=own,policy=confirm}") == 0.0);
+    let s =
+        until(&server, |r| r.gauge("mwcap_capabilities_live{endpoint=store,kind=own,policy=confirm}") == 0.0);
     assert_eq!(s.counter("mwcap_capabilities_total{endpoint=store,policy=confirm}"), u64::from(CALLS));
     assert_eq!(s.counter("mwcap_capabilities_total{endpoint=store,policy=mw}"), 0);
     assert_eq!(s.counter("mwcap_binds_total{endpoint=store}"), 0, "confirm binds no window");
@@ -249,7 +252,8 @@ impl metrics::Recorder for History {
 fn records_made_while_connections_finish_never_go_back() {
     let fabric = Fabric::with_seed(78);
     let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
-    let (server, sdrv) = Endpoint::builder(sn, Auth::Unauthenticated).config(config()).name("store").build().unwrap();
+    let (server, sdrv) =
+        Endpoint::builder(sn, Auth::Unauthenticated).config(config()).name("store").build().unwrap();
     let (client, cdrv) = Endpoint::builder(cn, Auth::Unauthenticated).config(config()).build().unwrap();
     std::thread::spawn(move || futures::executor::block_on(sdrv.run()));
     std::thread::spawn(move || futures::executor::block_on(cdrv.run()));

@@ -1217,6 +1217,79 @@ mod hub {
         let built = Endpoint::builder(super::open(), Auth::Unauthenticated).queue_depth(max).build();
         assert!(built.is_ok(), "as deep as the device holds: {:?}", built.err());
     }
+
+    /// One region of the server's endpoint serves four connections: on an
+    /// endpoint with a PD per connection (two mw, two confirm: each
+    /// registers the region in its own PD) and on one with shared receives
+    /// (four mw connections in the hub's PD, one registration). Every
+    /// client reads every value right; the region is deregistered once
+    /// every exposure has ended, and is then gone. (The simulator's
+    /// `tests/endpoint_regions.rs` checks the writes refused meanwhile.)
+    #[test]
+    fn one_region_of_an_endpoint_serves_all_its_connections() {
+        use mwcap::conn::{RegionRange, SrqConfig, UseError};
+        const VALUE: usize = 3000;
+        for shared in [false, true] {
+            let mut pool = LocalPool::new();
+            let ch = endpoint(&pool, builder());
+            let sb = if shared {
+                builder().shared_receives(SrqConfig::default()).policy(PolicyChoice::Mw)
+            } else {
+                builder()
+            };
+            let sh = endpoint(&pool, sb);
+            let region = sh.register_region(40_000).expect("register a region");
+            for key in 0..3 {
+                sh.region_write(region, key * 4096, &pattern(key, 0, VALUE)).unwrap();
+            }
+            let mut clients = Vec::new();
+            for i in 0..4 {
+                let p = if shared || i % 2 == 0 {
+                    Policies::both(Policy::Mw)
+                } else {
+                    Policies::both(Policy::Confirm)
+                };
+                let (client, server) = connect(prepared(&ch, &sh, p, cfg(), cfg()));
+                pool.spawner()
+                    .spawn_local(async move {
+                        while let Some(req) = server.next_request().await {
+                            let key = usize::from(req.header[0]);
+                            let range = RegionRange { region, offset: key * 4096, len: VALUE as u32 };
+                            if server.reply_region(req.id, 0, b"", range).await.is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .unwrap();
+                clients.push(client);
+            }
+            pool.run_until(futures::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+                for j in 0..6 {
+                    let key = (i + j) % 3;
+                    let r = c.call(&[key as u8], None).await.unwrap_or_else(|e| panic!("conn {i}: {e}"));
+                    let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
+                    assert!(
+                        got == pattern(key, 0, VALUE),
+                        "shared {shared}: conn {i} key {key}: wrong bytes"
+                    );
+                }
+            })));
+            let t0 = std::time::Instant::now();
+            loop {
+                match sh.deregister_region(region) {
+                    Ok(()) => break,
+                    Err(UseError::RegionBusy(_)) => {}
+                    Err(e) => panic!("{e}"),
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10), "an exposure never ended");
+                pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+            }
+            assert_eq!(sh.region_write(region, 0, b"x"), Err(UseError::NoSuchRegion(region)));
+            for c in &clients {
+                c.close();
+            }
+        }
+    }
 }
 
 /// A shared receive queue on rxe0: one QP of a loopback pair takes its

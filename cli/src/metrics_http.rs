@@ -21,12 +21,15 @@ const FRESH: Duration = Duration::from_secs(1);
 
 /// Install the Prometheus recorder as the process's `metrics` recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
-    PrometheusBuilder::new().install_recorder().map_err(|e| format!("cannot install the Prometheus recorder: {e}"))
+    PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))
 }
 
 /// Bind `addr` for the scrapes.
 pub fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}; pick another --metrics"))
+    TcpListener::bind(addr)
+        .map_err(|e| format!("cannot serve metrics on {addr}: {e}; pick another --metrics"))
 }
 
 /// Answer scrapes on `listener`, one at a time, for ever: `record` records
@@ -54,7 +57,11 @@ pub fn serve(listener: TcpListener, handle: PrometheusHandle, record: impl Fn())
 }
 
 /// Read one request within [`REQUEST_TIME`] and answer it.
-fn answer(mut stream: TcpStream, page: &mut Option<(Instant, String)>, render: &dyn Fn() -> String) -> io::Result<()> {
+fn answer(
+    mut stream: TcpStream,
+    page: &mut Option<(Instant, String)>,
+    render: &dyn Fn() -> String,
+) -> io::Result<()> {
     let deadline = Instant::now() + REQUEST_TIME;
     stream.set_write_timeout(Some(REQUEST_TIME))?;
     // The request line and headers: at most 8 KiB, up to the empty line.

@@ -102,7 +102,9 @@ mod imp {
             let served: Vec<Endpoint<VerbsNic>> = endpoints.iter().map(|(_, e, _)| e.clone()).collect();
             println!("mwcap serve: metrics at http://{}/metrics", listener.local_addr().unwrap_or(at));
             std::thread::spawn(move || {
-                crate::metrics_http::serve(listener, handle, || served.iter().for_each(Endpoint::record_metrics))
+                crate::metrics_http::serve(listener, handle, || {
+                    served.iter().for_each(Endpoint::record_metrics)
+                })
             });
         }
         let addr = |p: Policy| {

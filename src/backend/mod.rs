@@ -43,6 +43,12 @@ pub trait Nic: Send + Sync {
 
     /// Allocate `len` bytes of memory and register them with `access`.
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError>;
+    /// Register memory allocated elsewhere with `access`, in this handle's
+    /// protection domain: the same bytes may be registered in several PDs
+    /// (an endpoint's region is, once per connection's PD). The region
+    /// keeps `mem` allocated until it is deregistered (or, if that fails,
+    /// for good).
+    fn reg_memory(&self, mem: &std::sync::Arc<Memory>, access: Access) -> Result<MrInfo, NicError>;
     /// Deregister a region and free its memory.
     fn dereg_mr(&self, mr: MrId) -> Result<(), NicError>;
     /// Copy `data` into a region with the CPU (not a DMA).

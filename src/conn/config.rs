@@ -68,7 +68,7 @@ pub struct Config {
     /// `inline_max` ([`Misbehavior::InlineTooLong`](super::Misbehavior::InlineTooLong)):
     /// give both sides the same (the sender's may be smaller).
     pub inline_max: u32,
-    /// Exposures of ranges of user regions ([`Connection::register_region`](super::Connection::register_region))
+    /// Exposures of ranges of user regions ([`Endpoint::register_region`](super::Endpoint::register_region))
     /// that may be live at once (under mw, a window each, on top of one per
     /// buffer). A call or reply that finds them all live waits like one
     /// that finds no free window.

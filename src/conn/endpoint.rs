@@ -28,10 +28,10 @@ use futures::task::AtomicWaker;
 use super::hub::{Hub, HubDriver};
 use super::listen::{AsyncConnected, Listener, ListenerCloser};
 use super::{
-    BufClass, Config, ConfigError, Connection, EndpointStats, Link, Policies, PolicyChoice, Role, SetupError,
-    SetupOptions, SrqConfig,
+    BufClass, Config, ConfigError, Connection, EndpointStats, Link, Policies, PolicyChoice, RegionId, Role,
+    SetupError, SetupOptions, SrqConfig, UseError,
 };
-use crate::backend::{Nic, QpEndpoint};
+use crate::backend::{Nic, NicError, QpEndpoint};
 use crate::bootstrap::Auth;
 use crate::ProbeCache;
 
@@ -208,6 +208,63 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// it takes each connection's lock once, off the data path.
     pub fn record_metrics(&self) {
         self.shared.hub.record_metrics(&self.shared.name);
+    }
+
+    /// Register `len` zeroed bytes for the application to keep its data
+    /// in (a KV cache's values, a store's blocks) and expose ranges of to
+    /// any of this endpoint's connections without copying them into
+    /// buffers ([`Connection::call_region`], [`Connection::reply_region`]).
+    /// Each exposure gets the capability a buffer gets: under mw a window
+    /// over exactly the range on that connection's QP, the lease, expiry
+    /// and evidence rules. Write it with [`Endpoint::region_write`]: a
+    /// range is not written, nor the region deregistered, while any
+    /// connection exposes any of it.
+    ///
+    /// Without shared receives each connection has a protection domain of
+    /// its own and registers the region there the first time it exposes
+    /// a range of it (a registration per connection, released when the
+    /// connection goes). Under confirm that registration's key lets the
+    /// peer read all of the region (`docs/protocol-confirm.md`): keep in a
+    /// region only what every peer it is exposed to may read.
+    pub fn register_region(&self, len: usize) -> Result<RegionId, NicError> {
+        self.shared.hub.regions().register(len)
+    }
+
+    /// Deregister a region once no connection exposes any of it
+    /// ([`UseError::RegionBusy`] until then: each exposure ends on its
+    /// evidence, or when its connection's QP is destroyed).
+    pub fn deregister_region(&self, id: RegionId) -> Result<(), UseError> {
+        self.shared.hub.deregister_region(id)
+    }
+
+    /// Copy `bytes` into region `id` at `offset`; refused while any of
+    /// them is exposed to a peer ([`UseError::RangeExposed`]).
+    pub fn region_write(&self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
+        self.shared.hub.regions().write(id, offset, bytes, None)
+    }
+
+    /// Copy `bytes` into region `id` at `offset`, waiting while any of them
+    /// is exposed (each exposure ends on its evidence, or when its
+    /// connection's QP is destroyed).
+    pub async fn region_write_when_free(
+        &self,
+        id: RegionId,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), UseError> {
+        poll_fn(|cx| self.shared.hub.regions().poll_write(cx, id, offset, bytes)).await
+    }
+
+    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy
+    /// (under the region's memory lock: keep it short).
+    pub fn region_bytes<R>(
+        &self,
+        id: RegionId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, UseError> {
+        self.shared.hub.regions().bytes(id, offset, len, f)
     }
 
     /// Its counts for as long as its hub lives, without keeping it alive

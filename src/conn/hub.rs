@@ -49,9 +49,10 @@ use super::bufpool::{BufferPool, BufferPoolStats};
 use super::link::{QueueSizes, SharedCq};
 use super::live::{HubPart, Inner};
 use super::ready::{Mark, ReadyList};
+use super::regions::Regions;
 use super::routes::{Routed, Routes};
 use super::srq::{SharedReceives, SrqConfig, SrqStats};
-use super::{BufClass, Config, Connection, Link, Prepared, Role, SetupError};
+use super::{BufClass, Config, Connection, Link, Prepared, RegionId, Role, SetupError, UseError};
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::telemetry::Tally;
 
@@ -178,6 +179,8 @@ struct Shared<N: Nic> {
     srq: Option<Arc<SharedReceives<N>>>,
     /// The buffer pool its connections take their buffers from, if it has one.
     pool: Option<BufferPool>,
+    /// The endpoint's regions (`regions.rs`); each connection holds them too.
+    regions: Arc<Regions<N>>,
     epoch: Instant,
     /// Its connections by QP number. A QP is retired under this lock.
     routes: Mutex<Routes<Arc<Inner<N>>>>,
@@ -400,11 +403,15 @@ impl<N: Nic + 'static> Hub<N> {
         // The driver sleeps on the alarm thread: started now, with the
         // endpoint, not by the first call that waits.
         super::alarm::start();
+        // Connections on shared receives are in the hub's PD: a region is
+        // registered once, there.
+        let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }));
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
             pool,
+            regions,
             epoch: Instant::now(),
             routes: Mutex::new(routes),
             ready: ReadyList::new(),
@@ -415,7 +422,11 @@ impl<N: Nic + 'static> Hub<N> {
             turns: AtomicU64::new(0),
             connection_turns: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
-            telemetry: Mutex::new(Members { epoch: 0, finished: Tally::default(), running: Default::default() }),
+            telemetry: Mutex::new(Members {
+                epoch: 0,
+                finished: Tally::default(),
+                running: Default::default(),
+            }),
             recording: Mutex::new(()),
         });
         Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
@@ -488,7 +499,8 @@ impl<N: Nic + 'static> Hub<N> {
     ///
     /// # Panics
     /// If `ep` was not prepared on this hub.
-    pub fn add(&self, ep: Link<N>) -> Connection<N> {
+    pub fn add(&self, mut ep: Link<N>) -> Connection<N> {
+        ep.set_regions(self.shared.regions.clone());
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
         let poll: Weak<dyn CallerPoll> = Arc::downgrade(&self.shared) as Weak<dyn CallerPoll>;
@@ -514,6 +526,24 @@ impl<N: Nic + 'static> Hub<N> {
         self.shared.added.fetch_add(1, Ordering::Relaxed);
         self.shared.queue(&inner);
         conn
+    }
+
+    /// The endpoint's regions (`regions.rs`).
+    pub(super) fn regions(&self) -> &Regions<N> {
+        &self.shared.regions
+    }
+
+    /// Deregister region `id` (see [`Regions::deregister`]), then release
+    /// each connection's registration of it.
+    pub(super) fn deregister_region(&self, id: RegionId) -> Result<(), UseError> {
+        self.shared.regions.deregister(id)?;
+        // Taken out of the books' lock: a connection folds its figures
+        // into them under its own.
+        let running: Vec<Arc<Inner<N>>> = self.shared.telemetry.lock().running.values().cloned().collect();
+        for inner in running {
+            inner.forget_region(id);
+        }
+        Ok(())
     }
 
     /// What the hub has done so far.

@@ -10,7 +10,7 @@ use super::config::Role;
 use super::header::Header;
 
 /// A region of memory the application registered with an endpoint
-/// ([`Connection::register_region`](super::Connection::register_region)), to
+/// ([`Endpoint::register_region`](super::Endpoint::register_region)), to
 /// expose ranges of it without copying them into pool buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionId(pub(crate) u32);
@@ -581,9 +581,10 @@ pub enum UseError {
         /// The region's length.
         len: usize,
     },
-    /// The range overlaps one exposed to the peer: it may not be written
-    /// until that exposure is over ([`Event::RangeReturned`]).
-    #[error("bytes {offset}..{end} of region {region:?} are exposed to the peer; wait for RangeReturned before writing them", end = offset + len)]
+    /// The range overlaps one exposed to a peer: it may not be written
+    /// until that exposure is over ([`Event::RangeReturned`] on its
+    /// connection, or its QP destroyed).
+    #[error("bytes {offset}..{end} of region {region:?} are exposed to a peer; write them once that exposure ends (region_write_when_free waits for it)", end = offset + len)]
     RangeExposed {
         /// The region.
         region: RegionId,
@@ -593,8 +594,9 @@ pub enum UseError {
         len: usize,
     },
     /// The region has live exposures: it cannot be deregistered until each
-    /// has come back ([`Event::RangeReturned`]).
-    #[error("region {0:?} has ranges exposed to the peer; deregister it once they came back")]
+    /// has ended ([`Event::RangeReturned`] on its connection, or its QP
+    /// destroyed).
+    #[error("region {0:?} has ranges exposed to a peer; deregister it once every exposure has ended")]
     RegionBusy(RegionId),
     /// Flow control: the peer has no receive posted for another message
     /// (backpressure; the async API waits). Drive the endpoint: the peer's

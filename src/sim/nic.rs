@@ -199,6 +199,19 @@ impl Nic for SimNic {
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
+        if len > 1 << 32 {
+            return Err(os("reg_mr", ENOMEM));
+        }
+        let mem = crate::mem::Memory::zeroed(len, 8).ok_or_else(|| os("reg_mr", ENOMEM))?;
+        self.reg_memory(&mem, access)
+    }
+
+    fn reg_memory(
+        &self,
+        mem: &std::sync::Arc<crate::mem::Memory>,
+        access: Access,
+    ) -> Result<MrInfo, NicError> {
+        let len = mem.len();
         let mut w = self.fabric.lock();
         let World { devs, rng, .. } = &mut *w;
         let d = devs.get_mut(self.dev as usize).filter(|d| d.alive).ok_or_else(|| os("reg_mr", ENODEV))?;
@@ -215,7 +228,7 @@ impl Nic for SimNic {
         d.next_addr += (len as u64).div_ceil(4096) * 4096 + 0x10_0000;
         d.mrs.push(Some(Mr {
             pd: self.pd,
-            data: crate::mem::Memory::zeroed(len, 8).ok_or_else(|| os("reg_mr", ENOMEM))?,
+            data: std::sync::Arc::clone(mem),
             access,
             addr,
             rkey,

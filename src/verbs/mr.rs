@@ -52,6 +52,17 @@ impl Mr {
             op: "alloc",
             source: crate::backend::OsError::from_errno(libc::ENOMEM),
         })?;
+        Mr::register(pd, &mem, access)
+    }
+
+    /// Register all of `mem` with `access` (the same memory may be
+    /// registered in several protection domains). The region keeps `mem`
+    /// alive until it is deregistered, or for good if that fails.
+    pub fn register(pd: &Arc<Pd>, mem: &Arc<Memory>, access: Access) -> Result<Mr, NicError> {
+        let len = mem.len();
+        if len == 0 {
+            return Err(NicError::InvalidWr("a memory region needs at least one byte".into()));
+        }
         // SAFETY: the PD is alive (we hold an Arc) and `mem` is `len` valid,
         // writable bytes that outlive the registration (the Mr holds an Arc
         // and leaks it if deregistration fails).
@@ -59,7 +70,7 @@ impl Mr {
             sys::ibv_reg_mr(pd.as_ptr(), mem.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
         };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_reg_mr"))?;
-        Ok(Mr { ptr, mem, len, access, deregistered: false, pd: Arc::clone(pd) })
+        Ok(Mr { ptr, mem: Arc::clone(mem), len, access, deregistered: false, pd: Arc::clone(pd) })
     }
 
     /// The region's length in bytes.

@@ -184,6 +184,13 @@ impl Drop for VerbsNic {
 }
 
 impl VerbsNic {
+    /// Know a registered region by a small id.
+    fn add_mr(&self, mr: Mr) -> Result<MrInfo, NicError> {
+        let info = MrInfo { id: MrId(0), addr: mr.addr(), len: mr.len(), lkey: mr.lkey(), rkey: mr.rkey() };
+        let id = self.mrs.insert(mr, 0).map_err(|_| no_id("register memory region"))?;
+        Ok(MrInfo { id: MrId(id), ..info })
+    }
+
     /// Open `device_name` (or the first device) and use `port` with GID
     /// `gid_index` (1 for rxe and most RoCE v2 setups: `::ffff:<ipv4>`).
     pub fn open(device_name: Option<&str>, port: u8, gid_index: u8) -> Result<VerbsNic, OpenError> {
@@ -368,10 +375,15 @@ impl Nic for VerbsNic {
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, NicError> {
-        let mr = Mr::alloc(&self.pd, len, access)?;
-        let info = MrInfo { id: MrId(0), addr: mr.addr(), len: mr.len(), lkey: mr.lkey(), rkey: mr.rkey() };
-        let id = self.mrs.insert(mr, 0).map_err(|_| no_id("register memory region"))?;
-        Ok(MrInfo { id: MrId(id), ..info })
+        self.add_mr(Mr::alloc(&self.pd, len, access)?)
+    }
+
+    fn reg_memory(
+        &self,
+        mem: &std::sync::Arc<crate::mem::Memory>,
+        access: Access,
+    ) -> Result<MrInfo, NicError> {
+        self.add_mr(Mr::register(&self.pd, mem, access)?)
     }
 
     fn dereg_mr(&self, id: MrId) -> Result<(), NicError> {

@@ -230,6 +230,7 @@ impl<N: Nic> Prepared<N> {
             scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),
             destroyed: false,
+            regions: std::sync::Arc::new(super::Regions::new(None)),
             span,
         })
     }

@@ -20,6 +20,7 @@ use super::config::*;
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};
+use super::regions::Regions;
 use super::srq::{self, Regrant, SharedReceives};
 use super::types::*;
 use super::SetupError;
@@ -101,6 +102,9 @@ pub struct Link<N: Nic> {
     /// (capacity MAX_INLINE).
     inline: Vec<u8>,
     destroyed: bool,
+    /// The regions whose ranges it exposes: its endpoint's, once a hub
+    /// adopts it (`Hub::add`); until then, or for a link of its own, its own.
+    regions: std::sync::Arc<Regions<N>>,
     /// The connection's span (id, QP number, role, policies): every log
     /// line of its work is inside it, so many connections' logs can be
     /// told apart.
@@ -303,31 +307,20 @@ impl<N: Nic> Link<N> {
 
     // ---- the user's regions ----
 
-    /// Register `len` bytes of memory for the application to keep its data
-    /// in (a KV cache's values, a store's blocks) and expose ranges of it
-    /// without copying them into pool buffers ([`Link::call_region`],
-    /// [`Link::reply_region`]): each exposure gets the same capability
-    /// as a pool buffer (under mw a window over exactly the range, the
-    /// lease, expiry and evidence rules). Zeroed. Write it with
-    /// [`Link::region_write`]; a range cannot be written, nor the region
-    /// deregistered, while it is exposed.
-    ///
-    /// Under confirm the region's key lets the peer read all of it (the
-    /// same cost as the pool's region, see `docs/protocol-confirm.md`):
-    /// keep in it only what that peer may read.
+    /// Register `len` zeroed bytes in the link's regions (its endpoint's,
+    /// once a hub adopts it: `Endpoint::register_region` says more), to
+    /// expose ranges of without copying them into buffers
+    /// ([`Link::call_region`], [`Link::reply_region`]). The link registers
+    /// the region in its PD the first time it exposes a range of it.
     pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
-        let info = self.nic.reg_mr(len, self.access)?;
-        Ok(self.conn.add_region(info))
+        self.regions.register(len)
     }
 
     /// Deregister a region once none of its ranges is exposed
     /// ([`UseError::RegionBusy`] until then).
     pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
-        // Checked first, deregistered second, forgotten last: a region the
-        // NIC refuses to deregister stays known (and may be tried again).
-        let info = self.conn.removable_region(id)?;
-        self.nic.dereg_mr(info.id)?;
-        self.conn.remove_region(id)?;
+        self.regions.deregister(id)?;
+        self.forget_region(id);
         Ok(())
     }
 
@@ -335,10 +328,7 @@ impl<N: Nic> Link<N> {
     /// bytes is exposed to the peer ([`UseError::RangeExposed`]): wait for
     /// the exposure's [`Event::RangeReturned`].
     pub fn region_write(&mut self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
-        self.conn.check_region_write(id, offset, bytes.len())?;
-        let info = self.conn.region_info(id)?;
-        self.nic.with_mr_mut(info.id, offset, bytes.len(), &mut |b| b.copy_from_slice(bytes))?;
-        Ok(())
+        self.regions.write(id, offset, bytes, None)
     }
 
     /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
@@ -349,15 +339,7 @@ impl<N: Nic> Link<N> {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, UseError> {
-        let info = self.conn.region_info(id)?;
-        let range_len = u32::try_from(len).unwrap_or(u32::MAX);
-        if offset.checked_add(len).map_or(true, |end| end > info.len) {
-            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: info.len });
-        }
-        let mut f = Some(f);
-        let mut out = None;
-        self.nic.with_mr(info.id, offset, len, &mut |b| out = f.take().map(|f| f(b)))?;
-        Ok(out.expect("with_mr lends the bytes once"))
+        self.regions.bytes(id, offset, len, f)
     }
 
     /// Client: a call whose request payload is `range` of a user region,
@@ -370,7 +352,11 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<CallId, UseError> {
+        self.expose_range(range)?;
         let r = self.span.in_scope(|| self.conn.call_region(now, trace, header, range));
+        if r.is_err() {
+            self.unexpose_range(range);
+        }
         self.run();
         r
     }
@@ -385,9 +371,57 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<(), UseError> {
+        self.expose_range(range)?;
         let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
+        if r.is_err() {
+            self.unexpose_range(range);
+        }
         self.run();
         r
+    }
+
+    /// The link's endpoint's regions (set once, when a hub adopts it).
+    pub(crate) fn set_regions(&mut self, regions: std::sync::Arc<Regions<N>>) {
+        self.regions = regions;
+    }
+
+    /// On an endpoint: put `range` in its region's book (see
+    /// `regions.rs`) and, the first time this connection exposes the
+    /// region, know its registration in the connection's PD (registering
+    /// it there unless the endpoint's serves).
+    fn expose_range(&mut self, range: RegionRange) -> Result<(), UseError> {
+        let regions = &self.regions;
+        let me = self.conn.id();
+        let region = regions.expose(me, range)?;
+        if !self.conn.knows_region(range.region) {
+            let made = match region.shared_for(self.access) {
+                Some(info) => Ok((info, false)),
+                None => self.nic.reg_memory(region.memory(), self.access).map(|info| (info, true)),
+            };
+            match made {
+                Ok((info, owned)) => self.conn.add_region(range.region, info, owned),
+                Err(e) => {
+                    regions.unexpose(me, range);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unexpose_range(&self, range: RegionRange) {
+        self.regions.unexpose(self.conn.id(), range);
+    }
+
+    /// Release this connection's registration of endpoint region `id`, if
+    /// it has one (the region is being deregistered: no range of it is
+    /// exposed).
+    pub(crate) fn forget_region(&mut self, id: RegionId) {
+        if let Ok(Some(info)) = self.conn.remove_region(id) {
+            if let Err(e) = self.nic.dereg_mr(info.id) {
+                tracing::warn!(%e, "deregistering a connection's registration of a region (its memory is kept)");
+            }
+        }
     }
 
     /// Buffers currently exposed to the peer or being read into (for tests).
@@ -421,6 +455,9 @@ impl<N: Nic> Link<N> {
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
         let e = self.conn.poll_event();
+        if let Some(Event::RangeReturned(range)) = &e {
+            self.regions.unexpose(self.conn.id(), *range);
+        }
         self.run();
         e
     }
@@ -764,8 +801,13 @@ impl<N: Nic> Drop for Link<N> {
             let _ = self.nic.dealloc_mw(w);
         }
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
-        if !self.destroyed && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_err() {
-            // No evidence: the shared pool's buffers must not serve others.
+        let gone = self.destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
+        if gone {
+            // Nothing can read the endpoint's regions through it any more.
+            self.regions.forget(self.conn.id());
+        } else {
+            // No evidence: the shared pool's buffers must not serve others,
+            // and the ranges it exposed stay unwritable.
             self.conn.quarantine_pool_buffers();
         }
         self.release_share();

@@ -480,12 +480,13 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Client: make a call whose request payload is `range` of a user
-    /// region ([`Connection::register_region`]) and wait for its reply.
-    /// The range stays exposed until the server releases it or its lease
-    /// ends; [`Connection::region_write`] refuses to write it until then,
-    /// [`Connection::region_write_when_free`] waits. Like [`Connection::call`],
-    /// it waits for a window, control slot or credit.
+    /// Client: make a call whose request payload is `range` of a region of
+    /// this connection's endpoint ([`Endpoint::register_region`](super::Endpoint::register_region))
+    /// and wait for its reply. The range stays exposed until the server
+    /// releases it or its lease ends; [`Endpoint::region_write`](super::Endpoint::region_write)
+    /// refuses to write it until then, [`Endpoint::region_write_when_free`](super::Endpoint::region_write_when_free)
+    /// waits. Like [`Connection::call`], it waits for a window, control
+    /// slot or credit.
     pub async fn call_region(
         &self,
         trace: Option<TraceId>,
@@ -498,9 +499,9 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Server: answer a request with `range` of a user region as the
-    /// payload, waiting for a window, control slot or credit like
-    /// [`Connection::reply`].
+    /// Server: answer a request with `range` of a region of this
+    /// connection's endpoint as the payload (see [`Connection::call_region`]),
+    /// waiting for a window, control slot or credit like [`Connection::reply`].
     pub async fn reply_region(
         &self,
         req: RequestId,

@@ -73,27 +73,28 @@ impl Connection {
 
     // ---- the user's regions ----
 
-    /// Know the user region registered as `info` (a memory region with
-    /// remote read, and window binding under mw, in this connection's
-    /// protection domain); ranges of it can then be exposed.
-    pub fn add_region(&mut self, info: MrInfo) -> RegionId {
-        let id = match self.regions.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.regions.push(None);
-                self.regions.len() - 1
-            }
-        };
-        self.regions[id] = Some(RegionState { info, live: 0 });
-        RegionId(id as u32)
+    /// Know region `id` (`conn/regions.rs`), registered as `info` in this
+    /// connection's protection domain with remote read, or window binding
+    /// under mw (`owned`: by and for this connection, released with it;
+    /// otherwise the endpoint's, in the hub's PD); ranges of it can then
+    /// be exposed.
+    pub(crate) fn add_region(&mut self, id: RegionId, info: MrInfo, owned: bool) {
+        debug_assert!(self.region(id).is_err(), "region {id:?} known twice");
+        self.regions.push(RegionState { id, info, live: 0, owned });
+    }
+
+    /// Whether region `id` is known to this connection.
+    pub(crate) fn knows_region(&self, id: RegionId) -> bool {
+        self.region(id).is_ok()
     }
 
     /// Forget a region, once no range of it is exposed; returns its
-    /// registration for the I/O layer to release.
-    pub fn remove_region(&mut self, id: RegionId) -> Result<MrInfo, UseError> {
-        let info = self.removable_region(id)?;
-        self.regions[id.0 as usize] = None;
-        Ok(info)
+    /// registration for the I/O layer to release if it is the connection's.
+    pub(crate) fn remove_region(&mut self, id: RegionId) -> Result<Option<MrInfo>, UseError> {
+        self.removable_region(id)?;
+        let i = self.regions.iter().position(|r| r.id == id).expect("checked");
+        let r = self.regions.swap_remove(i);
+        Ok(r.owned.then_some(r.info))
     }
 
     /// Whether region `id` may be removed (it exists and no range of it is
@@ -107,41 +108,14 @@ impl Connection {
         Ok(r.info)
     }
 
-    /// Every region still registered (for the I/O layer's teardown).
+    /// Every region registration the connection must release (for the
+    /// I/O layer's teardown).
     pub(crate) fn region_infos(&self) -> Vec<MrInfo> {
-        self.regions.iter().flatten().map(|r| r.info).collect()
+        self.regions.iter().filter(|r| r.owned).map(|r| r.info).collect()
     }
 
     pub(super) fn region(&self, id: RegionId) -> Result<&RegionState, UseError> {
-        self.regions.get(id.0 as usize).and_then(Option::as_ref).ok_or(UseError::NoSuchRegion(id))
-    }
-
-    /// Where a region is: its registration.
-    pub(crate) fn region_info(&self, id: RegionId) -> Result<MrInfo, UseError> {
-        Ok(self.region(id)?.info)
-    }
-
-    /// Whether `offset..offset + len` of region `id` may be written (it is
-    /// inside the region and overlaps no exposed range).
-    pub(crate) fn check_region_write(&self, id: RegionId, offset: usize, len: usize) -> Result<(), UseError> {
-        let r = self.region(id)?;
-        let range_len = u32::try_from(len).unwrap_or(u32::MAX);
-        if offset.checked_add(len).map_or(true, |end| end > r.info.len) {
-            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: r.info.len });
-        }
-        if r.live > 0 {
-            let overlaps = (0..self.cfg.region_exposures).any(|k| {
-                let x = self.range_at[k as usize];
-                self.ranges.holder(k) == Some(Holder::Exposed)
-                    && x.region == id
-                    && x.offset < offset + len
-                    && offset < x.offset + x.len as usize
-            });
-            if overlaps {
-                return Err(UseError::RangeExposed { region: id, offset, len });
-            }
-        }
-        Ok(())
+        self.regions.iter().find(|r| r.id == id).ok_or(UseError::NoSuchRegion(id))
     }
 
     /// Take a range slot for exposing `range` (checked to be inside its
@@ -175,10 +149,7 @@ impl Connection {
             None => self.place(slot),
             Some(k) => {
                 let r = self.range_at[k as usize];
-                let info = self.regions[r.region.0 as usize]
-                    .as_ref()
-                    .expect("a live exposure keeps its region")
-                    .info;
+                let info = self.region(r.region).expect("a live exposure keeps its region").info;
                 (info, r.offset as u64)
             }
         }
@@ -199,7 +170,7 @@ impl Connection {
                 if self.ranges.hand(k, Holder::Exposed, Holder::Free) {
                     self.exposure_ended(slot);
                     let range = self.range_at[k as usize];
-                    if let Some(r) = self.regions.get_mut(range.region.0 as usize).and_then(Option::as_mut) {
+                    if let Some(r) = self.regions.iter_mut().find(|r| r.id == range.region) {
                         r.live = r.live.saturating_sub(1);
                     }
                     self.emit(Event::RangeReturned(range));

@@ -67,10 +67,10 @@ impl Connection {
     }
 
     /// Client: a call whose request payload is `range` of a user region
-    /// (see [`Connection::add_region`]), exposed like a pool buffer (a
+    /// the I/O layer made known (`Connection::add_region`), exposed like a pool buffer (a
     /// window over exactly the range under mw, an exposure under confirm)
     /// until [`Event::RangeReturned`]. A refusal exposes nothing.
-    pub fn call_region(
+    pub(crate) fn call_region(
         &mut self,
         now: Duration,
         trace: Option<TraceId>,
@@ -348,7 +348,7 @@ impl Connection {
     /// (see [`Connection::call_region`]); the range returns in an
     /// [`Event::RangeReturned`] (at once if the client no longer wants the
     /// payload). A refusal exposes nothing and leaves the request waiting.
-    pub fn reply_region(
+    pub(crate) fn reply_region(
         &mut self,
         now: Duration,
         req: RequestId,

@@ -224,11 +224,16 @@ struct Request {
     surfaced: bool,
 }
 
-/// A user region: its registration and how many of its ranges are exposed.
+/// A user region: its id, its registration in this connection's
+/// protection domain, how many of its ranges are exposed, and whether the
+/// registration is the connection's to release (an endpoint's region
+/// registered once in the hub's PD is not).
 #[derive(Debug)]
 struct RegionState {
+    id: RegionId,
     info: MrInfo,
     live: u32,
+    owned: bool,
 }
 
 /// The owner side of our direction under mw: the lease engine, and which
@@ -282,8 +287,8 @@ pub struct Connection {
     unsignaled_run: u32,
     /// Where each data buffer is (its size class, offset and size).
     layout: Layout,
-    /// The user's regions (`None`: deregistered), by `RegionId`.
-    regions: Vec<Option<RegionState>>,
+    /// The user regions it knows (a few: looked up by a scan).
+    regions: Vec<RegionState>,
     /// Exposures of ranges of user regions: slot `k` is known to the
     /// engines as buffer `layout.slots() + k` (a window or confirm buffer of
     /// its own), exposing `range_at[k]`.

@@ -114,7 +114,7 @@ impl Connection {
             Some(k) => {
                 self.ranges.hand(k, Holder::User, Holder::Exposed);
                 let region = self.range_at[k as usize].region;
-                if let Some(r) = self.regions.get_mut(region.0 as usize).and_then(Option::as_mut) {
+                if let Some(r) = self.regions.iter_mut().find(|r| r.id == region) {
                     r.live += 1;
                 }
             }

@@ -1,0 +1,303 @@
+//! An endpoint's regions: memory the application registers once, with its
+//! [`Endpoint`](super::Endpoint), to keep its data in (a KV cache's
+//! values, a store's blocks) and expose ranges of to any of the endpoint's
+//! connections without copying them into buffers.
+//!
+//! # Registration
+//! A region's memory is allocated once. A memory region (and its key) is
+//! bound to a protection domain, and the windows a connection binds over
+//! it must be in its QP's PD:
+//! - on an endpoint with shared receives every connection is in the
+//!   hub's PD, so the region is registered once, there, for window binding
+//!   only (those endpoints serve mw only: the region's own key never
+//!   leaves the process);
+//! - otherwise each connection has a PD of its own, and registers the
+//!   region there the first time it exposes a range of it (`Link`),
+//!   with the access its policies need, and deregisters it when it goes
+//!   or the region does. Under confirm that registration's key lets that
+//!   peer read the whole region (`docs/protocol-confirm.md`).
+//!
+//! # Exposures
+//! Every range a connection exposes is in its region's book from before
+//! the exposure is posted until its evidence: the connection's
+//! [`Event::RangeReturned`](super::Event::RangeReturned), or its QP
+//! destroyed. A write takes the book's lock, is refused if it overlaps any
+//! range in the book, and copies under that lock, so no exposure can begin
+//! in the middle of it; a region is deregistered only with an empty book.
+//! A connection whose QP could not be destroyed leaves its ranges in the
+//! book for good: they may still be read, so they are never written again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::Mutex;
+
+use super::{RegionId, RegionRange, UseError};
+use crate::backend::{Access, MrInfo, Nic, NicError, OsError};
+use crate::mem::Memory;
+
+/// The first region id: ids are never reused, so a connection never
+/// mistakes a new region for a deregistered one it knew.
+const FIRST_ID: u32 = 1;
+
+/// The access of a region registered once in a hub's PD: window binding
+/// (such hubs serve mw only).
+const SHARED_ACCESS: Access = Access::from_bits_truncate(Access::LOCAL_WRITE.bits() | Access::MW_BIND.bits());
+
+/// An endpoint's regions (see the module docs).
+pub(crate) struct Regions<N: Nic> {
+    /// A handle on the PD the endpoint's connections share, if they do.
+    shared_pd: Option<N>,
+    table: Mutex<Table>,
+}
+
+struct Table {
+    next: u32,
+    regions: HashMap<RegionId, Arc<Region>>,
+}
+
+/// One region: its memory, its registration in a shared PD, and its book.
+pub(crate) struct Region {
+    mem: Arc<Memory>,
+    /// Its registration in the PD the connections share (see the module docs).
+    shared: Option<MrInfo>,
+    book: Mutex<Book>,
+}
+
+/// The ranges of a region that some connection exposes, and the writers
+/// waiting for them.
+#[derive(Default)]
+struct Book {
+    exposed: Vec<Exposed>,
+    /// Deregistered: nothing may be exposed or written any more.
+    retired: bool,
+    waiters: Vec<Waker>,
+}
+
+struct Exposed {
+    /// The connection ([`super::proto::Connection::id`]).
+    conn: u64,
+    offset: usize,
+    len: usize,
+}
+
+impl Book {
+    fn overlapping(&self, offset: usize, len: usize) -> bool {
+        self.exposed.iter().any(|x| x.offset < offset + len && offset < x.offset + x.len)
+    }
+
+    fn wake(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+impl Region {
+    /// The region's memory.
+    pub(crate) fn memory(&self) -> &Arc<Memory> {
+        &self.mem
+    }
+
+    /// Its registration in the shared PD, if that serves `access`.
+    pub(crate) fn shared_for(&self, access: Access) -> Option<MrInfo> {
+        self.shared.filter(|_| SHARED_ACCESS.contains(access))
+    }
+}
+
+impl<N: Nic> Regions<N> {
+    /// No regions yet; `shared_pd`: a handle on the PD every connection
+    /// of the endpoint is in, if they share one.
+    pub(crate) fn new(shared_pd: Option<N>) -> Self {
+        Regions { shared_pd, table: Mutex::new(Table { next: FIRST_ID, regions: HashMap::new() }) }
+    }
+
+    /// A new region of `len` zeroed bytes.
+    pub(crate) fn register(&self, len: usize) -> Result<RegionId, NicError> {
+        if len == 0 {
+            return Err(NicError::InvalidWr("a region needs at least one byte".into()));
+        }
+        let mem = Memory::zeroed(len, 4096)
+            .ok_or(NicError::Os { op: "alloc", source: OsError::from_errno(12 /* ENOMEM */) })?;
+        let shared = match &self.shared_pd {
+            Some(nic) => Some(nic.reg_memory(&mem, SHARED_ACCESS)?),
+            None => None,
+        };
+        let mut t = self.table.lock();
+        let Some(next) = t.next.checked_add(1) else {
+            drop(t);
+            if let (Some(nic), Some(info)) = (&self.shared_pd, shared) {
+                let _ = nic.dereg_mr(info.id);
+            }
+            return Err(NicError::InvalidWr(
+                "this endpoint has registered 2^32 - 1 regions: make a new endpoint".into(),
+            ));
+        };
+        let id = RegionId(t.next);
+        t.next = next;
+        t.regions.insert(id, Arc::new(Region { mem, shared, book: Mutex::new(Book::default()) }));
+        Ok(id)
+    }
+
+    fn lookup(&self, id: RegionId) -> Result<Arc<Region>, UseError> {
+        self.table.lock().regions.get(&id).cloned().ok_or(UseError::NoSuchRegion(id))
+    }
+
+    /// Put `range` in its region's book as exposed by connection `conn`,
+    /// before the exposure is posted ([`Regions::unexpose`] if it is not).
+    pub(crate) fn expose(&self, conn: u64, range: RegionRange) -> Result<Arc<Region>, UseError> {
+        let r = self.lookup(range.region)?;
+        let len = r.mem.len();
+        if range.len == 0 || range.offset.checked_add(range.len as usize).map_or(true, |end| end > len) {
+            return Err(UseError::OutOfRegion {
+                region: range.region,
+                offset: range.offset,
+                range_len: range.len,
+                len,
+            });
+        }
+        let mut book = r.book.lock();
+        if book.retired {
+            return Err(UseError::NoSuchRegion(range.region));
+        }
+        book.exposed.push(Exposed { conn, offset: range.offset, len: range.len as usize });
+        drop(book);
+        Ok(r)
+    }
+
+    /// Connection `conn`'s exposure of `range` is over (or never began):
+    /// its bytes may be written again unless another exposure covers them.
+    pub(crate) fn unexpose(&self, conn: u64, range: RegionRange) {
+        let Ok(r) = self.lookup(range.region) else { return };
+        let mut book = r.book.lock();
+        let found = book
+            .exposed
+            .iter()
+            .position(|x| x.conn == conn && x.offset == range.offset && x.len == range.len as usize);
+        if let Some(i) = found {
+            book.exposed.swap_remove(i);
+            book.wake();
+        }
+    }
+
+    /// Connection `conn`'s QP is destroyed: none of its exposures can be
+    /// read any more.
+    pub(crate) fn forget(&self, conn: u64) {
+        let regions: Vec<Arc<Region>> = self.table.lock().regions.values().cloned().collect();
+        for r in regions {
+            let mut book = r.book.lock();
+            let before = book.exposed.len();
+            book.exposed.retain(|x| x.conn != conn);
+            if book.exposed.len() != before {
+                book.wake();
+            }
+        }
+    }
+
+    /// Check `offset..offset + len` is inside region `r` (named `id`).
+    fn inside(id: RegionId, r: &Region, offset: usize, len: usize) -> Result<(), UseError> {
+        if offset.checked_add(len).map_or(true, |end| end > r.mem.len()) {
+            let range_len = u32::try_from(len).unwrap_or(u32::MAX);
+            return Err(UseError::OutOfRegion { region: id, offset, range_len, len: r.mem.len() });
+        }
+        Ok(())
+    }
+
+    /// Copy `bytes` into region `id` at `offset`, unless any of them is
+    /// exposed ([`UseError::RangeExposed`]; with `cx`, its waker is kept
+    /// and woken when an exposure of the region ends).
+    pub(crate) fn write(
+        &self,
+        id: RegionId,
+        offset: usize,
+        bytes: &[u8],
+        cx: Option<&mut Context<'_>>,
+    ) -> Result<(), UseError> {
+        let r = self.lookup(id)?;
+        Self::inside(id, &r, offset, bytes.len())?;
+        let mut book = r.book.lock();
+        if book.retired {
+            return Err(UseError::NoSuchRegion(id));
+        }
+        if book.overlapping(offset, bytes.len()) {
+            if let Some(cx) = cx {
+                if !book.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    book.waiters.push(cx.waker().clone());
+                }
+            }
+            return Err(UseError::RangeExposed { region: id, offset, len: bytes.len() });
+        }
+        // Under the book's lock: no exposure can begin during the copy.
+        r.mem
+            .with_mut(offset, bytes.len(), |b| b.copy_from_slice(bytes))
+            .map_err(|e| UseError::Nic(e.into_nic(0, offset, bytes.len(), r.mem.len())))
+    }
+
+    /// [`Regions::write`], waiting while any of the bytes is exposed.
+    pub(crate) fn poll_write(
+        &self,
+        cx: &mut Context<'_>,
+        id: RegionId,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Poll<Result<(), UseError>> {
+        match self.write(id, offset, bytes, Some(cx)) {
+            Err(UseError::RangeExposed { .. }) => Poll::Pending,
+            r => Poll::Ready(r),
+        }
+    }
+
+    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
+    pub(crate) fn bytes<R>(
+        &self,
+        id: RegionId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, UseError> {
+        let r = self.lookup(id)?;
+        Self::inside(id, &r, offset, len)?;
+        r.mem.with(offset, len, f).map_err(|e| UseError::Nic(e.into_nic(0, offset, len, r.mem.len())))
+    }
+
+    /// Deregister region `id` once no connection exposes any of it
+    /// ([`UseError::RegionBusy`] until then). Each connection that
+    /// registered it in its own PD must then release that registration
+    /// (`Link::forget_region`).
+    pub(crate) fn deregister(&self, id: RegionId) -> Result<(), UseError> {
+        let r = self.lookup(id)?;
+        let mut book = r.book.lock();
+        if book.retired {
+            return Err(UseError::NoSuchRegion(id));
+        }
+        if !book.exposed.is_empty() {
+            return Err(UseError::RegionBusy(id));
+        }
+        if let (Some(nic), Some(info)) = (&self.shared_pd, r.shared) {
+            // Under the book's lock: no exposure can begin meanwhile.
+            nic.dereg_mr(info.id)?;
+        }
+        book.retired = true;
+        book.wake();
+        drop(book);
+        self.table.lock().regions.remove(&id);
+        Ok(())
+    }
+}
+
+impl<N: Nic> Drop for Regions<N> {
+    fn drop(&mut self) {
+        // The last connection is gone (each holds this): no window is bound
+        // over a region any more.
+        if let Some(nic) = &self.shared_pd {
+            for r in self.table.get_mut().regions.values() {
+                if let Some(info) = r.shared {
+                    if let Err(e) = nic.dereg_mr(info.id) {
+                        tracing::warn!(%e, "deregistering an endpoint's region (its memory is kept)");
+                    }
+                }
+            }
+        }
+    }
+}
