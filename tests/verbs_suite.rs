@@ -1233,7 +1233,7 @@ mod hub {
             let mut pool = LocalPool::new();
             let ch = endpoint(&pool, builder());
             let sb = if shared {
-                builder().shared_receives(SrqConfig::default()).policy(PolicyChoice::Mw)
+                builder().queue_depth(1 << 14).shared_receives(SrqConfig::default()).policy(PolicyChoice::Mw)
             } else {
                 builder()
             };
