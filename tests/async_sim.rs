@@ -676,3 +676,45 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     served.join().unwrap();
     assert_no_hazards(&fabric);
 }
+
+/// While a call takes its connection's turns itself, the endpoint's driver
+/// neither busy-polls nor arms the queue: one thread polls, not two (on a
+/// host with fewer cores than spinning threads, each would take the
+/// other's core). Here both may busy-poll for 10 s, and the server holds
+/// its answer back for 300 ms: a driver that kept polling beside the
+/// waiting call would take thousands of turns in that time.
+#[test]
+fn a_driver_does_not_busy_poll_while_a_call_polls_for_it() {
+    let fabric = Fabric::with_seed(8);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let mut ccfg = Config::default();
+    ccfg.busy_poll = Duration::from_secs(10);
+    let (ce, cd) = Endpoint::builder(cn, Auth::Unauthenticated).busy_poll(Duration::from_secs(10)).build().unwrap();
+    let (se, sd) = endpoint(sn);
+    let (c, s) = (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, Config::default()).unwrap());
+    let (cl, sl) = (c.local(), s.local());
+    let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
+    drop(se);
+    let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+    let driving = std::thread::spawn(move || block_on(cdrv.run()));
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+    let c2 = client.clone();
+    let calling = std::thread::spawn(move || block_on(c2.call(b"wait", None)).map(|r| r.status));
+    // The call is out and spinning; the server has not looked yet.
+    std::thread::sleep(Duration::from_millis(100));
+    let before = ce.stats().turns;
+    std::thread::sleep(Duration::from_millis(300));
+    let turns = ce.stats().turns - before;
+    let closer = server.clone();
+    let served = std::thread::spawn(move || block_on(futures::future::join(echo(server), sdrv.run())));
+    assert_eq!(calling.join().unwrap().expect("the reply"), 0);
+    assert!(turns < 20, "the client's driver took {turns} turns in 300 ms beside a spinning call");
+    client.close();
+    closer.close();
+    drop(ce);
+    driving.join().unwrap();
+    served.join().unwrap();
+    assert_no_hazards(&fabric);
+}

@@ -195,6 +195,11 @@ struct Shared<N: Nic> {
     turns: AtomicU64,
     connection_turns: AtomicU64,
     sleeps: AtomicU64,
+    /// Waiters of its connections taking their turns themselves now
+    /// (`live::driver::Spin`): while any does, the driver neither
+    /// busy-polls nor arms the queue, for the waiter polls it and rings
+    /// the driver for the other connections' completions.
+    spinners: AtomicUsize,
     /// Telemetry's books (`record_metrics`).
     telemetry: Mutex<Members<N>>,
     /// Held through a record, so that records write their totals in order.
@@ -282,9 +287,22 @@ pub(super) trait CallerPoll: Send + Sync {
     /// hub's tally of finished connections, and it leaves the running
     /// ones. Returns the epoch they came in at.
     fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64;
+
+    /// A waiter starts (`true`) or stops taking its connection's turns
+    /// itself. The last to stop rings the driver, which then polls and
+    /// arms the queue again.
+    fn spinning(&self, on: bool);
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
+    fn spinning(&self, on: bool) {
+        if on {
+            self.spinners.fetch_add(1, Ordering::AcqRel);
+        } else if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.ready.bell().ring();
+        }
+    }
+
     fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64 {
         let mut m = self.telemetry.lock();
         m.epoch += 1;
@@ -422,6 +440,7 @@ impl<N: Nic + 'static> Hub<N> {
             turns: AtomicU64::new(0),
             connection_turns: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
+            spinners: AtomicUsize::new(0),
             telemetry: Mutex::new(Members {
                 epoch: 0,
                 finished: Tally::default(),
@@ -735,6 +754,9 @@ impl<N: Nic> HubDriver<N> {
                 return shared.stats();
             }
             let spin_ns = shared.busy_poll_ns.load(Ordering::Relaxed);
+            // Read after this loop took the doorbell: a waiter that stops
+            // from now on rings it, and the sleep below sees the ring.
+            let waiter_polls = shared.spinners.load(Ordering::Acquire) > 0;
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
                 // polling, not by a sleep and a wake-up. (Going straight to
@@ -745,7 +767,8 @@ impl<N: Nic> HubDriver<N> {
                 super::live::yield_now().await;
                 continue;
             }
-            if spin_ns != 0 && failed.is_none() {
+            // A waiter polling the queue: one polling thread is enough.
+            if spin_ns != 0 && failed.is_none() && !waiter_polls {
                 let idle = *idle_since.get_or_insert(at);
                 if at.saturating_duration_since(idle) < Duration::from_nanos(spin_ns) {
                     super::live::idle_turn(&mut idle_turns);
@@ -760,7 +783,10 @@ impl<N: Nic> HubDriver<N> {
                 alarm.arm(Some(shared.epoch + d.at));
                 armed = Some(d.at);
             }
-            let cq_gone = failed.is_some();
+            // Unarmed while a waiter polls: its polls find the completions
+            // (and ring for the other connections'), and an armed queue
+            // would raise an event, a system call and a wake-up, for each.
+            let cq_gone = failed.is_some() || waiter_polls;
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {

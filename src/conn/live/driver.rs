@@ -82,6 +82,9 @@ impl Spin {
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>) {
         if std::mem::take(&mut self.spinning) {
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+            if let Some(hub) = inner.hub.hub.upgrade() {
+                hub.spinning(false);
+            }
         }
     }
 }
@@ -123,6 +126,9 @@ impl Spin {
                 return false;
             }
             self.spinning = true;
+            if let Some(hub) = inner.hub.hub.upgrade() {
+                hub.spinning(true);
+            }
         }
         let part = &inner.hub;
         // Poll the shared queue (our completions come to our inbox, the
