@@ -691,9 +691,11 @@ fn a_driver_does_not_busy_poll_while_a_call_polls_for_it() {
     let p = Policies::both(Policy::Mw);
     let mut ccfg = Config::default();
     ccfg.busy_poll = Duration::from_secs(10);
-    let (ce, cd) = Endpoint::builder(cn, Auth::Unauthenticated).busy_poll(Duration::from_secs(10)).build().unwrap();
+    let (ce, cd) =
+        Endpoint::builder(cn, Auth::Unauthenticated).busy_poll(Duration::from_secs(10)).build().unwrap();
     let (se, sd) = endpoint(sn);
-    let (c, s) = (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, Config::default()).unwrap());
+    let (c, s) =
+        (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, Config::default()).unwrap());
     let (cl, sl) = (c.local(), s.local());
     let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
     drop(se);

@@ -526,14 +526,23 @@ impl<N: Nic + 'static> Hub<N> {
         let conn = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: Mark::new(),
-            inbox: Mutex::new(Vec::new()),
-            spin_scratch: Mutex::new(Vec::new()),
+            // The inbox, the spinner's vector and the driver's trade places
+            // (`Inner::turn`): each has a batch's room from the start, or
+            // the first burst routed to one without would grow it on the
+            // data path.
+            inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
+            spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             hub: poll,
         });
         let inner = conn.inner_arc();
         // Counted from now until its figures move to the finished ones.
         let me = Arc::as_ptr(&inner).cast::<()>() as usize;
-        self.shared.telemetry.lock().running.insert(me, inner.clone());
+        let members = {
+            let mut t = self.shared.telemetry.lock();
+            t.running.insert(me, inner.clone());
+            t.running.len()
+        };
+        self.shared.ready.reserve(members);
         {
             let part = &inner.hub;
             let mut routes = self.shared.routes.lock();

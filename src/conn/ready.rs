@@ -69,7 +69,24 @@ impl<T> ReadyList<T> {
     /// the order they came.
     pub fn take(&self, out: &mut Vec<T>) {
         out.clear();
-        std::mem::swap(&mut *self.list.lock(), out);
+        let mut list = self.list.lock();
+        // The list and `out` trade places: each keeps room for as many
+        // members as either has held, so a push never grows it after the
+        // first time that many were due.
+        if out.capacity() < list.capacity() {
+            out.reserve(list.capacity());
+        }
+        std::mem::swap(&mut *list, out);
+    }
+
+    /// Make room on the list for `members` (each is on it at most once),
+    /// so that a push never allocates.
+    pub fn reserve(&self, members: usize) {
+        let mut list = self.list.lock();
+        let len = list.len();
+        if list.capacity() < members {
+            list.reserve(members - len);
+        }
     }
 
     /// The driver's doorbell, rung by [`ReadyList::push`].

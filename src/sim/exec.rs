@@ -154,7 +154,8 @@ impl World {
 
     /// The bytes of a SEND, read by the NIC when it executes the request.
     fn gather(&mut self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
-        let mut out = World::take_bytes(&mut self.spare);
+        let len: usize = sges.iter().map(|s| s.len as usize).sum();
+        let mut out = World::take_bytes(&mut self.spare, len);
         let d = &self.devs[dev as usize];
         let pd = d.qp(qp)?.pd;
         for s in sges {
@@ -186,14 +187,16 @@ impl World {
         let (Some(psn), Some((gid, rqpn))) = (e.psn, q.remote) else { return };
         let (pkt, bytes, extra) = match &e.wr {
             SendWr::Send { .. } => {
-                let mut payload = World::take_bytes(&mut self.spare);
-                payload.extend_from_slice(e.payload.as_deref().unwrap_or_default());
+                let bytes = e.payload.as_deref().unwrap_or_default();
+                let mut payload = World::take_bytes(&mut self.spare, bytes.len());
+                payload.extend_from_slice(bytes);
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: None }, n, 0)
             }
             SendWr::SendWithInv { invalidate_rkey, .. } => {
-                let mut payload = World::take_bytes(&mut self.spare);
-                payload.extend_from_slice(e.payload.as_deref().unwrap_or_default());
+                let bytes = e.payload.as_deref().unwrap_or_default();
+                let mut payload = World::take_bytes(&mut self.spare, bytes.len());
+                payload.extend_from_slice(bytes);
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: Some(*invalidate_rkey) }, n, 0)
             }

@@ -355,7 +355,15 @@ impl Nic for SimNic {
         if depth > d.cfg.max_cqe {
             return Err(NicError::CqTooDeep { depth, max: d.cfg.max_cqe });
         }
-        d.cqs.push(Some(Cq { entries: Default::default(), users: 0, waker: None }));
+        // Room for a burst up front, as a device's queue is allocated
+        // whole: a queue that grows while completions pile up would
+        // allocate on the data path the first time a burst is larger.
+        let room = (depth as usize).min(1024);
+        d.cqs.push(Some(Cq {
+            entries: std::collections::VecDeque::with_capacity(room),
+            users: 0,
+            waker: None,
+        }));
         Ok(CqId(d.cqs.len() as u32 - 1))
     }
 

@@ -35,6 +35,8 @@ pub(crate) struct World {
 
 /// Spare byte vectors kept at most.
 const MAX_SPARE: usize = 256;
+/// The least room a new byte vector is made with (a control frame's).
+const MIN_BYTES: usize = 4096;
 
 pub(crate) struct Device {
     pub(crate) cfg: DeviceConfig,
@@ -203,7 +205,8 @@ impl Qp {
             cfg,
             state: QpState::Init,
             remote: None,
-            sq: VecDeque::new(),
+            // The send queue's room up front, as a device allocates it.
+            sq: VecDeque::with_capacity((cfg.max_send_wr as usize).min(1024)),
             rq: VecDeque::new(),
             next_psn: 0,
             epsn: 0,
@@ -287,13 +290,26 @@ impl World {
             links: BTreeMap::new(),
             hazards: Vec::new(),
             trace: Vec::new(),
-            spare: Vec::new(),
+            // Byte vectors for packets in flight, made up front (a burst
+            // larger than the warm-up's would otherwise allocate).
+            spare: {
+                let mut v = Vec::with_capacity(MAX_SPARE);
+                v.extend((0..MAX_SPARE / 2).map(|_| Vec::with_capacity(MIN_BYTES)));
+                v
+            },
         }
     }
 
     /// An empty byte vector, reused when one is spare.
-    pub(crate) fn take_bytes(spare: &mut Vec<Vec<u8>>) -> Vec<u8> {
-        spare.pop().unwrap_or_default()
+    /// The most recently kept one with room for `len` bytes, if any (so a
+    /// small one kept from a frame does not grow for a READ's payload: that
+    /// would allocate on the data path after warm-up); otherwise one made
+    /// with room for at least a frame.
+    pub(crate) fn take_bytes(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+        match spare.iter().rposition(|v| v.capacity() >= len) {
+            Some(i) => spare.swap_remove(i),
+            None => Vec::with_capacity(len.max(MIN_BYTES)),
+        }
     }
 
     /// Keep `v` for reuse.

@@ -224,6 +224,9 @@ struct Request {
     surfaced: bool,
 }
 
+/// Events the queue holds before it grows.
+const EVENTS_ROOM: usize = 32;
+
 /// A user region: its id, its registration in this connection's
 /// protection domain, how many of its ranges are exposed, and whether the
 /// registration is the connection's to release (an endpoint's region
@@ -477,7 +480,10 @@ impl Connection {
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
-            events: VecDeque::new(),
+            // A burst's worth up front (16 calls in flight, each with its
+            // reply and its buffer back): growing the queue the first time
+            // a burst is larger would allocate on the data path.
+            events: VecDeque::with_capacity(EVENTS_ROOM),
             down: None,
             destroyed: false,
             res,
