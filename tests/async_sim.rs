@@ -42,10 +42,22 @@ type Side = (Endpoint<SimNic>, EndpointDriver<SimNic>, Connection<SimNic>);
 fn pair_on(cn: SimNic, sn: SimNic, p: Policies, ccfg: Config, scfg: Config) -> (Side, Side) {
     let (ce, cd) = endpoint(cn);
     let (se, sd) = endpoint(sn);
+    let (client, server) = connect_on(&ce, &se, p, ccfg, scfg);
+    ((ce, cd, client), (se, sd, server))
+}
+
+/// A client connection with `ccfg` on `ce` connected to a server one with
+/// `scfg` on `se`, under `p`.
+fn connect_on(
+    ce: &Endpoint<SimNic>,
+    se: &Endpoint<SimNic>,
+    p: Policies,
+    ccfg: Config,
+    scfg: Config,
+) -> (Connection<SimNic>, Connection<SimNic>) {
     let (c, s) = (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, scfg).unwrap());
     let (cl, sl) = (c.local(), s.local());
-    let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
-    ((ce, cd, client), (se, sd, server))
+    (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
 }
 
 fn connected(p: Policies) -> Pair {
@@ -694,10 +706,7 @@ fn a_driver_does_not_busy_poll_while_a_call_polls_for_it() {
     let (ce, cd) =
         Endpoint::builder(cn, Auth::Unauthenticated).busy_poll(Duration::from_secs(10)).build().unwrap();
     let (se, sd) = endpoint(sn);
-    let (c, s) =
-        (ce.prepare(Role::Client, p, ccfg).unwrap(), se.prepare(Role::Server, p, Config::default()).unwrap());
-    let (cl, sl) = (c.local(), s.local());
-    let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
+    let (client, server) = connect_on(&ce, &se, p, ccfg, Config::default());
     drop(se);
     let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
     let driving = std::thread::spawn(move || block_on(cdrv.run()));

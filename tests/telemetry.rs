@@ -69,13 +69,9 @@ fn config() -> Config {
     c
 }
 
-/// A client and a server endpoint on one fabric, each driven on a thread
-/// of its own, and one connection between them under `policies`; the
-/// server echoes every request's payload back in its reply.
-fn connected(
-    policies: Policies,
-    shared_pool: bool,
-) -> (Endpoint<SimNic>, Endpoint<SimNic>, Connection<SimNic>, Connection<SimNic>) {
+/// A client and a server endpoint ("client", "store") on one fabric, each
+/// driven on a thread of its own; the server's with a shared pool if asked.
+fn endpoints(shared_pool: bool) -> (Endpoint<SimNic>, Endpoint<SimNic>) {
     let fabric = Fabric::with_seed(77);
     let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
     let mut sb = Endpoint::builder(sn, Auth::Unauthenticated).config(config()).name("store");
@@ -87,9 +83,21 @@ fn connected(
         Endpoint::builder(cn, Auth::Unauthenticated).config(config()).name("client").build().unwrap();
     std::thread::spawn(move || futures::executor::block_on(sdrv.run()));
     std::thread::spawn(move || futures::executor::block_on(cdrv.run()));
-    let (c, s) = client.connect_local(&server, policies).unwrap();
+    (client, server)
+}
+
+/// A connection from `client` to `server` under `policies`, whose server
+/// side echoes every request's payload back in its reply on a thread of
+/// its own (ending when the connection is down): the client's side, the
+/// server's, and the echoing thread.
+fn echoing(
+    client: &Endpoint<SimNic>,
+    server: &Endpoint<SimNic>,
+    policies: Policies,
+) -> (Connection<SimNic>, Connection<SimNic>, std::thread::JoinHandle<()>) {
+    let (c, s) = client.connect_local(server, policies).unwrap();
     let serving = s.clone();
-    std::thread::spawn(move || {
+    let echo = std::thread::spawn(move || {
         futures::executor::block_on(async {
             while let Some(req) = s.next_request().await {
                 let bytes = req.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
@@ -102,6 +110,16 @@ fn connected(
             }
         })
     });
+    (c, serving, echo)
+}
+
+/// [`endpoints`] and one [`echoing`] connection between them.
+fn connected(
+    policies: Policies,
+    shared_pool: bool,
+) -> (Endpoint<SimNic>, Endpoint<SimNic>, Connection<SimNic>, Connection<SimNic>) {
+    let (client, server) = endpoints(shared_pool);
+    let (c, serving, _) = echoing(&client, &server, policies);
     (client, server, c, serving)
 }
 
@@ -250,13 +268,7 @@ impl metrics::Recorder for History {
 /// call's.
 #[test]
 fn records_made_while_connections_finish_never_go_back() {
-    let fabric = Fabric::with_seed(78);
-    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
-    let (server, sdrv) =
-        Endpoint::builder(sn, Auth::Unauthenticated).config(config()).name("store").build().unwrap();
-    let (client, cdrv) = Endpoint::builder(cn, Auth::Unauthenticated).config(config()).build().unwrap();
-    std::thread::spawn(move || futures::executor::block_on(sdrv.run()));
-    std::thread::spawn(move || futures::executor::block_on(cdrv.run()));
+    let (client, server) = endpoints(false);
     let history = History::default();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let recorder = {
@@ -268,25 +280,8 @@ fn records_made_while_connections_finish_never_go_back() {
         })
     };
     for _ in 0..8 {
-        let (c, s) = client.connect_local(&server, Policies::both(Policy::Mw)).unwrap();
-        let serving = s.clone();
-        let echo = std::thread::spawn(move || {
-            futures::executor::block_on(async {
-                while let Some(req) = s.next_request().await {
-                    let mut out = s.alloc().await.unwrap();
-                    out.copy_from(&[7; 3000]).unwrap();
-                    if s.reply(req.id, 0, &req.header, Some(out)).await.is_err() {
-                        return;
-                    }
-                }
-            })
-        });
-        futures::executor::block_on(async {
-            for _ in 0..5 {
-                let reply = c.call(b"q", None).await.unwrap();
-                assert_eq!(reply.data.expect("a reply payload")[..], [7; 3000]);
-            }
-        });
+        let (c, serving, echo) = echoing(&client, &server, Policies::both(Policy::Mw));
+        call(&c, 5);
         c.close();
         serving.close();
         futures::executor::block_on(c.finished());

@@ -121,12 +121,13 @@ impl Spin {
         if now >= *self.until.get_or_insert(now + window) {
             return false;
         }
+        let hub = inner.hub.hub.upgrade();
         if !self.spinning {
             if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
                 return false;
             }
             self.spinning = true;
-            if let Some(hub) = inner.hub.hub.upgrade() {
+            if let Some(hub) = &hub {
                 hub.spinning(true);
             }
         }
@@ -134,7 +135,7 @@ impl Spin {
         // Poll the shared queue (our completions come to our inbox, the
         // others' to theirs, queued for the hub's driver), then take our
         // turn with what came.
-        if let Some(hub) = part.hub.upgrade() {
+        if let Some(hub) = hub {
             hub.poll_for(std::ptr::from_ref(inner).cast());
         }
         // The spinner's own vector (one spinner at a time), empty and with
@@ -322,6 +323,15 @@ pub(crate) struct Turn {
 }
 
 impl<N: Nic> Inner<N> {
+    /// Add its figures to `tally` unless they are in the hub's tally of
+    /// finished connections as of `epoch` (telemetry).
+    pub(crate) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
+        let st = self.state.lock();
+        if !st.folded.is_some_and(|e| e <= epoch) {
+            st.ep.tally_into(tally);
+        }
+    }
+
     /// One turn of the connection at `now`, with the completions of its QP
     /// the hub routed to its inbox: they are swapped into `inbox` (an empty
     /// vector, whose capacity the inbox gets) under the state lock, so two

@@ -220,15 +220,6 @@ pub(super) struct HubPart {
 }
 
 impl<N: Nic> Inner<N> {
-    /// Add its figures to `tally` unless they are in the hub's tally of
-    /// finished connections as of `epoch` (telemetry).
-    pub(super) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
-        let st = self.state.lock();
-        if !st.folded.is_some_and(|e| e <= epoch) {
-            st.ep.tally_into(tally);
-        }
-    }
-
     fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;

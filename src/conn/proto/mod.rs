@@ -685,7 +685,7 @@ impl Connection {
             credits: self.credits,
             credits_owed: self.owed,
             receive_share: self.share,
-            expiries: self.stats.expiries + self.owner.as_ref().map_or(0, |o| o.engine.stats().expired),
+            expiries: self.expiries(),
             ..self.stats
         }
     }
@@ -698,13 +698,19 @@ impl Connection {
             own: crate::telemetry::own_policy(self.policies(), self.role),
             exposures: self.stats.exposures,
             ended: self.stats.exposures_ended,
-            expiries: self.stats.expiries + owner.map_or(0, |o| o.expired),
+            expiries: self.expiries(),
             ages: self.ages,
             stale_reads: self.stats.stale_reads,
             late_accesses: self.stats.late_accesses,
             binds: owner.map_or(0, |o| o.grants),
             invalidations: owner.map_or(0, |o| o.invalidations),
         }
+    }
+
+    /// Exposures ended by their own timer: confirm's, counted here, and
+    /// the mw lease engine's.
+    fn expiries(&self) -> u64 {
+        self.stats.expiries + self.owner.as_ref().map_or(0, |o| o.engine.stats().expired)
     }
 
     /// The next event for the user.
