@@ -27,10 +27,11 @@
 //! A connection whose QP could not be destroyed leaves its ranges in the
 //! book for good: they may still be read, so they are never written again.
 //!
-//! The book is a list, with no allocation once it has held as many ranges
-//! as it holds: a write, an exposure's end and a connection's close each
-//! scan the region's live exposures. That is cheap for hundreds at once; a
-//! region exposed by thousands of connections at once pays in proportion.
+//! The book keeps each connection's ranges and the distinct ranges
+//! exposed, in hash tables that allocate only to grow: an exposure and its
+//! end cost a lookup and a scan of that connection's few ranges, a close a
+//! pass over that connection's, and a write a scan of the distinct ranges
+//! exposed (many connections reading the same values share them).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -71,25 +72,59 @@ pub(crate) struct Region {
 }
 
 /// The ranges of a region that some connection exposes, and the writers
-/// waiting for them.
+/// waiting for them. Hash tables, which allocate only to grow: once a
+/// connection has exposed a range of the region, its exposures come and
+/// go without allocating.
 #[derive(Default)]
 struct Book {
-    exposed: Vec<Exposed>,
+    /// Each connection's exposed ranges ([`super::proto::Connection::id`]:
+    /// (offset, length) each, at most `Config::region_exposures`). Kept,
+    /// empty, while the connection lives.
+    by_conn: HashMap<u64, Vec<(usize, usize)>>,
+    /// Every distinct range exposed, and by how many exposures.
+    ranges: HashMap<(usize, usize), u32>,
     /// Deregistered: nothing may be exposed or written any more.
     retired: bool,
     waiters: Vec<Waker>,
 }
 
-struct Exposed {
-    /// The connection ([`super::proto::Connection::id`]).
-    conn: u64,
-    offset: usize,
-    len: usize,
-}
-
 impl Book {
+    fn add(&mut self, conn: u64, range: (usize, usize)) {
+        self.by_conn.entry(conn).or_default().push(range);
+        *self.ranges.entry(range).or_insert(0) += 1;
+    }
+
+    /// One exposure of `range` by `conn` is over; whether it was in the book.
+    fn remove(&mut self, conn: u64, range: (usize, usize)) -> bool {
+        let Some(mine) = self.by_conn.get_mut(&conn) else { return false };
+        let Some(i) = mine.iter().position(|&r| r == range) else { return false };
+        mine.swap_remove(i);
+        self.less(range);
+        true
+    }
+
+    /// Every exposure of `conn` is over; whether it had any.
+    fn forget(&mut self, conn: u64) -> bool {
+        let Some(mine) = self.by_conn.remove(&conn) else { return false };
+        for &r in &mine {
+            self.less(r);
+        }
+        !mine.is_empty()
+    }
+
+    fn less(&mut self, range: (usize, usize)) {
+        if let Some(n) = self.ranges.get_mut(&range) {
+            *n -= 1;
+            if *n == 0 {
+                self.ranges.remove(&range);
+            }
+        }
+    }
+
+    /// Whether any exposed range overlaps `offset..offset + len` (a scan of
+    /// the distinct ranges exposed).
     fn overlapping(&self, offset: usize, len: usize) -> bool {
-        self.exposed.iter().any(|x| x.offset < offset + len && offset < x.offset + x.len)
+        self.ranges.keys().any(|&(o, l)| o < offset + len && offset < o + l)
     }
 
     fn wake(&mut self) {
@@ -166,7 +201,7 @@ impl<N: Nic> Regions<N> {
         if book.retired {
             return Err(UseError::NoSuchRegion(range.region));
         }
-        book.exposed.push(Exposed { conn, offset: range.offset, len: range.len as usize });
+        book.add(conn, (range.offset, range.len as usize));
         drop(book);
         Ok(r)
     }
@@ -176,12 +211,7 @@ impl<N: Nic> Regions<N> {
     pub(crate) fn unexpose(&self, conn: u64, range: RegionRange) {
         let Ok(r) = self.lookup(range.region) else { return };
         let mut book = r.book.lock();
-        let found = book
-            .exposed
-            .iter()
-            .position(|x| x.conn == conn && x.offset == range.offset && x.len == range.len as usize);
-        if let Some(i) = found {
-            book.exposed.swap_remove(i);
+        if book.remove(conn, (range.offset, range.len as usize)) {
             book.wake();
         }
     }
@@ -192,9 +222,7 @@ impl<N: Nic> Regions<N> {
         let regions: Vec<Arc<Region>> = self.table.lock().regions.values().cloned().collect();
         for r in regions {
             let mut book = r.book.lock();
-            let before = book.exposed.len();
-            book.exposed.retain(|x| x.conn != conn);
-            if book.exposed.len() != before {
+            if book.forget(conn) {
                 book.wake();
             }
         }
@@ -276,7 +304,7 @@ impl<N: Nic> Regions<N> {
         if book.retired {
             return Err(UseError::NoSuchRegion(id));
         }
-        if !book.exposed.is_empty() {
+        if !book.ranges.is_empty() {
             return Err(UseError::RegionBusy(id));
         }
         if let (Some(nic), Some(info)) = (&self.shared_pd, r.shared) {
@@ -304,5 +332,32 @@ impl<N: Nic> Drop for Regions<N> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Book;
+
+    #[test]
+    fn a_book_counts_each_connections_exposures_of_shared_ranges() {
+        let mut b = Book::default();
+        for conn in 0..1000 {
+            b.add(conn, (4096, 3000));
+        }
+        b.add(7, (0, 100));
+        assert_eq!(b.ranges.len(), 2, "1,000 exposures of one value are one range");
+        assert!(b.overlapping(4096 + 2999, 1) && b.overlapping(50, 1000));
+        assert!(!b.overlapping(100, 3996) && !b.overlapping(7096, 10));
+        assert!(!b.remove(1000, (4096, 3000)), "a connection that exposed nothing");
+        assert!(!b.remove(3, (0, 100)), "another connection's range");
+        for conn in 0..999 {
+            assert!(b.remove(conn, (4096, 3000)));
+        }
+        assert!(b.overlapping(5000, 1), "one exposure of the range is left");
+        assert!(b.forget(999));
+        assert!(!b.overlapping(5000, 1));
+        assert!(b.forget(7), "connection 7 still had (0, 100)");
+        assert!(b.ranges.is_empty() && !b.forget(7));
     }
 }
