@@ -30,6 +30,8 @@
 //! | `mwcap_pool_buffers{state="free"\|"lent"}` | gauge | the shared pool's buffers |
 //! | `mwcap_pool_windows{state="free"\|"lent"}` | gauge | the shared pool's windows |
 //! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes of a buffer that found its class empty or the connection at its share; tasks waiting now |
+//! | `mwcap_regions`, `mwcap_region_bytes` | gauge | regions registered on the endpoint (`Endpoint::register_region`), and their bytes |
+//! | `mwcap_region_exposures` | gauge | exposures of ranges of those regions not yet ended on evidence (included in `mwcap_capabilities_live`); a range no write may touch meanwhile |
 //!
 //! The age histogram is counted into its exported buckets directly (`le`
 //! of 10 µs to 60 s, then `+Inf`), so it is exact at those bounds. It is
@@ -202,6 +204,15 @@ impl Tally {
     }
 }
 
+/// Record an endpoint's region gauges (see the table above).
+#[cfg(not(loom))]
+pub(crate) fn record_regions(endpoint: &str, f: crate::conn::RegionFigures) {
+    let l = [("endpoint", endpoint.to_owned())];
+    metrics::gauge!("mwcap_regions", &l).set(f.regions as f64);
+    metrics::gauge!("mwcap_region_bytes", &l).set(f.bytes as f64);
+    metrics::gauge!("mwcap_region_exposures", &l).set(f.exposed as f64);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,3 +254,4 @@ mod tests {
         assert_eq!(AGE_LE[15], "+Inf");
     }
 }
+

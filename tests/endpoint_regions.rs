@@ -60,6 +60,20 @@ async fn serve_values(server: Connection<SimNic>, region: RegionId) {
     }
 }
 
+/// The value of gauge `name` (labelled with the endpoint only) in what
+/// `ep` records now.
+fn gauge(ep: &Endpoint<SimNic>, name: &str) -> f64 {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || ep.record_metrics());
+    let found = snap.snapshot().into_vec().into_iter().find(|(k, ..)| k.key().name() == name);
+    match found {
+        Some((.., DebugValue::Gauge(g))) => g.into_inner(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
 /// Run `pool` until `done` holds (at most `limit` of wall time).
 fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let t0 = std::time::Instant::now();
@@ -199,10 +213,17 @@ fn a_range_is_written_only_once_no_connection_exposes_it() {
     assert_eq!(sh.deregister_region(region), Err(UseError::RegionBusy(region)));
     sh.region_write(region, range(region, 2).offset, b"the neighbour").expect("a range nobody exposes");
     assert_eq!(silent_server.stats().expiries, 0, "the lease has not expired yet");
+    assert_eq!(gauge(&sh, "mwcap_regions"), 1.0);
+    assert_eq!(gauge(&sh, "mwcap_region_bytes"), REGION as f64);
+    assert!(
+        run_until(&mut pool, Duration::from_secs(5), || gauge(&sh, "mwcap_region_exposures") == 1.0),
+        "once the reader's exposure ended on its evidence, the silent client's alone is left"
+    );
 
     let new = pattern(9, VALUE as usize);
     pool.run_until(sh.region_write_when_free(region, at, &new)).expect("written once free");
     assert_eq!(silent_server.stats().expiries, 1, "written only after the silent client's lease expired");
+    assert_eq!(gauge(&sh, "mwcap_region_exposures"), 0.0, "the expiry ended the exposure");
     let r = pool.run_until(reader.call(&[1], None)).expect("served");
     assert_eq!(r.data.as_ref().unwrap().to_vec(), new, "the next read sees the new bytes");
     drop(r);

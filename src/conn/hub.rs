@@ -608,6 +608,7 @@ impl<N: Nic + 'static> Hub<N> {
         drop(running);
         let pool = s.pool.as_ref().map(BufferPool::stats);
         tally.record(name, connections, pool.as_ref());
+        crate::telemetry::record_regions(name, s.regions.figures());
     }
 
     /// The hub's counts for as long as it lives, without keeping it alive

@@ -72,6 +72,8 @@ mod reconnect;
 #[cfg_attr(loom, allow(dead_code))]
 mod regions;
 #[cfg(not(loom))]
+pub(crate) use regions::RegionFigures;
+#[cfg(not(loom))]
 mod routes;
 // Under loom only the pool's model is built: what the endpoint uses goes unused.
 #[cfg_attr(loom, allow(dead_code))]

@@ -319,6 +319,31 @@ impl<N: Nic> Regions<N> {
     }
 }
 
+/// An endpoint's regions at a glance (telemetry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RegionFigures {
+    /// Regions registered.
+    pub(crate) regions: usize,
+    /// Their bytes.
+    pub(crate) bytes: u64,
+    /// Exposures of their ranges not yet ended on evidence.
+    pub(crate) exposed: u64,
+}
+
+impl<N: Nic> Regions<N> {
+    /// How many regions, their bytes and their live exposures (each
+    /// region's book locked in turn, off the data path).
+    pub(crate) fn figures(&self) -> RegionFigures {
+        let regions: Vec<Arc<Region>> = self.table.lock().regions.values().cloned().collect();
+        let mut f = RegionFigures { regions: regions.len(), ..RegionFigures::default() };
+        for r in regions {
+            f.bytes += r.mem.len() as u64;
+            f.exposed += r.book.lock().ranges.values().map(|&n| u64::from(n)).sum::<u64>();
+        }
+        f
+    }
+}
+
 impl<N: Nic> Drop for Regions<N> {
     fn drop(&mut self) {
         // The last connection is gone (each holds this): no window is bound

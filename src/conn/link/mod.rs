@@ -312,12 +312,14 @@ impl<N: Nic> Link<N> {
     /// expose ranges of without copying them into buffers
     /// ([`Link::call_region`], [`Link::reply_region`]). The link registers
     /// the region in its PD the first time it exposes a range of it.
+    #[cfg(any(test, feature = "testing"))]
     pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
         self.regions.register(len)
     }
 
     /// Deregister a region once none of its ranges is exposed
     /// ([`UseError::RegionBusy`] until then).
+    #[cfg(any(test, feature = "testing"))]
     pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
         self.regions.deregister(id)?;
         self.forget_region(id);
@@ -327,11 +329,13 @@ impl<N: Nic> Link<N> {
     /// Copy `bytes` into region `id` at `offset`. Refused while any of those
     /// bytes is exposed to the peer ([`UseError::RangeExposed`]): wait for
     /// the exposure's [`Event::RangeReturned`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn region_write(&mut self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
         self.regions.write(id, offset, bytes, None)
     }
 
     /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
+    #[cfg(any(test, feature = "testing"))]
     pub fn region_bytes<R>(
         &self,
         id: RegionId,
