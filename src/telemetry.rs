@@ -254,4 +254,3 @@ mod tests {
         assert_eq!(AGE_LE[15], "+Inf");
     }
 }
-

@@ -11,13 +11,16 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use mwcap::backend::MrId;
 use mwcap::conn::{
-    Connection, Endpoint, Policies, Policy, PolicyChoice, RegionId, RegionRange, Role, SrqConfig, UseError,
+    Connection, Endpoint, Link, Policies, Policy, PolicyChoice, RegionId, RegionRange, Role, SrqConfig,
+    UseError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 
 #[allow(dead_code)] // the echo server and the listening helpers are other tests'
 mod hubs;
+mod util;
 use hubs::{builder, endpoint, pair, pattern, server_with_link_client, spawn, Side};
+use util::wait_for;
 
 /// Bytes of the region: no buffer of these tests has this size, so the
 /// oracle's view of it is told apart from buffers.
@@ -74,16 +77,29 @@ fn gauge(ep: &Endpoint<SimNic>, name: &str) -> f64 {
     }
 }
 
-/// Run `pool` until `done` holds (at most `limit` of wall time).
-fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !done() {
-        if t0.elapsed() > limit {
-            return false;
-        }
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    true
+/// A connection of `sh` (settings `scfg`) serving `region`'s values to a
+/// client on `silent_nic` driven by hand, which asks for `key` and never
+/// reads the reply's range: the server's connection and the client, once
+/// the range is exposed.
+fn silent_client(
+    pool: &mut LocalPool,
+    fabric: &Fabric,
+    sh: &Endpoint<SimNic>,
+    silent_nic: &SimNic,
+    scfg: Side,
+    region: RegionId,
+    key: u8,
+) -> (Connection<SimNic>, Link<SimNic>) {
+    let (pending, mut silent) = server_with_link_client(sh, silent_nic, scfg, side(Role::Client, Policy::Mw));
+    let server = pending.connect(&silent.local()).unwrap();
+    spawn(pool, serve_values(server.clone(), region));
+    silent.call(fabric.now(), &[key], None).unwrap();
+    silent.drive(fabric.now());
+    assert!(
+        wait_for(pool, Duration::from_secs(5), || server.stats().exposures == 1),
+        "the silent client's reply is exposed"
+    );
+    (server, silent)
 }
 
 /// The memory regions of the server's device that `qp` can reach whole
@@ -150,7 +166,7 @@ fn one_region_serves_every_connection_of_its_endpoint() {
 
         // Every exposure ends on its evidence: then the region can go.
         assert!(
-            run_until(&mut pool, Duration::from_secs(5), || sh.deregister_region(region).is_ok()),
+            wait_for(&mut pool, Duration::from_secs(5), || sh.deregister_region(region).is_ok()),
             "{what}: the region was deregistered once nothing exposed it"
         );
         for &qp in &qps {
@@ -183,20 +199,8 @@ fn a_range_is_written_only_once_no_connection_exposes_it() {
     let region = values(&sh);
 
     // The silent client: calls, and never reads the reply's range.
-    let (pending, mut silent) = server_with_link_client(
-        &sh,
-        &silent_nic,
-        side(Role::Server, Policy::Mw),
-        side(Role::Client, Policy::Mw),
-    );
-    let silent_server = pending.connect(&silent.local()).unwrap();
-    spawn(&pool, serve_values(silent_server.clone(), region));
-    silent.call(fabric.now(), &[1], None).unwrap();
-    silent.drive(fabric.now());
-    assert!(
-        run_until(&mut pool, Duration::from_secs(5), || silent_server.stats().exposures == 1),
-        "the silent client's reply is exposed"
-    );
+    let (silent_server, _silent) =
+        silent_client(&mut pool, &fabric, &sh, &silent_nic, side(Role::Server, Policy::Mw), region, 1);
 
     // The reader, on another connection of the same endpoint.
     let (reader, server) = pair(&ch, &sh, side(Role::Client, Policy::Mw), side(Role::Server, Policy::Mw));
@@ -216,7 +220,7 @@ fn a_range_is_written_only_once_no_connection_exposes_it() {
     assert_eq!(gauge(&sh, "mwcap_regions"), 1.0);
     assert_eq!(gauge(&sh, "mwcap_region_bytes"), REGION as f64);
     assert!(
-        run_until(&mut pool, Duration::from_secs(5), || gauge(&sh, "mwcap_region_exposures") == 1.0),
+        wait_for(&mut pool, Duration::from_secs(5), || gauge(&sh, "mwcap_region_exposures") == 1.0),
         "once the reader's exposure ended on its evidence, the silent client's alone is left"
     );
 
@@ -242,13 +246,7 @@ fn a_connection_that_goes_down_gives_its_ranges_back() {
     let region = values(&sh);
     let mut slow = side(Role::Server, Policy::Mw);
     slow.lease_time = Duration::from_secs(60);
-    let (pending, mut silent) =
-        server_with_link_client(&sh, &silent_nic, slow, side(Role::Client, Policy::Mw));
-    let server = pending.connect(&silent.local()).unwrap();
-    spawn(&pool, serve_values(server.clone(), region));
-    silent.call(fabric.now(), &[0], None).unwrap();
-    silent.drive(fabric.now());
-    assert!(run_until(&mut pool, Duration::from_secs(5), || server.stats().exposures == 1));
+    let (server, silent) = silent_client(&mut pool, &fabric, &sh, &silent_nic, slow, region, 0);
     assert!(matches!(sh.region_write(region, 0, b"new"), Err(UseError::RangeExposed { .. })));
 
     server.close();

@@ -16,7 +16,9 @@ use mwcap::conn::{
 use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
 
 mod hubs;
+mod util;
 use hubs::{builder, pattern, serve, serve_clients, server_with_link_client, spawn, Side};
+use util::wait_for;
 
 const SMALL: u32 = 4096;
 const LARGE: u32 = 64 * 1024;
@@ -210,18 +212,6 @@ async fn serve_fixed(server: Connection<SimNic>, fill: u8, check: impl Fn()) {
     }
 }
 
-/// Run `pool` until `done` holds (at most `limit` of wall time).
-fn run_until(pool: &mut LocalPool, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !done() {
-        if t0.elapsed() > limit {
-            return false;
-        }
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
-    true
-}
-
 /// The builder of an endpoint (mw) on `sn` whose shared pool has `count`
 /// buffers of `SMALL` bytes (and a window each).
 fn small_pool(sn: SimNic, count: u32) -> EndpointBuilder<SimNic> {
@@ -269,7 +259,7 @@ fn call_and_wait_for_the_reply_window(
     client.call(fabric.now(), b"x", None).unwrap();
     client.drive(fabric.now());
     assert!(
-        run_until(pool, Duration::from_secs(5), || !fabric.exposure(dev, qp).is_empty()),
+        wait_for(pool, Duration::from_secs(5), || !fabric.exposure(dev, qp).is_empty()),
         "the reply's window was bound"
     );
     fabric.exposure(dev, qp)
@@ -507,7 +497,7 @@ fn a_listening_endpoint_serves_mw_clients_from_a_shared_pool() {
     let served = serve_clients(&mut pool, std::slice::from_ref(&server), 10, &client);
     assert!(served.iter().all(|&ok| ok));
     assert_eq!(server.stats().added, 10);
-    assert!(run_until(&mut pool, Duration::from_secs(10), || server.stats().connections == 0));
+    assert!(wait_for(&mut pool, Duration::from_secs(10), || server.stats().connections == 0));
     let st = server.stats().buffers.unwrap();
     assert!(st.taken >= 20, "a READ destination and a reply buffer per client: {st:?}");
     assert_eq!((st.free, st.held_bytes), (5, 0), "{st:?}");
@@ -542,7 +532,7 @@ fn a_waiting_alloc_is_woken_by_a_give_whatever_runs_before_its_turn() {
     d.free(held);
     let _ = c.free_buffers();
     assert!(
-        run_until(&mut pool, Duration::from_secs(5), || got.get()),
+        wait_for(&mut pool, Duration::from_secs(5), || got.get()),
         "the waiting alloc was never woken: {:?}",
         sh.stats().buffers
     );
@@ -842,7 +832,7 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     };
     attacker.nic().post_send(attacker.local().id, &[wr]).unwrap();
     let (a, b) = (&servers[0], &servers[1]);
-    assert!(run_until(&mut pool, Duration::from_secs(5), || a.is_down().is_some()), "A goes down");
+    assert!(wait_for(&mut pool, Duration::from_secs(5), || a.is_down().is_some()), "A goes down");
     assert!(
         matches!(a.is_down(), Some(LossReason::PeerMisbehaved(_))),
         "A's peer invalidated a key that is not A's: {:?}",
@@ -851,7 +841,7 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     assert!(fabric.exposure(sdev, b_qp).is_empty(), "B's client reaches nothing any more");
     // The endpoint found whose window it was: B never invalidates it again
     // (on rxe a kernel panic) and goes down, not blaming its peer.
-    assert!(run_until(&mut pool, Duration::from_secs(5), || b.is_down().is_some()), "B goes down");
+    assert!(wait_for(&mut pool, Duration::from_secs(5), || b.is_down().is_some()), "B goes down");
     assert_eq!(b.is_down(), Some(LossReason::LeaseEngine(mwcap_mw::LossCause::InvalidatedElsewhere)));
     assert_eq!(b.stats().lease_owner.unwrap().peer_invalidations, 1);
     // Past B's lease (300 ms): still no second invalidation.
@@ -864,7 +854,7 @@ fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd(
     assert!(fabric.window(sdev, window).is_none());
     drop(servers);
     drop(clients);
-    assert!(run_until(&mut pool, Duration::from_secs(5), || sh.stats().connections == 0));
+    assert!(wait_for(&mut pool, Duration::from_secs(5), || sh.stats().connections == 0));
     let st = sh.stats().buffers.unwrap();
     assert_eq!((st.free, st.held_bytes), (4, 0), "{st:?}");
     assert_eq!((st.windows, st.windows_free, st.windows_dropped), (3, 3, 1), "{st:?}");

@@ -188,15 +188,16 @@ impl<N: Nic> Regions<N> {
     /// before the exposure is posted ([`Regions::unexpose`] if it is not).
     pub(crate) fn expose(&self, conn: u64, range: RegionRange) -> Result<Arc<Region>, UseError> {
         let r = self.lookup(range.region)?;
-        let len = r.mem.len();
-        if range.len == 0 || range.offset.checked_add(range.len as usize).map_or(true, |end| end > len) {
+        if range.len == 0 {
+            let len = r.mem.len();
             return Err(UseError::OutOfRegion {
                 region: range.region,
                 offset: range.offset,
-                range_len: range.len,
+                range_len: 0,
                 len,
             });
         }
+        Self::inside(range.region, &r, range.offset, range.len as usize)?;
         let mut book = r.book.lock();
         if book.retired {
             return Err(UseError::NoSuchRegion(range.region));

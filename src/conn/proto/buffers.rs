@@ -88,24 +88,16 @@ impl Connection {
         self.region(id).is_ok()
     }
 
-    /// Forget a region, once no range of it is exposed; returns its
-    /// registration for the I/O layer to release if it is the connection's.
+    /// Forget a region, once no range of it is exposed ([`UseError::RegionBusy`]
+    /// until then); returns its registration for the I/O layer to release
+    /// if it is the connection's.
     pub(crate) fn remove_region(&mut self, id: RegionId) -> Result<Option<MrInfo>, UseError> {
-        self.removable_region(id)?;
-        let i = self.regions.iter().position(|r| r.id == id).expect("checked");
-        let r = self.regions.swap_remove(i);
-        Ok(r.owned.then_some(r.info))
-    }
-
-    /// Whether region `id` may be removed (it exists and no range of it is
-    /// exposed): its registration, to deregister before
-    /// [`Connection::remove_region`].
-    pub(crate) fn removable_region(&self, id: RegionId) -> Result<MrInfo, UseError> {
-        let r = self.region(id)?;
-        if r.live > 0 {
+        let i = self.regions.iter().position(|r| r.id == id).ok_or(UseError::NoSuchRegion(id))?;
+        if self.regions[i].live > 0 {
             return Err(UseError::RegionBusy(id));
         }
-        Ok(r.info)
+        let r = self.regions.swap_remove(i);
+        Ok(r.owned.then_some(r.info))
     }
 
     /// Every region registration the connection must release (for the
