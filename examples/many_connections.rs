@@ -3,17 +3,18 @@
 //! and calls per second with some of them active.
 //!
 //! ```sh
-//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [--shared-receives] [--shared-buffers]
+//! cargo run --release --example many_connections [CONNECTIONS] [ACTIVE] [ROUNDS] [CTRL_SLOTS] [SEND_SLOTS] [START_CREDITS] [--shared-receives] [--shared-buffers]
 //! ```
-//! (defaults 10000, 1000, 20, 8 and `CTRL_SLOTS`). The server side is one simulated device
+//! (defaults 10000, 1000, 20, 8, `CTRL_SLOTS` and 8). The server side is one simulated device
 //! with one endpoint (one completion queue, one driver task) and every server
 //! connection in a protection domain of its own; the client side likewise.
 //! Connections are made with `Endpoint::prepare` (no TCP bootstrap: the
 //! simulator does not need it).
 //! Each connection has a small pool: 2 buffers of 4 KiB, `SEND_SLOTS`
-//! control slots for SENDs and `CTRL_SLOTS` for receives. With `--shared-receives` both endpoints are made with
+//! control slots for SENDs, `CTRL_SLOTS` for receives, and offers its peer
+//! `START_CREDITS` of them at the start (`Config::start_credits`). With `--shared-receives` both endpoints are made with
 //! `EndpointBuilder::shared_receives`: the connections take their control receives
-//! from one shared receive queue per side (8 each while idle, up to
+//! from one shared receive queue per side (`START_CREDITS` each while idle, up to
 //! `CTRL_SLOTS` when busy) and keep only their send slots. With
 //! `--shared-buffers` (which implies `--shared-receives`) both endpoints are made
 //! with `EndpointBuilder::shared_buffers` and a pool of 2 x `ACTIVE` + 64 buffers
@@ -42,12 +43,13 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn config(ctrl_slots: u32, send_slots: u32) -> Config {
+fn config(ctrl_slots: u32, send_slots: u32, start_credits: u32) -> Config {
     let mut c = Config::default();
     c.buffers = 2;
     c.buffer_size = 4096;
     c.ctrl_slots = ctrl_slots;
     c.send_slots = Some(send_slots);
+    c.start_credits = start_credits;
     c.region_exposures = 0;
     c
 }
@@ -82,6 +84,7 @@ fn main() {
     let rounds = args.get(2).copied().unwrap_or(20);
     let ctrl_slots = args.get(3).copied().unwrap_or(8) as u32;
     let send_slots = args.get(4).copied().map_or(ctrl_slots, |n| n as u32);
+    let start_credits = args.get(5).copied().unwrap_or(8) as u32;
     let pooled = std::env::args().any(|a| a == "--shared-buffers");
     let shared = pooled || std::env::args().any(|a| a == "--shared-receives");
     let pool_classes = [BufClass { size: 4096, count: 2 * active as u32 + 64 }];
@@ -95,9 +98,10 @@ fn main() {
     // 30 completion queue entries per connection of this size with 8
     // control slots, and 2 more per slot beyond.
     let mut depth = (n as u32).saturating_mul(32 + 2 * ctrl_slots).max(1024);
-    // With shared receives: 8 receives per idle connection, and room for
-    // busy ones; the queue reserves an entry for each.
-    let q = SrqConfig { chunk: 4096, max_slots: (n as u32 * 8 + 4096 * 4).next_multiple_of(4096) };
+    // With shared receives: `start_credits` receives per idle connection,
+    // and room for busy ones; the queue reserves an entry for each.
+    let q =
+        SrqConfig { chunk: 4096, max_slots: (n as u32 * start_credits + 4096 * 4).next_multiple_of(4096) };
     if shared {
         depth += q.max_slots;
     }
@@ -128,8 +132,10 @@ fn main() {
     let mut registered = 0;
     for _ in 0..n {
         let mw = Policies::both(Policy::Mw);
-        let c = chub.prepare(Role::Client, mw, config(ctrl_slots, send_slots)).expect("client");
-        let s = shub.prepare(Role::Server, mw, config(ctrl_slots, send_slots)).expect("server");
+        let c =
+            chub.prepare(Role::Client, mw, config(ctrl_slots, send_slots, start_credits)).expect("client");
+        let s =
+            shub.prepare(Role::Server, mw, config(ctrl_slots, send_slots, start_credits)).expect("server");
         let (ce, se) = (c.local(), s.local());
         let client = c.connect(&se).expect("connect");
         let server = s.connect(&ce).expect("connect");
@@ -155,7 +161,7 @@ fn main() {
         .map_or_else(|| "n/a (registered pages not all resident)".to_string(), |h| h.to_string());
     println!(
         "connections={n} endpoints=2 shared_receives={shared} shared_buffers={pooled} ctrl_slots={ctrl_slots} \
-         send_slots={send_slots} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={} (own \
+         send_slots={send_slots} start_credits={start_credits} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={} (own \
          {registered}, shared receive queue {srq_per_conn}, shared buffer pool {pool_per_conn}) \
          rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} (rss less the simulated \
          registered memory)",

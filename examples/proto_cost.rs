@@ -61,7 +61,7 @@ impl Side {
             window_rkeys: (0..n).map(|i| (0x100 + i) << 8).collect(),
         };
         let mut conn = Connection::new(role, Policies::both(p), cfg, res);
-        conn.start();
+        conn.start(conn.config().start_credits);
         Side {
             conn,
             ctrl: vec![0; MAX_FRAME * 2 * SLOTS as usize],

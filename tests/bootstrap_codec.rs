@@ -67,8 +67,8 @@ fn a_stranger_is_not_an_mwcap_peer() {
 
 #[test]
 fn another_version_is_a_version_mismatch_even_with_a_different_body() {
-    let e = decode(&encoded_with(VERSION, &3u16.to_be_bytes())).unwrap_err();
-    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 });
+    let e = decode(&encoded_with(VERSION, &4u16.to_be_bytes())).unwrap_err();
+    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 4 });
     // Version 1 (no auth phase) is refused the same way.
     let e = decode(&encoded_with(VERSION, &1u16.to_be_bytes())).unwrap_err();
     assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 });
@@ -143,10 +143,18 @@ fn qpn_psn_and_limits_are_range_checked() {
     }
     let e = decode(&encoded_with(PSN, &0x0100_0000u32.to_be_bytes())).unwrap_err();
     assert!(matches!(e, DecodeError::InvalidField { field: "psn", .. }), "{e:?}");
-    for (at, field) in [(MAX_MESSAGE, "max_message"), (MAX_MESSAGE + 4, "queue_depth"), (LEASE, "lease_ms")] {
+    for (at, field) in [(MAX_MESSAGE, "max_message"), (LEASE, "lease_ms")] {
         let e = decode(&encoded_with(at, &0u32.to_be_bytes())).unwrap_err();
         assert_eq!(e, DecodeError::InvalidField { field, value: 0, expected: "at least 1" });
     }
+    // Fewer than 3 start credits could stall the peer's flow control.
+    for credits in [0u32, 1, 2] {
+        let e = decode(&encoded_with(MAX_MESSAGE + 4, &credits.to_be_bytes())).unwrap_err();
+        let value = u64::from(credits);
+        assert_eq!(e, DecodeError::InvalidField { field: "start_credits", value, expected: "at least 3" });
+    }
+    let h = decode(&encoded_with(MAX_MESSAGE + 4, &3u32.to_be_bytes())).unwrap();
+    assert_eq!(h.caps.start_credits, MIN_START_CREDITS);
 }
 
 #[test]
@@ -244,10 +252,9 @@ fn negotiation_takes_the_smaller_mtu_and_limits() {
     let mut a = with_caps(PolicySet::BOTH, PolicySet::BOTH, 4096);
     let mut b = with_caps(PolicySet::BOTH, PolicySet::BOTH, 1024);
     a.caps.max_message = 1 << 20;
-    b.caps.queue_depth = 8;
     b.caps.lease_ms = 250;
     let n = negotiate(&a, &b).unwrap();
-    assert_eq!((n.mtu, n.max_message, n.queue_depth), (1024, 64 * 1024, 8));
+    assert_eq!((n.mtu, n.max_message), (1024, 64 * 1024));
     assert_eq!(n.lease, Duration::from_millis(250));
     assert_eq!((n.we_expose, n.peer_exposes), (Some(Policy::Mw), Some(Policy::Mw)));
 }
@@ -288,12 +295,12 @@ fn hellos() -> impl Strategy<Value = Hello> {
                     .prop_filter("non-zero gid", |g| *g != [0; 16])
                     .prop_map(move |gid| QpEndpoint { id: PEER_QP_ID, qpn, gid, psn, mtu, lid })
             });
-    let caps = (policy_sets(), policy_sets(), 1u32.., 1u32.., 1u32.., any::<u16>()).prop_map(
-        |(serve, read, max_message, queue_depth, lease_ms, optional)| Capabilities {
+    let caps = (policy_sets(), policy_sets(), 1u32.., MIN_START_CREDITS.., 1u32.., any::<u16>()).prop_map(
+        |(serve, read, max_message, start_credits, lease_ms, optional)| Capabilities {
             serve,
             read,
             max_message,
-            queue_depth,
+            start_credits,
             lease_ms,
             features: Features { required: 0, optional },
         },
@@ -392,7 +399,7 @@ proptest! {
     fn prop_negotiation_is_symmetric(a in hellos(), b in hellos()) {
         match (negotiate(&a, &b), negotiate(&b, &a)) {
             (Ok(ab), Ok(ba)) => {
-                prop_assert_eq!((ab.mtu, ab.max_message, ab.queue_depth, ab.lease), (ba.mtu, ba.max_message, ba.queue_depth, ba.lease));
+                prop_assert_eq!((ab.mtu, ab.max_message, ab.lease), (ba.mtu, ba.max_message, ba.lease));
                 prop_assert_eq!((ab.we_expose, ab.peer_exposes), (ba.peer_exposes, ba.we_expose));
                 prop_assert!(VALID_MTUS.contains(&ab.mtu));
             }

@@ -149,12 +149,12 @@ fn a_peer_of_another_version_is_a_version_mismatch() {
     let (addr, t) = fake_server(|mut s| {
         read_client_hello(&mut s);
         let mut theirs = encode(&hello(0x100, 1024));
-        theirs[4..6].copy_from_slice(&3u16.to_be_bytes());
+        theirs[4..6].copy_from_slice(&4u16.to_be_bytes());
         s.write_all(&theirs).unwrap();
         drain(s);
     });
     let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
-    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 }), "{e:?}");
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 4 }), "{e:?}");
     assert!(e.to_string().contains("upgrade"), "{e}");
     t.join().unwrap();
 }
@@ -174,7 +174,7 @@ fn a_version_1_peer_is_a_version_mismatch_in_the_auth_phase_both_ways() {
         drain(s);
     });
     let e = exchange_client(addr, &hello(0x200, 1024), NO_AUTH, GENEROUS).unwrap_err();
-    assert!(matches!(e, BootstrapError::VersionMismatch { ours: 2, theirs: 1 }), "{e:?}");
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 }), "{e:?}");
     t.join().unwrap();
     // A version-1 client's hello arrives where the auth init belongs.
     let (l, addr) = listener();
@@ -184,7 +184,7 @@ fn a_version_1_peer_is_a_version_mismatch_in_the_auth_phase_both_ways() {
         drain(s);
     });
     let e = authenticate_server(&l, NO_AUTH, GENEROUS).unwrap_err();
-    assert!(matches!(e, BootstrapError::VersionMismatch { ours: 2, theirs: 1 }), "{e:?}");
+    assert!(matches!(e, BootstrapError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 }), "{e:?}");
     drop(l);
     client.join().unwrap();
 }

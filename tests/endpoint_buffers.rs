@@ -180,7 +180,14 @@ fn broken_settings() -> Vec<Case> {
             |e| matches!(e, ConfigError::TooManyClasses { classes: 257 }),
         ),
         (|c| c.read_chunk = 0, |e| matches!(e, ConfigError::ZeroReadChunk)),
-        (|c| c.ctrl_slots = 7, |e| matches!(e, ConfigError::TooFewCtrlSlots { ctrl_slots: 7 })),
+        (
+            |c| c.ctrl_slots = 7,
+            |e| matches!(e, ConfigError::BadStartCredits { start_credits: 8, ctrl_slots: 7 }),
+        ),
+        (
+            |c| c.start_credits = 2,
+            |e| matches!(e, ConfigError::BadStartCredits { start_credits: 2, ctrl_slots: 64 }),
+        ),
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
         (|c| c.send_slots = Some(1), |e| matches!(e, ConfigError::TooFewSendSlots { send_slots: 1 })),

@@ -721,3 +721,110 @@ fn a_listening_endpoint_has_shared_receives_only_when_it_requires_mw() {
     assert!(client.stats().srq.is_none(), "the client's endpoint has receive queues of its own");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
+
+/// `Config::start_credits` travels in the hello. A server on shared
+/// receives that offers 3 holds 3 receives per idle client (12 KiB, not
+/// the default 32); its clients, which hold 8 for it, learn its 3 and keep
+/// to them: 12 calls in flight each, every one answered with its own
+/// bytes, no receiver-not-ready and no connection down. (Were a client to
+/// take the server's start credits for its own 8, its burst would go past
+/// the share and its connection would go down, `ExceedsCredit`.) Then a
+/// client offering 3 to a server offering 8, over receives of its own.
+#[test]
+fn start_credits_are_told_in_the_hello_and_an_idle_connection_holds_only_those() {
+    use mwcap::bootstrap::{Auth, Key};
+    for (client_start, server_start) in [(8, 3), (3, 8)] {
+        let fabric = Fabric::with_seed(35);
+        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+        let cdev = cn.device();
+        let mut pool = LocalPool::new();
+        let key = || Auth::Key(Key::from_bytes(b"start credits in the hello: a test key".to_vec()).unwrap());
+        let mut scfg = cfg(Role::Server).cfg;
+        scfg.start_credits = server_start;
+        let (server, sd) = Endpoint::builder(sn, key())
+            .policy(PolicyChoice::Mw)
+            .config(scfg)
+            .queue_depth(1 << 14)
+            .shared_receives(SrqConfig { chunk: 16, max_slots: 1024 })
+            .handshake_timeout(Duration::from_secs(5))
+            .listen("127.0.0.1:0".parse().unwrap())
+            .build()
+            .unwrap();
+        let mut ccfg = cfg(Role::Client).cfg;
+        ccfg.start_credits = client_start;
+        let (client, cd) = Endpoint::builder(cn, key())
+            .policy(PolicyChoice::Mw)
+            .config(ccfg)
+            .handshake_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        spawn(&pool, sd.run());
+        spawn(&pool, cd.run());
+        const CLIENTS: usize = 6;
+        let addr = server.local_addr().unwrap();
+        let (conns, served) = pool.run_until(async {
+            let accepts = async {
+                let mut v = Vec::new();
+                for _ in 0..CLIENTS {
+                    v.push(server.accept().await.expect("a client"));
+                }
+                v
+            };
+            let connects = futures::future::join_all((0..CLIENTS).map(|_| client.connect(addr)));
+            let (served, conns) = futures::future::join(accepts, connects).await;
+            (conns.into_iter().map(|c| c.expect("connect")).collect::<Vec<_>>(), served)
+        });
+        let st = server.stats().srq.expect("shared receives");
+        assert_eq!(
+            st.shares,
+            server_start * CLIENTS as u32,
+            "each idle client holds the start credits: {st:?}"
+        );
+        // Before any frame: each side may send what the other offered.
+        for c in &conns {
+            assert_eq!(c.stats().credits, server_start, "the client's credit is the server's offer");
+        }
+        for s in &served {
+            assert_eq!(s.stats().credits, client_start, "the server's credit is the client's offer");
+            assert_eq!(s.stats().receive_share, server_start);
+            spawn(&pool, serve(s.clone()));
+        }
+        let sizes = [0usize, 100, 3000];
+        let busy = conns.iter().enumerate().take(3).map(|(i, c)| async move {
+            let calls = (0..12usize).map(|k| async move {
+                let len = sizes[k % 3];
+                let data = if len == 0 {
+                    None
+                } else {
+                    let mut b = c.alloc_for(len).await.unwrap();
+                    b.copy_from(&pattern(i * 100 + k, len)).unwrap();
+                    Some(b)
+                };
+                let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
+                let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
+                let mut want = pattern(i * 100 + k, len);
+                want.reverse();
+                assert!(got == want, "conn {i} call {k}: not its own bytes");
+                if let Some(d) = r.data {
+                    c.free(d);
+                }
+            });
+            futures::future::join_all(calls).await;
+        });
+        pool.run_until(futures::future::join_all(busy));
+        for (i, c) in conns.iter().enumerate() {
+            assert!(c.is_down().is_none(), "{client_start}/{server_start}: conn {i}");
+            assert_eq!(c.stats().calls_failed, 0);
+            assert_eq!(rnr_naks(&fabric, c, cdev), 0, "conn {i}: the client kept to the server's credit");
+        }
+        // (Accepted in an order of their own: the three idle ones are
+        // those at the start credits.)
+        let shares: Vec<u32> = served.iter().map(|s| s.stats().receive_share).collect();
+        assert!(served.iter().all(|s| s.is_down().is_none()));
+        assert!(shares.iter().all(|&n| n >= server_start), "a share below the start credits: {shares:?}");
+        let idle = shares.iter().filter(|&&n| n == server_start).count();
+        assert!(idle >= CLIENTS - 3, "idle connections stay at their start credits: {shares:?}");
+        assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    }
+}

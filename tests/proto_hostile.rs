@@ -57,7 +57,7 @@ impl Victim {
                 window_rkeys,
             },
         );
-        conn.start();
+        conn.start(INITIAL_CREDITS);
         let mut v =
             Victim { conn, recvs: Default::default(), qp_errors: 0, granted: u64::from(INITIAL_CREDITS) };
         v.take_commands();

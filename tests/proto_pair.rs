@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
-use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME};
+use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME, MIN_START_CREDITS};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
     Buf, CallError, CallId, Config, Event, Keepalive, LossReason, Policies, Policy, RequestId, Role, UseError,
@@ -49,12 +49,23 @@ struct Side {
 
 impl Side {
     fn with(role: Role, policies: Policies, addr: u64, rkey: u32, keepalive: Option<Keepalive>) -> Side {
+        Side::configured(role, policies, addr, rkey, |c| c.keepalive = keepalive)
+    }
+
+    fn configured(
+        role: Role,
+        policies: Policies,
+        addr: u64,
+        rkey: u32,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Side {
         let mut cfg = Config::default();
-        cfg.keepalive = keepalive;
         cfg.buffers = BUFFERS;
         cfg.buffer_size = SIZE;
         cfg.region_exposures = 0; // windows for pool buffers only (no user regions here)
         cfg.ctrl_slots = SLOTS;
+        tweak(&mut cfg);
+        cfg.check().expect("a config that works");
         let owns_mw = policies.directions(role).0 == Policy::Mw;
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };
         let memory = Memory::zeroed(data.len, 8).unwrap();
@@ -196,10 +207,23 @@ impl Pair {
     }
 
     fn with(policies: Policies, keepalive: Option<Keepalive>) -> Pair {
-        let mut c = Side::with(Role::Client, policies, 0x1000_0000, 0x77, keepalive);
-        let mut s = Side::with(Role::Server, policies, 0x2000_0000, 0x88, keepalive);
-        c.conn.start();
-        s.conn.start();
+        let c = Side::with(Role::Client, policies, 0x1000_0000, 0x77, keepalive);
+        let s = Side::with(Role::Server, policies, 0x2000_0000, 0x88, keepalive);
+        Pair::started(c, s)
+    }
+
+    /// A pair whose sides hold `client` and `server` receives for their
+    /// peers at the start (`Config::start_credits`), each told the other's.
+    fn with_start_credits(policies: Policies, client: u32, server: u32) -> Pair {
+        let c = Side::configured(Role::Client, policies, 0x1000_0000, 0x77, |c| c.start_credits = client);
+        let s = Side::configured(Role::Server, policies, 0x2000_0000, 0x88, |c| c.start_credits = server);
+        Pair::started(c, s)
+    }
+
+    fn started(mut c: Side, mut s: Side) -> Pair {
+        let (cc, sc) = (c.conn.config().start_credits, s.conn.config().start_credits);
+        c.conn.start(sc);
+        s.conn.start(cc);
         let mut p = Pair {
             c,
             s,
@@ -594,7 +618,15 @@ fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
 
 #[test]
 fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits() {
-    let mut p = Pair::new(Policies::both(Policy::Mw));
+    // The server's start credits are what the client may send before its
+    // first grant: the default, and the fewest a side may offer.
+    for start in [INITIAL_CREDITS, MIN_START_CREDITS] {
+        a_stalled_server_with_start_credits(start);
+    }
+}
+
+fn a_stalled_server_with_start_credits(start: u32) {
+    let mut p = Pair::with_start_credits(Policies::both(Policy::Mw), INITIAL_CREDITS, start);
     p.frozen_server = true; // its receives land, it never reposts them
     let mut sent = 0;
     let refused = loop {
@@ -607,8 +639,9 @@ fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits()
     };
     // One credit stays in reserve for a grant.
     assert_eq!(refused, UseError::NoCredit, "backpressure, not an error or an RNR");
-    assert_eq!(sent, INITIAL_CREDITS - 1);
-    assert_eq!(p.s.recvs.len(), 1, "the server's last receive is the reserve");
+    assert_eq!(sent, start - 1, "start credits {start}");
+    // Its receives beyond the start credits were posted but not granted yet.
+    assert_eq!(p.s.recvs.len() as u32, SLOTS - (start - 1), "the server's receives not spent");
     assert!(p.c.conn.is_down().is_none());
     assert_eq!(p.c.conn.stats().credit_waits, 1);
     // The server runs again: its grant lets the waiting caller go on.
@@ -623,7 +656,7 @@ fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits()
             reqs.push(req);
         }
     }
-    assert_eq!(reqs.len() as u32, INITIAL_CREDITS);
+    assert_eq!(reqs.len() as u32, start);
     for r in reqs {
         p.s.conn.reply(p.now, r, 0, b"a", None).expect("reply");
         p.settle();
@@ -634,7 +667,7 @@ fn a_stalled_server_gets_no_more_frames_than_its_receives_and_the_caller_waits()
             _ => None,
         })
         .collect();
-    assert_eq!(replies.len() as u32, INITIAL_CREDITS);
+    assert_eq!(replies.len() as u32, start);
     assert_eq!(replies.last(), Some(&last));
 }
 
@@ -748,7 +781,9 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
         let mut rng = SmallRng::seed_from_u64(seed);
         let pol = |r: &mut SmallRng| if r.gen_bool(0.5) { Policy::Mw } else { Policy::Confirm };
         let policies = Policies { request: pol(&mut rng), reply: pol(&mut rng) };
-        let mut p = Pair::new(policies);
+        // Start credits from the fewest a side may offer to all its receives.
+        let (cs, ss) = (rng.gen_range(MIN_START_CREDITS..=SLOTS), rng.gen_range(MIN_START_CREDITS..=SLOTS));
+        let mut p = Pair::with_start_credits(policies, cs, ss);
         let mut pending: Vec<RequestId> = Vec::new();
         let mut made = 0u64;
         let mut t = Tally::default();
@@ -824,7 +859,7 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
         assert_eq!(
             t.done + t.timed_out,
             made,
-            "seed {seed}: every call finished ({policies:?}) pending {pending:?}\nclient {:?}\nserver {:?}",
+            "seed {seed}: every call finished ({policies:?}, start credits {cs}/{ss}) pending {pending:?}\nclient {:?}\nserver {:?}",
             p.c.conn.stats(),
             p.s.conn.stats()
         );

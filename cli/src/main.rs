@@ -231,9 +231,15 @@ impl BenchOpts {
 #[derive(Args, Clone, Copy, Debug)]
 pub struct ConnArgs {
     /// Control slots per connection (SENDs in flight, receives posted; at
-    /// least 8).
+    /// least `--start-credits`).
     #[arg(long, default_value_t = 64)]
     pub ctrl_slots: u32,
+    /// Frames the peer may send before this side's first credit grant
+    /// (`Config::start_credits`, 3 to `--ctrl-slots`; told to the peer in
+    /// the hello). With shared receives, what an idle connection holds of
+    /// the queue (4 KiB each).
+    #[arg(long, default_value_t = 8)]
+    pub start_credits: u32,
     /// Control slots for SENDs, if fewer than `--ctrl-slots`
     /// (`Config::send_slots`; at least 2).
     #[arg(long)]
@@ -275,6 +281,7 @@ impl ConnArgs {
     /// Put these settings into `c`.
     pub fn apply(&self, c: &mut mwcap::conn::Config) {
         c.ctrl_slots = self.ctrl_slots;
+        c.start_credits = self.start_credits;
         c.send_slots = self.send_slots;
         c.lease_time = std::time::Duration::from_millis(self.lease_ms);
         c.call_timeout = std::time::Duration::from_millis(self.call_timeout_ms);

@@ -108,6 +108,10 @@ impl Features {
     pub const KNOWN_REQUIRED: u16 = 0;
 }
 
+/// The fewest start credits a hello may offer: with fewer, flow control
+/// could stall (see `Config::start_credits`).
+pub const MIN_START_CREDITS: u32 = 3;
+
 /// What one side can do, sent in its [`Hello`](super::Hello).
 ///
 /// Directions are named from the announcing side: `serve` are the policies
@@ -123,8 +127,10 @@ pub struct Capabilities {
     pub read: PolicySet,
     /// The largest message this side accepts, in bytes (at least 1).
     pub max_message: u32,
-    /// How many requests this side can have outstanding (at least 1).
-    pub queue_depth: u32,
+    /// The frames the peer may send before this side's first credit grant
+    /// (the receives this side holds for it at the start: its
+    /// `Config::start_credits`); at least [`MIN_START_CREDITS`].
+    pub start_credits: u32,
     /// The default life of an exposure this side grants, in milliseconds (at least 1).
     pub lease_ms: u32,
     /// Optional protocol features.
@@ -133,13 +139,13 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// A side that can serve and read under both policies, with moderate limits
-    /// (64 KiB messages, depth 64, 1 s leases).
+    /// (64 KiB messages, 8 start credits, 1 s leases).
     pub fn new() -> Capabilities {
         Capabilities {
             serve: PolicySet::BOTH,
             read: PolicySet::BOTH,
             max_message: 64 * 1024,
-            queue_depth: 64,
+            start_credits: 8,
             lease_ms: 1000,
             features: Features::default(),
         }

@@ -105,7 +105,7 @@ mod testing_api {
         authenticate_accepted, authenticate_client, authenticate_server, exchange_accepted, exchange_client,
         exchange_server,
     };
-    pub use super::caps::{Capabilities, Features, PolicySet};
+    pub use super::caps::{Capabilities, Features, PolicySet, MIN_START_CREDITS};
     pub use super::handshake::{Authenticated, Handshake};
     pub use super::negotiate::{negotiate, Negotiated};
     #[cfg(not(loom))]

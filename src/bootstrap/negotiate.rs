@@ -16,8 +16,6 @@ pub struct Negotiated {
     pub mtu: u32,
     /// The largest message either side may send: the smaller of the two limits.
     pub max_message: u32,
-    /// Outstanding requests per side: the smaller of the two depths.
-    pub queue_depth: u32,
     /// The default exposure lease: the shorter of the two, so both sides
     /// expire exposures on the same schedule.
     pub lease: Duration,
@@ -46,7 +44,6 @@ pub fn negotiate(local: &Hello, peer: &Hello) -> Result<Negotiated, BootstrapErr
     Ok(Negotiated {
         mtu: local.endpoint.mtu.min(peer.endpoint.mtu),
         max_message: l.max_message.min(p.max_message),
-        queue_depth: l.queue_depth.min(p.queue_depth),
         lease: l.lease().min(p.lease()),
         we_expose,
         peer_exposes,

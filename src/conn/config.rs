@@ -82,6 +82,19 @@ pub struct Config {
     /// the hub's queue grows to). Also the control slots for SENDs unless
     /// `send_slots` says otherwise.
     pub ctrl_slots: u32,
+    /// The frames the peer may send before this side's first grant: the
+    /// receives this side holds for it from the start (at least 3, and at
+    /// most `ctrl_slots`). The rest of `ctrl_slots` goes to the peer in this
+    /// side's first frame. [`Endpoint::connect`](super::Endpoint::connect)
+    /// and [`Endpoint::accept`](super::Endpoint::accept) tell the peer in
+    /// the hello; connections set up by hand ([`Pending::connect`](super::Pending::connect))
+    /// assume the peer's is the same as this side's, so give both sides the
+    /// same. On an endpoint with shared receives it is also the least a
+    /// connection's share of the queue shrinks to, so it is what an idle
+    /// connection holds there (4 KiB a receive): a few (3) keep 10,000 idle
+    /// connections small, at the cost of a round trip before a new
+    /// connection's first burst of more than 2 frames.
+    pub start_credits: u32,
     /// Control slots for SENDs (4 KiB of registered memory each): the
     /// frames this side may have in flight. `None`: `ctrl_slots`. A call or
     /// reply that finds none free waits. On a hub with shared receives the
@@ -202,13 +215,16 @@ pub enum ConfigError {
     /// `Config::read_chunk` is 0.
     #[error("Config::read_chunk is 0; set it to the bytes per READ (1 MiB is the default)")]
     ZeroReadChunk,
-    /// Too few control slots for flow control's initial credits.
+    /// `Config::start_credits` is below 3 (`MIN_START_CREDITS`) or above
+    /// `Config::ctrl_slots`.
     #[error(
-        "Config::ctrl_slots is {ctrl_slots}, below the {} receives every peer may count on \
-         at the start (flow control); raise it",
-        super::frame::INITIAL_CREDITS
+        "Config::start_credits is {start_credits} with ctrl_slots {ctrl_slots}: it must be at least {} \
+         (flow control could stall below) and at most ctrl_slots (the receives there are); change either",
+        super::frame::MIN_START_CREDITS
     )]
-    TooFewCtrlSlots {
+    BadStartCredits {
+        /// `Config::start_credits`.
+        start_credits: u32,
         /// `Config::ctrl_slots`.
         ctrl_slots: u32,
     },
@@ -349,6 +365,7 @@ impl Default for Config {
             region_exposures: 8,
             read_chunk: 1 << 20,
             ctrl_slots: 64,
+            start_credits: super::frame::INITIAL_CREDITS,
             send_slots: None,
             lease_time: Duration::from_secs(5),
             safety_margin: Duration::from_millis(500),
@@ -388,8 +405,11 @@ impl Config {
         if self.read_chunk == 0 {
             return Err(ConfigError::ZeroReadChunk);
         }
-        if self.ctrl_slots < super::frame::INITIAL_CREDITS {
-            return Err(ConfigError::TooFewCtrlSlots { ctrl_slots: self.ctrl_slots });
+        if self.start_credits < super::frame::MIN_START_CREDITS || self.start_credits > self.ctrl_slots {
+            return Err(ConfigError::BadStartCredits {
+                start_credits: self.start_credits,
+                ctrl_slots: self.ctrl_slots,
+            });
         }
         if self.send_slots.is_some_and(|n| n < 2) {
             return Err(ConfigError::TooFewSendSlots { send_slots: self.send_slots.unwrap_or(0) });

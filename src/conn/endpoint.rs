@@ -139,7 +139,8 @@ impl<N: Nic + 'static> Endpoint<N> {
         let client = side(self, Role::Client)?;
         let srv = side(server, Role::Server)?;
         let (c, s) = (client.local(), srv.local());
-        Ok((client.connect(&s)?, srv.connect(&c)?))
+        let (cc, sc) = (self.shared.cfg.start_credits, server.shared.cfg.start_credits);
+        Ok((client.connect_with(&s, sc)?, srv.connect_with(&c, cc)?))
     }
 
     /// A connection set up by the application's own bootstrap instead of
@@ -148,7 +149,8 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// connected to the peer's once the two sides have swapped their
     /// [`Pending::local`] addresses by their own means. The application then
     /// answers for what the bootstrap does: authenticating the peer, and
-    /// both sides agreeing on the policies (give both the same).
+    /// both sides agreeing on the policies and on `cfg.start_credits`
+    /// (give both the same).
     /// Dropping it unconnected destroys the queue pair.
     pub fn prepare(&self, role: Role, policies: Policies, cfg: Config) -> Result<Pending<N>, SetupError> {
         // Before the connection's protection domain: nothing is created
@@ -323,9 +325,22 @@ impl<N: Nic + 'static> Pending<N> {
     }
 
     /// Connect to the peer's queue pair at `peer`: the connection runs on
-    /// the endpoint from now on.
-    pub fn connect(mut self, peer: &QpEndpoint) -> Result<Connection<N>, SetupError> {
-        self.link.connect(peer)?;
+    /// the endpoint from now on. The peer is taken to hold as many
+    /// receives for this side at the start as this side's
+    /// [`Config::start_credits`] says: give both sides the same.
+    pub fn connect(self, peer: &QpEndpoint) -> Result<Connection<N>, SetupError> {
+        let credits = self.link.config().start_credits;
+        self.connect_with(peer, credits)
+    }
+
+    /// [`Pending::connect`] to a peer whose `Config::start_credits` is
+    /// `peer_credits`.
+    pub(crate) fn connect_with(
+        mut self,
+        peer: &QpEndpoint,
+        peer_credits: u32,
+    ) -> Result<Connection<N>, SetupError> {
+        self.link.connect_with(peer, peer_credits)?;
         Ok(self.hub.add(self.link))
     }
 }

@@ -36,14 +36,18 @@ pub const MAX_ATTACH: usize = 4;
 const VERSION: u8 = 2;
 /// Where the credit field is in every frame (after version and kind).
 pub const CREDIT_AT: usize = 2;
-/// Receives every endpoint has posted for its peer before the connection
-/// starts: the credit each side may spend before its peer's first grant.
-/// (`Config::ctrl_slots` may not be smaller.) Also the least a
-/// connection's share of a shared receive queue can be: a side down to its
-/// last credit is then owed at least 7, past the threshold at which its
-/// peer sends a `Credit` frame (half the share, at least 2), which itself
-/// never causes another.
+/// The default of [`Config::start_credits`](super::Config::start_credits):
+/// the frames a peer may send before this side's first grant (the receives
+/// this side holds for it at the start).
 pub const INITIAL_CREDITS: u32 = 8;
+/// The least [`Config::start_credits`](super::Config::start_credits) may be,
+/// which is also the least a connection's share of a shared receive queue
+/// can be. Every frame but a `Credit` leaves one credit in reserve, and a
+/// side sends a `Credit` frame once it owes half its share (at least 2),
+/// a frame that never causes another. With a share of 3, a peer down to
+/// its last credit is owed 2 once its frames have arrived, so the grant
+/// goes; with 2 it would be owed 1 and wait for a frame that never comes.
+pub const MIN_START_CREDITS: u32 = crate::bootstrap::MIN_START_CREDITS;
 /// Request flag: a 16-byte trace id follows.
 const FLAG_TRACE: u8 = 1;
 

@@ -317,7 +317,7 @@ async fn finish_setup_async<N: Nic + 'static>(
     let policies = agreed(&hs, role, &mut cfg)?;
     prepared.config_mut().lease_time = cfg.lease_time;
     let mut endpoint = prepared.finish(policies)?;
-    endpoint.connect(&hs.remote_endpoint())?;
+    endpoint.connect_with(&hs.remote_endpoint(), hs.peer().caps.start_credits)?;
     let stream = hs.ready(opts.timeout).await?;
     let connection = hub.add(endpoint);
     Ok(AsyncConnected { connection, stream, policies, peer_addr, peer_identity })

@@ -164,6 +164,7 @@ pub(super) fn local_caps(cfg: &Config, serve: PolicySet) -> Capabilities {
     caps.serve = serve;
     caps.read = PolicySet::BOTH;
     caps.lease_ms = u32::try_from(cfg.lease_time.as_millis()).unwrap_or(u32::MAX).max(1);
+    caps.start_credits = cfg.start_credits;
     caps
 }
 

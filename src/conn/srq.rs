@@ -5,14 +5,15 @@
 //! its connections' QPs take their receives from one SRQ, and each
 //! connection has a *share* of it: the receives its peer may have in use
 //! (granted credit, frames in flight, frames waiting to be granted back).
-//! A share starts at 8 receives (`INITIAL_CREDITS`, what a peer may send before its
-//! first grant), grows by one each time the connection receives a frame
-//! while more receives than that are free (up to the connection's
-//! `ctrl_slots`), and shrinks back towards `INITIAL_CREDITS` (8) while fewer
-//! are, by not granting a received frame's receive again: the queue keeps
-//! room for the next connection. So memory
-//! follows load: an idle connection holds 32 KiB of receives (8), not
-//! `ctrl_slots` (64 by default: 256 KiB).
+//! A share starts at the connection's `Config::start_credits` (what its
+//! peer may send before the first grant: 8 by default, at least 3), grows
+//! by one each time the connection receives a frame while more than
+//! [`ROOM`] receives are free (up to the connection's `ctrl_slots`), and
+//! shrinks back towards `start_credits` while fewer are, by not granting
+//! a received frame's receive again: the queue keeps room for the next
+//! connection. So memory follows load: an idle connection holds
+//! `start_credits` receives of 4 KiB (32 KiB by default, 12 KiB with 3),
+//! not `ctrl_slots` (64 by default: 256 KiB).
 //!
 //! # No receiver-not-ready in normal operation
 //! The shares never add up to more than the receives the queue holds
@@ -48,6 +49,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+
+/// Free receives the queue keeps for the next connection: a share grows
+/// while more are free, and shrinks towards its floor while fewer are.
+pub(crate) const ROOM: u32 = INITIAL_CREDITS;
 use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
 
 /// `check_limit` looks for the limit event once in this many calls.
@@ -65,8 +70,9 @@ pub struct SrqConfig {
     /// each. The queue starts with one chunk.
     pub chunk: u32,
     /// The most receives the queue holds (it is created this deep; devices
-    /// cap it: `max_srq_wr`, 32,767 on mlx5). Each connection needs at
-    /// least `INITIAL_CREDITS` (8), and up to its `ctrl_slots` when busy.
+    /// cap it: `max_srq_wr`, 32,767 on mlx5). Each connection needs its
+    /// `Config::start_credits` (8 by default), and up to its `ctrl_slots`
+    /// when busy.
     /// The hub reserves this many entries of its completion queue for the
     /// receives' completions.
     pub max_slots: u32,
@@ -204,18 +210,18 @@ impl<N: Nic> SharedReceives<N> {
         Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
     }
 
-    /// A new connection's initial share, growing the queue if it does not
-    /// fit; `SrqBudget` when the queue is at its most.
-    pub(crate) fn admit(&self) -> Result<(), SetupError> {
+    /// A new connection's initial share of `start` receives, growing the
+    /// queue if it does not fit; `SrqBudget` when the queue is at its most.
+    pub(crate) fn admit(&self, start: u32) -> Result<(), SetupError> {
         let mut st = self.state.lock();
-        while st.shares + INITIAL_CREDITS > st.slots {
+        while st.shares + start > st.slots {
             // `grow` names the queue's most and the shares when it is full.
             if let Err(e) = self.grow(&mut st) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
         }
-        st.shares += INITIAL_CREDITS;
+        st.shares += start;
         Ok(())
     }
 
@@ -232,26 +238,26 @@ impl<N: Nic> SharedReceives<N> {
         st.slots = st.slots.saturating_sub(1);
     }
 
-    /// A frame arrived for a connection whose share is `share` (at most
-    /// `max`): what to do with its receive. The queue keeps room for one
-    /// more connection's initial share: a share grows while more than that
-    /// is free (adding a chunk first if less is, and the queue may grow),
-    /// and shrinks while less is.
-    pub(crate) fn regrant(&self, share: u32, max: u32) -> Regrant {
+    /// A frame arrived for a connection whose share is `share` (at least
+    /// `floor`, at most `max`): what to do with its receive. The queue keeps
+    /// [`ROOM`] receives free for the next connection: a share grows while
+    /// more than that are free (adding a chunk first if fewer are, and the
+    /// queue may grow), and shrinks towards `floor` while fewer are.
+    pub(crate) fn regrant(&self, share: u32, floor: u32, max: u32) -> Regrant {
         self.frames.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
         let free = |st: &State| st.slots - st.shares.min(st.slots);
-        if free(&st) <= INITIAL_CREDITS && share < max && st.slots < self.cfg.max_slots {
+        if free(&st) <= ROOM && share < max && st.slots < self.cfg.max_slots {
             // A busy connection and no room to spare: add a chunk.
             if let Err(e) = self.grow(&mut st) {
                 tracing::warn!(%e, "growing the hub's shared receive queue");
             }
         }
-        if free(&st) < INITIAL_CREDITS && share > INITIAL_CREDITS {
+        if free(&st) < ROOM && share > floor {
             st.shares -= 1;
             self.withheld.fetch_add(1, Ordering::Relaxed);
             Regrant::Withhold
-        } else if free(&st) > INITIAL_CREDITS && share < max {
+        } else if free(&st) > ROOM && share < max {
             st.shares += 1;
             self.grown.fetch_add(1, Ordering::Relaxed);
             Regrant::Grow

@@ -5,11 +5,11 @@
 //! hello body (kind 1, 54 bytes):
 //!   conn_id u64 | qpn u32 | psn u32 | mtu u16 | lid u16 | gid [16]
 //!   | serve u8 | read u8 | required features u16 | optional features u16
-//!   | max_message u32 | queue_depth u32 | lease_ms u32
+//!   | max_message u32 | start_credits u32 | lease_ms u32
 //! ```
 
 use crate::backend::{QpEndpoint, QpId};
-use crate::bootstrap::caps::{Capabilities, Features, PolicySet};
+use crate::bootstrap::caps::{Capabilities, Features, PolicySet, MIN_START_CREDITS};
 
 use super::{decode_frame, kind, put_header, Body, DecodeError, FrameReader, Message, HEADER_LEN};
 
@@ -64,12 +64,17 @@ impl Hello {
             return Err(DecodeError::ZeroGid);
         }
         let c = &self.caps;
-        for (field, value) in
-            [("max_message", c.max_message), ("queue_depth", c.queue_depth), ("lease_ms", c.lease_ms)]
-        {
+        for (field, value) in [("max_message", c.max_message), ("lease_ms", c.lease_ms)] {
             if value == 0 {
                 return Err(DecodeError::InvalidField { field, value: 0, expected: "at least 1" });
             }
+        }
+        if c.start_credits < MIN_START_CREDITS {
+            return Err(DecodeError::InvalidField {
+                field: "start_credits",
+                value: c.start_credits.into(),
+                expected: "at least 3",
+            });
         }
         let unknown = c.features.required & !Features::KNOWN_REQUIRED;
         if unknown != 0 {
@@ -96,7 +101,7 @@ pub fn encode(hello: &Hello) -> Vec<u8> {
     out.extend_from_slice(&c.features.required.to_be_bytes());
     out.extend_from_slice(&c.features.optional.to_be_bytes());
     out.extend_from_slice(&c.max_message.to_be_bytes());
-    out.extend_from_slice(&c.queue_depth.to_be_bytes());
+    out.extend_from_slice(&c.start_credits.to_be_bytes());
     out.extend_from_slice(&c.lease_ms.to_be_bytes());
     debug_assert_eq!(out.len(), HEADER_LEN + HELLO_BODY_LEN);
     out
@@ -131,11 +136,11 @@ impl Message for Hello {
         let read = PolicySet::from_bits_truncate(b.u8());
         let features = Features { required: b.u16(), optional: b.u16() };
         let max_message = b.u32();
-        let queue_depth = b.u32();
+        let start_credits = b.u32();
         let lease_ms = b.u32();
         let hello = Hello {
             endpoint: QpEndpoint { id: PEER_QP_ID, qpn, gid, psn, mtu, lid },
-            caps: Capabilities { serve, read, max_message, queue_depth, lease_ms, features },
+            caps: Capabilities { serve, read, max_message, start_credits, lease_ms, features },
             conn_id,
         };
         hello.validate()?;

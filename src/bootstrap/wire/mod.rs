@@ -27,9 +27,11 @@ pub use hello::{decode, encode, Hello, HelloDecoder, HELLO_BODY_LEN, PEER_QP_ID,
 pub const MAGIC: [u8; 4] = *b"MWCP";
 /// The protocol version this build speaks.
 ///
-/// Version 2 added the auth phase before the hello; a version-1 peer is
-/// told apart by the header and fails with a version mismatch.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 2 added the auth phase before the hello; version 3 made the
+/// hello's fourth limit the sender's start credits (it was a queue depth
+/// no side used). A peer of another version is told apart by the header
+/// and fails with a version mismatch.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 9;
 /// The largest body length any frame may announce; longer frames are refused unread.

@@ -108,7 +108,7 @@ impl<N: Nic> Link<N> {
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
         if let Some(s) = &srq {
-            if let Err(e) = s.admit() {
+            if let Err(e) = s.admit(cfg.start_credits) {
                 return Err((nic, e));
             }
             qcfg.srq = Some(s.id());
@@ -118,7 +118,7 @@ impl<N: Nic> Link<N> {
             Ok(local) => Ok(Prepared { nic: Some(nic), role, cfg, cq, local, shared, srq, pool }),
             Err(e) => {
                 if let Some(s) = &srq {
-                    s.release(INITIAL_CREDITS);
+                    s.release(cfg.start_credits);
                 }
                 Err((nic, e.into()))
             }
@@ -148,7 +148,7 @@ impl<N: Nic> Prepared<N> {
 
     /// The settings `finish` will use (adjust them after the bootstrap, e.g.
     /// to the negotiated lease time).
-    pub fn config_mut(&mut self) -> &mut Config {
+    pub(crate) fn config_mut(&mut self) -> &mut Config {
         &mut self.cfg
     }
 
@@ -273,7 +273,7 @@ impl<N: Nic> Drop for Prepared<N> {
         if let Some(nic) = self.nic.take() {
             let _ = destroy_qp(&nic, self.shared.as_ref(), &self.local);
             if let Some(s) = &self.srq {
-                s.release(INITIAL_CREDITS);
+                s.release(self.cfg.start_credits);
             }
             if self.shared.is_none() {
                 let _ = nic.destroy_cq(self.cq);

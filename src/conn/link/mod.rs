@@ -17,7 +17,7 @@ pub(crate) use create::QueueSizes;
 use super::buf::Buf;
 use super::bufpool::BufferPool;
 use super::config::*;
-use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use super::frame::MAX_FRAME;
 use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};
 use super::regions::Regions;
@@ -176,13 +176,24 @@ impl<N: Nic> Link<N> {
         self.conn.tracked_messages()
     }
 
-    /// Connect to the peer's endpoint (QP to RTS) and post the receive buffers.
+    /// Connect to the peer's endpoint (QP to RTS) and post the receive
+    /// buffers, with the peer holding as many receives for this side at
+    /// the start as this side's `Config::start_credits` says (see
+    /// [`Link::connect_with`]).
+    #[cfg(any(test, feature = "testing"))]
     pub fn connect(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
+        let credits = self.conn.config().start_credits;
+        self.connect_with(peer, credits)
+    }
+
+    /// [`Link::connect`] to a peer that holds `peer_credits` receives for
+    /// this side at the start (its `Config::start_credits`, from its hello).
+    pub(crate) fn connect_with(&mut self, peer: &QpEndpoint, peer_credits: u32) -> Result<(), NicError> {
         self.nic.connect_qp(self.local.id, peer)?;
         if self.srq.is_some() {
-            self.conn.start_shared();
+            self.conn.start_shared(peer_credits);
         } else {
-            self.conn.start();
+            self.conn.start(peer_credits);
         }
         self.run();
         match self.conn.is_down() {
@@ -580,8 +591,8 @@ impl<N: Nic> Link<N> {
         own.wr_id = proto::SHARED_RECV_WR_ID;
         self.conn.handle_completion(now, &own, scratch);
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
-            let share = self.conn.receive_share();
-            match srq.regrant(share, self.conn.config().ctrl_slots) {
+            let (share, cfg) = (self.conn.receive_share(), self.conn.config());
+            match srq.regrant(share, cfg.start_credits, cfg.ctrl_slots) {
                 Regrant::Same => self.conn.grant_receives(1, 0),
                 Regrant::Grow => self.conn.grant_receives(2, 1),
                 Regrant::Withhold => {
@@ -598,8 +609,11 @@ impl<N: Nic> Link<N> {
         if let Some(s) = self.srq.as_ref().filter(|_| !self.share_released) {
             // Admitted with the initial share; the connection's own once it
             // started on the queue.
-            let share =
-                if self.conn.takes_shared_receives() { self.conn.receive_share() } else { INITIAL_CREDITS };
+            let share = if self.conn.takes_shared_receives() {
+                self.conn.receive_share()
+            } else {
+                self.conn.config().start_credits
+            };
             s.release(share);
             self.share_released = true;
         }

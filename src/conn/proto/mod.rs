@@ -33,7 +33,7 @@ use mwcap_mw as mw;
 use super::buf::Returns;
 use super::bufpool::BufferPool;
 use super::config::*;
-use super::frame::{Attach, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
+use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
 use super::header::Header;
 use super::pool::{Holder, Layout, Slots};
 use super::types::*;
@@ -305,7 +305,8 @@ pub struct Connection {
     /// `Config::max_waiting_inline`).
     inline_waiting: u32,
     /// Flow control: SENDs the peer has a receive posted for (granted in
-    /// the credit field of its frames, `INITIAL_CREDITS` (8) at the start).
+    /// the credit field of its frames, the peer's `Config::start_credits` at
+    /// the start).
     /// Every frame but a `Credit` leaves one in reserve, so that a grant
     /// can always be sent (see `docs/protocol.md`, "Flow control").
     credits: u32,
@@ -444,7 +445,7 @@ impl Connection {
             owed: 0,
             share: cfg.ctrl_slots,
             shared_receives: false,
-            granted_total: u64::from(INITIAL_CREDITS),
+            granted_total: u64::from(cfg.start_credits),
             frames_in: 0,
             backlog: VecDeque::new(),
             backlog_bytes: Vec::new(),
@@ -528,28 +529,29 @@ impl Connection {
     }
 
     /// The QP is connected: post every receive slot. The peer may send
-    /// `INITIAL_CREDITS` (8) frames at once; the rest of the receives are
-    /// granted in our first frame out. Nothing is sent here: the peer's
-    /// QP may not be connected yet (the bootstrap's ready phase follows),
-    /// so a client grants with its first request and a server as soon as
-    /// the first request arrives.
+    /// `Config::start_credits` frames at once; the rest of the receives are
+    /// granted in our first frame out. This side may send `peer_credits`
+    /// (the peer's `start_credits`, from its hello) before the peer's first
+    /// grant. Nothing is sent here: the peer's QP may not be connected yet
+    /// (the bootstrap's ready phase follows), so a client grants with its
+    /// first request and a server as soon as the first request arrives.
     ///
     /// # Panics
-    /// If `ctrl_slots` is below `INITIAL_CREDITS` (8) (the endpoint refuses
-    /// such a `Config` before it gets here).
-    pub fn start(&mut self) {
-        assert!(self.cfg.ctrl_slots >= INITIAL_CREDITS, "ctrl_slots below INITIAL_CREDITS");
+    /// If `ctrl_slots` is below `start_credits` (the endpoint refuses such
+    /// a `Config` before it gets here).
+    pub fn start(&mut self, peer_credits: u32) {
+        assert!(self.cfg.ctrl_slots >= self.cfg.start_credits, "ctrl_slots below start_credits");
         for slot in 0..self.cfg.ctrl_slots {
             self.post_recv(slot);
         }
-        self.credits = INITIAL_CREDITS;
-        self.owed = self.cfg.ctrl_slots - INITIAL_CREDITS;
+        self.credits = peer_credits;
+        self.owed = self.cfg.ctrl_slots - self.cfg.start_credits;
     }
 
     /// [`Connection::start`] for a QP that takes its receives from a
     /// shared receive queue its owner posts (a
     /// endpoint with shared receives): nothing is posted
-    /// here, the peer may send `INITIAL_CREDITS` (8) frames, and the
+    /// here, the peer may send `Config::start_credits` frames, and the
     /// connection's share of the queue is that many until the owner
     /// changes it. A received frame's receive is not re-granted by itself:
     /// the owner calls [`Connection::grant_receives`] (or
@@ -558,10 +560,10 @@ impl Connection {
     /// Its completions arrive as for a receive of its own
     /// (`TAG_RECV`): the owner copies the frame out of its slot and passes
     /// the bytes to [`Connection::handle_completion`].
-    pub(crate) fn start_shared(&mut self) {
+    pub(crate) fn start_shared(&mut self, peer_credits: u32) {
         self.shared_receives = true;
-        self.credits = INITIAL_CREDITS;
-        self.share = INITIAL_CREDITS;
+        self.credits = peer_credits;
+        self.share = self.cfg.start_credits;
         self.owed = 0;
     }
 
@@ -578,9 +580,9 @@ impl Connection {
 
     /// Shared receives: the receive of a frame just received goes back to
     /// the owner instead of the peer (the share shrinks by one). Refused
-    /// (false) at `INITIAL_CREDITS` (8): below it flow control could stall.
+    /// (false) at `Config::start_credits`: the peer was promised that many.
     pub(crate) fn withhold_receive(&mut self) -> bool {
-        if self.share <= INITIAL_CREDITS {
+        if self.share <= self.cfg.start_credits {
             return false;
         }
         self.share -= 1;
