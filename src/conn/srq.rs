@@ -32,20 +32,6 @@
 //! `max_slots` with no room for its initial share is refused with
 //! [`SetupError::SrqBudget`].
 //!
-//! # Send slots
-//! The hub also lends its connections their send slots (a frame's 4 KiB of
-//! registered memory while its SEND is in flight): a connection takes one
-//! of the hub's for each of its own send slots the first time it stages a
-//! frame there, and gives them all back once none of its SENDs is known
-//! to be in flight, or its QP is destroyed. (The unsignaled frames after
-//! its last signaled one keep theirs until a later completion: up to
-//! `send_slots / 2 - 1`; with fewer than four send slots every frame is
-//! signaled.) An idle connection then registers no control memory of its
-//! own; the hub registers send slots `SEND_CHUNK` at a time, as many as
-//! are in flight at the peak (it keeps them). A
-//! connection whose QP could not be destroyed keeps those it holds for
-//! good: its SENDs may still read them.
-//!
 //! # Isolation
 //! rxe checks a receive's key against the receiving QP's protection
 //! domain, so the QPs on one SRQ are in the SRQ's PD. A peer can then use
@@ -67,10 +53,7 @@ use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 /// Free receives the queue keeps for the next connection: a share grows
 /// while more are free, and shrinks towards its floor while fewer are.
 pub(crate) const ROOM: u32 = INITIAL_CREDITS;
-use crate::backend::{Access, MrId, MrInfo, Nic, NicError, Sge, SrqId};
-
-/// Send slots registered at a time (one region of 1 MiB).
-const SEND_CHUNK: usize = 256;
+use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
 
 /// `check_limit` looks for the limit event once in this many calls.
 const LIMIT_CHECK_EVERY: u64 = 16;
@@ -127,12 +110,6 @@ pub struct SrqStats {
     /// Receives of frames whose connection was gone (never added, or its
     /// QP destroyed) posted again by the hub.
     pub unclaimed: u64,
-    /// Send slots (4 KiB each) the hub has registered to lend its
-    /// connections.
-    pub send_slots: u32,
-    /// Of those, lent to connections now (a SEND in flight, or kept by a
-    /// connection whose QP could not be destroyed).
-    pub send_slots_lent: u32,
 }
 
 /// What to do with the receive of a frame just received.
@@ -152,13 +129,6 @@ struct State {
     shares: u32,
 }
 
-/// The send slots the hub lends: regions of `SEND_CHUNK` slots, and those
-/// not lent (room for every slot made, so giving back never allocates).
-struct Sends {
-    slabs: Vec<MrInfo>,
-    free: Vec<(MrId, usize)>,
-}
-
 /// A hub's shared receive queue, held by the hub and by each endpoint on
 /// it (the last one destroys it, after every QP on it is gone).
 pub(crate) struct SharedReceives<N: Nic> {
@@ -166,7 +136,6 @@ pub(crate) struct SharedReceives<N: Nic> {
     srq: SrqId,
     cfg: SrqConfig,
     state: Mutex<State>,
-    sends: Mutex<Sends>,
     frames: AtomicU64,
     grown: AtomicU64,
     withheld: AtomicU64,
@@ -191,7 +160,6 @@ impl<N: Nic> SharedReceives<N> {
             srq,
             cfg,
             state: Mutex::new(State { slabs: Vec::new(), slots: 0, shares: 0 }),
-            sends: Mutex::new(Sends { slabs: Vec::new(), free: Vec::new() }),
             frames: AtomicU64::new(0),
             grown: AtomicU64::new(0),
             withheld: AtomicU64::new(0),
@@ -262,28 +230,6 @@ impl<N: Nic> SharedReceives<N> {
         let mut st = self.state.lock();
         debug_assert!(share <= st.shares, "a share of {share} released of {} held", st.shares);
         st.shares -= share.min(st.shares);
-    }
-
-    /// A send slot of the hub's (its region and offset) to lend a
-    /// connection, registering `SEND_CHUNK` more when none is free.
-    pub(crate) fn take_send(&self) -> Result<(MrId, usize), NicError> {
-        let mut s = self.sends.lock();
-        if let Some(slot) = s.free.pop() {
-            return Ok(slot);
-        }
-        let mr = self.nic.reg_mr(SEND_CHUNK * MAX_FRAME, Access::LOCAL_WRITE)?;
-        s.slabs.push(mr);
-        let made = s.slabs.len() * SEND_CHUNK;
-        let free = s.free.len();
-        s.free.reserve(made - free);
-        s.free.extend((1..SEND_CHUNK).rev().map(|k| (mr.id, k * MAX_FRAME)));
-        Ok((mr.id, 0))
-    }
-
-    /// Send slots a connection held come back: none of its SENDs can
-    /// read them any more.
-    pub(crate) fn give_sends(&self, slots: impl Iterator<Item = (MrId, usize)>) {
-        self.sends.lock().free.extend(slots);
     }
 
     /// A receive could not be posted again: the queue holds one fewer.
@@ -398,15 +344,8 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     pub(crate) fn stats(&self) -> SrqStats {
-        let (send_slots, send_slots_lent) = {
-            let s = self.sends.lock();
-            let made = s.slabs.len() * SEND_CHUNK;
-            (made as u32, (made - s.free.len()) as u32)
-        };
         let st = self.state.lock();
         SrqStats {
-            send_slots,
-            send_slots_lent,
             slots: st.slots,
             shares: st.shares,
             registered_bytes: st.slabs.iter().map(|m| m.len as u64).sum(),
@@ -427,16 +366,6 @@ impl<N: Nic> Drop for SharedReceives<N> {
         }
         for mr in self.state.get_mut().slabs.drain(..) {
             let _ = self.nic.dereg_mr(mr.id);
-        }
-        // Every connection holds the queue while it lives (the last one
-        // drops it), so no SEND can read these any more, except one of a
-        // connection whose QP could not be destroyed: its slots stay
-        // registered.
-        let s = self.sends.get_mut();
-        if s.free.len() == s.slabs.len() * SEND_CHUNK {
-            for mr in s.slabs.drain(..) {
-                let _ = self.nic.dereg_mr(mr.id);
-            }
         }
     }
 }

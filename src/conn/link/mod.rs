@@ -24,7 +24,7 @@ use super::regions::Regions;
 use super::srq::{self, Regrant, SharedReceives};
 use super::types::*;
 use super::SetupError;
-use crate::backend::{Access, Completion, CqId, MrId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
+use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
 
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
 #[cfg(any(test, feature = "testing"))]
@@ -69,32 +69,6 @@ fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
     }
 }
 
-/// On shared receives: the hub's send slot that stands for the
-/// connection's own slot of the staged frame `f` (taken from the hub if
-/// the connection holds none there yet), with `chain`'s SEND pointed at it.
-#[inline(never)]
-fn lend_send<N: Nic>(
-    srq: Option<&SharedReceives<N>>,
-    lent: &mut [Option<(MrId, usize)>],
-    lent_count: &mut u32,
-    f: &proto::Staged,
-    chain: &mut proto::Chain,
-) -> Result<(MrId, usize), NicError> {
-    let srq = srq.expect("only a link on shared receives has no control region");
-    let k = f.offset / MAX_FRAME;
-    let slot = match lent[k] {
-        Some(slot) => slot,
-        None => {
-            let slot = srq.take_send()?;
-            lent[k] = Some(slot);
-            *lent_count += 1;
-            slot
-        }
-    };
-    chain.relocate_send(slot.0, slot.1);
-    Ok(slot)
-}
-
 /// One side of one RC connection: its device resources on a [`Nic`], and
 /// the [`Connection`] state machine it runs. See the [module docs](super)
 /// for the call order.
@@ -103,16 +77,7 @@ pub struct Link<N: Nic> {
     conn: Connection,
     cq: CqId,
     local: QpEndpoint,
-    /// Its control region: send slots, then (with a receive queue of its
-    /// own) receive slots. `None` on shared receives: its receives are the
-    /// hub's queue's, and its send slots the hub's, lent (`lent`).
-    ctrl: Option<MrInfo>,
-    /// On shared receives: the hub's send slot (region, offset) standing
-    /// for each of the connection's own, from the first frame staged there
-    /// until none of its SENDs is in flight.
-    lent: Vec<Option<(MrId, usize)>>,
-    /// How many of `lent` are set.
-    lent_count: u32,
+    ctrl: MrInfo,
     /// Its own data region; `None` on a hub's shared buffer pool.
     data: Option<MrInfo>,
     /// The access of the data region, which user regions get too.
@@ -167,7 +132,7 @@ impl<N: Nic> Link<N> {
     /// control slots, its buffer pool, and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
         let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
-        self.ctrl.map_or(0, |c| c.len as u64) + self.data.map_or(0, |d| d.len as u64) + regions
+        self.ctrl.len as u64 + self.data.map_or(0, |d| d.len as u64) + regions
     }
 
     /// The data region (for tests and the oracle).
@@ -270,32 +235,17 @@ impl<N: Nic> Link<N> {
     #[inline(never)]
     fn run_commands(&mut self) {
         let _in = self.span.enter();
-        while let Some(mut cmd) = self.conn.poll_command() {
-            let done = match &mut cmd {
+        while let Some(cmd) = self.conn.poll_command() {
+            let done = match &cmd {
                 Command::PostSend { chain, frame } => {
                     let copied = match frame {
                         // The frame is copied from the connection's staging
                         // into its send slot (registered memory), then sent.
                         Some(f) => {
-                            let into = match self.ctrl {
-                                Some(ctrl) => Ok((ctrl.id, f.offset)),
-                                None => lend_send(
-                                    self.srq.as_deref(),
-                                    &mut self.lent,
-                                    &mut self.lent_count,
-                                    f,
-                                    chain,
-                                ),
-                            };
-                            match into {
-                                Ok((mr, offset)) => {
-                                    let bytes = self.conn.staged(f);
-                                    self.nic.with_mr_mut(mr, offset, bytes.len(), &mut |b| {
-                                        b.copy_from_slice(bytes)
-                                    })
-                                }
-                                Err(e) => Err(e),
-                            }
+                            let bytes = self.conn.staged(f);
+                            self.nic.with_mr_mut(self.ctrl.id, f.offset, bytes.len(), &mut |b| {
+                                b.copy_from_slice(bytes)
+                            })
                         }
                         None => Ok(()),
                     };
@@ -312,18 +262,6 @@ impl<N: Nic> Link<N> {
             if let Err(e) = done {
                 self.conn.post_failed(&cmd, e);
             }
-        }
-    }
-
-    /// On shared receives: once none of the connection's SENDs is in
-    /// flight, the hub's send slots it holds go back.
-    #[inline]
-    fn give_back_sends(&mut self) {
-        if self.lent_count > 0 && !self.conn.holds_send_slots() {
-            if let Some(srq) = &self.srq {
-                srq.give_sends(self.lent.iter_mut().filter_map(Option::take));
-            }
-            self.lent_count = 0;
         }
     }
 
@@ -620,12 +558,8 @@ impl<N: Nic> Link<N> {
             if let Some((offset, len)) = self.conn.received_frame(c) {
                 // Copied once out of the receive slot (which is re-posted
                 // right after) into the scratch kept for the endpoint's life.
-                let copied = match &self.ctrl {
-                    Some(ctrl) => {
-                        self.nic.with_mr(ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b))
-                    }
-                    None => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
-                };
+                let copied =
+                    self.nic.with_mr(self.ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b));
                 if let Err(e) = copied {
                     self.conn.post_failed(&Command::SetQpError, e);
                 }
@@ -635,7 +569,6 @@ impl<N: Nic> Link<N> {
         drop(_in);
         self.scratch = scratch;
         self.run();
-        self.give_back_sends();
     }
 
     /// A completion of a receive of the hub's shared queue: copy the frame
@@ -888,12 +821,8 @@ impl<N: Nic> Drop for Link<N> {
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         let gone = self.destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
         if gone {
-            // Nothing can read the endpoint's regions, or the hub's send
-            // slots it holds, through it any more.
+            // Nothing can read the endpoint's regions through it any more.
             self.regions.forget(self.conn.id());
-            if let Some(srq) = &self.srq {
-                srq.give_sends(self.lent.iter_mut().filter_map(Option::take));
-            }
         } else {
             // No evidence: the shared pool's buffers must not serve others,
             // and the ranges it exposed stay unwritable.
@@ -906,9 +835,7 @@ impl<N: Nic> Drop for Link<N> {
         if let Some(data) = self.data {
             let _ = self.nic.dereg_mr(data.id);
         }
-        if let Some(ctrl) = self.ctrl {
-            let _ = self.nic.dereg_mr(ctrl.id);
-        }
+        let _ = self.nic.dereg_mr(self.ctrl.id);
         for r in self.conn.region_infos() {
             let _ = self.nic.dereg_mr(r.id);
         }
