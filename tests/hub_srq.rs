@@ -96,6 +96,32 @@ fn call_by_hand(pool: &mut LocalPool, fabric: &Fabric, client: &mut Link<SimNic>
     }
 }
 
+/// 12 calls on `c` at once, call `k` with a payload of `sizes[k % len]`
+/// bytes (none for 0) holding the pattern of `seed + k`; each must come
+/// back with exactly those bytes reversed ([`serve`]), or no payload for
+/// none. The reply payloads are freed.
+async fn twelve_checked_calls(c: &Connection<SimNic>, seed: usize, sizes: &[usize]) {
+    let calls = (0..12usize).map(|k| async move {
+        let len = sizes[k % sizes.len()];
+        let data = if len == 0 {
+            None
+        } else {
+            let mut b = c.alloc_for(len).await.unwrap();
+            b.copy_from(&pattern(seed + k, len)).unwrap();
+            Some(b)
+        };
+        let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("calls {seed}, call {k}: {e}"));
+        let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
+        let mut want = pattern(seed + k, len);
+        want.reverse();
+        assert!(got == want, "calls {seed}, call {k}: not its own bytes");
+        if let Some(d) = r.data {
+            c.free(d);
+        }
+    });
+    futures::future::join_all(calls).await;
+}
+
 fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: DeviceId) -> u64 {
     let addr = mwcap::sim::QpAddr { device: dev, qpn: c.qp_number() };
     fabric.qp_counters(addr).map_or(0, |q| q.rnr_naks)
@@ -204,29 +230,7 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
     }
     // The first ten connections are busy: 12 calls in flight each.
     let sizes = [0usize, 100, 3000, 20_000];
-    let busy = conns.iter().take(10).enumerate().map(|(i, (c, _))| async move {
-        let calls = (0..12usize).map(|k| async move {
-            let len = sizes[k % 4];
-            let data = if len == 0 {
-                None
-            } else {
-                let mut b = c.alloc_for(len).await.unwrap();
-                b.copy_from(&pattern(i * 100 + k, len)).unwrap();
-                Some(b)
-            };
-            let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-            match r.data {
-                None => assert_eq!(len, 0),
-                Some(d) => {
-                    let mut want = pattern(i * 100 + k, len);
-                    want.reverse();
-                    assert!(d.to_vec() == want, "conn {i} call {k}: not its own bytes");
-                    c.free(d);
-                }
-            }
-        });
-        futures::future::join_all(calls).await;
-    });
+    let busy = conns.iter().take(10).enumerate().map(|(i, (c, _))| twelve_checked_calls(c, i * 100, &sizes));
     pool.run_until(futures::future::join_all(busy));
     let st = sh.stats().srq.unwrap();
     assert!(st.grown > 0, "busy connections' shares grew: {st:?}");
@@ -579,25 +583,7 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     let (ce, se) = (c.local(), s.local());
     let (client, server) = (c.connect(&se).unwrap(), s.connect(&ce).unwrap());
     spawn(&pool, serve(server.clone()));
-    let calls = (0..12usize).map(|k| {
-        let c = client.clone();
-        async move {
-            let len = [0usize, 100, 3000][k % 3];
-            let data = if len == 0 {
-                None
-            } else {
-                let mut b = c.alloc_for(len).await.unwrap();
-                b.copy_from(&pattern(k, len)).unwrap();
-                Some(b)
-            };
-            let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("call {k}: {e}"));
-            let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
-            let mut want = pattern(k, len);
-            want.reverse();
-            assert!(got == want, "call {k}: not its own bytes");
-        }
-    });
-    pool.run_until(futures::future::join_all(calls));
+    pool.run_until(twelve_checked_calls(&client, 0, &[0, 100, 3000]));
     assert_eq!(client.stats().calls_failed, 0);
     client.close();
     server.close();
@@ -791,27 +777,7 @@ fn start_credits_are_told_in_the_hello_and_an_idle_connection_holds_only_those()
             spawn(&pool, serve(s.clone()));
         }
         let sizes = [0usize, 100, 3000];
-        let busy = conns.iter().enumerate().take(3).map(|(i, c)| async move {
-            let calls = (0..12usize).map(|k| async move {
-                let len = sizes[k % 3];
-                let data = if len == 0 {
-                    None
-                } else {
-                    let mut b = c.alloc_for(len).await.unwrap();
-                    b.copy_from(&pattern(i * 100 + k, len)).unwrap();
-                    Some(b)
-                };
-                let r = c.call(b"x", data).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-                let got = r.data.as_ref().map(|d| d.to_vec()).unwrap_or_default();
-                let mut want = pattern(i * 100 + k, len);
-                want.reverse();
-                assert!(got == want, "conn {i} call {k}: not its own bytes");
-                if let Some(d) = r.data {
-                    c.free(d);
-                }
-            });
-            futures::future::join_all(calls).await;
-        });
+        let busy = conns.iter().enumerate().take(3).map(|(i, c)| twelve_checked_calls(c, i * 100, &sizes));
         pool.run_until(futures::future::join_all(busy));
         for (i, c) in conns.iter().enumerate() {
             assert!(c.is_down().is_none(), "{client_start}/{server_start}: conn {i}");
