@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 mod create;
+mod regions;
 pub use create::Prepared;
 #[cfg_attr(loom, allow(unused_imports))] // the hub's, absent under loom
 pub(crate) use create::QueueSizes;
@@ -314,129 +315,6 @@ impl<N: Nic> Link<N> {
     pub fn free(&mut self, buf: Buf) {
         self.conn.free(buf);
         self.run();
-    }
-
-    // ---- the user's regions ----
-
-    /// Register `len` zeroed bytes in the link's regions (its endpoint's,
-    /// once a hub adopts it: `Endpoint::register_region` says more), to
-    /// expose ranges of without copying them into buffers
-    /// ([`Link::call_region`], [`Link::reply_region`]). The link registers
-    /// the region in its PD the first time it exposes a range of it.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
-        self.regions.register(len)
-    }
-
-    /// Deregister a region once none of its ranges is exposed
-    /// ([`UseError::RegionBusy`] until then).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn deregister_region(&mut self, id: RegionId) -> Result<(), UseError> {
-        self.regions.deregister(id)?;
-        self.forget_region(id);
-        Ok(())
-    }
-
-    /// Copy `bytes` into region `id` at `offset`. Refused while any of those
-    /// bytes is exposed to the peer ([`UseError::RangeExposed`]): wait for
-    /// the exposure's [`Event::RangeReturned`].
-    #[cfg(any(test, feature = "testing"))]
-    pub fn region_write(&mut self, id: RegionId, offset: usize, bytes: &[u8]) -> Result<(), UseError> {
-        self.regions.write(id, offset, bytes, None)
-    }
-
-    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn region_bytes<R>(
-        &self,
-        id: RegionId,
-        offset: usize,
-        len: usize,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, UseError> {
-        self.regions.bytes(id, offset, len, f)
-    }
-
-    /// Client: a call whose request payload is `range` of a user region,
-    /// exposed until its [`Event::RangeReturned`] (see
-    /// [`Link::register_region`]).
-    pub fn call_region(
-        &mut self,
-        now: Duration,
-        trace: Option<TraceId>,
-        header: &[u8],
-        range: RegionRange,
-    ) -> Result<CallId, UseError> {
-        self.expose_range(range)?;
-        let r = self.span.in_scope(|| self.conn.call_region(now, trace, header, range));
-        if r.is_err() {
-            self.unexpose_range(range);
-        }
-        self.run();
-        r
-    }
-
-    /// Server: answer `req` with `range` of a user region as the payload,
-    /// exposed until its [`Event::RangeReturned`].
-    pub fn reply_region(
-        &mut self,
-        now: Duration,
-        req: RequestId,
-        status: u8,
-        header: &[u8],
-        range: RegionRange,
-    ) -> Result<(), UseError> {
-        self.expose_range(range)?;
-        let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
-        if r.is_err() {
-            self.unexpose_range(range);
-        }
-        self.run();
-        r
-    }
-
-    /// The link's endpoint's regions (set once, when a hub adopts it).
-    pub(crate) fn set_regions(&mut self, regions: std::sync::Arc<Regions<N>>) {
-        self.regions = regions;
-    }
-
-    /// On an endpoint: put `range` in its region's book (see
-    /// `regions.rs`) and, the first time this connection exposes the
-    /// region, know its registration in the connection's PD (registering
-    /// it there unless the endpoint's serves).
-    fn expose_range(&mut self, range: RegionRange) -> Result<(), UseError> {
-        let regions = &self.regions;
-        let me = self.conn.id();
-        let region = regions.expose(me, range)?;
-        if !self.conn.knows_region(range.region) {
-            let made = match region.shared_for(self.access) {
-                Some(info) => Ok((info, false)),
-                None => self.nic.reg_memory(region.memory(), self.access).map(|info| (info, true)),
-            };
-            match made {
-                Ok((info, owned)) => self.conn.add_region(range.region, info, owned),
-                Err(e) => {
-                    regions.unexpose(me, range);
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn unexpose_range(&self, range: RegionRange) {
-        self.regions.unexpose(self.conn.id(), range);
-    }
-
-    /// Release this connection's registration of endpoint region `id`, if
-    /// it has one (the region is being deregistered: no range of it is
-    /// exposed).
-    pub(crate) fn forget_region(&mut self, id: RegionId) {
-        if let Ok(Some(info)) = self.conn.remove_region(id) {
-            if let Err(e) = self.nic.dereg_mr(info.id) {
-                tracing::warn!(%e, "deregistering a connection's registration of a region (its memory is kept)");
-            }
-        }
     }
 
     /// Buffers currently exposed to the peer or being read into (for tests).

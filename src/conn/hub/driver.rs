@@ -1,0 +1,229 @@
+//! The [`HubDriver`]'s loop: poll the shared completion queue, route each
+//! completion to its connection, and give a turn to each connection that
+//! has something to do (a completion, a user's call or reply, a timer kept
+//! in a heap).
+
+use std::collections::BinaryHeap;
+use std::future::poll_fn;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::{EndpointStats, HubDriver, POLL_BATCH};
+use crate::backend::{Completion, Nic, NicError};
+use crate::conn::live::{HubPart, Inner};
+
+/// A connection's next timer, in the hub's heap (earliest first).
+struct Due<N: Nic> {
+    at: Duration,
+    conn: Weak<Inner<N>>,
+}
+
+impl<N: Nic> PartialEq for Due<N> {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at
+    }
+}
+impl<N: Nic> Eq for Due<N> {}
+impl<N: Nic> PartialOrd for Due<N> {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl<N: Nic> Ord for Due<N> {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.at.cmp(&self.at) // reversed: BinaryHeap is a max-heap
+    }
+}
+
+impl<N: Nic> HubDriver<N> {
+    /// Drive every connection on the hub; ends once every [`Hub`](super::Hub) handle
+    /// is dropped and every connection has finished. Returns the hub's
+    /// final counts.
+    pub async fn run(self) -> EndpointStats {
+        let shared = &self.shared;
+        let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
+        let mut work: Vec<Arc<Inner<N>>> = Vec::new();
+        let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        let mut alarm = crate::conn::alarm::Alarm::default();
+        // When the alarm rings (since the hub's epoch), while it is armed.
+        let mut armed: Option<Duration> = None;
+        // The waker the driver left in its doorbell (its only poller).
+        let mut bell_waker: Option<std::task::Waker> = None;
+        // Set once the queue failed (its device is gone): it is polled no
+        // more, and every connection on it is taken down.
+        let mut failed: Option<NicError> = None;
+        // The `added` count when the connections were last taken down
+        // after the failure.
+        let mut swept_at: Option<u64> = None;
+        // Since when turns have found nothing (for the busy-poll window),
+        // and how many have (for `live::idle_turn`).
+        let mut idle_since: Option<Instant> = None;
+        let mut idle_turns = 0u32;
+        loop {
+            shared.ready.bell().take();
+            shared.turns.fetch_add(1, Ordering::Relaxed);
+            // One clock read a loop: the turns' time and the busy-poll window's.
+            let at = Instant::now();
+            let now = at.saturating_duration_since(shared.epoch);
+            let mut busy = false;
+            if failed.is_none() {
+                let mut routes = shared.routes.lock();
+                let polled = shared.poll(&mut routes, false);
+                drop(routes);
+                match polled {
+                    Ok(n) => {
+                        busy |= n > 0;
+                        if let Some(srq) = shared.srq.as_ref().filter(|_| n > 0) {
+                            // Receives were taken: most in use at once?
+                            srq.check_limit();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(%e, "the hub's completion queue failed; its connections go down");
+                        failed = Some(e);
+                    }
+                }
+            }
+            let added = shared.added.load(Ordering::Relaxed);
+            if let Some(e) = failed.as_ref().filter(|_| swept_at != Some(added)) {
+                // Every connection, once, and again only when more were
+                // added since: each goes down with the error and ends by
+                // its flush grace (no flush can come), its QP destroyed as
+                // evidence.
+                swept_at = Some(added);
+                let conns: Vec<Arc<Inner<N>>> = shared.routes.lock().targets().cloned().collect();
+                for c in conns {
+                    if c.cq_failed(e) {
+                        shared.queue(&c);
+                    }
+                }
+            }
+            while timers.peek().is_some_and(|d| d.at <= now) {
+                let d = timers.pop().expect("peeked");
+                if let Some(c) = d.conn.upgrade() {
+                    shared.queue(&c);
+                }
+            }
+            shared.ready.take(&mut work);
+            for inner in &work {
+                busy = true;
+                self.turn(inner, now, &mut inbox, &mut timers);
+            }
+            work.clear();
+            if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
+                return shared.stats();
+            }
+            let spin_ns = shared.busy_poll_ns.load(Ordering::Relaxed);
+            // Read after this loop took the doorbell: a waiter that stops
+            // from now on rings it, and the sleep below sees the ring.
+            let waiter_polls = shared.spinners.load(Ordering::Acquire) > 0;
+            if busy {
+                // Yield, then loop again: what came meanwhile is found by
+                // polling, not by a sleep and a wake-up. (Going straight to
+                // the sleep check instead saved 250 instructions a call under
+                // block_on, and cost smol a cross-thread wake-up per
+                // completion: its rpc fell from 168,000 to 50,000 calls/s.)
+                idle_since = None;
+                crate::conn::live::yield_now().await;
+                continue;
+            }
+            // A waiter polling the queue: one polling thread is enough.
+            if spin_ns != 0 && failed.is_none() && !waiter_polls {
+                let idle = *idle_since.get_or_insert(at);
+                if at.saturating_duration_since(idle) < Duration::from_nanos(spin_ns) {
+                    crate::conn::live::idle_turn(&mut idle_turns);
+                    crate::conn::live::yield_now().await;
+                    continue;
+                }
+            }
+            idle_since = None;
+            // Armed only when the earliest timer is earlier than the alarm
+            // (an earlier deadline wins; a later one would change nothing).
+            if let Some(d) = timers.peek().filter(|d| armed.map_or(true, |a| d.at < a)) {
+                alarm.arm(Some(shared.epoch + d.at));
+                armed = Some(d.at);
+            }
+            // Unarmed while a waiter polls: its polls find the completions
+            // (and ring for the other connections'), and an armed queue
+            // would raise an event, a system call and a wake-up, for each.
+            let cq_gone = failed.is_some() || waiter_polls;
+            let mut slept = false;
+            poll_fn(|cx: &mut Context<'_>| {
+                if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {
+                    return Poll::Ready(());
+                }
+                if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                if alarm.poll(cx).is_ready() {
+                    // Rung, and disarmed.
+                    armed = None;
+                    return Poll::Ready(());
+                }
+                if !slept {
+                    slept = true;
+                    shared.sleeps.fetch_add(1, Ordering::Relaxed);
+                }
+                Poll::Pending
+            })
+            .await;
+        }
+    }
+
+    /// One connection's turn, with the completions routed to it.
+    fn turn(
+        &self,
+        inner: &Arc<Inner<N>>,
+        now: Duration,
+        inbox: &mut Vec<Completion>,
+        timers: &mut BinaryHeap<Due<N>>,
+    ) {
+        let part: &HubPart = &inner.hub;
+        // Cleared before the turn takes the connection's lock: whatever the
+        // user does and rings for from now on queues it again
+        // (`Inner::ring`), and what it did before, this turn sees.
+        part.queued.clear();
+        // `inbox` (empty, with its capacity) and the connection's routed
+        // completions trade places under the connection's lock (`Inner::turn`).
+        let t = inner.turn(now, inbox, |st, next| {
+            // A heap entry at or before now has fired (this turn may be
+            // its): it arms nothing any more, and a deadline set from now on
+            // (a call) rings the driver to be armed (`State::needs_driver`).
+            if st.driver_next.is_some_and(|armed| armed <= now) {
+                st.driver_next = None;
+            }
+            let Some(next) = next else { return };
+            // A heap entry at or before `next`, still ahead, serves.
+            if st.driver_next.is_some_and(|armed| armed <= next) {
+                return;
+            }
+            timers.push(Due { at: next, conn: Arc::downgrade(inner) });
+            st.driver_next = Some(next);
+        });
+        inbox.clear();
+        inner.count_turn(t.busy);
+        self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
+        for rkey in t.foreign_invalidations {
+            self.invalidated_elsewhere(inner, now, rkey);
+        }
+    }
+
+    /// The peer of `from` invalidated `rkey`, which is none of `from`'s
+    /// windows, and the NIC let it (rxe: any queue pair reaches any window
+    /// of the device). Find the connection whose window it was: its one
+    /// invalidation has happened, so it must never post another (on rxe a
+    /// second one panics the kernel), and it goes down. A search of every
+    /// connection, only ever run for a hostile peer (which `from`'s
+    /// connection is closed as).
+    #[inline(never)]
+    fn invalidated_elsewhere(&self, from: &Arc<Inner<N>>, now: Duration, rkey: u32) {
+        let conns: Vec<Arc<Inner<N>>> = self.shared.routes.lock().targets().cloned().collect();
+        let owner = conns.iter().find(|c| !Arc::ptr_eq(c, from) && c.window_invalidated_elsewhere(now, rkey));
+        match owner {
+            Some(c) => self.shared.queue(c),
+            None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),
+        }
+    }
+}
