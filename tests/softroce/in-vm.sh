@@ -187,10 +187,15 @@ wait_listening() {
 
 # The verdict of a leg against the many-clients server: NAME, the bench's
 # exit code, its result lines for 100 connections, the lines it must have,
-# and when it started. Sets fail=1 and shows the server's log tail on FAIL.
+# and when it started. Sets fail=1 on FAIL and shows the server's log: the
+# connections it ended for a reason of its own (the first failure's cause;
+# once the bench exits, every other connection ends with "the peer went
+# away"), then its tail.
 many_leg() {
     if [ "$2" -ne 0 ] || [ "$3" -lt "$4" ]; then
         echo "$1: exit $2, $3 result lines of $4 (FAIL)"
+        grep -a "done after" "$many_log" | grep -av "the peer went away" | head -20 | sed -e 's/^/many-serve: /'
+        grep -aiE "warn|error|panic" "$many_log" | head -20 | sed -e 's/^/many-serve: /'
         tail -20 "$many_log" | sed -e 's/^/many-serve: /'
         fail=1
     else
@@ -409,7 +414,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     many_log=$pdir/many-serve.log
     many_out=$pdir/many.out
     small="--buffers 4 --large-buffers 1 --ctrl-slots 16"
-    timeout -k 5 900 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" --trusted-peers \
+    timeout -k 5 900 "$mwcap" --log warn serve --device rxe0 --listen "127.0.0.1:$many_port" --key-file "$key_file" --trusted-peers \
         --max-payload 16777216 --lease-ms 120000 $small >"$many_log" 2>&1 &
     many_pid=$!
     wait_listening "$many_log" "$many_pid"
@@ -447,7 +452,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     pool_port=18800
     many_log=$pdir/pool-serve.log
     pool_out=$pdir/pool.out
-    timeout -k 5 400 "$mwcap" serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" --trusted-peers \
+    timeout -k 5 400 "$mwcap" --log warn serve --device rxe0 --listen "127.0.0.1:$pool_port" --key-file "$key_file" --trusted-peers \
         --max-payload 1048576 --shared-buffers 64 --shared-large 16 --lease-ms 30000 $small >"$many_log" 2>&1 &
     pool_pid=$!
     wait_listening "$many_log" "$pool_pid"
