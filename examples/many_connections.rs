@@ -15,7 +15,8 @@
 //! `START_CREDITS` of them at the start (`Config::start_credits`). With `--shared-receives` both endpoints are made with
 //! `EndpointBuilder::shared_receives`: the connections take their control receives
 //! from one shared receive queue per side (`START_CREDITS` each while idle, up to
-//! `CTRL_SLOTS` when busy) and keep only their send slots. With
+//! `CTRL_SLOTS` when busy), and borrow the endpoint's send slots while
+//! their SENDs are in flight: they register no control memory of their own. With
 //! `--shared-buffers` (which implies `--shared-receives`) both endpoints are made
 //! with `EndpointBuilder::shared_buffers` and a pool of 2 x `ACTIVE` + 64 buffers
 //! of 4 KiB (and a memory window per buffer): a connection registers no
@@ -150,7 +151,9 @@ fn main() {
     let per_side = rss / (2 * n as u64);
     // The shared receive queue's and buffer pool's regions, per connection
     // on the hub.
-    let srq_per_conn = shub.stats().srq.map_or(0, |q| q.registered_bytes / n as u64);
+    // (With shared receives the endpoint also lends the send slots.)
+    let srq_per_conn =
+        shub.stats().srq.map_or(0, |q| (q.registered_bytes + u64::from(q.send_slots) * 4096) / n as u64);
     let pool_per_conn = shub.stats().buffers.map_or(0, |b| b.registered_bytes / n as u64);
     // The simulator keeps registered memory on the heap, zeroed and so not
     // resident until touched: rss less it is the heap only when all of it
@@ -162,7 +165,7 @@ fn main() {
     println!(
         "connections={n} endpoints=2 shared_receives={shared} shared_buffers={pooled} ctrl_slots={ctrl_slots} \
          send_slots={send_slots} start_credits={start_credits} setup_s={:.2} setups_per_s={:.0} registered_bytes_per_conn={} (own \
-         {registered}, shared receive queue {srq_per_conn}, shared buffer pool {pool_per_conn}) \
+         {registered}, shared receive queue and send slots {srq_per_conn}, shared buffer pool {pool_per_conn}) \
          rss_bytes_per_conn_side={per_side} heap_bytes_per_conn_side={heap} (rss less the simulated \
          registered memory)",
         setup.as_secs_f64(),
@@ -216,7 +219,7 @@ fn main() {
     if let Some(q) = s.srq {
         println!(
             "server shared receives: slots={} shares={} registered_bytes={} ({} per connection) frames={} \
-             grown={} withheld={} limit_events={}",
+             grown={} withheld={} limit_events={} send_slots={} ({} per connection) send_slots_lent={}",
             q.slots,
             q.shares,
             q.registered_bytes,
@@ -224,7 +227,10 @@ fn main() {
             q.frames,
             q.grown,
             q.withheld,
-            q.limit_events
+            q.limit_events,
+            q.send_slots,
+            u64::from(q.send_slots) * 4096 / n as u64,
+            q.send_slots_lent
         );
     }
     if let Some(b) = s.buffers {

@@ -201,7 +201,7 @@ impl Registry {
                 // The line goes on: the hub's shared receive queue.
                 let _ = write!(
                     out,
-                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={} srq_unclaimed={}",
+                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={} srq_unclaimed={} srq_send_slots={} srq_send_lent={}",
                     q.slots,
                     q.shares,
                     q.registered_bytes,
@@ -210,7 +210,9 @@ impl Registry {
                     q.withheld,
                     q.limit_events,
                     q.refused,
-                    q.unclaimed
+                    q.unclaimed,
+                    q.send_slots,
+                    q.send_slots_lent
                 );
             }
             if let Some(b) = h.buffers {

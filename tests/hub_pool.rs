@@ -104,10 +104,11 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
         spawn(&pool, serve(s.clone()));
         conns.push((c, s));
     }
-    // A connection registers its control slots and nothing for buffers.
+    // A connection registers nothing: its receives are the shared queue's,
+    // its send slots and buffers the endpoint's, lent while in use.
     for (c, s) in &conns {
-        assert_eq!(s.registered_bytes(), 8 * 4096, "the send slots only");
-        assert_eq!(c.registered_bytes(), 8 * 4096);
+        assert_eq!(s.registered_bytes(), 0, "nothing of its own");
+        assert_eq!(c.registered_bytes(), 0);
     }
     let client_qps: Vec<QpAddr> =
         conns.iter().map(|(c, _)| QpAddr { device: cdev, qpn: c.qp_number() }).collect();
@@ -307,7 +308,7 @@ fn a_pooled_buffer_goes_to_another_connection_only_after_its_window_is_invalidat
         // The silent client: a link nobody drives after its call.
         let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
         // No data region of its own: whatever it exposes is the pool's.
-        assert_eq!(a.registered_bytes(), 8 * 4096, "the send slots only");
+        assert_eq!(a.registered_bytes(), 0, "nothing of its own");
         spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
         let exposed = call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
         assert_eq!(exposed.len(), 1, "{exposed:?}");

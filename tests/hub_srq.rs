@@ -241,6 +241,13 @@ fn forty_connections_share_one_receive_queue_and_shares_follow_load() {
         assert_eq!(s.stats().receive_share, 8, "an idle connection stays at 8");
     }
     assert!(st.shares <= st.slots, "{st:?}");
+    // The send slots: the endpoint's, lent per frame in flight (the busy
+    // ten had up to 12 calls' frames each; one chunk of 256 held them).
+    // Now that every connection is idle, a busy one keeps at most those of
+    // the unsignaled frames after its last signaled one (32 send slots: one
+    // frame in 16 is signaled), the idle thirty none.
+    assert_eq!(st.send_slots, 256, "{st:?}");
+    assert!(st.send_slots_lent <= 10 * 15, "{st:?}");
     for (c, _) in &conns {
         assert_eq!(c.stats().calls_failed, 0);
         assert_eq!(rnr_naks(&fabric, c, cdev), 0);
@@ -563,9 +570,11 @@ fn a_flood_past_its_credit_ends_the_flooders_connection_and_not_the_others() {
 }
 
 /// `Config::send_slots` below `ctrl_slots`: a server on shared receives
-/// registers only its few send slots for control frames, its client (a
-/// receive queue of its own, 2 send slots) still keeps 12 calls going, and
-/// every one is answered with its own bytes; fewer than 2 is refused.
+/// registers no control memory of its own (its receives are the queue's,
+/// its 3 send slots the endpoint's, lent while its SENDs are in flight and
+/// all back once it is idle), its client (a receive queue of its own, 2
+/// send slots) still keeps 12 calls going, and every one is answered with
+/// its own bytes; fewer than 2 is refused.
 #[test]
 fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     let (fabric, ch, sh, mut pool, _) =
@@ -575,16 +584,21 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
         c.send_slots = Some(n);
         c
     };
-    let s = with_sends(Role::Server, 4).prepare(&sh).unwrap();
+    let s = with_sends(Role::Server, 3).prepare(&sh).unwrap();
     let c = with_sends(Role::Client, 2).prepare(&ch).unwrap();
     let data = s.link().data_region().len as u64;
-    assert_eq!(s.link().registered_bytes(), 4 * 4096 + data, "4 send slots, no receive slots");
+    assert_eq!(s.link().registered_bytes(), data, "no send slots, no receive slots");
     assert_eq!(c.link().registered_bytes(), (2 + 32) * 4096 + data, "2 send slots, 32 receive slots");
     let (ce, se) = (c.local(), s.local());
     let (client, server) = (c.connect(&se).unwrap(), s.connect(&ce).unwrap());
     spawn(&pool, serve(server.clone()));
     pool.run_until(twelve_checked_calls(&client, 0, &[0, 100, 3000]));
     assert_eq!(client.stats().calls_failed, 0);
+    // Lent while the server sent (at most its 3), all back now it is idle:
+    // with fewer than four send slots every frame is signaled, so its last
+    // SEND's completion says that none is in flight.
+    let st = sh.stats().srq.unwrap();
+    assert_eq!((st.send_slots, st.send_slots_lent), (256, 0), "{st:?}");
     client.close();
     server.close();
     pool.run_until(futures::future::join(client.finished(), server.finished()));

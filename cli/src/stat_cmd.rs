@@ -182,6 +182,9 @@ pub fn table(text: &str) -> Result<String, String> {
                     g("srq_unclaimed")
                 );
             }
+            if f.contains_key("srq_send_slots") {
+                let _ = write!(hub, ", {} send slots ({} lent)", g("srq_send_slots"), g("srq_send_lent"));
+            }
             if f.contains_key("pool_buffers") {
                 let _ = write!(
                     hub,
@@ -337,24 +340,25 @@ mod tests {
         assert_eq!(rows[9], "  4: the peer closed the connection");
         let srq = "mwcap-stat 1 pid=7 connections=0\n\
             hub name=mw connections=2 added=5 reserved_entries=110 depth=32767 completions=900 orphans=0 turns=40 connection_turns=70 sleeps=9 \
-            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_limit_events=0 srq_refused=0 srq_unclaimed=2\n";
+            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_limit_events=0 srq_refused=0 srq_unclaimed=2 srq_send_slots=256 srq_send_lent=3\n";
         let t = table(srq).unwrap();
         let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
         assert_eq!(
             hub,
             "hub mw: 2 connection(s), 110 of 32767 queue entries reserved, 900 completions (0 orphans), 40 turns, 70 connection turns, 9 sleeps; \
-             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused, 2 unclaimed"
+             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused, 2 unclaimed, \
+             256 send slots (3 lent)"
         );
         let pooled = srq.replace(
-            "srq_unclaimed=2\n",
-            "srq_unclaimed=2 pool_buffers=36 pool_free=30 pool_bytes=6291456 pool_held_bytes=393216 pool_taken=900 pool_empty=4 pool_wakeups=3 \
+            "srq_send_lent=3\n",
+            "srq_send_lent=3 pool_buffers=36 pool_free=30 pool_bytes=6291456 pool_held_bytes=393216 pool_taken=900 pool_empty=4 pool_wakeups=3 \
              pool_windows=35 pool_windows_free=33 pool_windows_lent=880 pool_windows_allocated=37 pool_windows_dropped=2 pool_window_alloc_failures=0 pool_window_waits=0\n",
         );
         let t = table(&pooled).unwrap();
         let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
         assert!(
             hub.ends_with(
-                "2 unclaimed; shared buffers: 30 of 36 free (6291456 bytes, 393216 held), 900 taken, 4 waits for an empty class, 3 wake-ups; \
+                "2 unclaimed, 256 send slots (3 lent); shared buffers: 30 of 36 free (6291456 bytes, 393216 held), 900 taken, 4 waits for an empty class, 3 wake-ups; \
                  shared windows: 33 of 35 free, 880 lent, 37 allocated, 2 dropped with their connection, 0 allocations failed, 0 waits for a window"
             ),
             "{hub}"

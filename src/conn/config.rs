@@ -97,10 +97,9 @@ pub struct Config {
     pub start_credits: u32,
     /// Control slots for SENDs (4 KiB of registered memory each): the
     /// frames this side may have in flight. `None`: `ctrl_slots`. A call or
-    /// reply that finds none free waits. On a hub with shared receives the
-    /// send slots are all a connection registers for its control frames, so
-    /// a few (8) with a larger `ctrl_slots` keep it small and still let its
-    /// peer send bursts. At least 2.
+    /// reply that finds none free waits. On an endpoint with shared
+    /// receives they are the endpoint's, lent while a SEND is in flight,
+    /// and this bounds what the connection borrows at once. At least 2.
     pub send_slots: Option<u32>,
     /// How long an exposure lives before the owner takes it back.
     pub lease_time: Duration,

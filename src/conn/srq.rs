@@ -32,6 +32,20 @@
 //! `max_slots` with no room for its initial share is refused with
 //! [`SetupError::SrqBudget`].
 //!
+//! # Send slots
+//! The hub also lends its connections their send slots (a frame's 4 KiB of
+//! registered memory while its SEND is in flight): a connection takes one
+//! of the hub's for each of its own send slots the first time it stages a
+//! frame there, and gives them all back once none of its SENDs is known
+//! to be in flight, or its QP is destroyed. (The unsignaled frames after
+//! its last signaled one keep theirs until a later completion: up to
+//! `send_slots / 2 - 1`; with fewer than four send slots every frame is
+//! signaled.) An idle connection then registers no control memory of its
+//! own; the hub registers send slots `SEND_CHUNK` at a time, as many as
+//! are in flight at the peak (it keeps them). A
+//! connection whose QP could not be destroyed keeps those it holds for
+//! good: its SENDs may still read them.
+//!
 //! # Isolation
 //! rxe checks a receive's key against the receiving QP's protection
 //! domain, so the QPs on one SRQ are in the SRQ's PD. A peer can then use
@@ -53,7 +67,10 @@ use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 /// Free receives the queue keeps for the next connection: a share grows
 /// while more are free, and shrinks towards its floor while fewer are.
 pub(crate) const ROOM: u32 = INITIAL_CREDITS;
-use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
+use crate::backend::{Access, MrId, MrInfo, Nic, NicError, Sge, SrqId};
+
+/// Send slots registered at a time (one region of 1 MiB).
+const SEND_CHUNK: usize = 256;
 
 /// `check_limit` looks for the limit event once in this many calls.
 const LIMIT_CHECK_EVERY: u64 = 16;
@@ -110,6 +127,12 @@ pub struct SrqStats {
     /// Receives of frames whose connection was gone (never added, or its
     /// QP destroyed) posted again by the hub.
     pub unclaimed: u64,
+    /// Send slots (4 KiB each) the hub has registered to lend its
+    /// connections.
+    pub send_slots: u32,
+    /// Of those, lent to connections now (a SEND in flight, or kept by a
+    /// connection whose QP could not be destroyed).
+    pub send_slots_lent: u32,
 }
 
 /// What to do with the receive of a frame just received.
@@ -129,6 +152,59 @@ struct State {
     shares: u32,
 }
 
+/// The send slots the hub lends: regions of `SEND_CHUNK` slots, and those
+/// not lent (room for every slot made, so giving back never allocates).
+struct Sends {
+    slabs: Vec<MrInfo>,
+    free: Vec<(MrId, usize)>,
+}
+
+/// A connection's hold on the hub's send slots: the hub's slot (region,
+/// offset) standing for each of the connection's own, from the first frame
+/// staged there until none of its SENDs is in flight (`give_back`).
+pub(crate) struct LentSends {
+    slots: Vec<Option<(MrId, usize)>>,
+    held: u32,
+}
+
+impl LentSends {
+    /// None held yet, for a connection of `send_slots` send slots.
+    pub(crate) fn new(send_slots: u32) -> LentSends {
+        LentSends { slots: vec![None; send_slots as usize], held: 0 }
+    }
+
+    /// The hub's slot for the connection's own slot `k`, taken from `srq`
+    /// the first time.
+    pub(crate) fn slot<N: Nic>(
+        &mut self,
+        srq: &SharedReceives<N>,
+        k: usize,
+    ) -> Result<(MrId, usize), NicError> {
+        if let Some(slot) = self.slots[k] {
+            return Ok(slot);
+        }
+        let slot = srq.take_send()?;
+        self.slots[k] = Some(slot);
+        self.held += 1;
+        Ok(slot)
+    }
+
+    /// Whether any slot is held.
+    pub(crate) fn any(&self) -> bool {
+        self.held > 0
+    }
+
+    /// Every slot held goes back to `srq`: none of the connection's SENDs
+    /// can read them any more (each completed or was flushed, or its QP is
+    /// destroyed). Never allocates.
+    pub(crate) fn give_back<N: Nic>(&mut self, srq: &SharedReceives<N>) {
+        if self.held > 0 {
+            srq.sends.lock().free.extend(self.slots.iter_mut().filter_map(Option::take));
+            self.held = 0;
+        }
+    }
+}
+
 /// A hub's shared receive queue, held by the hub and by each endpoint on
 /// it (the last one destroys it, after every QP on it is gone).
 pub(crate) struct SharedReceives<N: Nic> {
@@ -136,6 +212,7 @@ pub(crate) struct SharedReceives<N: Nic> {
     srq: SrqId,
     cfg: SrqConfig,
     state: Mutex<State>,
+    sends: Mutex<Sends>,
     frames: AtomicU64,
     grown: AtomicU64,
     withheld: AtomicU64,
@@ -160,6 +237,7 @@ impl<N: Nic> SharedReceives<N> {
             srq,
             cfg,
             state: Mutex::new(State { slabs: Vec::new(), slots: 0, shares: 0 }),
+            sends: Mutex::new(Sends { slabs: Vec::new(), free: Vec::new() }),
             frames: AtomicU64::new(0),
             grown: AtomicU64::new(0),
             withheld: AtomicU64::new(0),
@@ -230,6 +308,22 @@ impl<N: Nic> SharedReceives<N> {
         let mut st = self.state.lock();
         debug_assert!(share <= st.shares, "a share of {share} released of {} held", st.shares);
         st.shares -= share.min(st.shares);
+    }
+
+    /// A send slot of the hub's (its region and offset) to lend a
+    /// connection, registering `SEND_CHUNK` more when none is free.
+    fn take_send(&self) -> Result<(MrId, usize), NicError> {
+        let mut s = self.sends.lock();
+        if let Some(slot) = s.free.pop() {
+            return Ok(slot);
+        }
+        let mr = self.nic.reg_mr(SEND_CHUNK * MAX_FRAME, Access::LOCAL_WRITE)?;
+        s.slabs.push(mr);
+        let made = s.slabs.len() * SEND_CHUNK;
+        let free = s.free.len();
+        s.free.reserve(made - free);
+        s.free.extend((1..SEND_CHUNK).rev().map(|k| (mr.id, k * MAX_FRAME)));
+        Ok((mr.id, 0))
     }
 
     /// A receive could not be posted again: the queue holds one fewer.
@@ -344,8 +438,15 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     pub(crate) fn stats(&self) -> SrqStats {
+        let (send_slots, send_slots_lent) = {
+            let s = self.sends.lock();
+            let made = s.slabs.len() * SEND_CHUNK;
+            (made as u32, (made - s.free.len()) as u32)
+        };
         let st = self.state.lock();
         SrqStats {
+            send_slots,
+            send_slots_lent,
             slots: st.slots,
             shares: st.shares,
             registered_bytes: st.slabs.iter().map(|m| m.len as u64).sum(),
@@ -367,6 +468,16 @@ impl<N: Nic> Drop for SharedReceives<N> {
         for mr in self.state.get_mut().slabs.drain(..) {
             let _ = self.nic.dereg_mr(mr.id);
         }
+        // Every connection holds the queue while it lives (the last one
+        // drops it), so no SEND can read these any more, except one of a
+        // connection whose QP could not be destroyed: its slots stay
+        // registered.
+        let s = self.sends.get_mut();
+        if s.free.len() == s.slabs.len() * SEND_CHUNK {
+            for mr in s.slabs.drain(..) {
+                let _ = self.nic.dereg_mr(mr.id);
+            }
+        }
     }
 }
 
@@ -377,4 +488,55 @@ fn wr_id(slot: u32) -> u64 {
 /// The receive slot of a shared receive's `wr_id`, if it is one.
 pub(crate) fn slot_of(wr_id: u64) -> Option<u32> {
     ((wr_id >> 56) as u8 == TAG_SRQ).then_some(wr_id as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::sim::{DeviceConfig, Fabric};
+
+    /// Connections take more send slots than one chunk holds: the hub
+    /// registers chunks as needed, never lends a slot to two holders at
+    /// once, takes every slot back, and lends the same ones again without
+    /// registering more.
+    #[test]
+    fn send_slots_grow_by_chunks_and_are_never_lent_twice() {
+        let nic = Fabric::with_seed(3).add_device(DeviceConfig::spec());
+        let srq = SharedReceives::new(nic, SrqConfig { chunk: 16, max_slots: 64 }).unwrap();
+        // 40 connections of 16 send slots: 640 slots, 3 chunks.
+        let mut conns: Vec<LentSends> = (0..40).map(|_| LentSends::new(16)).collect();
+        let mut seen = HashSet::new();
+        for c in conns.iter_mut() {
+            for k in 0..16 {
+                let slot = c.slot(&srq, k).unwrap();
+                assert_eq!(c.slot(&srq, k).unwrap(), slot, "a held slot stands for the same own slot");
+                assert_eq!(slot.1 % MAX_FRAME, 0);
+                assert!(slot.1 < SEND_CHUNK * MAX_FRAME);
+                assert!(seen.insert(slot), "slot {slot:?} lent twice");
+            }
+        }
+        let stats = srq.stats();
+        assert_eq!((stats.send_slots, stats.send_slots_lent), (3 * SEND_CHUNK as u32, 640));
+        // Half give theirs back; the others' stay lent.
+        for c in conns.iter_mut().step_by(2) {
+            c.give_back(&srq);
+            assert!(!c.any());
+        }
+        assert_eq!(srq.stats().send_slots_lent, 320);
+        // Taken again: from those given back, never one still lent.
+        let still: HashSet<_> =
+            conns.iter().skip(1).step_by(2).flat_map(|c| c.slots.iter().flatten().copied()).collect();
+        for c in conns.iter_mut().step_by(2) {
+            for k in 0..16 {
+                assert!(!still.contains(&c.slot(&srq, k).unwrap()));
+            }
+        }
+        for c in conns.iter_mut() {
+            c.give_back(&srq);
+        }
+        let stats = srq.stats();
+        assert_eq!((stats.send_slots, stats.send_slots_lent), (3 * SEND_CHUNK as u32, 0));
+    }
 }

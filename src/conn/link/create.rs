@@ -175,9 +175,13 @@ impl<N: Nic> Prepared<N> {
         if let Some(p) = &self.pool {
             check_pool_classes(&cfg, p)?;
         }
-        // Send slots, then (with a receive queue of its own) receive slots.
-        let recvs = if self.srq.is_some() { 0 } else { cfg.ctrl_slots };
-        let ctrl = made.reg(MAX_FRAME * (cfg.sends() + recvs) as usize, Access::LOCAL_WRITE)?;
+        // Send slots, then receive slots; on shared receives neither: the
+        // hub's queue receives, and the hub lends send slots per frame.
+        let ctrl = match self.srq {
+            Some(_) => None,
+            None => Some(made.reg(MAX_FRAME * (cfg.sends() + cfg.ctrl_slots) as usize, Access::LOCAL_WRITE)?),
+        };
+        let lent = LentSends::new(if self.srq.is_some() { cfg.sends() } else { 0 });
         let layout = Layout::new(&cfg);
         let data = match &self.pool {
             None => Some(made.reg(layout.bytes() as usize, access)?),
@@ -209,7 +213,14 @@ impl<N: Nic> Prepared<N> {
             role,
             policies,
             cfg,
-            Resources { ctrl: ctrl.id, data: memory, windows: windows.clone(), window_rkeys },
+            // On shared receives the SEND of each frame is pointed at the
+            // hub's slot lent for it (`LentSends`).
+            Resources {
+                ctrl: ctrl.map_or(MrId::from_raw(u32::MAX), |c| c.id),
+                data: memory,
+                windows: windows.clone(),
+                window_rkeys,
+            },
         );
         span.record("id", conn.id());
         let nic = self.nic.take().expect("finish runs once");
@@ -219,6 +230,7 @@ impl<N: Nic> Prepared<N> {
             cq: self.cq,
             local: self.local,
             ctrl,
+            lent,
             data,
             access,
             windows,

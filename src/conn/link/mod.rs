@@ -22,10 +22,10 @@ use super::frame::MAX_FRAME;
 use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};
 use super::regions::Regions;
-use super::srq::{self, Regrant, SharedReceives};
+use super::srq::{self, LentSends, Regrant, SharedReceives};
 use super::types::*;
 use super::SetupError;
-use crate::backend::{Access, Completion, CqId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
+use crate::backend::{Access, Completion, CqId, MrId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
 
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
 #[cfg(any(test, feature = "testing"))]
@@ -78,7 +78,12 @@ pub struct Link<N: Nic> {
     conn: Connection,
     cq: CqId,
     local: QpEndpoint,
-    ctrl: MrInfo,
+    /// Its control region: send slots, then (with a receive queue of its
+    /// own) receive slots. `None` on shared receives: its receives are the
+    /// hub's queue's, and its send slots the hub's, lent (`lent`).
+    ctrl: Option<MrInfo>,
+    /// On shared receives: the hub's send slots it holds.
+    lent: LentSends,
     /// Its own data region; `None` on a hub's shared buffer pool.
     data: Option<MrInfo>,
     /// The access of the data region, which user regions get too.
@@ -133,7 +138,7 @@ impl<N: Nic> Link<N> {
     /// control slots, its buffer pool, and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
         let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
-        self.ctrl.len as u64 + self.data.map_or(0, |d| d.len as u64) + regions
+        self.ctrl.map_or(0, |c| c.len as u64) + self.data.map_or(0, |d| d.len as u64) + regions
     }
 
     /// The data region (for tests and the oracle).
@@ -236,17 +241,35 @@ impl<N: Nic> Link<N> {
     #[inline(never)]
     fn run_commands(&mut self) {
         let _in = self.span.enter();
-        while let Some(cmd) = self.conn.poll_command() {
-            let done = match &cmd {
+        while let Some(mut cmd) = self.conn.poll_command() {
+            let done = match &mut cmd {
                 Command::PostSend { chain, frame } => {
                     let copied = match frame {
                         // The frame is copied from the connection's staging
                         // into its send slot (registered memory), then sent.
                         Some(f) => {
-                            let bytes = self.conn.staged(f);
-                            self.nic.with_mr_mut(self.ctrl.id, f.offset, bytes.len(), &mut |b| {
-                                b.copy_from_slice(bytes)
-                            })
+                            let into = match (self.ctrl, self.srq.as_deref()) {
+                                (Some(ctrl), _) => Ok((ctrl.id, f.offset)),
+                                // On shared receives: the hub's slot standing
+                                // for its own, and the SEND pointed at it.
+                                (None, Some(srq)) => {
+                                    self.lent.slot(srq, f.offset / MAX_FRAME).inspect(|&(mr, at)| {
+                                        chain.relocate_send(mr, at);
+                                    })
+                                }
+                                (None, None) => {
+                                    unreachable!("only a link on shared receives has no control region")
+                                }
+                            };
+                            match into {
+                                Ok((mr, offset)) => {
+                                    let bytes = self.conn.staged(f);
+                                    self.nic.with_mr_mut(mr, offset, bytes.len(), &mut |b| {
+                                        b.copy_from_slice(bytes)
+                                    })
+                                }
+                                Err(e) => Err(e),
+                            }
                         }
                         None => Ok(()),
                     };
@@ -262,6 +285,17 @@ impl<N: Nic> Link<N> {
             };
             if let Err(e) = done {
                 self.conn.post_failed(&cmd, e);
+            }
+        }
+    }
+
+    /// On shared receives: once none of the connection's SENDs is in
+    /// flight, the hub's send slots it holds go back.
+    #[inline]
+    fn give_back_sends(&mut self) {
+        if self.lent.any() && !self.conn.holds_send_slots() {
+            if let Some(srq) = &self.srq {
+                self.lent.give_back(srq);
             }
         }
     }
@@ -436,8 +470,12 @@ impl<N: Nic> Link<N> {
             if let Some((offset, len)) = self.conn.received_frame(c) {
                 // Copied once out of the receive slot (which is re-posted
                 // right after) into the scratch kept for the endpoint's life.
-                let copied =
-                    self.nic.with_mr(self.ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b));
+                let copied = match &self.ctrl {
+                    Some(ctrl) => {
+                        self.nic.with_mr(ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b))
+                    }
+                    None => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
+                };
                 if let Err(e) = copied {
                     self.conn.post_failed(&Command::SetQpError, e);
                 }
@@ -447,6 +485,7 @@ impl<N: Nic> Link<N> {
         drop(_in);
         self.scratch = scratch;
         self.run();
+        self.give_back_sends();
     }
 
     /// A completion of a receive of the hub's shared queue: copy the frame
@@ -699,8 +738,12 @@ impl<N: Nic> Drop for Link<N> {
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         let gone = self.destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
         if gone {
-            // Nothing can read the endpoint's regions through it any more.
+            // Nothing can read the endpoint's regions, or the hub's send
+            // slots it holds, through it any more.
             self.regions.forget(self.conn.id());
+            if let Some(srq) = &self.srq {
+                self.lent.give_back(srq);
+            }
         } else {
             // No evidence: the shared pool's buffers must not serve others,
             // and the ranges it exposed stay unwritable.
@@ -713,7 +756,9 @@ impl<N: Nic> Drop for Link<N> {
         if let Some(data) = self.data {
             let _ = self.nic.dereg_mr(data.id);
         }
-        let _ = self.nic.dereg_mr(self.ctrl.id);
+        if let Some(ctrl) = self.ctrl {
+            let _ = self.nic.dereg_mr(ctrl.id);
+        }
         for r in self.conn.region_infos() {
             let _ = self.nic.dereg_mr(r.id);
         }

@@ -37,7 +37,7 @@ use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
 use super::header::Header;
 use super::pool::{Holder, Layout, Slots};
 use super::types::*;
-use crate::backend::{Completion, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcStatus};
+use crate::backend::{Completion, MrId, MrInfo, MwId, NicError, SendWr, Sge, SgeList, WcStatus};
 
 mod buffers;
 mod calls;
@@ -95,6 +95,17 @@ impl Chain {
     /// The work requests, in posting order.
     pub fn as_slice(&self) -> &[SendWr] {
         &self.wrs[..usize::from(self.len)]
+    }
+
+    /// Point the chain's SEND of a staged frame at the send slot `mr`,
+    /// `offset` instead of the connection's own (an endpoint's send slots,
+    /// lent by the I/O layer).
+    pub(crate) fn relocate_send(&mut self, mr: MrId, offset: usize) {
+        let last = usize::from(self.len) - 1;
+        if let SendWr::Send { sge, .. } | SendWr::SendWithInv { sge, .. } = &mut self.wrs[last] {
+            let len = sge.first().map_or(0, |s| s.len);
+            *sge = SgeList::one(Sge { mr, offset, len });
+        }
     }
 }
 
@@ -587,6 +598,15 @@ impl Connection {
         }
         self.share -= 1;
         true
+    }
+
+    /// Whether a send slot is taken: a frame's SEND posted and not known to
+    /// have completed (or been flushed). When none is, the NIC reads none
+    /// of the connection's send slots. The plain frames posted unsignaled
+    /// after the last signaled one (at most `send_slots / 2 - 1`, none with
+    /// fewer than four slots) keep theirs until a later completion.
+    pub(crate) fn holds_send_slots(&self) -> bool {
+        self.sends.count(Holder::Free) < self.cfg.sends() as usize
     }
 
     /// The receives this side keeps for its peer (see `share`).
