@@ -390,9 +390,11 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
 
     /// Connections take their control receives from one shared receive
     /// queue (see [`SrqConfig`] and `docs/serving.md`): an idle connection
-    /// holds 8 receives of 4 KiB instead of `ctrl_slots`, a busy one up to
-    /// `ctrl_slots`. Its connections share the endpoint's protection
-    /// domain, so it serves the mw policy only.
+    /// holds [`Config::start_credits`] receives of 4 KiB instead of
+    /// `ctrl_slots`, a busy one up to `ctrl_slots`, and its send slots are
+    /// the endpoint's, lent while a SEND is in flight. Its connections
+    /// share the endpoint's protection domain, so it serves the mw policy
+    /// only.
     pub fn shared_receives(mut self, srq: SrqConfig) -> Self {
         self.srq = Some(srq);
         self
