@@ -372,8 +372,9 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// A hub whose connections take their control receives from one shared
     /// receive queue (see the module docs (`docs/serving.md`) and [`SrqConfig`]): an
-    /// idle connection holds 8 receives of 4 KiB instead of `ctrl_slots`,
-    /// and a busy one up to `ctrl_slots`. Its connections are in the hub's
+    /// idle connection holds `Config::start_credits` receives of 4 KiB
+    /// instead of `ctrl_slots`, and a busy one up to `ctrl_slots`; the hub
+    /// lends its send slots (`srq::LentSends`). Its connections are in the hub's
     /// protection domain ([`Hub::connection_nic`]), so it serves the mw
     /// policy only: a connection that negotiates confirm in either
     /// direction fails to finish, with an error that says so.
