@@ -14,8 +14,7 @@ macro_rules! id_type {
                 self.0
             }
             /// A handle from its raw number: for a backend of one's own, or a
-            /// test that carries out a [`Connection`](crate::conn::proto::Connection)'s
-            /// commands by hand.
+            /// test that carries out a sans-IO connection's commands by hand.
             pub const fn from_raw(raw: u32) -> Self {
                 Self(raw)
             }

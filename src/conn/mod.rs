@@ -1,11 +1,12 @@
 //! Connections: mwcap's protocols over a [`Nic`](crate::backend::Nic), in
 //! three layers.
 //!
-//! - [`proto::Connection`] is one side of one RC connection as a state
+//! - `proto::Connection` (internal; public to mwcap's own tests with the
+//!   `testing` feature) is one side of one RC connection as a state
 //!   machine with no I/O: it runs, per direction, either the memory-window
 //!   lease engines of `mwcap-mw` or the confirm engines of
 //!   `mwcap-fallback`, takes completions, received frames and the time,
-//!   and returns work requests to post ([`proto::Command`]) and
+//!   and returns work requests to post (`proto::Command`) and
 //!   [`Event`]s.
 //! - A `Link` (internal) does its I/O: it owns the queue pair, a control
 //!   region for the SENDs and RECVs that carry frames, and a data pool of
@@ -34,9 +35,6 @@
 //! completion, the confirm answered, the QP flushed or destroyed). A reply
 //! payload arrives as a `Buf` the user owns. Dropping a `Buf` returns it to
 //! the pool; a refused call or reply hands it back in [`Refused`].
-//!
-//! An application that runs its own loop drives [`proto::Connection`]s and
-//! carries out their commands itself, as quinn-proto's users do.
 
 #[cfg(not(loom))]
 mod alarm;
@@ -60,7 +58,12 @@ mod listen;
 #[cfg(not(loom))]
 mod live;
 mod pool;
+// The sans-IO connection under every `Link`: internal, public to
+// mwcap's own tests, fuzz targets and cost examples (`testing`).
+#[cfg(feature = "testing")]
 pub mod proto;
+#[cfg(not(feature = "testing"))]
+mod proto;
 // The hub's ready list; public under loom for its model (tests/loom_ready.rs).
 #[cfg(loom)]
 pub mod ready;

@@ -408,15 +408,6 @@ impl BufferPool {
         &self.0.sizes
     }
 
-    /// Each class: its buffer size, how many buffers it has, how many are
-    /// free now.
-    pub fn classes(&self) -> Vec<(u32, u32, u32)> {
-        let st = self.0.state.lock();
-        (0..self.0.sizes.len())
-            .map(|k| (self.0.sizes[k], self.0.firsts[k + 1] - self.0.firsts[k], st.free[k].len() as u32))
-            .collect()
-    }
-
     /// The class of buffers of exactly `size` bytes.
     pub(crate) fn class_of_size(&self, size: u32) -> Option<usize> {
         self.0.sizes.iter().position(|&s| s == size)
@@ -689,12 +680,6 @@ impl BufferPool {
     /// The memory of buffer `i`.
     pub(crate) fn memory(&self, i: u32) -> &std::sync::Arc<Memory> {
         &self.0.mems[i as usize]
-    }
-
-    /// The registrations of the pool's buffers, class by class (for tests
-    /// and oracles; their keys are never sent to a peer).
-    pub fn regions(&self) -> &[MrInfo] {
-        &self.0.mrs
     }
 
     /// The registration of buffer `i`.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Link;
-use crate::backend::{Nic, NicError};
+use crate::backend::Nic;
 use crate::conn::regions::Regions;
 use crate::conn::types::*;
 
@@ -16,7 +16,7 @@ impl<N: Nic> Link<N> {
     /// ([`Link::call_region`], [`Link::reply_region`]). The link registers
     /// the region in its PD the first time it exposes a range of it.
     #[cfg(any(test, feature = "testing"))]
-    pub fn register_region(&mut self, len: usize) -> Result<RegionId, NicError> {
+    pub fn register_region(&mut self, len: usize) -> Result<RegionId, crate::backend::NicError> {
         self.regions.register(len)
     }
 

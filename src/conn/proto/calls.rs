@@ -33,6 +33,7 @@ impl Connection {
     /// [`Event::CallFailed`].
     ///
     /// A refusal sends nothing and hands `data` back in [`Refused::data`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
         self.call_traced(now, None, header, data)
     }

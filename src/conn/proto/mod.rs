@@ -120,17 +120,6 @@ pub struct Staged {
     len: u32,
 }
 
-impl Staged {
-    /// The frame's length in bytes.
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-    /// Whether the frame is empty (never: a frame has at least a version byte).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// What the I/O layer must carry out for a connection, in the order given.
 /// A command that fails goes back through [`Connection::post_failed`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
