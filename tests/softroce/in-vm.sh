@@ -194,7 +194,10 @@ wait_listening() {
 many_leg() {
     if [ "$2" -ne 0 ] || [ "$3" -lt "$4" ]; then
         echo "$1: exit $2, $3 result lines of $4 (FAIL)"
-        grep -a "done after" "$many_log" | grep -av "the peer went away" | head -20 | sed -e 's/^/many-serve: /'
+        # A connection the server ended itself ("failed after: ...", on
+        # stderr) or that went down for a reason of its own.
+        grep -aE "failed after|done after" "$many_log" | grep -av "done after .*(the peer went away" | head -20 |
+            sed -e 's/^/many-serve: /'
         grep -aiE "warn|error|panic" "$many_log" | head -20 | sed -e 's/^/many-serve: /'
         tail -20 "$many_log" | sed -e 's/^/many-serve: /'
         fail=1
