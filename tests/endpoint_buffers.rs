@@ -1,6 +1,7 @@
 //! Zero-copy buffers: bytes lent in place, a dropped handle returns to its
 //! pool, a buffer never lost (issue 7, section 3).
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
 use futures::executor::block_on;
@@ -46,7 +47,7 @@ fn a_payload_written_in_place_is_read_in_place_by_the_peer() {
 /// handle's borrow), and once it is given back they work again.
 #[test]
 fn a_held_buffer_derefs_to_its_payload_and_nothing_else_touches_its_bytes() {
-    use mwcap::backend::{Nic, NicError};
+    use mwcap::backend::NicError;
     let mut p = pair(Policies::both(Policy::Mw));
     let data = p.client.data_region();
     let mut b = p.client.alloc().unwrap();

@@ -1,9 +1,10 @@
 //! Defects found by trying the connection layer as a hostile peer and as a
 //! new user would (issue 7, section 5). Each test failed before its fix.
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
-use mwcap::backend::{Access, CqId, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{Access, CqId, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame};
 use mwcap::conn::{
     Buf, CallError, Config, Event, Link, LossReason, Misbehavior, Policies, Policy, Role, SimPair, UseError,

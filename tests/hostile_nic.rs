@@ -8,10 +8,11 @@
 
 mod hostile;
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
 use hostile::*;
-use mwcap::backend::{Nic, WcOpcode, WcStatus};
+use mwcap::backend::{WcOpcode, WcStatus};
 use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, Role};
 use mwcap_fallback as fb;
 use mwcap_mw as mw;

@@ -2,11 +2,12 @@
 //! driver (the endpoint's hub), each connection in a protection domain of
 //! its own, on the simulated NIC.
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::backend::{Completion, Nic, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{Completion, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{Connection, Endpoint, LossReason, Policies, Policy, Role, SetupError};
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 

@@ -4,11 +4,12 @@
 //! On the simulated NIC, whose oracle says which memory each remote QP can
 //! reach and records every NIC access to a buffer a user holds.
 
+use mwcap::backend::NicOps;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::executor::LocalPool;
-use mwcap::backend::{MrId, Nic, SendWr, Sge, SgeList, WcStatus};
+use mwcap::backend::{MrId, SendWr, Sge, SgeList, WcStatus};
 use mwcap::conn::{
     BufClass, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason, Policies,
     Policy, PolicyChoice, Role, SetupError, SrqConfig,

@@ -4,10 +4,11 @@
 //! follows its load. On the simulated NIC, whose SRQ model (with its limit
 //! event) is checked first.
 
+use mwcap::backend::NicOps;
 use std::time::{Duration, Instant};
 
 use futures::executor::LocalPool;
-use mwcap::backend::{rkey, Access, Completion, Nic, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use mwcap::backend::{rkey, Access, Completion, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::conn::{
     ConfigError, Connection, Endpoint, EndpointBuilder, Event, Link, LossReason, Pending, Policies, Policy,
     PolicyChoice, Role, SetupError, SrqConfig,

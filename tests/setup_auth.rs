@@ -8,6 +8,7 @@
 
 #![cfg(not(loom))]
 
+use mwcap::backend::NicOps;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,7 +48,7 @@ impl Counting {
     }
 }
 
-impl Nic for Counting {
+impl NicOps for Counting {
     fn device_info(&self) -> DeviceInfo {
         self.nic.device_info()
     }

@@ -1,6 +1,7 @@
 //! Regions, receives, RNR, ordering, flushes and stale reads on the sim.
 
-use mwcap::backend::{Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
+use mwcap::backend::NicOps;
+use mwcap::backend::{Access, Completion, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::sim::{DeviceConfig, End, Fabric, Faults, Pair, Progress};
 
 fn pair() -> Pair {

@@ -1,11 +1,10 @@
 //! Each injected fault: delay, link loss, peer death, forced ERR, missing
 //! or broken window support.
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
-use mwcap::backend::{
-    rkey, Access, Completion, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
-};
+use mwcap::backend::{rkey, Access, Completion, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 use mwcap::sim::{DeviceConfig, Fabric, FabricConfig, Faults, Latency, MwSupport, Pair, Progress};
 
 fn st(v: &[Completion]) -> Vec<(u64, WcOpcode, WcStatus)> {

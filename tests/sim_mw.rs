@@ -1,9 +1,9 @@
 //! The type-2 window rows of rdma-facts.md's behaviour table, in spec form
 //! (and the rxe deviations where the sim models them).
 
+use mwcap::backend::NicOps;
 use mwcap::backend::{
-    rkey, Access, Completion, MrInfo, MwInfo, Nic, NicError, QpState, SendWr, Sge, SgeList, WcOpcode,
-    WcStatus,
+    rkey, Access, Completion, MrInfo, MwInfo, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, SimNic, WindowState};
 

@@ -1,5 +1,6 @@
 //! The oracle (exposure, in-flight READs, counters), progress modes and determinism.
 
+use mwcap::backend::NicOps;
 use std::time::Duration;
 
 use mwcap::backend::{rkey, Access, Completion, Nic, SendWr, Sge, SgeList, WcStatus};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
 use mwcap::backend::{
-    rkey, Access, Completion, CqId, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    rkey, Access, Completion, CqId, NicError, NicOps, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 use mwcap::conformance::{check, table, Flavor, Rig};
 use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic, MAX_CHAIN};
@@ -798,7 +798,7 @@ mod hub {
 
     use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
-    use mwcap::backend::{Nic, SendWr, Sge, SgeList, WcStatus};
+    use mwcap::backend::{NicOps, SendWr, Sge, SgeList, WcStatus};
     use mwcap::bootstrap::Auth;
     use mwcap::conn::{
         BufClass, Config, Connection, Endpoint, EndpointBuilder, Pending, Policies, Policy, PolicyChoice,
@@ -1302,7 +1302,7 @@ mod srq {
     use std::time::{Duration, Instant};
 
     use mwcap::backend::{
-        Access, Completion, Nic, NicError, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+        Access, Completion, NicError, NicOps, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
     };
 
     /// Room per receive in the receiving region.

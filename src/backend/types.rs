@@ -40,7 +40,7 @@ id_type!(
 );
 id_type!(
     /// A shared receive queue of one [`Nic`](super::Nic) (and its protection
-    /// domain); see [`Nic::create_srq`](super::Nic::create_srq).
+    /// domain); see `NicOps::create_srq`.
     SrqId
 );
 
@@ -121,7 +121,7 @@ pub struct DeviceInfo {
     pub mtu: u32,
 }
 
-/// A registered memory region as returned by [`Nic::reg_mr`](super::Nic::reg_mr).
+/// A registered memory region as returned by `NicOps::reg_mr`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MrInfo {
     /// The handle used in [`Sge`] and [`SendWr::BindMw`].
@@ -137,7 +137,7 @@ pub struct MrInfo {
     pub rkey: u32,
 }
 
-/// A memory window as returned by [`Nic::alloc_mw`](super::Nic::alloc_mw).
+/// A memory window as returned by `NicOps::alloc_mw`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MwInfo {
     /// The handle used in [`SendWr::BindMw`].
@@ -158,9 +158,9 @@ pub struct QpConfig {
     /// Receive queue depth (ignored when `srq` is set).
     pub max_recv_wr: u32,
     /// Take receives from this shared receive queue instead of a receive
-    /// queue of the QP's own ([`Nic::post_recv`](super::Nic::post_recv)
+    /// queue of the QP's own (`NicOps::post_recv`
     /// then fails). The SRQ must belong to the QP's protection domain (the
-    /// handle's, or a [`Nic::same_pd`](super::Nic::same_pd) sibling's): rxe
+    /// handle's, or a `NicOps::same_pd` sibling's): rxe
     /// checks a receive's key against the QP's PD.
     pub srq: Option<SrqId>,
     /// Scatter entries per work request.
@@ -337,7 +337,7 @@ impl TryFrom<&[Sge]> for SgeList {
 }
 
 /// A send-queue work request. Lists of these are posted with one doorbell by
-/// [`Nic::post_send`](super::Nic::post_send). Plain data (`Copy`): a chain
+/// `NicOps::post_send`. Plain data (`Copy`): a chain
 /// is built on the stack and posting allocates nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendWr {
@@ -520,7 +520,7 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// A placeholder to fill arrays that [`Nic::poll_cq`](super::Nic::poll_cq)
+    /// A placeholder to fill arrays that `NicOps::poll_cq`
     /// writes into.
     pub const EMPTY: Completion = Completion {
         wr_id: 0,

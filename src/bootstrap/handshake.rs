@@ -107,7 +107,7 @@ impl<S> Handshake<S> {
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer_addr
     }
-    /// The endpoint to hand to [`Nic::connect_qp`](crate::backend::Nic::connect_qp):
+    /// The endpoint to hand to `NicOps::connect_qp`:
     /// the peer's queue pair with the negotiated MTU.
     pub fn remote_endpoint(&self) -> QpEndpoint {
         QpEndpoint { mtu: self.negotiated.mtu, ..self.peer.endpoint }

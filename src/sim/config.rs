@@ -5,7 +5,7 @@ use std::time::Duration;
 /// How the virtual clock moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Progress {
-    /// [`Nic::poll_cq`](crate::backend::Nic::poll_cq) drives the fabric: it
+    /// `NicOps::poll_cq` drives the fabric: it
     /// runs every event that is due and, if the polled queue is still empty,
     /// advances the clock to the next pending event and runs what is due
     /// then. Code written only against the `Nic` trait terminates its
@@ -143,7 +143,7 @@ pub struct DeviceConfig {
     /// bounds are not enforced (only the region's), and a READ in flight
     /// when its window is invalidated never completes while the owner's QP
     /// goes to ERR. (rxe's wrong `IBV_WC_WITH_INV` flag cannot be seen through
-    /// [`Completion`](crate::backend::Completion), which always carries
+    /// `Completion`, which always carries
     /// `invalidated_rkey`.)
     pub rxe_quirks: bool,
     /// Windows the device says it can hold (`alloc_mw` fails beyond).

@@ -40,6 +40,7 @@ mod exec;
 mod fabric;
 mod nic;
 mod oracle;
+#[cfg(feature = "testing")]
 mod pair;
 mod ranked;
 mod resp;
@@ -53,4 +54,5 @@ pub use oracle::{
     Created, DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, ReadPhase, ReadSource,
     TraceEntry, Via, WindowState,
 };
+#[cfg(feature = "testing")]
 pub use pair::{End, Pair};

@@ -8,8 +8,8 @@ use super::oracle::{DeviceId, QpAddr};
 use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, Srq, World, WrState};
 use super::Fabric;
 use crate::backend::{
-    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge, SrqId,
+    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, NicOps, OsError,
+    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge, SrqId,
 };
 
 const ENODEV: i32 = 19;
@@ -52,7 +52,7 @@ impl SimNic {
 
     /// Another protection domain on the same device (keys are shared by the
     /// device, objects are not, except completion queues, which belong to
-    /// the device: see [`Nic::new_pd`]).
+    /// the device: see `NicOps::new_pd`).
     pub fn new_pd(&self) -> Result<SimNic, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "alloc_pd")?;
@@ -177,7 +177,7 @@ impl SimNic {
     }
 }
 
-impl Nic for SimNic {
+impl NicOps for SimNic {
     fn device_info(&self) -> DeviceInfo {
         let w = self.fabric.lock();
         let d = &w.devs[self.dev as usize];

@@ -2,7 +2,7 @@
 
 use super::oracle::{DeviceId, QpAddr};
 use super::{DeviceConfig, Fabric, SimNic};
-use crate::backend::{Completion, CqId, Nic, NicError, QpConfig, QpEndpoint, QpId, QpState};
+use crate::backend::{Completion, CqId, NicError, NicOps, QpConfig, QpEndpoint, QpId, QpState};
 
 /// One queue pair with its own completion queue (shared by its send and
 /// receive queues) on a [`SimNic`].

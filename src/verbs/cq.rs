@@ -83,7 +83,6 @@ pub struct Cq {
     reactor: OnceLock<super::waiter::Registration>,
     /// Armed with `ibv_req_notify_cq` and no event taken since.
     armed: std::sync::atomic::AtomicBool,
-    depth: u32,
     destroyed: bool,
 }
 
@@ -105,12 +104,7 @@ impl Cq {
         // to the channel, which keeps the context).
         let raw = unsafe { sys::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), channel.as_ptr(), 0) };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_cq"))?;
-        Ok(Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), depth, destroyed: false })
-    }
-
-    /// The requested depth.
-    pub fn depth(&self) -> u32 {
-        self.depth
+        Ok(Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), destroyed: false })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
@@ -145,6 +139,7 @@ impl Cq {
     }
 
     /// Take up to `max` completions without waiting.
+    #[cfg(feature = "testing")]
     pub fn poll(&self, max: usize) -> Result<Vec<Completion>, NicError> {
         let mut out = Vec::new();
         // SAFETY: ibv_wc is a C struct of integers and a union of integers;
@@ -208,6 +203,7 @@ impl Cq {
     /// and only then waits for the channel's fd to become readable, so a
     /// completion is never missed. Works under any executor (the fd is
     /// waited on by mwcap's own thread, `waiter.rs`).
+    #[cfg(feature = "testing")]
     pub async fn wait(&self, max: usize) -> Result<Vec<Completion>, NicError> {
         let max = max.max(1);
         loop {
@@ -228,7 +224,7 @@ impl Cq {
         }
     }
 
-    /// Readiness for a driver (see [`Nic::poll_cq_ready`](crate::backend::Nic::poll_cq_ready)):
+    /// Readiness for a driver (see `NicOps::poll_cq_ready`):
     /// `Ready` means poll the CQ again. Takes and acknowledges channel
     /// events; arms the CQ (returning `Ready`, so the caller re-polls and no
     /// completion between its last poll and the arming is missed); once

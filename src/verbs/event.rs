@@ -3,7 +3,7 @@
 //! libibverbs reports asynchronous events per device context, on
 //! `context->async_fd`. mwcap needs one of them, the shared receive queue's
 //! limit event, and reads them only when asked ([`Context::drain_async_events`],
-//! called by `Nic::take_srq_limit`): the fd is made non-blocking the first
+//! called by `NicOps::take_srq_limit`): the fd is made non-blocking the first
 //! time, then every pending event is read and acknowledged at once, without
 //! waiting. A limit event raises the flag its SRQ registered here (found by
 //! its `ibv_srq` pointer); every other event is logged at debug level and

@@ -12,7 +12,7 @@ use crate::mem::Memory;
 
 /// A memory region registered over memory it owns: `struct ibv_mr`.
 ///
-/// The memory ([`Memory`]) is released only after a successful
+/// The memory (`Memory`) is released only after a successful
 /// `ibv_dereg_mr`: once that returns the device no longer accesses it. If
 /// deregistration fails the memory is leaked rather than handed back to
 /// the allocator while a DMA might still reach it. A buffer handle may keep
@@ -27,8 +27,10 @@ pub struct Mr {
     ptr: NonNull<sys::ibv_mr>,
     mem: Arc<Memory>,
     len: usize,
-    access: Access,
     deregistered: bool,
+    /// Keeps the protection domain alive until this is gone (it is freed
+    /// before its PD).
+    #[allow(dead_code)]
     pd: Arc<Pd>,
 }
 
@@ -70,22 +72,12 @@ impl Mr {
             sys::ibv_reg_mr(pd.as_ptr(), mem.as_ptr().cast(), len, access.bits() as std::os::raw::c_int)
         };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_reg_mr"))?;
-        Ok(Mr { ptr, mem: Arc::clone(mem), len, access, deregistered: false, pd: Arc::clone(pd) })
+        Ok(Mr { ptr, mem: Arc::clone(mem), len, deregistered: false, pd: Arc::clone(pd) })
     }
 
     /// The region's length in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the region is empty (never: regions have at least one byte).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The rights it was registered with.
-    pub fn access(&self) -> Access {
-        self.access
     }
 
     /// The start address, as remote peers name it.
@@ -104,11 +96,6 @@ impl Mr {
     pub fn rkey(&self) -> u32 {
         // SAFETY: as in `lkey`.
         unsafe { (*self.ptr.as_ptr()).rkey }
-    }
-
-    /// The protection domain.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mr {
@@ -200,7 +187,6 @@ impl std::fmt::Debug for Mr {
         f.debug_struct("Mr")
             .field("addr", &format_args!("{:#x}", self.addr()))
             .field("len", &self.len)
-            .field("access", &self.access)
             .finish()
     }
 }

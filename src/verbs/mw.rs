@@ -31,6 +31,9 @@ pub struct Mw {
     rkey: AtomicU32,
     bind_lock: Mutex<()>,
     deallocated: bool,
+    /// Keeps the protection domain alive until this is gone (it is freed
+    /// before its PD).
+    #[allow(dead_code)]
     pd: Arc<Pd>,
 }
 
@@ -65,12 +68,6 @@ impl Mw {
         self.rkey.load(Ordering::Acquire)
     }
 
-    /// A fresh rkey for the next bind: the window's index with a random
-    /// consumer key different from the current one ([`rkey::rebind`]).
-    pub fn next_rkey(&self) -> u32 {
-        rkey::rebind(self.rkey(), rand::random::<u8>())
-    }
-
     /// Whether `new` carries this window's index bits.
     pub fn owns_rkey(&self, new: u32) -> bool {
         rkey::index(new) == rkey::index(self.rkey())
@@ -94,11 +91,6 @@ impl Mw {
         // this window and `rkey()`-like reads in libibverbs, all of which run
         // under the bind lock the caller holds (see the contract above).
         unsafe { (*self.ptr.as_ptr()).rkey = new };
-    }
-
-    /// The protection domain.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mw {

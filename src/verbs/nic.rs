@@ -42,8 +42,8 @@ use super::slots::{PinSet, Pinned, Removal, Slots};
 use super::srq::Srq;
 use super::track::Track;
 use crate::backend::{
-    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, OsError, QpConfig,
-    QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, SrqId, MAX_SGE,
+    Access, Completion, CqId, DeviceInfo, MrId, MrInfo, MwId, MwInfo, Nic, NicError, NicOps, OsError,
+    QpConfig, QpEndpoint, QpId, QpState, SendWr, Sge, SgeList, SrqId, MAX_SGE,
 };
 
 /// A queue pair with the record of what was posted on it, used to report
@@ -140,20 +140,20 @@ pub struct VerbsNic {
     // declaration order: the PD's shared receive queues (with the last
     // handle on the PD), the shared tables (with the last sibling:
     // completion queues), then the regions.
-    /// The PD's memory windows, shared with the [`Nic::same_pd`] handles (a
+    /// The PD's memory windows, shared with the `NicOps::same_pd` handles (a
     /// hub's shared pool allocates them through one handle, its connections
     /// bind and deallocate them through theirs); freed with the last. So a
     /// handle that is not the PD's last frees no window before destroying
     /// its queue pairs: the endpoint deallocates its windows (its own, or
     /// the ones the pool lent it) before destroying its QP.
     mws: Arc<Slots<Mw>>,
-    /// The PD's shared receive queues, shared with the [`Nic::same_pd`]
+    /// The PD's shared receive queues, shared with the `NicOps::same_pd`
     /// handles. The `Arc<Srq>`s' other holders are the queue pairs using
     /// them ([`Qp::srq`]), so a queue outlives its QPs whatever the order
     /// the handles go in.
     srqs: Arc<Slots<Arc<Srq>>>,
     shared: Arc<Shared>,
-    /// The PD's memory regions, shared with the [`Nic::same_pd`] handles
+    /// The PD's memory regions, shared with the `NicOps::same_pd` handles
     /// (a hub's shared buffer pool registers through one handle, its
     /// connections name the regions through theirs); freed with the last.
     mrs: Arc<Slots<Mr>>,
@@ -162,7 +162,7 @@ pub struct VerbsNic {
     own_qps: Mutex<Vec<u32>>,
 }
 
-/// What a handle shares with its [`Nic::new_pd`] and [`Nic::same_pd`]
+/// What a handle shares with its `NicOps::new_pd` and `NicOps::same_pd`
 /// siblings: the device context's completion queues, and the queue pairs,
 /// so that a poll of a shared CQ finds the QP of each completion whichever
 /// handle made it. A handle reaches only its own queue pairs by id.
@@ -180,6 +180,33 @@ impl Drop for VerbsNic {
         // The shared receive queues go next, with the `srqs` field, if this
         // is the PD's last handle (a queue still held by a QP that could not
         // be destroyed goes when that QP does).
+    }
+}
+
+/// The raw handles and helpers mwcap's own verbs tests use (the `testing`
+/// feature): internal otherwise, like `NicOps`.
+#[cfg(feature = "testing")]
+impl VerbsNic {
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The current rkey of a window as tracked by the verbs layer (the rkey
+    /// of its last posted bind).
+    pub fn mw_rkey(&self, mw: MwId) -> Result<u32, NicError> {
+        Ok(self.mw(mw)?.rkey())
+    }
+
+    /// Wait (asynchronously, on the CQ's completion channel) until a CQ has
+    /// completions and return up to `max` of them. A convenience that
+    /// allocates the vector; the data path uses `NicOps::poll_cq` and
+    /// `NicOps::poll_cq_ready`.
+    pub async fn wait_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
+        let slot = self.cq(cq)?;
+        let mut got = slot.cq.wait(max).await?;
+        self.settle(cq, &slot, &mut got);
+        Ok(got)
     }
 }
 
@@ -228,7 +255,7 @@ impl VerbsNic {
     }
 
     /// Another handle on this device context with a protection domain of
-    /// its own, sharing the completion queues ([`Nic::new_pd`]).
+    /// its own, sharing the completion queues (`NicOps::new_pd`).
     pub fn new_pd(&self) -> Result<VerbsNic, NicError> {
         Ok(VerbsNic {
             ctx: self.ctx.clone(),
@@ -245,7 +272,7 @@ impl VerbsNic {
         })
     }
 
-    /// Another handle on this handle's protection domain ([`Nic::same_pd`]):
+    /// Another handle on this handle's protection domain (`NicOps::same_pd`):
     /// its queue pairs are its own (reachable by id only through it,
     /// destroyed when it drops); the PD's regions and windows (freed with the
     /// last handle on the PD that has not freed them), shared receive
@@ -266,11 +293,6 @@ impl VerbsNic {
         }
     }
 
-    /// The device context.
-    pub fn context(&self) -> &Arc<Context> {
-        &self.ctx
-    }
-
     /// The port, GID and MTU in use.
     pub fn port_info(&self) -> PortInfo {
         self.port
@@ -281,27 +303,11 @@ impl VerbsNic {
         self.attrs
     }
 
-    /// The current rkey of a window as tracked by the verbs layer (the rkey
-    /// of its last posted bind).
-    pub fn mw_rkey(&self, mw: MwId) -> Result<u32, NicError> {
-        Ok(self.mw(mw)?.rkey())
-    }
-
-    /// Wait (asynchronously, on the CQ's completion channel) until a CQ has
-    /// completions and return up to `max` of them. A convenience that
-    /// allocates the vector; the data path uses [`Nic::poll_cq`] and
-    /// [`Nic::poll_cq_ready`].
-    pub async fn wait_cq(&self, cq: CqId, max: usize) -> Result<Vec<Completion>, NicError> {
-        let slot = self.cq(cq)?;
-        let mut got = slot.cq.wait(max).await?;
-        self.settle(cq, &slot, &mut got);
-        Ok(got)
-    }
-
     fn mr(&self, id: MrId) -> Result<Pinned<'_, Mr>, NicError> {
         self.mrs.pin(id.0).ok_or(missing("memory region", id.0))
     }
 
+    #[cfg(feature = "testing")]
     fn mw(&self, id: MwId) -> Result<Pinned<'_, Mw>, NicError> {
         self.mws.pin(id.0).ok_or(missing("memory window", id.0))
     }
@@ -357,7 +363,7 @@ impl VerbsNic {
     }
 }
 
-impl Nic for VerbsNic {
+impl NicOps for VerbsNic {
     fn device_info(&self) -> DeviceInfo {
         self.info.clone()
     }

@@ -60,7 +60,7 @@ impl<'a> Slice<'a> {
     }
 }
 
-/// A scatter list of at most [`MAX_SGE`] slices, held inline.
+/// A scatter list of at most `MAX_SGE` (4) slices, held inline.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SliceList<'a> {
     len: u8,
@@ -85,13 +85,8 @@ impl<'a> SliceList<'a> {
     }
 
     /// How many slices.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len as usize
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The slices in order.
@@ -102,7 +97,7 @@ impl<'a> SliceList<'a> {
 
 impl<'a, const N: usize> From<[Slice<'a>; N]> for SliceList<'a> {
     /// # Panics
-    /// If `N` exceeds [`MAX_SGE`].
+    /// If `N` exceeds `MAX_SGE` (4).
     fn from(a: [Slice<'a>; N]) -> SliceList<'a> {
         let mut l = SliceList::new();
         for s in a {
@@ -278,18 +273,8 @@ impl Qp {
         Ok(chain)
     }
 
-    /// Post a chain of send requests with one `ibv_post_send`
-    /// ([`Qp::prepare_send`], then [`SendChain::post`]).
-    ///
-    /// Every request is validated first, so a malformed chain posts
-    /// nothing. On success each bound window's tracked rkey becomes the
-    /// bind's new rkey.
-    pub fn post_send(&self, reqs: &[SendRequest<'_>]) -> Result<(), PostError> {
-        self.prepare_send(reqs)?.post()
-    }
-
     /// Post one receive request with a scatter list of at most
-    /// [`MAX_SGE`] slices.
+    /// `MAX_SGE` (4) slices.
     pub fn post_recv(&self, wr_id: u64, local: &[Slice<'_>]) -> Result<(), NicError> {
         if self.srq().is_some() {
             return Err(srq_recv_error(self.qpn()));
@@ -324,16 +309,6 @@ impl Qp {
 }
 
 impl SendChain<'_> {
-    /// How many requests the chain has.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the chain is empty (posting it does nothing).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Post the chain with one `ibv_post_send`.
     ///
     /// The windows it binds are locked (in address order, so two chains

@@ -37,10 +37,17 @@ pub struct Qp {
     rnr_retry: u8,
     max_sge: u32,
     destroyed: bool,
+    /// Keep its completion queues alive until it is gone (a QP is
+    /// destroyed before its CQs).
+    #[allow(dead_code)]
     send_cq: Arc<Cq>,
+    #[allow(dead_code)]
     recv_cq: Arc<Cq>,
     /// Where its receives come from, instead of a receive queue of its own.
     srq: Option<Arc<Srq>>,
+    /// Keeps the protection domain alive until this is gone (it is freed
+    /// before its PD).
+    #[allow(dead_code)]
     pd: Arc<Pd>,
 }
 
@@ -147,19 +154,9 @@ impl Qp {
         self.max_sge
     }
 
-    /// The completion queues (send, receive).
-    pub fn cqs(&self) -> (&Arc<Cq>, &Arc<Cq>) {
-        (&self.send_cq, &self.recv_cq)
-    }
-
     /// The shared receive queue it takes its receives from, if any.
     pub fn srq(&self) -> Option<&Arc<Srq>> {
         self.srq.as_ref()
-    }
-
-    /// The protection domain.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {

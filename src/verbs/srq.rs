@@ -58,12 +58,6 @@ impl Srq {
         Ok(Srq { ptr, max_wr: init.attr.max_wr, limit_reached, destroyed: false, pd: Arc::clone(pd) })
     }
 
-    /// How many receives it holds (as the provider sized it: at least what
-    /// was asked for).
-    pub fn max_wr(&self) -> u32 {
-        self.max_wr
-    }
-
     /// The protection domain.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd

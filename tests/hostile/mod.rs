@@ -11,11 +11,12 @@
 
 #![allow(dead_code)] // each test uses part of the harness
 
+use mwcap::backend::NicOps;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use mwcap::backend::{
-    Access, Completion, CqId, MrInfo, Nic, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
+    Access, Completion, CqId, MrInfo, QpConfig, QpEndpoint, SendWr, Sge, SgeList, WcStatus,
 };
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::{Buf, CallId, Config, Event, Link, LossReason, Policies, Policy, RequestId, Role};

@@ -44,7 +44,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use mwcap::backend::Nic;
+use mwcap::backend::NicOps;
 use mwcap::conn::{Buf, CallError, CallId, Config, Event, Link, Policies, Policy, RequestId, Role};
 use mwcap::verbs::VerbsNic;
 use rand::rngs::SmallRng;

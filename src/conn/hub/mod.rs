@@ -8,7 +8,7 @@
 //! Run one endpoint per core for more.
 //!
 //! # Isolation
-//! Each connection keeps its own protection domain ([`Nic::new_pd`]): a
+//! Each connection keeps its own protection domain (`NicOps::new_pd`): a
 //! completion queue belongs to the device context, not to a PD, so sharing
 //! it weakens nothing. A peer's keys reach only its own connection's
 //! memory, on rxe and under confirm too. A hub with shared receives
@@ -358,7 +358,7 @@ impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
 impl<N: Nic + 'static> Hub<N> {
     /// A hub whose completion queue, of `depth` entries, is created on
     /// `nic`. Its connections' NIC handles must be siblings of `nic`
-    /// ([`Nic::new_pd`]: each connection in a protection domain of its own).
+    /// (`NicOps::new_pd`: each connection in a protection domain of its own).
     /// Spawn the returned driver.
     ///
     /// A connection needs about `ctrl_slots` + 2 x its buffers + the
@@ -452,8 +452,8 @@ impl<N: Nic + 'static> Hub<N> {
     }
 
     /// The NIC handle for a new connection on this hub: a protection domain
-    /// of its own ([`Nic::new_pd`]), or on a hub with shared receives a
-    /// handle on the hub's PD ([`Nic::same_pd`]), where its QP can take
+    /// of its own (`NicOps::new_pd`), or on a hub with shared receives a
+    /// handle on the hub's PD (`NicOps::same_pd`), where its QP can take
     /// receives from the hub's queue.
     pub fn connection_nic(&self) -> Result<N, NicError> {
         match &self.shared.srq {
