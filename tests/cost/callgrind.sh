@@ -9,7 +9,7 @@
 # Also prints the sans-IO layer alone (examples/proto_cost.rs), see the end.
 #
 # The simulator is reached only through the `Nic` trait, so its cost is the
-# inclusive cost of `<SimNic as Nic>::*`; mwcap's is the program total minus
+# inclusive cost of `<SimNic as NicOps>::*`; mwcap's is the program total minus
 # that. Two runs of the same binary (N1 and N2 measured calls after the same
 # warm-up) are subtracted, so setup and teardown cancel out, and the
 # difference is divided by the calls and by 2 (client and server). The
@@ -46,13 +46,16 @@ def costs(path):
         if rest.startswith("PROGRAM TOTALS"):
             total = ir
             continue
-        f = re.search(r"<mwcap::sim::nic::SimNic as mwcap::backend::Nic>::(\w+)", rest)
+        f = re.search(r"<mwcap::sim::nic::SimNic as mwcap::backend::ops::NicOps>::(\w+)", rest)
         if f and not rest.startswith("=>"):
             sim[f.group(1)] = max(sim.get(f.group(1), 0), ir)
     return total, sum(sim.values())
 (t1, s1), (t2, s2) = costs(sys.argv[1]), costs(sys.argv[2])
 case, n1, n2, mode = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 calls = n2 - n1
+if s1 == 0 or s2 == 0:
+    sys.exit(f"cost: no <SimNic as NicOps> frame found in the {case} profile: did the trait's path change? "
+             "update the pattern in tests/cost/callgrind.sh")
 mw = ((t2 - s2) - (t1 - s1)) / calls / 2
 print(f"cost case={case} mode={mode} mwcap_ir_per_call_per_side={mw:.0f} sim_ir_per_call={(s2 - s1) / calls:.0f} total_ir_per_call={(t2 - t1) / calls:.0f}")
 PY
