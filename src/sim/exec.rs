@@ -155,7 +155,7 @@ impl World {
     /// The bytes of a SEND, read by the NIC when it executes the request.
     fn gather(&mut self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
         let len: usize = sges.iter().map(|s| s.len as usize).sum();
-        let mut out = World::take_bytes(&mut self.spare, len);
+        let mut out = self.spare.take(len);
         let d = &self.devs[dev as usize];
         let pd = d.qp(qp)?.pd;
         for s in sges {
@@ -188,14 +188,14 @@ impl World {
         let (pkt, bytes, extra) = match &e.wr {
             SendWr::Send { .. } => {
                 let bytes = e.payload.as_deref().unwrap_or_default();
-                let mut payload = World::take_bytes(&mut self.spare, bytes.len());
+                let mut payload = self.spare.take(bytes.len());
                 payload.extend_from_slice(bytes);
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: None }, n, 0)
             }
             SendWr::SendWithInv { invalidate_rkey, .. } => {
                 let bytes = e.payload.as_deref().unwrap_or_default();
-                let mut payload = World::take_bytes(&mut self.spare, bytes.len());
+                let mut payload = self.spare.take(bytes.len());
                 payload.extend_from_slice(bytes);
                 let n = payload.len() as u64;
                 (Packet::Send { payload, invalidate: Some(*invalidate_rkey) }, n, 0)

@@ -194,7 +194,7 @@ impl World {
         match self.check_read(dev, qp, addr, len, rk) {
             Ok((mr, range, mw)) => {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
-                let mut data = World::take_bytes(&mut self.spare, range.len());
+                let mut data = self.spare.take(range.len());
                 // Held bytes read as POISON, reported unless the memory's
                 // policy lets a peer read a held buffer (confirm).
                 let met = m.data.dma_read(range.start, range.len(), &mut data).unwrap_or(false);

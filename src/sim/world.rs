@@ -30,7 +30,7 @@ pub(crate) struct World {
     pub(crate) trace: Vec<TraceEntry>,
     /// Byte vectors of finished packets, reused for the next ones (a
     /// simulated call allocates nothing in steady state).
-    pub(crate) spare: Vec<Vec<u8>>,
+    pub(crate) spare: SpareBytes,
 }
 
 /// Spare byte vectors kept at most.
@@ -290,34 +290,13 @@ impl World {
             links: BTreeMap::new(),
             hazards: Vec::new(),
             trace: Vec::new(),
-            // Byte vectors for packets in flight, made up front (a burst
-            // larger than the warm-up's would otherwise allocate).
-            spare: {
-                let mut v = Vec::with_capacity(MAX_SPARE);
-                v.extend((0..MAX_SPARE / 2).map(|_| Vec::with_capacity(MIN_BYTES)));
-                v
-            },
-        }
-    }
-
-    /// An empty byte vector, reused when one is spare.
-    /// The most recently kept one with room for `len` bytes, if any (so a
-    /// small one kept from a frame does not grow for a READ's payload: that
-    /// would allocate on the data path after warm-up); otherwise one made
-    /// with room for at least a frame.
-    pub(crate) fn take_bytes(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
-        match spare.iter().rposition(|v| v.capacity() >= len) {
-            Some(i) => spare.swap_remove(i),
-            None => Vec::with_capacity(len.max(MIN_BYTES)),
+            spare: SpareBytes::new(),
         }
     }
 
     /// Keep `v` for reuse.
-    pub(crate) fn recycle(&mut self, mut v: Vec<u8>) {
-        if self.spare.len() < MAX_SPARE && v.capacity() > 0 {
-            v.clear();
-            self.spare.push(v);
-        }
+    pub(crate) fn recycle(&mut self, v: Vec<u8>) {
+        self.spare.put(v);
     }
 
     pub(crate) fn log(&mut self, what: impl FnOnce() -> String) {
@@ -454,5 +433,65 @@ impl World {
         let at = now.max(e.posted_at + post);
         q.issue_scheduled = true;
         self.sched.push(Lane::Sq(dev, qp), at, EvKind::Issue { dev, qp });
+    }
+}
+
+/// Byte vectors for packets in flight, kept for reuse so that the
+/// simulator allocates nothing once a workload has run for a while.
+pub(crate) struct SpareBytes {
+    vecs: Vec<Vec<u8>>,
+    /// Vectors made larger than a frame (READ payloads), ever.
+    large: usize,
+}
+
+impl SpareBytes {
+    /// Half full of frame-sized vectors, made up front (a burst larger than
+    /// the warm-up's would otherwise allocate).
+    fn new() -> SpareBytes {
+        let mut vecs = Vec::with_capacity(MAX_SPARE);
+        vecs.extend((0..MAX_SPARE / 2).map(|_| Vec::with_capacity(MIN_BYTES)));
+        SpareBytes { vecs, large: 0 }
+    }
+
+    /// An empty byte vector with room for `len` bytes: the most recently
+    /// kept one with room (so a small one kept from a frame does not grow
+    /// for a READ's payload), a frame-sized one for a frame where there is
+    /// one (a frame carried in a READ payload's vector would leave a READ
+    /// without one); otherwise a new one. Large ones are made in batches
+    /// that double how many there are (4, 8, 16, ...), so a workload's
+    /// high of READs in flight is covered once it reaches half of it, not
+    /// first met in the middle of a measured run (with 16 READs of 64 KiB in
+    /// flight the 16th was first needed after 1,000 calls about one run in
+    /// five).
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
+        let small = |v: &Vec<u8>| v.capacity() >= len && v.capacity() <= MIN_BYTES;
+        let found = match len <= MIN_BYTES {
+            true => self.vecs.iter().rposition(small),
+            false => None,
+        };
+        if let Some(i) = found.or_else(|| self.vecs.iter().rposition(|v| v.capacity() >= len)) {
+            return self.vecs.swap_remove(i);
+        }
+        if len > MIN_BYTES {
+            // 4, 8, 16, 32, ... made in all.
+            let room = MAX_SPARE - self.vecs.len();
+            let more = (self.large.max(2) * 2 - self.large - 1).min(room);
+            self.vecs.extend((0..more).map(|_| Vec::with_capacity(len)));
+            self.large += more + 1;
+        }
+        Vec::with_capacity(len.max(MIN_BYTES))
+    }
+
+    /// Keep `v` for reuse; when full, in place of a smaller one.
+    pub(crate) fn put(&mut self, mut v: Vec<u8>) {
+        if v.capacity() == 0 {
+            return;
+        }
+        v.clear();
+        if self.vecs.len() < MAX_SPARE {
+            self.vecs.push(v);
+        } else if let Some(i) = self.vecs.iter().position(|s| s.capacity() < v.capacity()) {
+            self.vecs[i] = v;
+        }
     }
 }
