@@ -945,3 +945,183 @@ fn honest_client_beside_hoarders(n: usize) {
     let st = sh.stats().buffers.unwrap();
     assert!(st.empty > 0, "the pool ran empty: {st:?}");
 }
+
+/// The builder of an endpoint on `nic` serving confirm (and mw, where the
+/// peer wants it) to trusted peers, with shared receives and a shared pool
+/// of `small` buffers of `SMALL` bytes and `large` of `LARGE`.
+fn trusted_pooled(nic: SimNic, small: u32, large: u32) -> EndpointBuilder<SimNic> {
+    let classes = [BufClass { size: SMALL, count: small }, BufClass { size: LARGE, count: large }];
+    builder(nic)
+        .policy(PolicyChoice::Confirm)
+        .trusted_peers(true)
+        .queue_depth(1 << 16)
+        .shared_receives(SrqConfig { chunk: 64, max_slots: 4096 })
+        .shared_buffers(&classes)
+}
+
+/// With trusted peers a shared pool serves confirm too, in either
+/// direction and beside mw on the other: connections on two pooled
+/// endpoints, more calls in flight than buffers, every payload's bytes are
+/// its own, every buffer comes back, and the simulator's oracle saw no
+/// READ of a buffer returned as success while another user held it.
+#[test]
+fn trusted_peers_let_a_shared_pool_serve_confirm_and_every_byte_is_right() {
+    let (mw, confirm) = (Policy::Mw, Policy::Confirm);
+    for (k, policies) in [
+        Policies::both(confirm),
+        Policies { request: confirm, reply: mw },
+        Policies { request: mw, reply: confirm },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let fabric = Fabric::with_seed(40 + k as u64);
+        let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+        let mut pool = LocalPool::new();
+        let ch = hubs::endpoint(&pool, trusted_pooled(cn, 6, 2));
+        let sh = hubs::endpoint(&pool, trusted_pooled(sn, 6, 2));
+        let side = |role| {
+            let mut c = cfg(role);
+            c.policies = policies;
+            c
+        };
+        let conns: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, s) = pair_with(&ch, &sh, side);
+                spawn(&pool, serve(s.clone()));
+                (c, s)
+            })
+            .collect();
+        let sizes = [1usize, 100, 3000, 20_000];
+        let calls = conns.iter().enumerate().map(|(i, (c, _))| async move {
+            for j in 0..10usize {
+                let len = sizes[(i + j) % 4];
+                let mut b = c.alloc_for(len).await.unwrap();
+                b.copy_from(&pattern(i * 100 + j, len)).unwrap();
+                let r = c
+                    .call(b"x", Some(b))
+                    .await
+                    .unwrap_or_else(|e| panic!("{policies:?} conn {i} call {j}: {e}"));
+                let mut want = pattern(i * 100 + j, len);
+                want.reverse();
+                let d = r.data.expect("a reply payload");
+                assert!(d.to_vec() == want, "{policies:?} conn {i} call {j}: not its own bytes");
+                c.free(d);
+            }
+        });
+        let done = pool.run_until(async {
+            let all = futures::future::join_all(calls);
+            let t = async_io::Timer::after(Duration::from_secs(60));
+            futures::pin_mut!(all);
+            futures::pin_mut!(t);
+            matches!(futures::future::select(all, t).await, futures::future::Either::Left(_))
+        });
+        assert!(done, "{policies:?}: the calls stalled");
+        for (c, s) in &conns {
+            assert_eq!(c.stats().calls_failed, 0, "{policies:?}");
+            assert_eq!(s.stats().requests_dropped, 0, "{policies:?}");
+            c.close();
+            s.close();
+        }
+        pool.run_until(futures::future::join_all(
+            conns.iter().map(|(c, s)| futures::future::join(c.finished(), s.finished())),
+        ));
+        drop(conns);
+        for side in [&ch, &sh] {
+            let st = side.stats().buffers.unwrap();
+            assert!(st.taken >= 8 * 10, "{policies:?}: every call took a buffer from the pool: {st:?}");
+            assert_eq!((st.free, st.held_bytes), (8, 0), "{policies:?}: every buffer is back: {st:?}");
+        }
+        assert!(fabric.hazards().is_empty(), "{policies:?}: {:?}", fabric.hazards());
+    }
+}
+
+/// Without trusted peers an endpoint that shares receives or buffers
+/// refuses confirm when it is built, and says what would serve it.
+#[test]
+fn sharing_with_confirm_needs_trusted_peers_and_says_so() {
+    let fabric = Fabric::with_seed(3);
+    for choice in [PolicyChoice::Confirm, PolicyChoice::Auto] {
+        let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+        let e = trusted_pooled(sn, 4, 1).policy(choice).trusted_peers(false).build().err();
+        let Some(SetupError::Config(ConfigError::SharingNeedsMw { choice: c })) = &e else {
+            panic!("built: {e:?}")
+        };
+        assert_eq!(*c, choice);
+        let msg = e.unwrap().to_string();
+        assert!(msg.contains("trusted_peers(true)") && msg.contains("PolicyChoice::Mw"), "{msg}");
+    }
+}
+
+/// Under confirm on a shared pool the one buffer a silent client was
+/// offered goes back to the pool when the offer's hold ends, and another
+/// connection fills it; the silent client then READs the other
+/// connection's bytes with the old offer's key (trusted peers share a
+/// protection domain), and the owner's confirm says the buffer was reused:
+/// the call never returns those bytes, it asks again and gets its own.
+#[test]
+fn under_confirm_a_read_of_a_pool_buffer_another_connection_reused_is_never_returned() {
+    let fabric = Fabric::with_seed(17);
+    let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let classes = [BufClass { size: SMALL, count: 1 }];
+    let sh = hubs::endpoint(
+        &pool,
+        builder(sn)
+            .policy(PolicyChoice::Confirm)
+            .trusted_peers(true)
+            .queue_depth(1 << 14)
+            .shared_receives(SrqConfig::default())
+            .shared_buffers(&classes),
+    );
+    let ch = plain_endpoint(&pool, cn);
+    let confirm_cfg = |role| {
+        let mut c = small_cfg(role);
+        c.policies = Policies::both(Policy::Confirm);
+        c
+    };
+    let (s, mut silent) =
+        server_with_link_client(&sh, &silent_nic, confirm_cfg(Role::Server), confirm_cfg(Role::Client));
+    let a = s.connect(&silent.local()).unwrap();
+    spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
+    let call = silent.call(fabric.now(), b"x", None).unwrap();
+    silent.drive(fabric.now());
+    // The offer is made and its hold ends unread: the buffer is back.
+    assert!(
+        wait_for(&mut pool, Duration::from_secs(5), || a.stats().exposures >= 1),
+        "the reply was offered"
+    );
+    assert!(
+        wait_for(&mut pool, Duration::from_secs(5), || sh.stats().buffers.unwrap().free == 1),
+        "the unread offer's buffer came back when its hold ended"
+    );
+    // Another connection takes it and fills it with its own reply.
+    let (b_client, b_server) = pair_with(&ch, &sh, confirm_cfg);
+    spawn(&pool, serve_fixed(b_server.clone(), 0xbb, || {}));
+    let r = pool.run_until(b_client.call(b"y", None)).expect("the other connection is served");
+    assert_eq!(r.data.as_ref().unwrap().to_vec(), vec![0xbb; 3000]);
+    drop(r);
+    // Now the silent client reads with the old offer.
+    let t0 = std::time::Instant::now();
+    let got = loop {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the silent client's call never ended");
+        silent.drive(fabric.now());
+        if let Some(ev) = silent.poll_event() {
+            match ev {
+                mwcap::conn::Event::Reply { call: c, data, .. } if c == call => break Ok(data),
+                mwcap::conn::Event::CallFailed { call: c, error } if c == call => break Err(error),
+                _ => continue,
+            }
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
+    };
+    assert!(silent.stats().stale_reads >= 1, "the old offer read a reused buffer: {:?}", silent.stats());
+    // Asked again, the server offers its own bytes anew.
+    let d = got.expect("the call asked again and was answered").expect("a reply payload");
+    assert_eq!(d.to_vec(), vec![0xaa; 3000], "the call returned another connection's bytes");
+    silent.free(d);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}

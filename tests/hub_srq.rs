@@ -358,6 +358,47 @@ fn a_hub_with_shared_receives_refuses_confirm_and_says_why() {
     assert_eq!(sh.stats().srq.unwrap().shares, 0, "its share came back");
 }
 
+/// With trusted peers an endpoint with shared receives serves confirm
+/// connections too (their data regions, readable by key, are in the
+/// endpoint's protection domain): each call's payloads come back right.
+#[test]
+fn with_trusted_peers_shared_receives_serve_confirm() {
+    let fabric = Fabric::with_seed(5);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let ch = hubs::endpoint(&pool, builder(cn).queue_depth(1 << 16));
+    let trusted = builder(sn)
+        .policy(PolicyChoice::Confirm)
+        .trusted_peers(true)
+        .queue_depth(1 << 16)
+        .shared_receives(SrqConfig::default());
+    let sh = hubs::endpoint(&pool, trusted);
+    let side = |role| {
+        let mut c = cfg(role);
+        c.policies = Policies::both(Policy::Confirm);
+        c
+    };
+    let conns: Vec<_> =
+        (0..4).map(|_| hubs::pair(&ch, &sh, side(Role::Client), side(Role::Server))).collect();
+    for (_, s) in &conns {
+        spawn(&pool, serve(s.clone()));
+    }
+    pool.run_until(futures::future::join_all(conns.iter().enumerate().map(|(i, (c, _))| async move {
+        for j in 0..5 {
+            let len = 100 + 997 * (i + j);
+            let mut b = c.alloc_for(len).await.unwrap();
+            b.copy_from(&pattern(i * 10 + j, len)).unwrap();
+            let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {j}: {e}"));
+            let mut want = pattern(i * 10 + j, len);
+            want.reverse();
+            assert!(r.data.as_ref().unwrap().to_vec() == want, "conn {i} call {j}: not its own bytes");
+        }
+    })));
+    assert!(sh.stats().srq.unwrap().frames >= 4 * 5, "the requests came through the shared queue");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
 /// On an rxe-like device (windows reach their whole region) the shared PD
 /// gives a peer nothing of another connection: the regions allow no remote
 /// READ, and another connection's window is scoped to its QP. A READ with

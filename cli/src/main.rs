@@ -151,7 +151,8 @@ pub struct BenchOpts {
     pub connections: u32,
     /// With `--sim`: both endpoints with shared receives (one shared
     /// receive queue per side; mode `async-srq`). Such an endpoint serves
-    /// the mw policy only, so the confirm cases are skipped.
+    /// the mw policy only unless its peers are trusted, so the confirm
+    /// cases are skipped without --trusted-peers.
     #[arg(long, requires = "sim")]
     pub srq: bool,
     /// With `--sim --srq`: the endpoints also share a buffer pool of the
@@ -324,7 +325,8 @@ pub struct ServeOpts {
     /// Buffers of --max-payload bytes per connection.
     #[arg(long, default_value_t = 2)]
     pub large_buffers: u32,
-    /// Serve the mw connections from one buffer pool shared by all of them,
+    /// Serve the mw connections (and with --trusted-peers the confirm
+    /// ones) from one buffer pool shared by all of them,
     /// of this many --buffer-size buffers (and --shared-large ones), and a
     /// memory window per buffer; each connection then registers no buffers
     /// and allocates no windows of its own, and --buffers and
@@ -341,7 +343,10 @@ pub struct ServeOpts {
     /// Trust the peers not to invalidate windows they were not granted:
     /// needed for mw on a device where a peer's SEND_WITH_INV reaches
     /// windows bound to other connections' queue pairs (rxe; `mwcap probe`
-    /// says), where a hostile peer could panic the kernel.
+    /// says), where a hostile peer could panic the kernel. It also serves
+    /// the confirm clients from shared receives (and --shared-buffers):
+    /// those put every connection in one protection domain, where a
+    /// confirm offer's key lets one client read what is offered to another.
     #[arg(long)]
     pub trusted_peers: bool,
     /// How the bootstrap is authenticated.

@@ -170,10 +170,13 @@ mod imp {
         nic.device_attrs().max_cqe.min(1 << 17)
     }
 
-    /// The endpoint serving `policy` on `addr`. mw connections take their
-    /// control receives from one shared receive queue (docs/serving.md),
-    /// and with --shared-buffers their buffers from one pool; a device that
-    /// cannot make those gets an endpoint whose connections have their own.
+    /// The endpoint serving `policy` on `addr`. mw connections (and, with
+    /// --trusted-peers, confirm ones: sharing puts every connection in one
+    /// protection domain, where a confirm offer's key reaches the others'
+    /// memory) take their control receives from one shared receive queue
+    /// (docs/serving.md), and with --shared-buffers their buffers from one
+    /// pool; a device that cannot make those gets an endpoint whose
+    /// connections have their own.
     fn endpoint(
         o: &ServeOpts,
         policy: Policy,
@@ -209,7 +212,7 @@ mod imp {
         let depth = queue_depth(&nic);
         // Half the completion queue for the shared receives.
         let max_slots = nic.device_attrs().max_srq_wr.min(depth / 2).min(1 << 16);
-        if policy != Policy::Mw || max_slots < 1024 {
+        if (policy != Policy::Mw && !o.trusted_peers) || max_slots < 1024 {
             return builder(nic).queue_depth(depth).build().map_err(failed);
         }
         let mut shared =
@@ -222,8 +225,8 @@ mod imp {
             // Without sharing these fail the same.
             Err(e @ (SetupError::Bootstrap(_) | SetupError::MwUnusable { .. })) => return Err(failed(e)),
             Err(e) => eprintln!(
-                "mwcap serve: cannot create the mw endpoint with shared receives: {e}; its connections \
-                 get receive queues of their own"
+                "mwcap serve: cannot create the {policy:?} endpoint with shared receives: {e}; its \
+                 connections get receive queues of their own"
             ),
         }
         builder(open(o)?).queue_depth(depth).build().map_err(failed)

@@ -26,9 +26,10 @@ pub fn run(o: &BenchOpts) -> ExitCode {
         o.iters, o.warmup, o.buffers
     );
     for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
-        if o.srq && policy != mwcap::conn::Policy::Mw {
+        if o.srq && policy != mwcap::conn::Policy::Mw && !o.trusted_peers {
             println!(
-                "# --srq: the {policy:?} cases are skipped (an endpoint with shared receives serves mw only)"
+                "# --srq: the {policy:?} cases are skipped (an endpoint with shared receives serves mw only \
+                 unless its peers are trusted: --trusted-peers)"
             );
             continue;
         }
@@ -93,9 +94,16 @@ fn async_group(
     let builder = |nic| {
         let q = mwcap::conn::SrqConfig { chunk: 256, max_slots: 4096 };
         let b = Endpoint::builder(nic, Auth::Unauthenticated).queue_depth(1 << 16);
+        // Sharing serves confirm only to trusted peers (--trusted-peers).
+        let sharing = |b: mwcap::conn::EndpointBuilder<_>| match policy {
+            mwcap::conn::Policy::Mw => b.policy(PolicyChoice::Mw).shared_receives(q),
+            mwcap::conn::Policy::Confirm => {
+                b.policy(PolicyChoice::Confirm).trusted_peers(true).shared_receives(q)
+            }
+        };
         match (o.srq, o.shared_buffers) {
-            (_, true) => b.policy(PolicyChoice::Mw).shared_receives(q).shared_buffers(&classes),
-            (true, false) => b.policy(PolicyChoice::Mw).shared_receives(q),
+            (_, true) => sharing(b).shared_buffers(&classes),
+            (true, false) => sharing(b),
             (false, false) => b,
         }
     };

@@ -268,12 +268,14 @@ pub enum ConfigError {
         /// The pool's buffer sizes.
         classes: Vec<u32>,
     },
-    /// A connection on an endpoint with shared receives would run confirm.
+    /// A connection on an endpoint with shared receives would run confirm,
+    /// and the endpoint's peers are not trusted.
     #[error(
         "an endpoint with shared receives serves the mw policy only, and this connection's \
          policies are {request:?} (requests) and {reply:?} (replies): under confirm a region's key \
          would reach every connection's memory in the endpoint's protection domain; serve confirm \
-         clients from an endpoint without shared receives, or require PolicyChoice::Mw"
+         clients from an endpoint without shared receives, require PolicyChoice::Mw, or, if every \
+         peer is yours, build the endpoint with EndpointBuilder::trusted_peers(true)"
     )]
     SharedReceivesNeedMw {
         /// The request payloads' policy.
@@ -306,11 +308,13 @@ pub enum ConfigError {
         max: u32,
     },
     /// An endpoint that shares receives or buffers between its connections
-    /// was asked to serve another policy than mw.
+    /// was asked to serve another policy than mw, and its peers are not
+    /// trusted.
     #[error(
         "an Endpoint with shared receives or a shared buffer pool serves the mw policy only \
          (under confirm a region's key would reach every connection's memory in its protection \
-         domain), and it was built with {choice:?}: choose PolicyChoice::Mw, or share nothing"
+         domain), and it was built with {choice:?}: choose PolicyChoice::Mw, share nothing, or, \
+         if every peer is yours, add EndpointBuilder::trusted_peers(true)"
     )]
     SharingNeedsMw {
         /// The policy choice it was built with.

@@ -127,7 +127,8 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// one [`Fabric`](crate::sim::Fabric)) and loopback on one device. Each
     /// side has its endpoint's [`EndpointBuilder::config`] settings. An
     /// endpoint with shared receives or buffers serves the mw policy only
-    /// ([`ConfigError::SharedReceivesNeedMw`] otherwise); one whose
+    /// unless its peers are trusted ([`ConfigError::SharedReceivesNeedMw`]
+    /// otherwise); one whose
     /// completion queue has no room left refuses with
     /// [`SetupError::CqBudget`].
     pub fn connect_local(
@@ -366,6 +367,15 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     /// panics the rxe kernel driver: there `auto` serves confirm and `mw`
     /// is refused ([`SetupError::MwUnsafe`]) unless the peers are trusted.
     /// Devices that follow the specification (mlx5) are safe either way.
+    ///
+    /// It also lets an endpoint with [`EndpointBuilder::shared_receives`]
+    /// or [`EndpointBuilder::shared_buffers`] serve confirm: those put every
+    /// connection in the endpoint's protection domain, where the key a
+    /// confirm offer carries (a region's, or a pool buffer's) lets a peer
+    /// read what the endpoint's other connections expose, and its pool
+    /// buffers after another connection reused them. Integrity holds either
+    /// way (a read of a reused buffer is never returned as success); what
+    /// trust buys is the confidentiality between peers.
     pub fn trusted_peers(mut self, trusted: bool) -> Self {
         self.opts.trusted_peers = trusted;
         self
@@ -394,7 +404,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     /// `ctrl_slots`, a busy one up to `ctrl_slots`, and its send slots are
     /// the endpoint's, lent while a SEND is in flight. Its connections
     /// share the endpoint's protection domain, so it serves the mw policy
-    /// only.
+    /// only, unless its peers are trusted ([`EndpointBuilder::trusted_peers`]).
     pub fn shared_receives(mut self, srq: SrqConfig) -> Self {
         self.srq = Some(srq);
         self
@@ -407,7 +417,9 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     /// buffer of the pool while it is in use; every size a connection uses
     /// must be one of `classes`. Implies shared receives (with
     /// [`SrqConfig::default`] unless [`EndpointBuilder::shared_receives`]
-    /// says otherwise): the mw policy only.
+    /// says otherwise): the mw policy only, unless its peers are trusted
+    /// ([`EndpointBuilder::trusted_peers`]: then a pool buffer exposed
+    /// under confirm is offered with its region's key).
     pub fn shared_buffers(mut self, classes: &[BufClass]) -> Self {
         self.buffers = Some(classes.to_vec());
         self
@@ -458,12 +470,18 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         let EndpointBuilder { nic, opts, cfg, depth, srq, buffers, listen, busy_poll, name } = self;
         cfg.check()?;
         let shares = srq.is_some() || buffers.is_some();
-        if shares && opts.choice != PolicyChoice::Mw {
+        // Sharing puts every connection in one protection domain, where a
+        // confirm region's key reaches every connection's memory: only
+        // among trusted peers.
+        let confirm = opts.choice != PolicyChoice::Mw;
+        if shares && confirm && !opts.trusted_peers {
             return Err(ConfigError::SharingNeedsMw { choice: opts.choice }.into());
         }
         let (hub, driver) = match (buffers, srq) {
-            (Some(classes), q) => Hub::with_shared_buffers(nic, depth, q.unwrap_or_default(), &classes)?,
-            (None, Some(q)) => Hub::with_shared_receives(nic, depth, q)?,
+            (Some(classes), q) => {
+                Hub::with_shared_buffers(nic, depth, q.unwrap_or_default(), &classes, confirm)?
+            }
+            (None, Some(q)) => Hub::with_shared_receives(nic, depth, q, confirm)?,
             (None, None) => Hub::new(nic, depth)?,
         };
         hub.set_busy_poll(busy_poll);

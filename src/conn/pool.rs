@@ -319,7 +319,6 @@ impl Slots {
     }
 
     /// Whether the slots are backed by a shared pool.
-    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn is_backed(&self) -> bool {
         self.backed.is_some()
     }

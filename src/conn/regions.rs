@@ -9,8 +9,9 @@
 //! it must be in its QP's PD:
 //! - on an endpoint with shared receives every connection is in the
 //!   hub's PD, so the region is registered once, there, for window binding
-//!   only (those endpoints serve mw only: the region's own key never
-//!   leaves the process);
+//!   only (the region's own key never leaves the process; a confirm
+//!   connection, on an endpoint whose peers are trusted, registers the
+//!   region again for remote READs);
 //! - otherwise each connection has a PD of its own, and registers the
 //!   region there the first time it exposes a range of it (`Link`),
 //!   with the access its policies need, and deregisters it when it goes
@@ -48,7 +49,8 @@ use crate::mem::Memory;
 const FIRST_ID: u32 = 1;
 
 /// The access of a region registered once in a hub's PD: window binding
-/// (such hubs serve mw only).
+/// (a confirm connection, served only to trusted peers there, registers
+/// the region again with its own access).
 const SHARED_ACCESS: Access = Access::from_bits_truncate(Access::LOCAL_WRITE.bits() | Access::MW_BIND.bits());
 
 /// An endpoint's regions (see the module docs).

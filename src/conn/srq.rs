@@ -53,7 +53,8 @@
 //! lets remote READs in: under the confirm policy it does (the region's
 //! rkey), under the mw policy it does not (regions only allow binds, and a
 //! type-2 window is scoped to its connection's QP). A hub with shared
-//! receives therefore serves mw connections only, and keeps each
+//! receives therefore serves mw connections only (unless its peers are
+//! trusted: `EndpointBuilder::trusted_peers`), and keeps each
 //! connection's regions its own (a window that does not enforce its bounds,
 //! as on rxe, reaches only its own connection's region).
 
@@ -221,12 +222,18 @@ pub(crate) struct SharedReceives<N: Nic> {
     unclaimed: AtomicU64,
     /// Calls of `check_limit`.
     checks: AtomicU64,
+    /// Whether its connections may run confirm: their regions' keys then
+    /// reach every connection's memory in the shared PD, which only an
+    /// endpoint whose peers are all trusted allows
+    /// (`EndpointBuilder::trusted_peers`).
+    serves_confirm: bool,
 }
 
 impl<N: Nic> SharedReceives<N> {
     /// Create the queue on `nic` (the hub's handle and PD) with its first
-    /// chunk posted and the limit armed.
-    pub(crate) fn new(nic: N, cfg: SrqConfig) -> Result<SharedReceives<N>, SetupError> {
+    /// chunk posted and the limit armed; `serves_confirm`: whether its
+    /// connections may run confirm (their peers are trusted).
+    pub(crate) fn new(nic: N, cfg: SrqConfig, serves_confirm: bool) -> Result<SharedReceives<N>, SetupError> {
         if cfg.chunk < INITIAL_CREDITS || cfg.max_slots < cfg.chunk {
             let (chunk, max_slots, min_chunk) = (cfg.chunk, cfg.max_slots, INITIAL_CREDITS);
             return Err(ConfigError::BadSrqConfig { chunk, max_slots, min_chunk }.into());
@@ -245,12 +252,18 @@ impl<N: Nic> SharedReceives<N> {
             refused: AtomicU64::new(0),
             unclaimed: AtomicU64::new(0),
             checks: AtomicU64::new(0),
+            serves_confirm,
         };
         {
             let mut st = me.state.lock();
             me.grow(&mut st)?;
         }
         Ok(me)
+    }
+
+    /// Whether its connections may run confirm (see the field).
+    pub(crate) fn serves_confirm(&self) -> bool {
+        self.serves_confirm
     }
 
     /// The most receives the queue will hold.
@@ -504,7 +517,7 @@ mod tests {
     #[test]
     fn send_slots_grow_by_chunks_and_are_never_lent_twice() {
         let nic = Fabric::with_seed(3).add_device(DeviceConfig::spec());
-        let srq = SharedReceives::new(nic, SrqConfig { chunk: 16, max_slots: 64 }).unwrap();
+        let srq = SharedReceives::new(nic, SrqConfig { chunk: 16, max_slots: 64 }, false).unwrap();
         // 40 connections of 16 send slots: 640 slots, 3 chunks.
         let mut conns: Vec<LentSends> = (0..40).map(|_| LentSends::new(16)).collect();
         let mut seen = HashSet::new();

@@ -469,21 +469,28 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         --lease-ms 30000 --call-timeout-ms 60000 $small 2>&1 | tee "$pool_out"
     rc=${PIPESTATUS[0]}
     many_leg "shared buffer pool" "$rc" "$(grep -c "^case=.* connections=100 " "$pool_out")" 13 "$pool_start"
+    # (confirm exposures lend no windows: its pool's are all free, none lent)
     pool_back() {
+        local lent='[1-9][0-9]*'
+        [ "$2" = confirm ] && lent='0'
         echo "$1" | grep -qE "shared buffers: 80 of 80 free \([0-9]+ bytes, 0 held\), [1-9][0-9]* taken" &&
-            echo "$1" | grep -qE "shared windows: ([0-9]+) of \1 free, [1-9][0-9]* lent"
+            echo "$1" | grep -qE "shared windows: ([0-9]+) of \1 free, $lent lent"
     }
-    pool_line=""
-    for _ in $(seq 1 30); do
-        pool_line=$(timeout 10 "$mwcap" stat --socket "/tmp/mwcap-$pool_port.sock" 2>&1 | grep -a "^hub mw" | tail -1)
-        pool_back "$pool_line" && break
-        sleep 1
+    # Both hubs: with --trusted-peers the confirm clients are served from
+    # a pool of their own too (docs/serving.md, "Confirm on the pool").
+    for hub in mw confirm; do
+        pool_line=""
+        for _ in $(seq 1 30); do
+            pool_line=$(timeout 10 "$mwcap" stat --socket "/tmp/mwcap-$pool_port.sock" 2>&1 | grep -a "^hub $hub" | tail -1)
+            pool_back "$pool_line" "$hub" && break
+            sleep 1
+        done
+        echo "$pool_line"
+        if ! pool_back "$pool_line" "$hub"; then
+            echo "shared buffer pool: mwcap stat does not show all 80 buffers of the $hub hub and every window back after use (FAIL)"
+            fail=1
+        fi
     done
-    echo "$pool_line"
-    if ! pool_back "$pool_line"; then
-        echo "shared buffer pool: mwcap stat does not show all 80 buffers and every window back after use (FAIL)"
-        fail=1
-    fi
     kill "$pool_pid" 2>/dev/null
     wait "$pool_pid" 2>/dev/null
     rm -f "$key_file" "$keyring" "$large_ring"

@@ -58,7 +58,10 @@
 //! # Isolation
 //! Every buffer of the pool is a memory region of its own, registered for
 //! window binding and local writes only: its rkey is never sent (the pool
-//! serves the mw policy only, as the shared receives it comes with), and a
+//! serves the mw policy only, as the shared receives it comes with, unless
+//! the endpoint's peers are trusted: then each buffer allows remote READs
+//! too, a confirm exposure offers the buffer's own key, and any peer may
+//! read any pool buffer whose key it has seen), and a
 //! window over it reaches that buffer and nothing else, even where windows
 //! do not enforce their bounds (rxe checks a READ against the region, not
 //! the window). A type-2 window is scoped to its connection's QP, so a peer
@@ -250,11 +253,16 @@ pub struct BufferPoolStats {
 
 impl BufferPool {
     /// Register `classes` on `nic` (each buffer a region of its own, for
-    /// window binding and local writes), which the pool keeps to deregister
-    /// them with. Classes of the same size are merged; empty ones are
-    /// skipped.
+    /// window binding and local writes, and with `confirm` for remote
+    /// READs: see "Isolation" in the module docs), which the pool keeps to
+    /// deregister them with. Classes of the same size are merged; empty
+    /// ones are skipped.
     #[cfg_attr(loom, allow(dead_code))] // the hub's, absent under loom
-    pub(crate) fn register<N: Nic + 'static>(nic: N, classes: &[BufClass]) -> Result<BufferPool, SetupError> {
+    pub(crate) fn register<N: Nic + 'static>(
+        nic: N,
+        classes: &[BufClass],
+        confirm: bool,
+    ) -> Result<BufferPool, SetupError> {
         let mut wanted: Vec<BufClass> = Vec::new();
         for c in classes.iter().filter(|c| c.size > 0 && c.count > 0) {
             match wanted.iter_mut().find(|w| w.size == c.size) {
@@ -276,6 +284,10 @@ impl BufferPool {
             return Err(ConfigError::PoolClassTooLarge { count, size, max }.into());
         }
         let device = OnNic(nic);
+        let access = match confirm {
+            false => Access::LOCAL_WRITE | Access::MW_BIND,
+            true => Access::LOCAL_WRITE | Access::MW_BIND | Access::REMOTE_READ,
+        };
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
         let mut mrs = Vec::with_capacity(total);
         let mut mems = Vec::with_capacity(total);
@@ -285,9 +297,15 @@ impl BufferPool {
             let first = mrs.len() as u32;
             firsts.push(first);
             for _ in 0..c.count {
-                let made = device.0.reg_mr(c.size as usize, Access::LOCAL_WRITE | Access::MW_BIND);
+                let made = device.0.reg_mr(c.size as usize, access);
                 match made.and_then(|mr| Ok((mr, device.0.memory(mr.id)?))) {
                     Ok((mr, mem)) => {
+                        if confirm {
+                            // Under confirm a peer may READ a buffer while a
+                            // user holds it (it was reused), and discards
+                            // what it read: the simulator's oracle expects it.
+                            mem.expect_reads_of_held();
+                        }
                         mrs.push(mr);
                         mems.push(mem);
                     }

@@ -14,8 +14,8 @@
 //! memory, on rxe and under confirm too. A hub with shared receives
 //! (`Hub::with_shared_receives`) is the exception: its connections share
 //! its PD (rxe checks a receive against the receiving QP's PD), which is
-//! safe under the mw policy only, the one it serves (see [`SrqConfig`],
-//! `docs/serving.md`).
+//! safe under the mw policy only, the one it serves unless its peers are
+//! trusted (see [`SrqConfig`], `docs/serving.md`).
 //!
 //! # QP numbers come back
 //! A device reuses the number of a destroyed QP. A hub destroys a
@@ -375,16 +375,18 @@ impl<N: Nic + 'static> Hub<N> {
     /// idle connection holds `Config::start_credits` receives of 4 KiB
     /// instead of `ctrl_slots`, and a busy one up to `ctrl_slots`; the hub
     /// lends its send slots (`srq::LentSends`). Its connections are in the hub's
-    /// protection domain ([`Hub::connection_nic`]), so it serves the mw
-    /// policy only: a connection that negotiates confirm in either
+    /// protection domain ([`Hub::connection_nic`]), so unless `confirm` (its
+    /// peers are trusted: `EndpointBuilder::trusted_peers`) it serves the
+    /// mw policy only: a connection that negotiates confirm in either
     /// direction fails to finish, with an error that says so.
     pub fn with_shared_receives(
         nic: N,
         depth: u32,
         srq: SrqConfig,
+        confirm: bool,
     ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
         let conn_nic = nic.same_pd()?;
-        let srq = SharedReceives::new(conn_nic, srq)?;
+        let srq = SharedReceives::new(conn_nic, srq, confirm)?;
         Hub::make(nic, depth, Some(Arc::new(srq)), None)
     }
 
@@ -396,16 +398,18 @@ impl<N: Nic + 'static> Hub<N> {
     /// in use. Every size a connection uses must be one of `buffers`' sizes;
     /// `buffers` gives how many of each the pool registers (each a region of
     /// its own), now. A connection that finds its size all in use waits, as
-    /// for a buffer of its own.
+    /// for a buffer of its own. With `confirm` the pool's buffers allow
+    /// remote READs too, and confirm connections take them as mw ones do.
     pub fn with_shared_buffers(
         nic: N,
         depth: u32,
         srq: SrqConfig,
         buffers: &[BufClass],
+        confirm: bool,
     ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
-        let pool = BufferPool::register(nic.same_pd()?, buffers)?;
+        let pool = BufferPool::register(nic.same_pd()?, buffers, confirm)?;
         let conn_nic = nic.same_pd()?;
-        let srq = SharedReceives::new(conn_nic, srq)?;
+        let srq = SharedReceives::new(conn_nic, srq, confirm)?;
         Hub::make(nic, depth, Some(Arc::new(srq)), Some(pool))
     }
 

@@ -167,7 +167,8 @@ impl<N: Nic> Prepared<N> {
         // QP and the CQ; `Resources` cleans up what was made so far.
         let nic = self.nic.as_ref().expect("finish runs once");
         let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
-        if self.srq.is_some() && (policies.request != Policy::Mw || policies.reply != Policy::Mw) {
+        let confirm = policies.request != Policy::Mw || policies.reply != Policy::Mw;
+        if confirm && self.srq.as_ref().is_some_and(|q| !q.serves_confirm()) {
             let Policies { request, reply } = policies;
             return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
         }

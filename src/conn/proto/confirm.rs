@@ -46,8 +46,16 @@ pub(super) struct ConfirmEngine {
 
 impl ConfirmEngine {
     /// The engine for `role`; when `owns` (we expose a direction under
-    /// confirm), every data buffer is registered with it.
-    pub(super) fn new(role: Role, cfg: &Config, layout: &Layout, owns: bool, data: &MrInfo) -> ConfirmEngine {
+    /// confirm), every data buffer is registered with it: where it is in
+    /// `data`, or, on a shared pool (`None`), pointed at the pool buffer
+    /// behind its slot each time it is exposed (`set_buffer_region`).
+    pub(super) fn new(
+        role: Role,
+        cfg: &Config,
+        layout: &Layout,
+        owns: bool,
+        data: Option<&MrInfo>,
+    ) -> ConfirmEngine {
         let mut fcfg = fb::Config::default();
         fcfg.hold_timeout = cfg.lease_time;
         fcfg.request_timeout = cfg.call_timeout;
@@ -66,7 +74,12 @@ impl ConfirmEngine {
         let mut slot_of = id_map(slots as usize);
         if owns {
             for slot in 0..slots {
-                let region = fb::Region::new(data.addr + layout.offset(slot), layout.size(slot), data.rkey);
+                let region = match data {
+                    Some(data) => {
+                        fb::Region::new(data.addr + layout.offset(slot), layout.size(slot), data.rkey)
+                    }
+                    None => fb::Region::new(0, 0, 0),
+                };
                 let id = match &mut engine {
                     Engine::Client(c) => c.add_buffer(region),
                     Engine::Server(s) => s.add_buffer(region),

@@ -173,7 +173,8 @@ pub enum DataMemory {
     /// Buffers of a hub's shared pool, each a region of its own, taken while
     /// a slot is in use; the classes of the `Config` say how many of each
     /// size the connection may hold at once, and each size must be a class
-    /// of the pool. Serves the mw policy only.
+    /// of the pool. Serves confirm only where the peers are trusted (the
+    /// pool's buffers then allow remote READs).
     Pool(BufferPool),
 }
 
@@ -425,8 +426,10 @@ impl Connection {
             mem.expect_reads_of_held();
         }
         let confirm = (owns == Policy::Confirm || reads == Policy::Confirm).then(|| {
-            let DataMemory::Region(data, _) = &res.data else {
-                panic!("a shared buffer pool serves the mw policy only, not confirm")
+            let data = match &res.data {
+                DataMemory::Region(data, _) => Some(data),
+                // A slot's engine buffer follows the pool buffer behind it.
+                DataMemory::Pool(_) => None,
             };
             ConfirmEngine::new(role, &cfg, &layout, owns == Policy::Confirm, data)
         });

@@ -81,8 +81,11 @@ impl Connection {
         } else {
             let c = self.confirm.as_mut().expect("a direction without windows runs confirm");
             let id = c.bufs[slot as usize];
-            if slot >= self.layout.slots() {
-                // A user range: its confirm buffer points at it for this exposure.
+            if slot >= self.layout.slots() || self.bufs.is_backed() {
+                // A user range, or a slot backed by a pool buffer: its
+                // confirm buffer points at the memory for this exposure
+                // (its generation moves on, so nothing said about an
+                // earlier exposure can match this one).
                 let region = fb::Region::new(mr.addr + offset, len, mr.rkey);
                 let set = match &mut c.engine {
                     super::confirm::Engine::Client(e) => e.set_buffer_region(id, region),
