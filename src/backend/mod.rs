@@ -44,8 +44,7 @@ pub use types::{
 #[cfg(feature = "testing")]
 pub use crate::mem::{Hold, MemError, Memory, POISON};
 #[cfg(not(feature = "testing"))]
-#[allow(unused_imports)]
-pub(crate) use crate::mem::{Hold, MemError, Memory, POISON};
+pub(crate) use crate::mem::Memory;
 #[cfg(feature = "testing")]
 pub use types::{Completion, CqId, MrInfo, MwInfo, QpConfig, SendWr, SgeList, SrqId, MAX_SGE};
 #[cfg(not(feature = "testing"))]

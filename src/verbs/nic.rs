@@ -198,6 +198,10 @@ impl VerbsNic {
         Ok(self.mw(mw)?.rkey())
     }
 
+    fn mw(&self, id: MwId) -> Result<Pinned<'_, Mw>, NicError> {
+        self.mws.pin(id.0).ok_or(missing("memory window", id.0))
+    }
+
     /// Wait (asynchronously, on the CQ's completion channel) until a CQ has
     /// completions and return up to `max` of them. A convenience that
     /// allocates the vector; the data path uses `NicOps::poll_cq` and
@@ -305,11 +309,6 @@ impl VerbsNic {
 
     fn mr(&self, id: MrId) -> Result<Pinned<'_, Mr>, NicError> {
         self.mrs.pin(id.0).ok_or(missing("memory region", id.0))
-    }
-
-    #[cfg(feature = "testing")]
-    fn mw(&self, id: MwId) -> Result<Pinned<'_, Mw>, NicError> {
-        self.mws.pin(id.0).ok_or(missing("memory window", id.0))
     }
 
     fn srq(&self, id: SrqId) -> Result<Pinned<'_, Arc<Srq>>, NicError> {
