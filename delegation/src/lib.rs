@@ -36,7 +36,8 @@
 //!
 //! What the book guarantees, checked exhaustively by the stateright model
 //! (`tests/model.rs`) over every order of delegate, redeem, revoke,
-//! release, expiry and peer death:
+//! release, expiry and peer death, and by random walks through the same
+//! model with deeper trees (`tests/prop_book.rs`):
 //! - a token redeems at most once, only for the identity it names, before
 //!   its expiry, and never once it or any capability above it is revoked;
 //! - a delegation covers part of its parent's range and ends no later;

@@ -41,10 +41,10 @@ pub use types::{
 };
 // What only `NicOps` takes and gives: internal, like it (public for
 // mwcap's own tests with the `testing` feature).
-#[cfg(feature = "testing")]
-pub use crate::mem::{Hold, MemError, Memory, POISON};
 #[cfg(not(feature = "testing"))]
 pub(crate) use crate::mem::Memory;
+#[cfg(feature = "testing")]
+pub use crate::mem::{Hold, MemError, Memory, POISON};
 #[cfg(feature = "testing")]
 pub use types::{Completion, CqId, MrInfo, MwInfo, QpConfig, SendWr, SgeList, SrqId, MAX_SGE};
 #[cfg(not(feature = "testing"))]
