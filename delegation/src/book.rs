@@ -426,8 +426,8 @@ impl Book {
             Err(RedeemError::AlreadyRedeemed(_)) => s.refused_redeemed += 1,
         }
         let cap = r?;
-        self.pending.retain(|&(_, c)| c != cap);
         let n = self.nodes.get_mut(&cap).expect("checked");
+        self.pending.remove(&(n.expiry, cap));
         n.state = State::Live;
         n.holder = Some(by);
         Ok(Redeemed { cap, root: n.root, range: n.range, expiry: n.expiry })

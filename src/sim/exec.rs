@@ -330,7 +330,7 @@ impl World {
                 let q = self.devs[dev as usize].qp_mut(qp).expect("checked above");
                 q.counters.bytes_read += data.len() as u64;
                 q.sq[i].st = WrState::Done { status: WcStatus::Success, byte_len: data.len() as u32 };
-                self.recycle(data);
+                self.spare.put(data);
             }
             Resp::RnrNak => {
                 q.counters.rnr_naks += 1;

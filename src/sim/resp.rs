@@ -60,7 +60,7 @@ impl World {
         match pkt {
             Packet::Send { payload, invalidate } => {
                 self.on_send(dev, qp, (src_dev, src_qp), psn, dup, &payload, invalidate);
-                self.recycle(payload);
+                self.spare.put(payload);
             }
             Packet::Read { addr, len, rkey } => {
                 self.on_read(dev, qp, (src_dev, src_qp), psn, dup, addr, len, rkey)

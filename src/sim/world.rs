@@ -294,11 +294,6 @@ impl World {
         }
     }
 
-    /// Keep `v` for reuse.
-    pub(crate) fn recycle(&mut self, v: Vec<u8>) {
-        self.spare.put(v);
-    }
-
     pub(crate) fn log(&mut self, what: impl FnOnce() -> String) {
         if self.cfg.record_trace {
             let what = what();
@@ -361,7 +356,7 @@ impl World {
             let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) else { return };
             let mut e = q.sq.pop_front().expect("front exists");
             if let Some(p) = e.payload.take() {
-                self.recycle(p);
+                self.spare.put(p);
             }
             let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
             if status != WcStatus::Success || e.wr.signaled() {
