@@ -69,6 +69,41 @@ fn pair_with(
     hubs::pair(ch, sh, cfg(Role::Client), cfg(Role::Server))
 }
 
+/// Connection `i`'s `calls` calls on `c`, one at a time, with payloads of
+/// 1 B to 20 KB of its own pattern: each reply must carry them reversed
+/// ([`serve`]). `after_call` runs once each reply is in, before its bytes
+/// are checked; `label` starts every failure message.
+async fn echo_calls(c: &Connection<SimNic>, i: usize, calls: usize, label: String, after_call: impl Fn()) {
+    let sizes = [1usize, 100, 3000, 20_000];
+    for k in 0..calls {
+        let len = sizes[(i + k) % 4];
+        let mut b = c.alloc_for(len).await.unwrap();
+        b.copy_from(&pattern(i * 100 + k, len)).unwrap();
+        let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("{label}conn {i} call {k}: {e}"));
+        after_call();
+        let mut want = pattern(i * 100 + k, len);
+        want.reverse();
+        let d = r.data.expect("a reply payload");
+        assert!(d.to_vec() == want, "{label}conn {i} call {k}: not its own bytes");
+        c.free(d);
+    }
+}
+
+/// Run every one of `calls` on `pool`: whether they all ended within `limit`.
+fn all_within<F: std::future::Future>(
+    pool: &mut LocalPool,
+    calls: impl IntoIterator<Item = F>,
+    limit: Duration,
+) -> bool {
+    pool.run_until(async {
+        let all = futures::future::join_all(calls);
+        let t = async_io::Timer::after(limit);
+        futures::pin_mut!(all);
+        futures::pin_mut!(t);
+        matches!(futures::future::select(all, t).await, futures::future::Either::Left(_))
+    })
+}
+
 /// Every region of `owner` that some remote QP can reach now, and which
 /// QPs can: a pool buffer is a region of its own, and must be reachable
 /// through one connection at most.
@@ -115,37 +150,19 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
         conns.iter().map(|(c, _)| QpAddr { device: cdev, qpn: c.qp_number() }).collect();
     let server_qps: Vec<QpAddr> =
         conns.iter().map(|(_, s)| QpAddr { device: sdev, qpn: s.qp_number() }).collect();
-    let sizes = [1usize, 100, 3000, 20_000];
+    // One call at a time per connection, 24 connections at once: see
+    // docs/serving.md on pools smaller than the calls in flight.
     let calls = conns.iter().enumerate().map(|(i, (c, _))| {
         let (fabric, client_qps, server_qps) = (&fabric, &client_qps, &server_qps);
-        async move {
-            // One call at a time per connection, 24 connections at once:
-            // see docs/serving.md on pools smaller than the calls in flight.
-            for k in 0..12usize {
-                let len = sizes[(i + k) % 4];
-                let mut b = c.alloc_for(len).await.unwrap();
-                b.copy_from(&pattern(i * 100 + k, len)).unwrap();
-                let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("conn {i} call {k}: {e}"));
-                for (owner, remotes) in [(sdev, client_qps), (cdev, server_qps)] {
-                    for (mr, through) in reachable(fabric, owner, remotes) {
-                        assert!(through.len() <= 1, "region {mr:?} reachable through {through:?}");
-                    }
+        echo_calls(c, i, 12, String::new(), move || {
+            for (owner, remotes) in [(sdev, client_qps), (cdev, server_qps)] {
+                for (mr, through) in reachable(fabric, owner, remotes) {
+                    assert!(through.len() <= 1, "region {mr:?} reachable through {through:?}");
                 }
-                let mut want = pattern(i * 100 + k, len);
-                want.reverse();
-                let d = r.data.expect("a reply payload");
-                assert!(d.to_vec() == want, "conn {i} call {k}: not its own bytes");
-                c.free(d);
             }
-        }
+        })
     });
-    let done = pool.run_until(async {
-        let all = futures::future::join_all(calls);
-        let t = async_io::Timer::after(Duration::from_secs(60));
-        futures::pin_mut!(all);
-        futures::pin_mut!(t);
-        matches!(futures::future::select(all, t).await, futures::future::Either::Left(_))
-    });
+    let done = all_within(&mut pool, calls, Duration::from_secs(60));
     if !done {
         eprintln!("client pool {:?}", ch.stats().buffers);
         eprintln!("server pool {:?}", sh.stats().buffers);
@@ -993,31 +1010,9 @@ fn trusted_peers_let_a_shared_pool_serve_confirm_and_every_byte_is_right() {
                 (c, s)
             })
             .collect();
-        let sizes = [1usize, 100, 3000, 20_000];
-        let calls = conns.iter().enumerate().map(|(i, (c, _))| async move {
-            for j in 0..10usize {
-                let len = sizes[(i + j) % 4];
-                let mut b = c.alloc_for(len).await.unwrap();
-                b.copy_from(&pattern(i * 100 + j, len)).unwrap();
-                let r = c
-                    .call(b"x", Some(b))
-                    .await
-                    .unwrap_or_else(|e| panic!("{policies:?} conn {i} call {j}: {e}"));
-                let mut want = pattern(i * 100 + j, len);
-                want.reverse();
-                let d = r.data.expect("a reply payload");
-                assert!(d.to_vec() == want, "{policies:?} conn {i} call {j}: not its own bytes");
-                c.free(d);
-            }
-        });
-        let done = pool.run_until(async {
-            let all = futures::future::join_all(calls);
-            let t = async_io::Timer::after(Duration::from_secs(60));
-            futures::pin_mut!(all);
-            futures::pin_mut!(t);
-            matches!(futures::future::select(all, t).await, futures::future::Either::Left(_))
-        });
-        assert!(done, "{policies:?}: the calls stalled");
+        let calls =
+            conns.iter().enumerate().map(|(i, (c, _))| echo_calls(c, i, 10, format!("{policies:?} "), || {}));
+        assert!(all_within(&mut pool, calls, Duration::from_secs(60)), "{policies:?}: the calls stalled");
         for (c, s) in &conns {
             assert_eq!(c.stats().calls_failed, 0, "{policies:?}");
             assert_eq!(s.stats().requests_dropped, 0, "{policies:?}");
