@@ -20,12 +20,12 @@ use futures::future::{select, try_join_all, BoxFuture, Either};
 use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, Policies, Refused, Role};
+use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, EndpointDriver, Policies, Refused, Role};
 use parking_lot::Mutex;
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
 use crate::count;
-use crate::executors::{self, Executor};
+use crate::executors::{self, Executor, Place};
 
 /// How long a client waits for a request buffer before calling the run
 /// stuck.
@@ -290,7 +290,7 @@ pub fn one_process<N: Nic + 'static>(
     cases: &[Case],
     iters: u32,
     warmup: u32,
-    executor: Executor,
+    (executor, place): (Executor, Place),
     (mode, backend): (&'static str, &'static str),
 ) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("setting up the {mode} connection: {e}");
@@ -306,16 +306,11 @@ pub fn one_process<N: Nic + 'static>(
     let server = s.connect(&cl).map_err(|e| err(&e))?;
     // The endpoint handles go now: the drivers end once both connections have.
     drop((ce, se));
-    let drivers: Vec<BoxFuture<'static, ()>> = vec![
-        Box::pin(async move {
-            cd.run().await;
-        }),
-        Box::pin(async move {
-            sd.run().await;
-        }),
-    ];
-    let labels = Labels { mode, backend, executor: executor.name() };
-    run_pair(executor, client, server, drivers, max_payload, cases, iters, warmup, labels)
+    let drivers: Vec<BoxFuture<'static, ()>> = vec![Box::pin(async move {
+        cd.run().await;
+    })];
+    let labels = Labels { mode, backend, executor: executor.name(), server: place.name() };
+    run_pair((executor, place), client, server, (drivers, sd), max_payload, cases, iters, warmup, labels)
 }
 
 /// Run `cases` over a client and a server connection in this process
@@ -323,10 +318,10 @@ pub fn one_process<N: Nic + 'static>(
 /// closed.
 #[allow(clippy::too_many_arguments)]
 fn run_pair<N: Nic + 'static>(
-    executor: Executor,
+    (executor, place): (Executor, Place),
     client: Connection<N>,
     server: Connection<N>,
-    drivers: Vec<BoxFuture<'static, ()>>,
+    (drivers, server_driver): (Vec<BoxFuture<'static, ()>>, EndpointDriver<N>),
     max_payload: u32,
     cases: &[Case],
     iters: u32,
@@ -345,11 +340,15 @@ fn run_pair<N: Nic + 'static>(
         }
     };
     let srv = async move {
-        let r = serve(&server, max_payload).await;
-        server.close();
+        let serving = async {
+            let r = serve(&server, max_payload).await;
+            server.close();
+            r
+        };
+        let (r, _) = futures::future::join(serving, server_driver.run()).await;
         r
     };
-    let (r, s) = executors::run(executor, app, srv, drivers)?;
+    let (r, s) = executors::run(executor, place, app, srv, drivers)?;
     r?;
     s.map(|_| ())
 }

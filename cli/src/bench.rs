@@ -68,7 +68,7 @@ mod imp {
     use super::policy_addr;
     use crate::asyncbench::{one_process, run_cases, Server};
     use crate::cases::{config, Labels};
-    use crate::executors::Executor;
+    use crate::executors::{Executor, Place};
     use crate::BenchOpts;
     use crate::{cases, count};
 
@@ -169,7 +169,12 @@ mod imp {
                     o.iters,
                     o.warmup,
                     Server::Remote,
-                    Labels { mode: "async", backend: "verbs", executor: Executor::BlockOn.name() },
+                    Labels {
+                        mode: "async",
+                        backend: "verbs",
+                        executor: Executor::BlockOn.name(),
+                        server: Place::Apart.name(),
+                    },
                     &extra,
                 )
                 .await;
@@ -210,7 +215,7 @@ mod imp {
                 &group,
                 o.iters,
                 o.warmup,
-                Executor::BlockOn,
+                (Executor::BlockOn, Place::Joined),
                 ("async", "verbs"),
             )?;
         }

@@ -367,14 +367,18 @@ pub struct Labels {
     /// The executor the async API ran under (`block_on`, `smol`, `tokio`);
     /// `none` for the sans-IO loop, which the caller's own thread turns.
     pub executor: &'static str,
+    /// Where the server ran: `apart` (another process, or on the simulator
+    /// a thread of its own: `executors::Place`) or `joined` (beside the
+    /// client, under its executor; the sans-IO loop turns both sides).
+    pub server: &'static str,
 }
 
 /// The case's result line (see the crate's `bench` docs for its fields).
-pub fn line(case: &Case, Labels { mode, backend, executor }: Labels, m: &Measured) -> String {
+pub fn line(case: &Case, Labels { mode, backend, executor, server }: Labels, m: &Measured) -> String {
     let us = |q: f64| m.hist.value_at_quantile(q) as f64 / 1e3;
     let calls = m.hist.len();
     let mut s = format!(
-        "case={} policy={} size={} inflight={} mode={mode} backend={backend} executor={executor} check={} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
+        "case={} policy={} size={} inflight={} mode={mode} backend={backend} executor={executor} server={server} check={} p50_us={:.1} p99_us={:.1} p999_us={:.1} calls_per_s={:.0}",
         case.name(),
         case.policy_name(),
         case.size,

@@ -110,6 +110,16 @@ pub enum ExecutorArg {
     Tokio,
 }
 
+/// Where `mwcap bench --sim` runs the server, on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ServerArg {
+    /// On a thread of its own under `futures::executor::block_on`, as
+    /// another process would run it: every call crosses between threads.
+    Apart,
+    /// Beside the client, under the same executor.
+    Joined,
+}
+
 /// Options of `mwcap bench`.
 #[derive(Args)]
 pub struct BenchOpts {
@@ -176,14 +186,26 @@ pub struct BenchOpts {
     /// under each of --executor, next to the sans-IO loop.
     #[arg(long, conflicts_with = "addr")]
     pub sim: bool,
-    /// With `--sim`: the executors to run the async API under (`executor=`
-    /// on each line): block_on (`futures::executor::block_on`, all on one
-    /// thread), smol (`smol::block_on` for the calls, smol's executor on a
-    /// thread of its own for the drivers and the server), tokio (a
-    /// multi-thread runtime, every future a spawned task). Over real verbs
-    /// the async API runs under block_on.
+    /// With `--sim`: the executors to run the client's side of the async
+    /// API under (`executor=` on each line): block_on
+    /// (`futures::executor::block_on`, the calls and the client's driver on
+    /// the calling thread), smol (`smol::block_on` for the calls, smol's
+    /// executor on a thread of its own for the driver), tokio (a
+    /// multi-thread runtime, each future a spawned task). The server runs
+    /// as `--server` says. Over real verbs the async API runs under
+    /// block_on.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "block_on,smol,tokio")]
     pub executor: Vec<ExecutorArg>,
+    /// With `--sim`: where the server (its serving loop and its endpoint's
+    /// driver) runs (`server=` on each line): apart (on a thread of its
+    /// own under `futures::executor::block_on`, as another process would
+    /// run it, whatever the client's executor: the lines to compare
+    /// executors by) or joined (beside the client under the same
+    /// executor: under block_on the whole call on one thread, the line to
+    /// compare with the sans-IO loop, which turns both sides on one
+    /// thread too).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "apart,joined")]
+    pub server: Vec<ServerArg>,
     /// Trust the peers not to invalidate windows they were not granted:
     /// needed for mw on a device where a peer's SEND_WITH_INV reaches
     /// windows bound to other connections' queue pairs (rxe; `mwcap probe`
@@ -466,6 +488,9 @@ fn check(o: &BenchOpts) -> Result<(), String> {
     }
     if o.executor.is_empty() {
         return Err("--executor needs block_on, smol, tokio or several".into());
+    }
+    if o.server.is_empty() {
+        return Err("--server needs apart, joined or both".into());
     }
     Ok(())
 }

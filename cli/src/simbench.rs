@@ -15,7 +15,7 @@ use mwcap::conn::{CallId, Event, Policies, Refused, RequestId, SimPair, UseError
 
 use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
 use crate::count;
-use crate::{BenchOpts, ExecutorArg};
+use crate::{BenchOpts, ExecutorArg, ServerArg};
 
 /// Run every case under each executor and in the sans-IO loop; print a
 /// line for each.
@@ -33,11 +33,17 @@ pub fn run(o: &BenchOpts) -> ExitCode {
             );
             continue;
         }
-        for &executor in &o.executor {
-            if let Err(e) = async_group(o, policy, &group, executor) {
-                let name = executor.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-                eprintln!("mwcap bench --sim: async under {name}, {policy:?} connection: {e}");
-                return ExitCode::FAILURE;
+        for &place in &o.server {
+            for &executor in &o.executor {
+                if let Err(e) = async_group(o, policy, &group, executor, place) {
+                    let name =
+                        executor.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+                    let place = crate::executors::Place::from(place).name();
+                    eprintln!(
+                        "mwcap bench --sim: async under {name}, server {place}, {policy:?} connection: {e}"
+                    );
+                    return ExitCode::FAILURE;
+                }
             }
         }
         for case in &group {
@@ -59,10 +65,16 @@ pub fn run(o: &BenchOpts) -> ExitCode {
 }
 
 /// The sans-IO loop's lines: the calling thread turns it, no executor.
-const SANSIO: Labels = Labels { mode: "sansio", backend: "sim", executor: "none" };
+const SANSIO: Labels = Labels { mode: "sansio", backend: "sim", executor: "none", server: "joined" };
 
 #[cfg(loom)]
-fn async_group(_: &BenchOpts, _: mwcap::conn::Policy, _: &[Case], _: ExecutorArg) -> Result<(), String> {
+fn async_group(
+    _: &BenchOpts,
+    _: mwcap::conn::Policy,
+    _: &[Case],
+    _: ExecutorArg,
+    _: ServerArg,
+) -> Result<(), String> {
     Err("the loom build has no async runtime".into())
 }
 
@@ -74,8 +86,10 @@ fn async_group(
     policy: mwcap::conn::Policy,
     group: &[Case],
     executor: ExecutorArg,
+    place: ServerArg,
 ) -> Result<(), String> {
     let executor = crate::executors::Executor::from(executor);
+    let place = crate::executors::Place::from(place);
     use mwcap::bootstrap::Auth;
     use mwcap::conn::{Endpoint, PolicyChoice};
     use mwcap::sim::{DeviceConfig, Fabric};
@@ -119,7 +133,7 @@ fn async_group(
         group,
         o.iters,
         o.warmup,
-        executor,
+        (executor, place),
         (mode, "sim"),
     )
 }

@@ -21,14 +21,29 @@ fn stamp_only_runs_every_case_and_says_so() {
     // stamped again for later calls, which must pass as theirs.
     let lines = bench(&["--stamp-only", "--sizes", "64,4096,65536", "--inflight", "1,16"]);
     // Per policy: reply_read and request_read at 3 sizes x 2 in-flight
-    // counts, plus rpc twice on the first; async and sans-IO each.
-    assert_eq!(lines.len(), 2 * (2 + 2 * 12), "{lines:#?}");
+    // counts, plus rpc twice on the first; async with the server apart and
+    // joined, and sans-IO, each.
+    assert_eq!(lines.len(), 3 * (2 + 2 * 12), "{lines:#?}");
     assert!(lines.iter().all(|l| l.contains(" check=stamp ")), "{lines:#?}");
 }
 
 #[test]
 fn every_byte_is_the_default() {
     let lines = bench(&["--sizes", "64,4096", "--inflight", "1", "--policy", "mw"]);
-    assert_eq!(lines.len(), 2 * (1 + 2 * 2), "{lines:#?}");
+    assert_eq!(lines.len(), 3 * (1 + 2 * 2), "{lines:#?}");
     assert!(lines.iter().all(|l| l.contains(" check=every_byte ")), "{lines:#?}");
+}
+
+#[test]
+fn the_server_runs_apart_and_joined_and_each_line_says_where() {
+    let count = |lines: &[String], s: &str| lines.iter().filter(|l| l.contains(s)).count();
+    let both = bench(&["--sizes", "64", "--inflight", "1", "--policy", "mw"]);
+    // rpc and the two reads: async apart, async joined, sans-IO (joined).
+    assert_eq!(both.len(), 9, "{both:#?}");
+    assert_eq!(count(&both, " executor=block_on server=apart "), 3, "{both:#?}");
+    assert_eq!(count(&both, " executor=block_on server=joined "), 3, "{both:#?}");
+    assert_eq!(count(&both, " executor=none server=joined "), 3, "{both:#?}");
+    let apart = bench(&["--sizes", "64", "--inflight", "1", "--policy", "mw", "--server", "apart"]);
+    assert_eq!(apart.len(), 6, "{apart:#?}");
+    assert_eq!(count(&apart, " executor=block_on server=apart "), 3, "{apart:#?}");
 }
