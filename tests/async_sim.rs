@@ -689,6 +689,51 @@ fn a_pending_call_takes_its_connections_turns_itself() {
     assert_no_hazards(&fabric);
 }
 
+/// A waiting call's spin window (`Config::busy_poll`) opens again whenever
+/// a turn of its connection finds something to do, so a wait longer than
+/// the window spins through as long as something comes within each
+/// window. Here the window is 1 s and the client's driver never runs: of
+/// two calls, the server answers one after 0.6 s and the other after
+/// 1.2 s. The call that spins finds the first reply within its window,
+/// which then runs to 1.6 s and so takes in the second; with the window
+/// counted from the start of the wait alone it closed at 1 s, nobody
+/// polled any more, and the second call never finished.
+#[test]
+fn a_waiting_calls_spin_window_opens_again_with_each_turn_that_finds_work() {
+    let fabric = Fabric::with_seed(9);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let mut ccfg = Config::default();
+    ccfg.busy_poll = Duration::from_secs(1);
+    let ((ce, _client_driver, client), (_, sd, server)) = pair_on(cn, sn, p, ccfg, Config::default());
+    let closer = server.clone();
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+    let serving = async move {
+        let slow = server.next_request().await.expect("the first request");
+        let fast = server.next_request().await.expect("the second request");
+        async_io::Timer::after(Duration::from_millis(600)).await;
+        server.reply(fast.id, 0, b"fast", None).await.unwrap();
+        async_io::Timer::after(Duration::from_millis(600)).await;
+        server.reply(slow.id, 0, b"slow", None).await.unwrap();
+    };
+    let served = std::thread::spawn(move || block_on(futures::future::join(serving, sdrv.run())));
+    let calls = futures::future::join(client.call(b"slow", None), client.call(b"fast", None));
+    let (slow, fast) =
+        match block_on(select(Box::pin(calls), async_io::Timer::after(Duration::from_secs(10)))) {
+            Either::Left((replies, _)) => replies,
+            Either::Right(_) => {
+                panic!("a call did not finish: its spin window closed while replies still came")
+            }
+        };
+    assert_eq!(&slow.expect("the slow call").header[..], b"slow");
+    assert_eq!(&fast.expect("the fast call").header[..], b"fast");
+    assert_eq!(ce.stats().connection_turns, 0, "the endpoint's driver never ran");
+    closer.close();
+    served.join().unwrap();
+    assert_no_hazards(&fabric);
+}
+
 /// While a call takes its connection's turns itself, the endpoint's driver
 /// neither busy-polls nor arms the queue: one thread polls, not two (on a
 /// host with fewer cores than spinning threads, each would take the

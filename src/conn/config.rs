@@ -113,8 +113,12 @@ pub struct Config {
     pub seed: u64,
     /// How long a call waiting for its reply takes its connection's turns
     /// itself (polling the endpoint's completion queue on the caller's
-    /// thread) before it leaves the work to the endpoint's driver. Longer
-    /// costs CPU; shorter costs a wake-up, often across threads, per call.
+    /// thread) before it leaves the work to the endpoint's driver, counted
+    /// from the start of its wait and again from each turn that found
+    /// something to do (a reply's READ, a confirm's answer): a call of
+    /// several round trips spins through them while each comes within the
+    /// window. Longer costs CPU; shorter costs a wake-up, often across
+    /// threads, per call.
     /// Every 16 turns that find nothing, the spinning thread gives its core
     /// up to the OS, so that the thread it waits for can run where threads
     /// outnumber free cores.
@@ -123,7 +127,7 @@ pub struct Config {
     /// Server: how long [`Connection::next_request`](super::Connection::next_request)
     /// waiting for a request takes its connection's turns itself (polling
     /// the endpoint's completion queue on the serving thread) before it
-    /// waits for the endpoint's driver. 0, the default: it waits for the
+    /// waits for the endpoint's driver (counted as for `busy_poll`). 0, the default: it waits for the
     /// driver at once, whose thread, if it is another, then wakes the
     /// serving one for each request. The window runs out whenever no
     /// request comes, so give it to a thread or task that serves one busy

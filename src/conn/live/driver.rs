@@ -48,7 +48,11 @@ pub(crate) struct CallFuture<'a, N: Nic> {
 /// have to wake it. At most one waiter of a connection spins at a time.
 #[derive(Default)]
 pub(crate) struct Spin {
-    /// When the waiter stops taking turns itself (set at its first wait).
+    /// When the waiter stops taking turns itself: a window after its first
+    /// wait, opened again by every turn of its connection that found
+    /// something to do (a call of several steps, such as a confirm read's
+    /// READ and confirm, spins through them while the peer answers each
+    /// within the window).
     until: Option<Instant>,
     /// This waiter holds `Inner::spinning`.
     spinning: bool,
@@ -157,7 +161,9 @@ impl Spin {
             // The hub's driver finishes it on its turn.
             part.waker.wake_by_ref();
         }
-        if !t.busy {
+        if t.busy {
+            self.until = Some(now + window);
+        } else {
             idle_turn(&mut self.idle);
         }
         true
