@@ -168,8 +168,10 @@ impl Memory {
     /// A peer may READ bytes a handle holds: the memory is exposed under
     /// the confirm policy, whose region key reaches all of it, so a reader
     /// may READ a buffer that is being reused, and discards what it read.
-    /// The simulator's oracle then does not report such a READ (under mw it
-    /// does: a window never covers a buffer a user holds).
+    /// The simulator's oracle then does not report such a READ through the
+    /// region's key; it still reports one through a memory window (under
+    /// mw a window never covers a buffer a user holds, even in memory a
+    /// confirm connection also exposes, as an endpoint's shared pool).
     pub fn expect_reads_of_held(&self) {
         self.reads_of_held.store(true, Ordering::Relaxed);
     }

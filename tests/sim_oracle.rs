@@ -234,3 +234,46 @@ fn a_dma_into_or_a_forbidden_read_of_cpu_held_memory_is_a_hazard() {
     dst_mem.read(0, &mut seen).unwrap();
     assert_eq!(seen, [7; 16]);
 }
+
+/// Memory a confirm connection exposes expects READs of held bytes through
+/// its region's key (the reader discards them); a READ through a memory
+/// window over held bytes is a hazard all the same, since under mw a window
+/// never covers a buffer a user holds. (An endpoint's shared pool serving
+/// both policies is such memory: without this an mw connection's window
+/// reads of held pool buffers went unreported there.)
+#[test]
+fn a_window_read_of_held_bytes_is_a_hazard_even_where_confirm_reads_are_expected() {
+    use mwcap::sim::HazardKind;
+    let f = Fabric::with_seed(6);
+    let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
+    let src = p.a.nic.reg_mr(256, Access::REMOTE_READ | Access::MW_BIND).unwrap();
+    let dst = p.b.nic.reg_mr(256, Access::LOCAL_WRITE).unwrap();
+    let src_mem = p.a.nic.memory(src.id).unwrap();
+    src_mem.expect_reads_of_held();
+    let mw = p.a.nic.alloc_mw().unwrap();
+    let rk = rkey::rebind(mw.rkey, 1);
+    let bind = SendWr::BindMw {
+        wr_id: 1,
+        signaled: true,
+        mw: mw.id,
+        rkey: rk,
+        mr: src.id,
+        offset: 0,
+        len: 64,
+        access: Access::REMOTE_READ,
+    };
+    p.a.nic.post_send(p.a.qp, &[bind]).unwrap();
+    p.settle();
+    let _held = src_mem.hold(0, 32).unwrap();
+    // Through the region's key: expected (confirm), not reported.
+    p.b.nic.post_send(p.b.qp, &[read(2, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
+    p.settle();
+    assert!(f.hazards().is_empty(), "{:?}", f.hazards());
+    // Through the window over the same bytes: reported.
+    p.b.nic.post_send(p.b.qp, &[read(3, dst.id, 0, 16, src.addr, rk)]).unwrap();
+    p.settle();
+    let h = f.hazards();
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].kind, HazardKind::RemoteReadOfHeldBuffer);
+    assert!(h[0].detail.contains("through a memory window"), "{h:?}");
+}

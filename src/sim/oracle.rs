@@ -116,9 +116,10 @@ pub enum HazardKind {
     /// `Buf` its user has, see `crate::mem`): the user's bytes would have
     /// changed under them (the simulator skips them).
     DmaIntoHeldBuffer,
-    /// A remote READ was served from bytes a buffer handle holds, in memory
-    /// that does not expect it (`Memory::expect_reads_of_held`: under the
-    /// mw policy a held buffer must be unreachable; confirm expects it).
+    /// A remote READ was served from bytes a buffer handle holds: through a
+    /// memory window (under the mw policy a held buffer must be
+    /// unreachable), or through a region's key in memory that does not
+    /// expect it (`Memory::expect_reads_of_held`: confirm expects it).
     RemoteReadOfHeldBuffer,
 }
 

@@ -196,11 +196,16 @@ impl World {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
                 let mut data = self.spare.take(range.len());
                 // Held bytes read as POISON, reported unless the memory's
-                // policy lets a peer read a held buffer (confirm).
+                // policy lets a peer read a held buffer (confirm, through
+                // the region's own key): a READ through a window never may,
+                // whatever else reads the memory (under mw a window never
+                // covers a buffer a user holds).
                 let met = m.data.dma_read(range.start, range.len(), &mut data).unwrap_or(false);
-                if met && !m.data.reads_of_held_expected() {
+                if met && (mw.is_some() || !m.data.reads_of_held_expected()) {
+                    let via =
+                        if mw.is_some() { "through a memory window" } else { "through the region's key" };
                     let detail = format!(
-                        "a READ was served from region {mr} bytes {range:?}, some lent to a buffer handle"
+                        "a READ {via} was served from region {mr} bytes {range:?}, some lent to a buffer handle"
                     );
                     self.hazard(dev, HazardKind::RemoteReadOfHeldBuffer, detail);
                 }
