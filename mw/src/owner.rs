@@ -264,6 +264,32 @@ impl Owner {
         }
     }
 
+    /// Take a lease back now, before the peer releases it or it expires (a
+    /// capability its owner revokes): its window is invalidated at once,
+    /// with the one LOCAL_INV of its bind (as at expiry), so a READ the peer
+    /// posts after the invalidation fails with a remote access error, and
+    /// the buffer comes back in [`OwnerEvent::BufferReturned`] with
+    /// [`LeaseEnd::Revoked`] once the invalidation completes (never
+    /// before: the NIC's completion is the evidence). A lease already
+    /// ending (released, expired, or its QP down) ends as it was going to,
+    /// and a release or expiry that comes after this finds it ended.
+    /// Refused for a lease that is not active.
+    pub fn revoke(&mut self, _now: Duration, lease: LeaseId) -> Result<(), CancelError> {
+        let idx = lease.slot() as usize;
+        let up = self.link == Link::Up;
+        let slot = self.slot_of(lease).ok_or(CancelError::NotActive(lease))?;
+        match slot.state {
+            SlotState::Leased { .. } if up => {
+                self.stats.revoked += 1;
+                self.invalidate(idx, LeaseEnd::Revoked);
+            }
+            SlotState::Leased { .. } | SlotState::Invalidating { .. } | SlotState::Stranded { .. } => {}
+            SlotState::Free | SlotState::Retired => return Err(CancelError::NotActive(lease)),
+        }
+        self.check_indexes();
+        Ok(())
+    }
+
     /// A [`Release`] arrived from the peer. A valid one (active lease,
     /// current rkey) ends the lease with a LOCAL_INV; anything else is
     /// counted and ignored.

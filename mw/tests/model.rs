@@ -92,6 +92,11 @@ impl Model for LeaseModel {
             }),
             // Sanity: the interesting paths are reachable.
             Property::sometimes("a read completes", |_, s: &World| s.reader.stats().reads_done > 0),
+            // With revocations (`Config::revokes`; trivially met without):
+            // one that finds its lease live, and so invalidates it, happens.
+            Property::sometimes("a revocation ends a live lease", |m: &LeaseModel, s: &World| {
+                m.cfg.revokes == 0 || s.owner.stats().revoked > 0
+            }),
             // With a foreign invalidation (`Config::foreign`; trivially met
             // without): the owner is told of it, and the race rxe leaves
             // open is reachable (see `invalidation_from_another_connection`).
@@ -146,6 +151,20 @@ fn server_owned_reply_data() {
 fn client_owned_request_data_with_cancel() {
     let cfg = Config { cancels: 1, ..Config::small(ReleaseMode::Piggyback) };
     check("client-owned (release in response, cancel)", cfg);
+}
+
+/// The owner's user revokes a lease at any point of its life (a delegated
+/// capability taken back, issue 20): its window is invalidated once, now,
+/// whatever the peer is doing (reading, releasing, racing the expiry), and
+/// its buffer comes back only on the invalidation's completion. Every
+/// property above holds; a revocation that finds the lease live is
+/// reachable.
+#[test]
+fn the_owner_revokes_a_lease() {
+    for mode in [ReleaseMode::Message, ReleaseMode::Piggyback] {
+        let cfg = Config { revokes: 1, ..Config::small(mode) };
+        check(&format!("owner revokes ({mode:?})"), cfg);
+    }
 }
 
 #[test]

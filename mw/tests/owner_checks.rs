@@ -470,3 +470,34 @@ fn has_output_counts_actions_and_events_each() {
     let _ = events(&mut o);
     assert!(!o.has_output());
 }
+
+/// A revocation (`Owner::revoke`: a capability its owner takes back) ends a
+/// live lease at once with its one LOCAL_INV; the buffer comes back only on
+/// that invalidation's completion, a release or expiry after it finds the
+/// lease ended (no second LOCAL_INV), a second revocation changes nothing,
+/// and a lease that is over cannot be revoked.
+#[test]
+fn a_revocation_invalidates_a_live_lease_once_and_returns_its_buffer_on_the_evidence() {
+    let mut o = owner(2);
+    let g = grant(&mut o, ms(0), 0);
+    o.handle_completion(ms(1), g.send, Status::Success);
+    o.revoke(ms(2), g.lease).expect("an active lease");
+    let inv = invalidation(&mut o);
+    assert_eq!(events(&mut o), vec![], "no buffer back before the invalidation completes");
+    // The peer's release and the expiry come after: the lease is ending.
+    o.handle_release(ms(3), g.release());
+    o.handle_timeout(ms(60));
+    o.revoke(ms(3), g.lease).expect("still active until its buffer is back");
+    assert_eq!(o.poll_action(), None, "one LOCAL_INV per bind");
+    assert_eq!(o.stats().stale_releases, 1);
+    assert_eq!(o.stats().expired, 0);
+    o.handle_completion(ms(4), inv, Status::Success);
+    assert_eq!(events(&mut o), vec![returned(g.lease, 0, LeaseEnd::Revoked)]);
+    assert_eq!(o.stats().revoked, 1);
+    assert_eq!(o.revoke(ms(5), g.lease), Err(CancelError::NotActive(g.lease)));
+    // The other leases are untouched, and the window serves again.
+    let next = grant(&mut o, ms(6), 1);
+    o.handle_completion(ms(6), next.send, Status::Success);
+    assert_eq!(o.poll_action(), None);
+    assert_eq!(o.outstanding_buffers(), 1);
+}

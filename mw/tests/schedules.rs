@@ -1,5 +1,6 @@
 //! Random schedules over larger worlds than the model checker can exhaust:
-//! more windows, buffers and grants, cancels, peer death, a hostile peer.
+//! more windows, buffers and grants, cancels, revocations, peer death, a
+//! hostile peer.
 //! Each schedule picks one enabled step at a time; the world's ghost checks
 //! (no LOCAL_INV of an unbound window, no buffer back while a READ can reach
 //! it, no stale read accepted, ...) must stay clean, and once the schedule
@@ -21,23 +22,27 @@ fn configs() -> impl Strategy<Value = Config> {
         0u8..3,
         2u32..6,
         any::<u64>(),
+        0u8..3,
     )
-        .prop_map(|(windows, mode, cancels, peer_death, hostile, foreign, lease, seed)| Config {
-            windows,
-            buffers: windows + 1,
-            dests: windows,
-            grants: 8,
-            grant_until: 20,
-            t_end: 30,
-            lease,
-            margin: 1,
-            mode,
-            cancels,
-            peer_death,
-            hostile,
-            foreign,
-            seed,
-            lend: None,
+        .prop_map(|(windows, mode, cancels, peer_death, hostile, foreign, lease, seed, revokes)| {
+            Config {
+                windows,
+                buffers: windows + 1,
+                dests: windows,
+                grants: 8,
+                grant_until: 20,
+                t_end: 30,
+                lease,
+                margin: 1,
+                mode,
+                cancels,
+                revokes,
+                peer_death,
+                hostile,
+                foreign,
+                seed,
+                lend: None,
+            }
         })
 }
 

@@ -14,6 +14,8 @@ pub enum LeaseEnd {
     Released,
     /// The owner's expiry timer fired.
     Expired,
+    /// The owner's user took it back early ([`Owner::revoke`](super::Owner::revoke)).
+    Revoked,
     /// The QP died before the lease ended otherwise.
     ConnectionLost,
 }
@@ -150,6 +152,8 @@ pub struct OwnerStats {
     pub released: u64,
     /// Leases ended by the expiry timer.
     pub expired: u64,
+    /// Leases ended early by the owner's user ([`Owner::revoke`](super::Owner::revoke)).
+    pub revoked: u64,
     /// LOCAL_INVs posted.
     pub invalidations: u64,
     /// Releases for a lease that already ended (late after expiry, duplicate, replay).

@@ -114,6 +114,8 @@ pub enum Step {
     Grant { buf: u32 },
     /// A's user cancels its oldest active lease.
     Cancel,
+    /// A's user revokes its oldest active lease (`Owner::revoke`).
+    Revoke,
     /// A's NIC executes the head of its send queue.
     OwnerSq,
     /// A's driver hands the head completion to the owner.
@@ -172,6 +174,8 @@ pub struct Config {
     pub margin: u32,
     pub mode: ReleaseMode,
     pub cancels: u8,
+    /// Revocations A's user may make (`Step::Revoke`).
+    pub revokes: u8,
     /// The peer may crash (at any time, and by `die_by` at the latest).
     pub peer_death: Option<u32>,
     pub hostile: bool,
@@ -198,6 +202,7 @@ impl Config {
             margin: 1,
             mode,
             cancels: 0,
+            revokes: 0,
             peer_death: None,
             hostile: false,
             foreign: 0,
@@ -240,6 +245,7 @@ pub struct World {
     pub last_rkey_seen: Option<u32>,
     pub grants_left: u8,
     pub cancels_left: u8,
+    pub revokes_left: u8,
     pub hostile_left: bool,
     pub foreign_left: u8,
     /// Rkeys a peer of another connection invalidated, not yet reported to
@@ -312,6 +318,7 @@ impl World {
             last_rkey_seen: None,
             grants_left: cfg.grants,
             cancels_left: cfg.cancels,
+            revokes_left: cfg.revokes,
             hostile_left: cfg.hostile,
             foreign_left: cfg.foreign,
             foreign_pending: Vec::new(),
@@ -362,6 +369,9 @@ impl World {
                 // one keeps the state space small without losing behaviour.
                 out.push(Step::Grant { buf: b as u32 });
             }
+        }
+        if self.revokes_left > 0 && !self.active.is_empty() {
+            out.push(Step::Revoke);
         }
         if self.cancels_left > 0 && !self.active.is_empty() {
             out.push(Step::Cancel);
@@ -486,6 +496,14 @@ impl World {
                 let (lease, _) = self.active[0];
                 if let Err(e) = self.owner.cancel(now, lease) {
                     self.violate(format!("cancel of an active lease refused: {e}"));
+                }
+                self.drive_owner();
+            }
+            Step::Revoke => {
+                self.revokes_left -= 1;
+                let (lease, _) = self.active[0];
+                if let Err(e) = self.owner.revoke(now, lease) {
+                    self.violate(format!("revocation of an active lease refused: {e}"));
                 }
                 self.drive_owner();
             }
