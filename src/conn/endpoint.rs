@@ -28,8 +28,9 @@ use futures::task::AtomicWaker;
 use super::hub::{Hub, HubDriver};
 use super::listen::{AsyncConnected, Listener, ListenerCloser};
 use super::{
-    BufClass, Config, ConfigError, Connection, EndpointStats, Link, Policies, PolicyChoice, RegionId, Role,
-    SetupError, SetupOptions, SrqConfig, UseError,
+    BufClass, CapId, Config, ConfigError, Connection, DelegateError, Delegation, EndpointStats, Link,
+    Policies, PolicyChoice, RegionId, RegionRange, RevokeError, Role, SetupError, SetupOptions, SrqConfig,
+    UseError,
 };
 use crate::backend::{Nic, NicError, QpEndpoint};
 use crate::bootstrap::Auth;
@@ -255,7 +256,63 @@ impl<N: Nic + 'static> Endpoint<N> {
         offset: usize,
         bytes: &[u8],
     ) -> Result<(), UseError> {
-        poll_fn(|cx| self.shared.hub.regions().poll_write(cx, id, offset, bytes)).await
+        // A pinned range may be waiting for a token to expire unredeemed:
+        // an alarm at the next expiry looks again.
+        let mut alarm = super::alarm::Alarm::default();
+        poll_fn(|cx| {
+            let regions = self.shared.hub.regions();
+            let r = regions.poll_write(cx, id, offset, bytes);
+            if r.is_pending() {
+                alarm.arm(regions.next_delegation_expiry());
+                if alarm.poll(cx).is_ready() {
+                    cx.waker().wake_by_ref();
+                }
+            }
+            r
+        })
+        .await
+    }
+
+    /// Delegate `range` of one of its regions to the peer that proves the
+    /// key named `identity` (in this endpoint's keyring, see
+    /// [`Auth::Keyring`](crate::bootstrap::Auth::Keyring)), for `ttl`:
+    /// returns the delegation's id and its [`Token`](super::Token), which
+    /// the application hands on by any means (its own RPC, a queue). The
+    /// delegate, connected to this endpoint as `identity`, reads the
+    /// range with [`Connection::redeem`]: once, before `ttl` has passed,
+    /// through an exposure made for it alone (under mw a window over
+    /// exactly the range on its QP, whose lease ends by the token's
+    /// expiry). Nobody else can make or alter a token (HMAC-SHA256 under
+    /// a secret of this endpoint's).
+    ///
+    /// The range is pinned until the delegation is over: redeemed and its
+    /// exposure ended on evidence, or expired or revoked unredeemed.
+    /// Meanwhile [`Endpoint::region_write`] refuses to write it and the
+    /// region is not deregistered; [`Endpoint::region_write_when_free`]
+    /// waits. [`Endpoint::revoke`] ends it early.
+    ///
+    /// Under confirm the delegate's READ goes through the region's
+    /// registration on its connection, as any region reply's
+    /// (`docs/protocol-confirm.md`): the range is what it is handed and
+    /// what a stale read is checked against, not a limit on what its key
+    /// reaches.
+    pub fn delegate_region(
+        &self,
+        range: RegionRange,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, DelegateError> {
+        self.shared.hub.regions().delegate(range, identity, ttl)
+    }
+
+    /// Revoke delegation `cap` (and every delegation made from it): its
+    /// token is refused from now on, and under mw a window over it that a
+    /// delegate holds now is invalidated at once (its one LOCAL_INV; the
+    /// range is pinned until that completes). Under confirm an offer made
+    /// already runs to its hold's end ([`Config::lease_time`]); a read
+    /// after the range is written again is stale and never returned.
+    pub fn revoke(&self, cap: CapId) -> Result<(), RevokeError> {
+        self.shared.hub.revoke(cap)
     }
 
     /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy

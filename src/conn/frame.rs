@@ -215,6 +215,17 @@ pub enum Frame<'a> {
         /// payload, a confirm-policy fetch of the reply.
         attach: Attaches,
     },
+    /// A delegate's redemption of a delegation token: a request the
+    /// owner's library answers itself (with the delegated range as the
+    /// reply payload, or a refusal status), never the application.
+    Redeem {
+        /// The request's id on this connection (the requests' sequence).
+        msg_id: u64,
+        /// The token, as the owner sealed it (at most [`MAX_HEADER`] bytes).
+        token: &'a [u8],
+        /// Engine messages riding along: a confirm-policy fetch of the reply.
+        attach: Attaches,
+    },
     /// A server's reply.
     Reply {
         /// The request answered.
@@ -411,6 +422,8 @@ pub(crate) enum Received<'a> {
         inline: &'a [u8],
         attach: RawAttaches<'a>,
     },
+    /// [`Frame::Redeem`].
+    Redeem { msg_id: u64, token: &'a [u8], attach: RawAttaches<'a> },
     /// [`Frame::Reply`].
     Reply { msg_id: u64, status: u8, header: &'a [u8], inline: &'a [u8], attach: RawAttaches<'a> },
     /// [`Frame::Engine`]: the engine and its message (at most [`MAX_ATTACH_LEN`] bytes).
@@ -429,6 +442,9 @@ impl<'a> Received<'a> {
         Ok(match self {
             Received::Request { msg_id, trace, header, inline, attach } => {
                 Frame::Request { msg_id, trace, header, inline, attach: attach.to_attaches()? }
+            }
+            Received::Redeem { msg_id, token, attach } => {
+                Frame::Redeem { msg_id, token, attach: attach.to_attaches()? }
             }
             Received::Reply { msg_id, status, header, inline, attach } => {
                 Frame::Reply { msg_id, status, header, inline, attach: attach.to_attaches()? }
@@ -536,6 +552,11 @@ impl<'a> Frame<'a> {
                 w.inline(inline)?;
                 w.attaches(attach)?;
             }
+            Frame::Redeem { msg_id, token, attach } => {
+                w.put(&msg_id.to_le_bytes())?;
+                w.header(token)?;
+                w.attaches(attach)?;
+            }
             Frame::Reply { msg_id, status, header, inline, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
                 w.put(&[*status])?;
@@ -562,6 +583,7 @@ impl<'a> Frame<'a> {
             Frame::Ping { .. } => 4,
             Frame::Pong { .. } => 5,
             Frame::Credit => 6,
+            Frame::Redeem { .. } => 7,
         }
     }
 
@@ -626,6 +648,7 @@ impl<'a> Frame<'a> {
             4 => Received::Ping { seq: r.u64()? },
             5 => Received::Pong { seq: r.u64()? },
             6 => Received::Credit,
+            7 => Received::Redeem { msg_id: r.u64()?, token: r.header()?, attach: r.attaches()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {
@@ -674,7 +697,7 @@ mod tests {
     /// Frames with their header bytes (owned by the strategy's value).
     fn frames() -> impl Strategy<Value = Parts> {
         (
-            0..6u8,
+            0..7u8,
             any::<u64>(),
             any::<u8>(),
             proptest::collection::vec(any::<u8>(), 0..128),
@@ -698,6 +721,7 @@ mod tests {
             2 => Frame::Ping { seq: *msg_id },
             3 => Frame::Pong { seq: *msg_id },
             4 => Frame::Credit,
+            5 => Frame::Redeem { msg_id: *msg_id, token: header, attach: *attach },
             _ => Frame::Engine(*one),
         }
     }

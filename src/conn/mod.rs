@@ -41,6 +41,7 @@ mod alarm;
 mod buf;
 mod bufpool;
 mod config;
+mod delegate;
 #[cfg(not(loom))]
 mod endpoint;
 #[cfg(feature = "testing")]
@@ -157,6 +158,9 @@ pub mod pool_model {
 }
 pub use buf::Buf;
 pub use config::*;
+pub use delegate::{
+    CapId, DelegateError, Delegation, RedeemFailed, Refusal, RevokeError, Token, MAX_IDENTITY, MAX_TOKEN,
+};
 #[cfg(not(loom))]
 pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver, Pending};
 pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};

@@ -40,6 +40,7 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
+use super::delegate::Delegations;
 use super::{RegionId, RegionRange, UseError};
 use crate::backend::{Access, MrInfo, Nic, NicError, OsError};
 use crate::mem::Memory;
@@ -58,6 +59,8 @@ pub(crate) struct Regions<N: Nic> {
     /// A handle on the PD the endpoint's connections share, if they do.
     shared_pd: Option<N>,
     table: Mutex<Table>,
+    /// The ranges the application delegated (`delegate.rs`).
+    delegations: Delegations,
 }
 
 struct Table {
@@ -150,9 +153,19 @@ impl Region {
 
 impl<N: Nic> Regions<N> {
     /// No regions yet; `shared_pd`: a handle on the PD every connection
-    /// of the endpoint is in, if they share one.
-    pub(crate) fn new(shared_pd: Option<N>) -> Self {
-        Regions { shared_pd, table: Mutex::new(Table { next: FIRST_ID, regions: HashMap::new() }) }
+    /// of the endpoint is in, if they share one; `epoch`: the start of
+    /// the clock its connections are driven on.
+    pub(crate) fn new(shared_pd: Option<N>, epoch: std::time::Instant) -> Self {
+        Regions {
+            shared_pd,
+            table: Mutex::new(Table { next: FIRST_ID, regions: HashMap::new() }),
+            delegations: Delegations::new(epoch),
+        }
+    }
+
+    /// The endpoint's delegations.
+    pub(crate) fn delegations(&self) -> &Delegations {
+        &self.delegations
     }
 
     /// A new region of `len` zeroed bytes.
@@ -219,6 +232,17 @@ impl<N: Nic> Regions<N> {
         }
     }
 
+    /// A delegation tree is done (`delegate.rs`): its pin of `range`
+    /// goes, with its entry.
+    pub(crate) fn unpin(&self, pin: u64, range: RegionRange) {
+        let Ok(r) = self.lookup(range.region) else { return };
+        let mut book = r.book.lock();
+        if book.remove(pin, (range.offset, range.len as usize)) {
+            book.by_conn.remove(&pin);
+            book.wake();
+        }
+    }
+
     /// Connection `conn`'s QP is destroyed: none of its exposures can be
     /// read any more.
     pub(crate) fn forget(&self, conn: u64) {
@@ -252,6 +276,8 @@ impl<N: Nic> Regions<N> {
     ) -> Result<(), UseError> {
         let r = self.lookup(id)?;
         Self::inside(id, &r, offset, bytes.len())?;
+        // Delegations whose tokens expired unredeemed unpin their ranges.
+        self.expire_delegations();
         let mut book = r.book.lock();
         if book.retired {
             return Err(UseError::NoSuchRegion(id));

@@ -129,6 +129,18 @@ pub enum Event {
         /// The caller's trace id, if it sent one (see [`TraceId`]).
         trace: Option<TraceId>,
     },
+    /// Server: a delegate redeems a delegation token (`token`, the
+    /// request's header). The I/O layer answers it itself, from its
+    /// endpoint's book of delegations, never the application.
+    Redeem {
+        /// Name it in the reply.
+        req: RequestId,
+        /// The token's bytes.
+        token: Header,
+        /// Under confirm: it comes again, the delegate's READ of the
+        /// range it was answered with being stale.
+        again: bool,
+    },
     /// Server: a request was dropped before it reached the user (its payload
     /// was withdrawn, could not be read, or was stale).
     RequestDropped {
@@ -353,6 +365,13 @@ pub enum Misbehavior {
         msg: u64,
         /// Payloads it carried.
         count: usize,
+    },
+    /// A redemption of a delegation token carrying a payload (it carries
+    /// the token only).
+    #[error("redemption {msg} carries a payload; a redemption carries its token only")]
+    PayloadOnRedemption {
+        /// The message id.
+        msg: u64,
     },
     /// A request id not above the last one (a replayed or forged request).
     #[error("request id {msg} is not above the last one ({last})")]

@@ -337,6 +337,11 @@ impl Seen {
                 s.msg_id = Some(msg_id);
                 attach.iter().for_each(|a| s.attach(a));
             }
+            Frame::Redeem { msg_id, attach, .. } => {
+                s.kind = "redeem";
+                s.msg_id = Some(msg_id);
+                attach.iter().for_each(|a| s.attach(a));
+            }
             Frame::Reply { msg_id, attach, .. } => {
                 s.kind = "reply";
                 s.msg_id = Some(msg_id);

@@ -427,14 +427,15 @@ impl<N: Nic + 'static> Hub<N> {
         super::alarm::start();
         // Connections on shared receives are in the hub's PD: a region is
         // registered once, there.
-        let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }));
+        let epoch = Instant::now();
+        let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }, epoch));
         let cq = nic.create_cq(depth)?;
         let shared = Arc::new(Shared {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
             pool,
             regions,
-            epoch: Instant::now(),
+            epoch,
             routes: Mutex::new(routes),
             ready: ReadyList::new(),
             handles: AtomicUsize::new(1),
@@ -574,6 +575,21 @@ impl<N: Nic + 'static> Hub<N> {
         let running: Vec<Arc<Inner<N>>> = self.shared.telemetry.lock().running.values().cloned().collect();
         for inner in running {
             inner.forget_region(id);
+        }
+        Ok(())
+    }
+
+    /// The owner's application revokes delegation `cap` (see
+    /// `delegate.rs`); the connections holding a live exposure of it get
+    /// a turn to invalidate it.
+    pub(super) fn revoke(&self, cap: super::CapId) -> Result<(), super::RevokeError> {
+        self.shared.regions.revoke(cap)?;
+        if self.shared.regions.ends_due() {
+            let running: Vec<Arc<Inner<N>>> =
+                self.shared.telemetry.lock().running.values().cloned().collect();
+            for inner in running {
+                inner.ring();
+            }
         }
         Ok(())
     }

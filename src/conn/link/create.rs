@@ -243,8 +243,9 @@ impl<N: Nic> Prepared<N> {
             scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),
             destroyed: false,
-            regions: std::sync::Arc::new(super::Regions::new(None)),
+            regions: std::sync::Arc::new(super::Regions::new(None, std::time::Instant::now())),
             span,
+            delegation: Default::default(),
         })
     }
 }

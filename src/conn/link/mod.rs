@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+mod answer;
 mod create;
 mod regions;
 pub use create::Prepared;
@@ -115,6 +116,10 @@ pub struct Link<N: Nic> {
     /// line of its work is inside it, so many connections' logs can be
     /// told apart.
     span: tracing::Span,
+    /// Delegations (`delegate.rs`): the identity the peer proved, the
+    /// delegated ranges this connection exposes now, and the answers to
+    /// redemptions waiting for capacity.
+    pub(crate) delegation: answer::LinkDelegation,
 }
 
 impl<N: Nic> Link<N> {
@@ -381,9 +386,23 @@ impl<N: Nic> Link<N> {
 
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
-        let e = self.conn.poll_event();
-        if let Some(Event::RangeReturned(range)) = &e {
-            self.regions.unexpose(self.conn.id(), *range);
+        let mut e = self.conn.poll_event();
+        while let Some(Event::Redeem { .. }) = &e {
+            // Answered here, from the endpoint's delegations.
+            self.redeem(e.take());
+            e = self.conn.poll_event();
+        }
+        match &e {
+            Some(Event::RangeReturned(range)) => {
+                self.regions.unexpose(self.conn.id(), *range);
+                if self.delegation.active {
+                    self.delegated_range_returned(*range);
+                }
+            }
+            // The end of a turn's events: answers waiting for capacity are
+            // tried again, revoked delegated exposures ended.
+            None if self.delegation.active => self.delegation_work(),
+            _ => {}
         }
         self.run();
         e
@@ -741,6 +760,7 @@ impl<N: Nic> Drop for Link<N> {
             // Nothing can read the endpoint's regions, or the hub's send
             // slots it holds, through it any more.
             self.regions.forget(self.conn.id());
+            self.delegations_gone();
             if let Some(srq) = &self.srq {
                 self.lent.give_back(srq);
             }

@@ -78,8 +78,21 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<(), UseError> {
+        self.reply_region_for(now, req, status, header, range, None)
+    }
+
+    /// [`Link::reply_region`], its window's lease at most `lease`.
+    pub(crate) fn reply_region_for(
+        &mut self,
+        now: Duration,
+        req: RequestId,
+        status: u8,
+        header: &[u8],
+        range: RegionRange,
+        lease: Option<Duration>,
+    ) -> Result<(), UseError> {
         self.expose_range(range)?;
-        let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range));
+        let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range, lease));
         if r.is_err() {
             self.unexpose_range(range);
         }

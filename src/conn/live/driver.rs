@@ -261,6 +261,8 @@ impl<N: Nic> State<N> {
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
+            // Its link answers a redemption itself (`Link::poll_event`).
+            Event::Redeem { .. } => {}
             // No remote access to it is possible any more: back to the pool.
             Event::BufferReturned(b) => self.ep.free(b),
             // A user range may be written again: writers waiting for it retry.

@@ -48,7 +48,7 @@ impl Connection {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<CallId, Refused> {
-        self.start_call(now, trace, header, data, &[])
+        self.start_call(now, trace, header, data, &[], false)
     }
 
     /// Client: a call whose request payload, `inline` (at most
@@ -64,7 +64,7 @@ impl Connection {
         header: &[u8],
         inline: &[u8],
     ) -> Result<CallId, Refused> {
-        self.start_call(now, trace, header, None, inline)
+        self.start_call(now, trace, header, None, inline, false)
     }
 
     /// Client: a call whose request payload is `range` of a user region
@@ -103,7 +103,7 @@ impl Connection {
             return Err(e);
         }
         let fetch = self.want_payload(now)?;
-        let req = match self.expose(now, slot, len, None) {
+        let req = match self.expose(now, slot, len, None, self.cfg.lease_time) {
             Ok(e) => e,
             Err(why) => {
                 if let Some(fm) = fetch {
@@ -112,9 +112,18 @@ impl Connection {
                 return Err(why);
             }
         };
-        Ok(self.commit_call(now, trace, header, fetch, req, len, &[]))
+        Ok(self.commit_call(now, trace, header, fetch, req, len, &[], false))
     }
 
+    /// Client: redeem a delegation token (`conn/delegate.rs`): a
+    /// redemption frame carrying `token`, answered by the owner's library
+    /// like a call (the delegated range as the reply payload, or a refusal
+    /// status).
+    pub(crate) fn call_redeem(&mut self, now: Duration, token: &[u8]) -> Result<CallId, Refused> {
+        self.start_call(now, None, token, None, &[], true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn start_call(
         &mut self,
         now: Duration,
@@ -122,6 +131,7 @@ impl Connection {
         header: &[u8],
         data: Option<Buf>,
         inline: &[u8],
+        redeem: bool,
     ) -> Result<CallId, Refused> {
         self.now = now;
         if let Err(e) = check_inline(header, inline, self.cfg.inline_max)
@@ -137,7 +147,7 @@ impl Connection {
             Err(e) => return Err(Refused::new(e, data)),
         };
         let req = match &data {
-            Some(b) => match self.expose(now, b.slot, b.len, None) {
+            Some(b) => match self.expose(now, b.slot, b.len, None, self.cfg.lease_time) {
                 Ok(e) => e,
                 Err(why) => {
                     // Unwind the fetch and hand the buffer back.
@@ -153,7 +163,7 @@ impl Connection {
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
-        Ok(self.commit_call(now, trace, header, fetch, req, data_len, inline))
+        Ok(self.commit_call(now, trace, header, fetch, req, data_len, inline, redeem))
     }
 
     /// Register a call whose payload is exposed (`req`) or inline, and send
@@ -168,6 +178,7 @@ impl Connection {
         req: Option<Exposure>,
         data_len: u32,
         inline: &[u8],
+        redeem: bool,
     ) -> CallId {
         let msg = self.next_msg;
         self.next_msg += 1;
@@ -201,7 +212,11 @@ impl Connection {
             self.stats.inline_sent += 1;
             self.stats.bytes_exposed += inline.len() as u64;
         }
-        let mut frame = Frame::Request { msg_id: msg, trace, header, inline, attach: Attaches::new() };
+        let mut frame = if redeem {
+            Frame::Redeem { msg_id: msg, token: header, attach: Attaches::new() }
+        } else {
+            Frame::Request { msg_id: msg, trace, header, inline, attach: Attaches::new() }
+        };
         self.drain_fb_into(now, &mut frame);
         self.send_with_grant(now, &mut frame);
         self.pump(now);
@@ -318,7 +333,7 @@ impl Connection {
             }
         };
         let exposed = match &data {
-            Some(b) => match self.expose(now, b.slot, b.len, fetch) {
+            Some(b) => match self.expose(now, b.slot, b.len, fetch, self.cfg.lease_time) {
                 Ok(e) => e.is_some(),
                 Err(e) => return Err(Refused::new(e, data)),
             },
@@ -349,6 +364,9 @@ impl Connection {
     /// (see [`Connection::call_region`]); the range returns in an
     /// [`Event::RangeReturned`] (at once if the client no longer wants the
     /// payload). A refusal exposes nothing and leaves the request waiting.
+    /// Under mw its window's lease is `lease` at most (the connection's
+    /// `Config::lease_time` if longer): a delegation's exposure ends by
+    /// its token's expiry.
     pub(crate) fn reply_region(
         &mut self,
         now: Duration,
@@ -356,7 +374,9 @@ impl Connection {
         status: u8,
         header: &[u8],
         range: RegionRange,
+        lease: Option<Duration>,
     ) -> Result<(), UseError> {
+        let lease = lease.map_or(self.cfg.lease_time, |l| l.min(self.cfg.lease_time));
         self.now = now;
         let fetch = self.check_reply(req, header, None).inspect_err(|e| {
             if *e == UseError::NoCredit {
@@ -364,13 +384,14 @@ impl Connection {
             }
         })?;
         let slot = self.take_range(range)?;
-        let exposed = match self.expose_ready(slot).and_then(|()| self.expose(now, slot, range.len, fetch)) {
-            Ok(e) => e.is_some(),
-            Err(e) => {
-                self.untake_range(slot);
-                return Err(e);
-            }
-        };
+        let exposed =
+            match self.expose_ready(slot).and_then(|()| self.expose(now, slot, range.len, fetch, lease)) {
+                Ok(e) => e.is_some(),
+                Err(e) => {
+                    self.untake_range(slot);
+                    return Err(e);
+                }
+            };
         if !exposed {
             // The client withdrew its fetch: never exposed, back at once.
             self.untake_range(slot);

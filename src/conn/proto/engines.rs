@@ -21,6 +21,26 @@ impl Connection {
     /// (Inline: at rest, most calls find nothing to do and cost the
     /// checks only.)
     #[inline]
+    /// Owner side: end this connection's exposure of user range `range`
+    /// now (a delegation was revoked). Under mw its window is invalidated
+    /// at once (its one LOCAL_INV; the range returns on its completion,
+    /// as after an expiry); under confirm its offer's hold runs out as it
+    /// would (a read after the range is written again is stale, never
+    /// returned). Whether a window was found to invalidate.
+    pub(crate) fn revoke_range(&mut self, now: Duration, range: RegionRange) -> bool {
+        self.now = now;
+        let base = self.layout.slots();
+        let exposed = (0..self.range_at.len() as u32)
+            .find(|&k| self.range_at[k as usize] == range && self.ranges.holder(k) == Some(Holder::Exposed));
+        let (Some(k), Some(o)) = (exposed, self.owner.as_mut()) else { return false };
+        let Some(lease) = o.leases.iter().find(|&(_, &slot)| slot == base + k).map(|(&l, _)| l) else {
+            return false;
+        };
+        let revoked = o.engine.revoke(now, lease).is_ok();
+        self.pump_rounds(now);
+        revoked
+    }
+
     pub(super) fn pump(&mut self, now: Duration) {
         if !self.idle() {
             self.pump_rounds(now);

@@ -223,6 +223,9 @@ struct Request {
     release: Option<mw::Release>,
     fetch_fb: Option<fb::MsgId>,
     surfaced: bool,
+    /// A delegate's redemption: it surfaces as [`Event::Redeem`], for the
+    /// I/O layer to answer (its header is the token).
+    redeem: bool,
 }
 
 /// Events the queue holds before it grows.
@@ -514,6 +517,11 @@ impl Connection {
 
     /// This connection's id in the process (in logs and spans; buffers
     /// name it).
+    /// The time of the last input it was given.
+    pub(crate) fn now(&self) -> Duration {
+        self.now
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -677,6 +685,7 @@ impl Connection {
             Event::Request { .. } => s.requests += 1,
             Event::RequestDropped { .. } => s.requests_dropped += 1,
             Event::ReplyAgain { .. }
+            | Event::Redeem { .. }
             | Event::BufferReturned(_)
             | Event::RangeReturned(_)
             | Event::ConnectionLost(_) => {}
@@ -738,7 +747,7 @@ impl Connection {
 /// (a payload's grant or offer, a fetch, a release), below `MAX_ATTACH`.
 fn push_attach(f: &mut Frame<'_>, a: Attach) {
     match f {
-        Frame::Request { attach, .. } | Frame::Reply { attach, .. } => {
+        Frame::Request { attach, .. } | Frame::Reply { attach, .. } | Frame::Redeem { attach, .. } => {
             let pushed = attach.push(a);
             debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
         }

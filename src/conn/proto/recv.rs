@@ -94,7 +94,10 @@ impl Connection {
     fn on_frame(&mut self, now: Duration, frame: Received<'_>) {
         match (frame, self.role) {
             (Received::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
-                self.on_request(now, msg_id, trace, header, inline, attach)
+                self.on_request(now, msg_id, trace, header, inline, attach, false)
+            }
+            (Received::Redeem { msg_id, token, attach }, Role::Server) => {
+                self.on_request(now, msg_id, None, token, &[], attach, true)
             }
             (Received::Reply { msg_id, status, header, inline, attach }, Role::Client) => {
                 self.on_reply(now, msg_id, status, header, inline, attach)
@@ -119,6 +122,7 @@ impl Connection {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_request(
         &mut self,
         now: Duration,
@@ -127,8 +131,13 @@ impl Connection {
         header: &[u8],
         inline: &[u8],
         attach: RawAttaches<'_>,
+        redeem: bool,
     ) {
         let payloads = payloads(attach, inline);
+        // A redemption carries its token only: no payload.
+        if redeem && payloads > 0 {
+            return self.misbehaved(now, Misbehavior::PayloadOnRedemption { msg });
+        }
         if payloads > 1 {
             return self.misbehaved(now, Misbehavior::TooManyPayloads { msg, count: payloads });
         }
@@ -156,9 +165,13 @@ impl Connection {
                 release: None,
                 fetch_fb: None,
                 surfaced: true,
+                redeem,
             };
             self.requests.insert(msg, r);
             let header = header.into();
+            if redeem {
+                return self.emit(Event::Redeem { req: RequestId(msg), token: header, again: false });
+            }
             return self.emit(Event::Request { req: RequestId(msg), header, data: None, trace });
         }
         self.requests.insert(
@@ -171,6 +184,7 @@ impl Connection {
                 release: None,
                 fetch_fb: None,
                 surfaced: false,
+                redeem,
             },
         );
         for (engine, bytes) in attach.iter() {
@@ -456,6 +470,9 @@ impl Connection {
         if r.fetch_fb.is_some() {
             r.header = header.clone();
         }
+        if r.redeem {
+            return self.emit(Event::Redeem { req: RequestId(msg), token: header, again: false });
+        }
         let data = data.map(|(s, l)| self.buf(s, l));
         self.emit(Event::Request { req: RequestId(msg), header, data, trace });
     }
@@ -674,6 +691,7 @@ impl Connection {
                             // The client read a stale reply: it needs the data
                             // again. The request comes again as it came.
                             let kept = self.cf().kept.remove(&m);
+                            let redeem = kept.as_ref().is_some_and(|r| r.redeem);
                             let (header, trace) = kept.map(|r| (r.header, r.trace)).unwrap_or_default();
                             let span = tracing::debug_span!("mwcap.request", req = m, attempt);
                             self.requests.insert(
@@ -686,9 +704,15 @@ impl Connection {
                                     release: None,
                                     fetch_fb: Some(msg),
                                     surfaced: true,
+                                    redeem,
                                 },
                             );
-                            self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
+                            if redeem {
+                                // The I/O layer answers it (its read was stale).
+                                self.emit(Event::Redeem { req: RequestId(m), token: header, again: true });
+                            } else {
+                                self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
+                            }
                         } else if let Some(r) = self.requests.get_mut(&m) {
                             r.fetch_fb = Some(msg);
                         }
@@ -745,6 +769,7 @@ fn payloads(attach: RawAttaches<'_>, inline: &[u8]) -> usize {
 fn kind(f: &Received<'_>) -> &'static str {
     match f {
         Received::Request { .. } => "request",
+        Received::Redeem { .. } => "redemption",
         Received::Reply { .. } => "reply",
         Received::Engine(..) => "engine message",
         Received::Ping { .. } => "ping",

@@ -54,17 +54,18 @@ impl Connection {
         slot: u32,
         len: u32,
         fetch: Option<fb::MsgId>,
+        lease: Duration,
     ) -> Result<Option<Exposure>, UseError> {
         let (mr, offset) = self.exposure_target(slot);
         let exposure = if let Some(o) = self.owner.as_mut() {
             let buffer = mw::Buffer { mr: mr.id.raw(), offset, len, addr: mr.addr + offset };
             let lease = match o.lent.as_mut() {
-                None => o.engine.grant(now, buffer, self.cfg.lease_time).map_err(lease_error)?,
+                None => o.engine.grant(now, buffer, lease).map_err(lease_error)?,
                 Some(lent) => {
                     // A window of the hub's pool; none free: wait, as for a
                     // window of our own (the pool wakes us).
                     let window = self.bufs.take_window().ok_or(UseError::NoFreeWindow)?;
-                    match o.engine.grant_on(now, buffer, self.cfg.lease_time, window) {
+                    match o.engine.grant_on(now, buffer, lease, window) {
                         Ok(lease) => {
                             lent.insert(lease, window.handle);
                             lease

@@ -1,0 +1,374 @@
+//! Delegation on the wire: an endpoint hands a range of one of its regions
+//! to a third node, by name, and can take it back (`docs/protocol.md`,
+//! "Delegation").
+//!
+//! The owner's application delegates a range
+//! ([`Endpoint::delegate_region`](super::Endpoint::delegate_region)) to an
+//! identity (the name of a key in the owner's keyring) for a time, and gets
+//! a [`Token`] sealed by the endpoint's book (`mwcap-delegation`'s
+//! [`Book`]: HMAC-SHA256 under a secret drawn from the OS when the first
+//! delegation is made, never sent). It passes the token on by any means. The
+//! delegate, connected to the owner's endpoint and authenticated as that
+//! identity, redeems it with one message
+//! ([`Connection::redeem`](super::Connection::redeem): a redemption frame
+//! carrying the token); the owner's library answers it itself, never the
+//! application: with the range as the reply payload, exposed on the
+//! delegate's connection like any region reply (under mw a window over
+//! exactly the range on the delegate's QP, its lease ending by the token's
+//! expiry; under confirm an offer), or with a [`Refusal`]. A token redeems
+//! once.
+//!
+//! From the delegation until the book says its tree is done (the token
+//! redeemed and that exposure ended on evidence, or the token expired or
+//! revoked unredeemed), the range is *pinned* in its region's book of
+//! exposures: [`Endpoint::region_write`](super::Endpoint::region_write)
+//! refuses to write it and a region with a pinned range is not
+//! deregistered. [`Endpoint::revoke`](super::Endpoint::revoke) refuses the
+//! token from then on and, under mw, invalidates a live window at once.
+
+// The loom build leaves the async endpoint, which makes delegations, out.
+#![cfg_attr(loom, allow(dead_code))]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mwcap_delegation::{Book, Event as BookEvent, Holder, Range, RedeemError};
+pub use mwcap_delegation::{CapId, Delegation, RevokeError, Token, MAX_IDENTITY, MAX_TOKEN};
+use parking_lot::Mutex;
+
+use super::regions::Regions;
+use super::{RegionRange, UseError};
+use crate::backend::Nic;
+
+/// The owner's application, as the holder of the roots it delegates from.
+const APP: Holder = Holder(u64::MAX);
+
+/// The name a delegation tree's pin of its range goes by in its region's
+/// book of exposures (connection ids count up from 1: never this high).
+fn pin(root: CapId) -> u64 {
+    u64::MAX - root.0
+}
+
+/// Why [`Endpoint::delegate_region`](super::Endpoint::delegate_region)
+/// made no token.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DelegateError {
+    /// The range cannot be exposed: no such region, outside it, or empty.
+    #[error(transparent)]
+    Region(#[from] UseError),
+    /// No identity named: a token must name the key its delegate proves.
+    #[error("a delegation names the identity that may redeem it (a key's name in the owner's keyring); none was given")]
+    NoIdentity,
+    /// The identity is longer than a token can name.
+    #[error("an identity of {0} bytes: a token names one of at most {MAX_IDENTITY}")]
+    IdentityTooLong(usize),
+    /// A time to live of zero: the token could never be redeemed.
+    #[error("a delegation needs a time to live above zero: give the delegate time to redeem it")]
+    NoTime,
+}
+
+/// Why an owner refused a redemption (a status in its reply; the reply's
+/// header says it in words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Not a token this owner sealed: forged, altered, or another owner's.
+    Forged,
+    /// A token this owner sealed whose delegation is over (its range was
+    /// released): ask its holder for a new one.
+    Unknown,
+    /// The token names another identity than the one this connection
+    /// proved: connect with that key.
+    WrongIdentity,
+    /// The token's expiry has passed.
+    Expired,
+    /// The delegation was revoked.
+    Revoked,
+    /// The token was redeemed already (a token redeems once).
+    AlreadyRedeemed,
+    /// Under confirm: the delegate's READ of the range was stale (its
+    /// offer's hold ended before the delegate confirmed it) and the
+    /// delegation's one exposure is over: ask its holder for a new token.
+    Stale,
+    /// The owner could not expose the range (its region is gone, or the
+    /// connection cannot expose it): nothing was read.
+    Unavailable,
+}
+
+impl Refusal {
+    /// Its status byte in a redemption's reply.
+    pub(crate) fn status(self) -> u8 {
+        match self {
+            Refusal::Forged => 1,
+            Refusal::Unknown => 2,
+            Refusal::WrongIdentity => 3,
+            Refusal::Expired => 4,
+            Refusal::Revoked => 5,
+            Refusal::AlreadyRedeemed => 6,
+            Refusal::Stale => 7,
+            Refusal::Unavailable => 8,
+        }
+    }
+
+    /// The refusal a redemption's reply status names (0 is success;
+    /// `None` for a status no owner sends).
+    pub(crate) fn from_status(status: u8) -> Option<Refusal> {
+        Some(match status {
+            1 => Refusal::Forged,
+            2 => Refusal::Unknown,
+            3 => Refusal::WrongIdentity,
+            4 => Refusal::Expired,
+            5 => Refusal::Revoked,
+            6 => Refusal::AlreadyRedeemed,
+            7 => Refusal::Stale,
+            8 => Refusal::Unavailable,
+            _ => return None,
+        })
+    }
+
+    fn of(e: &RedeemError) -> Refusal {
+        match e {
+            RedeemError::Forged => Refusal::Forged,
+            RedeemError::Unknown(_) => Refusal::Unknown,
+            RedeemError::WrongIdentity { .. } => Refusal::WrongIdentity,
+            RedeemError::Expired(_) => Refusal::Expired,
+            RedeemError::Revoked(_) => Refusal::Revoked,
+            RedeemError::AlreadyRedeemed(_) => Refusal::AlreadyRedeemed,
+        }
+    }
+}
+
+/// Why [`Connection::redeem`](super::Connection::redeem) read nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedeemFailed {
+    /// The owner refused the token; `message` is its reason in words.
+    #[error("the owner refused the token ({refusal:?}): {message}")]
+    Refused {
+        /// Why, for a program to match.
+        refusal: Refusal,
+        /// The owner's words.
+        message: String,
+    },
+    /// The redemption's call failed (the connection went down, the call
+    /// timed out, the payload could not be read, ...).
+    #[error(transparent)]
+    Call(#[from] super::CallError),
+    /// The token is longer than any an owner seals.
+    #[error("a token of {0} bytes: an owner seals none longer than {MAX_TOKEN}")]
+    TokenTooLong(usize),
+    /// The owner answered with a status no owner sends (not an mwcap
+    /// endpoint of this version?).
+    #[error("the owner answered a redemption with status {0}, which no mwcap owner sends")]
+    BadStatus(u8),
+}
+
+/// An endpoint's delegations: its book, created with the first one.
+pub(crate) struct Delegations {
+    /// The epoch of the endpoint's clock (its connections' `now`).
+    epoch: Instant,
+    state: Mutex<State>,
+    /// Some live exposure was revoked and waits for its connection to
+    /// invalidate it ([`Regions::take_ends`]).
+    ends_due: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    book: Option<Book>,
+    /// Each tree's root: the region range it covers and pins.
+    roots: HashMap<CapId, RegionRange>,
+    /// Each redeemed delegation exposed now: its connection and range.
+    live: HashMap<CapId, (u64, RegionRange)>,
+    /// Live exposures revoked, to invalidate: (connection, range, delegation).
+    ends: Vec<(u64, RegionRange, CapId)>,
+    nonce: u64,
+}
+
+impl Delegations {
+    pub(crate) fn new(epoch: Instant) -> Delegations {
+        Delegations { epoch, state: Mutex::new(State::default()), ends_due: AtomicBool::new(false) }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+}
+
+impl State {
+    fn book(&mut self) -> &mut Book {
+        self.book.get_or_insert_with(|| {
+            use rand::RngCore;
+            let mut secret = [0u8; 32];
+            rand::rngs::OsRng.fill_bytes(&mut secret);
+            Book::new(secret)
+        })
+    }
+}
+
+impl<N: Nic> Regions<N> {
+    /// Delegate `range` to `identity` for `ttl` (see the module docs).
+    pub(crate) fn delegate(
+        &self,
+        range: RegionRange,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, DelegateError> {
+        if identity.is_empty() {
+            return Err(DelegateError::NoIdentity);
+        }
+        if identity.len() > MAX_IDENTITY {
+            return Err(DelegateError::IdentityTooLong(identity.len()));
+        }
+        if ttl.is_zero() {
+            return Err(DelegateError::NoTime);
+        }
+        let d = self.delegations();
+        let now = d.now();
+        let expiry = now + ttl;
+        let mut st = d.state.lock();
+        let bytes = Range { offset: range.offset as u64, len: u64::from(range.len) };
+        let root = st.book().expose(APP, bytes, expiry);
+        // The pin checks the range (region, bounds, not deregistered).
+        if let Err(e) = self.expose(pin(root), range) {
+            st.book().ended(root);
+            self.drain(&mut st);
+            return Err(e.into());
+        }
+        st.nonce += 1;
+        let nonce = st.nonce;
+        let made = st.book().delegate(now, APP, root, bytes, identity, expiry, nonce);
+        // The root stands for the application itself, not an exposure on a
+        // NIC: it ends at once, and the tree lives on in its delegation.
+        st.book().ended(root);
+        st.roots.insert(root, range);
+        self.drain(&mut st);
+        Ok(made.expect("checked above: a live root, its whole range, its own expiry, a short identity"))
+    }
+
+    /// A redemption of `token` on connection `conn`, authenticated as
+    /// `identity`: the delegation, its range, and how long its exposure
+    /// may last.
+    pub(crate) fn redeem(
+        &self,
+        now: Duration,
+        conn: u64,
+        identity: Option<&str>,
+        token: &[u8],
+    ) -> Result<(CapId, RegionRange, Duration), (Refusal, String)> {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        let Some(book) = st.book.as_mut() else {
+            let e = RedeemError::Forged;
+            return Err((Refusal::of(&e), e.to_string()));
+        };
+        book.handle_timeout(now);
+        // A connection that proved no key has no identity a token can name.
+        let r = book.redeem(now, Holder(conn), identity.unwrap_or(""), token);
+        let out = match r {
+            Ok(r) => {
+                let region = st.roots.get(&r.root).expect("a tree in the book has its root's range").region;
+                let range = RegionRange { region, offset: r.range.offset as usize, len: r.range.len as u32 };
+                st.live.insert(r.cap, (conn, range));
+                Ok((r.cap, range, r.expiry.saturating_sub(now)))
+            }
+            Err(e) => Err((Refusal::of(&e), e.to_string())),
+        };
+        self.drain(&mut st);
+        out
+    }
+
+    /// Delegation `cap`'s exposure ended on evidence (or was never made).
+    pub(crate) fn delegation_ended(&self, cap: CapId) {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        st.live.remove(&cap);
+        if !st.ends.is_empty() {
+            st.ends.retain(|&(_, _, c)| c != cap);
+            if st.ends.is_empty() {
+                d.ends_due.store(false, Ordering::Release);
+            }
+        }
+        if let Some(b) = st.book.as_mut() {
+            b.ended(cap);
+        }
+        self.drain(&mut st);
+    }
+
+    /// The owner's application revokes `cap` and everything made from it.
+    pub(crate) fn revoke(&self, cap: CapId) -> Result<(), RevokeError> {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        let Some(b) = st.book.as_mut() else { return Err(RevokeError::Unknown(cap)) };
+        let r = b.revoke(cap);
+        self.drain(&mut st);
+        r
+    }
+
+    /// Tokens whose expiry has passed can no longer be redeemed: their
+    /// trees end, and their ranges may be written again.
+    pub(crate) fn expire_delegations(&self) {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        if let Some(b) = st.book.as_mut() {
+            b.handle_timeout(d.now());
+            self.drain(&mut st);
+        }
+    }
+
+    /// When the next token expires, on the endpoint's clock.
+    pub(crate) fn next_delegation_expiry(&self) -> Option<Instant> {
+        let d = self.delegations();
+        let st = d.state.lock();
+        st.book.as_ref().and_then(Book::poll_timeout).map(|t| d.epoch + t)
+    }
+
+    /// Whether some revoked exposure waits for its connection.
+    #[inline]
+    pub(crate) fn ends_due(&self) -> bool {
+        self.delegations().ends_due.load(Ordering::Acquire)
+    }
+
+    /// Revoked exposures connection `conn` must end now (cheap when none).
+    pub(crate) fn take_ends(&self, conn: u64) -> Vec<RegionRange> {
+        let d = self.delegations();
+        if !d.ends_due.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut st = d.state.lock();
+        let mut mine = Vec::new();
+        st.ends.retain(|&(c, r, _)| {
+            if c == conn {
+                mine.push(r);
+            }
+            c != conn
+        });
+        if st.ends.is_empty() {
+            d.ends_due.store(false, Ordering::Release);
+        }
+        mine
+    }
+
+    /// Carry out the book's events: a done tree unpins its range; a
+    /// revoked live exposure waits for its connection.
+    fn drain(&self, st: &mut State) {
+        let Some(book) = st.book.as_mut() else { return };
+        while let Some(ev) = book.poll_event() {
+            match ev {
+                BookEvent::Done { root } => {
+                    if let Some(range) = st.roots.remove(&root) {
+                        self.unpin(pin(root), range);
+                    }
+                }
+                BookEvent::End { cap, .. } => {
+                    if let Some(&(conn, range)) = st.live.get(&cap) {
+                        st.ends.push((conn, range, cap));
+                        self.delegations().ends_due.store(true, Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+}

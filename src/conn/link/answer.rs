@@ -1,0 +1,153 @@
+//! A link's side of delegation (`conn/delegate.rs`): it answers a
+//! delegate's redemption itself, from its endpoint's book, ends the
+//! delegated exposures it makes on their evidence, and invalidates one at
+//! once when its delegation is revoked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Link;
+use crate::backend::Nic;
+use crate::conn::delegate::{CapId, Refusal};
+use crate::conn::types::*;
+
+/// A link's delegation state.
+#[derive(Default)]
+pub(crate) struct LinkDelegation {
+    /// The name of the key the peer proved (`None`: no key, or no bootstrap).
+    identity: Option<Arc<str>>,
+    /// Delegated ranges this connection exposes now.
+    live: Vec<(CapId, RegionRange)>,
+    /// Answers to redemptions that waited for a window, control slot or
+    /// credit; retried at each of the link's turns.
+    waiting: Vec<Answer>,
+    /// An answer is being sent: the turns inside it do not retry others.
+    answering: bool,
+    /// `live` or `waiting` is not empty: the link's turns look at them
+    /// (one load on the call path when neither has anything).
+    pub(super) active: bool,
+}
+
+/// What a redemption is answered with.
+enum Answer {
+    /// The delegated range, its window's lease at most `lease`.
+    Expose { req: RequestId, cap: CapId, range: RegionRange, lease: Duration },
+    /// A refusal, in a status and words.
+    Refuse { req: RequestId, refusal: Refusal, message: String },
+}
+
+impl LinkDelegation {
+    fn update(&mut self) {
+        self.active = !self.live.is_empty() || !self.waiting.is_empty();
+    }
+}
+
+impl<N: Nic> Link<N> {
+    /// The identity the peer proved in the bootstrap (tokens name it).
+    pub(crate) fn set_identity(&mut self, identity: Option<Arc<str>>) {
+        self.delegation.identity = identity;
+    }
+
+    /// Client: redeem a delegation token (see `Connection::redeem`).
+    pub(crate) fn call_redeem(&mut self, now: Duration, token: &[u8]) -> Result<CallId, Refused> {
+        let r = self.span.in_scope(|| self.conn.call_redeem(now, token));
+        self.run();
+        r
+    }
+
+    /// A delegate redeems `token` with request `req` (`again`: under
+    /// confirm, its READ of the range it was answered with was stale).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn redeem(&mut self, e: Option<Event>) {
+        let Some(Event::Redeem { req, token, again }) = e else { return };
+        let token: &[u8] = &token;
+        let now = self.conn.now();
+        let answer = if again {
+            let message =
+                "the read of the delegated range was stale (the owner's hold ended before the delegate \
+                           confirmed it), and a delegation is exposed once: ask its holder for a new token"
+                    .to_owned();
+            Answer::Refuse { req, refusal: Refusal::Stale, message }
+        } else {
+            let identity = self.delegation.identity.clone();
+            match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token) {
+                Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
+                Err((refusal, message)) => {
+                    tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
+                    Answer::Refuse { req, refusal, message }
+                }
+            }
+        };
+        self.answer(now, answer);
+    }
+
+    /// Send `a`, or keep it for a later turn while capacity lacks.
+    fn answer(&mut self, now: Duration, a: Answer) {
+        self.delegation.answering = true;
+        let r = match &a {
+            Answer::Expose { req, range, lease, .. } => {
+                self.reply_region_for(now, *req, 0, &[], *range, Some(*lease))
+            }
+            Answer::Refuse { req, refusal, message } => {
+                self.reply(now, *req, refusal.status(), message.as_bytes(), None).map_err(|r| r.error)
+            }
+        };
+        self.delegation.answering = false;
+        match (r, a) {
+            (Ok(()), Answer::Expose { cap, range, .. }) => self.delegation.live.push((cap, range)),
+            (Ok(()), Answer::Refuse { .. }) => {}
+            (Err(UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit), a) => {
+                self.delegation.waiting.push(a)
+            }
+            (Err(e), Answer::Expose { req, cap, .. }) => {
+                // Nothing was exposed: the delegation's one exposure is over.
+                self.regions.delegation_ended(cap);
+                let message = format!("the owner could not expose the delegated range: {e}");
+                self.answer(now, Answer::Refuse { req, refusal: Refusal::Unavailable, message });
+            }
+            (Err(e), Answer::Refuse { req, .. }) => {
+                // The request is gone (the connection is down): nothing to answer.
+                tracing::debug!(parent: &self.span, ?req, %e, "a redemption's refusal was not sent");
+            }
+        }
+        self.delegation.update();
+    }
+
+    /// Retry waiting answers; end revoked exposures of this connection.
+    #[inline(never)]
+    pub(super) fn delegation_work(&mut self) {
+        let now = self.conn.now();
+        if !self.delegation.live.is_empty() && self.regions.ends_due() {
+            for range in self.regions.take_ends(self.conn.id()) {
+                let revoked = self.span.in_scope(|| self.conn.revoke_range(now, range));
+                tracing::debug!(parent: &self.span, ?range, revoked, "a delegated exposure was revoked");
+            }
+        }
+        if !self.delegation.answering {
+            for a in std::mem::take(&mut self.delegation.waiting) {
+                self.answer(now, a);
+            }
+            self.delegation.update();
+        }
+    }
+
+    /// An exposure of `range` ended on evidence: if it was a delegation's,
+    /// the book hears of it.
+    #[inline(never)]
+    pub(super) fn delegated_range_returned(&mut self, range: RegionRange) {
+        if let Some(i) = self.delegation.live.iter().position(|&(_, r)| r == range) {
+            let (cap, _) = self.delegation.live.swap_remove(i);
+            self.delegation.update();
+            self.regions.delegation_ended(cap);
+        }
+    }
+
+    /// The QP is destroyed: no delegated exposure of it can be read.
+    pub(super) fn delegations_gone(&mut self) {
+        for (cap, _) in self.delegation.live.drain(..) {
+            self.regions.delegation_ended(cap);
+        }
+        self.delegation.update();
+    }
+}
