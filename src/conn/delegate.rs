@@ -209,9 +209,16 @@ impl State {
 }
 
 impl<N: Nic> Regions<N> {
-    /// Delegate `range` to `identity` for `ttl` (see the module docs).
+    /// The time on the clock of the endpoint's connections.
+    pub(crate) fn delegation_clock(&self) -> Duration {
+        self.delegations().now()
+    }
+
+    /// Delegate `range` to `identity` for `ttl` from `now` on the clock its
+    /// connections are driven on (see the module docs).
     pub(crate) fn delegate(
         &self,
+        now: Duration,
         range: RegionRange,
         identity: &str,
         ttl: Duration,
@@ -226,7 +233,6 @@ impl<N: Nic> Regions<N> {
             return Err(DelegateError::NoTime);
         }
         let d = self.delegations();
-        let now = d.now();
         let expiry = now + ttl;
         let mut st = d.state.lock();
         let bytes = Range { offset: range.offset as u64, len: u64::from(range.len) };

@@ -302,7 +302,8 @@ impl<N: Nic + 'static> Endpoint<N> {
         identity: &str,
         ttl: Duration,
     ) -> Result<Delegation, DelegateError> {
-        self.shared.hub.regions().delegate(range, identity, ttl)
+        let regions = self.shared.hub.regions();
+        regions.delegate(regions.delegation_clock(), range, identity, ttl)
     }
 
     /// Revoke delegation `cap` (and every delegation made from it): its

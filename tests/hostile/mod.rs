@@ -879,7 +879,7 @@ impl World {
     pub fn assert_binds_invalidated_once(&self) {
         let s = self.victim.stats().lease_owner.expect("the victim owns a direction under mw");
         assert_eq!(s.grants, s.invalidations, "{s:?}");
-        assert_eq!(s.invalidations, s.released + s.expired, "{s:?}");
+        assert_eq!(s.invalidations, s.released + s.expired + s.revoked, "{s:?}");
         assert!(self.fabric.would_crash_rxe().is_empty());
         assert!(
             self.fabric.exposure(self.victim_device(), self.attacker.qp_addr()).is_empty(),

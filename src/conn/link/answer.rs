@@ -48,6 +48,33 @@ impl<N: Nic> Link<N> {
         self.delegation.identity = identity;
     }
 
+    /// Delegate `range` of one of its regions to `identity` for `ttl` from
+    /// `now` (the link's clock; see `Endpoint::delegate_region`).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn delegate_region(
+        &mut self,
+        now: Duration,
+        range: RegionRange,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<crate::conn::Delegation, crate::conn::DelegateError> {
+        self.regions.delegate(now, range, identity, ttl)
+    }
+
+    /// Revoke delegation `cap` (see `Endpoint::revoke`); a live exposure
+    /// of it on this link ends at its next turn.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn revoke(&mut self, cap: CapId) -> Result<(), crate::conn::RevokeError> {
+        self.regions.revoke(cap)
+    }
+
+    /// Say which identity the peer proved (a link outside an endpoint has
+    /// no bootstrap to learn it from).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn set_peer_identity(&mut self, identity: &str) {
+        self.set_identity(Some(identity.into()));
+    }
+
     /// Client: redeem a delegation token (see `Connection::redeem`).
     pub(crate) fn call_redeem(&mut self, now: Duration, token: &[u8]) -> Result<CallId, Refused> {
         let r = self.span.in_scope(|| self.conn.call_redeem(now, token));

@@ -1,0 +1,117 @@
+//! Delegation against a peer that runs none of mwcap's code (the hostile
+//! world of `tests/hostile/mod.rs`, on the simulated NIC with manual
+//! progress): the delegate redeems a token with a hand-written `Redeem`
+//! frame and READs through the window the owner binds for it. The owner's
+//! revocation invalidates that window while the delegate still holds it;
+//! the window ends by the token's expiry even when the connection's lease
+//! is longer; a redemption carrying a payload takes only that connection
+//! down. Every test ends with the world's checks (the victim's other
+//! connection healthy, no hazard, every bind invalidated once).
+
+mod hostile;
+
+use std::time::Duration;
+
+use hostile::*;
+use mwcap::backend::WcStatus;
+use mwcap::conn::frame::{Attaches, Frame};
+use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, RegionId, RegionRange};
+use mwcap_mw as mw;
+
+const MW: Policies = Policies { request: Policy::Mw, reply: Policy::Mw };
+
+/// A victim server whose peer proved "compute", with a region of `GRANTED`
+/// bytes: the region and the range delegated below.
+fn world() -> (World, RegionId, RegionRange) {
+    let mut w = World::server(MW);
+    w.victim.set_peer_identity("compute");
+    let region = w.victim.register_region(64 << 10).unwrap();
+    w.victim.region_write(region, 0, &vec![GRANTED; 64 << 10]).unwrap();
+    (w, region, RegionRange { region, offset: 4096, len: 1000 })
+}
+
+/// The attacker redeems `token` as request `msg_id`: the victim's reply.
+fn redeem(w: &mut World, msg_id: u64, token: &[u8]) -> Seen {
+    w.send_within_credit(&Frame::Redeem { msg_id, token, attach: Attaches::new() }.encode().unwrap());
+    Seen::of(&w.next_frame())
+}
+
+#[test]
+fn a_revoked_delegation_invalidates_the_window_its_delegate_holds() {
+    let (mut w, region, range) = world();
+    let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
+    let seen = redeem(&mut w, 1, d.token.as_bytes());
+    assert_eq!(seen.kind, "reply");
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(len, range.len, "the window covers exactly the range");
+    let (status, bytes) = w.read(addr, rkey, len);
+    assert_eq!(status, WcStatus::Success);
+    assert!(bytes.iter().all(|&b| b == GRANTED));
+    // The delegate holds the window (no release). The owner revokes.
+    w.victim.revoke(d.cap).unwrap();
+    assert!(w.victim.region_write(region, range.offset, b"new").is_err(), "pinned until the evidence");
+    w.settle();
+    let (status, _) = w.read(addr, rkey, len);
+    assert_ne!(status, WcStatus::Success, "a READ through a revoked window fails");
+    let stats = w.victim.connection().stats().lease_owner.unwrap();
+    assert_eq!(stats.revoked, 1, "one revocation, by the owner engine");
+    assert!(
+        w.run_until(Duration::from_millis(50), |w| w
+            .victim
+            .region_write(region, range.offset, b"new")
+            .is_ok()),
+        "the range is the owner's again once the invalidation completed"
+    );
+    w.assert_binds_invalidated_once();
+    w.finish();
+}
+
+#[test]
+fn a_delegated_window_ends_by_the_tokens_expiry_not_the_connections_lease() {
+    let (mut w, region, range) = world();
+    // The connection's lease is LEASE (100 ms); the token lives 30 ms.
+    let ttl = Duration::from_millis(30);
+    assert!(ttl < LEASE);
+    let d = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let seen = redeem(&mut w, 1, d.token.as_bytes());
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success);
+    let grant = seen.grant.expect("an mw grant");
+    w.run_for(ttl + Duration::from_millis(5));
+    let (status, _) = w.read(addr, rkey, len);
+    assert_ne!(status, WcStatus::Success, "the window was invalidated by the token's expiry ({grant:?})");
+    assert!(
+        w.run_until(Duration::from_millis(20), |w| w.victim.region_write(region, range.offset, b"x").is_ok())
+    );
+    let s = w.victim.connection().stats().lease_owner.unwrap();
+    assert_eq!((s.expired, s.revoked), (1, 0), "ended by its expiry: {s:?}");
+    w.assert_binds_invalidated_once();
+    // (The late READ's remote access error took this connection down, as
+    // any READ outside a grant does; the victim's other one runs on.)
+    w.finish();
+}
+
+#[test]
+fn a_redemption_carrying_a_payload_takes_only_its_connection_down() {
+    let (mut w, _, range) = world();
+    let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
+    let own = w.attacker.bind_own(64);
+    let grant = mw::Grant {
+        lease: mw::LeaseId::from_raw(1),
+        addr: w.attacker.mem.addr,
+        len: 64,
+        rkey: own,
+        time_left: Duration::from_secs(1),
+    };
+    let mut attach = Attaches::new();
+    attach.push(mw_attach(mw::Message::Grant(grant))).unwrap();
+    w.send_within_credit(&Frame::Redeem { msg_id: 1, token: d.token.as_bytes(), attach }.encode().unwrap());
+    assert!(w.run_until(Duration::from_millis(50), |w| w.down().is_some()));
+    assert!(
+        matches!(w.down(), Some(LossReason::PeerMisbehaved(Misbehavior::PayloadOnRedemption { msg: 1 }))),
+        "{:?}",
+        w.down()
+    );
+    assert!(!w.events.iter().any(|e| matches!(e, Event::Request { .. })), "nothing reached the application");
+    w.finish();
+}
