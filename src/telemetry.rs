@@ -20,7 +20,7 @@
 //! | series | kind | what |
 //! |---|---|---|
 //! | `mwcap_connections` | gauge | connections set up on the endpoint and not yet finished |
-//! | `mwcap_capabilities_live{policy,kind="own"}` | gauge | buffers and ranges this side has exposed, not yet ended on evidence |
+//! | `mwcap_capabilities_live{policy,kind="own"\|"delegated"}` | gauge | buffers and ranges this side has exposed, not yet ended on evidence: to its peers directly (`own`), or to delegates that redeemed a delegation (`delegated`, `Endpoint::delegate_region`) |
 //! | `mwcap_capabilities_total{policy}` | counter | exposures made |
 //! | `mwcap_capability_age_seconds_bucket{policy,le}`, `_count`, `_sum` | counters (`_sum`: a gauge) | a Prometheus histogram of each exposure's age when it ended (released, expired or flushed, on the NIC's evidence) |
 //! | `mwcap_expiries_total{policy}` | counter | exposures ended by their expiry (mw: the lease timer; confirm: the hold or request timeout) rather than by the peer |
@@ -31,7 +31,11 @@
 //! | `mwcap_pool_windows{state="free"\|"lent"}` | gauge | the shared pool's windows |
 //! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes of a buffer that found its class empty or the connection at its share; tasks waiting now |
 //! | `mwcap_regions`, `mwcap_region_bytes` | gauge | regions registered on the endpoint (`Endpoint::register_region`), and their bytes |
-//! | `mwcap_region_exposures` | gauge | exposures of ranges of those regions not yet ended on evidence (included in `mwcap_capabilities_live`); a range no write may touch meanwhile |
+//! | `mwcap_delegations_total`, `mwcap_redemptions_total` | counter | delegations made (tokens sealed), and tokens redeemed |
+//! | `mwcap_redemptions_refused_total{reason}` | counter | redemptions refused: `forged`, `unknown`, `wrong_identity`, `expired`, `revoked`, `already_redeemed` |
+//! | `mwcap_revocations_total`, `mwcap_delegation_tokens_expired_total` | counter | delegations revoked (each, with those made from it), and tokens that expired unredeemed |
+//! | `mwcap_delegation_tokens_out` | gauge | tokens made and not yet redeemed, expired or revoked |
+//! | `mwcap_region_exposures` | gauge | exposures of ranges of those regions not yet ended on evidence (included in `mwcap_capabilities_live`), and ranges pinned by a delegation not yet over (not included there); a range no write may touch meanwhile |
 //!
 //! The age histogram is counted into its exported buckets directly (`le`
 //! of 10 µs to 60 s, then `+Inf`), so it is exact at those bounds. It is
@@ -168,15 +172,29 @@ impl Tally {
 
     /// Record it through the facade: counters as their totals, gauges as
     /// they are now.
-    pub(crate) fn record(&self, endpoint: &str, connections: usize, pool: Option<&BufferPoolStats>) {
+    /// `delegated`: of the live exposures, those made by redeeming a
+    /// delegation (mw, confirm), recorded as `kind="delegated"`.
+    pub(crate) fn record(
+        &self,
+        endpoint: &str,
+        connections: usize,
+        pool: Option<&BufferPoolStats>,
+        delegated: [u64; 2],
+    ) {
         let ep = endpoint.to_owned();
         metrics::gauge!("mwcap_connections", "endpoint" => ep.clone()).set(connections as f64);
-        for (t, policy) in self.own.iter().zip(["mw", "confirm"]) {
+        for ((t, policy), delegated) in self.own.iter().zip(["mw", "confirm"]).zip(delegated) {
             let l = [("endpoint", ep.clone()), ("policy", policy.to_owned())];
             metrics::counter!("mwcap_capabilities_total", &l).absolute(t.exposures);
             metrics::counter!("mwcap_expiries_total", &l).absolute(t.expiries);
-            let live = [("endpoint", ep.clone()), ("policy", policy.to_owned()), ("kind", "own".to_owned())];
-            metrics::gauge!("mwcap_capabilities_live", &live).set(t.exposures.saturating_sub(t.ended) as f64);
+            let kind =
+                |k: &str| [("endpoint", ep.clone()), ("policy", policy.to_owned()), ("kind", k.to_owned())];
+            let live = t.exposures.saturating_sub(t.ended);
+            // A delegation's exposure ends in the connection's counts
+            // before the book hears of it: never below zero.
+            metrics::gauge!("mwcap_capabilities_live", &kind("own"))
+                .set(live.saturating_sub(delegated) as f64);
+            metrics::gauge!("mwcap_capabilities_live", &kind("delegated")).set(delegated.min(live) as f64);
             let cumulative = t.ages.cumulative();
             for (le, n) in AGE_LE.iter().zip(cumulative) {
                 let b = [("endpoint", ep.clone()), ("policy", policy.to_owned()), ("le", (*le).to_owned())];
@@ -201,6 +219,29 @@ impl Tally {
             metrics::counter!("mwcap_pool_waits_total", &l).absolute(p.empty);
             metrics::gauge!("mwcap_pool_waiting", &l).set(f64::from(p.waiting));
         }
+    }
+}
+
+/// Record an endpoint's delegation series (see the table above).
+#[cfg(not(loom))]
+pub(crate) fn record_delegations(endpoint: &str, f: &crate::conn::DelegationFigures) {
+    let l = [("endpoint", endpoint.to_owned())];
+    let s = &f.stats;
+    metrics::counter!("mwcap_delegations_total", &l).absolute(s.delegated);
+    metrics::counter!("mwcap_redemptions_total", &l).absolute(s.redeemed);
+    metrics::counter!("mwcap_revocations_total", &l).absolute(s.revoked);
+    metrics::counter!("mwcap_delegation_tokens_expired_total", &l).absolute(s.tokens_expired);
+    metrics::gauge!("mwcap_delegation_tokens_out", &l).set(f.tokens_out as f64);
+    for (reason, n) in [
+        ("forged", s.refused_forged),
+        ("unknown", s.refused_unknown),
+        ("wrong_identity", s.refused_identity),
+        ("expired", s.refused_expired),
+        ("revoked", s.refused_revoked),
+        ("already_redeemed", s.refused_redeemed),
+    ] {
+        let r = [("endpoint", endpoint.to_owned()), ("reason", reason.to_owned())];
+        metrics::counter!("mwcap_redemptions_refused_total", &r).absolute(n);
     }
 }
 

@@ -62,6 +62,7 @@ impl Net {
         let (owner, drv) = Endpoint::builder(fabric.add_device(DeviceConfig::spec()), Auth::Keyring(ring))
             .policy(policy)
             .config(small())
+            .name("owner")
             .listen("127.0.0.1:0".parse().unwrap())
             .build()
             .unwrap();
@@ -234,6 +235,43 @@ fn every_misuse_of_a_token_is_refused_with_its_reason() {
     std::thread::sleep(Duration::from_millis(80));
     assert!(matches!(net.refused(&compute, &e.token), Refusal::Expired | Refusal::Unknown));
     assert!(net.owner.region_write(net.region, 16384, b"x").is_ok(), "an expired token pins nothing");
+
+    // The owner's telemetry counts it all.
+    let m = recorded(&net.owner);
+    let ep = "endpoint=owner";
+    assert_eq!(m[&format!("mwcap_delegations_total{{{ep}}}")], 3.0);
+    assert_eq!(m[&format!("mwcap_redemptions_total{{{ep}}}")], 1.0);
+    assert_eq!(m[&format!("mwcap_revocations_total{{{ep}}}")], 1.0);
+    assert_eq!(m[&format!("mwcap_delegation_tokens_out{{{ep}}}")], 0.0);
+    let refused = |reason: &str| m[&format!("mwcap_redemptions_refused_total{{{ep},reason={reason}}}")];
+    assert_eq!(refused("forged"), 5.0, "three altered, one of zeros, one of another owner's");
+    assert_eq!(refused("wrong_identity"), 1.0);
+    assert_eq!(refused("revoked"), 0.0, "the revoked one was forgotten at once: unknown");
+    let others = refused("unknown") + refused("already_redeemed") + refused("expired");
+    assert_eq!(others, 4.0, "two replays, the revoked token, the expired one");
+    assert_eq!(m[&format!("mwcap_capabilities_live{{{ep},kind=delegated,policy=mw}}")], 0.0);
+}
+
+/// Every series `record_metrics` records, as `name{k=v,...}` (labels
+/// sorted) and its value.
+fn recorded(ep: &Endpoint<SimNic>) -> std::collections::HashMap<String, f64> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || ep.record_metrics());
+    let mut out = std::collections::HashMap::new();
+    for (key, _, _, value) in snap.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        labels.sort();
+        let v = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(_) => continue,
+        };
+        out.insert(format!("{}{{{}}}", key.name(), labels.join(",")), v);
+    }
+    out
 }
 
 #[test]

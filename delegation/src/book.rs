@@ -549,6 +549,11 @@ impl Book {
         self.pending.first().map(|&(at, _)| at)
     }
 
+    /// Tokens out: delegations made and not yet redeemed, expired or revoked.
+    pub fn tokens_out(&self) -> usize {
+        self.pending.len()
+    }
+
     /// The next thing the owner must do.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

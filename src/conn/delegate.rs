@@ -40,6 +40,7 @@ use parking_lot::Mutex;
 use super::regions::Regions;
 use super::{RegionRange, UseError};
 use crate::backend::Nic;
+use crate::bootstrap::Policy;
 
 /// The owner's application, as the holder of the roots it delegates from.
 const APP: Holder = Holder(u64::MAX);
@@ -165,6 +166,17 @@ pub enum RedeemFailed {
     BadStatus(u8),
 }
 
+/// An endpoint's delegations at a glance (telemetry).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DelegationFigures {
+    /// Exposures made by redeeming a delegation, live now: mw, confirm.
+    pub(crate) live: [u64; 2],
+    /// Tokens out: made, not yet redeemed, expired or revoked.
+    pub(crate) tokens_out: u64,
+    /// What the book has done.
+    pub(crate) stats: mwcap_delegation::BookStats,
+}
+
 /// An endpoint's delegations: its book, created with the first one.
 pub(crate) struct Delegations {
     /// The epoch of the endpoint's clock (its connections' `now`).
@@ -180,8 +192,9 @@ struct State {
     book: Option<Book>,
     /// Each tree's root: the region range it covers and pins.
     roots: HashMap<CapId, RegionRange>,
-    /// Each redeemed delegation exposed now: its connection and range.
-    live: HashMap<CapId, (u64, RegionRange)>,
+    /// Each redeemed delegation exposed now: its connection, range, and
+    /// the policy of its exposure.
+    live: HashMap<CapId, (u64, RegionRange, Policy)>,
     /// Live exposures revoked, to invalidate: (connection, range, delegation).
     ends: Vec<(u64, RegionRange, CapId)>,
     nonce: u64,
@@ -263,6 +276,7 @@ impl<N: Nic> Regions<N> {
         conn: u64,
         identity: Option<&str>,
         token: &[u8],
+        policy: Policy,
     ) -> Result<(CapId, RegionRange, Duration), (Refusal, String)> {
         let d = self.delegations();
         let mut st = d.state.lock();
@@ -277,7 +291,7 @@ impl<N: Nic> Regions<N> {
             Ok(r) => {
                 let region = st.roots.get(&r.root).expect("a tree in the book has its root's range").region;
                 let range = RegionRange { region, offset: r.range.offset as usize, len: r.range.len as u32 };
-                st.live.insert(r.cap, (conn, range));
+                st.live.insert(r.cap, (conn, range, policy));
                 Ok((r.cap, range, r.expiry.saturating_sub(now)))
             }
             Err(e) => Err((Refusal::of(&e), e.to_string())),
@@ -357,6 +371,20 @@ impl<N: Nic> Regions<N> {
         mine
     }
 
+    /// Its delegations at a glance (telemetry; one lock, off the data path).
+    pub(crate) fn delegation_figures(&self) -> DelegationFigures {
+        let st = self.delegations().state.lock();
+        let mut f = DelegationFigures::default();
+        for &(_, _, policy) in st.live.values() {
+            f.live[usize::from(policy == Policy::Confirm)] += 1;
+        }
+        if let Some(b) = &st.book {
+            f.tokens_out = b.tokens_out() as u64;
+            f.stats = b.stats();
+        }
+        f
+    }
+
     /// Carry out the book's events: a done tree unpins its range; a
     /// revoked live exposure waits for its connection.
     fn drain(&self, st: &mut State) {
@@ -369,7 +397,7 @@ impl<N: Nic> Regions<N> {
                     }
                 }
                 BookEvent::End { cap, .. } => {
-                    if let Some(&(conn, range)) = st.live.get(&cap) {
+                    if let Some(&(conn, range, _)) = st.live.get(&cap) {
                         st.ends.push((conn, range, cap));
                         self.delegations().ends_due.store(true, Ordering::Release);
                     }

@@ -76,6 +76,8 @@ mod reconnect;
 #[cfg_attr(loom, allow(dead_code))]
 mod regions;
 #[cfg(not(loom))]
+pub(crate) use delegate::DelegationFigures;
+#[cfg(not(loom))]
 pub(crate) use regions::RegionFigures;
 #[cfg(not(loom))]
 mod routes;

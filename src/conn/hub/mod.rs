@@ -627,8 +627,10 @@ impl<N: Nic + 'static> Hub<N> {
         let connections = running.len();
         drop(running);
         let pool = s.pool.as_ref().map(BufferPool::stats);
-        tally.record(name, connections, pool.as_ref());
+        let delegations = s.regions.delegation_figures();
+        tally.record(name, connections, pool.as_ref(), delegations.live);
         crate::telemetry::record_regions(name, s.regions.figures());
+        crate::telemetry::record_delegations(name, &delegations);
     }
 
     /// The hub's counts for as long as it lives, without keeping it alive

@@ -98,7 +98,8 @@ impl<N: Nic> Link<N> {
             Answer::Refuse { req, refusal: Refusal::Stale, message }
         } else {
             let identity = self.delegation.identity.clone();
-            match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token) {
+            let policy = crate::telemetry::own_policy(self.conn.policies(), self.conn.role());
+            match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token, policy) {
                 Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
                 Err((refusal, message)) => {
                     tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
