@@ -16,23 +16,35 @@ use hostile::*;
 use mwcap::backend::WcStatus;
 use mwcap::conn::frame::{Attaches, Frame};
 use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, RegionId, RegionRange};
+use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
 const MW: Policies = Policies { request: Policy::Mw, reply: Policy::Mw };
+const CONFIRM: Policies = Policies { request: Policy::Mw, reply: Policy::Confirm };
 
 /// A victim server whose peer proved "compute", with a region of `GRANTED`
 /// bytes: the region and the range delegated below.
 fn world() -> (World, RegionId, RegionRange) {
-    let mut w = World::server(MW);
+    world_under(MW)
+}
+
+fn world_under(policies: Policies) -> (World, RegionId, RegionRange) {
+    let mut w = World::server(policies);
     w.victim.set_peer_identity("compute");
     let region = w.victim.register_region(64 << 10).unwrap();
     w.victim.region_write(region, 0, &vec![GRANTED; 64 << 10]).unwrap();
     (w, region, RegionRange { region, offset: 4096, len: 1000 })
 }
 
-/// The attacker redeems `token` as request `msg_id`: the victim's reply.
+/// The attacker redeems `token` as request `msg_id` (with a confirm fetch
+/// of the reply under confirm): the victim's reply.
 fn redeem(w: &mut World, msg_id: u64, token: &[u8]) -> Seen {
-    w.send_within_credit(&Frame::Redeem { msg_id, token, attach: Attaches::new() }.encode().unwrap());
+    let mut attach = Attaches::new();
+    if w.policies.reply == Policy::Confirm {
+        let fetch = fb::Message::Fetch { msg: fb::MsgId::from_raw(msg_id), attempt: 1 };
+        attach.push(fb_attach(fetch)).unwrap();
+    }
+    w.send_within_credit(&Frame::Redeem { msg_id, token, attach }.encode().unwrap());
     Seen::of(&w.next_frame())
 }
 
@@ -113,5 +125,52 @@ fn a_redemption_carrying_a_payload_takes_only_its_connection_down() {
         w.down()
     );
     assert!(!w.events.iter().any(|e| matches!(e, Event::Request { .. })), "nothing reached the application");
+    w.finish();
+}
+
+#[test]
+fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_confirmed() {
+    let (mut w, region, range) = world_under(CONFIRM);
+    let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
+    let seen = redeem(&mut w, 1, d.token.as_bytes());
+    assert_eq!(seen.kind, "reply");
+    let (msg, buffer, generation, _) = seen.exposed.expect("an offer");
+    let (addr, len, rkey) = seen.target();
+    let (status, bytes) = w.read(addr, rkey, len);
+    assert_eq!(status, WcStatus::Success);
+    assert!(bytes.iter().all(|&b| b == GRANTED));
+    // Read, not yet confirmed. The owner revokes: the offer is withdrawn,
+    // and the range is the owner's again at once.
+    w.victim.revoke(d.cap).unwrap();
+    assert!(
+        w.run_until(Duration::from_millis(5), |w| w
+            .victim
+            .region_write(region, range.offset, b"new")
+            .is_ok()),
+        "the range is written again once the offer was withdrawn"
+    );
+    // The delegate's confirm of what it read: never `Intact`.
+    w.attacker.frames.clear();
+    w.send(&engine_frame(fb_attach(fb::Message::Confirm { msg, buffer, generation })));
+    let verdict = loop {
+        if let Some((_, v)) = Seen::of(&w.next_frame()).verdict {
+            break v;
+        }
+    };
+    assert_eq!(verdict, fb::Verdict::Reused, "the read of a withdrawn offer is stale");
+    // Asked again, the owner's library refuses: a delegation is exposed once.
+    w.attacker.frames.clear();
+    let again = fb::Message::Fetch { msg, attempt: 2 };
+    w.send(&engine_frame(fb_attach(again)));
+    let (reply, status) = loop {
+        let bytes = w.next_frame();
+        if let Ok(Frame::Reply { status, .. }) = Frame::decode(&bytes) {
+            break (Seen::of(&bytes), status);
+        }
+    };
+    assert_eq!(reply.msg_id, Some(1));
+    assert!(reply.exposed.is_none(), "nothing is offered again");
+    assert_eq!(status, 7, "refused as stale (`Refusal::Stale`)");
+    assert!(w.down().is_none());
     w.finish();
 }

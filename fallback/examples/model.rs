@@ -84,6 +84,11 @@ pub struct State {
     live: BTreeSet<MsgId>,
     /// Server app: replies wanted and not yet offered.
     wants: BTreeSet<MsgId>,
+    /// Server app: offers made and held (not yet confirmed, expired,
+    /// refused or withdrawn).
+    held: BTreeSet<MsgId>,
+    withdraws_left: u8,
+    withdrawn: bool,
     /// Ghost: the (msg, buffer, generation) each READ was posted for.
     offered: BTreeMap<(Side, ReadToken), (MsgId, BufferId, Generation)>,
     /// Ghost: destinations owned by the NIC or not yet released, and what landed.
@@ -103,6 +108,8 @@ pub enum Act {
     Request(u32),
     Cancel(MsgId),
     Offer(MsgId, u32),
+    /// The server withdraws the offer it holds for a message (revocation).
+    Withdraw(MsgId),
     Scribble(Side, u32),
     DeliverToServer,
     DeliverToClient,
@@ -124,6 +131,8 @@ pub struct ConfirmModel {
     pub requests: u8,
     pub cancels: u8,
     pub replays: u8,
+    /// Offers the server may withdraw.
+    pub withdraws: u8,
     pub may_kill: bool,
     pub may_lose: bool,
 }
@@ -292,11 +301,14 @@ impl State {
                     self.fail("a reply was wanted twice at once");
                 }
             }
-            Event::BufferFree { msg, .. } => {
-                if side == Side::Client {
+            Event::BufferFree { msg, .. } => match side {
+                Side::Client => {
                     self.live.remove(&msg);
                 }
-            }
+                Side::Server => {
+                    self.held.remove(&msg);
+                }
+            },
         }
     }
 
@@ -349,6 +361,9 @@ impl Model for ConfirmModel {
             history: Vec::new(),
             live: BTreeSet::new(),
             wants: BTreeSet::new(),
+            held: BTreeSet::new(),
+            withdraws_left: self.withdraws,
+            withdrawn: false,
             offered: BTreeMap::new(),
             dest: BTreeMap::new(),
             dead: None,
@@ -381,6 +396,9 @@ impl Model for ConfirmModel {
         if server_up {
             if let Some(b) = (0..self.buffers).find(|&b| s.is_free(Side::Server, b)) {
                 out.extend(s.wants.iter().map(|&m| Act::Offer(m, b)));
+            }
+            if s.withdraws_left > 0 {
+                out.extend(s.held.iter().map(|&m| Act::Withdraw(m)));
             }
         }
         for side in [Side::Client, Side::Server] {
@@ -470,12 +488,21 @@ impl Model for ConfirmModel {
                 let gen = s.generation(Side::Server, b).unwrap_or(Generation::from_raw(0));
                 s.server_mem[b as usize] = Tag::Data { msg, gen };
                 match s.server.offer(now, msg, BufferId::from_raw(b), LEN) {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        s.held.insert(msg);
+                    }
                     // The client's fetch ended and its Refuse reached the
                     // server first: the reply is no longer wanted.
                     Err(UsageError::NotWanted(_)) if !s.live.contains(&msg) => {}
                     Err(_) => s.fail("offer refused"),
                 }
+            }
+            Act::Withdraw(m) => {
+                s.withdraws_left -= 1;
+                if !s.server.withdraw(now, m) {
+                    s.fail("the withdrawal of a held offer found nothing");
+                }
+                s.withdrawn = true;
             }
             Act::Scribble(side, b) => {
                 let gen = s.generation(side, b).unwrap_or(Generation::from_raw(0));
@@ -588,6 +615,9 @@ impl Model for ConfirmModel {
                 work_done && s.quiescent()
             }),
             Property::sometimes("a stale read is discarded", |_, s: &State| s.stale_discarded),
+            Property::sometimes("an offer is withdrawn", |m: &ConfirmModel, s: &State| {
+                s.withdrawn || m.withdraws == 0
+            }),
             Property::sometimes("a reply is verified", |m: &ConfirmModel, s: &State| {
                 s.verified_reply || m.fetches == 0
             }),
@@ -612,6 +642,7 @@ pub fn models() -> Vec<ConfirmModel> {
         requests,
         cancels: 1,
         replays: 0,
+        withdraws: 0,
         may_kill: true,
         may_lose: false,
     };
@@ -619,6 +650,7 @@ pub fn models() -> Vec<ConfirmModel> {
         base("direction 1: server owns replies, client reads", 2, 0),
         ConfirmModel { replays: 1, ..base("direction 1 with a replayed confirm or verdict", 1, 0) },
         ConfirmModel { replays: 1, ..base("direction 2: client owns requests, server reads", 0, 2) },
+        ConfirmModel { withdraws: 1, ..base("direction 1 with a withdrawn offer (revocation)", 1, 0) },
         base("both directions at once", 1, 1),
         ConfirmModel { may_kill: false, may_lose: true, ..base("both directions, connection loss", 1, 1) },
     ]

@@ -97,6 +97,9 @@ pub enum Release {
     Refused,
     /// The connection failed.
     ConnectionLost,
+    /// The owner withdrew its offer before the reader confirmed it (a
+    /// revoked capability): a confirm after this is answered `Reused`.
+    Withdrawn,
 }
 
 /// Why a read (a direction-1 fetch, or a direction-2 incoming request) failed.

@@ -73,6 +73,11 @@ impl Owner {
         self.slot(buffer).is_some_and(|s| s.hold.is_none() && s.generation.is_some())
     }
 
+    /// The message `buffer` is held for, if it is.
+    pub(crate) fn holder(&self, buffer: BufferId) -> Option<MsgId> {
+        self.slot(buffer).and_then(|s| s.hold).map(|h| h.msg)
+    }
+
     pub(crate) fn held(&self) -> usize {
         self.deadlines.len()
     }

@@ -122,6 +122,27 @@ impl Server {
         Ok(())
     }
 
+    /// Direction 1: withdraws the offer held for `msg` before the client
+    /// confirmed its READ (the capability it carried was revoked). The
+    /// hold ends now ([`Event::BufferFree`] with [`Release::Withdrawn`]):
+    /// the buffer's generation moves on, so the client's confirm is
+    /// answered `Reused` and what it read is discarded, never returned;
+    /// the client then wants the reply again ([`Event::ReplyWanted`]).
+    /// Whether an offer was held for `msg` (`false`: confirmed, expired or
+    /// never made; nothing changes).
+    pub fn withdraw(&mut self, now: Duration, msg: MsgId) -> bool {
+        let _ = now;
+        self.owner.release_msg(msg, Release::Withdrawn, &mut self.events)
+    }
+
+    /// [`Server::withdraw`] of the offer `buffer` is held for, if any.
+    pub fn withdraw_buffer(&mut self, now: Duration, buffer: BufferId) -> bool {
+        match self.owner.holder(buffer) {
+            Some(msg) => self.withdraw(now, msg),
+            None => false,
+        }
+    }
+
     /// Direction 1: declines the wanted `msg` (the client's fetch fails with
     /// [`ReadError::Refused`]).
     pub fn refuse(&mut self, now: Duration, msg: MsgId) -> Result<(), UsageError> {

@@ -28,3 +28,8 @@ fn direction2_with_replays_holds() {
 fn both_directions_with_connection_loss_hold() {
     assert!(check(small("both directions, connection loss")) > 1000);
 }
+
+#[test]
+fn direction1_with_a_withdrawn_offer_holds() {
+    assert!(check(small("direction 1 with a withdrawn")) > 1000);
+}

@@ -410,3 +410,27 @@ fn has_output_counts_actions_and_events_each() {
     let _ = actions(&mut s);
     assert!(!s.has_output());
 }
+
+#[test]
+fn a_withdrawn_offer_is_free_at_once_and_its_confirm_is_answered_reused() {
+    let mut s = server();
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    let _ = events(&mut s);
+    assert!(!s.withdraw(secs(0), msg(1)), "wanted, but nothing offered yet");
+    s.offer(secs(0), msg(1), buf(0), 8).unwrap();
+    let _ = actions(&mut s);
+    assert!(s.withdraw_buffer(secs(1), buf(0)));
+    assert_eq!(
+        events(&mut s),
+        vec![Event::BufferFree { buffer: buf(0), msg: msg(1), reason: Release::Withdrawn }]
+    );
+    assert!(s.is_buffer_free(buf(0)) && s.buffer_generation(buf(0)) == Some(generation(1)));
+    assert!(!s.withdraw(secs(1), msg(1)) && !s.withdraw_buffer(secs(1), buf(0)), "once");
+    // The client confirms what it read at the offer's generation: reused.
+    s.handle_message(secs(1), Message::Confirm { msg: msg(1), buffer: buf(0), generation: generation(0) });
+    assert_eq!(actions(&mut s), vec![Action::Send(reply(1, 0, 0, Verdict::Reused))]);
+    // It asks again: wanted again, and the buffer may be offered again.
+    s.handle_message(secs(1), Message::Fetch { msg: msg(1), attempt: 2 });
+    assert_eq!(events(&mut s), vec![Event::ReplyWanted { msg: msg(1), attempt: 2 }]);
+    s.offer(secs(1), msg(1), buf(0), 8).unwrap();
+}

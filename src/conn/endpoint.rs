@@ -307,11 +307,11 @@ impl<N: Nic + 'static> Endpoint<N> {
     }
 
     /// Revoke delegation `cap` (and every delegation made from it): its
-    /// token is refused from now on, and under mw a window over it that a
-    /// delegate holds now is invalidated at once (its one LOCAL_INV; the
-    /// range is pinned until that completes). Under confirm an offer made
-    /// already runs to its hold's end ([`Config::lease_time`]); a read
-    /// after the range is written again is stale and never returned.
+    /// token is refused from now on, and an exposure of it a delegate holds
+    /// now ends: under mw its window is invalidated at once (its one
+    /// LOCAL_INV; the range is pinned until that completes), under confirm
+    /// its offer is withdrawn (the delegate's confirm is answered
+    /// `Reused`: what it read is discarded, never returned).
     pub fn revoke(&self, cap: CapId) -> Result<(), RevokeError> {
         self.shared.hub.revoke(cap)
     }

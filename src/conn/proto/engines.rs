@@ -24,19 +24,29 @@ impl Connection {
     /// Owner side: end this connection's exposure of user range `range`
     /// now (a delegation was revoked). Under mw its window is invalidated
     /// at once (its one LOCAL_INV; the range returns on its completion,
-    /// as after an expiry); under confirm its offer's hold runs out as it
-    /// would (a read after the range is written again is stale, never
-    /// returned). Whether a window was found to invalidate.
+    /// as after an expiry); under confirm (a server's offer) the offer is
+    /// withdrawn: the range returns at once, and the reader's confirm is
+    /// answered `Reused` (what it read is discarded, never returned).
+    /// Whether an exposure was found to end.
     pub(crate) fn revoke_range(&mut self, now: Duration, range: RegionRange) -> bool {
         self.now = now;
         let base = self.layout.slots();
         let exposed = (0..self.range_at.len() as u32)
             .find(|&k| self.range_at[k as usize] == range && self.ranges.holder(k) == Some(Holder::Exposed));
-        let (Some(k), Some(o)) = (exposed, self.owner.as_mut()) else { return false };
-        let Some(lease) = o.leases.iter().find(|&(_, &slot)| slot == base + k).map(|(&l, _)| l) else {
-            return false;
+        let Some(k) = exposed else { return false };
+        let slot = base + k;
+        let revoked = if let Some(o) = self.owner.as_mut() {
+            let lease = o.leases.iter().find(|&(_, &s)| s == slot).map(|(&l, _)| l);
+            lease.is_some_and(|lease| o.engine.revoke(now, lease).is_ok())
+        } else if let Some(c) = self.confirm.as_mut() {
+            let buffer = c.bufs[slot as usize];
+            match &mut c.engine {
+                super::confirm::Engine::Server(e) => e.withdraw_buffer(now, buffer),
+                super::confirm::Engine::Client(_) => false,
+            }
+        } else {
+            false
         };
-        let revoked = o.engine.revoke(now, lease).is_ok();
         self.pump_rounds(now);
         revoked
     }

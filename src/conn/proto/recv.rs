@@ -722,12 +722,14 @@ impl Connection {
                     // The owner side of `msg` is over. On a client that ends
                     // an exposed request; on a server an offer ends it unless
                     // the client may ask again after a stale read (the hold
-                    // expired), in which case the entry lives until the
-                    // client's fetch is over (pruned by age).
+                    // expired, or was withdrawn: a revoked delegation), in
+                    // which case the entry lives until the client's fetch
+                    // is over (pruned by age).
                     if reason == fb::Release::Expired {
                         self.stats.expiries += 1;
                     }
-                    if self.role == Role::Client || reason != fb::Release::Expired {
+                    let may_ask_again = matches!(reason, fb::Release::Expired | fb::Release::Withdrawn);
+                    if self.role == Role::Client || !may_ask_again {
                         if let Some(m) = self.cf().msgs.remove(&msg) {
                             self.cf().kept.remove(&m);
                         }
