@@ -32,7 +32,7 @@
 //! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes of a buffer that found its class empty or the connection at its share; tasks waiting now |
 //! | `mwcap_regions`, `mwcap_region_bytes` | gauge | regions registered on the endpoint (`Endpoint::register_region`), and their bytes |
 //! | `mwcap_delegations_total`, `mwcap_redemptions_total` | counter | delegations made (tokens sealed), and tokens redeemed |
-//! | `mwcap_redemptions_refused_total{reason}` | counter | redemptions refused: `forged`, `unknown`, `wrong_identity`, `expired`, `revoked`, `already_redeemed` |
+//! | `mwcap_redemptions_refused_total{reason}` | counter | redemptions refused: `forged`, `unknown`, `wrong_identity`, `expired`, `revoked`, `already_redeemed`, `stale`, `unavailable` (`conn::Refusal`) |
 //! | `mwcap_revocations_total`, `mwcap_delegation_tokens_expired_total` | counter | delegations revoked (each, with those made from it), and tokens that expired unredeemed |
 //! | `mwcap_delegation_tokens_out` | gauge | tokens made and not yet redeemed, expired or revoked |
 //! | `mwcap_region_exposures` | gauge | exposures of ranges of those regions not yet ended on evidence (included in `mwcap_capabilities_live`), and ranges pinned by a delegation not yet over (not included there); a range no write may touch meanwhile |
@@ -232,15 +232,8 @@ pub(crate) fn record_delegations(endpoint: &str, f: &crate::conn::DelegationFigu
     metrics::counter!("mwcap_revocations_total", &l).absolute(s.revoked);
     metrics::counter!("mwcap_delegation_tokens_expired_total", &l).absolute(s.tokens_expired);
     metrics::gauge!("mwcap_delegation_tokens_out", &l).set(f.tokens_out as f64);
-    for (reason, n) in [
-        ("forged", s.refused_forged),
-        ("unknown", s.refused_unknown),
-        ("wrong_identity", s.refused_identity),
-        ("expired", s.refused_expired),
-        ("revoked", s.refused_revoked),
-        ("already_redeemed", s.refused_redeemed),
-    ] {
-        let r = [("endpoint", endpoint.to_owned()), ("reason", reason.to_owned())];
+    for (refusal, n) in crate::conn::Refusal::ALL.into_iter().zip(f.refused) {
+        let r = [("endpoint", endpoint.to_owned()), ("reason", refusal.label().to_owned())];
         metrics::counter!("mwcap_redemptions_refused_total", &r).absolute(n);
     }
 }

@@ -549,6 +549,13 @@ impl Book {
         self.pending.first().map(|&(at, _)| at)
     }
 
+    /// The claims of `token` if this book sealed it (whether or not its
+    /// capability is still in the book): what a refusal can say about a
+    /// token of a tree already forgotten ([`RedeemError::Unknown`]).
+    pub fn open(&self, token: &[u8]) -> Option<Claims> {
+        token::open(&self.key, token)
+    }
+
     /// Tokens out: delegations made and not yet redeemed, expired or revoked.
     pub fn tokens_out(&self) -> usize {
         self.pending.len()

@@ -99,6 +99,32 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every refusal, in status order.
+    pub(crate) const ALL: [Refusal; 8] = [
+        Refusal::Forged,
+        Refusal::Unknown,
+        Refusal::WrongIdentity,
+        Refusal::Expired,
+        Refusal::Revoked,
+        Refusal::AlreadyRedeemed,
+        Refusal::Stale,
+        Refusal::Unavailable,
+    ];
+
+    /// Its name in telemetry (`reason` label).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Refusal::Forged => "forged",
+            Refusal::Unknown => "unknown",
+            Refusal::WrongIdentity => "wrong_identity",
+            Refusal::Expired => "expired",
+            Refusal::Revoked => "revoked",
+            Refusal::AlreadyRedeemed => "already_redeemed",
+            Refusal::Stale => "stale",
+            Refusal::Unavailable => "unavailable",
+        }
+    }
+
     /// Its status byte in a redemption's reply.
     pub(crate) fn status(self) -> u8 {
         match self {
@@ -173,6 +199,8 @@ pub(crate) struct DelegationFigures {
     pub(crate) live: [u64; 2],
     /// Tokens out: made, not yet redeemed, expired or revoked.
     pub(crate) tokens_out: u64,
+    /// Redemptions refused, by [`Refusal::status`] - 1.
+    pub(crate) refused: [u64; 8],
     /// What the book has done.
     pub(crate) stats: mwcap_delegation::BookStats,
 }
@@ -197,6 +225,12 @@ struct State {
     live: HashMap<CapId, (u64, RegionRange, Policy)>,
     /// Live exposures revoked, to invalidate: (connection, range, delegation).
     ends: Vec<(u64, RegionRange, CapId)>,
+    /// Delegations redeemed or revoked, until their tokens' expiry: once
+    /// the book has forgotten a tree, a token of it is refused for what
+    /// happened to it (a replay, a revocation), not as unknown.
+    gone: HashMap<CapId, (Refusal, Duration)>,
+    /// Redemptions refused, by [`Refusal::status`] - 1.
+    refused: [u64; 8],
     nonce: u64,
 }
 
@@ -211,6 +245,24 @@ impl Delegations {
 }
 
 impl State {
+    /// Why a token of a tree the book has forgotten is refused: expired
+    /// once its expiry has passed; redeemed already or revoked while its
+    /// record lasts; else unknown (over).
+    fn forgotten(&self, now: Duration, cap: CapId, token: &[u8]) -> (Refusal, String) {
+        let claims = self.book.as_ref().and_then(|b| b.open(token));
+        let (refusal, e) = match claims {
+            Some(c) if now >= c.expiry => (Refusal::Expired, RedeemError::Expired(cap)),
+            _ => match self.gone.get(&cap) {
+                Some(&(Refusal::Revoked, _)) => (Refusal::Revoked, RedeemError::Revoked(cap)),
+                Some(&(Refusal::AlreadyRedeemed, _)) => {
+                    (Refusal::AlreadyRedeemed, RedeemError::AlreadyRedeemed(cap))
+                }
+                _ => (Refusal::Unknown, RedeemError::Unknown(cap)),
+            },
+        };
+        (refusal, e.to_string())
+    }
+
     fn book(&mut self) -> &mut Book {
         self.book.get_or_insert_with(|| {
             use rand::RngCore;
@@ -292,12 +344,23 @@ impl<N: Nic> Regions<N> {
                 let region = st.roots.get(&r.root).expect("a tree in the book has its root's range").region;
                 let range = RegionRange { region, offset: r.range.offset as usize, len: r.range.len as u32 };
                 st.live.insert(r.cap, (conn, range, policy));
+                st.gone.insert(r.cap, (Refusal::AlreadyRedeemed, r.expiry));
                 Ok((r.cap, range, r.expiry.saturating_sub(now)))
             }
+            Err(RedeemError::Unknown(cap)) => Err(st.forgotten(now, cap, token)),
             Err(e) => Err((Refusal::of(&e), e.to_string())),
         };
+        if let Err((refusal, _)) = &out {
+            st.refused[usize::from(refusal.status() - 1)] += 1;
+        }
+        st.gone.retain(|_, &mut (_, expiry)| expiry > now);
         self.drain(&mut st);
         out
+    }
+
+    /// A redemption refused by a connection itself (stale, unavailable).
+    pub(crate) fn count_refusal(&self, refusal: Refusal) {
+        self.delegations().state.lock().refused[usize::from(refusal.status() - 1)] += 1;
     }
 
     /// Delegation `cap`'s exposure ended on evidence (or was never made).
@@ -322,7 +385,11 @@ impl<N: Nic> Regions<N> {
         let d = self.delegations();
         let mut st = d.state.lock();
         let Some(b) = st.book.as_mut() else { return Err(RevokeError::Unknown(cap)) };
+        let expiry = b.bounds(cap).map(|(_, e)| e);
         let r = b.revoke(cap);
+        if let (Ok(()), Some(expiry)) = (&r, expiry) {
+            st.gone.insert(cap, (Refusal::Revoked, expiry));
+        }
         self.drain(&mut st);
         r
     }
@@ -378,6 +445,7 @@ impl<N: Nic> Regions<N> {
         for &(_, _, policy) in st.live.values() {
             f.live[usize::from(policy == Policy::Confirm)] += 1;
         }
+        f.refused = st.refused;
         if let Some(b) = &st.book {
             f.tokens_out = b.tokens_out() as u64;
             f.stats = b.stats();

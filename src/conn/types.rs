@@ -600,10 +600,11 @@ pub enum UseError {
         /// The region's length.
         len: usize,
     },
-    /// The range overlaps one exposed to a peer: it may not be written
-    /// until that exposure is over ([`Event::RangeReturned`] on its
-    /// connection, or its QP destroyed).
-    #[error("bytes {offset}..{end} of region {region:?} are exposed to a peer; write them once that exposure ends (region_write_when_free waits for it)", end = offset + len)]
+    /// The range overlaps one exposed to a peer, or delegated: it may not
+    /// be written until that exposure is over ([`Event::RangeReturned`] on
+    /// its connection, or its QP destroyed) or that delegation is (its
+    /// token redeemed and that exposure over, or expired, or revoked).
+    #[error("bytes {offset}..{end} of region {region:?} are exposed to a peer or delegated; write them once that exposure or delegation ends (region_write_when_free waits for it)", end = offset + len)]
     RangeExposed {
         /// The region.
         region: RegionId,

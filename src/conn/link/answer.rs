@@ -95,6 +95,7 @@ impl<N: Nic> Link<N> {
                 "the read of the delegated range was stale (the owner's hold ended before the delegate \
                            confirmed it), and a delegation is exposed once: ask its holder for a new token"
                     .to_owned();
+            self.regions.count_refusal(Refusal::Stale);
             Answer::Refuse { req, refusal: Refusal::Stale, message }
         } else {
             let identity = self.delegation.identity.clone();
@@ -131,6 +132,7 @@ impl<N: Nic> Link<N> {
             (Err(e), Answer::Expose { req, cap, .. }) => {
                 // Nothing was exposed: the delegation's one exposure is over.
                 self.regions.delegation_ended(cap);
+                self.regions.count_refusal(Refusal::Unavailable);
                 let message = format!("the owner could not expose the delegated range: {e}");
                 self.answer(now, Answer::Refuse { req, refusal: Refusal::Unavailable, message });
             }

@@ -1,0 +1,317 @@
+//! Capabilities that travel: a storage node, a client that gets a
+//! capability to one of its blocks and hands it on, and a compute node that
+//! reads the block with it.
+//!
+//! The storage node keeps its blocks in a region of its endpoint and serves
+//! one request of its own protocol: "delegate BLOCK IDENTITY". Its
+//! application decides and calls `Endpoint::delegate_region`: the answer
+//! is a token (sealed by the storage endpoint, naming the block's bytes, the
+//! identity that may redeem it and an expiry). The client passes the token
+//! on by its own means; the compute node, connected to the storage node as
+//! that identity, redeems it with `Connection::redeem`: one message, and the
+//! block comes back as the reply payload, read through an exposure made for
+//! the compute node alone (under mw a window over exactly the block on its
+//! queue pair). A token redeems once; a revoked one is refused; another
+//! identity's connection is refused; until the delegation is over the
+//! storage node cannot overwrite the block.
+//!
+//! On the simulated NIC, all three in this process (the keys are demo keys,
+//! derived from each name):
+//!
+//! ```text
+//! cargo run --example delegate
+//! ```
+//!
+//! On verbs, three processes (the SoftRoCE VM suite runs this on rxe0):
+//!
+//! ```text
+//! cargo build --release --features verbs --example delegate
+//! delegate storage --device rxe0 --listen 127.0.0.1:7000 [--trusted-peers] [--for SECS]
+//! delegate client  --device rxe0 --connect 127.0.0.1:7000 --block 7 [--revoke]   # prints: token CAP HEX
+//! delegate compute --device rxe0 --connect 127.0.0.1:7000 --block 7 --token HEX [--expect-refusal]
+//! ```
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mwcap::backend::Nic;
+use mwcap::bootstrap::{Auth, Key, Keyring};
+use mwcap::conn::{CapId, Connection, Endpoint, RedeemFailed, RegionId, RegionRange, Token};
+
+/// Bytes of a block, and blocks the storage node keeps.
+const BLOCK: usize = 4096;
+const BLOCKS: usize = 64;
+/// How long a delegation lasts.
+const TTL: Duration = Duration::from_secs(30);
+
+/// Byte `i` of block `b`: every byte the compute node reads is checked.
+fn byte(b: usize, i: usize) -> u8 {
+    (b * 131 + i * 7 + i / 251) as u8
+}
+
+/// A demo key for `name` (32 bytes derived from it). Real deployments load
+/// a keyring file (`Keyring::from_file`, `docs/deploy.md`).
+fn demo_key(name: &str) -> Key {
+    let mut k = format!("mwcap-demo-key:{name}:").into_bytes();
+    while k.len() < 32 {
+        k.extend_from_slice(name.as_bytes());
+    }
+    Key::from_bytes(k).expect("32 bytes or more")
+}
+
+fn keyring(names: &[&str]) -> Keyring {
+    let mut r = Keyring::new();
+    for n in names {
+        r.insert(n, demo_key(n)).expect("a valid name");
+    }
+    r
+}
+
+/// The storage node: its endpoint listening at `listen` (the peers it knows:
+/// "client-a" and "compute-1"), its blocks written, a thread serving each
+/// connection. Returns the endpoint, its region and the address it listens on.
+fn storage<N: Nic + Send + Sync + 'static>(
+    nic: N,
+    listen: SocketAddr,
+    trusted: bool,
+) -> (Endpoint<N>, RegionId, SocketAddr) {
+    let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&["client-a", "compute-1"])))
+        .trusted_peers(trusted)
+        .name("storage")
+        .listen(listen)
+        .build()
+        .expect("the storage endpoint");
+    std::thread::spawn(move || futures::executor::block_on(driver.run()));
+    let region = ep.register_region(BLOCK * BLOCKS).expect("the storage region");
+    let blocks: Vec<u8> = (0..BLOCKS).flat_map(|b| (0..BLOCK).map(move |i| byte(b, i))).collect();
+    ep.region_write(region, 0, &blocks).expect("the blocks written");
+    let addr = ep.local_addr().expect("it listens");
+    let acceptor = ep.clone();
+    std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            while let Ok(conn) = acceptor.accept().await {
+                let ep = acceptor.clone();
+                std::thread::spawn(move || futures::executor::block_on(serve(ep, conn, region)));
+            }
+        })
+    });
+    (ep, region, addr)
+}
+
+/// The storage node's protocol: "delegate BLOCK IDENTITY" is answered with
+/// the delegation's id (8 bytes) and its token; "revoke CAP" revokes it.
+async fn serve<N: Nic + 'static>(ep: Endpoint<N>, conn: Connection<N>, region: RegionId) {
+    while let Some(req) = conn.next_request().await {
+        let text = String::from_utf8_lossy(&req.header).into_owned();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let answer = match words[..] {
+            ["delegate", block, identity] => match block.parse::<usize>() {
+                Ok(b) if b < BLOCKS => {
+                    let range = RegionRange { region, offset: b * BLOCK, len: BLOCK as u32 };
+                    ep.delegate_region(range, identity, TTL)
+                        .map(|d| [&d.cap.0.to_le_bytes()[..], d.token.as_bytes()].concat())
+                        .map_err(|e| e.to_string())
+                }
+                _ => Err(format!("no block {block}: there are {BLOCKS}")),
+            },
+            ["revoke", cap] => match cap.parse::<u64>() {
+                Ok(c) => ep.revoke(CapId(c)).map(|()| Vec::new()).map_err(|e| e.to_string()),
+                Err(_) => Err(format!("not a delegation id: {cap}")),
+            },
+            _ => Err(format!("unknown request {text:?}")),
+        };
+        let r = match answer {
+            Ok(header) => conn.reply(req.id, 0, &header, None).await,
+            Err(why) => conn.reply(req.id, 1, why.as_bytes(), None).await,
+        };
+        if r.is_err() {
+            return;
+        }
+    }
+}
+
+/// An endpoint proving `name`'s key, connected to the storage node at `addr`.
+fn connect<N: Nic + Send + Sync + 'static>(
+    nic: N,
+    name: &str,
+    addr: SocketAddr,
+    trusted: bool,
+) -> Connection<N> {
+    let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&[name])))
+        .trusted_peers(trusted)
+        .name(name)
+        .build()
+        .expect("an endpoint");
+    std::thread::spawn(move || futures::executor::block_on(driver.run()));
+    let conn = futures::executor::block_on(ep.connect(addr)).expect("connected to the storage node");
+    assert_eq!(conn.peer_identity(), Some(name), "the key both sides proved");
+    conn
+}
+
+/// The client: ask the storage node to delegate `block` to `identity`.
+fn ask_delegation<N: Nic + 'static>(conn: &Connection<N>, block: usize, identity: &str) -> (CapId, Token) {
+    let header = format!("delegate {block} {identity}");
+    let reply =
+        futures::executor::block_on(conn.call(header.as_bytes(), None)).expect("the storage node answers");
+    assert_eq!(reply.status, 0, "{}", String::from_utf8_lossy(&reply.header));
+    let (cap, token) = reply.header.split_at(8);
+    (CapId(u64::from_le_bytes(cap.try_into().expect("8 bytes"))), Token::from_bytes(token.to_vec()))
+}
+
+/// The client: revoke a delegation it asked for.
+fn revoke<N: Nic + 'static>(conn: &Connection<N>, cap: CapId) {
+    let header = format!("revoke {}", cap.0);
+    let reply =
+        futures::executor::block_on(conn.call(header.as_bytes(), None)).expect("the storage node answers");
+    assert_eq!(reply.status, 0, "{}", String::from_utf8_lossy(&reply.header));
+}
+
+/// The compute node: redeem `token` and check every byte of `block`.
+fn read_block<N: Nic + 'static>(
+    conn: &Connection<N>,
+    token: &Token,
+    block: usize,
+) -> Result<(), RedeemFailed> {
+    let reply = futures::executor::block_on(conn.redeem(token))?;
+    let data = reply.data.expect("the block comes as the payload");
+    assert_eq!(data.len(), BLOCK, "exactly the block");
+    for (i, &b) in data.iter().enumerate() {
+        assert_eq!(b, byte(block, i), "byte {i} of block {block}");
+    }
+    conn.free(data);
+    Ok(())
+}
+
+fn refusal(r: Result<(), RedeemFailed>) -> String {
+    match r {
+        Err(RedeemFailed::Refused { refusal, message }) => format!("{refusal:?}: {message}"),
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(()) => panic!("expected a refusal, but the block was read"),
+    }
+}
+
+/// All three on one simulated fabric, in this process.
+fn simulated() {
+    use mwcap::sim::{DeviceConfig, Fabric};
+    let fabric = Fabric::with_seed(7);
+    let (store, region, addr) =
+        storage(fabric.add_device(DeviceConfig::spec()), "127.0.0.1:0".parse().unwrap(), false);
+    let client = connect(fabric.add_device(DeviceConfig::spec()), "client-a", addr, false);
+    let compute = connect(fabric.add_device(DeviceConfig::spec()), "compute-1", addr, false);
+
+    // The client gets a capability to block 7 for compute-1, and hands it on.
+    let (cap, token) = ask_delegation(&client, 7, "compute-1");
+    println!(
+        "client-a: a token for block 7, delegation {}, {} bytes, for compute-1",
+        cap.0,
+        token.as_bytes().len()
+    );
+    let pinned = store.region_write(region, 7 * BLOCK, b"new").expect_err("block 7 is pinned");
+    println!("storage: overwriting block 7 while the token is out: {pinned}");
+    read_block(&compute, &token, 7).expect("compute-1 reads block 7");
+    println!("compute-1: read block 7 with it ({BLOCK} bytes, every byte checked)");
+    println!("compute-1, the same token again: refused, {}", refusal(read_block(&compute, &token, 7)));
+    // A token for another identity's connection.
+    let (_, theirs) = ask_delegation(&client, 8, "compute-1");
+    println!(
+        "client-a, redeeming compute-1's token itself: refused, {}",
+        refusal(read_block(&client, &theirs, 8))
+    );
+    read_block(&compute, &theirs, 8).expect("compute-1 still reads block 8 with it");
+    // Revoked before it was redeemed.
+    let (cap, token) = ask_delegation(&client, 9, "compute-1");
+    revoke(&client, cap);
+    println!("compute-1, a token client-a revoked: refused, {}", refusal(read_block(&compute, &token, 9)));
+    // Every delegation is over: the blocks are the storage node's again.
+    let free = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        store.region_write(region, 7 * BLOCK, &[0; 16]).is_ok()
+    });
+    assert!(free, "block 7 is written again once its delegation is over");
+    println!("storage: block 7 written again, its delegation over");
+    println!("delegate: every delegation behaved (simulated NIC)");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() {
+        return simulated();
+    }
+    #[cfg(feature = "verbs")]
+    return verbs::main(&args);
+    #[cfg(not(feature = "verbs"))]
+    {
+        eprintln!("delegate: the roles (storage, client, compute) run on verbs: build with --features verbs");
+        std::process::exit(2);
+    }
+}
+
+#[cfg(feature = "verbs")]
+mod verbs {
+    use super::*;
+    use mwcap::verbs::VerbsNic;
+
+    fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+    }
+
+    fn need<'a>(args: &'a [String], name: &str) -> &'a str {
+        opt(args, name).unwrap_or_else(|| {
+            eprintln!("delegate: {name} is needed (see the example's docs)");
+            std::process::exit(2)
+        })
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
+    }
+
+    pub fn main(args: &[String]) {
+        let device = need(args, "--device");
+        let nic = || VerbsNic::open(Some(device), 1, 1).expect("the verbs device");
+        let trusted = args.iter().any(|a| a == "--trusted-peers");
+        match args[0].as_str() {
+            "storage" => {
+                let listen = need(args, "--listen").parse().expect("an address");
+                let (_ep, _region, addr) = storage(nic(), listen, trusted);
+                println!("storage: listening on {addr}");
+                let secs = opt(args, "--for").map_or(600, |s| s.parse().expect("seconds"));
+                std::thread::sleep(Duration::from_secs(secs));
+            }
+            "client" => {
+                let addr = need(args, "--connect").parse().expect("an address");
+                let block = need(args, "--block").parse().expect("a block");
+                let conn = connect(nic(), "client-a", addr, trusted);
+                let (cap, token) = ask_delegation(&conn, block, "compute-1");
+                if args.iter().any(|a| a == "--revoke") {
+                    revoke(&conn, cap);
+                }
+                println!("token {} {}", cap.0, hex(token.as_bytes()));
+            }
+            "compute" => {
+                let addr = need(args, "--connect").parse().expect("an address");
+                let block = need(args, "--block").parse().expect("a block");
+                let token = Token::from_bytes(unhex(need(args, "--token")));
+                let conn = connect(nic(), "compute-1", addr, trusted);
+                if args.iter().any(|a| a == "--expect-refusal") {
+                    println!("compute-1: refused, {}", refusal(read_block(&conn, &token, block)));
+                } else {
+                    read_block(&conn, &token, block).expect("compute-1 reads the block");
+                    println!("compute-1: read block {block} ({BLOCK} bytes, every byte checked)");
+                    println!(
+                        "compute-1, the same token again: refused, {}",
+                        refusal(read_block(&conn, &token, block))
+                    );
+                }
+            }
+            other => {
+                eprintln!("delegate: unknown role {other:?}: storage, client or compute");
+                std::process::exit(2);
+            }
+        }
+    }
+}
