@@ -27,16 +27,23 @@
 //! ```text
 //! cargo build --release --features verbs --example delegate
 //! delegate storage --device rxe0 --listen 127.0.0.1:7000 [--trusted-peers] [--for SECS]
-//! delegate client  --device rxe0 --connect 127.0.0.1:7000 --block 7 [--revoke]   # prints: token CAP HEX
-//! delegate compute --device rxe0 --connect 127.0.0.1:7000 --block 7 --token HEX [--expect-refusal]
+//! delegate client  --device rxe0 --connect 127.0.0.1:7000 --block 7 [--count N] [--revoke]   # prints: token CAP HEX
+//! delegate compute --device rxe0 --connect 127.0.0.1:7000 --block 7 --token HEX[,HEX...] [--expect-refusal]
 //! ```
+//!
+//! Every role takes `--policy mw|confirm|auto` (auto by default) and
+//! `--trusted-peers` (mw on rxe needs it: `mwcap probe` says why). The
+//! client prints one token per block (`--count`, blocks from `--block`
+//! on); the compute node redeems each, times each redemption (from having
+//! the token to the block read, `delegate_read`) and prints the policies
+//! its connection runs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use mwcap::backend::Nic;
 use mwcap::bootstrap::{Auth, Key, Keyring};
-use mwcap::conn::{CapId, Connection, Endpoint, RedeemFailed, RegionId, RegionRange, Token};
+use mwcap::conn::{CapId, Connection, Endpoint, PolicyChoice, RedeemFailed, RegionId, RegionRange, Token};
 
 /// Bytes of a block, and blocks the storage node keeps.
 const BLOCK: usize = 4096;
@@ -74,9 +81,11 @@ fn storage<N: Nic + Send + Sync + 'static>(
     nic: N,
     listen: SocketAddr,
     trusted: bool,
+    policy: PolicyChoice,
 ) -> (Endpoint<N>, RegionId, SocketAddr) {
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&["client-a", "compute-1"])))
         .trusted_peers(trusted)
+        .policy(policy)
         .name("storage")
         .listen(listen)
         .build()
@@ -136,9 +145,11 @@ fn connect<N: Nic + Send + Sync + 'static>(
     name: &str,
     addr: SocketAddr,
     trusted: bool,
+    policy: PolicyChoice,
 ) -> Connection<N> {
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&[name])))
         .trusted_peers(trusted)
+        .policy(policy)
         .name(name)
         .build()
         .expect("an endpoint");
@@ -194,10 +205,11 @@ fn refusal(r: Result<(), RedeemFailed>) -> String {
 fn simulated() {
     use mwcap::sim::{DeviceConfig, Fabric};
     let fabric = Fabric::with_seed(7);
+    let auto = PolicyChoice::Auto;
     let (store, region, addr) =
-        storage(fabric.add_device(DeviceConfig::spec()), "127.0.0.1:0".parse().unwrap(), false);
-    let client = connect(fabric.add_device(DeviceConfig::spec()), "client-a", addr, false);
-    let compute = connect(fabric.add_device(DeviceConfig::spec()), "compute-1", addr, false);
+        storage(fabric.add_device(DeviceConfig::spec()), "127.0.0.1:0".parse().unwrap(), false, auto);
+    let client = connect(fabric.add_device(DeviceConfig::spec()), "client-a", addr, false, auto);
+    let compute = connect(fabric.add_device(DeviceConfig::spec()), "compute-1", addr, false, auto);
 
     // The client gets a capability to block 7 for compute-1, and hands it on.
     let (cap, token) = ask_delegation(&client, 7, "compute-1");
@@ -274,39 +286,74 @@ mod verbs {
         let device = need(args, "--device");
         let nic = || VerbsNic::open(Some(device), 1, 1).expect("the verbs device");
         let trusted = args.iter().any(|a| a == "--trusted-peers");
+        let policy = match opt(args, "--policy") {
+            None | Some("auto") => PolicyChoice::Auto,
+            Some("mw") => PolicyChoice::Mw,
+            Some("confirm") => PolicyChoice::Confirm,
+            Some(other) => {
+                eprintln!("delegate: --policy is mw, confirm or auto, not {other:?}");
+                std::process::exit(2)
+            }
+        };
         match args[0].as_str() {
             "storage" => {
                 let listen = need(args, "--listen").parse().expect("an address");
-                let (_ep, _region, addr) = storage(nic(), listen, trusted);
+                let (_ep, _region, addr) = storage(nic(), listen, trusted, policy);
                 println!("storage: listening on {addr}");
                 let secs = opt(args, "--for").map_or(600, |s| s.parse().expect("seconds"));
                 std::thread::sleep(Duration::from_secs(secs));
             }
             "client" => {
                 let addr = need(args, "--connect").parse().expect("an address");
-                let block = need(args, "--block").parse().expect("a block");
-                let conn = connect(nic(), "client-a", addr, trusted);
-                let (cap, token) = ask_delegation(&conn, block, "compute-1");
-                if args.iter().any(|a| a == "--revoke") {
-                    revoke(&conn, cap);
+                let block: usize = need(args, "--block").parse().expect("a block");
+                let count: usize = opt(args, "--count").map_or(1, |c| c.parse().expect("a count"));
+                let conn = connect(nic(), "client-a", addr, trusted, policy);
+                for b in block..block + count {
+                    let (cap, token) = ask_delegation(&conn, b % BLOCKS, "compute-1");
+                    if args.iter().any(|a| a == "--revoke") {
+                        revoke(&conn, cap);
+                    }
+                    println!("token {} {}", cap.0, hex(token.as_bytes()));
                 }
-                println!("token {} {}", cap.0, hex(token.as_bytes()));
             }
             "compute" => {
                 let addr = need(args, "--connect").parse().expect("an address");
-                let block = need(args, "--block").parse().expect("a block");
-                let token = Token::from_bytes(unhex(need(args, "--token")));
-                let conn = connect(nic(), "compute-1", addr, trusted);
+                let block: usize = need(args, "--block").parse().expect("a block");
+                // One token, or several (comma-separated) for blocks
+                // block, block + 1, ...: each redemption is timed.
+                let tokens: Vec<Token> =
+                    need(args, "--token").split(',').map(|t| Token::from_bytes(unhex(t))).collect();
+                let conn = connect(nic(), "compute-1", addr, trusted, policy);
                 if args.iter().any(|a| a == "--expect-refusal") {
-                    println!("compute-1: refused, {}", refusal(read_block(&conn, &token, block)));
-                } else {
-                    read_block(&conn, &token, block).expect("compute-1 reads the block");
-                    println!("compute-1: read block {block} ({BLOCK} bytes, every byte checked)");
-                    println!(
-                        "compute-1, the same token again: refused, {}",
-                        refusal(read_block(&conn, &token, block))
-                    );
+                    println!("compute-1: refused, {}", refusal(read_block(&conn, &tokens[0], block)));
+                    return;
                 }
+                let mut times = Vec::new();
+                for (i, token) in tokens.iter().enumerate() {
+                    let start = std::time::Instant::now();
+                    let reply = futures::executor::block_on(conn.redeem(token)).expect("compute-1 redeems");
+                    times.push(start.elapsed());
+                    let data = reply.data.expect("the block comes as the payload");
+                    let b = (block + i) % BLOCKS;
+                    assert!(data.len() == BLOCK && data.iter().enumerate().all(|(j, &x)| x == byte(b, j)));
+                    conn.free(data);
+                }
+                println!("compute-1: policies {:?}", conn.policies());
+                println!(
+                    "compute-1: read {} block(s) from block {block} ({BLOCK} bytes each, every byte checked)",
+                    tokens.len()
+                );
+                times.sort();
+                println!(
+                    "delegate_read size={BLOCK} n={} p50_us={:.1} min_us={:.1} (the token to the block read, by its redemption)",
+                    times.len(),
+                    times[times.len() / 2].as_secs_f64() * 1e6,
+                    times[0].as_secs_f64() * 1e6
+                );
+                println!(
+                    "compute-1, the same token again: refused, {}",
+                    refusal(read_block(&conn, &tokens[0], block))
+                );
             }
             other => {
                 eprintln!("delegate: unknown role {other:?}: storage, client or compute");

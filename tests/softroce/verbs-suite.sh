@@ -40,5 +40,11 @@ cargo build --release --quiet -p mwcap-cli --features verbs
 mwcap_bin="$root/target/mwcap-verbs"
 cp "$root/target/release/mwcap" "$mwcap_bin"
 
+# examples/delegate.rs's three roles (storage, client, compute) run as
+# processes in the VM: delegation on rxe0, every byte checked.
+cargo build --release --quiet -p mwcap --features verbs --example delegate
+export MWCAP_DELEGATE_BIN="$root/target/mwcap-delegate"
+cp "$root/target/release/examples/delegate" "$MWCAP_DELEGATE_BIN"
+
 # RUSTC_BOOTSTRAP lets the stable libtest print each test's time (--report-time).
 "$here/run.sh" bash "$here/in-vm.sh" "$bin" "$mwcap_bin" "$@"
