@@ -86,6 +86,8 @@ fn storage<N: Nic + Send + Sync + 'static>(
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&["client-a", "compute-1"])))
         .trusted_peers(trusted)
         .policy(policy)
+        // rxe's completion queues hold at most 32,767 entries.
+        .queue_depth(4096)
         .name("storage")
         .listen(listen)
         .build()
@@ -150,6 +152,7 @@ fn connect<N: Nic + Send + Sync + 'static>(
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&[name])))
         .trusted_peers(trusted)
         .policy(policy)
+        .queue_depth(4096)
         .name(name)
         .build()
         .expect("an endpoint");
