@@ -54,6 +54,11 @@ fn pattern(i: usize) -> u8 {
 
 impl Net {
     fn new(policy: PolicyChoice) -> Net {
+        Net::with_config(policy, small())
+    }
+
+    /// The owner with `cfg` (its connections' settings).
+    fn with_config(policy: PolicyChoice, cfg: Config) -> Net {
         let fabric = Fabric::with_seed(11);
         let pool = LocalPool::new();
         let mut ring = Keyring::new();
@@ -61,7 +66,7 @@ impl Net {
         ring.insert("other", key(9)).unwrap();
         let (owner, drv) = Endpoint::builder(fabric.add_device(DeviceConfig::spec()), Auth::Keyring(ring))
             .policy(policy)
-            .config(small())
+            .config(cfg)
             .name("owner")
             .listen("127.0.0.1:0".parse().unwrap())
             .build()
@@ -302,4 +307,35 @@ fn delegations_that_cannot_be_made_say_why() {
     ));
     // A refused delegation pinned nothing.
     net.owner.region_write(net.region, 0, &[1; 100]).unwrap();
+}
+
+/// Two redemptions at once on a connection that may expose one range at a
+/// time: the second answer waits for the first exposure to end, then goes;
+/// both delegates read their own block.
+#[test]
+fn a_redemption_that_waits_for_capacity_is_answered_when_there_is_some() {
+    for policy in [PolicyChoice::Mw, PolicyChoice::Confirm] {
+        let mut cfg = small();
+        cfg.region_exposures = 1;
+        let mut net = Net::with_config(policy, cfg);
+        let compute = net.connect("compute", 7);
+        let ttl = Duration::from_secs(30);
+        let a = net.owner.delegate_region(net.range(0, 4096), "compute", ttl).unwrap();
+        let b = net.owner.delegate_region(net.range(8192, 4096), "compute", ttl).unwrap();
+        let (c1, c2) = (compute.clone(), compute.clone());
+        let (ta, tb) = (a.token.clone(), b.token.clone());
+        let (ra, rb) = net.run(async move {
+            let read = |c: Connection<SimNic>, t: Token| async move {
+                let reply = c.redeem(&t).await.expect("redeemed");
+                let data = reply.data.expect("a payload");
+                let bytes = data.to_vec();
+                c.free(data);
+                bytes
+            };
+            futures::join!(read(c1, ta), read(c2, tb))
+        });
+        assert_eq!(ra, (0..4096).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+        assert_eq!(rb, (8192..8192 + 4096).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+        assert!(net.writable(0, 4096) && net.writable(8192, 4096), "{policy:?}: both delegations over");
+    }
 }

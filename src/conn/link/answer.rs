@@ -144,9 +144,20 @@ impl<N: Nic> Link<N> {
         self.delegation.update();
     }
 
+    /// Once per turn of the link (its driver's, or [`Link::drive`]'s),
+    /// after its completions: retry the answers waiting for capacity, and
+    /// end this connection's revoked delegated exposures (a revocation
+    /// rings the connection for a turn). A load when it has neither.
+    #[inline]
+    pub(crate) fn delegation_turn(&mut self) {
+        if self.delegation.active {
+            self.delegation_work();
+        }
+    }
+
     /// Retry waiting answers; end revoked exposures of this connection.
     #[inline(never)]
-    pub(super) fn delegation_work(&mut self) {
+    fn delegation_work(&mut self) {
         let now = self.conn.now();
         if !self.delegation.live.is_empty() && self.regions.ends_due() {
             for range in self.regions.take_ends(self.conn.id()) {
@@ -173,10 +184,16 @@ impl<N: Nic> Link<N> {
         }
     }
 
-    /// The QP is destroyed: no delegated exposure of it can be read.
+    /// The QP is destroyed: no delegated exposure of it can be read, and
+    /// none waiting to be answered will be made.
     pub(super) fn delegations_gone(&mut self) {
         for (cap, _) in self.delegation.live.drain(..) {
             self.regions.delegation_ended(cap);
+        }
+        for a in self.delegation.waiting.drain(..) {
+            if let Answer::Expose { cap, .. } = a {
+                self.regions.delegation_ended(cap);
+            }
         }
         self.delegation.update();
     }

@@ -392,17 +392,11 @@ impl<N: Nic> Link<N> {
             self.redeem(e.take());
             e = self.conn.poll_event();
         }
-        match &e {
-            Some(Event::RangeReturned(range)) => {
-                self.regions.unexpose(self.conn.id(), *range);
-                if self.delegation.active {
-                    self.delegated_range_returned(*range);
-                }
+        if let Some(Event::RangeReturned(range)) = &e {
+            self.regions.unexpose(self.conn.id(), *range);
+            if self.delegation.active {
+                self.delegated_range_returned(*range);
             }
-            // The end of a turn's events: answers waiting for capacity are
-            // tried again, revoked delegated exposures ended.
-            None if self.delegation.active => self.delegation_work(),
-            _ => {}
         }
         self.run();
         e
@@ -447,6 +441,7 @@ impl<N: Nic> Link<N> {
             }
             self.batch = batch;
         }
+        self.delegation_turn();
         self.run();
         handled
     }

@@ -374,6 +374,8 @@ impl<N: Nic> Inner<N> {
             st.ep.handle_completions(now, completions);
             busy = true;
         }
+        // Redemptions that waited for capacity, revoked delegations.
+        st.ep.delegation_turn();
         // (The completions were handled above: nothing is polled here, and
         // the buffers were reclaimed at the start of the turn; a handle
         // dropped since queues the connection again, see the end.)
