@@ -142,28 +142,20 @@ impl Refusal {
     /// The refusal a redemption's reply status names (0 is success;
     /// `None` for a status no owner sends).
     pub(crate) fn from_status(status: u8) -> Option<Refusal> {
-        Some(match status {
-            1 => Refusal::Forged,
-            2 => Refusal::Unknown,
-            3 => Refusal::WrongIdentity,
-            4 => Refusal::Expired,
-            5 => Refusal::Revoked,
-            6 => Refusal::AlreadyRedeemed,
-            7 => Refusal::Stale,
-            8 => Refusal::Unavailable,
-            _ => return None,
-        })
+        Refusal::ALL.get(usize::from(status).checked_sub(1)?).copied()
     }
 
-    fn of(e: &RedeemError) -> Refusal {
-        match e {
+    /// The book's refusal `e`, with its words for the delegate.
+    fn of(e: RedeemError) -> (Refusal, String) {
+        let refusal = match e {
             RedeemError::Forged => Refusal::Forged,
             RedeemError::Unknown(_) => Refusal::Unknown,
             RedeemError::WrongIdentity { .. } => Refusal::WrongIdentity,
             RedeemError::Expired(_) => Refusal::Expired,
             RedeemError::Revoked(_) => Refusal::Revoked,
             RedeemError::AlreadyRedeemed(_) => Refusal::AlreadyRedeemed,
-        }
+        };
+        (refusal, e.to_string())
     }
 }
 
@@ -250,17 +242,14 @@ impl State {
     /// record lasts; else unknown (over).
     fn forgotten(&self, now: Duration, cap: CapId, token: &[u8]) -> (Refusal, String) {
         let claims = self.book.as_ref().and_then(|b| b.open(token));
-        let (refusal, e) = match claims {
-            Some(c) if now >= c.expiry => (Refusal::Expired, RedeemError::Expired(cap)),
+        Refusal::of(match claims {
+            Some(c) if now >= c.expiry => RedeemError::Expired(cap),
             _ => match self.gone.get(&cap) {
-                Some(&(Refusal::Revoked, _)) => (Refusal::Revoked, RedeemError::Revoked(cap)),
-                Some(&(Refusal::AlreadyRedeemed, _)) => {
-                    (Refusal::AlreadyRedeemed, RedeemError::AlreadyRedeemed(cap))
-                }
-                _ => (Refusal::Unknown, RedeemError::Unknown(cap)),
+                Some(&(Refusal::Revoked, _)) => RedeemError::Revoked(cap),
+                Some(&(Refusal::AlreadyRedeemed, _)) => RedeemError::AlreadyRedeemed(cap),
+                _ => RedeemError::Unknown(cap),
             },
-        };
-        (refusal, e.to_string())
+        })
     }
 
     fn book(&mut self) -> &mut Book {
@@ -332,10 +321,7 @@ impl<N: Nic> Regions<N> {
     ) -> Result<(CapId, RegionRange, Duration), (Refusal, String)> {
         let d = self.delegations();
         let mut st = d.state.lock();
-        let Some(book) = st.book.as_mut() else {
-            let e = RedeemError::Forged;
-            return Err((Refusal::of(&e), e.to_string()));
-        };
+        let Some(book) = st.book.as_mut() else { return Err(Refusal::of(RedeemError::Forged)) };
         book.handle_timeout(now);
         // A connection that proved no key has no identity a token can name.
         let r = book.redeem(now, Holder(conn), identity.unwrap_or(""), token);
@@ -348,7 +334,7 @@ impl<N: Nic> Regions<N> {
                 Ok((r.cap, range, r.expiry.saturating_sub(now)))
             }
             Err(RedeemError::Unknown(cap)) => Err(st.forgotten(now, cap, token)),
-            Err(e) => Err((Refusal::of(&e), e.to_string())),
+            Err(e) => Err(Refusal::of(e)),
         };
         if let Err((refusal, _)) = &out {
             st.refused[usize::from(refusal.status() - 1)] += 1;

@@ -21,11 +21,6 @@ pub(crate) struct LinkDelegation {
     /// Answers to redemptions that waited for a window, control slot or
     /// credit; retried at each of the link's turns.
     waiting: Vec<Answer>,
-    /// An answer is being sent: the turns inside it do not retry others.
-    answering: bool,
-    /// `live` or `waiting` is not empty: the link's turns look at them
-    /// (one load on the call path when neither has anything).
-    pub(super) active: bool,
 }
 
 /// What a redemption is answered with.
@@ -37,8 +32,10 @@ enum Answer {
 }
 
 impl LinkDelegation {
-    fn update(&mut self) {
-        self.active = !self.live.is_empty() || !self.waiting.is_empty();
+    /// Whether the link exposes a delegated range now.
+    #[inline]
+    pub(super) fn exposes(&self) -> bool {
+        !self.live.is_empty()
     }
 }
 
@@ -113,7 +110,6 @@ impl<N: Nic> Link<N> {
 
     /// Send `a`, or keep it for a later turn while capacity lacks.
     fn answer(&mut self, now: Duration, a: Answer) {
-        self.delegation.answering = true;
         let r = match &a {
             Answer::Expose { req, range, lease, .. } => {
                 self.reply_region_for(now, *req, 0, &[], *range, Some(*lease))
@@ -122,7 +118,6 @@ impl<N: Nic> Link<N> {
                 self.reply(now, *req, refusal.status(), message.as_bytes(), None).map_err(|r| r.error)
             }
         };
-        self.delegation.answering = false;
         match (r, a) {
             (Ok(()), Answer::Expose { cap, range, .. }) => self.delegation.live.push((cap, range)),
             (Ok(()), Answer::Refuse { .. }) => {}
@@ -141,16 +136,15 @@ impl<N: Nic> Link<N> {
                 tracing::debug!(parent: &self.span, ?req, %e, "a redemption's refusal was not sent");
             }
         }
-        self.delegation.update();
     }
 
     /// Once per turn of the link (its driver's, or [`Link::drive`]'s),
     /// after its completions: retry the answers waiting for capacity, and
     /// end this connection's revoked delegated exposures (a revocation
-    /// rings the connection for a turn). A load when it has neither.
+    /// rings the connection for a turn). Two loads when it has neither.
     #[inline]
     pub(crate) fn delegation_turn(&mut self) {
-        if self.delegation.active {
+        if !self.delegation.live.is_empty() || !self.delegation.waiting.is_empty() {
             self.delegation_work();
         }
     }
@@ -165,11 +159,8 @@ impl<N: Nic> Link<N> {
                 tracing::debug!(parent: &self.span, ?range, revoked, "a delegated exposure was revoked");
             }
         }
-        if !self.delegation.answering {
-            for a in std::mem::take(&mut self.delegation.waiting) {
-                self.answer(now, a);
-            }
-            self.delegation.update();
+        for a in std::mem::take(&mut self.delegation.waiting) {
+            self.answer(now, a);
         }
     }
 
@@ -179,7 +170,6 @@ impl<N: Nic> Link<N> {
     pub(super) fn delegated_range_returned(&mut self, range: RegionRange) {
         if let Some(i) = self.delegation.live.iter().position(|&(_, r)| r == range) {
             let (cap, _) = self.delegation.live.swap_remove(i);
-            self.delegation.update();
             self.regions.delegation_ended(cap);
         }
     }
@@ -195,6 +185,5 @@ impl<N: Nic> Link<N> {
                 self.regions.delegation_ended(cap);
             }
         }
-        self.delegation.update();
     }
 }

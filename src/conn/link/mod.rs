@@ -394,7 +394,7 @@ impl<N: Nic> Link<N> {
         }
         if let Some(Event::RangeReturned(range)) = &e {
             self.regions.unexpose(self.conn.id(), *range);
-            if self.delegation.active {
+            if self.delegation.exposes() {
                 self.delegated_range_returned(*range);
             }
         }

@@ -490,40 +490,6 @@ impl<N: Nic> Connection<N> {
         .await
     }
 
-    /// Delegate: redeem `token`, a delegation of a range of the owner's
-    /// memory made for the identity this connection proved
-    /// ([`Endpoint::delegate_region`](super::Endpoint::delegate_region) on
-    /// the owner, this connection's peer). One message: the owner's library
-    /// answers it itself with the range as the reply payload (read and
-    /// released like any reply's: under mw through a window the owner
-    /// bound on this connection's QP, under confirm an offer checked after
-    /// the READ), or refuses ([`RedeemFailed::Refused`](super::RedeemFailed::Refused):
-    /// forged, another identity's, expired, revoked, redeemed already, ...).
-    /// A token redeems once. Give the payload back with [`Connection::free`].
-    pub async fn redeem(&self, token: &super::Token) -> Result<Reply, super::RedeemFailed> {
-        use super::{RedeemFailed, Refusal};
-        let bytes = token.as_bytes();
-        if bytes.len() > super::MAX_TOKEN {
-            return Err(RedeemFailed::TokenTooLong(bytes.len()));
-        }
-        let reply = self.make_call(None, |ep, now, _| ep.call_redeem(now, bytes)).await?;
-        match reply.status {
-            0 => Ok(reply),
-            s => {
-                if let Some(b) = reply.data {
-                    self.free(b);
-                }
-                match Refusal::from_status(s) {
-                    Some(refusal) => Err(RedeemFailed::Refused {
-                        refusal,
-                        message: String::from_utf8_lossy(&reply.header).into_owned(),
-                    }),
-                    None => Err(RedeemFailed::BadStatus(s)),
-                }
-            }
-        }
-    }
-
     /// Server: answer a request with `range` of a region of this
     /// connection's endpoint as the payload (see [`Connection::call_region`]),
     /// waiting for a window, control slot or credit like [`Connection::reply`].
