@@ -150,13 +150,7 @@ fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_
         "the range is written again once the offer was withdrawn"
     );
     // The delegate's confirm of what it read: never `Intact`.
-    w.attacker.frames.clear();
-    w.send(&engine_frame(fb_attach(fb::Message::Confirm { msg, buffer, generation })));
-    let verdict = loop {
-        if let Some((_, v)) = Seen::of(&w.next_frame()).verdict {
-            break v;
-        }
-    };
+    let verdict = w.verdict(fb::Message::Confirm { msg, buffer, generation });
     assert_eq!(verdict, fb::Verdict::Reused, "the read of a withdrawn offer is stale");
     // Asked again, the owner's library refuses: a delegation is exposed once.
     w.attacker.frames.clear();

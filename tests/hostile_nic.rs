@@ -363,18 +363,6 @@ fn mw_a_replayed_release_is_stale_and_never_ends_a_later_lease() {
 
 // ---- forged and replayed confirms (the victim owns under confirm) ----
 
-/// Send `m` and return the victim's verdict on it.
-fn verdict(w: &mut World, m: fb::Message) -> fb::Verdict {
-    w.attacker.frames.clear();
-    w.send(&engine_frame(fb_attach(m)));
-    loop {
-        // (Other frames may come first: a client's refuse of a fetch that timed out.)
-        if let Some((_, v)) = Seen::of(&w.next_frame()).verdict {
-            return v;
-        }
-    }
-}
-
 #[test]
 fn confirm_forged_and_replayed_confirms_get_no_intact_and_end_nothing() {
     for role in [Role::Server, Role::Client] {
@@ -388,16 +376,16 @@ fn confirm_forged_and_replayed_confirms_get_no_intact_and_end_nothing() {
             for (m, b, g) in
                 [(other_msg, buffer, generation), (msg, buffer, next_gen), (msg, other_buf, generation)]
             {
-                let v = verdict(&mut w, fb::Message::Confirm { msg: m, buffer: b, generation: g });
+                let v = w.verdict(fb::Message::Confirm { msg: m, buffer: b, generation: g });
                 assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
             }
             assert!(w.down().is_none(), "{role:?} {pol:?}: {:?}", w.down());
             assert_eq!((w.returned, w.victim.busy_buffers()), (0, 1), "the exposure is still on");
             let real = fb::Message::Confirm { msg, buffer, generation };
-            assert_eq!(verdict(&mut w, real), fb::Verdict::Intact);
+            assert_eq!(w.verdict(real), fb::Verdict::Intact);
             assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1));
             // Replayed, now that the buffer is back (and rewritten with the secret).
-            assert_eq!(verdict(&mut w, real), fb::Verdict::Reused, "{role:?} {pol:?}");
+            assert_eq!(w.verdict(real), fb::Verdict::Reused, "{role:?} {pol:?}");
             assert!(w.down().is_none());
             w.finish();
         }
@@ -1400,7 +1388,7 @@ fn a_peer_that_never_reads_nor_answers_gets_its_exposure_ended_by_the_owner() {
                     // A late READ samples whatever the buffer holds now (the
                     // secret); its confirm is answered Reused, never Intact.
                     let (msg, buffer, generation, _) = seen.exposed.unwrap();
-                    let v = verdict(&mut w, fb::Message::Confirm { msg, buffer, generation });
+                    let v = w.verdict(fb::Message::Confirm { msg, buffer, generation });
                     assert_ne!(v, fb::Verdict::Intact, "{role:?} {pol:?}");
                 }
             }

@@ -724,6 +724,18 @@ impl World {
         self.send(bytes)
     }
 
+    /// Send `m` and return the victim's verdict on it.
+    pub fn verdict(&mut self, m: fb::Message) -> fb::Verdict {
+        self.attacker.frames.clear();
+        self.send(&engine_frame(fb_attach(m)));
+        loop {
+            // (Other frames may come first: a client's refuse of a fetch that timed out.)
+            if let Some((_, v)) = Seen::of(&self.next_frame()).verdict {
+                return v;
+            }
+        }
+    }
+
     /// SEND a frame and let the victim take it in.
     pub fn send(&mut self, bytes: &[u8]) -> u64 {
         let wr = self.attacker.send(bytes);
