@@ -339,3 +339,47 @@ fn a_redemption_that_waits_for_capacity_is_answered_when_there_is_some() {
         assert!(net.writable(0, 4096) && net.writable(8192, 4096), "{policy:?}: both delegations over");
     }
 }
+
+/// A connection made by the application's own bootstrap has an identity
+/// only if the application vouches for one: tokens for that name redeem
+/// on it, and on a connection without one every redemption is refused.
+#[test]
+fn a_prepared_connection_redeems_as_the_identity_the_application_vouched_for() {
+    use mwcap::conn::{Policies, Policy, Role};
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut net = Net::new(PolicyChoice::Auto);
+        let (client_ep, drv) =
+            Endpoint::builder(net.fabric.add_device(DeviceConfig::spec()), Auth::Unauthenticated)
+                .build()
+                .unwrap();
+        net.pool
+            .spawner()
+            .spawn_local(async move {
+                drv.run().await;
+            })
+            .unwrap();
+        let pair = |vouched: Option<&str>| {
+            let c = client_ep.prepare(Role::Client, Policies::both(policy), small()).unwrap();
+            let mut s = net.owner.prepare(Role::Server, Policies::both(policy), small()).unwrap();
+            if let Some(name) = vouched {
+                s = s.authenticated_as(name);
+            }
+            let (cl, sl) = (c.local(), s.local());
+            let client = c.connect(&sl).unwrap();
+            let server = s.connect(&cl).unwrap();
+            (client, server)
+        };
+        let (vouched, vouched_server) = pair(Some("compute"));
+        let (anonymous, anonymous_server) = pair(None);
+        assert_eq!(vouched_server.peer_identity(), Some("compute"));
+        assert_eq!(vouched_server.peer_addr(), None, "no bootstrap, no address");
+        assert_eq!(anonymous_server.peer_identity(), None);
+        let ttl = Duration::from_secs(30);
+        let d = net.owner.delegate_region(net.range(4096, 4096), "compute", ttl).unwrap();
+        assert_eq!(net.refused(&anonymous, &d.token), Refusal::WrongIdentity, "{policy:?}");
+        let read = net.redeem(&vouched, &d.token).unwrap();
+        assert_eq!(read, (4096..8192).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+        assert!(net.writable(4096, 4096), "{policy:?}: the delegation is over");
+        drop((vouched_server, anonymous_server));
+    }
+}

@@ -160,7 +160,7 @@ impl<N: Nic + 'static> Endpoint<N> {
         cfg.check()?;
         let hub = &self.shared.hub;
         let link = hub.prepare(hub.connection_nic()?, role, cfg)?.finish(policies)?;
-        Ok(Pending { link, hub: hub.clone() })
+        Ok(Pending { link, hub: hub.clone(), identity: None })
     }
 
     /// The next client whose handshake finished: connected, or the error
@@ -339,7 +339,7 @@ impl<N: Nic + 'static> Endpoint<N> {
     fn adopt(&self, c: AsyncConnected<N>) -> Connection<N> {
         let AsyncConnected { connection, mut stream, policies, peer_addr, peer_identity } = c;
         tracing::debug!(peer = %peer_addr, identity = ?peer_identity, ?policies, "endpoint: a connection is up");
-        connection.set_peer(peer_addr, peer_identity);
+        connection.set_peer(Some(peer_addr), peer_identity);
         let watched = connection.clone();
         let watch: Watch = Box::pin(async move {
             let gone = std::pin::pin!(async {
@@ -367,6 +367,8 @@ impl<N: Nic + 'static> Endpoint<N> {
 pub struct Pending<N: Nic> {
     link: Link<N>,
     hub: Hub<N>,
+    /// The peer's identity, as the application vouched for it.
+    identity: Option<std::sync::Arc<str>>,
 }
 
 impl<N: Nic + 'static> Pending<N> {
@@ -381,6 +383,17 @@ impl<N: Nic + 'static> Pending<N> {
     #[doc(hidden)]
     pub fn link(&self) -> &Link<N> {
         &self.link
+    }
+
+    /// The peer is `identity`: the application's own bootstrap
+    /// authenticated it as that name, as mwcap's proves a keyring's name.
+    /// The connection's [`Connection::peer_identity`] says so, and tokens
+    /// delegated to `identity` ([`Endpoint::delegate_region`]) redeem on
+    /// it. Without it a prepared connection has no identity, and every
+    /// redemption on it is refused (`WrongIdentity`).
+    pub fn authenticated_as(mut self, identity: &str) -> Self {
+        self.identity = Some(identity.into());
+        self
     }
 
     /// Connect to the peer's queue pair at `peer`: the connection runs on
@@ -400,7 +413,13 @@ impl<N: Nic + 'static> Pending<N> {
         peer_credits: u32,
     ) -> Result<Connection<N>, SetupError> {
         self.link.connect_with(peer, peer_credits)?;
-        Ok(self.hub.add(self.link))
+        // Before the connection runs: a redemption may be its first frame.
+        self.link.set_identity(self.identity.clone());
+        let connection = self.hub.add(self.link);
+        if let Some(identity) = self.identity {
+            connection.set_peer(None, Some(identity));
+        }
+        Ok(connection)
     }
 }
 

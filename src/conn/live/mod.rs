@@ -197,9 +197,10 @@ pub(crate) struct Inner<N: Nic> {
     /// Its place on the endpoint's hub.
     pub(super) hub: HubPart,
     /// The peer's TCP address and the name of the key it proved, set once
-    /// by the [`super::Endpoint`] that made the connection (a connection
-    /// made otherwise has neither).
-    peer: std::sync::OnceLock<(std::net::SocketAddr, Option<std::sync::Arc<str>>)>,
+    /// by the [`super::Endpoint`] that made the connection (a prepared
+    /// connection has no address, and an identity only if the application
+    /// vouched for one: [`super::Pending::authenticated_as`]).
+    peer: std::sync::OnceLock<(Option<std::net::SocketAddr>, Option<std::sync::Arc<str>>)>,
 }
 
 /// A connection's place on its hub: the waker that puts it on the hub's
@@ -708,7 +709,7 @@ impl<N: Nic> Connection<N> {
     /// The peer's address on the bootstrap's TCP connection (`None` for a
     /// connection made without one, [`Endpoint::connect_local`](super::Endpoint::connect_local)).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        self.inner.peer.get().map(|p| p.0)
+        self.inner.peer.get().and_then(|p| p.0)
     }
 
     /// The peer's identity: the name of the key it proved in the bootstrap
@@ -719,13 +720,15 @@ impl<N: Nic> Connection<N> {
     /// its ring names it (the server is known by its address). `None` when the
     /// bootstrap ran without a key, or without a bootstrap
     /// ([`Endpoint::connect_local`](super::Endpoint::connect_local),
-    /// [`Endpoint::prepare`](super::Endpoint::prepare)).
+    /// [`Endpoint::prepare`](super::Endpoint::prepare)) unless the
+    /// application vouched for the peer
+    /// ([`Pending::authenticated_as`](super::Pending::authenticated_as)).
     pub fn peer_identity(&self) -> Option<&str> {
         self.inner.peer.get().and_then(|p| p.1.as_deref())
     }
 
     /// Record the peer's address and identity (once: the endpoint adopting it).
-    pub(super) fn set_peer(&self, addr: std::net::SocketAddr, identity: Option<std::sync::Arc<str>>) {
+    pub(super) fn set_peer(&self, addr: Option<std::net::SocketAddr>, identity: Option<std::sync::Arc<str>>) {
         self.inner.state.lock().ep.set_identity(identity.clone());
         let _ = self.inner.peer.set((addr, identity));
     }
