@@ -11,19 +11,23 @@
 //! call) each time a future yields, which a busy-polling driver does on
 //! every idle turn.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use futures::future::{select, try_join_all, BoxFuture, Either};
 use futures::TryFutureExt;
 use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
-use mwcap::conn::{Buf, Config, Connection, EndpointBuilder, EndpointDriver, Policies, Refused, Role};
+use mwcap::conn::{
+    Buf, Config, Connection, Endpoint, EndpointBuilder, EndpointDriver, Policies, Refused, RegionId,
+    RegionRange, Role, Token,
+};
 use parking_lot::Mutex;
 
-use crate::cases::{self, Ask, Case, Check, Labels, Measured, Plan};
+use crate::cases::{self, Ask, Case, Check, Kind, Labels, Measured, Plan};
 use crate::count;
 use crate::executors::{self, Executor, Place};
 
@@ -76,11 +80,100 @@ async fn reply<N: Nic>(
         .map_err(|Refused { error, .. }| format!("the reply was refused: {error}"))
 }
 
+/// The identity a benchmark server vouches for on connections made
+/// without mwcap's bootstrap (`Pending::authenticated_as`): the client of a
+/// one-process run, which `delegate_read` delegates to.
+pub const BENCH_IDENTITY: &str = "bench";
+
+/// How long a `delegate_read` token lives: a client that never redeems
+/// one (it failed) leaves its range pinned that long.
+const DELEGATION_TTL: Duration = Duration::from_secs(30);
+
+/// Bytes of each size's delegation region at most (it has 2-32 slots).
+const DELEGATION_REGION: usize = 8 << 20;
+
+/// A benchmark server's side of `delegate_read`: for each payload size
+/// asked for, a region of its endpoint (registered at the first ask of
+/// that size, kept as long as the endpoint) of 2-32 slots of that size,
+/// written with the ask's payload and delegated in turn, one slot per ask.
+/// A slot whose last delegation is not over yet (the delegate has not
+/// released its read) is waited for before it is written again.
+pub struct Delegations<N: Nic> {
+    endpoint: Endpoint<N>,
+    regions: Mutex<HashMap<u32, (RegionId, usize)>>,
+    next: AtomicUsize,
+}
+
+impl<N: Nic + 'static> Delegations<N> {
+    /// Delegations of ranges of `endpoint`'s regions.
+    pub fn new(endpoint: Endpoint<N>) -> Self {
+        Delegations { endpoint, regions: Mutex::new(HashMap::new()), next: AtomicUsize::new(0) }
+    }
+
+    /// The region for payloads of `size` bytes and its number of slots.
+    fn region(&self, size: u32) -> Result<(RegionId, usize), String> {
+        let mut regions = self.regions.lock();
+        if let Some(&r) = regions.get(&size) {
+            return Ok(r);
+        }
+        let slots = (DELEGATION_REGION / size.max(1) as usize).clamp(2, 32);
+        let id = self
+            .endpoint
+            .register_region(slots * size as usize)
+            .map_err(|e| format!("registering a region of {slots} slots of {size} bytes to delegate: {e}"))?;
+        regions.insert(size, (id, slots));
+        Ok((id, slots))
+    }
+
+    /// Write the payload of `size` bytes tagged `tag` into the next slot
+    /// (as far as `check` says) and delegate it to `conn`'s identity: the token.
+    async fn delegate(
+        &self,
+        conn: &Connection<N>,
+        size: u32,
+        tag: u8,
+        check: Check,
+    ) -> Result<Token, String> {
+        let identity = conn.peer_identity().ok_or(
+            "this connection has no identity to delegate to: connect with a key (--key-file or --keyring)",
+        )?;
+        let (region, slots) = self.region(size)?;
+        let offset = self.next.fetch_add(1, Relaxed) % slots * size as usize;
+        let n = size as usize;
+        let write = |at: usize, bytes: Vec<u8>| async move {
+            self.endpoint
+                .region_write_when_free(region, at, &bytes)
+                .await
+                .map_err(|e| format!("writing a {size}-byte range to delegate: {e}"))
+        };
+        if check == Check::Stamp && n >= 2 * cases::STAMP_LEN {
+            let [head, tail] = cases::stamps(n, tag);
+            write(offset, head.to_vec()).await?;
+            write(offset + n - cases::STAMP_LEN, tail.to_vec()).await?;
+        } else {
+            let mut bytes = vec![0; n];
+            cases::fill(&mut bytes, tag);
+            write(offset, bytes).await?;
+        }
+        let range = RegionRange { region, offset, len: size };
+        let d = self
+            .endpoint
+            .delegate_region(range, identity, DELEGATION_TTL)
+            .map_err(|e| format!("delegating {size} bytes to {identity}: {e}"))?;
+        Ok(d.token)
+    }
+}
+
 /// Serve requests until the connection is down: check each request
 /// payload's tag, reply with the payload the header asks for (or the
-/// allocation count), each payload checked and written as far as the
-/// header says. Returns the number of requests served.
-pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64, String> {
+/// allocation count, or a token of a range delegated to the client by
+/// `delegations`), each payload checked and written as far as the header
+/// says. Returns the number of requests served.
+pub async fn serve<N: Nic + 'static>(
+    conn: &Connection<N>,
+    max_payload: u32,
+    delegations: &Delegations<N>,
+) -> Result<u64, String> {
     let mut served = 0;
     while let Some(req) = conn.next_request().await {
         served += 1;
@@ -107,6 +200,13 @@ pub async fn serve<N: Nic>(conn: &Connection<N>, max_payload: u32) -> Result<u64
                 reply(conn, req.id, status, &[], Some(b)).await?;
             }
             Plan::Call { .. } => reply(conn, req.id, status, &[], None).await?,
+            Plan::Delegate { size, .. } if size > max_payload => {
+                reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?
+            }
+            Plan::Delegate { size, tag, check } => match delegations.delegate(conn, size, tag, check).await {
+                Ok(token) => reply(conn, req.id, status, token.as_bytes(), None).await?,
+                Err(why) => reply(conn, req.id, cases::STATUS_NOT_DELEGATED, why.as_bytes(), None).await?,
+            },
             Plan::Bad => reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?,
         }
     }
@@ -126,6 +226,10 @@ async fn caller<N: Nic>(
     let mut tag = first_tag;
     for _ in 0..calls {
         tag = tag.wrapping_add(1);
+        if case.kind == Kind::DelegateRead {
+            delegate_read(conn, case, tag, hist).await?;
+            continue;
+        }
         // Waiting for a request buffer is part of a call under load, but
         // writing its payload is not: perftest's floor writes none, and
         // under TCG a 64 KiB write alone takes milliseconds.
@@ -184,6 +288,52 @@ async fn caller<N: Nic>(
             }
             None => return Err(format!("asked for a {reply_size}-byte reply payload, got none")),
         }
+    }
+    Ok(())
+}
+
+/// One `delegate_read` call: ask the server for a token of a range holding
+/// the payload tagged `tag` (not timed: a delegate is handed its token by
+/// someone else), then redeem it, READ the range and release it (timed;
+/// the payload's check between the two is not).
+async fn delegate_read<N: Nic>(
+    conn: &Connection<N>,
+    case: &Case,
+    tag: u8,
+    hist: &Mutex<Histogram<u64>>,
+) -> Result<(), String> {
+    let (size, check) = (case.size, case.check);
+    let asked = conn
+        .call(&Ask::Delegate { size, tag, check }.encode(), None)
+        .await
+        .map_err(|e| format!("asking for a token: {e}"))?;
+    if asked.status != cases::STATUS_OK {
+        let why = String::from_utf8_lossy(&asked.header);
+        return Err(format!(
+            "the server delegated nothing (status {}: {}){}",
+            asked.status,
+            if why.is_empty() { "bad request" } else { &why },
+            if asked.status == cases::STATUS_BAD_REQUEST {
+                "; is it a mwcap serve older than delegate_read, or the size above its --max-payload?"
+            } else {
+                ""
+            }
+        ));
+    }
+    let token = Token::from_bytes(asked.header.to_vec());
+    let t0 = Instant::now();
+    let reply = conn.redeem(&token).await.map_err(|e| format!("redeeming the token: {e}"))?;
+    let read = t0.elapsed();
+    let data = reply.data.ok_or("a redeemed token came back without the range")?;
+    let ok = check.passes(&data, size, tag);
+    let t1 = Instant::now();
+    conn.free(data);
+    hist.lock().saturating_record((read + t1.elapsed()).as_nanos() as u64);
+    if !ok {
+        return Err(format!(
+            "the delegated range read is not this call's {size} bytes tagged {tag} (check={})",
+            check.name()
+        ));
     }
     Ok(())
 }
@@ -300,16 +450,21 @@ pub fn one_process<N: Nic + 'static>(
     let (ce, cd) = cb.build().map_err(|e| err(&e))?;
     let (se, sd) = sb.build().map_err(|e| err(&e))?;
     let c = ce.prepare(Role::Client, policies, ccfg).map_err(|e| err(&e))?;
-    let s = se.prepare(Role::Server, policies, scfg).map_err(|e| err(&e))?;
+    // No bootstrap proves the client's key here: the server vouches for it,
+    // so that delegate_read has an identity to delegate to.
+    let s = se.prepare(Role::Server, policies, scfg).map_err(|e| err(&e))?.authenticated_as(BENCH_IDENTITY);
     let (cl, sl) = (c.local(), s.local());
     let client = c.connect(&sl).map_err(|e| err(&e))?;
     let server = s.connect(&cl).map_err(|e| err(&e))?;
-    // The endpoint handles go now: the drivers end once both connections have.
-    drop((ce, se));
+    // The endpoint handles go now (the server's once it stops serving):
+    // the drivers end once both connections have.
+    drop(ce);
+    let delegations = Delegations::new(se);
     let drivers: Vec<BoxFuture<'static, ()>> = vec![Box::pin(async move {
         cd.run().await;
     })];
     let labels = Labels { mode, backend, executor: executor.name(), server: place.name() };
+    let server = (server, delegations);
     run_pair((executor, place), client, server, (drivers, sd), max_payload, cases, iters, warmup, labels)
 }
 
@@ -320,7 +475,7 @@ pub fn one_process<N: Nic + 'static>(
 fn run_pair<N: Nic + 'static>(
     (executor, place): (Executor, Place),
     client: Connection<N>,
-    server: Connection<N>,
+    (server, delegations): (Connection<N>, Delegations<N>),
     (drivers, server_driver): (Vec<BoxFuture<'static, ()>>, EndpointDriver<N>),
     max_payload: u32,
     cases: &[Case],
@@ -341,8 +496,10 @@ fn run_pair<N: Nic + 'static>(
     };
     let srv = async move {
         let serving = async {
-            let r = serve(&server, max_payload).await;
+            let r = serve(&server, max_payload, &delegations).await;
             server.close();
+            // Its endpoint handle goes with it, so that the driver can end.
+            drop(delegations);
             r
         };
         let (r, _) = futures::future::join(serving, server_driver.run()).await;

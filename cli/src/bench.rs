@@ -97,7 +97,7 @@ mod imp {
     pub fn remote(o: &BenchOpts, addr: SocketAddr, auth: &Auth) -> Result<(), String> {
         header(o, &format!("two processes, client of mwcap serve at {addr}"));
         let probes = ProbeCache::new();
-        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
+        for (policy, group) in cases::matrix(&o.kinds, &o.policies, &o.sizes, &o.inflight, o.check()) {
             let to = policy_addr(addr, policy)?;
             let choice = match policy {
                 Policy::Mw => PolicyChoice::Mw,
@@ -203,7 +203,7 @@ mod imp {
     /// Both sides here, on two protection domains of one device.
     pub fn local(o: &BenchOpts) -> Result<(), String> {
         header(o, "one process, client and server on two protection domains");
-        for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
+        for (policy, group) in cases::matrix(&o.kinds, &o.policies, &o.sizes, &o.inflight, o.check()) {
             let cfg = || config(o.pool(), &o.conn);
             let builder = || -> Result<_, String> {
                 Ok(Endpoint::builder(open(o)?, Auth::Unauthenticated).queue_depth(1 << 14))

@@ -27,6 +27,10 @@ pub const STATUS_OK: u8 = 0;
 pub const STATUS_BAD_PAYLOAD: u8 = 1;
 /// Reply status: the header made no sense (or a request came again unknown).
 pub const STATUS_BAD_REQUEST: u8 = 2;
+/// Reply status: a `delegate_read` ask the server could not delegate (the
+/// connection has no identity, or the delegation failed); the reply
+/// header says why.
+pub const STATUS_NOT_DELEGATED: u8 = 3;
 
 /// What a case measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +41,27 @@ pub enum Kind {
     ReplyRead,
     /// The client sends a payload the server READs; the reply has none.
     RequestRead,
+    /// The server delegates a range of a region of its endpoint, written
+    /// with the payload, to the client's identity and replies with the
+    /// token; the client redeems it and READs the range (the timed part:
+    /// from having the token to the payload read and released, what a
+    /// delegate that was handed a token spends).
+    DelegateRead,
+}
+
+impl Kind {
+    /// Every kind, in the matrix's order.
+    pub const ALL: [Kind; 4] = [Kind::Rpc, Kind::ReplyRead, Kind::RequestRead, Kind::DelegateRead];
+
+    /// The kind's name in result lines and in `--cases`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Rpc => "rpc",
+            Kind::ReplyRead => "reply_read",
+            Kind::RequestRead => "request_read",
+            Kind::DelegateRead => "delegate_read",
+        }
+    }
 }
 
 /// How much of each payload its writer writes and its reader checks.
@@ -98,11 +123,7 @@ pub struct Case {
 impl Case {
     /// The case's name in result lines.
     pub fn name(&self) -> &'static str {
-        match self.kind {
-            Kind::Rpc => "rpc",
-            Kind::ReplyRead => "reply_read",
-            Kind::RequestRead => "request_read",
-        }
+        self.kind.name()
     }
 
     /// The policy in result lines: `none` for a call without payload.
@@ -133,11 +154,18 @@ impl Case {
     }
 }
 
-/// The cases, grouped by the policy of the connection they run on: `rpc`
-/// (at 64 B) on the first policy's connection, then for each policy its
-/// `reply_read` and `request_read` cases at every size; each case at every
-/// in-flight count, every payload written and checked as `check` says.
+/// Whether the matrix runs `kind`: `kinds` (from `--cases`) names it.
+fn wanted(kinds: &[Kind], kind: Kind) -> bool {
+    kinds.contains(&kind)
+}
+
+/// The cases of `kinds`, grouped by the policy of the connection they run
+/// on: `rpc` (at 64 B) on the first policy's connection, then for each
+/// policy its `reply_read`, `request_read` and `delegate_read` cases at
+/// every size; each case at every in-flight count, every payload written
+/// and checked as `check` says.
 pub fn matrix(
+    kinds: &[Kind],
     policies: &[Policy],
     sizes: &[u32],
     inflights: &[u32],
@@ -146,12 +174,15 @@ pub fn matrix(
     let mut groups = Vec::new();
     for (i, &policy) in policies.iter().enumerate() {
         let mut cases = Vec::new();
-        if i == 0 {
+        if i == 0 && wanted(kinds, Kind::Rpc) {
             for &inflight in inflights {
                 cases.push(Case { kind: Kind::Rpc, policy, size: 64, inflight, check });
             }
         }
-        for kind in [Kind::ReplyRead, Kind::RequestRead] {
+        for kind in [Kind::ReplyRead, Kind::RequestRead, Kind::DelegateRead] {
+            if !wanted(kinds, kind) {
+                continue;
+            }
             for &size in sizes {
                 for &inflight in inflights {
                     cases.push(Case { kind, policy, size, inflight, check });
@@ -180,6 +211,17 @@ pub enum Ask {
     /// Reply with the server process's allocation count (u64 LE in the
     /// reply header), for `allocs_per_call` across two processes.
     Allocs,
+    /// Write the payload of `size` bytes tagged `tag` into a range of a
+    /// region of the server's endpoint, delegate the range to the
+    /// connection's identity, and reply with the token (the reply header).
+    Delegate {
+        /// Bytes of the range.
+        size: u32,
+        /// The call's tag.
+        tag: u8,
+        /// How much of the range is written (and will be checked).
+        check: Check,
+    },
 }
 
 impl Ask {
@@ -196,6 +238,14 @@ impl Ask {
                 h[5] = tag;
             }
             Ask::Allocs => h[0] = 1,
+            Ask::Delegate { size, tag, check } => {
+                h[0] = match check {
+                    Check::EveryByte => 3,
+                    Check::Stamp => 4,
+                };
+                h[1..5].copy_from_slice(&size.to_le_bytes());
+                h[5] = tag;
+            }
         }
         h
     }
@@ -203,12 +253,15 @@ impl Ask {
     /// Parse a request header.
     pub fn decode(h: &[u8]) -> Option<Ask> {
         let h: &[u8; HEADER_LEN] = h.try_into().ok()?;
-        let call =
-            |check| Ask::Call { reply_size: u32::from_le_bytes([h[1], h[2], h[3], h[4]]), tag: h[5], check };
+        let size = u32::from_le_bytes([h[1], h[2], h[3], h[4]]);
+        let call = |check| Ask::Call { reply_size: size, tag: h[5], check };
+        let delegate = |check| Ask::Delegate { size, tag: h[5], check };
         match h[0] {
             0 => Some(call(Check::EveryByte)),
             1 => Some(Ask::Allocs),
             2 => Some(call(Check::Stamp)),
+            3 => Some(delegate(Check::EveryByte)),
+            4 => Some(delegate(Check::Stamp)),
             _ => None,
         }
     }
@@ -285,6 +338,13 @@ fn stamp_bytes(len: usize, tag: u8, tail: bool) -> [u8; STAMP_LEN] {
     w.to_le_bytes()
 }
 
+/// The two stamps (head, tail) of the payload of `len` bytes tagged `tag`,
+/// to write at its start and its end (a payload of at least two stamps'
+/// length: see [`stamp`]).
+pub fn stamps(len: usize, tag: u8) -> [[u8; STAMP_LEN]; 2] {
+    [stamp_bytes(len, tag, false), stamp_bytes(len, tag, true)]
+}
+
 /// Write the stamps of the payload of `len` bytes tagged `tag` into `buf`
 /// (the rest of its bytes stay what they were); returns the payload's
 /// length, as [`fill_prefix`] does. A payload too short for two stamps
@@ -325,6 +385,17 @@ pub enum Plan {
     },
     /// Reply with the allocation count.
     Allocs,
+    /// Delegate a range holding the payload of `size` bytes tagged `tag`
+    /// (written as `check` says) to the connection's identity; reply with
+    /// the token.
+    Delegate {
+        /// Bytes of the range.
+        size: u32,
+        /// The call's tag.
+        tag: u8,
+        /// How much of the range is written.
+        check: Check,
+    },
     /// Reply [`STATUS_BAD_REQUEST`].
     Bad,
 }
@@ -336,6 +407,7 @@ pub fn plan(header: &[u8]) -> Plan {
     match Ask::decode(header) {
         Some(Ask::Call { reply_size, tag, check }) => Plan::Call { reply_size, tag, check },
         Some(Ask::Allocs) => Plan::Allocs,
+        Some(Ask::Delegate { size, tag, check }) => Plan::Delegate { size, tag, check },
         None => Plan::Bad,
     }
 }
@@ -406,6 +478,8 @@ mod tests {
             Ask::Call { reply_size: 0, tag: 255, check: Check::EveryByte },
             Ask::Call { reply_size: 4096, tag: 9, check: Check::Stamp },
             Ask::Allocs,
+            Ask::Delegate { size: 4096, tag: 3, check: Check::EveryByte },
+            Ask::Delegate { size: 1 << 24, tag: 0, check: Check::Stamp },
         ] {
             assert_eq!(Ask::decode(&ask.encode()), Some(ask));
         }
@@ -495,10 +569,19 @@ mod tests {
 
     #[test]
     fn the_matrix_puts_rpc_on_the_first_connection_only() {
-        let m = matrix(&[Policy::Mw, Policy::Confirm], &[64, 4096, 65536], &[1, 16], Check::EveryByte);
+        let m = matrix(
+            &Kind::ALL,
+            &[Policy::Mw, Policy::Confirm],
+            &[64, 4096, 65536],
+            &[1, 16],
+            Check::EveryByte,
+        );
         assert_eq!(m.len(), 2);
-        assert_eq!(m[0].1.len(), 2 + 2 * 3 * 2);
-        assert_eq!(m[1].1.len(), 2 * 3 * 2);
+        assert_eq!(m[0].1.len(), 2 + 3 * 3 * 2);
+        assert_eq!(m[1].1.len(), 3 * 3 * 2);
         assert!(m[1].1.iter().all(|c| c.kind != Kind::Rpc));
+        let some = matrix(&[Kind::DelegateRead], &[Policy::Mw], &[4096], &[1], Check::Stamp);
+        assert_eq!(some[0].1.len(), 1);
+        assert_eq!(some[0].1[0].name(), "delegate_read");
     }
 }

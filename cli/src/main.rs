@@ -57,8 +57,8 @@ enum Cmd {
         #[arg(long, value_enum)]
         sim: Option<SimKind>,
     },
-    /// Measure calls through the async API: rpc, reply_read and
-    /// request_read, per policy, size and calls in flight; one
+    /// Measure calls through the async API: rpc, reply_read, request_read
+    /// and delegate_read, per policy, size and calls in flight; one
     /// machine-readable line per case. With ADDR, this is the client of a
     /// `mwcap serve` there; without, both sides run in this process (two
     /// protection domains of one device), or on the simulated NIC (--sim).
@@ -78,6 +78,35 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+}
+
+/// A kind of case of `mwcap bench`, on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CaseArg {
+    /// A call with no payload either way (at 64 B, on the first policy's connection).
+    Rpc,
+    /// The server replies with a payload the client READs.
+    #[value(name = "reply_read")]
+    ReplyRead,
+    /// The client sends a payload the server READs.
+    #[value(name = "request_read")]
+    RequestRead,
+    /// The server delegates a range of its region to the client's identity
+    /// and the client redeems the token: timed from having the token to
+    /// the payload read and released.
+    #[value(name = "delegate_read")]
+    DelegateRead,
+}
+
+impl From<CaseArg> for cases::Kind {
+    fn from(c: CaseArg) -> cases::Kind {
+        match c {
+            CaseArg::Rpc => cases::Kind::Rpc,
+            CaseArg::ReplyRead => cases::Kind::ReplyRead,
+            CaseArg::RequestRead => cases::Kind::RequestRead,
+            CaseArg::DelegateRead => cases::Kind::DelegateRead,
+        }
+    }
 }
 
 /// A policy for exposed memory, on the command line.
@@ -148,6 +177,15 @@ pub struct BenchOpts {
     /// working type-2 windows).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "mw,confirm")]
     pub policy: Vec<PolicyArg>,
+    /// The kinds of case to run (each at every size, policy and in-flight
+    /// count; rpc at 64 B only).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "rpc,reply_read,request_read,delegate_read"
+    )]
+    pub cases: Vec<CaseArg>,
     /// Data buffers of 64 KiB (or of the largest size, if smaller) per side.
     #[arg(long, default_value_t = 32)]
     pub buffers: u32,
@@ -217,6 +255,8 @@ pub struct BenchOpts {
     pub auth: auth_args::AuthArgs,
     #[arg(skip)]
     pub policies: Vec<Policy>,
+    #[arg(skip)]
+    pub kinds: Vec<cases::Kind>,
 }
 
 impl BenchOpts {
@@ -429,6 +469,7 @@ fn main() -> ExitCode {
         Cmd::Demo { seed } => demo::run(seed),
         Cmd::Bench(mut o) => {
             o.policies = o.policy.iter().map(|&p| p.into()).collect();
+            o.kinds = o.cases.iter().map(|&c| c.into()).collect();
             if let Err(e) = check(&o) {
                 eprintln!("mwcap bench: {e}");
                 return ExitCode::from(2);

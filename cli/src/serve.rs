@@ -48,7 +48,7 @@ mod imp {
     use mwcap::verbs::VerbsNic;
     use mwcap::ProbeCache;
 
-    use crate::asyncbench::serve;
+    use crate::asyncbench::{serve, Delegations};
     use crate::bench::policy_addr;
     use crate::cases::config;
     use crate::ServeOpts;
@@ -242,11 +242,14 @@ mod imp {
         max_payload: u32,
         registry: &'s Registry,
     ) {
+        // delegate_read's ranges: regions of this endpoint, for every connection.
+        let delegations = std::sync::Arc::new(Delegations::new(endpoint.clone()));
         block_on(async {
             loop {
                 match endpoint.accept().await {
                     Ok(conn) => {
-                        s.spawn(move || serve_one(conn, policy, max_payload, registry));
+                        let delegations = delegations.clone();
+                        s.spawn(move || serve_one(conn, policy, max_payload, registry, &delegations));
                     }
                     Err(SetupError::ListenerClosed) => break,
                     Err(e) => eprintln!("mwcap serve: a {policy:?} connection failed to set up: {e}"),
@@ -257,12 +260,18 @@ mod imp {
 
     /// Serve one connection until it is down: its client closed the
     /// bootstrap stream (the endpoint watches it) or the connection failed.
-    fn serve_one(conn: Connection<VerbsNic>, policy: Policy, max_payload: u32, registry: &Registry) {
+    fn serve_one(
+        conn: Connection<VerbsNic>,
+        policy: Policy,
+        max_payload: u32,
+        registry: &Registry,
+        delegations: &Delegations<VerbsNic>,
+    ) {
         let peer = conn.peer_addr().map_or_else(|| "?".into(), |a| a.to_string());
         let who = conn.peer_identity().map_or_else(|| "no key".into(), |id| format!("identity {id}"));
         println!("mwcap serve: {policy:?} connection from {peer}, {who} ({:?})", conn.policies());
         registry.register(&conn, peer.clone());
-        let served = block_on(serve(&conn, max_payload));
+        let served = block_on(serve(&conn, max_payload, delegations));
         conn.close();
         let reason = block_on(conn.closed());
         match served {

@@ -25,7 +25,7 @@ pub fn run(o: &BenchOpts) -> ExitCode {
         "# mwcap bench --sim: simulated NIC, {} calls per case after {} warm-up calls, {} buffers of {buffer_size} bytes per side",
         o.iters, o.warmup, o.buffers
     );
-    for (policy, group) in cases::matrix(&o.policies, &o.sizes, &o.inflight, o.check()) {
+    for (policy, group) in cases::matrix(&o.kinds, &o.policies, &o.sizes, &o.inflight, o.check()) {
         if o.srq && policy != mwcap::conn::Policy::Mw && !o.trusted_peers {
             println!(
                 "# --srq: the {policy:?} cases are skipped (an endpoint with shared receives serves mw only \
@@ -46,7 +46,9 @@ pub fn run(o: &BenchOpts) -> ExitCode {
                 }
             }
         }
-        for case in &group {
+        // The sans-IO loop has no endpoint to delegate from: delegate_read
+        // runs through the async API only.
+        for case in group.iter().filter(|c| c.kind != cases::Kind::DelegateRead) {
             match sansio_case(o, case) {
                 Ok(m) => println!("{}", cases::line(case, SANSIO, &m)),
                 Err(e) => {
@@ -308,7 +310,10 @@ impl Loop {
                     (req, status, tag, reply_size, check)
                 }
                 Plan::Call { tag, check, .. } => (req, status, tag, 0, check),
-                Plan::Allocs | Plan::Bad => (req, cases::STATUS_BAD_REQUEST, 0, 0, Check::EveryByte),
+                // (delegate_read does not run in this loop)
+                Plan::Allocs | Plan::Delegate { .. } | Plan::Bad => {
+                    (req, cases::STATUS_BAD_REQUEST, 0, 0, Check::EveryByte)
+                }
             });
         }
         self.spare_server_events = events;

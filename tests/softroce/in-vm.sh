@@ -131,7 +131,10 @@ reads = {n: perftest("read_lat.%d" % n, "t_typical") for n in (64, 4096, 65536)}
 print("perftest floor: ib_send_lat 64 B t_typical %s us (one way; %s us with -e, sleeping on events); ib_read_lat t_typical %s us"
       % (send, send_event, ", ".join("%d B %s" % (n, v) for n, v in reads.items())))
 cases = [("rpc", "none", 64, 2, False)]
-for case in ("reply_read", "request_read"):
+# delegate_read: the delegate's redemption (a SEND), the owner's answer (a
+# SEND) and its READ; under confirm two more SENDs confirm the read, as in
+# every confirm case.
+for case in ("reply_read", "request_read", "delegate_read"):
     for policy, sends in (("mw", 2), ("confirm", 4)):
         for n in (64, 4096, 65536):
             cases.append((case, policy, n, sends, True))
@@ -308,6 +311,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
         echo "=== payloads of 1 MiB and 16 MiB (pass/fail)"
         large_out=$pdir/large.out
         timeout -k 5 300 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$large_ring" --trusted-peers \
+            --cases rpc,reply_read,request_read \
             --connections 2 --sizes 1048576,16777216 --inflight 1 --iters 6 --warmup 1 \
             --large-buffers 2 | tee "$large_out"
         rc=${PIPESTATUS[0]}
@@ -346,6 +350,18 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             echo "metrics: $s: $a -> $b"
             [ "$(echo "$b > $a" | bc)" = 1 ] || moved=0
         done
+        # The ratio run's delegate_read cases (before the first scrape):
+        # each endpoint delegated, every token was redeemed, none is out.
+        for e in mw confirm; do
+            d=$(series "$metrics_last" mwcap_delegations_total "endpoint=\"$e\"")
+            r=$(series "$metrics_last" mwcap_redemptions_total "endpoint=\"$e\"")
+            o=$(series "$metrics_last" mwcap_delegation_tokens_out "endpoint=\"$e\"")
+            echo "metrics: endpoint $e: $d delegations, $r redemptions, $o tokens out"
+            if [ "$(echo "$d > 0 && $r == $d && $o == 0" | bc)" != 1 ]; then
+                echo "metrics: endpoint $e: the delegation counters are not what delegate_read did (FAIL)"
+                moved=0
+            fi
+        done
         if [ "$moved" = 1 ]; then
             echo "metrics: the counters moved while the large-payload leg ran"
         else
@@ -367,8 +383,8 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$deep_out"
         rc=${PIPESTATUS[0]}
         lines=$(grep -c "^case=.* inflight=16 .* check=every_byte " "$deep_out")
-        if [ "$rc" -ne 0 ] || [ "$lines" -lt 13 ]; then
-            echo "16 in flight: exit $rc, $lines result lines of 13 with every byte checked (FAIL)"
+        if [ "$rc" -ne 0 ] || [ "$lines" -lt 19 ]; then
+            echo "16 in flight: exit $rc, $lines result lines of 19 with every byte checked (FAIL)"
             tail -20 "$serve_log" | sed -e 's/^/serve: /'
             fail=1
         else
@@ -423,7 +439,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     wait_listening "$many_log" "$many_pid"
     many_start=$(date +%s)
     timeout -k 5 500 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" --trusted-peers \
-        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 100 \
+        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 100 --cases rpc,reply_read,request_read \
         --lease-ms 30000 --call-timeout-ms 60000 $small 2>&1 | tee "$many_out"
     rc=${PIPESTATUS[0]}
     many_leg "many connections" "$rc" "$(grep -c "^case=.* connections=100 " "$many_out")" 13 "$many_start"
@@ -434,7 +450,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     huge_out=$pdir/many-16m.out
     huge_start=$(date +%s)
     timeout -k 5 600 "$mwcap" bench "127.0.0.1:$many_port" --device rxe0 --key-file "$key_file" --trusted-peers \
-        --connections 50 --sizes 16777216 --inflight 1 --iters 50 --warmup 0 \
+        --connections 50 --sizes 16777216 --inflight 1 --iters 50 --warmup 0 --cases rpc,reply_read,request_read \
         --lease-ms 120000 --call-timeout-ms 180000 $small 2>&1 | tee "$huge_out"
     rc=${PIPESTATUS[0]}
     kill "$many_pid" 2>/dev/null
@@ -468,7 +484,7 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
     wait_listening "$many_log" "$pool_pid"
     pool_start=$(date +%s)
     timeout -k 5 300 "$mwcap" bench "127.0.0.1:$pool_port" --device rxe0 --key-file "$key_file" --trusted-peers \
-        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 100 \
+        --connections 100 --sizes 64,65536,1048576 --inflight 1 --iters 200 --warmup 100 --cases rpc,reply_read,request_read \
         --lease-ms 30000 --call-timeout-ms 60000 $small 2>&1 | tee "$pool_out"
     rc=${PIPESTATUS[0]}
     many_leg "shared buffer pool" "$rc" "$(grep -c "^case=.* connections=100 " "$pool_out")" 13 "$pool_start"
