@@ -383,3 +383,26 @@ fn a_prepared_connection_redeems_as_the_identity_the_application_vouched_for() {
         drop((vouched_server, anonymous_server));
     }
 }
+
+/// A token redeemed with less of its life left than a READ's safety
+/// margin (`Config::safety_margin`, 500 ms here) is refused `Expired` at
+/// once: an exposure that short would be declined by the delegate, who
+/// would learn nothing it can match. The range is the owner's again.
+#[test]
+fn a_token_about_to_expire_is_refused_expired_not_exposed() {
+    for policy in [PolicyChoice::Mw, PolicyChoice::Confirm] {
+        let mut net = Net::new(policy);
+        let compute = net.connect("compute", 7);
+        let d = net.owner.delegate_region(net.range(0, 4096), "compute", Duration::from_millis(300)).unwrap();
+        match net.redeem(&compute, &d.token) {
+            Err(RedeemFailed::Refused { refusal: Refusal::Expired, message }) => {
+                assert!(message.contains("safety margin"), "{policy:?}: {message}")
+            }
+            other => panic!("{policy:?}: expected Expired, got {:?}", other.map(|b| b.len())),
+        }
+        assert!(net.owner.region_write(net.region, 0, b"x").is_ok(), "{policy:?}: nothing stays pinned");
+        // With more than the margin left it is read.
+        let d = net.owner.delegate_region(net.range(0, 4096), "compute", Duration::from_secs(2)).unwrap();
+        assert_eq!(net.redeem(&compute, &d.token).unwrap().len(), 4096, "{policy:?}");
+    }
+}

@@ -97,7 +97,19 @@ impl<N: Nic> Link<N> {
         } else {
             let identity = self.delegation.identity.clone();
             let policy = crate::telemetry::own_policy(self.conn.policies(), self.conn.role());
+            let margin = self.config().safety_margin;
             match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token, policy) {
+                // Too little of the token's life is left for a READ: the
+                // delegate would decline the grant (its safety margin) and
+                // learn nothing it can match. Expired, as it is in a moment.
+                Ok((cap, _, lease)) if lease <= margin => {
+                    self.regions.delegation_ended(cap);
+                    self.regions.count_refusal(Refusal::Expired);
+                    let message = format!(
+                        "the token expires in {lease:?}, within the {margin:?} safety margin a read of it                          needs: ask its holder for a new token, or delegate with a longer ttl"
+                    );
+                    Answer::Refuse { req, refusal: Refusal::Expired, message }
+                }
                 Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
                 Err((refusal, message)) => {
                     tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
