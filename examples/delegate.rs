@@ -3,17 +3,22 @@
 //! reads the block with it.
 //!
 //! The storage node keeps its blocks in a region of its endpoint and serves
-//! one request of its own protocol: "delegate BLOCK IDENTITY". Its
-//! application decides and calls `Endpoint::delegate_region`: the answer
-//! is a token (sealed by the storage endpoint, naming the block's bytes, the
-//! identity that may redeem it and an expiry). The client passes the token
-//! on by its own means; the compute node, connected to the storage node as
-//! that identity, redeems it with `Connection::redeem`: one message, and the
-//! block comes back as the reply payload, read through an exposure made for
-//! the compute node alone (under mw a window over exactly the block on its
-//! queue pair). A token redeems once; a revoked one is refused; another
-//! identity's connection is refused; until the delegation is over the
-//! storage node cannot overwrite the block.
+//! one request of its own protocol: "delegate BLOCK". Its application
+//! decides and calls `Endpoint::delegate_region` for the identity of the
+//! connection that asked: the answer is a token (sealed by the storage
+//! endpoint, naming the block's bytes, the identity that may redeem it and
+//! an expiry), the client's capability. The client hands it on to the
+//! compute node's identity with one message to the storage node
+//! (`Connection::delegate`: the storage node's library, not its
+//! application, makes the new delegation, never wider or longer than the
+//! client's), passes the new token on by its own means, and may revoke it
+//! (`Connection::revoke`). The compute node, connected to the storage node
+//! as that identity, redeems it with `Connection::redeem`: one message, and
+//! the block comes back as the reply payload, read through an exposure
+//! made for the compute node alone (under mw a window over exactly the
+//! block on its queue pair). A token redeems once; a revoked one is
+//! refused; another identity's connection is refused; until every
+//! delegation of the block is over the storage node cannot overwrite it.
 //!
 //! On the simulated NIC, all three in this process (the keys are demo keys,
 //! derived from each name):
@@ -34,9 +39,10 @@
 //! Every role takes `--policy mw|confirm|auto` (auto by default) and
 //! `--trusted-peers` (mw on rxe needs it: `mwcap probe` says why). The
 //! client prints one token per block (`--count`, blocks from `--block`
-//! on); the compute node redeems each, times each redemption (from having
-//! the token to the block read, `delegate_read`) and prints the policies
-//! its connection runs.
+//! on), each handed on to compute-1 (`--revoke`: and revoked by the
+//! client); the compute node redeems each, times each redemption (from
+//! having the token to the block read, `delegate_read`) and prints the
+//! policies its connection runs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -109,26 +115,23 @@ fn storage<N: Nic + Send + Sync + 'static>(
     (ep, region, addr)
 }
 
-/// The storage node's protocol: "delegate BLOCK IDENTITY" is answered with
-/// the delegation's id (8 bytes) and its token; "revoke CAP" revokes it.
+/// The storage node's protocol: "delegate BLOCK" is answered with a token
+/// for the block, made for the identity of the connection that asked.
 async fn serve<N: Nic + 'static>(ep: Endpoint<N>, conn: Connection<N>, region: RegionId) {
     while let Some(req) = conn.next_request().await {
         let text = String::from_utf8_lossy(&req.header).into_owned();
         let words: Vec<&str> = text.split_whitespace().collect();
-        let answer = match words[..] {
-            ["delegate", block, identity] => match block.parse::<usize>() {
+        let answer = match (&words[..], conn.peer_identity()) {
+            (["delegate", block], Some(identity)) => match block.parse::<usize>() {
                 Ok(b) if b < BLOCKS => {
                     let range = RegionRange { region, offset: b * BLOCK, len: BLOCK as u32 };
                     ep.delegate_region(range, identity, TTL)
-                        .map(|d| [&d.cap.0.to_le_bytes()[..], d.token.as_bytes()].concat())
+                        .map(|d| d.token.as_bytes().to_vec())
                         .map_err(|e| e.to_string())
                 }
                 _ => Err(format!("no block {block}: there are {BLOCKS}")),
             },
-            ["revoke", cap] => match cap.parse::<u64>() {
-                Ok(c) => ep.revoke(CapId(c)).map(|()| Vec::new()).map_err(|e| e.to_string()),
-                Err(_) => Err(format!("not a delegation id: {cap}")),
-            },
+            (["delegate", _], None) => Err("this connection proved no key: nothing to delegate to".into()),
             _ => Err(format!("unknown request {text:?}")),
         };
         let r = match answer {
@@ -162,22 +165,23 @@ fn connect<N: Nic + Send + Sync + 'static>(
     conn
 }
 
-/// The client: ask the storage node to delegate `block` to `identity`.
-fn ask_delegation<N: Nic + 'static>(conn: &Connection<N>, block: usize, identity: &str) -> (CapId, Token) {
-    let header = format!("delegate {block} {identity}");
+/// The client: get a capability to `block` (a token for itself) and hand
+/// it on to `identity`: the delegation it made (its id, to revoke it, and
+/// the token to pass on).
+fn hand_on<N: Nic + 'static>(conn: &Connection<N>, block: usize, identity: &str) -> (CapId, Token) {
+    let header = format!("delegate {block}");
     let reply =
         futures::executor::block_on(conn.call(header.as_bytes(), None)).expect("the storage node answers");
     assert_eq!(reply.status, 0, "{}", String::from_utf8_lossy(&reply.header));
-    let (cap, token) = reply.header.split_at(8);
-    (CapId(u64::from_le_bytes(cap.try_into().expect("8 bytes"))), Token::from_bytes(token.to_vec()))
+    let mine = Token::from_bytes(reply.header.to_vec());
+    let on = futures::executor::block_on(conn.delegate(&mine, identity, None, TTL / 2))
+        .expect("the storage node hands the capability on");
+    (on.cap, on.token)
 }
 
-/// The client: revoke a delegation it asked for.
+/// The client: revoke a delegation it made.
 fn revoke<N: Nic + 'static>(conn: &Connection<N>, cap: CapId) {
-    let header = format!("revoke {}", cap.0);
-    let reply =
-        futures::executor::block_on(conn.call(header.as_bytes(), None)).expect("the storage node answers");
-    assert_eq!(reply.status, 0, "{}", String::from_utf8_lossy(&reply.header));
+    futures::executor::block_on(conn.revoke(cap)).expect("the client revokes what it delegated");
 }
 
 /// The compute node: redeem `token` and check every byte of `block`.
@@ -214,10 +218,10 @@ fn simulated() {
     let client = connect(fabric.add_device(DeviceConfig::spec()), "client-a", addr, false, auto);
     let compute = connect(fabric.add_device(DeviceConfig::spec()), "compute-1", addr, false, auto);
 
-    // The client gets a capability to block 7 for compute-1, and hands it on.
-    let (cap, token) = ask_delegation(&client, 7, "compute-1");
+    // The client gets a capability to block 7 and hands it on to compute-1.
+    let (cap, token) = hand_on(&client, 7, "compute-1");
     println!(
-        "client-a: a token for block 7, delegation {}, {} bytes, for compute-1",
+        "client-a: got a token for block 7 and handed it on to compute-1: delegation {}, {} bytes",
         cap.0,
         token.as_bytes().len()
     );
@@ -227,16 +231,22 @@ fn simulated() {
     println!("compute-1: read block 7 with it ({BLOCK} bytes, every byte checked)");
     println!("compute-1, the same token again: refused, {}", refusal(read_block(&compute, &token, 7)));
     // A token for another identity's connection.
-    let (_, theirs) = ask_delegation(&client, 8, "compute-1");
+    let (_, theirs) = hand_on(&client, 8, "compute-1");
     println!(
         "client-a, redeeming compute-1's token itself: refused, {}",
         refusal(read_block(&client, &theirs, 8))
     );
     read_block(&compute, &theirs, 8).expect("compute-1 still reads block 8 with it");
-    // Revoked before it was redeemed.
-    let (cap, token) = ask_delegation(&client, 9, "compute-1");
+    // Revoked by the client before it was redeemed.
+    let (cap, token) = hand_on(&client, 9, "compute-1");
     revoke(&client, cap);
     println!("compute-1, a token client-a revoked: refused, {}", refusal(read_block(&compute, &token, 9)));
+    // Never wider or longer than the client's own capability.
+    let reply = futures::executor::block_on(client.call(b"delegate 10", None)).expect("an answer");
+    let mine = Token::from_bytes(reply.header.to_vec());
+    let wider =
+        futures::executor::block_on(client.delegate(&mine, "compute-1", Some(0..BLOCK as u32 + 1), TTL / 2));
+    println!("client-a, handing on more than its block: refused, {}", refusal(wider.map(|_| ())));
     // Every delegation is over: the blocks are the storage node's again.
     let free = (0..200).any(|_| {
         std::thread::sleep(Duration::from_millis(10));
@@ -312,7 +322,7 @@ mod verbs {
                 let count: usize = opt(args, "--count").map_or(1, |c| c.parse().expect("a count"));
                 let conn = connect(nic(), "client-a", addr, trusted, policy);
                 for b in block..block + count {
-                    let (cap, token) = ask_delegation(&conn, b % BLOCKS, "compute-1");
+                    let (cap, token) = hand_on(&conn, b % BLOCKS, "compute-1");
                     if args.iter().any(|a| a == "--revoke") {
                         revoke(&conn, cap);
                     }

@@ -32,7 +32,7 @@
 //! | `mwcap_pool_waits_total`, `mwcap_pool_waiting` | counter, gauge | takes of a buffer that found its class empty or the connection at its share; tasks waiting now |
 //! | `mwcap_regions`, `mwcap_region_bytes` | gauge | regions registered on the endpoint (`Endpoint::register_region`), and their bytes |
 //! | `mwcap_delegations_total`, `mwcap_redemptions_total` | counter | delegations made (tokens sealed), and tokens redeemed |
-//! | `mwcap_redemptions_refused_total{reason}` | counter | redemptions refused: `forged`, `unknown`, `wrong_identity`, `expired`, `revoked`, `already_redeemed`, `stale`, `unavailable` (`conn::Refusal`) |
+//! | `mwcap_redemptions_refused_total{reason}` | counter | redemptions refused: `forged`, `unknown`, `wrong_identity`, `expired`, `revoked`, `already_redeemed`, `stale`, `unavailable`, `outside_capability`, `not_holder`, `malformed` (`conn::Refusal`; a holder's delegation on or revocation refused counts here too) |
 //! | `mwcap_revocations_total`, `mwcap_delegation_tokens_expired_total` | counter | delegations revoked (each, with those made from it), and tokens that expired unredeemed |
 //! | `mwcap_delegation_tokens_out` | gauge | tokens made and not yet redeemed, expired or revoked |
 //! | `mwcap_region_exposures` | gauge | exposures of ranges of those regions not yet ended on evidence (included in `mwcap_capabilities_live`), and ranges pinned by a delegation not yet over (not included there); a range no write may touch meanwhile |

@@ -19,8 +19,8 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key, Keyring};
 use mwcap::conn::{
-    Config, Connection, DelegateError, Endpoint, PolicyChoice, RedeemFailed, Refusal, RegionId, RegionRange,
-    Token, UseError,
+    Config, Connection, DelegateError, Delegation, Endpoint, PolicyChoice, RedeemFailed, Refusal, RegionId,
+    RegionRange, Token, UseError,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -64,6 +64,7 @@ impl Net {
         let mut ring = Keyring::new();
         ring.insert("compute", key(7)).unwrap();
         ring.insert("other", key(9)).unwrap();
+        ring.insert("third", key(11)).unwrap();
         let (owner, drv) = Endpoint::builder(fabric.add_device(DeviceConfig::spec()), Auth::Keyring(ring))
             .policy(policy)
             .config(cfg)
@@ -150,6 +151,29 @@ impl Net {
         util::wait_for(&mut self.pool, Duration::from_secs(10), || {
             owner.region_write(region, offset, &bytes).is_ok()
         })
+    }
+
+    /// `holder` hands the capability of `token` on to `to`.
+    fn delegate_on(
+        &mut self,
+        holder: &Connection<SimNic>,
+        token: &Token,
+        to: &str,
+        part: Option<std::ops::Range<u32>>,
+        ttl: Duration,
+    ) -> Result<Delegation, RedeemFailed> {
+        let (c, t, to) = (holder.clone(), token.clone(), to.to_owned());
+        self.run(async move { c.delegate(&t, &to, part, ttl).await })
+    }
+
+    /// `holder` revokes `cap`, which it delegated.
+    fn revoke_held(
+        &mut self,
+        holder: &Connection<SimNic>,
+        cap: mwcap::conn::CapId,
+    ) -> Result<(), RedeemFailed> {
+        let c = holder.clone();
+        self.run(async move { c.revoke(cap).await })
     }
 
     fn refused(&mut self, conn: &Connection<SimNic>, token: &Token) -> Refusal {
@@ -404,5 +428,178 @@ fn a_token_about_to_expire_is_refused_expired_not_exposed() {
         // With more than the margin left it is read.
         let d = net.owner.delegate_region(net.range(0, 4096), "compute", Duration::from_secs(2)).unwrap();
         assert_eq!(net.redeem(&compute, &d.token).unwrap().len(), 4096, "{policy:?}");
+    }
+}
+
+fn refusal_of<T>(r: Result<T, RedeemFailed>) -> Refusal {
+    match r {
+        Err(RedeemFailed::Refused { refusal, message }) => {
+            assert!(!message.is_empty(), "a refusal says why");
+            refusal
+        }
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("expected a refusal, got success"),
+    }
+}
+
+/// A holder (here "other", to whom the owner's application delegated a
+/// range) hands part of its capability on to "compute" with one message:
+/// the delegate reads exactly that part, once; the holder's own token is
+/// used up; the range stays pinned until the delegate's exposure ended.
+fn a_holder_hands_part_of_its_capability_on(policy: PolicyChoice) {
+    let mut net = Net::new(policy);
+    let holder = net.connect("other", 9);
+    let compute = net.connect("compute", 7);
+    let ttl = Duration::from_secs(30);
+    let (offset, len) = (8192 + 7, 3000u32);
+    let mine = net.owner.delegate_region(net.range(offset, len), "other", ttl).unwrap();
+    let on =
+        net.delegate_on(&holder, &mine.token, "compute", Some(100..1100), Duration::from_secs(10)).unwrap();
+    assert_ne!(on.cap, mine.cap);
+    // The holder's token was redeemed into the delegation.
+    assert_eq!(net.refused(&holder, &mine.token), Refusal::AlreadyRedeemed, "{policy:?}");
+    assert!(net.owner.region_write(net.region, offset + 2000, b"x").is_err(), "{policy:?}: still pinned");
+    let read = net.redeem(&compute, &on.token).unwrap();
+    let want: Vec<u8> = (offset + 100..offset + 1100).map(pattern).collect();
+    assert_eq!(read, want, "{policy:?}: the delegate read exactly the part");
+    assert_eq!(net.refused(&compute, &on.token), Refusal::AlreadyRedeemed, "{policy:?}");
+    assert!(net.writable(offset, len as usize), "{policy:?}: the range is the owner's once it is over");
+    let m = recorded(&net.owner);
+    assert_eq!(m["mwcap_delegations_total{endpoint=owner}"], 2.0, "{policy:?}");
+    assert_eq!(m["mwcap_redemptions_total{endpoint=owner}"], 2.0, "{policy:?}");
+}
+
+#[test]
+fn under_mw_a_holder_hands_part_of_its_capability_on() {
+    a_holder_hands_part_of_its_capability_on(PolicyChoice::Mw);
+}
+
+#[test]
+fn under_confirm_a_holder_hands_part_of_its_capability_on() {
+    a_holder_hands_part_of_its_capability_on(PolicyChoice::Confirm);
+}
+
+/// A delegation on is never wider or longer than the holder's capability
+/// (refused before the holder's token is used), and only the right
+/// identity's connection hands a token on.
+#[test]
+fn a_holder_cannot_widen_lengthen_or_take_another_identitys_capability() {
+    let mut net = Net::new(PolicyChoice::Mw);
+    let holder = net.connect("other", 9);
+    let compute = net.connect("compute", 7);
+    let mine = net.owner.delegate_region(net.range(0, 4096), "other", Duration::from_secs(5)).unwrap();
+    let long = Duration::from_secs(60);
+    let short = Duration::from_secs(1);
+    for (part, ttl, what) in [
+        (Some(4000..4097), short, "one byte past its end"),
+        (Some(5000..6000), short, "outside it"),
+        (Some(10..10), short, "empty"),
+        (None, long, "longer than its own"),
+        (None, Duration::ZERO, "no time"),
+    ] {
+        let r = net.delegate_on(&holder, &mine.token, "compute", part, ttl);
+        assert_eq!(refusal_of(r), Refusal::OutsideCapability, "{what}");
+    }
+    // Another identity's connection cannot hand it on.
+    let r = net.delegate_on(&compute, &mine.token, "third", None, short);
+    assert_eq!(refusal_of(r), Refusal::WrongIdentity);
+    // Forged.
+    let mut bytes = mine.token.as_bytes().to_vec();
+    bytes[5] ^= 1;
+    let r = net.delegate_on(&holder, &Token::from_bytes(bytes), "compute", None, short);
+    assert_eq!(refusal_of(r), Refusal::Forged);
+    // The token was never used: the holder hands all of it on now.
+    let on = net.delegate_on(&holder, &mine.token, "compute", None, short).unwrap();
+    assert_eq!(net.redeem(&compute, &on.token).unwrap().len(), 4096);
+    // A replay of the holder's token.
+    let r = net.delegate_on(&holder, &mine.token, "compute", None, short);
+    assert_eq!(refusal_of(r), Refusal::AlreadyRedeemed);
+    let m = recorded(&net.owner);
+    assert_eq!(m["mwcap_redemptions_refused_total{endpoint=owner,reason=outside_capability}"], 5.0);
+}
+
+/// A delegate may delegate further, never wider or longer; the holder that
+/// delegated revokes on its connection (nobody else's connection can), and
+/// everything made from what it revoked is refused too.
+#[test]
+fn delegations_chain_and_a_holder_revokes_what_it_made() {
+    for policy in [PolicyChoice::Mw, PolicyChoice::Confirm] {
+        let mut net = Net::new(policy);
+        let holder = net.connect("other", 9);
+        let compute = net.connect("compute", 7);
+        let third = net.connect("third", 11);
+        let ttl = Duration::from_secs(20);
+        let root = net.owner.delegate_region(net.range(0, 8192), "other", ttl).unwrap();
+        // other -> compute (half) -> third (a quarter of that).
+        let a = net.delegate_on(&holder, &root.token, "compute", Some(4096..8192), ttl / 2).unwrap();
+        let b = net.delegate_on(&compute, &a.token, "third", Some(1024..2048), ttl / 4).unwrap();
+        let r = net.delegate_on(&third, &b.token, "other", Some(0..2048), ttl / 8);
+        assert_eq!(refusal_of(r), Refusal::OutsideCapability, "{policy:?}: wider than the chain's link");
+        let read = net.redeem(&third, &b.token).unwrap();
+        assert_eq!(read, (4096 + 1024..4096 + 2048).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+        // A second chain, revoked by its holder before it is read: the
+        // delegation and what was made from it are refused.
+        let root = net.owner.delegate_region(net.range(16384, 4096), "other", ttl).unwrap();
+        let a = net.delegate_on(&holder, &root.token, "compute", None, ttl / 2).unwrap();
+        let b = net.delegate_on(&compute, &a.token, "third", None, ttl / 4).unwrap();
+        let r = net.revoke_held(&third, a.cap);
+        assert_eq!(refusal_of(r), Refusal::NotHolder, "{policy:?}: only its holder revokes it");
+        net.revoke_held(&holder, a.cap).unwrap();
+        assert_eq!(net.refused(&third, &b.token), Refusal::Revoked, "{policy:?}: made from a revoked one");
+        let r = net.revoke_held(&holder, mwcap::conn::CapId(999_999));
+        assert_eq!(refusal_of(r), Refusal::Unknown, "{policy:?}");
+        // Every delegation is over: the ranges are the owner's again.
+        assert!(net.writable(0, 8192) && net.writable(16384, 4096), "{policy:?}");
+        let m = recorded(&net.owner);
+        assert_eq!(m["mwcap_revocations_total{endpoint=owner}"], 2.0, "{policy:?}: a and b");
+    }
+}
+
+/// A holder revokes the delegation it made while the delegate redeems it
+/// (whichever comes first; `tests/delegation_hostile.rs` revokes while the
+/// delegate holds the window, step by step): the delegate reads the range
+/// as delegated or learns it failed, never other bytes, and the range
+/// comes back on evidence.
+#[test]
+fn a_holder_revoking_while_the_delegate_reads_never_yields_other_bytes() {
+    for policy in [PolicyChoice::Mw, PolicyChoice::Confirm] {
+        let mut net = Net::new(policy);
+        let holder = net.connect("other", 9);
+        let compute = net.connect("compute", 7);
+        let ttl = Duration::from_secs(20);
+        let mine = net.owner.delegate_region(net.range(0, 8192), "other", ttl).unwrap();
+        let on = net.delegate_on(&holder, &mine.token, "compute", None, ttl / 2).unwrap();
+        let (c, h, t, cap) = (compute.clone(), holder.clone(), on.token.clone(), on.cap);
+        let result = net.run(async move {
+            let read = async {
+                match c.redeem(&t).await {
+                    Ok(reply) => {
+                        let data = reply.data.expect("a payload");
+                        let bytes = data.to_vec();
+                        c.free(data);
+                        Ok(bytes)
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            let revoke = async {
+                async_io::Timer::after(Duration::from_micros(300)).await;
+                h.revoke(cap).await
+            };
+            let (read, revoked) = futures::join!(read, revoke);
+            // Revoked, or over already (read and released: nothing to revoke).
+            match &revoked {
+                Ok(()) | Err(RedeemFailed::Refused { refusal: Refusal::Unknown, .. }) => {}
+                other => panic!("the revocation: {other:?}"),
+            }
+            read
+        });
+        match result {
+            Ok(bytes) => assert_eq!(bytes, (0..8192).map(pattern).collect::<Vec<u8>>(), "{policy:?}"),
+            Err(e) => eprintln!("{policy:?}: the read ended {e}"),
+        }
+        assert!(net.writable(0, 8192), "{policy:?}: the range comes back on evidence");
+        let again = net.refused(&compute, &on.token);
+        assert!(matches!(again, Refusal::AlreadyRedeemed | Refusal::Revoked), "{policy:?}: {again:?}");
     }
 }

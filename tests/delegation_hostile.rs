@@ -1,6 +1,6 @@
 //! Delegation against a peer that runs none of mwcap's code (the hostile
 //! world of `tests/hostile/mod.rs`, on the simulated NIC with manual
-//! progress): the delegate redeems a token with a hand-written `Redeem`
+//! progress): the delegate redeems a token with a hand-written `Ask`
 //! frame and READs through the window the owner binds for it. The owner's
 //! revocation invalidates that window while the delegate still holds it;
 //! the window ends by the token's expiry even when the connection's lease
@@ -15,7 +15,7 @@ use std::time::Duration;
 use hostile::*;
 use mwcap::backend::WcStatus;
 use mwcap::conn::frame::{Attaches, Frame};
-use mwcap::conn::{Event, LossReason, Misbehavior, Policies, Policy, RegionId, RegionRange};
+use mwcap::conn::{Event, LossReason, Misbehavior, OwnerAsk, Policies, Policy, RegionId, RegionRange};
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
@@ -39,12 +39,17 @@ fn world_under(policies: Policies) -> (World, RegionId, RegionRange) {
 /// The attacker redeems `token` as request `msg_id` (with a confirm fetch
 /// of the reply under confirm): the victim's reply.
 fn redeem(w: &mut World, msg_id: u64, token: &[u8]) -> Seen {
+    ask(w, msg_id, &OwnerAsk::Redeem { token }.encode())
+}
+
+/// The attacker asks the victim's library `body` as request `msg_id`.
+fn ask(w: &mut World, msg_id: u64, body: &[u8]) -> Seen {
     let mut attach = Attaches::new();
     if w.policies.reply == Policy::Confirm {
         let fetch = fb::Message::Fetch { msg: fb::MsgId::from_raw(msg_id), attempt: 1 };
         attach.push(fb_attach(fetch)).unwrap();
     }
-    w.send_within_credit(&Frame::Redeem { msg_id, token, attach }.encode().unwrap());
+    w.send_within_credit(&Frame::Ask { msg_id, body, attach }.encode().unwrap());
     Seen::of(&w.next_frame())
 }
 
@@ -117,7 +122,8 @@ fn a_redemption_carrying_a_payload_takes_only_its_connection_down() {
     };
     let mut attach = Attaches::new();
     attach.push(mw_attach(mw::Message::Grant(grant))).unwrap();
-    w.send_within_credit(&Frame::Redeem { msg_id: 1, token: d.token.as_bytes(), attach }.encode().unwrap());
+    let body = OwnerAsk::Redeem { token: d.token.as_bytes() }.encode();
+    w.send_within_credit(&Frame::Ask { msg_id: 1, body: &body, attach }.encode().unwrap());
     assert!(w.run_until(Duration::from_millis(50), |w| w.down().is_some()));
     assert!(
         matches!(w.down(), Some(LossReason::PeerMisbehaved(Misbehavior::PayloadOnRedemption { msg: 1 }))),
@@ -166,5 +172,70 @@ fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_
     assert!(reply.exposed.is_none(), "nothing is offered again");
     assert_eq!(status, 7, "refused as stale (`Refusal::Stale`)");
     assert!(w.down().is_none());
+    w.finish();
+}
+
+/// The peer is the holder and the delegate at once (a holder may delegate
+/// to its own identity): it hands its capability on, redeems the new
+/// token and READs through the window; then, as the holder, revokes the
+/// delegation while it holds the window: the window is invalidated (one
+/// `Owner::revoke`), the READ fails, and the range comes back only on the
+/// invalidation's evidence. Asks it has no right to make are refused with
+/// their reason, and only that ask: the connection runs on.
+#[test]
+fn a_holder_revoking_what_it_delegated_invalidates_the_window_being_read() {
+    let (mut w, region, range) = world();
+    let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
+    // Wider than the capability: refused, the token not used.
+    let wide = OwnerAsk::DelegateOn {
+        token: d.token.as_bytes(),
+        offset: 0,
+        len: range.len + 1,
+        ttl_ms: 1000,
+        identity: "compute",
+    };
+    let seen = ask(&mut w, 1, &wide.encode());
+    assert_eq!(seen.status, Some(9), "OutsideCapability: {}", String::from_utf8_lossy(&seen.header));
+    // An op the owner does not know.
+    let seen = ask(&mut w, 2, &[42, 1, 2, 3]);
+    assert_eq!(seen.status, Some(11), "Malformed: {}", String::from_utf8_lossy(&seen.header));
+    // A part of it, to itself.
+    let on = OwnerAsk::DelegateOn {
+        token: d.token.as_bytes(),
+        offset: 100,
+        len: 500,
+        ttl_ms: 5000,
+        identity: "compute",
+    };
+    let seen = ask(&mut w, 3, &on.encode());
+    assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
+    let (cap, token) = seen.header.split_at(8);
+    let cap = mwcap::conn::CapId(u64::from_le_bytes(cap.try_into().unwrap()));
+    let seen = redeem(&mut w, 4, token);
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(len, 500, "the window covers exactly the part");
+    let (status, bytes) = w.read(addr, rkey, len);
+    assert_eq!(status, WcStatus::Success);
+    assert!(bytes.iter().all(|&b| b == GRANTED));
+    // The application's own delegation cannot be revoked by the peer.
+    let seen = ask(&mut w, 5, &OwnerAsk::Revoke { cap: d.cap }.encode());
+    assert_eq!(seen.status, Some(10), "NotHolder: {}", String::from_utf8_lossy(&seen.header));
+    // As the holder, it revokes what it delegated, window and all.
+    let seen = ask(&mut w, 6, &OwnerAsk::Revoke { cap }.encode());
+    assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
+    assert!(w.victim.region_write(region, range.offset, b"new").is_err(), "pinned until the evidence");
+    w.settle();
+    let (status, _) = w.read(addr, rkey, len);
+    assert_ne!(status, WcStatus::Success, "a READ through a revoked window fails");
+    let stats = w.victim.connection().stats().lease_owner.unwrap();
+    assert_eq!(stats.revoked, 1, "one revocation, by the owner engine");
+    assert!(
+        w.run_until(Duration::from_millis(50), |w| w
+            .victim
+            .region_write(region, range.offset, b"new")
+            .is_ok()),
+        "the range is the owner's again once the invalidation completed"
+    );
+    w.assert_binds_invalidated_once();
     w.finish();
 }

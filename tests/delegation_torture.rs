@@ -72,12 +72,54 @@ struct Tok {
     cap: CapId,
     token: Token,
     identity: usize,
+    /// The token it was delegated on from (by a holder), if any.
+    parent: Option<usize>,
+    /// The delegate that made it (and may revoke it, on the connection it
+    /// made it on: the delegate's connection generation), if a holder did.
+    holder: Option<(usize, u32)>,
     /// The range's bytes when it was delegated.
     want: Vec<u8>,
     expires: Instant,
     revoked: Option<Instant>,
-    /// When a redemption by its identity was first begun.
+    /// When a redemption (or delegation on) by its identity was first
+    /// begun: a token to pick less often.
     first_redeemed: Option<Instant>,
+}
+
+/// A holder's delegation on, as it ended.
+struct MadeOn {
+    parent: usize,
+    by: usize,
+    by_gen: u32,
+    to: usize,
+    part: std::ops::Range<usize>,
+    ttl: Duration,
+    ended: Instant,
+    result: Result<mwcap::conn::Delegation, RedeemFailed>,
+}
+
+/// A token to use: mostly one not yet used, revoked or near its expiry
+/// (so that most asks could succeed), else any.
+fn pick(rng: &mut SmallRng, toks: &[Tok]) -> usize {
+    let soon = Instant::now() + Duration::from_millis(60);
+    let fresh: Vec<usize> = (0..toks.len())
+        .filter(|&t| toks[t].first_redeemed.is_none() && toks[t].revoked.is_none() && toks[t].expires > soon)
+        .collect();
+    if !fresh.is_empty() && rng.gen_bool(0.7) {
+        fresh[rng.gen_range(0..fresh.len())]
+    } else {
+        rng.gen_range(0..toks.len())
+    }
+}
+
+/// When `t` or a capability above it was revoked first.
+fn revoked_at(toks: &[Tok], t: usize) -> Option<Instant> {
+    let own = toks[t].revoked;
+    let above = toks[t].parent.and_then(|p| revoked_at(toks, p));
+    match (own, above) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// One redemption, as it ended.
@@ -181,6 +223,12 @@ struct Counts {
     refused: u32,
     failed: u32,
     revoked: u32,
+    delegated_on: u32,
+    /// Revocations holders asked for, and those that revoked something
+    /// (the others came after the delegation was over, or from another
+    /// connection than the one it was made on).
+    holder_revokes: u32,
+    holder_revoked: u32,
     rewritten: u32,
     write_refused: u32,
     qp_faults: u32,
@@ -199,10 +247,19 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
     let outcomes: Rc<RefCell<Vec<Outcome>>> = Rc::default();
     let mut started = 0usize;
     let mut c = Counts::default();
+    let made_on: Rc<RefCell<Vec<MadeOn>>> = Rc::default();
+    // The tokens handed on, each time one was.
+    let mut used_on: Vec<usize> = Vec::new();
+    // Each delegate's connection generation (a reconnect is a new one).
+    let mut gens_conn = [0u32; NAMES.len()];
+    let holder_revocations: Rc<RefCell<Vec<(usize, Instant)>>> = Rc::default();
+    let mut pending_on = 0usize;
+    let mut pending_revokes = 0usize;
     for _ in 0..ops {
         match rng.gen_range(0..100) {
-            // Delegate a random range of a random slot to a random identity.
-            0..=24 => {
+            // The application delegates a random range of a random slot to
+            // a random identity.
+            0..=19 => {
                 let slot = rng.gen_range(0..SLOTS);
                 let offset = rng.gen_range(0..SLOT - 1);
                 let len = rng.gen_range(1..=SLOT - offset);
@@ -215,6 +272,8 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                     cap: d.cap,
                     token: d.token,
                     identity,
+                    parent: None,
+                    holder: None,
                     want,
                     expires: Instant::now() + ttl,
                     revoked: None,
@@ -222,9 +281,42 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 });
                 c.delegated += 1;
             }
+            // A holder hands part of a token on (mostly its own; sometimes
+            // another identity's, or wider or longer than it may).
+            20..=27 if !toks.is_empty() => {
+                let t = pick(&mut rng, &toks);
+                let by = if rng.gen_bool(0.85) { toks[t].identity } else { rng.gen_range(0..NAMES.len()) };
+                let to = rng.gen_range(0..NAMES.len());
+                let n = toks[t].want.len();
+                let start = rng.gen_range(0..n);
+                let end = if rng.gen_bool(0.9) { rng.gen_range(start + 1..=n) } else { n + 1 };
+                let left = toks[t].expires.saturating_duration_since(Instant::now());
+                let ttl = if rng.gen_bool(0.9) {
+                    Duration::from_millis(rng.gen_range(30..1200))
+                        .min(left.saturating_sub(Duration::from_millis(30)))
+                } else {
+                    left + Duration::from_secs(1)
+                };
+                if by == toks[t].identity && toks[t].first_redeemed.is_none() {
+                    toks[t].first_redeemed = Some(Instant::now());
+                }
+                let (conn, token, out) = (delegates[by].conn.clone(), toks[t].token.clone(), made_on.clone());
+                let part = start as u32..end as u32;
+                let by_gen = gens_conn[by];
+                pending_on += 1;
+                run.pool
+                    .spawner()
+                    .spawn_local(async move {
+                        let result = conn.delegate(&token, NAMES[to], Some(part.clone()), ttl).await;
+                        let part = part.start as usize..part.end as usize;
+                        let ended = Instant::now();
+                        out.borrow_mut().push(MadeOn { parent: t, by, by_gen, to, part, ttl, ended, result });
+                    })
+                    .unwrap();
+            }
             // Redeem a random token: by its identity mostly, else another's.
-            25..=59 if !toks.is_empty() => {
-                let t = rng.gen_range(0..toks.len());
+            28..=57 if !toks.is_empty() => {
+                let t = pick(&mut rng, &toks);
                 let by = if rng.gen_bool(0.75) { toks[t].identity } else { rng.gen_range(0..NAMES.len()) };
                 let began = Instant::now();
                 if by == toks[t].identity && toks[t].first_redeemed.is_none() {
@@ -249,16 +341,53 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                     })
                     .unwrap();
             }
-            // Revoke a random delegation (once over, it is an error: fine).
-            60..=69 if !toks.is_empty() => {
-                let t = rng.gen_range(0..toks.len());
+            // The application revokes a random delegation (once over, it
+            // is an error: fine).
+            58..=62 if !toks.is_empty() => {
+                let t = pick(&mut rng, &toks);
                 if run.owner.revoke(toks[t].cap).is_ok() {
                     toks[t].revoked.get_or_insert(Instant::now());
                     c.revoked += 1;
                 }
             }
+            // A holder revokes a delegation it made (on the connection it
+            // made it on; after a reconnect the owner refuses).
+            63..=67 => {
+                // Mostly one not yet redeemed (revoking it can still matter,
+                // made on the holder's connection now), else any a holder made.
+                let fresh = rng.gen_bool(0.8);
+                let soon = Instant::now() + Duration::from_millis(60);
+                let mine: Vec<usize> = (0..toks.len())
+                    .filter(|&t| match toks[t].holder {
+                        Some((h, g)) => {
+                            !fresh
+                                || (toks[t].first_redeemed.is_none()
+                                    && g == gens_conn[h]
+                                    && toks[t].expires > soon
+                                    && revoked_at(&toks, t).is_none())
+                        }
+                        None => false,
+                    })
+                    .collect();
+                if let Some(&t) = mine.get(rng.gen_range(0..mine.len().max(1))) {
+                    let (h, _) = toks[t].holder.expect("made by a holder");
+                    let (conn, cap, out) =
+                        (delegates[h].conn.clone(), toks[t].cap, holder_revocations.clone());
+                    pending_revokes += 1;
+                    run.pool
+                        .spawner()
+                        .spawn_local(async move {
+                            // Revoked from when it is answered (a redemption
+                            // the owner took before may still succeed).
+                            let r = conn.revoke(cap).await;
+                            let at = Instant::now();
+                            out.borrow_mut().push((if r.is_ok() { t } else { usize::MAX }, at));
+                        })
+                        .unwrap();
+                }
+            }
             // Rewrite a random slot, if no part of it is delegated or read.
-            70..=84 => {
+            68..=82 => {
                 let slot = rng.gen_range(0..SLOTS);
                 let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(slot, gens[slot] + 1, i)).collect();
                 match run.owner.region_write(run.region, slot * SLOT, &bytes) {
@@ -270,16 +399,17 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 }
             }
             // A delegate's queue pair fails: it reconnects on a fresh device.
-            85..=86 => {
+            83..=84 => {
                 let i = rng.gen_range(0..NAMES.len());
                 let qp = QpAddr { device: delegates[i].dev, qpn: delegates[i].conn.qp_number() };
                 run.fabric.force_qp_error(qp);
                 c.qp_faults += 1;
                 run.pump(2);
                 delegates[i] = run.connect(i);
+                gens_conn[i] += 1;
             }
             // A slower link between the owner and a delegate.
-            87..=91 => {
+            85..=89 => {
                 let i = rng.gen_range(0..NAMES.len());
                 let extra = Duration::from_micros(rng.gen_range(0..3000));
                 run.fabric.set_link_delay(run.owner_dev, delegates[i].dev, extra);
@@ -288,7 +418,44 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
             _ => run.pump(rng.gen_range(1..20)),
         }
         run.pump(1);
+        // Delegations on that were made become tokens like any other.
+        for m in made_on.borrow_mut().drain(..) {
+            pending_on -= 1;
+            let parent = &toks[m.parent];
+            match m.result {
+                Ok(d) => {
+                    let ctx = format!("seed {seed}: token {} handed on by {}", m.parent, NAMES[m.by]);
+                    assert_eq!(m.by, parent.identity, "{ctx}: another identity's token was handed on");
+                    assert!(m.part.end <= parent.want.len(), "{ctx}: wider than its capability");
+                    toks.push(Tok {
+                        cap: d.cap,
+                        token: d.token,
+                        identity: m.to,
+                        parent: Some(m.parent),
+                        holder: Some((m.by, m.by_gen)),
+                        want: parent.want[m.part].to_vec(),
+                        // At the latest (the owner's clock read before the answer).
+                        expires: (m.ended + m.ttl).min(parent.expires),
+                        revoked: None,
+                        first_redeemed: None,
+                    });
+                    c.delegated_on += 1;
+                    used_on.push(m.parent);
+                }
+                Err(RedeemFailed::Refused { .. }) => c.refused += 1,
+                Err(_) => c.failed += 1,
+            }
+        }
+        for (t, at) in holder_revocations.borrow_mut().drain(..) {
+            pending_revokes -= 1;
+            c.holder_revokes += 1;
+            if t != usize::MAX {
+                toks[t].revoked.get_or_insert(at);
+                c.holder_revoked += 1;
+            }
+        }
     }
+    let _ = (pending_on, pending_revokes);
     for d in &delegates {
         run.fabric.set_link_delay(run.owner_dev, d.dev, Duration::ZERO);
     }
@@ -296,6 +463,9 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
         util::wait_for(&mut run.pool, Duration::from_secs(20), || outcomes.borrow().len() == started);
     assert!(all_ended, "seed {seed}: {} of {started} redemptions ended", outcomes.borrow().len());
 
+    // A token is used once: read, or handed on.
+    let mut uses: Vec<u32> =
+        (0..toks.len()).map(|t| used_on.iter().filter(|&&p| p == t).count() as u32).collect();
     for o in outcomes.borrow().iter() {
         let tok = &toks[o.tok];
         match &o.result {
@@ -307,9 +477,14 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                     "{ctx}: the range read is not the range as delegated (a stale read)"
                 );
                 assert_eq!(o.by, tok.identity, "{ctx}: another identity's token");
-                assert_eq!(tok.first_redeemed, Some(o.began), "{ctx}: not the token's first redemption");
+                uses[o.tok] += 1;
+                assert_eq!(uses[o.tok], 1, "{ctx}: the token was used twice");
                 assert!(o.began < tok.expires, "{ctx}: begun after the token's expiry");
-                assert!(tok.revoked.map_or(true, |r| o.began < r), "{ctx}: begun after its revocation");
+                let revoked = revoked_at(&toks, o.tok);
+                assert!(
+                    revoked.map_or(true, |r| o.began < r),
+                    "{ctx}: begun after its (or its parent's) revocation"
+                );
             }
             Err(RedeemFailed::Refused { .. }) => c.refused += 1,
             Err(_) => c.failed += 1,
@@ -345,6 +520,7 @@ fn check(policy: PolicyChoice, default_seed: u64) {
     assert!(c.redeemed > 10, "the run read delegated ranges: {c:?}");
     assert!(c.refused > 5, "the run was refused redemptions: {c:?}");
     assert!(c.revoked > 0 && c.rewritten > 0 && c.write_refused > 0, "{c:?}");
+    assert!(c.delegated_on > 3 && c.holder_revokes > 0, "holders handed tokens on and revoked: {c:?}");
 }
 
 #[test]

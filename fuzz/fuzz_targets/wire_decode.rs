@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         let n = f.encode_with_credit(credit, &mut again).expect("a decoded frame encodes");
         assert_eq!(&again[..n], data, "frame re-encodes differently: {f:?} (credit {credit})");
         let attaches: &[Attach] = match &f {
-            Frame::Request { attach, .. } | Frame::Reply { attach, .. } | Frame::Redeem { attach, .. } => attach,
+            Frame::Request { attach, .. } | Frame::Reply { attach, .. } | Frame::Ask { attach, .. } => attach,
             Frame::Engine(a) => std::slice::from_ref(a),
             Frame::Ping { .. } | Frame::Pong { .. } | Frame::Credit => &[],
         };

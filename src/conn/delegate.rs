@@ -42,6 +42,9 @@ use super::{RegionRange, UseError};
 use crate::backend::Nic;
 use crate::bootstrap::Policy;
 
+/// How many kinds of [`Refusal`] there are.
+const REFUSALS: usize = 11;
+
 /// The owner's application, as the holder of the roots it delegates from.
 const APP: Holder = Holder(u64::MAX);
 
@@ -96,11 +99,22 @@ pub enum Refusal {
     /// The owner could not expose the range (its region is gone, or the
     /// connection cannot expose it): nothing was read.
     Unavailable,
+    /// A holder's delegation on would be wider or longer than the
+    /// capability it is made from (its token's range and expiry): ask for
+    /// a part of it, for no longer. The holder's token is not used up.
+    OutsideCapability,
+    /// A revocation by a connection that did not make the delegation (only
+    /// the holder that delegated, on the connection it delegated on, or
+    /// the owner's application, revokes it).
+    NotHolder,
+    /// The ask made no sense to the owner (an op it does not know, or its
+    /// fields malformed): a peer running another version.
+    Malformed,
 }
 
 impl Refusal {
     /// Every refusal, in status order.
-    pub(crate) const ALL: [Refusal; 8] = [
+    pub(crate) const ALL: [Refusal; REFUSALS] = [
         Refusal::Forged,
         Refusal::Unknown,
         Refusal::WrongIdentity,
@@ -109,6 +123,9 @@ impl Refusal {
         Refusal::AlreadyRedeemed,
         Refusal::Stale,
         Refusal::Unavailable,
+        Refusal::OutsideCapability,
+        Refusal::NotHolder,
+        Refusal::Malformed,
     ];
 
     /// Its name in telemetry (`reason` label).
@@ -122,6 +139,9 @@ impl Refusal {
             Refusal::AlreadyRedeemed => "already_redeemed",
             Refusal::Stale => "stale",
             Refusal::Unavailable => "unavailable",
+            Refusal::OutsideCapability => "outside_capability",
+            Refusal::NotHolder => "not_holder",
+            Refusal::Malformed => "malformed",
         }
     }
 
@@ -136,6 +156,9 @@ impl Refusal {
             Refusal::AlreadyRedeemed => 6,
             Refusal::Stale => 7,
             Refusal::Unavailable => 8,
+            Refusal::OutsideCapability => 9,
+            Refusal::NotHolder => 10,
+            Refusal::Malformed => 11,
         }
     }
 
@@ -184,6 +207,111 @@ pub enum RedeemFailed {
     BadStatus(u8),
 }
 
+/// What a peer asks of an owner's library, never its application: the
+/// body of an ask frame (`frame::Frame::Ask`). An op byte, then
+/// its fields (integers little-endian):
+///
+/// | op | ask | fields |
+/// |---|---|---|
+/// | 1 | redeem | the token |
+/// | 2 | delegate on | ttl in ms (u32), the part's offset and length in the capability (u32 each; length 0: the rest from the offset), the identity's length (u8) and bytes, the token |
+/// | 3 | revoke | the delegation's id (u64) |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerAsk<'a> {
+    /// A delegate redeems a token made for it: the range comes back as the
+    /// reply payload ([`Connection::redeem`](super::Connection::redeem)).
+    Redeem {
+        /// The token, as the owner sealed it.
+        token: &'a [u8],
+    },
+    /// A holder hands the capability of a token made for it on to
+    /// `identity`, for part of its range and no longer: a new token in
+    /// the reply ([`Connection::delegate`](super::Connection::delegate)).
+    DelegateOn {
+        /// The holder's token.
+        token: &'a [u8],
+        /// The part's first byte, from the capability's start.
+        offset: u32,
+        /// The part's bytes (0: the rest of the capability from `offset`).
+        len: u32,
+        /// The new token's life, in milliseconds.
+        ttl_ms: u32,
+        /// Who may redeem the new token.
+        identity: &'a str,
+    },
+    /// A holder revokes a delegation it made on this connection
+    /// ([`Connection::revoke`](super::Connection::revoke)).
+    Revoke {
+        /// The delegation.
+        cap: CapId,
+    },
+}
+
+impl OwnerAsk<'_> {
+    /// The body's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64 + MAX_TOKEN.min(256));
+        match *self {
+            OwnerAsk::Redeem { token } => {
+                b.push(1);
+                b.extend_from_slice(token);
+            }
+            OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity } => {
+                b.push(2);
+                b.extend_from_slice(&ttl_ms.to_le_bytes());
+                b.extend_from_slice(&offset.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+                let id = identity.as_bytes();
+                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                b.extend_from_slice(&id[..id.len().min(255)]);
+                b.extend_from_slice(token);
+            }
+            OwnerAsk::Revoke { cap } => {
+                b.push(3);
+                b.extend_from_slice(&cap.0.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Parse a body (`None`: an op this owner does not know, or fields
+    /// that do not parse).
+    pub fn decode(b: &[u8]) -> Option<OwnerAsk<'_>> {
+        let (&op, rest) = b.split_first()?;
+        let u32_at = |i: usize| rest.get(i..i + 4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        match op {
+            1 => Some(OwnerAsk::Redeem { token: rest }),
+            2 => {
+                let (ttl_ms, offset, len) = (u32_at(0)?, u32_at(4)?, u32_at(8)?);
+                let n = usize::from(*rest.get(12)?);
+                let identity = std::str::from_utf8(rest.get(13..13 + n)?).ok()?;
+                Some(OwnerAsk::DelegateOn { token: &rest[13 + n..], offset, len, ttl_ms, identity })
+            }
+            3 if rest.len() == 8 => {
+                Some(OwnerAsk::Revoke { cap: CapId(u64::from_le_bytes(rest.try_into().ok()?)) })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Every capability made from `cap`, directly or not (a walk of the
+/// book, off the data path: revocations only).
+fn descendants(book: &Book, cap: CapId) -> Vec<CapId> {
+    let mut out = Vec::new();
+    for c in book.capabilities() {
+        let mut p = book.parent(c);
+        while let Some(q) = p {
+            if q == cap {
+                out.push(c);
+                break;
+            }
+            p = book.parent(q);
+        }
+    }
+    out
+}
+
 /// An endpoint's delegations at a glance (telemetry).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DelegationFigures {
@@ -192,7 +320,7 @@ pub(crate) struct DelegationFigures {
     /// Tokens out: made, not yet redeemed, expired or revoked.
     pub(crate) tokens_out: u64,
     /// Redemptions refused, by [`Refusal::status`] - 1.
-    pub(crate) refused: [u64; 8],
+    pub(crate) refused: [u64; REFUSALS],
     /// What the book has done.
     pub(crate) stats: mwcap_delegation::BookStats,
 }
@@ -205,6 +333,10 @@ pub(crate) struct Delegations {
     /// Some live exposure was revoked and waits for its connection to
     /// invalidate it ([`Regions::take_ends`]).
     ends_due: AtomicBool,
+    /// A revocation was made by a connection (a holder's), not through
+    /// the endpoint: the driver rings every connection once, so that the
+    /// one exposing it takes a turn ([`Regions::take_ring`]).
+    ring: AtomicBool,
 }
 
 #[derive(Default)]
@@ -222,13 +354,18 @@ struct State {
     /// happened to it (a replay, a revocation), not as unknown.
     gone: HashMap<CapId, (Refusal, Duration)>,
     /// Redemptions refused, by [`Refusal::status`] - 1.
-    refused: [u64; 8],
+    refused: [u64; REFUSALS],
     nonce: u64,
 }
 
 impl Delegations {
     pub(crate) fn new(epoch: Instant) -> Delegations {
-        Delegations { epoch, state: Mutex::new(State::default()), ends_due: AtomicBool::new(false) }
+        Delegations {
+            epoch,
+            state: Mutex::new(State::default()),
+            ends_due: AtomicBool::new(false),
+            ring: AtomicBool::new(false),
+        }
     }
 
     fn now(&self) -> Duration {
@@ -250,6 +387,15 @@ impl State {
                 _ => RedeemError::Unknown(cap),
             },
         })
+    }
+
+    /// `cap` and `below` (made from it) were revoked: their tokens are
+    /// refused `Revoked` until `expiry` (no token below outlives it), also
+    /// once the book has forgotten their tree.
+    fn mark_revoked(&mut self, cap: CapId, expiry: Duration, below: &[CapId]) {
+        for &c in std::iter::once(&cap).chain(below) {
+            self.gone.insert(c, (Refusal::Revoked, expiry));
+        }
     }
 
     fn book(&mut self) -> &mut Book {
@@ -344,6 +490,139 @@ impl<N: Nic> Regions<N> {
         out
     }
 
+    /// Connection `conn`, authenticated as `identity`, hands the
+    /// capability of `token` (made for it) on to `to`: the part
+    /// `offset..offset + len` of its range (`len` 0: the rest), for `ttl`
+    /// at most as long as its own. The holder's token is redeemed into
+    /// the new delegation (it exposes nothing to the holder) and `conn`
+    /// holds it: it may revoke what it made ([`Regions::revoke_held`]).
+    /// A part wider or longer than the capability is refused
+    /// `OutsideCapability` before the holder's token is used.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn delegate_on(
+        &self,
+        now: Duration,
+        conn: u64,
+        identity: Option<&str>,
+        token: &[u8],
+        (offset, len): (u32, u32),
+        to: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, (Refusal, String)> {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        let out = Self::delegate_on_locked(&mut st, now, conn, identity, token, (offset, len), to, ttl);
+        if let Err((refusal, _)) = &out {
+            st.refused[usize::from(refusal.status() - 1)] += 1;
+        }
+        st.gone.retain(|_, &mut (_, expiry)| expiry > now);
+        self.drain(&mut st);
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delegate_on_locked(
+        st: &mut State,
+        now: Duration,
+        conn: u64,
+        identity: Option<&str>,
+        token: &[u8],
+        (offset, len): (u32, u32),
+        to: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, (Refusal, String)> {
+        let outside = |why: String| (Refusal::OutsideCapability, why);
+        if to.is_empty() || to.len() > MAX_IDENTITY {
+            return Err((
+                Refusal::Malformed,
+                format!("a delegation names an identity of 1 to {MAX_IDENTITY} bytes, not {}", to.len()),
+            ));
+        }
+        let Some(book) = st.book.as_mut() else { return Err(Refusal::of(RedeemError::Forged)) };
+        book.handle_timeout(now);
+        // The part and the life are checked against the token's claims
+        // first: a holder asking too much keeps its token.
+        let part = match book.open(token) {
+            Some(c) => {
+                let (offset, held) = (u64::from(offset), c.range.len);
+                let len = if len == 0 { held.saturating_sub(offset) } else { u64::from(len) };
+                if len == 0 || offset + len > held {
+                    return Err(outside(format!(
+                        "bytes {offset}..{} of a capability of {held} bytes: delegate a part of it",
+                        offset + len
+                    )));
+                }
+                let left = c.expiry.saturating_sub(now);
+                if ttl.is_zero() || ttl > left {
+                    return Err(outside(format!(
+                        "a life of {ttl:?} from a capability with {left:?} left: delegate for no longer"
+                    )));
+                }
+                Range { offset: c.range.offset + offset, len }
+            }
+            // Not a token of this owner's: the redemption says why.
+            None => Range { offset: 0, len: 0 },
+        };
+        let r = match book.redeem(now, Holder(conn), identity.unwrap_or(""), token) {
+            Ok(r) => r,
+            Err(RedeemError::Unknown(cap)) => return Err(st.forgotten(now, cap, token)),
+            Err(e) => return Err(Refusal::of(e)),
+        };
+        st.nonce += 1;
+        let nonce = st.nonce;
+        let book = st.book.as_mut().expect("it redeemed");
+        let made = book.delegate(now, Holder(conn), r.cap, part, to, now + ttl, nonce);
+        // The holder's own capability is handed on, never exposed to it:
+        // its exposure is over, and the tree lives on in the delegation.
+        book.ended(r.cap);
+        st.gone.insert(r.cap, (Refusal::AlreadyRedeemed, r.expiry));
+        made.map_err(|e| {
+            outside(format!("the delegation was refused after the holder's token was used: {e:?}"))
+        })
+    }
+
+    /// Connection `conn` revokes delegation `cap`, which it made
+    /// ([`Regions::delegate_on`]): `cap` and everything made from it end,
+    /// as the owner's revocation ends them.
+    pub(crate) fn revoke_held(&self, conn: u64, cap: CapId) -> Result<(), (Refusal, String)> {
+        let d = self.delegations();
+        let mut st = d.state.lock();
+        let unknown =
+            || (Refusal::Unknown, format!("delegation {} is unknown or over: nothing to revoke", cap.0));
+        let Some(b) = st.book.as_mut() else { return Err(unknown()) };
+        let (Some(parent), Some((_, expiry))) = (b.parent(cap), b.bounds(cap)) else { return Err(unknown()) };
+        // What is revoked is remembered before the book forgets the tree.
+        let below = descendants(b, cap);
+        let r = match b.revoke_delegations(Holder(conn), parent) {
+            Ok(()) => Ok(()),
+            Err(RevokeError::NotHolder(_)) => Err((
+                Refusal::NotHolder,
+                format!(
+                    "delegation {} was not made on this connection: only the holder that delegated it, on \
+                     the connection it delegated on, or the owner's application revokes it",
+                    cap.0
+                ),
+            )),
+            Err(_) => Err(unknown()),
+        };
+        if r.is_ok() {
+            st.mark_revoked(cap, expiry, &below);
+            d.ring.store(true, Ordering::Release);
+        } else if let Err((refusal, _)) = &r {
+            st.refused[usize::from(refusal.status() - 1)] += 1;
+        }
+        self.drain(&mut st);
+        r
+    }
+
+    /// Whether a connection's revocation asks for every connection to be
+    /// rung (once: the flag is cleared).
+    #[inline]
+    pub(crate) fn take_ring(&self) -> bool {
+        let d = self.delegations();
+        d.ring.load(Ordering::Relaxed) && d.ring.swap(false, Ordering::AcqRel)
+    }
+
     /// A redemption refused by a connection itself (stale, unavailable).
     pub(crate) fn count_refusal(&self, refusal: Refusal) {
         self.delegations().state.lock().refused[usize::from(refusal.status() - 1)] += 1;
@@ -372,9 +651,10 @@ impl<N: Nic> Regions<N> {
         let mut st = d.state.lock();
         let Some(b) = st.book.as_mut() else { return Err(RevokeError::Unknown(cap)) };
         let expiry = b.bounds(cap).map(|(_, e)| e);
+        let below = descendants(b, cap);
         let r = b.revoke(cap);
         if let (Ok(()), Some(expiry)) = (&r, expiry) {
-            st.gone.insert(cap, (Refusal::Revoked, expiry));
+            st.mark_revoked(cap, expiry, &below);
         }
         self.drain(&mut st);
         r

@@ -215,14 +215,17 @@ pub enum Frame<'a> {
         /// payload, a confirm-policy fetch of the reply.
         attach: Attaches,
     },
-    /// A delegate's redemption of a delegation token: a request the
-    /// owner's library answers itself (with the delegated range as the
-    /// reply payload, or a refusal status), never the application.
-    Redeem {
+    /// A request the owner's library answers itself, never the
+    /// application: a delegate's redemption of a delegation token (the
+    /// delegated range as the reply payload, or a refusal status), a
+    /// holder's delegation of a token made for it on to another identity
+    /// (a new token in the reply header), or a holder's revocation of
+    /// what it delegated (`conn::OwnerAsk`).
+    Ask {
         /// The request's id on this connection (the requests' sequence).
         msg_id: u64,
-        /// The token, as the owner sealed it (at most [`MAX_HEADER`] bytes).
-        token: &'a [u8],
+        /// The ask: an op byte, then its fields (at most [`MAX_HEADER`] bytes).
+        body: &'a [u8],
         /// Engine messages riding along: a confirm-policy fetch of the reply.
         attach: Attaches,
     },
@@ -422,8 +425,8 @@ pub(crate) enum Received<'a> {
         inline: &'a [u8],
         attach: RawAttaches<'a>,
     },
-    /// [`Frame::Redeem`].
-    Redeem { msg_id: u64, token: &'a [u8], attach: RawAttaches<'a> },
+    /// [`Frame::Ask`].
+    Ask { msg_id: u64, body: &'a [u8], attach: RawAttaches<'a> },
     /// [`Frame::Reply`].
     Reply { msg_id: u64, status: u8, header: &'a [u8], inline: &'a [u8], attach: RawAttaches<'a> },
     /// [`Frame::Engine`]: the engine and its message (at most [`MAX_ATTACH_LEN`] bytes).
@@ -443,8 +446,8 @@ impl<'a> Received<'a> {
             Received::Request { msg_id, trace, header, inline, attach } => {
                 Frame::Request { msg_id, trace, header, inline, attach: attach.to_attaches()? }
             }
-            Received::Redeem { msg_id, token, attach } => {
-                Frame::Redeem { msg_id, token, attach: attach.to_attaches()? }
+            Received::Ask { msg_id, body, attach } => {
+                Frame::Ask { msg_id, body, attach: attach.to_attaches()? }
             }
             Received::Reply { msg_id, status, header, inline, attach } => {
                 Frame::Reply { msg_id, status, header, inline, attach: attach.to_attaches()? }
@@ -552,9 +555,9 @@ impl<'a> Frame<'a> {
                 w.inline(inline)?;
                 w.attaches(attach)?;
             }
-            Frame::Redeem { msg_id, token, attach } => {
+            Frame::Ask { msg_id, body, attach } => {
                 w.put(&msg_id.to_le_bytes())?;
-                w.header(token)?;
+                w.header(body)?;
                 w.attaches(attach)?;
             }
             Frame::Reply { msg_id, status, header, inline, attach } => {
@@ -583,7 +586,7 @@ impl<'a> Frame<'a> {
             Frame::Ping { .. } => 4,
             Frame::Pong { .. } => 5,
             Frame::Credit => 6,
-            Frame::Redeem { .. } => 7,
+            Frame::Ask { .. } => 7,
         }
     }
 
@@ -648,7 +651,7 @@ impl<'a> Frame<'a> {
             4 => Received::Ping { seq: r.u64()? },
             5 => Received::Pong { seq: r.u64()? },
             6 => Received::Credit,
-            7 => Received::Redeem { msg_id: r.u64()?, token: r.header()?, attach: r.attaches()? },
+            7 => Received::Ask { msg_id: r.u64()?, body: r.header()?, attach: r.attaches()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {
@@ -721,7 +724,7 @@ mod tests {
             2 => Frame::Ping { seq: *msg_id },
             3 => Frame::Pong { seq: *msg_id },
             4 => Frame::Credit,
-            5 => Frame::Redeem { msg_id: *msg_id, token: header, attach: *attach },
+            5 => Frame::Ask { msg_id: *msg_id, body: header, attach: *attach },
             _ => Frame::Engine(*one),
         }
     }

@@ -129,14 +129,15 @@ pub enum Event {
         /// The caller's trace id, if it sent one (see [`TraceId`]).
         trace: Option<TraceId>,
     },
-    /// Server: a delegate redeems a delegation token (`token`, the
-    /// request's header). The I/O layer answers it itself, from its
-    /// endpoint's book of delegations, never the application.
-    Redeem {
+    /// Server: a peer asks the owner's library (a redemption, a holder's
+    /// delegation on, a holder's revocation: `OwnerAsk`, the request's
+    /// header). The I/O layer answers it itself, from its endpoint's book
+    /// of delegations, never the application.
+    Ask {
         /// Name it in the reply.
         req: RequestId,
-        /// The token's bytes.
-        token: Header,
+        /// The ask's bytes.
+        body: Header,
         /// Under confirm: it comes again, the delegate's READ of the
         /// range it was answered with being stale.
         again: bool,

@@ -302,6 +302,9 @@ pub struct Seen {
     pub confirm: Option<(fb::MsgId, fb::BufferId, fb::Generation)>,
     pub refuse: Option<fb::MsgId>,
     pub kind: &'static str,
+    /// A reply's status and header.
+    pub status: Option<u8>,
+    pub header: Vec<u8>,
 }
 
 impl Seen {
@@ -337,14 +340,16 @@ impl Seen {
                 s.msg_id = Some(msg_id);
                 attach.iter().for_each(|a| s.attach(a));
             }
-            Frame::Redeem { msg_id, attach, .. } => {
-                s.kind = "redeem";
+            Frame::Ask { msg_id, attach, .. } => {
+                s.kind = "ask";
                 s.msg_id = Some(msg_id);
                 attach.iter().for_each(|a| s.attach(a));
             }
-            Frame::Reply { msg_id, attach, .. } => {
+            Frame::Reply { msg_id, status, header, attach, .. } => {
                 s.kind = "reply";
                 s.msg_id = Some(msg_id);
+                s.status = Some(status);
+                s.header = header.to_vec();
                 attach.iter().for_each(|a| s.attach(a));
             }
             Frame::Engine(a) => {

@@ -1,5 +1,6 @@
 //! A link's side of delegation (`conn/delegate.rs`): it answers a
-//! delegate's redemption itself, from its endpoint's book, ends the
+//! delegate's redemption, and a holder's delegation on and revocation,
+//! itself, from its endpoint's book, ends the
 //! delegated exposures it makes on their evidence, and invalidates one at
 //! once when its delegation is revoked.
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use super::Link;
 use crate::backend::Nic;
-use crate::conn::delegate::{CapId, Refusal};
+use crate::conn::delegate::{CapId, OwnerAsk, Refusal};
 use crate::conn::types::*;
 
 /// A link's delegation state.
@@ -29,6 +30,9 @@ enum Answer {
     Expose { req: RequestId, cap: CapId, range: RegionRange, lease: Duration },
     /// A refusal, in a status and words.
     Refuse { req: RequestId, refusal: Refusal, message: String },
+    /// Done: status 0 and `header` (a holder's new delegation: its id and
+    /// token), no payload.
+    Plain { req: RequestId, header: Vec<u8> },
 }
 
 impl LinkDelegation {
@@ -72,52 +76,90 @@ impl<N: Nic> Link<N> {
         self.set_identity(Some(identity.into()));
     }
 
-    /// Client: redeem a delegation token (see `Connection::redeem`).
-    pub(crate) fn call_redeem(&mut self, now: Duration, token: &[u8]) -> Result<CallId, Refused> {
-        let r = self.span.in_scope(|| self.conn.call_redeem(now, token));
+    /// Client: ask the owner's library (`body`, an encoded [`OwnerAsk`]:
+    /// see `Connection::redeem`, `delegate`, `revoke`).
+    pub(crate) fn call_ask(&mut self, now: Duration, body: &[u8]) -> Result<CallId, Refused> {
+        let r = self.span.in_scope(|| self.conn.call_ask(now, body));
         self.run();
         r
     }
 
-    /// A delegate redeems `token` with request `req` (`again`: under
-    /// confirm, its READ of the range it was answered with was stale).
+    /// A peer asks the owner's library (`body`, an [`OwnerAsk`]) with
+    /// request `req`: a delegate redeems a token, a holder delegates a
+    /// token made for it on, or revokes what it delegated (`again`: under
+    /// confirm, the delegate's READ of the range it was answered with was
+    /// stale).
     #[cold]
     #[inline(never)]
-    pub(super) fn redeem(&mut self, e: Option<Event>) {
-        let Some(Event::Redeem { req, token, again }) = e else { return };
-        let token: &[u8] = &token;
+    pub(super) fn ask(&mut self, e: Option<Event>) {
+        let Some(Event::Ask { req, body, again }) = e else { return };
         let now = self.conn.now();
-        let answer = if again {
-            let message =
-                "the read of the delegated range was stale (the owner's hold ended before the delegate \
-                           confirmed it), and a delegation is exposed once: ask its holder for a new token"
+        let answer = match (again, OwnerAsk::decode(&body)) {
+            (true, _) => {
+                let message = "the read of the delegated range was stale (the owner's hold ended before the \
+                               delegate confirmed it), and a delegation is exposed once: ask its holder for \
+                               a new token"
                     .to_owned();
-            self.regions.count_refusal(Refusal::Stale);
-            Answer::Refuse { req, refusal: Refusal::Stale, message }
-        } else {
-            let identity = self.delegation.identity.clone();
-            let policy = crate::telemetry::own_policy(self.conn.policies(), self.conn.role());
-            let margin = self.config().safety_margin;
-            match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token, policy) {
-                // Too little of the token's life is left for a READ: the
-                // delegate would decline the grant (its safety margin) and
-                // learn nothing it can match. Expired, as it is in a moment.
-                Ok((cap, _, lease)) if lease <= margin => {
-                    self.regions.delegation_ended(cap);
-                    self.regions.count_refusal(Refusal::Expired);
-                    let message = format!(
-                        "the token expires in {lease:?}, within the {margin:?} safety margin a read of it                          needs: ask its holder for a new token, or delegate with a longer ttl"
-                    );
-                    Answer::Refuse { req, refusal: Refusal::Expired, message }
+                self.regions.count_refusal(Refusal::Stale);
+                Answer::Refuse { req, refusal: Refusal::Stale, message }
+            }
+            (false, Some(OwnerAsk::Redeem { token })) => self.redeem(now, req, token),
+            (false, Some(OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity: to })) => {
+                let identity = self.delegation.identity.clone();
+                let ttl = Duration::from_millis(u64::from(ttl_ms));
+                let conn = self.conn.id();
+                match self.regions.delegate_on(now, conn, identity.as_deref(), token, (offset, len), to, ttl)
+                {
+                    Ok(d) => Answer::Plain {
+                        req,
+                        header: [&d.cap.0.to_le_bytes()[..], d.token.as_bytes()].concat(),
+                    },
+                    Err((refusal, message)) => {
+                        tracing::info!(parent: &self.span, ?req, ?refusal, %message, "delegation on refused");
+                        Answer::Refuse { req, refusal, message }
+                    }
                 }
-                Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
-                Err((refusal, message)) => {
-                    tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
-                    Answer::Refuse { req, refusal, message }
-                }
+            }
+            (false, Some(OwnerAsk::Revoke { cap })) => match self.regions.revoke_held(self.conn.id(), cap) {
+                Ok(()) => Answer::Plain { req, header: Vec::new() },
+                Err((refusal, message)) => Answer::Refuse { req, refusal, message },
+            },
+            (false, None) => {
+                self.regions.count_refusal(Refusal::Malformed);
+                let message =
+                    "an ask the owner does not know (its op or fields): is the peer running another \
+                               version of mwcap?"
+                        .to_owned();
+                Answer::Refuse { req, refusal: Refusal::Malformed, message }
             }
         };
         self.answer(now, answer);
+    }
+
+    /// A delegate redeems `token` with request `req`.
+    fn redeem(&mut self, now: Duration, req: RequestId, token: &[u8]) -> Answer {
+        let identity = self.delegation.identity.clone();
+        let policy = crate::telemetry::own_policy(self.conn.policies(), self.conn.role());
+        let margin = self.config().safety_margin;
+        match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token, policy) {
+            // Too little of the token's life is left for a READ: the
+            // delegate would decline the grant (its safety margin) and
+            // learn nothing it can match. Expired, as it is in a moment.
+            Ok((cap, _, lease)) if lease <= margin => {
+                self.regions.delegation_ended(cap);
+                self.regions.count_refusal(Refusal::Expired);
+                let message = format!(
+                    "the token expires in {lease:?}, within the {margin:?} safety margin a read of it \
+                     needs: ask its holder for a new token, or delegate with a longer ttl"
+                );
+                Answer::Refuse { req, refusal: Refusal::Expired, message }
+            }
+            Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
+            Err((refusal, message)) => {
+                tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
+                Answer::Refuse { req, refusal, message }
+            }
+        }
     }
 
     /// Send `a`, or keep it for a later turn while capacity lacks.
@@ -129,10 +171,11 @@ impl<N: Nic> Link<N> {
             Answer::Refuse { req, refusal, message } => {
                 self.reply(now, *req, refusal.status(), message.as_bytes(), None).map_err(|r| r.error)
             }
+            Answer::Plain { req, header } => self.reply(now, *req, 0, header, None).map_err(|r| r.error),
         };
         match (r, a) {
             (Ok(()), Answer::Expose { cap, range, .. }) => self.delegation.live.push((cap, range)),
-            (Ok(()), Answer::Refuse { .. }) => {}
+            (Ok(()), Answer::Refuse { .. } | Answer::Plain { .. }) => {}
             (Err(UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit), a) => {
                 self.delegation.waiting.push(a)
             }
@@ -143,7 +186,7 @@ impl<N: Nic> Link<N> {
                 let message = format!("the owner could not expose the delegated range: {e}");
                 self.answer(now, Answer::Refuse { req, refusal: Refusal::Unavailable, message });
             }
-            (Err(e), Answer::Refuse { req, .. }) => {
+            (Err(e), Answer::Refuse { req, .. } | Answer::Plain { req, .. }) => {
                 // The request is gone (the connection is down): nothing to answer.
                 tracing::debug!(parent: &self.span, ?req, %e, "a redemption's refusal was not sent");
             }

@@ -387,9 +387,9 @@ impl<N: Nic> Link<N> {
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
         let mut e = self.conn.poll_event();
-        while let Some(Event::Redeem { .. }) = &e {
+        while let Some(Event::Ask { .. }) = &e {
             // Answered here, from the endpoint's delegations.
-            self.redeem(e.take());
+            self.ask(e.take());
             e = self.conn.poll_event();
         }
         if let Some(Event::RangeReturned(range)) = &e {

@@ -262,7 +262,7 @@ impl<N: Nic> State<N> {
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),
             // Its link answers a redemption itself (`Link::poll_event`).
-            Event::Redeem { .. } => {}
+            Event::Ask { .. } => {}
             // No remote access to it is possible any more: back to the pool.
             Event::BufferReturned(b) => self.ep.free(b),
             // A user range may be written again: writers waiting for it retry.

@@ -1,7 +1,9 @@
 //! A connection's part in its endpoint's regions (`conn/regions.rs`) and
 //! in their delegations (`conn/delegate.rs`).
 
-use super::super::{RedeemFailed, Refusal, RegionId, Token, MAX_TOKEN};
+use std::time::Duration;
+
+use super::super::{CapId, Delegation, OwnerAsk, RedeemFailed, Refusal, RegionId, Token, MAX_TOKEN};
 use super::{Connection, Inner, Reply};
 use crate::backend::Nic;
 
@@ -25,11 +27,66 @@ impl<N: Nic> Connection<N> {
     /// forged, another identity's, expired, revoked, redeemed already, ...).
     /// A token redeems once. Give the payload back with [`Connection::free`].
     pub async fn redeem(&self, token: &Token) -> Result<Reply, RedeemFailed> {
+        self.ask(OwnerAsk::Redeem { token: Self::checked(token)? }).await
+    }
+
+    /// Holder: hand the capability of `token` (made for the identity this
+    /// connection proved) on to `to`, for `part` of its range (bytes from
+    /// the capability's start; `None`: all of it) and `ttl` (no longer
+    /// than the token has left). One message: the owner's library makes
+    /// the new delegation itself and answers with its token, which this
+    /// holder passes on by any means; the holder's token is used up
+    /// (nothing is exposed to the holder). The owner keeps the range
+    /// pinned until every delegation made from it is over, and this
+    /// connection may [`Connection::revoke`] what it made. A part wider or
+    /// a life longer than the capability's is refused
+    /// ([`Refusal::OutsideCapability`](super::super::Refusal::OutsideCapability))
+    /// and leaves the token unused; the delegate may delegate further in
+    /// turn, never wider or longer.
+    pub async fn delegate(
+        &self,
+        token: &Token,
+        to: &str,
+        part: Option<std::ops::Range<u32>>,
+        ttl: Duration,
+    ) -> Result<Delegation, RedeemFailed> {
+        let token = Self::checked(token)?;
+        let (offset, len) = match part {
+            // An empty part is sent as its offset and a length of one
+            // byte past the capability's end, for the owner to refuse.
+            Some(p) if p.is_empty() => (p.start, u32::MAX),
+            Some(p) => (p.start, p.end - p.start),
+            None => (0, 0),
+        };
+        let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+        let reply = self.ask(OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity: to }).await?;
+        let Some((cap, token)) = reply.header.split_first_chunk::<8>() else {
+            return Err(RedeemFailed::BadStatus(0));
+        };
+        Ok(Delegation { cap: CapId(u64::from_le_bytes(*cap)), token: Token::from_bytes(token.to_vec()) })
+    }
+
+    /// Holder: revoke delegation `cap`, which this connection made
+    /// ([`Connection::delegate`]): its token is refused from now on, and
+    /// whatever was made from it ends; a delegate reading it now has its
+    /// window invalidated (mw) or its offer withdrawn (confirm).
+    pub async fn revoke(&self, cap: CapId) -> Result<(), RedeemFailed> {
+        self.ask(OwnerAsk::Revoke { cap }).await.map(|_| ())
+    }
+
+    /// A token short enough to send.
+    fn checked(token: &Token) -> Result<&[u8], RedeemFailed> {
         let bytes = token.as_bytes();
         if bytes.len() > MAX_TOKEN {
             return Err(RedeemFailed::TokenTooLong(bytes.len()));
         }
-        let reply = self.make_call(None, |ep, now, _| ep.call_redeem(now, bytes)).await?;
+        Ok(bytes)
+    }
+
+    /// Ask the owner's library; its refusal, matched.
+    async fn ask(&self, ask: OwnerAsk<'_>) -> Result<Reply, RedeemFailed> {
+        let body = ask.encode();
+        let reply = self.make_call(None, |ep, now, _| ep.call_ask(now, &body)).await?;
         match reply.status {
             0 => Ok(reply),
             s => {

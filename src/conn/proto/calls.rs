@@ -115,12 +115,12 @@ impl Connection {
         Ok(self.commit_call(now, trace, header, fetch, req, len, &[], false))
     }
 
-    /// Client: redeem a delegation token (`conn/delegate.rs`): a
-    /// redemption frame carrying `token`, answered by the owner's library
-    /// like a call (the delegated range as the reply payload, or a refusal
-    /// status).
-    pub(crate) fn call_redeem(&mut self, now: Duration, token: &[u8]) -> Result<CallId, Refused> {
-        self.start_call(now, None, token, None, &[], true)
+    /// Client: ask the owner's library (`conn/delegate.rs`): an ask frame
+    /// carrying `body` (an encoded `OwnerAsk`), answered by the owner's
+    /// library like a call (a redeemed range as the reply payload, a new
+    /// token in the reply header, or a refusal status).
+    pub(crate) fn call_ask(&mut self, now: Duration, body: &[u8]) -> Result<CallId, Refused> {
+        self.start_call(now, None, body, None, &[], true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -213,7 +213,7 @@ impl Connection {
             self.stats.bytes_exposed += inline.len() as u64;
         }
         let mut frame = if redeem {
-            Frame::Redeem { msg_id: msg, token: header, attach: Attaches::new() }
+            Frame::Ask { msg_id: msg, body: header, attach: Attaches::new() }
         } else {
             Frame::Request { msg_id: msg, trace, header, inline, attach: Attaches::new() }
         };

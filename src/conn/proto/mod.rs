@@ -223,7 +223,7 @@ struct Request {
     release: Option<mw::Release>,
     fetch_fb: Option<fb::MsgId>,
     surfaced: bool,
-    /// A delegate's redemption: it surfaces as [`Event::Redeem`], for the
+    /// A delegate's redemption: it surfaces as [`Event::Ask`], for the
     /// I/O layer to answer (its header is the token).
     redeem: bool,
 }
@@ -685,7 +685,7 @@ impl Connection {
             Event::Request { .. } => s.requests += 1,
             Event::RequestDropped { .. } => s.requests_dropped += 1,
             Event::ReplyAgain { .. }
-            | Event::Redeem { .. }
+            | Event::Ask { .. }
             | Event::BufferReturned(_)
             | Event::RangeReturned(_)
             | Event::ConnectionLost(_) => {}
@@ -747,7 +747,7 @@ impl Connection {
 /// (a payload's grant or offer, a fetch, a release), below `MAX_ATTACH`.
 fn push_attach(f: &mut Frame<'_>, a: Attach) {
     match f {
-        Frame::Request { attach, .. } | Frame::Reply { attach, .. } | Frame::Redeem { attach, .. } => {
+        Frame::Request { attach, .. } | Frame::Reply { attach, .. } | Frame::Ask { attach, .. } => {
             let pushed = attach.push(a);
             debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
         }

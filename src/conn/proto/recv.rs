@@ -96,8 +96,8 @@ impl Connection {
             (Received::Request { msg_id, trace, header, inline, attach }, Role::Server) => {
                 self.on_request(now, msg_id, trace, header, inline, attach, false)
             }
-            (Received::Redeem { msg_id, token, attach }, Role::Server) => {
-                self.on_request(now, msg_id, None, token, &[], attach, true)
+            (Received::Ask { msg_id, body, attach }, Role::Server) => {
+                self.on_request(now, msg_id, None, body, &[], attach, true)
             }
             (Received::Reply { msg_id, status, header, inline, attach }, Role::Client) => {
                 self.on_reply(now, msg_id, status, header, inline, attach)
@@ -170,7 +170,7 @@ impl Connection {
             self.requests.insert(msg, r);
             let header = header.into();
             if redeem {
-                return self.emit(Event::Redeem { req: RequestId(msg), token: header, again: false });
+                return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
             }
             return self.emit(Event::Request { req: RequestId(msg), header, data: None, trace });
         }
@@ -471,7 +471,7 @@ impl Connection {
             r.header = header.clone();
         }
         if r.redeem {
-            return self.emit(Event::Redeem { req: RequestId(msg), token: header, again: false });
+            return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
         }
         let data = data.map(|(s, l)| self.buf(s, l));
         self.emit(Event::Request { req: RequestId(msg), header, data, trace });
@@ -709,7 +709,7 @@ impl Connection {
                             );
                             if redeem {
                                 // The I/O layer answers it (its read was stale).
-                                self.emit(Event::Redeem { req: RequestId(m), token: header, again: true });
+                                self.emit(Event::Ask { req: RequestId(m), body: header, again: true });
                             } else {
                                 self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
                             }
@@ -771,7 +771,7 @@ fn payloads(attach: RawAttaches<'_>, inline: &[u8]) -> usize {
 fn kind(f: &Received<'_>) -> &'static str {
     match f {
         Received::Request { .. } => "request",
-        Received::Redeem { .. } => "redemption",
+        Received::Ask { .. } => "owner ask",
         Received::Reply { .. } => "reply",
         Received::Engine(..) => "engine message",
         Received::Ping { .. } => "ping",
