@@ -546,11 +546,13 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
 fi
 
 # Delegation across three processes (pass/fail): examples/delegate.rs's
-# storage node on rxe0, a client that gets a token for compute-1's identity
-# and prints it, and a compute node that redeems it (every byte checked)
-# and is refused the same token again; then a token the client revoked
-# before handing it on, refused. Under mw (trusted peers: rxe0's
-# SEND_WITH_INV reaches other QPs' windows) and under confirm.
+# storage node on rxe0, a client that gets a token for its own identity,
+# hands it on to compute-1's with one message to the storage node
+# (Connection::delegate) and prints the new token, and a compute node that
+# redeems it (every byte checked) and is refused the same token again;
+# then a token the client handed on and revoked on the wire
+# (Connection::revoke) before passing it, refused. Under mw (trusted
+# peers: rxe0's SEND_WITH_INV reaches other QPs' windows) and under confirm.
 echo "=== delegation: storage, client and compute processes on rxe0"
 delegate=${MWCAP_DELEGATE_BIN:-}
 if [ -z "$delegate" ] || [ ! -x "$delegate" ]; then
@@ -596,7 +598,7 @@ else
         kill "$dpid" 2>/dev/null
         wait "$dpid" 2>/dev/null
         if [ "$ok" -eq 1 ]; then
-            echo "delegation $policy: a delegate read its block once, every byte checked; a replay and a revoked token were refused"
+            echo "delegation $policy: a delegate read the blocks the client handed on, once, every byte checked; a replay and a token the client revoked were refused"
         else
             echo "delegation $policy: FAIL (the storage node's log follows)"
             sed -e "s/^/storage: /" "$dlog"
