@@ -10,13 +10,21 @@
 //! delegation is made, never sent). It passes the token on by any means. The
 //! delegate, connected to the owner's endpoint and authenticated as that
 //! identity, redeems it with one message
-//! ([`Connection::redeem`](super::Connection::redeem): a redemption frame
-//! carrying the token); the owner's library answers it itself, never the
-//! application: with the range as the reply payload, exposed on the
+//! ([`Connection::redeem`](super::Connection::redeem): an ask frame
+//! carrying an [`OwnerAsk`]); the owner's library answers it itself, never
+//! the application: with the range as the reply payload, exposed on the
 //! delegate's connection like any region reply (under mw a window over
 //! exactly the range on the delegate's QP, its lease ending by the token's
 //! expiry; under confirm an offer), or with a [`Refusal`]. A token redeems
 //! once.
+//!
+//! A holder of a token made for it may instead hand it on
+//! ([`Connection::delegate`](super::Connection::delegate)): the owner's
+//! library redeems the holder's token into a delegation of a part of its
+//! range, for no longer, to another identity, and answers with the new
+//! token; the holder may revoke what it made
+//! ([`Connection::revoke`](super::Connection::revoke)). Delegates hand on
+//! in turn: a tree of delegations under the application's root.
 //!
 //! From the delegation until the book says its tree is done (the token
 //! redeemed and that exposure ended on evidence, or the token expired or
@@ -24,7 +32,9 @@
 //! exposures: [`Endpoint::region_write`](super::Endpoint::region_write)
 //! refuses to write it and a region with a pinned range is not
 //! deregistered. [`Endpoint::revoke`](super::Endpoint::revoke) refuses the
-//! token from then on and, under mw, invalidates a live window at once.
+//! token (and every token made from it) from then on and ends a live
+//! exposure at once: under mw its window is invalidated, under confirm
+//! its offer withdrawn.
 
 // The loom build leaves the async endpoint, which makes delegations, out.
 #![cfg_attr(loom, allow(dead_code))]
