@@ -399,6 +399,21 @@ impl State {
         })
     }
 
+    /// Count a refusal (telemetry, by reason).
+    fn count(&mut self, refusal: Refusal) {
+        self.refused[usize::from(refusal.status() - 1)] += 1;
+    }
+
+    /// The refusal for the book's redemption error `e` of `token`: a
+    /// token of a tree the book has forgotten is refused for what
+    /// happened to it ([`State::forgotten`]).
+    fn refusal(&self, now: Duration, e: RedeemError, token: &[u8]) -> (Refusal, String) {
+        match e {
+            RedeemError::Unknown(cap) => self.forgotten(now, cap, token),
+            e => Refusal::of(e),
+        }
+    }
+
     /// `cap` and `below` (made from it) were revoked: their tokens are
     /// refused `Revoked` until `expiry` (no token below outlives it), also
     /// once the book has forgotten their tree.
@@ -489,15 +504,20 @@ impl<N: Nic> Regions<N> {
                 st.gone.insert(r.cap, (Refusal::AlreadyRedeemed, r.expiry));
                 Ok((r.cap, range, r.expiry.saturating_sub(now)))
             }
-            Err(RedeemError::Unknown(cap)) => Err(st.forgotten(now, cap, token)),
-            Err(e) => Err(Refusal::of(e)),
+            Err(e) => Err(st.refusal(now, e, token)),
         };
-        if let Err((refusal, _)) = &out {
-            st.refused[usize::from(refusal.status() - 1)] += 1;
+        self.settle(&mut st, now, &out);
+        out
+    }
+
+    /// After an ask answered from the book: count its refusal, forget the
+    /// records of delegations past their expiry, carry out the book's events.
+    fn settle<T>(&self, st: &mut State, now: Duration, out: &Result<T, (Refusal, String)>) {
+        if let Err((refusal, _)) = out {
+            st.count(*refusal);
         }
         st.gone.retain(|_, &mut (_, expiry)| expiry > now);
-        self.drain(&mut st);
-        out
+        self.drain(st);
     }
 
     /// Connection `conn`, authenticated as `identity`, hands the
@@ -522,11 +542,7 @@ impl<N: Nic> Regions<N> {
         let d = self.delegations();
         let mut st = d.state.lock();
         let out = Self::delegate_on_locked(&mut st, now, conn, identity, token, (offset, len), to, ttl);
-        if let Err((refusal, _)) = &out {
-            st.refused[usize::from(refusal.status() - 1)] += 1;
-        }
-        st.gone.retain(|_, &mut (_, expiry)| expiry > now);
-        self.drain(&mut st);
+        self.settle(&mut st, now, &out);
         out
     }
 
@@ -575,8 +591,7 @@ impl<N: Nic> Regions<N> {
         };
         let r = match book.redeem(now, Holder(conn), identity.unwrap_or(""), token) {
             Ok(r) => r,
-            Err(RedeemError::Unknown(cap)) => return Err(st.forgotten(now, cap, token)),
-            Err(e) => return Err(Refusal::of(e)),
+            Err(e) => return Err(st.refusal(now, e, token)),
         };
         st.nonce += 1;
         let nonce = st.nonce;
@@ -619,7 +634,7 @@ impl<N: Nic> Regions<N> {
             st.mark_revoked(cap, expiry, &below);
             d.ring.store(true, Ordering::Release);
         } else if let Err((refusal, _)) = &r {
-            st.refused[usize::from(refusal.status() - 1)] += 1;
+            st.count(*refusal);
         }
         self.drain(&mut st);
         r
@@ -635,7 +650,7 @@ impl<N: Nic> Regions<N> {
 
     /// A redemption refused by a connection itself (stale, unavailable).
     pub(crate) fn count_refusal(&self, refusal: Refusal) {
-        self.delegations().state.lock().refused[usize::from(refusal.status() - 1)] += 1;
+        self.delegations().state.lock().count(refusal);
     }
 
     /// Delegation `cap`'s exposure ended on evidence (or was never made).
