@@ -78,15 +78,16 @@ impl Net {
             })
             .unwrap();
         let keep: Rc<RefCell<Vec<Connection<SimNic>>>> = Rc::default();
-        let (o2, k2) = (owner.clone(), keep.clone());
+        let region = owner.register_region(REGION).unwrap();
+        let (o2, k2, sp) = (owner.clone(), keep.clone(), pool.spawner());
         pool.spawner()
             .spawn_local(async move {
                 while let Ok(c) = o2.accept().await {
-                    k2.borrow_mut().push(c);
+                    k2.borrow_mut().push(c.clone());
+                    sp.spawn_local(serve(c, region)).unwrap();
                 }
             })
             .unwrap();
-        let region = owner.register_region(REGION).unwrap();
         let bytes: Vec<u8> = (0..REGION).map(pattern).collect();
         owner.region_write(region, 0, &bytes).unwrap();
         let addr = owner.local_addr().unwrap();
@@ -144,6 +145,19 @@ impl Net {
         })
     }
 
+    /// `holder` calls the owner's application with `header`, asking for
+    /// the reply's payload as a delegation to `to`.
+    fn call_delegated(
+        &mut self,
+        holder: &Connection<SimNic>,
+        header: &str,
+        to: &str,
+        ttl: Duration,
+    ) -> Result<mwcap::conn::DelegatedReply, RedeemFailed> {
+        let (c, h, to) = (holder.clone(), header.to_owned(), to.to_owned());
+        self.run(async move { c.call_delegated(h.as_bytes(), &to, ttl).await })
+    }
+
     /// Wait until the range may be written (its delegation is over).
     fn writable(&mut self, offset: usize, len: usize) -> bool {
         let (owner, region) = (self.owner.clone(), self.region);
@@ -183,6 +197,45 @@ impl Net {
                 refusal
             }
             other => panic!("expected a refusal, got {:?}", other.map(|b| b.len())),
+        }
+    }
+}
+
+/// The owner's application: a storage protocol of its own that knows
+/// nothing of delegation. "range OFFSET LEN" is answered with that range
+/// of the region, "buf" with a buffer (and, when the caller asked for a
+/// delegation, which a buffer cannot be, with status 7 and no payload),
+/// anything else with status 3 and no payload. Each reply's header says
+/// whether the request was marked delegated.
+async fn serve(c: Connection<SimNic>, region: RegionId) {
+    while let Some(req) = c.next_request().await {
+        let marked: &[u8] = if req.delegated { b"delegated" } else { b"plain" };
+        let words = String::from_utf8_lossy(&req.header).into_owned();
+        let mut it = words.split(' ');
+        let r = match (it.next(), it.next(), it.next()) {
+            (Some("range"), Some(off), Some(len)) => {
+                let range = RegionRange { region, offset: off.parse().unwrap(), len: len.parse().unwrap() };
+                match c.reply_region(req.id, 0, marked, range).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => c.reply(req.id, 9, e.to_string().as_bytes(), None).await.map_err(|r| r.error),
+                }
+            }
+            (Some("buf"), ..) => {
+                let mut b = c.alloc().await.unwrap();
+                b.copy_from(&[0xAB; 100]).unwrap();
+                match c.reply(req.id, 0, marked, Some(b)).await {
+                    Ok(()) => Ok(()),
+                    Err(refused) => {
+                        assert!(matches!(refused.error, UseError::NotDelegable(_)), "{}", refused.error);
+                        c.free(refused.data.expect("the buffer is handed back"));
+                        c.reply(req.id, 7, b"a buffer cannot be delegated", None).await.map_err(|r| r.error)
+                    }
+                }
+            }
+            _ => c.reply(req.id, 3, marked, None).await.map_err(|r| r.error),
+        };
+        if r.is_err() {
+            return;
         }
     }
 }
@@ -602,4 +655,108 @@ fn a_holder_revoking_while_the_delegate_reads_never_yields_other_bytes() {
         let again = net.refused(&compute, &on.token);
         assert!(matches!(again, Refusal::AlreadyRedeemed | Refusal::Revoked), "{policy:?}: {again:?}");
     }
+}
+
+/// A holder calls the owner's application (which knows nothing of
+/// delegation) and asks for the reply's payload as a delegation instead of
+/// reading it: the application replies with a range of its region as it
+/// would to any caller, the owner's library delegates it to the identity
+/// the holder named, and the delegate reads exactly that range, once. The
+/// range is pinned until the delegation is over, and the holder revokes
+/// what it was given.
+fn a_reply_payload_is_delegated_to_a_third_node(policy: PolicyChoice) {
+    let mut net = Net::new(policy);
+    let holder = net.connect("other", 9);
+    let compute = net.connect("compute", 7);
+    let ttl = Duration::from_secs(4);
+    let (offset, len) = (12_288 + 5, 6000u32);
+    let r = net.call_delegated(&holder, &format!("range {offset} {len}"), "compute", ttl).unwrap();
+    assert_eq!((r.status, &r.header[..]), (0, &b"delegated"[..]), "{policy:?}: the application's answer");
+    let d = r.delegation.expect("a reply with a range comes as a delegation");
+    // Nothing was exposed to the holder; the range is pinned for the delegate.
+    let err = net.owner.region_write(net.region, offset + len as usize - 1, b"x").unwrap_err();
+    assert!(matches!(err, UseError::RangeExposed { .. }), "{policy:?}: {err}");
+    // Only the identity named redeems it.
+    assert_eq!(net.refused(&holder, &d.token), Refusal::WrongIdentity, "{policy:?}");
+    let read = net.redeem(&compute, &d.token).unwrap();
+    assert_eq!(read, (offset..offset + len as usize).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+    assert_eq!(net.refused(&compute, &d.token), Refusal::AlreadyRedeemed, "{policy:?}");
+    assert!(net.writable(offset, len as usize), "{policy:?}: the range is the owner's once it is over");
+
+    // A second one, revoked by the holder before the delegate redeems it.
+    let r = net.call_delegated(&holder, "range 0 4096", "compute", ttl).unwrap();
+    let d = r.delegation.unwrap();
+    assert_eq!(refusal_of(net.revoke_held(&compute, d.cap)), Refusal::NotHolder, "{policy:?}");
+    net.revoke_held(&holder, d.cap).unwrap();
+    assert_eq!(net.refused(&compute, &d.token), Refusal::Revoked, "{policy:?}");
+    assert!(net.writable(0, 4096), "{policy:?}: a revoked delegation unpins its range");
+
+    // Naming its own identity, the holder hands a part on later.
+    let r = net.call_delegated(&holder, "range 8192 4096", "other", ttl).unwrap();
+    let mine = r.delegation.unwrap();
+    let on = net.delegate_on(&holder, &mine.token, "compute", Some(96..196), ttl / 2).unwrap();
+    let read = net.redeem(&compute, &on.token).unwrap();
+    assert_eq!(read, (8192 + 96..8192 + 196).map(pattern).collect::<Vec<u8>>(), "{policy:?}");
+    assert!(net.writable(8192, 4096), "{policy:?}");
+    let m = recorded(&net.owner);
+    assert_eq!(m["mwcap_delegations_total{endpoint=owner}"], 4.0, "{policy:?}");
+}
+
+#[test]
+fn under_mw_a_reply_payload_is_delegated_to_a_third_node() {
+    a_reply_payload_is_delegated_to_a_third_node(PolicyChoice::Mw);
+}
+
+#[test]
+fn under_confirm_a_reply_payload_is_delegated_to_a_third_node() {
+    a_reply_payload_is_delegated_to_a_third_node(PolicyChoice::Confirm);
+}
+
+/// What cannot be delegated says why: a reply without a payload comes back
+/// as the application's answer without a delegation; a buffer is refused to
+/// the application (which answers otherwise); a range outside the region
+/// fails the application's reply; a life longer than the owner's lease, no
+/// life, and a bad identity are refused before the application sees the
+/// call. A plain call is not marked delegated, and reads as before.
+#[test]
+fn what_cannot_be_delegated_says_why() {
+    let mut net = Net::new(PolicyChoice::Mw);
+    let holder = net.connect("other", 9);
+    let ttl = Duration::from_secs(2);
+    let r = net.call_delegated(&holder, "nothing", "compute", ttl).unwrap();
+    assert_eq!((r.status, &r.header[..]), (3, &b"delegated"[..]));
+    assert!(r.delegation.is_none(), "no payload, no delegation");
+    let r = net.call_delegated(&holder, "buf", "compute", ttl).unwrap();
+    assert_eq!((r.status, r.delegation.is_none()), (7, true), "the application was told and answered");
+    let r = net.call_delegated(&holder, &format!("range {} 10", REGION - 5), "compute", ttl).unwrap();
+    assert_eq!(r.status, 9, "the application's reply_region failed: {}", String::from_utf8_lossy(&r.header));
+    assert!(r.delegation.is_none());
+    let lease = small().lease_time;
+    for (to, ttl, want) in [
+        ("compute", lease + Duration::from_millis(1), Refusal::OutsideCapability),
+        ("compute", Duration::ZERO, Refusal::OutsideCapability),
+    ] {
+        let r = net.call_delegated(&holder, "range 0 10", to, ttl);
+        assert_eq!(refusal_of(r), want, "{to} {ttl:?}");
+    }
+    for to in ["", &"x".repeat(256)] {
+        let r = net.call_delegated(&holder, "range 0 10", to, ttl);
+        assert!(matches!(r, Err(RedeemFailed::BadIdentity(n)) if n == to.len()), "{r:?}");
+    }
+    // A plain call to the same application is not marked, and reads the range.
+    let c = holder.clone();
+    let read = net.run(async move {
+        let reply = c.call(b"range 100 200", None).await.unwrap();
+        assert_eq!(&reply.header[..], b"plain");
+        let data = reply.data.unwrap();
+        let v = data.to_vec();
+        c.free(data);
+        v
+    });
+    assert_eq!(read, (100..300).map(pattern).collect::<Vec<u8>>());
+    // Nothing was delegated or pinned by any of them.
+    assert!(net.writable(0, REGION));
+    let m = recorded(&net.owner);
+    assert_eq!(m["mwcap_delegations_total{endpoint=owner}"], 0.0);
+    assert_eq!(m["mwcap_redemptions_refused_total{endpoint=owner,reason=outside_capability}"], 2.0);
 }

@@ -235,3 +235,60 @@ fn a_holder_revoking_what_it_delegated_invalidates_the_window_being_read() {
     assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
     a_revoked_window_ends(w, range, (addr, rkey, len));
 }
+
+/// A holder's call for a delegation, from a hostile peer: malformed fields
+/// and a life longer than the owner's lease are refused before the
+/// application sees the call (the connection runs on); a well-formed one
+/// reaches the application marked delegated, which cannot delegate a
+/// buffer (handed back) and replies with a range of its region. That
+/// range comes back as a token, never as a window on the caller's QP; the
+/// caller, named as the delegate, redeems it for a window over exactly the
+/// range, and revokes it while it reads: the window is invalidated and the
+/// range comes back on evidence.
+#[test]
+fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() {
+    let (mut w, _, range) = world();
+    let seen = ask(&mut w, 1, &[4, 1, 0]);
+    assert_eq!(seen.status, Some(11), "Malformed: {}", String::from_utf8_lossy(&seen.header));
+    let long = OwnerAsk::Call { ttl_ms: 600_000, identity: "compute", header: b"get" };
+    let seen = ask(&mut w, 2, &long.encode());
+    assert_eq!((seen.status, seen.header.first()), (Some(9), Some(&2)), "OutsideCapability, by the library");
+    assert!(w.events.iter().all(|e| !matches!(e, Event::Request { .. })), "the application saw neither");
+    let ttl_ms = u32::try_from(LEASE.as_millis()).unwrap();
+    let call = OwnerAsk::Call { ttl_ms, identity: "compute", header: b"get" };
+    w.send_within_credit(
+        &Frame::Ask { msg_id: 3, body: &call.encode(), attach: Attaches::new() }.encode().unwrap(),
+    );
+    assert!(w.run_until(Duration::from_millis(50), |w| w
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. }))));
+    let pos = w.events.iter().position(|e| matches!(e, Event::Request { .. })).unwrap();
+    let Event::Request { req, header, data: None, delegated: true, .. } = w.events.remove(pos) else {
+        panic!("a call for a delegation reaches the application marked, without a payload")
+    };
+    assert_eq!(&header[..], b"get");
+    let buf = w.granted_buf();
+    let now = w.now();
+    let refused = w.victim.reply(now, req, 0, b"", Some(buf)).unwrap_err();
+    assert!(matches!(refused.error, mwcap::conn::UseError::NotDelegable(3)), "{}", refused.error);
+    w.victim.free(refused.data.expect("handed back"));
+    w.victim.reply_region(now, req, 0, b"blk", range).unwrap();
+    let seen = Seen::of(&w.next_frame());
+    assert_eq!((seen.status, seen.grant.is_none(), seen.exposed.is_none()), (Some(0), true, true));
+    let (&kind, rest) = seen.header.split_first().unwrap();
+    assert_eq!(kind, 1, "a delegation");
+    let cap = mwcap::conn::CapId(u64::from_le_bytes(rest[..8].try_into().unwrap()));
+    let len = usize::from(u16::from_le_bytes(rest[8..10].try_into().unwrap()));
+    let (token, app) = rest[10..].split_at(len);
+    assert_eq!(app, b"blk");
+    let seen = redeem(&mut w, 4, token);
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(len, range.len, "the window covers exactly the range");
+    let (status, bytes) = w.read(addr, rkey, len);
+    assert_eq!(status, WcStatus::Success);
+    assert!(bytes.iter().all(|&b| b == GRANTED));
+    let seen = ask(&mut w, 5, &OwnerAsk::Revoke { cap }.encode());
+    assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
+    a_revoked_window_ends(w, range, (addr, rkey, len));
+}

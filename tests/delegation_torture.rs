@@ -6,8 +6,11 @@
 //! its generation; its application delegates random ranges of them to
 //! random identities with random lives, revokes random delegations, and
 //! rewrites random slots whenever the region lets it (a pinned slot is
-//! refused). The delegates redeem random tokens, their own or another
-//! identity's, once or again, many at once, while the owner revokes and
+//! refused). It also serves requests for ranges of its slots, which the
+//! delegates call for as delegations to one another
+//! (`Connection::call_delegated`). The delegates redeem random tokens,
+//! their own or another identity's, once or again, many at once, hand
+//! parts on and revoke what they made, while the owner revokes and
 //! rewrites. Faults: a delegate's queue pair forced into error mid-run
 //! (the delegate reconnects on a fresh device), and delays on the links.
 //!
@@ -98,6 +101,19 @@ struct MadeOn {
     result: Result<mwcap::conn::Delegation, RedeemFailed>,
 }
 
+/// A call for a reply as a delegation, as it ended.
+struct Called {
+    by: usize,
+    by_gen: u32,
+    to: usize,
+    slot: usize,
+    offset: usize,
+    len: usize,
+    ttl: Duration,
+    ended: Instant,
+    result: Result<mwcap::conn::DelegatedReply, RedeemFailed>,
+}
+
 /// A token to use: mostly one not yet used, revoked or near its expiry
 /// (so that most asks could succeed), else any.
 fn pick(rng: &mut SmallRng, toks: &[Tok]) -> usize {
@@ -135,10 +151,41 @@ struct Delegate {
     conn: Connection<SimNic>,
 }
 
+/// The owner's slots: each one's generation, and whether its application
+/// is replying with a range of it now (it does not rewrite a slot it is
+/// serving, as a storage node would not).
+#[derive(Default)]
+struct Slots {
+    gens: [u32; SLOTS],
+    serving: [bool; SLOTS],
+}
+
+/// The owner's application: "SLOT OFFSET LEN" is answered with that range,
+/// its header the slot's generation.
+async fn serve(c: Connection<SimNic>, region: RegionId, slots: Rc<RefCell<Slots>>) {
+    while let Some(req) = c.next_request().await {
+        let w: Vec<usize> =
+            String::from_utf8_lossy(&req.header).split(' ').map(|x| x.parse().unwrap()).collect();
+        let (slot, offset, len) = (w[0], w[1], w[2]);
+        let gen = {
+            let mut s = slots.borrow_mut();
+            s.serving[slot] = true;
+            s.gens[slot]
+        };
+        let range = RegionRange { region, offset: slot * SLOT + offset, len: len as u32 };
+        let r = c.reply_region(req.id, 0, &gen.to_le_bytes(), range).await;
+        slots.borrow_mut().serving[slot] = false;
+        if r.is_err() {
+            return;
+        }
+    }
+}
+
 struct Run {
     pool: LocalPool,
     fabric: Fabric,
     owner: Endpoint<SimNic>,
+    slots: Rc<RefCell<Slots>>,
     owner_dev: mwcap::sim::DeviceId,
     addr: std::net::SocketAddr,
     region: RegionId,
@@ -167,19 +214,21 @@ impl Run {
                 drv.run().await;
             })
             .unwrap();
-        let o2 = owner.clone();
+        let region = owner.register_region(SLOTS * SLOT).unwrap();
+        let slots: Rc<RefCell<Slots>> = Rc::default();
+        let (o2, s2, sp) = (owner.clone(), slots.clone(), pool.spawner());
         pool.spawner()
             .spawn_local(async move {
                 // Keep every connection until the owner goes.
                 let mut kept = Vec::new();
                 while let Ok(c) = o2.accept().await {
+                    sp.spawn_local(serve(c.clone(), region, s2.clone())).unwrap();
                     kept.push(c);
                 }
             })
             .unwrap();
-        let region = owner.register_region(SLOTS * SLOT).unwrap();
         let addr = owner.local_addr().unwrap();
-        Run { pool, fabric, owner, owner_dev, addr, region, policy }
+        Run { pool, fabric, owner, slots, owner_dev, addr, region, policy }
     }
 
     /// A delegate proving `NAMES[i]`, on a device of its own.
@@ -229,6 +278,8 @@ struct Counts {
     /// connection than the one it was made on).
     holder_revokes: u32,
     holder_revoked: u32,
+    /// Replies a delegate called for as a delegation, and got.
+    called_for: u32,
     rewritten: u32,
     write_refused: u32,
     qp_faults: u32,
@@ -237,9 +288,8 @@ struct Counts {
 fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut run = Run::new(seed, policy);
-    let mut gens = [0u32; SLOTS];
-    for (s, g) in gens.iter().enumerate() {
-        let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(s, *g, i)).collect();
+    for s in 0..SLOTS {
+        let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(s, 0, i)).collect();
         run.owner.region_write(run.region, s * SLOT, &bytes).unwrap();
     }
     let mut delegates: Vec<Delegate> = (0..NAMES.len()).map(|i| run.connect(i)).collect();
@@ -255,6 +305,8 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
     let holder_revocations: Rc<RefCell<Vec<(usize, Instant)>>> = Rc::default();
     let mut pending_on = 0usize;
     let mut pending_revokes = 0usize;
+    let called: Rc<RefCell<Vec<Called>>> = Rc::default();
+    let mut pending_calls = 0usize;
     for _ in 0..ops {
         match rng.gen_range(0..100) {
             // The application delegates a random range of a random slot to
@@ -267,7 +319,8 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 let ttl = Duration::from_millis(rng.gen_range(60..1500));
                 let range = RegionRange { region: run.region, offset: slot * SLOT + offset, len: len as u32 };
                 let d = run.owner.delegate_region(range, NAMES[identity], ttl).unwrap();
-                let want = (offset..offset + len).map(|i| pattern(slot, gens[slot], i)).collect();
+                let gen = run.slots.borrow().gens[slot];
+                let want = (offset..offset + len).map(|i| pattern(slot, gen, i)).collect();
                 toks.push(Tok {
                     cap: d.cap,
                     token: d.token,
@@ -389,10 +442,14 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
             // Rewrite a random slot, if no part of it is delegated or read.
             68..=82 => {
                 let slot = rng.gen_range(0..SLOTS);
-                let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(slot, gens[slot] + 1, i)).collect();
+                let mut slots = run.slots.borrow_mut();
+                if slots.serving[slot] {
+                    continue;
+                }
+                let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(slot, slots.gens[slot] + 1, i)).collect();
                 match run.owner.region_write(run.region, slot * SLOT, &bytes) {
                     Ok(()) => {
-                        gens[slot] += 1;
+                        slots.gens[slot] += 1;
                         c.rewritten += 1;
                     }
                     Err(_) => c.write_refused += 1,
@@ -413,6 +470,42 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 let i = rng.gen_range(0..NAMES.len());
                 let extra = Duration::from_micros(rng.gen_range(0..3000));
                 run.fabric.set_link_delay(run.owner_dev, delegates[i].dev, extra);
+            }
+            // A delegate calls the owner's application for a range of a
+            // slot as a delegation to another (or itself; sometimes for
+            // longer than the connection's lease).
+            90..=93 => {
+                let by = rng.gen_range(0..NAMES.len());
+                let to = rng.gen_range(0..NAMES.len());
+                let slot = rng.gen_range(0..SLOTS);
+                let offset = rng.gen_range(0..SLOT - 1);
+                let len = rng.gen_range(1..=SLOT - offset);
+                let ttl = if rng.gen_bool(0.9) {
+                    Duration::from_millis(rng.gen_range(60..1500))
+                } else {
+                    config().lease_time + Duration::from_millis(1)
+                };
+                let (conn, out, by_gen) = (delegates[by].conn.clone(), called.clone(), gens_conn[by]);
+                pending_calls += 1;
+                run.pool
+                    .spawner()
+                    .spawn_local(async move {
+                        let header = format!("{slot} {offset} {len}");
+                        let result = conn.call_delegated(header.as_bytes(), NAMES[to], ttl).await;
+                        let ended = Instant::now();
+                        out.borrow_mut().push(Called {
+                            by,
+                            by_gen,
+                            to,
+                            slot,
+                            offset,
+                            len,
+                            ttl,
+                            ended,
+                            result,
+                        });
+                    })
+                    .unwrap();
             }
             // Time passes.
             _ => run.pump(rng.gen_range(1..20)),
@@ -446,6 +539,31 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 Err(_) => c.failed += 1,
             }
         }
+        // Replies called for as delegations become tokens like any other.
+        for m in called.borrow_mut().drain(..) {
+            pending_calls -= 1;
+            match m.result {
+                Ok(r) => {
+                    let d = r.delegation.expect("a range comes as a delegation");
+                    let gen = u32::from_le_bytes(r.header[..4].try_into().unwrap());
+                    let want = (m.offset..m.offset + m.len).map(|i| pattern(m.slot, gen, i)).collect();
+                    toks.push(Tok {
+                        cap: d.cap,
+                        token: d.token,
+                        identity: m.to,
+                        parent: None,
+                        holder: Some((m.by, m.by_gen)),
+                        want,
+                        expires: m.ended + m.ttl,
+                        revoked: None,
+                        first_redeemed: None,
+                    });
+                    c.called_for += 1;
+                }
+                Err(RedeemFailed::Refused { .. }) => c.refused += 1,
+                Err(_) => c.failed += 1,
+            }
+        }
         for (t, at) in holder_revocations.borrow_mut().drain(..) {
             pending_revokes -= 1;
             c.holder_revokes += 1;
@@ -455,7 +573,7 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
             }
         }
     }
-    let _ = (pending_on, pending_revokes);
+    let _ = (pending_on, pending_revokes, pending_calls);
     for d in &delegates {
         run.fabric.set_link_delay(run.owner_dev, d.dev, Duration::ZERO);
     }
@@ -521,6 +639,7 @@ fn check(policy: PolicyChoice, default_seed: u64) {
     assert!(c.refused > 5, "the run was refused redemptions: {c:?}");
     assert!(c.revoked > 0 && c.rewritten > 0 && c.write_refused > 0, "{c:?}");
     assert!(c.delegated_on > 3 && c.holder_revokes > 0, "holders handed tokens on and revoked: {c:?}");
+    assert!(c.called_for > 3, "delegates called for replies as delegations: {c:?}");
 }
 
 #[test]

@@ -767,9 +767,13 @@ mod endpoints {
         });
         let Some(Event::Request { req, .. }) =
             l.sev.iter().rev().find(|e| matches!(e, Event::Request { .. })).map(|e| match e {
-                Event::Request { req, header, .. } => {
-                    Event::Request { req: *req, header: header.clone(), data: None, trace: None }
-                }
+                Event::Request { req, header, .. } => Event::Request {
+                    req: *req,
+                    header: header.clone(),
+                    data: None,
+                    trace: None,
+                    delegated: false,
+                },
                 _ => unreachable!(),
             })
         else {

@@ -1,12 +1,13 @@
 //! Any bytes into every decoder of peer bytes on the data path: the frame
-//! envelope, and the mw and confirm engine messages (alone and as a frame's
-//! attachments). Each must return, never panic, and whatever it accepts
+//! envelope, the mw and confirm engine messages (alone and as a frame's
+//! attachments), and an ask of the owner's library. Each must return, never panic, and whatever it accepts
 //! must encode back to exactly the bytes it read (one encoding per value,
 //! so a peer cannot smuggle state through alternative forms).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use mwcap::conn::frame::{Attach, EngineTag, Frame, MAX_FRAME};
+use mwcap::conn::OwnerAsk;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
@@ -32,6 +33,9 @@ fn engine_message(engine: EngineTag, bytes: &[u8]) {
 fuzz_target!(|data: &[u8]| {
     engine_message(EngineTag::Mw, data);
     engine_message(EngineTag::Confirm, data);
+    if let Some(a) = OwnerAsk::decode(data) {
+        assert_eq!(a.encode(), data, "owner ask re-encodes differently: {a:?}");
+    }
     if let Ok((f, credit)) = Frame::decode_with_credit(data) {
         assert!(data.len() <= MAX_FRAME);
         let mut again = [0u8; MAX_FRAME];

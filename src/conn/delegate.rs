@@ -26,6 +26,15 @@
 //! ([`Connection::revoke`](super::Connection::revoke)). Delegates hand on
 //! in turn: a tree of delegations under the application's root.
 //!
+//! A caller may also get a reply's payload as a delegation instead of
+//! reading it ([`Connection::call_delegated`](super::Connection::call_delegated)):
+//! the request reaches the owner's application marked
+//! ([`Request::delegated`](super::Request::delegated)), and the range of a
+//! region it replies with becomes a root the calling connection holds,
+//! delegated whole to the identity the caller named (nothing is exposed to
+//! the caller). A pool buffer cannot be delegated: a third node's queue
+//! pair does not reach it.
+//!
 //! From the delegation until the book says its tree is done (the token
 //! redeemed and that exposure ended on evidence, or the token expired or
 //! revoked unredeemed), the range is *pinned* in its region's book of
@@ -211,10 +220,63 @@ pub enum RedeemFailed {
     /// The token is longer than any an owner seals.
     #[error("a token of {0} bytes: an owner seals none longer than {MAX_TOKEN}")]
     TokenTooLong(usize),
+    /// The identity to delegate to is empty or longer than a token can
+    /// name; nothing was sent.
+    #[error("a delegation names an identity of 1 to {MAX_IDENTITY} bytes, not {0}")]
+    BadIdentity(usize),
     /// The owner answered with a status no owner sends (not an mwcap
     /// endpoint of this version?).
     #[error("the owner answered a redemption with status {0}, which no mwcap owner sends")]
     BadStatus(u8),
+}
+
+/// The answer to [`Connection::call_delegated`](super::Connection::call_delegated):
+/// the owner application's status and header, and the delegation its reply's
+/// payload was made into (`None`: the reply had no payload).
+#[derive(Clone, Debug)]
+pub struct DelegatedReply {
+    /// The application's status.
+    pub status: u8,
+    /// The application's header.
+    pub header: Vec<u8>,
+    /// The reply's payload, a range of the owner's memory, delegated to
+    /// the identity the call named: its id (the caller may
+    /// [`Connection::revoke`](super::Connection::revoke) it) and its
+    /// token, to pass on.
+    pub delegation: Option<Delegation>,
+}
+
+impl DelegatedReply {
+    /// Parse the reply to a call for a delegation (`OwnerAsk::Call`).
+    pub(crate) fn parse(status: u8, header: &[u8]) -> Result<DelegatedReply, RedeemFailed> {
+        let bad = || RedeemFailed::BadStatus(status);
+        let (&kind, rest) = header.split_first().ok_or_else(bad)?;
+        match kind {
+            CALL_PLAIN => Ok(DelegatedReply { status, header: rest.to_vec(), delegation: None }),
+            CALL_DELEGATED => {
+                let (cap, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+                let (len, rest) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+                let len = usize::from(u16::from_le_bytes(*len));
+                if rest.len() < len {
+                    return Err(bad());
+                }
+                let (token, header) = rest.split_at(len);
+                let delegation = Delegation {
+                    cap: CapId(u64::from_le_bytes(*cap)),
+                    token: Token::from_bytes(token.to_vec()),
+                };
+                Ok(DelegatedReply { status, header: header.to_vec(), delegation: Some(delegation) })
+            }
+            CALL_REFUSED => match Refusal::from_status(status) {
+                Some(refusal) => Err(RedeemFailed::Refused {
+                    refusal,
+                    message: String::from_utf8_lossy(rest).into_owned(),
+                }),
+                None => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
 }
 
 /// What a peer asks of an owner's library, never its application: the
@@ -226,6 +288,12 @@ pub enum RedeemFailed {
 /// | 1 | redeem | the token |
 /// | 2 | delegate on | ttl in ms (u32), the part's offset and length in the capability (u32 each; length 0: the rest from the offset), the identity's length (u8) and bytes, the token |
 /// | 3 | revoke | the delegation's id (u64) |
+/// | 4 | call for a delegation | ttl in ms (u32), the identity's length (u8) and bytes, the request's header |
+///
+/// The reply to op 4 starts with a kind byte (0: the application's header
+/// follows; 1: the delegation's id (u64), the token's length (u16) and
+/// bytes, then the application's header; 2: the library refused, its
+/// words follow), so that the status stays the application's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OwnerAsk<'a> {
     /// A delegate redeems a token made for it: the range comes back as the
@@ -255,7 +323,33 @@ pub enum OwnerAsk<'a> {
         /// The delegation.
         cap: CapId,
     },
+    /// A holder calls the owner's application and asks for the reply's
+    /// payload as a delegation to `identity` instead of reading it
+    /// ([`Connection::call_delegated`](super::Connection::call_delegated)):
+    /// the request surfaces to the application (marked
+    /// [`Request::delegated`](super::Request::delegated)); a reply with a
+    /// range of a region is delegated, not exposed.
+    Call {
+        /// The delegation's life, in milliseconds (at most the owner
+        /// connection's `lease_time`).
+        ttl_ms: u32,
+        /// Who may redeem the token.
+        identity: &'a str,
+        /// The request's header, for the application.
+        header: &'a [u8],
+    },
 }
+
+/// The reply to a call for a delegation (op 4) carries the application's
+/// status and header and no payload (the reply had none).
+pub(crate) const CALL_PLAIN: u8 = 0;
+/// ... the application replied with a range of a region, delegated: the
+/// delegation's id (u64), the token's length (u16) and bytes, then the
+/// application's header.
+pub(crate) const CALL_DELEGATED: u8 = 1;
+/// ... the owner's library refused the call (a [`Refusal`] in the status,
+/// its words after the kind byte); the application never saw it.
+pub(crate) const CALL_REFUSED: u8 = 2;
 
 impl OwnerAsk<'_> {
     /// The body's bytes.
@@ -280,6 +374,14 @@ impl OwnerAsk<'_> {
                 b.push(3);
                 b.extend_from_slice(&cap.0.to_le_bytes());
             }
+            OwnerAsk::Call { ttl_ms, identity, header } => {
+                b.push(4);
+                b.extend_from_slice(&ttl_ms.to_le_bytes());
+                let id = identity.as_bytes();
+                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                b.extend_from_slice(&id[..id.len().min(255)]);
+                b.extend_from_slice(header);
+            }
         }
         b
     }
@@ -299,6 +401,12 @@ impl OwnerAsk<'_> {
             }
             3 if rest.len() == 8 => {
                 Some(OwnerAsk::Revoke { cap: CapId(u64::from_le_bytes(rest.try_into().ok()?)) })
+            }
+            4 => {
+                let ttl_ms = u32_at(0)?;
+                let n = usize::from(*rest.get(4)?);
+                let identity = std::str::from_utf8(rest.get(5..5 + n)?).ok()?;
+                Some(OwnerAsk::Call { ttl_ms, identity, header: &rest[5 + n..] })
             }
             _ => None,
         }
@@ -448,6 +556,34 @@ impl<N: Nic> Regions<N> {
         identity: &str,
         ttl: Duration,
     ) -> Result<Delegation, DelegateError> {
+        self.delegate_as(APP, now, range, identity, ttl)
+    }
+
+    /// Connection `conn` called for a delegation and the application
+    /// replied with `range`: the range becomes a root `conn` holds (it is
+    /// never exposed to it: it ends at once), delegated whole to
+    /// `identity` for `ttl`. `conn` may revoke what it made
+    /// ([`Regions::revoke_held`]).
+    pub(crate) fn delegate_reply(
+        &self,
+        now: Duration,
+        conn: u64,
+        range: RegionRange,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, DelegateError> {
+        self.delegate_as(Holder(conn), now, range, identity, ttl)
+    }
+
+    /// A root over `range` held by `holder`, delegated whole to `identity`.
+    fn delegate_as(
+        &self,
+        holder: Holder,
+        now: Duration,
+        range: RegionRange,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Delegation, DelegateError> {
         if identity.is_empty() {
             return Err(DelegateError::NoIdentity);
         }
@@ -461,7 +597,7 @@ impl<N: Nic> Regions<N> {
         let expiry = now + ttl;
         let mut st = d.state.lock();
         let bytes = Range { offset: range.offset as u64, len: u64::from(range.len) };
-        let root = st.book().expose(APP, bytes, expiry);
+        let root = st.book().expose(holder, bytes, expiry);
         // The pin checks the range (region, bounds, not deregistered).
         if let Err(e) = self.expose(pin(root), range) {
             st.book().ended(root);
@@ -470,9 +606,10 @@ impl<N: Nic> Regions<N> {
         }
         st.nonce += 1;
         let nonce = st.nonce;
-        let made = st.book().delegate(now, APP, root, bytes, identity, expiry, nonce);
-        // The root stands for the application itself, not an exposure on a
-        // NIC: it ends at once, and the tree lives on in its delegation.
+        let made = st.book().delegate(now, holder, root, bytes, identity, expiry, nonce);
+        // The root stands for the application itself (or a holder's reply
+        // it never reads), not an exposure on a NIC: it ends at once, and
+        // the tree lives on in its delegation.
         st.book().ended(root);
         st.roots.insert(root, range);
         self.drain(&mut st);
@@ -763,5 +900,58 @@ impl<N: Nic> Regions<N> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every ask decodes to itself, and a truncated one to nothing.
+    #[test]
+    fn an_ask_decodes_to_what_was_encoded_and_a_truncated_one_to_nothing() {
+        let token = [9u8; 40];
+        let asks = [
+            OwnerAsk::Redeem { token: &token },
+            OwnerAsk::DelegateOn { token: &token, offset: 3, len: 70, ttl_ms: 500, identity: "compute" },
+            OwnerAsk::Revoke { cap: CapId(77) },
+            OwnerAsk::Call { ttl_ms: 1500, identity: "decode-3", header: b"GET blk 7" },
+            OwnerAsk::Call { ttl_ms: 1, identity: "a", header: b"" },
+        ];
+        for ask in asks {
+            let b = ask.encode();
+            assert_eq!(OwnerAsk::decode(&b), Some(ask));
+        }
+        // Cut inside the fixed fields or the identity.
+        let b = OwnerAsk::Call { ttl_ms: 1500, identity: "decode-3", header: b"" }.encode();
+        for cut in 1..b.len() {
+            assert_eq!(OwnerAsk::decode(&b[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(OwnerAsk::decode(&[]), None);
+        assert_eq!(OwnerAsk::decode(&[5]), None);
+    }
+
+    /// A reply to a call for a delegation parses to what the owner said,
+    /// and a mangled one to an error, never a panic.
+    #[test]
+    fn a_reply_to_a_call_for_a_delegation_parses_or_says_it_is_not_one() {
+        let token = [7u8; 50];
+        let h = [&[CALL_DELEGATED][..], &5u64.to_le_bytes(), &50u16.to_le_bytes(), &token, b"app"].concat();
+        let r = DelegatedReply::parse(4, &h).unwrap();
+        assert_eq!((r.status, &r.header[..]), (4, &b"app"[..]));
+        let d = r.delegation.unwrap();
+        assert_eq!((d.cap, d.token.as_bytes()), (CapId(5), &token[..]));
+        let r = DelegatedReply::parse(0, &[CALL_PLAIN, b'x']).unwrap();
+        assert!(r.delegation.is_none() && r.header == b"x");
+        let refused = [&[CALL_REFUSED][..], b"no"].concat();
+        assert!(matches!(
+            DelegatedReply::parse(9, &refused),
+            Err(RedeemFailed::Refused { refusal: Refusal::OutsideCapability, .. })
+        ));
+        for cut in 0..h.len() - 3 {
+            assert!(DelegatedReply::parse(0, &h[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(DelegatedReply::parse(0, &[3]).is_err());
+        assert!(DelegatedReply::parse(200, &refused).is_err());
     }
 }

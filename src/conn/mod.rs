@@ -161,8 +161,8 @@ pub mod pool_model {
 pub use buf::Buf;
 pub use config::*;
 pub use delegate::{
-    CapId, DelegateError, Delegation, OwnerAsk, RedeemFailed, Refusal, RevokeError, Token, MAX_IDENTITY,
-    MAX_TOKEN,
+    CapId, DelegateError, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, Refusal, RevokeError, Token,
+    MAX_IDENTITY, MAX_TOKEN,
 };
 #[cfg(not(loom))]
 pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver, Pending};

@@ -128,6 +128,9 @@ pub enum Event {
         data: Option<Buf>,
         /// The caller's trace id, if it sent one (see [`TraceId`]).
         trace: Option<TraceId>,
+        /// The caller asked for the reply's payload as a delegation to a
+        /// third node, not to read it (see `Request::delegated`).
+        delegated: bool,
     },
     /// Server: a peer asks the owner's library (a redemption, a holder's
     /// delegation on, a holder's revocation: `OwnerAsk`, the request's
@@ -624,6 +627,12 @@ pub enum UseError {
     /// next frame grants more.
     #[error("the peer has no receive free for another message (flow control); drive the endpoint and retry")]
     NoCredit,
+    /// The request's caller asked for the reply's payload as a delegation
+    /// to a third node ([`Request::delegated`](super::Request::delegated)),
+    /// and a buffer cannot be delegated (it lives in this connection's
+    /// memory, which a third node's queue pair cannot reach).
+    #[error("request {0} asked for its reply's payload as a delegation: reply with a range of a region (reply_region), or with no payload; a buffer cannot be delegated")]
+    NotDelegable(u64),
     /// The connection is down.
     #[error("connection is down: {0}")]
     Down(LossReason),

@@ -2,15 +2,18 @@
 //! delegate's redemption, and a holder's delegation on and revocation,
 //! itself, from its endpoint's book, ends the
 //! delegated exposures it makes on their evidence, and invalidates one at
-//! once when its delegation is revoked.
+//! once when its delegation is revoked. A holder's call for a delegation
+//! goes to the application, and the application's reply with a range of a
+//! region is delegated instead of exposed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Link;
 use crate::backend::Nic;
-use crate::conn::delegate::{CapId, OwnerAsk, Refusal};
+use crate::conn::delegate::{CapId, OwnerAsk, Refusal, CALL_DELEGATED, CALL_PLAIN, CALL_REFUSED};
 use crate::conn::types::*;
+use crate::conn::DelegateError;
 
 /// A link's delegation state.
 #[derive(Default)]
@@ -22,6 +25,10 @@ pub(crate) struct LinkDelegation {
     /// Answers to redemptions that waited for a window, control slot or
     /// credit; retried at each of the link's turns.
     waiting: Vec<Answer>,
+    /// Requests whose callers asked for the reply's payload as a
+    /// delegation (`OwnerAsk::Call`), until replied to: the identity to
+    /// delegate to, and for how long.
+    calls: Vec<(RequestId, Box<str>, Duration)>,
 }
 
 /// What a redemption is answered with.
@@ -30,9 +37,9 @@ enum Answer {
     Expose { req: RequestId, cap: CapId, range: RegionRange, lease: Duration },
     /// A refusal, in a status and words.
     Refuse { req: RequestId, refusal: Refusal, message: String },
-    /// Done: status 0 and `header` (a holder's new delegation: its id and
+    /// Done: `status` and `header` (a holder's new delegation: its id and
     /// token), no payload.
-    Plain { req: RequestId, header: Vec<u8> },
+    Plain { req: RequestId, status: u8, header: Vec<u8> },
 }
 
 impl LinkDelegation {
@@ -40,6 +47,15 @@ impl LinkDelegation {
     #[inline]
     pub(super) fn exposes(&self) -> bool {
         !self.live.is_empty()
+    }
+
+    /// Whether request `req` called for a delegation: where it is kept.
+    #[inline]
+    pub(super) fn call(&self, req: RequestId) -> Option<usize> {
+        if self.calls.is_empty() {
+            return None;
+        }
+        self.calls.iter().position(|&(r, ..)| r == req)
     }
 }
 
@@ -88,11 +104,12 @@ impl<N: Nic> Link<N> {
     /// request `req`: a delegate redeems a token, a holder delegates a
     /// token made for it on, or revokes what it delegated (`again`: under
     /// confirm, the delegate's READ of the range it was answered with was
-    /// stale).
+    /// stale). A holder's call for a delegation surfaces as the request it
+    /// carries, for the application.
     #[cold]
     #[inline(never)]
-    pub(super) fn ask(&mut self, e: Option<Event>) {
-        let Some(Event::Ask { req, body, again }) = e else { return };
+    pub(super) fn ask(&mut self, e: Option<Event>) -> Option<Event> {
+        let Some(Event::Ask { req, body, again }) = e else { return None };
         let now = self.conn.now();
         let answer = match (again, OwnerAsk::decode(&body)) {
             (true, _) => {
@@ -112,6 +129,7 @@ impl<N: Nic> Link<N> {
                 {
                     Ok(d) => Answer::Plain {
                         req,
+                        status: 0,
                         header: [&d.cap.0.to_le_bytes()[..], d.token.as_bytes()].concat(),
                     },
                     Err((refusal, message)) => {
@@ -121,9 +139,30 @@ impl<N: Nic> Link<N> {
                 }
             }
             (false, Some(OwnerAsk::Revoke { cap })) => match self.regions.revoke_held(self.conn.id(), cap) {
-                Ok(()) => Answer::Plain { req, header: Vec::new() },
+                Ok(()) => Answer::Plain { req, status: 0, header: Vec::new() },
                 Err((refusal, message)) => Answer::Refuse { req, refusal, message },
             },
+            (false, Some(OwnerAsk::Call { ttl_ms, identity, header })) => {
+                let ttl = Duration::from_millis(u64::from(ttl_ms));
+                match self.call_refusal(identity, ttl) {
+                    None => {
+                        self.delegation.calls.push((req, identity.into(), ttl));
+                        let header = crate::conn::Header::from(header);
+                        return Some(Event::Request {
+                            req,
+                            header,
+                            data: None,
+                            trace: None,
+                            delegated: true,
+                        });
+                    }
+                    Some((refusal, message)) => {
+                        self.regions.count_refusal(refusal);
+                        let header = [&[CALL_REFUSED][..], message.as_bytes()].concat();
+                        Answer::Plain { req, status: refusal.status(), header }
+                    }
+                }
+            }
             (false, None) => {
                 self.regions.count_refusal(Refusal::Malformed);
                 let message =
@@ -134,6 +173,75 @@ impl<N: Nic> Link<N> {
             }
         };
         self.answer(now, answer);
+        None
+    }
+
+    /// Why a call for a delegation to `to` for `ttl` is refused before
+    /// the application sees it, if it is.
+    fn call_refusal(&self, to: &str, ttl: Duration) -> Option<(Refusal, String)> {
+        let lease = self.config().lease_time;
+        if to.is_empty() || to.len() > crate::conn::MAX_IDENTITY {
+            let message = format!(
+                "a call for a delegation names an identity of 1 to {} bytes, not {}",
+                crate::conn::MAX_IDENTITY,
+                to.len()
+            );
+            return Some((Refusal::Malformed, message));
+        }
+        if ttl.is_zero() || ttl > lease {
+            let message = format!(
+                "a delegation of a reply for {ttl:?}: a reply's capability lasts at most the \
+                 connection's lease_time ({lease:?}, the shorter of the two sides'), and a delegation \
+                 needs some time: ask for no longer"
+            );
+            return Some((Refusal::OutsideCapability, message));
+        }
+        None
+    }
+
+    /// Server: the application replies to `req`, the call for a delegation
+    /// kept at `i`, with `status`, `header` and no payload, or with
+    /// `range` of a region, which is delegated (not exposed) to the
+    /// identity the caller named. The reply says which, before the
+    /// application's header.
+    pub(super) fn reply_delegated(
+        &mut self,
+        now: Duration,
+        i: usize,
+        status: u8,
+        header: &[u8],
+        range: Option<RegionRange>,
+    ) -> Result<(), UseError> {
+        let (req, ref to, ttl) = self.delegation.calls[i];
+        let (h, cap) = match range {
+            None => ([&[CALL_PLAIN][..], header].concat(), None),
+            Some(range) => {
+                let conn = self.conn.id();
+                let d = self.regions.delegate_reply(now, conn, range, to, ttl).map_err(|e| match e {
+                    DelegateError::Region(e) => e,
+                    // The identity and the life were checked when the call came.
+                    e => unreachable!("a call for a delegation checked already: {e}"),
+                })?;
+                let token = d.token.as_bytes();
+                let len = u16::try_from(token.len()).expect("a token is short").to_le_bytes();
+                let h = [&[CALL_DELEGATED][..], &d.cap.0.to_le_bytes(), &len, token, header].concat();
+                (h, Some(d.cap))
+            }
+        };
+        let r = self.conn.reply(now, req, status, &h, None).map_err(|r| r.error);
+        match (&r, cap) {
+            (Ok(()), _) => {
+                self.delegation.calls.swap_remove(i);
+            }
+            // Not sent: no token of it is out. It is revoked, which unpins
+            // its range; a retry delegates anew.
+            (Err(_), Some(cap)) => {
+                let _ = self.regions.revoke(cap);
+            }
+            (Err(_), None) => {}
+        }
+        self.run();
+        r
     }
 
     /// A delegate redeems `token` with request `req`.
@@ -171,7 +279,9 @@ impl<N: Nic> Link<N> {
             Answer::Refuse { req, refusal, message } => {
                 self.reply(now, *req, refusal.status(), message.as_bytes(), None).map_err(|r| r.error)
             }
-            Answer::Plain { req, header } => self.reply(now, *req, 0, header, None).map_err(|r| r.error),
+            Answer::Plain { req, status, header } => {
+                self.reply(now, *req, *status, header, None).map_err(|r| r.error)
+            }
         };
         match (r, a) {
             (Ok(()), Answer::Expose { cap, range, .. }) => self.delegation.live.push((cap, range)),

@@ -388,9 +388,9 @@ impl<N: Nic> Link<N> {
     pub fn poll_event(&mut self) -> Option<Event> {
         let mut e = self.conn.poll_event();
         while let Some(Event::Ask { .. }) = &e {
-            // Answered here, from the endpoint's delegations.
-            self.ask(e.take());
-            e = self.conn.poll_event();
+            // Answered here, from the endpoint's delegations (a call for
+            // a delegation surfaces as its request).
+            e = self.ask(e.take()).or_else(|| self.conn.poll_event());
         }
         if let Some(Event::RangeReturned(range)) = &e {
             self.regions.unexpose(self.conn.id(), *range);
@@ -650,6 +650,14 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         data: Option<Buf>,
     ) -> Result<(), Refused> {
+        if let Some(i) = self.delegation.call(req) {
+            // The caller asked for the payload as a delegation: a buffer
+            // cannot be (it lives in this connection's memory).
+            if data.is_some() {
+                return Err(Refused::new(UseError::NotDelegable(req.0), data));
+            }
+            return self.reply_delegated(now, i, status, header, None).map_err(|e| Refused::new(e, None));
+        }
         self.send_maybe_inline(
             data,
             |conn, inline| conn.reply_inline(now, req, status, header, inline),

@@ -91,6 +91,9 @@ impl<N: Nic> Link<N> {
         range: RegionRange,
         lease: Option<Duration>,
     ) -> Result<(), UseError> {
+        if let Some(i) = self.delegation.call(req) {
+            return self.reply_delegated(now, i, status, header, Some(range));
+        }
         self.expose_range(range)?;
         let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range, lease));
         if r.is_err() {

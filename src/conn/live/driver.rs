@@ -250,14 +250,21 @@ impl<N: Nic> State<N> {
                 self.finish(call, Ok(Reply { status, header, data }))
             }
             Event::CallFailed { call, error } => self.finish(call, Err(error)),
-            Event::Request { req, header, data, trace } => {
-                self.requests.push_back(Request { id: req, header, data, trace, again: false });
+            Event::Request { req, header, data, trace, delegated } => {
+                self.requests.push_back(Request { id: req, header, data, trace, again: false, delegated });
                 self.request_waiters.wake_all();
             }
             Event::ReplyAgain { req, header, trace } => {
                 // Confirm policy: the client read a stale reply. The request
                 // comes again (same id, header and trace, no payload).
-                self.requests.push_back(Request { id: req, header, data: None, trace, again: true });
+                self.requests.push_back(Request {
+                    id: req,
+                    header,
+                    data: None,
+                    trace,
+                    again: true,
+                    delegated: false,
+                });
                 self.request_waiters.wake_all();
             }
             Event::RequestDropped { req, error } => tracing::info!(?req, %error, "request dropped"),

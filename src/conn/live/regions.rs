@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use super::super::{CapId, Delegation, OwnerAsk, RedeemFailed, Refusal, RegionId, Token, MAX_TOKEN};
+use super::super::{
+    CapId, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, Refusal, RegionId, Token, MAX_HEADER,
+    MAX_IDENTITY, MAX_TOKEN,
+};
 use super::{Connection, Inner, Reply};
 use crate::backend::Nic;
 
@@ -51,6 +54,7 @@ impl<N: Nic> Connection<N> {
         ttl: Duration,
     ) -> Result<Delegation, RedeemFailed> {
         let token = Self::checked(token)?;
+        Self::identity(to)?;
         let (offset, len) = match part {
             // An empty part is sent as its offset and a length of one
             // byte past the capability's end, for the owner to refuse.
@@ -72,6 +76,59 @@ impl<N: Nic> Connection<N> {
     /// window invalidated (mw) or its offer withdrawn (confirm).
     pub async fn revoke(&self, cap: CapId) -> Result<(), RedeemFailed> {
         self.ask(OwnerAsk::Revoke { cap }).await.map(|_| ())
+    }
+
+    /// Holder: call the owner's application with `header` and ask for the
+    /// reply's payload as a delegation to `to`, for `ttl`, instead of
+    /// reading it. The request reaches the owner's application marked
+    /// [`Request::delegated`](super::Request::delegated); when it replies
+    /// with a range of one of its regions, the owner's library delegates
+    /// the range to `to` (nothing is exposed to this caller) and answers
+    /// with the token, which this holder passes on by any means; the
+    /// range stays pinned (the owner cannot write it) until the delegation
+    /// is over, and this connection may [`Connection::revoke`] it. A reply
+    /// without a payload comes back without a delegation.
+    ///
+    /// `ttl` is at most the connection's `lease_time` (the life of any
+    /// capability the owner exposes on it: the shorter of the two sides'
+    /// [`Config::lease_time`](super::super::Config::lease_time), agreed at connect;
+    /// [`Refusal::OutsideCapability`](super::super::Refusal::OutsideCapability)
+    /// otherwise), and `to` names an identity of 1 to
+    /// [`MAX_IDENTITY`] bytes ([`Refusal::Malformed`](super::super::Refusal::Malformed)),
+    /// both refused before the application sees the request. For a part of
+    /// the range, name this connection's own identity as `to` and hand a
+    /// part on with [`Connection::delegate`].
+    pub async fn call_delegated(
+        &self,
+        header: &[u8],
+        to: &str,
+        ttl: Duration,
+    ) -> Result<DelegatedReply, RedeemFailed> {
+        Self::identity(to)?;
+        let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+        let body = OwnerAsk::Call { ttl_ms, identity: to, header }.encode();
+        // The body goes where a request's header does.
+        if body.len() > MAX_HEADER {
+            return Err(RedeemFailed::Call(super::CallError::Refused(super::Refused::new(
+                super::UseError::HeaderTooLong(body.len()),
+                None,
+            ))));
+        }
+        let reply = self.make_call(None, |ep, now, _| ep.call_ask(now, &body)).await?;
+        if let Some(b) = reply.data {
+            // An owner of this version sends none; the caller asked for a token.
+            self.free(b);
+            return Err(RedeemFailed::BadStatus(reply.status));
+        }
+        DelegatedReply::parse(reply.status, &reply.header)
+    }
+
+    /// An identity a token can name (an encoded ask cuts none short).
+    fn identity(to: &str) -> Result<(), RedeemFailed> {
+        if to.is_empty() || to.len() > MAX_IDENTITY {
+            return Err(RedeemFailed::BadIdentity(to.len()));
+        }
+        Ok(())
     }
 
     /// A token short enough to send.

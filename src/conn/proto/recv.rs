@@ -172,7 +172,13 @@ impl Connection {
             if redeem {
                 return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
             }
-            return self.emit(Event::Request { req: RequestId(msg), header, data: None, trace });
+            return self.emit(Event::Request {
+                req: RequestId(msg),
+                header,
+                data: None,
+                trace,
+                delegated: false,
+            });
         }
         self.requests.insert(
             msg,
@@ -474,7 +480,7 @@ impl Connection {
             return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
         }
         let data = data.map(|(s, l)| self.buf(s, l));
-        self.emit(Event::Request { req: RequestId(msg), header, data, trace });
+        self.emit(Event::Request { req: RequestId(msg), header, data, trace, delegated: false });
     }
 
     /// A payload for `msg` is resolved: on a server the request, on a client the call.
