@@ -3,22 +3,24 @@
 //! reads the block with it.
 //!
 //! The storage node keeps its blocks in a region of its endpoint and serves
-//! one request of its own protocol: "delegate BLOCK". Its application
-//! decides and calls `Endpoint::delegate_region` for the identity of the
-//! connection that asked: the answer is a token (sealed by the storage
-//! endpoint, naming the block's bytes, the identity that may redeem it and
-//! an expiry), the client's capability. The client hands it on to the
-//! compute node's identity with one message to the storage node
-//! (`Connection::delegate`: the storage node's library, not its
-//! application, makes the new delegation, never wider or longer than the
-//! client's), passes the new token on by its own means, and may revoke it
+//! one request of its own protocol, "read BLOCK", answered with the block's
+//! range of the region (`Connection::reply_region`): its application knows
+//! nothing of delegation. A plain call reads the block. The client instead
+//! calls with `Connection::call_delegated`, naming the compute node's
+//! identity: the storage node's library, not its application, delegates the
+//! block the application replied with and answers with a token (sealed by
+//! the storage endpoint, naming the block's bytes, the identity that may
+//! redeem it and an expiry); nothing is exposed to the client. The client
+//! passes the token on by its own means, and may revoke it
 //! (`Connection::revoke`). The compute node, connected to the storage node
 //! as that identity, redeems it with `Connection::redeem`: one message, and
 //! the block comes back as the reply payload, read through an exposure
 //! made for the compute node alone (under mw a window over exactly the
 //! block on its queue pair). A token redeems once; a revoked one is
-//! refused; another identity's connection is refused; until every
-//! delegation of the block is over the storage node cannot overwrite it.
+//! refused; another identity's connection is refused; a holder hands on
+//! part of what it holds (`Connection::delegate`), never more or for
+//! longer; until every delegation of the block is over the storage node
+//! cannot overwrite it.
 //!
 //! On the simulated NIC, all three in this process (the keys are demo keys,
 //! derived from each name):
@@ -49,12 +51,15 @@ use std::time::Duration;
 
 use mwcap::backend::Nic;
 use mwcap::bootstrap::{Auth, Key, Keyring};
-use mwcap::conn::{CapId, Connection, Endpoint, PolicyChoice, RedeemFailed, RegionId, RegionRange, Token};
+use mwcap::conn::{
+    CapId, Config, Connection, Endpoint, PolicyChoice, RedeemFailed, RegionId, RegionRange, Token,
+};
 
 /// Bytes of a block, and blocks the storage node keeps.
 const BLOCK: usize = 4096;
 const BLOCKS: usize = 64;
-/// How long a delegation lasts.
+/// How long the storage node's capabilities last (the `lease_time` its
+/// connections agree on: a delegation of a reply lasts no longer).
 const TTL: Duration = Duration::from_secs(30);
 
 /// Byte `i` of block `b`: every byte the compute node reads is checked.
@@ -89,9 +94,12 @@ fn storage<N: Nic + Send + Sync + 'static>(
     trusted: bool,
     policy: PolicyChoice,
 ) -> (Endpoint<N>, RegionId, SocketAddr) {
+    let mut cfg = Config::default();
+    cfg.lease_time = TTL;
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&["client-a", "compute-1"])))
         .trusted_peers(trusted)
         .policy(policy)
+        .config(cfg)
         // rxe's completion queues hold at most 32,767 entries.
         .queue_depth(4096)
         .name("storage")
@@ -107,36 +115,35 @@ fn storage<N: Nic + Send + Sync + 'static>(
     std::thread::spawn(move || {
         futures::executor::block_on(async {
             while let Ok(conn) = acceptor.accept().await {
-                let ep = acceptor.clone();
-                std::thread::spawn(move || futures::executor::block_on(serve(ep, conn, region)));
+                std::thread::spawn(move || futures::executor::block_on(serve(conn, region)));
             }
         })
     });
     (ep, region, addr)
 }
 
-/// The storage node's protocol: "delegate BLOCK" is answered with a token
-/// for the block, made for the identity of the connection that asked.
-async fn serve<N: Nic + 'static>(ep: Endpoint<N>, conn: Connection<N>, region: RegionId) {
+/// The storage node's protocol: "read BLOCK" is answered with the block, a
+/// range of the region. (A call for a delegation is answered the same way:
+/// the library, not this code, turns the range into a token.)
+async fn serve<N: Nic + 'static>(conn: Connection<N>, region: RegionId) {
     while let Some(req) = conn.next_request().await {
         let text = String::from_utf8_lossy(&req.header).into_owned();
         let words: Vec<&str> = text.split_whitespace().collect();
-        let answer = match (&words[..], conn.peer_identity()) {
-            (["delegate", block], Some(identity)) => match block.parse::<usize>() {
+        let r = match &words[..] {
+            ["read", block] => match block.parse::<usize>() {
                 Ok(b) if b < BLOCKS => {
                     let range = RegionRange { region, offset: b * BLOCK, len: BLOCK as u32 };
-                    ep.delegate_region(range, identity, TTL)
-                        .map(|d| d.token.as_bytes().to_vec())
-                        .map_err(|e| e.to_string())
+                    match conn.reply_region(req.id, 0, b"", range).await {
+                        Ok(()) => Ok(()),
+                        Err(e) => conn.reply(req.id, 2, e.to_string().as_bytes(), None).await,
+                    }
                 }
-                _ => Err(format!("no block {block}: there are {BLOCKS}")),
+                _ => {
+                    conn.reply(req.id, 1, format!("no block {block}: there are {BLOCKS}").as_bytes(), None)
+                        .await
+                }
             },
-            (["delegate", _], None) => Err("this connection proved no key: nothing to delegate to".into()),
-            _ => Err(format!("unknown request {text:?}")),
-        };
-        let r = match answer {
-            Ok(header) => conn.reply(req.id, 0, &header, None).await,
-            Err(why) => conn.reply(req.id, 1, why.as_bytes(), None).await,
+            _ => conn.reply(req.id, 1, format!("unknown request {text:?}").as_bytes(), None).await,
         };
         if r.is_err() {
             return;
@@ -152,9 +159,13 @@ fn connect<N: Nic + Send + Sync + 'static>(
     trusted: bool,
     policy: PolicyChoice,
 ) -> Connection<N> {
+    // The lease both sides agree on is the shorter of theirs.
+    let mut cfg = Config::default();
+    cfg.lease_time = TTL;
     let (ep, driver) = Endpoint::builder(nic, Auth::Keyring(keyring(&[name])))
         .trusted_peers(trusted)
         .policy(policy)
+        .config(cfg)
         .queue_depth(4096)
         .name(name)
         .build()
@@ -165,18 +176,15 @@ fn connect<N: Nic + Send + Sync + 'static>(
     conn
 }
 
-/// The client: get a capability to `block` (a token for itself) and hand
-/// it on to `identity`: the delegation it made (its id, to revoke it, and
-/// the token to pass on).
+/// The client: get a capability to `block`, delegated to `identity`: the
+/// delegation (its id, to revoke it, and the token to pass on).
 fn hand_on<N: Nic + 'static>(conn: &Connection<N>, block: usize, identity: &str) -> (CapId, Token) {
-    let header = format!("delegate {block}");
-    let reply =
-        futures::executor::block_on(conn.call(header.as_bytes(), None)).expect("the storage node answers");
+    let header = format!("read {block}");
+    let reply = futures::executor::block_on(conn.call_delegated(header.as_bytes(), identity, TTL / 2))
+        .expect("the storage node answers");
     assert_eq!(reply.status, 0, "{}", String::from_utf8_lossy(&reply.header));
-    let mine = Token::from_bytes(reply.header.to_vec());
-    let on = futures::executor::block_on(conn.delegate(&mine, identity, None, TTL / 2))
-        .expect("the storage node hands the capability on");
-    (on.cap, on.token)
+    let d = reply.delegation.expect("a block comes as a delegation");
+    (d.cap, d.token)
 }
 
 /// The client: revoke a delegation it made.
@@ -221,7 +229,7 @@ fn simulated() {
     // The client gets a capability to block 7 and hands it on to compute-1.
     let (cap, token) = hand_on(&client, 7, "compute-1");
     println!(
-        "client-a: got a token for block 7 and handed it on to compute-1: delegation {}, {} bytes",
+        "client-a: called for block 7 as a delegation to compute-1: delegation {}, a token of {} bytes",
         cap.0,
         token.as_bytes().len()
     );
@@ -241,12 +249,41 @@ fn simulated() {
     let (cap, token) = hand_on(&client, 9, "compute-1");
     revoke(&client, cap);
     println!("compute-1, a token client-a revoked: refused, {}", refusal(read_block(&compute, &token, 9)));
-    // Never wider or longer than the client's own capability.
-    let reply = futures::executor::block_on(client.call(b"delegate 10", None)).expect("an answer");
-    let mine = Token::from_bytes(reply.header.to_vec());
-    let wider =
-        futures::executor::block_on(client.delegate(&mine, "compute-1", Some(0..BLOCK as u32 + 1), TTL / 2));
+    // A capability for itself, of which it hands on a part: never more,
+    // never for longer than the storage node's capabilities last.
+    let mine = futures::executor::block_on(client.call_delegated(b"read 10", "client-a", TTL / 2))
+        .expect("an answer")
+        .delegation
+        .expect("a delegation");
+    let part = futures::executor::block_on(client.delegate(&mine.token, "compute-1", Some(0..512), TTL / 4))
+        .expect("the client hands on a part of block 10");
+    let reply = futures::executor::block_on(compute.redeem(&part.token)).expect("compute-1 reads the part");
+    let data = reply.data.expect("the part");
+    assert!(data.len() == 512 && data.iter().enumerate().all(|(i, &b)| b == byte(10, i)));
+    compute.free(data);
+    println!("client-a, a token for itself, of which it handed on 512 bytes: compute-1 read exactly those");
+    let mine = futures::executor::block_on(client.call_delegated(b"read 11", "client-a", TTL / 2))
+        .expect("an answer")
+        .delegation
+        .expect("a delegation");
+    let wider = futures::executor::block_on(client.delegate(
+        &mine.token,
+        "compute-1",
+        Some(0..BLOCK as u32 + 1),
+        TTL / 4,
+    ));
     println!("client-a, handing on more than its block: refused, {}", refusal(wider.map(|_| ())));
+    let longer = futures::executor::block_on(client.call_delegated(b"read 12", "compute-1", TTL * 2));
+    println!(
+        "client-a, asking for longer than the storage node's lease: refused, {}",
+        refusal(longer.map(|_| ()))
+    );
+    // A plain call reads the block itself.
+    let reply = futures::executor::block_on(client.call(b"read 13", None)).expect("a plain call");
+    let data = reply.data.expect("the block");
+    assert!(data.len() == BLOCK && data.iter().enumerate().all(|(i, &b)| b == byte(13, i)));
+    client.free(data);
+    println!("client-a, a plain call of the same protocol: read block 13 itself");
     // Every delegation is over: the blocks are the storage node's again.
     let free = (0..200).any(|_| {
         std::thread::sleep(Duration::from_millis(10));

@@ -546,12 +546,12 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
 fi
 
 # Delegation across three processes (pass/fail): examples/delegate.rs's
-# storage node on rxe0, a client that gets a token for its own identity,
-# hands it on to compute-1's with one message to the storage node
-# (Connection::delegate) and prints the new token, and a compute node that
-# redeems it (every byte checked) and is refused the same token again;
-# then a token the client handed on and revoked on the wire
-# (Connection::revoke) before passing it, refused. Under mw (trusted
+# storage node on rxe0, a client that calls for each block as a delegation
+# to compute-1 (Connection::call_delegated: the storage node's application
+# replies with the block's range, its library answers with a token) and
+# prints the token, and a compute node that redeems it (every byte
+# checked) and is refused the same token again; then a token the client
+# revoked on the wire (Connection::revoke) before passing it, refused. Under mw (trusted
 # peers: rxe0's SEND_WITH_INV reaches other QPs' windows) and under confirm.
 echo "=== delegation: storage, client and compute processes on rxe0"
 delegate=${MWCAP_DELEGATE_BIN:-}
