@@ -215,12 +215,9 @@ pub enum Frame<'a> {
         /// payload, a confirm-policy fetch of the reply.
         attach: Attaches,
     },
-    /// A request the owner's library answers itself, never the
-    /// application: a delegate's redemption of a delegation token (the
-    /// delegated range as the reply payload, or a refusal status), a
-    /// holder's delegation of a token made for it on to another identity
-    /// (a new token in the reply header), or a holder's revocation of
-    /// what it delegated (`conn::OwnerAsk`).
+    /// A request for the owner's library (`conn::OwnerAsk`): it answers a
+    /// redemption, a delegation on or a revocation itself, and hands a call
+    /// for a delegation to the application, marked.
     Ask {
         /// The request's id on this connection (the requests' sequence).
         msg_id: u64,

@@ -38,6 +38,7 @@
 
 #[cfg(not(loom))]
 mod alarm;
+mod ask;
 mod buf;
 mod bufpool;
 mod config;
@@ -158,11 +159,11 @@ pub mod pool_model {
         }
     }
 }
+pub use ask::{DelegatedReply, OwnerAsk};
 pub use buf::Buf;
 pub use config::*;
 pub use delegate::{
-    CapId, DelegateError, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, Refusal, RevokeError, Token,
-    MAX_IDENTITY, MAX_TOKEN,
+    CapId, DelegateError, Delegation, RedeemFailed, Refusal, RevokeError, Token, MAX_IDENTITY, MAX_TOKEN,
 };
 #[cfg(not(loom))]
 pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver, Pending};

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use super::Link;
 use crate::backend::Nic;
-use crate::conn::delegate::{CapId, OwnerAsk, Refusal, CALL_DELEGATED, CALL_PLAIN, CALL_REFUSED};
+use crate::conn::ask::{OwnerAsk, CALL_DELEGATED, CALL_PLAIN, CALL_REFUSED};
+use crate::conn::delegate::{CapId, Refusal};
 use crate::conn::types::*;
 use crate::conn::DelegateError;
 
@@ -197,6 +198,24 @@ impl<N: Nic> Link<N> {
             return Some((Refusal::OutsideCapability, message));
         }
         None
+    }
+
+    /// Server: the application replies with `data` to the call for a
+    /// delegation kept at `i`: a buffer cannot be delegated (it lives in
+    /// this connection's memory), and is handed back.
+    pub(super) fn reply_to_call(
+        &mut self,
+        now: Duration,
+        i: usize,
+        status: u8,
+        header: &[u8],
+        data: Option<crate::conn::Buf>,
+    ) -> Result<(), Refused> {
+        if data.is_some() {
+            let req = self.delegation.calls[i].0;
+            return Err(Refused::new(UseError::NotDelegable(req.0), data));
+        }
+        self.reply_delegated(now, i, status, header, None).map_err(|e| Refused::new(e, None))
     }
 
     /// Server: the application replies to `req`, the call for a delegation

@@ -651,12 +651,7 @@ impl<N: Nic> Link<N> {
         data: Option<Buf>,
     ) -> Result<(), Refused> {
         if let Some(i) = self.delegation.call(req) {
-            // The caller asked for the payload as a delegation: a buffer
-            // cannot be (it lives in this connection's memory).
-            if data.is_some() {
-                return Err(Refused::new(UseError::NotDelegable(req.0), data));
-            }
-            return self.reply_delegated(now, i, status, header, None).map_err(|e| Refused::new(e, None));
+            return self.reply_to_call(now, i, status, header, data);
         }
         self.send_maybe_inline(
             data,

@@ -71,13 +71,9 @@ pub struct Request {
     /// policy) and needs the reply payload again. Answer it as the first
     /// time, from `header`; `data` is `None`.
     pub again: bool,
-    /// The caller asked for the reply's payload as a delegation to a third
-    /// node ([`Connection::call_delegated`]), not to read it: reply with a
-    /// range of a region ([`Connection::reply_region`]), which this
-    /// endpoint's library delegates to the identity the caller named (the
-    /// caller gets the token), or with no payload. A reply with a buffer
-    /// is refused ([`UseError::NotDelegable`](super::UseError::NotDelegable),
-    /// the buffer handed back).
+    /// The caller asked for the reply's payload as a delegation
+    /// ([`Connection::call_delegated`]): reply with a range of a region
+    /// (delegated by the library) or no payload; a buffer is refused.
     pub delegated: bool,
 }
 

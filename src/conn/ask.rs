@@ -1,0 +1,241 @@
+//! What a peer asks of an owner's library, never its application, on the
+//! wire (the body of an ask frame: [`OwnerAsk`]), and the reply to a call
+//! for a delegation ([`DelegatedReply`]). The owner's side answers them in
+//! `link/answer.rs`, from its endpoint's book (`conn/delegate.rs`).
+
+use super::delegate::{CapId, Delegation, RedeemFailed, Refusal, Token, MAX_TOKEN};
+/// The answer to [`Connection::call_delegated`](super::Connection::call_delegated):
+/// the owner application's status and header, and the delegation its reply's
+/// payload was made into (`None`: the reply had no payload).
+#[derive(Clone, Debug)]
+pub struct DelegatedReply {
+    /// The application's status.
+    pub status: u8,
+    /// The application's header.
+    pub header: Vec<u8>,
+    /// The reply's payload, a range of the owner's memory, delegated to
+    /// the identity the call named: its id (the caller may
+    /// [`Connection::revoke`](super::Connection::revoke) it) and its
+    /// token, to pass on.
+    pub delegation: Option<Delegation>,
+}
+
+impl DelegatedReply {
+    /// Parse the reply to a call for a delegation (`OwnerAsk::Call`).
+    pub(crate) fn parse(status: u8, header: &[u8]) -> Result<DelegatedReply, RedeemFailed> {
+        let bad = || RedeemFailed::BadStatus(status);
+        let (&kind, rest) = header.split_first().ok_or_else(bad)?;
+        match kind {
+            CALL_PLAIN => Ok(DelegatedReply { status, header: rest.to_vec(), delegation: None }),
+            CALL_DELEGATED => {
+                let (cap, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+                let (len, rest) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+                let len = usize::from(u16::from_le_bytes(*len));
+                if rest.len() < len {
+                    return Err(bad());
+                }
+                let (token, header) = rest.split_at(len);
+                let delegation = Delegation {
+                    cap: CapId(u64::from_le_bytes(*cap)),
+                    token: Token::from_bytes(token.to_vec()),
+                };
+                Ok(DelegatedReply { status, header: header.to_vec(), delegation: Some(delegation) })
+            }
+            CALL_REFUSED => match Refusal::from_status(status) {
+                Some(refusal) => Err(RedeemFailed::Refused {
+                    refusal,
+                    message: String::from_utf8_lossy(rest).into_owned(),
+                }),
+                None => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// What a peer asks of an owner's library, never its application: the
+/// body of an ask frame (`frame::Frame::Ask`). An op byte, then
+/// its fields (integers little-endian):
+///
+/// | op | ask | fields |
+/// |---|---|---|
+/// | 1 | redeem | the token |
+/// | 2 | delegate on | ttl in ms (u32), the part's offset and length in the capability (u32 each; length 0: the rest from the offset), the identity's length (u8) and bytes, the token |
+/// | 3 | revoke | the delegation's id (u64) |
+/// | 4 | call for a delegation | ttl in ms (u32), the identity's length (u8) and bytes, the request's header |
+///
+/// The reply to op 4 starts with a kind byte (0: the application's header
+/// follows; 1: the delegation's id (u64), the token's length (u16) and
+/// bytes, then the application's header; 2: the library refused, its
+/// words follow), so that the status stays the application's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerAsk<'a> {
+    /// A delegate redeems a token made for it: the range comes back as the
+    /// reply payload ([`Connection::redeem`](super::Connection::redeem)).
+    Redeem {
+        /// The token, as the owner sealed it.
+        token: &'a [u8],
+    },
+    /// A holder hands the capability of a token made for it on to
+    /// `identity`, for part of its range and no longer: a new token in
+    /// the reply ([`Connection::delegate`](super::Connection::delegate)).
+    DelegateOn {
+        /// The holder's token.
+        token: &'a [u8],
+        /// The part's first byte, from the capability's start.
+        offset: u32,
+        /// The part's bytes (0: the rest of the capability from `offset`).
+        len: u32,
+        /// The new token's life, in milliseconds.
+        ttl_ms: u32,
+        /// Who may redeem the new token.
+        identity: &'a str,
+    },
+    /// A holder revokes a delegation it made on this connection
+    /// ([`Connection::revoke`](super::Connection::revoke)).
+    Revoke {
+        /// The delegation.
+        cap: CapId,
+    },
+    /// A holder calls the owner's application and asks for the reply's
+    /// payload as a delegation to `identity` instead of reading it
+    /// ([`Connection::call_delegated`](super::Connection::call_delegated)):
+    /// the request surfaces to the application (marked
+    /// [`Request::delegated`](super::Request::delegated)); a reply with a
+    /// range of a region is delegated, not exposed.
+    Call {
+        /// The delegation's life, in milliseconds (at most the owner
+        /// connection's `lease_time`).
+        ttl_ms: u32,
+        /// Who may redeem the token.
+        identity: &'a str,
+        /// The request's header, for the application.
+        header: &'a [u8],
+    },
+}
+
+/// The reply to a call for a delegation (op 4) carries the application's
+/// status and header and no payload (the reply had none).
+pub(crate) const CALL_PLAIN: u8 = 0;
+/// ... the application replied with a range of a region, delegated: the
+/// delegation's id (u64), the token's length (u16) and bytes, then the
+/// application's header.
+pub(crate) const CALL_DELEGATED: u8 = 1;
+/// ... the owner's library refused the call (a [`Refusal`] in the status,
+/// its words after the kind byte); the application never saw it.
+pub(crate) const CALL_REFUSED: u8 = 2;
+
+impl OwnerAsk<'_> {
+    /// The body's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64 + MAX_TOKEN.min(256));
+        match *self {
+            OwnerAsk::Redeem { token } => {
+                b.push(1);
+                b.extend_from_slice(token);
+            }
+            OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity } => {
+                b.push(2);
+                b.extend_from_slice(&ttl_ms.to_le_bytes());
+                b.extend_from_slice(&offset.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+                let id = identity.as_bytes();
+                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                b.extend_from_slice(&id[..id.len().min(255)]);
+                b.extend_from_slice(token);
+            }
+            OwnerAsk::Revoke { cap } => {
+                b.push(3);
+                b.extend_from_slice(&cap.0.to_le_bytes());
+            }
+            OwnerAsk::Call { ttl_ms, identity, header } => {
+                b.push(4);
+                b.extend_from_slice(&ttl_ms.to_le_bytes());
+                let id = identity.as_bytes();
+                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                b.extend_from_slice(&id[..id.len().min(255)]);
+                b.extend_from_slice(header);
+            }
+        }
+        b
+    }
+
+    /// Parse a body (`None`: an op this owner does not know, or fields
+    /// that do not parse).
+    pub fn decode(b: &[u8]) -> Option<OwnerAsk<'_>> {
+        let (&op, rest) = b.split_first()?;
+        let u32_at = |i: usize| rest.get(i..i + 4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        match op {
+            1 => Some(OwnerAsk::Redeem { token: rest }),
+            2 => {
+                let (ttl_ms, offset, len) = (u32_at(0)?, u32_at(4)?, u32_at(8)?);
+                let n = usize::from(*rest.get(12)?);
+                let identity = std::str::from_utf8(rest.get(13..13 + n)?).ok()?;
+                Some(OwnerAsk::DelegateOn { token: &rest[13 + n..], offset, len, ttl_ms, identity })
+            }
+            3 if rest.len() == 8 => {
+                Some(OwnerAsk::Revoke { cap: CapId(u64::from_le_bytes(rest.try_into().ok()?)) })
+            }
+            4 => {
+                let ttl_ms = u32_at(0)?;
+                let n = usize::from(*rest.get(4)?);
+                let identity = std::str::from_utf8(rest.get(5..5 + n)?).ok()?;
+                Some(OwnerAsk::Call { ttl_ms, identity, header: &rest[5 + n..] })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every ask decodes to itself, and a truncated one to nothing.
+    #[test]
+    fn an_ask_decodes_to_what_was_encoded_and_a_truncated_one_to_nothing() {
+        let token = [9u8; 40];
+        let asks = [
+            OwnerAsk::Redeem { token: &token },
+            OwnerAsk::DelegateOn { token: &token, offset: 3, len: 70, ttl_ms: 500, identity: "compute" },
+            OwnerAsk::Revoke { cap: CapId(77) },
+            OwnerAsk::Call { ttl_ms: 1500, identity: "decode-3", header: b"GET blk 7" },
+            OwnerAsk::Call { ttl_ms: 1, identity: "a", header: b"" },
+        ];
+        for ask in asks {
+            let b = ask.encode();
+            assert_eq!(OwnerAsk::decode(&b), Some(ask));
+        }
+        // Cut inside the fixed fields or the identity.
+        let b = OwnerAsk::Call { ttl_ms: 1500, identity: "decode-3", header: b"" }.encode();
+        for cut in 1..b.len() {
+            assert_eq!(OwnerAsk::decode(&b[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(OwnerAsk::decode(&[]), None);
+        assert_eq!(OwnerAsk::decode(&[5]), None);
+    }
+
+    /// A reply to a call for a delegation parses to what the owner said,
+    /// and a mangled one to an error, never a panic.
+    #[test]
+    fn a_reply_to_a_call_for_a_delegation_parses_or_says_it_is_not_one() {
+        let token = [7u8; 50];
+        let h = [&[CALL_DELEGATED][..], &5u64.to_le_bytes(), &50u16.to_le_bytes(), &token, b"app"].concat();
+        let r = DelegatedReply::parse(4, &h).unwrap();
+        assert_eq!((r.status, &r.header[..]), (4, &b"app"[..]));
+        let d = r.delegation.unwrap();
+        assert_eq!((d.cap, d.token.as_bytes()), (CapId(5), &token[..]));
+        let r = DelegatedReply::parse(0, &[CALL_PLAIN, b'x']).unwrap();
+        assert!(r.delegation.is_none() && r.header == b"x");
+        let refused = [&[CALL_REFUSED][..], b"no"].concat();
+        assert!(matches!(
+            DelegatedReply::parse(9, &refused),
+            Err(RedeemFailed::Refused { refusal: Refusal::OutsideCapability, .. })
+        ));
+        for cut in 0..h.len() - 3 {
+            assert!(DelegatedReply::parse(0, &h[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(DelegatedReply::parse(0, &[3]).is_err());
+        assert!(DelegatedReply::parse(200, &refused).is_err());
+    }
+}
