@@ -292,3 +292,32 @@ fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() 
     assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
     a_revoked_window_ends(w, range, (addr, rkey, len));
 }
+
+/// A call for a delegation whose connection goes down before the
+/// application replies: the reply with a range is refused `Down`, nothing
+/// of the range stays pinned (the delegation it would have carried is
+/// taken back at once, not left to its expiry), also for a second reply.
+#[test]
+fn a_call_for_a_delegation_answered_after_its_connection_went_down_pins_nothing() {
+    let (mut w, region, range) = world();
+    let ttl_ms = u32::try_from(LEASE.as_millis()).unwrap();
+    let call = OwnerAsk::Call { ttl_ms, identity: "compute", header: b"get" };
+    w.send_within_credit(
+        &Frame::Ask { msg_id: 1, body: &call.encode(), attach: Attaches::new() }.encode().unwrap(),
+    );
+    assert!(w.run_until(Duration::from_millis(50), |w| w
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. }))));
+    let (req, _) = w.take_request();
+    let now = w.now();
+    w.victim.begin_close(now);
+    for _ in 0..2 {
+        let err = w.victim.reply_region(now, req, 0, b"", range).unwrap_err();
+        assert!(
+            matches!(err, mwcap::conn::UseError::Down(_) | mwcap::conn::UseError::NoSuchRequest(_)),
+            "{err}"
+        );
+        assert!(w.victim.region_write(region, range.offset, b"new").is_ok(), "nothing pinned");
+    }
+}

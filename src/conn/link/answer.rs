@@ -248,16 +248,15 @@ impl<N: Nic> Link<N> {
             }
         };
         let r = self.conn.reply(now, req, status, &h, None).map_err(|r| r.error);
-        match (&r, cap) {
-            (Ok(()), _) => {
-                self.delegation.calls.swap_remove(i);
-            }
-            // Not sent: no token of it is out. It is revoked, which unpins
-            // its range; a retry delegates anew.
-            (Err(_), Some(cap)) => {
-                let _ = self.regions.revoke(cap);
-            }
-            (Err(_), None) => {}
+        // Answered, or the request is gone (no answer can be sent): it is
+        // no longer a call waiting for its reply.
+        if matches!(r, Ok(()) | Err(UseError::NoSuchRequest(_) | UseError::Down(_))) {
+            self.delegation.calls.swap_remove(i);
+        }
+        // Not sent: no token of it is out. It is revoked, which unpins its
+        // range; a retry delegates anew.
+        if let (Err(_), Some(cap)) = (&r, cap) {
+            let _ = self.regions.revoke(cap);
         }
         self.run();
         r
