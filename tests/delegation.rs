@@ -206,13 +206,23 @@ impl Net {
 /// of the region, "buf" with a buffer (and, when the caller asked for a
 /// delegation, which a buffer cannot be, with status 7 and no payload),
 /// anything else with status 3 and no payload. Each reply's header says
-/// whether the request was marked delegated.
+/// whether the request was marked delegated, and to whom. It gives nothing
+/// of its region to "third" (status 4, no payload).
 async fn serve(c: Connection<SimNic>, region: RegionId) {
     while let Some(req) = c.next_request().await {
-        let marked: &[u8] = if req.delegated { b"delegated" } else { b"plain" };
+        let to = c.delegation_asked(req.id).map(|d| d.to);
+        assert_eq!(to.is_some(), req.delegated);
+        let marked = match &to {
+            Some(to) => format!("delegated {to}").into_bytes(),
+            None => b"plain".to_vec(),
+        };
+        let marked = &marked[..];
         let words = String::from_utf8_lossy(&req.header).into_owned();
         let mut it = words.split(' ');
         let r = match (it.next(), it.next(), it.next()) {
+            _ if to.as_deref() == Some("third") => {
+                c.reply(req.id, 4, marked, None).await.map_err(|r| r.error)
+            }
             (Some("range"), Some(off), Some(len)) => {
                 let range = RegionRange { region, offset: off.parse().unwrap(), len: len.parse().unwrap() };
                 match c.reply_region(req.id, 0, marked, range).await {
@@ -671,7 +681,11 @@ fn a_reply_payload_is_delegated_to_a_third_node(policy: PolicyChoice) {
     let ttl = Duration::from_secs(4);
     let (offset, len) = (12_288 + 5, 6000u32);
     let r = net.call_delegated(&holder, &format!("range {offset} {len}"), "compute", ttl).unwrap();
-    assert_eq!((r.status, &r.header[..]), (0, &b"delegated"[..]), "{policy:?}: the application's answer");
+    assert_eq!(
+        (r.status, &r.header[..]),
+        (0, &b"delegated compute"[..]),
+        "{policy:?}: the application's answer"
+    );
     let d = r.delegation.expect("a reply with a range comes as a delegation");
     // Nothing was exposed to the holder; the range is pinned for the delegate.
     let err = net.owner.region_write(net.region, offset + len as usize - 1, b"x").unwrap_err();
@@ -724,8 +738,11 @@ fn what_cannot_be_delegated_says_why() {
     let holder = net.connect("other", 9);
     let ttl = Duration::from_secs(2);
     let r = net.call_delegated(&holder, "nothing", "compute", ttl).unwrap();
-    assert_eq!((r.status, &r.header[..]), (3, &b"delegated"[..]));
+    assert_eq!((r.status, &r.header[..]), (3, &b"delegated compute"[..]));
     assert!(r.delegation.is_none(), "no payload, no delegation");
+    // The application sees whom it would give its data to, and refuses.
+    let r = net.call_delegated(&holder, "range 0 10", "third", ttl).unwrap();
+    assert_eq!((r.status, &r.header[..], r.delegation.is_none()), (4, &b"delegated third"[..], true));
     let r = net.call_delegated(&holder, "buf", "compute", ttl).unwrap();
     assert_eq!((r.status, r.delegation.is_none()), (7, true), "the application was told and answered");
     let r = net.call_delegated(&holder, &format!("range {} 10", REGION - 5), "compute", ttl).unwrap();

@@ -250,14 +250,18 @@ fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() 
     let (mut w, _, range) = world();
     let seen = ask(&mut w, 1, &[4, 1, 0]);
     assert_eq!(seen.status, Some(11), "Malformed: {}", String::from_utf8_lossy(&seen.header));
+    // Well-formed, but naming nobody: refused by the library.
+    let nobody = OwnerAsk::Call { ttl_ms: 50, identity: "", header: b"get" };
+    let seen = ask(&mut w, 2, &nobody.encode());
+    assert_eq!((seen.status, seen.header.first()), (Some(11), Some(&2)), "Malformed, by the library");
     let long = OwnerAsk::Call { ttl_ms: 600_000, identity: "compute", header: b"get" };
-    let seen = ask(&mut w, 2, &long.encode());
+    let seen = ask(&mut w, 3, &long.encode());
     assert_eq!((seen.status, seen.header.first()), (Some(9), Some(&2)), "OutsideCapability, by the library");
     assert!(w.events.iter().all(|e| !matches!(e, Event::Request { .. })), "the application saw neither");
     let ttl_ms = u32::try_from(LEASE.as_millis()).unwrap();
     let call = OwnerAsk::Call { ttl_ms, identity: "compute", header: b"get" };
     w.send_within_credit(
-        &Frame::Ask { msg_id: 3, body: &call.encode(), attach: Attaches::new() }.encode().unwrap(),
+        &Frame::Ask { msg_id: 4, body: &call.encode(), attach: Attaches::new() }.encode().unwrap(),
     );
     assert!(w.run_until(Duration::from_millis(50), |w| w
         .events
@@ -271,7 +275,7 @@ fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() 
     let buf = w.granted_buf();
     let now = w.now();
     let refused = w.victim.reply(now, req, 0, b"", Some(buf)).unwrap_err();
-    assert!(matches!(refused.error, mwcap::conn::UseError::NotDelegable(3)), "{}", refused.error);
+    assert!(matches!(refused.error, mwcap::conn::UseError::NotDelegable(4)), "{}", refused.error);
     w.victim.free(refused.data.expect("handed back"));
     w.victim.reply_region(now, req, 0, b"blk", range).unwrap();
     let seen = Seen::of(&w.next_frame());
@@ -282,13 +286,13 @@ fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() 
     let len = usize::from(u16::from_le_bytes(rest[8..10].try_into().unwrap()));
     let (token, app) = rest[10..].split_at(len);
     assert_eq!(app, b"blk");
-    let seen = redeem(&mut w, 4, token);
+    let seen = redeem(&mut w, 5, token);
     let (addr, len, rkey) = seen.target();
     assert_eq!(len, range.len, "the window covers exactly the range");
     let (status, bytes) = w.read(addr, rkey, len);
     assert_eq!(status, WcStatus::Success);
     assert!(bytes.iter().all(|&b| b == GRANTED));
-    let seen = ask(&mut w, 5, &OwnerAsk::Revoke { cap }.encode());
+    let seen = ask(&mut w, 6, &OwnerAsk::Revoke { cap }.encode());
     assert_eq!(seen.status, Some(0), "{}", String::from_utf8_lossy(&seen.header));
     a_revoked_window_ends(w, range, (addr, rkey, len));
 }

@@ -41,7 +41,7 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key, Keyring};
 use mwcap::conn::{
-    CapId, Config, Connection, Endpoint, PolicyChoice, RedeemFailed, RegionId, RegionRange, Token,
+    CapId, Config, Connection, Endpoint, PolicyChoice, RedeemFailed, Refusal, RegionId, RegionRange, Token,
 };
 use mwcap::sim::{DeviceConfig, Fabric, QpAddr, SimNic};
 use rand::rngs::SmallRng;
@@ -110,7 +110,8 @@ struct Called {
     offset: usize,
     len: usize,
     ttl: Duration,
-    ended: Instant,
+    /// Asked for longer than the connection's lease: must be refused.
+    over: bool,
     result: Result<mwcap::conn::DelegatedReply, RedeemFailed>,
 }
 
@@ -151,30 +152,38 @@ struct Delegate {
     conn: Connection<SimNic>,
 }
 
-/// The owner's slots: each one's generation, and whether its application
-/// is replying with a range of it now (it does not rewrite a slot it is
-/// serving, as a storage node would not).
+/// The owner's slots: each one's generation, how many replies with a
+/// range of it its application is making now (it does not rewrite a slot
+/// it is serving, as a storage node would not), and when each reply was
+/// sent (by the reply's number).
 #[derive(Default)]
 struct Slots {
     gens: [u32; SLOTS],
-    serving: [bool; SLOTS],
+    serving: [u32; SLOTS],
+    sent: Vec<Option<Instant>>,
 }
 
 /// The owner's application: "SLOT OFFSET LEN" is answered with that range,
-/// its header the slot's generation.
+/// its header the slot's generation and the reply's number.
 async fn serve(c: Connection<SimNic>, region: RegionId, slots: Rc<RefCell<Slots>>) {
     while let Some(req) = c.next_request().await {
         let w: Vec<usize> =
             String::from_utf8_lossy(&req.header).split(' ').map(|x| x.parse().unwrap()).collect();
         let (slot, offset, len) = (w[0], w[1], w[2]);
-        let gen = {
+        let (gen, n) = {
             let mut s = slots.borrow_mut();
-            s.serving[slot] = true;
-            s.gens[slot]
+            s.serving[slot] += 1;
+            s.sent.push(None);
+            (s.gens[slot], s.sent.len() as u32 - 1)
         };
         let range = RegionRange { region, offset: slot * SLOT + offset, len: len as u32 };
-        let r = c.reply_region(req.id, 0, &gen.to_le_bytes(), range).await;
-        slots.borrow_mut().serving[slot] = false;
+        let header = [gen.to_le_bytes(), n.to_le_bytes()].concat();
+        let r = c.reply_region(req.id, 0, &header, range).await;
+        let mut s = slots.borrow_mut();
+        s.serving[slot] -= 1;
+        // Sent by now: the token's expiry, from the owner's clock when it
+        // delegated, is no later than this plus its ttl.
+        s.sent[n as usize] = Some(Instant::now());
         if r.is_err() {
             return;
         }
@@ -443,7 +452,7 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
             68..=82 => {
                 let slot = rng.gen_range(0..SLOTS);
                 let mut slots = run.slots.borrow_mut();
-                if slots.serving[slot] {
+                if slots.serving[slot] > 0 {
                     continue;
                 }
                 let bytes: Vec<u8> = (0..SLOT).map(|i| pattern(slot, slots.gens[slot] + 1, i)).collect();
@@ -480,10 +489,11 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                 let slot = rng.gen_range(0..SLOTS);
                 let offset = rng.gen_range(0..SLOT - 1);
                 let len = rng.gen_range(1..=SLOT - offset);
-                let ttl = if rng.gen_bool(0.9) {
-                    Duration::from_millis(rng.gen_range(60..1500))
-                } else {
+                let over = rng.gen_bool(0.1);
+                let ttl = if over {
                     config().lease_time + Duration::from_millis(1)
+                } else {
+                    Duration::from_millis(rng.gen_range(60..1500))
                 };
                 let (conn, out, by_gen) = (delegates[by].conn.clone(), called.clone(), gens_conn[by]);
                 pending_calls += 1;
@@ -492,7 +502,6 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                     .spawn_local(async move {
                         let header = format!("{slot} {offset} {len}");
                         let result = conn.call_delegated(header.as_bytes(), NAMES[to], ttl).await;
-                        let ended = Instant::now();
                         out.borrow_mut().push(Called {
                             by,
                             by_gen,
@@ -501,7 +510,7 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                             offset,
                             len,
                             ttl,
-                            ended,
+                            over,
                             result,
                         });
                     })
@@ -542,10 +551,14 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
         // Replies called for as delegations become tokens like any other.
         for m in called.borrow_mut().drain(..) {
             pending_calls -= 1;
+            let ctx = format!("seed {seed}: {} called for a delegation to {}", NAMES[m.by], NAMES[m.to]);
             match m.result {
                 Ok(r) => {
+                    assert!(!m.over, "{ctx}: longer than the lease, not refused");
                     let d = r.delegation.expect("a range comes as a delegation");
                     let gen = u32::from_le_bytes(r.header[..4].try_into().unwrap());
+                    let n = u32::from_le_bytes(r.header[4..8].try_into().unwrap()) as usize;
+                    let sent = run.slots.borrow().sent[n].expect("the reply was sent");
                     let want = (m.offset..m.offset + m.len).map(|i| pattern(m.slot, gen, i)).collect();
                     toks.push(Tok {
                         cap: d.cap,
@@ -554,14 +567,23 @@ fn torture(seed: u64, policy: PolicyChoice, ops: u32) -> Counts {
                         parent: None,
                         holder: Some((m.by, m.by_gen)),
                         want,
-                        expires: m.ended + m.ttl,
+                        expires: sent + m.ttl,
                         revoked: None,
                         first_redeemed: None,
                     });
                     c.called_for += 1;
                 }
-                Err(RedeemFailed::Refused { .. }) => c.refused += 1,
-                Err(_) => c.failed += 1,
+                Err(RedeemFailed::Refused { refusal, message }) => {
+                    // Only a life longer than the lease is refused.
+                    assert!(
+                        m.over && refusal == Refusal::OutsideCapability,
+                        "{ctx}: refused {refusal:?}: {message}"
+                    );
+                    c.refused += 1;
+                }
+                // The call failed (its connection faulted): nothing else.
+                Err(RedeemFailed::Call(_)) => c.failed += 1,
+                Err(e) => panic!("{ctx}: {e}"),
             }
         }
         for (t, at) in holder_revocations.borrow_mut().drain(..) {

@@ -4,6 +4,17 @@
 //! `link/answer.rs`, from its endpoint's book (`conn/delegate.rs`).
 
 use super::delegate::{CapId, Delegation, RedeemFailed, Refusal, Token, MAX_TOKEN};
+/// What a caller asked for when it called for a delegation
+/// ([`Request::delegated`](super::Request::delegated)): the application
+/// may refuse to give its data to `to` (reply without a payload).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelegatedCall {
+    /// The identity the reply's range will be delegated to.
+    pub to: std::sync::Arc<str>,
+    /// For how long (at most the connection's `lease_time`).
+    pub ttl: std::time::Duration,
+}
+
 /// The answer to [`Connection::call_delegated`](super::Connection::call_delegated):
 /// the owner application's status and header, and the delegation its reply's
 /// payload was made into (`None`: the reply had no payload).
@@ -24,10 +35,17 @@ impl DelegatedReply {
     /// Parse the reply to a call for a delegation (`OwnerAsk::Call`).
     pub(crate) fn parse(status: u8, header: &[u8]) -> Result<DelegatedReply, RedeemFailed> {
         let bad = || RedeemFailed::BadStatus(status);
-        let (&kind, rest) = header.split_first().ok_or_else(bad)?;
-        match kind {
-            CALL_PLAIN => Ok(DelegatedReply { status, header: rest.to_vec(), delegation: None }),
-            CALL_DELEGATED => {
+        let refused = |words: &[u8]| match Refusal::from_status(status) {
+            Some(refusal) => {
+                RedeemFailed::Refused { refusal, message: String::from_utf8_lossy(words).into_owned() }
+            }
+            None => bad(),
+        };
+        match header.split_first() {
+            Some((&CALL_PLAIN, rest)) => {
+                Ok(DelegatedReply { status, header: rest.to_vec(), delegation: None })
+            }
+            Some((&CALL_DELEGATED, rest)) => {
                 let (cap, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
                 let (len, rest) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
                 let len = usize::from(u16::from_le_bytes(*len));
@@ -41,14 +59,11 @@ impl DelegatedReply {
                 };
                 Ok(DelegatedReply { status, header: header.to_vec(), delegation: Some(delegation) })
             }
-            CALL_REFUSED => match Refusal::from_status(status) {
-                Some(refusal) => Err(RedeemFailed::Refused {
-                    refusal,
-                    message: String::from_utf8_lossy(rest).into_owned(),
-                }),
-                None => Err(bad()),
-            },
-            _ => Err(bad()),
+            Some((&CALL_REFUSED, rest)) => Err(refused(rest)),
+            // A refusal without the kind byte: an ask the owner could not
+            // parse (or an owner that knows no calls for a delegation),
+            // its words the whole header (words never start with a kind).
+            _ => Err(refused(header)),
         }
     }
 }
@@ -237,5 +252,11 @@ mod tests {
         }
         assert!(DelegatedReply::parse(0, &[3]).is_err());
         assert!(DelegatedReply::parse(200, &refused).is_err());
+        // A refusal without a kind byte (an ask the owner could not parse).
+        assert!(matches!(
+            DelegatedReply::parse(11, b"an ask the owner does not know"),
+            Err(RedeemFailed::Refused { refusal: Refusal::Malformed, ref message }) if message.starts_with("an ask")
+        ));
+        assert!(DelegatedReply::parse(0, b"").is_err());
     }
 }

@@ -159,7 +159,7 @@ pub mod pool_model {
         }
     }
 }
-pub use ask::{DelegatedReply, OwnerAsk};
+pub use ask::{DelegatedCall, DelegatedReply, OwnerAsk};
 pub use buf::Buf;
 pub use config::*;
 pub use delegate::{

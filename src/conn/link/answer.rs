@@ -29,7 +29,7 @@ pub(crate) struct LinkDelegation {
     /// Requests whose callers asked for the reply's payload as a
     /// delegation (`OwnerAsk::Call`), until replied to: the identity to
     /// delegate to, and for how long.
-    calls: Vec<(RequestId, Box<str>, Duration)>,
+    calls: Vec<(RequestId, Arc<str>, Duration)>,
 }
 
 /// What a redemption is answered with.
@@ -50,6 +50,13 @@ impl LinkDelegation {
         !self.live.is_empty()
     }
 
+    /// What request `req`, a call for a delegation, asked for.
+    pub(crate) fn call_of(&self, req: RequestId) -> Option<crate::conn::DelegatedCall> {
+        let i = self.call(req)?;
+        let (_, to, ttl) = &self.calls[i];
+        Some(crate::conn::DelegatedCall { to: to.clone(), ttl: *ttl })
+    }
+
     /// Whether request `req` called for a delegation: where it is kept.
     #[inline]
     pub(super) fn call(&self, req: RequestId) -> Option<usize> {
@@ -61,6 +68,14 @@ impl LinkDelegation {
 }
 
 impl<N: Nic> Link<N> {
+    /// What request `req` asked for, if it is a call for a delegation
+    /// waiting for its reply.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn delegated_call(&self, req: RequestId) -> Option<crate::conn::DelegatedCall> {
+        self.delegation.call_of(req)
+    }
+
     /// The identity the peer proved in the bootstrap (tokens name it).
     pub(crate) fn set_identity(&mut self, identity: Option<Arc<str>>) {
         self.delegation.identity = identity;
@@ -203,6 +218,8 @@ impl<N: Nic> Link<N> {
     /// Server: the application replies with `data` to the call for a
     /// delegation kept at `i`: a buffer cannot be delegated (it lives in
     /// this connection's memory), and is handed back.
+    #[cold]
+    #[inline(never)]
     pub(super) fn reply_to_call(
         &mut self,
         now: Duration,
@@ -223,6 +240,8 @@ impl<N: Nic> Link<N> {
     /// `range` of a region, which is delegated (not exposed) to the
     /// identity the caller named. The reply says which, before the
     /// application's header.
+    #[cold]
+    #[inline(never)]
     pub(super) fn reply_delegated(
         &mut self,
         now: Duration,
@@ -236,11 +255,21 @@ impl<N: Nic> Link<N> {
             None => ([&[CALL_PLAIN][..], header].concat(), None),
             Some(range) => {
                 let conn = self.conn.id();
-                let d = self.regions.delegate_reply(now, conn, range, to, ttl).map_err(|e| match e {
-                    DelegateError::Region(e) => e,
-                    // The identity and the life were checked when the call came.
-                    e => unreachable!("a call for a delegation checked already: {e}"),
-                })?;
+                let d = match self.regions.delegate_reply(now, conn, range, to, ttl) {
+                    Ok(d) => d,
+                    Err(DelegateError::Region(e)) => return Err(e),
+                    // The identity and the life were checked when the call
+                    // came (`call_refusal`); were they not, the caller is
+                    // refused, never the owner's driver brought down.
+                    Err(e) => {
+                        self.delegation.calls.swap_remove(i);
+                        self.regions.count_refusal(Refusal::Malformed);
+                        let words = [&[CALL_REFUSED][..], e.to_string().as_bytes()].concat();
+                        let r = self.conn.reply(now, req, Refusal::Malformed.status(), &words, None);
+                        self.run();
+                        return r.map_err(|r| r.error);
+                    }
+                };
                 let token = d.token.as_bytes();
                 let len = u16::try_from(token.len()).expect("a token is short").to_le_bytes();
                 let h = [&[CALL_DELEGATED][..], &d.cap.0.to_le_bytes(), &len, token, header].concat();

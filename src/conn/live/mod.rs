@@ -72,8 +72,9 @@ pub struct Request {
     /// time, from `header`; `data` is `None`.
     pub again: bool,
     /// The caller asked for the reply's payload as a delegation
-    /// ([`Connection::call_delegated`]): reply with a range of a region
-    /// (delegated by the library) or no payload; a buffer is refused.
+    /// ([`Connection::call_delegated`]; to whom and for how long:
+    /// [`Connection::delegation_asked`]): reply with a range of a region
+    /// (which the library delegates) or no payload.
     pub delegated: bool,
 }
 

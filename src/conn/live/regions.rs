@@ -93,11 +93,16 @@ impl<N: Nic> Connection<N> {
     /// capability the owner exposes on it: the shorter of the two sides'
     /// [`Config::lease_time`](super::super::Config::lease_time), agreed at connect;
     /// [`Refusal::OutsideCapability`](super::super::Refusal::OutsideCapability)
-    /// otherwise), and `to` names an identity of 1 to
-    /// [`MAX_IDENTITY`] bytes ([`Refusal::Malformed`](super::super::Refusal::Malformed)),
-    /// both refused before the application sees the request. For a part of
-    /// the range, name this connection's own identity as `to` and hand a
-    /// part on with [`Connection::delegate`].
+    /// otherwise, before the application sees the request), and `to`
+    /// names an identity of 1 to [`MAX_IDENTITY`] bytes
+    /// ([`RedeemFailed::BadIdentity`](super::super::RedeemFailed::BadIdentity)
+    /// otherwise, and nothing is sent). The application sees `to` and
+    /// `ttl` and may refuse (a reply without a payload). The reply's
+    /// header has less room for the application's header: 1 byte less,
+    /// and 11 bytes and the token's (at most [`MAX_TOKEN`]) less when it
+    /// carries a delegation. For a part of the range, name this
+    /// connection's own identity as `to` and hand a part on with
+    /// [`Connection::delegate`].
     pub async fn call_delegated(
         &self,
         header: &[u8],
@@ -129,6 +134,15 @@ impl<N: Nic> Connection<N> {
             return Err(RedeemFailed::BadIdentity(to.len()));
         }
         Ok(())
+    }
+
+    /// Server: what request `req` asked for, if it is a call for a
+    /// delegation ([`Request::delegated`](super::Request::delegated)) not
+    /// yet replied to: the identity the reply's range would be delegated
+    /// to, and for how long. The application may refuse to give its data
+    /// to that identity (a reply without a payload).
+    pub fn delegation_asked(&self, req: super::RequestId) -> Option<super::super::DelegatedCall> {
+        self.inner.state.lock().ep.delegated_call(req)
     }
 
     /// A token short enough to send.
