@@ -1,0 +1,42 @@
+use super::*;
+use crate::conn::{Config, Policies, Policy, Role};
+use crate::sim::{DeviceConfig, Fabric};
+
+fn client() -> Connection<crate::sim::SimNic> {
+    let fabric = Fabric::with_seed(1);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let (hub, _driver) = crate::conn::hub::Hub::new(nic, 1024).unwrap();
+    let policies = Policies::both(Policy::Mw);
+    let link = hub.prepare(hub.connection_nic().unwrap(), Role::Server, Config::default()).unwrap();
+    hub.add(link.finish(policies).unwrap())
+}
+
+#[test]
+fn polling_next_request_again_does_not_pile_up_wakers() {
+    let conn = client();
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let fut = conn.next_request();
+    futures::pin_mut!(fut);
+    for _ in 0..100 {
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(conn.request_waiters(), 1);
+}
+
+#[test]
+fn yield_now_returns_pending_once_and_wakes_itself() {
+    let woke = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    struct Count(Arc<std::sync::atomic::AtomicUsize>);
+    impl futures::task::ArcWake for Count {
+        fn wake_by_ref(a: &Arc<Self>) {
+            a.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let waker = futures::task::waker(Arc::new(Count(woke.clone())));
+    let mut cx = Context::from_waker(&waker);
+    let mut y = driver::yield_now();
+    assert!(Pin::new(&mut y).poll(&mut cx).is_pending());
+    assert_eq!(woke.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(Pin::new(&mut y).poll(&mut cx).is_ready());
+}
