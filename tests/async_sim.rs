@@ -460,6 +460,45 @@ fn dropping_a_held_buffer_starts_the_reads_that_wait_for_one() {
 }
 
 #[test]
+fn a_reply_buffer_dropped_while_nothing_waits_costs_no_turn() {
+    // The caller drops its reply's buffer; nothing waits for a buffer, so
+    // the driver is not woken for it (a turn per call, a third of an mw
+    // call's client turns): the next turn, or an alloc, takes it back.
+    // The counts see it as free at once all the same.
+    for p in [Policies::both(Policy::Mw), Policies::both(Policy::Confirm)] {
+        let fabric = Fabric::with_seed(32);
+        let (client, cdrv, server, sdrv) =
+            connected_on(&fabric, p, Duration::from_secs(5), Duration::from_secs(10));
+        let replied = std::cell::Cell::new(0);
+        let app = async {
+            let total = client.stats().buffers_free;
+            let r = client.call(b"get", None).await.expect("a call");
+            let d = r.data.expect("a reply payload");
+            assert_eq!(d.to_vec(), vec![0x42; 1000], "{p:?}");
+            // Every turn the call brings (the release's, the server's) taken.
+            async_io::Timer::after(Duration::from_millis(100)).await;
+            let turns = client.driver_stats().turns;
+            drop(d);
+            assert_eq!(client.stats().buffers_free, total, "{p:?}: a dropped buffer counts as free");
+            async_io::Timer::after(Duration::from_millis(100)).await;
+            assert_eq!(client.driver_stats().turns, turns, "{p:?}: the dropped buffer woke the driver");
+            // The next call's turn takes it back; every buffer is free after it.
+            let r = client.call(b"get", None).await.expect("a second call");
+            drop(r);
+            let all: Vec<_> = std::iter::from_fn(|| client.try_alloc()).collect();
+            assert_eq!(all.len() as u32, total, "{p:?}: a buffer was lost");
+            drop(all);
+            client.close();
+            server.close();
+        };
+        let rest =
+            futures::future::join3(cdrv.run(), sdrv.run(), answer_with(server.clone(), 1000, &replied));
+        block_on(futures::future::join(app, rest));
+        assert_no_hazards(&fabric);
+    }
+}
+
+#[test]
 fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
     // Issue 18 §4.2: the user holds every buffer; the server replies, but
     // the payload has nowhere to go. The call used to fail with TimedOut

@@ -33,6 +33,7 @@ pub struct DelegatedReply {
 
 impl DelegatedReply {
     /// Parse the reply to a call for a delegation (`OwnerAsk::Call`).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async handle, absent under loom
     pub(crate) fn parse(status: u8, header: &[u8]) -> Result<DelegatedReply, RedeemFailed> {
         let bad = || RedeemFailed::BadStatus(status);
         let refused = |words: &[u8]| match Refusal::from_status(status) {

@@ -72,6 +72,14 @@ impl Returns {
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
         crate::handle::store_waker(&mut self.waker.lock(), w);
     }
+    /// Wake nobody on a put.
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn clear_waker(&self) {
+        let mut w = self.waker.lock();
+        if w.is_some() {
+            *w = None;
+        }
+    }
     /// Whether handles wait to be taken back (no lock: see `queued`).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn any(&self) -> bool {

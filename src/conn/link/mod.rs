@@ -332,6 +332,19 @@ impl<N: Nic> Link<N> {
         self.conn.wake_on_return(w)
     }
 
+    /// See [`Connection::wants_returns`](super::proto::Connection::wants_returns).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wants_returns(&self) -> bool {
+        self.conn.wants_returns()
+    }
+
+    /// Wake nobody when a buffer handle is dropped: the next turn's
+    /// reclaim takes it back.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn ignore_returns(&self) {
+        self.conn.ignore_returns()
+    }
+
     // ---- the user's buffers ----
 
     /// Take a free buffer from the pool, or `None` when all are in use.

@@ -451,9 +451,20 @@ impl<N: Nic> Inner<N> {
         let defer = st.capacity_polled < st.capacity_wakes && st.pool_defers < 16;
         st.pool_defers = if defer { st.pool_defers + 1 } else { 0 };
         let again = st.ep.end_pool_turn(defer);
-        // A buffer handle dropped from now on queues the connection; one
-        // dropped since this turn's reclaim queues it now.
-        if st.ep.wake_on_return(&inner.hub.waker) || again {
+        // While something waits for a free buffer (a READ for its
+        // destination, a user's alloc, the connection's end, another
+        // connection on the shared pool), a buffer handle dropped from now
+        // on queues the connection, and one dropped since this turn's
+        // reclaim queues it now. Otherwise a dropped handle waits for the
+        // next turn's reclaim (an allocation reclaims too): a call's reply
+        // buffer, dropped by its caller, costs no turn of its own.
+        let returns = if st.down.is_some() || !st.capacity_waiters.is_empty() || st.ep.wants_returns() {
+            st.ep.wake_on_return(&inner.hub.waker)
+        } else {
+            st.ep.ignore_returns();
+            false
+        };
+        if returns || again {
             inner.hub.waker.wake_by_ref();
         }
         Turn { busy, finished, foreign_invalidations: st.ep.take_foreign_invalidations() }

@@ -108,6 +108,9 @@ impl Waiters {
         }
     }
     /// Wake every task; whether there was one.
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
     fn wake_all(&mut self) -> bool {
         if self.0.is_empty() {
             return false;
@@ -370,6 +373,11 @@ impl<N: Nic> Connection<N> {
                 return Poll::Ready(Ok(b));
             }
             st.wait_for_capacity(cx.waker());
+            // A handle dropped from now on brings the driver back for it
+            // (`Inner::turn` arms this only while something waits).
+            if st.ep.wake_on_return(&self.inner.hub.waker) {
+                self.inner.ring();
+            }
             Poll::Pending
         })
         .await
@@ -392,6 +400,11 @@ impl<N: Nic> Connection<N> {
                 Err(e) => return Poll::Ready(Err(e)),
             }
             st.wait_for_capacity(cx.waker());
+            // A handle dropped from now on brings the driver back for it
+            // (`Inner::turn` arms this only while something waits).
+            if st.ep.wake_on_return(&self.inner.hub.waker) {
+                self.inner.ring();
+            }
             Poll::Pending
         })
         .await

@@ -312,6 +312,31 @@ impl Connection {
         self.returns.any()
     }
 
+    /// Wake nobody when a buffer handle is dropped (see
+    /// [`Connection::wants_returns`]).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn ignore_returns(&self) {
+        self.returns.clear_waker();
+    }
+
+    /// Whether a dropped buffer handle must be taken back at once, not at
+    /// the next turn: a READ or an inline payload waits for a free buffer,
+    /// the connection is going down (its end waits for every buffer), or
+    /// its buffers are the shared pool's (another connection may wait for
+    /// one).
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn wants_returns(&self) -> bool {
+        self.down.is_some() || self.bufs.is_backed() || self.buffer_awaited()
+    }
+
+    /// Whether a READ (a grant's, a confirm fetch's) or an inline payload
+    /// waits for a free buffer.
+    pub(super) fn buffer_awaited(&self) -> bool {
+        self.confirm.as_ref().is_some_and(|c| !c.pending_reads.is_empty())
+            || self.reader.as_ref().is_some_and(|r| !r.pending.is_empty())
+            || !self.inline_wait.is_empty()
+    }
+
     /// Whether a take found the shared buffer pool empty and a buffer has
     /// come back to it since: the engines run again (a READ waiting for a
     /// destination). Only the driver's turn asks, so that it also wakes the

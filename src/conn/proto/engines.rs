@@ -230,10 +230,7 @@ impl Connection {
 
     /// Start READs that waited for a free destination. Returns whether any did.
     pub(super) fn retry_pending(&mut self, now: Duration) -> bool {
-        let waiting = self.confirm.as_ref().is_some_and(|c| !c.pending_reads.is_empty())
-            || self.reader.as_ref().is_some_and(|r| !r.pending.is_empty())
-            || !self.inline_wait.is_empty();
-        if !waiting && self.down.is_none() {
+        if !self.buffer_awaited() && self.down.is_none() {
             return false; // nothing waits for a buffer
         }
         let mut any = false;
