@@ -499,6 +499,57 @@ fn a_reply_buffer_dropped_while_nothing_waits_costs_no_turn() {
 }
 
 #[test]
+fn a_grant_sends_completion_waits_for_the_servers_next_turn() {
+    // Under mw the server's grant SEND completes as soon as the client's
+    // NIC acknowledges it. Nothing waits for the send slot it frees, so the
+    // completion waits in the connection's inbox for its next turn (on
+    // every call the peer's release comes one READ later) instead of
+    // taking a turn of its own. Here the client's software is frozen (its
+    // driver does not run) and never releases: the completion is handled
+    // at the lease's expiry, whose turn then invalidates the window, and
+    // the buffer comes back on that invalidation's completion.
+    let fabric = Fabric::with_seed(33);
+    let (client, cdrv, server, sdrv) = connected_on(
+        &fabric,
+        Policies::both(Policy::Mw),
+        Duration::from_millis(400),
+        Duration::from_secs(10),
+    );
+    let replied = std::cell::Cell::new(0);
+    let thawed = std::cell::Cell::new(false);
+    let app = async {
+        async_io::Timer::after(Duration::from_millis(50)).await;
+        let before = server.stats().completions;
+        let mut call = Box::pin(client.call(b"get", None));
+        assert!(futures::poll!(call.as_mut()).is_pending(), "the request is out");
+        until(|| replied.get() == 1).await;
+        async_io::Timer::after(Duration::from_millis(150)).await;
+        let s = server.stats();
+        assert_eq!(s.buffers_exposed, 1, "granted, not released");
+        assert_eq!(
+            s.completions,
+            before + 1,
+            "only the request's receive was handled: the grant SEND's completion took a turn of its own"
+        );
+        until(|| server.stats().buffers_exposed == 0).await;
+        let s = server.stats();
+        assert_eq!(s.lease_owner.expect("an owner").expired, 1, "{s:?}");
+        assert_eq!(s.completions, before + 3, "the grant SEND's and the LOCAL_INV's, at the expiry");
+        drop(call);
+        thawed.set(true);
+        client.close();
+        server.close();
+    };
+    let frozen_client = async {
+        until(|| thawed.get()).await;
+        cdrv.run().await
+    };
+    let rest = futures::future::join3(sdrv.run(), frozen_client, answer_with(server.clone(), 1000, &replied));
+    block_on(futures::future::join(app, rest));
+    assert_no_hazards(&fabric);
+}
+
+#[test]
 fn a_reply_whose_payload_finds_no_free_buffer_fails_with_no_buffer() {
     // Issue 18 §4.2: the user holds every buffer; the server replies, but
     // the payload has nowhere to go. The call used to fail with TimedOut

@@ -636,6 +636,14 @@ fn few_send_slots_keep_a_connections_control_memory_small_and_calls_flowing() {
     spawn(&pool, serve(server.clone()));
     pool.run_until(twelve_checked_calls(&client, 0, &[0, 100, 3000]));
     assert_eq!(client.stats().calls_failed, 0);
+    // Idle once the last reply's window is released and invalidated (the
+    // release's turn also takes the grant SEND's completion, which waited
+    // for it in the inbox).
+    pool.run_until(async {
+        while server.stats().buffers_exposed > 0 {
+            async_io::Timer::after(Duration::from_millis(2)).await;
+        }
+    });
     // Lent while the server sent (at most its 3), all back now it is idle:
     // with fewer than four send slots every frame is signaled, so its last
     // SEND's completion says that none is in flight.

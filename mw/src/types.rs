@@ -90,6 +90,15 @@ impl Token {
     pub fn from_wr_id(wr_id: u64) -> Token {
         Token(wr_id)
     }
+    /// Whether this is a grant SEND's token. Its successful completion
+    /// only ends the SEND (the buffer returns on its LOCAL_INV's
+    /// completion, which comes after it on the send queue), so a driver
+    /// may hand it to [`Owner::handle_completion`](crate::Owner::handle_completion)
+    /// late, with the connection's next completion, as long as nothing
+    /// waits for the SEND's slot.
+    pub fn is_grant_send(self) -> bool {
+        self.kind() == Some(TokenKind::GrantSend)
+    }
     /// Which engine the work request belongs to, or `None` if neither
     /// engine made this token (then it is the driver's own).
     pub fn engine(self) -> Option<Engine> {

@@ -245,6 +245,10 @@ fn tokens_round_trip_through_wr_id_and_route_to_their_engine() {
     assert_ne!(g.bind, inv);
     assert_eq!(Token::from_wr_id(0).engine(), None);
     assert_eq!(Token::from_wr_id(u64::MAX).engine(), None);
+    // Only the grant's SEND is one (a driver may hand its success over late).
+    assert!(g.send.is_grant_send());
+    assert!(!g.bind.is_grant_send() && !inv.is_grant_send());
+    assert!(!Token::from_wr_id(0).is_grant_send() && !Token::from_wr_id(42).is_grant_send());
     assert_eq!(Token::from_wr_id(42).wr_id(), 42);
     // Debug output names the kind, window and bind; a foreign one its value.
     assert_eq!(format!("{:?}", g.bind), "Token(Bind 0#1)");

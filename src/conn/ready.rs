@@ -54,6 +54,7 @@ impl<T> ReadyList<T> {
     /// unless it is on it already, and with `ring` wake the driver (not
     /// when the driver itself pushes: it takes the list next anyway).
     /// Call it after the change that is the reason. Whether it was added.
+    #[inline(always)]
     pub fn push(&self, mark: &Mark, item: impl FnOnce() -> T, ring: bool) -> bool {
         if mark.0.swap(true, Ordering::AcqRel) {
             return false;

@@ -73,8 +73,10 @@ impl<N: Nic> HubDriver<N> {
                 let polled = shared.poll(&mut routes, false);
                 drop(routes);
                 match polled {
-                    Ok(n) => {
-                        busy |= n > 0;
+                    Ok((n, queued)) => {
+                        // Completions that only wait for their connection's
+                        // next turn are no work for this loop.
+                        busy |= queued > 0;
                         if let Some(srq) = shared.srq.as_ref().filter(|_| n > 0) {
                             // Receives were taken: most in use at once?
                             srq.check_limit();

@@ -222,14 +222,19 @@ impl<N: Nic> Shared<N> {
     /// `ring`: wake the driver for the connections queued (not when the
     /// driver polls, for it takes their turns next: a ring would cost it
     /// another loop and a sleep that returns at once).
-    fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>, ring: bool) -> Result<usize, NicError> {
+    /// Returns how many completions were taken and how many of those
+    /// queued their connection (the others wait in its inbox for its next
+    /// turn, `HubPart::route`).
+    fn poll(&self, routes: &mut Routes<Arc<Inner<N>>>, ring: bool) -> Result<(usize, usize), NicError> {
+        let mut queued = 0;
         let n = self.hold.drain(routes, self.srq.as_deref(), |inner, c| {
-            let part = &inner.hub;
-            part.inbox.lock().push(c);
-            self.queue_ringing(inner, ring);
+            if inner.hub.route(c) {
+                queued += 1;
+                self.queue_ringing(inner, ring);
+            }
         })?;
         self.completions.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
+        Ok((n, queued))
     }
 
     /// Put a connection on the ready list (once) and wake the driver.
@@ -321,9 +326,7 @@ impl<N: Nic> CallerPoll for Shared<N> {
             return false;
         };
         let n = self.hold.drain(&mut routes, self.srq.as_deref(), |inner, c| {
-            let part = &inner.hub;
-            part.inbox.lock().push(c);
-            if Arc::as_ptr(inner).cast::<()>() != me {
+            if inner.hub.route(c) && Arc::as_ptr(inner).cast::<()>() != me {
                 self.queue(inner);
             }
         });
@@ -538,6 +541,7 @@ impl<N: Nic + 'static> Hub<N> {
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             hub: poll,
+            lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();
         // Counted from now until its figures move to the finished ones.

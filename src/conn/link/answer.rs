@@ -350,6 +350,12 @@ impl<N: Nic> Link<N> {
         }
     }
 
+    /// Whether answers to redemptions wait for capacity.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(super) fn answers_waiting(&self) -> bool {
+        !self.delegation.waiting.is_empty()
+    }
+
     /// Once per turn of the link (its driver's, or [`Link::drive`]'s),
     /// after its completions: retry the answers waiting for capacity, and
     /// end this connection's revoked delegated exposures (a revocation

@@ -338,6 +338,14 @@ impl<N: Nic> Link<N> {
         self.conn.wants_returns()
     }
 
+    /// Whether a frame or an answer waits for a control send slot (or
+    /// credit): a grant SEND's completion, which frees one, must then be
+    /// handled at once.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn send_slot_awaited(&self) -> bool {
+        self.conn.send_slot_awaited() || self.answers_waiting()
+    }
+
     /// Wake nobody when a buffer handle is dropped: the next turn's
     /// reclaim takes it back.
     #[cfg_attr(loom, allow(dead_code))]

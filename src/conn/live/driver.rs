@@ -464,7 +464,21 @@ impl<N: Nic> Inner<N> {
             st.ep.ignore_returns();
             false
         };
-        if returns || again {
+        // A grant SEND's successful completion may wait in the inbox for
+        // the connection's next turn unless something waits for the control
+        // send slot it frees (a frame in the backlog, an answer to a
+        // redemption, a call or reply, or the connection's end). Cleared
+        // before the inbox is looked at, under its lock: one routed since
+        // this turn took the inbox queues it now (`HubPart::route`). While
+        // the flag stays clear every completion queues the connection.
+        let lazy = st.down.is_none() && st.capacity_waiters.is_empty() && !st.ep.send_slot_awaited();
+        let flag = &inner.hub.lazy_grant_sends;
+        let was = flag.load(std::sync::atomic::Ordering::Relaxed);
+        if was != lazy {
+            flag.store(lazy, std::sync::atomic::Ordering::Relaxed);
+        }
+        let routed = was && !lazy && !inner.hub.inbox.lock().is_empty();
+        if returns || again || routed {
             inner.hub.waker.wake_by_ref();
         }
         Turn { busy, finished, foreign_invalidations: st.ep.take_foreign_invalidations() }

@@ -226,6 +226,29 @@ pub(super) struct HubPart {
     pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
     pub(super) hub: std::sync::Weak<dyn super::hub::CallerPoll>,
+    /// Set at the end of each turn while nothing waits for a control send
+    /// slot: a grant SEND's successful completion then goes to the inbox
+    /// without queueing the connection, and is handled with its next
+    /// completion (the peer's release, which comes soon after, or its
+    /// LOCAL_INV's). See [`HubPart::route`].
+    pub(super) lazy_grant_sends: std::sync::atomic::AtomicBool,
+}
+
+impl HubPart {
+    /// Put `c` in the inbox; whether the connection needs a turn for it
+    /// (false only for a grant SEND's success while `lazy_grant_sends`).
+    /// The flag is read under the inbox's lock, which the turn that clears
+    /// it takes after it does (see the end of `Inner::turn`): a completion
+    /// either makes that turn queue the connection again or sees the flag
+    /// cleared.
+    #[inline]
+    pub(super) fn route(&self, c: crate::backend::Completion) -> bool {
+        let mut inbox = self.inbox.lock();
+        inbox.push(c);
+        !(mwcap_mw::Token::from_wr_id(c.wr_id).is_grant_send()
+            && c.status.is_success()
+            && self.lazy_grant_sends.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl<N: Nic> Inner<N> {

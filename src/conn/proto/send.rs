@@ -67,6 +67,12 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether frames wait in the backlog for a send slot or credit.
+    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
+    pub(crate) fn send_slot_awaited(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
     /// Where the next frame is staged in `tx` (room for [`MAX_FRAME`]).
     pub(super) fn stage_start(&mut self) -> usize {
         if self.commands.is_empty() {
