@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 mod answer;
+mod buffers;
 mod create;
 mod regions;
 pub use create::Prepared;
@@ -303,104 +304,6 @@ impl<N: Nic> Link<N> {
                 self.lent.give_back(srq);
             }
         }
-    }
-
-    /// Take back the buffers whose handles were dropped; returns how many.
-    pub(crate) fn reclaim(&mut self) -> usize {
-        let n = self.conn.reclaim() + usize::from(self.conn.pool_came_back());
-        self.run();
-        n
-    }
-
-    /// See [`Connection::end_pool_turn`](super::proto::Connection::end_pool_turn).
-    #[inline]
-    pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {
-        self.conn.end_pool_turn(defer)
-    }
-
-    /// Wake `w` when it is this connection's turn for something of the
-    /// hub's shared buffer pool it waits for.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
-        self.conn.wake_on_pool(w);
-    }
-
-    /// Wake `w` when a buffer handle is dropped (the async driver); true if
-    /// dropped handles already wait to be taken back.
-    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
-    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
-        self.conn.wake_on_return(w)
-    }
-
-    /// See [`Connection::wants_returns`](super::proto::Connection::wants_returns).
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn wants_returns(&self) -> bool {
-        self.conn.wants_returns()
-    }
-
-    /// Whether a frame or an answer waits for a control send slot (or
-    /// credit): a grant SEND's completion, which frees one, must then be
-    /// handled at once.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn send_slot_awaited(&self) -> bool {
-        self.conn.send_slot_awaited() || self.answers_waiting()
-    }
-
-    /// Wake nobody when a buffer handle is dropped: the next turn's
-    /// reclaim takes it back.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn ignore_returns(&self) {
-        self.conn.ignore_returns()
-    }
-
-    // ---- the user's buffers ----
-
-    /// Take a free buffer from the pool, or `None` when all are in use.
-    pub fn alloc(&mut self) -> Option<Buf> {
-        let b = self.conn.alloc();
-        self.run();
-        b
-    }
-
-    /// Take the smallest free buffer that holds `len` bytes (see
-    /// [`Config::large_buffers`]), or `Ok(None)` when all such buffers are
-    /// in use; fails when no buffer is that large.
-    pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
-        let b = self.conn.alloc_for(len);
-        self.run();
-        b
-    }
-
-    /// Put a buffer back in the pool (dropping it does the same, a little later).
-    pub fn free(&mut self, buf: Buf) {
-        self.conn.free(buf);
-        self.run();
-    }
-
-    /// Buffers currently exposed to the peer or being read into (for tests).
-    pub fn busy_buffers(&self) -> usize {
-        self.conn.busy_buffers()
-    }
-
-    /// Buffers free in the pool (dropped handles included).
-    pub fn free_buffers(&mut self) -> usize {
-        let n = self.conn.free_buffers();
-        self.run();
-        n
-    }
-
-    /// Byte ranges of the data region that are exposed to the peer or being
-    /// read into: every other byte must be unreachable by the peer (mw policy).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        self.conn.busy_ranges()
-    }
-
-    /// The byte range of every buffer of the data region, of every class
-    /// (for checking [`Link::busy_ranges`] against).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        self.conn.buffer_ranges()
     }
 
     // ---- events and time ----
