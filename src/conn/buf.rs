@@ -75,10 +75,7 @@ impl Returns {
     /// Wake nobody on a put.
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn clear_waker(&self) {
-        let mut w = self.waker.lock();
-        if w.is_some() {
-            *w = None;
-        }
+        self.waker.lock().take();
     }
     /// Whether handles wait to be taken back (no lock: see `queued`).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom

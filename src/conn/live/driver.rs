@@ -458,7 +458,10 @@ impl<N: Nic> Inner<N> {
         // reclaim queues it now. Otherwise a dropped handle waits for the
         // next turn's reclaim (an allocation reclaims too): a call's reply
         // buffer, dropped by its caller, costs no turn of its own.
-        let returns = if st.down.is_some() || !st.capacity_waiters.is_empty() || st.ep.wants_returns() {
+        // (Both hooks below act at once while the connection is down or a
+        // user's call, reply or alloc waits for capacity.)
+        let urgent = st.down.is_some() || !st.capacity_waiters.is_empty();
+        let returns = if urgent || st.ep.wants_returns() {
             st.ep.wake_on_return(&inner.hub.waker)
         } else {
             st.ep.ignore_returns();
@@ -471,7 +474,7 @@ impl<N: Nic> Inner<N> {
         // before the inbox is looked at, under its lock: one routed since
         // this turn took the inbox queues it now (`HubPart::route`). While
         // the flag stays clear every completion queues the connection.
-        let lazy = st.down.is_none() && st.capacity_waiters.is_empty() && !st.ep.send_slot_awaited();
+        let lazy = !urgent && !st.ep.send_slot_awaited();
         let flag = &inner.hub.lazy_grant_sends;
         let was = flag.load(std::sync::atomic::Ordering::Relaxed);
         if was != lazy {

@@ -107,10 +107,11 @@ impl Waiters {
             self.0.push(w.clone());
         }
     }
-    /// Wake every task; whether there was one.
+    /// Whether no task waits.
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// Wake every task; whether there was one.
     fn wake_all(&mut self) -> bool {
         if self.0.is_empty() {
             return false;
@@ -377,6 +378,16 @@ impl<N: Nic> Connection<N> {
         f(&mut self.inner.state.lock())
     }
 
+    /// The task of `w` waits for a free buffer: a handle dropped from now
+    /// on brings the driver back for it (`Inner::turn` arms the hook only
+    /// while something waits), and one dropped already rings it now.
+    fn wait_for_buffer(&self, st: &mut State<N>, w: &Waker) {
+        st.wait_for_capacity(w);
+        if st.ep.wake_on_return(&self.inner.hub.waker) {
+            self.inner.ring();
+        }
+    }
+
     /// Take a free buffer from the pool, or `None` when every buffer is in
     /// use. [`Connection::alloc`] waits for one instead.
     pub fn try_alloc(&self) -> Option<Buf> {
@@ -395,12 +406,7 @@ impl<N: Nic> Connection<N> {
             if let Some(b) = st.ep.alloc() {
                 return Poll::Ready(Ok(b));
             }
-            st.wait_for_capacity(cx.waker());
-            // A handle dropped from now on brings the driver back for it
-            // (`Inner::turn` arms this only while something waits).
-            if st.ep.wake_on_return(&self.inner.hub.waker) {
-                self.inner.ring();
-            }
+            self.wait_for_buffer(&mut st, cx.waker());
             Poll::Pending
         })
         .await
@@ -422,12 +428,7 @@ impl<N: Nic> Connection<N> {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            st.wait_for_capacity(cx.waker());
-            // A handle dropped from now on brings the driver back for it
-            // (`Inner::turn` arms this only while something waits).
-            if st.ep.wake_on_return(&self.inner.hub.waker) {
-                self.inner.ring();
-            }
+            self.wait_for_buffer(&mut st, cx.waker());
             Poll::Pending
         })
         .await
