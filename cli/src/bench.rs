@@ -95,6 +95,7 @@ mod imp {
     /// Client of a `mwcap serve` at `addr`: `--connections` connections
     /// per policy (the device probed once for all of them).
     pub fn remote(o: &BenchOpts, addr: SocketAddr, auth: &Auth) -> Result<(), String> {
+        crate::count::parking_lot_settled();
         header(o, &format!("two processes, client of mwcap serve at {addr}"));
         let probes = ProbeCache::new();
         for (policy, group) in cases::matrix(&o.kinds, &o.policies, &o.sizes, &o.inflight, o.check()) {
