@@ -82,6 +82,17 @@ impl Client {
         }
     }
 
+    /// Makes room for `n` fetches and exposures at once in its tables and
+    /// queues (a connection gives one per buffer), so that the first burst
+    /// of that many allocates nothing; more grow them.
+    pub fn reserve(&mut self, n: usize) {
+        self.fetches.reserve(n);
+        self.deadlines.reserve(n);
+        self.reading.reserve(n);
+        self.actions.reserve(2 * n);
+        self.events.reserve(2 * n);
+    }
+
     /// Registers a buffer that requests may expose (direction 2): a range of a
     /// region registered with remote read in this connection's protection domain.
     pub fn add_buffer(&mut self, region: Region) -> BufferId {

@@ -43,6 +43,9 @@ impl Owner {
         let id = BufferId::from_raw(u32::try_from(self.slots.len()).unwrap_or(u32::MAX));
         if self.slots.len() < u32::MAX as usize {
             self.slots.push(Slot { region, generation: Some(Generation::from_raw(0)), hold: None });
+            // Room for every buffer held at once: a hold allocates nothing.
+            self.by_msg.reserve(self.slots.len());
+            self.deadlines.reserve(self.slots.len());
         }
         id
     }

@@ -86,6 +86,18 @@ impl Server {
         }
     }
 
+    /// Makes room for `n` requests at once in its tables and queues (a
+    /// connection gives one per buffer), so that the first burst of that
+    /// many allocates nothing; more grow them.
+    pub fn reserve(&mut self, n: usize) {
+        self.wanted.reserve(n);
+        self.incoming.reserve(n);
+        self.reading.reserve(n);
+        self.deadlines.reserve(n);
+        self.actions.reserve(2 * n);
+        self.events.reserve(2 * n);
+    }
+
     /// Registers a buffer that replies may be offered from (direction 1): a
     /// range of a region registered with remote read in this connection's
     /// protection domain.

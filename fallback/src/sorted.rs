@@ -53,6 +53,11 @@ impl<K, V> Default for SortedDeque<K, V> {
 }
 
 impl<K: Key, V> SortedDeque<K, V> {
+    /// Room for `n` more entries.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.entries.reserve(n);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.live
     }

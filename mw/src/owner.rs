@@ -139,6 +139,10 @@ impl Owner {
         assert!(slots.len() <= 1 << 24, "a window pool holds at most 2^24 windows");
         let free = FreeSlots::full(slots.len());
         let expiries = SlotHeap::with_slots(slots.len());
+        // Sized now, so that granting, releasing and expiring allocate
+        // nothing: per slot at most a bind-and-grant and an invalidation
+        // queued, and a return and an unbinding to report.
+        let (n, queued) = (slots.len(), 2 * slots.len());
         Owner {
             slots,
             lending,
@@ -146,11 +150,11 @@ impl Owner {
             expiries,
             outstanding: 0,
             pending_wrs: 0,
-            due: Vec::new(),
+            due: Vec::with_capacity(n),
             rng: SplitMix64::new(seed),
             link: Link::Up,
-            actions: VecDeque::new(),
-            events: VecDeque::new(),
+            actions: VecDeque::with_capacity(queued),
+            events: VecDeque::with_capacity(queued),
             stats: OwnerStats::default(),
         }
     }
@@ -646,17 +650,24 @@ impl Owner {
             return;
         }
         let up = self.link == Link::Up;
-        let free: Vec<u32> = (0..self.slots.len() as u32)
-            .filter(|&i| up && self.slots[i as usize].state == SlotState::Free)
-            .collect();
-        assert_eq!(self.free.iter().collect::<Vec<_>>(), free, "free list");
-        let expiries: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
-            .filter_map(|i| match self.slots[i as usize].state {
+        // Compared without collecting (a debug build allocates no more
+        // than a release one: tests/alloc_free.rs); listed on a mismatch.
+        let free = || {
+            (0..self.slots.len() as u32).filter(|&i| up && self.slots[i as usize].state == SlotState::Free)
+        };
+        if !self.free.iter().eq(free()) {
+            assert_eq!(self.free.iter().collect::<Vec<_>>(), free().collect::<Vec<_>>(), "free list");
+        }
+        let expiries = || {
+            (0..self.slots.len() as u32).filter_map(|i| match self.slots[i as usize].state {
                 SlotState::Leased { expiry, .. } if up => Some((i, expiry)),
                 _ => None,
             })
-            .collect();
-        assert_eq!(self.expiries.entries().collect::<Vec<_>>(), expiries, "expiry timers");
+        };
+        if !self.expiries.entries().eq(expiries()) {
+            let (have, want) = (self.expiries.entries().collect::<Vec<_>>(), expiries().collect::<Vec<_>>());
+            assert_eq!(have, want, "expiry timers");
+        }
         let outstanding = self
             .slots
             .iter()

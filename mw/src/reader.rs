@@ -219,15 +219,24 @@ pub struct ReaderStats {
 impl Reader {
     /// A reader with no READ outstanding.
     pub fn new(config: ReaderConfig) -> Reader {
+        Reader::with_reads(config, 0)
+    }
+
+    /// A reader with room for `reads` READs outstanding at once, made now:
+    /// until more are outstanding, nothing it does allocates (a reader
+    /// from [`Reader::new`] grows its tables with the first READs). A
+    /// connection gives it one per buffer a READ can land in.
+    pub fn with_reads(config: ReaderConfig, reads: usize) -> Reader {
         Reader {
             config,
-            slots: Vec::new(),
-            free: FreeSlots::default(),
-            deadlines: SlotHeap::default(),
-            due: Vec::new(),
+            slots: vec![ReadSlot { epoch: 0, read: None }; reads],
+            free: FreeSlots::full(reads),
+            deadlines: SlotHeap::with_slots(reads),
+            due: Vec::with_capacity(reads),
             link: Link::Up,
-            actions: VecDeque::new(),
-            events: VecDeque::new(),
+            // A READ and its release (or a decline's) per slot.
+            actions: VecDeque::with_capacity(2 * reads),
+            events: VecDeque::with_capacity(2 * reads),
             stats: ReaderStats::default(),
         }
     }
@@ -468,16 +477,23 @@ impl Reader {
         if !cfg!(debug_assertions) {
             return;
         }
-        let free: Vec<u32> =
-            (0..self.slots.len() as u32).filter(|&i| self.slots[i as usize].read.is_none()).collect();
-        assert_eq!(self.free.iter().collect::<Vec<_>>(), free, "free READ slots");
-        let deadlines: Vec<(u32, Duration)> = (0..self.slots.len() as u32)
-            .filter_map(|i| match &self.slots[i as usize].read {
+        // Compared without collecting (a debug build allocates no more
+        // than a release one: tests/alloc_free.rs); listed on a mismatch.
+        let free = || (0..self.slots.len() as u32).filter(|&i| self.slots[i as usize].read.is_none());
+        if !self.free.iter().eq(free()) {
+            assert_eq!(self.free.iter().collect::<Vec<_>>(), free().collect::<Vec<_>>(), "free READ slots");
+        }
+        let deadlines = || {
+            (0..self.slots.len() as u32).filter_map(|i| match &self.slots[i as usize].read {
                 Some(r) if self.link == Link::Up && !r.timed_out => Some((i, r.deadline)),
                 _ => None,
             })
-            .collect();
-        assert_eq!(self.deadlines.entries().collect::<Vec<_>>(), deadlines, "READ deadlines");
+        };
+        if !self.deadlines.entries().eq(deadlines()) {
+            let (have, want) =
+                (self.deadlines.entries().collect::<Vec<_>>(), deadlines().collect::<Vec<_>>());
+            assert_eq!(have, want, "READ deadlines");
+        }
         assert!(self.due.is_empty());
     }
 }

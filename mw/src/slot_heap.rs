@@ -45,7 +45,7 @@ fn slot(entry: u128) -> u32 {
 impl SlotHeap {
     /// An empty heap for slots `0..slots`.
     pub(crate) fn with_slots(slots: usize) -> SlotHeap {
-        SlotHeap { heap: Vec::new(), at: vec![ABSENT; slots] }
+        SlotHeap { heap: Vec::with_capacity(slots), at: vec![ABSENT; slots] }
     }
 
     /// Makes room for one more slot (numbered `slots()`), not in the heap.

@@ -256,6 +256,9 @@ impl<N: Nic> Inner<N> {
     fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;
+        // A server's requests waiting for its user: room for one per
+        // buffer, so that a first burst allocates no more than a later one.
+        let waiting = if ep.connection().role() == Role::Server { ep.config().buffers as usize } else { 0 };
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
             spin,
@@ -264,7 +267,7 @@ impl<N: Nic> Inner<N> {
                 ep,
                 calls: super::proto::ids::id_map(64),
                 spare_slots: Vec::with_capacity(64),
-                requests: VecDeque::new(),
+                requests: VecDeque::with_capacity(waiting),
                 request_waiters: Waiters::default(),
                 // Room for 16 tasks waiting at once (a shared pool's
                 // wake-one hand-off can have every call in flight of a

@@ -65,12 +65,22 @@ impl ConfirmEngine {
         fcfg.confirm_timeout = cfg.lease_time;
         fcfg.max_attempts = cfg.max_attempts;
         fcfg.max_read_len = layout.largest();
+        let slots = layout.slots();
+        // Sized for a fetch or request per buffer: the first burst of
+        // calls allocates no more than later ones.
         let mut engine = match role {
-            Role::Client => Engine::Client(fb::Client::new(fcfg)),
-            Role::Server => Engine::Server(fb::Server::new(fcfg)),
+            Role::Client => {
+                let mut c = fb::Client::new(fcfg);
+                c.reserve(slots as usize);
+                Engine::Client(c)
+            }
+            Role::Server => {
+                let mut s = fb::Server::new(fcfg);
+                s.reserve(slots as usize);
+                Engine::Server(s)
+            }
         };
         let mut bufs = Vec::new();
-        let slots = layout.slots();
         let mut slot_of = id_map(slots as usize);
         if owns {
             for slot in 0..slots {

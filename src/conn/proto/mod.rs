@@ -417,12 +417,20 @@ impl Connection {
         let reader = (reads == Policy::Mw).then(|| {
             let release = if is_client { mw::ReleaseMode::Message } else { mw::ReleaseMode::Piggyback };
             MwReader {
-                engine: mw::Reader::new(mw::ReaderConfig { safety_margin: cfg.safety_margin, release }),
+                // A READ for each buffer it can land in, sized now.
+                engine: mw::Reader::with_reads(
+                    mw::ReaderConfig { safety_margin: cfg.safety_margin, release },
+                    slots,
+                ),
                 leases: id_map(slots),
                 pending: VecDeque::with_capacity(slots),
             }
         });
         let mut bufs = Slots::with_classes(&layout.counts());
+        if let DataMemory::Region(_, mem) = &res.data {
+            // A hold per buffer, at most, at once: lending one allocates nothing.
+            mem.reserve_holds(slots);
+        }
         if let (Policy::Confirm, DataMemory::Region(_, mem)) = (owns, &res.data) {
             // The region's key reaches all of it: a peer may READ a buffer
             // the user holds (reused), and discards what it read.
