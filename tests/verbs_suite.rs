@@ -274,6 +274,96 @@ fn async_wait_wakes_on_a_completion() {
     assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send));
 }
 
+/// What a retransmission does to a send queue holding a completed window
+/// bind: SEND 1 goes to a queue pair that is not yet connected (it drops
+/// what arrives), so it is retransmitted after each ACK timeout; behind it a
+/// BIND_MW (which completes at once: a local operation) and SEND 3. Then the
+/// peer connects and posts receives. On a NIC that keeps to the spec the
+/// retransmission delivers both SENDs. rxe's retry rewinds its requester to
+/// SEND 1 and trips over the completed bind: SEND 3 is never sent (the queue
+/// pair stays RTS and completes nothing more), or the bind runs again and
+/// fails with MW_BIND_ERR. Without the bind both SENDs arrive. Hence
+/// mwcap's ACK timeout of 1 s, far above the acknowledgement stalls seen
+/// under TCG (`Config::ack_timeout`, `docs/deploy.md`, "rxe and
+/// retransmissions"). If this fails because SEND 3 arrived, rxe was fixed:
+/// say so there.
+#[test]
+fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
+    let nic = open();
+    let ctrl = nic.reg_mr(4096, Access::LOCAL_WRITE).expect("ctrl");
+    let src = nic.reg_mr(4096, Access::MW_BIND).expect("src");
+    let run = |bind: bool| -> Vec<Completion> {
+        let cq_a = nic.create_cq(32).expect("cq");
+        let cq_b = nic.create_cq(32).expect("cq");
+        // 16.8 ms: seven retransmissions take about 130 ms.
+        let mut cfg = QpConfig::new(cq_a, cq_a);
+        cfg.ack_timeout = Duration::from_millis(16);
+        let a = nic.create_qp(cfg).expect("qp a");
+        let b = nic.create_qp(QpConfig::new(cq_b, cq_b)).expect("qp b");
+        nic.connect_qp(a.id, &b).expect("connect a");
+        let mw = nic.alloc_mw().expect("mw");
+        let send = |wr_id| SendWr::Send {
+            wr_id,
+            signaled: true,
+            sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: 16 }]),
+        };
+        nic.post_send(a.id, &[send(1)]).expect("send 1");
+        if bind {
+            let new = rkey::rebind(mw.rkey, rand::random());
+            let bind = SendWr::BindMw {
+                wr_id: 2,
+                signaled: false,
+                mw: mw.id,
+                rkey: new,
+                mr: src.id,
+                offset: 0,
+                len: 4096,
+                access: Access::REMOTE_READ,
+            };
+            nic.post_send(a.id, &[bind, send(3)]).expect("bind and send 3");
+        } else {
+            nic.post_send(a.id, &[send(3)]).expect("send 3");
+        }
+        // Two or three retransmissions of SEND 1, then the peer is ready.
+        std::thread::sleep(Duration::from_millis(40));
+        nic.connect_qp(b.id, &a).expect("connect b");
+        for k in 0..2u64 {
+            let sge = Sge { mr: ctrl.id, offset: 1024 + 64 * k as usize, len: 64 };
+            nic.post_recv(b.id, 10 + k, sge).expect("recv");
+        }
+        let mut got: Vec<Completion> = Vec::new();
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end && !got.iter().any(|c| c.wr_id == 3 || !c.status.is_success()) {
+            got.extend(nic.poll_cq_vec(cq_a, 8).expect("poll"));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        nic.dealloc_mw(mw.id).expect("dealloc");
+        nic.destroy_qp(a.id).expect("destroy a");
+        nic.destroy_qp(b.id).expect("destroy b");
+        nic.destroy_cq(cq_a).expect("destroy cq");
+        nic.destroy_cq(cq_b).expect("destroy cq");
+        got
+    };
+    let sent = |got: &[Completion], id| got.iter().any(|c| c.wr_id == id && c.status == WcStatus::Success);
+    let plain = run(false);
+    assert!(
+        sent(&plain, 1) && sent(&plain, 3),
+        "without a bind both SENDs arrive after the retransmission: {plain:?}"
+    );
+    let bound = run(true);
+    assert!(
+        !sent(&bound, 3),
+        "rxe delivered the SEND behind a completed bind after a retransmission: fixed? {bound:?}"
+    );
+    let bind_failed = bound.iter().any(|c| c.wr_id == 2 && c.status == WcStatus::MwBindErr);
+    eprintln!(
+        "after the retransmission: {}",
+        if bind_failed { "the bind ran again and failed (MW_BIND_ERR)" } else { "the send queue stalled" }
+    );
+    nic.dereg_mr(src.id).expect("dereg");
+    nic.dereg_mr(ctrl.id).expect("dereg");
+}
+
 #[test]
 fn flushed_receive_reports_its_opcode() {
     let nic = open();

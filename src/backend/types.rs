@@ -1,6 +1,7 @@
 //! Plain data that crosses the [`Nic`](super::Nic) interface.
 
 use std::fmt;
+use std::time::Duration;
 
 macro_rules! id_type {
     ($(#[$m:meta])* $name:ident) => {
@@ -171,6 +172,19 @@ pub struct QpConfig {
     /// `RnrRetryExcErr`. 0..=6; 7 means "retry forever" on real NICs, which
     /// lets a peer that stops posting receives stall the sender for good.
     pub rnr_retry: u8,
+    /// The local ACK timeout: how long a request waits for its
+    /// acknowledgement before it is sent again, rounded up to 4.096 µs ×
+    /// 2^n. The simulated NIC ignores it (its
+    /// fabric's `Faults::ack_timeout` rules).
+    pub ack_timeout: Duration,
+}
+
+/// The verbs encoding of an ACK timeout: the smallest `n` in 1..=31 with
+/// 4.096 µs × 2^n at least `timeout` (0, "wait forever", is never used: a
+/// lost packet must not stall a queue pair for good).
+pub(crate) fn ack_timeout_exponent(timeout: Duration) -> u8 {
+    let units = timeout.as_nanos().div_ceil(4096).max(2);
+    (units.next_power_of_two().trailing_zeros() as u8).min(31)
 }
 
 impl QpConfig {
@@ -184,6 +198,7 @@ impl QpConfig {
             max_sge: 4,
             max_rd_atomic: 16,
             rnr_retry: 6,
+            ack_timeout: Duration::from_secs(1),
             srq: None,
         }
     }
@@ -633,5 +648,24 @@ impl OsError {
     /// An OS error from an errno.
     pub fn from_errno(errno: i32) -> OsError {
         OsError { errno, text: std::io::Error::from_raw_os_error(errno).to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The encoding rounds up to 4.096 µs × 2^n and stays within 1..=31.
+    #[test]
+    fn ack_timeouts_round_up_to_the_verbs_encoding() {
+        let us = |n: u64| Duration::from_nanos(n * 4096);
+        assert_eq!(ack_timeout_exponent(Duration::ZERO), 1);
+        assert_eq!(ack_timeout_exponent(us(2)), 1);
+        assert_eq!(ack_timeout_exponent(us(2) + Duration::from_nanos(1)), 2);
+        // 67.1 ms, what mwcap used before 1 s.
+        assert_eq!(ack_timeout_exponent(us(1 << 14)), 14);
+        // The default: 1 s rounds up to 1.07 s.
+        assert_eq!(ack_timeout_exponent(Duration::from_secs(1)), 18);
+        assert_eq!(ack_timeout_exponent(Duration::from_secs(1 << 20)), 31);
     }
 }

@@ -139,6 +139,18 @@ pub struct Config {
     /// verbs value 7, "retry forever", is never used: a peer that stops
     /// posting receives must not hold exposed buffers forever).
     pub rnr_retry: u8,
+    /// How long the NIC waits for the peer's acknowledgement of a request
+    /// before it sends it again (the queue pair's local ACK timeout,
+    /// rounded up to the next 4.096 µs × 2^n; 7 retries, then the
+    /// connection fails with `RetryExcErr`). Default 1 s (1.07 s), as
+    /// NCCL and UCX use. Keep it well above the longest stall an
+    /// acknowledgement may meet: a retransmission is harmless on a NIC that
+    /// keeps to the specification, but rxe (SoftRoCE) wedges or fails a
+    /// send queue it retries past a completed window bind
+    /// (`docs/deploy.md`, "rxe and retransmissions"). The simulated NIC's
+    /// retransmissions are its fault injector's
+    /// ([`Faults::ack_timeout`](crate::sim::Faults::ack_timeout)).
+    pub ack_timeout: Duration,
     /// Server: request payloads (window grants, confirm exposures) that
     /// may wait for a free buffer at once, while every buffer they fit is
     /// held (by the user, or by other payloads). One more takes the
@@ -382,6 +394,7 @@ impl Default for Config {
             busy_poll: Duration::from_micros(50),
             serve_busy_poll: Duration::ZERO,
             rnr_retry: 6,
+            ack_timeout: Duration::from_secs(1),
             keepalive: None,
             max_waiting_payloads: 64,
             max_waiting_inline: 64 << 10,

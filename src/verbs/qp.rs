@@ -10,7 +10,7 @@ use super::cq::Cq;
 use super::pd::Pd;
 use super::srq::Srq;
 use super::sys::{check, last_error, mtu_enum, qp_state};
-use crate::backend::{NicError, QpConfig, QpEndpoint, QpId, QpState};
+use crate::backend::{ack_timeout_exponent, NicError, QpConfig, QpEndpoint, QpId, QpState};
 
 /// Where a queue pair lives: port, GID index and what was queried for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,8 @@ pub struct Qp {
     psn: u32,
     max_rd_atomic: u8,
     rnr_retry: u8,
+    /// The local ACK timeout's exponent (`backend::ack_timeout_exponent`).
+    ack_timeout: u8,
     max_sge: u32,
     destroyed: bool,
     /// Keep its completion queues alive until it is gone (a QP is
@@ -107,6 +109,7 @@ impl Qp {
             psn: rand::random::<u32>() & 0x00ff_ffff,
             max_rd_atomic: cfg.max_rd_atomic.max(1),
             rnr_retry: cfg.rnr_retry.min(7),
+            ack_timeout: ack_timeout_exponent(cfg.ack_timeout),
             max_sge: cfg.max_sge,
             destroyed: false,
             send_cq: Arc::clone(send_cq),
@@ -200,7 +203,7 @@ impl Qp {
         )?;
         let mut a = zeroed_attr();
         a.qp_state = qps::IBV_QPS_RTS;
-        a.timeout = 14;
+        a.timeout = self.ack_timeout;
         a.retry_cnt = 7;
         a.rnr_retry = self.rnr_retry;
         a.sq_psn = self.psn;

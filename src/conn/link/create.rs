@@ -107,6 +107,7 @@ impl<N: Nic> Link<N> {
         qcfg.max_send_wr = sizes.send_wrs;
         qcfg.max_recv_wr = cfg.ctrl_slots;
         qcfg.rnr_retry = cfg.rnr_retry.min(6);
+        qcfg.ack_timeout = cfg.ack_timeout;
         if let Some(s) = &srq {
             if let Err(e) = s.admit(cfg.start_credits) {
                 return Err((nic, e));
