@@ -36,6 +36,7 @@ pub(crate) use ops::NicOps;
 
 // What a user of the public API meets: errors, a QP's address and state,
 // the device's description, and the types the simulator's oracle reports.
+#[cfg(feature = "verbs")]
 pub(crate) use types::ack_timeout_exponent;
 pub use types::{
     Access, DeviceInfo, MrId, MwId, NicError, OsError, QpEndpoint, QpId, QpState, Sge, WcOpcode, WcStatus,

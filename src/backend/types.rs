@@ -182,6 +182,7 @@ pub struct QpConfig {
 /// The verbs encoding of an ACK timeout: the smallest `n` in 1..=31 with
 /// 4.096 µs × 2^n at least `timeout` (0, "wait forever", is never used: a
 /// lost packet must not stall a queue pair for good).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))] // only verbs posts it
 pub(crate) fn ack_timeout_exponent(timeout: Duration) -> u8 {
     let units = timeout.as_nanos().div_ceil(4096).max(2);
     (units.next_power_of_two().trailing_zeros() as u8).min(31)

@@ -104,7 +104,19 @@ impl Cq {
         // to the channel, which keeps the context).
         let raw = unsafe { sys::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), channel.as_ptr(), 0) };
         let ptr = NonNull::new(raw).ok_or_else(|| last_error("ibv_create_cq"))?;
-        Ok(Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), destroyed: false })
+        let cq = Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), destroyed: false };
+        // Registered now, not at a driver's first sleep: the waiter thread
+        // starts (and allocates) with the first CQ instead of inside a
+        // call, and two threads never race to register one fd (the loser's
+        // drop would remove the fd from epoll). If it fails, the first wait
+        // tries again.
+        match cq.reactor() {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%e, "completion channel not registered with the waiter yet; retried at the first wait")
+            }
+        }
+        Ok(cq)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {

@@ -256,17 +256,21 @@ impl<N: Nic> Inner<N> {
     fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;
-        // A server's requests waiting for its user: room for one per
-        // buffer, so that a first burst allocates no more than a later one.
-        let waiting = if ep.connection().role() == Role::Server { ep.config().buffers as usize } else { 0 };
+        // Made now, so that a first burst allocates no more than a later one:
+        // room for a server's requests waiting for its user (one per buffer),
+        // a client's call results (a slot per buffer, at least 64).
+        let (server, buffers) = (ep.connection().role() == Role::Server, ep.config().buffers as usize);
+        let (waiting, slots) = if server { (buffers, 0) } else { (0, buffers.max(64)) };
+        let mut spare_slots = Vec::with_capacity(slots.max(64));
+        spare_slots.extend((0..slots).map(|_| Slot::new()));
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
             spin,
             serve_spin,
             state: Mutex::new(State {
                 ep,
-                calls: super::proto::ids::id_map(64),
-                spare_slots: Vec::with_capacity(64),
+                calls: super::proto::ids::id_map(slots.max(64)),
+                spare_slots,
                 requests: VecDeque::with_capacity(waiting),
                 request_waiters: Waiters::default(),
                 // Room for 16 tasks waiting at once (a shared pool's
@@ -788,11 +792,6 @@ impl<N: Nic> Connection<N> {
     /// Why the connection is down, if it is.
     pub fn is_down(&self) -> Option<LossReason> {
         self.peek(|s| s.down.clone())
-    }
-
-    #[cfg(test)]
-    fn request_waiters(&self) -> usize {
-        self.peek(|s| s.request_waiters.len())
     }
 }
 

@@ -40,3 +40,29 @@ fn yield_now_returns_pending_once_and_wakes_itself() {
     assert_eq!(woke.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(Pin::new(&mut y).poll(&mut cx).is_ready());
 }
+
+impl<N: Nic> Connection<N> {
+    fn request_waiters(&self) -> usize {
+        self.peek(|s| s.request_waiters.len())
+    }
+}
+
+/// A client makes its call results' slots with the connection (a slot per
+/// buffer, at least 64), so its first burst of calls allocates none; a
+/// server makes none.
+#[test]
+fn a_client_has_a_result_slot_per_buffer_before_its_first_call() {
+    let fabric = Fabric::with_seed(2);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let (hub, _driver) = crate::conn::hub::Hub::new(nic, 8192).unwrap();
+    let make = |role, buffers| {
+        let cfg = Config { buffers, ..Config::default() };
+        let link = hub.prepare(hub.connection_nic().unwrap(), role, cfg).unwrap();
+        hub.add(link.finish(Policies::both(Policy::Mw)).unwrap())
+    };
+    let spare =
+        |c: &Connection<crate::sim::SimNic>| c.peek(|s| (s.spare_slots.len(), s.spare_slots.capacity()));
+    assert_eq!(spare(&make(Role::Client, 16)), (64, 64));
+    assert_eq!(spare(&make(Role::Client, 100)), (100, 100));
+    assert_eq!(spare(&make(Role::Server, 100)), (0, 64));
+}
