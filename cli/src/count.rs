@@ -25,16 +25,17 @@ pub fn heap_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
-/// Start async-io's reactor thread, once per process, and return once it
-/// has run, and [`parking_lot_settled`]. std allocates
-/// once as a new thread starts (its name, for the stack-overflow handler),
-/// whenever the OS first runs it: on a loaded host that fell inside the first
-/// case's measured calls in about one run of five. A timer of async-io's
-/// fires only when its reactor is driven, and under `futures`' `block_on`
-/// (not async-io's, which drives the reactor itself) only that thread drives
-/// it. Call it outside any executor (`executors::run` does, before it starts
-/// one). (mwcap's alarm thread needs no such wait: the endpoint's start
-/// returns once it runs.)
+/// Start async-io's reactor thread, once per process, return once it has
+/// run, and settle parking_lot's table ([`parking_lot_settled`]).
+///
+/// std allocates once as a new thread starts (its name, for the
+/// stack-overflow handler), whenever the OS first runs it: on a loaded host
+/// that fell inside the first case's measured calls in about one run of
+/// five. A timer of async-io's fires only when its reactor is driven, and
+/// under `futures`' `block_on` (not async-io's, which drives the reactor
+/// itself) only that thread drives it. Call it outside any executor
+/// (`executors::run` does, before it starts one). mwcap's alarm thread
+/// needs no such wait: the endpoint's start returns once it runs.
 #[cfg_attr(loom, allow(dead_code))] // the async bench's
 pub fn helper_threads_started() {
     static DONE: std::sync::Once = std::sync::Once::new();

@@ -1,7 +1,7 @@
 //! The client engine: reader in direction 1 (fetches reply data), owner in
 //! direction 2 (exposes request data).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
@@ -403,19 +403,13 @@ impl Client {
         if !cfg!(debug_assertions) {
             return;
         }
-        let mut deadlines: Vec<(Duration, MsgId)> =
-            self.fetches.iter().map(|(&m, f)| (f.deadline, m)).collect();
-        deadlines.sort_unstable();
-        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "fetch deadlines");
-        let reading: BTreeMap<ReadToken, MsgId> = self
-            .fetches
-            .iter()
-            .filter_map(|(&m, f)| match f.phase {
-                Phase::Reading(e) => Some((e.token, m)),
-                _ => None,
-            })
-            .collect();
-        assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
+        let deadlines = self.fetches.iter().map(|(&m, f)| ((f.deadline, m), ()));
+        assert!(self.deadlines.holds_exactly(deadlines), "fetch deadlines");
+        let reading = self.fetches.iter().filter_map(|(&m, f)| match f.phase {
+            Phase::Reading(e) => Some((e.token, m)),
+            _ => None,
+        });
+        assert!(self.reading.holds_exactly(reading), "READs by token");
     }
 }
 

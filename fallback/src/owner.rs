@@ -207,12 +207,8 @@ impl Owner {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.hold.map(|h| (BufferId::from_raw(i as u32), h)));
-        let mut by_msg: Vec<(MsgId, BufferId)> = holds.clone().map(|(b, h)| (h.msg, b)).collect();
-        let mut deadlines: Vec<(Duration, BufferId)> = holds.map(|(b, h)| (h.deadline, b)).collect();
-        by_msg.sort_unstable();
-        deadlines.sort_unstable();
-        assert!(self.by_msg.iter().map(|(&k, ())| k).eq(by_msg), "holds by message");
-        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "hold deadlines");
+        assert!(self.by_msg.holds_exactly(holds.clone().map(|(b, h)| ((h.msg, b), ()))), "holds by message");
+        assert!(self.deadlines.holds_exactly(holds.map(|(b, h)| ((h.deadline, b), ()))), "hold deadlines");
     }
 }
 

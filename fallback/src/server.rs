@@ -1,7 +1,7 @@
 //! The server engine: owner in direction 1 (offers reply data), reader in
 //! direction 2 (READs request data, then asks the client whether it is alive).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::ids::{BufferId, Generation, MsgId, ReadToken, Region};
@@ -445,17 +445,11 @@ impl Server {
         if !cfg!(debug_assertions) {
             return;
         }
-        let reading: BTreeMap<ReadToken, MsgId> = self
-            .incoming
-            .iter()
-            .filter(|(_, i)| !i.confirming)
-            .map(|(&m, i)| (i.exposure.token, m))
-            .collect();
-        assert!(self.reading.iter().map(|(&t, &m)| (t, m)).eq(reading), "READs by token");
-        let mut deadlines: Vec<(Duration, MsgId)> =
-            self.incoming.iter().map(|(&m, i)| (i.deadline, m)).collect();
-        deadlines.sort_unstable();
-        assert!(self.deadlines.iter().map(|(&k, ())| k).eq(deadlines), "deadlines");
+        let reading =
+            self.incoming.iter().filter(|(_, i)| !i.confirming).map(|(&m, i)| (i.exposure.token, m));
+        assert!(self.reading.holds_exactly(reading), "READs by token");
+        let deadlines = self.incoming.iter().map(|(&m, i)| ((i.deadline, m), ()));
+        assert!(self.deadlines.holds_exactly(deadlines), "deadlines");
     }
 }
 

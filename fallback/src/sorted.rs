@@ -120,6 +120,25 @@ impl<K: Key, V> SortedDeque<K, V> {
         self.get(key).is_some()
     }
 
+    /// Debug builds' index checks: whether this holds exactly the entries
+    /// `want` lists (keys unique, any order). Compared without collecting
+    /// or sorting, so a debug build allocates no more than a release one
+    /// (`tests/alloc_free.rs`): each listed entry found with its value, and
+    /// no other.
+    pub(crate) fn holds_exactly(&self, want: impl Iterator<Item = (K, V)>) -> bool
+    where
+        V: PartialEq,
+    {
+        let mut n = 0;
+        for (k, v) in want {
+            if self.get(&k) != Some(&v) {
+                return false;
+            }
+            n += 1;
+        }
+        n == self.len()
+    }
+
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
         // The usual case, the oldest key leaving, needs no search and
         // leaves no tombstone (the front is always live).

@@ -74,3 +74,18 @@ pub use reader::{
 };
 pub use types::{Buffer, Engine, LeaseId, Status, Token, Window};
 pub use wire::{DecodeError, Grant, Message, Release, MAX_LEASE_TIME, WIRE_VERSION};
+
+/// Debug builds' index checks: `have()` lists what `want()` does. Compared
+/// without collecting, so a debug build allocates no more than a release
+/// one (`tests/alloc_free.rs`); both are listed on a mismatch.
+#[track_caller]
+pub(crate) fn assert_lists<I, J>(what: &str, have: impl Fn() -> I, want: impl Fn() -> J)
+where
+    I: Iterator,
+    J: Iterator<Item = I::Item>,
+    I::Item: PartialEq + std::fmt::Debug,
+{
+    if !have().eq(want()) {
+        assert_eq!(have().collect::<Vec<_>>(), want().collect::<Vec<_>>(), "{what}");
+    }
+}

@@ -650,24 +650,17 @@ impl Owner {
             return;
         }
         let up = self.link == Link::Up;
-        // Compared without collecting (a debug build allocates no more
-        // than a release one: tests/alloc_free.rs); listed on a mismatch.
         let free = || {
             (0..self.slots.len() as u32).filter(|&i| up && self.slots[i as usize].state == SlotState::Free)
         };
-        if !self.free.iter().eq(free()) {
-            assert_eq!(self.free.iter().collect::<Vec<_>>(), free().collect::<Vec<_>>(), "free list");
-        }
+        crate::assert_lists("free list", || self.free.iter(), free);
         let expiries = || {
             (0..self.slots.len() as u32).filter_map(|i| match self.slots[i as usize].state {
                 SlotState::Leased { expiry, .. } if up => Some((i, expiry)),
                 _ => None,
             })
         };
-        if !self.expiries.entries().eq(expiries()) {
-            let (have, want) = (self.expiries.entries().collect::<Vec<_>>(), expiries().collect::<Vec<_>>());
-            assert_eq!(have, want, "expiry timers");
-        }
+        crate::assert_lists("expiry timers", || self.expiries.entries(), expiries);
         let outstanding = self
             .slots
             .iter()

@@ -477,23 +477,15 @@ impl Reader {
         if !cfg!(debug_assertions) {
             return;
         }
-        // Compared without collecting (a debug build allocates no more
-        // than a release one: tests/alloc_free.rs); listed on a mismatch.
         let free = || (0..self.slots.len() as u32).filter(|&i| self.slots[i as usize].read.is_none());
-        if !self.free.iter().eq(free()) {
-            assert_eq!(self.free.iter().collect::<Vec<_>>(), free().collect::<Vec<_>>(), "free READ slots");
-        }
+        crate::assert_lists("free READ slots", || self.free.iter(), free);
         let deadlines = || {
             (0..self.slots.len() as u32).filter_map(|i| match &self.slots[i as usize].read {
                 Some(r) if self.link == Link::Up && !r.timed_out => Some((i, r.deadline)),
                 _ => None,
             })
         };
-        if !self.deadlines.entries().eq(deadlines()) {
-            let (have, want) =
-                (self.deadlines.entries().collect::<Vec<_>>(), deadlines().collect::<Vec<_>>());
-            assert_eq!(have, want, "READ deadlines");
-        }
+        crate::assert_lists("READ deadlines", || self.deadlines.entries(), deadlines);
         assert!(self.due.is_empty());
     }
 }
