@@ -286,7 +286,8 @@ fn async_wait_wakes_on_a_completion() {
 /// mwcap's ACK timeout of 1 s, far above the acknowledgement stalls seen
 /// under TCG (`Config::ack_timeout`, `docs/deploy.md`, "rxe and
 /// retransmissions"). If this fails because SEND 3 arrived, rxe was fixed:
-/// say so there.
+/// say so there. Moving the stalled queue pair to ERR, as mwcap does to a
+/// connection it gives up on, flushes what it held.
 #[test]
 fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
     let nic = open();
@@ -337,6 +338,14 @@ fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
             got.extend(nic.poll_cq_vec(cq_a, 8).expect("poll"));
             std::thread::sleep(Duration::from_millis(1));
         }
+        // What mwcap does to a connection it gives up on: ERR flushes
+        // whatever the queue pair still holds, each with a completion.
+        nic.set_qp_error(a.id).expect("to ERR");
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end && !got.iter().any(|c| c.wr_id == 3) {
+            got.extend(nic.poll_cq_vec(cq_a, 8).expect("poll"));
+            std::thread::sleep(Duration::from_millis(1));
+        }
         nic.dealloc_mw(mw.id).expect("dealloc");
         nic.destroy_qp(a.id).expect("destroy a");
         nic.destroy_qp(b.id).expect("destroy b");
@@ -354,6 +363,12 @@ fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
     assert!(
         !sent(&bound, 3),
         "rxe delivered the SEND behind a completed bind after a retransmission: fixed? {bound:?}"
+    );
+    // The stalled queue pair still gives its evidence once it is in ERR:
+    // the SEND it never sent completes (flushed), so buffers come back.
+    assert!(
+        bound.iter().any(|c| c.wr_id == 3 && c.status == WcStatus::WrFlushErr),
+        "moving the stalled queue pair to ERR did not flush the SEND it held: {bound:?}"
     );
     let bind_failed = bound.iter().any(|c| c.wr_id == 2 && c.status == WcStatus::MwBindErr);
     eprintln!(
