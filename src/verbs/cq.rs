@@ -110,11 +110,8 @@ impl Cq {
         // call, and two threads never race to register one fd (the loser's
         // drop would remove the fd from epoll). If it fails, the first wait
         // tries again.
-        match cq.reactor() {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(%e, "completion channel not registered with the waiter yet; retried at the first wait")
-            }
+        if let Err(e) = cq.reactor() {
+            tracing::warn!(%e, "completion channel not registered with the waiter yet; retried at the first wait");
         }
         Ok(cq)
     }
