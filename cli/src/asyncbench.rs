@@ -102,12 +102,21 @@ pub struct Delegations<N: Nic> {
     endpoint: Endpoint<N>,
     regions: Mutex<HashMap<u32, (RegionId, usize)>>,
     next: AtomicUsize,
+    /// Payloads' bytes before they are written into the region, kept
+    /// between asks (the benchmark counts allocations per call): one per
+    /// ask in progress at once.
+    scratch: Mutex<Vec<Vec<u8>>>,
 }
 
 impl<N: Nic + 'static> Delegations<N> {
     /// Delegations of ranges of `endpoint`'s regions.
     pub fn new(endpoint: Endpoint<N>) -> Self {
-        Delegations { endpoint, regions: Mutex::new(HashMap::new()), next: AtomicUsize::new(0) }
+        Delegations {
+            endpoint,
+            regions: Mutex::new(HashMap::new()),
+            next: AtomicUsize::new(0),
+            scratch: Mutex::new(Vec::new()),
+        }
     }
 
     /// The region for payloads of `size` bytes and its number of slots.
@@ -125,6 +134,15 @@ impl<N: Nic + 'static> Delegations<N> {
         Ok((id, slots))
     }
 
+    /// Write `bytes` at `at` of `region` once no exposure covers them (a
+    /// part of a payload of `size` bytes).
+    async fn write(&self, region: RegionId, at: usize, bytes: &[u8], size: u32) -> Result<(), String> {
+        self.endpoint
+            .region_write_when_free(region, at, bytes)
+            .await
+            .map_err(|e| format!("writing a {size}-byte range to delegate: {e}"))
+    }
+
     /// Write the payload of `size` bytes tagged `tag` into the next slot
     /// (as far as `check` says) and delegate it to `conn`'s identity: the token.
     async fn delegate(
@@ -140,20 +158,18 @@ impl<N: Nic + 'static> Delegations<N> {
         let (region, slots) = self.region(size)?;
         let offset = self.next.fetch_add(1, Relaxed) % slots * size as usize;
         let n = size as usize;
-        let write = |at: usize, bytes: Vec<u8>| async move {
-            self.endpoint
-                .region_write_when_free(region, at, &bytes)
-                .await
-                .map_err(|e| format!("writing a {size}-byte range to delegate: {e}"))
-        };
         if check == Check::Stamp && n >= 2 * cases::STAMP_LEN {
             let [head, tail] = cases::stamps(n, tag);
-            write(offset, head.to_vec()).await?;
-            write(offset + n - cases::STAMP_LEN, tail.to_vec()).await?;
+            self.write(region, offset, &head, size).await?;
+            self.write(region, offset + n - cases::STAMP_LEN, &tail, size).await?;
         } else {
-            let mut bytes = vec![0; n];
-            cases::fill(&mut bytes, tag);
-            write(offset, bytes).await?;
+            // Taken out of the pool for the write (no guard across an await).
+            let mut bytes = self.scratch.lock().pop().unwrap_or_default();
+            bytes.resize(n, 0);
+            cases::fill(&mut bytes[..n], tag);
+            let written = self.write(region, offset, &bytes[..n], size).await;
+            self.scratch.lock().push(bytes);
+            written?;
         }
         let range = RegionRange { region, offset, len: size };
         let d = self

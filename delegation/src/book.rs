@@ -43,7 +43,29 @@ struct Node {
     identity: String,
     parent: Option<CapId>,
     revoked: bool,
-    children: Vec<CapId>,
+    children: Children,
+}
+
+/// A capability's delegations, in the order made. The first is kept
+/// inline: most capabilities are delegated once (a holder hands its reply
+/// on), and then making the delegation allocates nothing for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Children {
+    first: Option<CapId>,
+    rest: Vec<CapId>,
+}
+
+impl Children {
+    fn push(&mut self, c: CapId) {
+        match self.first {
+            None => self.first = Some(c),
+            Some(_) => self.rest.push(c),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = CapId> + '_ {
+        self.first.into_iter().chain(self.rest.iter().copied())
+    }
 }
 
 /// What the owner must do, from the book.
@@ -282,6 +304,10 @@ pub struct Book {
     pending: BTreeSet<(Duration, CapId)>,
     events: VecDeque<Event>,
     stats: BookStats,
+    /// `finish`'s work lists (the tree, and what is left to visit), kept
+    /// between calls so that ending a delegation allocates nothing for
+    /// them. Not part of the book's state (equality, hashing).
+    scratch: (Vec<CapId>, Vec<CapId>),
 }
 
 impl Book {
@@ -295,6 +321,7 @@ impl Book {
             pending: BTreeSet::new(),
             events: VecDeque::new(),
             stats: BookStats::default(),
+            scratch: (Vec::new(), Vec::new()),
         }
     }
 
@@ -320,7 +347,7 @@ impl Book {
                 identity: String::new(),
                 parent: None,
                 revoked: false,
-                children: Vec::new(),
+                children: Children::default(),
             },
         );
         self.stats.exposed += 1;
@@ -348,7 +375,7 @@ impl Book {
         }
         let root = r?;
         let id = self.fresh();
-        let claims = Claims { cap: id, root, range, expiry, identity: identity.to_owned(), nonce };
+        let claims = Claims { cap: id, root, range, expiry, identity, nonce };
         let token = token::seal(&self.key, &claims).expect("the identity's length was checked");
         self.nodes.get_mut(&cap).expect("checked").children.push(id);
         self.nodes.insert(
@@ -362,7 +389,7 @@ impl Book {
                 identity: identity.to_owned(),
                 parent: Some(cap),
                 revoked: false,
-                children: Vec::new(),
+                children: Children::default(),
             },
         );
         self.pending.insert((expiry, id));
@@ -475,7 +502,7 @@ impl Book {
         if n.holder != Some(by) {
             return Err(RevokeError::NotHolder(cap));
         }
-        for c in n.children.clone() {
+        for c in n.children.clone().iter() {
             self.revoke_tree(c);
         }
         Ok(())
@@ -486,7 +513,7 @@ impl Book {
         let mut touched = None;
         while let Some(c) = stack.pop() {
             let Some(n) = self.nodes.get_mut(&c) else { continue };
-            stack.extend_from_slice(&n.children);
+            stack.extend(n.children.iter());
             if n.revoked {
                 continue;
             }
@@ -552,7 +579,7 @@ impl Book {
     /// The claims of `token` if this book sealed it (whether or not its
     /// capability is still in the book): what a refusal can say about a
     /// token of a tree already forgotten ([`RedeemError::Unknown`]).
-    pub fn open(&self, token: &[u8]) -> Option<Claims> {
+    pub fn open<'t>(&self, token: &'t [u8]) -> Option<Claims<'t>> {
         token::open(&self.key, token)
     }
 
@@ -604,23 +631,30 @@ impl Book {
 
     /// If nothing of `root`'s tree can be exposed any more, say so and forget it.
     fn finish(&mut self, root: CapId) {
-        let mut tree = Vec::new();
-        let mut stack = vec![root];
+        let (mut tree, mut stack) = std::mem::take(&mut self.scratch);
+        tree.clear();
+        stack.clear();
+        stack.push(root);
+        let mut over = true;
         while let Some(c) = stack.pop() {
             let Some(n) = self.nodes.get(&c) else { continue };
             if !matches!(n.state, State::Ended | State::Dead(_)) {
-                return;
+                over = false;
+                break;
             }
             tree.push(c);
-            stack.extend_from_slice(&n.children);
+            stack.extend(n.children.iter());
         }
-        for c in tree {
-            if let Some(n) = self.nodes.remove(&c) {
-                self.pending.remove(&(n.expiry, c));
+        if over {
+            for &c in &tree {
+                if let Some(n) = self.nodes.remove(&c) {
+                    self.pending.remove(&(n.expiry, c));
+                }
             }
+            self.stats.done += 1;
+            self.events.push_back(Event::Done { root });
         }
-        self.stats.done += 1;
-        self.events.push_back(Event::Done { root });
+        self.scratch = (tree, stack);
     }
 }
 

@@ -32,8 +32,10 @@ pub const MAX_TOKEN: usize = FIXED + MAX_IDENTITY + TAG;
 /// What a token says: a delegation `cap` of `root`'s capability, over
 /// `range` of the exposed memory, for `identity` only, until `expiry` on
 /// the owner's clock. The `nonce` makes two tokens of equal claims differ.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Claims {
+/// The identity is borrowed (from the token's bytes, once opened), so
+/// reading a token's claims allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Claims<'a> {
     /// The delegation this token redeems.
     pub cap: CapId,
     /// The capability at the root of its tree (the owner's first exposure).
@@ -44,7 +46,7 @@ pub struct Claims {
     pub expiry: Duration,
     /// The identity that may redeem it: the name of the key the delegate's
     /// connection authenticated with.
-    pub identity: String,
+    pub identity: &'a str,
     /// A value of the owner's choosing (its PRNG's).
     pub nonce: u64,
 }
@@ -77,7 +79,7 @@ fn mac(key: &[u8; 32]) -> Hmac<Sha256> {
 
 /// Seal `claims` under `key`. `None` if the identity is longer than
 /// [`MAX_IDENTITY`] bytes.
-pub(crate) fn seal(key: &[u8; 32], claims: &Claims) -> Option<Token> {
+pub(crate) fn seal(key: &[u8; 32], claims: &Claims<'_>) -> Option<Token> {
     let id = claims.identity.as_bytes();
     if id.len() > MAX_IDENTITY {
         return None;
@@ -105,7 +107,7 @@ pub(crate) fn seal(key: &[u8; 32], claims: &Claims) -> Option<Token> {
 /// Open `token` under `key`: its claims if its tag is right and its
 /// encoding well formed; `None` otherwise (forged, altered, truncated, or
 /// sealed under another key).
-pub(crate) fn open(key: &[u8; 32], token: &[u8]) -> Option<Claims> {
+pub(crate) fn open<'t>(key: &[u8; 32], token: &'t [u8]) -> Option<Claims<'t>> {
     if token.len() < FIXED + TAG || token.len() > MAX_TOKEN {
         return None;
     }
@@ -125,7 +127,7 @@ pub(crate) fn open(key: &[u8; 32], token: &[u8]) -> Option<Claims> {
     if body.len() != FIXED + id_len {
         return None;
     }
-    let identity = String::from_utf8(body[FIXED..].to_vec()).ok()?;
+    let identity = std::str::from_utf8(&body[FIXED..]).ok()?;
     Some(Claims {
         cap: CapId(int(0)),
         root: CapId(int(1)),
@@ -140,13 +142,13 @@ pub(crate) fn open(key: &[u8; 32], token: &[u8]) -> Option<Claims> {
 mod tests {
     use super::*;
 
-    fn claims(identity: &str) -> Claims {
+    fn claims(identity: &str) -> Claims<'_> {
         Claims {
             cap: CapId(7),
             root: CapId(3),
             range: Range { offset: 4096, len: 1000 },
             expiry: Duration::from_millis(1500),
-            identity: identity.to_owned(),
+            identity,
             nonce: 0x0123_4567_89ab_cdef,
         }
     }

@@ -16,10 +16,12 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-/// One driver's alarm.
+/// One driver's alarm. Its slot is made when it is first armed, so an
+/// alarm that never needs to ring (`Endpoint::region_write_when_free` on
+/// a free range) allocates nothing.
 #[derive(Default)]
 pub(crate) struct Alarm {
-    slot: Arc<Slot>,
+    slot: Option<Arc<Slot>>,
 }
 
 #[derive(Default)]
@@ -130,6 +132,12 @@ impl Wheel {
 }
 
 impl Alarm {
+    /// An alarm with its slot made now: a driver's, whose first sleep
+    /// (inside a call) then allocates nothing.
+    pub(crate) fn with_slot() -> Alarm {
+        Alarm { slot: Some(Arc::default()) }
+    }
+
     /// Ring no later than `at` (an earlier deadline wins; `None` leaves the
     /// alarm as it is).
     pub(crate) fn arm(&mut self, at: Option<Instant>) {
@@ -141,8 +149,9 @@ impl Alarm {
     /// [`Alarm::arm`], returning when the alarm now rings (`None`:
     /// disarmed), read under the same lock.
     pub(crate) fn arm_until(&mut self, at: Option<Instant>) -> Option<Instant> {
-        let mut st = self.slot.state.lock();
-        let Some(at) = at else { return st.at };
+        let Some(at) = at else { return self.slot.as_ref().and_then(|s| s.state.lock().at) };
+        let slot = self.slot.get_or_insert_with(Arc::default);
+        let mut st = slot.state.lock();
         match st.at {
             Some(t) if t <= at => Some(t),
             _ => {
@@ -152,7 +161,7 @@ impl Alarm {
                 let w = wheel();
                 let mut heap = w.heap.lock().unwrap_or_else(|p| p.into_inner());
                 let earliest = heap.peek().map_or(true, |Reverse((t, _))| at < *t);
-                heap.push(Reverse((at, Entry(self.slot.clone()))));
+                heap.push(Reverse((at, Entry(slot.clone()))));
                 drop(heap);
                 if earliest {
                     w.wake.notify_one();
@@ -166,7 +175,9 @@ impl Alarm {
     /// disarmed). The alarm thread rings it when the deadline passes (it
     /// reads the clock, not the poll: a driver's sleep is polled often).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut st = self.slot.state.lock();
+        // Never armed: nothing will ring.
+        let Some(slot) = &self.slot else { return Poll::Pending };
+        let mut st = slot.state.lock();
         if st.rang {
             st.rang = false;
             st.at = None;
@@ -182,9 +193,11 @@ impl Alarm {
 impl Drop for Alarm {
     fn drop(&mut self) {
         // Disarm: the thread drops its entry when it comes due.
-        let mut st = self.slot.state.lock();
-        st.at = None;
-        st.waker = None;
+        if let Some(slot) = &self.slot {
+            let mut st = slot.state.lock();
+            st.at = None;
+            st.waker = None;
+        }
     }
 }
 
@@ -205,6 +218,20 @@ mod tests {
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(30), "rang after {waited:?}");
         assert_eq!(a.arm_until(None), None, "disarmed once rung");
+    }
+
+    /// An alarm never armed makes no slot (nothing to allocate), stays
+    /// pending, and reports no deadline.
+    #[test]
+    fn an_alarm_never_armed_has_no_slot() {
+        let mut a = Alarm::default();
+        a.arm(None);
+        assert!(a.slot.is_none());
+        assert_eq!(a.arm_until(None), None);
+        assert!(a.poll(&mut Context::from_waker(Waker::noop())).is_pending());
+        assert!(a.slot.is_none(), "polling made a slot");
+        a.arm(Some(Instant::now() + Duration::from_secs(3600)));
+        assert!(a.slot.is_some());
     }
 
     /// Records which alarm rang, in the order they ring.

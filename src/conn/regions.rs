@@ -88,6 +88,10 @@ struct Book {
     by_conn: HashMap<u64, Vec<(usize, usize)>>,
     /// Every distinct range exposed, and by how many exposures.
     ranges: HashMap<(usize, usize), u32>,
+    /// Lists of `by_conn` whose owner went (a delegation tree's pin
+    /// lives as long as its tree), kept for the next: a delegation then
+    /// allocates none.
+    spare: Vec<Vec<(usize, usize)>>,
     /// Deregistered: nothing may be exposed or written any more.
     retired: bool,
     waiters: Vec<Waker>,
@@ -95,7 +99,7 @@ struct Book {
 
 impl Book {
     fn add(&mut self, conn: u64, range: (usize, usize)) {
-        self.by_conn.entry(conn).or_default().push(range);
+        self.by_conn.entry(conn).or_insert_with(|| self.spare.pop().unwrap_or_default()).push(range);
         *self.ranges.entry(range).or_insert(0) += 1;
     }
 
@@ -238,7 +242,10 @@ impl<N: Nic> Regions<N> {
         let Ok(r) = self.lookup(range.region) else { return };
         let mut book = r.book.lock();
         if book.remove(pin, (range.offset, range.len as usize)) {
-            book.by_conn.remove(&pin);
+            if let Some(mut list) = book.by_conn.remove(&pin) {
+                list.clear();
+                book.spare.push(list);
+            }
             book.wake();
         }
     }

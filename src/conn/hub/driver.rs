@@ -46,7 +46,7 @@ impl<N: Nic> HubDriver<N> {
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
-        let mut alarm = crate::conn::alarm::Alarm::default();
+        let mut alarm = crate::conn::alarm::Alarm::with_slot();
         // When the alarm rings (since the hub's epoch), while it is armed.
         let mut armed: Option<Duration> = None;
         // The waker the driver left in its doorbell (its only poller).
