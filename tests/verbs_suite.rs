@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
 use mwcap::backend::{
-    rkey, Access, Completion, CqId, NicError, NicOps, QpConfig, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    rkey, Access, Completion, CqId, MrId, MwId, NicError, NicOps, QpConfig, SendWr, Sge, SgeList, WcOpcode,
+    WcStatus,
 };
 use mwcap::conformance::{check, table, Flavor, Rig};
 use mwcap::verbs::{list_devices, Context, OpenError, VerbsNic, MAX_CHAIN};
@@ -143,6 +144,11 @@ fn open_errors_name_the_problem() {
     }
 }
 
+/// A bind of window `mw` over `mr[0..len]` for REMOTE_READ under `rkey`.
+fn bind_read(wr_id: u64, signaled: bool, mw: MwId, rkey: u32, mr: MrId, len: usize) -> SendWr {
+    SendWr::BindMw { wr_id, signaled, mw, rkey, mr, offset: 0, len, access: Access::REMOTE_READ }
+}
+
 /// Two connected QPs on one handle, with their CQs.
 struct Loop {
     a: mwcap::backend::QpEndpoint,
@@ -184,32 +190,14 @@ fn rkey_is_tracked_across_rebinds() {
 
     // A bind whose rkey names another window is refused before posting.
     let foreign = rkey::with_key(mw.rkey ^ 0x100, 7);
-    let bad = SendWr::BindMw {
-        wr_id: 9,
-        signaled: true,
-        mw: mw.id,
-        rkey: foreign,
-        mr: src.id,
-        offset: 0,
-        len: 4096,
-        access: Access::REMOTE_READ,
-    };
+    let bad = bind_read(9, true, mw.id, foreign, src.id, 4096);
     assert!(matches!(nic.post_send(l.a.id, &[bad]), Err(NicError::InvalidWr(_))));
     assert_eq!(nic.mw_rkey(mw.id).expect("rkey"), mw.rkey, "a refused bind changes nothing");
 
     for round in 0..3u64 {
         let current = nic.mw_rkey(mw.id).expect("rkey");
         let new = rkey::rebind(current, rand::random());
-        let bind = SendWr::BindMw {
-            wr_id: round,
-            signaled: true,
-            mw: mw.id,
-            rkey: new,
-            mr: src.id,
-            offset: 0,
-            len: 4096,
-            access: Access::REMOTE_READ,
-        };
+        let bind = bind_read(round, true, mw.id, new, src.id, 4096);
         nic.post_send(l.a.id, &[bind]).expect("bind");
         assert_eq!(nic.mw_rkey(mw.id).expect("rkey"), new, "tracked after the post");
         let c = poll_one(&nic, l.cq_a);
@@ -311,16 +299,7 @@ fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
         nic.post_send(a.id, &[send(1)]).expect("send 1");
         if bind {
             let new = rkey::rebind(mw.rkey, rand::random());
-            let bind = SendWr::BindMw {
-                wr_id: 2,
-                signaled: false,
-                mw: mw.id,
-                rkey: new,
-                mr: src.id,
-                offset: 0,
-                len: 4096,
-                access: Access::REMOTE_READ,
-            };
+            let bind = bind_read(2, false, mw.id, new, src.id, 4096);
             nic.post_send(a.id, &[bind, send(3)]).expect("bind and send 3");
         } else {
             nic.post_send(a.id, &[send(3)]).expect("send 3");
@@ -418,16 +397,7 @@ fn region_under_a_bound_window_is_not_freed() {
     let src = nic.reg_mr(4096, Access::MW_BIND).expect("src");
     let mw = nic.alloc_mw().expect("mw");
     let new = rkey::rebind(mw.rkey, rand::random());
-    let bind = SendWr::BindMw {
-        wr_id: 1,
-        signaled: true,
-        mw: mw.id,
-        rkey: new,
-        mr: src.id,
-        offset: 0,
-        len: 4096,
-        access: Access::REMOTE_READ,
-    };
+    let bind = bind_read(1, true, mw.id, new, src.id, 4096);
     nic.post_send(l.a.id, &[bind]).expect("bind");
     assert_eq!(poll_one(&nic, l.cq_a).status, WcStatus::Success);
     // The device refuses; the region stays registered and usable.
@@ -545,16 +515,7 @@ fn read_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64) {
     })
     .expect("fill src");
     let new = rkey::rebind(nic.mw_rkey(b.mw.id).expect("rkey"), round as u8);
-    let bind = SendWr::BindMw {
-        wr_id: round << 8 | 1,
-        signaled: true,
-        mw: b.mw.id,
-        rkey: new,
-        mr: b.src.id,
-        offset: 0,
-        len: 8192,
-        access: Access::REMOTE_READ,
-    };
+    let bind = bind_read(round << 8 | 1, true, b.mw.id, new, b.src.id, 8192);
     nic.post_send(l.a.id, &[bind]).expect("bind");
     let mut c = [Completion::EMPTY; 1];
     reap(nic, l.cq_a, &mut c);
