@@ -107,9 +107,8 @@ impl Cq {
         let cq = Cq { ptr, channel, reactor: OnceLock::new(), armed: false.into(), destroyed: false };
         // Registered now, not at a driver's first sleep: the waiter thread
         // starts (and allocates) with the first CQ instead of inside a
-        // call, and two threads never race to register one fd (the loser's
-        // drop would remove the fd from epoll). If it fails, the first wait
-        // tries again.
+        // call, and no two waits race to register the fd. If it fails, the
+        // first wait tries again.
         if let Err(e) = cq.reactor() {
             tracing::warn!(%e, "completion channel not registered with the waiter yet; retried at the first wait");
         }
@@ -273,10 +272,15 @@ impl Cq {
         if let Some(r) = self.reactor.get() {
             return Ok(r);
         }
-        let r = super::waiter::Registration::new(self.channel.raw_fd())
-            .map_err(|e| NicError::Os { op: "register completion channel", source: io_error(&e) })?;
-        // Another thread may have won the race; either registration is fine.
-        Ok(self.reactor.get_or_init(|| r))
+        match super::waiter::Registration::new(self.channel.raw_fd()) {
+            Ok(r) => Ok(self.reactor.get_or_init(|| r)),
+            // A thread that lost the race to register the fd gets EEXIST
+            // from epoll: the winner's registration serves.
+            Err(e) => self
+                .reactor
+                .get()
+                .ok_or_else(|| NicError::Os { op: "register completion channel", source: io_error(&e) }),
+        }
     }
 
     /// Destroy now, reporting failure (e.g. queue pairs still use the CQ).
