@@ -371,8 +371,10 @@ mod verbs {
                 let block: usize = need(args, "--block").parse().expect("a block");
                 // One token, or several (comma-separated) for blocks
                 // block, block + 1, ...: each redemption is timed.
-                let tokens: Vec<Token> =
-                    need(args, "--token").split(',').map(|t| Token::from_bytes(unhex(t))).collect();
+                let tokens: Vec<Token> = need(args, "--token")
+                    .split(',')
+                    .map(|t| Token::from_bytes(unhex(t)).expect("--token: a token the holder printed"))
+                    .collect();
                 let conn = connect(nic(), "compute-1", addr, trusted, policy);
                 if args.iter().any(|a| a == "--expect-refusal") {
                     println!("compute-1: refused, {}", refusal(read_block(&conn, &tokens[0], block)));

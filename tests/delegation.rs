@@ -293,10 +293,10 @@ fn every_misuse_of_a_token_is_refused_with_its_reason() {
     let mut bytes = d.token.as_bytes().to_vec();
     for i in [0, bytes.len() / 2, bytes.len() - 1] {
         bytes[i] ^= 1;
-        assert_eq!(net.refused(&compute, &Token::from_bytes(bytes.clone())), Refusal::Forged, "byte {i}");
+        assert_eq!(net.refused(&compute, &Token::from_bytes(&bytes).unwrap()), Refusal::Forged, "byte {i}");
         bytes[i] ^= 1;
     }
-    assert_eq!(net.refused(&compute, &Token::from_bytes(vec![0u8; 40])), Refusal::Forged);
+    assert_eq!(net.refused(&compute, &Token::from_bytes([0u8; 40]).unwrap()), Refusal::Forged);
     // Another identity's connection: refused, and the token is not used up.
     assert_eq!(net.refused(&other, &d.token), Refusal::WrongIdentity);
     // Another owner's token (same claims, another secret): forged here.
@@ -569,7 +569,7 @@ fn a_holder_cannot_widen_lengthen_or_take_another_identitys_capability() {
     // Forged.
     let mut bytes = mine.token.as_bytes().to_vec();
     bytes[5] ^= 1;
-    let r = net.delegate_on(&holder, &Token::from_bytes(bytes), "compute", None, short);
+    let r = net.delegate_on(&holder, &Token::from_bytes(bytes).unwrap(), "compute", None, short);
     assert_eq!(refusal_of(r), Refusal::Forged);
     // The token was never used: the holder hands all of it on now.
     let on = net.delegate_on(&holder, &mine.token, "compute", None, short).unwrap();

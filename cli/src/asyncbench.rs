@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 use mwcap::backend::Nic;
 use mwcap::conn::{
     Buf, Config, Connection, Endpoint, EndpointBuilder, EndpointDriver, Policies, Refused, RegionId,
-    RegionRange, Role, Token,
+    RegionRange, Role, Token, UseError,
 };
 use parking_lot::Mutex;
 
@@ -220,7 +220,21 @@ pub async fn serve<N: Nic + 'static>(
                 reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?
             }
             Plan::Delegate { size, tag, check } => match delegations.delegate(conn, size, tag, check).await {
-                Ok(token) => reply(conn, req.id, status, token.as_bytes(), None).await?,
+                // The token as the reply's payload (inline: a token is
+                // 82 bytes and the identity), not its header, where one
+                // over 64 bytes costs the client an allocation; in the
+                // header only if no buffer holds it (buffers of 64 bytes).
+                Ok(token) => match conn.alloc_for(token.as_bytes().len()).await {
+                    Ok(mut b) => {
+                        b.copy_from(token.as_bytes())
+                            .map_err(|e| format!("the token into its buffer: {e}"))?;
+                        reply(conn, req.id, status, &[], Some(b)).await?
+                    }
+                    Err(UseError::TooLong { .. }) => {
+                        reply(conn, req.id, status, token.as_bytes(), None).await?
+                    }
+                    Err(e) => return Err(format!("a buffer for the token: {e}")),
+                },
                 Err(why) => reply(conn, req.id, cases::STATUS_NOT_DELEGATED, why.as_bytes(), None).await?,
             },
             Plan::Bad => reply(conn, req.id, cases::STATUS_BAD_REQUEST, &[], None).await?,
@@ -336,7 +350,17 @@ async fn delegate_read<N: Nic>(
             }
         ));
     }
-    let token = Token::from_bytes(asked.header.to_vec());
+    // The token is the reply's payload, or its header when no buffer
+    // holds it.
+    let token = match asked.data {
+        Some(given) => {
+            let token = Token::from_bytes(&given[..]);
+            conn.free(given);
+            token
+        }
+        None => Token::from_bytes(&asked.header[..]),
+    }
+    .map_err(|e| format!("the server's reply: {e}"))?;
     let t0 = Instant::now();
     let reply = conn.redeem(&token).await.map_err(|e| format!("redeeming the token: {e}"))?;
     let read = t0.elapsed();

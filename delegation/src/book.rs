@@ -38,9 +38,10 @@ struct Node {
     state: State,
     /// The holder: the root's, or the delegate's once redeemed.
     holder: Option<Holder>,
-    /// A delegation: the identity that may redeem it, and the capability
-    /// it was made from.
-    identity: String,
+    /// A delegation: the capability it was made from. (The identity that
+    /// may redeem it is in its token, sealed: the book seals one token per
+    /// delegation and never reuses an id, so a token that opens names the
+    /// identity the delegation was made for.)
     parent: Option<CapId>,
     revoked: bool,
     children: Children,
@@ -344,7 +345,6 @@ impl Book {
                 expiry,
                 state: State::Live,
                 holder: Some(holder),
-                identity: String::new(),
                 parent: None,
                 revoked: false,
                 children: Children::default(),
@@ -386,7 +386,6 @@ impl Book {
                 expiry,
                 state: State::Pending,
                 holder: None,
-                identity: identity.to_owned(),
                 parent: Some(cap),
                 revoked: false,
                 children: Children::default(),
@@ -464,8 +463,8 @@ impl Book {
         let claims = token::open(&self.key, token).ok_or(RedeemError::Forged)?;
         let cap = claims.cap;
         let n = self.nodes.get(&cap).ok_or(RedeemError::Unknown(cap))?;
-        // The book's record, not the token's, decides (they agree: the
-        // token is sealed).
+        // The book's record decides the state and the expiry; the identity
+        // is the token's, sealed by this book for this delegation alone.
         if n.revoked {
             return Err(RedeemError::Revoked(cap));
         }
@@ -475,8 +474,8 @@ impl Book {
             State::Dead(Dead::Revoked) => return Err(RedeemError::Revoked(cap)),
             State::Live | State::Ending | State::Ended => return Err(RedeemError::AlreadyRedeemed(cap)),
         }
-        if n.identity != identity {
-            return Err(RedeemError::WrongIdentity { cap, named: n.identity.clone() });
+        if claims.identity != identity {
+            return Err(RedeemError::WrongIdentity { cap, named: claims.identity.to_owned() });
         }
         if now >= n.expiry {
             return Err(RedeemError::Expired(cap));

@@ -52,7 +52,7 @@ mod book;
 mod token;
 
 pub use book::{Book, BookStats, DelegateError, Delegation, Event, RedeemError, Redeemed, RevokeError};
-pub use token::{Claims, Token, MAX_IDENTITY, MAX_TOKEN};
+pub use token::{Claims, Token, TokenTooLong, MAX_IDENTITY, MAX_TOKEN};
 
 /// A capability in an owner's book: a root (an exposure the owner made) or
 /// a delegation. Never reused by a book.

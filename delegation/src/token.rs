@@ -51,25 +51,68 @@ pub struct Claims<'a> {
     pub nonce: u64,
 }
 
-/// A token as it travels: opaque bytes, sealed by the owner.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(Vec<u8>);
+/// A token as it travels: opaque bytes, sealed by the owner. Kept inline
+/// (a token is at most [`MAX_TOKEN`] bytes), so making, copying and
+/// receiving one allocates nothing.
+#[derive(Clone)]
+pub struct Token {
+    len: u16,
+    bytes: [u8; MAX_TOKEN],
+}
+
+/// Bytes offered as a [`Token`] are longer than any token an owner seals
+/// ([`MAX_TOKEN`]): they are not a token of any owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenTooLong(pub usize);
+
+impl std::fmt::Display for TokenTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes are not a token: an owner seals none longer than {MAX_TOKEN}; pass the token's bytes as the owner gave them",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TokenTooLong {}
 
 impl Token {
     /// The token's bytes, to pass on by any means.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        &self.bytes[..usize::from(self.len)]
     }
 
-    /// A token received as bytes (checked only when the owner opens it).
-    pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Token {
-        Token(bytes.into())
+    /// A token received as bytes (checked only when the owner opens it);
+    /// [`TokenTooLong`] if they are longer than any token.
+    pub fn from_bytes(bytes: impl AsRef<[u8]>) -> Result<Token, TokenTooLong> {
+        let b = bytes.as_ref();
+        if b.len() > MAX_TOKEN {
+            return Err(TokenTooLong(b.len()));
+        }
+        let mut t = Token { len: b.len() as u16, bytes: [0; MAX_TOKEN] };
+        t.bytes[..b.len()].copy_from_slice(b);
+        Ok(t)
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, o: &Token) -> bool {
+        self.as_bytes() == o.as_bytes()
+    }
+}
+
+impl Eq for Token {}
+
+impl std::hash::Hash for Token {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_bytes().hash(h);
     }
 }
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Token({} bytes)", self.0.len())
+        write!(f, "Token({} bytes)", self.len)
     }
 }
 
@@ -84,24 +127,29 @@ pub(crate) fn seal(key: &[u8; 32], claims: &Claims<'_>) -> Option<Token> {
     if id.len() > MAX_IDENTITY {
         return None;
     }
-    let mut out = Vec::with_capacity(FIXED + id.len() + TAG);
-    out.push(VERSION);
-    for v in [
+    let mut t = Token { len: (FIXED + id.len() + TAG) as u16, bytes: [0; MAX_TOKEN] };
+    let out = &mut t.bytes;
+    out[0] = VERSION;
+    for (i, v) in [
         claims.cap.0,
         claims.root.0,
         claims.range.offset,
         claims.range.len,
         u64::try_from(claims.expiry.as_nanos()).unwrap_or(u64::MAX),
         claims.nonce,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        out[1 + 8 * i..9 + 8 * i].copy_from_slice(&v.to_le_bytes());
     }
-    out.push(id.len() as u8);
-    out.extend_from_slice(id);
+    out[FIXED - 1] = id.len() as u8;
+    out[FIXED..FIXED + id.len()].copy_from_slice(id);
+    let body = FIXED + id.len();
     let mut m = mac(key);
-    m.update(&out);
-    out.extend_from_slice(&m.finalize().into_bytes());
-    Some(Token(out))
+    m.update(&out[..body]);
+    out[body..body + TAG].copy_from_slice(&m.finalize().into_bytes());
+    Some(t)
 }
 
 /// Open `token` under `key`: its claims if its tag is right and its

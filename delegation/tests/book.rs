@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use mwcap_delegation::{
     Book, CapId, DelegateError, Event, Holder, Range, RedeemError, Redeemed, RevokeError, Token,
+    TokenTooLong, MAX_TOKEN,
 };
 
 const OWNER_SECRET: [u8; 32] = [0x5e; 32];
@@ -194,8 +195,18 @@ fn errors_say_what_happened_and_what_to_do() {
     assert!(e.contains("redeems once"), "{e}");
     let e = DelegateError::NotLive(CapId(4)).to_string();
     assert!(e.contains("before releasing"), "{e}");
-    let t = Token::from_bytes(vec![1, 2, 3]);
+    let t = Token::from_bytes(vec![1, 2, 3]).unwrap();
     assert_eq!(format!("{t:?}"), "Token(3 bytes)");
+    assert_eq!(t.as_bytes(), [1, 2, 3]);
+}
+
+#[test]
+fn bytes_longer_than_any_token_are_not_a_token() {
+    let longest = Token::from_bytes([7u8; MAX_TOKEN]).expect("the longest token");
+    assert_eq!(longest.as_bytes(), [7u8; MAX_TOKEN]);
+    let e = Token::from_bytes([7u8; MAX_TOKEN + 1]).expect_err("one byte too long");
+    assert_eq!(e, TokenTooLong(MAX_TOKEN + 1));
+    assert!(e.to_string().contains("not a token"), "{e}");
 }
 
 proptest::proptest! {

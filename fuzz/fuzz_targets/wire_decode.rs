@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
     engine_message(EngineTag::Confirm, data);
     if let Some(a) = OwnerAsk::decode(data) {
         assert_eq!(a.encode(), data, "owner ask re-encodes differently: {a:?}");
+        a.encode_with(|b| assert_eq!(b, data, "owner ask re-encodes differently on the stack: {a:?}"));
     }
     if let Ok((f, credit)) = Frame::decode_with_credit(data) {
         assert!(data.len() <= MAX_FRAME);

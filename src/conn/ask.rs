@@ -3,7 +3,7 @@
 //! for a delegation ([`DelegatedReply`]). The owner's side answers them in
 //! `link/answer.rs`, from its endpoint's book (`conn/delegate.rs`).
 
-use super::delegate::{CapId, Delegation, RedeemFailed, Refusal, Token, MAX_TOKEN};
+use super::delegate::{CapId, Delegation, RedeemFailed, Refusal, Token, MAX_IDENTITY, MAX_TOKEN};
 /// What a caller asked for when it called for a delegation
 /// ([`Request::delegated`](super::Request::delegated)): the application
 /// may refuse to give its data to `to` (reply without a payload).
@@ -56,7 +56,7 @@ impl DelegatedReply {
                 let (token, header) = rest.split_at(len);
                 let delegation = Delegation {
                     cap: CapId(u64::from_le_bytes(*cap)),
-                    token: Token::from_bytes(token.to_vec()),
+                    token: Token::from_bytes(token).map_err(|_| bad())?,
                 };
                 Ok(DelegatedReply { status, header: header.to_vec(), delegation: Some(delegation) })
             }
@@ -141,39 +141,73 @@ pub(crate) const CALL_DELEGATED: u8 = 1;
 /// its words after the kind byte); the application never saw it.
 pub(crate) const CALL_REFUSED: u8 = 2;
 
+/// The longest ask but a call for a delegation (whose header has no bound
+/// here): a delegation on of the longest token to the longest identity.
+const ASK_ON_STACK: usize = 1 + 13 + MAX_IDENTITY + MAX_TOKEN;
+
 impl OwnerAsk<'_> {
     /// The body's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(64 + MAX_TOKEN.min(256));
+        let mut b = Vec::with_capacity(self.encoded_len());
+        self.encode_to(&mut |part| b.extend_from_slice(part));
+        b
+    }
+
+    /// `f` of the body's bytes, encoded on the stack when they fit (every
+    /// ask but a call for a delegation with a long header), so asking
+    /// allocates nothing.
+    pub fn encode_with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        if self.encoded_len() > ASK_ON_STACK {
+            return f(&self.encode());
+        }
+        let mut b = [0u8; ASK_ON_STACK];
+        let mut n = 0;
+        self.encode_to(&mut |part| {
+            b[n..n + part.len()].copy_from_slice(part);
+            n += part.len();
+        });
+        f(&b[..n])
+    }
+
+    fn encoded_len(&self) -> usize {
+        let mut n = 0;
+        self.encode_to(&mut |part| n += part.len());
+        n
+    }
+
+    /// The body, part by part.
+    fn encode_to(&self, put: &mut impl FnMut(&[u8])) {
+        // An identity longer than a length byte says is cut short (the
+        // owner then refuses it); callers check identities first.
+        let identity = |put: &mut dyn FnMut(&[u8]), id: &str| {
+            let id = &id.as_bytes()[..id.len().min(255)];
+            put(&[id.len() as u8]);
+            put(id);
+        };
         match *self {
             OwnerAsk::Redeem { token } => {
-                b.push(1);
-                b.extend_from_slice(token);
+                put(&[1]);
+                put(token);
             }
-            OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity } => {
-                b.push(2);
-                b.extend_from_slice(&ttl_ms.to_le_bytes());
-                b.extend_from_slice(&offset.to_le_bytes());
-                b.extend_from_slice(&len.to_le_bytes());
-                let id = identity.as_bytes();
-                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
-                b.extend_from_slice(&id[..id.len().min(255)]);
-                b.extend_from_slice(token);
+            OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity: to } => {
+                put(&[2]);
+                put(&ttl_ms.to_le_bytes());
+                put(&offset.to_le_bytes());
+                put(&len.to_le_bytes());
+                identity(put, to);
+                put(token);
             }
             OwnerAsk::Revoke { cap } => {
-                b.push(3);
-                b.extend_from_slice(&cap.0.to_le_bytes());
+                put(&[3]);
+                put(&cap.0.to_le_bytes());
             }
-            OwnerAsk::Call { ttl_ms, identity, header } => {
-                b.push(4);
-                b.extend_from_slice(&ttl_ms.to_le_bytes());
-                let id = identity.as_bytes();
-                b.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
-                b.extend_from_slice(&id[..id.len().min(255)]);
-                b.extend_from_slice(header);
+            OwnerAsk::Call { ttl_ms, identity: to, header } => {
+                put(&[4]);
+                put(&ttl_ms.to_le_bytes());
+                identity(put, to);
+                put(header);
             }
         }
-        b
     }
 
     /// Parse a body (`None`: an op this owner does not know, or fields
@@ -221,6 +255,17 @@ mod tests {
         for ask in asks {
             let b = ask.encode();
             assert_eq!(OwnerAsk::decode(&b), Some(ask));
+            ask.encode_with(|on_stack| assert_eq!(on_stack, b));
+        }
+        // The longest ask but a call, on the stack; a call with a long
+        // header, on the heap: the same bytes either way.
+        let (token, to) = ([3u8; MAX_TOKEN], "i".repeat(MAX_IDENTITY));
+        let longest = OwnerAsk::DelegateOn { token: &token, offset: 1, len: 2, ttl_ms: 3, identity: &to };
+        assert_eq!(longest.encoded_len(), ASK_ON_STACK);
+        let header = [5u8; 2 * ASK_ON_STACK];
+        let call = OwnerAsk::Call { ttl_ms: 9, identity: &to, header: &header };
+        for ask in [longest, call] {
+            ask.encode_with(|b| assert_eq!(OwnerAsk::decode(b), Some(ask)));
         }
         // Cut inside the fixed fields or the identity.
         let b = OwnerAsk::Call { ttl_ms: 1500, identity: "decode-3", header: b"" }.encode();

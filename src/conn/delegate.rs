@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mwcap_delegation::{Book, Event as BookEvent, Holder, Range, RedeemError};
-pub use mwcap_delegation::{CapId, Delegation, RevokeError, Token, MAX_IDENTITY, MAX_TOKEN};
+pub use mwcap_delegation::{CapId, Delegation, RevokeError, Token, TokenTooLong, MAX_IDENTITY, MAX_TOKEN};
 use parking_lot::Mutex;
 
 use super::regions::Regions;
@@ -217,9 +217,6 @@ pub enum RedeemFailed {
     /// timed out, the payload could not be read, ...).
     #[error(transparent)]
     Call(#[from] super::CallError),
-    /// The token is longer than any an owner seals.
-    #[error("a token of {0} bytes: an owner seals none longer than {MAX_TOKEN}")]
-    TokenTooLong(usize),
     /// The identity to delegate to is empty or longer than a token can
     /// name; nothing was sent.
     #[error("a delegation names an identity of 1 to {MAX_IDENTITY} bytes, not {0}")]

@@ -163,7 +163,8 @@ pub use ask::{DelegatedCall, DelegatedReply, OwnerAsk};
 pub use buf::Buf;
 pub use config::*;
 pub use delegate::{
-    CapId, DelegateError, Delegation, RedeemFailed, Refusal, RevokeError, Token, MAX_IDENTITY, MAX_TOKEN,
+    CapId, DelegateError, Delegation, RedeemFailed, Refusal, RevokeError, Token, TokenTooLong, MAX_IDENTITY,
+    MAX_TOKEN,
 };
 #[cfg(not(loom))]
 pub use endpoint::{Endpoint, EndpointBuilder, EndpointDriver, Pending};

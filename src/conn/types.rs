@@ -139,8 +139,9 @@ pub enum Event {
     Ask {
         /// Name it in the reply.
         req: RequestId,
-        /// The ask's bytes.
-        body: Header,
+        /// The ask's bytes (handed back once answered,
+        /// `proto::Connection::recycle_ask`, for the next ask).
+        body: Vec<u8>,
         /// Under confirm: it comes again, the delegate's READ of the
         /// range it was answered with being stale.
         again: bool,

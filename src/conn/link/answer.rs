@@ -26,6 +26,9 @@ pub(crate) struct LinkDelegation {
     /// Answers to redemptions that waited for a window, control slot or
     /// credit; retried at each of the link's turns.
     waiting: Vec<Answer>,
+    /// The list `waiting` was in before its last retry, kept empty for the
+    /// next (so retrying allocates nothing).
+    retrying: Vec<Answer>,
     /// Requests whose callers asked for the reply's payload as a
     /// delegation (`OwnerAsk::Call`), until replied to: the identity to
     /// delegate to, and for how long.
@@ -126,8 +129,16 @@ impl<N: Nic> Link<N> {
     #[inline(never)]
     pub(super) fn ask(&mut self, e: Option<Event>) -> Option<Event> {
         let Some(Event::Ask { req, body, again }) = e else { return None };
+        let surfaced = self.answer_ask(req, &body, again);
+        self.conn.recycle_ask(body);
+        surfaced
+    }
+
+    /// Answer ask `req` (`body`); a holder's call for a delegation is the
+    /// request to surface.
+    fn answer_ask(&mut self, req: RequestId, body: &[u8], again: bool) -> Option<Event> {
         let now = self.conn.now();
-        let answer = match (again, OwnerAsk::decode(&body)) {
+        let answer = match (again, OwnerAsk::decode(body)) {
             (true, _) => {
                 let message = "the read of the delegated range was stale (the owner's hold ended before the \
                                delegate confirmed it), and a delegation is exposed once: ask its holder for \
@@ -377,9 +388,14 @@ impl<N: Nic> Link<N> {
                 tracing::debug!(parent: &self.span, ?range, revoked, "a delegated exposure was revoked");
             }
         }
-        for a in std::mem::take(&mut self.delegation.waiting) {
+        // An answer that still finds no capacity waits again, in the
+        // other list.
+        let spare = std::mem::take(&mut self.delegation.retrying);
+        let mut retry = std::mem::replace(&mut self.delegation.waiting, spare);
+        for a in retry.drain(..) {
             self.answer(now, a);
         }
+        self.delegation.retrying = retry;
     }
 
     /// An exposure of `range` ended on evidence: if it was a delegation's,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::super::{
     CapId, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, Refusal, RegionId, Token, MAX_HEADER,
-    MAX_IDENTITY, MAX_TOKEN,
+    MAX_IDENTITY,
 };
 use super::{Connection, Inner, Reply};
 use crate::backend::Nic;
@@ -30,7 +30,7 @@ impl<N: Nic> Connection<N> {
     /// forged, another identity's, expired, revoked, redeemed already, ...).
     /// A token redeems once. Give the payload back with [`Connection::free`].
     pub async fn redeem(&self, token: &Token) -> Result<Reply, RedeemFailed> {
-        self.ask(OwnerAsk::Redeem { token: Self::checked(token)? }).await
+        self.ask(OwnerAsk::Redeem { token: token.as_bytes() }).await
     }
 
     /// Holder: hand the capability of `token` (made for the identity this
@@ -53,7 +53,7 @@ impl<N: Nic> Connection<N> {
         part: Option<std::ops::Range<u32>>,
         ttl: Duration,
     ) -> Result<Delegation, RedeemFailed> {
-        let token = Self::checked(token)?;
+        let token = token.as_bytes();
         Self::identity(to)?;
         let (offset, len) = match part {
             // An empty part is sent as its offset and a length of one
@@ -67,7 +67,8 @@ impl<N: Nic> Connection<N> {
         let Some((cap, token)) = reply.header.split_first_chunk::<8>() else {
             return Err(RedeemFailed::BadStatus(0));
         };
-        Ok(Delegation { cap: CapId(u64::from_le_bytes(*cap)), token: Token::from_bytes(token.to_vec()) })
+        let token = Token::from_bytes(token).map_err(|_| RedeemFailed::BadStatus(0))?;
+        Ok(Delegation { cap: CapId(u64::from_le_bytes(*cap)), token })
     }
 
     /// Holder: revoke delegation `cap`, which this connection made
@@ -99,7 +100,7 @@ impl<N: Nic> Connection<N> {
     /// otherwise, and nothing is sent). The application sees `to` and
     /// `ttl` and may refuse (a reply without a payload). The reply's
     /// header has less room for the application's header: 1 byte less,
-    /// and 11 bytes and the token's (at most [`MAX_TOKEN`]) less when it
+    /// and 11 bytes and the token's (at most [`MAX_TOKEN`](super::super::MAX_TOKEN)) less when it
     /// carries a delegation. For a part of the range, name this
     /// connection's own identity as `to` and hand a part on with
     /// [`Connection::delegate`].
@@ -145,19 +146,9 @@ impl<N: Nic> Connection<N> {
         self.inner.state.lock().ep.delegated_call(req)
     }
 
-    /// A token short enough to send.
-    fn checked(token: &Token) -> Result<&[u8], RedeemFailed> {
-        let bytes = token.as_bytes();
-        if bytes.len() > MAX_TOKEN {
-            return Err(RedeemFailed::TokenTooLong(bytes.len()));
-        }
-        Ok(bytes)
-    }
-
     /// Ask the owner's library; its refusal, matched.
     async fn ask(&self, ask: OwnerAsk<'_>) -> Result<Reply, RedeemFailed> {
-        let body = ask.encode();
-        let reply = self.make_call(None, |ep, now, _| ep.call_ask(now, &body)).await?;
+        let reply = self.make_call(None, |ep, now, _| ask.encode_with(|body| ep.call_ask(now, body))).await?;
         match reply.status {
             0 => Ok(reply),
             s => {

@@ -226,6 +226,9 @@ struct Request {
     /// A delegate's redemption: it surfaces as [`Event::Ask`], for the
     /// I/O layer to answer (its header is the token).
     redeem: bool,
+    /// A redemption's header (the ask's body) until it surfaces, in a
+    /// vector from the spares; empty otherwise.
+    ask: Vec<u8>,
 }
 
 /// Events the queue holds before it grows.
@@ -364,6 +367,9 @@ pub struct Connection {
     /// one, not only the first: frames already received when the first
     /// took the connection down are still handled, and each may carry one.
     foreign_invalidations: Vec<u32>,
+    /// Ask bodies handed back once answered ([`Connection::recycle_ask`]),
+    /// for the next asks: an ask allocates nothing once a few were.
+    spare_asks: Vec<Vec<u8>>,
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
@@ -492,6 +498,7 @@ impl Connection {
             last_answer: None,
             ping: None,
             foreign_invalidations: Vec::new(),
+            spare_asks: Vec::new(),
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
@@ -685,6 +692,22 @@ impl Connection {
     }
 
     /// Queue an event for the user, counting it.
+    /// An ask's body, in a vector from the spares.
+    fn ask_body(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut body = self.spare_asks.pop().unwrap_or_default();
+        body.clear();
+        body.extend_from_slice(bytes);
+        body
+    }
+
+    /// The body of an [`Event::Ask`], answered: kept for the next ask.
+    pub fn recycle_ask(&mut self, body: Vec<u8>) {
+        // A few are enough: asks are answered in the turn they arrive.
+        if self.spare_asks.len() < 64 {
+            self.spare_asks.push(body);
+        }
+    }
+
     fn emit(&mut self, e: Event) {
         let s = &mut self.stats;
         match &e {

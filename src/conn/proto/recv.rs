@@ -166,12 +166,14 @@ impl Connection {
                 fetch_fb: None,
                 surfaced: true,
                 redeem,
+                ask: Vec::new(),
             };
             self.requests.insert(msg, r);
-            let header = header.into();
             if redeem {
-                return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
+                let body = self.ask_body(header);
+                return self.emit(Event::Ask { req: RequestId(msg), body, again: false });
             }
+            let header = header.into();
             return self.emit(Event::Request {
                 req: RequestId(msg),
                 header,
@@ -180,17 +182,19 @@ impl Connection {
                 delegated: false,
             });
         }
+        let ask = if redeem { self.ask_body(header) } else { Vec::new() };
         self.requests.insert(
             msg,
             Request {
                 span,
                 trace,
-                header: header.into(),
+                header: if redeem { Header::default() } else { header.into() },
                 data: Data::Absent,
                 release: None,
                 fetch_fb: None,
                 surfaced: false,
                 redeem,
+                ask,
             },
         );
         for (engine, bytes) in attach.iter() {
@@ -477,7 +481,8 @@ impl Connection {
             r.header = header.clone();
         }
         if r.redeem {
-            return self.emit(Event::Ask { req: RequestId(msg), body: header, again: false });
+            let body = std::mem::take(&mut r.ask);
+            return self.emit(Event::Ask { req: RequestId(msg), body, again: false });
         }
         let data = data.map(|(s, l)| self.buf(s, l));
         self.emit(Event::Request { req: RequestId(msg), header, data, trace, delegated: false });
@@ -711,11 +716,13 @@ impl Connection {
                                     fetch_fb: Some(msg),
                                     surfaced: true,
                                     redeem,
+                                    ask: Vec::new(),
                                 },
                             );
                             if redeem {
                                 // The I/O layer answers it (its read was stale).
-                                self.emit(Event::Ask { req: RequestId(m), body: header, again: true });
+                                // Refused as stale, its body unread.
+                                self.emit(Event::Ask { req: RequestId(m), body: Vec::new(), again: true });
                             } else {
                                 self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
                             }
