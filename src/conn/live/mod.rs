@@ -654,19 +654,6 @@ impl<N: Nic> Connection<N> {
         })
     }
 
-    /// Server: answer a request now, or fail (without waiting for a window
-    /// or control slot). A refusal hands `data` back.
-    pub fn try_reply(
-        &self,
-        req: RequestId,
-        status: u8,
-        header: &[u8],
-        data: Option<Buf>,
-    ) -> Result<(), Refused> {
-        let now = self.inner.now();
-        self.with(|s| s.ep.reply(now, req, status, header, data))
-    }
-
     /// Close: the QP goes to ERR at once, every call fails, and the driver
     /// reaps the flushes, destroys the QP (after which no DMA of it is
     /// possible) and ends once every buffer is back. Does not block.
