@@ -14,7 +14,8 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
 use mwcap::conn::{
-    BufClass, Config, ConfigError, Connection, Endpoint, LossReason, PolicyChoice, SetupError, SrqConfig,
+    BufClass, CallError, Config, ConfigError, Connection, Endpoint, LossReason, Policies, Policy,
+    PolicyChoice, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -159,6 +160,37 @@ fn the_endpoint_keeps_each_bootstrap_stream_and_a_peer_that_goes_is_seen() {
     assert!(wait(&mut pool, || accepted.borrow().as_ref().is_some_and(|c| c.is_down().is_some())));
     let conn = accepted.borrow().clone().unwrap();
     assert_eq!(conn.is_down(), Some(LossReason::PeerGone), "the server saw its peer go");
+}
+
+/// An application that learns by its own means that the peer is gone
+/// says so (`Connection::peer_gone`): the connection closes, calls fail,
+/// and it ends, each with `PeerGone`, not `Closed`. (The peer learns of it
+/// as of any close: from the bootstrap stream, none between these two
+/// endpoints, from keepalive, or when it next sends.)
+#[test]
+fn a_peer_the_application_says_is_gone_fails_calls_and_ends_as_peer_gone() {
+    let fabric = Fabric::with_seed(34);
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let endpoint = |nic| Endpoint::builder(nic, Auth::Unauthenticated).config(small()).build().unwrap();
+    let ((ce, cdrv), (se, sdrv)) = (endpoint(cn), endpoint(sn));
+    let (client, server) = ce.connect_local(&se, Policies::both(Policy::Mw)).unwrap();
+    let mut pool = LocalPool::new();
+    let sp = pool.spawner();
+    for drv in [cdrv, sdrv] {
+        sp.spawn_local(async move {
+            drv.run().await;
+        })
+        .unwrap();
+    }
+    sp.spawn_local(reverse(server.clone())).unwrap();
+    let r = pool.run_until(client.call(b"x", None)).expect("a call while the peer is there");
+    assert_eq!(r.status, 0);
+    client.peer_gone();
+    let err = pool.run_until(client.call(b"y", None)).expect_err("the connection is closed");
+    assert_eq!(err, CallError::ConnectionLost(LossReason::PeerGone), "{err}");
+    assert_eq!(pool.run_until(client.finished()), LossReason::PeerGone);
+    assert_eq!(client.is_down(), Some(LossReason::PeerGone));
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
 /// `accept` on an endpoint that does not listen says so; one that stops
