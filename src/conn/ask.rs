@@ -143,7 +143,7 @@ pub(crate) const CALL_REFUSED: u8 = 2;
 
 /// The longest ask but a call for a delegation (whose header has no bound
 /// here): a delegation on of the longest token to the longest identity.
-const ASK_ON_STACK: usize = 1 + 13 + MAX_IDENTITY + MAX_TOKEN;
+pub(crate) const ASK_ON_STACK: usize = 1 + 13 + MAX_IDENTITY + MAX_TOKEN;
 
 impl OwnerAsk<'_> {
     /// The body's bytes.

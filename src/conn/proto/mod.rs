@@ -700,10 +700,13 @@ impl Connection {
         body
     }
 
-    /// The body of an [`Event::Ask`], answered: kept for the next ask.
+    /// The body of an [`Event::Ask`], answered: kept for the next ask, if
+    /// it is no longer than the longest ask but a call for a delegation.
     pub fn recycle_ask(&mut self, body: Vec<u8>) {
-        // A few are enough: asks are answered in the turn they arrive.
-        if self.spare_asks.len() < 64 {
+        // A few are enough (asks are answered in the turn they arrive), and
+        // none larger than an ask needs: a peer's long calls for a
+        // delegation leave no large vectors behind.
+        if self.spare_asks.len() < 8 && body.capacity() <= crate::conn::ask::ASK_ON_STACK {
             self.spare_asks.push(body);
         }
     }
