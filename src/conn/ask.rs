@@ -297,6 +297,11 @@ mod tests {
             assert!(DelegatedReply::parse(0, &h[..cut]).is_err(), "cut at {cut}");
         }
         assert!(DelegatedReply::parse(0, &[3]).is_err());
+        // A token longer than any an owner seals is no token.
+        let long = [7u8; MAX_TOKEN + 1];
+        let n = (MAX_TOKEN as u16 + 1).to_le_bytes();
+        let h = [&[CALL_DELEGATED][..], &5u64.to_le_bytes(), &n, &long, b"app"].concat();
+        assert!(matches!(DelegatedReply::parse(0, &h), Err(RedeemFailed::BadStatus(0))));
         assert!(DelegatedReply::parse(200, &refused).is_err());
         // A refusal without a kind byte (an ask the owner could not parse).
         assert!(matches!(
