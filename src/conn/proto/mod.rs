@@ -692,25 +692,6 @@ impl Connection {
     }
 
     /// Queue an event for the user, counting it.
-    /// An ask's body, in a vector from the spares.
-    fn ask_body(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut body = self.spare_asks.pop().unwrap_or_default();
-        body.clear();
-        body.extend_from_slice(bytes);
-        body
-    }
-
-    /// The body of an [`Event::Ask`], answered: kept for the next ask, if
-    /// it is no longer than the longest ask but a call for a delegation.
-    pub fn recycle_ask(&mut self, body: Vec<u8>) {
-        // A few are enough (asks are answered in the turn they arrive), and
-        // none larger than an ask needs: a peer's long calls for a
-        // delegation leave no large vectors behind.
-        if self.spare_asks.len() < 8 && body.capacity() <= crate::conn::ask::ASK_ON_STACK {
-            self.spare_asks.push(body);
-        }
-    }
-
     fn emit(&mut self, e: Event) {
         let s = &mut self.stats;
         match &e {
