@@ -113,6 +113,61 @@ fn an_expired_token_is_refused_and_the_memory_comes_back_without_it() {
 }
 
 #[test]
+fn the_next_timeout_is_the_earliest_token_still_out_whatever_was_redeemed_or_revoked() {
+    let mut b = Book::new(OWNER_SECRET);
+    let root = b.expose(HOLDER, range(0, 4096), ms(100_000));
+    // Tokens expiring at 1, 2, ... 3000 ms; all but every 1000th are
+    // redeemed or revoked, latest first and earliest first.
+    let mut out = Vec::new();
+    let caps: Vec<_> = (1..=3000u64)
+        .map(|i| {
+            let d = b.delegate(ms(0), HOLDER, root, range(0, 10), "d", ms(i), i).unwrap();
+            (i, d)
+        })
+        .collect();
+    for (i, d) in caps.iter().rev() {
+        if i % 1000 == 0 {
+            out.push(*i);
+        } else if i % 2 == 0 {
+            let r = b.redeem(ms(0), DELEGATE, "d", d.token.as_bytes()).unwrap();
+            assert!(b.ended(r.cap));
+        } else {
+            b.revoke(d.cap).unwrap();
+        }
+    }
+    assert_eq!(b.tokens_out(), 3);
+    for i in [1000, 2000, 3000] {
+        assert_eq!(b.poll_timeout(), Some(ms(i)), "the earliest token out is the one expiring at {i} ms");
+        b.handle_timeout(ms(i));
+    }
+    assert_eq!((b.poll_timeout(), b.tokens_out(), b.stats().tokens_expired), (None, 0, 3));
+    assert!(b.ended(root));
+    assert_eq!(events(&mut b), vec![Event::Done { root }]);
+    assert!(b.is_empty());
+}
+
+#[test]
+fn below_a_capability_is_every_delegation_made_from_it_and_nothing_else() {
+    let (mut b, root) = exposed();
+    let other = b.expose(OTHER, range(0, 64), ms(1000));
+    let d1 = b.delegate(ms(0), HOLDER, root, range(0, 100), "d", ms(500), 1).unwrap();
+    let r1 = b.redeem(ms(0), DELEGATE, "d", d1.token.as_bytes()).unwrap();
+    let d2 = b.delegate(ms(0), DELEGATE, r1.cap, range(0, 10), "e", ms(400), 2).unwrap();
+    let d3 = b.delegate(ms(0), HOLDER, root, range(200, 100), "f", ms(500), 3).unwrap();
+    b.delegate(ms(0), OTHER, other, range(0, 64), "g", ms(500), 4).unwrap();
+    let below = |b: &Book, c| {
+        let mut v = vec![];
+        b.below(c, &mut v);
+        v.sort();
+        v
+    };
+    assert_eq!(below(&b, root), vec![d1.cap, d2.cap, d3.cap]);
+    assert_eq!(below(&b, d1.cap), vec![d2.cap]);
+    assert_eq!(below(&b, d2.cap), vec![]);
+    assert_eq!(below(&b, CapId(999)), vec![], "an unknown capability has nothing below");
+}
+
+#[test]
 fn a_delegation_is_never_wider_nor_longer_than_what_it_is_made_from() {
     let (mut b, root) = exposed();
     let widen = |b: &mut Book, cap, r, until| b.delegate(ms(0), HOLDER, cap, r, "d", until, 0).unwrap_err();

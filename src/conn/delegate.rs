@@ -227,23 +227,6 @@ pub enum RedeemFailed {
     BadStatus(u8),
 }
 
-/// Every capability made from `cap`, directly or not (a walk of the
-/// book, off the data path: revocations only).
-fn descendants(book: &Book, cap: CapId) -> Vec<CapId> {
-    let mut out = Vec::new();
-    for c in book.capabilities() {
-        let mut p = book.parent(c);
-        while let Some(q) = p {
-            if q == cap {
-                out.push(c);
-                break;
-            }
-            p = book.parent(q);
-        }
-    }
-    out
-}
-
 /// An endpoint's delegations at a glance (telemetry).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DelegationFigures {
@@ -281,10 +264,15 @@ struct State {
     live: HashMap<CapId, (u64, RegionRange, Policy)>,
     /// Live exposures revoked, to invalidate: (connection, range, delegation).
     ends: Vec<(u64, RegionRange, CapId)>,
-    /// Delegations redeemed or revoked, until their tokens' expiry: once
-    /// the book has forgotten a tree, a token of it is refused for what
-    /// happened to it (a replay, a revocation), not as unknown.
-    gone: HashMap<CapId, (Refusal, Duration)>,
+    /// Capabilities revoked, until their tokens' expiry: once the book
+    /// has forgotten a tree, a token of it that is not expired was
+    /// revoked if it is here and redeemed if not ([`State::forgotten`]).
+    /// Entries past their expiry are dropped once they could be half
+    /// (`purge_at`), so that this grows with revocations, never with
+    /// redemptions.
+    revoked: HashMap<CapId, Duration>,
+    /// `revoked`'s length at which its expired entries are next dropped.
+    purge_at: usize,
     /// Redemptions refused, by [`Refusal::status`] - 1.
     refused: [u64; REFUSALS],
     nonce: u64,
@@ -307,17 +295,19 @@ impl Delegations {
 
 impl State {
     /// Why a token of a tree the book has forgotten is refused: expired
-    /// once its expiry has passed; redeemed already or revoked while its
-    /// record lasts; else unknown (over).
+    /// once its expiry has passed, else revoked or redeemed already. The
+    /// book forgets a tree only once none of it can be exposed any more,
+    /// so a delegation in it that had not expired was revoked
+    /// (`revoked`) or redeemed: its exposure ended. (A token the book did
+    /// not seal is `Forged` before this; `Unknown` is left for a token
+    /// whose claims no longer open.)
     fn forgotten(&self, now: Duration, cap: CapId, token: &[u8]) -> (Refusal, String) {
         let claims = self.book.as_ref().and_then(|b| b.open(token));
         Refusal::of(match claims {
             Some(c) if now >= c.expiry => RedeemError::Expired(cap),
-            _ => match self.gone.get(&cap) {
-                Some(&(Refusal::Revoked, _)) => RedeemError::Revoked(cap),
-                Some(&(Refusal::AlreadyRedeemed, _)) => RedeemError::AlreadyRedeemed(cap),
-                _ => RedeemError::Unknown(cap),
-            },
+            Some(_) if self.revoked.contains_key(&cap) => RedeemError::Revoked(cap),
+            Some(_) => RedeemError::AlreadyRedeemed(cap),
+            None => RedeemError::Unknown(cap),
         })
     }
 
@@ -336,12 +326,16 @@ impl State {
         }
     }
 
-    /// `cap` and `below` (made from it) were revoked: their tokens are
-    /// refused `Revoked` until `expiry` (no token below outlives it), also
-    /// once the book has forgotten their tree.
-    fn mark_revoked(&mut self, cap: CapId, expiry: Duration, below: &[CapId]) {
-        for &c in std::iter::once(&cap).chain(below) {
-            self.gone.insert(c, (Refusal::Revoked, expiry));
+    /// `caps` were revoked: their tokens are refused `Revoked` until
+    /// `expiry` (none of theirs outlives it), also once the book has
+    /// forgotten their tree.
+    fn mark_revoked(&mut self, now: Duration, expiry: Duration, caps: &[CapId]) {
+        for &c in caps {
+            self.revoked.insert(c, expiry);
+        }
+        if self.revoked.len() >= self.purge_at {
+            self.revoked.retain(|_, &mut expiry| expiry > now);
+            self.purge_at = (2 * self.revoked.len()).max(64);
         }
     }
 
@@ -452,22 +446,20 @@ impl<N: Nic> Regions<N> {
                 let region = st.roots.get(&r.root).expect("a tree in the book has its root's range").region;
                 let range = RegionRange { region, offset: r.range.offset as usize, len: r.range.len as u32 };
                 st.live.insert(r.cap, (conn, range, policy));
-                st.gone.insert(r.cap, (Refusal::AlreadyRedeemed, r.expiry));
                 Ok((r.cap, range, r.expiry.saturating_sub(now)))
             }
             Err(e) => Err(st.refusal(now, e, token)),
         };
-        self.settle(&mut st, now, &out);
+        self.settle(&mut st, &out);
         out
     }
 
-    /// After an ask answered from the book: count its refusal, forget the
-    /// records of delegations past their expiry, carry out the book's events.
-    fn settle<T>(&self, st: &mut State, now: Duration, out: &Result<T, (Refusal, String)>) {
+    /// After an ask answered from the book: count its refusal, carry out
+    /// the book's events.
+    fn settle<T>(&self, st: &mut State, out: &Result<T, (Refusal, String)>) {
         if let Err((refusal, _)) = out {
             st.count(*refusal);
         }
-        st.gone.retain(|_, &mut (_, expiry)| expiry > now);
         self.drain(st);
     }
 
@@ -493,7 +485,7 @@ impl<N: Nic> Regions<N> {
         let d = self.delegations();
         let mut st = d.state.lock();
         let out = Self::delegate_on_locked(&mut st, now, conn, identity, token, (offset, len), to, ttl);
-        self.settle(&mut st, now, &out);
+        self.settle(&mut st, &out);
         out
     }
 
@@ -551,7 +543,6 @@ impl<N: Nic> Regions<N> {
         // The holder's own capability is handed on, never exposed to it:
         // its exposure is over, and the tree lives on in the delegation.
         book.ended(r.cap);
-        st.gone.insert(r.cap, (Refusal::AlreadyRedeemed, r.expiry));
         made.map_err(|e| {
             outside(format!("the delegation was refused after the holder's token was used: {e:?}"))
         })
@@ -566,9 +557,12 @@ impl<N: Nic> Regions<N> {
         let unknown =
             || (Refusal::Unknown, format!("delegation {} is unknown or over: nothing to revoke", cap.0));
         let Some(b) = st.book.as_mut() else { return Err(unknown()) };
-        let (Some(parent), Some((_, expiry))) = (b.parent(cap), b.bounds(cap)) else { return Err(unknown()) };
-        // What is revoked is remembered before the book forgets the tree.
-        let below = descendants(b, cap);
+        let Some(parent) = b.parent(cap) else { return Err(unknown()) };
+        let Some((_, expiry)) = b.bounds(parent) else { return Err(unknown()) };
+        // What is revoked (every delegation made from `parent`, `cap`
+        // among them) is remembered before the book forgets the tree.
+        let mut below = Vec::new();
+        b.below(parent, &mut below);
         let r = match b.revoke_delegations(Holder(conn), parent) {
             Ok(()) => Ok(()),
             Err(RevokeError::NotHolder(_)) => Err((
@@ -582,7 +576,7 @@ impl<N: Nic> Regions<N> {
             Err(_) => Err(unknown()),
         };
         if r.is_ok() {
-            st.mark_revoked(cap, expiry, &below);
+            st.mark_revoked(d.now(), expiry, &below);
             d.ring.store(true, Ordering::Release);
         } else if let Err((refusal, _)) = &r {
             st.count(*refusal);
@@ -627,10 +621,11 @@ impl<N: Nic> Regions<N> {
         let mut st = d.state.lock();
         let Some(b) = st.book.as_mut() else { return Err(RevokeError::Unknown(cap)) };
         let expiry = b.bounds(cap).map(|(_, e)| e);
-        let below = descendants(b, cap);
+        let mut revoked = vec![cap];
+        b.below(cap, &mut revoked);
         let r = b.revoke(cap);
         if let (Ok(()), Some(expiry)) = (&r, expiry) {
-            st.mark_revoked(cap, expiry, &below);
+            st.mark_revoked(self.delegations().now(), expiry, &revoked);
         }
         self.drain(&mut st);
         r
@@ -714,5 +709,25 @@ impl<N: Nic> Regions<N> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Revocations are remembered until their tokens' expiry, and no
+    /// longer than that by more than twice their number: an owner that
+    /// revokes steadily keeps a record of the recent ones only.
+    #[test]
+    fn records_of_revocations_are_dropped_after_their_expiry() {
+        let ms = Duration::from_millis;
+        let mut st = State::default();
+        for i in 0..10_000u64 {
+            // Each revoked at i ms, its token expiring 100 ms later.
+            st.mark_revoked(ms(i), ms(i + 100), &[CapId(2 * i), CapId(2 * i + 1)]);
+            assert!(st.revoked.len() <= 2 * 2 * 100 + 64, "{} records at {i} ms", st.revoked.len());
+        }
+        assert!(st.revoked.contains_key(&CapId(19_999)), "the latest is remembered");
     }
 }
