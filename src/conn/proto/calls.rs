@@ -13,6 +13,11 @@ use super::confirm::ConfirmEngine;
 use super::sides::Exposure;
 use super::{Call, Connection, Data};
 
+/// The most bytes of ask bodies a connection keeps for the next asks
+/// (`Connection::recycle_ask`): 13 of the longest (607 bytes), or 93 of
+/// the 88-byte asks of a typical redemption.
+const SPARE_ASK_BYTES: usize = 8 << 10;
+
 impl Connection {
     fn ready_to_send(&self, role: Role, header: &[u8]) -> Result<(), UseError> {
         if self.role != role {
@@ -126,6 +131,7 @@ impl Connection {
     /// An ask's body, in a vector from the spares.
     pub(super) fn ask_body(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut body = self.spare_asks.pop().unwrap_or_default();
+        self.spare_ask_bytes -= body.capacity();
         body.clear();
         body.extend_from_slice(bytes);
         body
@@ -134,10 +140,16 @@ impl Connection {
     /// The body of an [`Event::Ask`], answered: kept for the next ask, if
     /// it is no longer than the longest ask but a call for a delegation.
     pub fn recycle_ask(&mut self, body: Vec<u8>) {
-        // A few are enough (asks are answered in the turn they arrive), and
-        // none larger than an ask needs: a peer's long calls for a
-        // delegation leave no large vectors behind.
-        if self.spare_asks.len() < 8 && body.capacity() <= crate::conn::ask::ASK_ON_STACK {
+        // Asks are answered in the turn they arrive, so a connection holds
+        // at most as many bodies at once as the peer may have frames in
+        // flight (`ctrl_slots`): that many are kept, none larger than an
+        // ask needs (a peer's long calls for a delegation leave no large
+        // vectors behind), and at most `SPARE_ASK_BYTES` in all.
+        if self.spare_asks.len() < self.cfg.ctrl_slots as usize
+            && body.capacity() <= crate::conn::ask::ASK_ON_STACK
+            && self.spare_ask_bytes + body.capacity() <= SPARE_ASK_BYTES
+        {
+            self.spare_ask_bytes += body.capacity();
             self.spare_asks.push(body);
         }
     }

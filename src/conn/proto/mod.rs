@@ -370,6 +370,8 @@ pub struct Connection {
     /// Ask bodies handed back once answered ([`Connection::recycle_ask`]),
     /// for the next asks: an ask allocates nothing once a few were.
     spare_asks: Vec<Vec<u8>>,
+    /// The capacity of `spare_asks`, in all.
+    spare_ask_bytes: usize,
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
@@ -499,6 +501,7 @@ impl Connection {
             ping: None,
             foreign_invalidations: Vec::new(),
             spare_asks: Vec::new(),
+            spare_ask_bytes: 0,
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
