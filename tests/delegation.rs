@@ -777,3 +777,35 @@ fn what_cannot_be_delegated_says_why() {
     assert_eq!(m["mwcap_delegations_total{endpoint=owner}"], 0.0);
     assert_eq!(m["mwcap_redemptions_refused_total{endpoint=owner,reason=outside_capability}"], 2.0);
 }
+
+/// Revoking wakes only the connections that expose what was revoked (none,
+/// for tokens not redeemed yet), not every connection of the owner: its
+/// idle connections take no turn for a holder's revocation, nor for the
+/// owner application's.
+#[test]
+fn a_revocation_wakes_only_the_connections_exposing_it() {
+    let mut net = Net::new(PolicyChoice::Mw);
+    let holder = net.connect("other", 9);
+    for _ in 0..8 {
+        net.connect("third", 11);
+    }
+    let quiet = |net: &mut Net| {
+        for _ in 0..20 {
+            net.pool.run_until_stalled();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // The owner's side of the 8 idle connections (accepted after the holder's).
+        net.keep.borrow()[1..].iter().map(|c| c.driver_stats().turns).collect::<Vec<u64>>()
+    };
+    assert_eq!(net.keep.borrow().len(), 9);
+    let ttl = Duration::from_secs(4);
+    let d = net.call_delegated(&holder, "range 0 4096", "compute", ttl).unwrap().delegation.unwrap();
+    let before = quiet(&mut net);
+    net.revoke_held(&holder, d.cap).unwrap();
+    assert_eq!(quiet(&mut net), before, "a holder's revocation woke idle connections");
+    let mine = net.owner.delegate_region(net.range(8192, 4096), "compute", ttl).unwrap();
+    let before = quiet(&mut net);
+    net.owner.revoke(mine.cap).unwrap();
+    assert_eq!(quiet(&mut net), before, "the owner's revocation woke idle connections");
+    assert!(net.writable(0, 4096) && net.writable(8192, 4096), "both ranges come back");
+}

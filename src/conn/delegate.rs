@@ -248,9 +248,9 @@ pub(crate) struct Delegations {
     /// Some live exposure was revoked and waits for its connection to
     /// invalidate it ([`Regions::take_ends`]).
     ends_due: AtomicBool,
-    /// A revocation was made by a connection (a holder's), not through
-    /// the endpoint: the driver rings every connection once, so that the
-    /// one exposing it takes a turn ([`Regions::take_ring`]).
+    /// Live exposures were revoked since the endpoint last rang the
+    /// connections exposing them, so that each takes a turn and ends them
+    /// ([`Regions::take_ring`], [`Regions::ends_conns`]).
     ring: AtomicBool,
 }
 
@@ -577,7 +577,6 @@ impl<N: Nic> Regions<N> {
         };
         if r.is_ok() {
             st.mark_revoked(d.now(), expiry, &below);
-            d.ring.store(true, Ordering::Release);
         } else if let Err((refusal, _)) = &r {
             st.count(*refusal);
         }
@@ -585,8 +584,9 @@ impl<N: Nic> Regions<N> {
         r
     }
 
-    /// Whether a connection's revocation asks for every connection to be
-    /// rung (once: the flag is cleared).
+    /// Whether live exposures were revoked since the last call (the flag
+    /// is cleared): the connections of [`Regions::ends_conns`] are to be
+    /// rung.
     #[inline]
     pub(crate) fn take_ring(&self) -> bool {
         let d = self.delegations();
@@ -655,6 +655,21 @@ impl<N: Nic> Regions<N> {
         self.delegations().ends_due.load(Ordering::Acquire)
     }
 
+    /// The connections that have revoked exposures to end, each once.
+    pub(crate) fn ends_conns(&self, out: &mut Vec<u64>) {
+        let start = out.len();
+        out.extend(self.delegations().state.lock().ends.iter().map(|&(conn, ..)| conn));
+        out[start..].sort_unstable();
+        let mut kept = start;
+        for i in start..out.len() {
+            if i == start || out[i] != out[kept - 1] {
+                out[kept] = out[i];
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+    }
+
     /// Revoked exposures connection `conn` must end now (cheap when none).
     pub(crate) fn take_ends(&self, conn: u64) -> Vec<RegionRange> {
         let d = self.delegations();
@@ -705,6 +720,7 @@ impl<N: Nic> Regions<N> {
                     if let Some(&(conn, range, _)) = st.live.get(&cap) {
                         st.ends.push((conn, range, cap));
                         self.delegations().ends_due.store(true, Ordering::Release);
+                        self.delegations().ring.store(true, Ordering::Release);
                     }
                 }
             }

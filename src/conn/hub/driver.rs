@@ -210,22 +210,8 @@ impl<N: Nic> HubDriver<N> {
         for rkey in t.foreign_invalidations {
             self.invalidated_elsewhere(inner, now, rkey);
         }
-        if self.shared.regions.take_ring() {
-            self.ring_all();
-        }
-    }
-
-    /// A holder revoked a delegation on its connection's turn: every
-    /// connection gets a turn, so that the one exposing it invalidates it
-    /// (`Link::delegation_turn`), as `Hub::revoke` rings them for the
-    /// owner's application.
-    #[cold]
-    #[inline(never)]
-    fn ring_all(&self) {
-        let running: Vec<Arc<Inner<N>>> = self.shared.telemetry.lock().running.values().cloned().collect();
-        for inner in running {
-            inner.ring();
-        }
+        // A holder may have revoked a delegation on this turn.
+        self.shared.ring_ends();
     }
 
     /// The peer of `from` invalidated `rkey`, which is none of `from`'s

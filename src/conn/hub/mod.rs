@@ -213,10 +213,36 @@ struct Shared<N: Nic> {
 struct Members<N: Nic> {
     epoch: u64,
     finished: Tally,
-    running: std::collections::HashMap<usize, Arc<Inner<N>>>,
+    /// By connection id (`Inner::id`).
+    running: std::collections::HashMap<u64, Arc<Inner<N>>>,
 }
 
 impl<N: Nic> Shared<N> {
+    /// Live exposures were revoked since the last call (by the owner's
+    /// application, or a holder on its connection's turn): ring the
+    /// connections exposing them, so that each takes a turn and ends
+    /// them (`Link::delegation_turn`). The others are not woken.
+    #[inline]
+    pub(super) fn ring_ends(&self) {
+        if self.regions.take_ring() {
+            self.ring_exposing();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ring_exposing(&self) {
+        let mut conns = Vec::new();
+        self.regions.ends_conns(&mut conns);
+        let ringing: Vec<Arc<Inner<N>>> = {
+            let m = self.telemetry.lock();
+            conns.iter().filter_map(|id| m.running.get(id).cloned()).collect()
+        };
+        for inner in ringing {
+            inner.ring();
+        }
+    }
+
     /// Take every completion off the queue into its connection's inbox,
     /// queueing the connection for a turn. Under the routing lock.
     /// `ring`: wake the driver for the connections queued (not when the
@@ -287,10 +313,10 @@ pub(super) trait CallerPoll: Send + Sync {
     /// address); whether anything came.
     fn poll_for(&self, me: *const ()) -> bool;
 
-    /// The connection at `me` finished: `add` puts its figures into the
-    /// hub's tally of finished connections, and it leaves the running
-    /// ones. Returns the epoch they came in at.
-    fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64;
+    /// Connection `id` finished: `add` puts its figures into the hub's
+    /// tally of finished connections, and it leaves the running ones.
+    /// Returns the epoch they came in at.
+    fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64;
 
     /// A waiter starts (`true`) or stops taking its connection's turns
     /// itself. The last to stop rings the driver, which then polls and
@@ -307,11 +333,11 @@ impl<N: Nic> CallerPoll for Shared<N> {
         }
     }
 
-    fn fold(&self, me: *const (), add: &mut dyn FnMut(&mut Tally)) -> u64 {
+    fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {
         let mut m = self.telemetry.lock();
         m.epoch += 1;
         add(&mut m.finished);
-        let gone = m.running.remove(&(me as usize));
+        let gone = m.running.remove(&id);
         let epoch = m.epoch;
         drop(m);
         // Not the last handle (the turn that folds holds one), but dropped
@@ -545,10 +571,9 @@ impl<N: Nic + 'static> Hub<N> {
         });
         let inner = conn.inner_arc();
         // Counted from now until its figures move to the finished ones.
-        let me = Arc::as_ptr(&inner).cast::<()>() as usize;
         let members = {
             let mut t = self.shared.telemetry.lock();
-            t.running.insert(me, inner.clone());
+            t.running.insert(inner.id, inner.clone());
             t.running.len()
         };
         self.shared.ready.reserve(members);
@@ -588,13 +613,7 @@ impl<N: Nic + 'static> Hub<N> {
     /// a turn to invalidate it.
     pub(super) fn revoke(&self, cap: super::CapId) -> Result<(), super::RevokeError> {
         self.shared.regions.revoke(cap)?;
-        if self.shared.regions.ends_due() {
-            let running: Vec<Arc<Inner<N>>> =
-                self.shared.telemetry.lock().running.values().cloned().collect();
-            for inner in running {
-                inner.ring();
-            }
-        }
+        self.shared.ring_ends();
         Ok(())
     }
 

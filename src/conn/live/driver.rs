@@ -438,8 +438,7 @@ impl<N: Nic> Inner<N> {
         if finished && !st.finished {
             // Its figures move to the hub's tally for good (telemetry).
             if let Some(hub) = self.hub.hub.upgrade() {
-                let me = (self as *const Inner<N>).cast::<()>();
-                st.folded = Some(hub.fold(me, &mut |t| st.ep.tally_into(t)));
+                st.folded = Some(hub.fold(self.id, &mut |t| st.ep.tally_into(t)));
             }
             st.finished = true;
             st.finish_waiters.wake_all();

@@ -205,6 +205,9 @@ pub(crate) struct Inner<N: Nic> {
     serve_spin: Duration,
     /// Its place on the endpoint's hub.
     pub(super) hub: HubPart,
+    /// Its connection's id (`proto::Connection::id`): what the endpoint's
+    /// delegations name it by, so that a revocation rings it alone.
+    pub(crate) id: u64,
     /// The peer's TCP address and the name of the key it proved, set once
     /// by the [`super::Endpoint`] that made the connection (a prepared
     /// connection has no address, and an identity only if the application
@@ -260,6 +263,7 @@ impl<N: Nic> Inner<N> {
         // room for a server's requests waiting for its user (one per buffer),
         // a client's call results (a slot per buffer, at least 64).
         let (server, buffers) = (ep.connection().role() == Role::Server, ep.config().buffers as usize);
+        let id = ep.connection().id();
         let (waiting, slots) = if server { (buffers, 0) } else { (0, buffers.max(64)) };
         let mut spare_slots = Vec::with_capacity(slots.max(64));
         spare_slots.extend((0..slots).map(|_| Slot::new()));
@@ -294,6 +298,7 @@ impl<N: Nic> Inner<N> {
             recycle: Recycle::new(),
             epoch,
             hub,
+            id,
             peer: std::sync::OnceLock::new(),
         }
     }
