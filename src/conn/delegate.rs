@@ -262,8 +262,10 @@ struct State {
     /// Each redeemed delegation exposed now: its connection, range, and
     /// the policy of its exposure.
     live: HashMap<CapId, (u64, RegionRange, Policy)>,
-    /// Live exposures revoked, to invalidate: (connection, range, delegation).
-    ends: Vec<(u64, RegionRange, CapId)>,
+    /// Live exposures revoked, to invalidate, by the connection exposing
+    /// each: (range, delegation). A connection takes its own list, and an
+    /// exposure that ends is looked for in its connection's alone.
+    ends: HashMap<u64, Vec<(RegionRange, CapId)>>,
     /// Capabilities revoked, until their tokens' expiry: once the book
     /// has forgotten a tree, a token of it that is not expired was
     /// revoked if it is here and redeemed if not ([`State::forgotten`]).
@@ -602,11 +604,15 @@ impl<N: Nic> Regions<N> {
     pub(crate) fn delegation_ended(&self, cap: CapId) {
         let d = self.delegations();
         let mut st = d.state.lock();
-        st.live.remove(&cap);
-        if !st.ends.is_empty() {
-            st.ends.retain(|&(_, _, c)| c != cap);
-            if st.ends.is_empty() {
-                d.ends_due.store(false, Ordering::Release);
+        if let Some((conn, ..)) = st.live.remove(&cap) {
+            if let Some(mine) = st.ends.get_mut(&conn) {
+                mine.retain(|&(_, c)| c != cap);
+                if mine.is_empty() {
+                    st.ends.remove(&conn);
+                    if st.ends.is_empty() {
+                        d.ends_due.store(false, Ordering::Release);
+                    }
+                }
             }
         }
         if let Some(b) = st.book.as_mut() {
@@ -657,17 +663,7 @@ impl<N: Nic> Regions<N> {
 
     /// The connections that have revoked exposures to end, each once.
     pub(crate) fn ends_conns(&self, out: &mut Vec<u64>) {
-        let start = out.len();
-        out.extend(self.delegations().state.lock().ends.iter().map(|&(conn, ..)| conn));
-        out[start..].sort_unstable();
-        let mut kept = start;
-        for i in start..out.len() {
-            if i == start || out[i] != out[kept - 1] {
-                out[kept] = out[i];
-                kept += 1;
-            }
-        }
-        out.truncate(kept);
+        out.extend(self.delegations().state.lock().ends.keys().copied());
     }
 
     /// Revoked exposures connection `conn` must end now (cheap when none).
@@ -677,13 +673,7 @@ impl<N: Nic> Regions<N> {
             return Vec::new();
         }
         let mut st = d.state.lock();
-        let mut mine = Vec::new();
-        st.ends.retain(|&(c, r, _)| {
-            if c == conn {
-                mine.push(r);
-            }
-            c != conn
-        });
+        let mine = st.ends.remove(&conn).map(|l| l.into_iter().map(|(r, _)| r).collect()).unwrap_or_default();
         if st.ends.is_empty() {
             d.ends_due.store(false, Ordering::Release);
         }
@@ -718,7 +708,7 @@ impl<N: Nic> Regions<N> {
                 }
                 BookEvent::End { cap, .. } => {
                     if let Some(&(conn, range, _)) = st.live.get(&cap) {
-                        st.ends.push((conn, range, cap));
+                        st.ends.entry(conn).or_default().push((range, cap));
                         self.delegations().ends_due.store(true, Ordering::Release);
                         self.delegations().ring.store(true, Ordering::Release);
                     }
