@@ -776,6 +776,18 @@ fn what_cannot_be_delegated_says_why() {
     let m = recorded(&net.owner);
     assert_eq!(m["mwcap_delegations_total{endpoint=owner}"], 0.0);
     assert_eq!(m["mwcap_redemptions_refused_total{endpoint=owner,reason=outside_capability}"], 2.0);
+    // A header too long for the ask to be encoded on the stack goes all
+    // the same; one that takes the ask past a request header's limit is
+    // refused before anything is sent.
+    let long = format!("range 0 10 {}", "x".repeat(700));
+    let d = net.call_delegated(&holder, &long, "compute", ttl).unwrap().delegation.expect("delegated");
+    net.revoke_held(&holder, d.cap).unwrap();
+    let r = net.call_delegated(&holder, &"x".repeat(mwcap::conn::MAX_HEADER), "compute", ttl);
+    assert!(
+        matches!(&r, Err(RedeemFailed::Call(mwcap::conn::CallError::Refused(f))) if matches!(f.error, UseError::HeaderTooLong(_))),
+        "{r:?}"
+    );
+    assert!(net.writable(0, REGION));
 }
 
 /// Revoking wakes only the connections that expose what was revoked (none,

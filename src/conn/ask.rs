@@ -169,7 +169,7 @@ impl OwnerAsk<'_> {
         f(&b[..n])
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         let mut n = 0;
         self.encode_to(&mut |part| n += part.len());
         n

@@ -112,15 +112,17 @@ impl<N: Nic> Connection<N> {
     ) -> Result<DelegatedReply, RedeemFailed> {
         Self::identity(to)?;
         let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
-        let body = OwnerAsk::Call { ttl_ms, identity: to, header }.encode();
+        let ask = OwnerAsk::Call { ttl_ms, identity: to, header };
         // The body goes where a request's header does.
-        if body.len() > MAX_HEADER {
+        let len = ask.encoded_len();
+        if len > MAX_HEADER {
             return Err(RedeemFailed::Call(super::CallError::Refused(super::Refused::new(
-                super::UseError::HeaderTooLong(body.len()),
+                super::UseError::HeaderTooLong(len),
                 None,
             ))));
         }
-        let reply = self.make_call(None, |ep, now, _| ep.call_ask(now, &body)).await?;
+        // Encoded on the stack unless the header is long.
+        let reply = self.make_call(None, |ep, now, _| ask.encode_with(|body| ep.call_ask(now, body))).await?;
         if let Some(b) = reply.data {
             // An owner of this version sends none; the caller asked for a token.
             self.free(b);
