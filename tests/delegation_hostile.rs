@@ -15,7 +15,7 @@ use std::time::Duration;
 use hostile::*;
 use mwcap::backend::WcStatus;
 use mwcap::conn::frame::{Attaches, Frame};
-use mwcap::conn::{Event, LossReason, Misbehavior, OwnerAsk, Policies, Policy, RegionId, RegionRange};
+use mwcap::conn::{Event, LossReason, Misbehavior, OwnerAsk, Policies, Policy, RegionId, RegionRange, Role};
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
@@ -324,4 +324,48 @@ fn a_call_for_a_delegation_answered_after_its_connection_went_down_pins_nothing(
         );
         assert!(w.victim.region_write(region, range.offset, b"new").is_ok(), "nothing pinned");
     }
+}
+
+/// A redemption whose answer waits for capacity (every region exposure
+/// is live: the delegate holds the first window) and is revoked meanwhile
+/// is refused `Revoked` and never exposed, and its range is unpinned at
+/// once; the window held stays until its own end.
+#[test]
+fn a_redemption_revoked_while_it_waits_for_capacity_is_refused_never_exposed() {
+    let mut w = World::with_config(Role::Server, MW, |c| c.region_exposures = 1);
+    w.victim.set_peer_identity("compute");
+    let region = w.victim.register_region(64 << 10).unwrap();
+    w.victim.region_write(region, 0, &vec![GRANTED; 64 << 10]).unwrap();
+    let (first, second) =
+        (RegionRange { region, offset: 0, len: 1000 }, RegionRange { region, offset: 8192, len: 1000 });
+    let ttl = Duration::from_secs(10);
+    let a = w.victim.delegate_region(w.now(), first, "compute", ttl).unwrap();
+    let b = w.victim.delegate_region(w.now(), second, "compute", ttl).unwrap();
+    let seen = redeem(&mut w, 1, a.token.as_bytes());
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the first window is held (no release)");
+    // The second waits: the one region exposure is live.
+    let frame = Frame::Ask {
+        msg_id: 2,
+        body: &OwnerAsk::Redeem { token: b.token.as_bytes() }.encode(),
+        attach: Attaches::new(),
+    };
+    w.send_within_credit(&frame.encode().unwrap());
+    w.settle();
+    assert!(w.attacker.frames.is_empty(), "no answer while no exposure is free");
+    w.victim.revoke(b.cap).unwrap();
+    let seen = Seen::of(&w.next_frame());
+    assert_eq!(
+        (seen.kind, seen.msg_id, seen.status),
+        ("reply", Some(2), Some(5)),
+        "refused Revoked: {seen:?}"
+    );
+    assert!(seen.grant.is_none(), "nothing exposed");
+    assert!(w.victim.region_write(region, second.offset, b"new").is_ok(), "the revoked range is unpinned");
+    assert!(
+        w.victim.region_write(region, first.offset, b"new").is_err(),
+        "the held window's range stays pinned"
+    );
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the held window is untouched");
+    w.finish();
 }

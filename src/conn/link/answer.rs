@@ -378,12 +378,26 @@ impl<N: Nic> Link<N> {
         }
     }
 
-    /// Retry waiting answers; end revoked exposures of this connection.
+    /// End revoked exposures of this connection; retry waiting answers.
     #[inline(never)]
     fn delegation_work(&mut self) {
         let now = self.conn.now();
-        if !self.delegation.live.is_empty() && self.regions.ends_due() {
-            for range in self.regions.take_ends(self.conn.id()) {
+        if self.regions.ends_due() {
+            for (range, cap) in self.regions.take_ends(self.conn.id()) {
+                // Revoked while its answer waited for capacity: refused,
+                // never exposed (taking its end here and exposing it on
+                // the retry below would leave it live until its lease).
+                let waiting = self
+                    .delegation
+                    .waiting
+                    .iter()
+                    .position(|a| matches!(a, Answer::Expose { cap: c, .. } if *c == cap));
+                if let Some(Answer::Expose { req, .. }) = waiting.map(|i| self.delegation.waiting.remove(i)) {
+                    self.regions.delegation_ended(cap);
+                    let message = format!("delegation {} was revoked before it could be exposed", cap.0);
+                    self.answer(now, Answer::Refuse { req, refusal: Refusal::Revoked, message });
+                    continue;
+                }
                 let revoked = self.span.in_scope(|| self.conn.revoke_range(now, range));
                 tracing::debug!(parent: &self.span, ?range, revoked, "a delegated exposure was revoked");
             }
