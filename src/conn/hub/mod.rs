@@ -318,6 +318,10 @@ pub(super) trait CallerPoll: Send + Sync {
     /// Returns the epoch they came in at.
     fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64;
 
+    /// A waiter took its connection's turn: what the driver does after
+    /// one, that the turn may have made due (`Shared::ring_ends`).
+    fn turn_taken(&self);
+
     /// A waiter starts (`true`) or stops taking its connection's turns
     /// itself. The last to stop rings the driver, which then polls and
     /// arms the queue again.
@@ -325,6 +329,11 @@ pub(super) trait CallerPoll: Send + Sync {
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
+    #[inline]
+    fn turn_taken(&self) {
+        self.ring_ends();
+    }
+
     fn spinning(&self, on: bool) {
         if on {
             self.spinners.fetch_add(1, Ordering::AcqRel);

@@ -139,7 +139,7 @@ impl Spin {
         // Poll the shared queue (our completions come to our inbox, the
         // others' to theirs, queued for the hub's driver), then take our
         // turn with what came.
-        if let Some(hub) = hub {
+        if let Some(hub) = &hub {
             hub.poll_for(std::ptr::from_ref(inner).cast());
         }
         // The spinner's own vector (one spinner at a time), empty and with
@@ -157,6 +157,11 @@ impl Spin {
         });
         inbox.clear();
         *part.spin_scratch.lock() = inbox;
+        if let Some(hub) = &hub {
+            // A holder's revocation answered on this turn rings the
+            // connections exposing what it revoked, as the driver's would.
+            hub.turn_taken();
+        }
         if t.finished {
             // The hub's driver finishes it on its turn.
             part.waker.wake_by_ref();
