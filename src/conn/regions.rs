@@ -32,7 +32,8 @@
 //! exposed, in hash tables that allocate only to grow: an exposure and its
 //! end cost two lookups and a scan of that connection's few ranges, a
 //! close a pass over that connection's, and a write a few lookups, however
-//! many ranges are exposed ([`Exposed`]).
+//! many ranges are exposed, or a pass over them when they are fewer
+//! ([`Exposed`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
