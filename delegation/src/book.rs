@@ -732,11 +732,14 @@ impl std::hash::Hash for Book {
     }
 }
 
-/// Fibonacci hashing of a capability's id: the book's ids are its own,
-/// sequential, so this spreads them well for a few instructions. (A
-/// peer's id is only looked up, never inserted.)
+/// Fibonacci hashing of an id a program allocates itself, sequentially
+/// (the book's capability ids; mwcap's message and lease ids): it spreads
+/// them well for a few instructions where SipHash takes a hundred, and its
+/// high bits, which hashbrown uses for its control bytes, depend on every
+/// bit of the key. Only for keys a peer does not choose: a peer's id may
+/// be looked up, never inserted.
 #[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -749,6 +752,12 @@ impl Hasher for IdHasher {
     }
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
     }
 }
 

@@ -51,7 +51,9 @@
 mod book;
 mod token;
 
-pub use book::{Book, BookStats, DelegateError, Delegation, Event, RedeemError, Redeemed, RevokeError};
+pub use book::{
+    Book, BookStats, DelegateError, Delegation, Event, IdHasher, RedeemError, Redeemed, RevokeError,
+};
 pub use token::{Claims, Token, TokenTooLong, MAX_IDENTITY, MAX_TOKEN};
 
 /// A capability in an owner's book: a root (an exposure the owner made) or

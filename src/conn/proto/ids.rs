@@ -5,33 +5,12 @@
 //! used to grow a map beyond the calls and requests in progress.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
-/// Fibonacci hashing of a u64 (its high bits, which hashbrown uses for its
-/// control bytes, depend on every bit of the key).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-}
+/// Fibonacci hashing of an id (`mwcap-delegation`'s, whose book keys its
+/// capabilities by sequential ids too).
+pub(crate) use mwcap_delegation::IdHasher;
 
 /// A hash map keyed by one of the connection's ids.
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
