@@ -769,8 +769,9 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Record the peer's address and identity (once: the endpoint adopting it).
+    /// (The link has the identity already: it is set before the
+    /// connection runs, since a redemption may be its first frame.)
     pub(super) fn set_peer(&self, addr: Option<std::net::SocketAddr>, identity: Option<std::sync::Arc<str>>) {
-        self.inner.state.lock().ep.set_identity(identity.clone());
         let _ = self.inner.peer.set((addr, identity));
     }
 
