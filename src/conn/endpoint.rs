@@ -413,9 +413,7 @@ impl<N: Nic + 'static> Pending<N> {
         peer_credits: u32,
     ) -> Result<Connection<N>, SetupError> {
         self.link.connect_with(peer, peer_credits)?;
-        // Before the connection runs: a redemption may be its first frame.
-        self.link.set_identity(self.identity.clone());
-        let connection = self.hub.add(self.link);
+        let connection = self.hub.add(self.link, self.identity.clone());
         if let Some(identity) = self.identity {
             connection.set_peer(None, Some(identity));
         }
@@ -554,14 +552,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         if shares && confirm && !opts.trusted_peers {
             return Err(ConfigError::SharingNeedsMw { choice: opts.choice }.into());
         }
-        let (hub, driver) = match (buffers, srq) {
-            (Some(classes), q) => {
-                Hub::with_shared_buffers(nic, depth, q.unwrap_or_default(), &classes, confirm)?
-            }
-            (None, Some(q)) => Hub::with_shared_receives(nic, depth, q, confirm)?,
-            (None, None) => Hub::new(nic, depth)?,
-        };
-        hub.set_busy_poll(busy_poll);
+        let (hub, driver) = Hub::new(nic, depth, srq, buffers.as_deref(), confirm, busy_poll)?;
         let (listener, local_addr, closer) = match listen {
             None => (None, None, None),
             Some(addr) => {

@@ -319,9 +319,6 @@ async fn finish_setup_async<N: Nic + 'static>(
     let mut endpoint = prepared.finish(policies)?;
     endpoint.connect_with(&hs.remote_endpoint(), hs.peer().caps.start_credits)?;
     let stream = hs.ready(opts.timeout).await?;
-    // Before the connection runs: a redemption may be its first frame, and
-    // the endpoint adopts the connection (`set_peer`) only after this.
-    endpoint.set_identity(peer_identity.clone());
-    let connection = hub.add(endpoint);
+    let connection = hub.add(endpoint, peer_identity.clone());
     Ok(AsyncConnected { connection, stream, policies, peer_addr, peer_identity })
 }

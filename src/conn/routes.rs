@@ -22,9 +22,7 @@
 //!   forgets the number, dropping what is still held for it: a later route
 //!   with the same number never gets an old QP's completion.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
+use super::proto::ids::IdMap;
 use super::SetupError;
 use crate::backend::Completion;
 
@@ -35,7 +33,9 @@ pub(super) struct Routes<T> {
     /// Entries reserved: those set aside when it was made, each route's,
     /// and those reserved for a QP not yet opened.
     reserved: u64,
-    by_qpn: HashMap<u32, Route<T>, BuildHasherDefault<QpnHasher>>,
+    /// By QP number: small distinct integers, spread by one multiply
+    /// (SipHash cost about 100 instructions a completion).
+    by_qpn: IdMap<u32, Route<T>>,
     /// Completions held, over every route.
     held: usize,
     orphans: u64,
@@ -43,25 +43,6 @@ pub(super) struct Routes<T> {
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
     batch: Vec<Completion>,
-}
-
-/// QP numbers are small distinct integers: one multiply spreads them
-/// (SipHash cost about 100 instructions a completion).
-#[derive(Default)]
-pub(super) struct QpnHasher(u64);
-
-impl std::hash::Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 struct Route<T> {
@@ -110,7 +91,7 @@ impl<T> Routes<T> {
         Ok(Routes {
             depth,
             reserved: u64::from(up_front),
-            by_qpn: HashMap::default(),
+            by_qpn: IdMap::default(),
             held: 0,
             orphans: 0,
             retired: 0,

@@ -117,7 +117,6 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
-            let spin_ns = shared.busy_poll_ns.load(Ordering::Relaxed);
             // Read after this loop took the doorbell: a waiter that stops
             // from now on rings it, and the sleep below sees the ring.
             let waiter_polls = shared.spinners.load(Ordering::Acquire) > 0;
@@ -132,9 +131,9 @@ impl<N: Nic> HubDriver<N> {
                 continue;
             }
             // A waiter polling the queue: one polling thread is enough.
-            if spin_ns != 0 && failed.is_none() && !waiter_polls {
+            if !shared.busy_poll.is_zero() && failed.is_none() && !waiter_polls {
                 let idle = *idle_since.get_or_insert(at);
-                if at.saturating_duration_since(idle) < Duration::from_nanos(spin_ns) {
+                if at.saturating_duration_since(idle) < shared.busy_poll {
                     crate::conn::live::idle_turn(&mut idle_turns);
                     crate::conn::live::yield_now().await;
                     continue;

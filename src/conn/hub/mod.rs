@@ -188,7 +188,7 @@ struct Shared<N: Nic> {
     /// `Hub` handles alive.
     handles: AtomicUsize,
     /// How long the driver keeps polling an idle queue before it sleeps.
-    busy_poll_ns: AtomicU64,
+    busy_poll: Duration,
     added: AtomicU64,
     completions: AtomicU64,
     turns: AtomicU64,
@@ -395,68 +395,62 @@ impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
 
 impl<N: Nic + 'static> Hub<N> {
     /// A hub whose completion queue, of `depth` entries, is created on
-    /// `nic`. Its connections' NIC handles must be siblings of `nic`
-    /// (`NicOps::new_pd`: each connection in a protection domain of its own).
-    /// Spawn the returned driver.
+    /// `nic`; spawn the returned driver. Without `srq` its connections'
+    /// NIC handles are siblings of `nic`, each in a protection domain of
+    /// its own ([`Hub::connection_nic`]).
     ///
     /// A connection needs about `ctrl_slots` + 2 x its buffers + the
     /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536
     /// holds several hundred. Devices cap a queue's depth (`max_cqe`: 4M on
     /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
     /// with [`NicError::CqTooDeep`].
-    pub fn new(nic: N, depth: u32) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
-        Hub::make(nic, depth, None, None)
-    }
-
-    /// A hub whose connections take their control receives from one shared
-    /// receive queue (see the module docs (`docs/serving.md`) and [`SrqConfig`]): an
-    /// idle connection holds `Config::start_credits` receives of 4 KiB
-    /// instead of `ctrl_slots`, and a busy one up to `ctrl_slots`; the hub
-    /// lends its send slots (`srq::LentSends`). Its connections are in the hub's
-    /// protection domain ([`Hub::connection_nic`]), so unless `confirm` (its
-    /// peers are trusted: `EndpointBuilder::trusted_peers`) it serves the
-    /// mw policy only: a connection that negotiates confirm in either
-    /// direction fails to finish, with an error that says so.
-    pub fn with_shared_receives(
+    ///
+    /// With `srq`, its connections take their control receives from one
+    /// shared receive queue (`docs/serving.md`, [`SrqConfig`]): an idle
+    /// connection holds `Config::start_credits` receives of 4 KiB instead
+    /// of `ctrl_slots`, and a busy one up to `ctrl_slots`; the hub lends
+    /// its send slots (`srq::LentSends`). Its connections are then in the
+    /// hub's protection domain, so unless `confirm` (its peers are trusted:
+    /// `EndpointBuilder::trusted_peers`) it serves the mw policy only: a
+    /// connection that negotiates confirm in either direction fails to
+    /// finish, with an error that says so.
+    ///
+    /// With `buffers` too (they come with shared receives, by default ones
+    /// if `srq` is `None`), a buffer pool shared by its connections
+    /// ([`BufferPool`]): a connection registers no data region, its buffer
+    /// classes (`Config::buffers` of `buffer_size`, and `large_buffers`)
+    /// say how many buffers of each size it may hold at once, and each is a
+    /// buffer of the pool while it is in use. Every size a connection uses
+    /// must be one of `buffers`' sizes; `buffers` gives how many of each the
+    /// pool registers (each a region of its own), now. A connection that
+    /// finds its size all in use waits, as for a buffer of its own. With
+    /// `confirm` the pool's buffers allow remote READs too, and confirm
+    /// connections take them as mw ones do.
+    ///
+    /// The driver keeps polling the queue for `busy_poll` after its turns
+    /// stop finding work, before it arms the queue and sleeps (0: sleep at
+    /// once; `EndpointBuilder::busy_poll`): a completion microseconds away
+    /// is caught without a wake-up, for CPU.
+    pub fn new(
         nic: N,
         depth: u32,
-        srq: SrqConfig,
+        srq: Option<SrqConfig>,
+        buffers: Option<&[BufClass]>,
         confirm: bool,
+        busy_poll: Duration,
     ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
-        let conn_nic = nic.same_pd()?;
-        let srq = SharedReceives::new(conn_nic, srq, confirm)?;
-        Hub::make(nic, depth, Some(Arc::new(srq)), None)
-    }
-
-    /// [`Hub::with_shared_receives`], and a buffer pool shared by its
-    /// connections ([`BufferPool`]; `docs/serving.md`): a connection
-    /// registers no data region, its buffer classes (`Config::buffers` of
-    /// `buffer_size`, and `large_buffers`) say how many buffers of each size
-    /// it may hold at once, and each is a buffer of the pool while it is
-    /// in use. Every size a connection uses must be one of `buffers`' sizes;
-    /// `buffers` gives how many of each the pool registers (each a region of
-    /// its own), now. A connection that finds its size all in use waits, as
-    /// for a buffer of its own. With `confirm` the pool's buffers allow
-    /// remote READs too, and confirm connections take them as mw ones do.
-    pub fn with_shared_buffers(
-        nic: N,
-        depth: u32,
-        srq: SrqConfig,
-        buffers: &[BufClass],
-        confirm: bool,
-    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
-        let pool = BufferPool::register(nic.same_pd()?, buffers, confirm)?;
-        let conn_nic = nic.same_pd()?;
-        let srq = SharedReceives::new(conn_nic, srq, confirm)?;
-        Hub::make(nic, depth, Some(Arc::new(srq)), Some(pool))
-    }
-
-    fn make(
-        nic: N,
-        depth: u32,
-        srq: Option<Arc<SharedReceives<N>>>,
-        pool: Option<BufferPool>,
-    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
+        let srq = match (srq, buffers) {
+            (None, None) => None,
+            (q, _) => q.or_else(|| Some(SrqConfig::default())),
+        };
+        let pool = match buffers {
+            Some(classes) => Some(BufferPool::register(nic.same_pd()?, classes, confirm)?),
+            None => None,
+        };
+        let srq = match srq {
+            Some(q) => Some(Arc::new(SharedReceives::new(nic.same_pd()?, q, confirm)?)),
+            None => None,
+        };
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
         let routes = Routes::new(depth, srq.as_ref().map_or(0, |q| q.max_slots()))?;
@@ -477,7 +471,7 @@ impl<N: Nic + 'static> Hub<N> {
             routes: Mutex::new(routes),
             ready: ReadyList::new(),
             handles: AtomicUsize::new(1),
-            busy_poll_ns: AtomicU64::new(0),
+            busy_poll,
             added: AtomicU64::new(0),
             completions: AtomicU64::new(0),
             turns: AtomicU64::new(0),
@@ -511,25 +505,9 @@ impl<N: Nic + 'static> Hub<N> {
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
     pub fn prepare(&self, nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
-        self.reserve(sizes.reserved(self.shared.srq.is_some()))?;
-        self.prepare_reserved(nic, role, cfg, sizes)
-    }
-
-    /// Reserve `entries` of the queue, or refuse with `CqBudget`.
-    fn reserve(&self, entries: u32) -> Result<(), SetupError> {
-        self.shared.routes.lock().reserve(entries)
-    }
-
-    /// [`Hub::prepare`] once `sizes.reserved(..)` entries are reserved
-    /// (given back on failure).
-    fn prepare_reserved(
-        &self,
-        nic: N,
-        role: Role,
-        cfg: Config,
-        sizes: QueueSizes,
-    ) -> Result<Prepared<N>, SetupError> {
+        // Reserved now (or refused with `CqBudget`), given back on failure.
         let entries = sizes.reserved(self.shared.srq.is_some());
+        self.shared.routes.lock().reserve(entries)?;
         let retire: Arc<dyn SharedCq> =
             Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
         let srq = self.shared.srq.clone();
@@ -557,11 +535,16 @@ impl<N: Nic + 'static> Hub<N> {
         Ok(prepared)
     }
 
-    /// Run a connected link made with [`Hub::prepare`] on this hub.
+    /// Run a connected link made with [`Hub::prepare`] on this hub, its
+    /// peer proved (or vouched for) as `identity`: the name delegated
+    /// tokens must be for to redeem on it.
     ///
     /// # Panics
     /// If `ep` was not prepared on this hub.
-    pub fn add(&self, mut ep: Link<N>) -> Connection<N> {
+    pub fn add(&self, mut ep: Link<N>, identity: Option<Arc<str>>) -> Connection<N> {
+        // Before the connection runs: a redemption may be its first frame,
+        // and is checked against this identity.
+        ep.set_identity(identity);
         ep.set_regions(self.shared.regions.clone());
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
@@ -629,15 +612,6 @@ impl<N: Nic + 'static> Hub<N> {
     /// What the hub has done so far.
     pub fn stats(&self) -> EndpointStats {
         self.shared.stats()
-    }
-
-    /// Keep polling the queue for `d` after the driver's turns stop finding
-    /// work, before it arms the queue and sleeps (0, the default: sleep at
-    /// once; `EndpointBuilder::busy_poll`): a completion microseconds away
-    /// is caught without a wake-up, for CPU.
-    pub fn set_busy_poll(&self, d: Duration) {
-        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.shared.busy_poll_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Record the hub's figures through the `metrics` facade, labelled

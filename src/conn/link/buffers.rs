@@ -15,30 +15,11 @@ impl<N: Nic> Link<N> {
         n
     }
 
-    /// See [`Connection::end_pool_turn`](super::proto::Connection::end_pool_turn).
-    #[inline]
-    pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {
-        self.conn.end_pool_turn(defer)
-    }
-
     /// Wake `w` when it is this connection's turn for something of the
     /// hub's shared buffer pool it waits for.
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
         self.conn.wake_on_pool(w);
-    }
-
-    /// Wake `w` when a buffer handle is dropped (the async driver); true if
-    /// dropped handles already wait to be taken back.
-    #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
-    pub(crate) fn wake_on_return(&self, w: &std::task::Waker) -> bool {
-        self.conn.wake_on_return(w)
-    }
-
-    /// See [`Connection::wants_returns`](super::proto::Connection::wants_returns).
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn wants_returns(&self) -> bool {
-        self.conn.wants_returns()
     }
 
     /// Whether a frame or an answer waits for a control send slot (or
@@ -47,13 +28,6 @@ impl<N: Nic> Link<N> {
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn send_slot_awaited(&self) -> bool {
         self.conn.send_slot_awaited() || self.answers_waiting()
-    }
-
-    /// Wake nobody when a buffer handle is dropped: the next turn's
-    /// reclaim takes it back.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn ignore_returns(&self) {
-        self.conn.ignore_returns()
     }
 
     /// Take a free buffer from the pool, or `None` when all are in use.

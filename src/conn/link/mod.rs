@@ -140,6 +140,12 @@ impl<N: Nic> Link<N> {
         &self.conn
     }
 
+    /// The state machine, for what queues no command (one queued through
+    /// it would wait for the link's next run of its commands).
+    pub(crate) fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
     /// Bytes of memory this connection has registered with the NIC: its
     /// control slots, its buffer pool, and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
@@ -222,16 +228,6 @@ impl<N: Nic> Link<N> {
     /// What the connection has done so far, and where its buffers are.
     pub fn stats(&self) -> ConnStats {
         self.conn.stats()
-    }
-
-    /// Add the connection's counters to `tally` (telemetry).
-    pub(crate) fn tally_into(&self, tally: &mut crate::telemetry::Tally) {
-        tally.add(&self.conn.counts());
-    }
-
-    /// Whether events wait to be taken with [`Link::poll_event`].
-    pub fn has_events(&self) -> bool {
-        self.conn.has_events()
     }
 
     /// Carry out every command the connection has queued. A command the NIC
@@ -376,12 +372,6 @@ impl<N: Nic> Link<N> {
     pub(crate) fn cq_failed(&mut self, e: NicError) {
         self.conn.post_failed(&Command::SetQpError, e);
         self.run();
-    }
-
-    /// See [`Connection::take_foreign_invalidations`](super::proto::Connection::take_foreign_invalidations).
-    #[inline]
-    pub(crate) fn take_foreign_invalidations(&mut self) -> Vec<u32> {
-        self.conn.take_foreign_invalidations()
     }
 
     /// See [`Connection::window_invalidated_elsewhere`](super::proto::Connection::window_invalidated_elsewhere);

@@ -348,7 +348,7 @@ impl<N: Nic> Inner<N> {
     pub(crate) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
         let st = self.state.lock();
         if !st.folded.is_some_and(|e| e <= epoch) {
-            st.ep.tally_into(tally);
+            tally.add(&st.ep.connection().counts());
         }
     }
 
@@ -409,7 +409,7 @@ impl<N: Nic> Inner<N> {
         }
         // (`has_events` first: the last, empty poll would copy an event's
         // worth of nothing, and carry out the commands again.)
-        while st.ep.has_events() {
+        while st.ep.connection().has_events() {
             let Some(ev) = st.ep.poll_event() else { break };
             busy = true;
             st.dispatch(ev);
@@ -443,7 +443,7 @@ impl<N: Nic> Inner<N> {
         if finished && !st.finished {
             // Its figures move to the hub's tally for good (telemetry).
             if let Some(hub) = self.hub.hub.upgrade() {
-                st.folded = Some(hub.fold(self.id, &mut |t| st.ep.tally_into(t)));
+                st.folded = Some(hub.fold(self.id, &mut |t| t.add(&st.ep.connection().counts())));
             }
             st.finished = true;
             st.finish_waiters.wake_all();
@@ -454,7 +454,7 @@ impl<N: Nic> Inner<N> {
         // user's alloc) have not run yet: a few turns at most.
         let defer = st.capacity_polled < st.capacity_wakes && st.pool_defers < 16;
         st.pool_defers = if defer { st.pool_defers + 1 } else { 0 };
-        let again = st.ep.end_pool_turn(defer);
+        let again = st.ep.connection_mut().end_pool_turn(defer);
         // While something waits for a free buffer (a READ for its
         // destination, a user's alloc, the connection's end, another
         // connection on the shared pool), a buffer handle dropped from now
@@ -465,10 +465,10 @@ impl<N: Nic> Inner<N> {
         // (Both hooks below act at once while the connection is down or a
         // user's call, reply or alloc waits for capacity.)
         let urgent = st.down.is_some() || !st.capacity_waiters.is_empty();
-        let returns = if urgent || st.ep.wants_returns() {
-            st.ep.wake_on_return(&inner.hub.waker)
+        let returns = if urgent || st.ep.connection().wants_returns() {
+            st.ep.connection().wake_on_return(&inner.hub.waker)
         } else {
-            st.ep.ignore_returns();
+            st.ep.connection().ignore_returns();
             false
         };
         // A grant SEND's successful completion may wait in the inbox for
@@ -488,7 +488,7 @@ impl<N: Nic> Inner<N> {
         if returns || again || routed {
             inner.hub.waker.wake_by_ref();
         }
-        Turn { busy, finished, foreign_invalidations: st.ep.take_foreign_invalidations() }
+        Turn { busy, finished, foreign_invalidations: st.ep.connection_mut().take_foreign_invalidations() }
     }
 
     /// A SEND_WITH_INV received on another connection's queue pair

@@ -174,7 +174,7 @@ pub(crate) struct State<N: Nic> {
 impl<N: Nic> State<N> {
     /// Whether the driver must take a turn for what the user just did.
     fn needs_driver(&self) -> bool {
-        if self.ep.has_events() {
+        if self.ep.connection().has_events() {
             return true;
         }
         match (self.ep.poll_timeout(), self.driver_next) {
@@ -395,7 +395,7 @@ impl<N: Nic> Connection<N> {
     /// while something waits), and one dropped already rings it now.
     fn wait_for_buffer(&self, st: &mut State<N>, w: &Waker) {
         st.wait_for_capacity(w);
-        if st.ep.wake_on_return(&self.inner.hub.waker) {
+        if st.ep.connection().wake_on_return(&self.inner.hub.waker) {
             self.inner.ring();
         }
     }
@@ -458,7 +458,7 @@ impl<N: Nic> Connection<N> {
         let mut st = self.inner.state.lock();
         st.ep.free(buf);
         st.wake_capacity();
-        if st.ep.has_events() {
+        if st.ep.connection().has_events() {
             // A payload that waited for a free buffer arrived.
             self.inner.ring();
         }

@@ -355,6 +355,7 @@ impl Connection {
     /// the next waiter (not yet, if `defer`: tasks it woke have not run).
     /// True: run one more turn soon (that next turn).
     #[inline]
+    #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
     pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {
         self.bufs.end_turn(defer)
     }

@@ -690,6 +690,7 @@ impl Connection {
 
     /// Whether events wait to be taken (or inputs wait for the engines,
     /// which may make some).
+    #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
     pub(crate) fn has_events(&self) -> bool {
         self.dirty || !self.events.is_empty()
     }
@@ -733,6 +734,7 @@ impl Connection {
 
     /// The counters telemetry records (without the buffer counts of
     /// [`Connection::stats`], which scan the slots).
+    #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
     pub(crate) fn counts(&self) -> crate::telemetry::ConnCounts {
         let owner = self.owner.as_ref().map(|o| o.engine.stats());
         crate::telemetry::ConnCounts {

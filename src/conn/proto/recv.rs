@@ -21,6 +21,7 @@ impl Connection {
     /// connection that bound it ([`Connection::window_invalidated_elsewhere`]).
     /// Empty (no allocation) unless a peer sent SEND_WITH_INV.
     #[inline]
+    #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
     pub(crate) fn take_foreign_invalidations(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.foreign_invalidations)
     }
