@@ -207,6 +207,7 @@ impl<N: Nic> Prepared<N> {
             reply = ?policies.reply,
         );
         let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
+        let ctrl_mem = ctrl.map(|c| nic.memory(c.id)).transpose()?;
         let memory = match (data.zip(data_memory), self.pool.take()) {
             (Some((data, mem)), _) => DataMemory::Region(data, mem),
             (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
@@ -232,6 +233,7 @@ impl<N: Nic> Prepared<N> {
             cq: self.cq,
             local: self.local,
             ctrl,
+            ctrl_mem,
             lent,
             data,
             access,

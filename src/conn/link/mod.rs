@@ -84,6 +84,11 @@ pub struct Link<N: Nic> {
     /// own) receive slots. `None` on shared receives: its receives are the
     /// hub's queue's, and its send slots the hub's, lent (`lent`).
     ctrl: Option<MrInfo>,
+    /// The control region's memory: a frame is written into its send slot
+    /// and decoded in its receive slot through it, not through the NIC
+    /// (host memory: no lookup of the region, and on the simulator not the
+    /// fabric's lock).
+    ctrl_mem: Option<std::sync::Arc<crate::mem::Memory>>,
     /// On shared receives: the hub's send slots it holds.
     lent: LentSends,
     /// Its own data region; `None` on a hub's shared buffer pool.
@@ -103,8 +108,9 @@ pub struct Link<N: Nic> {
     /// tests).
     #[cfg(any(test, feature = "testing"))]
     batch: Vec<Completion>,
-    /// Where a received frame is copied out of its receive slot to be
-    /// decoded (capacity MAX_FRAME; the slot is re-posted at once).
+    /// On shared receives: where a received frame is copied out of the
+    /// hub's receive slot to be decoded (capacity MAX_FRAME; the slot is
+    /// re-posted at once, for any connection of the hub).
     scratch: Vec<u8>,
     /// An inline payload on its way out, read from the caller's buffer
     /// (capacity MAX_INLINE).
@@ -250,27 +256,23 @@ impl<N: Nic> Link<N> {
                         // The frame is copied from the connection's staging
                         // into its send slot (registered memory), then sent.
                         Some(f) => {
-                            let into = match (self.ctrl, self.srq.as_deref()) {
-                                (Some(ctrl), _) => Ok((ctrl.id, f.offset)),
+                            let bytes = self.conn.staged(f);
+                            match (self.ctrl, &self.ctrl_mem, self.srq.as_deref()) {
+                                (Some(ctrl), Some(mem), _) => mem
+                                    .with_mut(f.offset, bytes.len(), |b| b.copy_from_slice(bytes))
+                                    .map_err(|e| e.into_nic(ctrl.id.raw(), f.offset, bytes.len(), mem.len())),
                                 // On shared receives: the hub's slot standing
                                 // for its own, and the SEND pointed at it.
-                                (None, Some(srq)) => {
-                                    self.lent.slot(srq, f.offset / MAX_FRAME).inspect(|&(mr, at)| {
-                                        chain.relocate_send(mr, at);
-                                    })
-                                }
-                                (None, None) => {
-                                    unreachable!("only a link on shared receives has no control region")
-                                }
-                            };
-                            match into {
-                                Ok((mr, offset)) => {
-                                    let bytes = self.conn.staged(f);
-                                    self.nic.with_mr_mut(mr, offset, bytes.len(), &mut |b| {
-                                        b.copy_from_slice(bytes)
-                                    })
-                                }
-                                Err(e) => Err(e),
+                                (None, _, Some(srq)) => self
+                                    .lent
+                                    .slot(srq, f.offset / MAX_FRAME)
+                                    .inspect(|&(mr, at)| chain.relocate_send(mr, at))
+                                    .and_then(|(mr, at)| {
+                                        self.nic.with_mr_mut(mr, at, bytes.len(), &mut |b| {
+                                            b.copy_from_slice(bytes)
+                                        })
+                                    }),
+                                _ => unreachable!("only a link on shared receives has no control region"),
                             }
                         }
                         None => Ok(()),
@@ -395,20 +397,24 @@ impl<N: Nic> Link<N> {
                 self.shared_receive(now, srq.clone(), slot, c, &mut scratch);
                 continue;
             }
-            if let Some((offset, len)) = self.conn.received_frame(c) {
-                // Copied once out of the receive slot (which is re-posted
-                // right after) into the scratch kept for the endpoint's life.
-                let copied = match &self.ctrl {
-                    Some(ctrl) => {
-                        self.nic.with_mr(ctrl.id, offset, len, &mut |b| scratch.extend_from_slice(b))
-                    }
-                    None => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
-                };
-                if let Err(e) = copied {
-                    self.conn.post_failed(&Command::SetQpError, e);
-                }
+            let Some((offset, len)) = self.conn.received_frame(c) else {
+                self.conn.handle_completion(now, c, &[]);
+                continue;
+            };
+            // Decoded in place, in its receive slot: the slot is posted
+            // again by a command of this turn, run after every completion
+            // of the batch is handled.
+            let conn = &mut self.conn;
+            let decoded = match (&self.ctrl, &self.ctrl_mem) {
+                (Some(ctrl), Some(mem)) => mem
+                    .with(offset, len, |frame| conn.handle_completion(now, c, frame))
+                    .map_err(|e| e.into_nic(ctrl.id.raw(), offset, len, mem.len())),
+                _ => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
+            };
+            if let Err(e) = decoded {
+                conn.post_failed(&Command::SetQpError, e);
+                conn.handle_completion(now, c, &[]);
             }
-            self.conn.handle_completion(now, c, &scratch);
         }
         drop(_in);
         self.scratch = scratch;
