@@ -17,8 +17,8 @@
 //!
 //! # No receiver-not-ready in normal operation
 //! The shares never add up to more than the receives the queue holds
-//! (posted, or taken by a frame being handed to its connection, which
-//! re-posts it at once). A peer that keeps to its credit therefore always
+//! (posted, or taken by a frame its connection is decoding in the slot,
+//! after which it is posted again). A peer that keeps to its credit therefore always
 //! finds a receive. A peer that sends beyond its credit is detected by its
 //! connection (which goes down); until then it takes receives of the
 //! shared pool, and the SRQ's limit event makes the hub add receives.
@@ -60,6 +60,7 @@
 
 use super::{ConfigError, SetupError};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -69,6 +70,7 @@ use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 /// while more are free, and shrinks towards its floor while fewer are.
 pub(crate) const ROOM: u32 = INITIAL_CREDITS;
 use crate::backend::{Access, MrId, MrInfo, Nic, NicError, Sge, SrqId};
+use crate::mem::Memory;
 
 /// Send slots registered at a time (one region of 1 MiB).
 const SEND_CHUNK: usize = 256;
@@ -149,6 +151,9 @@ pub(crate) enum Regrant {
 
 struct State {
     slabs: Vec<MrInfo>,
+    /// Each slab's memory, in the same order: a frame is decoded in its
+    /// slot through it, without the NIC (`take_frame`).
+    mems: Vec<Arc<Memory>>,
     slots: u32,
     shares: u32,
 }
@@ -243,7 +248,7 @@ impl<N: Nic> SharedReceives<N> {
             nic,
             srq,
             cfg,
-            state: Mutex::new(State { slabs: Vec::new(), slots: 0, shares: 0 }),
+            state: Mutex::new(State { slabs: Vec::new(), mems: Vec::new(), slots: 0, shares: 0 }),
             sends: Mutex::new(Sends { slabs: Vec::new(), free: Vec::new() }),
             frames: AtomicU64::new(0),
             grown: AtomicU64::new(0),
@@ -284,10 +289,18 @@ impl<N: Nic> SharedReceives<N> {
             return Err(SetupError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
         let mr = self.nic.reg_mr(n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let mem = match self.nic.memory(mr.id) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.nic.dereg_mr(mr.id);
+                return Err(e.into());
+            }
+        };
         // Slab i's receives are numbered from i x chunk (`place`), whatever
         // came of the others.
         let first = st.slabs.len() as u32 * self.cfg.chunk;
         st.slabs.push(mr);
+        st.mems.push(mem);
         for k in 0..n {
             let sge = Sge { mr: mr.id, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
             if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(first + k), sge) {
@@ -373,25 +386,27 @@ impl<N: Nic> SharedReceives<N> {
         }
     }
 
-    /// A receive of the queue completed: copy its frame into `out` when
-    /// `copy` gives its length (a successful receive), then post the
-    /// receive again at once. Fails only if the copy does; a receive that
-    /// cannot be posted again is counted out of the queue.
-    pub(crate) fn take_frame(
+    /// A receive of the queue completed: hand `decode` its frame, in its
+    /// slot, when `len` gives its length (a successful receive; the empty
+    /// slice otherwise), then post the receive again. Fails, without
+    /// calling `decode`, only if the frame cannot be reached; a receive
+    /// that cannot be posted again is counted out of the queue.
+    pub(crate) fn take_frame<R>(
         &self,
         slot: u32,
-        copy: Option<usize>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), NicError> {
+        len: Option<usize>,
+        decode: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, NicError> {
         let placed = self.place(slot);
-        let copied = match (copy, &placed) {
-            (None, _) => Ok(()),
-            (Some(len), Ok((mr, offset))) => {
-                self.nic.with_mr(mr.id, *offset, len.min(MAX_FRAME), &mut |b| out.extend_from_slice(b))
+        let decoded = match (&placed, len) {
+            (Ok((mr, offset, mem)), Some(len)) => {
+                let len = len.min(MAX_FRAME);
+                mem.with(*offset, len, decode).map_err(|e| e.into_nic(mr.id.raw(), *offset, len, mem.len()))
             }
-            (Some(_), Err(e)) => Err(e.clone()),
+            (Ok(_), None) => Ok(decode(&[])),
+            (Err(e), _) => Err(e.clone()),
         };
-        let reposted = placed.and_then(|(mr, offset)| {
+        let reposted = placed.and_then(|(mr, offset, _)| {
             let sge = Sge { mr: mr.id, offset, len: MAX_FRAME as u32 };
             self.nic.post_srq_recv(self.srq, wr_id(slot), sge)
         });
@@ -401,15 +416,16 @@ impl<N: Nic> SharedReceives<N> {
             tracing::warn!(%e, slot, "posting a shared receive again");
             self.lost();
         }
-        copied
+        decoded
     }
 
-    fn place(&self, slot: u32) -> Result<(MrInfo, usize), NicError> {
+    fn place(&self, slot: u32) -> Result<(MrInfo, usize, Arc<Memory>), NicError> {
         let st = self.state.lock();
         let chunk = self.cfg.chunk;
         let offset = (slot % chunk) as usize * MAX_FRAME;
-        match st.slabs.get((slot / chunk) as usize) {
-            Some(mr) if offset < mr.len => Ok((*mr, offset)),
+        let i = (slot / chunk) as usize;
+        match (st.slabs.get(i), st.mems.get(i)) {
+            (Some(mr), Some(mem)) if offset < mr.len => Ok((*mr, offset, mem.clone())),
             _ => Err(NicError::NoSuchObject { what: "shared receive", id: slot }),
         }
     }
@@ -446,7 +462,7 @@ impl<N: Nic> SharedReceives<N> {
     pub(crate) fn repost_unclaimed(&self, c: &crate::backend::Completion) {
         if let Some(slot) = slot_of(c.wr_id) {
             self.unclaimed.fetch_add(1, Ordering::Relaxed);
-            let _ = self.take_frame(slot, None, &mut Vec::new());
+            let _ = self.take_frame(slot, None, |_| ());
         }
     }
 

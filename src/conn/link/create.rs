@@ -243,7 +243,6 @@ impl<N: Nic> Prepared<N> {
             share_released: false,
             #[cfg(any(test, feature = "testing"))]
             batch: vec![Completion::EMPTY; POLL_BATCH],
-            scratch: Vec::with_capacity(MAX_FRAME),
             inline: Vec::with_capacity(MAX_INLINE as usize),
             destroyed: false,
             regions: std::sync::Arc::new(super::Regions::new(None, std::time::Instant::now())),

@@ -108,10 +108,6 @@ pub struct Link<N: Nic> {
     /// tests).
     #[cfg(any(test, feature = "testing"))]
     batch: Vec<Completion>,
-    /// On shared receives: where a received frame is copied out of the
-    /// hub's receive slot to be decoded (capacity MAX_FRAME; the slot is
-    /// re-posted at once, for any connection of the hub).
-    scratch: Vec<u8>,
     /// An inline payload on its way out, read from the caller's buffer
     /// (capacity MAX_INLINE).
     inline: Vec<u8>,
@@ -388,13 +384,11 @@ impl<N: Nic> Link<N> {
     /// by whoever polls it) and the frames they received to the connection,
     /// and post what it asks for.
     pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
-        let mut scratch = std::mem::take(&mut self.scratch);
         let span = self.span.clone();
         let _in = span.enter();
         for c in completions {
-            scratch.clear();
             if let (Some(srq), Some(slot)) = (&self.srq, srq::slot_of(c.wr_id)) {
-                self.shared_receive(now, srq.clone(), slot, c, &mut scratch);
+                self.shared_receive(now, srq.clone(), slot, c);
                 continue;
             }
             let Some((offset, len)) = self.conn.received_frame(c) else {
@@ -417,30 +411,29 @@ impl<N: Nic> Link<N> {
             }
         }
         drop(_in);
-        self.scratch = scratch;
         self.run();
         self.give_back_sends();
     }
 
-    /// A completion of a receive of the hub's shared queue: copy the frame
-    /// out, post the receive again at once, hand the frame to the
-    /// connection, and grant its receive again (or more, or none: see
-    /// [`SharedReceives::regrant`]).
+    /// A completion of a receive of the hub's shared queue: hand the frame
+    /// to the connection (decoded in the hub's slot), post the receive
+    /// again, and grant the connection its receive again (or more, or
+    /// none: see [`SharedReceives::regrant`]).
     fn shared_receive(
         &mut self,
         now: Duration,
         srq: std::sync::Arc<SharedReceives<N>>,
         slot: u32,
         c: &Completion,
-        scratch: &mut Vec<u8>,
     ) {
-        let copy = c.status.is_success().then_some(c.byte_len as usize);
-        if let Err(e) = srq.take_frame(slot, copy, scratch) {
-            self.conn.post_failed(&Command::SetQpError, e);
-        }
         let mut own = *c;
         own.wr_id = proto::SHARED_RECV_WR_ID;
-        self.conn.handle_completion(now, &own, scratch);
+        let len = c.status.is_success().then_some(c.byte_len as usize);
+        let conn = &mut self.conn;
+        if let Err(e) = srq.take_frame(slot, len, |frame| conn.handle_completion(now, &own, frame)) {
+            conn.post_failed(&Command::SetQpError, e);
+            conn.handle_completion(now, &own, &[]);
+        }
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
             let (share, cfg) = (self.conn.receive_share(), self.conn.config());
             match srq.regrant(share, cfg.start_credits, cfg.ctrl_slots) {
