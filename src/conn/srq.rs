@@ -162,14 +162,19 @@ struct State {
 /// not lent (room for every slot made, so giving back never allocates).
 struct Sends {
     slabs: Vec<MrInfo>,
-    free: Vec<(MrId, usize)>,
+    free: Vec<SendSlot>,
 }
+
+/// One of the hub's send slots: its region, its offset there, and the
+/// region's memory (a frame is written into the slot through it, without
+/// the NIC).
+pub(crate) type SendSlot = (MrId, usize, Arc<Memory>);
 
 /// A connection's hold on the hub's send slots: the hub's slot (region,
 /// offset) standing for each of the connection's own, from the first frame
 /// staged there until none of its SENDs is in flight (`give_back`).
 pub(crate) struct LentSends {
-    slots: Vec<Option<(MrId, usize)>>,
+    slots: Vec<Option<SendSlot>>,
     held: u32,
 }
 
@@ -181,18 +186,12 @@ impl LentSends {
 
     /// The hub's slot for the connection's own slot `k`, taken from `srq`
     /// the first time.
-    pub(crate) fn slot<N: Nic>(
-        &mut self,
-        srq: &SharedReceives<N>,
-        k: usize,
-    ) -> Result<(MrId, usize), NicError> {
-        if let Some(slot) = self.slots[k] {
-            return Ok(slot);
+    pub(crate) fn slot<N: Nic>(&mut self, srq: &SharedReceives<N>, k: usize) -> Result<&SendSlot, NicError> {
+        if self.slots[k].is_none() {
+            self.slots[k] = Some(srq.take_send()?);
+            self.held += 1;
         }
-        let slot = srq.take_send()?;
-        self.slots[k] = Some(slot);
-        self.held += 1;
-        Ok(slot)
+        Ok(self.slots[k].as_ref().expect("taken above"))
     }
 
     /// Whether any slot is held.
@@ -338,18 +337,25 @@ impl<N: Nic> SharedReceives<N> {
 
     /// A send slot of the hub's (its region and offset) to lend a
     /// connection, registering `SEND_CHUNK` more when none is free.
-    fn take_send(&self) -> Result<(MrId, usize), NicError> {
+    fn take_send(&self) -> Result<SendSlot, NicError> {
         let mut s = self.sends.lock();
         if let Some(slot) = s.free.pop() {
             return Ok(slot);
         }
         let mr = self.nic.reg_mr(SEND_CHUNK * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let mem = match self.nic.memory(mr.id) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.nic.dereg_mr(mr.id);
+                return Err(e);
+            }
+        };
         s.slabs.push(mr);
         let made = s.slabs.len() * SEND_CHUNK;
         let free = s.free.len();
         s.free.reserve(made - free);
-        s.free.extend((1..SEND_CHUNK).rev().map(|k| (mr.id, k * MAX_FRAME)));
-        Ok((mr.id, 0))
+        s.free.extend((1..SEND_CHUNK).rev().map(|k| (mr.id, k * MAX_FRAME, mem.clone())));
+        Ok((mr.id, 0, mem))
     }
 
     /// A receive could not be posted again: the queue holds one fewer.
@@ -388,7 +394,9 @@ impl<N: Nic> SharedReceives<N> {
 
     /// A receive of the queue completed: hand `decode` its frame, in its
     /// slot, when `len` gives its length (a successful receive; the empty
-    /// slice otherwise), then post the receive again. Fails, without
+    /// slice otherwise), then post the receive again. `decode` runs under
+    /// the slab memory's lock: it must not call the NIC (the simulator
+    /// takes its fabric's lock, then a memory's). Fails, without
     /// calling `decode`, only if the frame cannot be reached; a receive
     /// that cannot be posted again is counted out of the queue.
     pub(crate) fn take_frame<R>(
@@ -537,10 +545,12 @@ mod tests {
         // 40 connections of 16 send slots: 640 slots, 3 chunks.
         let mut conns: Vec<LentSends> = (0..40).map(|_| LentSends::new(16)).collect();
         let mut seen = HashSet::new();
+        // A slot's region and offset (its memory is the region's).
+        let key = |s: &SendSlot| (s.0, s.1);
         for c in conns.iter_mut() {
             for k in 0..16 {
-                let slot = c.slot(&srq, k).unwrap();
-                assert_eq!(c.slot(&srq, k).unwrap(), slot, "a held slot stands for the same own slot");
+                let slot = key(c.slot(&srq, k).unwrap());
+                assert_eq!(key(c.slot(&srq, k).unwrap()), slot, "a held slot stands for the same own slot");
                 assert_eq!(slot.1 % MAX_FRAME, 0);
                 assert!(slot.1 < SEND_CHUNK * MAX_FRAME);
                 assert!(seen.insert(slot), "slot {slot:?} lent twice");
@@ -556,10 +566,10 @@ mod tests {
         assert_eq!(srq.stats().send_slots_lent, 320);
         // Taken again: from those given back, never one still lent.
         let still: HashSet<_> =
-            conns.iter().skip(1).step_by(2).flat_map(|c| c.slots.iter().flatten().copied()).collect();
+            conns.iter().skip(1).step_by(2).flat_map(|c| c.slots.iter().flatten().map(key)).collect();
         for c in conns.iter_mut().step_by(2) {
             for k in 0..16 {
-                assert!(!still.contains(&c.slot(&srq, k).unwrap()));
+                assert!(!still.contains(&key(c.slot(&srq, k).unwrap())));
             }
         }
         for c in conns.iter_mut() {

@@ -12,7 +12,7 @@
 //! completion queue belongs to the device context, not to a PD, so sharing
 //! it weakens nothing. A peer's keys reach only its own connection's
 //! memory, on rxe and under confirm too. A hub with shared receives
-//! (`Hub::with_shared_receives`) is the exception: its connections share
+//! (`Hub::new` with `srq` or `buffers`) is the exception: its connections share
 //! its PD (rxe checks a receive against the receiving QP's PD), which is
 //! safe under the mw policy only, the one it serves unless its peers are
 //! trusted (see [`SrqConfig`], `docs/serving.md`).
@@ -395,9 +395,9 @@ impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
 
 impl<N: Nic + 'static> Hub<N> {
     /// A hub whose completion queue, of `depth` entries, is created on
-    /// `nic`; spawn the returned driver. Without `srq` its connections'
-    /// NIC handles are siblings of `nic`, each in a protection domain of
-    /// its own ([`Hub::connection_nic`]).
+    /// `nic`; spawn the returned driver. Without `srq` or `buffers` its
+    /// connections' NIC handles are siblings of `nic`, each in a protection
+    /// domain of its own ([`Hub::connection_nic`]).
     ///
     /// A connection needs about `ctrl_slots` + 2 x its buffers + the
     /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536

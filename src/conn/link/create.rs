@@ -197,6 +197,9 @@ impl<N: Nic> Prepared<N> {
                 made.rkeys.push(w.rkey);
             }
         }
+        // Looked up before `keep`: a failure still releases what was made.
+        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
+        let ctrl_mem = ctrl.map(|c| nic.memory(c.id)).transpose()?;
         let (windows, window_rkeys) = made.keep();
         let span = tracing::debug_span!(
             "mwcap.conn",
@@ -206,8 +209,6 @@ impl<N: Nic> Prepared<N> {
             request = ?policies.request,
             reply = ?policies.reply,
         );
-        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
-        let ctrl_mem = ctrl.map(|c| nic.memory(c.id)).transpose()?;
         let memory = match (data.zip(data_memory), self.pool.take()) {
             (Some((data, mem)), _) => DataMemory::Region(data, mem),
             (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),

@@ -259,15 +259,13 @@ impl<N: Nic> Link<N> {
                                     .map_err(|e| e.into_nic(ctrl.id.raw(), f.offset, bytes.len(), mem.len())),
                                 // On shared receives: the hub's slot standing
                                 // for its own, and the SEND pointed at it.
-                                (None, _, Some(srq)) => self
-                                    .lent
-                                    .slot(srq, f.offset / MAX_FRAME)
-                                    .inspect(|&(mr, at)| chain.relocate_send(mr, at))
-                                    .and_then(|(mr, at)| {
-                                        self.nic.with_mr_mut(mr, at, bytes.len(), &mut |b| {
-                                            b.copy_from_slice(bytes)
-                                        })
-                                    }),
+                                (None, _, Some(srq)) => {
+                                    self.lent.slot(srq, f.offset / MAX_FRAME).and_then(|(mr, at, mem)| {
+                                        chain.relocate_send(*mr, *at);
+                                        mem.with_mut(*at, bytes.len(), |b| b.copy_from_slice(bytes))
+                                            .map_err(|e| e.into_nic(mr.raw(), *at, bytes.len(), mem.len()))
+                                    })
+                                }
                                 _ => unreachable!("only a link on shared receives has no control region"),
                             }
                         }
@@ -397,7 +395,9 @@ impl<N: Nic> Link<N> {
             };
             // Decoded in place, in its receive slot: the slot is posted
             // again by a command of this turn, run after every completion
-            // of the batch is handled.
+            // of the batch is handled. The memory's lock is held meanwhile,
+            // so nothing `handle_completion` reaches may call the NIC (the
+            // simulator takes its fabric's lock, then a memory's).
             let conn = &mut self.conn;
             let decoded = match (&self.ctrl, &self.ctrl_mem) {
                 (Some(ctrl), Some(mem)) => mem
