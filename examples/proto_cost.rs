@@ -76,43 +76,42 @@ impl Side {
 /// Carry out `me`'s commands (SENDs land in `peer`, READs copy from it).
 fn run(me: &mut Side, peer: &mut Side) -> bool {
     let mut any = false;
-    while let Some(cmd) = me.conn.poll_command() {
+    let (ctrl, data, recvs, cq) = (&mut me.ctrl, &mut me.data, &mut me.recvs, &mut me.cq);
+    me.conn.drain_commands(|cmd, staged| {
         any = true;
         match cmd {
-            Command::PostRecv { wr_id, sge } => me.recvs.push_back((wr_id, sge)),
+            Command::PostRecv { wr_id, sge } => recvs.push_back((*wr_id, *sge)),
             Command::PostSend { chain, frame } => {
                 if let Some(f) = frame {
-                    let b = me.conn.staged(&f);
-                    me.ctrl[f.offset..f.offset + b.len()].copy_from_slice(b);
+                    ctrl[f.offset..f.offset + staged.len()].copy_from_slice(staged);
                 }
                 for w in chain.as_slice() {
                     match *w {
                         SendWr::Send { wr_id, sge, .. } => {
                             let s = sge[0];
                             let (rid, r) = peer.recvs.pop_front().expect("a receive is posted");
-                            let (src, dst) = (&me.ctrl[s.offset..s.offset + s.len as usize], r.offset);
+                            let (src, dst) = (&ctrl[s.offset..s.offset + s.len as usize], r.offset);
                             peer.ctrl[dst..dst + src.len()].copy_from_slice(src);
                             done(&mut peer.cq, rid, WcOpcode::Recv, s.len);
-                            done(&mut me.cq, wr_id, WcOpcode::Send, 0);
+                            done(cq, wr_id, WcOpcode::Send, 0);
                         }
                         SendWr::Read { wr_id, local, remote_addr, .. } => {
                             let l = local[0];
                             let at = (remote_addr - peer.addr) as usize;
-                            me.data[l.offset..l.offset + l.len as usize]
+                            data[l.offset..l.offset + l.len as usize]
                                 .copy_from_slice(&peer.data[at..at + l.len as usize]);
-                            done(&mut me.cq, wr_id, WcOpcode::RdmaRead, l.len);
+                            done(cq, wr_id, WcOpcode::RdmaRead, l.len);
                         }
-                        SendWr::LocalInv { wr_id, .. } => done(&mut me.cq, wr_id, WcOpcode::LocalInv, 0),
-                        SendWr::BindMw { wr_id, signaled: true, .. } => {
-                            done(&mut me.cq, wr_id, WcOpcode::BindMw, 0)
-                        }
+                        SendWr::LocalInv { wr_id, .. } => done(cq, wr_id, WcOpcode::LocalInv, 0),
+                        SendWr::BindMw { wr_id, signaled: true, .. } => done(cq, wr_id, WcOpcode::BindMw, 0),
                         _ => {}
                     }
                 }
             }
-            Command::SetQpError => panic!("the connection went down: {:?}", me.conn.is_down()),
+            Command::SetQpError => panic!("the connection went down"),
         }
-    }
+        Ok(())
+    });
     while let Some(c) = me.cq.pop_front() {
         any = true;
         let (off, len) = me.conn.received_frame(&c).unwrap_or((0, 0));

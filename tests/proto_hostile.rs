@@ -65,17 +65,19 @@ impl Victim {
     }
 
     fn take_commands(&mut self) {
-        while let Some(c) = self.conn.poll_command() {
+        let (recvs, qp_errors, granted) = (&mut self.recvs, &mut self.qp_errors, &mut self.granted);
+        self.conn.drain_commands(|c, staged| {
             match c {
-                Command::PostRecv { wr_id, .. } => self.recvs.push_back(wr_id),
-                Command::SetQpError => self.qp_errors += 1,
-                Command::PostSend { frame: Some(f), .. } => {
-                    let (_, credit) = Frame::decode_with_credit(self.conn.staged(&f)).expect("a frame");
-                    self.granted += u64::from(credit);
+                Command::PostRecv { wr_id, .. } => recvs.push_back(*wr_id),
+                Command::SetQpError => *qp_errors += 1,
+                Command::PostSend { frame: Some(_), .. } => {
+                    let (_, credit) = Frame::decode_with_credit(staged).expect("a frame");
+                    *granted += u64::from(credit);
                 }
                 Command::PostSend { frame: None, .. } => {}
             }
-        }
+            Ok(())
+        });
     }
 
     /// The peer's SEND of `bytes` lands in the oldest posted receive.

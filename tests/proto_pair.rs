@@ -246,26 +246,27 @@ impl Pair {
                     continue;
                 }
                 let (me, peer) = if client { (&mut self.c, &mut self.s) } else { (&mut self.s, &mut self.c) };
-                while let Some(cmd) = me.conn.poll_command() {
+                let (allow_down, chains_with_bind) = (self.allow_down, &mut self.chains_with_bind);
+                let (mut down, mut posted) = (false, Vec::new());
+                let Side { conn, ctrl, recvs, .. } = &mut *me;
+                conn.drain_commands(|cmd, staged| {
                     busy = true;
                     match cmd {
-                        Command::PostRecv { wr_id, sge } => me.recvs.push_back((wr_id, sge)),
+                        Command::PostRecv { wr_id, sge } => recvs.push_back((*wr_id, *sge)),
                         Command::PostSend { chain, frame } => {
                             if let Some(f) = frame {
-                                let bytes = me.conn.staged(&f).to_vec();
-                                me.ctrl[f.offset..f.offset + bytes.len()].copy_from_slice(&bytes);
+                                ctrl[f.offset..f.offset + staged.len()].copy_from_slice(staged);
                             }
-                            post_send(me, peer, chain.as_slice(), &mut self.chains_with_bind);
+                            posted.push(*chain);
                         }
-                        Command::SetQpError => {
-                            assert!(
-                                self.allow_down,
-                                "a healthy connection went down: {:?}",
-                                me.conn.is_down()
-                            )
-                        }
+                        Command::SetQpError => down = true,
                     }
+                    Ok(())
+                });
+                for chain in posted.drain(..) {
+                    post_send(me, peer, chain.as_slice(), chains_with_bind);
                 }
+                assert!(!down || allow_down, "a healthy connection went down: {:?}", me.conn.is_down());
                 while let Some(c) = me.cq.pop_front() {
                     busy = true;
                     let frame = match me.conn.received_frame(&c) {
@@ -594,7 +595,7 @@ fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
         // The connection goes away with the READ still queued.
         p.c.conn.begin_close(p.now);
         p.c.conn.handle_qp_destroyed(p.now);
-        while p.c.conn.poll_command().is_some() {}
+        p.c.conn.drain_commands(|_, _| Ok(()));
         // A buffer comes free: nothing may be read into it any more.
         for b in held {
             p.c.conn.free(b);
@@ -602,11 +603,12 @@ fn a_read_queued_for_a_buffer_is_dropped_once_the_connection_is_gone() {
         p.now += Duration::from_millis(1);
         p.c.conn.handle_timeout(p.now); // any input runs the engines again
         let mut reads = 0;
-        while let Some(c) = p.c.conn.poll_command() {
+        p.c.conn.drain_commands(|c, _| {
             if let Command::PostSend { chain, .. } = c {
                 reads += chain.as_slice().iter().filter(|w| matches!(w, SendWr::Read { .. })).count();
             }
-        }
+            Ok(())
+        });
         assert_eq!(reads, 0, "{policy:?}: a READ was posted after the QP was destroyed");
         assert_eq!(p.c.conn.busy_buffers(), 0, "{policy:?}: a buffer is stuck");
         assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize);

@@ -245,46 +245,39 @@ impl<N: Nic> Link<N> {
     #[inline(never)]
     fn run_commands(&mut self) {
         let _in = self.span.enter();
-        while let Some(mut cmd) = self.conn.poll_command() {
-            let done = match &mut cmd {
-                Command::PostSend { chain, frame } => {
-                    let copied = match frame {
-                        // The frame is copied from the connection's staging
-                        // into its send slot (registered memory), then sent.
-                        Some(f) => {
-                            let bytes = self.conn.staged(f);
-                            match (self.ctrl, &self.ctrl_mem, self.srq.as_deref()) {
-                                (Some(ctrl), Some(mem), _) => mem
-                                    .with_mut(f.offset, bytes.len(), |b| b.copy_from_slice(bytes))
-                                    .map_err(|e| e.into_nic(ctrl.id.raw(), f.offset, bytes.len(), mem.len())),
-                                // On shared receives: the hub's slot standing
-                                // for its own, and the SEND pointed at it.
-                                (None, _, Some(srq)) => {
-                                    self.lent.slot(srq, f.offset / MAX_FRAME).and_then(|(mr, at, mem)| {
-                                        chain.relocate_send(*mr, *at);
-                                        mem.with_mut(*at, bytes.len(), |b| b.copy_from_slice(bytes))
-                                            .map_err(|e| e.into_nic(mr.raw(), *at, bytes.len(), mem.len()))
-                                    })
-                                }
-                                _ => unreachable!("only a link on shared receives has no control region"),
-                            }
+        let (nic, qp, destroyed) = (&self.nic, self.local.id, self.destroyed);
+        let (ctrl, ctrl_mem, srq, lent) = (self.ctrl, &self.ctrl_mem, self.srq.as_deref(), &mut self.lent);
+        self.conn.drain_commands(|cmd, bytes| match cmd {
+            Command::PostSend { chain, frame } => {
+                if let Some(f) = frame {
+                    // The frame is copied from the connection's staging into
+                    // its send slot (registered memory), then sent.
+                    match (ctrl, ctrl_mem, srq) {
+                        (Some(ctrl), Some(mem), _) => mem
+                            .with_mut(f.offset, bytes.len(), |b| b.copy_from_slice(bytes))
+                            .map_err(|e| e.into_nic(ctrl.id.raw(), f.offset, bytes.len(), mem.len()))?,
+                        // On shared receives: the hub's slot standing for
+                        // its own, and the SEND pointed at it.
+                        (None, _, Some(srq)) => {
+                            lent.slot(srq, f.offset / MAX_FRAME).and_then(|(mr, at, mem)| {
+                                chain.relocate_send(*mr, *at);
+                                mem.with_mut(*at, bytes.len(), |b| b.copy_from_slice(bytes))
+                                    .map_err(|e| e.into_nic(mr.raw(), *at, bytes.len(), mem.len()))
+                            })?
                         }
-                        None => Ok(()),
-                    };
-                    copied.and_then(|()| self.nic.post_send(self.local.id, chain.as_slice()))
-                }
-                Command::PostRecv { wr_id, sge } => self.nic.post_recv(self.local.id, *wr_id, *sge),
-                Command::SetQpError => {
-                    if !self.destroyed {
-                        let _ = self.nic.set_qp_error(self.local.id);
+                        _ => unreachable!("only a link on shared receives has no control region"),
                     }
-                    Ok(())
                 }
-            };
-            if let Err(e) = done {
-                self.conn.post_failed(&cmd, e);
+                nic.post_send(qp, chain.as_slice())
             }
-        }
+            Command::PostRecv { wr_id, sge } => nic.post_recv(qp, *wr_id, *sge),
+            Command::SetQpError => {
+                if !destroyed {
+                    let _ = nic.set_qp_error(qp);
+                }
+                Ok(())
+            }
+        });
     }
 
     /// On shared receives: once none of the connection's SENDs is in

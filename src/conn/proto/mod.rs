@@ -7,8 +7,8 @@
 //! completions of its work requests with the bytes of received frames
 //! ([`Connection::handle_completion`]) and the time
 //! ([`Connection::handle_timeout`]). Its outputs are [`Command`]s (work
-//! requests to post, the QP to move to ERR) from
-//! [`Connection::poll_command`], [`Event`]s for the user from
+//! requests to post, the QP to move to ERR) carried out in place through
+//! [`Connection::drain_commands`], [`Event`]s for the user from
 //! [`Connection::poll_event`], and the next deadline from
 //! [`Connection::poll_timeout`].
 //!
@@ -109,9 +109,9 @@ impl Chain {
     }
 }
 
-/// A frame staged by the connection for a SEND: copy
-/// [`Connection::staged`] into the control region at `offset` before
-/// posting the chain that sends it.
+/// A frame staged by the connection for a SEND: copy its bytes (handed to
+/// the closure of [`Connection::drain_commands`]) into the control region
+/// at `offset` before posting the chain that sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Staged {
     /// Where the frame goes in the control region (its send slot).
@@ -666,26 +666,42 @@ impl Connection {
         }
     }
 
-    /// The next command for the I/O layer. Carry each out before giving
-    /// the connection any other input; a staged frame is valid until then.
-    pub fn poll_command(&mut self) -> Option<Command> {
-        self.settle();
-        let c = self.commands.pop_front();
-        if c.is_none() {
-            self.tx_used = 0;
+    /// Carry out every command in place, in order: `run` gets each with
+    /// the bytes of the frame it stages (empty if none) and carries it out.
+    /// A command `run` fails goes to [`Connection::post_failed`]. Carry
+    /// them out before giving the connection any other input: the staged
+    /// bytes are valid until then. Each command stays in its queue while
+    /// `run` has it (a command is a few hundred bytes: not moved out).
+    pub fn drain_commands(&mut self, mut run: impl FnMut(&mut Command, &[u8]) -> Result<(), NicError>) {
+        loop {
+            self.settle();
+            let Some(cmd) = self.commands.front_mut() else {
+                self.tx_used = 0;
+                return;
+            };
+            let bytes = match cmd {
+                Command::PostSend { frame: Some(s), .. } => {
+                    &self.tx[s.start as usize..(s.start + s.len) as usize]
+                }
+                _ => &[],
+            };
+            match run(cmd, bytes) {
+                Ok(()) => {
+                    self.commands.pop_front();
+                }
+                Err(e) => {
+                    if let Some(cmd) = self.commands.pop_front() {
+                        self.post_failed(&cmd, e);
+                    }
+                }
+            }
         }
-        c
     }
 
-    /// Whether [`Connection::poll_command`] may have a command: some are
+    /// Whether [`Connection::drain_commands`] may have a command: some are
     /// queued, or inputs wait for the engines (which may queue some).
     pub(crate) fn has_commands(&self) -> bool {
         self.dirty || !self.commands.is_empty()
-    }
-
-    /// The bytes of a frame staged for a [`Command::PostSend`].
-    pub fn staged(&self, s: &Staged) -> &[u8] {
-        &self.tx[s.start as usize..(s.start + s.len) as usize]
     }
 
     /// Whether events wait to be taken (or inputs wait for the engines,
