@@ -86,6 +86,61 @@ pub enum MemError {
     Held(usize, usize),
 }
 
+/// A region registered on a NIC, with its memory: the CPU's way into
+/// bytes the NIC also reaches (a connection's frame slots, a hub's slabs)
+/// without asking the NIC (no lookup of the region; on the simulator, not
+/// its fabric's lock).
+#[derive(Clone)]
+pub(crate) struct Registered {
+    /// The region.
+    pub(crate) info: crate::backend::MrInfo,
+    /// Its memory.
+    pub(crate) mem: Arc<Memory>,
+}
+
+impl Registered {
+    /// Region `info`, registered on `nic`, with its memory.
+    pub(crate) fn of<N: crate::backend::Nic>(
+        nic: &N,
+        info: crate::backend::MrInfo,
+    ) -> Result<Registered, crate::backend::NicError> {
+        Ok(Registered { info, mem: nic.memory(info.id)? })
+    }
+
+    /// Register `len` new bytes on `nic` with `access`; deregistered again
+    /// if its memory cannot be had.
+    pub(crate) fn register<N: crate::backend::Nic>(
+        nic: &N,
+        len: usize,
+        access: crate::backend::Access,
+    ) -> Result<Registered, crate::backend::NicError> {
+        let info = nic.reg_mr(len, access)?;
+        Registered::of(nic, info).inspect_err(|_| {
+            let _ = nic.dereg_mr(info.id);
+        })
+    }
+
+    /// Lend `offset..+len` to `f` (see [`Memory::with_as`]).
+    pub(crate) fn with<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, crate::backend::NicError> {
+        self.mem.with_as(self.info.id.raw(), offset, len, f)
+    }
+
+    /// Lend `offset..+len` to `f` for writing (see [`Memory::with_mut_as`]).
+    pub(crate) fn with_mut<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, crate::backend::NicError> {
+        self.mem.with_mut_as(self.info.id.raw(), offset, len, f)
+    }
+}
+
 impl MemError {
     /// The error a backend's CPU accessor returns for region `mr`.
     pub(crate) fn into_nic(
@@ -240,6 +295,30 @@ impl Memory {
         }
         // SAFETY: as in `with`: the lock makes this the only borrow.
         Ok(f(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }))
+    }
+
+    /// [`Memory::with`], for the bytes of region `mr` (a backend's, or a
+    /// connection's frame slots): a refusal is the NIC error naming them.
+    pub(crate) fn with_as<R>(
+        &self,
+        mr: u32,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, crate::backend::NicError> {
+        self.with(offset, len, f).map_err(|e| e.into_nic(mr, offset, len, self.len))
+    }
+
+    /// [`Memory::with_mut`], for the bytes of region `mr`, as
+    /// [`Memory::with_as`].
+    pub(crate) fn with_mut_as<R>(
+        &self,
+        mr: u32,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, crate::backend::NicError> {
+        self.with_mut(offset, len, f).map_err(|e| e.into_nic(mr, offset, len, self.len))
     }
 
     /// Split `offset..end` at the holds and hand each run to `f` in order

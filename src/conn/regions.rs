@@ -293,9 +293,7 @@ impl<N: Nic> Regions<N> {
             return Err(UseError::RangeExposed { region: id, offset, len: bytes.len() });
         }
         // Under the book's lock: no exposure can begin during the copy.
-        r.mem
-            .with_mut(offset, bytes.len(), |b| b.copy_from_slice(bytes))
-            .map_err(|e| UseError::Nic(e.into_nic(0, offset, bytes.len(), r.mem.len())))
+        r.mem.with_mut_as(0, offset, bytes.len(), |b| b.copy_from_slice(bytes)).map_err(UseError::Nic)
     }
 
     /// [`Regions::write`], waiting while any of the bytes is exposed.
@@ -322,7 +320,7 @@ impl<N: Nic> Regions<N> {
     ) -> Result<R, UseError> {
         let r = self.lookup(id)?;
         Self::inside(id, &r, offset, len)?;
-        r.mem.with(offset, len, f).map_err(|e| UseError::Nic(e.into_nic(0, offset, len, r.mem.len())))
+        r.mem.with_as(0, offset, len, f).map_err(UseError::Nic)
     }
 
     /// Deregister region `id` once no connection exposes any of it

@@ -60,7 +60,6 @@
 
 use super::{ConfigError, SetupError};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -69,8 +68,8 @@ use super::frame::{INITIAL_CREDITS, MAX_FRAME};
 /// Free receives the queue keeps for the next connection: a share grows
 /// while more are free, and shrinks towards its floor while fewer are.
 pub(crate) const ROOM: u32 = INITIAL_CREDITS;
-use crate::backend::{Access, MrId, MrInfo, Nic, NicError, Sge, SrqId};
-use crate::mem::Memory;
+use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
+use crate::mem::Registered;
 
 /// Send slots registered at a time (one region of 1 MiB).
 const SEND_CHUNK: usize = 256;
@@ -150,10 +149,9 @@ pub(crate) enum Regrant {
 }
 
 struct State {
-    slabs: Vec<MrInfo>,
-    /// Each slab's memory, in the same order: a frame is decoded in its
-    /// slot through it, without the NIC (`take_frame`).
-    mems: Vec<Arc<Memory>>,
+    /// The regions of receive slots, with their memory: a frame is decoded
+    /// in its slot through it, without the NIC (`take_frame`).
+    slabs: Vec<Registered>,
     slots: u32,
     shares: u32,
 }
@@ -165,10 +163,9 @@ struct Sends {
     free: Vec<SendSlot>,
 }
 
-/// One of the hub's send slots: its region, its offset there, and the
-/// region's memory (a frame is written into the slot through it, without
-/// the NIC).
-pub(crate) type SendSlot = (MrId, usize, Arc<Memory>);
+/// One of the hub's send slots: its region (with the memory a frame is
+/// written into the slot through, without the NIC) and its offset there.
+pub(crate) type SendSlot = (Registered, usize);
 
 /// A connection's hold on the hub's send slots: the hub's slot (region,
 /// offset) standing for each of the connection's own, from the first frame
@@ -247,7 +244,7 @@ impl<N: Nic> SharedReceives<N> {
             nic,
             srq,
             cfg,
-            state: Mutex::new(State { slabs: Vec::new(), mems: Vec::new(), slots: 0, shares: 0 }),
+            state: Mutex::new(State { slabs: Vec::new(), slots: 0, shares: 0 }),
             sends: Mutex::new(Sends { slabs: Vec::new(), free: Vec::new() }),
             frames: AtomicU64::new(0),
             grown: AtomicU64::new(0),
@@ -287,21 +284,14 @@ impl<N: Nic> SharedReceives<N> {
         if n == 0 {
             return Err(SetupError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
-        let mr = self.nic.reg_mr(n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
-        let mem = match self.nic.memory(mr.id) {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = self.nic.dereg_mr(mr.id);
-                return Err(e.into());
-            }
-        };
+        let slab = Registered::register(&self.nic, n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let mr = slab.info.id;
         // Slab i's receives are numbered from i x chunk (`place`), whatever
         // came of the others.
         let first = st.slabs.len() as u32 * self.cfg.chunk;
-        st.slabs.push(mr);
-        st.mems.push(mem);
+        st.slabs.push(slab);
         for k in 0..n {
-            let sge = Sge { mr: mr.id, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
+            let sge = Sge { mr, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
             if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(first + k), sge) {
                 // Those posted stay posted (and are counted); the rest of the
                 // region is unused.
@@ -342,20 +332,13 @@ impl<N: Nic> SharedReceives<N> {
         if let Some(slot) = s.free.pop() {
             return Ok(slot);
         }
-        let mr = self.nic.reg_mr(SEND_CHUNK * MAX_FRAME, Access::LOCAL_WRITE)?;
-        let mem = match self.nic.memory(mr.id) {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = self.nic.dereg_mr(mr.id);
-                return Err(e);
-            }
-        };
-        s.slabs.push(mr);
+        let slab = Registered::register(&self.nic, SEND_CHUNK * MAX_FRAME, Access::LOCAL_WRITE)?;
+        s.slabs.push(slab.info);
         let made = s.slabs.len() * SEND_CHUNK;
         let free = s.free.len();
         s.free.reserve(made - free);
-        s.free.extend((1..SEND_CHUNK).rev().map(|k| (mr.id, k * MAX_FRAME, mem.clone())));
-        Ok((mr.id, 0, mem))
+        s.free.extend((1..SEND_CHUNK).rev().map(|k| (slab.clone(), k * MAX_FRAME)));
+        Ok((slab, 0))
     }
 
     /// A receive could not be posted again: the queue holds one fewer.
@@ -407,15 +390,12 @@ impl<N: Nic> SharedReceives<N> {
     ) -> Result<R, NicError> {
         let placed = self.place(slot);
         let decoded = match (&placed, len) {
-            (Ok((mr, offset, mem)), Some(len)) => {
-                let len = len.min(MAX_FRAME);
-                mem.with(*offset, len, decode).map_err(|e| e.into_nic(mr.id.raw(), *offset, len, mem.len()))
-            }
+            (Ok((slab, offset)), Some(len)) => slab.with(*offset, len.min(MAX_FRAME), decode),
             (Ok(_), None) => Ok(decode(&[])),
             (Err(e), _) => Err(e.clone()),
         };
-        let reposted = placed.and_then(|(mr, offset, _)| {
-            let sge = Sge { mr: mr.id, offset, len: MAX_FRAME as u32 };
+        let reposted = placed.and_then(|(slab, offset)| {
+            let sge = Sge { mr: slab.info.id, offset, len: MAX_FRAME as u32 };
             self.nic.post_srq_recv(self.srq, wr_id(slot), sge)
         });
         if let Err(e) = reposted {
@@ -427,13 +407,13 @@ impl<N: Nic> SharedReceives<N> {
         decoded
     }
 
-    fn place(&self, slot: u32) -> Result<(MrInfo, usize, Arc<Memory>), NicError> {
+    fn place(&self, slot: u32) -> Result<(Registered, usize), NicError> {
         let st = self.state.lock();
         let chunk = self.cfg.chunk;
         let offset = (slot % chunk) as usize * MAX_FRAME;
         let i = (slot / chunk) as usize;
-        match (st.slabs.get(i), st.mems.get(i)) {
-            (Some(mr), Some(mem)) if offset < mr.len => Ok((*mr, offset, mem.clone())),
+        match st.slabs.get(i) {
+            Some(slab) if offset < slab.info.len => Ok((slab.clone(), offset)),
             _ => Err(NicError::NoSuchObject { what: "shared receive", id: slot }),
         }
     }
@@ -486,7 +466,7 @@ impl<N: Nic> SharedReceives<N> {
             send_slots_lent,
             slots: st.slots,
             shares: st.shares,
-            registered_bytes: st.slabs.iter().map(|m| m.len as u64).sum(),
+            registered_bytes: st.slabs.iter().map(|m| m.info.len as u64).sum(),
             frames: self.frames.load(Ordering::Relaxed),
             grown: self.grown.load(Ordering::Relaxed),
             withheld: self.withheld.load(Ordering::Relaxed),
@@ -502,8 +482,8 @@ impl<N: Nic> Drop for SharedReceives<N> {
         if let Err(e) = self.nic.destroy_srq(self.srq) {
             tracing::warn!(%e, "destroying the hub's shared receive queue");
         }
-        for mr in self.state.get_mut().slabs.drain(..) {
-            let _ = self.nic.dereg_mr(mr.id);
+        for slab in self.state.get_mut().slabs.drain(..) {
+            let _ = self.nic.dereg_mr(slab.info.id);
         }
         // Every connection holds the queue while it lives (the last one
         // drops it), so no SEND can read these any more, except one of a
@@ -546,7 +526,7 @@ mod tests {
         let mut conns: Vec<LentSends> = (0..40).map(|_| LentSends::new(16)).collect();
         let mut seen = HashSet::new();
         // A slot's region and offset (its memory is the region's).
-        let key = |s: &SendSlot| (s.0, s.1);
+        let key = |s: &SendSlot| (s.0.info.id, s.1);
         for c in conns.iter_mut() {
             for k in 0..16 {
                 let slot = key(c.slot(&srq, k).unwrap());

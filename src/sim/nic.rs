@@ -271,7 +271,7 @@ impl NicOps for SimNic {
         let d = live(&mut w, self.dev, "with_mr")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
         let m = self.mr_of(d, mr)?;
-        m.data.with(offset, len, |b| f(b)).map_err(|e| e.into_nic(mr.0, offset, len, m.data.len()))
+        m.data.with_as(mr.0, offset, len, |b| f(b))
     }
 
     fn with_mr_mut(
@@ -285,7 +285,7 @@ impl NicOps for SimNic {
         let d = live(&mut w, self.dev, "with_mr_mut")?;
         self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
         let m = d.mr_mut(mr.0).expect("checked");
-        m.data.with_mut(offset, len, |b| f(b)).map_err(|e| e.into_nic(mr.0, offset, len, m.data.len()))
+        m.data.with_mut_as(mr.0, offset, len, |b| f(b))
     }
 
     fn memory(&self, mr: MrId) -> Result<std::sync::Arc<crate::mem::Memory>, NicError> {

@@ -131,7 +131,7 @@ impl Mr {
     /// READ in flight) targets it.
     pub fn with_bytes(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
         self.check_range(offset, len)?;
-        self.mem.with(offset, len, |b| f(b)).map_err(|e| e.into_nic(self.lkey(), offset, len, self.len))
+        self.mem.with_as(self.lkey(), offset, len, |b| f(b))
     }
 
     /// Lend `offset..offset + len` to `f` for writing; the rules of
@@ -143,7 +143,7 @@ impl Mr {
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), NicError> {
         self.check_range(offset, len)?;
-        self.mem.with_mut(offset, len, |b| f(b)).map_err(|e| e.into_nic(self.lkey(), offset, len, self.len))
+        self.mem.with_mut_as(self.lkey(), offset, len, |b| f(b))
     }
 
     /// The region's memory (for a buffer handle to hold ranges of).

@@ -91,7 +91,7 @@ use mwcap_mw as mw;
 
 use super::config::BufClass;
 use crate::backend::{Access, MrId, MrInfo, MwId, MwInfo, Nic, NicError};
-use crate::mem::Memory;
+use crate::mem::{Memory, Registered};
 use crate::sync::{Arc, AtomicBool, Mutex};
 
 /// Buffers registered per size class at most (a registration each).
@@ -123,11 +123,9 @@ pub struct BufferPool(Arc<Inner>);
 struct Inner {
     /// Class sizes, ascending.
     sizes: Vec<u32>,
-    /// One registration per buffer, class by class.
-    mrs: Vec<MrInfo>,
-    /// Their memory, in the same order.
-    mems: Vec<std::sync::Arc<Memory>>,
-    /// Where each class starts in `mrs`, and (last) its length.
+    /// One registration per buffer, class by class, with its memory.
+    bufs: Vec<Registered>,
+    /// Where each class starts in `bufs`, and (last) its length.
     firsts: Vec<u32>,
     /// Buffers of each class that only incoming payloads may take.
     reserve: Vec<u32>,
@@ -161,7 +159,7 @@ impl<N: Nic> PoolDevice for OnNic<N> {
 }
 
 struct State {
-    /// Free buffers of each class (indices into `mrs`).
+    /// Free buffers of each class (indices into `bufs`).
     free: Vec<Vec<u32>>,
     /// The member holding each buffer (`NOBODY` while free).
     owner_of: Vec<u32>,
@@ -289,29 +287,26 @@ impl BufferPool {
             true => Access::LOCAL_WRITE | Access::MW_BIND | Access::REMOTE_READ,
         };
         let total: usize = wanted.iter().map(|c| c.count as usize).sum();
-        let mut mrs = Vec::with_capacity(total);
-        let mut mems = Vec::with_capacity(total);
+        let mut bufs: Vec<Registered> = Vec::with_capacity(total);
         let mut free = Vec::with_capacity(wanted.len());
         let mut firsts = Vec::with_capacity(wanted.len() + 1);
         for c in &wanted {
-            let first = mrs.len() as u32;
+            let first = bufs.len() as u32;
             firsts.push(first);
             for _ in 0..c.count {
-                let made = device.0.reg_mr(c.size as usize, access);
-                match made.and_then(|mr| Ok((mr, device.0.memory(mr.id)?))) {
-                    Ok((mr, mem)) => {
+                match Registered::register(&device.0, c.size as usize, access) {
+                    Ok(buf) => {
                         if confirm {
                             // Under confirm a peer may READ a buffer while a
                             // user holds it (it was reused), and discards
                             // what it read: the simulator's oracle expects it.
-                            mem.expect_reads_of_held();
+                            buf.mem.expect_reads_of_held();
                         }
-                        mrs.push(mr);
-                        mems.push(mem);
+                        bufs.push(buf);
                     }
                     Err(e) => {
-                        for mr in &mrs {
-                            device.dereg(mr.id);
+                        for b in &bufs {
+                            device.dereg(b.info.id);
                         }
                         return Err(e.into());
                     }
@@ -319,7 +314,7 @@ impl BufferPool {
             }
             free.push((first..first + c.count).rev().collect());
         }
-        firsts.push(mrs.len() as u32);
+        firsts.push(bufs.len() as u32);
         // A window per buffer: every buffer can be exposed at once without
         // an allocation on the data path.
         let mut windows = Vec::with_capacity(total);
@@ -330,21 +325,20 @@ impl BufferPool {
                     for w in &windows {
                         device.dealloc_mw(MwId::from_raw(w.handle));
                     }
-                    for mr in &mrs {
-                        device.dereg(mr.id);
+                    for b in &bufs {
+                        device.dereg(b.info.id);
                     }
                     return Err(e.into());
                 }
             }
         }
         let sizes = wanted.iter().map(|c| c.size).collect();
-        Ok(BufferPool::from_regions(sizes, mrs, mems, firsts, free, windows, Box::new(device)))
+        Ok(BufferPool::from_regions(sizes, bufs, firsts, free, windows, Box::new(device)))
     }
 
     fn from_regions(
         sizes: Vec<u32>,
-        mrs: Vec<MrInfo>,
-        mems: Vec<std::sync::Arc<Memory>>,
+        bufs: Vec<Registered>,
         firsts: Vec<u32>,
         free: Vec<Vec<u32>>,
         windows: Vec<mw::Window>,
@@ -353,8 +347,8 @@ impl BufferPool {
         let classes = free.len();
         let state = State {
             free,
-            owner_of: vec![NOBODY; mrs.len()],
-            took_at: vec![0; mrs.len()],
+            owner_of: vec![NOBODY; bufs.len()],
+            took_at: vec![0; bufs.len()],
             clock: 0,
             members: Vec::new(),
             vacant: Vec::new(),
@@ -375,31 +369,32 @@ impl BufferPool {
             window_waits: 0,
         };
         let reserve = firsts.windows(2).map(|w| reserve_of(w[1] - w[0])).collect();
-        BufferPool(Arc::new(Inner { sizes, mrs, mems, firsts, reserve, state: Mutex::new(state), device }))
+        BufferPool(Arc::new(Inner { sizes, bufs, firsts, reserve, state: Mutex::new(state), device }))
     }
 
     /// A pool of `classes` over stand-in regions (no NIC), for the loom
     /// models of the wake-up protocol.
     #[cfg(loom)]
     pub(crate) fn for_model(classes: &[BufClass], windows: u32) -> BufferPool {
-        let (mut mrs, mut mems, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut bufs, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new());
         for c in classes {
-            let first = mrs.len() as u32;
+            let first = bufs.len() as u32;
             firsts.push(first);
             for i in 0..c.count {
                 let id = MrId::from_raw(first + i + 1);
-                mrs.push(MrInfo {
+                let info = MrInfo {
                     id,
                     addr: 0x1000 * u64::from(first + i + 1),
                     len: c.size as usize,
                     lkey: 0,
                     rkey: 0,
-                });
-                mems.push(Memory::zeroed(c.size as usize, 8).expect("a small allocation"));
+                };
+                let mem = Memory::zeroed(c.size as usize, 8).expect("a small allocation");
+                bufs.push(Registered { info, mem });
             }
             free.push((first..first + c.count).rev().collect());
         }
-        firsts.push(mrs.len() as u32);
+        firsts.push(bufs.len() as u32);
         /// No NIC, and no room for more windows.
         struct NoDevice;
         impl PoolDevice for NoDevice {
@@ -412,8 +407,7 @@ impl BufferPool {
         let windows = (0..windows).map(|i| mw::Window { handle: i, rkey: (i + 1) << 8 }).collect();
         BufferPool::from_regions(
             classes.iter().map(|c| c.size).collect(),
-            mrs,
-            mems,
+            bufs,
             firsts,
             free,
             windows,
@@ -654,7 +648,7 @@ impl BufferPool {
             // A handle of a connection that went down may still hold it:
             // lent to nobody (another handle would alias its slice) until
             // that handle is dropped, which frees it (`unheld`).
-            let held = self.0.mems[i as usize].when_unheld(|| {
+            let held = self.0.bufs[i as usize].mem.when_unheld(|| {
                 let pool = self.clone();
                 Box::new(move || pool.unheld(i))
             });
@@ -697,21 +691,21 @@ impl BufferPool {
 
     /// The memory of buffer `i`.
     pub(crate) fn memory(&self, i: u32) -> &std::sync::Arc<Memory> {
-        &self.0.mems[i as usize]
+        &self.0.bufs[i as usize].mem
     }
 
     /// The registration of buffer `i`.
     pub(crate) fn info(&self, i: u32) -> MrInfo {
-        self.0.mrs[i as usize]
+        self.0.bufs[i as usize].info
     }
 
     /// What the pool holds and has done.
     pub fn stats(&self) -> BufferPoolStats {
         let st = self.0.state.lock();
         BufferPoolStats {
-            buffers: self.0.mrs.len() as u32,
+            buffers: self.0.bufs.len() as u32,
             free: st.free.iter().map(|f| f.len() as u32).sum(),
-            registered_bytes: self.0.mrs.iter().map(|m| m.len as u64).sum(),
+            registered_bytes: self.0.bufs.iter().map(|b| b.info.len as u64).sum(),
             held_bytes: st.held_bytes,
             taken: st.taken,
             empty: st.empty,
@@ -742,8 +736,8 @@ impl Drop for Inner {
         for w in windows {
             self.device.dealloc_mw(MwId::from_raw(w.handle));
         }
-        for mr in &self.mrs {
-            self.device.dereg(mr.id);
+        for b in &self.bufs {
+            self.device.dereg(b.info.id);
         }
     }
 }

@@ -439,18 +439,14 @@ impl<N: Nic + 'static> Hub<N> {
         confirm: bool,
         busy_poll: Duration,
     ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
-        let srq = match (srq, buffers) {
-            (None, None) => None,
-            (q, _) => q.or_else(|| Some(SrqConfig::default())),
-        };
-        let pool = match buffers {
-            Some(classes) => Some(BufferPool::register(nic.same_pd()?, classes, confirm)?),
-            None => None,
-        };
-        let srq = match srq {
-            Some(q) => Some(Arc::new(SharedReceives::new(nic.same_pd()?, q, confirm)?)),
-            None => None,
-        };
+        // A shared pool comes with shared receives (of the default size
+        // unless given).
+        let srq = srq.or(buffers.map(|_| SrqConfig::default()));
+        let pool =
+            buffers.map(|classes| BufferPool::register(nic.same_pd()?, classes, confirm)).transpose()?;
+        let srq = srq
+            .map(|q| Ok::<_, SetupError>(Arc::new(SharedReceives::new(nic.same_pd()?, q, confirm)?)))
+            .transpose()?;
         // Every receive of the shared queue may complete before the driver
         // polls: their entries are reserved once, up front.
         let routes = Routes::new(depth, srq.as_ref().map_or(0, |q| q.max_slots()))?;

@@ -199,7 +199,7 @@ impl<N: Nic> Prepared<N> {
         }
         // Looked up before `keep`: a failure still releases what was made.
         let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
-        let ctrl_mem = ctrl.map(|c| nic.memory(c.id)).transpose()?;
+        let ctrl = ctrl.map(|c| Registered::of(nic, c)).transpose()?;
         let (windows, window_rkeys) = made.keep();
         let span = tracing::debug_span!(
             "mwcap.conn",
@@ -220,7 +220,7 @@ impl<N: Nic> Prepared<N> {
             // On shared receives the SEND of each frame is pointed at the
             // hub's slot lent for it (`LentSends`).
             Resources {
-                ctrl: ctrl.map_or(MrId::from_raw(u32::MAX), |c| c.id),
+                ctrl: ctrl.as_ref().map_or(MrId::from_raw(u32::MAX), |c| c.info.id),
                 data: memory,
                 windows: windows.clone(),
                 window_rkeys,
@@ -234,7 +234,6 @@ impl<N: Nic> Prepared<N> {
             cq: self.cq,
             local: self.local,
             ctrl,
-            ctrl_mem,
             lent,
             data,
             access,

@@ -28,6 +28,7 @@ use super::srq::{self, LentSends, Regrant, SharedReceives};
 use super::types::*;
 use super::SetupError;
 use crate::backend::{Access, Completion, CqId, MrId, MrInfo, MwId, Nic, NicError, QpConfig, QpEndpoint};
+use crate::mem::Registered;
 
 /// Completions taken per `poll_cq` call (an array kept for the endpoint's life).
 #[cfg(any(test, feature = "testing"))]
@@ -81,14 +82,11 @@ pub struct Link<N: Nic> {
     cq: CqId,
     local: QpEndpoint,
     /// Its control region: send slots, then (with a receive queue of its
-    /// own) receive slots. `None` on shared receives: its receives are the
-    /// hub's queue's, and its send slots the hub's, lent (`lent`).
-    ctrl: Option<MrInfo>,
-    /// The control region's memory: a frame is written into its send slot
-    /// and decoded in its receive slot through it, not through the NIC
-    /// (host memory: no lookup of the region, and on the simulator not the
-    /// fabric's lock).
-    ctrl_mem: Option<std::sync::Arc<crate::mem::Memory>>,
+    /// own) receive slots, with its memory (a frame is written into its
+    /// send slot and decoded in its receive slot through it, not through
+    /// the NIC). `None` on shared receives: its receives are the hub's
+    /// queue's, and its send slots the hub's, lent (`lent`).
+    ctrl: Option<Registered>,
     /// On shared receives: the hub's send slots it holds.
     lent: LentSends,
     /// Its own data region; `None` on a hub's shared buffer pool.
@@ -152,7 +150,7 @@ impl<N: Nic> Link<N> {
     /// control slots, its buffer pool, and the user regions it holds.
     pub fn registered_bytes(&self) -> u64 {
         let regions: u64 = self.conn.region_infos().iter().map(|r| r.len as u64).sum();
-        self.ctrl.map_or(0, |c| c.len as u64) + self.data.map_or(0, |d| d.len as u64) + regions
+        self.ctrl.as_ref().map_or(0, |c| c.info.len as u64) + self.data.map_or(0, |d| d.len as u64) + regions
     }
 
     /// The data region (for tests and the oracle).
@@ -246,27 +244,24 @@ impl<N: Nic> Link<N> {
     fn run_commands(&mut self) {
         let _in = self.span.enter();
         let (nic, qp, destroyed) = (&self.nic, self.local.id, self.destroyed);
-        let (ctrl, ctrl_mem, srq, lent) = (self.ctrl, &self.ctrl_mem, self.srq.as_deref(), &mut self.lent);
+        let (ctrl, srq, lent) = (self.ctrl.as_ref(), self.srq.as_deref(), &mut self.lent);
         self.conn.drain_commands(|cmd, bytes| match cmd {
             Command::PostSend { chain, frame } => {
                 if let Some(f) = frame {
                     // The frame is copied from the connection's staging into
                     // its send slot (registered memory), then sent.
-                    match (ctrl, ctrl_mem, srq) {
-                        (Some(ctrl), Some(mem), _) => mem
-                            .with_mut(f.offset, bytes.len(), |b| b.copy_from_slice(bytes))
-                            .map_err(|e| e.into_nic(ctrl.id.raw(), f.offset, bytes.len(), mem.len()))?,
+                    let (slab, at) = match (ctrl, srq) {
+                        (Some(ctrl), _) => (ctrl, f.offset),
                         // On shared receives: the hub's slot standing for
                         // its own, and the SEND pointed at it.
-                        (None, _, Some(srq)) => {
-                            lent.slot(srq, f.offset / MAX_FRAME).and_then(|(mr, at, mem)| {
-                                chain.relocate_send(*mr, *at);
-                                mem.with_mut(*at, bytes.len(), |b| b.copy_from_slice(bytes))
-                                    .map_err(|e| e.into_nic(mr.raw(), *at, bytes.len(), mem.len()))
-                            })?
+                        (None, Some(srq)) => {
+                            let (slab, at) = lent.slot(srq, f.offset / MAX_FRAME)?;
+                            chain.relocate_send(slab.info.id, *at);
+                            (slab, *at)
                         }
-                        _ => unreachable!("only a link on shared receives has no control region"),
-                    }
+                        (None, None) => unreachable!("only a link on shared receives has no control region"),
+                    };
+                    slab.with_mut(at, bytes.len(), |b| b.copy_from_slice(bytes))?;
                 }
                 nic.post_send(qp, chain.as_slice())
             }
@@ -392,11 +387,9 @@ impl<N: Nic> Link<N> {
             // so nothing `handle_completion` reaches may call the NIC (the
             // simulator takes its fabric's lock, then a memory's).
             let conn = &mut self.conn;
-            let decoded = match (&self.ctrl, &self.ctrl_mem) {
-                (Some(ctrl), Some(mem)) => mem
-                    .with(offset, len, |frame| conn.handle_completion(now, c, frame))
-                    .map_err(|e| e.into_nic(ctrl.id.raw(), offset, len, mem.len())),
-                _ => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
+            let decoded = match &self.ctrl {
+                Some(ctrl) => ctrl.with(offset, len, |frame| conn.handle_completion(now, c, frame)),
+                None => Err(NicError::NoSuchObject { what: "receive slot", id: offset as u32 }),
             };
             if let Err(e) = decoded {
                 conn.post_failed(&Command::SetQpError, e);
@@ -680,8 +673,8 @@ impl<N: Nic> Drop for Link<N> {
         if let Some(data) = self.data {
             let _ = self.nic.dereg_mr(data.id);
         }
-        if let Some(ctrl) = self.ctrl {
-            let _ = self.nic.dereg_mr(ctrl.id);
+        if let Some(ctrl) = &self.ctrl {
+            let _ = self.nic.dereg_mr(ctrl.info.id);
         }
         for r in self.conn.region_infos() {
             let _ = self.nic.dereg_mr(r.id);
