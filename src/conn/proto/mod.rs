@@ -666,38 +666,6 @@ impl Connection {
         }
     }
 
-    /// Carry out every command in place, in order: `run` gets each with
-    /// the bytes of the frame it stages (empty if none) and carries it out.
-    /// A command `run` fails goes to [`Connection::post_failed`]. Carry
-    /// them out before giving the connection any other input: the staged
-    /// bytes are valid until then. Each command stays in its queue while
-    /// `run` has it (a command is a few hundred bytes: not moved out).
-    pub fn drain_commands(&mut self, mut run: impl FnMut(&mut Command, &[u8]) -> Result<(), NicError>) {
-        loop {
-            self.settle();
-            let Some(cmd) = self.commands.front_mut() else {
-                self.tx_used = 0;
-                return;
-            };
-            let bytes = match cmd {
-                Command::PostSend { frame: Some(s), .. } => {
-                    &self.tx[s.start as usize..(s.start + s.len) as usize]
-                }
-                _ => &[],
-            };
-            match run(cmd, bytes) {
-                Ok(()) => {
-                    self.commands.pop_front();
-                }
-                Err(e) => {
-                    if let Some(cmd) = self.commands.pop_front() {
-                        self.post_failed(&cmd, e);
-                    }
-                }
-            }
-        }
-    }
-
     /// Whether [`Connection::drain_commands`] may have a command: some are
     /// queued, or inputs wait for the engines (which may queue some).
     pub(crate) fn has_commands(&self) -> bool {

@@ -8,6 +8,38 @@ use super::{wr, Chain, Command, Connection, Staged, TAG_SEND};
 use crate::backend::{NicError, SendWr, Sge, SgeList};
 
 impl Connection {
+    /// Carry out every command in place, in order: `run` gets each with
+    /// the bytes of the frame it stages (empty if none) and carries it out.
+    /// A command `run` fails goes to [`Connection::post_failed`]. Carry
+    /// them out before giving the connection any other input: the staged
+    /// bytes are valid until then. Each command stays in its queue while
+    /// `run` has it (a command is a few hundred bytes: not moved out).
+    pub fn drain_commands(&mut self, mut run: impl FnMut(&mut Command, &[u8]) -> Result<(), NicError>) {
+        loop {
+            self.settle();
+            let Some(cmd) = self.commands.front_mut() else {
+                self.tx_used = 0;
+                return;
+            };
+            let bytes = match cmd {
+                Command::PostSend { frame: Some(s), .. } => {
+                    &self.tx[s.start as usize..(s.start + s.len) as usize]
+                }
+                _ => &[],
+            };
+            match run(cmd, bytes) {
+                Ok(()) => {
+                    self.commands.pop_front();
+                }
+                Err(e) => {
+                    if let Some(cmd) = self.commands.pop_front() {
+                        self.post_failed(&cmd, e);
+                    }
+                }
+            }
+        }
+    }
+
     /// Whether a frame needing `need` credits can go now.
     #[inline]
     pub(super) fn can_send(&self, need: u32) -> bool {
