@@ -9,10 +9,19 @@
 //! wake-up is never lost: a push that found the mark set was made before
 //! the clear (its change is read by the turn that follows), and one made
 //! after the clear puts the connection on the list again (another turn).
-//! `tests/loom_ready.rs` checks it under every interleaving.
+//!
+//! A waiter may poll the completion queue itself for a while (it spins,
+//! `live::Spin`), and the driver then leaves the queue unarmed: every
+//! completion would otherwise raise an event, a system call and a wake-up.
+//! The list counts those waiters ([`ReadyList::spinning`]); the last to
+//! stop rings the doorbell, so the driver, which looked at the count after
+//! taking the doorbell, polls and arms the queue again rather than sleep
+//! with nobody polling it.
+//!
+//! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
 use crate::handle::Doorbell;
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -36,6 +45,8 @@ impl Mark {
 pub struct ReadyList<T> {
     list: Mutex<Vec<T>>,
     bell: Doorbell,
+    /// Waiters polling the completion queue themselves.
+    spinners: AtomicUsize,
 }
 
 impl<T> Default for ReadyList<T> {
@@ -47,7 +58,7 @@ impl<T> Default for ReadyList<T> {
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
-        ReadyList { list: Mutex::new(Vec::new()), bell: Doorbell::new() }
+        ReadyList { list: Mutex::new(Vec::new()), bell: Doorbell::new(), spinners: AtomicUsize::new(0) }
     }
 
     /// Put the member whose mark is `mark` on the list (made by `item`)
@@ -90,8 +101,27 @@ impl<T> ReadyList<T> {
         }
     }
 
-    /// The driver's doorbell, rung by [`ReadyList::push`].
+    /// The driver's doorbell, rung by [`ReadyList::push`] and by the last
+    /// waiter to stop spinning.
     pub fn bell(&self) -> &Doorbell {
         &self.bell
+    }
+
+    /// A waiter starts (`true`) or stops polling the completion queue
+    /// itself. The last to stop rings the doorbell: the driver, which may
+    /// have left the queue unarmed for it, polls and arms it again.
+    pub fn spinning(&self, on: bool) {
+        if on {
+            self.spinners.fetch_add(1, Ordering::AcqRel);
+        } else if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.bell.ring();
+        }
+    }
+
+    /// Driver, after taking the doorbell and before it sleeps: whether a
+    /// waiter polls the queue (then it need not arm it: when the last
+    /// waiter stops, the doorbell rings).
+    pub fn waiter_polls(&self) -> bool {
+        self.spinners.load(Ordering::Acquire) > 0
     }
 }

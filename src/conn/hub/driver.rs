@@ -119,7 +119,7 @@ impl<N: Nic> HubDriver<N> {
             }
             // Read after this loop took the doorbell: a waiter that stops
             // from now on rings it, and the sleep below sees the ring.
-            let waiter_polls = shared.spinners.load(Ordering::Acquire) > 0;
+            let waiter_polls = shared.ready.waiter_polls();
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
                 // polling, not by a sleep and a wake-up. (Going straight to

@@ -183,7 +183,11 @@ struct Shared<N: Nic> {
     epoch: Instant,
     /// Its connections by QP number. A QP is retired under this lock.
     routes: Mutex<Routes<Arc<Inner<N>>>>,
-    /// Connections due a turn, and the driver's doorbell (`ready.rs`).
+    /// Connections due a turn, the driver's doorbell, and the waiters of
+    /// its connections taking their turns themselves now
+    /// (`live::driver::Spin`; while any does, the driver neither
+    /// busy-polls nor arms the queue: the waiter polls it and rings the
+    /// driver for the other connections' completions). See `ready.rs`.
     ready: ReadyList<Arc<Inner<N>>>,
     /// `Hub` handles alive.
     handles: AtomicUsize,
@@ -194,11 +198,6 @@ struct Shared<N: Nic> {
     turns: AtomicU64,
     connection_turns: AtomicU64,
     sleeps: AtomicU64,
-    /// Waiters of its connections taking their turns themselves now
-    /// (`live::driver::Spin`): while any does, the driver neither
-    /// busy-polls nor arms the queue, for the waiter polls it and rings
-    /// the driver for the other connections' completions.
-    spinners: AtomicUsize,
     /// Telemetry's books (`record_metrics`).
     telemetry: Mutex<Members<N>>,
     /// Held through a record, so that records write their totals in order.
@@ -335,11 +334,7 @@ impl<N: Nic> CallerPoll for Shared<N> {
     }
 
     fn spinning(&self, on: bool) {
-        if on {
-            self.spinners.fetch_add(1, Ordering::AcqRel);
-        } else if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.ready.bell().ring();
-        }
+        self.ready.spinning(on);
     }
 
     fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {
@@ -473,7 +468,6 @@ impl<N: Nic + 'static> Hub<N> {
             turns: AtomicU64::new(0),
             connection_turns: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
-            spinners: AtomicUsize::new(0),
             telemetry: Mutex::new(Members {
                 epoch: 0,
                 finished: Tally::default(),
