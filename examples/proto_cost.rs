@@ -108,7 +108,7 @@ fn run(me: &mut Side, peer: &mut Side) -> bool {
                     }
                 }
             }
-            Command::SetQpError => panic!("the connection went down"),
+            Command::SetQpError => panic!("the connection went down: it asked for its QP to go to ERR"),
         }
         Ok(())
     });

@@ -263,10 +263,10 @@ impl Pair {
                     }
                     Ok(())
                 });
+                assert!(!down || allow_down, "a healthy connection went down: {:?}", me.conn.is_down());
                 for chain in posted.drain(..) {
                     post_send(me, peer, chain.as_slice(), chains_with_bind);
                 }
-                assert!(!down || allow_down, "a healthy connection went down: {:?}", me.conn.is_down());
                 while let Some(c) = me.cq.pop_front() {
                     busy = true;
                     let frame = match me.conn.received_frame(&c) {

@@ -11,7 +11,7 @@
 //! after the clear puts the connection on the list again (another turn).
 //!
 //! A waiter may poll the completion queue itself for a while (it spins,
-//! `live::Spin`), and the driver then leaves the queue unarmed: every
+//! `live::driver::Spin`), and the driver then leaves the queue unarmed: every
 //! completion would otherwise raise an event, a system call and a wake-up.
 //! The list counts those waiters ([`ReadyList::spinning`]); the last to
 //! stop rings the doorbell, so the driver, which looked at the count after

@@ -120,8 +120,9 @@ pub struct Staged {
     len: u32,
 }
 
-/// What the I/O layer must carry out for a connection, in the order given.
-/// A command that fails goes back through [`Connection::post_failed`].
+/// What the I/O layer must carry out for a connection, in the order given
+/// ([`Connection::drain_commands`], which hands a command that fails to
+/// [`Connection::post_failed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Post a receive of the control-region bytes `sge`.

@@ -9,11 +9,12 @@ use crate::backend::{NicError, SendWr, Sge, SgeList};
 
 impl Connection {
     /// Carry out every command in place, in order: `run` gets each with
-    /// the bytes of the frame it stages (empty if none) and carries it out.
-    /// A command `run` fails goes to [`Connection::post_failed`]. Carry
-    /// them out before giving the connection any other input: the staged
-    /// bytes are valid until then. Each command stays in its queue while
-    /// `run` has it (a command is a few hundred bytes: not moved out).
+    /// the bytes of the frame it stages (empty if none) and carries it out,
+    /// copying those bytes into the command's send slot if it has a frame.
+    /// A command `run` fails goes to [`Connection::post_failed`] (and the
+    /// commands that leads to are carried out too). Each command stays in
+    /// its queue while `run` has it (a command is a few hundred bytes: not
+    /// moved out).
     pub fn drain_commands(&mut self, mut run: impl FnMut(&mut Command, &[u8]) -> Result<(), NicError>) {
         loop {
             self.settle();
