@@ -198,7 +198,7 @@ impl<N: Nic> Prepared<N> {
             }
         }
         // Looked up before `keep`: a failure still releases what was made.
-        let data_memory = data.map(|d| nic.memory(d.id)).transpose()?;
+        let data_region = data.map(|d| Registered::of(nic, d)).transpose()?;
         let ctrl = ctrl.map(|c| Registered::of(nic, c)).transpose()?;
         let (windows, window_rkeys) = made.keep();
         let span = tracing::debug_span!(
@@ -209,8 +209,8 @@ impl<N: Nic> Prepared<N> {
             request = ?policies.request,
             reply = ?policies.reply,
         );
-        let memory = match (data.zip(data_memory), self.pool.take()) {
-            (Some((data, mem)), _) => DataMemory::Region(data, mem),
+        let memory = match (data_region, self.pool.take()) {
+            (Some(d), _) => DataMemory::Region(d.info, d.mem),
             (None, pool) => DataMemory::Pool(pool.expect("no data region only with a pool")),
         };
         let conn = Connection::new(
