@@ -749,6 +749,58 @@ fn a_spinning_server_and_its_driver_on_two_threads_keep_the_order_of_requests() 
     assert_no_hazards(&fabric);
 }
 
+/// A client calling and a server serving, each spinning on a thread of its
+/// own (`Config::busy_poll`, `Config::serve_busy_poll`) beside its
+/// endpoint's driver on another, as `mwcap serve` and a client of it run:
+/// each call and each request is found by the waiter's own polling, and a
+/// waiter that got what it waited for leaves without waking its driver,
+/// which sleeps until the end of the last spin window it published
+/// (`ReadyList::watch`). So the drivers sleep and wake about once a window,
+/// not once a call: when the last waiter to stop rang the driver, each
+/// driver woke about once per call (0.8-1.0 sleeps a call here).
+#[test]
+fn spinning_waiters_do_not_wake_their_drivers_once_a_call() {
+    let fabric = Fabric::with_seed(12);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let window = Duration::from_millis(20);
+    let mut ccfg = Config::default();
+    ccfg.busy_poll = window;
+    let mut scfg = Config::default();
+    scfg.serve_busy_poll = window;
+    let ((ce, cd, client), (se, sd, server)) = pair_on(cn, sn, p, ccfg, scfg);
+    let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+    let sdriving = std::thread::spawn(move || block_on(sdrv.run()));
+    let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+    let cdriving = std::thread::spawn(move || block_on(cdrv.run()));
+    let s2 = server.clone();
+    let serving = std::thread::spawn(move || block_on(echo(s2)));
+    let calls = 2000u64;
+    let (c0, s0) = (ce.stats().sleeps, se.stats().sleeps);
+    block_on(async {
+        for _ in 0..calls {
+            client.call(b"hi", None).await.expect("a reply");
+        }
+    });
+    let (c1, s1) = (ce.stats().sleeps, se.stats().sleeps);
+    assert!(
+        c1 - c0 < calls / 4 && s1 - s0 < calls / 4,
+        "over {calls} calls the client's driver slept {} times and the server's {}: woken per call",
+        c1 - c0,
+        s1 - s0
+    );
+    assert_eq!(client.stats().calls_failed, 0);
+    client.close();
+    server.close();
+    // The drivers end once their endpoints' handles are gone.
+    drop((ce, se));
+    serving.join().unwrap();
+    cdriving.join().unwrap();
+    sdriving.join().unwrap();
+    assert_no_hazards(&fabric);
+}
+
 /// A pending call takes its connection's turns itself while it busy-polls
 /// (`Config::busy_poll`): it polls the endpoint's shared completion queue
 /// and finds its reply on its own thread. Here the client's endpoint driver

@@ -4,9 +4,9 @@
 //! driver, which takes the list and gives each connection a turn. Under
 //! every interleaving no wake-up is lost (each change is seen by a turn, or
 //! the connection is on the list for another) and no connection is on the
-//! list twice. And the driver's sleep against waiters that poll the
-//! completion queue themselves: a driver that leaves the queue unarmed for
-//! them is rung when the last one stops.
+//! list twice. And the spin windows that waiters publish while they poll
+//! the completion queue themselves: the latest end is kept, which a driver
+//! that leaves the queue unarmed for them sleeps until.
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test --release --test loom_ready`
 #![cfg(loom)]
@@ -72,52 +72,50 @@ fn two_wakers_against_the_drivers_turns() {
     no_wake_up_is_lost(2, 2);
 }
 
-/// The driver's sleep against waiters that poll the completion queue
-/// themselves. The driver takes its doorbell, then looks whether a waiter
-/// polls; if one does it sleeps without arming the queue, woken only by
-/// the doorbell. `spinners` waiters each start and stop polling (the
-/// first starts before the driver's turn, as a caller already spinning
-/// would; the others race it). Under every interleaving, a driver that
-/// sleeps unarmed finds its doorbell rung once they have all stopped: it
-/// never sleeps with nobody polling the queue.
-fn no_sleep_with_the_queue_unpolled(spinners: usize) {
+/// The ends of spin windows that waiters publish (`ReadyList::watch`)
+/// against the driver's look before it sleeps (`ReadyList::watched`). Each
+/// of `waiters` publishes the end of its window as it starts and a later
+/// one as a busy turn moves it; the driver looks once meanwhile. Under
+/// every interleaving the end the driver saw, if any, is one a waiter
+/// published (its alarm is set for a window that was open), and once they
+/// are done the list holds the latest end: an earlier end published after
+/// a later one does not replace it, so a driver looking again does not arm
+/// the queue and stop sleeping on the alarm while a published window is
+/// still open, and it does once the last has ended.
+fn the_latest_window_wins(waiters: u64) {
     model(move || {
         let list = Arc::new(ReadyList::<u32>::new());
-        list.spinning(true);
-        let threads: Vec<_> = (0..spinners)
+        let ends = move |i: u64| [10 + i, 20 + 10 * i];
+        let threads: Vec<_> = (0..waiters)
             .map(|i| {
                 let list = list.clone();
                 thread::spawn(move || {
-                    if i > 0 {
-                        list.spinning(true);
+                    for end in ends(i) {
+                        list.watch(end);
                     }
-                    // ... polls the queue for a while ...
-                    list.spinning(false);
                 })
             })
             .collect();
-        // The driver's turn: the doorbell first, then the count.
-        list.bell().take();
-        let unarmed = list.waiter_polls();
+        let seen = list.watched(0);
         for t in threads {
             t.join().unwrap();
         }
-        assert!(!list.waiter_polls(), "every waiter stopped");
-        if unarmed {
-            assert!(
-                list.bell().take(),
-                "the driver left the queue unarmed for a waiter, which stopped without ringing it"
-            );
+        let all: Vec<u64> = (0..waiters).flat_map(ends).collect();
+        if let Some(w) = seen {
+            assert!(all.contains(&w), "the driver saw {w}, which no waiter published");
         }
+        let latest = *all.iter().max().expect("a waiter");
+        assert_eq!(list.watched(0), Some(latest), "the latest window's end was lost");
+        assert_eq!(list.watched(latest), None, "a window counts after its end");
     });
 }
 
 #[test]
-fn one_spinner_against_the_drivers_sleep() {
-    no_sleep_with_the_queue_unpolled(1);
+fn one_waiters_windows_against_the_drivers_look() {
+    the_latest_window_wins(1);
 }
 
 #[test]
-fn two_spinners_against_the_drivers_sleep() {
-    no_sleep_with_the_queue_unpolled(2);
+fn two_waiters_windows_against_the_drivers_look() {
+    the_latest_window_wins(2);
 }

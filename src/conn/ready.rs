@@ -13,15 +13,21 @@
 //! A waiter may poll the completion queue itself for a while (it spins,
 //! `live::driver::Spin`), and the driver then leaves the queue unarmed: every
 //! completion would otherwise raise an event, a system call and a wake-up.
-//! The list counts those waiters ([`ReadyList::spinning`]); the last to
-//! stop rings the doorbell, so the driver, which looked at the count after
-//! taking the doorbell, polls and arms the queue again rather than sleep
-//! with nobody polling it.
+//! Each waiter publishes the end of its spin window ([`ReadyList::watch`]):
+//! the queue is watched until the latest one. A driver that finds it
+//! watched ([`ReadyList::watched`]) sleeps unarmed with its alarm set for
+//! that end, and then looks again; a waiter that got what it waited for
+//! leaves without waking it, so that a caller or server making one call or
+//! reply after another, each found by its own polling, costs the driver no
+//! wake-up per call (it wakes once a window, and at the end polls and arms
+//! the queue). A completion that comes once the waiters have gone waits at
+//! most until the end of the last window.
 //!
-//! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
+//! `tests/loom_ready.rs` checks the list's hand-off under every
+//! interleaving, and that concurrent windows leave the latest end.
 
 use crate::handle::Doorbell;
-use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -45,8 +51,9 @@ impl Mark {
 pub struct ReadyList<T> {
     list: Mutex<Vec<T>>,
     bell: Doorbell,
-    /// Waiters polling the completion queue themselves.
-    spinners: AtomicUsize,
+    /// Until when a waiter polls the completion queue itself: the latest
+    /// end of a spin window published, in ns since the endpoint's epoch.
+    watch: AtomicU64,
 }
 
 impl<T> Default for ReadyList<T> {
@@ -58,7 +65,7 @@ impl<T> Default for ReadyList<T> {
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
-        ReadyList { list: Mutex::new(Vec::new()), bell: Doorbell::new(), spinners: AtomicUsize::new(0) }
+        ReadyList { list: Mutex::new(Vec::new()), bell: Doorbell::new(), watch: AtomicU64::new(0) }
     }
 
     /// Put the member whose mark is `mark` on the list (made by `item`)
@@ -101,27 +108,25 @@ impl<T> ReadyList<T> {
         }
     }
 
-    /// The driver's doorbell, rung by [`ReadyList::push`] and by the last
-    /// waiter to stop spinning.
+    /// The driver's doorbell, rung by [`ReadyList::push`].
     pub fn bell(&self) -> &Doorbell {
         &self.bell
     }
 
-    /// A waiter starts (`true`) or stops polling the completion queue
-    /// itself. The last to stop rings the doorbell: the driver, which may
-    /// have left the queue unarmed for it, polls and arms it again.
-    pub fn spinning(&self, on: bool) {
-        if on {
-            self.spinners.fetch_add(1, Ordering::AcqRel);
-        } else if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.bell.ring();
-        }
+    /// A waiter polls the completion queue itself until `until` (ns since
+    /// the endpoint's epoch): the end of its spin window, published when it
+    /// starts and whenever a busy turn moves it. The latest end wins.
+    #[inline]
+    pub fn watch(&self, until: u64) {
+        self.watch.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Driver, after taking the doorbell and before it sleeps: whether a
-    /// waiter polls the queue (then it need not arm it: when the last
-    /// waiter stops, the doorbell rings).
-    pub fn waiter_polls(&self) -> bool {
-        self.spinners.load(Ordering::Acquire) > 0
+    /// Driver, before it sleeps: the end of the latest spin window if it is
+    /// after `now` (ns since the endpoint's epoch). The driver may then
+    /// sleep without arming the queue, its alarm set for that end.
+    #[inline]
+    pub fn watched(&self, now: u64) -> Option<u64> {
+        let until = self.watch.load(Ordering::Acquire);
+        (until > now).then_some(until)
     }
 }

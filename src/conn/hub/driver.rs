@@ -117,9 +117,9 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
-            // Read after this loop took the doorbell: a waiter that stops
-            // from now on rings it, and the sleep below sees the ring.
-            let waiter_polls = shared.ready.waiter_polls();
+            // Until when a waiter polls the queue itself (the end of its
+            // spin window): the driver neither polls nor arms it till then.
+            let watched = shared.ready.watched(now.as_nanos() as u64).map(Duration::from_nanos);
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
                 // polling, not by a sleep and a wake-up. (Going straight to
@@ -131,7 +131,7 @@ impl<N: Nic> HubDriver<N> {
                 continue;
             }
             // A waiter polling the queue: one polling thread is enough.
-            if !shared.busy_poll.is_zero() && failed.is_none() && !waiter_polls {
+            if !shared.busy_poll.is_zero() && failed.is_none() && watched.is_none() {
                 let idle = *idle_since.get_or_insert(at);
                 if at.saturating_duration_since(idle) < shared.busy_poll {
                     crate::conn::live::idle_turn(&mut idle_turns);
@@ -140,16 +140,24 @@ impl<N: Nic> HubDriver<N> {
                 }
             }
             idle_since = None;
-            // Armed only when the earliest timer is earlier than the alarm
-            // (an earlier deadline wins; a later one would change nothing).
-            if let Some(d) = timers.peek().filter(|d| armed.map_or(true, |a| d.at < a)) {
-                alarm.arm(Some(shared.epoch + d.at));
-                armed = Some(d.at);
+            // The alarm rings for the earliest timer, or the end of the
+            // waiters' window if that is earlier; armed only when earlier
+            // than it is (an earlier deadline wins; a later one would
+            // change nothing).
+            let wake = match (timers.peek().map(|d| d.at), watched) {
+                (Some(t), Some(w)) => Some(t.min(w)),
+                (t, w) => t.or(w),
+            };
+            if let Some(at) = wake.filter(|at| armed.map_or(true, |a| *at < a)) {
+                alarm.arm(Some(shared.epoch + at));
+                armed = Some(at);
             }
             // Unarmed while a waiter polls: its polls find the completions
             // (and ring for the other connections'), and an armed queue
             // would raise an event, a system call and a wake-up, for each.
-            let cq_gone = failed.is_some() || waiter_polls;
+            // Once its window ends the alarm above wakes the driver, which
+            // polls and, with no waiter left, arms it.
+            let cq_gone = failed.is_some() || watched.is_some();
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {

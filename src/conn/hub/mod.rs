@@ -321,10 +321,9 @@ pub(super) trait CallerPoll: Send + Sync {
     /// one, that the turn may have made due (`Shared::ring_ends`).
     fn turn_taken(&self);
 
-    /// A waiter starts (`true`) or stops taking its connection's turns
-    /// itself. The last to stop rings the driver, which then polls and
-    /// arms the queue again.
-    fn spinning(&self, on: bool);
+    /// A waiter takes its connection's turns itself, polling the queue,
+    /// until `until` at the latest (see `ReadyList::watch`).
+    fn watch(&self, until: std::time::Instant);
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
@@ -333,8 +332,9 @@ impl<N: Nic> CallerPoll for Shared<N> {
         self.ring_ends();
     }
 
-    fn spinning(&self, on: bool) {
-        self.ready.spinning(on);
+    #[inline]
+    fn watch(&self, until: std::time::Instant) {
+        self.ready.watch(until.saturating_duration_since(self.epoch).as_nanos() as u64);
     }
 
     fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {

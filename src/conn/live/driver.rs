@@ -81,14 +81,15 @@ pub(crate) fn idle_turn(idle: &mut u32) {
 }
 
 impl Spin {
-    /// The waiter no longer takes turns itself (the hub's driver polls on).
+    /// The waiter no longer takes turns itself. It does not wake the hub's
+    /// driver: the queue stays watched until the end of the window it
+    /// published, when the driver looks again (`ReadyList::watch`); a
+    /// waiter that comes back meanwhile, the usual case, publishes a new
+    /// one.
     #[inline]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>) {
         if std::mem::take(&mut self.spinning) {
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
-            if let Some(hub) = inner.hub.hub.upgrade() {
-                hub.spinning(false);
-            }
         }
     }
 }
@@ -122,7 +123,8 @@ impl Spin {
     pub(crate) fn turn<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let now = Instant::now();
-        if now >= *self.until.get_or_insert(now + window) {
+        let until = *self.until.get_or_insert(now + window);
+        if now >= until {
             return false;
         }
         let hub = inner.hub.hub.upgrade();
@@ -132,7 +134,7 @@ impl Spin {
             }
             self.spinning = true;
             if let Some(hub) = &hub {
-                hub.spinning(true);
+                hub.watch(until);
             }
         }
         let part = &inner.hub;
@@ -168,6 +170,9 @@ impl Spin {
         }
         if t.busy {
             self.until = Some(now + window);
+            if let Some(hub) = &hub {
+                hub.watch(now + window);
+            }
         } else {
             idle_turn(&mut self.idle);
         }
