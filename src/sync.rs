@@ -4,7 +4,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use std::sync::Arc;
 
     /// A mutex without poisoning (parking_lot's).
@@ -23,7 +23,7 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use loom::sync::Arc;
 
     /// loom's mutex behind the same poison-free interface.

@@ -753,11 +753,12 @@ fn a_spinning_server_and_its_driver_on_two_threads_keep_the_order_of_requests() 
 /// own (`Config::busy_poll`, `Config::serve_busy_poll`) beside its
 /// endpoint's driver on another, as `mwcap serve` and a client of it run:
 /// each call and each request is found by the waiter's own polling, and a
-/// waiter that got what it waited for leaves without waking its driver,
-/// which sleeps until the end of the last spin window it published
-/// (`ReadyList::watch`). So the drivers sleep and wake about once a window,
-/// not once a call: when the last waiter to stop rang the driver, each
-/// driver woke about once per call (0.8-1.0 sleeps a call here).
+/// waiter with a long window (20 ms here, `LINGER_MIN` or more) that got
+/// what it waited for leaves without waking its driver, which sleeps until
+/// the end of the last window published (`ReadyList::stop`). So the
+/// drivers sleep and wake about once a window, not once a call: when the
+/// last waiter to stop always rang the driver, each driver woke about once
+/// per call (0.8-1.0 sleeps a call here).
 #[test]
 fn spinning_waiters_do_not_wake_their_drivers_once_a_call() {
     let fabric = Fabric::with_seed(12);

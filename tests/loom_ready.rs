@@ -4,9 +4,11 @@
 //! driver, which takes the list and gives each connection a turn. Under
 //! every interleaving no wake-up is lost (each change is seen by a turn, or
 //! the connection is on the list for another) and no connection is on the
-//! list twice. And the spin windows that waiters publish while they poll
-//! the completion queue themselves: the latest end is kept, which a driver
-//! that leaves the queue unarmed for them sleeps until.
+//! list twice. And the driver's sleep against waiters that poll the
+//! completion queue themselves: a driver that leaves the queue unarmed for
+//! them is rung when the last one stops, or, when that one had a long
+//! window and got what it waited for, sleeps with its alarm at the end of
+//! that window.
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test --release --test loom_ready`
 #![cfg(loom)]
@@ -72,26 +74,121 @@ fn two_wakers_against_the_drivers_turns() {
     no_wake_up_is_lost(2, 2);
 }
 
-/// The ends of spin windows that waiters publish (`ReadyList::watch`)
-/// against the driver's look before it sleeps (`ReadyList::watched`). Each
-/// of `waiters` publishes the end of its window as it starts and a later
-/// one as a busy turn moves it; the driver looks once meanwhile. Under
-/// every interleaving the end the driver saw, if any, is one a waiter
-/// published (its alarm is set for a window that was open), and once they
-/// are done the list holds the latest end: an earlier end published after
-/// a later one does not replace it, so a driver looking again does not arm
-/// the queue and stop sleeping on the alarm while a published window is
-/// still open, and it does once the last has ended.
-fn the_latest_window_wins(waiters: u64) {
+/// The driver's sleep against waiters that poll the completion queue
+/// themselves. The driver takes its doorbell, then looks whether a waiter
+/// polls; if one does it sleeps without arming the queue, woken only by
+/// the doorbell. `spinners` waiters each start and stop polling (the
+/// first starts before the driver's turn, as a caller already spinning
+/// would; the others race it), none with a long window. Under every
+/// interleaving, a driver that sleeps unarmed finds its doorbell rung once
+/// they have all stopped: it never sleeps with nobody polling the queue.
+fn no_sleep_with_the_queue_unpolled(spinners: usize) {
     model(move || {
         let list = Arc::new(ReadyList::<u32>::new());
-        let ends = move |i: u64| [10 + i, 20 + 10 * i];
-        let threads: Vec<_> = (0..waiters)
+        list.start(None);
+        let threads: Vec<_> = (0..spinners)
             .map(|i| {
                 let list = list.clone();
                 thread::spawn(move || {
-                    for end in ends(i) {
-                        list.watch(end);
+                    if i > 0 {
+                        list.start(None);
+                    }
+                    // ... polls the queue for a while ...
+                    list.stop(false);
+                })
+            })
+            .collect();
+        // The driver's turn: the doorbell first, then the count.
+        list.bell().take();
+        let unarmed = list.waiter_polls();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(!list.waiter_polls(), "every waiter stopped");
+        if unarmed {
+            assert!(
+                list.bell().take(),
+                "the driver left the queue unarmed for a waiter, which stopped without ringing it"
+            );
+        }
+    });
+}
+
+#[test]
+fn one_spinner_against_the_drivers_sleep() {
+    no_sleep_with_the_queue_unpolled(1);
+}
+
+#[test]
+fn two_spinners_against_the_drivers_sleep() {
+    no_sleep_with_the_queue_unpolled(2);
+}
+
+/// A waiter with a long window that got what it waited for leaves without
+/// ringing (`ReadyList::stop(true)`): the queue counts as watched until its
+/// window's end, which it published as it started (ringing the doorbell,
+/// as no window was open) and moved with a busy turn. Here a short-window
+/// waiter already spins when the driver takes its turn, and stops (ringing
+/// if it is the last) while the long one starts, moves its end and leaves.
+/// The driver takes its doorbell, looks at the count, then at the window:
+/// it arms the queue if neither says it is polled, or sleeps unarmed, with
+/// its alarm at the window's end if one is open. Under every interleaving
+/// a driver that sleeps unarmed without an alarm finds its doorbell rung
+/// once both have stopped, and an alarm it sets is for an end a waiter
+/// published; afterwards the latest end is kept.
+#[test]
+fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
+    model(|| {
+        let list = Arc::new(ReadyList::<u32>::new());
+        let now = 5;
+        list.start(None);
+        let short = {
+            let list = list.clone();
+            thread::spawn(move || list.stop(false))
+        };
+        let long = {
+            let list = list.clone();
+            thread::spawn(move || {
+                list.start(Some((20, now)));
+                // A busy turn moved the window's end.
+                list.extend(30);
+                // ... got its reply ...
+                list.stop(true);
+            })
+        };
+        list.bell().take();
+        let polled = list.waiter_polls();
+        let alarm = list.watched(now);
+        short.join().unwrap();
+        long.join().unwrap();
+        if let Some(at) = alarm {
+            assert!(at == 20 || at == 30, "an alarm at {at}, which no waiter published");
+        } else if polled {
+            assert!(
+                list.bell().take(),
+                "the driver left the queue unarmed without an alarm, and the waiters stopped without ringing it"
+            );
+        }
+        assert_eq!(list.watched(now), Some(30), "the window's latest end was lost");
+        assert_eq!(list.watched(30), None, "a window counts after its end");
+    });
+}
+
+/// The ends of long windows that two waiters publish against each other
+/// (`ReadyList::extend`, as their busy turns move them): an earlier end
+/// published after a later one does not replace it, so a driver looking
+/// again does not arm the queue while a published window is still open.
+#[test]
+fn the_latest_window_end_wins() {
+    model(|| {
+        let list = Arc::new(ReadyList::<u32>::new());
+        let threads: Vec<_> = [[10, 20], [11, 30]]
+            .into_iter()
+            .map(|ends| {
+                let list = list.clone();
+                thread::spawn(move || {
+                    for end in ends {
+                        list.extend(end);
                     }
                 })
             })
@@ -100,22 +197,9 @@ fn the_latest_window_wins(waiters: u64) {
         for t in threads {
             t.join().unwrap();
         }
-        let all: Vec<u64> = (0..waiters).flat_map(ends).collect();
         if let Some(w) = seen {
-            assert!(all.contains(&w), "the driver saw {w}, which no waiter published");
+            assert!([10, 20, 11, 30].contains(&w), "the driver saw {w}, which no waiter published");
         }
-        let latest = *all.iter().max().expect("a waiter");
-        assert_eq!(list.watched(0), Some(latest), "the latest window's end was lost");
-        assert_eq!(list.watched(latest), None, "a window counts after its end");
+        assert_eq!(list.watched(0), Some(30), "the latest window's end was lost");
     });
-}
-
-#[test]
-fn one_waiters_windows_against_the_drivers_look() {
-    the_latest_window_wins(1);
-}
-
-#[test]
-fn two_waiters_windows_against_the_drivers_look() {
-    the_latest_window_wins(2);
 }

@@ -122,6 +122,13 @@ pub struct Config {
     /// Every 16 turns that find nothing, the spinning thread gives its core
     /// up to the OS, so that the thread it waits for can run where threads
     /// outnumber free cores.
+    /// A window of 500 µs or more lingers: a call that got its reply
+    /// leaves the endpoint's driver asleep until the window would have
+    /// ended (its alarm wakes it then), so calls made one after another
+    /// cost the driver no wake-up each; what completes after the last call
+    /// meanwhile is taken in by the next call's polling, or by the driver
+    /// at the window's end. A shorter window wakes the driver when the call
+    /// ends. The same holds for [`Config::serve_busy_poll`].
     /// The driver's own polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
     pub busy_poll: Duration,
     /// Server: how long [`Connection::next_request`](super::Connection::next_request)

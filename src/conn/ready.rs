@@ -13,21 +13,36 @@
 //! A waiter may poll the completion queue itself for a while (it spins,
 //! `live::driver::Spin`), and the driver then leaves the queue unarmed: every
 //! completion would otherwise raise an event, a system call and a wake-up.
-//! Each waiter publishes the end of its spin window ([`ReadyList::watch`]):
-//! the queue is watched until the latest one. A driver that finds it
-//! watched ([`ReadyList::watched`]) sleeps unarmed with its alarm set for
-//! that end, and then looks again; a waiter that got what it waited for
-//! leaves without waking it, so that a caller or server making one call or
-//! reply after another, each found by its own polling, costs the driver no
-//! wake-up per call (it wakes once a window, and at the end polls and arms
-//! the queue). A completion that comes once the waiters have gone waits at
-//! most until the end of the last window.
+//! The list counts those waiters ([`ReadyList::start`], [`ReadyList::stop`]);
+//! the last to stop rings the doorbell, so the driver, which looked at the
+//! count after taking the doorbell, polls and arms the queue again rather
+//! than sleep with nobody polling it.
 //!
-//! `tests/loom_ready.rs` checks the list's hand-off under every
-//! interleaving, and that concurrent windows leave the latest end.
+//! Except a waiter with a long window ([`LINGER_MIN`] or more) that got
+//! what it waited for: it stops without ringing, and the queue counts as
+//! watched until the end of its window, which it published when it
+//! started and as its busy turns moved it ([`ReadyList::extend`]; the
+//! latest end is kept). A driver that finds the queue watched
+//! ([`ReadyList::watched`]) sleeps unarmed with its alarm set for that end,
+//! then looks again. So a caller or server that makes call after call, or
+//! reply after reply, each found by its own polling, costs its driver one
+//! wake-up per window, not one per call; a completion that comes after
+//! the waiters have gone waits at most until the end of the last window.
+//! A waiter whose window starts when none is open rings the doorbell (a
+//! driver that saw no window may be asleep without the alarm).
+//!
+//! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
 use crate::handle::Doorbell;
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// The shortest spin window whose waiter, having got what it waited for,
+/// leaves without waking the driver ([`ReadyList::stop`]): the driver then
+/// wakes on its alarm once per window, and over a shorter window the
+/// alarm's round trip (the alarm thread's wake-up, then the driver's) would
+/// cost more than the ring it saves (on the simulator, 50 µs windows
+/// halved the calls per second of a caller polling beside its driver).
+pub const LINGER_MIN: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -51,8 +66,10 @@ impl Mark {
 pub struct ReadyList<T> {
     list: Mutex<Vec<T>>,
     bell: Doorbell,
-    /// Until when a waiter polls the completion queue itself: the latest
-    /// end of a spin window published, in ns since the endpoint's epoch.
+    /// Waiters polling the completion queue themselves.
+    spinners: AtomicUsize,
+    /// The latest end of a long spin window, in ns since the endpoint's
+    /// epoch: until then the queue counts as watched.
     watch: AtomicU64,
 }
 
@@ -65,7 +82,12 @@ impl<T> Default for ReadyList<T> {
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
-        ReadyList { list: Mutex::new(Vec::new()), bell: Doorbell::new(), watch: AtomicU64::new(0) }
+        ReadyList {
+            list: Mutex::new(Vec::new()),
+            bell: Doorbell::new(),
+            spinners: AtomicUsize::new(0),
+            watch: AtomicU64::new(0),
+        }
     }
 
     /// Put the member whose mark is `mark` on the list (made by `item`)
@@ -113,15 +135,44 @@ impl<T> ReadyList<T> {
         &self.bell
     }
 
-    /// A waiter polls the completion queue itself until `until` (ns since
-    /// the endpoint's epoch): the end of its spin window, published when it
-    /// starts and whenever a busy turn moves it. The latest end wins.
+    /// A waiter starts polling the completion queue itself. With a long
+    /// window, `window` is its end and `now` the time (ns since the
+    /// endpoint's epoch): published first, and the doorbell rung if no
+    /// window was open, so that a driver asleep without the alarm looks
+    /// again.
+    pub fn start(&self, window: Option<(u64, u64)>) {
+        if let Some((until, now)) = window {
+            if self.watch.fetch_max(until, Ordering::AcqRel) <= now {
+                self.bell.ring();
+            }
+        }
+        self.spinners.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A long window's waiter's busy turn moved its end to `until`.
     #[inline]
-    pub fn watch(&self, until: u64) {
+    pub fn extend(&self, until: u64) {
         self.watch.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Driver, before it sleeps: the end of the latest spin window if it is
+    /// A waiter stops polling the queue. The last to stop rings the
+    /// doorbell unless it `lingers` (a long window's waiter that got what
+    /// it waited for: the queue stays watched until its window's end).
+    pub fn stop(&self, lingers: bool) {
+        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 && !lingers {
+            self.bell.ring();
+        }
+    }
+
+    /// Driver, after taking the doorbell and before it sleeps: whether a
+    /// waiter polls the queue (then it need not arm it: when the last
+    /// waiter stops, the doorbell rings, or the window below is open).
+    /// Read before [`ReadyList::watched`].
+    pub fn waiter_polls(&self) -> bool {
+        self.spinners.load(Ordering::Acquire) > 0
+    }
+
+    /// Driver, before it sleeps: the end of the latest long window if it is
     /// after `now` (ns since the endpoint's epoch). The driver may then
     /// sleep without arming the queue, its alarm set for that end.
     #[inline]

@@ -117,9 +117,6 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
-            // Until when a waiter polls the queue itself (the end of its
-            // spin window): the driver neither polls nor arms it till then.
-            let watched = shared.ready.watched(now.as_nanos() as u64).map(Duration::from_nanos);
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
                 // polling, not by a sleep and a wake-up. (Going straight to
@@ -130,8 +127,15 @@ impl<N: Nic> HubDriver<N> {
                 crate::conn::live::yield_now().await;
                 continue;
             }
+            // Read after this loop took the doorbell: a waiter that stops
+            // from now on rings it (and the sleep below sees the ring), or
+            // leaves a window open, read next (`ReadyList::stop`).
+            let waiter_polls = shared.ready.waiter_polls();
+            // Until when the queue counts as watched: a long window's end.
+            let watched = shared.ready.watched(now.as_nanos() as u64).map(Duration::from_nanos);
+            let unpolled = waiter_polls || watched.is_some();
             // A waiter polling the queue: one polling thread is enough.
-            if !shared.busy_poll.is_zero() && failed.is_none() && watched.is_none() {
+            if !shared.busy_poll.is_zero() && failed.is_none() && !unpolled {
                 let idle = *idle_since.get_or_insert(at);
                 if at.saturating_duration_since(idle) < shared.busy_poll {
                     crate::conn::live::idle_turn(&mut idle_turns);
@@ -141,9 +145,9 @@ impl<N: Nic> HubDriver<N> {
             }
             idle_since = None;
             // The alarm rings for the earliest timer, or the end of the
-            // waiters' window if that is earlier; armed only when earlier
-            // than it is (an earlier deadline wins; a later one would
-            // change nothing).
+            // long window if that is earlier; armed only when earlier than
+            // it is (an earlier deadline wins; a later one would change
+            // nothing).
             let wake = match (timers.peek().map(|d| d.at), watched) {
                 (Some(t), Some(w)) => Some(t.min(w)),
                 (t, w) => t.or(w),
@@ -155,9 +159,10 @@ impl<N: Nic> HubDriver<N> {
             // Unarmed while a waiter polls: its polls find the completions
             // (and ring for the other connections'), and an armed queue
             // would raise an event, a system call and a wake-up, for each.
-            // Once its window ends the alarm above wakes the driver, which
-            // polls and, with no waiter left, arms it.
-            let cq_gone = failed.is_some() || watched.is_some();
+            // The last waiter to stop rings the doorbell, or once the long
+            // window ends the alarm above wakes the driver, which polls
+            // and, with no waiter left, arms it.
+            let cq_gone = failed.is_some() || unpolled;
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {

@@ -321,9 +321,17 @@ pub(super) trait CallerPoll: Send + Sync {
     /// one, that the turn may have made due (`Shared::ring_ends`).
     fn turn_taken(&self);
 
-    /// A waiter takes its connection's turns itself, polling the queue,
-    /// until `until` at the latest (see `ReadyList::watch`).
-    fn watch(&self, until: std::time::Instant);
+    /// A waiter starts taking its connection's turns itself; with a long
+    /// window, its end and the time (see `ReadyList::start`).
+    fn start_spinning(&self, window: Option<(std::time::Instant, std::time::Instant)>);
+
+    /// A long window's waiter's busy turn moved its end to `until`.
+    fn extend(&self, until: std::time::Instant);
+
+    /// A waiter stops taking its connection's turns itself. The last to
+    /// stop rings the driver, which then polls and arms the queue again,
+    /// unless it `lingers` (see `ReadyList::stop`).
+    fn stop_spinning(&self, lingers: bool);
 }
 
 impl<N: Nic> CallerPoll for Shared<N> {
@@ -332,9 +340,18 @@ impl<N: Nic> CallerPoll for Shared<N> {
         self.ring_ends();
     }
 
+    fn start_spinning(&self, window: Option<(std::time::Instant, std::time::Instant)>) {
+        let ns = |t: std::time::Instant| t.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.ready.start(window.map(|(until, now)| (ns(until), ns(now))));
+    }
+
     #[inline]
-    fn watch(&self, until: std::time::Instant) {
-        self.ready.watch(until.saturating_duration_since(self.epoch).as_nanos() as u64);
+    fn extend(&self, until: std::time::Instant) {
+        self.ready.extend(until.saturating_duration_since(self.epoch).as_nanos() as u64);
+    }
+
+    fn stop_spinning(&self, lingers: bool) {
+        self.ready.stop(lingers);
     }
 
     fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {

@@ -56,6 +56,10 @@ pub(crate) struct Spin {
     until: Option<Instant>,
     /// This waiter holds `Inner::spinning`.
     spinning: bool,
+    /// Its window is long ([`LINGER_MIN`](crate::conn::ready::LINGER_MIN)
+    /// or more): it publishes the window's end, and leaves without waking
+    /// the driver once it got what it waited for.
+    long: bool,
     /// Turns taken while spinning that found nothing (see [`OS_YIELD_EVERY`]).
     idle: u32,
 }
@@ -81,15 +85,18 @@ pub(crate) fn idle_turn(idle: &mut u32) {
 }
 
 impl Spin {
-    /// The waiter no longer takes turns itself. It does not wake the hub's
-    /// driver: the queue stays watched until the end of the window it
-    /// published, when the driver looks again (`ReadyList::watch`); a
-    /// waiter that comes back meanwhile, the usual case, publishes a new
-    /// one.
+    /// The waiter no longer takes turns itself; `got` says whether it got
+    /// what it waited for. The last to stop rings the hub's driver, unless
+    /// its window is long and it got it: the queue then stays watched until
+    /// the window's end (`ReadyList::stop`), and a waiter that comes back
+    /// meanwhile, the usual case, costs the driver no wake-up.
     #[inline]
-    pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>) {
+    pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         if std::mem::take(&mut self.spinning) {
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+            if let Some(hub) = inner.hub.hub.upgrade() {
+                hub.stop_spinning(self.long && got);
+            }
         }
     }
 }
@@ -110,7 +117,7 @@ impl<N: Nic> Future for CallFuture<'_, N> {
         if r.is_ready() {
             this.done = true;
         }
-        this.spin.stop(this.inner);
+        this.spin.stop(this.inner, r.is_ready());
         r
     }
 }
@@ -133,8 +140,9 @@ impl Spin {
                 return false;
             }
             self.spinning = true;
+            self.long = window >= crate::conn::ready::LINGER_MIN;
             if let Some(hub) = &hub {
-                hub.watch(until);
+                hub.start_spinning(self.long.then_some((until, now)));
             }
         }
         let part = &inner.hub;
@@ -170,8 +178,8 @@ impl Spin {
         }
         if t.busy {
             self.until = Some(now + window);
-            if let Some(hub) = &hub {
-                hub.watch(now + window);
+            if let Some(hub) = hub.as_ref().filter(|_| self.long) {
+                hub.extend(now + window);
             }
         } else {
             idle_turn(&mut self.idle);
@@ -217,20 +225,20 @@ impl<N: Nic> Future for NextRequest<'_, N> {
                 return Poll::Pending;
             }
         }
-        this.spin.stop(this.inner);
+        this.spin.stop(this.inner, r.is_ready());
         r
     }
 }
 
 impl<N: Nic> Drop for NextRequest<'_, N> {
     fn drop(&mut self) {
-        self.spin.stop(self.inner);
+        self.spin.stop(self.inner, false);
     }
 }
 
 impl<N: Nic> Drop for CallFuture<'_, N> {
     fn drop(&mut self) {
-        self.spin.stop(self.inner);
+        self.spin.stop(self.inner, false);
         if !self.done {
             // Mark the slot abandoned first, then ring: the driver's next
             // turn sees the abandonment and cancels the call.
