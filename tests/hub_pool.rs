@@ -181,6 +181,16 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
         assert_eq!(c.stats().calls_failed, 0);
         assert_eq!(s.stats().requests_dropped, 0);
     }
+    // Windows still lent as the connections close (releases on their way,
+    // invalidations not yet completed): no call starts from here on, so
+    // these are the only ones a close can drop.
+    let lent_at_close: Vec<u32> = [&ch, &sh]
+        .iter()
+        .map(|side| {
+            let st = side.stats().buffers.expect("a shared pool");
+            st.windows - st.windows_free
+        })
+        .collect();
     for (c, s) in &conns {
         c.close();
         s.close();
@@ -192,7 +202,7 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
     for (c, _) in &reasons {
         assert_eq!(*c, LossReason::Closed);
     }
-    for (side, dev) in [(&ch, cdev), (&sh, sdev)] {
+    for ((side, dev), lent) in [(&ch, cdev), (&sh, sdev)].into_iter().zip(lent_at_close) {
         let st = side.stats().buffers.unwrap();
         assert_eq!((st.free, st.held_bytes), (19, 0), "every buffer is back: {st:?}");
         // Windows: one per pool buffer, lent to every exposure of every
@@ -203,7 +213,8 @@ fn connections_share_a_pool_smaller_than_their_needs_and_every_byte_is_right() {
         // connections with windows of their own would hold 120).
         assert_eq!(st.windows + st.windows_dropped as u32, 19, "{st:?}");
         assert_eq!(st.windows_free, st.windows, "{st:?}");
-        assert!(st.windows_dropped <= 2, "{st:?}");
+        assert!(st.windows_dropped <= u64::from(lent), "{lent} lent at the close: {st:?}");
+        assert!(lent <= 24, "at most one exposure per connection and side (one call at a time): {st:?}");
         assert!(st.windows_lent >= 24 * 12, "{st:?}");
         assert_eq!(fabric.windows(dev).len(), st.windows as usize);
     }
