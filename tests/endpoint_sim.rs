@@ -169,3 +169,81 @@ fn unsignaled_frames_give_their_send_slots_back_with_a_later_completion() {
         assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
     }
 }
+
+/// `calls` mw calls one after another, each with a 3,000-byte reply
+/// payload the client READs, on a pair whose sides hold releases for
+/// `hold` (`Config::release_hold`); returns the client's frames sent once
+/// the calls are done, and after the hold has passed with every buffer
+/// back and every window invalidated once.
+fn frames_for_mw_reads(calls: u64, hold: Duration) -> (u64, u64) {
+    let mut cfg = Config::default();
+    cfg.release_hold = hold;
+    let mut p = SimPair::spec(9, Policies::both(Policy::Mw), cfg.clone(), cfg).expect("pair");
+    for i in 0..calls {
+        let now = p.now();
+        let call = p.client.call(now, b"get", None).unwrap();
+        assert!(p.drive_until(Duration::from_secs(1), |p| p
+            .server_events
+            .iter()
+            .any(|e| matches!(e, Event::Request { .. }))));
+        let pos = p.server_events.iter().position(|e| matches!(e, Event::Request { .. })).unwrap();
+        let Event::Request { req, .. } = p.server_events.remove(pos) else { unreachable!() };
+        let out = filled(&mut p, false, &[i as u8; 3000]);
+        let now = p.now();
+        p.server.reply(now, req, 0, b"ok", Some(out)).unwrap();
+        assert!(p.drive_until(Duration::from_secs(1), |p| p
+            .client_events
+            .iter()
+            .any(|e| matches!(e, Event::Reply { .. }))));
+        let pos = p.client_events.iter().position(|e| matches!(e, Event::Reply { .. })).unwrap();
+        let Event::Reply { call: c, data, .. } = p.client_events.remove(pos) else { unreachable!() };
+        assert_eq!(c, call);
+        let d = data.expect("reply payload");
+        assert_eq!(d.to_vec(), vec![i as u8; 3000]);
+        p.client.free(d);
+        free_returned(&mut p);
+    }
+    let during = p.client.stats().frames_sent;
+    // The last release goes on its own once the hold is over; the server
+    // invalidates it at once (it came alone), and its buffer comes back.
+    assert!(p.drive_until(Duration::from_secs(1), |p| {
+        free_returned(p);
+        p.server.busy_buffers() == 0
+    }));
+    let s = p.server.stats().lease_owner.unwrap();
+    assert_eq!((s.grants, s.released, s.invalidations, s.expired), (calls, calls, calls, 0), "{s:?}");
+    assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
+    (during, p.client.stats().frames_sent)
+}
+
+#[test]
+fn a_reply_payloads_release_rides_in_the_next_request() {
+    let calls = 20;
+    // Held (the default): each release rides in the request after it, and
+    // the last goes alone after the hold.
+    let (during, after) = frames_for_mw_reads(calls, Config::default().release_hold);
+    assert_eq!((during, after), (calls, calls + 1));
+    // Not held: a frame of its own each.
+    let (during, after) = frames_for_mw_reads(calls, Duration::ZERO);
+    assert_eq!((during, after), (2 * calls, 2 * calls));
+}
+
+/// Give the buffers both sides got back to their pools.
+fn free_returned(p: &mut SimPair) {
+    for client in [false, true] {
+        let events = if client { &mut p.client_events } else { &mut p.server_events };
+        let mut back = Vec::new();
+        let mut i = 0;
+        while i < events.len() {
+            match &events[i] {
+                Event::BufferReturned(_) => match events.remove(i) {
+                    Event::BufferReturned(b) => back.push(b),
+                    _ => unreachable!(),
+                },
+                _ => i += 1,
+            }
+        }
+        let ep = if client { &mut p.client } else { &mut p.server };
+        back.into_iter().for_each(|b| ep.free(b));
+    }
+}

@@ -376,6 +376,17 @@ pub struct Connection {
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
+    /// Releases of payloads this side READ, held for the next request to
+    /// carry (see `Config::release_hold`).
+    held_releases: Vec<mw::Release>,
+    /// LOCAL_INVs ending released leases of this side's windows, held to
+    /// go out after the next frame (see `Config::release_hold`).
+    held_invs: Vec<SendWr>,
+    /// When what is held goes out on its own.
+    hold_until: Option<Duration>,
+    /// A release came alone since the engines last ran: the invalidations
+    /// it leads to are posted at once.
+    invalidate_now: bool,
     role: Role,
     policies: Policies,
     events: VecDeque<Event>,
@@ -506,6 +517,10 @@ impl Connection {
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
+            held_releases: Vec::with_capacity(slots),
+            held_invs: Vec::with_capacity(exposable),
+            hold_until: None,
+            invalidate_now: false,
             // A burst's worth up front (16 calls in flight, each with its
             // reply and its buffer back): growing the queue the first time
             // a burst is larger would allocate on the data path.
@@ -655,6 +670,52 @@ impl Connection {
 
     fn post(&mut self, w: SendWr) {
         self.commands.push_back(Command::PostSend { chain: Chain::one(w), frame: None });
+    }
+
+    /// Hold a release or an invalidation until `Config::release_hold` from
+    /// now at most.
+    fn hold(&mut self, now: Duration) {
+        self.hold_until.get_or_insert(now + self.cfg.release_hold);
+    }
+
+    /// Post the LOCAL_INVs held (after the frame just queued, or with the
+    /// QP in error, where they flush).
+    fn post_held_invs(&mut self) {
+        for i in 0..self.held_invs.len() {
+            let w = self.held_invs[i];
+            self.post(w);
+        }
+        self.held_invs.clear();
+        if self.held_releases.is_empty() {
+            self.hold_until = None;
+        }
+    }
+
+    /// Send everything held now, on its own.
+    fn flush_held(&mut self, now: Duration) {
+        self.hold_until = None;
+        let releases = std::mem::take(&mut self.held_releases);
+        for &r in &releases {
+            let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
+            if let Err(e) = self.send_frame(&f, None) {
+                self.go_down(now, LossReason::Nic(e));
+                break;
+            }
+        }
+        self.held_releases = releases;
+        self.held_releases.clear();
+        self.post_held_invs();
+    }
+
+    /// Attach the releases held to `frame`, leaving room for a grant; the
+    /// rest stay held.
+    fn attach_held(&mut self, frame: &mut Frame<'_>) {
+        if let Frame::Request { attach, .. } | Frame::Ask { attach, .. } = frame {
+            while attach.len() + 1 < crate::conn::frame::MAX_ATTACH {
+                let Some(r) = self.held_releases.pop() else { break };
+                let _ = attach.push(mw_attach(&mw::Message::Release(r)));
+            }
+        }
     }
 
     // ---- outputs ----
