@@ -45,6 +45,7 @@ mod close;
 mod completion;
 mod confirm;
 mod engines;
+mod hold;
 pub(crate) mod ids;
 mod recv;
 mod send;
@@ -670,52 +671,6 @@ impl Connection {
 
     fn post(&mut self, w: SendWr) {
         self.commands.push_back(Command::PostSend { chain: Chain::one(w), frame: None });
-    }
-
-    /// Hold a release or an invalidation until `Config::release_hold` from
-    /// now at most.
-    fn hold(&mut self, now: Duration) {
-        self.hold_until.get_or_insert(now + self.cfg.release_hold);
-    }
-
-    /// Post the LOCAL_INVs held (after the frame just queued, or with the
-    /// QP in error, where they flush).
-    fn post_held_invs(&mut self) {
-        for i in 0..self.held_invs.len() {
-            let w = self.held_invs[i];
-            self.post(w);
-        }
-        self.held_invs.clear();
-        if self.held_releases.is_empty() {
-            self.hold_until = None;
-        }
-    }
-
-    /// Send everything held now, on its own.
-    fn flush_held(&mut self, now: Duration) {
-        self.hold_until = None;
-        let releases = std::mem::take(&mut self.held_releases);
-        for &r in &releases {
-            let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
-            if let Err(e) = self.send_frame(&f, None) {
-                self.go_down(now, LossReason::Nic(e));
-                break;
-            }
-        }
-        self.held_releases = releases;
-        self.held_releases.clear();
-        self.post_held_invs();
-    }
-
-    /// Attach the releases held to `frame`, leaving room for a grant; the
-    /// rest stay held.
-    fn attach_held(&mut self, frame: &mut Frame<'_>) {
-        if let Frame::Request { attach, .. } | Frame::Ask { attach, .. } = frame {
-            while attach.len() + 1 < crate::conn::frame::MAX_ATTACH {
-                let Some(r) = self.held_releases.pop() else { break };
-                let _ = attach.push(mw_attach(&mw::Message::Release(r)));
-            }
-        }
     }
 
     // ---- outputs ----
