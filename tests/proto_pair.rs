@@ -283,18 +283,6 @@ impl Pair {
     }
 }
 
-/// Take every buffer returned on both sides back into the pool.
-fn return_buffers(p: &mut Pair) {
-    for side in [&mut p.c, &mut p.s] {
-        while let Some(ev) = side.conn.poll_event() {
-            match ev {
-                Event::BufferReturned(b) => side.conn.free(b),
-                other => panic!("{other:?}"),
-            }
-        }
-    }
-}
-
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (seed as usize * 31 + i * 7) as u8).collect()
 }
@@ -349,25 +337,17 @@ fn run_calls(policies: Policies, calls: u64) -> Pair {
             }
         }
         assert!(got, "call {i} got its reply");
-        // Returns that finish after the reply. Under mw the last call's may
-        // be held (`Config::release_hold`): its reply payload's release
-        // waits for the next request, and the request payload's LOCAL_INV
-        // for the client's next frame; every earlier one is back.
+        // Returns that finish after the reply (the last release's invalidation).
         p.settle();
-        return_buffers(&mut p);
-        for (side, held) in
-            [(&mut p.c, policies.request == Policy::Mw), (&mut p.s, policies.reply == Policy::Mw)]
-        {
-            let free = side.conn.free_buffers();
-            assert!(free + usize::from(held) >= BUFFERS as usize, "call {i}: {free} free");
+        for side in [&mut p.c, &mut p.s] {
+            while let Some(ev) = side.conn.poll_event() {
+                match ev {
+                    Event::BufferReturned(b) => side.conn.free(b),
+                    other => panic!("{other:?}"),
+                }
+            }
         }
     }
-    // The hold ends: what was held goes on its own, and every buffer is back.
-    p.now += Config::default().release_hold;
-    p.c.conn.handle_timeout(p.now);
-    p.s.conn.handle_timeout(p.now);
-    p.settle();
-    return_buffers(&mut p);
     assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize, "every client buffer is back");
     assert_eq!(p.s.conn.free_buffers(), BUFFERS as usize, "every server buffer is back");
     p.settle();
@@ -704,13 +684,7 @@ fn a_stalled_server_with_start_credits(start: u32) {
 /// server's last receive alone, and go once the server runs.
 #[test]
 fn a_release_leaves_the_last_credit_for_a_grant() {
-    // Releases sent at once, as frames of their own (not held for the next
-    // request, which this test never sends).
-    let policies = Policies::both(Policy::Mw);
-    let at_once = |c: &mut Config| c.release_hold = Duration::ZERO;
-    let c = Side::configured(Role::Client, policies, 0x1000_0000, 0x77, at_once);
-    let s = Side::configured(Role::Server, policies, 0x2000_0000, 0x88, at_once);
-    let mut p = Pair::started(c, s);
+    let mut p = Pair::new(Policies::both(Policy::Mw));
     let replies = |p: &mut Pair, held: &mut Vec<_>| {
         let mut n = 0;
         while let Some(ev) = p.c.conn.poll_event() {

@@ -563,7 +563,6 @@ impl Owner {
             token: Token::new(TokenKind::Invalidate, idx as u32, slot.epoch),
             window: slot.window.handle,
             rkey: slot.window.rkey,
-            end,
         });
     }
 

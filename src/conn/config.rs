@@ -105,18 +105,6 @@ pub struct Config {
     pub lease_time: Duration,
     /// Reader side: the time a lease must have left to be worth READing.
     pub safety_margin: Duration,
-    /// How long a release may wait for a frame to ride in, and an
-    /// invalidation after a release for a frame to follow. The client's
-    /// release of a reply payload it read rides in its next request (an
-    /// attachment: one SEND fewer per call, and none on the path of the
-    /// call that READ), and an owner posts the LOCAL_INV that ends a
-    /// released lease after its next frame (off the path of the request
-    /// or reply that brought the release). Past this, either goes on its
-    /// own; a buffer shortage on this side posts the invalidations at
-    /// once, as do an expiry and a revocation, and on a shared buffer pool
-    /// they are never held. A released window stays bound (the buffer
-    /// unused) this much longer at most. `ZERO`: sent and posted at once.
-    pub release_hold: Duration,
     /// Client: how long a call may take before it fails.
     pub call_timeout: Duration,
     /// Confirm policy: READs of a reply before giving up on stale reads.
@@ -407,7 +395,6 @@ impl Default for Config {
             send_slots: None,
             lease_time: Duration::from_secs(5),
             safety_margin: Duration::from_millis(500),
-            release_hold: Duration::from_millis(5),
             call_timeout: Duration::from_secs(10),
             max_attempts: 3,
             seed: 0x6d77_6361_7000_0001,

@@ -67,10 +67,6 @@ pub enum OwnerAction {
         window: u32,
         /// The window's current rkey.
         rkey: u32,
-        /// Why the lease ends: after a release the peer reads no more, so
-        /// the driver may post the invalidation a little later; after an
-        /// expiry or a revocation it posts it at once.
-        end: LeaseEnd,
     },
     /// Move the QP to ERR (the peer is hostile). Afterwards call
     /// [`Owner::handle_qp_error`](super::Owner::handle_qp_error) (and the reader's) on this connection.

@@ -819,7 +819,7 @@ impl World {
                         self.owner_sq.push_back(OwnerWr::Send { token: bg.send_token, bytes });
                     }
                 }
-                OwnerAction::Invalidate { token, window, rkey, .. } => {
+                OwnerAction::Invalidate { token, window, rkey } => {
                     self.check_held(window, "LOCAL_INV");
                     if self.a_err {
                         self.owner_cq.push_back((token, Status::Flushed));

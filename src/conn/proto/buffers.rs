@@ -13,10 +13,7 @@ impl Connection {
     /// from the pool, or `None` when all are in use.
     pub fn alloc(&mut self) -> Option<Buf> {
         self.reclaim();
-        let Some(slot) = self.bufs.take_outgoing(0) else {
-            self.short_of_buffers();
-            return None;
-        };
+        let slot = self.bufs.take_outgoing(0)?;
         Some(self.buf(slot, 0))
     }
 
@@ -31,7 +28,6 @@ impl Connection {
         }
         self.reclaim();
         let Some(slot) = self.bufs.first_fitting(self.layout.fitting(want), |b, k| b.take_outgoing(k)) else {
-            self.short_of_buffers();
             return Ok(None);
         };
         Ok(Some(self.buf(slot, 0)))
@@ -39,30 +35,12 @@ impl Connection {
 
     /// A free buffer of the smallest class that has one and holds `len`.
     pub(super) fn take_fit(&mut self, len: u32, to: Holder) -> Option<u32> {
-        let slot = self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.take_in(k, to));
-        if slot.is_none() {
-            self.short_of_buffers();
-        }
-        slot
+        self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.take_in(k, to))
     }
 
     /// Whether some class holds `len` bytes and has a free buffer.
     pub(super) fn can_fit(&mut self, len: u32) -> bool {
-        let fits =
-            self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.can_take(k).then_some(())).is_some();
-        if !fits {
-            self.short_of_buffers();
-        }
-        fits
-    }
-
-    /// A take found no free buffer: the LOCAL_INVs held (each the last
-    /// step before a buffer comes back) are posted now, not with the next
-    /// frame.
-    fn short_of_buffers(&mut self) {
-        if !self.held_invs.is_empty() {
-            self.post_held_invs();
-        }
+        self.bufs.first_fitting(self.layout.fitting(len), |b, k| b.can_take(k).then_some(())).is_some()
     }
 
     /// Put a buffer back in the pool (dropping it does the same, a little later).

@@ -249,9 +249,6 @@ impl Connection {
             Frame::Request { msg_id: msg, trace, header, inline, attach: Attaches::new() }
         };
         self.drain_fb_into(now, &mut frame);
-        if !self.held_releases.is_empty() {
-            self.attach_held(&mut frame);
-        }
         self.send_with_grant(now, &mut frame);
         self.pump(now);
         CallId(msg)

@@ -18,13 +18,6 @@ impl Connection {
         self.backlog.clear();
         self.backlog_bytes.clear();
         self.commands.push_back(Command::SetQpError);
-        // Releases held go nowhere (the owner's windows end with the QP);
-        // LOCAL_INVs held are posted behind the error, where they flush
-        // unexecuted (a window the peer invalidated is never invalidated
-        // twice).
-        self.held_releases.clear();
-        self.post_held_invs();
-        self.hold_until = None;
         if let Some(o) = &mut self.owner {
             o.engine.handle_qp_error(now);
         }

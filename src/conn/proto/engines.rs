@@ -68,7 +68,6 @@ impl Connection {
                 progressed = true;
                 self.owner_action(now, a, None);
             }
-            self.invalidate_now = false;
             while let Some(a) = self.reader.as_mut().and_then(|r| r.engine.poll_action()) {
                 progressed = true;
                 self.reader_action(now, a);
@@ -133,23 +132,8 @@ impl Connection {
                     self.go_down(now, LossReason::Nic(e));
                 }
             }
-            mw::OwnerAction::Invalidate { token, rkey, end, .. } => {
-                let w = SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey };
-                // After a release, held for the next frame; at once after
-                // an expiry or a revocation (no READ may succeed after
-                // it), when down (it flushes behind the error), or on a
-                // shared pool, whose other connections may wait for this
-                // buffer and window.
-                let hold = !self.cfg.release_hold.is_zero()
-                    && !self.invalidate_now
-                    && self.down.is_none()
-                    && !self.bufs.is_backed();
-                if end == mw::LeaseEnd::Released && hold {
-                    self.held_invs.push(w);
-                    self.hold(now);
-                } else {
-                    self.post(w);
-                }
+            mw::OwnerAction::Invalidate { token, rkey, .. } => {
+                self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
             }
             mw::OwnerAction::FlushQp => {
                 self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer))
@@ -163,14 +147,9 @@ impl Connection {
                 self.post_read(token.wr_id(), MrId(dest.mr), dest.offset as usize, remote_addr, rkey, len);
             }
             mw::ReaderAction::SendRelease(r) => {
-                if self.cfg.release_hold.is_zero() {
-                    let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
-                    if let Err(e) = self.send_frame(&f, None) {
-                        self.go_down(now, LossReason::Nic(e));
-                    }
-                } else if self.down.is_none() {
-                    self.held_releases.push(r);
-                    self.hold(now);
+                let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
+                if let Err(e) = self.send_frame(&f, None) {
+                    self.go_down(now, LossReason::Nic(e));
                 }
             }
             mw::ReaderAction::FlushQp => self.go_down(now, LossReason::ReadHung),

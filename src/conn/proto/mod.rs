@@ -45,7 +45,6 @@ mod close;
 mod completion;
 mod confirm;
 mod engines;
-mod hold;
 pub(crate) mod ids;
 mod recv;
 mod send;
@@ -377,17 +376,6 @@ pub struct Connection {
     next_ping: u64,
     calls: Timed<Call>,
     requests: IdMap<u64, Request>,
-    /// Releases of payloads this side READ, held for the next request to
-    /// carry (see `Config::release_hold`).
-    held_releases: Vec<mw::Release>,
-    /// LOCAL_INVs ending released leases of this side's windows, held to
-    /// go out after the next frame (see `Config::release_hold`).
-    held_invs: Vec<SendWr>,
-    /// When what is held goes out on its own.
-    hold_until: Option<Duration>,
-    /// A release came alone since the engines last ran: the invalidations
-    /// it leads to are posted at once.
-    invalidate_now: bool,
     role: Role,
     policies: Policies,
     events: VecDeque<Event>,
@@ -518,10 +506,6 @@ impl Connection {
             next_ping: 1,
             calls: Timed::with_capacity(cfg.ctrl_slots as usize),
             requests: id_map(cfg.ctrl_slots as usize),
-            held_releases: Vec::with_capacity(slots),
-            held_invs: Vec::with_capacity(exposable),
-            hold_until: None,
-            invalidate_now: false,
             // A burst's worth up front (16 calls in flight, each with its
             // reply and its buffer back): growing the queue the first time
             // a burst is larger would allocate on the data path.

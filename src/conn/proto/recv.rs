@@ -371,12 +371,7 @@ impl Connection {
                     self.start_grant(now, msg, g);
                 }
                 Ok(mw::Message::Release(r)) => match self.owner.as_mut() {
-                    Some(o) => {
-                        o.engine.handle_release(now, r);
-                        // A release that came alone brought nothing to
-                        // hand over: its invalidation need not wait.
-                        self.invalidate_now |= msg.is_none();
-                    }
+                    Some(o) => o.engine.handle_release(now, r),
                     None => self.misbehaved(now, Misbehavior::WrongPolicy { what: "window release" }),
                 },
                 Err(e) => self.misbehaved(now, Misbehavior::MalformedLeaseMessage(e)),

@@ -145,9 +145,6 @@ impl Connection {
             }
         };
         self.commands.push_back(Command::PostSend { chain, frame: Some(staged) });
-        if !self.held_invs.is_empty() {
-            self.post_held_invs();
-        }
     }
 
     /// One plain frame in `signal_every` is posted signaled: half the send

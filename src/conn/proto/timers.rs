@@ -23,7 +23,6 @@ impl Connection {
         // Every call gets the same timeout as it starts and message ids grow
         // with time, so the oldest call has the earliest deadline.
         t = min(t, self.calls.first_deadline());
-        t = min(t, self.hold_until);
         min(t, self.keepalive_at())
     }
 
@@ -91,9 +90,6 @@ impl Connection {
         // Oldest first: deadlines grow with message ids (see poll_timeout).
         while let Some(msg) = self.calls.first_expired(now) {
             self.abandon_call(now, msg, CallError::TimedOut);
-        }
-        if self.hold_until.is_some_and(|t| t <= now) {
-            self.flush_held(now);
         }
         self.handle_keepalive(now);
         self.dirty = true;
