@@ -16,6 +16,12 @@
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use mwcap::conn::ready::{Mark, ReadyList};
+use std::time::Duration;
+
+/// A time on the endpoint's clock, `n` ns after its epoch.
+fn t(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
 
 mod loom_common;
 use loom_common::model;
@@ -140,7 +146,7 @@ fn two_spinners_against_the_drivers_sleep() {
 fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
     model(|| {
         let list = Arc::new(ReadyList::<u32>::new());
-        let now = 5;
+        let now = t(5);
         list.start(None);
         let short = {
             let list = list.clone();
@@ -149,9 +155,9 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
         let long = {
             let list = list.clone();
             thread::spawn(move || {
-                list.start(Some((20, now)));
+                list.start(Some((t(20), now)));
                 // A busy turn moved the window's end.
-                list.extend(30);
+                list.extend(t(30));
                 // ... got its reply ...
                 list.stop(true);
             })
@@ -162,15 +168,15 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
         short.join().unwrap();
         long.join().unwrap();
         if let Some(at) = alarm {
-            assert!(at == 20 || at == 30, "an alarm at {at}, which no waiter published");
+            assert!(at == t(20) || at == t(30), "an alarm at {at:?}, which no waiter published");
         } else if polled {
             assert!(
                 list.bell().take(),
                 "the driver left the queue unarmed without an alarm, and the waiters stopped without ringing it"
             );
         }
-        assert_eq!(list.watched(now), Some(30), "the window's latest end was lost");
-        assert_eq!(list.watched(30), None, "a window counts after its end");
+        assert_eq!(list.watched(now), Some(t(30)), "the window's latest end was lost");
+        assert_eq!(list.watched(t(30)), None, "a window counts after its end");
     });
 }
 
@@ -188,18 +194,18 @@ fn the_latest_window_end_wins() {
                 let list = list.clone();
                 thread::spawn(move || {
                     for end in ends {
-                        list.extend(end);
+                        list.extend(t(end));
                     }
                 })
             })
             .collect();
-        let seen = list.watched(0);
+        let seen = list.watched(t(0));
         for t in threads {
             t.join().unwrap();
         }
         if let Some(w) = seen {
-            assert!([10, 20, 11, 30].contains(&w), "the driver saw {w}, which no waiter published");
+            assert!([10, 20, 11, 30].map(t).contains(&w), "the driver saw {w:?}, which no waiter published");
         }
-        assert_eq!(list.watched(0), Some(30), "the latest window's end was lost");
+        assert_eq!(list.watched(t(0)), Some(t(30)), "the latest window's end was lost");
     });
 }

@@ -34,6 +34,8 @@
 //! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
 use crate::handle::Doorbell;
+use std::time::Duration;
+
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
@@ -42,7 +44,7 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 /// alarm's round trip (the alarm thread's wake-up, then the driver's) would
 /// cost more than the ring it saves (on the simulator, 50 µs windows
 /// halved the calls per second of a caller polling beside its driver).
-pub const LINGER_MIN: std::time::Duration = std::time::Duration::from_micros(500);
+pub const LINGER_MIN: Duration = Duration::from_micros(500);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -69,7 +71,7 @@ pub struct ReadyList<T> {
     /// Waiters polling the completion queue themselves.
     spinners: AtomicUsize,
     /// The latest end of a long spin window, in ns since the endpoint's
-    /// epoch: until then the queue counts as watched.
+    /// epoch ([`ns`]): until then the queue counts as watched.
     watch: AtomicU64,
 }
 
@@ -130,19 +132,22 @@ impl<T> ReadyList<T> {
         }
     }
 
-    /// The driver's doorbell, rung by [`ReadyList::push`].
+    /// The driver's doorbell, rung by [`ReadyList::push`], by a waiter
+    /// that opens a long window when none is open ([`ReadyList::start`]),
+    /// and by the last waiter to stop unless it lingers
+    /// ([`ReadyList::stop`]).
     pub fn bell(&self) -> &Doorbell {
         &self.bell
     }
 
     /// A waiter starts polling the completion queue itself. With a long
-    /// window, `window` is its end and `now` the time (ns since the
+    /// window, `window` is its end and the time now (both since the
     /// endpoint's epoch): published first, and the doorbell rung if no
     /// window was open, so that a driver asleep without the alarm looks
     /// again.
-    pub fn start(&self, window: Option<(u64, u64)>) {
+    pub fn start(&self, window: Option<(Duration, Duration)>) {
         if let Some((until, now)) = window {
-            if self.watch.fetch_max(until, Ordering::AcqRel) <= now {
+            if self.watch.fetch_max(ns(until), Ordering::AcqRel) <= ns(now) {
                 self.bell.ring();
             }
         }
@@ -151,8 +156,8 @@ impl<T> ReadyList<T> {
 
     /// A long window's waiter's busy turn moved its end to `until`.
     #[inline]
-    pub fn extend(&self, until: u64) {
-        self.watch.fetch_max(until, Ordering::AcqRel);
+    pub fn extend(&self, until: Duration) {
+        self.watch.fetch_max(ns(until), Ordering::AcqRel);
     }
 
     /// A waiter stops polling the queue. The last to stop rings the
@@ -173,11 +178,18 @@ impl<T> ReadyList<T> {
     }
 
     /// Driver, before it sleeps: the end of the latest long window if it is
-    /// after `now` (ns since the endpoint's epoch). The driver may then
-    /// sleep without arming the queue, its alarm set for that end.
+    /// after `now` (since the endpoint's epoch). The driver may then sleep
+    /// without arming the queue, its alarm set for that end.
     #[inline]
-    pub fn watched(&self, now: u64) -> Option<u64> {
+    pub fn watched(&self, now: Duration) -> Option<Duration> {
         let until = self.watch.load(Ordering::Acquire);
-        (until > now).then_some(until)
+        (until > ns(now)).then(|| Duration::from_nanos(until))
     }
+}
+
+/// A time since the endpoint's epoch in ns, as the window's end is kept
+/// (u64 ns: 584 years).
+#[inline]
+fn ns(t: Duration) -> u64 {
+    t.as_nanos() as u64
 }

@@ -132,7 +132,7 @@ impl<N: Nic> HubDriver<N> {
             // leaves a window open, read next (`ReadyList::stop`).
             let waiter_polls = shared.ready.waiter_polls();
             // Until when the queue counts as watched: a long window's end.
-            let watched = shared.ready.watched(now.as_nanos() as u64).map(Duration::from_nanos);
+            let watched = shared.ready.watched(now);
             let unpolled = waiter_polls || watched.is_some();
             // A waiter polling the queue: one polling thread is enough.
             if !shared.busy_poll.is_zero() && failed.is_none() && !unpolled {

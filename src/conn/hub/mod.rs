@@ -322,11 +322,13 @@ pub(super) trait CallerPoll: Send + Sync {
     fn turn_taken(&self);
 
     /// A waiter starts taking its connection's turns itself; with a long
-    /// window, its end and the time (see `ReadyList::start`).
-    fn start_spinning(&self, window: Option<(std::time::Instant, std::time::Instant)>);
+    /// window, its end and the time now, on the connection's clock (the
+    /// endpoint's: see `ReadyList::start`).
+    fn start_spinning(&self, window: Option<(Duration, Duration)>);
 
-    /// A long window's waiter's busy turn moved its end to `until`.
-    fn extend(&self, until: std::time::Instant);
+    /// A long window's waiter's busy turn moved its end to `until` (on the
+    /// connection's clock).
+    fn extend(&self, until: Duration);
 
     /// A waiter stops taking its connection's turns itself. The last to
     /// stop rings the driver, which then polls and arms the queue again,
@@ -340,14 +342,13 @@ impl<N: Nic> CallerPoll for Shared<N> {
         self.ring_ends();
     }
 
-    fn start_spinning(&self, window: Option<(std::time::Instant, std::time::Instant)>) {
-        let ns = |t: std::time::Instant| t.saturating_duration_since(self.epoch).as_nanos() as u64;
-        self.ready.start(window.map(|(until, now)| (ns(until), ns(now))));
+    fn start_spinning(&self, window: Option<(Duration, Duration)>) {
+        self.ready.start(window);
     }
 
     #[inline]
-    fn extend(&self, until: std::time::Instant) {
-        self.ready.extend(until.saturating_duration_since(self.epoch).as_nanos() as u64);
+    fn extend(&self, until: Duration) {
+        self.ready.extend(until);
     }
 
     fn stop_spinning(&self, lingers: bool) {

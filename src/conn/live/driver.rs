@@ -134,6 +134,8 @@ impl Spin {
         if now >= until {
             return false;
         }
+        // The connection's clock is its endpoint's (the ready list's).
+        let at = inner.now_at(now);
         let hub = inner.hub.hub.upgrade();
         if !self.spinning {
             if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
@@ -142,7 +144,7 @@ impl Spin {
             self.spinning = true;
             self.long = window >= crate::conn::ready::LINGER_MIN;
             if let Some(hub) = &hub {
-                hub.start_spinning(self.long.then_some((until, now)));
+                hub.start_spinning(self.long.then(|| (inner.now_at(until), at)));
             }
         }
         let part = &inner.hub;
@@ -158,7 +160,7 @@ impl Spin {
         // routed completion would grow it.
         let mut inbox = std::mem::take(&mut *part.spin_scratch.lock());
         // The clock read above, not a second one.
-        let t = inner.turn(inner.now_at(now), &mut inbox, |st, next| {
+        let t = inner.turn(at, &mut inbox, |st, next| {
             // The hub's timer heap must hold a deadline no later than
             // `next`: a turn by the driver puts it there.
             if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
@@ -179,7 +181,7 @@ impl Spin {
         if t.busy {
             self.until = Some(now + window);
             if let Some(hub) = hub.as_ref().filter(|_| self.long) {
-                hub.extend(now + window);
+                hub.extend(at + window);
             }
         } else {
             idle_turn(&mut self.idle);
