@@ -17,10 +17,6 @@ use crate::backend::{Access, MrId, MwId, SendWr, Sge, SgeList};
 impl Connection {
     // ---- carrying out engine actions ----
 
-    /// Drain every engine's actions and events until all are quiet.
-    /// (Inline: at rest, most calls find nothing to do and cost the
-    /// checks only.)
-    #[inline]
     /// Owner side: end this connection's exposure of user range `range`
     /// now (a delegation was revoked). Under mw its window is invalidated
     /// at once (its one LOCAL_INV; the range returns on its completion,
@@ -51,6 +47,8 @@ impl Connection {
         revoked
     }
 
+    /// Drain every engine's actions and events until all are quiet (at
+    /// rest, most calls find nothing to do and cost the checks only).
     pub(super) fn pump(&mut self, now: Duration) {
         if !self.idle() {
             self.pump_rounds(now);
