@@ -38,10 +38,26 @@ impl<N: Nic> Ord for Due<N> {
 }
 
 impl<N: Nic> HubDriver<N> {
+    /// A ring of this hub's doorbell, for as long as the hub lives (from a
+    /// waker of the endpoint's: its bootstrap streams').
+    pub(crate) fn ringer(&self) -> impl Fn() + Send + Sync + 'static
+    where
+        N: 'static,
+    {
+        let hub = Arc::downgrade(&self.shared);
+        move || {
+            if let Some(s) = hub.upgrade() {
+                s.ready.bell().ring();
+            }
+        }
+    }
+
     /// Drive every connection on the hub; ends once every [`Hub`](super::Hub) handle
     /// is dropped and every connection has finished. Returns the hub's
-    /// final counts.
-    pub async fn run(self) -> EndpointStats {
+    /// final counts. `after_turns` runs after each loop's turns, unless
+    /// that loop ended the driver (the endpoint's bootstrap streams: rung
+    /// through [`HubDriver::ringer`], it finds what woke them).
+    pub async fn run(self, mut after_turns: impl FnMut()) -> EndpointStats {
         let shared = &self.shared;
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
@@ -117,6 +133,7 @@ impl<N: Nic> HubDriver<N> {
             if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
+            after_turns();
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
                 // polling, not by a sleep and a wake-up. (Going straight to
