@@ -174,27 +174,34 @@ pub struct PostError {
 /// A validated chain of send requests as libibverbs structs, built on the
 /// stack by [`Qp::prepare_send`] and posted with one doorbell by
 /// [`SendChain::post`]. It borrows the QP, the regions and the windows it
-/// names, so none can go away before it is posted.
-pub struct SendChain<'a> {
+/// names, so none can go away before it is posted. `N` is the room it has
+/// (at most [`MAX_CHAIN`]): the backend builds the usual chain, one or two
+/// requests, in arrays of two, which it zeroes and moves on every post.
+pub struct SendChain<'a, const N: usize = MAX_CHAIN> {
     qp: &'a Qp,
     len: usize,
-    wrs: [sys::ibv_send_wr; MAX_CHAIN],
-    sges: [[sys::ibv_sge; MAX_SGE]; MAX_CHAIN],
+    wrs: [sys::ibv_send_wr; N],
+    sges: [[sys::ibv_sge; MAX_SGE]; N],
     /// For each request that binds a window: the window and its new rkey.
-    binds: [Option<(&'a Mw, u32)>; MAX_CHAIN],
+    binds: [Option<(&'a Mw, u32)>; N],
 }
 
 impl Qp {
-    /// Validate `reqs` and build them as C work requests, without posting.
+    /// Validate `reqs` and build them as C work requests in a chain with
+    /// room for `N` (at most [`MAX_CHAIN`]), without posting.
     ///
     /// Checks everything the device would otherwise fail on later or not at
-    /// all: the chain length ([`MAX_CHAIN`]), scatter list sizes, bind
+    /// all: the chain length (`N`, [`MAX_CHAIN`]), scatter list sizes, bind
     /// ranges and that each bind's rkey carries its window's index. A
     /// malformed chain is refused whole (`posted: 0`).
-    pub fn prepare_send<'a>(&'a self, reqs: &[SendRequest<'a>]) -> Result<SendChain<'a>, PostError> {
+    pub fn prepare_send<'a, const N: usize>(
+        &'a self,
+        reqs: &[SendRequest<'a>],
+    ) -> Result<SendChain<'a, N>, PostError> {
         let fail = |failed, error| PostError { error, failed, posted: 0 };
-        if reqs.len() > MAX_CHAIN {
-            return Err(fail(MAX_CHAIN, chain_too_long(reqs.len())));
+        let room = N.min(MAX_CHAIN);
+        if reqs.len() > room {
+            return Err(fail(room, chain_too_long(reqs.len())));
         }
         let mut chain = SendChain {
             qp: self,
@@ -202,8 +209,8 @@ impl Qp {
             // SAFETY: ibv_send_wr is integers, raw pointers and unions of
             // those; all-zero (NULL `next`, no scatter list) is valid.
             wrs: unsafe { std::mem::zeroed() },
-            sges: [[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE]; MAX_CHAIN],
-            binds: [None; MAX_CHAIN],
+            sges: [[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE]; N],
+            binds: [None; N],
         };
         for (i, r) in reqs.iter().enumerate() {
             let list = match &r.op {
@@ -308,7 +315,7 @@ impl Qp {
     }
 }
 
-impl SendChain<'_> {
+impl<const N: usize> SendChain<'_, N> {
     /// Post the chain with one `ibv_post_send`.
     ///
     /// The windows it binds are locked (in address order, so two chains
@@ -335,14 +342,14 @@ impl SendChain<'_> {
                 wr.next = if i + 1 < n { wrs.add(i + 1) } else { ptr::null_mut() };
             }
         }
-        let mut bound = [None::<&Mw>; MAX_CHAIN];
+        let mut bound = [None::<&Mw>; N];
         let mut k = 0;
         for (mw, _) in self.binds[..n].iter().flatten() {
             bound[k] = Some(*mw);
             k += 1;
         }
         bound[..k].sort_unstable_by_key(|m| m.map_or(0, |m| m.as_ptr() as usize));
-        let mut guards: [Option<MutexGuard<'_, ()>>; MAX_CHAIN] = Default::default();
+        let mut guards: [Option<MutexGuard<'_, ()>>; N] = std::array::from_fn(|_| None);
         let mut last: *const Mw = ptr::null();
         for (g, mw) in guards.iter_mut().zip(bound[..k].iter().flatten()) {
             if !ptr::eq(*mw, last) {
