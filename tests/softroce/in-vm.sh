@@ -659,4 +659,13 @@ else
     echo "delegation: $(( $(date +%s) - dstart )) s"
 fi
 
+# Instructions per call over rxe0, user space (informational; about two
+# minutes): tests/cost/callgrind-verbs.sh, one line per case.
+if [ "${MWCAP_COST:-1}" = 1 ] && command -v valgrind >/dev/null; then
+    echo "=== instructions per call on rxe0 (informational): tests/cost/callgrind-verbs.sh"
+    cstart=$(date +%s)
+    bash "$(dirname "${BASH_SOURCE[0]}")/../cost/callgrind-verbs.sh" "$mwcap" rxe0 || echo "cost: the script failed (informational)"
+    echo "cost: $(( $(date +%s) - cstart )) s"
+fi
+
 [ "$suite_rc" -eq 0 ] && [ "$fail" -eq 0 ]

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Instructions per call over real verbs, counted with callgrind: everything
+# in user space (mwcap, its verbs backend, libibverbs and the provider,
+# libc), one call and both sides (one process: `mwcap bench --device DEV`
+# with client and server on two protection domains, block_on, both drivers
+# sleeping on the completion channel between calls).
+#
+#   tests/cost/callgrind-verbs.sh MWCAP_BINARY [DEVICE]      (needs RDMA: the VM)
+#
+# tests/softroce/in-vm.sh runs it on rxe0 (informational). Where
+# tests/cost/callgrind.sh counts mwcap over the simulated NIC (the NIC
+# excluded), this counts the path users run on a device: the backend's
+# posts and polls (src/verbs/), and what libibverbs and the provider cost
+# in user space. The kernel's share (rxe's work, system calls) is not
+# counted. How many times the drivers loop and sleep depends on timing, so
+# the figures move by a few percent from run to run.
+#
+# Two runs of the same case (N1 and N2 timed calls after the same warm-up)
+# are subtracted, so setup and teardown cancel out; prints one line per
+# case, with the total split by where the instructions are (conn: src/conn,
+# verbs: src/verbs, provider: libibverbs and lib*-rdmav*, libc, and the
+# rest: std, futures, the benchmark's own loop).
+set -euo pipefail
+bin=${1:?usage: callgrind-verbs.sh MWCAP_BINARY [DEVICE]}
+dev=${2:-rxe0}
+command -v valgrind >/dev/null || { echo "cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+n1=${COST_N1:-100}
+n2=${COST_N2:-300}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# (rpc runs on the mw connection: it has no policy of its own, policy=none.)
+for c in "rpc mw 64" "reply_read mw 4096" "reply_read confirm 4096"; do
+    set -- $c
+    case_=$1 policy=$2 size=$3
+    for n in "$n1" "$n2"; do
+        timeout -k 5 600 valgrind --tool=callgrind --callgrind-out-file="$work/$n.out" "$bin" bench --device "$dev" \
+            --cases "$case_" --policy "$policy" --sizes "$size" --inflight 1 --iters "$n" --warmup 20 --stamp-only \
+            >"$work/$n.log" 2>&1 || {
+            echo "cost case=$case_ policy=$policy backend=verbs no result (valgrind exit $?; its log ends:)"
+            tail -5 "$work/$n.log" | sed -e 's/^/cost: /'
+            continue 2
+        }
+        callgrind_annotate --auto=no --threshold=100 "$work/$n.out" >"$work/$n.txt" 2>/dev/null
+    done
+    [ "$case_" = rpc ] && policy=none
+    python3 - "$work/$n1.txt" "$work/$n2.txt" "$case_" "$policy" "$size" "$n1" "$n2" <<'PY'
+import re, sys
+def parts(path):
+    out = {"total": 0}
+    for line in open(path, errors="replace"):
+        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+(.*)$", line)
+        if not m:
+            continue
+        ir, rest = int(m.group(1).replace(",", "")), m.group(2)
+        if rest.startswith("PROGRAM TOTALS"):
+            out["total"] = ir
+            continue
+        # Paths under the working directory print relative to it.
+        f = "/" + rest.split(":", 1)[0]
+        if "/src/conn/" in f:
+            k = "conn"
+        elif "/src/verbs/" in f:
+            k = "verbs"
+        elif "libibverbs" in rest or "rdmav" in rest:
+            k = "provider"
+        elif "libc.so" in rest:
+            k = "libc"
+        else:
+            continue
+        out[k] = out.get(k, 0) + ir
+    return out
+a, b = parts(sys.argv[1]), parts(sys.argv[2])
+case, policy, size, n1, n2 = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
+per = {k: (b.get(k, 0) - a.get(k, 0)) / (n2 - n1) for k in ("total", "conn", "verbs", "provider", "libc")}
+rest = per["total"] - per["conn"] - per["verbs"] - per["provider"] - per["libc"]
+print(f"cost case={case} policy={policy} size={size} backend=verbs ir_per_call={per['total']:.0f} "
+      f"conn={per['conn']:.0f} verbs={per['verbs']:.0f} provider={per['provider']:.0f} libc={per['libc']:.0f} rest={rest:.0f}")
+PY
+done
