@@ -16,8 +16,8 @@ use crate::backend::{rkey, NicError};
 ///
 /// libibverbs never updates `ibv_mw.rkey` after a type-2 bind (the bind
 /// happens in a work request, not in a verb that returns the key), so the
-/// window's current rkey lives here: [`Mw::next_rkey`] proposes a new one
-/// with a random consumer key, and a successful post of the bind records it
+/// window's current rkey lives here: a new one is proposed from it
+/// ([`crate::backend::rkey::rebind`]) with a random consumer key, and a successful post of the bind records it
 /// ([`Mw::rkey`]).
 ///
 /// The record is also written back into `ibv_mw.rkey`: rxe's provider puts

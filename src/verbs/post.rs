@@ -127,7 +127,7 @@ pub enum SendOp<'a> {
     BindMw {
         /// The window.
         mw: &'a Mw,
-        /// The new rkey ([`Mw::next_rkey`]).
+        /// The new rkey ([`crate::backend::rkey::rebind`] of the window's).
         rkey: u32,
         /// The region.
         mr: &'a Mr,

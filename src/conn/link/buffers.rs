@@ -38,7 +38,7 @@ impl<N: Nic> Link<N> {
     }
 
     /// Take the smallest free buffer that holds `len` bytes (see
-    /// [`Config::large_buffers`]), or `Ok(None)` when all such buffers are
+    /// [`Config::large_buffers`](crate::conn::Config::large_buffers)), or `Ok(None)` when all such buffers are
     /// in use; fails when no buffer is that large.
     pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
         let b = self.conn.alloc_for(len);

@@ -197,7 +197,7 @@ impl<N: Nic> Link<N> {
     /// Connect to the peer's endpoint (QP to RTS) and post the receive
     /// buffers, with the peer holding as many receives for this side at
     /// the start as this side's `Config::start_credits` says (see
-    /// [`Link::connect_with`]).
+    /// `Link::connect_with`).
     #[cfg(any(test, feature = "testing"))]
     pub fn connect(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
         let credits = self.conn.config().start_credits;
@@ -462,7 +462,7 @@ impl<N: Nic> Link<N> {
     }
 
     /// [`Link::call`] carrying the caller's trace id (see
-    /// [`proto::Connection::call_traced`](super::proto::Connection::call_traced)).
+    /// `proto::Connection::call_traced`).
     pub fn call_traced(
         &mut self,
         now: Duration,
