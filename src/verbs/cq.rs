@@ -238,19 +238,19 @@ impl Cq {
     }
 
     /// Readiness for a driver (see `NicOps::poll_cq_ready`):
-    /// `Ready` means poll the CQ again. Takes and acknowledges channel
-    /// events; arms the CQ (returning `Ready`, so the caller re-polls and no
-    /// completion between its last poll and the arming is missed); once
-    /// armed, waits for the channel's fd on the process's waiter thread
-    /// (`waiter.rs`).
+    /// `Ready` means poll the CQ again. Arms the CQ (returning `Ready`, so
+    /// the caller re-polls and no completion between its last poll and the
+    /// arming is missed); once armed, waits for the channel's fd on the
+    /// process's waiter thread (`waiter.rs`), and when it is readable takes
+    /// and acknowledges the channel's event, which disarmed the CQ.
+    ///
+    /// The channel is read only once the waiter saw it readable: an armed CQ
+    /// raises one event, taken then, and a disarmed one none, so a read on
+    /// every call (a system call that found nothing on most) had nothing to
+    /// take.
     pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), NicError>> {
         use std::sync::atomic::Ordering;
         use std::task::Poll;
-        match self.take_events() {
-            Ok(0) => {}
-            Ok(_) => self.armed.store(false, Ordering::Release),
-            Err(e) => return Poll::Ready(Err(e)),
-        }
         if !self.armed.swap(true, Ordering::AcqRel) {
             return Poll::Ready(self.arm().inspect_err(|_| self.armed.store(false, Ordering::Release)));
         }
