@@ -24,6 +24,7 @@
 # verbs: src/verbs, provider: libibverbs and lib*-rdmav*, libc, and the
 # rest: std, futures, the benchmark's own loop).
 set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bin=${1:?usage: callgrind-verbs.sh MWCAP_BINARY [DEVICE]}
 dev=${2:-rxe0}
 command -v valgrind >/dev/null || { echo "cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
@@ -46,15 +47,12 @@ for c in "rpc mw 64" "reply_read mw 4096" "reply_read confirm 4096"; do
         callgrind_annotate --auto=no --threshold=100 "$work/$n.out" >"$work/$n.txt" 2>/dev/null
     done
     [ "$case_" = rpc ] && policy=none
-    python3 - "$work/$n1.txt" "$work/$n2.txt" "$case_" "$policy" "$size" "$n1" "$n2" <<'PY'
-import re, sys
+    PYTHONPATH="$here" python3 - "$work/$n1.txt" "$work/$n2.txt" "$case_" "$policy" "$size" "$n1" "$n2" <<'PY'
+import sys
+from annotate import rows
 def parts(path):
     out = {"total": 0}
-    for line in open(path, errors="replace"):
-        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+(.*)$", line)
-        if not m:
-            continue
-        ir, rest = int(m.group(1).replace(",", "")), m.group(2)
+    for ir, rest in rows(path):
         if rest.startswith("PROGRAM TOTALS"):
             out["total"] = ir
             continue

@@ -34,15 +34,12 @@ for c in "${cases[@]}"; do
         valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" >/dev/null 2>"$work/$c.$n.log"
         callgrind_annotate --inclusive=yes --threshold=100 "$work/$c.$n.out" >"$work/$c.$n.txt" 2>/dev/null
     done
-    python3 - "$work/$c.$n1.txt" "$work/$c.$n2.txt" "$c" "$n1" "$n2" "$mode" <<'PY'
+    PYTHONPATH=tests/cost python3 - "$work/$c.$n1.txt" "$work/$c.$n2.txt" "$c" "$n1" "$n2" "$mode" <<'PY'
 import re, sys
+from annotate import rows
 def costs(path):
     total, sim = 0, {}
-    for line in open(path, errors="replace"):
-        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+(.*)$", line)
-        if not m:
-            continue
-        ir, rest = int(m.group(1).replace(",", "")), m.group(2)
+    for ir, rest in rows(path):
         if rest.startswith("PROGRAM TOTALS"):
             total = ir
             continue

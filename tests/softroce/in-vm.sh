@@ -313,24 +313,27 @@ if [ "${MWCAP_BENCH:-1}" = 1 ]; then
             --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" | tee "$bench_out"
         rc=${PIPESTATUS[0]}
         [ "$rc" -eq 0 ] || echo "bench: exit $rc, some cases have no result (informational)"
+        # more_rounds ROUNDS BENCH-ARGS...: the bench again against the same
+        # server, each round a new client process, its lines tagged
+        # "round=N" for the ratio lines' medians.
+        more_rounds() {
+            local rounds=$1 round
+            shift
+            for round in $rounds; do
+                timeout -k 5 120 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$keyring" --identity bench \
+                    --trusted-peers --busy-poll-us "$busy_us" --stamp-only "$@" \
+                    --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" |
+                    grep '^case=' | sed -e "s/^/round=$round /" | tee -a "$bench_out"
+            done
+        }
         # Four more rounds of the two latency cases the ratio bars name
-        # (rpc, 4 KiB mw reply_read), each a new client process: the ratio
-        # lines quote the median of the five rounds' p50s.
-        for round in 2 3 4 5; do
-            timeout -k 5 120 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$keyring" --identity bench \
-                --trusted-peers --busy-poll-us "$busy_us" --stamp-only --cases rpc,reply_read --policy mw --sizes 4096 \
-                --inflight 1 --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" |
-                grep '^case=' | sed -e "s/^/round=$round /" | tee -a "$bench_out"
-        done
+        # (rpc, 4 KiB mw reply_read): the ratio lines quote the median of
+        # the five rounds' p50s.
+        more_rounds "2 3 4 5" --cases rpc,reply_read --policy mw --sizes 4096 --inflight 1
         # Two more rounds of the 64 KiB reads with 16 in flight (read_bw):
         # its ratio line quotes the median of three, against the median of
         # ib_read_bw's three.
-        for round in 2 3; do
-            timeout -k 5 120 "$mwcap" bench "127.0.0.1:$port" --device rxe0 --keyring "$keyring" --identity bench \
-                --trusted-peers --busy-poll-us "$busy_us" --stamp-only --cases reply_read --policy mw --sizes 65536 \
-                --inflight 16 --iters "${MWCAP_BENCH_ITERS:-150}" --warmup "${MWCAP_BENCH_WARMUP:-15}" |
-                grep '^case=' | sed -e "s/^/round=$round /" | tee -a "$bench_out"
-        done
+        more_rounds "2 3" --cases reply_read --policy mw --sizes 65536 --inflight 16
     else
         echo "bench: mwcap serve did not start listening, no result (informational)"
     fi
