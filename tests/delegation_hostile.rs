@@ -64,7 +64,7 @@ fn a_revoked_window_ends(mut w: World, range: RegionRange, (addr, rkey, len): (u
     w.settle();
     let (status, _) = w.read(addr, rkey, len);
     assert_ne!(status, WcStatus::Success, "a READ through a revoked window fails");
-    let stats = w.victim.connection().stats().lease_owner.unwrap();
+    let stats = w.victim.stats().lease_owner.unwrap();
     assert_eq!(stats.revoked, 1, "one revocation, by the owner engine");
     assert!(
         w.run_until(Duration::from_millis(50), |w| w
@@ -110,7 +110,7 @@ fn a_delegated_window_ends_by_the_tokens_expiry_not_the_connections_lease() {
     assert!(
         w.run_until(Duration::from_millis(20), |w| w.victim.region_write(region, range.offset, b"x").is_ok())
     );
-    let s = w.victim.connection().stats().lease_owner.unwrap();
+    let s = w.victim.stats().lease_owner.unwrap();
     assert_eq!((s.expired, s.revoked), (1, 0), "ended by its expiry: {s:?}");
     w.assert_binds_invalidated_once();
     // (The late READ's remote access error took this connection down, as

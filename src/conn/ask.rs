@@ -3,7 +3,7 @@
 //! for a delegation ([`DelegatedReply`]). The owner's side answers them in
 //! `link/answer.rs`, from its endpoint's book (`conn/delegate.rs`).
 
-use super::delegate::{CapId, Delegation, RedeemFailed, Refusal, Token, MAX_IDENTITY, MAX_TOKEN};
+use super::delegate::{CapId, Delegation, RedeemFailed, Token, MAX_IDENTITY, MAX_TOKEN};
 /// What a caller asked for when it called for a delegation
 /// ([`Request::delegated`](super::Request::delegated)): the application
 /// may refuse to give its data to `to` (reply without a payload).
@@ -36,12 +36,7 @@ impl DelegatedReply {
     #[cfg_attr(loom, allow(dead_code))] // used by the async handle, absent under loom
     pub(crate) fn parse(status: u8, header: &[u8]) -> Result<DelegatedReply, RedeemFailed> {
         let bad = || RedeemFailed::BadStatus(status);
-        let refused = |words: &[u8]| match Refusal::from_status(status) {
-            Some(refusal) => {
-                RedeemFailed::Refused { refusal, message: String::from_utf8_lossy(words).into_owned() }
-            }
-            None => bad(),
-        };
+        let refused = |words: &[u8]| RedeemFailed::refused(status, words);
         match header.split_first() {
             Some((&CALL_PLAIN, rest)) => {
                 Ok(DelegatedReply { status, header: rest.to_vec(), delegation: None })
@@ -240,6 +235,7 @@ impl OwnerAsk<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::Refusal;
 
     /// Every ask decodes to itself, and a truncated one to nothing.
     #[test]

@@ -94,11 +94,13 @@ pub enum DelegateError {
 
 /// Why an owner refused a redemption (a status in its reply; the reply's
 /// header says it in words).
+/// Each variant's value is its status byte on the wire (0 is success).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum Refusal {
     /// Not a token this owner sealed: forged, altered, or another owner's.
-    Forged,
+    Forged = 1,
     /// A token this owner sealed whose delegation is over (its range was
     /// released): ask its holder for a new one.
     Unknown,
@@ -166,24 +168,12 @@ impl Refusal {
 
     /// Its status byte in a redemption's reply.
     pub(crate) fn status(self) -> u8 {
-        match self {
-            Refusal::Forged => 1,
-            Refusal::Unknown => 2,
-            Refusal::WrongIdentity => 3,
-            Refusal::Expired => 4,
-            Refusal::Revoked => 5,
-            Refusal::AlreadyRedeemed => 6,
-            Refusal::Stale => 7,
-            Refusal::Unavailable => 8,
-            Refusal::OutsideCapability => 9,
-            Refusal::NotHolder => 10,
-            Refusal::Malformed => 11,
-        }
+        self as u8
     }
 
     /// The refusal a redemption's reply status names (0 is success;
     /// `None` for a status no owner sends).
-    pub(crate) fn from_status(status: u8) -> Option<Refusal> {
+    fn from_status(status: u8) -> Option<Refusal> {
         Refusal::ALL.get(usize::from(status).checked_sub(1)?).copied()
     }
 
@@ -225,6 +215,19 @@ pub enum RedeemFailed {
     /// endpoint of this version?).
     #[error("the owner answered a redemption with status {0}, which no mwcap owner sends")]
     BadStatus(u8),
+}
+
+impl RedeemFailed {
+    /// An owner's refusal: reply status `status` (not 0), `words` its
+    /// reason.
+    pub(crate) fn refused(status: u8, words: &[u8]) -> RedeemFailed {
+        match Refusal::from_status(status) {
+            Some(refusal) => {
+                RedeemFailed::Refused { refusal, message: String::from_utf8_lossy(words).into_owned() }
+            }
+            None => RedeemFailed::BadStatus(status),
+        }
+    }
 }
 
 /// An endpoint's delegations at a glance (telemetry).

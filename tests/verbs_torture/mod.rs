@@ -514,9 +514,9 @@ impl Conn {
                 "a healthy connection ({:?}) did not drain within {limit:?}: calls {}, busy buffers {:?}, stats {:?} / {:?}",
                 self.policies,
                 self.calls.len(),
-                [&self.client, &self.server].map(|e| e.as_ref().map(Ep::busy_buffers)),
-                self.client.as_ref().map(Ep::stats),
-                self.server.as_ref().map(Ep::stats),
+                [&self.client, &self.server].map(|e| e.as_ref().map(|l| l.busy_buffers())),
+                self.client.as_ref().map(|l| l.stats()),
+                self.server.as_ref().map(|l| l.stats()),
             );
             return idle;
         }

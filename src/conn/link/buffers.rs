@@ -52,29 +52,10 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
-    /// Buffers currently exposed to the peer or being read into (for tests).
-    pub fn busy_buffers(&self) -> usize {
-        self.conn.busy_buffers()
-    }
-
     /// Buffers free in the pool (dropped handles included).
     pub fn free_buffers(&mut self) -> usize {
         let n = self.conn.free_buffers();
         self.run();
         n
-    }
-
-    /// Byte ranges of the data region that are exposed to the peer or being
-    /// read into: every other byte must be unreachable by the peer (mw policy).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        self.conn.busy_ranges()
-    }
-
-    /// The byte range of every buffer of the data region, of every class
-    /// (for checking [`Link::busy_ranges`] against).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        self.conn.buffer_ranges()
     }
 }

@@ -123,6 +123,16 @@ pub struct Link<N: Nic> {
     pub(crate) delegation: answer::LinkDelegation,
 }
 
+/// The state machine a link runs, read-only: what it reports (`stats`,
+/// `is_down`, `poll_timeout`, ...) is read from it directly. What changes
+/// it goes through the link, which carries out the commands it queues.
+impl<N: Nic> std::ops::Deref for Link<N> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
 impl<N: Nic> Link<N> {
     /// What the peer needs to connect to this endpoint.
     pub fn local(&self) -> QpEndpoint {
@@ -170,28 +180,10 @@ impl<N: Nic> Link<N> {
         self.data.is_none()
     }
 
-    /// The settings.
-    pub fn config(&self) -> &Config {
-        self.conn.config()
-    }
-
     /// The completion queue (for a driver waiting on its readiness).
     #[cfg(any(test, feature = "testing"))]
     pub fn cq(&self) -> CqId {
         self.cq
-    }
-
-    /// Whether `buf` is one of this endpoint's buffers.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn owns(&self, buf: &Buf) -> bool {
-        self.conn.owns(buf)
-    }
-
-    /// Confirm-policy messages the connection is tracking (diagnostics:
-    /// stays bounded by the calls and requests in progress).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn tracked_messages(&self) -> usize {
-        self.conn.tracked_messages()
     }
 
     /// Connect to the peer's endpoint (QP to RTS) and post the receive
@@ -218,16 +210,6 @@ impl<N: Nic> Link<N> {
             Some(LossReason::Nic(e)) => Err(e.clone()),
             _ => Ok(()),
         }
-    }
-
-    /// Why the connection is down, if it is.
-    pub fn is_down(&self) -> Option<&LossReason> {
-        self.conn.is_down()
-    }
-
-    /// What the connection has done so far, and where its buffers are.
-    pub fn stats(&self) -> ConnStats {
-        self.conn.stats()
     }
 
     /// Carry out every command the connection has queued. A command the NIC
@@ -304,11 +286,6 @@ impl<N: Nic> Link<N> {
         }
         self.run();
         e
-    }
-
-    /// When [`Link::handle_timeout`] must next be called.
-    pub fn poll_timeout(&self) -> Option<Duration> {
-        self.conn.poll_timeout()
     }
 
     /// Time has reached `now`: fire the engines' timers and call deadlines.
@@ -580,17 +557,12 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
-    /// Send-queue work requests whose completions have not been reaped.
-    pub fn sends_in_flight(&self) -> usize {
-        self.conn.sends_in_flight()
-    }
-
     /// Close the connection: QP to ERR, reap the flushes, destroy the QP
     /// (after which no DMA of it is possible) and return every buffer.
     ///
     /// This waits (a bounded number of polls) for the flushes; a driver that
     /// must not block calls [`Link::begin_close`], drives until
-    /// [`Link::sends_in_flight`] and [`Link::busy_buffers`] are 0,
+    /// [`Connection::sends_in_flight`] and [`Connection::busy_buffers`] are 0,
     /// then [`Link::finish_close`].
     #[cfg(any(test, feature = "testing"))]
     pub fn close(&mut self, now: Duration) {

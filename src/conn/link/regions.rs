@@ -37,18 +37,6 @@ impl<N: Nic> Link<N> {
         self.regions.write(id, offset, bytes, None)
     }
 
-    /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn region_bytes<R>(
-        &self,
-        id: RegionId,
-        offset: usize,
-        len: usize,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, UseError> {
-        self.regions.bytes(id, offset, len, f)
-    }
-
     /// Client: a call whose request payload is `range` of a user region,
     /// exposed until its [`Event::RangeReturned`] (see
     /// [`Link::register_region`]).

@@ -363,7 +363,7 @@ impl<N: Nic> Inner<N> {
     pub(crate) fn tally_into(&self, epoch: u64, tally: &mut crate::telemetry::Tally) {
         let st = self.state.lock();
         if !st.folded.is_some_and(|e| e <= epoch) {
-            tally.add(&st.ep.connection().counts());
+            tally.add(&st.ep.counts());
         }
     }
 
@@ -424,7 +424,7 @@ impl<N: Nic> Inner<N> {
         }
         // (`has_events` first: the last, empty poll would copy an event's
         // worth of nothing, and carry out the commands again.)
-        while st.ep.connection().has_events() {
+        while st.ep.has_events() {
             let Some(ev) = st.ep.poll_event() else { break };
             busy = true;
             st.dispatch(ev);
@@ -458,7 +458,7 @@ impl<N: Nic> Inner<N> {
         if finished && !st.finished {
             // Its figures move to the hub's tally for good (telemetry).
             if let Some(hub) = self.hub.hub.upgrade() {
-                st.folded = Some(hub.fold(self.id, &mut |t| t.add(&st.ep.connection().counts())));
+                st.folded = Some(hub.fold(self.id, &mut |t| t.add(&st.ep.counts())));
             }
             st.finished = true;
             st.finish_waiters.wake_all();
@@ -480,10 +480,10 @@ impl<N: Nic> Inner<N> {
         // (Both hooks below act at once while the connection is down or a
         // user's call, reply or alloc waits for capacity.)
         let urgent = st.down.is_some() || !st.capacity_waiters.is_empty();
-        let returns = if urgent || st.ep.connection().wants_returns() {
-            st.ep.connection().wake_on_return(&inner.hub.waker)
+        let returns = if urgent || st.ep.wants_returns() {
+            st.ep.wake_on_return(&inner.hub.waker)
         } else {
-            st.ep.connection().ignore_returns();
+            st.ep.ignore_returns();
             false
         };
         // A grant SEND's successful completion may wait in the inbox for

@@ -174,7 +174,7 @@ pub(crate) struct State<N: Nic> {
 impl<N: Nic> State<N> {
     /// Whether the driver must take a turn for what the user just did.
     fn needs_driver(&self) -> bool {
-        if self.ep.connection().has_events() {
+        if self.ep.has_events() {
             return true;
         }
         match (self.ep.poll_timeout(), self.driver_next) {
@@ -262,8 +262,8 @@ impl<N: Nic> Inner<N> {
         // Made now, so that a first burst allocates no more than a later one:
         // room for a server's requests waiting for its user (one per buffer),
         // a client's call results (a slot per buffer, at least 64).
-        let (server, buffers) = (ep.connection().role() == Role::Server, ep.config().buffers as usize);
-        let id = ep.connection().id();
+        let (server, buffers) = (ep.role() == Role::Server, ep.config().buffers as usize);
+        let id = ep.id();
         let (waiting, slots) = if server { (buffers, 0) } else { (0, buffers.max(64)) };
         let mut spare_slots = Vec::with_capacity(slots.max(64));
         spare_slots.extend((0..slots).map(|_| Slot::new()));
@@ -395,7 +395,7 @@ impl<N: Nic> Connection<N> {
     /// while something waits), and one dropped already rings it now.
     fn wait_for_buffer(&self, st: &mut State<N>, w: &Waker) {
         st.wait_for_capacity(w);
-        if st.ep.connection().wake_on_return(&self.inner.hub.waker) {
+        if st.ep.wake_on_return(&self.inner.hub.waker) {
             self.inner.ring();
         }
     }
@@ -458,7 +458,7 @@ impl<N: Nic> Connection<N> {
         let mut st = self.inner.state.lock();
         st.ep.free(buf);
         st.wake_capacity();
-        if st.ep.connection().has_events() {
+        if st.ep.has_events() {
             // A payload that waited for a free buffer arrived.
             self.inner.ring();
         }
@@ -731,7 +731,7 @@ impl<N: Nic> Connection<N> {
     /// one lock (for [`crate::stat`]).
     pub(crate) fn describe(&self) -> (u64, u32, Role, Policies, Option<LossReason>, ConnStats) {
         self.peek(|s| {
-            let c = s.ep.connection();
+            let c = &*s.ep;
             (c.id(), s.ep.local().qpn, c.role(), c.policies(), s.down.clone(), s.ep.stats())
         })
     }
@@ -744,7 +744,7 @@ impl<N: Nic> Connection<N> {
 
     /// The policy of each direction, as the bootstrap agreed them.
     pub fn policies(&self) -> Policies {
-        self.peek(|s| s.ep.connection().policies())
+        self.peek(|s| s.ep.policies())
     }
 
     /// The peer's address on the bootstrap's TCP connection (`None` for a

@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use super::super::{
-    CapId, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, Refusal, RegionId, Token, MAX_HEADER,
-    MAX_IDENTITY,
+    CapId, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, RegionId, Token, MAX_HEADER, MAX_IDENTITY,
 };
 use super::{Connection, Inner, Reply};
 use crate::backend::Nic;
@@ -157,13 +156,7 @@ impl<N: Nic> Connection<N> {
                 if let Some(b) = reply.data {
                     self.free(b);
                 }
-                match Refusal::from_status(s) {
-                    Some(refusal) => Err(RedeemFailed::Refused {
-                        refusal,
-                        message: String::from_utf8_lossy(&reply.header).into_owned(),
-                    }),
-                    None => Err(RedeemFailed::BadStatus(s)),
-                }
+                Err(RedeemFailed::refused(s, &reply.header))
             }
         }
     }

@@ -189,7 +189,7 @@ impl Connection {
     /// read into: every other byte must be unreachable by the peer (mw policy).
     /// Empty with a shared buffer pool (each buffer is a region of its own).
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
+    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
         if self.bufs.is_backed() {
             return Vec::new();
         }
@@ -206,7 +206,7 @@ impl Connection {
     /// in slot order (for checking [`Connection::busy_ranges`] against).
     /// Empty with a shared buffer pool.
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
         if self.bufs.is_backed() {
             return Vec::new();
         }

@@ -69,7 +69,7 @@ impl Connection {
     /// plain frames posted unsignaled after the last signaled one are not
     /// counted: one that completed gives no completion, and one that did
     /// not is flushed with the QP (their slots are control memory only).
-    pub(crate) fn sends_in_flight(&self) -> usize {
+    pub fn sends_in_flight(&self) -> usize {
         let silent = (self.unsignaled_run as usize).min(self.plain_sends.len());
         self.sends.count(Holder::Exposed) - silent
     }

@@ -12,6 +12,17 @@ use super::super::pool::Layout;
 use super::ids::{id_map, IdMap};
 use crate::backend::MrInfo;
 
+/// `$body` with `$e` bound to the engine that runs, client or server
+/// (the two share the methods the connection calls).
+macro_rules! each {
+    ($engine:expr, $e:ident => $body:expr) => {
+        match $engine {
+            $crate::conn::proto::confirm::Engine::Client($e) => $body,
+            $crate::conn::proto::confirm::Engine::Server($e) => $body,
+        }
+    };
+}
+
 /// The engine of this side's role.
 pub(super) enum Engine {
     Client(fb::Client),
@@ -83,30 +94,19 @@ impl ConfirmEngine {
         let mut bufs = Vec::new();
         let mut slot_of = id_map(slots as usize);
         if owns {
-            for slot in 0..slots {
-                let region = match data {
+            // One buffer per slot, then one per possible user-range
+            // exposure, pointed at its range when it is exposed
+            // (`set_buffer_region`).
+            for slot in 0..slots + cfg.region_exposures {
+                let region = match data.filter(|_| slot < slots) {
                     Some(data) => {
                         fb::Region::new(data.addr + layout.offset(slot), layout.size(slot), data.rkey)
                     }
                     None => fb::Region::new(0, 0, 0),
                 };
-                let id = match &mut engine {
-                    Engine::Client(c) => c.add_buffer(region),
-                    Engine::Server(s) => s.add_buffer(region),
-                };
+                let id = each!(&mut engine, e => e.add_buffer(region));
                 bufs.push(id);
                 slot_of.insert(id, slot);
-            }
-            // Then one buffer per possible user-range exposure, pointed at
-            // its range when it is exposed (`set_buffer_region`).
-            for k in 0..cfg.region_exposures {
-                let region = fb::Region::new(0, 0, 0);
-                let id = match &mut engine {
-                    Engine::Client(c) => c.add_buffer(region),
-                    Engine::Server(s) => s.add_buffer(region),
-                };
-                bufs.push(id);
-                slot_of.insert(id, slots + k);
             }
         }
         ConfirmEngine {
@@ -153,10 +153,7 @@ impl ConfirmEngine {
     /// posted, is no longer wanted (its request or fetch ended): then the
     /// engine forgets it, and it must not be posted.
     pub(super) fn withdraw_read(&mut self, token: fb::ReadToken) -> bool {
-        match &mut self.engine {
-            Engine::Client(c) => c.withdraw_read(token),
-            Engine::Server(s) => s.withdraw_read(token),
-        }
+        each!(&mut self.engine, e => e.withdraw_read(token))
     }
 
     /// Whether READ `token`, waiting for a destination, has no more than
@@ -178,73 +175,46 @@ impl ConfirmEngine {
 
     pub(super) fn is_buffer_free(&self, slot: u32) -> bool {
         let Some(&id) = self.bufs.get(slot as usize) else { return false };
-        match &self.engine {
-            Engine::Client(c) => c.is_buffer_free(id),
-            Engine::Server(s) => s.is_buffer_free(id),
-        }
+        each!(&self.engine, e => e.is_buffer_free(id))
     }
 
     pub(super) fn handle_message(&mut self, now: Duration, m: fb::Message) {
-        match &mut self.engine {
-            Engine::Client(c) => c.handle_message(now, m),
-            Engine::Server(s) => s.handle_message(now, m),
-        }
+        each!(&mut self.engine, e => e.handle_message(now, m))
     }
 
     pub(super) fn handle_read_completion(&mut self, now: Duration, token: fb::ReadToken, ok: bool) {
-        match &mut self.engine {
-            Engine::Client(c) => c.handle_read_completion(now, token, ok),
-            Engine::Server(s) => s.handle_read_completion(now, token, ok),
-        }
+        each!(&mut self.engine, e => e.handle_read_completion(now, token, ok))
     }
 
     /// Whether the connection's pump has nothing of the engine's to carry
     /// out: no action or event queued, no READ waiting for a destination,
     /// no expired offer whose entries are to go.
     pub(super) fn idle(&self) -> bool {
-        let quiet = match &self.engine {
-            Engine::Client(c) => !c.has_output(),
-            Engine::Server(s) => !s.has_output(),
-        };
+        let quiet = each!(&self.engine, e => !e.has_output());
         quiet && self.pending_reads.is_empty() && self.expired.is_empty()
     }
 
     pub(super) fn poll_action(&mut self) -> Option<fb::Action> {
-        match &mut self.engine {
-            Engine::Client(c) => c.poll_action(),
-            Engine::Server(s) => s.poll_action(),
-        }
+        each!(&mut self.engine, e => e.poll_action())
     }
 
     pub(super) fn poll_event(&mut self) -> Option<fb::Event> {
-        match &mut self.engine {
-            Engine::Client(c) => c.poll_event(),
-            Engine::Server(s) => s.poll_event(),
-        }
+        each!(&mut self.engine, e => e.poll_event())
     }
 
     pub(super) fn poll_timeout(&self) -> Option<Duration> {
-        match &self.engine {
-            Engine::Client(c) => c.poll_timeout(),
-            Engine::Server(s) => s.poll_timeout(),
-        }
+        each!(&self.engine, e => e.poll_timeout())
     }
 
     /// Fire the engine's timers if one is due.
     pub(super) fn handle_timeout(&mut self, now: Duration) {
         if self.poll_timeout().is_some_and(|t| t <= now) {
-            match &mut self.engine {
-                Engine::Client(c) => c.handle_timeout(now),
-                Engine::Server(s) => s.handle_timeout(now),
-            }
+            each!(&mut self.engine, e => e.handle_timeout(now))
         }
     }
 
     pub(super) fn handle_connection_lost(&mut self, now: Duration) {
-        match &mut self.engine {
-            Engine::Client(c) => c.handle_connection_lost(now),
-            Engine::Server(s) => s.handle_connection_lost(now),
-        }
+        each!(&mut self.engine, e => e.handle_connection_lost(now))
     }
 
     /// The QP is gone: no READ of ours will complete.

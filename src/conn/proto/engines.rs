@@ -36,10 +36,7 @@ impl Connection {
             lease.is_some_and(|lease| o.engine.revoke(now, lease).is_ok())
         } else if let Some(c) = self.confirm.as_mut() {
             let buffer = c.bufs[slot as usize];
-            match &mut c.engine {
-                super::confirm::Engine::Server(e) => e.withdraw_buffer(now, buffer),
-                super::confirm::Engine::Client(_) => false,
-            }
+            c.server().is_some_and(|e| e.withdraw_buffer(now, buffer))
         } else {
             false
         };

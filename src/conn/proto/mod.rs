@@ -43,6 +43,7 @@ mod buffers;
 mod calls;
 mod close;
 mod completion;
+#[macro_use] // `each!`, for the modules below
 mod confirm;
 mod engines;
 pub(crate) mod ids;
@@ -547,14 +548,14 @@ impl Connection {
 
     /// Whether `buf` is one of this connection's buffers.
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn owns(&self, buf: &super::buf::Buf) -> bool {
+    pub fn owns(&self, buf: &super::buf::Buf) -> bool {
         buf.endpoint == self.id
     }
 
     /// Confirm-policy messages the connection is tracking (diagnostics:
     /// stays bounded by the calls and requests in progress).
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn tracked_messages(&self) -> usize {
+    pub fn tracked_messages(&self) -> usize {
         self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
     }
 

@@ -88,11 +88,7 @@ impl Connection {
                 // (its generation moves on, so nothing said about an
                 // earlier exposure can match this one).
                 let region = fb::Region::new(mr.addr + offset, len, mr.rkey);
-                let set = match &mut c.engine {
-                    super::confirm::Engine::Client(e) => e.set_buffer_region(id, region),
-                    super::confirm::Engine::Server(e) => e.set_buffer_region(id, region),
-                };
-                set.map_err(UseError::Confirm)?;
+                each!(&mut c.engine, e => e.set_buffer_region(id, region)).map_err(UseError::Confirm)?;
             }
             let fm = match &mut c.engine {
                 super::confirm::Engine::Client(e) => {
