@@ -25,7 +25,7 @@ use futures::future::{select, BoxFuture, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::hub::{Hub, HubDriver};
-use super::listen::{AsyncConnected, Listener, ListenerCloser};
+use super::listen::{AsyncConnected, CloseSignal, Listener};
 use super::{
     BufClass, CapId, Config, ConfigError, Connection, DelegateError, Delegation, EndpointStats, Link,
     Policies, PolicyChoice, RegionId, RegionRange, RevokeError, Role, SetupError, SetupOptions, SrqConfig,
@@ -66,7 +66,7 @@ struct Shared<N: Nic> {
     opts: SetupOptions,
     listener: Option<futures::lock::Mutex<Listener<N>>>,
     /// Closes the listener while an `accept` holds it.
-    closer: Option<ListenerCloser>,
+    closer: Option<Arc<CloseSignal>>,
     local_addr: Option<SocketAddr>,
     streams: mpsc::UnboundedSender<Watch>,
     /// The `endpoint` label of its telemetry.

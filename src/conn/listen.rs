@@ -66,7 +66,7 @@ struct Shared<N: Nic> {
 /// handshake, and only that client.
 ///
 /// # Closing
-/// [`Listener::close`] (or [`ListenerCloser::close`], from another task,
+/// [`Listener::close`] (or [`CloseSignal::close`], from another task,
 /// through [`Listener::closer`]) stops it: the socket closes (new clients
 /// are refused), the handshakes in progress end (their TCP connections
 /// close and whatever was made for them is destroyed; their clients' setup
@@ -81,7 +81,7 @@ struct Shared<N: Nic> {
 pub(super) struct Listener<N: Nic> {
     /// `None` once closed.
     tcp: Option<Async<TcpListener>>,
-    /// Set by [`ListenerCloser::close`]; the next poll of `accept` closes.
+    /// Set by [`CloseSignal::close`]; the next poll of `accept` closes.
     close: Arc<CloseSignal>,
     shared: Arc<Shared<N>>,
     handshakes: FuturesUnordered<Handshake<N>>,
@@ -102,10 +102,7 @@ impl<N: Nic + 'static> Listener<N> {
     ) -> Result<Listener<N>, SetupError> {
         let tcp =
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
-        let serve = match opts.choice {
-            PolicyChoice::Confirm => PolicySet::CONFIRM,
-            choice => serve_set(&hub.connection_nic()?, choice, opts.trusted_peers, Some(&opts.probes))?,
-        };
+        let serve = serve_set(&hub.connection_nic()?, opts.choice, opts.trusted_peers, &opts.probes)?;
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         Ok(Listener {
             tcp: Some(tcp),
@@ -135,12 +132,12 @@ impl<N: Nic + 'static> Listener<N> {
         self.shut();
     }
 
-    /// A handle that closes this listener from another task, while its
-    /// accept loop waits in [`Listener::accept`]: that `accept` (or the
-    /// next) then closes the listener as [`Listener::close`] does and
-    /// returns [`SetupError::ListenerClosed`].
-    pub(super) fn closer(&self) -> ListenerCloser {
-        ListenerCloser(self.close.clone())
+    /// What closes this listener from another task, while its accept
+    /// loop waits in [`Listener::accept`]: that `accept` (or the next)
+    /// then closes the listener as [`Listener::close`] does and returns
+    /// [`SetupError::ListenerClosed`].
+    pub(super) fn closer(&self) -> Arc<CloseSignal> {
+        self.close.clone()
     }
 
     /// Drop the socket and the handshakes in progress.
@@ -154,7 +151,7 @@ impl<N: Nic + 'static> Listener<N> {
     /// ...), which concerns that client only: call `accept` again. Failing
     /// to take a TCP connection at all (out of file descriptors, say) is
     /// an error too. Once the listener is closed ([`Listener::close`],
-    /// [`ListenerCloser::close`]) it returns [`SetupError::ListenerClosed`]:
+    /// [`CloseSignal::close`]) it returns [`SetupError::ListenerClosed`]:
     /// end the accept loop then.
     ///
     /// Cancel-safe: dropping the future loses no handshake; the next call
@@ -196,35 +193,18 @@ impl<N: Nic + 'static> Listener<N> {
     }
 }
 
-/// Closes a [`Listener`] from another task ([`Listener::closer`]). Cheap to
-/// clone.
-#[derive(Clone)]
-pub(super) struct ListenerCloser(Arc<CloseSignal>);
-
-impl ListenerCloser {
-    /// Close the listener: the `accept` its loop waits in (or its next
-    /// one) closes it as [`Listener::close`] does and returns
-    /// [`SetupError::ListenerClosed`]. Idempotent.
-    pub(super) fn close(&self) {
-        self.0.close();
-    }
-}
-
-impl std::fmt::Debug for ListenerCloser {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListenerCloser").field("closed", &self.0.is_closed()).finish()
-    }
-}
-
 /// A listener's close request and the waker of its `accept`.
 #[derive(Default)]
-struct CloseSignal {
+pub(super) struct CloseSignal {
     closed: AtomicBool,
     waker: AtomicWaker,
 }
 
 impl CloseSignal {
-    fn close(&self) {
+    /// Close the listener: the `accept` its loop waits in (or its next
+    /// one) closes it as [`Listener::close`] does and returns
+    /// [`SetupError::ListenerClosed`]. Idempotent.
+    pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.waker.wake();
     }
@@ -279,7 +259,7 @@ async fn serve_set_off_thread<N: Nic + 'static>(
 ) -> Result<(N, PolicySet), SetupError> {
     let known = opts.choice == PolicyChoice::Confirm || opts.probes.cached(&nic.device_info().name).is_some();
     if known {
-        let serve = serve_set(&nic, opts.choice, opts.trusted_peers, Some(&opts.probes))?;
+        let serve = serve_set(&nic, opts.choice, opts.trusted_peers, &opts.probes)?;
         return Ok((nic, serve));
     }
     let (tx, rx) = futures::channel::oneshot::channel();
@@ -287,7 +267,7 @@ async fn serve_set_off_thread<N: Nic + 'static>(
     std::thread::Builder::new()
         .name("mwcap-probe".into())
         .spawn(move || {
-            let serve = serve_set(&nic, choice, trusted, Some(&probes));
+            let serve = serve_set(&nic, choice, trusted, &probes);
             let _ = tx.send((nic, serve));
         })
         .map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;

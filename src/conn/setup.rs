@@ -102,7 +102,7 @@ pub enum SetupError {
 }
 
 /// What this side serves for `choice`: the probe's verdict for `mw` and
-/// `auto` (from `probes` when given, else a fresh probe).
+/// `auto` (from `probes`, which may already know the device).
 ///
 /// Where a peer can invalidate windows bound to other queue pairs (the
 /// probe's [`ProbeReport::mw_safe_with_untrusted_peers`](crate::ProbeReport::mw_safe_with_untrusted_peers)),
@@ -111,15 +111,12 @@ pub(super) fn serve_set(
     nic: &dyn Nic,
     choice: PolicyChoice,
     trusted: bool,
-    probes: Option<&ProbeCache>,
+    probes: &ProbeCache,
 ) -> Result<PolicySet, SetupError> {
     match choice {
         PolicyChoice::Confirm => Ok(PolicySet::CONFIRM),
         PolicyChoice::Mw | PolicyChoice::Auto => {
-            let report = match probes {
-                Some(cache) => cache.report(nic),
-                None => std::sync::Arc::new(crate::probe(nic)),
-            };
+            let report = probes.report(nic);
             let safe = trusted || report.mw_safe_with_untrusted_peers();
             match (report.mw_usable, choice) {
                 (true, PolicyChoice::Mw) if !safe => Err(SetupError::MwUnsafe {

@@ -211,7 +211,7 @@ impl<N: Nic> HubDriver<N> {
         inbox: &mut Vec<Completion>,
         timers: &mut BinaryHeap<Due<N>>,
     ) {
-        let part: &HubPart = &inner.hub;
+        let part: &HubPart<N> = &inner.hub;
         // Cleared before the turn takes the connection's lock: whatever the
         // user does and rings for from now on queues it again
         // (`Inner::ring`), and what it did before, this turn sees.

@@ -171,7 +171,7 @@ impl<N: Nic> Drop for CqHold<N> {
     }
 }
 
-struct Shared<N: Nic> {
+pub(in crate::conn) struct Shared<N: Nic> {
     hold: Arc<CqHold<N>>,
     /// The shared receive queue its connections take their receives from,
     /// if it has one.
@@ -307,55 +307,32 @@ impl<N: Nic> SharedCq for Retire<N> {
 /// `live::driver::Spin::turn`): poll it, routing the caller's connection's
 /// completions to its inbox without queueing it for the driver (the
 /// caller takes that turn), and the others' as the driver would.
-pub(super) trait CallerPoll: Send + Sync {
-    /// Poll the shared queue for the connection at `me` (its `Inner`'s
-    /// address); whether anything came.
-    fn poll_for(&self, me: *const ()) -> bool;
-
-    /// Connection `id` finished: `add` puts its figures into the hub's
-    /// tally of finished connections, and it leaves the running ones.
-    /// Returns the epoch they came in at.
-    fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64;
-
-    /// A waiter took its connection's turn: what the driver does after
-    /// one, that the turn may have made due (`Shared::ring_ends`).
-    fn turn_taken(&self);
-
+impl<N: Nic> Shared<N> {
     /// A waiter starts taking its connection's turns itself; with a long
     /// window, its end and the time now, on the connection's clock (the
     /// endpoint's: see `ReadyList::start`).
-    fn start_spinning(&self, window: Option<(Duration, Duration)>);
+    pub(in crate::conn) fn start_spinning(&self, window: Option<(Duration, Duration)>) {
+        self.ready.start(window);
+    }
 
     /// A long window's waiter's busy turn moved its end to `until` (on the
     /// connection's clock).
-    fn extend(&self, until: Duration);
+    #[inline]
+    pub(in crate::conn) fn extend(&self, until: Duration) {
+        self.ready.extend(until);
+    }
 
     /// A waiter stops taking its connection's turns itself. The last to
     /// stop rings the driver, which then polls and arms the queue again,
     /// unless it `lingers` (see `ReadyList::stop`).
-    fn stop_spinning(&self, lingers: bool);
-}
-
-impl<N: Nic> CallerPoll for Shared<N> {
-    #[inline]
-    fn turn_taken(&self) {
-        self.ring_ends();
-    }
-
-    fn start_spinning(&self, window: Option<(Duration, Duration)>) {
-        self.ready.start(window);
-    }
-
-    #[inline]
-    fn extend(&self, until: Duration) {
-        self.ready.extend(until);
-    }
-
-    fn stop_spinning(&self, lingers: bool) {
+    pub(in crate::conn) fn stop_spinning(&self, lingers: bool) {
         self.ready.stop(lingers);
     }
 
-    fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {
+    /// Connection `id` finished: `add` puts its figures into the hub's
+    /// tally of finished connections, and it leaves the running ones.
+    /// Returns the epoch they came in at.
+    pub(in crate::conn) fn fold(&self, id: u64, add: &mut dyn FnMut(&mut Tally)) -> u64 {
         let mut m = self.telemetry.lock();
         m.epoch += 1;
         add(&mut m.finished);
@@ -368,13 +345,14 @@ impl<N: Nic> CallerPoll for Shared<N> {
         epoch
     }
 
-    fn poll_for(&self, me: *const ()) -> bool {
+    /// Poll the shared queue for connection `me`; whether anything came.
+    pub(in crate::conn) fn poll_for(&self, me: &Inner<N>) -> bool {
         let Some(mut routes) = self.routes.try_lock() else {
             // The driver (or another caller) is polling: it routes ours too.
             return false;
         };
         let n = self.hold.drain(&mut routes, self.srq.as_deref(), |inner, c| {
-            if inner.hub.route(c) && Arc::as_ptr(inner).cast::<()>() != me {
+            if inner.hub.route(c) && !std::ptr::eq(Arc::as_ptr(inner), me) {
                 self.queue(inner);
             }
         });
@@ -556,7 +534,6 @@ impl<N: Nic + 'static> Hub<N> {
         ep.set_regions(self.shared.regions.clone());
         let qpn = ep.local().qpn;
         let hub = Arc::downgrade(&self.shared);
-        let poll: Weak<dyn CallerPoll> = Arc::downgrade(&self.shared) as Weak<dyn CallerPoll>;
         let conn = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: Mark::new(),
@@ -566,7 +543,7 @@ impl<N: Nic + 'static> Hub<N> {
             // data path.
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
-            hub: poll,
+            hub: Arc::downgrade(&self.shared),
             lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();

@@ -152,7 +152,7 @@ impl Spin {
         // others' to theirs, queued for the hub's driver), then take our
         // turn with what came.
         if let Some(hub) = &hub {
-            hub.poll_for(std::ptr::from_ref(inner).cast());
+            hub.poll_for(inner);
         }
         // The spinner's own vector (one spinner at a time), empty and with
         // its capacity, trades places with the inbox under the state lock:
@@ -172,7 +172,7 @@ impl Spin {
         if let Some(hub) = &hub {
             // A holder's revocation answered on this turn rings the
             // connections exposing what it revoked, as the driver's would.
-            hub.turn_taken();
+            hub.ring_ends();
         }
         if t.finished {
             // The hub's driver finishes it on its turn.

@@ -204,7 +204,7 @@ pub(crate) struct Inner<N: Nic> {
     /// `Config::serve_busy_poll`: how long `next_request` takes turns itself.
     serve_spin: Duration,
     /// Its place on the endpoint's hub.
-    pub(super) hub: HubPart,
+    pub(super) hub: HubPart<N>,
     /// Its connection's id (`proto::Connection::id`): what the endpoint's
     /// delegations name it by, so that a revocation rings it alone.
     pub(crate) id: u64,
@@ -217,7 +217,7 @@ pub(crate) struct Inner<N: Nic> {
 
 /// A connection's place on its hub: the waker that puts it on the hub's
 /// ready list, and the completions the hub routed to it.
-pub(super) struct HubPart {
+pub(super) struct HubPart<N: Nic> {
     /// Woken by the user ([`Inner::ring`]), the buffer-return hook and
     /// the pool: it queues the connection for a turn and wakes the hub.
     pub(super) waker: Waker,
@@ -229,7 +229,7 @@ pub(super) struct HubPart {
     /// (`driver::Spin`): empty between them.
     pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
-    pub(super) hub: std::sync::Weak<dyn super::hub::CallerPoll>,
+    pub(super) hub: std::sync::Weak<super::hub::Shared<N>>,
     /// Set at the end of each turn while nothing waits for a control send
     /// slot: a grant SEND's successful completion then goes to the inbox
     /// without queueing the connection, and is handled with its next
@@ -238,7 +238,7 @@ pub(super) struct HubPart {
     pub(super) lazy_grant_sends: std::sync::atomic::AtomicBool,
 }
 
-impl HubPart {
+impl<N: Nic> HubPart<N> {
     /// Put `c` in the inbox; whether the connection needs a turn for it
     /// (false only for a grant SEND's success while `lazy_grant_sends`).
     /// The flag is read under the inbox's lock, which the turn that clears
@@ -256,7 +256,7 @@ impl HubPart {
 }
 
 impl<N: Nic> Inner<N> {
-    fn new(ep: Link<N>, epoch: Instant, hub: HubPart) -> Inner<N> {
+    fn new(ep: Link<N>, epoch: Instant, hub: HubPart<N>) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;
         // Made now, so that a first burst allocates no more than a later one:
@@ -364,7 +364,7 @@ impl<N: Nic> Connection<N> {
     pub(super) fn on_hub(
         ep: Link<N>,
         epoch: Instant,
-        part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart,
+        part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart<N>,
     ) -> Connection<N> {
         let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, part(w.clone())));
         // A connection that finds the hub's shared buffer pool empty is
