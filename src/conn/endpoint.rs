@@ -24,7 +24,7 @@ use futures::channel::mpsc;
 use futures::future::{select, BoxFuture, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use super::hub::{Hub, HubDriver};
+use super::hub::Hub;
 use super::listen::{AsyncConnected, CloseSignal, Listener};
 use super::{
     BufClass, CapId, Config, ConfigError, Connection, DelegateError, Delegation, EndpointStats, Link,
@@ -52,7 +52,7 @@ impl<N: Nic> Clone for Endpoint<N> {
 /// once (or `block_on` it on a thread of its own). It ends once every
 /// [`Endpoint`] clone is dropped and every connection has finished.
 pub struct EndpointDriver<N: Nic> {
-    hub: HubDriver<N>,
+    hub: Arc<Hub<N>>,
     streams: mpsc::UnboundedReceiver<Watch>,
 }
 
@@ -61,7 +61,7 @@ pub struct EndpointDriver<N: Nic> {
 type Watch = BoxFuture<'static, ()>;
 
 struct Shared<N: Nic> {
-    hub: Hub<N>,
+    hub: Arc<Hub<N>>,
     cfg: Config,
     opts: SetupOptions,
     listener: Option<futures::lock::Mutex<Listener<N>>>,
@@ -365,7 +365,7 @@ impl<N: Nic + 'static> Endpoint<N> {
 /// ([`Endpoint::prepare`]).
 pub struct Pending<N: Nic> {
     link: Link<N>,
-    hub: Hub<N>,
+    hub: Arc<Hub<N>>,
     /// The peer's identity, as the application vouched for it.
     identity: Option<std::sync::Arc<str>>,
 }
@@ -551,7 +551,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         if shares && confirm && !opts.trusted_peers {
             return Err(ConfigError::SharingNeedsMw { choice: opts.choice }.into());
         }
-        let (hub, driver) = Hub::new(nic, depth, srq, buffers.as_deref(), confirm, busy_poll)?;
+        let hub = Hub::new(nic, depth, srq, buffers.as_deref(), confirm, busy_poll)?;
         let (listener, local_addr, closer) = match listen {
             None => (None, None, None),
             Some(addr) => {
@@ -563,7 +563,8 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
         };
         let (tx, rx) = mpsc::unbounded();
         let shared = Arc::new(Shared { hub, cfg, opts, listener, local_addr, closer, streams: tx, name });
-        Ok((Endpoint { shared }, EndpointDriver { hub: driver, streams: rx }))
+        let driver = EndpointDriver { hub: shared.hub.clone(), streams: rx };
+        Ok((Endpoint { shared }, driver))
     }
 }
 
@@ -613,6 +614,13 @@ impl futures::task::ArcWake for WatchWake {
     fn wake_by_ref(this: &Arc<Self>) {
         this.due.store(true, Ordering::Release);
         (this.ring)();
+    }
+}
+
+impl<N: Nic> Drop for Shared<N> {
+    fn drop(&mut self) {
+        // The last handle: the driver ends once every connection finished.
+        self.hub.close();
     }
 }
 

@@ -45,7 +45,7 @@ struct Shared<N: Nic> {
     serve: PolicySet,
     /// Accepted connections run on it, each in a protection domain of its
     /// own (or, with shared receives, in the hub's).
-    hub: Hub<N>,
+    hub: Arc<Hub<N>>,
 }
 
 /// A TCP listener that sets up mwcap connections on a hub, many
@@ -98,7 +98,7 @@ impl<N: Nic + 'static> Listener<N> {
         addr: SocketAddr,
         cfg: Config,
         opts: SetupOptions,
-        hub: Hub<N>,
+        hub: Arc<Hub<N>>,
     ) -> Result<Listener<N>, SetupError> {
         let tcp =
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
@@ -239,7 +239,7 @@ async fn handshake<N: Nic + 'static>(
 /// so only the first connect on a device pays for it; that probe (about
 /// 100 ms on rxe) runs on a thread of its own, not on the executor's.
 pub(super) async fn connect_async_on<N: Nic + 'static>(
-    hub: &Hub<N>,
+    hub: &Arc<Hub<N>>,
     addr: SocketAddr,
     cfg: Config,
     opts: &SetupOptions,
@@ -287,7 +287,7 @@ async fn finish_setup_async<N: Nic + 'static>(
     serve: PolicySet,
     authed: Authenticated<Async<TcpStream>>,
     opts: &SetupOptions,
-    hub: &Hub<N>,
+    hub: &Arc<Hub<N>>,
 ) -> Result<AsyncConnected<N>, SetupError> {
     let peer_addr = authed.peer_addr();
     let peer_identity = authed.peer_identity().cloned();

@@ -1,4 +1,4 @@
-//! The [`HubDriver`]'s loop: poll the shared completion queue, route each
+//! The hub's driver loop ([`Hub::run`]): poll the shared completion queue, route each
 //! completion to its connection, and give a turn to each connection that
 //! has something to do (a completion, a user's call or reply, a timer kept
 //! in a heap).
@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::{EndpointStats, HubDriver, POLL_BATCH};
+use super::{EndpointStats, Hub, POLL_BATCH};
 use crate::backend::{Completion, Nic, NicError};
 use crate::conn::live::{HubPart, Inner};
 
@@ -37,14 +37,14 @@ impl<N: Nic> Ord for Due<N> {
     }
 }
 
-impl<N: Nic> HubDriver<N> {
+impl<N: Nic> Hub<N> {
     /// A ring of this hub's doorbell, for as long as the hub lives (from a
     /// waker of the endpoint's: its bootstrap streams').
-    pub(crate) fn ringer(&self) -> impl Fn() + Send + Sync + 'static
+    pub(crate) fn ringer(self: &Arc<Self>) -> impl Fn() + Send + Sync + 'static
     where
         N: 'static,
     {
-        let hub = Arc::downgrade(&self.shared);
+        let hub = Arc::downgrade(self);
         move || {
             if let Some(s) = hub.upgrade() {
                 s.ready.bell().ring();
@@ -52,13 +52,13 @@ impl<N: Nic> HubDriver<N> {
         }
     }
 
-    /// Drive every connection on the hub; ends once every [`Hub`](super::Hub) handle
-    /// is dropped and every connection has finished. Returns the hub's
+    /// Drive every connection on the hub; ends once the hub is closed
+    /// ([`Hub::close`]) and every connection has finished. Returns the hub's
     /// final counts. `after_turns` runs after each loop's turns, unless
     /// that loop ended the driver (the endpoint's bootstrap streams: rung
-    /// through [`HubDriver::ringer`], it finds what woke them).
-    pub async fn run(self, mut after_turns: impl FnMut()) -> EndpointStats {
-        let shared = &self.shared;
+    /// through [`Hub::ringer`], it finds what woke them).
+    pub async fn run(self: Arc<Self>, mut after_turns: impl FnMut()) -> EndpointStats {
+        let shared = &*self;
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
@@ -130,7 +130,7 @@ impl<N: Nic> HubDriver<N> {
                 self.turn(inner, now, &mut inbox, &mut timers);
             }
             work.clear();
-            if shared.handles.load(Ordering::Acquire) == 0 && shared.routes.lock().is_empty() {
+            if shared.closed.load(Ordering::Acquire) && shared.routes.lock().is_empty() {
                 return shared.stats();
             }
             after_turns();
@@ -235,12 +235,12 @@ impl<N: Nic> HubDriver<N> {
         });
         inbox.clear();
         inner.count_turn(t.busy);
-        self.shared.connection_turns.fetch_add(1, Ordering::Relaxed);
+        self.connection_turns.fetch_add(1, Ordering::Relaxed);
         for rkey in t.foreign_invalidations {
             self.invalidated_elsewhere(inner, now, rkey);
         }
         // A holder may have revoked a delegation on this turn.
-        self.shared.ring_ends();
+        self.ring_ends();
     }
 
     /// The peer of `from` invalidated `rkey`, which is none of `from`'s
@@ -252,10 +252,10 @@ impl<N: Nic> HubDriver<N> {
     /// connection is closed as).
     #[inline(never)]
     fn invalidated_elsewhere(&self, from: &Arc<Inner<N>>, now: Duration, rkey: u32) {
-        let conns: Vec<Arc<Inner<N>>> = self.shared.routes.lock().targets().cloned().collect();
+        let conns: Vec<Arc<Inner<N>>> = self.routes.lock().targets().cloned().collect();
         let owner = conns.iter().find(|c| !Arc::ptr_eq(c, from) && c.window_invalidated_elsewhere(now, rkey));
         match owner {
-            Some(c) => self.shared.queue(c),
+            Some(c) => self.queue(c),
             None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),
         }
     }

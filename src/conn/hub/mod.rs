@@ -2,7 +2,7 @@
 //! [`Endpoint`](super::Endpoint), whose engine it is.
 //!
 //! Every connection's queue pair completes on the hub's one completion
-//! queue, and one [`HubDriver`] future polls it, hands each completion to
+//! queue, and one driver ([`Hub::run`]) polls it, hands each completion to
 //! its connection (by QP number) and gives a turn to each connection that
 //! has something to do (a completion, a user's call or reply, a timer).
 //! Run one endpoint per core for more.
@@ -38,7 +38,7 @@
 
 mod driver;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -57,19 +57,6 @@ use crate::telemetry::Tally;
 
 /// Completions taken per poll of the shared queue.
 const POLL_BATCH: usize = 64;
-
-/// One completion queue and one driver for many connections; see the
-/// module docs (`docs/serving.md`). Cheap to clone; the [`HubDriver`] ends once every
-/// clone is dropped and every connection on the hub has finished.
-pub(crate) struct Hub<N: Nic> {
-    shared: Arc<Shared<N>>,
-}
-
-/// The future that drives every connection of a [`Hub`]: spawn it once,
-/// and keep it running while any connection on the hub lives.
-pub(crate) struct HubDriver<N: Nic> {
-    shared: Arc<Shared<N>>,
-}
 
 /// What an [`Endpoint`](super::Endpoint)'s completion queue and driver
 /// have done so far.
@@ -171,7 +158,12 @@ impl<N: Nic> Drop for CqHold<N> {
     }
 }
 
-pub(in crate::conn) struct Shared<N: Nic> {
+/// One completion queue and one driver for the connections of an
+/// [`Endpoint`](super::Endpoint), shared by the endpoint's handles, the
+/// driver ([`Hub::run`]) and each connection (weakly); see the module
+/// docs. The driver ends once the endpoint is closed ([`Hub::close`]) and
+/// every connection on the hub has finished.
+pub(crate) struct Hub<N: Nic> {
     hold: Arc<CqHold<N>>,
     /// The shared receive queue its connections take their receives from,
     /// if it has one.
@@ -189,8 +181,9 @@ pub(in crate::conn) struct Shared<N: Nic> {
     /// busy-polls nor arms the queue: the waiter polls it and rings the
     /// driver for the other connections' completions). See `ready.rs`.
     ready: ReadyList<Arc<Inner<N>>>,
-    /// `Hub` handles alive.
-    handles: AtomicUsize,
+    /// The endpoint is gone ([`Hub::close`]): the driver ends once every
+    /// connection has finished.
+    closed: AtomicBool,
     /// How long the driver keeps polling an idle queue before it sleeps.
     busy_poll: Duration,
     added: AtomicU64,
@@ -216,7 +209,7 @@ struct Members<N: Nic> {
     running: std::collections::HashMap<u64, Arc<Inner<N>>>,
 }
 
-impl<N: Nic> Shared<N> {
+impl<N: Nic> Hub<N> {
     /// Live exposures were revoked since the last call (by the owner's
     /// application, or a holder on its connection's turn): ring the
     /// connections exposing them, so that each takes a turn and ends
@@ -274,7 +267,7 @@ impl<N: Nic> Shared<N> {
 
 /// The destroy hook a hub's endpoints hold: the hub weakly (a connection
 /// does not keep its hub alive), the queue strongly (it outlives the QP).
-struct Retire<N: Nic>(Weak<Shared<N>>, #[allow(dead_code)] Arc<CqHold<N>>);
+struct Retire<N: Nic>(Weak<Hub<N>>, #[allow(dead_code)] Arc<CqHold<N>>);
 
 impl<N: Nic> SharedCq for Retire<N> {
     fn retire(&self, qpn: u32, destroy: &mut dyn FnMut()) {
@@ -307,7 +300,7 @@ impl<N: Nic> SharedCq for Retire<N> {
 /// `live::driver::Spin::turn`): poll it, routing the caller's connection's
 /// completions to its inbox without queueing it for the driver (the
 /// caller takes that turn), and the others' as the driver would.
-impl<N: Nic> Shared<N> {
+impl<N: Nic> Hub<N> {
     /// A waiter starts taking its connection's turns itself; with a long
     /// window, its end and the time now, on the connection's clock (the
     /// endpoint's: see `ReadyList::start`).
@@ -373,7 +366,7 @@ impl<N: Nic> Shared<N> {
 /// The waker of a connection on a hub: queue it for a turn.
 struct ConnWake<N: Nic> {
     conn: Weak<Inner<N>>,
-    hub: Weak<Shared<N>>,
+    hub: Weak<Hub<N>>,
 }
 
 impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
@@ -429,7 +422,7 @@ impl<N: Nic + 'static> Hub<N> {
         buffers: Option<&[BufClass]>,
         confirm: bool,
         busy_poll: Duration,
-    ) -> Result<(Hub<N>, HubDriver<N>), SetupError> {
+    ) -> Result<Arc<Hub<N>>, SetupError> {
         // A shared pool comes with shared receives (of the default size
         // unless given).
         let srq = srq.or(buffers.map(|_| SrqConfig::default()));
@@ -449,7 +442,7 @@ impl<N: Nic + 'static> Hub<N> {
         let epoch = Instant::now();
         let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }, epoch));
         let cq = nic.create_cq(depth)?;
-        let shared = Arc::new(Shared {
+        Ok(Arc::new(Hub {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
             pool,
@@ -457,7 +450,7 @@ impl<N: Nic + 'static> Hub<N> {
             epoch,
             routes: Mutex::new(routes),
             ready: ReadyList::new(),
-            handles: AtomicUsize::new(1),
+            closed: AtomicBool::new(false),
             busy_poll,
             added: AtomicU64::new(0),
             completions: AtomicU64::new(0),
@@ -470,8 +463,7 @@ impl<N: Nic + 'static> Hub<N> {
                 running: Default::default(),
             }),
             recording: Mutex::new(()),
-        });
-        Ok((Hub { shared: shared.clone() }, HubDriver { shared }))
+        }))
     }
 
     /// The NIC handle for a new connection on this hub: a protection domain
@@ -479,9 +471,9 @@ impl<N: Nic + 'static> Hub<N> {
     /// handle on the hub's PD (`NicOps::same_pd`), where its QP can take
     /// receives from the hub's queue.
     pub fn connection_nic(&self) -> Result<N, NicError> {
-        match &self.shared.srq {
-            Some(_) => self.shared.hold.nic.same_pd(),
-            None => self.shared.hold.nic.new_pd(),
+        match &self.srq {
+            Some(_) => self.hold.nic.same_pd(),
+            None => self.hold.nic.new_pd(),
         }
     }
 
@@ -489,35 +481,27 @@ impl<N: Nic + 'static> Hub<N> {
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::connection_nic`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.
-    pub fn prepare(&self, nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
+    pub fn prepare(self: &Arc<Self>, nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         // Reserved now (or refused with `CqBudget`), given back on failure.
-        let entries = sizes.reserved(self.shared.srq.is_some());
-        self.shared.routes.lock().reserve(entries)?;
-        let retire: Arc<dyn SharedCq> =
-            Arc::new(Retire(Arc::downgrade(&self.shared), self.shared.hold.clone()));
-        let srq = self.shared.srq.clone();
-        let prepared = match Link::prepare_on(
-            nic,
-            role,
-            cfg,
-            sizes,
-            self.shared.hold.cq,
-            Some(retire),
-            srq,
-            self.shared.pool.clone(),
-        ) {
-            Ok(p) => p,
-            Err((_, e)) => {
-                self.shared.routes.lock().release(entries);
-                return Err(e);
-            }
-        };
+        let entries = sizes.reserved(self.srq.is_some());
+        self.routes.lock().reserve(entries)?;
+        let retire: Arc<dyn SharedCq> = Arc::new(Retire(Arc::downgrade(self), self.hold.clone()));
+        let srq = self.srq.clone();
+        let prepared =
+            match Link::prepare_on(nic, role, cfg, sizes, self.hold.cq, Some(retire), srq, self.pool.clone())
+            {
+                Ok(p) => p,
+                Err((_, e)) => {
+                    self.routes.lock().release(entries);
+                    return Err(e);
+                }
+            };
         // The QP has posted nothing and is not connected: it has no
         // completion yet, and is known to the hub before it can have one.
         // A QP destroyed with this number had its completions drained under
         // the lock by then.
-        self.shared.routes.lock().open(prepared.local().qpn, entries);
+        self.routes.lock().open(prepared.local().qpn, entries);
         Ok(prepared)
     }
 
@@ -527,14 +511,14 @@ impl<N: Nic + 'static> Hub<N> {
     ///
     /// # Panics
     /// If `ep` was not prepared on this hub.
-    pub fn add(&self, mut ep: Link<N>, identity: Option<Arc<str>>) -> Connection<N> {
+    pub fn add(self: &Arc<Self>, mut ep: Link<N>, identity: Option<Arc<str>>) -> Connection<N> {
         // Before the connection runs: a redemption may be its first frame,
         // and is checked against this identity.
         ep.set_identity(identity);
-        ep.set_regions(self.shared.regions.clone());
+        ep.set_regions(self.regions.clone());
         let qpn = ep.local().qpn;
-        let hub = Arc::downgrade(&self.shared);
-        let conn = Connection::on_hub(ep, self.shared.epoch, |w| HubPart {
+        let hub = Arc::downgrade(self);
+        let conn = Connection::on_hub(ep, self.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
             queued: Mark::new(),
             // The inbox, the spinner's vector and the driver's trade places
@@ -543,42 +527,42 @@ impl<N: Nic + 'static> Hub<N> {
             // data path.
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
-            hub: Arc::downgrade(&self.shared),
+            hub: Arc::downgrade(self),
             lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();
         // Counted from now until its figures move to the finished ones.
         let members = {
-            let mut t = self.shared.telemetry.lock();
+            let mut t = self.telemetry.lock();
             t.running.insert(inner.id, inner.clone());
             t.running.len()
         };
-        self.shared.ready.reserve(members);
+        self.ready.reserve(members);
         {
             let part = &inner.hub;
-            let mut routes = self.shared.routes.lock();
+            let mut routes = self.routes.lock();
             if routes.attach(qpn, inner.clone(), &mut part.inbox.lock()).is_err() {
                 drop(routes);
                 panic!("Hub::add: the endpoint of QP {qpn:#x} was not prepared on this hub (Hub::prepare)");
             }
         }
-        self.shared.added.fetch_add(1, Ordering::Relaxed);
-        self.shared.queue(&inner);
+        self.added.fetch_add(1, Ordering::Relaxed);
+        self.queue(&inner);
         conn
     }
 
     /// The endpoint's regions (`regions.rs`).
     pub(super) fn regions(&self) -> &Regions<N> {
-        &self.shared.regions
+        &self.regions
     }
 
     /// Deregister region `id` (see [`Regions::deregister`]), then release
     /// each connection's registration of it.
     pub(super) fn deregister_region(&self, id: RegionId) -> Result<(), UseError> {
-        self.shared.regions.deregister(id)?;
+        self.regions.deregister(id)?;
         // Taken out of the books' lock: a connection folds its figures
         // into them under its own.
-        let running: Vec<Arc<Inner<N>>> = self.shared.telemetry.lock().running.values().cloned().collect();
+        let running: Vec<Arc<Inner<N>>> = self.telemetry.lock().running.values().cloned().collect();
         for inner in running {
             inner.forget_region(id);
         }
@@ -589,20 +573,15 @@ impl<N: Nic + 'static> Hub<N> {
     /// `delegate.rs`); the connections holding a live exposure of it get
     /// a turn to invalidate it.
     pub(super) fn revoke(&self, cap: super::CapId) -> Result<(), super::RevokeError> {
-        self.shared.regions.revoke(cap)?;
-        self.shared.ring_ends();
+        self.regions.revoke(cap)?;
+        self.ring_ends();
         Ok(())
-    }
-
-    /// What the hub has done so far.
-    pub fn stats(&self) -> EndpointStats {
-        self.shared.stats()
     }
 
     /// Record the hub's figures through the `metrics` facade, labelled
     /// `endpoint = name` (see [`crate::telemetry`]).
     pub(crate) fn record_metrics(&self, name: &str) {
-        let s = &self.shared;
+        let s = self;
         let _one_at_a_time = s.recording.lock();
         // The finished connections' figures and the running ones, as of one
         // epoch; then each running connection's own, unless it finished by
@@ -626,14 +605,15 @@ impl<N: Nic + 'static> Hub<N> {
 
     /// The hub's counts for as long as it lives, without keeping it alive
     /// (for [`crate::stat::Registry::add_endpoint`], through its endpoint).
-    pub(crate) fn stats_source(&self) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
-        let weak = Arc::downgrade(&self.shared);
+    pub(crate) fn stats_source(self: &Arc<Self>) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
+        let weak = Arc::downgrade(self);
         move || weak.upgrade().map(|s| s.stats())
     }
 }
 
-impl<N: Nic> Shared<N> {
-    fn stats(&self) -> EndpointStats {
+impl<N: Nic> Hub<N> {
+    /// What the hub has done so far.
+    pub(crate) fn stats(&self) -> EndpointStats {
         let routes = self.routes.lock();
         EndpointStats {
             connections: routes.len(),
@@ -651,22 +631,16 @@ impl<N: Nic> Shared<N> {
     }
 }
 
-impl<N: Nic> Clone for Hub<N> {
-    fn clone(&self) -> Hub<N> {
-        self.shared.handles.fetch_add(1, Ordering::AcqRel);
-        Hub { shared: self.shared.clone() }
+impl<N: Nic> Hub<N> {
+    /// The endpoint is gone (its last handle dropped): the driver ends
+    /// once every connection has finished.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.ready.bell().ring();
     }
 }
 
 impl<N: Nic> Drop for Hub<N> {
-    fn drop(&mut self) {
-        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.shared.ready.bell().ring();
-        }
-    }
-}
-
-impl<N: Nic> Drop for Shared<N> {
     fn drop(&mut self) {
         // Connections still routed here (the driver was dropped before they
         // finished) go now, unless a user still holds one; the queue goes
@@ -677,6 +651,6 @@ impl<N: Nic> Drop for Shared<N> {
 
 impl<N: Nic> std::fmt::Debug for Hub<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hub").field("stats", &self.shared.stats()).finish()
+        f.debug_struct("Hub").field("stats", &self.stats()).finish()
     }
 }

@@ -229,7 +229,7 @@ pub(super) struct HubPart<N: Nic> {
     /// (`driver::Spin`): empty between them.
     pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
-    pub(super) hub: std::sync::Weak<super::hub::Shared<N>>,
+    pub(super) hub: std::sync::Weak<super::hub::Hub<N>>,
     /// Set at the end of each turn while nothing waits for a control send
     /// slot: a grant SEND's successful completion then goes to the inbox
     /// without queueing the connection, and is handled with its next

@@ -5,8 +5,7 @@ use crate::sim::{DeviceConfig, Fabric};
 fn client() -> Connection<crate::sim::SimNic> {
     let fabric = Fabric::with_seed(1);
     let nic = fabric.add_device(DeviceConfig::spec());
-    let (hub, _driver) =
-        crate::conn::hub::Hub::new(nic, 1024, None, None, false, std::time::Duration::ZERO).unwrap();
+    let hub = crate::conn::hub::Hub::new(nic, 1024, None, None, false, std::time::Duration::ZERO).unwrap();
     let policies = Policies::both(Policy::Mw);
     let link = hub.prepare(hub.connection_nic().unwrap(), Role::Server, Config::default()).unwrap();
     hub.add(link.finish(policies).unwrap(), None)
@@ -55,8 +54,7 @@ impl<N: Nic> Connection<N> {
 fn a_client_has_a_result_slot_per_buffer_before_its_first_call() {
     let fabric = Fabric::with_seed(2);
     let nic = fabric.add_device(DeviceConfig::spec());
-    let (hub, _driver) =
-        crate::conn::hub::Hub::new(nic, 8192, None, None, false, std::time::Duration::ZERO).unwrap();
+    let hub = crate::conn::hub::Hub::new(nic, 8192, None, None, false, std::time::Duration::ZERO).unwrap();
     let make = |role, buffers| {
         let cfg = Config { buffers, ..Config::default() };
         let link = hub.prepare(hub.connection_nic().unwrap(), role, cfg).unwrap();
