@@ -31,6 +31,19 @@
 //! A waiter whose window starts when none is open rings the doorbell (a
 //! driver that saw no window may be asleep without the alarm).
 //!
+//! A short window lingers too where a ring would wake another thread: the
+//! list notes, at the driver's next loop after a waiter rang, whether the
+//! driver then ran on that waiter's thread ([`ReadyList::rings_local`]).
+//! Under `block_on` it does (the ring only schedules the driver beside the
+//! waiter), and mostly under tokio (a task woken from a worker runs on
+//! that worker next); under smol, whose executor runs the driver on a
+//! thread of its own, it does not, and a ring at every call cost half the
+//! calls a caller could make. The waiter decides at its start
+//! (`live::driver::Spin`), from that and from whether its connection's
+//! last wait was quick (got within a quarter of the window: then calls
+//! come several to a window, and the driver's one wake-up per window is
+//! cheaper than a ring per call).
+//!
 //! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
 use crate::handle::Doorbell;
@@ -39,7 +52,9 @@ use std::time::Duration;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
-/// leaves without waking the driver ([`ReadyList::stop`]): the driver then
+/// always leaves without waking the driver ([`ReadyList::stop`]; a shorter
+/// one does where the ring would wake another thread, see the module
+/// docs): the driver then
 /// wakes on its alarm once per window, and over a shorter window the
 /// alarm's round trip (the alarm thread's wake-up, then the driver's) would
 /// cost more than the ring it saves (on the simulator, 50 µs windows
@@ -73,6 +88,13 @@ pub struct ReadyList<T> {
     /// The latest end of a long spin window, in ns since the endpoint's
     /// epoch ([`ns`]): until then the queue counts as watched.
     watch: AtomicU64,
+    /// The thread ([`thread_mark`]) of the last waiter that rang the
+    /// doorbell as it stopped, until the driver's next loop looks (0).
+    rang_from: AtomicUsize,
+    /// Whether, the last time a stopping waiter rang, the driver then ran
+    /// on that waiter's thread (the executor ran the woken driver where
+    /// it was woken).
+    rings_local: AtomicBool,
 }
 
 impl<T> Default for ReadyList<T> {
@@ -89,6 +111,8 @@ impl<T> ReadyList<T> {
             bell: Doorbell::new(),
             spinners: AtomicUsize::new(0),
             watch: AtomicU64::new(0),
+            rang_from: AtomicUsize::new(0),
+            rings_local: AtomicBool::new(true),
         }
     }
 
@@ -148,6 +172,7 @@ impl<T> ReadyList<T> {
     pub fn start(&self, window: Option<(Duration, Duration)>) {
         if let Some((until, now)) = window {
             if self.watch.fetch_max(ns(until), Ordering::AcqRel) <= ns(now) {
+                self.rang_from.store(thread_mark(), Ordering::Relaxed);
                 self.bell.ring();
             }
         }
@@ -165,6 +190,7 @@ impl<T> ReadyList<T> {
     /// it waited for: the queue stays watched until its window's end).
     pub fn stop(&self, lingers: bool) {
         if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 && !lingers {
+            self.rang_from.store(thread_mark(), Ordering::Relaxed);
             self.bell.ring();
         }
     }
@@ -187,9 +213,71 @@ impl<T> ReadyList<T> {
     }
 }
 
+impl<T> ReadyList<T> {
+    /// Driver, on each loop: if a stopping waiter rang since the last
+    /// look, note whether the driver runs on that waiter's thread now.
+    #[inline]
+    pub fn driver_here(&self) {
+        if self.rang_from.load(Ordering::Relaxed) != 0 {
+            let from = self.rang_from.swap(0, Ordering::Relaxed);
+            if from != 0 {
+                self.rings_local.store(from == thread_mark(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether a stopping waiter's ring last woke the driver on the
+    /// waiter's own thread (a cheap ring: the executor runs the driver
+    /// beside the waiter) rather than on another (a thread woken).
+    #[inline]
+    pub fn rings_local(&self) -> bool {
+        self.rings_local.load(Ordering::Relaxed)
+    }
+}
+
+/// This thread, as a number no other live thread has (the address of a
+/// thread-local).
+#[inline]
+fn thread_mark() -> usize {
+    std::thread_local!(static MARK: u8 = const { 0 });
+    MARK.with(|m| std::ptr::from_ref(m) as usize)
+}
+
 /// A time since the endpoint's epoch in ns, as the window's end is kept
 /// (u64 ns: 584 years).
 #[inline]
 fn ns(t: Duration) -> u64 {
     t.as_nanos() as u64
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A ring the driver answers on the ringing waiter's thread is local;
+    /// one it answers on another thread is not, until a ring is local again.
+    #[test]
+    fn a_ring_answered_on_another_thread_is_not_local() {
+        let list: ReadyList<()> = ReadyList::new();
+        assert!(list.rings_local(), "local until a ring shows otherwise");
+        list.start(None);
+        list.stop(false);
+        std::thread::scope(|s| {
+            s.spawn(|| list.driver_here());
+        });
+        assert!(!list.rings_local());
+        // The driver looks again only after another ring.
+        list.driver_here();
+        assert!(!list.rings_local());
+        list.start(None);
+        list.stop(false);
+        list.driver_here();
+        assert!(list.rings_local());
+        // A long window that opens while none is open rings too.
+        list.start(Some((Duration::from_millis(2), Duration::from_millis(1))));
+        std::thread::scope(|s| {
+            s.spawn(|| list.driver_here());
+        });
+        assert!(!list.rings_local());
+    }
 }

@@ -79,6 +79,7 @@ impl<N: Nic> Hub<N> {
         let mut idle_turns = 0u32;
         loop {
             shared.ready.bell().take();
+            shared.ready.driver_here();
             shared.turns.fetch_add(1, Ordering::Relaxed);
             // One clock read a loop: the turns' time and the busy-poll window's.
             let at = Instant::now();

@@ -308,6 +308,13 @@ impl<N: Nic> Hub<N> {
         self.ready.start(window);
     }
 
+    /// Whether a stopping waiter's ring last woke the driver on another
+    /// thread than the waiter's.
+    #[inline]
+    pub(in crate::conn) fn driver_elsewhere(&self) -> bool {
+        !self.ready.rings_local()
+    }
+
     /// A long window's waiter's busy turn moved its end to `until` (on the
     /// connection's clock).
     #[inline]

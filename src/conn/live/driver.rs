@@ -62,6 +62,11 @@ pub(crate) struct Spin {
     long: bool,
     /// Turns taken while spinning that found nothing (see [`OS_YIELD_EVERY`]).
     idle: u32,
+    /// A quarter of the window after the waiter's first wait: got by then,
+    /// the wait was quick (`Inner::quick`).
+    quick_until: Option<Instant>,
+    /// When its last turn began.
+    last_turn: Option<Instant>,
 }
 
 /// A thread that busy-polls (a call taking its connection's turns, or the
@@ -93,6 +98,9 @@ impl Spin {
     #[inline]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         if std::mem::take(&mut self.spinning) {
+            if got {
+                inner.quick.store(self.last_turn <= self.quick_until, std::sync::atomic::Ordering::Relaxed);
+            }
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
             if let Some(hub) = inner.hub.hub.upgrade() {
                 hub.stop_spinning(self.long && got);
@@ -130,10 +138,17 @@ impl Spin {
     pub(crate) fn turn<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let now = Instant::now();
-        let until = *self.until.get_or_insert(now + window);
+        let until = match self.until {
+            Some(until) => until,
+            None => {
+                self.quick_until = Some(now + window / 4);
+                *self.until.insert(now + window)
+            }
+        };
         if now >= until {
             return false;
         }
+        self.last_turn = Some(now);
         // The connection's clock is its endpoint's (the ready list's).
         let at = inner.now_at(now);
         let hub = inner.hub.hub.upgrade();
@@ -142,7 +157,13 @@ impl Spin {
                 return false;
             }
             self.spinning = true;
-            self.long = window >= crate::conn::ready::LINGER_MIN;
+            // A long window lingers; so does a short one whose ring would
+            // wake another thread, while the connection's waits are quick
+            // (a caller making call after call then costs its driver one
+            // wake-up per window, not one per call).
+            self.long = window >= crate::conn::ready::LINGER_MIN
+                || (inner.quick.load(std::sync::atomic::Ordering::Relaxed)
+                    && hub.as_ref().is_some_and(|h| h.driver_elsewhere()));
             if let Some(hub) = &hub {
                 hub.start_spinning(self.long.then(|| (inner.now_at(until), at)));
             }

@@ -198,6 +198,9 @@ pub(crate) struct Inner<N: Nic> {
     /// connection's turns itself (see [`driver::Spin`]); at most one does
     /// at a time.
     spinning: std::sync::atomic::AtomicBool,
+    /// The last wait a spinning waiter saw through was quick: got within a
+    /// quarter of its window (`driver::Spin`).
+    quick: std::sync::atomic::AtomicBool,
     /// `Config::busy_poll`: how long a pending call takes turns itself, and
     /// how long the driver busy-polls after a busy turn.
     spin: Duration,
@@ -269,6 +272,7 @@ impl<N: Nic> Inner<N> {
         spare_slots.extend((0..slots).map(|_| Slot::new()));
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
+            quick: std::sync::atomic::AtomicBool::new(false),
             spin,
             serve_spin,
             state: Mutex::new(State {
