@@ -36,10 +36,7 @@ pub(super) struct Routes<T> {
     /// By QP number: small distinct integers, spread by one multiply
     /// (SipHash cost about 100 instructions a completion).
     by_qpn: IdMap<u32, Route<T>>,
-    /// Completions held, over every route.
-    held: usize,
     orphans: u64,
-    retired: u64,
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
     batch: Vec<Completion>,
@@ -92,9 +89,7 @@ impl<T> Routes<T> {
             depth,
             reserved: u64::from(up_front),
             by_qpn: IdMap::default(),
-            held: 0,
             orphans: 0,
-            retired: 0,
             batch: vec![Completion::EMPTY; BATCH],
         })
     }
@@ -141,7 +136,6 @@ impl<T> Routes<T> {
         };
         let held = std::mem::take(&mut route.held);
         route.target = Some(target);
-        self.unwait(held.len());
         early.extend(held);
         Ok(())
     }
@@ -152,7 +146,6 @@ impl<T> Routes<T> {
             Some(Route { target: Some(t), .. }) => Routed::To(t),
             Some(Route { target: None, held, .. }) => {
                 held.push(c);
-                self.held += 1;
                 Routed::Held
             }
             None => {
@@ -187,15 +180,8 @@ impl<T> Routes<T> {
         drain(self);
         let route = self.by_qpn.remove(&qpn)?;
         self.reserved -= u64::from(route.entries);
-        self.unwait(route.held.len());
-        self.retired += route.held.len() as u64;
         route.held.iter().for_each(&mut unclaimed);
         route.target
-    }
-
-    /// `n` completions held for a route were taken out of it.
-    fn unwait(&mut self, n: usize) {
-        self.held -= n;
     }
 
     /// Every route's target.
@@ -207,7 +193,6 @@ impl<T> Routes<T> {
     /// its queue); the targets are dropped here.
     pub(super) fn clear(&mut self) {
         self.by_qpn.clear();
-        self.held = 0;
     }
 
     /// QPs routed (prepared or running).
@@ -233,18 +218,12 @@ impl<T> Routes<T> {
     /// Completions held over every route.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.held
+        self.by_qpn.values().map(|r| r.held.len()).sum()
     }
 
     /// Completions of a QP number with no route.
     pub(super) fn orphans(&self) -> u64 {
         self.orphans
-    }
-
-    /// Completions held for a retired route and dropped.
-    #[cfg(test)]
-    fn retired(&self) -> u64 {
-        self.retired
     }
 }
 
@@ -347,7 +326,7 @@ mod tests {
         assert_eq!(order, ["drain", "destroy", "drain"]);
         assert_eq!(gone, None);
         assert_eq!(dropped, [1, 2]);
-        assert_eq!((r.retired(), r.held(), r.reserved()), (2, 0, 0));
+        assert_eq!((r.held(), r.reserved()), (0, 0));
         r.reserve(10).unwrap();
         r.open(5, 10);
         let mut early = Vec::new();
