@@ -102,7 +102,11 @@ impl<N: Nic + 'static> Listener<N> {
     ) -> Result<Listener<N>, SetupError> {
         let tcp =
             TcpListener::bind(addr).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
-        let serve = serve_set(&hub.connection_nic()?, opts.choice, opts.trusted_peers, &opts.probes)?;
+        // Confirm needs no probe, nor a NIC handle to probe through.
+        let serve = match opts.choice {
+            PolicyChoice::Confirm => PolicySet::CONFIRM,
+            choice => serve_set(&hub.connection_nic()?, choice, opts.trusted_peers, &opts.probes)?,
+        };
         let tcp = Async::new(tcp).map_err(|source| BootstrapError::Io { phase: Phase::Connect, source })?;
         Ok(Listener {
             tcp: Some(tcp),

@@ -211,9 +211,7 @@ impl<T> ReadyList<T> {
         let until = self.watch.load(Ordering::Acquire);
         (until > ns(now)).then(|| Duration::from_nanos(until))
     }
-}
 
-impl<T> ReadyList<T> {
     /// Driver, on each loop: if a stopping waiter rang since the last
     /// look, note whether the driver runs on that waiter's thread now.
     #[inline]

@@ -180,7 +180,7 @@ pub(crate) struct Hub<N: Nic> {
     /// (`live::driver::Spin`; while any does, the driver neither
     /// busy-polls nor arms the queue: the waiter polls it and rings the
     /// driver for the other connections' completions). See `ready.rs`.
-    ready: ReadyList<Arc<Inner<N>>>,
+    pub(in crate::conn) ready: ReadyList<Arc<Inner<N>>>,
     /// The endpoint is gone ([`Hub::close`]): the driver ends once every
     /// connection has finished.
     closed: AtomicBool,
@@ -301,34 +301,6 @@ impl<N: Nic> SharedCq for Retire<N> {
 /// completions to its inbox without queueing it for the driver (the
 /// caller takes that turn), and the others' as the driver would.
 impl<N: Nic> Hub<N> {
-    /// A waiter starts taking its connection's turns itself; with a long
-    /// window, its end and the time now, on the connection's clock (the
-    /// endpoint's: see `ReadyList::start`).
-    pub(in crate::conn) fn start_spinning(&self, window: Option<(Duration, Duration)>) {
-        self.ready.start(window);
-    }
-
-    /// Whether a stopping waiter's ring last woke the driver on another
-    /// thread than the waiter's.
-    #[inline]
-    pub(in crate::conn) fn driver_elsewhere(&self) -> bool {
-        !self.ready.rings_local()
-    }
-
-    /// A long window's waiter's busy turn moved its end to `until` (on the
-    /// connection's clock).
-    #[inline]
-    pub(in crate::conn) fn extend(&self, until: Duration) {
-        self.ready.extend(until);
-    }
-
-    /// A waiter stops taking its connection's turns itself. The last to
-    /// stop rings the driver, which then polls and arms the queue again,
-    /// unless it `lingers` (see `ReadyList::stop`).
-    pub(in crate::conn) fn stop_spinning(&self, lingers: bool) {
-        self.ready.stop(lingers);
-    }
-
     /// Connection `id` finished: `add` puts its figures into the hub's
     /// tally of finished connections, and it leaves the running ones.
     /// Returns the epoch they came in at.

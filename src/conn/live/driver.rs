@@ -103,7 +103,7 @@ impl Spin {
             }
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
             if let Some(hub) = inner.hub.hub.upgrade() {
-                hub.stop_spinning(self.long && got);
+                hub.ready.stop(self.long && got);
             }
         }
     }
@@ -163,9 +163,9 @@ impl Spin {
             // wake-up per window, not one per call).
             self.long = window >= crate::conn::ready::LINGER_MIN
                 || (inner.quick.load(std::sync::atomic::Ordering::Relaxed)
-                    && hub.as_ref().is_some_and(|h| h.driver_elsewhere()));
+                    && hub.as_ref().is_some_and(|h| !h.ready.rings_local()));
             if let Some(hub) = &hub {
-                hub.start_spinning(self.long.then(|| (inner.now_at(until), at)));
+                hub.ready.start(self.long.then(|| (inner.now_at(until), at)));
             }
         }
         let part = &inner.hub;
@@ -202,7 +202,7 @@ impl Spin {
         if t.busy {
             self.until = Some(now + window);
             if let Some(hub) = hub.as_ref().filter(|_| self.long) {
-                hub.extend(at + window);
+                hub.ready.extend(at + window);
             }
         } else {
             idle_turn(&mut self.idle);
