@@ -125,15 +125,13 @@ pub enum OwnerAsk<'a> {
     },
 }
 
-/// The reply to a call for a delegation (op 4) carries the application's
-/// status and header and no payload (the reply had none).
+/// The kind byte of a reply to a call for a delegation (op 4; the layouts
+/// are [`OwnerAsk`]'s): the application's header, no payload.
 pub(crate) const CALL_PLAIN: u8 = 0;
-/// ... the application replied with a range of a region, delegated: the
-/// delegation's id (u64), the token's length (u16) and bytes, then the
-/// application's header.
+/// ... the application's range of a region, delegated.
 pub(crate) const CALL_DELEGATED: u8 = 1;
-/// ... the owner's library refused the call (a [`Refusal`] in the status,
-/// its words after the kind byte); the application never saw it.
+/// ... refused by the owner's library (a [`Refusal`] in the status); the
+/// application never saw it.
 pub(crate) const CALL_REFUSED: u8 = 2;
 
 /// The longest ask but a call for a delegation (whose header has no bound

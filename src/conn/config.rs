@@ -115,28 +115,20 @@ pub struct Config {
     /// itself (polling the endpoint's completion queue on the caller's
     /// thread) before it leaves the work to the endpoint's driver, counted
     /// from the start of its wait and again from each turn that found
-    /// something to do (a reply's READ, a confirm's answer): a call of
-    /// several round trips spins through them while each comes within the
-    /// window. Longer costs CPU; shorter costs a wake-up, often across
-    /// threads, per call.
-    /// Every 16 turns that find nothing, the spinning thread gives its core
-    /// up to the OS, so that the thread it waits for can run where threads
-    /// outnumber free cores.
-    /// A window of 500 µs or more lingers: a call that got its reply
-    /// leaves the endpoint's driver asleep until the window would have
-    /// ended (its alarm wakes it then), so calls made one after another
-    /// cost the driver no wake-up each; what completes after the last call
-    /// meanwhile is taken in by the next call's polling, or by the driver
-    /// at the window's end. A shorter window wakes the driver when the call
-    /// ends. The same holds for [`Config::serve_busy_poll`].
-    /// The driver's own polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
+    /// something to do (a reply's READ, a confirm's answer). Longer costs
+    /// CPU; shorter costs a wake-up, often across threads, per call. A
+    /// window of 500 µs or more lingers: calls made one after another cost
+    /// the driver no wake-up each. How the spin yields its core and how it
+    /// lingers: `docs/architecture.md`, "The driver". The driver's own
+    /// polling is [`EndpointBuilder::busy_poll`](super::EndpointBuilder::busy_poll).
     pub busy_poll: Duration,
     /// Server: how long [`Connection::next_request`](super::Connection::next_request)
     /// waiting for a request takes its connection's turns itself (polling
     /// the endpoint's completion queue on the serving thread) before it
-    /// waits for the endpoint's driver (counted as for `busy_poll`). 0, the default: it waits for the
-    /// driver at once, whose thread, if it is another, then wakes the
-    /// serving one for each request. The window runs out whenever no
+    /// waits for the endpoint's driver (counted, and lingering, as for
+    /// `busy_poll`). 0, the default: it waits for the driver at once, whose
+    /// thread, if it is another, then wakes the serving one for each
+    /// request. The window runs out whenever no
     /// request comes, so give it to a thread or task that serves one busy
     /// connection (as perftest's server polls); on a server of many mostly
     /// idle connections each window costs its CPU for nothing.
@@ -183,13 +175,9 @@ pub struct Config {
     /// `interval` after the peer last answered one (busy or idle), and
     /// declares the peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive))
     /// if the pong does not come within `timeout`. Off by default. Both
-    /// sides answer pings whether or not they send their own.
-    ///
-    /// What a ping proves: that the peer's connection takes this side's
-    /// frames in and answers them, within `timeout`. Only the pong that
-    /// echoes the ping's number answers it. Any other frame proves only
-    /// that the peer sends (a peer that sends `Credit` frames, or
-    /// requests, and never answers a ping is declared dead all the same).
+    /// sides answer pings whether or not they send their own. Only the
+    /// pong that echoes the ping answers it (what a ping proves:
+    /// `docs/protocol.md`, "Keepalive").
     pub keepalive: Option<Keepalive>,
 }
 

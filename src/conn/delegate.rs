@@ -1,49 +1,12 @@
 //! Delegation on the wire: an endpoint hands a range of one of its regions
-//! to a third node, by name, and can take it back (`docs/protocol.md`,
-//! "Delegation").
-//!
-//! The owner's application delegates a range
-//! ([`Endpoint::delegate_region`](super::Endpoint::delegate_region)) to an
-//! identity (the name of a key in the owner's keyring) for a time, and gets
-//! a [`Token`] sealed by the endpoint's book (`mwcap-delegation`'s
-//! [`Book`]: HMAC-SHA256 under a secret drawn from the OS when the first
-//! delegation is made, never sent). It passes the token on by any means. The
-//! delegate, connected to the owner's endpoint and authenticated as that
-//! identity, redeems it with one message
-//! ([`Connection::redeem`](super::Connection::redeem): an ask frame
-//! carrying an [`OwnerAsk`](super::OwnerAsk)); the owner's library answers it itself, never
-//! the application: with the range as the reply payload, exposed on the
-//! delegate's connection like any region reply (under mw a window over
-//! exactly the range on the delegate's QP, its lease ending by the token's
-//! expiry; under confirm an offer), or with a [`Refusal`]. A token redeems
-//! once.
-//!
-//! A holder of a token made for it may instead hand it on
-//! ([`Connection::delegate`](super::Connection::delegate)): the owner's
-//! library redeems the holder's token into a delegation of a part of its
-//! range, for no longer, to another identity, and answers with the new
-//! token; the holder may revoke what it made
-//! ([`Connection::revoke`](super::Connection::revoke)). Delegates hand on
-//! in turn: a tree of delegations under the application's root.
-//!
-//! A caller may also get a reply's payload as a delegation instead of
-//! reading it ([`Connection::call_delegated`](super::Connection::call_delegated)):
-//! the request reaches the owner's application marked
-//! ([`Request::delegated`](super::Request::delegated)), and the range of a
-//! region it replies with becomes a root the calling connection holds,
-//! delegated whole to the identity the caller named (nothing is exposed to
-//! the caller). A pool buffer cannot be delegated: a third node's queue
-//! pair does not reach it.
-//!
-//! From the delegation until the book says its tree is done (the token
-//! redeemed and that exposure ended on evidence, or the token expired or
-//! revoked unredeemed), the range is *pinned* in its region's book of
-//! exposures: [`Endpoint::region_write`](super::Endpoint::region_write)
-//! refuses to write it and a region with a pinned range is not
-//! deregistered. [`Endpoint::revoke`](super::Endpoint::revoke) refuses the
-//! token (and every token made from it) from then on and ends a live
-//! exposure at once: under mw its window is invalidated, under confirm
-//! its offer withdrawn.
+//! to a third node, by name, and can take it back. The endpoint's book
+//! (`mwcap-delegation`'s [`Book`], under a secret drawn from the OS with
+//! the first delegation, never sent) seals each [`Token`]; the owner's
+//! library answers redemptions, delegations on and revocations itself
+//! (`link/answer.rs`), never the application. From the delegation until
+//! the book says its tree is done, the range is *pinned* in its region's
+//! book of exposures: it is neither written nor deregistered. The rules and
+//! the wire: `docs/protocol.md`, "Delegation: the owner's book".
 
 // The loom build leaves the async endpoint, which makes delegations, out.
 #![cfg_attr(loom, allow(dead_code))]
@@ -272,7 +235,7 @@ struct State {
     /// Capabilities revoked, until a second past their tokens' expiry
     /// (a turn's `now` may lag the endpoint's clock): once the book
     /// has forgotten a tree, a token of it that is not expired was
-    /// revoked if it is here and redeemed if not ([`State::forgotten`]).
+    /// revoked if it is here and redeemed if not ([`State::refusal`]).
     /// Entries past their expiry are dropped once they could be half
     /// (`purge_at`), so that this grows with revocations, never with
     /// redemptions.
@@ -300,14 +263,20 @@ impl Delegations {
 }
 
 impl State {
-    /// Why a token of a tree the book has forgotten is refused: expired
-    /// once its expiry has passed, else revoked or redeemed already. The
-    /// book forgets a tree only once none of it can be exposed any more,
-    /// so a delegation in it that had not expired was revoked
-    /// (`revoked`) or redeemed: its exposure ended. (A token the book did
-    /// not seal is `Forged` before this; `Unknown` is left for a token
-    /// whose claims no longer open.)
-    fn forgotten(&self, now: Duration, cap: CapId, token: &[u8]) -> (Refusal, String) {
+    /// Count a refusal (telemetry, by reason).
+    fn count(&mut self, refusal: Refusal) {
+        self.refused[usize::from(refusal.status() - 1)] += 1;
+    }
+
+    /// The refusal for the book's redemption error `e` of `token`. A token
+    /// of a tree the book has forgotten (`Unknown`) is refused for what
+    /// happened to it: expired once its expiry has passed, else revoked
+    /// (`revoked`) or redeemed already, for the book forgets a tree only
+    /// once none of it can be exposed any more. (A token the book did not
+    /// seal is `Forged` before this; `Unknown` is left for a token whose
+    /// claims no longer open.)
+    fn refusal(&self, now: Duration, e: RedeemError, token: &[u8]) -> (Refusal, String) {
+        let RedeemError::Unknown(cap) = e else { return Refusal::of(e) };
         let claims = self.book.as_ref().and_then(|b| b.open(token));
         Refusal::of(match claims {
             Some(c) if now >= c.expiry => RedeemError::Expired(cap),
@@ -315,21 +284,6 @@ impl State {
             Some(_) => RedeemError::AlreadyRedeemed(cap),
             None => RedeemError::Unknown(cap),
         })
-    }
-
-    /// Count a refusal (telemetry, by reason).
-    fn count(&mut self, refusal: Refusal) {
-        self.refused[usize::from(refusal.status() - 1)] += 1;
-    }
-
-    /// The refusal for the book's redemption error `e` of `token`: a
-    /// token of a tree the book has forgotten is refused for what
-    /// happened to it ([`State::forgotten`]).
-    fn refusal(&self, now: Duration, e: RedeemError, token: &[u8]) -> (Refusal, String) {
-        match e {
-            RedeemError::Unknown(cap) => self.forgotten(now, cap, token),
-            e => Refusal::of(e),
-        }
     }
 
     /// `caps` were revoked: their tokens are refused `Revoked` until
@@ -363,39 +317,16 @@ impl<N: Nic> Regions<N> {
         self.delegations().now()
     }
 
-    /// Delegate `range` to `identity` for `ttl` from `now` on the clock its
-    /// connections are driven on (see the module docs).
+    /// Delegate `range` whole to `identity` for `ttl` from `now` (on the
+    /// clock its connections are driven on), from a new root held by the
+    /// owner's application (`by` None) or by connection `by`, whose call for
+    /// a delegation the application replied to with `range`; `by` may
+    /// revoke what it made ([`Regions::revoke_held`]). The root is never
+    /// exposed to its holder: it ends at once.
     pub(crate) fn delegate(
         &self,
         now: Duration,
-        range: RegionRange,
-        identity: &str,
-        ttl: Duration,
-    ) -> Result<Delegation, DelegateError> {
-        self.delegate_as(APP, now, range, identity, ttl)
-    }
-
-    /// Connection `conn` called for a delegation and the application
-    /// replied with `range`: the range becomes a root `conn` holds (it is
-    /// never exposed to it: it ends at once), delegated whole to
-    /// `identity` for `ttl`. `conn` may revoke what it made
-    /// ([`Regions::revoke_held`]).
-    pub(crate) fn delegate_reply(
-        &self,
-        now: Duration,
-        conn: u64,
-        range: RegionRange,
-        identity: &str,
-        ttl: Duration,
-    ) -> Result<Delegation, DelegateError> {
-        self.delegate_as(Holder(conn), now, range, identity, ttl)
-    }
-
-    /// A root over `range` held by `holder`, delegated whole to `identity`.
-    fn delegate_as(
-        &self,
-        holder: Holder,
-        now: Duration,
+        by: Option<u64>,
         range: RegionRange,
         identity: &str,
         ttl: Duration,
@@ -409,6 +340,7 @@ impl<N: Nic> Regions<N> {
         if ttl.is_zero() {
             return Err(DelegateError::NoTime);
         }
+        let holder = by.map_or(APP, Holder);
         let d = self.delegations();
         let expiry = now + ttl;
         let mut st = d.state.lock();
@@ -585,10 +517,8 @@ impl<N: Nic> Regions<N> {
         };
         if r.is_ok() {
             st.mark_revoked(d.now(), expiry, &below);
-        } else if let Err((refusal, _)) = &r {
-            st.count(*refusal);
         }
-        self.drain(&mut st);
+        self.settle(&mut st, &r);
         r
     }
 
@@ -637,7 +567,7 @@ impl<N: Nic> Regions<N> {
         b.below(cap, &mut revoked);
         let r = b.revoke(cap);
         if let (Ok(()), Some(expiry)) = (&r, expiry) {
-            st.mark_revoked(self.delegations().now(), expiry, &revoked);
+            st.mark_revoked(d.now(), expiry, &revoked);
         }
         self.drain(&mut st);
         r

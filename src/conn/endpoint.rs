@@ -1,17 +1,11 @@
 //! [`Endpoint`]: the connections of one process on one NIC, with one
 //! completion queue and one driver, made with [`Endpoint::connect`] and
-//! taken with [`Endpoint::accept`]; [`Endpoint::builder`] says how.
-//!
-//! It follows quinn's `Endpoint`: the many-connection object the
-//! application keeps, cheap to clone, whose [`Connection`]s are cloneable
-//! handles. Under it a connection runs on the endpoint's hub (`hub.rs`:
-//! one completion queue and one driver; each connection in a protection
-//! domain of its own, or with shared receives in the hub's), and
-//! the bootstrap's TCP stream of each connection is the endpoint's to keep:
+//! taken with [`Endpoint::accept`]; [`Endpoint::builder`] says how. The
+//! bootstrap's TCP stream of each connection is the endpoint's to keep:
 //! its driver watches every stream and takes a connection down with
 //! [`LossReason::PeerGone`](super::LossReason::PeerGone) when its peer
 //! closes it, so nothing the application forgets to keep alive closes a
-//! connection.
+//! connection. Its place in the layers: `docs/architecture.md`.
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -223,12 +217,9 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// range is not written, nor the region deregistered, while any
     /// connection exposes any of it.
     ///
-    /// Without shared receives each connection has a protection domain of
-    /// its own and registers the region there the first time it exposes
-    /// a range of it (a registration per connection, released when the
-    /// connection goes). Under confirm that registration's key lets the
-    /// peer read all of the region (`docs/protocol-confirm.md`): keep in a
-    /// region only what every peer it is exposed to may read.
+    /// Under confirm a connection's registration of the region lets its
+    /// peer read all of it (`docs/serving.md`, "Serving your own memory"):
+    /// keep in a region only what every peer it is exposed to may read.
     pub fn register_region(&self, len: usize) -> Result<RegionId, NicError> {
         self.shared.hub.regions().register(len)
     }
@@ -302,7 +293,7 @@ impl<N: Nic + 'static> Endpoint<N> {
         ttl: Duration,
     ) -> Result<Delegation, DelegateError> {
         let regions = self.shared.hub.regions();
-        regions.delegate(regions.delegation_clock(), range, identity, ttl)
+        regions.delegate(regions.delegation_clock(), None, range, identity, ttl)
     }
 
     /// Revoke delegation `cap` (and every delegation made from it): its
@@ -443,13 +434,11 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     /// Devices that follow the specification (mlx5) are safe either way.
     ///
     /// It also lets an endpoint with [`EndpointBuilder::shared_receives`]
-    /// or [`EndpointBuilder::shared_buffers`] serve confirm: those put every
-    /// connection in the endpoint's protection domain, where the key a
-    /// confirm offer carries (a region's, or a pool buffer's) lets a peer
-    /// read what the endpoint's other connections expose, and its pool
-    /// buffers after another connection reused them. Integrity holds either
-    /// way (a read of a reused buffer is never returned as success); what
-    /// trust buys is the confidentiality between peers.
+    /// or [`EndpointBuilder::shared_buffers`] serve confirm, whose keys then
+    /// reach what the endpoint's other connections expose
+    /// (`docs/serving.md`, "Shared receives", "mw only, and why"). Integrity
+    /// holds either way; what trust buys is the confidentiality between
+    /// peers.
     pub fn trusted_peers(mut self, trusted: bool) -> Self {
         self.opts.trusted_peers = trusted;
         self

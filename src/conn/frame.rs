@@ -43,11 +43,8 @@ pub const CREDIT_AT: usize = 2;
 pub const INITIAL_CREDITS: u32 = 8;
 /// The least [`Config::start_credits`](super::Config::start_credits) may be,
 /// which is also the least a connection's share of a shared receive queue
-/// can be. Every frame but a `Credit` leaves one credit in reserve, and a
-/// side sends a `Credit` frame once it owes half its share (at least 2),
-/// a frame that never causes another. With a share of 3, a peer down to
-/// its last credit is owed 2 once its frames have arrived, so the grant
-/// goes; with 2 it would be owed 1 and wait for a frame that never comes.
+/// can be: with 2, a peer down to its last credit could wait for a grant
+/// that never comes (`docs/protocol.md`, "Flow control").
 pub const MIN_START_CREDITS: u32 = crate::bootstrap::MIN_START_CREDITS;
 /// Request flag: a 16-byte trace id follows.
 const FLAG_TRACE: u8 = 1;
@@ -478,7 +475,9 @@ impl Writer<'_> {
     }
     #[inline(always)]
     fn header(&mut self, header: &[u8]) -> Result<(), FrameError> {
-        check_header(header)?;
+        if header.len() > MAX_HEADER {
+            return Err(FrameError::TooLarge { what: "header", len: header.len(), max: MAX_HEADER });
+        }
         self.put(&(header.len() as u16).to_le_bytes())?;
         self.put(header)
     }
@@ -657,13 +656,6 @@ impl<'a> Frame<'a> {
         }
         Ok((frame, credit))
     }
-}
-
-fn check_header(h: &[u8]) -> Result<(), FrameError> {
-    if h.len() > MAX_HEADER {
-        return Err(FrameError::TooLarge { what: "header", len: h.len(), max: MAX_HEADER });
-    }
-    Ok(())
 }
 
 impl fmt::Display for EngineTag {

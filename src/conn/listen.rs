@@ -50,34 +50,16 @@ struct Shared<N: Nic> {
 
 /// A TCP listener that sets up mwcap connections on a hub, many
 /// handshakes at once: what [`Endpoint::accept`](super::Endpoint::accept)
-/// runs.
-///
-/// # Concurrency of handshakes
-/// [`accept`](Listener::accept) takes TCP connections and runs their handshakes
-/// (auth, hello, ready) side by side inside the one future; it returns the
-/// first that finishes, successful or not. A client that connects and then
-/// stays silent holds nothing but its own handshake, which ends with
-/// [`BootstrapError::TimedOut`] after [`SetupOptions::timeout`] per phase;
-/// the clients behind it connect meanwhile. Handshakes move only while
-/// `accept` is being awaited. At most 256 handshakes are in progress;
-/// further clients wait in the kernel's accept queue.
-///
-/// A client the hub has no room for ([`SetupError::CqBudget`]) fails its
-/// handshake, and only that client.
-///
-/// # Closing
-/// [`Listener::close`] (or [`CloseSignal::close`], from another task,
-/// through [`Listener::closer`]) stops it: the socket closes (new clients
-/// are refused), the handshakes in progress end (their TCP connections
-/// close and whatever was made for them is destroyed; their clients' setup
-/// fails), and `accept` returns [`SetupError::ListenerClosed`] from then
-/// on. Connections accepted before run on. Dropping the listener does the
-/// same as closing it.
-///
-/// The capability probe runs when the listener is bound (through the
-/// options' [`ProbeCache`](crate::ProbeCache)), not per client, so an
-/// `mw` listener on a device without working windows fails at once with
-/// [`SetupError::MwUnusable`]. More, with measured figures: `docs/serving.md`.
+/// runs. [`accept`](Listener::accept) runs the handshakes (auth, hello,
+/// ready) side by side inside its one future, at most 256 at a time, and
+/// returns the first that finishes, successful or not; a client that
+/// stays silent holds only its own handshake, for at most
+/// [`SetupOptions::timeout`] per phase. [`Listener::close`] (or
+/// [`CloseSignal::close`] from another task; or dropping it) ends the
+/// handshakes in progress, not the connections accepted before. The
+/// capability probe runs when it is bound, not per client. What this
+/// means for a server: `docs/serving.md`, "The endpoint" and "Slow and
+/// silent clients".
 pub(super) struct Listener<N: Nic> {
     /// `None` once closed.
     tcp: Option<Async<TcpListener>>,
@@ -126,11 +108,9 @@ impl<N: Nic + 'static> Listener<N> {
     }
 
     /// Close the listener now: its socket closes, so new clients are
-    /// refused; the handshakes in progress end (their TCP connections
-    /// close, and the endpoints made for clients that proved the key are
-    /// destroyed); [`Listener::accept`] returns
-    /// [`SetupError::ListenerClosed`] from now on. Connections already
-    /// accepted are not touched. Idempotent.
+    /// refused, and the handshakes in progress end (whatever was made for
+    /// them is destroyed); [`Listener::accept`] returns
+    /// [`SetupError::ListenerClosed`] from now on. Idempotent.
     pub(super) fn close(&mut self) {
         self.close.close();
         self.shut();

@@ -138,7 +138,8 @@ pub(crate) struct Slots {
 #[derive(Debug)]
 struct Backed {
     pool: BufferPool,
-    /// Its member id in the pool.
+    /// Its member id in the pool (a take that finds nothing queues it
+    /// there, to be woken in its turn: [`Slots::unstarve`]).
     member: u32,
     /// The pool's class for each of ours.
     class: Vec<usize>,
@@ -158,15 +159,6 @@ struct Backed {
 }
 
 const NONE: u32 = u32::MAX;
-
-impl Backed {
-    /// Try to get something of the pool with `attempt` (given the member
-    /// id; the pool queues the member when it finds nothing for it, and
-    /// wakes it in its turn: [`Slots::unstarve`]).
-    fn attempt<T>(&mut self, attempt: impl FnOnce(&BufferPool, u32) -> Option<T>) -> Option<T> {
-        attempt(&self.pool, self.member)
-    }
-}
 
 impl Drop for Backed {
     fn drop(&mut self) {
@@ -268,7 +260,8 @@ impl Slots {
     /// pool has none (the connection is woken, as for a buffer, when one
     /// comes back), or the slots are not backed by a pool.
     pub(crate) fn take_window(&mut self) -> Option<mwcap_mw::Window> {
-        self.backed.as_mut()?.attempt(|pool, m| pool.take_window(m))
+        let b = self.backed.as_ref()?;
+        b.pool.take_window(b.member)
     }
 
     /// Give the pool back a window lent for an exposure, unbound (its
@@ -368,7 +361,7 @@ impl Slots {
     fn back(&mut self, k: usize, i: u32, outgoing: bool) -> Option<()> {
         let b = self.backed.as_mut()?;
         let class = b.class[k];
-        let of = b.attempt(|pool, m| pool.take(m, class, outgoing))?;
+        let of = b.pool.take(b.member, class, outgoing)?;
         b.of[i as usize] = of;
         b.by_mr.insert(b.pool.info(of).id.raw(), i);
         Some(())
@@ -424,9 +417,8 @@ impl Slots {
         if self.free_in(k) == 0 {
             return false;
         }
-        let Some(b) = &mut self.backed else { return true };
-        let class = b.class[k];
-        b.attempt(|pool, m| pool.has_free(m, class).then_some(())).is_some()
+        let Some(b) = &self.backed else { return true };
+        b.pool.has_free(b.member, b.class[k])
     }
 
     /// Free slots of class `k`. When backed by a pool, a take may still

@@ -141,25 +141,34 @@ impl<N: Nic> State<N> {
     fn wake(&mut self) {
         self.waiters.drain(..).for_each(Waker::wake);
     }
+
+    /// The connection if it is up, else why there is none.
+    fn get(&self) -> Result<Connection<N>, ReconnectError> {
+        if let Some(c) = self.current.as_ref().filter(|c| c.is_down().is_none()) {
+            return Ok(c.clone());
+        }
+        if let Some(e) = &self.finished {
+            return Err(e.clone());
+        }
+        if self.stopped {
+            return Err(ReconnectError::Stopped);
+        }
+        Err(ReconnectError::Down { failures: self.failures_in_row, last: self.last_error.clone() })
+    }
 }
 
 /// A client that keeps a connection to one server up. Cheap to clone;
 /// clones share the connection.
 ///
-/// It keeps one connection to a server up: it connects with
-/// [`Endpoint::connect`] (the connection runs on the endpoint's driver,
-/// which also watches its bootstrap stream) and, once the connection is
-/// down for whatever [`LossReason`], connects again. The first attempt after a loss
-/// is made at once; after each failed attempt it waits as [`Backoff`]
-/// says: exponential, capped, with jitter so that many clients of a
-/// restarted server do not come back in step.
-///
-/// While the connection is down, [`Reconnecting::current`] fails fast with
-/// [`ReconnectError::Down`] and [`Reconnecting::connection`] waits for the
-/// next connection. Calls are never retried by the wrapper: a call made on
-/// a connection that then goes down fails with its own error
-/// ([`CallError`](super::CallError)), and whether it is safe to make it
-/// again is the caller's to know.
+/// Once the connection is down, for whatever [`LossReason`], it connects
+/// again at once through its [`Endpoint`], and after each failed attempt
+/// waits as [`Backoff`] says (with jitter, so that the clients of a
+/// restarted server do not come back in step). While it is down,
+/// [`Reconnecting::current`] fails fast with [`ReconnectError::Down`] and
+/// [`Reconnecting::connection`] waits for the next connection. Calls are
+/// never retried: a call made on a connection that then goes down fails
+/// with its own [`CallError`](super::CallError), and whether it is safe to
+/// make it again is the caller's to know.
 pub struct Reconnecting<N: Nic> {
     state: Arc<Mutex<State<N>>>,
 }
@@ -269,11 +278,7 @@ async fn sleep_unless_stopped<N: Nic>(state: &Mutex<State<N>>, wait: Duration) {
 impl<N: Nic> Reconnecting<N> {
     /// The connection if it is up; fails fast while it is down.
     pub fn current(&self) -> Result<Connection<N>, ReconnectError> {
-        let st = self.state.lock();
-        if let Some(c) = st.current.as_ref().filter(|c| c.is_down().is_none()) {
-            return Ok(c.clone());
-        }
-        Err(self.not_up(&st))
+        self.state.lock().get()
     }
 
     /// The connection, waiting while it is being set up again. Fails only
@@ -281,19 +286,15 @@ impl<N: Nic> Reconnecting<N> {
     pub async fn connection(&self) -> Result<Connection<N>, ReconnectError> {
         poll_fn(|cx| {
             let mut st = self.state.lock();
-            if let Some(c) = st.current.as_ref().filter(|c| c.is_down().is_none()) {
-                return Poll::Ready(Ok(c.clone()));
+            match st.get() {
+                Err(ReconnectError::Down { .. }) => {
+                    if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                        st.waiters.push(cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+                r => Poll::Ready(r),
             }
-            if let Some(e) = &st.finished {
-                return Poll::Ready(Err(e.clone()));
-            }
-            if st.stopped {
-                return Poll::Ready(Err(ReconnectError::Stopped));
-            }
-            if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                st.waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
         })
         .await
     }
@@ -312,15 +313,5 @@ impl<N: Nic> Reconnecting<N> {
     /// What the client has done so far.
     pub fn stats(&self) -> ReconnectStats {
         self.state.lock().stats.clone()
-    }
-
-    fn not_up(&self, st: &State<N>) -> ReconnectError {
-        if let Some(e) = &st.finished {
-            return e.clone();
-        }
-        if st.stopped {
-            return ReconnectError::Stopped;
-        }
-        ReconnectError::Down { failures: st.failures_in_row, last: st.last_error.clone() }
     }
 }

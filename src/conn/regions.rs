@@ -3,37 +3,14 @@
 //! values, a store's blocks) and expose ranges of to any of the endpoint's
 //! connections without copying them into buffers.
 //!
-//! # Registration
-//! A region's memory is allocated once. A memory region (and its key) is
-//! bound to a protection domain, and the windows a connection binds over
-//! it must be in its QP's PD:
-//! - on an endpoint with shared receives every connection is in the
-//!   hub's PD, so the region is registered once, there, for window binding
-//!   only (the region's own key never leaves the process; a confirm
-//!   connection, on an endpoint whose peers are trusted, registers the
-//!   region again for remote READs);
-//! - otherwise each connection has a PD of its own, and registers the
-//!   region there the first time it exposes a range of it (`Link`),
-//!   with the access its policies need, and deregisters it when it goes
-//!   or the region does. Under confirm that registration's key lets that
-//!   peer read the whole region (`docs/protocol-confirm.md`).
-//!
-//! # Exposures
-//! Every range a connection exposes is in its region's book from before
-//! the exposure is posted until its evidence: the connection's
+//! Every range a connection exposes is in its region's [`Book`] from
+//! before the exposure is posted until its evidence (the connection's
 //! [`Event::RangeReturned`](super::Event::RangeReturned), or its QP
-//! destroyed. A write takes the book's lock, is refused if it overlaps any
-//! range in the book, and copies under that lock, so no exposure can begin
-//! in the middle of it; a region is deregistered only with an empty book.
-//! A connection whose QP could not be destroyed leaves its ranges in the
-//! book for good: they may still be read, so they are never written again.
-//!
-//! The book keeps each connection's ranges and the distinct ranges
-//! exposed, in hash tables that allocate only to grow: an exposure and its
-//! end cost two lookups and a scan of that connection's few ranges, a
-//! close a pass over that connection's, and a write a few lookups, however
-//! many ranges are exposed, or a pass over them when they are fewer
-//! ([`Exposed`]).
+//! destroyed). A write takes the book's lock, is refused if it overlaps a
+//! range in it, and copies under that lock, so no exposure can begin in the
+//! middle of it. How a region is registered (once in a shared PD, or by
+//! each connection in its own), the book's rules and what they cost:
+//! `docs/serving.md`, "Serving your own memory".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,7 +49,8 @@ struct Table {
 /// One region: its memory, its registration in a shared PD, and its book.
 pub(crate) struct Region {
     mem: Arc<Memory>,
-    /// Its registration in the PD the connections share (see the module docs).
+    /// Its registration in the PD the connections share, if they do
+    /// ([`SHARED_ACCESS`]).
     shared: Option<MrInfo>,
     book: Mutex<Book>,
 }
@@ -109,7 +87,7 @@ impl Book {
         let Some(mine) = self.by_conn.get_mut(&conn) else { return false };
         let Some(i) = mine.iter().position(|&r| r == range) else { return false };
         mine.swap_remove(i);
-        self.less(range);
+        self.exposed.remove(range);
         true
     }
 
@@ -117,13 +95,9 @@ impl Book {
     fn forget(&mut self, conn: u64) -> bool {
         let Some(mine) = self.by_conn.remove(&conn) else { return false };
         for &r in &mine {
-            self.less(r);
+            self.exposed.remove(r);
         }
         !mine.is_empty()
-    }
-
-    fn less(&mut self, range: (usize, usize)) {
-        self.exposed.remove(range);
     }
 
     /// Whether any exposed range overlaps `offset..offset + len`.
@@ -400,12 +374,10 @@ type Entry = (usize, usize, u32);
 /// class `k` that overlaps a write starts less than `2^(k+1)` bytes before
 /// it, so for each class present a write of `len` bytes looks up at most
 /// `len / 2^max(k, 12) + 4` granules, whatever the number of ranges (or,
-/// when those lookups would outnumber the ranges, it checks each range): a
-/// store with 100,000 blocks delegated writes one in the time it writes
-/// one next to ten (`examples/region_writes`: 0.6 us; the pass over
-/// every range it replaced took 164).
-/// Lists of granules emptied are kept for the next, so exposures come and
-/// go without allocating once the tables have grown.
+/// when those lookups would outnumber the ranges, it checks each range;
+/// figures: `docs/serving.md`, "Serving your own memory"). Lists of
+/// granules emptied are kept for the next, so exposures come and go
+/// without allocating once the tables have grown.
 #[derive(Default)]
 struct Exposed {
     lists: HashMap<(u32, usize), Vec<Entry>>,

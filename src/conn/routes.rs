@@ -1,26 +1,18 @@
 //! [`Routes`]: what a completion queue shared by many QPs has to remember,
 //! without the device. A [`Hub`](super::Hub) keeps one under its lock and
-//! does the device work around it: it polls the queue and pass each completion to [`Routes::route`], which says
-//! where it goes; destroys a QP inside [`Routes::retire`]; and posts a shared
-//! receive that nobody will take back to its queue.
+//! does the device work around it: it polls the queue and passes each
+//! completion to [`Routes::route`], which says where it goes; destroys a QP
+//! inside [`Routes::retire`]; and posts a shared receive that nobody will
+//! take back to its queue.
 //!
-//! The rules (the reasons are in `docs/serving.md`):
-//! - **Depth.** A queue that overflows takes every QP on it to ERR, so each
-//!   QP's worst case is reserved ([`Routes::reserve`]) before it is created,
-//!   and one that does not fit is refused with [`SetupError::CqBudget`]. The
-//!   reservation moves to the QP's route ([`Routes::open`]) and is given
-//!   back when the route is retired.
-//! - **Known from creation.** A route is opened as soon as its QP exists,
-//!   before the QP can complete anything, so a completion whose number has
-//!   no route is an orphan (none in a correct run), never an early one.
-//! - **Held.** A completion of a route with no target yet (a hub's
-//!   connection not yet added) is held for the route, in order, until its
-//!   target is attached.
-//! - **QP numbers come back.** A device gives a destroyed QP's number to a
-//!   later QP. [`Routes::retire`] drains the queue, destroys the QP, drains
-//!   again (after the destroy no completion of it appears) and only then
-//!   forgets the number, dropping what is still held for it: a later route
-//!   with the same number never gets an old QP's completion.
+//! The rules, and why (`docs/serving.md`, "The hub's rules"): each QP's
+//! worst case is reserved before it is created ([`Routes::reserve`], or
+//! [`SetupError::CqBudget`]); its route is opened as soon as it exists
+//! ([`Routes::open`]), so a completion with no route is an orphan, never an
+//! early one; a completion of a route with no target yet is held until
+//! [`Routes::attach`]; and [`Routes::retire`] drains, destroys, drains
+//! again and only then forgets the number, which a device gives to a later
+//! QP.
 
 use super::proto::ids::IdMap;
 use super::SetupError;

@@ -4,18 +4,12 @@
 //! `listen.rs`): the policy choice, `mw`, `confirm` or `auto`, its
 //! options and errors.
 //!
-//! Each side says which policies it can *serve* for memory it exposes (with
-//! `auto`: what its own capability probe found) and which it can *read*
-//! (both, always: a reader only READs and, under confirm, confirms). The
-//! bootstrap picks per direction the owner's `serve` ∩ the reader's `read`,
-//! preferring mw, so a mixed pair (an mlx5 client, a cloud server without
-//! working windows) runs mw for requests and confirm for replies.
-//!
-//! Both sides first prove the pre-shared key ([`Auth`]; see
-//! [`bootstrap`](crate::bootstrap)). The server creates nothing for a client
-//! before it proved the key: not the probe's throw-away queue pairs (a
-//! listening endpoint probes as it is built), not the connection's queue
-//! pair or memory.
+//! Each side says which policies it can *serve* for memory it exposes
+//! (with `auto`: what its own capability probe found) and reads both; the
+//! bootstrap picks per direction the owner's `serve` ∩ the reader's
+//! `read`, preferring mw (`docs/protocol.md`, "Choosing: `mw`, `confirm`
+//! or `auto`"). The server creates nothing for a client before it proved
+//! the key ([`Auth`]; `docs/protocol-bootstrap.md`).
 
 use std::time::Duration;
 
@@ -201,10 +195,8 @@ pub(crate) struct SetupOptions {
     pub timeout: Duration,
     /// Where the capability probe's verdicts are kept.
     pub probes: ProbeCache,
-    /// Every peer is trusted not to invalidate windows it was not granted
-    /// (false by default): on a device where a SEND_WITH_INV reaches windows
-    /// bound to other queue pairs (rxe), mw is served only to trusted peers
-    /// ([`PolicyChoice::Mw`]).
+    /// Whether every peer is trusted: see
+    /// [`EndpointBuilder::trusted_peers`](super::EndpointBuilder::trusted_peers).
     pub trusted_peers: bool,
 }
 

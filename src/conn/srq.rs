@@ -1,62 +1,16 @@
-//! A hub's shared receive queue for control frames ([`SharedReceives`]).
+//! A hub's shared receive queue for control frames ([`SharedReceives`]),
+//! and the send slots the hub lends its connections ([`LentSends`]).
 //!
-//! With a receive queue of its own, every connection keeps `ctrl_slots`
-//! receives of 4 KiB posted, busy or idle. On a hub with shared receives
-//! its connections' QPs take their receives from one SRQ, and each
-//! connection has a *share* of it: the receives its peer may have in use
-//! (granted credit, frames in flight, frames waiting to be granted back).
-//! A share starts at the connection's `Config::start_credits` (what its
-//! peer may send before the first grant: 8 by default, at least 3), grows
-//! by one each time the connection receives a frame while more than
-//! [`ROOM`] receives are free (up to the connection's `ctrl_slots`), and
-//! shrinks back towards `start_credits` while fewer are, by not granting
-//! a received frame's receive again: the queue keeps room for the next
-//! connection. So memory follows load: an idle connection holds
-//! `start_credits` receives of 4 KiB (32 KiB by default, 12 KiB with 3),
-//! not `ctrl_slots` (64 by default: 256 KiB).
-//!
-//! # No receiver-not-ready in normal operation
+//! Each connection on the queue has a *share* of it: the receives its peer
+//! may have in use (granted credit, frames in flight, frames waiting to be
+//! granted back). A share starts at the connection's
+//! `Config::start_credits`, grows while more than [`ROOM`] receives are
+//! free and shrinks back while fewer are ([`SharedReceives::regrant`]).
 //! The shares never add up to more than the receives the queue holds
-//! (posted, or taken by a frame its connection is decoding in the slot,
-//! after which it is posted again). A peer that keeps to its credit therefore always
-//! finds a receive. A peer that sends beyond its credit is detected by its
-//! connection (which goes down); until then it takes receives of the
-//! shared pool, and the SRQ's limit event makes the hub add receives.
-//!
-//! # Growth
-//! Receives are registered in chunks (one region of `chunk` slots each),
-//! up to `max_slots`: when a new connection's initial share does not fit,
-//! when a connection that could grow receives a frame while no receive is
-//! free, and when the SRQ's limit event (armed at an eighth of the queue)
-//! says that most receives are in use at once. A connection that finds the queue at
-//! `max_slots` with no room for its initial share is refused with
-//! [`SetupError::SrqBudget`].
-//!
-//! # Send slots
-//! The hub also lends its connections their send slots (a frame's 4 KiB of
-//! registered memory while its SEND is in flight): a connection takes one
-//! of the hub's for each of its own send slots the first time it stages a
-//! frame there, and gives them all back once none of its SENDs is known
-//! to be in flight, or its QP is destroyed. (The unsignaled frames after
-//! its last signaled one keep theirs until a later completion: up to
-//! `send_slots / 2 - 1`; with fewer than four send slots every frame is
-//! signaled.) An idle connection then registers no control memory of its
-//! own; the hub registers send slots `SEND_CHUNK` at a time, as many as
-//! are in flight at the peak (it keeps them). A
-//! connection whose QP could not be destroyed keeps those it holds for
-//! good: its SENDs may still read them.
-//!
-//! # Isolation
-//! rxe checks a receive's key against the receiving QP's protection
-//! domain, so the QPs on one SRQ are in the SRQ's PD. A peer can then use
-//! a key of another connection's memory through its own QP if that memory
-//! lets remote READs in: under the confirm policy it does (the region's
-//! rkey), under the mw policy it does not (regions only allow binds, and a
-//! type-2 window is scoped to its connection's QP). A hub with shared
-//! receives therefore serves mw connections only (unless its peers are
-//! trusted: `EndpointBuilder::trusted_peers`), and keeps each
-//! connection's regions its own (a window that does not enforce its bounds,
-//! as on rxe, reaches only its own connection's region).
+//! (posted, or taken by a frame being decoded in its slot, after which it
+//! is posted again), so a peer that keeps to its credit always finds one.
+//! How the queue grows, the lent send slots, and why it serves mw only
+//! unless the peers are trusted: `docs/serving.md`, "Shared receives".
 
 use super::{ConfigError, SetupError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,12 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::frame::{INITIAL_CREDITS, MAX_FRAME};
+use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
+use crate::mem::Registered;
 
 /// Free receives the queue keeps for the next connection: a share grows
 /// while more are free, and shrinks towards its floor while fewer are.
-pub(crate) const ROOM: u32 = INITIAL_CREDITS;
-use crate::backend::{Access, MrInfo, Nic, NicError, Sge, SrqId};
-use crate::mem::Registered;
+const ROOM: u32 = INITIAL_CREDITS;
 
 /// Send slots registered at a time (one region of 1 MiB).
 const SEND_CHUNK: usize = 256;

@@ -32,13 +32,6 @@ pub(super) struct Member {
 }
 
 impl State {
-    /// Lend a free window, if there is one.
-    pub(super) fn lend_window(&mut self) -> Option<mw::Window> {
-        let w = self.windows.pop()?;
-        self.windows_lent += 1;
-        Some(w)
-    }
-
     /// Each member's guaranteed share of a class of `count` buffers: the
     /// buffers divided by the members, rounded down. With more members
     /// than buffers it is none: nobody is owed a buffer, and every take
@@ -179,7 +172,8 @@ impl State {
         if !self.is_woken(m, wk) && self.others_wait(m, wk) {
             return None;
         }
-        let w = self.lend_window()?;
+        let w = self.windows.pop()?;
+        self.windows_lent += 1;
         self.unwake(m, wk);
         self.dequeue(m, wk);
         Some(w)

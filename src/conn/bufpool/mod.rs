@@ -1,27 +1,9 @@
-//! A hub's shared buffer pool ([`BufferPool`]).
-//!
-//! Without one, every connection registers a data region that holds all of
-//! its buffers (`Config::buffers` of `buffer_size`, and its
-//! `large_buffers`), busy or idle: 10,000 idle connections with sixteen
-//! 64 KiB buffers each pin 10 GiB. On a hub with a shared buffer pool
-//! ([`EndpointBuilder::shared_buffers`](super::EndpointBuilder::shared_buffers)) a
-//! connection registers no data region: its buffer classes say how many
-//! buffers of each size it may hold *at once*, and each is backed by a
-//! buffer of the hub's pool while it is taken (by the user, by an exposure
-//! to the peer, or as a READ's destination). So registered memory follows
-//! the work in progress, not the number of connections.
-//!
-//! # When a buffer goes back to the pool
-//! Exactly when it goes back to its connection's free list, which the
-//! connection does only on evidence that the peer's NIC can no longer reach
-//! it: the invalidation's completion, the QP destroyed, a READ into it
-//! completed or flushed, or the user's handle dropped. A buffer of a
-//! connection that is torn down goes back after its QP is destroyed and its
-//! windows are freed; one the user still holds then is lent to nobody until
-//! the user drops it, which frees it and wakes the next waiter for its
-//! class ([`Memory::when_unheld`](crate::mem::Memory)). A connection that finds no buffer in the pool waits
-//! as it waits for one of its own (`alloc().await`, a READ queued for a
-//! destination).
+//! A hub's shared buffer pool ([`BufferPool`]): registered buffers and
+//! memory windows that its connections hold only while they use them, so
+//! registered memory follows the work in progress, not the number of
+//! connections. What the pool promises (a buffer back only on evidence,
+//! isolation, windows lent per exposure) and why: `docs/serving.md`,
+//! "Shared buffers".
 //!
 //! # Fairness
 //! Each connection on the pool has a guaranteed *share* of each class: the
@@ -29,56 +11,20 @@
 //! (none, when connections outnumber buffers). A connection below its
 //! share takes a free buffer whenever there is one; any other take
 //! *borrows*, and may do so only while no other connection waits for that
-//! class (queued, or woken and on its way). Waiting connections queue per
-//! class, and a buffer given back wakes **one** of them that can take it:
-//! one below its share before the others, then the one that has held the
-//! pool's buffers least of late (for each buffer it took, the gives that
-//! passed before it came back; halved every 256 gives), then the first to
-//! come. The woken connection's next try takes it whatever its share; one
-//! that no longer wants it passes the wake-up on at the end of the turn
-//! after it (`Slots::end_turn`, not before tasks it woke, a user's
-//! `alloc`, have had a chance to run). A woken connection that takes one
-//! of several free buffers wakes the next waiter for the rest. So a peer
-//! whose server connection holds every buffer it gets for whole leases (it
-//! never reads or releases its replies) is served after connections that
-//! hand buffers back within a call, however many such peers there are.
-//! (With no guaranteed share, a connection that holds buffers long is
-//! served after newcomers that have held none: a stream of new
-//! connections can keep it waiting.)
-//! Windows queue the same way, without shares (the pool allocates more
-//! when it runs short). The rules live in [`fair`].
-//!
-//! What no rule can do is take back a buffer exposed to a peer: a
-//! connection that comes while hoarders hold every buffer waits for the
-//! next lease to end, and one new to the pool is no better known than
-//! hoarders that have not held buffers yet either (`docs/benchmarks.md`,
-//! "Pool fairness": an honest client's first call beside 8 hoarders on 4
-//! buffers waits 2 leases, its later ones at most one).
-//!
-//! # Isolation
-//! Every buffer of the pool is a memory region of its own, registered for
-//! window binding and local writes only: its rkey is never sent (the pool
-//! serves the mw policy only, as the shared receives it comes with, unless
-//! the endpoint's peers are trusted: then each buffer allows remote READs
-//! too, a confirm exposure offers the buffer's own key, and any peer may
-//! read any pool buffer whose key it has seen), and a
-//! window over it reaches that buffer and nothing else, even where windows
-//! do not enforce their bounds (rxe checks a READ against the region, not
-//! the window). A type-2 window is scoped to its connection's QP, so a peer
-//! reaches a pooled buffer only while it is exposed to that peer.
-//!
-//! # Windows
-//! The pool also holds the hub's memory windows: a connection on it has
-//! no windows of its own (its lease engine is [`mw::Owner::lending`]).
-//! Each exposure takes an unbound window from the pool, binds it through
-//! the connection's QP, and the window goes back only once that bind's
-//! LOCAL_INV has completed successfully: it is unbound, and may be bound
-//! again through any QP of the protection domain. A window still lent when
-//! its connection goes down (bound, or its invalidation unconfirmed) is
-//! deallocated before the QP is destroyed and never comes back; the pool
-//! allocates another when it next runs short. The pool starts with a
-//! window per buffer, enough for every buffer to be exposed at once;
-//! exposures of a user's own regions grow it.
+//! class (queued, or woken and on its way). A buffer given back wakes
+//! **one** waiter that can take it: one below its share first, then the
+//! one that has held the pool's buffers least of late ([`fair::Member`]'s
+//! `used`), then the first to come. The woken connection's next try takes
+//! it whatever its share; one that no longer wants it passes the wake-up
+//! on at the end of the turn after it (`Slots::end_turn`: not before tasks
+//! it woke, a user's `alloc`, have had a chance to run). A woken
+//! connection that takes one of several free buffers wakes the next waiter
+//! for the rest. (With no guaranteed share, a connection that holds
+//! buffers long is served after newcomers that have held none: a stream
+//! of new connections can keep it waiting.) Windows queue the same way,
+//! without shares (the pool allocates more when it runs short). The rules
+//! live in [`fair`]; what they do against hoarders: `docs/reliability.md`,
+//! "Fairness of a shared pool".
 
 mod fair;
 mod windows;
@@ -252,7 +198,7 @@ pub struct BufferPoolStats {
 impl BufferPool {
     /// Register `classes` on `nic` (each buffer a region of its own, for
     /// window binding and local writes, and with `confirm` for remote
-    /// READs: see "Isolation" in the module docs), which the pool keeps to
+    /// READs: `docs/serving.md`, "Shared buffers"), which the pool keeps to
     /// deregister them with. Classes of the same size are merged; empty
     /// ones are skipped.
     #[cfg_attr(loom, allow(dead_code))] // the hub's, absent under loom
@@ -600,18 +546,19 @@ impl BufferPool {
         // Taken: it may have been woken for one of several free, and the
         // next waiter hears of the rest. Not: a free buffer the reserve
         // keeps from it may suit a waiter behind it.
-        let wake = self.kick(&mut st, class);
+        self.kick(st, class);
+        taken
+    }
+
+    /// [`State::kick`] for buffer class `class`; the waiter is woken once
+    /// `st`, the pool's lock, is released.
+    fn kick(&self, mut st: impl std::ops::DerefMut<Target = State>, class: usize) {
+        let (count, reserve) = self.bounds(class);
+        let wake = st.kick(class, count, reserve);
         drop(st);
         if let Some(w) = wake {
             w.wake();
         }
-        taken
-    }
-
-    /// [`State::kick`] for buffer class `class`.
-    fn kick(&self, st: &mut State, class: usize) -> Option<Waker> {
-        let (count, reserve) = self.bounds(class);
-        st.kick(class, count, reserve)
     }
 
     /// Whether member `m` may take a buffer of `class` now (as
@@ -623,11 +570,7 @@ impl BufferPool {
             return true;
         }
         st.enqueue(m, class, false);
-        let wake = self.kick(&mut st, class);
-        drop(st);
-        if let Some(w) = wake {
-            w.wake();
-        }
+        self.kick(st, class);
         false
     }
 

@@ -1,5 +1,6 @@
-//! The pool's memory windows (module docs, "Windows"): lent for an
-//! exposure, given back unbound, dropped with a connection that went down.
+//! The pool's memory windows (`docs/serving.md`, "Windows are the pool's
+//! too"): lent for an exposure, given back unbound, dropped with a
+//! connection that went down.
 
 use mwcap_mw as mw;
 

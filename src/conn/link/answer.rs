@@ -53,13 +53,6 @@ impl LinkDelegation {
         !self.live.is_empty()
     }
 
-    /// What request `req`, a call for a delegation, asked for.
-    pub(crate) fn call_of(&self, req: RequestId) -> Option<crate::conn::DelegatedCall> {
-        let i = self.call(req)?;
-        let (_, to, ttl) = &self.calls[i];
-        Some(crate::conn::DelegatedCall { to: to.clone(), ttl: *ttl })
-    }
-
     /// Whether request `req` called for a delegation: where it is kept.
     #[inline]
     pub(super) fn call(&self, req: RequestId) -> Option<usize> {
@@ -76,7 +69,8 @@ impl<N: Nic> Link<N> {
     #[cold]
     #[inline(never)]
     pub(crate) fn delegated_call(&self, req: RequestId) -> Option<crate::conn::DelegatedCall> {
-        self.delegation.call_of(req)
+        let (_, to, ttl) = &self.delegation.calls[self.delegation.call(req)?];
+        Some(crate::conn::DelegatedCall { to: to.clone(), ttl: *ttl })
     }
 
     /// The identity the peer proved in the bootstrap (tokens name it).
@@ -94,7 +88,7 @@ impl<N: Nic> Link<N> {
         identity: &str,
         ttl: Duration,
     ) -> Result<crate::conn::Delegation, crate::conn::DelegateError> {
-        self.regions.delegate(now, range, identity, ttl)
+        self.regions.delegate(now, None, range, identity, ttl)
     }
 
     /// Revoke delegation `cap` (see `Endpoint::revoke`); a live exposure
@@ -266,7 +260,7 @@ impl<N: Nic> Link<N> {
             None => ([&[CALL_PLAIN][..], header].concat(), None),
             Some(range) => {
                 let conn = self.conn.id();
-                let d = match self.regions.delegate_reply(now, conn, range, to, ttl) {
+                let d = match self.regions.delegate(now, Some(conn), range, to, ttl) {
                     Ok(d) => d,
                     Err(DelegateError::Region(e)) => return Err(e),
                     // The identity and the life were checked when the call

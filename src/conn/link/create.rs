@@ -33,9 +33,8 @@ impl QueueSizes {
 
     /// The entries a connection reserves of a shared completion queue: all
     /// of `cq_entries`, or on a shared receive queue only its send side
-    /// (the receives' completions are reserved once for the whole SRQ, for
-    /// every receive of it may complete before the queue is polled,
-    /// whichever connection's peer sent the frames).
+    /// (the hub reserves the receives' once for the whole SRQ:
+    /// `docs/serving.md`, "Completion queue depth").
     pub(crate) fn reserved(&self, shared_receives: bool) -> u32 {
         if shared_receives {
             self.send_wrs
@@ -158,12 +157,8 @@ impl<N: Nic> Prepared<N> {
         let cfg = self.cfg.clone();
         let role = self.role;
         let (owns, _) = policies.directions(role);
-        let mut access = Access::LOCAL_WRITE;
-        if owns == Policy::Mw {
-            access = access | Access::MW_BIND;
-        } else {
-            access = access | Access::REMOTE_READ;
-        }
+        let access =
+            Access::LOCAL_WRITE | if owns == Policy::Mw { Access::MW_BIND } else { Access::REMOTE_READ };
         // The NIC stays in `self` until success, so that an error drops the
         // QP and the CQ; `Resources` cleans up what was made so far.
         let nic = self.nic.as_ref().expect("finish runs once");
