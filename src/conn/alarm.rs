@@ -1,15 +1,14 @@
 //! Alarms for sleeping drivers: one thread for the process that wakes a
 //! driver at its deadline.
 //!
-//! async-io's `Timer` would do, but its reactor allocates each time a thread
-//! parks in it while any timer is registered (it splits its timer map at
-//! "now" on every turn), so a connection whose calls outlast the busy-poll
-//! window would allocate on every call. Here an alarm is a slot shared by
-//! the driver and the alarm thread: arming it stores the deadline and the
-//! waker, and pushes one entry on the thread's heap (a vector that keeps
-//! its capacity); moving it later is free (the thread finds the entry stale
-//! and re-queues it), and a full heap first drops the entries that will
-//! never ring ([`compact`]), so nothing allocates in steady state.
+//! Not async-io's `Timer`, whose reactor allocates each time a thread parks
+//! in it while a timer is registered (`docs/architecture.md`, "The
+//! driver"). An alarm is a slot shared by the driver and the alarm thread:
+//! arming it stores the deadline and the waker, and pushes one entry on the
+//! thread's heap (a vector that keeps its capacity); moving it later is
+//! free (the thread finds the entry stale and re-queues it), and a full
+//! heap first drops the entries that will never ring ([`compact`]), so
+//! nothing allocates in steady state.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -69,8 +68,7 @@ impl Ord for Entry {
 /// Start the alarm thread now if it is not running yet, and return once it
 /// runs (an endpoint does, when it is made): its start-up allocations
 /// (std's, as the OS first runs a thread) then fall in the setup, not in
-/// some later call (which the allocation-free call path, and the
-/// benchmarks that count it, would see).
+/// some later call on the allocation-free call path.
 pub(crate) fn start() {
     wheel();
 }
@@ -134,12 +132,10 @@ impl Wheel {
 
 /// Drop the entries that will never ring (their slot disarmed, or armed
 /// since for an earlier time, which has an entry of its own), keeping the
-/// heap's room. An alarm armed for a call's deadline and then for the end
-/// of a short spin window, ringing at that end and armed again, leaves an
-/// entry behind per window until the deadline: without this the heap grew
-/// by one per window (to 512 entries within a run of `mwcap bench --sim`,
-/// each growth an allocation inside a call). Called with the heap's lock
-/// held, which comes before a slot's (as in `Wheel::run`).
+/// heap's room: an alarm armed for a call's deadline and then for the end
+/// of each short spin window leaves an entry behind per window until the
+/// deadline. Called with the heap's lock held, which comes before a slot's
+/// (as in `Wheel::run`).
 fn compact(heap: &mut BinaryHeap<Reverse<(Instant, Entry)>>) {
     heap.retain(|Reverse((t, Entry(slot)))| slot.state.lock().at.is_some_and(|at| *t <= at));
 }

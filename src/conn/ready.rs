@@ -10,39 +10,21 @@
 //! the clear (its change is read by the turn that follows), and one made
 //! after the clear puts the connection on the list again (another turn).
 //!
-//! A waiter may poll the completion queue itself for a while (it spins,
-//! `live::driver::Spin`), and the driver then leaves the queue unarmed: every
-//! completion would otherwise raise an event, a system call and a wake-up.
-//! The list counts those waiters ([`ReadyList::start`], [`ReadyList::stop`]);
-//! the last to stop rings the doorbell, so the driver, which looked at the
-//! count after taking the doorbell, polls and arms the queue again rather
-//! than sleep with nobody polling it.
-//!
-//! Except a waiter with a long window ([`LINGER_MIN`] or more) that got
-//! what it waited for: it stops without ringing, and the queue counts as
-//! watched until the end of its window, which it published when it
-//! started and as its busy turns moved it ([`ReadyList::extend`]; the
-//! latest end is kept). A driver that finds the queue watched
-//! ([`ReadyList::watched`]) sleeps unarmed with its alarm set for that end,
-//! then looks again. So a caller or server that makes call after call, or
-//! reply after reply, each found by its own polling, costs its driver one
-//! wake-up per window, not one per call; a completion that comes after
-//! the waiters have gone waits at most until the end of the last window.
-//! A waiter whose window starts when none is open rings the doorbell (a
-//! driver that saw no window may be asleep without the alarm).
-//!
-//! A short window lingers too where a ring would wake another thread: the
-//! list notes, at the driver's next loop after a waiter rang, whether the
-//! driver then ran on that waiter's thread ([`ReadyList::rings_local`]).
-//! Under `block_on` it does (the ring only schedules the driver beside the
-//! waiter), and mostly under tokio (a task woken from a worker runs on
-//! that worker next); under smol, whose executor runs the driver on a
-//! thread of its own, it does not, and a ring at every call cost half the
-//! calls a caller could make. The waiter decides at its start
-//! (`live::driver::Spin`), from that and from whether its connection's
-//! last wait was quick (got within a quarter of the window: then calls
-//! come several to a window, and the driver's one wake-up per window is
-//! cheaper than a ring per call).
+//! A waiter that polls the completion queue itself (it spins,
+//! `live::driver::Spin`) is counted ([`ReadyList::start`],
+//! [`ReadyList::stop`]), and while any does the driver leaves the queue
+//! unarmed. The last to stop rings the doorbell, and the driver reads the
+//! count only after taking the doorbell, so it never sleeps with the queue
+//! unarmed and nobody polling it. A waiter that lingers (a long window,
+//! [`LINGER_MIN`] or more, or a short one while its connection's waits are
+//! quick and a ring would wake another thread, [`ReadyList::rings_local`])
+//! and got what it waited for stops without ringing instead: the queue
+//! counts as watched until the latest window end published
+//! ([`ReadyList::extend`], [`ReadyList::watched`]), and the driver sleeps
+//! unarmed with its alarm set for it. A lingering waiter whose window starts
+//! when none is open rings (a driver that saw no window may be asleep
+//! without the alarm). Why, and what it saves: `docs/architecture.md`,
+//! "The driver".
 //!
 //! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
@@ -54,11 +36,9 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 /// The shortest spin window whose waiter, having got what it waited for,
 /// always leaves without waking the driver ([`ReadyList::stop`]; a shorter
 /// one does where the ring would wake another thread, see the module
-/// docs): the driver then
-/// wakes on its alarm once per window, and over a shorter window the
-/// alarm's round trip (the alarm thread's wake-up, then the driver's) would
-/// cost more than the ring it saves (on the simulator, 50 µs windows
-/// halved the calls per second of a caller polling beside its driver).
+/// docs): the driver then wakes on its alarm once per window, and over a
+/// shorter window the alarm's round trip (the alarm thread's wake-up, then
+/// the driver's) would cost more than the ring it saves.
 pub const LINGER_MIN: Duration = Duration::from_micros(500);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,

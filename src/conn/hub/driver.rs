@@ -137,10 +137,8 @@ impl<N: Nic> Hub<N> {
             after_turns();
             if busy {
                 // Yield, then loop again: what came meanwhile is found by
-                // polling, not by a sleep and a wake-up. (Going straight to
-                // the sleep check instead saved 250 instructions a call under
-                // block_on, and cost smol a cross-thread wake-up per
-                // completion: its rpc fell from 168,000 to 50,000 calls/s.)
+                // polling, not by a sleep and a wake-up (which on a
+                // multi-threaded executor crosses threads per completion).
                 idle_since = None;
                 crate::conn::live::yield_now().await;
                 continue;

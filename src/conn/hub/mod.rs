@@ -5,36 +5,13 @@
 //! queue, and one driver ([`Hub::run`]) polls it, hands each completion to
 //! its connection (by QP number) and gives a turn to each connection that
 //! has something to do (a completion, a user's call or reply, a timer).
-//! Run one endpoint per core for more.
 //!
-//! # Isolation
-//! Each connection keeps its own protection domain (`NicOps::new_pd`): a
-//! completion queue belongs to the device context, not to a PD, so sharing
-//! it weakens nothing. A peer's keys reach only its own connection's
-//! memory, on rxe and under confirm too. A hub with shared receives
-//! (`Hub::new` with `srq` or `buffers`) is the exception: its connections share
-//! its PD (rxe checks a receive against the receiving QP's PD), which is
-//! safe under the mw policy only, the one it serves unless its peers are
-//! trusted (see [`SrqConfig`], `docs/serving.md`).
-//!
-//! # QP numbers come back
-//! A device reuses the number of a destroyed QP. A hub destroys a
-//! connection's QP under its routing lock and, before releasing it, takes
-//! every completion of that QP out of the queue (after `destroy_qp` no new
-//! one appears), so a completion carrying a number is always the current
-//! QP's. A QP enters the routing table when it is created, before it can
-//! complete anything. The table and the depth's reservations below are
-//! `routes.rs`'s `Routes`; the hub does the device work around it.
-//!
-//! # Depth
-//! A completion queue that overflows takes every QP on it to ERR. A hub
-//! reserves each connection's worst case (every work request it can have
-//! outstanding) from its queue's depth, and refuses a connection that does
-//! not fit ([`SetupError::CqBudget`]). With shared receives, every receive of
-//! the shared queue may complete before the driver polls, whichever peer
-//! sent the frames (a peer past its credit included), so the queue's
-//! `max_slots` entries are reserved once when the hub is made, and each
-//! connection reserves only its send side.
+//! The rules it keeps (a PD per connection, a retired QP's completions
+//! drained before its number can come back, the depth budget, shared
+//! receives and the shared pool being mw only unless the peers are
+//! trusted), and why: see `docs/serving.md`, "The hub's rules". The routing
+//! table and the depth's reservations are `routes.rs`'s `Routes`; the hub
+//! does the device work around it.
 
 mod driver;
 
@@ -175,11 +152,8 @@ pub(crate) struct Hub<N: Nic> {
     epoch: Instant,
     /// Its connections by QP number. A QP is retired under this lock.
     routes: Mutex<Routes<Arc<Inner<N>>>>,
-    /// Connections due a turn, the driver's doorbell, and the waiters of
-    /// its connections taking their turns themselves now
-    /// (`live::driver::Spin`; while any does, the driver neither
-    /// busy-polls nor arms the queue: the waiter polls it and rings the
-    /// driver for the other connections' completions). See `ready.rs`.
+    /// Connections due a turn, the driver's doorbell, and the count of
+    /// waiters taking their connection's turns themselves (see `ready.rs`).
     pub(in crate::conn) ready: ReadyList<Arc<Inner<N>>>,
     /// The endpoint is gone ([`Hub::close`]): the driver ends once every
     /// connection has finished.
@@ -296,10 +270,6 @@ impl<N: Nic> SharedCq for Retire<N> {
     }
 }
 
-/// What a waiting call on a hub does with the hub's queue (see
-/// `live::driver::Spin::turn`): poll it, routing the caller's connection's
-/// completions to its inbox without queueing it for the driver (the
-/// caller takes that turn), and the others' as the driver would.
 impl<N: Nic> Hub<N> {
     /// Connection `id` finished: `add` puts its figures into the hub's
     /// tally of finished connections, and it leaves the running ones.
@@ -317,7 +287,10 @@ impl<N: Nic> Hub<N> {
         epoch
     }
 
-    /// Poll the shared queue for connection `me`; whether anything came.
+    /// A waiting call of connection `me` polls the shared queue
+    /// (`live::driver::Spin::turn`): `me`'s completions go to its inbox
+    /// without queueing it (the caller takes that turn), the others' as
+    /// the driver would route them. Whether anything came.
     pub(in crate::conn) fn poll_for(&self, me: &Inner<N>) -> bool {
         let Some(mut routes) = self.routes.try_lock() else {
             // The driver (or another caller) is polling: it routes ours too.
@@ -364,36 +337,23 @@ impl<N: Nic + 'static> Hub<N> {
     ///
     /// A connection needs about `ctrl_slots` + 2 x its buffers + the
     /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536
-    /// holds several hundred. Devices cap a queue's depth (`max_cqe`: 4M on
-    /// mlx5, 32K on rxe), and a deeper queue than the device allows fails
-    /// with [`NicError::CqTooDeep`].
+    /// holds several hundred. A queue deeper than the device allows
+    /// (`max_cqe`) fails with [`NicError::CqTooDeep`].
     ///
     /// With `srq`, its connections take their control receives from one
-    /// shared receive queue (`docs/serving.md`, [`SrqConfig`]): an idle
-    /// connection holds `Config::start_credits` receives of 4 KiB instead
-    /// of `ctrl_slots`, and a busy one up to `ctrl_slots`; the hub lends
-    /// its send slots (`srq::LentSends`). Its connections are then in the
-    /// hub's protection domain, so unless `confirm` (its peers are trusted:
+    /// shared receive queue and borrow the hub's send slots; with `buffers`
+    /// (which come with shared receives, of the default size if `srq` is
+    /// `None`) they take their buffers from a pool of those classes,
+    /// registered now (`docs/serving.md`, "Shared receives" and "Shared
+    /// buffers"). Either puts its connections in the hub's protection
+    /// domain, so unless `confirm` (its peers are trusted:
     /// `EndpointBuilder::trusted_peers`) it serves the mw policy only: a
-    /// connection that negotiates confirm in either direction fails to
-    /// finish, with an error that says so.
-    ///
-    /// With `buffers` too (they come with shared receives, by default ones
-    /// if `srq` is `None`), a buffer pool shared by its connections
-    /// ([`BufferPool`]): a connection registers no data region, its buffer
-    /// classes (`Config::buffers` of `buffer_size`, and `large_buffers`)
-    /// say how many buffers of each size it may hold at once, and each is a
-    /// buffer of the pool while it is in use. Every size a connection uses
-    /// must be one of `buffers`' sizes; `buffers` gives how many of each the
-    /// pool registers (each a region of its own), now. A connection that
-    /// finds its size all in use waits, as for a buffer of its own. With
-    /// `confirm` the pool's buffers allow remote READs too, and confirm
-    /// connections take them as mw ones do.
+    /// connection that negotiates confirm fails to finish, with an error
+    /// that says so. With `confirm` the pool's buffers allow remote READs.
     ///
     /// The driver keeps polling the queue for `busy_poll` after its turns
     /// stop finding work, before it arms the queue and sleeps (0: sleep at
-    /// once; `EndpointBuilder::busy_poll`): a completion microseconds away
-    /// is caught without a wake-up, for CPU.
+    /// once; `EndpointBuilder::busy_poll`).
     pub fn new(
         nic: N,
         depth: u32,
@@ -608,9 +568,7 @@ impl<N: Nic> Hub<N> {
             buffers: self.pool.as_ref().map(BufferPool::stats),
         }
     }
-}
 
-impl<N: Nic> Hub<N> {
     /// The endpoint is gone (its last handle dropped): the driver ends
     /// once every connection has finished.
     pub(crate) fn close(&self) {

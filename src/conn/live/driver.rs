@@ -23,15 +23,9 @@ pub(crate) struct DriverCounters {
 }
 
 /// A call in flight: the result's handle, and a kick for the driver when the
-/// caller gives up (so a sleeping driver cancels the call at once).
-///
-/// While its reply has not come, a call takes turns of its connection
-/// itself and yields, for up to `Config::busy_poll`, unless another call
-/// of the connection does so already: the reply is then found on the
-/// caller's thread instead of the driver's, which under a multi-thread
-/// executor saves a wake-up across threads per call: it polls the hub's
-/// shared completion queue, routing the other connections' completions as
-/// the driver would. Afterwards it waits for the driver.
+/// caller gives up (so a sleeping driver cancels the call at once). While
+/// its reply has not come it spins ([`Spin`]) for up to `Config::busy_poll`,
+/// then waits for the driver.
 pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) handle: Handle<CallResult>,
     /// The connection (borrowed from the caller's handle for the call).
@@ -72,11 +66,9 @@ pub(crate) struct Spin {
 /// A thread that busy-polls (a call taking its connection's turns, or the
 /// endpoint's driver in its busy-poll window) gives its CPU up to the OS
 /// (`std::thread::yield_now`) once every this many turns that found
-/// nothing. On a host with fewer free cores than busy threads, the thread
-/// it waits for (the driver, or the server's) would otherwise get a core
-/// only when the spin window ends: smol's calls pinned to one core took
-/// `busy_poll` plus the call each. A `sched_yield` with nothing else to run
-/// returns at once.
+/// nothing: on a host with fewer free cores than busy threads, the thread
+/// it waits for would otherwise get a core only when the spin window ends.
+/// A `sched_yield` with nothing else to run returns at once.
 pub(crate) const OS_YIELD_EVERY: u32 = 16;
 
 /// Count one turn that found nothing, and give the CPU up to the OS once
@@ -92,9 +84,8 @@ pub(crate) fn idle_turn(idle: &mut u32) {
 impl Spin {
     /// The waiter no longer takes turns itself; `got` says whether it got
     /// what it waited for. The last to stop rings the hub's driver, unless
-    /// its window is long and it got it: the queue then stays watched until
-    /// the window's end (`ReadyList::stop`), and a waiter that comes back
-    /// meanwhile, the usual case, costs the driver no wake-up.
+    /// it lingers and got it (`ReadyList::stop`): a waiter that comes back
+    /// within the window, the usual case, then costs the driver no wake-up.
     #[inline]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         if std::mem::take(&mut self.spinning) {
@@ -424,9 +415,6 @@ impl<N: Nic> Inner<N> {
         }
         // Redemptions that waited for capacity, revoked delegations.
         st.ep.delegation_turn();
-        // (The completions were handled above: nothing is polled here, and
-        // the buffers were reclaimed at the start of the turn; a handle
-        // dropped since queues the connection again, see the end.)
         // A call future dropped before its result counts itself in
         // `abandoned` after its handle gave up (and recycled a result that
         // had come): both are looked at only when it is non-zero.

@@ -3,12 +3,9 @@
 //! for it.
 //!
 //! # A connection's turn
-//! Each turn fires due timers, takes the completions the hub routed to the
-//! connection, carries out what the engines ask for, and hands events to
-//! the waiting calls. The hub gives a connection a turn when something
-//! woke it: a completion, the user (a call, a reply, a dropped call future,
-//! a close), a buffer handle dropped, or its timer. A waiting call takes
-//! its connection's turns itself for a while (see [`CallFuture`]).
+//! What a turn does and what gives a connection one (a waiting call takes
+//! its connection's turns itself for a while, [`CallFuture`]): see
+//! `docs/architecture.md`, "The driver".
 //!
 //! # Hand-over
 //! A call's result travels from the driver to the caller through a
@@ -201,8 +198,7 @@ pub(crate) struct Inner<N: Nic> {
     /// The last wait a spinning waiter saw through was quick: got within a
     /// quarter of its window (`driver::Spin`).
     quick: std::sync::atomic::AtomicBool,
-    /// `Config::busy_poll`: how long a pending call takes turns itself, and
-    /// how long the driver busy-polls after a busy turn.
+    /// `Config::busy_poll`: how long a pending call takes turns itself.
     spin: Duration,
     /// `Config::serve_busy_poll`: how long `next_request` takes turns itself.
     serve_spin: Duration,

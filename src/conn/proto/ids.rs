@@ -20,8 +20,6 @@ pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// up the free room, the next insert rehashes the table, in place if it is
 /// at most half full and into a new, larger allocation otherwise. So the
 /// table gets room for `2 * n`: with `n` live entries it is at most half
-/// full. (Room for just `n` let a 4 KiB mw request_read with 16 in flight
-/// grow its lease map, 64 to 128 buckets, after thousands of calls.)
 pub(crate) fn id_map<K, V>(n: usize) -> IdMap<K, V> {
     HashMap::with_capacity_and_hasher(2 * n, BuildHasherDefault::default())
 }

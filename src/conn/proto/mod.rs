@@ -17,11 +17,8 @@
 //! instead carry them out by hand (see `tests/proto_pair.rs`, which runs two
 //! connections against each other with no NIC at all).
 //!
-//! Inside, each direction has one owner side (our memory, exposed to the
-//! peer) and one reader side (the peer's memory, read by us), each run by
-//! the engine of that direction's policy: `mwcap-mw`'s lease owner or
-//! reader, or the confirm engine (`mwcap-fallback`'s client or server,
-//! which serves both directions of its role).
+//! Inside, each direction has an owner side and a reader side, run by the
+//! engine of that direction's policy (`sides.rs`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -272,7 +269,8 @@ struct MwReader {
 }
 
 /// One side of one RC connection running mwcap's protocols, without I/O.
-/// See the module docs (`docs/serving.md`).
+/// See the module docs, and `docs/architecture.md` (its `proto::Connection`
+/// entry) for its place between the engines and the `Link`.
 pub struct Connection {
     id: u64,
     cfg: Config,
@@ -535,13 +533,13 @@ impl Connection {
         self.policies
     }
 
-    /// This connection's id in the process (in logs and spans; buffers
-    /// name it).
     /// The time of the last input it was given.
     pub(crate) fn now(&self) -> Duration {
         self.now
     }
 
+    /// This connection's id in the process (in logs and spans; buffers
+    /// name it).
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -580,13 +578,13 @@ impl Connection {
     }
 
     /// [`Connection::start`] for a QP that takes its receives from a
-    /// shared receive queue its owner posts (a
-    /// endpoint with shared receives): nothing is posted
-    /// here, the peer may send `Config::start_credits` frames, and the
-    /// connection's share of the queue is that many until the owner
-    /// changes it. A received frame's receive is not re-granted by itself:
-    /// the owner calls [`Connection::grant_receives`] (or
-    /// [`Connection::withhold_receive`]) for each.
+    /// shared receive queue its owner posts (an endpoint with shared
+    /// receives): nothing is posted here, the peer may send
+    /// `Config::start_credits` frames, and the connection's share of the
+    /// queue is that many until the owner changes it. A received frame's
+    /// receive is not re-granted by itself: the owner calls
+    /// [`Connection::grant_receives`] (or [`Connection::withhold_receive`])
+    /// for each.
     ///
     /// Its completions arrive as for a receive of its own
     /// (`TAG_RECV`): the owner copies the frame out of its slot and passes

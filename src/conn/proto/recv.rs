@@ -412,9 +412,8 @@ impl Connection {
                     if !(ours && c.server().is_some_and(|s| s.is_reading(fm))) {
                         // The engine refused the exposure (too long, too
                         // many outstanding) or ignored it (a reused id):
-                        // nothing will ever be read for this request, which
-                        // used to wait for its payload for ever. It is
-                        // dropped now.
+                        // nothing will ever be read for this request, so
+                        // its payload fails now rather than never come.
                         if ours {
                             c.msgs.remove(&fm);
                         }

@@ -170,16 +170,11 @@ impl Connection {
         }
     }
 
-    /// The most frames that may wait for credit: the answers to the
-    /// peer's frames (a peer within its credit has at most `ctrl_slots`
-    /// frames' worth of credit once this side runs dry), and a message or
-    /// two of this side's own for each payload it can have open at once
-    /// (a release of a grant read or declined, a confirm: its buffers and
-    /// region exposures, and the payloads that may wait for a buffer), and
-    /// one for each call or request open. A server whose user held its
-    /// buffers while grants waited, then frees them, sends a release for
-    /// each at once: that is no peer withholding credit. (A backstop: a
-    /// peer that keeps to its credit cannot reach it.)
+    /// The most frames that may wait for credit: what this side has open
+    /// (the answers to a peer within its credit, a message or two per
+    /// payload it may hold, one per call or request). A backstop a peer
+    /// that keeps to its credit cannot reach: see `docs/protocol.md`,
+    /// "Flow control" ("Backpressure, not errors").
     fn backlog_max(&self) -> usize {
         let payloads = self.layout.slots() as usize
             + self.cfg.region_exposures as usize
@@ -253,14 +248,11 @@ impl Connection {
     }
 
     /// Grant the peer the receives posted since the last frame out, in a
-    /// frame of its own, once they are half of the receive slots: a peer
-    /// that sends while we have nothing to say must not run dry. (At least
-    /// 2, so that a `Credit` frame, which takes one receive, never causes
-    /// another by itself.) A `Credit` frame may spend our last credit, so
-    /// that two sides that both wait for credit always get it: a side
-    /// with at most one credit left means its peer owes it at least
-    /// `share - 1` (at least 7), past the
-    /// threshold.
+    /// `Credit` frame of its own, once they are half of the share (at least
+    /// 2, so that a `Credit` frame never causes another by itself): a peer
+    /// that sends while we have nothing to say must not run dry. It may
+    /// spend our last credit (the reserve against deadlock:
+    /// `docs/protocol.md`, "Flow control").
     #[inline]
     pub(super) fn maybe_grant(&mut self) {
         let threshold = (self.share / 2).max(2);
