@@ -77,8 +77,8 @@ pub(super) fn check_hello_tag(
 /// [`remote_endpoint`](Handshake::remote_endpoint) (through RTR to RTS), then
 /// call `ready`, which returns once the peer's queue pair is in RTS too.
 /// Only then may either side post a SEND. `S` is the stream: a
-/// `std::net::TcpStream` from [`exchange_client`](super::exchange_client)
-/// and friends, an `Async<TcpStream>` from the `_async` functions.
+/// `std::net::TcpStream` from `exchange_client` and friends (the blocking
+/// exchanges, `testing` feature only), an `Async<TcpStream>` from the `_async` functions.
 #[derive(Debug)]
 #[must_use = "the exchange is not finished: connect the queue pair, then call ready"]
 pub struct Handshake<S> {

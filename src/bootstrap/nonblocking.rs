@@ -1,5 +1,5 @@
 //! The exchange over `async-io` sockets: the same protocol as
-//! [`blocking`](super::blocking), usable under any executor.
+//! `blocking` (the `testing` feature's), usable under any executor.
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -31,7 +31,7 @@ async fn before<T>(
 }
 
 /// Connect to the server at `addr` and run the auth phase; the async
-/// [`authenticate_client`](super::authenticate_client).
+/// `authenticate_client`.
 pub async fn authenticate_client_async(
     addr: SocketAddr,
     auth: &Auth,
@@ -44,7 +44,7 @@ pub async fn authenticate_client_async(
 }
 
 /// Accept one connection on `listener` and run the auth phase as the
-/// server; the async [`authenticate_server`](super::authenticate_server).
+/// server; the async `authenticate_server`.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn authenticate_server_async(
     listener: &Async<TcpListener>,
@@ -80,7 +80,7 @@ impl Authenticated<Async<TcpStream>> {
 }
 
 /// Connect to the server at `addr`, authenticate and exchange hellos; the
-/// async [`exchange_client`](super::exchange_client).
+/// async `exchange_client`.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn exchange_client_async(
     addr: SocketAddr,
@@ -97,7 +97,7 @@ pub async fn exchange_client_async(
 }
 
 /// Accept one connection on `listener`, authenticate and exchange hellos;
-/// the async [`exchange_server`](super::exchange_server). The accept waits
+/// the async `exchange_server`. The accept waits
 /// as long as it takes; `timeout` bounds the auth and hello phases.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the tests' and fuzzers' (no product path)
 pub async fn exchange_server_async(

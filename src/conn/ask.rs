@@ -130,8 +130,8 @@ pub enum OwnerAsk<'a> {
 pub(crate) const CALL_PLAIN: u8 = 0;
 /// ... the application's range of a region, delegated.
 pub(crate) const CALL_DELEGATED: u8 = 1;
-/// ... refused by the owner's library (a [`Refusal`] in the status); the
-/// application never saw it.
+/// ... refused by the owner's library (a [`Refusal`](super::Refusal) in
+/// the status); the application never saw it.
 pub(crate) const CALL_REFUSED: u8 = 2;
 
 /// The longest ask but a call for a delegation (whose header has no bound

@@ -265,7 +265,7 @@ impl<N: Nic + 'static> Endpoint<N> {
 
     /// Delegate `range` of one of its regions to the peer that proves the
     /// key named `identity` (in this endpoint's keyring, see
-    /// [`Auth::Keyring`](crate::bootstrap::Auth::Keyring)), for `ttl`:
+    /// [`Auth::Keyring`]), for `ttl`:
     /// returns the delegation's id and its [`Token`](super::Token), which
     /// the application hands on by any means (its own RPC, a queue). The
     /// delegate, connected to this endpoint as `identity`, reads the

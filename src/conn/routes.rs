@@ -1,5 +1,5 @@
 //! [`Routes`]: what a completion queue shared by many QPs has to remember,
-//! without the device. A [`Hub`](super::Hub) keeps one under its lock and
+//! without the device. A [`Hub`](super::hub::Hub) keeps one under its lock and
 //! does the device work around it: it polls the queue and passes each
 //! completion to [`Routes::route`], which says where it goes; destroys a QP
 //! inside [`Routes::retire`]; and posts a shared receive that nobody will

@@ -416,7 +416,7 @@ impl<N: Nic + 'static> Hub<N> {
         }
     }
 
-    /// [`Link::prepare`] on the hub's completion queue: the QP, with
+    /// [`Link::prepare_on`] on the hub's completion queue: the QP, with
     /// its share of the queue reserved. `nic` must be a sibling of the
     /// hub's ([`Hub::connection_nic`]). Finish it, connect it, and
     /// hand it to [`Hub::add`]; dropping it on the way gives its share back.

@@ -361,7 +361,7 @@ impl<N: Nic> Link<N> {
         !self.delegation.waiting.is_empty()
     }
 
-    /// Once per turn of the link (its driver's, or [`Link::drive`]'s),
+    /// Once per turn of the link (its driver's, or `Link::drive`'s in tests),
     /// after its completions: retry the answers waiting for capacity, and
     /// end this connection's revoked delegated exposures (a revocation
     /// rings the connection for a turn). Two loads when it has neither.

@@ -1,6 +1,7 @@
 //! Making a [`Link`]: the queue sizes a connection's settings need, the QP
-//! and CQ ([`Link::prepare`]), then the regions, windows and connection
-//! once the policies are known ([`Prepared::finish`]).
+//! on a given CQ ([`Link::prepare_on`]; in tests `Link::prepare`, which
+//! creates the CQ too), then the regions, windows and connection once the
+//! policies are known ([`Prepared::finish`]).
 
 use super::*;
 
@@ -81,8 +82,8 @@ impl<N: Nic> Link<N> {
         }
     }
 
-    /// [`Link::prepare`] with a QP sized by `sizes` (from the same
-    /// `cfg`) on the completion queue `cq`, which the endpoint does not own
+    /// `Link::prepare` (the tests') with a QP sized by `sizes` (from the
+    /// same `cfg`) on the completion queue `cq`, which the endpoint does not own
     /// when `shared` is given, taking its receives from `srq` when given
     /// (`nic` then in the SRQ's PD), whose initial share it takes. On
     /// failure the NIC comes back with the error.
@@ -127,7 +128,8 @@ impl<N: Nic> Link<N> {
 }
 
 /// An endpoint whose QP exists but whose policies are not chosen yet; see
-/// [`Link::prepare`]. Dropping it destroys the QP and the CQ.
+/// `Link::prepare_on` (and the tests' `Link::prepare`). Dropping it
+/// destroys the QP and the CQ.
 pub struct Prepared<N: Nic> {
     nic: Option<N>,
     role: Role,

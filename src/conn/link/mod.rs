@@ -74,8 +74,15 @@ fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
 }
 
 /// One side of one RC connection: its device resources on a [`Nic`], and
-/// the [`Connection`] state machine it runs. See the [module docs](super)
-/// for the call order.
+/// the [`Connection`] state machine it runs. The call order: create its QP
+/// (`Link::prepare_on`, through `Hub::prepare` on an endpoint;
+/// `Link::prepare` in tests), then [`Prepared::finish`] once the policies
+/// are known, and connect it to the peer (`Link::connect_with`;
+/// `Link::connect` in tests); then feed it completions
+/// (`Link::handle_completions`; `Link::drive` in tests) and the time
+/// ([`Link::handle_timeout`]), take its events ([`Link::poll_event`]), call
+/// and reply; to close, [`Link::begin_close`], then [`Link::finish_close`]
+/// once the flushes are reaped.
 pub struct Link<N: Nic> {
     nic: N,
     conn: Connection,
@@ -196,8 +203,9 @@ impl<N: Nic> Link<N> {
         self.connect_with(peer, credits)
     }
 
-    /// [`Link::connect`] to a peer that holds `peer_credits` receives for
-    /// this side at the start (its `Config::start_credits`, from its hello).
+    /// `Link::connect` (the tests') to a peer that holds `peer_credits`
+    /// receives for this side at the start (its `Config::start_credits`,
+    /// from its hello).
     pub(crate) fn connect_with(&mut self, peer: &QpEndpoint, peer_credits: u32) -> Result<(), NicError> {
         self.nic.connect_qp(self.local.id, peer)?;
         if self.srq.is_some() {
@@ -329,7 +337,7 @@ impl<N: Nic> Link<N> {
 
     /// The completion queue this endpoint's QP completes on failed (its
     /// device is gone): the connection goes down with `e`, as when its own
-    /// queue fails in [`Link::drive`].
+    /// queue fails in `Link::drive` (tests).
     pub(crate) fn cq_failed(&mut self, e: NicError) {
         self.conn.post_failed(&Command::SetQpError, e);
         self.run();
@@ -540,8 +548,9 @@ impl<N: Nic> Link<N> {
 
     /// Start closing: the QP goes to ERR (no remote access through it is
     /// possible any more), every call fails, and the flushes start arriving.
-    /// [`Link::drive`] reaps them; [`Link::finish_close`] then
-    /// destroys the QP. Never blocks.
+    /// `Link::drive` (tests), or the hub through `Link::handle_completions`,
+    /// reaps them; [`Link::finish_close`] then destroys the QP. Never
+    /// blocks.
     pub fn begin_close(&mut self, now: Duration) {
         self.span.in_scope(|| self.conn.begin_close(now));
         self.run();

@@ -39,7 +39,8 @@ impl<N: Nic> Link<N> {
 
     /// Client: a call whose request payload is `range` of a user region,
     /// exposed until its [`Event::RangeReturned`] (see
-    /// [`Link::register_region`]).
+    /// [`Endpoint::register_region`](crate::conn::Endpoint::register_region)
+    /// on an endpoint, `Link::register_region` in tests).
     pub fn call_region(
         &mut self,
         now: Duration,

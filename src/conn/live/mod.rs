@@ -9,10 +9,10 @@
 //!
 //! # Hand-over
 //! A call's result travels from the driver to the caller through a
-//! [`Slot`](crate::handle::Slot). If the caller drops the call's future, the
+//! [`Slot`]. If the caller drops the call's future, the
 //! driver is woken, sees the slot abandoned and cancels the call; a reply
 //! that had already arrived comes back through the
-//! [`Recycle`](crate::handle::Recycle) queue and its buffer returns to the
+//! [`Recycle`] queue and its buffer returns to the
 //! pool. The loom models in `tests/loom_handle.rs` check that hand-over
 //! under every interleaving.
 

@@ -25,7 +25,7 @@ impl<N: Nic> Connection<N> {
     /// answers it itself with the range as the reply payload (read and
     /// released like any reply's: under mw through a window the owner
     /// bound on this connection's QP, under confirm an offer checked after
-    /// the READ), or refuses ([`RedeemFailed::Refused`](super::super::RedeemFailed::Refused):
+    /// the READ), or refuses ([`RedeemFailed::Refused`]:
     /// forged, another identity's, expired, revoked, redeemed already, ...).
     /// A token redeems once. Give the payload back with [`Connection::free`].
     pub async fn redeem(&self, token: &Token) -> Result<Reply, RedeemFailed> {
@@ -95,7 +95,7 @@ impl<N: Nic> Connection<N> {
     /// [`Refusal::OutsideCapability`](super::super::Refusal::OutsideCapability)
     /// otherwise, before the application sees the request), and `to`
     /// names an identity of 1 to [`MAX_IDENTITY`] bytes
-    /// ([`RedeemFailed::BadIdentity`](super::super::RedeemFailed::BadIdentity)
+    /// ([`RedeemFailed::BadIdentity`]
     /// otherwise, and nothing is sent). The application sees `to` and
     /// `ttl` and may refuse (a reply without a payload). The reply's
     /// header has less room for the application's header: 1 byte less,

@@ -43,9 +43,9 @@ impl Connection {
         self.call_traced(now, None, header, data)
     }
 
-    /// [`Connection::call`] carrying the caller's trace id in the request
-    /// frame: the call's span (`mwcap.call`) and the server's span for the
-    /// request (`mwcap.request`) both record it.
+    /// `Connection::call` (the tests') carrying the caller's trace id in the
+    /// request frame: the call's span (`mwcap.call`) and the server's span
+    /// for the request (`mwcap.request`) both record it.
     pub(crate) fn call_traced(
         &mut self,
         now: Duration,

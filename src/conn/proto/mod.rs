@@ -2,9 +2,10 @@
 //!
 //! A [`Connection`] runs mwcap's protocols for one side of one RC
 //! connection, in quinn's sans-IO shape. It never touches a NIC, a clock or
-//! a thread. Its inputs are the user's operations ([`Connection::call`],
-//! [`Connection::reply`], [`Connection::cancel`], buffer handles), the
-//! completions of its work requests with the bytes of received frames
+//! a thread. Its inputs are the user's operations (`Connection::call` in
+//! tests, [`Connection::call_inline`], [`Connection::reply`],
+//! [`Connection::cancel`], buffer handles), the completions of its work
+//! requests with the bytes of received frames
 //! ([`Connection::handle_completion`]) and the time
 //! ([`Connection::handle_timeout`]). Its outputs are [`Command`]s (work
 //! requests to post, the QP to move to ERR) carried out in place through
@@ -337,7 +338,7 @@ pub struct Connection {
     frames_in: u64,
     /// Frames waiting for credit or a send slot, oldest first: (start,
     /// length) in `backlog_bytes`, encoded with no credit (the grant is
-    /// written at [`CREDIT_AT`] when the frame goes).
+    /// written at [`CREDIT_AT`](super::frame::CREDIT_AT) when the frame goes).
     backlog: VecDeque<(u32, u32)>,
     backlog_bytes: Vec<u8>,
     bufs: Slots,
