@@ -151,7 +151,7 @@ impl<T> Routes<T> {
     /// (which takes every completion off the queue through
     /// [`Routes::route`]), `destroy`, `drain` again, then forget `qpn` and
     /// give back its reservation. What is still held for it goes to
-    /// `unclaimed` (counted as retired): nobody will take it. Returns the
+    /// `unclaimed`: nobody will take it. Returns the
     /// route's target, to be dropped by the caller once its lock is
     /// released. The caller holds its lock throughout, so no QP takes the
     /// number until its completions are out of the queue.

@@ -331,9 +331,10 @@ impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
 
 impl<N: Nic + 'static> Hub<N> {
     /// A hub whose completion queue, of `depth` entries, is created on
-    /// `nic`; spawn the returned driver. Without `srq` or `buffers` its
-    /// connections' NIC handles are siblings of `nic`, each in a protection
-    /// domain of its own ([`Hub::connection_nic`]).
+    /// `nic`; `Hub::run` drives it (the endpoint's `EndpointDriver`).
+    /// Without `srq` or `buffers` its connections' NIC handles are siblings
+    /// of `nic`, each in a protection domain of its own
+    /// ([`Hub::connection_nic`]).
     ///
     /// A connection needs about `ctrl_slots` + 2 x its buffers + the
     /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536

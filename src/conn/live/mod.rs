@@ -1,5 +1,5 @@
 //! The async face of a [`Link`]: the [`Connection`] handle the user
-//! holds, and the turns its endpoint's driver (the hub's, `hub.rs`) takes
+//! holds, and the turns its endpoint's driver (the hub's, `hub/driver.rs`) takes
 //! for it.
 //!
 //! # A connection's turn
