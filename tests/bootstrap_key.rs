@@ -3,11 +3,9 @@
 
 mod util;
 
-use std::path::PathBuf;
-
 use mwcap::bootstrap::{Auth, Key, KeyError};
 
-fn key_file(name: &str, bytes: &[u8], mode: u32) -> PathBuf {
+fn key_file(name: &str, bytes: &[u8], mode: u32) -> util::TempFile {
     util::temp_file("key-test", name, bytes, mode)
 }
 

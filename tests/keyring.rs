@@ -9,7 +9,6 @@ mod util;
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -151,7 +150,7 @@ fn a_client_ring_without_an_identity_fails_before_it_dials() {
     assert!(matches!(e, SetupError::Bootstrap(BootstrapError::NoIdentity { keys: 2 })), "{e}");
 }
 
-fn file(name: &str, text: &str, mode: u32) -> PathBuf {
+fn file(name: &str, text: &str, mode: u32) -> util::TempFile {
     util::temp_file("keyring-test", name, text.as_bytes(), mode)
 }
 

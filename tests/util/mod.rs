@@ -22,13 +22,15 @@ pub fn wait_for(pool: &mut LocalPool, limit: Duration, mut f: impl FnMut() -> bo
     true
 }
 
-/// A fresh file `name` holding `bytes`, in a directory of the temp space
-/// named after `test` and this process, with permissions `mode` on unix.
-pub fn temp_file(test: &str, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mwcap-{test}-{}", std::process::id()));
+/// A fresh file `name` holding `bytes`, with permissions `mode` on unix,
+/// in a directory of the temp space of its own (named after `test`, this
+/// process and a count), removed with the file when the handle drops.
+pub fn temp_file(test: &str, name: &str, bytes: &[u8], mode: u32) -> TempFile {
+    static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("mwcap-{test}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
     std::fs::write(&path, bytes).unwrap();
     #[cfg(unix)]
     {
@@ -37,5 +39,23 @@ pub fn temp_file(test: &str, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
     }
     #[cfg(not(unix))]
     let _ = mode;
-    path
+    TempFile { dir, path }
+}
+
+/// A file made by [`temp_file`]; dropping it removes it and its directory.
+pub struct TempFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl AsRef<std::path::Path> for TempFile {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
