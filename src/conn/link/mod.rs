@@ -280,6 +280,14 @@ impl<N: Nic> Link<N> {
 
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<Event> {
+        // Most events go to the user as they are: post what the engines
+        // queued with them first, then hand the event over without
+        // holding it across the post.
+        self.conn.settle();
+        self.run();
+        if self.conn.next_event_is_plain() {
+            return self.conn.poll_event();
+        }
         let mut e = self.conn.poll_event();
         while let Some(Event::Ask { .. }) = &e {
             // Answered here, from the endpoint's delegations (a call for

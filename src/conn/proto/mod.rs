@@ -660,7 +660,7 @@ impl Connection {
     // ---- outputs ----
 
     /// Run the engines if inputs arrived since they last ran.
-    fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         if self.dirty {
             self.dirty = false;
             self.pump(self.now);
@@ -745,6 +745,14 @@ impl Connection {
     pub fn poll_event(&mut self) -> Option<Event> {
         self.settle();
         self.events.pop_front()
+    }
+
+    /// Whether an event is queued that goes to the user as it is (not an
+    /// ask nor a user range returned, which the I/O layer handles first).
+    /// Call [`Connection::settle`] first.
+    #[inline]
+    pub(crate) fn next_event_is_plain(&self) -> bool {
+        matches!(self.events.front(), Some(e) if !matches!(e, Event::Ask { .. } | Event::RangeReturned(_)))
     }
 }
 
