@@ -681,6 +681,7 @@ impl Connection {
     }
 
     /// Queue an event for the user, counting it.
+    #[inline]
     fn emit(&mut self, e: Event) {
         let s = &mut self.stats;
         match &e {
