@@ -29,6 +29,8 @@ pub fn temp_file(test: &str, name: &str, bytes: &[u8], mode: u32) -> TempFile {
     static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("mwcap-{test}-{}-{n}", std::process::id()));
+    // A killed run's leftover of the same name (a reused pid) goes first.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();

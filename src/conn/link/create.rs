@@ -129,7 +129,7 @@ impl<N: Nic> Link<N> {
 
 /// An endpoint whose QP exists but whose policies are not chosen yet; see
 /// `Link::prepare_on` (and the tests' `Link::prepare`). Dropping it
-/// destroys the QP and the CQ.
+/// destroys the QP, and the CQ unless it is the endpoint's (shared).
 pub struct Prepared<N: Nic> {
     nic: Option<N>,
     role: Role,
