@@ -282,10 +282,12 @@ impl<N: Nic> Link<N> {
     pub fn poll_event(&mut self) -> Option<Event> {
         // Most events go to the user as they are: post what the engines
         // queued with them first, then hand the event over without
-        // holding it across the post.
+        // holding it across the post. Asks and user ranges returned are
+        // handled here first (below).
         self.conn.settle();
         self.run();
-        if self.conn.next_event_is_plain() {
+        if matches!(self.conn.peek_event(), Some(e) if !matches!(e, Event::Ask { .. } | Event::RangeReturned(_)))
+        {
             return self.conn.poll_event();
         }
         let mut e = self.conn.poll_event();

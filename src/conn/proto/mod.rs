@@ -748,12 +748,10 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// Whether an event is queued that goes to the user as it is (not an
-    /// ask nor a user range returned, which the I/O layer handles first).
-    /// Call [`Connection::settle`] first.
+    /// The next event, left queued (call [`Connection::settle`] first).
     #[inline]
-    pub(crate) fn next_event_is_plain(&self) -> bool {
-        matches!(self.events.front(), Some(e) if !matches!(e, Event::Ask { .. } | Event::RangeReturned(_)))
+    pub(crate) fn peek_event(&self) -> Option<&Event> {
+        self.events.front()
     }
 }
 
