@@ -152,11 +152,6 @@ impl<N: Nic> Link<N> {
         &self.nic
     }
 
-    /// The connection state machine.
-    pub fn connection(&self) -> &Connection {
-        &self.conn
-    }
-
     /// The state machine, for what queues no command (one queued through
     /// it would wait for the link's next run of its commands).
     pub(crate) fn connection_mut(&mut self) -> &mut Connection {
