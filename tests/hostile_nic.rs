@@ -1668,6 +1668,80 @@ fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
     w.finish();
 }
 
+#[test]
+fn confirm_a_fetch_reusing_an_exposure_id_leaves_the_exposing_request_whole() {
+    // Request 2 asks for its reply's payload under the engine message id
+    // of request 1's exposure, still being confirmed: the fetch is not
+    // recorded, and request 1 still gets its own payload.
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    attacker_region(&mut w, 0x11);
+    expose_request(&mut w, 1, 1, LIE_LEN);
+    let (m, b, g) = victims_confirm(&mut w);
+    let fetch = fb::Message::Fetch { msg: fb::MsgId::from_raw(1), attempt: 1 };
+    w.send(&request_frame(2, &[fb_attach(fetch)]));
+    w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
+    w.run_for(Duration::from_millis(1));
+    let got = w.events.iter().find_map(|e| match e {
+        Event::Request { req, data: Some(d), .. } if req.raw() == 1 => Some(d.to_vec()),
+        _ => None,
+    });
+    assert_eq!(got, Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
+fn confirm_fetches_a_reply_carries_to_a_client_are_not_kept() {
+    // Only a client fetches (a reply payload, with its request): a
+    // server's reply that carries fetches, to whatever call, leaves
+    // nothing behind.
+    let mut w = World::client(Policies::both(Policy::Confirm));
+    for i in 0..200u64 {
+        let fetches: Vec<_> = (0..4)
+            .map(|k| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(1000 + 4 * i + k), attempt: 1 }))
+            .collect();
+        w.send_within_credit(&reply_frame(1_000_000 + i, &fetches));
+    }
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.victim.tracked_messages(), 0);
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
+fn confirm_a_request_carrying_two_fetches_keeps_only_its_first() {
+    // One fetch per request: a second, under a fresh id, would be
+    // recorded and never removed (the reply ends only the request's own).
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    for i in 1..=50u64 {
+        let fetches: Vec<_> = (0..3)
+            .map(|k| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(10 * i + k), attempt: 1 }))
+            .collect();
+        w.send_within_credit(&request_frame(i, &fetches));
+    }
+    w.run_for(Duration::from_millis(2));
+    let reqs: Vec<_> = w
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Request { req, .. } => Some(*req),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reqs.len(), 50, "{:?}", w.events);
+    assert!(w.victim.tracked_messages() <= 50, "tracked {}", w.victim.tracked_messages());
+    // Each reply ends its request's one fetch: nothing is left.
+    for req in reqs {
+        let now = w.now();
+        w.victim.reply(now, req, 0, b"", None).expect("replies");
+        w.run_for(Duration::from_micros(200));
+    }
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.victim.tracked_messages(), 0);
+    assert!(w.down().is_none());
+    w.finish();
+}
+
 // ---- odd regions ----
 
 #[test]
@@ -1686,6 +1760,78 @@ fn confirm_a_zero_length_exposure_is_delivered_empty() {
         });
         assert_eq!(len, Some(0), "{role:?}: {:?}", w.events);
         assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn a_grant_reusing_a_live_lease_id_ends_the_connection() {
+    // The reader finds a lease's message by the lease id the owner chose:
+    // a second grant under a live id would take the first's bytes and
+    // strand the first. The connection goes down at it, and neither
+    // message gets the other's payload.
+    for role in [Role::Server, Role::Client] {
+        let mut w = World::new(role, Policies::both(Policy::Mw));
+        let rkey = w.attacker.bind_own(BUFFER_SIZE);
+        let lease = mw::LeaseId::from_raw(7 << 32 | 1);
+        let addr = w.attacker.mem.addr;
+        let grant = |offset: u64, len: u32| {
+            mw_attach(mw::Message::Grant(mw::Grant {
+                lease,
+                addr: addr + offset,
+                len,
+                rkey,
+                time_left: LEASE,
+            }))
+        };
+        match role {
+            Role::Server => {
+                w.send(&request_frame(1, &[grant(0, 100)]));
+                w.send(&request_frame(2, &[grant(1000, 200)]));
+            }
+            Role::Client => {
+                let (_, first) = w.take_call();
+                let (_, second) = w.take_call();
+                w.send(&reply_frame(first.msg_id.unwrap(), &[grant(0, 100)]));
+                w.send(&reply_frame(second.msg_id.unwrap(), &[grant(1000, 200)]));
+            }
+        }
+        let why = goes_down(&mut w);
+        assert_eq!(
+            why,
+            LossReason::PeerMisbehaved(Misbehavior::LeaseIdReused { lease: lease.raw() }),
+            "{role:?}"
+        );
+        w.run_for(Duration::from_millis(5));
+        for e in &w.events {
+            if let Event::Request { data: Some(d), .. } | Event::Reply { data: Some(d), .. } = e {
+                assert_eq!(d.len(), 100, "{role:?}: only the first grant's payload can surface: {e:?}");
+            }
+        }
+        w.finish();
+    }
+}
+
+#[test]
+fn a_chunked_read_at_the_top_of_the_address_space_fails_cleanly() {
+    // As below, with a payload longer than `read_chunk`: the chunks'
+    // addresses run past the top (no overflow panic), and the NIC fails
+    // the READ.
+    for role in [Role::Client, Role::Server] {
+        let mut w = World::with_config(role, Policies::both(Policy::Mw), |c| c.read_chunk = 64);
+        let g = mw::Grant {
+            lease: mw::LeaseId::from_raw(1 << 32 | 1),
+            addr: u64::MAX - 4,
+            len: 100,
+            rkey: 0x1234,
+            time_left: LEASE,
+        };
+        send_grant(&mut w, g);
+        let why = goes_down(&mut w);
+        assert!(
+            matches!(why, LossReason::Completion { status: WcStatus::RemAccessErr, .. }),
+            "{role:?}: {why:?}"
+        );
         w.finish();
     }
 }

@@ -386,6 +386,15 @@ pub enum Misbehavior {
         /// The last id accepted.
         last: u64,
     },
+    /// A window grant whose lease id names a lease of the peer's that this
+    /// side still holds (reading it, waiting for a buffer, or declining
+    /// it): the owner names each live lease once, and this side maps the
+    /// lease's outcome back to its message by that id.
+    #[error("a window grant reuses lease {lease:#x}, which is still live on this side")]
+    LeaseIdReused {
+        /// The lease id (`mwcap_mw::LeaseId::raw`).
+        lease: u64,
+    },
     /// A window grant that rides on no request or reply.
     #[error("a window grant outside a request or reply")]
     GrantOutsideMessage,

@@ -189,7 +189,10 @@ impl Connection {
             let n = (len - done).min(chunk);
             let last = done + n == len;
             let local = SgeList::from([Sge { mr, offset: offset + done as usize, len: n }]);
-            let remote_addr = remote_addr + u64::from(done);
+            // The peer's address: past the top of the address space it
+            // wraps, and the peer's NIC fails the READ as it fails any
+            // outside the window or region it bound.
+            let remote_addr = remote_addr.wrapping_add(u64::from(done));
             self.post(SendWr::Read { wr_id, signaled: last, local, remote_addr, rkey });
             done += n;
             if last {
@@ -329,7 +332,8 @@ impl Connection {
         let Some(r) = self.reader.as_mut() else { return };
         if !wanted {
             // The call was cancelled or timed out: release the lease without
-            // reading a byte.
+            // reading a byte (its id stays taken until the engine's event).
+            r.leases.insert(g.lease, msg);
             r.engine.decline(now, g, mw::DeclineReason::Unwanted);
         } else if g.len > largest {
             // Decline: the destination offered is too small. The stand-in

@@ -263,7 +263,8 @@ struct MwOwner {
 /// The reader side of the peer's direction under mw.
 struct MwReader {
     engine: mw::Reader,
-    /// Lease → our message id.
+    /// Lease → our message id (0, which names no message, for a grant
+    /// declined unread), from its grant until the engine's event for it.
     leases: IdMap<mw::LeaseId, u64>,
     /// Grants waiting for a free destination: (msg, grant, received at).
     pending: VecDeque<(u64, mw::Grant, Duration)>,

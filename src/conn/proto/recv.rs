@@ -348,8 +348,16 @@ impl Connection {
                     let Some(msg) = msg else {
                         return self.misbehaved(now, Misbehavior::GrantOutsideMessage);
                     };
-                    if self.reader.is_none() {
+                    let Some(r) = self.reader.as_ref() else {
                         return self.misbehaved(now, Misbehavior::WrongPolicy { what: "window grant" });
+                    };
+                    // Every lease this side holds is in `leases` (read or
+                    // declined, until the engine's event for it) or
+                    // waiting for a buffer: its outcome finds its message
+                    // by the lease id, so a second grant under a live id
+                    // would take the first's outcome.
+                    if r.leases.contains_key(&g.lease) || r.pending.iter().any(|p| p.1.lease == g.lease) {
+                        return self.misbehaved(now, Misbehavior::LeaseIdReused { lease: g.lease.raw() });
                     }
                     if self.role == Role::Server {
                         if let Some(r) = self.requests.get_mut(&msg) {
@@ -362,6 +370,9 @@ impl Connection {
                             // released unread, so that a client's waiting
                             // grants stay within its calls, one each.
                             if let Some(r) = self.reader.as_mut() {
+                                // Its id is taken until the engine's event,
+                                // which fails no message (no call has id 0).
+                                r.leases.insert(g.lease, 0);
                                 r.engine.decline(now, g, mw::DeclineReason::Unwanted);
                             }
                             return;
@@ -397,11 +408,23 @@ impl Connection {
                             c.msgs.entry(fm).or_insert(msg);
                             exposure = Some((fm, msg));
                         }
-                        fb::Message::Fetch { msg: fm, .. } => {
-                            if let Some(r) = self.requests.get_mut(&msg) {
-                                r.fetch_fb = Some(fm);
+                        // A first fetch asks for the reply payload of the
+                        // request it rides on: one per request, under an id
+                        // that names no other message. Anything else (a
+                        // second one, a reused id, one sent to a client) is
+                        // neither recorded nor handed to the engine, and
+                        // that request's reply goes without a payload. A
+                        // retry (attempt 2 on) names an earlier request's
+                        // fetch, whatever it rides on: the engine maps it
+                        // back (`ReplyWanted`).
+                        fb::Message::Fetch { msg: fm, attempt } if attempt <= 1 => {
+                            match self.requests.get_mut(&msg) {
+                                Some(r) if r.fetch_fb.is_none() && !c.msgs.contains_key(&fm) => {
+                                    r.fetch_fb = Some(fm);
+                                    c.msgs.insert(fm, msg);
+                                }
+                                _ => return,
                             }
-                            c.msgs.insert(fm, msg);
                         }
                         _ => {}
                     }
