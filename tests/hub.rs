@@ -879,3 +879,92 @@ fn a_queue_deeper_than_the_device_holds_is_refused() {
     let (ep, _driver) = builder(nic).queue_depth(MAX).build().expect("as deep as the device holds");
     drop(ep);
 }
+
+/// A server connection whose serving wait spins with a long window
+/// (`serve_busy_poll` of 50 ms: it lingers), and a second connection on the
+/// same endpoint whose server waits without spinning. The spinning wait is
+/// polled once, then again only after its window ended (a busy executor, a
+/// preempted thread), when the driver has handed its request over. Its stop
+/// must leave the driver watching the queue: before the fix it lingered
+/// without looking at the window, the driver (whose loop after the window's
+/// end saw the waiter counted and no window open) slept with the queue
+/// unarmed and no alarm, and the other connection's call got no answer.
+#[test]
+fn a_wait_polled_after_its_window_ended_leaves_the_queue_watched() {
+    use futures::executor::block_on;
+    use futures::future::{select, Either};
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    fn connect_on(
+        ce: &Endpoint<SimNic>,
+        se: &Endpoint<SimNic>,
+        scfg: mwcap::conn::Config,
+    ) -> (Connection<SimNic>, Connection<SimNic>) {
+        let p = Policies::both(Policy::Mw);
+        let c = ce.prepare(Role::Client, p, mwcap::conn::Config::default()).unwrap();
+        let s = se.prepare(Role::Server, p, scfg).unwrap();
+        let (cl, sl) = (c.local(), s.local());
+        (c.connect(&sl).unwrap(), s.connect(&cl).unwrap())
+    }
+    /// Whether a call on `c` is answered within `limit`.
+    fn answered(c: &Connection<SimNic>, limit: Duration) -> bool {
+        let r = block_on(select(Box::pin(c.call(b"b", None)), async_io::Timer::after(limit)));
+        matches!(r, Either::Left((Ok(_), _)))
+    }
+
+    let fabric = Fabric::with_seed(21);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let auth = || mwcap::bootstrap::Auth::Unauthenticated;
+    let (ce, cd) = Endpoint::builder(cn, auth()).build().unwrap();
+    let (se, sd) = Endpoint::builder(sn, auth()).build().unwrap();
+    let mut lingering = mwcap::conn::Config::default();
+    lingering.serve_busy_poll = Duration::from_millis(50);
+    let (ca, sa) = connect_on(&ce, &se, lingering);
+    let (cb, sb) = connect_on(&ce, &se, mwcap::conn::Config::default());
+    let drivers =
+        [std::thread::spawn(move || block_on(cd.run())), std::thread::spawn(move || block_on(sd.run()))];
+    let sb2 = sb.clone();
+    let serving_b = std::thread::spawn(move || {
+        block_on(async {
+            while let Some(req) = sb2.next_request().await {
+                let _ = sb2.reply(req.id, 0, b"echo", None).await;
+            }
+        })
+    });
+    assert!(answered(&cb, Duration::from_secs(2)), "B answers at first");
+    std::thread::sleep(Duration::from_millis(20));
+    // A's serving wait, polled once: it spins, its window open for 50 ms.
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut wait = Box::pin(sa.next_request());
+    assert!(wait.as_mut().poll(&mut cx).is_pending());
+    let ca2 = ca.clone();
+    let calling_a = std::thread::spawn(move || block_on(ca2.call(b"a", None)).is_ok());
+    // Polled again only after its window ended; the driver has handed the
+    // request over meanwhile.
+    std::thread::sleep(Duration::from_millis(200));
+    let req = loop {
+        match wait.as_mut().poll(&mut cx) {
+            Poll::Ready(r) => break r.expect("A's request"),
+            Poll::Pending => std::thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    drop(wait);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        answered(&cb, Duration::from_secs(3)),
+        "B's call got no answer: the server's driver was left unwatched"
+    );
+    block_on(sa.reply(req.id, 0, b"a", None)).unwrap();
+    assert!(calling_a.join().unwrap());
+    for c in [&ca, &cb, &sa, &sb] {
+        c.close();
+    }
+    drop((ce, se));
+    serving_b.join().unwrap();
+    for d in drivers {
+        d.join().unwrap();
+    }
+}

@@ -100,7 +100,7 @@ fn no_sleep_with_the_queue_unpolled(spinners: usize) {
                         list.start(None);
                     }
                     // ... polls the queue for a while ...
-                    list.stop(false);
+                    list.stop(false, || t(0));
                 })
             })
             .collect();
@@ -131,9 +131,10 @@ fn two_spinners_against_the_drivers_sleep() {
 }
 
 /// A waiter with a long window that got what it waited for leaves without
-/// ringing (`ReadyList::stop(true)`): the queue counts as watched until its
-/// window's end, which it published as it started (ringing the doorbell,
-/// as no window was open) and moved with a busy turn. Here a short-window
+/// ringing (`ReadyList::stop(true, ..)`, within its window): the queue
+/// counts as watched until its window's end, which it published as it
+/// started (ringing the doorbell, as no window was open) and moved with a
+/// busy turn. Here a short-window
 /// waiter already spins when the driver takes its turn, and stops (ringing
 /// if it is the last) while the long one starts, moves its end and leaves.
 /// The driver takes its doorbell, looks at the count, then at the window:
@@ -150,7 +151,7 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
         list.start(None);
         let short = {
             let list = list.clone();
-            thread::spawn(move || list.stop(false))
+            thread::spawn(move || list.stop(false, || t(0)))
         };
         let long = {
             let list = list.clone();
@@ -158,8 +159,8 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
                 list.start(Some((t(20), now)));
                 // A busy turn moved the window's end.
                 list.extend(t(30));
-                // ... got its reply ...
-                list.stop(true);
+                // ... got its reply, within its window ...
+                list.stop(true, || now);
             })
         };
         list.bell().take();
@@ -207,5 +208,40 @@ fn the_latest_window_end_wins() {
             assert!([10, 20, 11, 30].map(t).contains(&w), "the driver saw {w:?}, which no waiter published");
         }
         assert_eq!(list.watched(t(0)), Some(t(30)), "the latest window's end was lost");
+    });
+}
+
+/// A long window's waiter that gets what it waited for only after its
+/// window ended (its future polled again late, by a busy executor; the
+/// driver handed the reply over meanwhile) must ring as it stops: a driver
+/// loop that ran after the window's end but before the stop saw the waiter
+/// counted and no window open, and sleeps with the queue unarmed and no
+/// alarm. (Before the fix the stop looked only at `lingers`, and another
+/// connection's completions then waited for an unrelated ring or timer.)
+#[test]
+fn a_waiter_stopping_after_its_window_ended_rings() {
+    model(|| {
+        let list = Arc::new(ReadyList::<u32>::new());
+        // The waiter started at 5 with a window to 20; the driver answered
+        // the ring of its start.
+        list.start(Some((t(20), t(5))));
+        list.bell().take();
+        let waiter = {
+            let list = list.clone();
+            // Its next poll, at 30, finds its reply: got it, window long.
+            thread::spawn(move || list.stop(true, || t(30)))
+        };
+        // The driver's loop at 25, woken by its alarm at the window's end.
+        list.bell().take();
+        let polled = list.waiter_polls();
+        let alarm = list.watched(t(25));
+        waiter.join().unwrap();
+        assert_eq!(alarm, None, "the window ended at 20");
+        if polled {
+            assert!(
+                list.bell().take(),
+                "the driver sleeps unarmed with no alarm, and the waiter stopped without ringing"
+            );
+        }
     });
 }

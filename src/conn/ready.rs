@@ -167,9 +167,21 @@ impl<T> ReadyList<T> {
 
     /// A waiter stops polling the queue. The last to stop rings the
     /// doorbell unless it `lingers` (a long window's waiter that got what
-    /// it waited for: the queue stays watched until its window's end).
-    pub fn stop(&self, lingers: bool) {
-        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 && !lingers {
+    /// it waited for) and a window is still open at `now()`, read after
+    /// the count went down: then the queue stays watched until that end.
+    ///
+    /// Why the read comes after: a driver that saw this waiter counted
+    /// ([`ReadyList::waiter_polls`]) read its clock before that, so its
+    /// `now` is no later than the waiter's. A window open at the waiter's
+    /// `now` was open at the driver's, and the driver set its alarm for
+    /// it ([`ReadyList::watched`]); a window already over may have been
+    /// over for the driver too (a waiter polled again only after its
+    /// window ended, by a busy executor), and then the driver sleeps
+    /// with the queue unarmed and no alarm, so the waiter rings.
+    pub fn stop(&self, lingers: bool, now: impl FnOnce() -> Duration) {
+        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1
+            && (!lingers || self.watch.load(Ordering::Acquire) <= ns(now()))
+        {
             self.rang_from.store(thread_mark(), Ordering::Relaxed);
             self.bell.ring();
         }
@@ -239,7 +251,7 @@ mod tests {
         let list: ReadyList<()> = ReadyList::new();
         assert!(list.rings_local(), "local until a ring shows otherwise");
         list.start(None);
-        list.stop(false);
+        list.stop(false, || Duration::ZERO);
         std::thread::scope(|s| {
             s.spawn(|| list.driver_here());
         });
@@ -248,7 +260,7 @@ mod tests {
         list.driver_here();
         assert!(!list.rings_local());
         list.start(None);
-        list.stop(false);
+        list.stop(false, || Duration::ZERO);
         list.driver_here();
         assert!(list.rings_local());
         // A long window that opens while none is open rings too.

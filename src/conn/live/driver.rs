@@ -94,7 +94,7 @@ impl Spin {
             }
             inner.spinning.store(false, std::sync::atomic::Ordering::Release);
             if let Some(hub) = inner.hub.hub.upgrade() {
-                hub.ready.stop(self.long && got);
+                hub.ready.stop(self.long && got, || inner.now());
             }
         }
     }
