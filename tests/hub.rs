@@ -968,3 +968,83 @@ fn a_wait_polled_after_its_window_ended_leaves_the_queue_watched() {
         d.join().unwrap();
     }
 }
+
+/// On rxe any QP of the device can invalidate any window (trusted peers
+/// only). A client whose bootstrap got as far as the server connecting its
+/// QP sends a SEND_WITH_INV with another connection's window key, then
+/// goes away before its ready byte: its QP never gets a connection, and
+/// the receive's completion, held for it, went to nobody. The owner of the
+/// window was never told and invalidated it again at its expiry (a kernel
+/// panic on rxe). Now the driver finds the owner as the completion is held.
+#[test]
+fn an_invalidation_through_a_qp_whose_bootstrap_failed_reaches_the_windows_owner() {
+    let fabric = Fabric::with_seed(17);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
+    let p = Policies::both(Policy::Mw);
+    let mut pool = LocalPool::new();
+    let (ep, driver) = builder(sn.clone())
+        .policy(mwcap::conn::PolicyChoice::Mw)
+        .trusted_peers(true)
+        .config(cfg(Role::Server, p).cfg)
+        .queue_depth(1 << 14)
+        .handshake_timeout(Duration::from_secs(5))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    spawn(&pool, driver.run());
+    // The victim: a server connection whose reply window stays bound.
+    let (victim_s, mut victim_c) =
+        server_with_link_client(&ep, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let victim_qp = victim_s.link().nic().qp_addr(victim_s.link().local().id).unwrap();
+    let victim = victim_s.connect(&victim_c.local()).unwrap();
+    spawn(&pool, serve(victim.clone()));
+    let mut b = victim_c.alloc().unwrap();
+    b.copy_from(&hubs::pattern(0, 3000)).unwrap();
+    victim_c.call(Duration::ZERO, b"x", Some(b)).unwrap();
+    let mut rkey = None;
+    for _ in 0..2000 {
+        victim_c.drive(Duration::ZERO);
+        pool.run_until_stalled();
+        rkey = fabric.windows(sn.device()).into_iter().find_map(|(_, w)| match w {
+            mwcap::sim::WindowState::Bound { rkey, qp, .. } if qp == victim_qp => Some(rkey),
+            _ => None,
+        });
+        if rkey.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let rkey = rkey.expect("the victim bound a window for its reply");
+    // A second client's bootstrap, as far as the server connecting its QP.
+    let mut attacker = cfg(Role::Client, p).link(cn.new_pd().unwrap()).unwrap();
+    let (hs, _at, rx) = half_bootstrap(&mut pool, &fabric, &ep, sn.device(), &mut attacker);
+    // Before its ready byte it invalidates the victim's window (rxe: any QP).
+    let wr = SendWr::SendWithInv { wr_id: 0xbad, signaled: true, sge: SgeList::new(), invalidate_rkey: rkey };
+    attacker.nic().post_send(attacker.local().id, &[wr]).unwrap();
+    for _ in 0..2000 {
+        attacker.drive(fabric.now());
+        pool.run_until_stalled();
+        let gone = fabric
+            .windows(sn.device())
+            .into_iter()
+            .any(|(_, w)| matches!(w, mwcap::sim::WindowState::Invalidated { .. }));
+        if gone {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // It goes away before the ready byte: the handshake fails, the QP goes.
+    drop(hs);
+    assert!(pool.run_until(rx).unwrap().is_some(), "the handshake failed");
+    // Past the victim's lease: its expiry must not invalidate the window again.
+    pool.run_until(async_io::Timer::after(Duration::from_millis(600)));
+    assert!(fabric.would_crash_rxe().is_empty(), "{:?}", fabric.would_crash_rxe());
+    // The owner went down for it, as when the news comes through a QP
+    // with a connection.
+    assert!(
+        matches!(victim.is_down(), Some(LossReason::LeaseEngine(mwcap_mw::LossCause::InvalidatedElsewhere))),
+        "{:?}",
+        victim.is_down()
+    );
+}

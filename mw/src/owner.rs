@@ -446,7 +446,8 @@ impl Owner {
     /// window now fails, so the connection goes down
     /// ([`LossCause::InvalidatedElsewhere`]) and its buffers come back on
     /// the flush, as for [`handle_peer_invalidation`](Owner::handle_peer_invalidation).
-    /// Returns false (and changes nothing) when no current bind has `rkey`.
+    /// Returns false (and changes nothing) when no current bind has `rkey`;
+    /// the same news again changes nothing either (returns true).
     pub fn handle_invalidation_elsewhere(&mut self, _now: Duration, rkey: u32) -> bool {
         let hit = self.slots.iter_mut().find(|s| {
             s.window.rkey == rkey
@@ -456,6 +457,9 @@ impl Owner {
                 )
         });
         let Some(slot) = hit else { return false };
+        if slot.peer_invalidated {
+            return true;
+        }
         slot.peer_invalidated = true;
         self.stats.peer_invalidations += 1;
         if self.link == Link::Up {

@@ -355,6 +355,11 @@ fn an_invalidation_through_another_queue_pair_ends_the_connection_without_a_seco
     let ev = events(&mut o);
     assert_eq!(ev[0], OwnerEvent::ConnectionLost { cause: LossCause::InvalidatedElsewhere });
     assert!(!ev.iter().any(|e| matches!(e, OwnerEvent::PeerMisbehaved(_))), "{ev:?}");
+    // The same news again (the QP that took the SEND got a connection,
+    // which reports it too): the owner's window still, nothing changes.
+    assert!(o.handle_invalidation_elsewhere(ms(2), leased.rkey));
+    assert_eq!(o.stats().peer_invalidations, 1);
+    assert!(o.poll_action().is_none() && events(&mut o).is_empty());
     // The lease's end and the peer's release post no LOCAL_INV: the window
     // had its one invalidation. The buffer comes back on the QP's flush.
     o.handle_release(ms(3), leased.release());

@@ -29,6 +29,12 @@ pub(super) struct Routes<T> {
     /// (SipHash cost about 100 instructions a completion).
     by_qpn: IdMap<u32, Route<T>>,
     orphans: u64,
+    /// Rkeys that SEND_WITH_INVs received on routes without a target
+    /// invalidated, for the owner to find whose windows they were
+    /// ([`Routes::take_foreign`]): such a QP belongs to no connection yet
+    /// (its bootstrap has not finished), and may never (it fails), so its
+    /// held completions may never reach one.
+    foreign: Vec<u32>,
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
     batch: Vec<Completion>,
@@ -82,6 +88,7 @@ impl<T> Routes<T> {
             reserved: u64::from(up_front),
             by_qpn: IdMap::default(),
             orphans: 0,
+            foreign: Vec::new(),
             batch: vec![Completion::EMPTY; BATCH],
         })
     }
@@ -137,6 +144,9 @@ impl<T> Routes<T> {
         match self.by_qpn.get_mut(&c.qpn) {
             Some(Route { target: Some(t), .. }) => Routed::To(t),
             Some(Route { target: None, held, .. }) => {
+                if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
+                    self.foreign.push(rkey);
+                }
                 held.push(c);
                 Routed::Held
             }
@@ -174,6 +184,23 @@ impl<T> Routes<T> {
         self.reserved -= u64::from(route.entries);
         route.held.iter().for_each(&mut unclaimed);
         route.target
+    }
+
+    /// Whether some SEND_WITH_INV on a route without a target waits for
+    /// [`Routes::take_foreign`].
+    #[inline]
+    pub(super) fn has_foreign(&self) -> bool {
+        !self.foreign.is_empty()
+    }
+
+    /// Take the rkeys that SEND_WITH_INVs received on routes without a
+    /// target invalidated. The owner finds whose windows they
+    /// were (once the lock is released): each has had its one
+    /// invalidation. (A route that gets its target later hands the
+    /// completion over too, and its connection reports the key again,
+    /// which changes nothing.)
+    pub(super) fn take_foreign(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.foreign)
     }
 
     /// Every route's target.

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use super::{EndpointStats, Hub, POLL_BATCH};
 use crate::backend::{Completion, Nic, NicError};
 use crate::conn::live::{HubPart, Inner};
+use crate::conn::routes::Routes;
+use parking_lot::MutexGuard;
 
 /// A connection's next timer, in the hub's heap (earliest first).
 struct Due<N: Nic> {
@@ -88,7 +90,12 @@ impl<N: Nic> Hub<N> {
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
                 let polled = shared.poll(&mut routes, false);
-                drop(routes);
+                if routes.has_foreign() {
+                    // Rkeys invalidated through QPs with no connection yet.
+                    self.invalidated_through_unconnected(now, routes);
+                } else {
+                    drop(routes);
+                }
                 match polled {
                     Ok((n, queued)) => {
                         // Completions that only wait for their connection's
@@ -236,23 +243,42 @@ impl<N: Nic> Hub<N> {
         inner.count_turn(t.busy);
         self.connection_turns.fetch_add(1, Ordering::Relaxed);
         for rkey in t.foreign_invalidations {
-            self.invalidated_elsewhere(inner, now, rkey);
+            self.invalidated_elsewhere(Some(inner), now, rkey);
         }
         // A holder may have revoked a delegation on this turn.
         self.ring_ends();
     }
 
-    /// The peer of `from` invalidated `rkey`, which is none of `from`'s
-    /// windows, and the NIC let it (rxe: any queue pair reaches any window
-    /// of the device). Find the connection whose window it was: its one
-    /// invalidation has happened, so it must never post another (on rxe a
-    /// second one panics the kernel), and it goes down. A search of every
-    /// connection, only ever run for a hostile peer (which `from`'s
-    /// connection is closed as).
+    /// SEND_WITH_INVs received on QPs with no connection yet invalidated
+    /// windows (`Routes::take_foreign`): release `routes` and find whose
+    /// they were.
+    #[cold]
     #[inline(never)]
-    fn invalidated_elsewhere(&self, from: &Arc<Inner<N>>, now: Duration, rkey: u32) {
+    fn invalidated_through_unconnected(
+        &self,
+        now: Duration,
+        mut routes: MutexGuard<'_, Routes<Arc<Inner<N>>>>,
+    ) {
+        let rkeys = routes.take_foreign();
+        drop(routes);
+        for rkey in rkeys {
+            self.invalidated_elsewhere(None, now, rkey);
+        }
+    }
+
+    /// The peer of `from` (or of a QP with no connection yet: `None`)
+    /// invalidated `rkey`, which is none of `from`'s windows, and the NIC
+    /// let it (rxe: any queue pair reaches any window of the device). Find
+    /// the connection whose window it was: its one invalidation has
+    /// happened, so it must never post another (on rxe a second one panics
+    /// the kernel), and it goes down. A search of every connection, only
+    /// ever run for a hostile peer (which `from`'s connection is closed as).
+    #[inline(never)]
+    fn invalidated_elsewhere(&self, from: Option<&Arc<Inner<N>>>, now: Duration, rkey: u32) {
         let conns: Vec<Arc<Inner<N>>> = self.routes.lock().targets().cloned().collect();
-        let owner = conns.iter().find(|c| !Arc::ptr_eq(c, from) && c.window_invalidated_elsewhere(now, rkey));
+        let owner = conns
+            .iter()
+            .find(|c| from.map_or(true, |f| !Arc::ptr_eq(c, f)) && c.window_invalidated_elsewhere(now, rkey));
         match owner {
             Some(c) => self.queue(c),
             None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),

@@ -301,6 +301,10 @@ impl<N: Nic> Hub<N> {
                 self.queue(inner);
             }
         });
+        if routes.has_foreign() {
+            // The driver finds whose windows they were.
+            self.ready.bell().ring();
+        }
         match n {
             Ok(n) => {
                 self.completions.fetch_add(n as u64, Ordering::Relaxed);
