@@ -94,6 +94,45 @@ fn a_revoked_delegation_invalidates_the_window_its_delegate_holds() {
 }
 
 #[test]
+fn revoking_one_of_two_delegations_of_one_range_ends_its_own_window() {
+    // Two delegations of the same range, both redeemed on one connection:
+    // two windows. Revoking the second ends the second's window, not the
+    // first's, whose delegate reads on (the connection told its exposures
+    // apart by range alone, and ended the first's).
+    let (mut w, region, range) = world();
+    let ttl = Duration::from_secs(10);
+    let a = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let b = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let (addr_a, len_a, rkey_a) = redeem(&mut w, 1, a.token.as_bytes()).target();
+    let (addr_b, len_b, rkey_b) = redeem(&mut w, 2, b.token.as_bytes()).target();
+    assert_ne!(rkey_a, rkey_b, "two windows");
+    w.victim.revoke(b.cap).unwrap();
+    w.settle();
+    w.run_for(Duration::from_millis(5));
+    // (A READ that fails takes the attacker's QP down: the first's first.)
+    let (status, bytes) = w.read(addr_a, rkey_a, len_a);
+    assert_eq!(status, WcStatus::Success, "the other delegation's window is still bound");
+    assert!(bytes.iter().all(|&b| b == GRANTED));
+    assert_ne!(w.read(addr_b, rkey_b, len_b).0, WcStatus::Success, "the revoked delegation's window ended");
+    // The failed READ took the connection down too: the first's window
+    // ends with it, and the range is the owner's again after both.
+    assert!(
+        w.run_until(Duration::from_millis(50), |w| w
+            .victim
+            .region_write(region, range.offset, b"new")
+            .is_ok()),
+        "the range is the owner's again once both exposures ended"
+    );
+    let s = w.victim.stats().lease_owner.unwrap();
+    assert_eq!(
+        (s.grants, s.revoked, s.invalidations),
+        (2, 1, 1),
+        "B's window invalidated, A's ended with the QP: {s:?}"
+    );
+    w.finish();
+}
+
+#[test]
 fn a_delegated_window_ends_by_the_tokens_expiry_not_the_connections_lease() {
     let (mut w, region, range) = world();
     // The connection's lease is LEASE (100 ms); the token lives 30 ms.
@@ -181,6 +220,34 @@ fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_
     assert_eq!(reply.msg_id, Some(1));
     assert!(reply.exposed.is_none(), "nothing is offered again");
     assert_eq!(status, 7, "refused as stale (`Refusal::Stale`)");
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
+fn under_confirm_revoking_one_of_two_delegations_of_one_range_withdraws_its_own_offer() {
+    // As revoking_one_of_two_delegations_of_one_range_ends_its_own_window:
+    // revoking the second withdraws the second's offer, and the first's
+    // read is still confirmed intact.
+    let (mut w, _, range) = world_under(CONFIRM);
+    let ttl = Duration::from_secs(10);
+    let a = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let b = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let mut offers = Vec::new();
+    for (msg_id, d) in [(1, &a), (2, &b)] {
+        let seen = redeem(&mut w, msg_id, d.token.as_bytes());
+        let (msg, buffer, generation, _) = seen.exposed.expect("an offer");
+        let (addr, len, rkey) = seen.target();
+        assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success);
+        offers.push((msg, buffer, generation));
+    }
+    w.victim.revoke(b.cap).unwrap();
+    w.run_for(Duration::from_millis(2));
+    let [(ma, ba, ga), (mb, bb, gb)] = [offers[0], offers[1]];
+    let verdict_b = w.verdict(fb::Message::Confirm { msg: mb, buffer: bb, generation: gb });
+    assert_eq!(verdict_b, fb::Verdict::Reused, "the revoked delegation's read is stale");
+    let verdict_a = w.verdict(fb::Message::Confirm { msg: ma, buffer: ba, generation: ga });
+    assert_eq!(verdict_a, fb::Verdict::Intact, "the other delegation's read stands");
     assert!(w.down().is_none());
     w.finish();
 }

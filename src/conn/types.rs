@@ -175,7 +175,14 @@ pub enum Event {
     /// [`Connection::reply_region`](super::Connection::reply_region)) is
     /// over: no remote access to it is possible any more, and the range may
     /// be written again.
-    RangeReturned(RegionRange),
+    RangeReturned {
+        /// The range.
+        range: RegionRange,
+        /// Which exposure of the connection's it was: two exposures of one
+        /// range at once have different numbers, and a number is not
+        /// used again for the connection's life.
+        exposure: u64,
+    },
     /// The connection is down; every call fails, buffers return as the NIC
     /// flushes.
     ConnectionLost(LossReason),

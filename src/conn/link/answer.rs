@@ -21,8 +21,9 @@ use crate::conn::DelegateError;
 pub(crate) struct LinkDelegation {
     /// The name of the key the peer proved (`None`: no key, or no bootstrap).
     identity: Option<Arc<str>>,
-    /// Delegated ranges this connection exposes now.
-    live: Vec<(CapId, RegionRange)>,
+    /// Delegations this connection exposes now, with their exposures'
+    /// numbers (`Event::RangeReturned`): two of one range are told apart.
+    live: Vec<(CapId, u64)>,
     /// Answers to redemptions that waited for a window, control slot or
     /// credit; retried at each of the link's turns.
     waiting: Vec<Answer>,
@@ -328,16 +329,19 @@ impl<N: Nic> Link<N> {
             Answer::Expose { req, range, lease, .. } => {
                 self.reply_region_for(now, *req, 0, &[], *range, Some(*lease))
             }
-            Answer::Refuse { req, refusal, message } => {
-                self.reply(now, *req, refusal.status(), message.as_bytes(), None).map_err(|r| r.error)
-            }
+            Answer::Refuse { req, refusal, message } => self
+                .reply(now, *req, refusal.status(), message.as_bytes(), None)
+                .map(|()| None)
+                .map_err(|r| r.error),
             Answer::Plain { req, status, header } => {
-                self.reply(now, *req, *status, header, None).map_err(|r| r.error)
+                self.reply(now, *req, *status, header, None).map(|()| None).map_err(|r| r.error)
             }
         };
         match (r, a) {
-            (Ok(()), Answer::Expose { cap, range, .. }) => self.delegation.live.push((cap, range)),
-            (Ok(()), Answer::Refuse { .. } | Answer::Plain { .. }) => {}
+            (Ok(Some(exposure)), Answer::Expose { cap, .. }) => self.delegation.live.push((cap, exposure)),
+            // The delegate no longer wanted it: the range came back at once.
+            (Ok(None), Answer::Expose { cap, .. }) => self.regions.delegation_ended(cap),
+            (Ok(_), Answer::Refuse { .. } | Answer::Plain { .. }) => {}
             (Err(UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit), a) => {
                 self.delegation.waiting.push(a)
             }
@@ -392,7 +396,11 @@ impl<N: Nic> Link<N> {
                     self.answer(now, Answer::Refuse { req, refusal: Refusal::Revoked, message });
                     continue;
                 }
-                let revoked = self.span.in_scope(|| self.conn.revoke_range(now, range));
+                // Its own exposure: another delegation of the same range
+                // may be live on this connection too.
+                let exposure = self.delegation.live.iter().find(|&&(c, _)| c == cap).map(|&(_, e)| e);
+                let conn = &mut self.conn;
+                let revoked = exposure.is_some_and(|e| self.span.in_scope(|| conn.revoke_exposure(now, e)));
                 tracing::debug!(parent: &self.span, ?range, revoked, "a delegated exposure was revoked");
             }
         }
@@ -406,11 +414,11 @@ impl<N: Nic> Link<N> {
         self.delegation.retrying = retry;
     }
 
-    /// An exposure of `range` ended on evidence: if it was a delegation's,
-    /// the book hears of it.
+    /// Exposure number `exposure` of a user range ended on evidence: if it
+    /// was a delegation's, the book hears of it.
     #[inline(never)]
-    pub(super) fn delegated_range_returned(&mut self, range: RegionRange) {
-        if let Some(i) = self.delegation.live.iter().position(|&(_, r)| r == range) {
+    pub(super) fn delegated_range_returned(&mut self, exposure: u64) {
+        if let Some(i) = self.delegation.live.iter().position(|&(_, e)| e == exposure) {
             let (cap, _) = self.delegation.live.swap_remove(i);
             self.regions.delegation_ended(cap);
         }

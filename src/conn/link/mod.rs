@@ -281,7 +281,7 @@ impl<N: Nic> Link<N> {
         // handled here first (below).
         self.conn.settle();
         self.run();
-        if matches!(self.conn.peek_event(), Some(e) if !matches!(e, Event::Ask { .. } | Event::RangeReturned(_)))
+        if matches!(self.conn.peek_event(), Some(e) if !matches!(e, Event::Ask { .. } | Event::RangeReturned { .. }))
         {
             return self.conn.poll_event();
         }
@@ -291,10 +291,10 @@ impl<N: Nic> Link<N> {
             // a delegation surfaces as its request).
             e = self.ask(e.take()).or_else(|| self.conn.poll_event());
         }
-        if let Some(Event::RangeReturned(range)) = &e {
+        if let Some(Event::RangeReturned { range, exposure }) = &e {
             self.regions.unexpose(self.conn.id(), *range);
             if self.delegation.exposes() {
-                self.delegated_range_returned(*range);
+                self.delegated_range_returned(*exposure);
             }
         }
         self.run();

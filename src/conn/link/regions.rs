@@ -67,10 +67,12 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         range: RegionRange,
     ) -> Result<(), UseError> {
-        self.reply_region_for(now, req, status, header, range, None)
+        self.reply_region_for(now, req, status, header, range, None).map(|_| ())
     }
 
-    /// [`Link::reply_region`], its window's lease at most `lease`.
+    /// [`Link::reply_region`], its window's lease at most `lease`. The
+    /// exposure's number (see [`Event::RangeReturned`]), if the range was
+    /// exposed rather than returned at once.
     pub(crate) fn reply_region_for(
         &mut self,
         now: Duration,
@@ -79,9 +81,9 @@ impl<N: Nic> Link<N> {
         header: &[u8],
         range: RegionRange,
         lease: Option<Duration>,
-    ) -> Result<(), UseError> {
+    ) -> Result<Option<u64>, UseError> {
         if let Some(i) = self.delegation.call(req) {
-            return self.reply_delegated(now, i, status, header, Some(range));
+            return self.reply_delegated(now, i, status, header, Some(range)).map(|()| None);
         }
         self.expose_range(range)?;
         let r = self.span.in_scope(|| self.conn.reply_region(now, req, status, header, range, lease));

@@ -305,7 +305,7 @@ impl<N: Nic> State<N> {
             // No remote access to it is possible any more: back to the pool.
             Event::BufferReturned(b) => self.ep.free(b),
             // A user range may be written again: writers waiting for it retry.
-            Event::RangeReturned(_) => self.wake_capacity(),
+            Event::RangeReturned { .. } => self.wake_capacity(),
             Event::ConnectionLost(r) => {
                 self.down = Some(r);
                 self.request_waiters.wake_all();

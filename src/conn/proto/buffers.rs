@@ -125,7 +125,17 @@ impl Connection {
         }
         let k = self.ranges.take(Holder::User).ok_or(UseError::NoFreeWindow)?;
         self.range_at[k as usize] = range;
+        let takes = &mut self.range_takes[k as usize];
+        *takes = takes.wrapping_add(1);
         Ok(self.layout.slots() + k)
+    }
+
+    /// The number of the exposure in user range slot `slot` (see
+    /// [`Event::RangeReturned`]): the slot, and how many times it was
+    /// taken.
+    pub(super) fn exposure_number(&self, slot: u32) -> u64 {
+        let k = slot - self.layout.slots();
+        u64::from(self.range_takes[k as usize]) << 32 | u64::from(k)
     }
 
     /// Give back a range slot that was not exposed after all.
@@ -165,7 +175,8 @@ impl Connection {
                     if let Some(r) = self.regions.iter_mut().find(|r| r.id == range.region) {
                         r.live = r.live.saturating_sub(1);
                     }
-                    self.emit(Event::RangeReturned(range));
+                    let exposure = self.exposure_number(slot);
+                    self.emit(Event::RangeReturned { range, exposure });
                 }
             }
         }

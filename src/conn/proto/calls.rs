@@ -397,7 +397,8 @@ impl Connection {
     /// payload). A refusal exposes nothing and leaves the request waiting.
     /// Under mw its window's lease is `lease` at most (the connection's
     /// `Config::lease_time` if longer): a delegation's exposure ends by
-    /// its token's expiry.
+    /// its token's expiry. The exposure's number, if the range was
+    /// exposed (not returned at once).
     pub(crate) fn reply_region(
         &mut self,
         now: Duration,
@@ -406,7 +407,7 @@ impl Connection {
         header: &[u8],
         range: RegionRange,
         lease: Option<Duration>,
-    ) -> Result<(), UseError> {
+    ) -> Result<Option<u64>, UseError> {
         let lease = lease.map_or(self.cfg.lease_time, |l| l.min(self.cfg.lease_time));
         self.now = now;
         let fetch = self.check_reply(req, header, None).inspect_err(|e| {
@@ -423,13 +424,14 @@ impl Connection {
                     return Err(e);
                 }
             };
+        let exposure = self.exposure_number(slot);
         if !exposed {
             // The client withdrew its fetch: never exposed, back at once.
             self.untake_range(slot);
-            self.emit(Event::RangeReturned(range));
+            self.emit(Event::RangeReturned { range, exposure });
         }
         self.commit_reply(now, req, status, header, fetch, exposed, &[]);
-        Ok(())
+        Ok(exposed.then_some(exposure))
     }
 
     /// Send the reply to `req` (its payload exposed or not, or inline).

@@ -306,6 +306,9 @@ pub struct Connection {
     /// its own), exposing `range_at[k]`.
     ranges: Slots,
     range_at: Vec<RegionRange>,
+    /// Times slot `k` was taken: with `k`, the exposure's number
+    /// (`Connection::exposure_number`).
+    range_takes: Vec<u32>,
     /// Inline payloads that arrived while no buffer they fit was free:
     /// (message, start, length) in `inline_bytes`, oldest first.
     inline_wait: VecDeque<(u64, u32, u32)>,
@@ -481,6 +484,7 @@ impl Connection {
                 RegionRange { region: RegionId(u32::MAX), offset: 0, len: 0 };
                 cfg.region_exposures as usize
             ],
+            range_takes: vec![0; cfg.region_exposures as usize],
             inline_wait: VecDeque::new(),
             inline_bytes: Vec::new(),
             inline_waiting: 0,
@@ -693,7 +697,7 @@ impl Connection {
             Event::ReplyAgain { .. }
             | Event::Ask { .. }
             | Event::BufferReturned(_)
-            | Event::RangeReturned(_)
+            | Event::RangeReturned { .. }
             | Event::ConnectionLost(_) => {}
         }
         self.events.push_back(e);
