@@ -387,9 +387,15 @@ impl Memory {
         holds.ranges.reserve(more);
     }
 
-    /// Lend `offset..offset + len` to one handle, or `None` if it is out
-    /// of range or overlaps a range lent already.
+    /// Lend `offset..offset + len` to one handle, or `None` if it is
+    /// empty, out of range or overlaps a range lent already. (An empty
+    /// range overlaps nothing, so it could start where another hold does:
+    /// holds are told apart by where they start, and its release would end
+    /// the other.)
     pub(crate) fn lend(self: &Arc<Memory>, offset: usize, len: usize) -> Option<Lent> {
+        if len == 0 {
+            return None;
+        }
         let end = self.end(offset, len).ok()?;
         let mut holds = self.holds.lock();
         if Memory::overlap(&holds.ranges, offset, end).is_some() {
@@ -522,6 +528,20 @@ mod tests {
         assert_eq!(&all[35..], &[9; 5]);
         assert_eq!(m.write(99, &[0; 2]), Err(MemError::OutOfRange));
         assert!(m.lend(90, 11).is_none());
+    }
+
+    /// An empty hold where a lent range starts would share its start, and
+    /// its release would end the lent one's hold: the CPU could then write
+    /// bytes a live `&mut [u8]` covers. It is refused.
+    #[test]
+    fn an_empty_range_is_never_lent() {
+        let m = Memory::zeroed(100, 8).unwrap();
+        let a = m.lend(16, 16).unwrap();
+        assert!(m.lend(16, 0).is_none(), "an empty hold at the lent range's start");
+        assert!(m.lend(50, 0).is_none(), "an empty hold anywhere");
+        assert_eq!(m.write(16, &[1]), Err(MemError::Held(16, 16)), "the lent range stays held");
+        drop(a);
+        m.write(16, &[1]).unwrap();
     }
 
     /// With room made for its buffers, lending all of them at once never
