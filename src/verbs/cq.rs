@@ -8,7 +8,7 @@ use rdma_mummy_sys as sys;
 
 use super::device::Context;
 use super::sys::{check, errno, from_errno, last_error, wc_opcode, wc_status};
-use crate::backend::{Completion, NicError, OsError};
+use crate::backend::{Completion, NicError, OsError, WcOpcode};
 
 /// A completion channel: `struct ibv_comp_channel`, its fd non-blocking.
 pub struct CompChannel {
@@ -137,11 +137,11 @@ impl Cq {
                 return Err(from_errno("ibv_poll_cq", -n));
             }
             let n = (n as usize).min(want);
-            // SAFETY: ibv_poll_cq wrote the first `n` entries (it returns
-            // how many, at most `want`), and nothing else refers to them.
-            let polled = unsafe { std::slice::from_raw_parts(wcs, n) };
-            for (o, wc) in out[got..got + n].iter_mut().zip(polled) {
-                *o = completion(wc);
+            for (i, o) in out[got..got + n].iter_mut().enumerate() {
+                // SAFETY: ibv_poll_cq returned the first `n` entries (at
+                // most `want`, within `wcs`), and nothing else refers to
+                // them; `completion` reads only the fields it wrote.
+                *o = unsafe { completion(wcs.add(i)) };
             }
             got += n;
             if n < want {
@@ -154,24 +154,9 @@ impl Cq {
     /// Take up to `max` completions without waiting.
     #[cfg(feature = "testing")]
     pub fn poll(&self, max: usize) -> Result<Vec<Completion>, NicError> {
-        let mut out = Vec::new();
-        // SAFETY: ibv_wc is a C struct of integers and a union of integers;
-        // all-zero bytes are a valid value.
-        let mut wcs: [sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
-        while out.len() < max {
-            let want = (max - out.len()).min(POLL_BATCH);
-            // SAFETY: the CQ is alive; `wcs` has room for `want` entries and
-            // its layout matches the C header (tests/verbs_layout.rs).
-            let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), want as i32, wcs.as_mut_ptr()) };
-            if n < 0 {
-                return Err(from_errno("ibv_poll_cq", -n));
-            }
-            let n = n as usize;
-            out.extend(wcs[..n].iter().map(completion));
-            if n < want {
-                break;
-            }
-        }
+        let mut out = vec![Completion::EMPTY; max];
+        let n = self.poll_into(&mut out)?;
+        out.truncate(n);
         Ok(out)
     }
 
@@ -329,27 +314,58 @@ const WITH_INV: u32 = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
 /// The bit rxe sets for a received SEND_WITH_INV (see [`completion`]).
 const RXE_WITH_INV: u32 = 0x4;
 
-/// An owned completion from a C work completion.
-fn completion(wc: &sys::ibv_wc) -> Completion {
-    // SAFETY: both union members are plain u32; reading either is defined.
-    let inv = unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey };
-    let status = wc_status(wc.status);
-    let opcode = wc_opcode(wc.opcode);
-    // rxe reports a SEND_WITH_INV with 0x4 (the kernel's IB_WC_WITH_INVALIDATE,
-    // which is IBV_WC_IP_CSUM_OK in user space) instead of IBV_WC_WITH_INV
-    // (0x8). Take the field when either bit is set on a successful receive:
-    // RC receives never carry a checksum flag, and mwcap never sends
-    // immediate data (IBV_WC_WITH_IMM, 0x2, is not accepted).
-    let with_inv_or_imm = wc.wc_flags & (WITH_INV | RXE_WITH_INV) != 0;
-    let invalidated_rkey =
-        (status.is_success() && opcode == crate::backend::WcOpcode::Recv && with_inv_or_imm).then_some(inv);
-    Completion {
-        wr_id: wc.wr_id,
-        status,
-        opcode,
-        byte_len: wc.byte_len,
-        invalidated_rkey,
-        qpn: wc.qp_num,
-        vendor_err: wc.vendor_err,
+/// An owned completion from a C work completion that `ibv_poll_cq`
+/// returned.
+///
+/// A provider writes only the fields the verbs spec makes valid for an
+/// entry (mlx5 leaves `opcode`, `byte_len` and the immediate/invalidate
+/// union unwritten on an error or flush, and `byte_len` and the union on a
+/// successful send-queue completion): `wr_id`, `status`, `qp_num` and
+/// `vendor_err` always, `opcode` on success, `byte_len` on a successful
+/// receive or READ, `wc_flags` and the union on a successful receive. Only
+/// those are read, each on its own (no reference to the whole entry, whose
+/// other fields may be uninitialised). The opcode of an unsuccessful
+/// completion is filled in from what was posted (`track.rs`).
+///
+/// # Safety
+/// `wc` points to an entry `ibv_poll_cq` returned.
+unsafe fn completion(wc: *const sys::ibv_wc) -> Completion {
+    use std::ptr::addr_of;
+    // SAFETY: `wc` is an entry ibv_poll_cq returned (the caller's
+    // promise); these four fields are written for every entry.
+    let (wr_id, status, qpn, vendor_err) = unsafe {
+        (
+            addr_of!((*wc).wr_id).read(),
+            wc_status(addr_of!((*wc).status).read()),
+            addr_of!((*wc).qp_num).read(),
+            addr_of!((*wc).vendor_err).read(),
+        )
+    };
+    let mut c =
+        Completion { wr_id, status, opcode: WcOpcode::Other(u32::MAX), qpn, vendor_err, ..Completion::EMPTY };
+    if !status.is_success() {
+        return c;
     }
+    // SAFETY: as above; the opcode is written for a successful entry.
+    c.opcode = wc_opcode(unsafe { addr_of!((*wc).opcode).read() });
+    if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RdmaRead) {
+        // SAFETY: as above; written for a successful receive or READ.
+        c.byte_len = unsafe { addr_of!((*wc).byte_len).read() };
+    }
+    if c.opcode == WcOpcode::Recv {
+        // SAFETY: as above; the flags are written for a successful receive.
+        let flags = unsafe { addr_of!((*wc).wc_flags).read() };
+        // rxe reports a SEND_WITH_INV with 0x4 (the kernel's
+        // IB_WC_WITH_INVALIDATE, which is IBV_WC_IP_CSUM_OK in user space)
+        // instead of IBV_WC_WITH_INV (0x8). Take the field when either bit
+        // is set: RC receives never carry a checksum flag, and mwcap never
+        // sends immediate data (IBV_WC_WITH_IMM, 0x2, is not accepted).
+        if flags & (WITH_INV | RXE_WITH_INV) != 0 {
+            // SAFETY: as above; the union is written for a receive with
+            // either flag, and both its members are plain u32.
+            let rkey = unsafe { addr_of!((*wc).imm_data_invalidated_rkey_union.invalidated_rkey).read() };
+            c.invalidated_rkey = Some(rkey);
+        }
+    }
+    c
 }
