@@ -433,6 +433,31 @@ fn a_reconnecting_client_gives_up_after_max_failures() {
     assert_eq!(waits, [5, 10, 20], "one wait between each two attempts, doubling to the cap");
 }
 
+#[test]
+fn a_reconnecting_client_keeps_only_its_latest_waits() {
+    // A server that refuses for good, a client that never gives up: each
+    // failure adds a wait, and only the latest 32 are kept (it kept them
+    // all before, without bound).
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let fabric = Fabric::with_seed(27);
+    let nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let backoff = Backoff::new(Duration::from_micros(100), Duration::from_micros(100)).jitter(0.0);
+    let mut pool = LocalPool::new();
+    let endpoint = driven(&pool, builder(nic, KEY, PolicyChoice::Confirm).build().unwrap());
+    let (client, supervisor) = Reconnecting::new(endpoint, addr, backoff);
+    let watch = async {
+        while client.stats().failures < 200 {
+            async_io::Timer::after(Duration::from_millis(5)).await;
+        }
+        client.stop();
+    };
+    let (end, ()) = pool.run_until(futures::future::join(supervisor, watch));
+    assert!(matches!(end, ReconnectError::Stopped), "{end:?}");
+    let stats = client.stats();
+    assert!(stats.failures >= 200, "{stats:?}");
+    assert_eq!(stats.waits.len(), 32, "the latest 32 waits of {} failures", stats.failures);
+}
+
 /// A listening endpoint runs at most 256 handshakes at once; the clients
 /// past them wait in the kernel's accept queue until a slot frees.
 /// Wait for a message on a std channel without blocking the executor's thread.
@@ -655,4 +680,84 @@ fn stopping_to_listen_ends_the_accept_loop_and_the_handshakes_in_progress() {
     assert_eq!(reply.expect("answered").header, b"still here");
     assert!(wait(&mut pool, || server.stats().connections == 0), "{:?}", server.stats());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A key holder completes the bootstrap, then keeps writing on its
+/// bootstrap stream after the ready byte. The endpoint's driver watches
+/// that stream: it read it to the end before, which a fast writer never
+/// let come, so the driver polled no completion queue and every other
+/// connection of the endpoint stalled. Now one byte there takes the
+/// writer's connection down (`BootstrapAfterReady`), and the others are
+/// answered throughout.
+#[test]
+fn a_peer_writing_on_its_bootstrap_stream_loses_its_connection_and_stalls_nobody() {
+    use futures::future::{select, Either};
+    use mwcap::bootstrap::{authenticate_client, Capabilities, Hello};
+    use mwcap::conn::{Misbehavior, Role};
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let fabric = Fabric::with_seed(91);
+    let server_nic = fabric.add_device(DeviceConfig::spec().named("server"));
+    let client_nic = fabric.add_device(DeviceConfig::spec().named("client"));
+    let (server, sd) = builder(server_nic, KEY, PolicyChoice::Confirm).listen(any_port()).build().unwrap();
+    let addr = server.local_addr().unwrap();
+    // The server: each accepted connection echoes, and says how it ended.
+    let (accepted, accepts) = mpsc::channel();
+    let (ended, ends) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut pool = LocalPool::new();
+        pool.spawner().spawn_local(async move { _ = sd.run().await }).unwrap();
+        let spawner = pool.spawner();
+        pool.run_until(async move {
+            while let Ok(conn) = server.accept().await {
+                let ended = ended.clone();
+                let watched = conn.clone();
+                spawner.spawn_local(async move { _ = ended.send(watched.closed().await) }).unwrap();
+                spawner.spawn_local(echo(conn)).unwrap();
+                if accepted.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    let mut pool = LocalPool::new();
+    let (good, gd) = builder(client_nic, KEY, PolicyChoice::Confirm).build().unwrap();
+    pool.spawner().spawn_local(async move { _ = gd.run().await }).unwrap();
+    let conn = pool.run_until(good.connect(addr)).unwrap();
+    accepts.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(pool.run_until(conn.call(b"before", None)).unwrap().header, b"before");
+    // The writer: a bootstrap by hand (a QP of its own), then a flood.
+    let pending = good
+        .prepare(Role::Client, Policies { request: Policy::Confirm, reply: Policy::Confirm }, cfg())
+        .unwrap();
+    let hello = Hello::new(pending.local(), Capabilities::new());
+    let t = Duration::from_secs(5);
+    let stream = authenticate_client(addr, &key(KEY), t).unwrap().hello(&hello, t).unwrap().ready(t).unwrap();
+    accepts.recv_timeout(t).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, mut stream) = (stop.clone(), stream.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let buf = vec![0x5a_u8; 1 << 16];
+                while !stop.load(Ordering::Relaxed) && stream.write_all(&buf).is_ok() {}
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = pool.run_until(async {
+        let call = std::pin::pin!(conn.call(b"during", None));
+        match select(call, async_io::Timer::after(Duration::from_secs(3))).await {
+            Either::Left((r, _)) => Some(r.map(|r| r.header)),
+            Either::Right(_) => None,
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    flood.into_iter().for_each(|t| t.join().unwrap());
+    assert!(matches!(&during, Some(Ok(h)) if h == b"during"), "not answered during the flood: {during:?}");
+    let why = ends.recv_timeout(Duration::from_secs(5)).expect("the writer's connection ended");
+    assert_eq!(why, LossReason::PeerMisbehaved(Misbehavior::BootstrapAfterReady));
+    assert_eq!(pool.run_until(conn.call(b"after", None)).unwrap().header, b"after");
 }

@@ -334,13 +334,21 @@ impl<N: Nic + 'static> Endpoint<N> {
         let watch: Watch = Box::pin(async move {
             let gone = std::pin::pin!(async {
                 use futures::AsyncReadExt;
-                let mut b = [0u8; 64];
-                // The peer sends nothing on the stream after the ready byte.
-                while matches!(stream.read(&mut b).await, Ok(n) if n > 0) {}
+                // The peer sends nothing on the stream after the ready
+                // byte: its end is the peer going away, and a byte breaks
+                // the protocol. Either way one read settles it (a peer
+                // that kept writing held the driver here, polling no
+                // completion for any connection, before).
+                let mut b = [0u8; 1];
+                matches!(stream.read(&mut b).await, Ok(1))
             });
             let finished = std::pin::pin!(watched.closed());
-            if let Either::Left(..) = select(gone, finished).await {
-                watched.peer_gone();
+            if let Either::Left((wrote, _)) = select(gone, finished).await {
+                if wrote {
+                    watched.peer_misbehaved(super::Misbehavior::BootstrapAfterReady);
+                } else {
+                    watched.peer_gone();
+                }
             }
         });
         if self.shared.streams.unbounded_send(watch).is_err() {

@@ -122,9 +122,14 @@ pub struct ReconnectStats {
     pub failures: u64,
     /// Why the last connection went down.
     pub last_loss: Option<LossReason>,
-    /// The waits slept since the connection was last up, in order.
+    /// The waits slept since the connection was last up, in order: the
+    /// last 32 of them (a server that refuses for days adds one a failure).
     pub waits: Vec<Duration>,
 }
+
+/// How many of its latest waits a [`Reconnecting`] client keeps
+/// ([`ReconnectStats::waits`]).
+const WAITS_KEPT: usize = 32;
 
 struct State<N: Nic> {
     current: Option<Connection<N>>,
@@ -242,6 +247,9 @@ impl<N: Nic + 'static> Reconnecting<N> {
                                 break ReconnectError::GaveUp { failures, last: e };
                             }
                             let wait = backoff.delay(failures, &mut rng);
+                            if st.stats.waits.len() >= WAITS_KEPT {
+                                st.stats.waits.remove(0);
+                            }
                             st.stats.waits.push(wait);
                             wait
                         };

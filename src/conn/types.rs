@@ -393,6 +393,11 @@ pub enum Misbehavior {
         /// The last id accepted.
         last: u64,
     },
+    /// Bytes on the bootstrap stream after the handshake's ready byte: the
+    /// peer sends nothing there afterwards (the stream stays open only so
+    /// that each side sees the other go away).
+    #[error("the peer wrote on its bootstrap stream after the handshake ended")]
+    BootstrapAfterReady,
     /// A window grant whose lease id names a lease of the peer's that this
     /// side still holds (reading it, waiting for a buffer, or declining
     /// it): the owner names each live lease once, and this side maps the

@@ -571,6 +571,13 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
+    /// [`Link::peer_gone`], the peer having broken the protocol outside
+    /// the connection (`what`: its bootstrap stream).
+    pub(crate) fn peer_misbehaved(&mut self, now: Duration, what: Misbehavior) {
+        self.span.in_scope(|| self.conn.peer_misbehaved(now, what));
+        self.run();
+    }
+
     /// Close the connection: QP to ERR, reap the flushes, destroy the QP
     /// (after which no DMA of it is possible) and return every buffer.
     ///

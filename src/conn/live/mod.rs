@@ -677,6 +677,12 @@ impl<N: Nic> Connection<N> {
         self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerGone));
     }
 
+    /// The peer broke the protocol on its bootstrap stream: the connection
+    /// goes down as for [`Connection::peer_gone`], saying so.
+    pub(crate) fn peer_misbehaved(&self, what: super::Misbehavior) {
+        self.with(|s| _ = s.closing.get_or_insert(LossReason::PeerMisbehaved(what)));
+    }
+
     /// What the connection has done so far (calls, bytes, binds,
     /// invalidations, expiries, stale reads, errors), and where its buffers
     /// are now.

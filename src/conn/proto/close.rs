@@ -65,6 +65,15 @@ impl Connection {
         self.go_down(now, LossReason::PeerGone);
     }
 
+    /// The peer broke the protocol outside the connection (its bootstrap
+    /// stream): as [`Connection::peer_gone`], down with
+    /// [`LossReason::PeerMisbehaved`].
+    pub(crate) fn peer_misbehaved(&mut self, now: Duration, what: Misbehavior) {
+        self.now = now;
+        self.dirty = true;
+        self.misbehaved(now, what);
+    }
+
     /// Send-queue work requests whose completions are still to come. The
     /// plain frames posted unsignaled after the last signaled one are not
     /// counted: one that completed gives no completion, and one that did
