@@ -222,7 +222,9 @@ impl Owner {
             slot.window = w;
         }
         let expiry = now + lease_time;
-        slot.epoch = slot.epoch.wrapping_add(1);
+        // Bind numbers start at 1 and skip 0 when they wrap (after 2^32
+        // binds of the window): 0 names no bind (a slot never granted).
+        slot.epoch = slot.epoch.wrapping_add(1).max(1);
         slot.window.rkey = rkey::rebind(slot.window.rkey, random);
         slot.send_pending = true;
         slot.peer_invalidated = false;
@@ -693,3 +695,31 @@ impl Owner {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod wrap {
+    use super::*;
+
+    /// After 2^32 binds of a window its bind number wraps: it skips 0,
+    /// which names no bind (before, the 2^32nd-and-first lease was taken
+    /// for a slot never granted: its revocation was refused, its
+    /// completions ignored, and its buffer and window never came back).
+    #[test]
+    fn a_window_bound_2_pow_32_times_still_ends_its_lease() {
+        let mut o = Owner::new(1, [Window { handle: 0, rkey: 0 }]);
+        o.slots[0].epoch = u32::MAX;
+        let buffer = Buffer { mr: 1, offset: 0, len: 8, addr: 0x1000 };
+        let t = Duration::ZERO;
+        let lease = o.grant(t, buffer, Duration::from_secs(1)).expect("a free window");
+        assert_eq!(lease.epoch(), 1, "0 is skipped");
+        let Some(OwnerAction::BindAndGrant(bg)) = o.poll_action() else { panic!("a bind") };
+        o.handle_completion(t, bg.send_token, Status::Success);
+        assert!(o.revoke(t, lease).is_ok(), "the live lease is revocable");
+        let Some(OwnerAction::Invalidate { token, .. }) = o.poll_action() else { panic!("one LOCAL_INV") };
+        o.handle_completion(t, token, Status::Success);
+        let returned = std::iter::from_fn(|| o.poll_event()).any(|e| matches!(e, OwnerEvent::BufferReturned { .. }));
+        assert!(returned, "the buffer comes back on the invalidation's completion");
+        assert_eq!(o.stats().unknown_completions, 0);
+        assert_eq!(o.free_windows(), 1);
+    }
+}

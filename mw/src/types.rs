@@ -7,7 +7,10 @@ use std::fmt;
 /// Sent to the peer in a [`Grant`](crate::Grant) and echoed back in the
 /// [`Release`](crate::Release). A lease id names one bind only: after the
 /// window is invalidated and rebound, the old id is stale forever (until the
-/// 32-bit bind counter of that window wraps).
+/// 32-bit bind counter of that window wraps, after 2^32 binds; it counts
+/// from 1 and skips 0, which names no bind). A stale release that came
+/// round again must still name the window's current rkey, whose consumer
+/// key changes with every bind.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(u64);
 
