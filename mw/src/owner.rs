@@ -717,7 +717,8 @@ mod wrap {
         assert!(o.revoke(t, lease).is_ok(), "the live lease is revocable");
         let Some(OwnerAction::Invalidate { token, .. }) = o.poll_action() else { panic!("one LOCAL_INV") };
         o.handle_completion(t, token, Status::Success);
-        let returned = std::iter::from_fn(|| o.poll_event()).any(|e| matches!(e, OwnerEvent::BufferReturned { .. }));
+        let returned =
+            std::iter::from_fn(|| o.poll_event()).any(|e| matches!(e, OwnerEvent::BufferReturned { .. }));
         assert!(returned, "the buffer comes back on the invalidation's completion");
         assert_eq!(o.stats().unknown_completions, 0);
         assert_eq!(o.free_windows(), 1);
