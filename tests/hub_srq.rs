@@ -672,7 +672,6 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     let fabric = Fabric::new(FabricConfig::with_seed(9));
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
-    let sdev = sn.device();
     let mut pool = LocalPool::new();
     // A listener: building it probes the device, with the fabric moving by
     // itself; from then on nothing moves unless the test says so.
@@ -695,10 +694,9 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     assert_eq!(sh.stats().srq.unwrap().shares, 8, "exactly its initial share came back");
 
     // Connected, its peer's requests in the endpoint's queue, never run: a
-    // client whose bootstrap goes as far as connecting the server's QP, that
-    // sends three requests, and goes away before the ready byte.
-    let mut c = cfg(Role::Client).link(cn.new_pd().unwrap()).unwrap();
-    let (hs, _, rx) = hubs::half_bootstrap(&mut pool, &fabric, &sh, sdev, &mut c);
+    // server QP connected to a client's but never put on the endpoint, the
+    // client sending three requests; then it goes.
+    let (unadded, mut c) = hubs::connected_unadded(&sh, &cn, cfg(Role::Server), cfg(Role::Client));
     for _ in 0..3 {
         c.call(fabric.now(), b"never served", None).unwrap();
     }
@@ -709,11 +707,8 @@ fn a_connection_that_never_runs_gives_back_its_share_and_its_peers_receives() {
     let before = sh.stats().srq.unwrap();
     assert_eq!(before.frames, 0, "nobody took the frames yet");
     assert_eq!(before.shares, 16, "{before:?}");
-    // The client's bootstrap stream closes: the server's handshake fails
-    // and its connected queue pair goes.
-    drop(hs);
-    let e = pool.run_until(rx).unwrap();
-    assert!(e.is_some(), "the handshake failed");
+    // Dropped: its connected queue pair goes.
+    drop(unadded);
     let after = sh.stats().srq.unwrap();
     assert_eq!(after.unclaimed, 3, "its three receives were posted again: {after:?}");
     assert_eq!(after.shares, 8);
@@ -857,4 +852,62 @@ fn start_credits_are_told_in_the_hello_and_an_idle_connection_holds_only_those()
         assert!(idle >= CLIENTS - 3, "idle connections stay at their start credits: {shares:?}");
         assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     }
+}
+
+/// A client that proved the key and sent its hello, then SENDs at the
+/// server's QP and never sends its ready byte. A listener connected the
+/// server's QP before the client's ready byte, its route had no connection
+/// yet and held every receive those SENDs took (posted again only when the
+/// handshake timed out): the shared queue ran dry, and another connection's
+/// request met RNR and lost its connection. The listener now connects a
+/// server's QP only once the client said ready: the SENDs reach nothing.
+#[test]
+fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
+    use mwcap::backend::QpState;
+    use mwcap::conn::frame::Frame;
+    let fabric = Fabric::with_seed(41);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let sh = hubs::endpoint(
+        &pool,
+        shared(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 32 })
+            .config(cfg(Role::Server).cfg)
+            .handshake_timeout(Duration::from_secs(5))
+            .listen("127.0.0.1:0".parse().unwrap()),
+    );
+    let ch = hubs::endpoint(&pool, builder(cn.clone()).queue_depth(1 << 14));
+    let (vclient, victim) = hubs::pair(&ch, &sh, cfg(Role::Client), cfg(Role::Server));
+    spawn(&pool, serve(victim.clone()));
+    pool.run_until(async { vclient.call(b"x", None).await.expect("the victim's first call") });
+    let before = sh.stats().srq.unwrap();
+    // The attacker: auth and hello, its own QP connected to the server's,
+    // 40 pings, and never the ready byte.
+    let mut c = cfg(Role::Client).link(cn.new_pd().unwrap()).unwrap();
+    let (hs, at, _rx) = hubs::half_bootstrap(&mut pool, &sh, sdev, &mut c);
+    let n = 40u64;
+    let tx = c.nic().reg_mr(n as usize * 64, Access::LOCAL_WRITE).unwrap();
+    let mut wrs = Vec::new();
+    for i in 0..n {
+        let bytes = Frame::Ping { seq: i }.encode().unwrap();
+        c.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
+        let sge = SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 });
+        wrs.push(SendWr::Send { wr_id: 0xf100 + i, signaled: false, sge });
+    }
+    for chunk in wrs.chunks(8) {
+        c.nic().post_send(c.local().id, chunk).unwrap();
+    }
+    for _ in 0..50 {
+        fabric.run_until_idle();
+        pool.run_until_stalled();
+    }
+    assert_ne!(fabric.qp_state(at), Some(QpState::Rts), "the server's QP is not up before the ready byte");
+    let after = sh.stats().srq.unwrap();
+    assert_eq!(after.frames, before.frames, "no frame of the attacker's took a shared receive: {after:?}");
+    // The victim's next call is answered.
+    let r = pool.run_until(async { vclient.call(b"x", None).await.map(|_| ()) });
+    assert!(r.is_ok(), "an honest connection's call failed because of another peer's handshake: {r:?}");
+    assert_eq!(rnr_naks(&fabric, &vclient, cn.device()), 0);
+    drop(hs);
 }

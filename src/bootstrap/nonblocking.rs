@@ -239,4 +239,47 @@ impl Handshake<Async<TcpStream>> {
         check_ready(peer, byte)?;
         Ok(self.stream)
     }
+
+    /// A server's ready phase, in its order: the client's ready byte first
+    /// (the server then connects its queue pair), its own after
+    /// ([`ClientReady::send`]). A client's SENDs can then reach the
+    /// server's queue pair only once it said ready, and an honest one sends
+    /// none before the server's byte (it comes after the server's queue
+    /// pair is up). Were the server's queue pair up before the client's
+    /// byte, a client that never sent it could fill the server's (shared)
+    /// receives with frames no connection takes until the handshake
+    /// times out.
+    pub(crate) async fn client_ready(mut self, timeout: Duration) -> Result<ClientReady, BootstrapError> {
+        let deadline = Deadline::after(timeout, Phase::Ready);
+        let peer = self.peer_addr;
+        let stream = &mut self.stream;
+        let byte = before(&deadline, async {
+            let mut byte = [0u8; 1];
+            read_some(stream, &mut byte, peer, &deadline).await?;
+            Ok(byte[0])
+        })
+        .await?;
+        check_ready(peer, byte)?;
+        Ok(ClientReady { stream: self.stream, peer, deadline })
+    }
+}
+
+/// A server's handshake whose client said ready ([`Handshake::client_ready`]).
+pub(crate) struct ClientReady {
+    stream: Async<TcpStream>,
+    peer: SocketAddr,
+    deadline: Deadline,
+}
+
+impl ClientReady {
+    /// Send the server's ready byte (its queue pair is up): the stream,
+    /// now the connection's.
+    pub(crate) async fn send(mut self) -> Result<Async<TcpStream>, BootstrapError> {
+        let (stream, peer, deadline) = (&mut self.stream, self.peer, &self.deadline);
+        before(deadline, async {
+            stream.write_all(&[READY_BYTE]).await.map_err(|e| deadline.io_error(peer, e))
+        })
+        .await?;
+        Ok(self.stream)
+    }
 }

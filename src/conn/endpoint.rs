@@ -403,6 +403,19 @@ impl<N: Nic + 'static> Pending<N> {
         self.connect_with(peer, credits)
     }
 
+    /// Connect its queue pair without putting the connection on the
+    /// endpoint: a queue pair whose completions no connection takes (a
+    /// listener no longer leaves one so: it connects a server's queue pair
+    /// only once the client said ready, and puts it on the endpoint at
+    /// once). For tests of what the endpoint does with such completions;
+    /// drop it to destroy the queue pair.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn connect_unadded(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
+        let credits = self.link.config().start_credits;
+        self.link.connect_with(peer, credits)
+    }
+
     /// [`Pending::connect`] to a peer whose `Config::start_credits` is
     /// `peer_credits`.
     pub(crate) fn connect_with(

@@ -281,8 +281,28 @@ async fn finish_setup_async<N: Nic + 'static>(
     let policies = agreed(&hs, role, &mut cfg)?;
     prepared.config_mut().lease_time = cfg.lease_time;
     let mut endpoint = prepared.finish(policies)?;
-    endpoint.connect_with(&hs.remote_endpoint(), hs.peer().caps.start_credits)?;
-    let stream = hs.ready(opts.timeout).await?;
-    let connection = hub.add(endpoint, peer_identity.clone());
+    let (remote, credits) = (hs.remote_endpoint(), hs.peer().caps.start_credits);
+    let (connection, stream) = match role {
+        Role::Client => {
+            endpoint.connect_with(&remote, credits)?;
+            let stream = hs.ready(opts.timeout).await?;
+            (hub.add(endpoint, peer_identity.clone()), stream)
+        }
+        Role::Server => {
+            // The client's ready byte before the queue pair is up, and the
+            // connection on the hub before ours goes out (see
+            // `Handshake::client_ready`).
+            let said = hs.client_ready(opts.timeout).await?;
+            endpoint.connect_with(&remote, credits)?;
+            let connection = hub.add(endpoint, peer_identity.clone());
+            match said.send().await {
+                Ok(stream) => (connection, stream),
+                Err(e) => {
+                    connection.close();
+                    return Err(e.into());
+                }
+            }
+        }
+    };
     Ok(AsyncConnected { connection, stream, policies, peer_addr, peer_identity })
 }

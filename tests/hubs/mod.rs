@@ -6,17 +6,16 @@
 //! clients.
 
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_io::Async;
 use futures::channel::oneshot;
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use mwcap::backend::QpState;
 use mwcap::bootstrap::{authenticate_client_async, Auth, Capabilities, Handshake, Hello, PolicySet};
 use mwcap::conn::{Config, Connection, Endpoint, EndpointBuilder, Link, Pending, Policies, Role, SetupError};
-use mwcap::sim::{DeviceId, Fabric, QpAddr, SimNic};
+use mwcap::sim::{DeviceId, QpAddr, SimNic};
 
 #[allow(dead_code)] // hub_pool.rs uses it; hub.rs and hub_srq.rs include this module too
 pub mod hoarders;
@@ -160,16 +159,15 @@ pub fn server_with_link_client(
 
 /// The first half of a client's bootstrap, by hand, against the listening
 /// endpoint `ep` (whose QPs are on device `server_dev` of `fabric`): an
-/// `accept` spawned on `pool`, `client`'s hello (serving mw), then a wait
-/// until the server has connected its QP, and `client` connected to it.
-/// Returns the handshake (drop it to go away before the ready byte, which
-/// fails the server's handshake and destroys its QP), the server QP's
-/// address, and what that `accept` will end with (`Some` error: the
-/// handshake failed).
-#[allow(dead_code)] // hub.rs and hub_srq.rs use it; hub_pool.rs includes this module too
+/// `accept` spawned on `pool`, `client`'s hello (serving mw); `client`
+/// connected to the server's QP, which the server does not connect until
+/// the client's ready byte. Returns the handshake (drop it to go away
+/// before the ready byte, which fails the server's handshake and destroys
+/// its QP), the server QP's address, and what that `accept` will end with
+/// (`Some` error: the handshake failed).
+#[allow(dead_code)] // hub_srq.rs uses it; hub.rs and hub_pool.rs include this module too
 pub fn half_bootstrap(
     pool: &mut LocalPool,
-    fabric: &Fabric,
     ep: &Endpoint<SimNic>,
     server_dev: DeviceId,
     client: &mut Link<SimNic>,
@@ -189,13 +187,24 @@ pub fn half_bootstrap(
         authed.hello(&hello, t).await.expect("hello")
     });
     let at = QpAddr { device: server_dev, qpn: hs.peer().endpoint.qpn };
-    let t0 = Instant::now();
-    while fabric.qp_state(at) != Some(QpState::Rts) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the server never connected its QP");
-        pool.run_until(async_io::Timer::after(Duration::from_millis(2)));
-    }
     client.connect(&hs.remote_endpoint()).unwrap();
     (hs, at, rx)
+}
+
+/// A server connection prepared on `server` whose QP is connected to a
+/// client link's (on `client_nic`) but not put on the endpoint
+/// (`Pending::connect_unadded`): nothing takes its completions, which its
+/// route holds. Drop the `Pending` to destroy its QP (the route retired).
+#[allow(dead_code)] // hub.rs and hub_srq.rs use it; hub_pool.rs includes this module too
+pub fn connected_unadded(
+    server: &Endpoint<SimNic>,
+    client_nic: &SimNic,
+    scfg: Side,
+    ccfg: Side,
+) -> (Pending<SimNic>, Link<SimNic>) {
+    let (mut s, c) = server_with_link_client(server, client_nic, scfg, ccfg);
+    s.connect_unadded(&c.local()).unwrap();
+    (s, c)
 }
 
 /// The bytes of payload `i`.
