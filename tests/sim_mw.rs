@@ -454,6 +454,33 @@ fn the_crash_cases_are_errors_and_are_counted() {
     assert!(crashes[0].detail.contains("SEND_WITH_INV"), "{crashes:?}");
 }
 
+#[test]
+fn a_local_inv_of_another_pds_window_is_a_crash_case_in_spec_mode_too() {
+    // The spec does not find a window of another PD (LOC_QP_OP_ERR, the
+    // window stays bound); rxe finds it across the device and invalidates
+    // it (its owner's own LOCAL_INV then panics the kernel) or, not bound,
+    // panics at once. Either is a LOCAL_INV the library posted on the
+    // wrong connection's QP: flagged in spec mode as well.
+    for bound in [true, false] {
+        let s = setup(DeviceConfig::spec());
+        let rk = if bound { bind_and_send(&s) } else { s.mw.rkey };
+        let other = s.p.a.nic.new_pd().unwrap();
+        let a2 = End::new(&other).unwrap();
+        let b2 = End::new(&s.p.b.nic).unwrap();
+        End::connect(&a2, &b2).unwrap();
+        a2.nic.post_send(a2.qp, &[SendWr::LocalInv { wr_id: 9, signaled: true, rkey: rk }]).unwrap();
+        s.p.fabric.run_until_idle();
+        assert_eq!(
+            statuses(&a2.poll()),
+            vec![(9, WcOpcode::LocalInv, WcStatus::LocQpOpErr)],
+            "bound {bound}"
+        );
+        let crashes = s.p.fabric.would_crash_rxe();
+        assert_eq!(crashes.len(), 1, "bound {bound}: {crashes:?}");
+        assert!(crashes[0].detail.contains("OtherPd"), "{crashes:?}");
+    }
+}
+
 fn inv_wr(rk: u32) -> SendWr {
     SendWr::LocalInv { wr_id: 6, signaled: false, rkey: rk }
 }

@@ -3,6 +3,7 @@
 
 use super::event::{EvKind, Packet, Resp};
 use super::oracle::HazardKind;
+use super::resp::InvError;
 use super::sched::Lane;
 use super::world::{World, WrState};
 use crate::backend::{Access, QpState, SendWr, WcStatus};
@@ -102,7 +103,11 @@ impl World {
                         self.error_all(to_err);
                     }
                     Err(e) => {
-                        if e.would_crash_rxe() {
+                        // Another PD's window: the spec does not find it, but
+                        // rxe would invalidate it (its owner's own LOCAL_INV
+                        // then panics) or panic now (not bound): a LOCAL_INV
+                        // the library posted on the wrong connection's QP.
+                        if e.would_crash_rxe() || e == InvError::OtherPd {
                             let detail = format!("LOCAL_INV of rkey {rkey:#x} on qpn {qpn:#x}: {e:?}");
                             self.hazard(dev, HazardKind::WouldCrashRxe, detail);
                         }

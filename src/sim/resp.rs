@@ -24,6 +24,10 @@ pub(crate) enum InvError {
     /// type-2 window is bound to (or through another protection domain):
     /// the specification refuses it; rxe does not check.
     OtherQp,
+    /// A window of another protection domain of the device: the
+    /// specification does not find it (as an unknown key); rxe finds it,
+    /// and invalidates it if it is bound, or panics if it is not.
+    OtherPd,
 }
 
 impl InvError {
@@ -353,7 +357,10 @@ impl World {
             Some(KeyObj::Mr(m)) if d.mr(*m).is_some_and(|m| m.pd == pd) => return Err(InvError::NotAWindow),
             _ => return Err(InvError::UnknownKey),
         };
-        let mw = d.mw_mut(w).filter(|mw| rxe || mw.pd == pd).ok_or(InvError::UnknownKey)?;
+        let mw = d.mw_mut(w).ok_or(InvError::UnknownKey)?;
+        if !rxe && mw.pd != pd {
+            return Err(InvError::OtherPd);
+        }
         let MwState::Bound { mr, qp: bound_to, .. } = mw.state else { return Err(InvError::NotBound) };
         if mw.rkey != rk {
             return Err(InvError::WrongKey);
