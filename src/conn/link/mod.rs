@@ -561,20 +561,13 @@ impl<N: Nic> Link<N> {
         self.run();
     }
 
-    /// The peer went away: its end of the bootstrap stream closed (an
-    /// [`Endpoint`](super::Endpoint)'s driver watches it). Starts
+    /// The peer went away or broke the protocol on its bootstrap stream
+    /// (an [`Endpoint`](super::Endpoint)'s driver watches it). Starts
     /// closing as [`Link::begin_close`] does, with the connection down
-    /// for [`LossReason::PeerGone`] (unless it was down already), so that
-    /// calls fail saying so. Never blocks.
-    pub fn peer_gone(&mut self, now: Duration) {
-        self.span.in_scope(|| self.conn.peer_gone(now));
-        self.run();
-    }
-
-    /// [`Link::peer_gone`], the peer having broken the protocol outside
-    /// the connection (`what`: its bootstrap stream).
-    pub(crate) fn peer_misbehaved(&mut self, now: Duration, what: Misbehavior) {
-        self.span.in_scope(|| self.conn.peer_misbehaved(now, what));
+    /// for `why` (unless it was down already), so that calls fail saying
+    /// so (see `proto::Connection::peer_lost`). Never blocks.
+    pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
+        self.span.in_scope(|| self.conn.peer_lost(now, why));
         self.run();
     }
 

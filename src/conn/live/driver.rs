@@ -400,11 +400,9 @@ impl<N: Nic> Inner<N> {
         std::mem::swap(&mut *inner.hub.inbox.lock(), inbox);
         let completions = &inbox[..];
         if st.closing.is_some() && st.ep.is_down().is_none() {
-            match &st.closing {
-                Some(LossReason::PeerGone) => st.ep.peer_gone(now),
-                Some(LossReason::PeerMisbehaved(m)) => {
-                    let m = m.clone();
-                    st.ep.peer_misbehaved(now, m)
+            match st.closing.clone() {
+                Some(why @ (LossReason::PeerGone | LossReason::PeerMisbehaved(_))) => {
+                    st.ep.peer_lost(now, why)
                 }
                 _ => st.ep.begin_close(now),
             }

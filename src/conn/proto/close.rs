@@ -56,22 +56,18 @@ impl Connection {
         self.go_down(now, LossReason::Closed);
     }
 
-    /// The peer went away (its bootstrap stream closed): as
-    /// [`Connection::begin_close`], but the connection is down with
-    /// [`LossReason::PeerGone`] (unless it was down already).
-    pub fn peer_gone(&mut self, now: Duration) {
+    /// Outside the connection, the peer went away or broke the protocol
+    /// (its bootstrap stream closed, or carried a byte after the ready
+    /// byte): as [`Connection::begin_close`], but the connection is down
+    /// for `why` ([`LossReason::PeerGone`] or
+    /// [`LossReason::PeerMisbehaved`]), unless it was down already.
+    pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
         self.now = now;
         self.dirty = true;
-        self.go_down(now, LossReason::PeerGone);
-    }
-
-    /// The peer broke the protocol outside the connection (its bootstrap
-    /// stream): as [`Connection::peer_gone`], down with
-    /// [`LossReason::PeerMisbehaved`].
-    pub(crate) fn peer_misbehaved(&mut self, now: Duration, what: Misbehavior) {
-        self.now = now;
-        self.dirty = true;
-        self.misbehaved(now, what);
+        match why {
+            LossReason::PeerMisbehaved(what) => self.misbehaved(now, what),
+            why => self.go_down(now, why),
+        }
     }
 
     /// Send-queue work requests whose completions are still to come. The
