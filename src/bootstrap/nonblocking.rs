@@ -227,16 +227,12 @@ impl Handshake<Async<TcpStream>> {
     /// The ready phase; the async [`Handshake::<TcpStream>::ready`].
     pub async fn ready(mut self, timeout: Duration) -> Result<Async<TcpStream>, BootstrapError> {
         let deadline = Deadline::after(timeout, Phase::Ready);
-        let peer = self.peer_addr;
-        let stream = &mut self.stream;
-        let byte = before(&deadline, async {
-            stream.write_all(&[READY_BYTE]).await.map_err(|e| deadline.io_error(peer, e))?;
-            let mut byte = [0u8; 1];
-            read_some(stream, &mut byte, peer, &deadline).await?;
-            Ok(byte[0])
+        let (stream, peer) = (&mut self.stream, self.peer_addr);
+        before(&deadline, async {
+            send_ready(stream, peer, &deadline).await?;
+            take_ready(stream, peer, &deadline).await
         })
         .await?;
-        check_ready(peer, byte)?;
         Ok(self.stream)
     }
 
@@ -251,15 +247,8 @@ impl Handshake<Async<TcpStream>> {
     /// times out.
     pub(crate) async fn client_ready(mut self, timeout: Duration) -> Result<ClientReady, BootstrapError> {
         let deadline = Deadline::after(timeout, Phase::Ready);
-        let peer = self.peer_addr;
-        let stream = &mut self.stream;
-        let byte = before(&deadline, async {
-            let mut byte = [0u8; 1];
-            read_some(stream, &mut byte, peer, &deadline).await?;
-            Ok(byte[0])
-        })
-        .await?;
-        check_ready(peer, byte)?;
+        let (stream, peer) = (&mut self.stream, self.peer_addr);
+        before(&deadline, take_ready(stream, peer, &deadline)).await?;
         Ok(ClientReady { stream: self.stream, peer, deadline })
     }
 }
@@ -275,11 +264,27 @@ impl ClientReady {
     /// Send the server's ready byte (its queue pair is up): the stream,
     /// now the connection's.
     pub(crate) async fn send(mut self) -> Result<Async<TcpStream>, BootstrapError> {
-        let (stream, peer, deadline) = (&mut self.stream, self.peer, &self.deadline);
-        before(deadline, async {
-            stream.write_all(&[READY_BYTE]).await.map_err(|e| deadline.io_error(peer, e))
-        })
-        .await?;
+        let deadline = &self.deadline;
+        before(deadline, send_ready(&mut self.stream, self.peer, deadline)).await?;
         Ok(self.stream)
     }
+}
+
+async fn send_ready(
+    stream: &mut Async<TcpStream>,
+    peer: SocketAddr,
+    deadline: &Deadline,
+) -> Result<(), BootstrapError> {
+    stream.write_all(&[READY_BYTE]).await.map_err(|e| deadline.io_error(peer, e))
+}
+
+/// Read the peer's ready byte (and nothing past it).
+async fn take_ready(
+    stream: &mut Async<TcpStream>,
+    peer: SocketAddr,
+    deadline: &Deadline,
+) -> Result<(), BootstrapError> {
+    let mut byte = [0u8; 1];
+    read_some(stream, &mut byte, peer, deadline).await?;
+    check_ready(peer, byte[0])
 }
