@@ -138,6 +138,15 @@ impl Connection {
         u64::from(self.range_takes[k as usize]) << 32 | u64::from(k)
     }
 
+    /// The user range slot exposure number `exposure` is in, while that
+    /// exposure is live.
+    pub(super) fn exposed_slot(&self, exposure: u64) -> Option<u32> {
+        let k = exposure as u32;
+        let live = self.ranges.holder(k) == Some(Holder::Exposed)
+            && self.range_takes.get(k as usize).is_some_and(|&t| u64::from(t) == exposure >> 32);
+        live.then(|| self.layout.slots() + k)
+    }
+
     /// Give back a range slot that was not exposed after all.
     pub(super) fn untake_range(&mut self, slot: u32) {
         let k = slot - self.layout.slots();

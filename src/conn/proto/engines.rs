@@ -18,21 +18,15 @@ impl Connection {
     // ---- carrying out engine actions ----
 
     /// Owner side: end this connection's exposure number `exposure` of a
-    /// user range now (a delegation was revoked). Under mw its window is invalidated
-    /// at once (its one LOCAL_INV; the range returns on its completion,
-    /// as after an expiry); under confirm (a server's offer) the offer is
-    /// withdrawn: the range returns at once, and the reader's confirm is
+    /// user range now (a delegation was revoked). Under mw its window is
+    /// invalidated at once (its one LOCAL_INV; the range returns on its
+    /// completion, as after an expiry); under confirm (a server's offer)
+    /// the offer is withdrawn: the range returns at once, and the reader's confirm is
     /// answered `Reused` (what it read is discarded, never returned).
     /// Whether an exposure was found to end.
     pub(crate) fn revoke_exposure(&mut self, now: Duration, exposure: u64) -> bool {
         self.now = now;
-        let k = exposure as u32;
-        let live = self.ranges.holder(k) == Some(Holder::Exposed)
-            && self.range_takes.get(k as usize).is_some_and(|&t| u64::from(t) == exposure >> 32);
-        if !live {
-            return false;
-        }
-        let slot = self.layout.slots() + k;
+        let Some(slot) = self.exposed_slot(exposure) else { return false };
         let revoked = if let Some(o) = self.owner.as_mut() {
             let lease = o.leases.iter().find(|&(_, &s)| s == slot).map(|(&l, _)| l);
             lease.is_some_and(|lease| o.engine.revoke(now, lease).is_ok())
