@@ -1,5 +1,6 @@
 //! Carrying out the engines' actions and events: binds and grants, READs,
-//! releases, confirm fetches, and the grants waiting for a destination.
+//! releases, confirm fetches, and the grants received (`on_grant`) and
+//! waiting for a destination.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use super::super::frame::Frame;
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::confirm::ConfirmEngine;
-use super::{fb_attach, mw_attach, push_attach, wr, Connection, TAG_FB_CLIENT, TAG_FB_SERVER};
+use super::{fb_attach, mw_attach, push_attach, wr, Connection, Data, TAG_FB_CLIENT, TAG_FB_SERVER};
 use crate::backend::{Access, MrId, MwId, SendWr, Sge, SgeList};
 
 impl Connection {
@@ -301,6 +302,44 @@ impl Connection {
         }
         let fm = self.calls.get(&msg)?.fetch_fb?;
         self.confirm.as_ref()?.waiting_read(fm)
+    }
+
+    /// A window grant, riding in request or reply `msg` (or alone): to the
+    /// reader, or refused.
+    pub(super) fn on_grant(&mut self, now: Duration, msg: Option<u64>, g: mw::Grant) {
+        let Some(msg) = msg else {
+            return self.misbehaved(now, Misbehavior::GrantOutsideMessage);
+        };
+        let Some(r) = self.reader.as_ref() else {
+            return self.misbehaved(now, Misbehavior::WrongPolicy { what: "window grant" });
+        };
+        // Every lease this side holds is in `leases` (read or declined,
+        // until the engine's event for it) or waiting for a buffer: its
+        // outcome finds its message by the lease id, so a second grant
+        // under a live id would take the first's outcome.
+        if r.leases.contains_key(&g.lease) || r.pending.iter().any(|p| p.1.lease == g.lease) {
+            return self.misbehaved(now, Misbehavior::LeaseIdReused { lease: g.lease.raw() });
+        }
+        if self.role == Role::Server {
+            if let Some(r) = self.requests.get_mut(&msg) {
+                r.data = Data::Reading;
+            }
+        } else if let Some(c) = self.calls.get_mut(&msg) {
+            if c.reply.is_some() {
+                // A second reply to the call (an honest server never sends
+                // one under mw): its grant is released unread, so that a
+                // client's waiting grants stay within its calls, one each.
+                if let Some(r) = self.reader.as_mut() {
+                    // Its id is taken until the engine's event, which fails
+                    // no message (no call has id 0).
+                    r.leases.insert(g.lease, 0);
+                    r.engine.decline(now, g, mw::DeclineReason::Unwanted);
+                }
+                return;
+            }
+            c.data = Data::Reading;
+        }
+        self.start_grant(now, msg, g);
     }
 
     /// Hand a grant to the reader with a destination (or queue it).

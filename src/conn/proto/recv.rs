@@ -344,43 +344,7 @@ impl Connection {
     fn on_attach(&mut self, now: Duration, msg: Option<u64>, engine: EngineTag, bytes: &[u8]) {
         match engine {
             EngineTag::Mw => match mw::Message::decode(bytes) {
-                Ok(mw::Message::Grant(g)) => {
-                    let Some(msg) = msg else {
-                        return self.misbehaved(now, Misbehavior::GrantOutsideMessage);
-                    };
-                    let Some(r) = self.reader.as_ref() else {
-                        return self.misbehaved(now, Misbehavior::WrongPolicy { what: "window grant" });
-                    };
-                    // Every lease this side holds is in `leases` (read or
-                    // declined, until the engine's event for it) or
-                    // waiting for a buffer: its outcome finds its message
-                    // by the lease id, so a second grant under a live id
-                    // would take the first's outcome.
-                    if r.leases.contains_key(&g.lease) || r.pending.iter().any(|p| p.1.lease == g.lease) {
-                        return self.misbehaved(now, Misbehavior::LeaseIdReused { lease: g.lease.raw() });
-                    }
-                    if self.role == Role::Server {
-                        if let Some(r) = self.requests.get_mut(&msg) {
-                            r.data = Data::Reading;
-                        }
-                    } else if let Some(c) = self.calls.get_mut(&msg) {
-                        if c.reply.is_some() {
-                            // A second reply to the call (an honest server
-                            // never sends one under mw): its grant is
-                            // released unread, so that a client's waiting
-                            // grants stay within its calls, one each.
-                            if let Some(r) = self.reader.as_mut() {
-                                // Its id is taken until the engine's event,
-                                // which fails no message (no call has id 0).
-                                r.leases.insert(g.lease, 0);
-                                r.engine.decline(now, g, mw::DeclineReason::Unwanted);
-                            }
-                            return;
-                        }
-                        c.data = Data::Reading;
-                    }
-                    self.start_grant(now, msg, g);
-                }
+                Ok(mw::Message::Grant(g)) => self.on_grant(now, msg, g),
                 Ok(mw::Message::Release(r)) => match self.owner.as_mut() {
                     Some(o) => o.engine.handle_release(now, r),
                     None => self.misbehaved(now, Misbehavior::WrongPolicy { what: "window release" }),
