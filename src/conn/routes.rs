@@ -32,8 +32,9 @@ pub(super) struct Routes<T> {
     /// Rkeys that SEND_WITH_INVs received on routes without a target
     /// invalidated, for the owner to find whose windows they were
     /// ([`Routes::take_foreign`]): such a QP belongs to no connection yet
-    /// (its bootstrap has not finished), and may never (it fails), so its
-    /// held completions may never reach one.
+    /// (connected by an application's own bootstrap, or in the moment
+    /// between a listener connecting it and adding it), and may never, so
+    /// its held completions may never reach one.
     foreign: Vec<u32>,
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
