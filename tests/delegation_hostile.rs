@@ -67,14 +67,17 @@ fn a_revoked_window_ends(mut w: World, range: RegionRange, (addr, rkey, len): (u
     let stats = w.victim.stats().lease_owner.unwrap();
     assert_eq!(stats.revoked, 1, "one revocation, by the owner engine");
     assert!(
-        w.run_until(Duration::from_millis(50), |w| w
-            .victim
-            .region_write(region, range.offset, b"new")
-            .is_ok()),
+        writable_within(&mut w, range, Duration::from_millis(50)),
         "the range is the owner's again once the invalidation completed"
     );
     w.assert_binds_invalidated_once();
     w.finish();
+}
+
+/// Whether `range` can be written again within `limit` (its exposures'
+/// evidence came).
+fn writable_within(w: &mut World, range: RegionRange, limit: Duration) -> bool {
+    w.run_until(limit, |w| w.victim.region_write(range.region, range.offset, b"new").is_ok())
 }
 
 #[test]
@@ -99,7 +102,7 @@ fn revoking_one_of_two_delegations_of_one_range_ends_its_own_window() {
     // two windows. Revoking the second ends the second's window, not the
     // first's, whose delegate reads on (the connection told its exposures
     // apart by range alone, and ended the first's).
-    let (mut w, region, range) = world();
+    let (mut w, _, range) = world();
     let ttl = Duration::from_secs(10);
     let a = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
     let b = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
@@ -117,10 +120,7 @@ fn revoking_one_of_two_delegations_of_one_range_ends_its_own_window() {
     // The failed READ took the connection down too: the first's window
     // ends with it, and the range is the owner's again after both.
     assert!(
-        w.run_until(Duration::from_millis(50), |w| w
-            .victim
-            .region_write(region, range.offset, b"new")
-            .is_ok()),
+        writable_within(&mut w, range, Duration::from_millis(50)),
         "the range is the owner's again once both exposures ended"
     );
     let s = w.victim.stats().lease_owner.unwrap();
@@ -185,7 +185,7 @@ fn a_redemption_carrying_a_payload_takes_only_its_connection_down() {
 
 #[test]
 fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_confirmed() {
-    let (mut w, region, range) = world_under(CONFIRM);
+    let (mut w, _, range) = world_under(CONFIRM);
     let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
     let seen = redeem(&mut w, 1, d.token.as_bytes());
     assert_eq!(seen.kind, "reply");
@@ -198,10 +198,7 @@ fn under_confirm_a_revoked_delegation_withdraws_the_offer_and_its_read_is_never_
     // and the range is the owner's again at once.
     w.victim.revoke(d.cap).unwrap();
     assert!(
-        w.run_until(Duration::from_millis(5), |w| w
-            .victim
-            .region_write(region, range.offset, b"new")
-            .is_ok()),
+        writable_within(&mut w, range, Duration::from_millis(5)),
         "the range is written again once the offer was withdrawn"
     );
     // The delegate's confirm of what it read: never `Intact`.

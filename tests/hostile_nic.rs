@@ -1626,6 +1626,14 @@ fn dropped_as_refused(w: &World, req: u64) -> bool {
         .any(|e| matches!(e, Event::RequestDropped { req: r, error } if r.raw() == req && *error == refused))
 }
 
+/// The payload request `req` surfaced with, if it did.
+fn request_payload(w: &World, req: u64) -> Option<Vec<u8>> {
+    w.events.iter().find_map(|e| match e {
+        Event::Request { req: r, data: Some(d), .. } if r.raw() == req => Some(d.to_vec()),
+        _ => None,
+    })
+}
+
 #[test]
 fn confirm_a_request_whose_exposure_is_refused_is_dropped_not_kept_forever() {
     // Longer than a buffer: the engine refuses it (and says so to the
@@ -1659,11 +1667,7 @@ fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
     assert!(dropped_as_refused(&w, 2), "{:?}", w.events);
     w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
     w.run_for(Duration::from_millis(1));
-    let got = w.events.iter().find_map(|e| match e {
-        Event::Request { req, data: Some(d), .. } if req.raw() == 1 => Some(d.to_vec()),
-        _ => None,
-    });
-    assert_eq!(got, Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
+    assert_eq!(request_payload(&w, 1), Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
     assert!(w.down().is_none());
     w.finish();
 }
@@ -1681,11 +1685,7 @@ fn confirm_a_fetch_reusing_an_exposure_id_leaves_the_exposing_request_whole() {
     w.send(&request_frame(2, &[fb_attach(fetch)]));
     w.send(&confirm_reply(m, b, g, fb::Verdict::Intact));
     w.run_for(Duration::from_millis(1));
-    let got = w.events.iter().find_map(|e| match e {
-        Event::Request { req, data: Some(d), .. } if req.raw() == 1 => Some(d.to_vec()),
-        _ => None,
-    });
-    assert_eq!(got, Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
+    assert_eq!(request_payload(&w, 1), Some(vec![0x11; LIE_LEN as usize]), "{:?}", w.events);
     assert!(w.down().is_none());
     w.finish();
 }

@@ -984,15 +984,7 @@ fn an_invalidation_through_a_qp_with_no_connection_reaches_the_windows_owner() {
     let sn = fabric.add_device(DeviceConfig::rxe().named("s"));
     let p = Policies::both(Policy::Mw);
     let mut pool = LocalPool::new();
-    let (ep, driver) = builder(sn.clone())
-        .policy(mwcap::conn::PolicyChoice::Mw)
-        .trusted_peers(true)
-        .config(cfg(Role::Server, p).cfg)
-        .queue_depth(1 << 14)
-        .handshake_timeout(Duration::from_secs(5))
-        .listen("127.0.0.1:0".parse().unwrap())
-        .build()
-        .unwrap();
+    let (ep, driver) = builder(sn.clone()).queue_depth(1 << 14).build().unwrap();
     spawn(&pool, driver.run());
     // The victim: a server connection whose reply window stays bound.
     let (victim_s, mut victim_c) =
