@@ -287,12 +287,13 @@ fn policy(p: Policy) -> &'static str {
 fn counters(out: &mut String, s: &ConnStats) {
     let owner = s.lease_owner.unwrap_or_default();
     let reader = s.lease_reader.unwrap_or_default();
-    let pairs: [(&str, u64); 31] = [
+    let pairs: [(&str, u64); 32] = [
         ("calls", s.calls),
         ("replies_received", s.replies_received),
         ("calls_failed", s.calls_failed),
         ("requests", s.requests),
         ("requests_dropped", s.requests_dropped),
+        ("requests_busy", s.requests_busy),
         ("replies_sent", s.replies_sent),
         ("bytes_read", s.bytes_read),
         ("bytes_exposed", s.bytes_exposed),
@@ -336,6 +337,7 @@ fn add(a: &mut ConnStats, b: &ConnStats) {
         calls_failed,
         requests,
         requests_dropped,
+        requests_busy,
         replies_sent,
         bytes_read,
         bytes_exposed,

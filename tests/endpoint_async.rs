@@ -193,6 +193,49 @@ fn a_peer_the_application_says_is_gone_fails_calls_and_ends_as_peer_gone() {
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 
+/// A server's user that is slow to answer holds at most
+/// `Config::max_requests` requests of a connection: the next call fails at
+/// once with `CallError::Busy`, saying what to do, and the connection goes
+/// on; once the held request is answered, calls go through again.
+#[test]
+fn a_call_past_the_servers_max_requests_fails_as_busy_and_the_connection_goes_on() {
+    let fabric = Fabric::with_seed(35);
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let endpoint = |nic, max_requests| {
+        let mut cfg = small();
+        cfg.max_requests = max_requests;
+        Endpoint::builder(nic, Auth::Unauthenticated).config(cfg).build().unwrap()
+    };
+    let ((ce, cdrv), (se, sdrv)) = (endpoint(cn, 1024), endpoint(sn, 1));
+    let (client, server) = ce.connect_local(&se, Policies::both(Policy::Confirm)).unwrap();
+    let mut pool = LocalPool::new();
+    let sp = pool.spawner();
+    for drv in [cdrv, sdrv] {
+        sp.spawn_local(async move {
+            drv.run().await;
+        })
+        .unwrap();
+    }
+    let first = {
+        let client = client.clone();
+        sp.spawn_local_with_handle(async move { client.call(b"first", None).await }).unwrap()
+    };
+    let held = pool.run_until(server.next_request()).expect("the first request");
+    assert_eq!(&held.header[..], b"first");
+    let err = pool.run_until(client.call(b"second", None)).expect_err("one request is held");
+    assert_eq!(err, CallError::Busy { limit: 1 });
+    let msg = err.to_string();
+    assert!(msg.contains("Config::max_requests") && msg.contains("retry"), "{msg}");
+    pool.run_until(server.reply(held.id, 0, b"one", None)).expect("reply");
+    assert_eq!(&pool.run_until(first).expect("the first call").header[..], b"one");
+    sp.spawn_local(reverse(server.clone())).unwrap();
+    let r = pool.run_until(client.call(b"third", None)).expect("room again");
+    assert_eq!(&r.header[..], b"third");
+    assert_eq!(server.stats().requests_busy, 1);
+    assert!(client.is_down().is_none() && server.is_down().is_none());
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
 /// `accept` on an endpoint that does not listen says so; one that stops
 /// listening ends its accept loop; sharing needs the mw policy.
 #[test]

@@ -1904,3 +1904,62 @@ fn confirm_offers_the_client_cannot_take_fail_the_call() {
         w.finish();
     }
 }
+
+#[test]
+fn a_flood_of_requests_within_credit_is_refused_past_max_requests_and_keeps_nothing() {
+    // A client keeping to its credit, but never waiting for answers: before
+    // `Config::max_requests`, each request without a payload was kept (and
+    // handed to the user) as it came, credit coming back as each frame was
+    // taken in, so a server whose user answers slowly kept them without
+    // bound. Now the victim keeps 16, answers the rest at once with a busy
+    // refusal, and stays up.
+    use mwcap::conn::frame::Frame;
+    const LIMIT: u32 = 16;
+    const SENT: u64 = 600;
+    for pol in ALL {
+        let mut w = World::with_config(Role::Server, pol, |c| c.max_requests = LIMIT);
+        for msg_id in 1..=SENT {
+            let has =
+                w.run_until(Duration::from_millis(50), |w| w.attacker.sends < w.attacker.credit_granted);
+            assert!(has, "{pol:?}: no credit at request {msg_id}; down: {:?}", w.victim.is_down());
+            // Every other one past the limit carries an inline payload
+            // (which would wait for a buffer, were it kept).
+            let inline: &[u8] =
+                if msg_id > u64::from(LIMIT) && msg_id % 2 == 0 { b"inline payload" } else { b"" };
+            w.attacker.send_frame(&Frame::Request {
+                msg_id,
+                trace: None,
+                header: b"h",
+                inline,
+                attach: Default::default(),
+            });
+        }
+        w.run_for(Duration::from_millis(5));
+        assert!(w.victim.is_down().is_none(), "{pol:?}: {:?}", w.victim.is_down());
+        let s = w.victim.stats();
+        assert_eq!((s.requests, s.requests_busy), (u64::from(LIMIT), SENT - u64::from(LIMIT)), "{pol:?}");
+        let held = w.events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
+        assert_eq!(held, LIMIT as usize, "{pol:?}: requests handed to the user");
+        let busy: Vec<u64> = std::iter::from_fn(|| w.attacker.frames.pop_front())
+            .map(|f| Seen::of(&f))
+            .filter(|s| s.kind == "busy")
+            .filter_map(|s| s.msg_id)
+            .collect();
+        assert_eq!(
+            busy,
+            (u64::from(LIMIT) + 1..=SENT).collect::<Vec<_>>(),
+            "{pol:?}: one busy answer each, in order"
+        );
+        // Answering one makes room for one more.
+        let (req, data) = w.take_request();
+        if let Some(d) = data {
+            w.victim.free(d);
+        }
+        let now = w.now();
+        w.victim.reply(now, req, 0, b"a", None).unwrap();
+        w.send_within_credit(&request_frame(SENT + 1, &[]));
+        w.settle();
+        assert_eq!(w.victim.stats().requests, u64::from(LIMIT) + 1, "{pol:?}");
+        w.finish();
+    }
+}

@@ -407,6 +407,122 @@ fn mixed_policies_run_without_a_nic() {
     run_calls(Policies { request: Policy::Confirm, reply: Policy::Mw }, 100);
 }
 
+/// A server holds at most `Config::max_requests` unanswered requests of a
+/// connection: one more is refused unread with a busy answer, whatever it
+/// carries, and its call fails with `CallError::Busy`. Its payload is never
+/// read (a window grant is released unread, a confirm exposure left
+/// alone) and comes back to the caller; a confirm fetch of its reply is
+/// neither kept nor answered. Once the server answers one, calls go
+/// through again, and nothing leaks: every buffer back, every bind
+/// invalidated once.
+#[test]
+fn a_request_past_max_requests_is_refused_unread_and_the_server_keeps_nothing_of_it() {
+    for policies in [
+        Policies::both(Policy::Mw),
+        Policies::both(Policy::Confirm),
+        Policies { request: Policy::Mw, reply: Policy::Confirm },
+        Policies { request: Policy::Confirm, reply: Policy::Mw },
+    ] {
+        let c = Side::with(Role::Client, policies, 0x1000_0000, 0x77, None);
+        let s = Side::configured(Role::Server, policies, 0x2000_0000, 0x88, |c| c.max_requests = 2);
+        let mut p = Pair::started(c, s);
+        let call_with = |p: &mut Pair, seed: u64, payload: bool| {
+            p.now += Duration::from_micros(10);
+            let data = payload.then(|| {
+                let mut b = p.c.conn.alloc().expect("a free client buffer");
+                b.copy_from(&pattern(seed, 100)).unwrap();
+                b
+            });
+            let call = p.c.conn.call(p.now, &seed.to_le_bytes(), data).expect("call accepted");
+            p.settle();
+            call
+        };
+        let server_requests = |p: &mut Pair| {
+            let mut reqs = Vec::new();
+            while let Some(ev) = p.s.conn.poll_event() {
+                match ev {
+                    Event::Request { req, header, data, .. } => {
+                        if let Some(d) = data {
+                            let seed = u64::from_le_bytes(header[..8].try_into().unwrap());
+                            assert_eq!(d.to_vec(), pattern(seed, 100), "{policies:?}");
+                            p.s.conn.free(d);
+                        }
+                        reqs.push(req);
+                    }
+                    Event::BufferReturned(b) => p.s.conn.free(b),
+                    other => panic!("server, {policies:?}: {other:?}"),
+                }
+            }
+            reqs
+        };
+        // Two requests are held, unanswered.
+        let first = [call_with(&mut p, 1, true), call_with(&mut p, 2, false)];
+        let held = server_requests(&mut p);
+        assert_eq!(held.len(), 2, "{policies:?}");
+        // Two more, with and without a payload, are refused unread.
+        let refused = [call_with(&mut p, 3, true), call_with(&mut p, 4, false)];
+        p.settle();
+        assert!(server_requests(&mut p).is_empty(), "{policies:?}: a refused request reached the user");
+        let mut failed = Vec::new();
+        while let Some(ev) = p.c.conn.poll_event() {
+            match ev {
+                Event::CallFailed { call, error } => {
+                    assert_eq!(error, CallError::Busy { limit: 2 }, "{policies:?}");
+                    failed.push(call);
+                }
+                Event::BufferReturned(b) => p.c.conn.free(b),
+                other => panic!("client, {policies:?}: {other:?}"),
+            }
+        }
+        assert_eq!(failed, refused, "{policies:?}");
+        let st = p.s.conn.stats();
+        assert_eq!((st.requests, st.requests_busy, st.bytes_read), (2, 2, 100), "{policies:?}");
+        // The refused payload was never read, and it is the caller's again;
+        // under mw call 1's window waits for its release (on the reply).
+        let out = usize::from(policies.request == Policy::Mw);
+        assert_eq!(
+            p.c.conn.free_buffers(),
+            BUFFERS as usize - out,
+            "{policies:?}: only call 1's payload is out"
+        );
+        // An answer makes room: the next call goes through.
+        p.s.conn.reply(p.now, held[0], 0, b"a", None).expect("reply");
+        p.settle();
+        let next = call_with(&mut p, 5, true);
+        let more = server_requests(&mut p);
+        assert_eq!(more.len(), 1, "{policies:?}");
+        for r in [held[1], more[0]] {
+            p.s.conn.reply(p.now, r, 0, b"a", None).expect("reply");
+            p.settle();
+        }
+        let mut replied = Vec::new();
+        for _ in 0..3 {
+            p.settle();
+            while let Some(ev) = p.c.conn.poll_event() {
+                match ev {
+                    Event::Reply { call, .. } => replied.push(call),
+                    Event::BufferReturned(b) => p.c.conn.free(b),
+                    other => panic!("client, {policies:?}: {other:?}"),
+                }
+            }
+            while let Some(ev) = p.s.conn.poll_event() {
+                match ev {
+                    Event::BufferReturned(b) => p.s.conn.free(b),
+                    other => panic!("server, {policies:?}: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(replied, [first[0], first[1], next], "{policies:?}");
+        assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none(), "{policies:?}");
+        assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize, "{policies:?}: every client buffer is back");
+        assert_eq!(p.s.conn.free_buffers(), BUFFERS as usize, "{policies:?}: every server buffer is back");
+        for side in [&p.c, &p.s] {
+            assert!(side.windows.is_empty(), "{policies:?}: every bound window was invalidated");
+            assert_eq!(side.binds, side.invalidations, "{policies:?}: each bind invalidated once");
+        }
+    }
+}
+
 #[test]
 fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     let mut p = Pair::new(Policies::both(Policy::Mw));

@@ -338,6 +338,11 @@ pub struct ConnArgs {
     /// (`Config::max_waiting_inline`, default: the library's).
     #[arg(long)]
     pub max_waiting_inline: Option<u32>,
+    /// Server: unanswered requests a connection may have before the next
+    /// is refused unread with a busy answer (`Config::max_requests`,
+    /// default: the library's).
+    #[arg(long)]
+    pub max_requests: Option<u32>,
 }
 
 impl ConnArgs {
@@ -353,6 +358,9 @@ impl ConnArgs {
         }
         if let Some(n) = self.max_waiting_inline {
             c.max_waiting_inline = n;
+        }
+        if let Some(n) = self.max_requests {
+            c.max_requests = n;
         }
         if let Some(us) = self.busy_poll_us {
             c.busy_poll = std::time::Duration::from_micros(us);
@@ -549,11 +557,11 @@ mod tests {
             _ => unreachable!("a serve command"),
         };
         let mut c = mwcap::conn::Config::default();
-        let default = (c.max_waiting_payloads, c.max_waiting_inline);
+        let default = (c.max_waiting_payloads, c.max_waiting_inline, c.max_requests);
         conn(&["mwcap", "serve"]).apply(&mut c);
-        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), default);
-        conn(&["mwcap", "serve", "--max-waiting-payloads", "3", "--max-waiting-inline", "4096"])
-            .apply(&mut c);
-        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline), (3, 4096));
+        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline, c.max_requests), default);
+        let flags = ["--max-waiting-payloads", "3", "--max-waiting-inline", "4096", "--max-requests", "5"];
+        conn(&[&["mwcap", "serve"][..], &flags[..]].concat()).apply(&mut c);
+        assert_eq!((c.max_waiting_payloads, c.max_waiting_inline, c.max_requests), (3, 4096, 5));
     }
 }

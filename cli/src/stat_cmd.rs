@@ -227,7 +227,10 @@ pub fn table(text: &str) -> Result<String, String> {
                 state.to_string(),
                 age,
                 n("calls").saturating_add(n("requests")).to_string(),
-                n("calls_failed").saturating_add(n("requests_dropped")).to_string(),
+                n("calls_failed")
+                    .saturating_add(n("requests_dropped"))
+                    .saturating_add(n("requests_busy"))
+                    .to_string(),
                 bytes(n("bytes_read")),
                 bytes(n("bytes_exposed")),
                 n("binds").to_string(),

@@ -171,6 +171,15 @@ pub struct Config {
     /// (`docs/deploy.md`, "Bounds per connection"). A client keeps at most
     /// one inline payload per call of its own.
     pub max_waiting_inline: u32,
+    /// Server: the most requests of one connection it holds unanswered
+    /// (received and not yet replied to), 1,024 by default. A request that
+    /// comes while that many are is refused unread: the server answers it
+    /// at once with a busy refusal, declines its payload, and the call
+    /// fails with [`CallError::Busy`](super::CallError::Busy). This bounds
+    /// what a client can make a server keep, however slowly the server's
+    /// user answers (`docs/deploy.md`, "Bounds per connection"); each
+    /// request held costs a few hundred bytes.
+    pub max_requests: u32,
     /// Dead-peer detection: with `Some`, a connection pings its peer
     /// `interval` after the peer last answered one (busy or idle), and
     /// declares the peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive))
@@ -253,6 +262,9 @@ pub enum ConfigError {
     /// `Config::max_attempts` is 0.
     #[error("Config::max_attempts is 0: a confirm read could never be tried; set it to 1 or more")]
     NoAttempts,
+    /// `Config::max_requests` is 0.
+    #[error("Config::max_requests is 0: a server would refuse every request; set it to 1 or more (1,024 is the default)")]
+    NoRequests,
     /// The settings need more work requests on the send queue than a queue
     /// can be asked for.
     #[error(
@@ -393,6 +405,7 @@ impl Default for Config {
             keepalive: None,
             max_waiting_payloads: 64,
             max_waiting_inline: 64 << 10,
+            max_requests: 1024,
         }
     }
 }
@@ -434,6 +447,9 @@ impl Config {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::NoAttempts);
+        }
+        if self.max_requests == 0 {
+            return Err(ConfigError::NoRequests);
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! kind 5  Pong     seq:u64                  (the answer to a ping)
 //! kind 6  Credit   (nothing: the header's credit is the message)
 //! kind 7  Ask      msg_id:u64 body_len:u16 body attaches  (an ask of the owner's library, `conn::OwnerAsk`)
+//! kind 8  Busy     msg_id:u64 limit:u32     (a request refused unread: `Config::max_requests`)
 //! inline   := len:u16 bytes                (a payload small enough to ride along, `Config::inline_max`)
 //! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
@@ -254,6 +255,15 @@ pub enum Frame<'a> {
     /// say, sent when enough receives were posted and no other frame is
     /// going the peer's way.
     Credit,
+    /// A server's answer to a request it refused unread: `limit` requests
+    /// of this connection (its `Config::max_requests`) were unanswered
+    /// when it came.
+    Busy {
+        /// The request refused.
+        msg_id: u64,
+        /// The server's `Config::max_requests`.
+        limit: u32,
+    },
 }
 
 /// Why a frame was rejected. The connection treats each as peer misbehaviour.
@@ -325,6 +335,9 @@ impl<'a> Reader<'a> {
     fn u16(&mut self) -> Result<u16, FrameError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.array()?))
     }
     #[inline(always)]
     fn u64(&mut self) -> Result<u64, FrameError> {
@@ -432,6 +445,8 @@ pub(crate) enum Received<'a> {
     Pong { seq: u64 },
     /// [`Frame::Credit`].
     Credit,
+    /// [`Frame::Busy`].
+    Busy { msg_id: u64, limit: u32 },
 }
 
 impl<'a> Received<'a> {
@@ -451,6 +466,7 @@ impl<'a> Received<'a> {
             Received::Ping { seq } => Frame::Ping { seq },
             Received::Pong { seq } => Frame::Pong { seq },
             Received::Credit => Frame::Credit,
+            Received::Busy { msg_id, limit } => Frame::Busy { msg_id, limit },
         })
     }
 }
@@ -570,6 +586,10 @@ impl<'a> Frame<'a> {
             }
             Frame::Ping { seq } | Frame::Pong { seq } => w.put(&seq.to_le_bytes())?,
             Frame::Credit => {}
+            Frame::Busy { msg_id, limit } => {
+                w.put(&msg_id.to_le_bytes())?;
+                w.put(&limit.to_le_bytes())?;
+            }
         }
         Ok(w.at)
     }
@@ -584,6 +604,7 @@ impl<'a> Frame<'a> {
             Frame::Pong { .. } => 5,
             Frame::Credit => 6,
             Frame::Ask { .. } => 7,
+            Frame::Busy { .. } => 8,
         }
     }
 
@@ -649,6 +670,7 @@ impl<'a> Frame<'a> {
             5 => Received::Pong { seq: r.u64()? },
             6 => Received::Credit,
             7 => Received::Ask { msg_id: r.u64()?, body: r.header()?, attach: r.attaches()? },
+            8 => Received::Busy { msg_id: r.u64()?, limit: r.u32()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {

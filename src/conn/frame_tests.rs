@@ -18,7 +18,7 @@ type Parts = (u8, u64, u8, Vec<u8>, Attaches, Attach, Option<[u8; 16]>);
 /// Frames with their header bytes (owned by the strategy's value).
 fn frames() -> impl Strategy<Value = Parts> {
     (
-        0..7u8,
+        0..8u8,
         any::<u64>(),
         any::<u8>(),
         proptest::collection::vec(any::<u8>(), 0..128),
@@ -43,6 +43,7 @@ fn frame(v: &Parts) -> Frame<'_> {
         3 => Frame::Pong { seq: *msg_id },
         4 => Frame::Credit,
         5 => Frame::Ask { msg_id: *msg_id, body: header, attach: *attach },
+        6 => Frame::Busy { msg_id: *msg_id, limit: u32::from(*status) << 8 },
         _ => Frame::Engine(*one),
     }
 }

@@ -205,6 +205,9 @@ pub struct ConnStats {
     pub requests: u64,
     /// Server: requests dropped before the user saw them.
     pub requests_dropped: u64,
+    /// Server: requests refused unread because `Config::max_requests`
+    /// were unanswered ([`CallError::Busy`] at the client).
+    pub requests_busy: u64,
     /// Server: replies sent.
     pub replies_sent: u64,
     /// Payload bytes this side READ from the peer and accepted.
@@ -548,6 +551,19 @@ pub enum CallError {
          free or drop the buffers you hold sooner, or configure more (Config::buffers, Config::large_buffers)"
     )]
     NoBuffer(u32),
+    /// The server refused the request unread: `limit` requests of this
+    /// connection (its `Config::max_requests`) were unanswered when it
+    /// came. Nothing of it reached the server's user; its payload, if any,
+    /// comes back. Retry once earlier calls have finished, send fewer at
+    /// once, or raise the server's limit.
+    #[error(
+        "the server refused the request unread: it already held {limit} unanswered requests of this \
+         connection (its Config::max_requests); retry after earlier calls finish, or send fewer at once"
+    )]
+    Busy {
+        /// The server's `Config::max_requests`.
+        limit: u32,
+    },
 }
 
 /// A call or reply that was refused before anything was sent: why, and the

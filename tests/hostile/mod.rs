@@ -359,6 +359,10 @@ impl Seen {
             Frame::Ping { .. } => s.kind = "ping",
             Frame::Pong { .. } => s.kind = "pong",
             Frame::Credit => s.kind = "credit",
+            Frame::Busy { msg_id, .. } => {
+                s.kind = "busy";
+                s.msg_id = Some(msg_id);
+            }
         }
         s
     }

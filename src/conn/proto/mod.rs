@@ -768,7 +768,7 @@ fn push_attach(f: &mut Frame<'_>, a: Attach) {
             let pushed = attach.push(a);
             debug_assert!(pushed.is_ok(), "more engine messages than a frame carries");
         }
-        Frame::Engine(_) | Frame::Ping { .. } | Frame::Pong { .. } | Frame::Credit => {}
+        Frame::Engine(_) | Frame::Ping { .. } | Frame::Pong { .. } | Frame::Credit | Frame::Busy { .. } => {}
     }
 }
 

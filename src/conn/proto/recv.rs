@@ -119,6 +119,9 @@ impl Connection {
                 }
             }
             (Received::Credit, _) => {} // credit taken: see on_recv
+            (Received::Busy { msg_id, limit }, Role::Client) => {
+                self.abandon_call(now, msg_id, CallError::Busy { limit });
+            }
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
@@ -149,6 +152,9 @@ impl Connection {
             return self.misbehaved(now, Misbehavior::RequestIdReused { msg, last: self.last_request });
         }
         self.last_request = msg;
+        if self.requests.len() >= self.cfg.max_requests as usize {
+            return self.refuse_busy(now, msg, attach);
+        }
         let span = tracing::debug_span!("mwcap.request", req = msg, trace = tracing::field::Empty);
         if let Some(t) = trace {
             span.record("trace", tracing::field::display(t));
@@ -211,6 +217,30 @@ impl Connection {
             self.take_inline(msg, inline);
         }
         self.maybe_surface(msg);
+    }
+
+    /// Server: `Config::max_requests` of the connection's requests are
+    /// unanswered, and `msg` is refused unread. It is never recorded: its
+    /// attachments meet no request, so a window grant for its payload is
+    /// released unread, and a confirm exposure or fetch is neither read
+    /// nor answered (the client ends them as the call fails). Others
+    /// riding along (releases, fetches of earlier messages) are handled as
+    /// ever. An inline payload is dropped with the frame.
+    #[cold]
+    #[inline(never)]
+    fn refuse_busy(&mut self, now: Duration, msg: u64, attach: RawAttaches<'_>) {
+        let limit = self.cfg.max_requests;
+        tracing::debug!(req = msg, limit, "request refused: too many unanswered");
+        self.stats.requests_busy += 1;
+        for (engine, bytes) in attach.iter() {
+            self.on_attach(now, Some(msg), engine, bytes);
+            if self.down.is_some() {
+                return;
+            }
+        }
+        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: msg, limit }, None) {
+            self.go_down(now, LossReason::Nic(e));
+        }
     }
 
     /// An inline payload longer than our `inline_max` (a peer whose own
@@ -364,8 +394,11 @@ impl Connection {
                 if let Some(msg) = msg {
                     match m {
                         fb::Message::Expose { msg: fm, .. } => {
-                            if let Some(r) = self.requests.get_mut(&msg) {
-                                r.data = Data::Reading;
+                            match self.requests.get_mut(&msg) {
+                                Some(r) => r.data = Data::Reading,
+                                // A request refused unread (`refuse_busy`).
+                                None if self.role == Role::Server => return,
+                                None => {}
                             }
                             // An id in use names another request's exposure:
                             // that mapping stays (the engine ignores the reuse).
@@ -777,5 +810,6 @@ fn kind(f: &Received<'_>) -> &'static str {
         Received::Ping { .. } => "ping",
         Received::Pong { .. } => "pong",
         Received::Credit => "credit",
+        Received::Busy { .. } => "busy",
     }
 }
