@@ -277,3 +277,48 @@ fn a_window_read_of_held_bytes_is_a_hazard_even_where_confirm_reads_are_expected
     assert_eq!(h[0].kind, HazardKind::RemoteReadOfHeldBuffer);
     assert!(h[0].detail.contains("through a memory window"), "{h:?}");
 }
+
+/// A READ flushed after its request went out may still land: its
+/// destination is written over (with `LATE_BYTE`) just before its flush
+/// completion shows, the latest a NIC may. Memory a user took back before
+/// that completion is a hazard; after it, or once the QP is destroyed,
+/// nothing lands. A READ flushed before it was issued writes nothing.
+#[test]
+fn a_read_flushed_in_flight_lands_late_until_its_completion_shows() {
+    use mwcap::sim::{HazardKind, LATE_BYTE};
+    let run = |take_back_early: bool, destroy: bool| {
+        let f = Fabric::with_seed(7);
+        let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
+        f.set_progress(Progress::Manual);
+        let src = p.a.nic.reg_mr(64, Access::REMOTE_READ).unwrap();
+        let dst = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        let dst_mem = p.b.nic.memory(dst.id).unwrap();
+        p.b.nic.post_send(p.b.qp, &[read(1, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
+        // The request is on the wire, its response not back.
+        f.run_for(Duration::from_nanos(300));
+        p.b.nic.set_qp_error(p.b.qp).unwrap();
+        let held = take_back_early.then(|| dst_mem.hold(0, 16).unwrap());
+        if destroy {
+            p.b.nic.destroy_qp(p.b.qp).unwrap();
+        }
+        f.run_for(Duration::from_millis(1));
+        let cqes = if destroy { vec![] } else { p.b.nic.poll_cq_vec(p.b.cq, 4).unwrap() };
+        drop(held);
+        let mut bytes = [0u8; 16];
+        dst_mem.read(0, &mut bytes).unwrap();
+        (f.hazards(), cqes.len(), cqes.first().map(|c| c.status), bytes)
+    };
+    // Taken back only after the flush: no hazard, the late bytes are there.
+    let (h, n, status, bytes) = run(false, false);
+    assert!(h.is_empty(), "{h:?}");
+    assert_eq!((n, status), (1, Some(WcStatus::WrFlushErr)));
+    assert_eq!(bytes, [LATE_BYTE; 16]);
+    // Taken back before it: the late landing is caught.
+    let (h, _, _, _) = run(true, false);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].kind, HazardKind::DmaIntoHeldBuffer);
+    // The QP destroyed: its completions are gone, and nothing lands.
+    let (h, _, _, bytes) = run(true, true);
+    assert!(h.is_empty(), "{h:?}");
+    assert_eq!(bytes, [0; 16]);
+}

@@ -1,6 +1,6 @@
 //! What the scheduler carries between the simulated devices.
 
-use crate::backend::{Completion, WcStatus};
+use crate::backend::{Completion, SgeList, WcStatus};
 
 /// A scheduled event. Devices, queue pairs and CQs are named by slab index.
 #[derive(Debug)]
@@ -15,8 +15,10 @@ pub(crate) enum EvKind {
     AckTimer { dev: u32, qp: u32, gen: u64 },
     /// The requester resends after an RNR NAK.
     RnrResend { dev: u32, qp: u32, psn: u64 },
-    /// A completion becomes pollable.
-    Deliver { dev: u32, qp: u32, cq: u32, wc: Completion },
+    /// A completion becomes pollable. `late`: the destination of a READ
+    /// that failed after its request went out, written just before (see
+    /// `World::retire`).
+    Deliver { dev: u32, qp: u32, cq: u32, wc: Completion, late: Option<Box<SgeList>> },
 }
 
 /// A request on the wire.

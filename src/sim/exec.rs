@@ -8,6 +8,15 @@ use super::sched::Lane;
 use super::world::{World, WrState};
 use crate::backend::{Access, QpState, SendWr, WcStatus};
 
+/// What a READ that failed after its request went out leaves in its
+/// destination, written just before its completion shows: a NIC may still
+/// be landing the response while the QP goes to ERR, and the
+/// specification leaves the destination of a failed work request
+/// undefined. Memory reused before that completion (or the QP's
+/// destruction) is caught: as a hazard if a buffer handle holds it, as
+/// wrong bytes otherwise.
+pub const LATE_BYTE: u8 = 0xDB;
+
 impl World {
     /// Run one due event; false if none is due.
     pub(crate) fn run_one_due(&mut self) -> bool {
@@ -45,7 +54,49 @@ impl World {
             EvKind::Response { dev, qp, src_dev, psn, resp } => self.on_response(dev, qp, src_dev, psn, resp),
             EvKind::AckTimer { dev, qp, gen } => self.on_ack_timer(dev, qp, gen),
             EvKind::RnrResend { dev, qp, psn } => self.on_rnr_resend(dev, qp, psn),
-            EvKind::Deliver { dev, qp, cq, wc } => self.on_deliver(dev, qp, cq, wc),
+            EvKind::Deliver { dev, qp, cq, wc, late } => {
+                if let Some(local) = late {
+                    self.land_late(dev, qp, wc.wr_id, &local);
+                }
+                self.on_deliver(dev, qp, cq, wc)
+            }
+        }
+    }
+
+    /// The late bytes of a READ that failed after its request went out
+    /// (`World::retire`), written into its destination just before its
+    /// completion shows: unless its QP is destroyed (its completions are
+    /// then dropped, and the destruction is the evidence).
+    fn land_late(&mut self, dev: u32, qp: u32, wr_id: u64, local: &crate::backend::SgeList) {
+        let d = &mut self.devs[dev as usize];
+        if d.qp(qp).is_none() {
+            return;
+        }
+        let mut hazard = None;
+        for s in local.iter() {
+            let Some(mr) = d.mr_mut(s.mr.0) else {
+                hazard = Some((
+                    HazardKind::DmaIntoFreedMemory,
+                    format!("failed READ wr_id {wr_id} landed late in deregistered region {}", s.mr.0),
+                ));
+                continue;
+            };
+            let late = vec![LATE_BYTE; s.len as usize];
+            if mr.data.dma_write(s.offset, &late).unwrap_or(false) {
+                hazard = Some((
+                    HazardKind::DmaIntoHeldBuffer,
+                    format!(
+                        "failed READ wr_id {wr_id} landed late in region {} bytes {}..{}, some lent to a buffer handle \
+                         before its completion",
+                        s.mr.0,
+                        s.offset,
+                        s.offset + s.len as usize,
+                    ),
+                ));
+            }
+        }
+        if let Some((kind, detail)) = hazard {
+            self.hazard(dev, kind, detail);
         }
     }
 

@@ -48,6 +48,7 @@ mod sched;
 mod world;
 
 pub use config::{DeviceConfig, FabricConfig, Faults, Latency, MwSupport, Progress};
+pub use exec::LATE_BYTE;
 pub use fabric::{Fabric, IDLE_EVENT_LIMIT};
 pub use nic::SimNic;
 pub use oracle::{

@@ -16,7 +16,7 @@ use super::event::EvKind;
 use super::oracle::{Hazard, HazardKind, QpCounters, TraceEntry};
 use super::sched::{Lane, Scheduler};
 use super::DeviceId;
-use crate::backend::{Access, Completion, QpConfig, QpState, SendWr, Sge, WcOpcode, WcStatus};
+use crate::backend::{Access, Completion, QpConfig, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus};
 
 pub(crate) struct World {
     pub(crate) cfg: FabricConfig,
@@ -345,8 +345,12 @@ impl World {
     /// after `destroy_qp` no completion of it appears (its number may serve
     /// a new QP by then).
     pub(crate) fn deliver(&mut self, dev: u32, qp: u32, cq: u32, wc: Completion) {
+        self.deliver_late(dev, qp, cq, wc, None);
+    }
+
+    fn deliver_late(&mut self, dev: u32, qp: u32, cq: u32, wc: Completion, late: Option<Box<SgeList>>) {
         let at = self.now + self.cfg.latency.completion.as_nanos() as u64;
-        self.sched.push(Lane::Cq(dev, cq), at, EvKind::Deliver { dev, qp, cq, wc });
+        self.sched.push(Lane::Cq(dev, cq), at, EvKind::Deliver { dev, qp, cq, wc, late });
     }
 
     /// Hand the send queue's finished head entries to the CQ, in order.
@@ -370,7 +374,22 @@ impl World {
                     vendor_err: 0,
                 };
                 let cq = q.cfg.send_cq.0;
-                self.deliver(dev, qp, cq, wc);
+                // A READ that fails (flushed, or its own error) after its
+                // request went out leaves its destination undefined: the
+                // response may still be landing while the QP goes to ERR.
+                // Its bytes are written over just before the completion
+                // shows (the latest a NIC may), so memory reused before
+                // that evidence is caught (`land_late`). Not after a local
+                // protection error: the destination could not be written.
+                let late = match e.wr {
+                    SendWr::Read { local, .. }
+                        if !matches!(status, WcStatus::Success | WcStatus::LocProtErr) && e.psn.is_some() =>
+                    {
+                        Some(Box::new(local))
+                    }
+                    _ => None,
+                };
+                self.deliver_late(dev, qp, cq, wc, late);
             }
         }
     }
