@@ -322,3 +322,39 @@ fn a_read_flushed_in_flight_lands_late_until_its_completion_shows() {
     assert!(h.is_empty(), "{h:?}");
     assert_eq!(bytes, [0; 16]);
 }
+
+/// A SEND's memory must keep the bytes the NIC read until the SEND ends: a
+/// retransmission reads them again. Writing them while it is in flight is
+/// a hazard (the peer still gets the first bytes); after its completion,
+/// nothing is.
+#[test]
+fn a_send_buffer_changed_while_in_flight_is_a_hazard() {
+    use mwcap::sim::HazardKind;
+    let run = |write_early: bool| {
+        let f = Fabric::with_seed(8);
+        let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
+        f.set_progress(Progress::Manual);
+        let src = p.a.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        let dst = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        p.a.nic.write_mr(src.id, 0, b"first bytes").unwrap();
+        p.b.nic.post_recv(p.b.qp, 9, Sge { mr: dst.id, offset: 0, len: 64 }).unwrap();
+        let sge = SgeList::from([Sge { mr: src.id, offset: 0, len: 11 }]);
+        p.a.nic.post_send(p.a.qp, &[SendWr::Send { wr_id: 1, signaled: true, sge }]).unwrap();
+        f.run_for(Duration::from_nanos(300));
+        if write_early {
+            p.a.nic.write_mr(src.id, 0, b"other bytes").unwrap();
+        }
+        f.run_for(Duration::from_millis(1));
+        let done = p.a.nic.poll_cq_vec(p.a.cq, 4).unwrap();
+        assert_eq!(done.iter().map(|c| c.status).collect::<Vec<_>>(), [WcStatus::Success]);
+        p.a.nic.write_mr(src.id, 0, b"later bytes").unwrap();
+        let mut got = [0u8; 11];
+        p.b.nic.memory(dst.id).unwrap().read(0, &mut got).unwrap();
+        assert_eq!(&got, b"first bytes");
+        f.hazards()
+    };
+    assert!(run(false).is_empty(), "reused after its completion: no hazard");
+    let h = run(true);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].kind, HazardKind::SendBufferChanged);
+}

@@ -209,7 +209,7 @@ impl World {
     }
 
     /// The bytes of a SEND, read by the NIC when it executes the request.
-    fn gather(&mut self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
+    pub(crate) fn gather(&mut self, dev: u32, qp: u32, sges: &[crate::backend::Sge]) -> Option<Vec<u8>> {
         let len: usize = sges.iter().map(|s| s.len as usize).sum();
         let mut out = self.spare.take(len);
         let d = &self.devs[dev as usize];

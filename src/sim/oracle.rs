@@ -121,6 +121,12 @@ pub enum HazardKind {
     /// unreachable), or through a region's key in memory that does not
     /// expect it (`Memory::expect_reads_of_held`: confirm expects it).
     RemoteReadOfHeldBuffer,
+    /// A SEND's bytes changed (or its region went away) between the NIC's
+    /// read of them and the end of the SEND (its acknowledgement, or its
+    /// flush): its memory was reused while the NIC could still read it,
+    /// and a retransmission would have sent the new bytes (the simulator
+    /// sends the first ones).
+    SendBufferChanged,
 }
 
 /// A recorded hazard.

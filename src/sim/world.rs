@@ -360,6 +360,7 @@ impl World {
             let Some(WrState::Done { status, byte_len }) = q.sq.front().map(|e| e.st) else { return };
             let mut e = q.sq.pop_front().expect("front exists");
             if let Some(p) = e.payload.take() {
+                self.check_send_unchanged(dev, qp, &e.wr, &p);
                 self.spare.put(p);
             }
             let Some(q) = self.devs[dev as usize].qp_mut(qp) else { return };
@@ -391,6 +392,26 @@ impl World {
                 };
                 self.deliver_late(dev, qp, cq, wc, late);
             }
+        }
+    }
+
+    /// A SEND ends (acknowledged or flushed): its memory must still hold
+    /// the bytes the NIC read at its issue, which a retransmission would
+    /// read again.
+    fn check_send_unchanged(&mut self, dev: u32, qp: u32, wr: &SendWr, sent: &[u8]) {
+        let (SendWr::Send { wr_id, sge, .. } | SendWr::SendWithInv { wr_id, sge, .. }) = wr else { return };
+        let now = self.gather(dev, qp, sge);
+        if now.as_deref() != Some(sent) {
+            let detail = match &now {
+                Some(_) => {
+                    format!("SEND wr_id {wr_id}: its bytes changed while the NIC could still read them")
+                }
+                None => format!("SEND wr_id {wr_id}: its region went away while the NIC could still read it"),
+            };
+            self.hazard(dev, HazardKind::SendBufferChanged, detail);
+        }
+        if let Some(v) = now {
+            self.spare.put(v);
         }
     }
 
