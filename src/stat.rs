@@ -201,13 +201,14 @@ impl Registry {
                 // The line goes on: the hub's shared receive queue.
                 let _ = write!(
                     out,
-                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_limit_events={} srq_refused={} srq_unclaimed={} srq_send_slots={} srq_send_lent={}",
+                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_given_back={} srq_limit_events={} srq_refused={} srq_unclaimed={} srq_send_slots={} srq_send_lent={}",
                     q.slots,
                     q.shares,
                     q.registered_bytes,
                     q.frames,
                     q.grown,
                     q.withheld,
+                    q.given_back,
                     q.limit_events,
                     q.refused,
                     q.unclaimed,
@@ -287,7 +288,7 @@ fn policy(p: Policy) -> &'static str {
 fn counters(out: &mut String, s: &ConnStats) {
     let owner = s.lease_owner.unwrap_or_default();
     let reader = s.lease_reader.unwrap_or_default();
-    let pairs: [(&str, u64); 32] = [
+    let pairs: [(&str, u64); 33] = [
         ("calls", s.calls),
         ("replies_received", s.replies_received),
         ("calls_failed", s.calls_failed),
@@ -307,6 +308,7 @@ fn counters(out: &mut String, s: &ConnStats) {
         ("credits_owed", u64::from(s.credits_owed)),
         ("credit_waits", s.credit_waits),
         ("credit_frames", s.credit_frames),
+        ("credits_returned", s.credits_returned),
         ("binds", owner.grants),
         ("releases", owner.released),
         ("expiries", owner.expired),
@@ -352,6 +354,7 @@ fn add(a: &mut ConnStats, b: &ConnStats) {
         credits_owed,
         credit_waits,
         credit_frames,
+        credits_returned,
         buffers_free,
         buffers_user,
         buffers_exposed,

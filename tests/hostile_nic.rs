@@ -1965,3 +1965,35 @@ fn a_flood_of_requests_within_credit_is_refused_past_max_requests_and_keeps_noth
         w.finish();
     }
 }
+
+#[test]
+fn a_give_back_asking_for_everything_leaves_the_victim_its_least_credit() {
+    // A peer may ask for the credit it granted back (`GiveBack`, meant for
+    // an idle connection on shared receives); asking for all of it would
+    // leave the victim unable to send. The victim keeps the least a side
+    // may start with (3), gives back the rest, says so, and goes on.
+    use mwcap::conn::frame::{Frame, MIN_START_CREDITS};
+    for role in [Role::Server, Role::Client] {
+        for pol in ALL {
+            let mut w = World::new(role, pol);
+            let before = w.victim.stats().credits;
+            w.attacker.frames.clear();
+            w.attacker.send_frame(&Frame::GiveBack { keep: 0 });
+            let count = loop {
+                if let Ok((Frame::Returned { count }, _)) = Frame::decode_with_credit(&w.next_frame()) {
+                    break count;
+                }
+            };
+            // (The GiveBack frame may itself grant credit.)
+            assert!(count >= before - MIN_START_CREDITS, "{role:?} {pol:?}: {count} of {before}");
+            let s = w.victim.stats();
+            assert_eq!(
+                (s.credits, s.credits_returned),
+                (MIN_START_CREDITS - 1, u64::from(count)),
+                "{role:?} {pol:?}"
+            );
+            assert!(w.victim.is_down().is_none(), "{role:?} {pol:?}");
+            w.finish();
+        }
+    }
+}

@@ -911,3 +911,161 @@ fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
     assert_eq!(rnr_naks(&fabric, &vclient, cn.device()), 0);
     drop(hs);
 }
+
+/// A connection whose share grew while it was busy gives it back once its
+/// peer has been idle for `RECLAIM_AFTER`: the endpoint asks the peer
+/// (`GiveBack`), the peer returns the credit past the start credits
+/// (`Returned`), and the receives are free for others. Before, a grown
+/// share shrank only as frames came, so idle connections kept a full queue
+/// full and new connections were refused for good.
+#[test]
+fn an_idle_connections_grown_share_comes_back_and_makes_room() {
+    use mwcap::conn::RECLAIM_AFTER;
+    let (fabric, ch, sh, mut pool, cdev) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 48 });
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let (c, s) = pair(&ch, &sh).unwrap();
+        spawn(&pool, serve(s.clone()));
+        conns.push((c, s));
+    }
+    let servers: Vec<Connection<SimNic>> = conns.iter().map(|(_, s)| s.clone()).collect();
+    let calls = |c: Connection<SimNic>, round: usize| {
+        let servers = servers.clone();
+        async move {
+            let each = (0..4usize).map(|k| {
+                let c = c.clone();
+                let servers = servers.clone();
+                async move {
+                    let mut b = c.alloc_for(100).await.unwrap();
+                    b.copy_from(&pattern(round + k, 100)).unwrap();
+                    let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| {
+                        panic!(
+                            "round {round} call {k}: {e}: {:?}\n{:?}",
+                            c.stats(),
+                            servers.iter().map(|s| s.stats()).collect::<Vec<_>>()
+                        )
+                    });
+                    let mut want = pattern(round + k, 100);
+                    want.reverse();
+                    let d = r.data.unwrap();
+                    assert_eq!(d.to_vec(), want);
+                    c.free(d);
+                }
+            });
+            futures::future::join_all(each).await;
+        }
+    };
+    // Two connections get busy: their shares grow until the queue is at
+    // its most, and there is no room for another connection.
+    for round in 0..16 {
+        let busy = conns.iter().take(2).map(|(c, _)| calls(c.clone(), round));
+        pool.run_until(futures::future::join_all(busy));
+    }
+    let grown = sh.stats().srq.unwrap();
+    assert!(grown.grown > 0 && conns[0].1.stats().receive_share > 8, "{grown:?}");
+    let extra: u32 = conns.iter().map(|(_, s)| s.stats().receive_share - 8).sum();
+    assert!(extra > 0, "{grown:?}");
+    // Idle past RECLAIM_AFTER: each grown share is given back.
+    pool.run_until(async_io::Timer::after(RECLAIM_AFTER + Duration::from_millis(300)));
+    let st = sh.stats().srq.unwrap();
+    assert_eq!(st.shares, 4 * 8, "every share back at its start credits: {grown:?} -> {st:?}");
+    assert_eq!(st.given_back, u64::from(extra), "{st:?}");
+    for (_, s) in &conns {
+        assert_eq!(s.stats().receive_share, 8);
+    }
+    let returned: u64 = conns.iter().map(|(c, _)| c.stats().credits_returned).sum();
+    assert_eq!(returned, u64::from(extra), "the clients gave back what the shares lost");
+    // The room goes to new connections, and the old ones still work (and
+    // grow again when busy).
+    let mut more = Vec::new();
+    while st.slots - 4 * 8 >= 8 * (more.len() as u32 + 1) {
+        let (c, s) = pair(&ch, &sh).expect("room for a new connection");
+        spawn(&pool, serve(s.clone()));
+        more.push((c, s));
+    }
+    assert!(!more.is_empty());
+    for round in 16..20 {
+        let busy = conns.iter().chain(&more).map(|(c, _)| calls(c.clone(), round));
+        pool.run_until(futures::future::join_all(busy));
+    }
+    for (c, _) in conns.iter().chain(&more) {
+        assert_eq!(c.stats().calls_failed, 0);
+        assert_eq!(rnr_naks(&fabric, c, cdev), 0);
+        assert!(c.is_down().is_none());
+    }
+    let st = sh.stats().srq.unwrap();
+    assert!(st.shares <= st.slots, "{st:?}");
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A `Returned` frame answers a `GiveBack`, and gives back no more than
+/// the peer could hold past the start credits: one that answers nothing,
+/// or gives back more, ends that connection (`BadReturn`), and only it.
+#[test]
+fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection() {
+    use mwcap::conn::frame::Frame;
+    use mwcap::conn::{Misbehavior, RECLAIM_AFTER};
+    let fabric = Fabric::with_seed(37);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let sh = hubs::endpoint(&pool, shared(sn, 1 << 14, SrqConfig { chunk: 32, max_slots: 64 }));
+    let ch = hubs::endpoint(&pool, builder(cn.clone()).queue_depth(1 << 14));
+    let (vclient, victim) = hubs::pair(&ch, &sh, cfg(Role::Client), cfg(Role::Server));
+    spawn(&pool, serve(victim.clone()));
+    // Frames written by hand on a hand-driven client's QP (never driven:
+    // what the server sends it stays in its receives).
+    let raw = |peer: &Link<SimNic>, frames: &[Frame<'_>]| {
+        let tx = peer.nic().reg_mr(frames.len() * 64, Access::LOCAL_WRITE).unwrap();
+        let wrs: Vec<SendWr> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let bytes = f.encode().unwrap();
+                peer.nic().write_mr(tx.id, i * 64, &bytes).unwrap();
+                let sge = SgeList::one(Sge { mr: tx.id, offset: i * 64, len: bytes.len() as u32 });
+                SendWr::Send { wr_id: 0xf200 + i as u64, signaled: false, sge }
+            })
+            .collect();
+        peer.nic().post_send(peer.local().id, &wrs).unwrap();
+    };
+    let settle = |pool: &mut LocalPool, conn: &Connection<SimNic>| {
+        for _ in 0..200 {
+            pool.run_until_stalled();
+            fabric.run_until_idle();
+            if conn.is_down().is_some() {
+                break;
+            }
+        }
+    };
+    // Unasked.
+    let (s1, unasked) = server_with_link_client(&sh, &cn);
+    let c1 = s1.connect(&unasked.local()).unwrap();
+    spawn(&pool, serve(c1.clone()));
+    raw(&unasked, &[Frame::Returned { count: 1 }]);
+    settle(&mut pool, &c1);
+    assert_eq!(c1.is_down(), Some(LossReason::PeerMisbehaved(Misbehavior::BadReturn { count: 1, most: 0 })));
+    // Asked, but beyond the share: the pings grow it, the idle time brings
+    // the GiveBack, and the answer gives back more than was granted.
+    let (s2, greedy) = server_with_link_client(&sh, &cn);
+    let c2 = s2.connect(&greedy.local()).unwrap();
+    spawn(&pool, serve(c2.clone()));
+    raw(&greedy, &(0..4).map(|seq| Frame::Ping { seq }).collect::<Vec<_>>());
+    settle(&mut pool, &c2);
+    let share = c2.stats().receive_share;
+    assert!(share > 8 && c2.is_down().is_none(), "{:?}", c2.stats());
+    pool.run_until(async_io::Timer::after(RECLAIM_AFTER + Duration::from_millis(200)));
+    raw(&greedy, &[Frame::Returned { count: 1000 }]);
+    settle(&mut pool, &c2);
+    assert_eq!(
+        c2.is_down(),
+        Some(LossReason::PeerMisbehaved(Misbehavior::BadReturn { count: 1000, most: share - 8 }))
+    );
+    // The victim on the same queue goes on.
+    let r = pool.run_until(vclient.call(b"still", None)).expect("the victim's call");
+    assert_eq!(r.status, 0);
+    assert!(victim.is_down().is_none());
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+    drop((unasked, greedy));
+}

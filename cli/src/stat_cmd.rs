@@ -170,13 +170,14 @@ pub fn table(text: &str) -> Result<String, String> {
             if f.contains_key("srq_slots") {
                 let _ = write!(
                     hub,
-                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} limit events, {} refused, {} unclaimed",
+                    "; shared receives: {} of {} held by shares ({} bytes), {} frames, {} grown, {} withheld, {} given back, {} limit events, {} refused, {} unclaimed",
                     g("srq_shares"),
                     g("srq_slots"),
                     g("srq_bytes"),
                     g("srq_frames"),
                     g("srq_grown"),
                     g("srq_withheld"),
+                    g("srq_given_back"),
                     g("srq_limit_events"),
                     g("srq_refused"),
                     g("srq_unclaimed")
@@ -343,13 +344,13 @@ mod tests {
         assert_eq!(rows[9], "  4: the peer closed the connection");
         let srq = "mwcap-stat 1 pid=7 connections=0\n\
             hub name=mw connections=2 added=5 reserved_entries=110 depth=32767 completions=900 orphans=0 turns=40 connection_turns=70 sleeps=9 \
-            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_limit_events=0 srq_refused=0 srq_unclaimed=2 srq_send_slots=256 srq_send_lent=3\n";
+            srq_slots=1024 srq_shares=24 srq_bytes=4194304 srq_frames=800 srq_grown=8 srq_withheld=0 srq_given_back=5 srq_limit_events=0 srq_refused=0 srq_unclaimed=2 srq_send_slots=256 srq_send_lent=3\n";
         let t = table(srq).unwrap();
         let hub = t.lines().find(|l| l.starts_with("hub ")).unwrap_or_else(|| panic!("{t}"));
         assert_eq!(
             hub,
             "hub mw: 2 connection(s), 110 of 32767 queue entries reserved, 900 completions (0 orphans), 40 turns, 70 connection turns, 9 sleeps; \
-             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 0 limit events, 0 refused, 2 unclaimed, \
+             shared receives: 24 of 1024 held by shares (4194304 bytes), 800 frames, 8 grown, 0 withheld, 5 given back, 0 limit events, 0 refused, 2 unclaimed, \
              256 send slots (3 lent)"
         );
         let pooled = srq.replace(

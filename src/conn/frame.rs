@@ -10,6 +10,8 @@
 //! kind 6  Credit   (nothing: the header's credit is the message)
 //! kind 7  Ask      msg_id:u64 body_len:u16 body attaches  (an ask of the owner's library, `conn::OwnerAsk`)
 //! kind 8  Busy     msg_id:u64 limit:u32     (a request refused unread: `Config::max_requests`)
+//! kind 9  GiveBack keep:u32                (keep at most `keep` credits; return the rest)
+//! kind 10 Returned count:u32               (the answer: `count` credits given back)
 //! inline   := len:u16 bytes                (a payload small enough to ride along, `Config::inline_max`)
 //! attaches := count:u8 (at most MAX_ATTACH) { engine:u8 (1 mw, 2 confirm) len:u16 bytes }
 //! ```
@@ -264,6 +266,19 @@ pub enum Frame<'a> {
         /// The server's `Config::max_requests`.
         limit: u32,
     },
+    /// Flow control, from a side on shared receives whose peer has been
+    /// idle: keep at most `keep` of the credit granted, and give the rest
+    /// back ([`Frame::Returned`]), so that the receives go to others.
+    GiveBack {
+        /// The credits the peer may keep (the sender's start credits).
+        keep: u32,
+    },
+    /// Flow control: the answer to a [`Frame::GiveBack`]; the sender holds
+    /// `count` credits fewer than it was granted.
+    Returned {
+        /// Credits given back.
+        count: u32,
+    },
 }
 
 /// Why a frame was rejected. The connection treats each as peer misbehaviour.
@@ -447,6 +462,10 @@ pub(crate) enum Received<'a> {
     Credit,
     /// [`Frame::Busy`].
     Busy { msg_id: u64, limit: u32 },
+    /// [`Frame::GiveBack`].
+    GiveBack { keep: u32 },
+    /// [`Frame::Returned`].
+    Returned { count: u32 },
 }
 
 impl<'a> Received<'a> {
@@ -467,6 +486,8 @@ impl<'a> Received<'a> {
             Received::Pong { seq } => Frame::Pong { seq },
             Received::Credit => Frame::Credit,
             Received::Busy { msg_id, limit } => Frame::Busy { msg_id, limit },
+            Received::GiveBack { keep } => Frame::GiveBack { keep },
+            Received::Returned { count } => Frame::Returned { count },
         })
     }
 }
@@ -590,6 +611,7 @@ impl<'a> Frame<'a> {
                 w.put(&msg_id.to_le_bytes())?;
                 w.put(&limit.to_le_bytes())?;
             }
+            Frame::GiveBack { keep: n } | Frame::Returned { count: n } => w.put(&n.to_le_bytes())?,
         }
         Ok(w.at)
     }
@@ -605,6 +627,8 @@ impl<'a> Frame<'a> {
             Frame::Credit => 6,
             Frame::Ask { .. } => 7,
             Frame::Busy { .. } => 8,
+            Frame::GiveBack { .. } => 9,
+            Frame::Returned { .. } => 10,
         }
     }
 
@@ -671,6 +695,8 @@ impl<'a> Frame<'a> {
             6 => Received::Credit,
             7 => Received::Ask { msg_id: r.u64()?, body: r.header()?, attach: r.attaches()? },
             8 => Received::Busy { msg_id: r.u64()?, limit: r.u32()? },
+            9 => Received::GiveBack { keep: r.u32()? },
+            10 => Received::Returned { count: r.u32()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {

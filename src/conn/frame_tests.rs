@@ -18,7 +18,7 @@ type Parts = (u8, u64, u8, Vec<u8>, Attaches, Attach, Option<[u8; 16]>);
 /// Frames with their header bytes (owned by the strategy's value).
 fn frames() -> impl Strategy<Value = Parts> {
     (
-        0..8u8,
+        0..10u8,
         any::<u64>(),
         any::<u8>(),
         proptest::collection::vec(any::<u8>(), 0..128),
@@ -44,6 +44,8 @@ fn frame(v: &Parts) -> Frame<'_> {
         4 => Frame::Credit,
         5 => Frame::Ask { msg_id: *msg_id, body: header, attach: *attach },
         6 => Frame::Busy { msg_id: *msg_id, limit: u32::from(*status) << 8 },
+        7 => Frame::GiveBack { keep: *msg_id as u32 },
+        8 => Frame::Returned { count: (*msg_id >> 32) as u32 },
         _ => Frame::Engine(*one),
     }
 }

@@ -76,6 +76,9 @@ pub struct SrqStats {
     pub grown: u64,
     /// Receives not granted again (a share shrunk by one).
     pub withheld: u64,
+    /// Receives an idle connection's peer gave back (its share shrunk by
+    /// as many: `docs/serving.md`, "Shared receives").
+    pub given_back: u64,
     /// Limit events taken (most receives were in use at once).
     pub limit_events: u64,
     /// Connections refused for want of room.
@@ -172,6 +175,7 @@ pub(crate) struct SharedReceives<N: Nic> {
     frames: AtomicU64,
     grown: AtomicU64,
     withheld: AtomicU64,
+    given_back: AtomicU64,
     limit_events: AtomicU64,
     refused: AtomicU64,
     unclaimed: AtomicU64,
@@ -203,6 +207,7 @@ impl<N: Nic> SharedReceives<N> {
             frames: AtomicU64::new(0),
             grown: AtomicU64::new(0),
             withheld: AtomicU64::new(0),
+            given_back: AtomicU64::new(0),
             limit_events: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             unclaimed: AtomicU64::new(0),
@@ -270,6 +275,13 @@ impl<N: Nic> SharedReceives<N> {
         }
         st.shares += start;
         Ok(())
+    }
+
+    /// A connection's peer gave back `n` receives of its share (it was
+    /// idle, and asked): they are free for others.
+    pub(crate) fn given_back(&self, n: u32) {
+        self.given_back.fetch_add(u64::from(n), Ordering::Relaxed);
+        self.release(n);
     }
 
     /// A connection's QP is gone: its share comes back.
@@ -424,6 +436,7 @@ impl<N: Nic> SharedReceives<N> {
             frames: self.frames.load(Ordering::Relaxed),
             grown: self.grown.load(Ordering::Relaxed),
             withheld: self.withheld.load(Ordering::Relaxed),
+            given_back: self.given_back.load(Ordering::Relaxed),
             limit_events: self.limit_events.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             unclaimed: self.unclaimed.load(Ordering::Relaxed),

@@ -205,6 +205,9 @@ pub struct ConnStats {
     pub requests: u64,
     /// Server: requests dropped before the user saw them.
     pub requests_dropped: u64,
+    /// Credits this side gave back to a peer on shared receives that
+    /// asked for them (its idle share shrank by as many).
+    pub credits_returned: u64,
     /// Server: requests refused unread because `Config::max_requests`
     /// were unanswered ([`CallError::Busy`] at the client).
     pub requests_busy: u64,
@@ -401,6 +404,16 @@ pub enum Misbehavior {
     /// that each side sees the other go away).
     #[error("the peer wrote on its bootstrap stream after the handshake ended")]
     BootstrapAfterReady,
+    /// A `Returned` frame that answers no `GiveBack` of this side, or
+    /// gives back more credit than the peer could hold past this side's
+    /// start credits (`most`; 0 when nothing was asked).
+    #[error("the peer gave back {count} credits unasked or beyond the {most} it could (flow control)")]
+    BadReturn {
+        /// Credits it said it gave back.
+        count: u32,
+        /// The most it could give back.
+        most: u32,
+    },
     /// A window grant whose lease id names a lease of the peer's that this
     /// side still holds (reading it, waiting for a buffer, or declining
     /// it): the owner names each live lease once, and this side maps the

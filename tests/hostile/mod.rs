@@ -363,6 +363,8 @@ impl Seen {
                 s.kind = "busy";
                 s.msg_id = Some(msg_id);
             }
+            Frame::GiveBack { .. } => s.kind = "give back",
+            Frame::Returned { .. } => s.kind = "returned",
         }
         s
     }

@@ -410,9 +410,20 @@ impl<N: Nic> Link<N> {
             conn.post_failed(&Command::SetQpError, e);
             conn.handle_completion(now, &own, &[]);
         }
+        // Receives an idle peer gave back: free for others (before the
+        // regrant below counts what is free). The frame that said so gets
+        // its receive back, and the share does not grow again for it.
+        let returned = if self.share_released { None } else { self.conn.take_returned() };
+        if let Some(n) = returned.filter(|&n| n > 0) {
+            srq.given_back(n);
+        }
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
             let (share, cfg) = (self.conn.receive_share(), self.conn.config());
-            match srq.regrant(share, cfg.start_credits, cfg.ctrl_slots) {
+            let regrant = match returned {
+                Some(_) => Regrant::Same,
+                None => srq.regrant(share, cfg.start_credits, cfg.ctrl_slots),
+            };
+            match regrant {
                 Regrant::Same => self.conn.grant_receives(1, 0),
                 Regrant::Grow => self.conn.grant_receives(2, 1),
                 Regrant::Withhold => {
@@ -430,7 +441,9 @@ impl<N: Nic> Link<N> {
             // Admitted with the initial share; the connection's own once it
             // started on the queue.
             let share = if self.conn.takes_shared_receives() {
-                self.conn.receive_share()
+                // (With any receives given back and not yet taken: the
+                // share already left them out.)
+                self.conn.receive_share() + self.conn.take_returned().unwrap_or(0)
             } else {
                 self.conn.config().start_credits
             };

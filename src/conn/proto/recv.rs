@@ -10,7 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{EngineTag, Frame, RawAttaches, Received};
+use super::super::frame::{EngineTag, Frame, RawAttaches, Received, MIN_START_CREDITS};
 use super::super::pool::Holder;
 use super::confirm::ConfirmEngine;
 use super::*;
@@ -81,6 +81,7 @@ impl Connection {
             self.peer_invalidated(now, rkey);
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
+        self.last_frame_at = now;
         match Frame::receive(bytes) {
             Ok((frame, credit)) => {
                 // A peer that grants more than it posted only hurts itself
@@ -122,6 +123,8 @@ impl Connection {
             (Received::Busy { msg_id, limit }, Role::Client) => {
                 self.abandon_call(now, msg_id, CallError::Busy { limit });
             }
+            (Received::GiveBack { keep }, _) => self.give_back(now, keep),
+            (Received::Returned { count }, _) => self.on_returned(now, count),
             (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
         }
     }
@@ -241,6 +244,40 @@ impl Connection {
         if let Err(e) = self.send_frame(&Frame::Busy { msg_id: msg, limit }, None) {
             self.go_down(now, LossReason::Nic(e));
         }
+    }
+
+    /// The peer, on shared receives, asks for its credit back: keep
+    /// `keep` (at least `MIN_START_CREDITS`, whatever it says), give back
+    /// the rest at once, and say how many in a `Returned` frame (which
+    /// spends one of those kept, as any frame).
+    #[cold]
+    #[inline(never)]
+    fn give_back(&mut self, now: Duration, keep: u32) {
+        let count = self.credits.saturating_sub(keep.max(MIN_START_CREDITS));
+        self.credits -= count;
+        self.stats.credits_returned += u64::from(count);
+        if let Err(e) = self.send_frame(&Frame::Returned { count }, None) {
+            self.go_down(now, LossReason::Nic(e));
+        }
+    }
+
+    /// The peer gave back `count` credits, answering our `GiveBack`: the
+    /// share shrinks by as many (never below the start credits), and so
+    /// does the credit it may use. A `Returned` nobody asked for, or more
+    /// than it could hold, breaks the protocol.
+    #[cold]
+    #[inline(never)]
+    fn on_returned(&mut self, now: Duration, count: u32) {
+        let most = self.share.saturating_sub(self.cfg.start_credits);
+        if !self.giving_back || !self.shared_receives || count > most {
+            let asked = self.giving_back && self.shared_receives;
+            return self
+                .misbehaved(now, Misbehavior::BadReturn { count, most: if asked { most } else { 0 } });
+        }
+        self.giving_back = false;
+        self.share -= count;
+        self.granted_total -= u64::from(count);
+        self.returned = Some(self.returned.unwrap_or(0) + count);
     }
 
     /// An inline payload longer than our `inline_max` (a peer whose own
@@ -811,5 +848,7 @@ fn kind(f: &Received<'_>) -> &'static str {
         Received::Pong { .. } => "pong",
         Received::Credit => "credit",
         Received::Busy { .. } => "busy",
+        Received::GiveBack { .. } => "give back",
+        Received::Returned { .. } => "returned",
     }
 }

@@ -23,7 +23,36 @@ impl Connection {
         // Every call gets the same timeout as it starts and message ids grow
         // with time, so the oldest call has the earliest deadline.
         t = min(t, self.calls.first_deadline());
+        if self.shared_receives {
+            t = min(t, self.reclaim_at());
+        }
         min(t, self.keepalive_at())
+    }
+
+    /// Shared receives: when to ask an idle peer to give back the credit
+    /// it holds past the start credits ([`RECLAIM_AFTER`] after its last
+    /// frame), if it holds any and is not asked already.
+    #[cold]
+    pub(super) fn reclaim_at(&self) -> Option<Duration> {
+        if !self.shared_receives
+            || self.giving_back
+            || self.down.is_some()
+            || self.share <= self.cfg.start_credits
+        {
+            return None;
+        }
+        Some(self.last_frame_at + RECLAIM_AFTER)
+    }
+
+    #[cold]
+    fn handle_reclaim(&mut self, now: Duration) {
+        if self.reclaim_at().is_some_and(|t| now >= t) && self.can_send(2) && self.backlog.is_empty() {
+            let keep = self.cfg.start_credits;
+            match self.send_frame(&Frame::GiveBack { keep }, None) {
+                Ok(()) => self.giving_back = true,
+                Err(e) => self.go_down(now, LossReason::Nic(e)),
+            }
+        }
     }
 
     /// When keepalive must act next: ping `interval` after the last answer,
@@ -92,6 +121,9 @@ impl Connection {
             self.abandon_call(now, msg, CallError::TimedOut);
         }
         self.handle_keepalive(now);
+        if self.shared_receives {
+            self.handle_reclaim(now);
+        }
         self.dirty = true;
     }
 }
