@@ -913,14 +913,15 @@ fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
 }
 
 /// A connection whose share grew while it was busy gives it back once its
-/// peer has been idle for `RECLAIM_AFTER`: the endpoint asks the peer
+/// peer has been idle for `Config::give_back_after` (1 s by default): the
+/// endpoint asks the peer
 /// (`GiveBack`), the peer returns the credit past the start credits
 /// (`Returned`), and the receives are free for others. Before, a grown
 /// share shrank only as frames came, so idle connections kept a full queue
 /// full and new connections were refused for good.
 #[test]
 fn an_idle_connections_grown_share_comes_back_and_makes_room() {
-    use mwcap::conn::RECLAIM_AFTER;
+    let give_back_after = mwcap::conn::Config::default().give_back_after;
     let (fabric, ch, sh, mut pool, cdev) =
         endpoints(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 48 });
     let mut conns = Vec::new();
@@ -966,8 +967,8 @@ fn an_idle_connections_grown_share_comes_back_and_makes_room() {
     assert!(grown.grown > 0 && conns[0].1.stats().receive_share > 8, "{grown:?}");
     let extra: u32 = conns.iter().map(|(_, s)| s.stats().receive_share - 8).sum();
     assert!(extra > 0, "{grown:?}");
-    // Idle past RECLAIM_AFTER: each grown share is given back.
-    pool.run_until(async_io::Timer::after(RECLAIM_AFTER + Duration::from_millis(300)));
+    // Idle past give_back_after: each grown share is given back.
+    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(300)));
     let st = sh.stats().srq.unwrap();
     assert_eq!(st.shares, 4 * 8, "every share back at its start credits: {grown:?} -> {st:?}");
     assert_eq!(st.given_back, u64::from(extra), "{st:?}");
@@ -1005,7 +1006,8 @@ fn an_idle_connections_grown_share_comes_back_and_makes_room() {
 #[test]
 fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection() {
     use mwcap::conn::frame::Frame;
-    use mwcap::conn::{Misbehavior, RECLAIM_AFTER};
+    use mwcap::conn::Misbehavior;
+    let give_back_after = mwcap::conn::Config::default().give_back_after;
     let fabric = Fabric::with_seed(37);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -1046,16 +1048,25 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
     raw(&unasked, &[Frame::Returned { count: 1 }]);
     settle(&mut pool, &c1);
     assert_eq!(c1.is_down(), Some(LossReason::PeerMisbehaved(Misbehavior::BadReturn { count: 1, most: 0 })));
-    // Asked, but beyond the share: the pings grow it, the idle time brings
+    // Asked, but beyond the share: the requests grow it, the idle time brings
     // the GiveBack, and the answer gives back more than was granted.
     let (s2, greedy) = server_with_link_client(&sh, &cn);
     let c2 = s2.connect(&greedy.local()).unwrap();
     spawn(&pool, serve(c2.clone()));
-    raw(&greedy, &(0..4).map(|seq| Frame::Ping { seq }).collect::<Vec<_>>());
+    let requests: Vec<Frame<'_>> = (1..=4)
+        .map(|msg_id| Frame::Request {
+            msg_id,
+            trace: None,
+            header: b"grow",
+            inline: b"",
+            attach: Default::default(),
+        })
+        .collect();
+    raw(&greedy, &requests);
     settle(&mut pool, &c2);
     let share = c2.stats().receive_share;
     assert!(share > 8 && c2.is_down().is_none(), "{:?}", c2.stats());
-    pool.run_until(async_io::Timer::after(RECLAIM_AFTER + Duration::from_millis(200)));
+    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(200)));
     raw(&greedy, &[Frame::Returned { count: 1000 }]);
     settle(&mut pool, &c2);
     assert_eq!(

@@ -26,7 +26,8 @@
 //! its own (killed by a client death). The schedules run on a server
 //! endpoint whose connections have receive queues of their own (mixed
 //! policies), on one with shared receives (mw), whose
-//! queue is small enough that shares grow to its top and shrink again, and
+//! queue is small enough that shares grow to its top and shrink again (and
+//! a pause of 15 ms gives a grown share back: `Config::give_back_after`), and
 //! on one that also shares a buffer pool smaller than its connections
 //! could hold, with each call made on every connection at once, where
 //! after every step no pool buffer is reachable through two clients' QPs,
@@ -89,11 +90,17 @@ fn cfg() -> Config {
     c.buffers = 3;
     c.large_buffers = vec![BufClass { size: 128 * 1024, count: 1 }];
     c.ctrl_slots = 8;
+    // Below ctrl_slots, so that shares on shared receives can grow (from
+    // 4 to 8) and shrink.
+    c.start_credits = 4;
     c.lease_time = Duration::from_millis(200);
     c.safety_margin = Duration::from_millis(40);
     c.call_timeout = Duration::from_millis(600);
     c.keepalive =
         Some(Keepalive { interval: Duration::from_millis(60), timeout: Duration::from_millis(200) });
+    // On shared receives, a pause gives grown shares back (and calls,
+    // errors and deaths meet give-backs under way).
+    c.give_back_after = Duration::from_millis(15);
     c
 }
 
@@ -283,6 +290,15 @@ fn run(
         }
     }
 
+    if srq.is_some() {
+        // Idle past `give_back_after`: every live connection's share is
+        // back at its start credits.
+        pool.run_until(async_io::Timer::after(Duration::from_millis(80)));
+        pool.run_until_stalled();
+        for (i, s) in sides.iter().enumerate().filter(|(_, s)| !s.faulted) {
+            prop_assert_eq!(s.server.stats().receive_share, 4, "conn {}: {:?}", i, server_ep.stats().srq);
+        }
+    }
     for s in &sides {
         s.client.close();
         s.server.close();
@@ -338,8 +354,8 @@ proptest! {
     fn connections_on_a_hub_with_shared_receives_stay_safe_under_random_schedules(
         schedule in proptest::collection::vec(ops(), 1..30),
     ) {
-        // 5 x 8 receives to start, 48 at most: shares grow to the top and
-        // shrink to make room.
+        // 5 x 4 receives to start, up to 8 each, 48 at most: shares grow,
+        // shrink to make room, and are given back in pauses.
         let q = SrqConfig { chunk: 16, max_slots: 48 };
         run(vec![Policies::both(Policy::Mw); CONNS], schedule, Some(q), None)?;
     }

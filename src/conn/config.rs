@@ -180,6 +180,14 @@ pub struct Config {
     /// user answers (`docs/deploy.md`, "Bounds per connection"); each
     /// request held costs a few hundred bytes.
     pub max_requests: u32,
+    /// On an endpoint with shared receives
+    /// ([`EndpointBuilder::shared_receives`](super::EndpointBuilder::shared_receives)):
+    /// how long a connection's peer may send nothing before it is asked to
+    /// give back the credit its share of the queue grew by while it was
+    /// busy (1 s by default; `Duration::MAX`: never). The receives go to
+    /// other connections, so that connections busy once and idle since do
+    /// not keep the queue full (`docs/serving.md`, "Shared receives").
+    pub give_back_after: Duration,
     /// Dead-peer detection: with `Some`, a connection pings its peer
     /// `interval` after the peer last answered one (busy or idle), and
     /// declares the peer dead ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive))
@@ -406,6 +414,7 @@ impl Default for Config {
             max_waiting_payloads: 64,
             max_waiting_inline: 64 << 10,
             max_requests: 1024,
+            give_back_after: Duration::from_secs(1),
         }
     }
 }

@@ -172,7 +172,6 @@ pub use frame::{FrameError, MAX_FRAME, MAX_HEADER};
 pub use header::Header;
 #[cfg(not(loom))]
 pub use hub::EndpointStats;
-pub use proto::RECLAIM_AFTER;
 // The I/O layer is internal: mwcap's own tests, the fuzzers and the
 // benchmark's sans-IO rows reach it through the `testing` feature.
 #[cfg(feature = "testing")]

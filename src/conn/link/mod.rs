@@ -20,7 +20,7 @@ pub(crate) use create::QueueSizes;
 use super::buf::Buf;
 use super::bufpool::BufferPool;
 use super::config::*;
-use super::frame::MAX_FRAME;
+use super::frame::{self, MAX_FRAME};
 use super::pool::Layout;
 use super::proto::{self, Command, Connection, DataMemory, Resources};
 use super::regions::Regions;
@@ -406,24 +406,29 @@ impl<N: Nic> Link<N> {
         own.wr_id = proto::SHARED_RECV_WR_ID;
         let len = c.status.is_success().then_some(c.byte_len as usize);
         let conn = &mut self.conn;
-        if let Err(e) = srq.take_frame(slot, len, |frame| conn.handle_completion(now, &own, frame)) {
+        let mut grows = true;
+        let took = srq.take_frame(slot, len, |frame| {
+            grows = frame::grows_share(frame);
+            conn.handle_completion(now, &own, frame)
+        });
+        if let Err(e) = took {
             conn.post_failed(&Command::SetQpError, e);
             conn.handle_completion(now, &own, &[]);
         }
         // Receives an idle peer gave back: free for others (before the
-        // regrant below counts what is free). The frame that said so gets
-        // its receive back, and the share does not grow again for it.
-        let returned = if self.share_released { None } else { self.conn.take_returned() };
-        if let Some(n) = returned.filter(|&n| n > 0) {
-            srq.given_back(n);
+        // regrant below counts what is free).
+        if !self.share_released {
+            let n = self.conn.take_returned();
+            if n > 0 {
+                srq.given_back(n);
+            }
         }
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
             let (share, cfg) = (self.conn.receive_share(), self.conn.config());
-            let regrant = match returned {
-                Some(_) => Regrant::Same,
-                None => srq.regrant(share, cfg.start_credits, cfg.ctrl_slots),
-            };
-            match regrant {
+            // Flow control and keepalive alone do not grow a share (an idle
+            // peer's pings would undo its give-back), but may shrink it.
+            let max = if grows { cfg.ctrl_slots } else { share };
+            match srq.regrant(share, cfg.start_credits, max) {
                 Regrant::Same => self.conn.grant_receives(1, 0),
                 Regrant::Grow => self.conn.grant_receives(2, 1),
                 Regrant::Withhold => {
@@ -443,7 +448,7 @@ impl<N: Nic> Link<N> {
             let share = if self.conn.takes_shared_receives() {
                 // (With any receives given back and not yet taken: the
                 // share already left them out.)
-                self.conn.receive_share() + self.conn.take_returned().unwrap_or(0)
+                self.conn.receive_share() + self.conn.take_returned()
             } else {
                 self.conn.config().start_credits
             };

@@ -234,13 +234,6 @@ struct Request {
 /// Events the queue holds before it grows.
 const EVENTS_ROOM: usize = 32;
 
-/// On shared receives ([`EndpointBuilder::shared_receives`](super::EndpointBuilder::shared_receives)),
-/// a peer that has sent nothing for this long is asked
-/// to give back the credit it holds past the start credits
-/// (`docs/protocol.md`, "Flow control"), so that an idle connection keeps
-/// no more of the endpoint's receives than a new one.
-pub const RECLAIM_AFTER: Duration = Duration::from_secs(1);
-
 /// A user region: its id, its registration in this connection's
 /// protection domain, how many of its ranges are exposed, and whether the
 /// registration is the connection's to release (an endpoint's region
@@ -349,14 +342,14 @@ pub struct Connection {
     frames_in: u64,
     /// Shared receives: when the peer's last frame came (an idle peer is
     /// asked to give back the credit past its start credits, see
-    /// [`RECLAIM_AFTER`]).
+    /// `Config::give_back_after`).
     last_frame_at: Duration,
     /// Shared receives: a `GiveBack` is unanswered.
     giving_back: bool,
     /// Shared receives: the credits the peer gave back in a `Returned`
     /// frame that the owner of the queue has not taken yet
     /// ([`Connection::take_returned`]).
-    returned: Option<u32>,
+    returned: u32,
     /// Frames waiting for credit or a send slot, oldest first: (start,
     /// length) in `backlog_bytes`, encoded with no credit (the grant is
     /// written at [`CREDIT_AT`](super::frame::CREDIT_AT) when the frame goes).
@@ -491,7 +484,7 @@ impl Connection {
             shared_receives: false,
             last_frame_at: Duration::ZERO,
             giving_back: false,
-            returned: None,
+            returned: 0,
             granted_total: u64::from(cfg.start_credits),
             frames_in: 0,
             backlog: VecDeque::new(),
@@ -633,12 +626,11 @@ impl Connection {
         self.maybe_grant();
     }
 
-    /// Shared receives: whether the frame just taken in was the peer's
-    /// `Returned`, with the credits it gave back (the share shrank by as
-    /// many): the owner of the queue takes them back, and grants that
-    /// frame's receive again without growing the share.
-    pub(crate) fn take_returned(&mut self) -> Option<u32> {
-        self.returned.take()
+    /// Shared receives: the credits the peer gave back since the last
+    /// call (the share shrank by as many): the owner of the queue takes
+    /// them back.
+    pub(crate) fn take_returned(&mut self) -> u32 {
+        std::mem::take(&mut self.returned)
     }
 
     /// Shared receives: the receive of a frame just received goes back to

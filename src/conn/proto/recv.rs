@@ -277,7 +277,7 @@ impl Connection {
         self.giving_back = false;
         self.share -= count;
         self.granted_total -= u64::from(count);
-        self.returned = Some(self.returned.unwrap_or(0) + count);
+        self.returned += count;
     }
 
     /// An inline payload longer than our `inline_max` (a peer whose own

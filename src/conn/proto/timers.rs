@@ -30,8 +30,8 @@ impl Connection {
     }
 
     /// Shared receives: when to ask an idle peer to give back the credit
-    /// it holds past the start credits ([`RECLAIM_AFTER`] after its last
-    /// frame), if it holds any and is not asked already.
+    /// it holds past the start credits (`Config::give_back_after` after its
+    /// last frame), if it holds any and is not asked already.
     #[cold]
     pub(super) fn reclaim_at(&self) -> Option<Duration> {
         if !self.shared_receives
@@ -41,12 +41,13 @@ impl Connection {
         {
             return None;
         }
-        Some(self.last_frame_at + RECLAIM_AFTER)
+        self.last_frame_at.checked_add(self.cfg.give_back_after)
     }
 
     #[cold]
     fn handle_reclaim(&mut self, now: Duration) {
-        if self.reclaim_at().is_some_and(|t| now >= t) && self.can_send(2) && self.backlog.is_empty() {
+        // (Without credit or a send slot it waits in the backlog.)
+        if self.reclaim_at().is_some_and(|t| now >= t) {
             let keep = self.cfg.start_credits;
             match self.send_frame(&Frame::GiveBack { keep }, None) {
                 Ok(()) => self.giving_back = true,
