@@ -30,7 +30,7 @@
 //! payload (a window bound, READ, released), all checked. Everything runs
 //! on one thread (`futures`' `LocalPool`), the simulator included.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
@@ -248,6 +248,24 @@ fn main() {
             b.windows_lent,
             b.windows_allocated
         );
+    }
+    if s.srq.is_some() {
+        // Idle past `Config::give_back_after`: the shares the calls grew
+        // are given back.
+        let wait = Config::default().give_back_after + Duration::from_millis(500);
+        pool.run_until(async_io::Timer::after(wait));
+        if let Some(q) = shub.stats().srq {
+            println!(
+                "server shared receives after {:.1} s idle: shares={} ({} per connection) given_back={} \
+                 withheld={} send_slots_lent={}",
+                wait.as_secs_f64(),
+                q.shares,
+                q.shares as f64 / n as f64,
+                q.given_back,
+                q.withheld,
+                q.send_slots_lent
+            );
+        }
     }
     let t2 = Instant::now();
     for c in clients.iter().chain(&servers) {

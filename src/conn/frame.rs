@@ -49,9 +49,11 @@ pub const INITIAL_CREDITS: u32 = 8;
 /// can be: with 2, a peer down to its last credit could wait for a grant
 /// that never comes (`docs/protocol.md`, "Flow control").
 pub const MIN_START_CREDITS: u32 = crate::bootstrap::MIN_START_CREDITS;
-/// Whether a received frame (its bytes) may grow its connection's share
-/// of a shared receive queue: all but flow control and keepalive (ping,
-/// pong, credit, give-back, returned), which an idle peer sends too.
+/// Whether a received frame (its bytes) is work: all but flow control
+/// and keepalive (ping, pong, credit, give-back, returned), which an idle
+/// peer sends too. Only work grows a connection's share of a shared
+/// receive queue, or keeps the peer from counting as idle
+/// (`Config::give_back_after`).
 pub(crate) fn grows_share(bytes: &[u8]) -> bool {
     !matches!(bytes.get(1), Some(4 | 5 | 6 | 9 | 10))
 }

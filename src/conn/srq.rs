@@ -277,6 +277,16 @@ impl<N: Nic> SharedReceives<N> {
         Ok(())
     }
 
+    /// A frame of flow control or keepalive arrived for a connection whose
+    /// share is above its start credits: its receive is not granted again
+    /// (the share shrinks by one).
+    pub(crate) fn withhold(&self) {
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        let mut st = self.state.lock();
+        st.shares = st.shares.saturating_sub(1);
+        self.withheld.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A connection's peer gave back `n` receives of its share (it was
     /// idle, and asked): they are free for others.
     pub(crate) fn given_back(&self, n: u32) {

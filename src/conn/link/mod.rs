@@ -425,10 +425,20 @@ impl<N: Nic> Link<N> {
         }
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
             let (share, cfg) = (self.conn.receive_share(), self.conn.config());
-            // Flow control and keepalive alone do not grow a share (an idle
-            // peer's pings would undo its give-back), but may shrink it.
-            let max = if grows { cfg.ctrl_slots } else { share };
-            match srq.regrant(share, cfg.start_credits, max) {
+            // Flow control and keepalive alone need no more than the start
+            // credits: their receive is not granted again while the share
+            // is above them (an idle peer's pings would otherwise undo its
+            // give-back, and a frame in flight during a give-back would
+            // leave one over).
+            let regrant = if grows {
+                srq.regrant(share, cfg.start_credits, cfg.ctrl_slots)
+            } else if share > cfg.start_credits {
+                srq.withhold();
+                Regrant::Withhold
+            } else {
+                srq.regrant(share, cfg.start_credits, share)
+            };
+            match regrant {
                 Regrant::Same => self.conn.grant_receives(1, 0),
                 Regrant::Grow => self.conn.grant_receives(2, 1),
                 Regrant::Withhold => {

@@ -340,9 +340,9 @@ pub struct Connection {
     /// a shared one it takes a receive held for another connection.
     granted_total: u64,
     frames_in: u64,
-    /// Shared receives: when the peer's last frame came (an idle peer is
-    /// asked to give back the credit past its start credits, see
-    /// `Config::give_back_after`).
+    /// Shared receives: when the peer's last frame other than flow control
+    /// and keepalive came (an idle peer is asked to give back the credit
+    /// past its start credits, see `Config::give_back_after`).
     last_frame_at: Duration,
     /// Shared receives: a `GiveBack` is unanswered.
     giving_back: bool,

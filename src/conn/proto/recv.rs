@@ -10,7 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{EngineTag, Frame, RawAttaches, Received, MIN_START_CREDITS};
+use super::super::frame::{grows_share, EngineTag, Frame, RawAttaches, Received, MIN_START_CREDITS};
 use super::super::pool::Holder;
 use super::confirm::ConfirmEngine;
 use super::*;
@@ -81,7 +81,11 @@ impl Connection {
             self.peer_invalidated(now, rkey);
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
-        self.last_frame_at = now;
+        // (Flow control and keepalive, which an idle peer sends too, do
+        // not count: `Config::give_back_after`.)
+        if grows_share(bytes) {
+            self.last_frame_at = now;
+        }
         match Frame::receive(bytes) {
             Ok((frame, credit)) => {
                 // A peer that grants more than it posted only hurts itself
