@@ -972,6 +972,10 @@ fn an_idle_connections_grown_share_comes_back_and_makes_room() {
     let st = sh.stats().srq.unwrap();
     assert_eq!(st.shares, 4 * 8, "every share back at its start credits: {grown:?} -> {st:?}");
     assert_eq!(st.given_back, u64::from(extra), "{st:?}");
+    // The give-back went signaled: the send slots the busy connections
+    // kept for their last unsignaled frames came back with it.
+    assert!(grown.send_slots_lent > 0, "{grown:?}");
+    assert_eq!(st.send_slots_lent, 0, "{st:?}");
     for (_, s) in &conns {
         assert_eq!(s.stats().receive_share, 8);
     }

@@ -55,8 +55,13 @@ pub const MIN_START_CREDITS: u32 = crate::bootstrap::MIN_START_CREDITS;
 /// receive queue, or keeps the peer from counting as idle
 /// (`Config::give_back_after`).
 pub(crate) fn grows_share(bytes: &[u8]) -> bool {
-    !matches!(bytes.get(1), Some(4 | 5 | 6 | 9 | 10))
+    !matches!(bytes.get(1).copied(), Some(4 | 5 | 6 | GIVE_BACK | RETURNED))
 }
+
+/// The kind byte of [`Frame::GiveBack`].
+pub(crate) const GIVE_BACK: u8 = 9;
+/// The kind byte of [`Frame::Returned`].
+pub(crate) const RETURNED: u8 = 10;
 
 /// Request flag: a 16-byte trace id follows.
 const FLAG_TRACE: u8 = 1;
@@ -636,8 +641,8 @@ impl<'a> Frame<'a> {
             Frame::Credit => 6,
             Frame::Ask { .. } => 7,
             Frame::Busy { .. } => 8,
-            Frame::GiveBack { .. } => 9,
-            Frame::Returned { .. } => 10,
+            Frame::GiveBack { .. } => GIVE_BACK,
+            Frame::Returned { .. } => RETURNED,
         }
     }
 
@@ -704,8 +709,8 @@ impl<'a> Frame<'a> {
             6 => Received::Credit,
             7 => Received::Ask { msg_id: r.u64()?, body: r.header()?, attach: r.attaches()? },
             8 => Received::Busy { msg_id: r.u64()?, limit: r.u32()? },
-            9 => Received::GiveBack { keep: r.u32()? },
-            10 => Received::Returned { count: r.u32()? },
+            GIVE_BACK => Received::GiveBack { keep: r.u32()? },
+            RETURNED => Received::Returned { count: r.u32()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         if r.at != buf.len() {

@@ -1,7 +1,7 @@
 //! The send path: staging frames in send slots, receive credit and the
 //! backlog of frames waiting for it, selective signaling.
 
-use super::super::frame::{Frame, CREDIT_AT, MAX_FRAME};
+use super::super::frame::{Frame, CREDIT_AT, GIVE_BACK, MAX_FRAME, RETURNED};
 use super::super::pool::Holder;
 use super::super::types::*;
 use super::{wr, Chain, Command, Connection, Staged, TAG_SEND};
@@ -138,7 +138,12 @@ impl Connection {
             None => {
                 // Selective signaling: most plain frames complete without a
                 // completion of their own (and so without a driver turn).
-                let signaled = self.unsignaled_run + 1 >= self.signal_every();
+                // On shared receives (whose send slots are the endpoint's,
+                // lent) a give-back and its answer go when the connection
+                // is idle: signaled, their completion frees every slot
+                // before them, and the lent slots go back.
+                let signaled = self.unsignaled_run + 1 >= self.signal_every()
+                    || (self.shared_receives && matches!(self.tx[start + 1], GIVE_BACK | RETURNED));
                 self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
                 self.plain_sends.push_back(slot);
                 Chain::one(SendWr::Send { wr_id: wr(TAG_SEND, u64::from(slot)), signaled, sge })
