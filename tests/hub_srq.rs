@@ -1077,10 +1077,40 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
         c2.is_down(),
         Some(LossReason::PeerMisbehaved(Misbehavior::BadReturn { count: 1000, most: share - 8 }))
     );
+    // Asked, and honest, with flow frames sent after it dropped the credit
+    // and before its `Returned`: the asking side withholds nothing while
+    // its `GiveBack` is unanswered (before, it withheld those frames'
+    // receives, its share fell to the start credits while still counting
+    // the credit dropped, and the honest `Returned` was taken for
+    // `BadReturn`).
+    let (s3, honest) = server_with_link_client(&sh, &cn);
+    let c3 = s3.connect(&honest.local()).unwrap();
+    spawn(&pool, serve(c3.clone()));
+    let requests: Vec<Frame<'_>> = (1..=4)
+        .map(|msg_id| Frame::Request {
+            msg_id,
+            trace: None,
+            header: b"grow",
+            inline: b"",
+            attach: Default::default(),
+        })
+        .collect();
+    raw(&honest, &requests);
+    settle(&mut pool, &c3);
+    let share = c3.stats().receive_share;
+    assert!(share > 8, "{:?}", c3.stats());
+    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(200)));
+    let count = share - 8;
+    let mut frames: Vec<Frame<'_>> = (0..count).map(|_| Frame::Credit).collect();
+    frames.push(Frame::Returned { count });
+    raw(&honest, &frames);
+    settle(&mut pool, &c3);
+    assert!(c3.is_down().is_none(), "{:?}", c3.is_down());
+    assert_eq!(c3.stats().receive_share, 8, "{:?}", c3.stats());
     // The victim on the same queue goes on.
     let r = pool.run_until(vclient.call(b"still", None)).expect("the victim's call");
     assert_eq!(r.status, 0);
     assert!(victim.is_down().is_none());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-    drop((unasked, greedy));
+    drop((unasked, greedy, honest));
 }

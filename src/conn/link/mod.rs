@@ -430,13 +430,18 @@ impl<N: Nic> Link<N> {
             // is above them (an idle peer's pings would otherwise undo its
             // give-back, and a frame in flight during a give-back would
             // leave one over).
+            // While a `GiveBack` is unanswered nothing is withheld: the peer
+            // may already have dropped the credits it will say it returned,
+            // and the share, still counting them, must not shrink below
+            // them (the `Returned` is checked against it).
+            let floor = if self.conn.giving_back() { share } else { cfg.start_credits };
             let regrant = if grows {
-                srq.regrant(share, cfg.start_credits, cfg.ctrl_slots)
-            } else if share > cfg.start_credits {
+                srq.regrant(share, floor, cfg.ctrl_slots)
+            } else if share > floor {
                 srq.withhold();
                 Regrant::Withhold
             } else {
-                srq.regrant(share, cfg.start_credits, share)
+                srq.regrant(share, floor, share)
             };
             match regrant {
                 Regrant::Same => self.conn.grant_receives(1, 0),

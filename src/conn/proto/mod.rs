@@ -626,6 +626,11 @@ impl Connection {
         self.maybe_grant();
     }
 
+    /// Shared receives: whether a `GiveBack` of this side is unanswered.
+    pub(crate) fn giving_back(&self) -> bool {
+        self.giving_back
+    }
+
     /// Shared receives: the credits the peer gave back since the last
     /// call (the share shrank by as many): the owner of the queue takes
     /// them back.
