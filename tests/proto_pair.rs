@@ -523,6 +523,70 @@ fn a_request_past_max_requests_is_refused_unread_and_the_server_keeps_nothing_of
     }
 }
 
+/// Under confirm a client that read a stale reply asks for its data
+/// again, and the request comes back to the server: while
+/// `Config::max_requests` are unanswered that is refused too (a `Busy`
+/// answer, the fetch refused), as a new request would be, and the bound
+/// holds.
+#[test]
+fn a_stale_reply_asked_again_past_max_requests_is_refused_busy() {
+    let c = Side::with(Role::Client, Policies::both(Policy::Confirm), 0x1000_0000, 0x77, None);
+    let s = Side::configured(Role::Server, Policies::both(Policy::Confirm), 0x2000_0000, 0x88, |c| {
+        c.max_requests = 2
+    });
+    let mut p = Pair::started(c, s);
+    let lease = p.s.conn.config().lease_time;
+    let requests = |p: &mut Pair| {
+        let mut reqs = Vec::new();
+        while let Some(ev) = p.s.conn.poll_event() {
+            match ev {
+                Event::Request { req, .. } => reqs.push(req),
+                Event::BufferReturned(b) => p.s.conn.free(b),
+                other => panic!("server: {other:?}"),
+            }
+        }
+        reqs
+    };
+    // A and B reach the server.
+    let a = p.c.conn.call(p.now, b"A", None).unwrap();
+    let _b = p.c.conn.call(p.now, b"B", None).unwrap();
+    p.settle();
+    let held = requests(&mut p);
+    assert_eq!(held.len(), 2);
+    // A is answered with a payload while the client takes no turns; C is
+    // called meanwhile; the server's hold on A's payload ends before the
+    // client reads it.
+    p.frozen_client = true;
+    let mut out = p.s.conn.alloc().unwrap();
+    out.copy_from(b"the reply of A").unwrap();
+    p.s.conn.reply(p.now, held[0], 0, b"a", Some(out)).unwrap();
+    p.settle();
+    let _c = p.c.conn.call(p.now, b"C", None).unwrap();
+    p.now += lease + Duration::from_millis(1);
+    p.s.conn.handle_timeout(p.now);
+    p.settle();
+    // The client runs: C reaches the server (two unanswered again), the
+    // client's read of A is stale, and its fetch again is refused.
+    p.frozen_client = false;
+    p.settle();
+    p.c.conn.handle_timeout(p.now);
+    p.s.conn.handle_timeout(p.now);
+    p.settle();
+    assert_eq!(requests(&mut p).len(), 1, "C");
+    let mut failed = Vec::new();
+    while let Some(ev) = p.c.conn.poll_event() {
+        match ev {
+            Event::CallFailed { call, error } => failed.push((call, error)),
+            Event::BufferReturned(b) => p.c.conn.free(b),
+            other => panic!("client: {other:?}"),
+        }
+    }
+    assert_eq!(failed, [(a, CallError::Busy { limit: 2 })]);
+    let st = p.s.conn.stats();
+    assert_eq!((st.requests_busy, st.stale_reads, p.c.conn.stats().stale_reads), (1, 0, 1));
+    assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none());
+}
+
 #[test]
 fn an_expired_lease_is_invalidated_once_and_the_buffer_returns() {
     let mut p = Pair::new(Policies::both(Policy::Mw));

@@ -566,9 +566,12 @@ pub enum CallError {
     NoBuffer(u32),
     /// The server refused the request unread: `limit` requests of this
     /// connection (its `Config::max_requests`) were unanswered when it
-    /// came. Nothing of it reached the server's user; its payload, if any,
-    /// comes back. Retry once earlier calls have finished, send fewer at
-    /// once, or raise the server's limit.
+    /// came (or when, under confirm, this side asked for a stale reply's
+    /// data again). Nothing of it reached the server's user. Its payload
+    /// buffer, if any, goes back to the pool (`Event::BufferReturned` on
+    /// the sans-IO connection): a retry fills a buffer again. Retry once
+    /// earlier calls have finished, send fewer at once, or raise the
+    /// server's limit.
     #[error(
         "the server refused the request unread: it already held {limit} unanswered requests of this \
          connection (its Config::max_requests); retry after earlier calls finish, or send fewer at once"

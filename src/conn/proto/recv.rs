@@ -284,6 +284,27 @@ impl Connection {
         self.returned += count;
     }
 
+    /// Server: a client that read a stale reply asks for request `m`'s
+    /// data again (fetch `fm`) while `Config::max_requests` requests are
+    /// unanswered: the fetch is refused, the request forgotten, and the
+    /// call fails with `CallError::Busy`, as a new request would.
+    #[cold]
+    #[inline(never)]
+    fn refuse_again(&mut self, now: Duration, fm: fb::MsgId, m: u64) {
+        let limit = self.cfg.max_requests;
+        self.stats.requests_busy += 1;
+        if let Some(c) = self.confirm.as_mut() {
+            c.msgs.remove(&fm);
+            c.kept.remove(&m);
+            if let Some(s) = c.server() {
+                let _ = s.refuse(now, fm);
+            }
+        }
+        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: m, limit }, None) {
+            self.go_down(now, LossReason::Nic(e));
+        }
+    }
+
     /// An inline payload longer than our `inline_max` (a peer whose own
     /// is larger, or one that ignores it).
     #[cold]
@@ -759,7 +780,11 @@ impl Connection {
                 }
                 fb::Event::ReplyWanted { msg, attempt } => {
                     if let Some(m) = self.cf().msgs.get(&msg).copied() {
-                        if attempt > 1 {
+                        if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
+                            // Asked again while `max_requests` are
+                            // unanswered: refused like a new request.
+                            self.refuse_again(now, msg, m);
+                        } else if attempt > 1 {
                             // The client read a stale reply: it needs the data
                             // again. The request comes again as it came.
                             let kept = self.cf().kept.remove(&m);
