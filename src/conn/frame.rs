@@ -483,6 +483,22 @@ pub(crate) enum Received<'a> {
 }
 
 impl<'a> Received<'a> {
+    /// The frame's kind, named (for `Misbehavior::WrongFrame`).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Received::Request { .. } => "request",
+            Received::Ask { .. } => "owner ask",
+            Received::Reply { .. } => "reply",
+            Received::Engine(..) => "engine message",
+            Received::Ping { .. } => "ping",
+            Received::Pong { .. } => "pong",
+            Received::Credit => "credit",
+            Received::Busy { .. } => "busy",
+            Received::GiveBack { .. } => "give back",
+            Received::Returned { .. } => "returned",
+        }
+    }
+
     /// The [`Frame`] (its attachments copied out).
     fn to_frame(self) -> Result<Frame<'a>, FrameError> {
         Ok(match self {

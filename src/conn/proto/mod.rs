@@ -44,6 +44,7 @@ mod completion;
 #[macro_use] // `each!`, for the modules below
 mod confirm;
 mod engines;
+mod flow;
 pub(crate) mod ids;
 mod recv;
 mod send;
@@ -596,59 +597,6 @@ impl Connection {
         self.owed = self.cfg.ctrl_slots - self.cfg.start_credits;
     }
 
-    /// [`Connection::start`] for a QP that takes its receives from a
-    /// shared receive queue its owner posts (an endpoint with shared
-    /// receives): nothing is posted here, the peer may send
-    /// `Config::start_credits` frames, and the connection's share of the
-    /// queue is that many until the owner changes it. A received frame's
-    /// receive is not re-granted by itself: the owner calls
-    /// [`Connection::grant_receives`] (or [`Connection::withhold_receive`])
-    /// for each.
-    ///
-    /// Its completions arrive as for a receive of its own
-    /// (`TAG_RECV`): the owner copies the frame out of its slot and passes
-    /// the bytes to [`Connection::handle_completion`].
-    pub(crate) fn start_shared(&mut self, peer_credits: u32) {
-        self.shared_receives = true;
-        self.credits = peer_credits;
-        self.share = self.cfg.start_credits;
-        self.owed = 0;
-    }
-
-    /// Shared receives: grant the peer `n` more receives (its share grows
-    /// by `n - 1` when called for one received frame with `n` above 1).
-    /// They go with the next frame out, or in a `Credit` frame once they
-    /// are half the share.
-    pub(crate) fn grant_receives(&mut self, n: u32, grows: u32) {
-        self.owed += n;
-        self.share += grows;
-        self.dirty = true;
-        self.maybe_grant();
-    }
-
-    /// Shared receives: whether a `GiveBack` of this side is unanswered.
-    pub(crate) fn giving_back(&self) -> bool {
-        self.giving_back
-    }
-
-    /// Shared receives: the credits the peer gave back since the last
-    /// call (the share shrank by as many): the owner of the queue takes
-    /// them back.
-    pub(crate) fn take_returned(&mut self) -> u32 {
-        std::mem::take(&mut self.returned)
-    }
-
-    /// Shared receives: the receive of a frame just received goes back to
-    /// the owner instead of the peer (the share shrinks by one). Refused
-    /// (false) at `Config::start_credits`: the peer was promised that many.
-    pub(crate) fn withhold_receive(&mut self) -> bool {
-        if self.share <= self.cfg.start_credits {
-            return false;
-        }
-        self.share -= 1;
-        true
-    }
-
     /// Whether a send slot is taken: a frame's SEND posted and not known to
     /// have completed (or been flushed). When none is, the NIC reads none
     /// of the connection's send slots. The plain frames posted unsignaled
@@ -656,17 +604,6 @@ impl Connection {
     /// fewer than four slots) keep theirs until a later completion.
     pub(crate) fn holds_send_slots(&self) -> bool {
         self.sends.count(Holder::Free) < self.cfg.sends() as usize
-    }
-
-    /// The receives this side keeps for its peer (see `share`).
-    pub(crate) fn receive_share(&self) -> u32 {
-        self.share
-    }
-
-    /// Whether the connection started on a shared receive queue
-    /// ([`Connection::start_shared`]).
-    pub(crate) fn takes_shared_receives(&self) -> bool {
-        self.shared_receives
     }
 
     /// Why the connection is down, if it is.

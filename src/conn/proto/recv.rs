@@ -10,7 +10,7 @@ use std::time::Duration;
 use mwcap_fallback as fb;
 use mwcap_mw as mw;
 
-use super::super::frame::{grows_share, EngineTag, Frame, RawAttaches, Received, MIN_START_CREDITS};
+use super::super::frame::{grows_share, EngineTag, Frame, RawAttaches, Received};
 use super::super::pool::Holder;
 use super::confirm::ConfirmEngine;
 use super::*;
@@ -129,7 +129,7 @@ impl Connection {
             }
             (Received::GiveBack { keep }, _) => self.give_back(now, keep),
             (Received::Returned { count }, _) => self.on_returned(now, count),
-            (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: kind(&f) }),
+            (f, role) => self.misbehaved(now, Misbehavior::WrongFrame { role, got: f.name() }),
         }
     }
 
@@ -224,85 +224,6 @@ impl Connection {
             self.take_inline(msg, inline);
         }
         self.maybe_surface(msg);
-    }
-
-    /// Server: `Config::max_requests` of the connection's requests are
-    /// unanswered, and `msg` is refused unread. It is never recorded: its
-    /// attachments meet no request, so a window grant for its payload is
-    /// released unread, and a confirm exposure or fetch is neither read
-    /// nor answered (the client ends them as the call fails). Others
-    /// riding along (releases, fetches of earlier messages) are handled as
-    /// ever. An inline payload is dropped with the frame.
-    #[cold]
-    #[inline(never)]
-    fn refuse_busy(&mut self, now: Duration, msg: u64, attach: RawAttaches<'_>) {
-        let limit = self.cfg.max_requests;
-        tracing::debug!(req = msg, limit, "request refused: too many unanswered");
-        self.stats.requests_busy += 1;
-        for (engine, bytes) in attach.iter() {
-            self.on_attach(now, Some(msg), engine, bytes);
-            if self.down.is_some() {
-                return;
-            }
-        }
-        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: msg, limit }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
-    }
-
-    /// The peer, on shared receives, asks for its credit back: keep
-    /// `keep` (at least `MIN_START_CREDITS`, whatever it says), give back
-    /// the rest at once, and say how many in a `Returned` frame (which
-    /// spends one of those kept, as any frame).
-    #[cold]
-    #[inline(never)]
-    fn give_back(&mut self, now: Duration, keep: u32) {
-        let count = self.credits.saturating_sub(keep.max(MIN_START_CREDITS));
-        self.credits -= count;
-        self.stats.credits_returned += u64::from(count);
-        if let Err(e) = self.send_frame(&Frame::Returned { count }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
-    }
-
-    /// The peer gave back `count` credits, answering our `GiveBack`: the
-    /// share shrinks by as many (never below the start credits), and so
-    /// does the credit it may use. A `Returned` nobody asked for, or more
-    /// than it could hold, breaks the protocol.
-    #[cold]
-    #[inline(never)]
-    fn on_returned(&mut self, now: Duration, count: u32) {
-        let most = self.share.saturating_sub(self.cfg.start_credits);
-        if !self.giving_back || !self.shared_receives || count > most {
-            let asked = self.giving_back && self.shared_receives;
-            return self
-                .misbehaved(now, Misbehavior::BadReturn { count, most: if asked { most } else { 0 } });
-        }
-        self.giving_back = false;
-        self.share -= count;
-        self.granted_total -= u64::from(count);
-        self.returned += count;
-    }
-
-    /// Server: a client that read a stale reply asks for request `m`'s
-    /// data again (fetch `fm`) while `Config::max_requests` requests are
-    /// unanswered: the fetch is refused, the request forgotten, and the
-    /// call fails with `CallError::Busy`, as a new request would.
-    #[cold]
-    #[inline(never)]
-    fn refuse_again(&mut self, now: Duration, fm: fb::MsgId, m: u64) {
-        let limit = self.cfg.max_requests;
-        self.stats.requests_busy += 1;
-        if let Some(c) = self.confirm.as_mut() {
-            c.msgs.remove(&fm);
-            c.kept.remove(&m);
-            if let Some(s) = c.server() {
-                let _ = s.refuse(now, fm);
-            }
-        }
-        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: m, limit }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
     }
 
     /// An inline payload longer than our `inline_max` (a peer whose own
@@ -433,7 +354,7 @@ impl Connection {
     }
 
     /// One engine message, riding in a request or reply for `msg`, or alone.
-    fn on_attach(&mut self, now: Duration, msg: Option<u64>, engine: EngineTag, bytes: &[u8]) {
+    pub(super) fn on_attach(&mut self, now: Duration, msg: Option<u64>, engine: EngineTag, bytes: &[u8]) {
         match engine {
             EngineTag::Mw => match mw::Message::decode(bytes) {
                 Ok(mw::Message::Grant(g)) => self.on_grant(now, msg, g),
@@ -865,19 +786,4 @@ fn is_data_exposure(engine: EngineTag, bytes: &[u8]) -> bool {
 /// make the reader fill buffers nobody is handed.
 fn payloads(attach: RawAttaches<'_>, inline: &[u8]) -> usize {
     attach.iter().filter(|&(e, b)| is_data_exposure(e, b)).count() + usize::from(!inline.is_empty())
-}
-
-fn kind(f: &Received<'_>) -> &'static str {
-    match f {
-        Received::Request { .. } => "request",
-        Received::Ask { .. } => "owner ask",
-        Received::Reply { .. } => "reply",
-        Received::Engine(..) => "engine message",
-        Received::Ping { .. } => "ping",
-        Received::Pong { .. } => "pong",
-        Received::Credit => "credit",
-        Received::Busy { .. } => "busy",
-        Received::GiveBack { .. } => "give back",
-        Received::Returned { .. } => "returned",
-    }
 }

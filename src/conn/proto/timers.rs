@@ -29,33 +29,6 @@ impl Connection {
         min(t, self.keepalive_at())
     }
 
-    /// Shared receives: when to ask an idle peer to give back the credit
-    /// it holds past the start credits (`Config::give_back_after` after its
-    /// last frame), if it holds any and is not asked already.
-    #[cold]
-    pub(super) fn reclaim_at(&self) -> Option<Duration> {
-        if !self.shared_receives
-            || self.giving_back
-            || self.down.is_some()
-            || self.share <= self.cfg.start_credits
-        {
-            return None;
-        }
-        self.last_frame_at.checked_add(self.cfg.give_back_after)
-    }
-
-    #[cold]
-    fn handle_reclaim(&mut self, now: Duration) {
-        // (Without credit or a send slot it waits in the backlog.)
-        if self.reclaim_at().is_some_and(|t| now >= t) {
-            let keep = self.cfg.start_credits;
-            match self.send_frame(&Frame::GiveBack { keep }, None) {
-                Ok(()) => self.giving_back = true,
-                Err(e) => self.go_down(now, LossReason::Nic(e)),
-            }
-        }
-    }
-
     /// When keepalive must act next: ping `interval` after the last answer,
     /// give up `timeout` after an unanswered ping.
     pub(super) fn keepalive_at(&self) -> Option<Duration> {
