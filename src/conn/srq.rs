@@ -277,16 +277,6 @@ impl<N: Nic> SharedReceives<N> {
         Ok(())
     }
 
-    /// A frame of flow control or keepalive arrived for a connection whose
-    /// share is above its start credits: its receive is not granted again
-    /// (the share shrinks by one).
-    pub(crate) fn withhold(&self) {
-        self.frames.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state.lock();
-        st.shares = st.shares.saturating_sub(1);
-        self.withheld.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// A connection's peer gave back `n` receives of its share (it was
     /// idle, and asked): they are free for others.
     pub(crate) fn given_back(&self, n: u32) {
@@ -327,22 +317,27 @@ impl<N: Nic> SharedReceives<N> {
     /// `floor`, at most `max`): what to do with its receive. The queue keeps
     /// [`ROOM`] receives free for the next connection: a share grows while
     /// more than that are free (adding a chunk first if fewer are, and the
-    /// queue may grow), and shrinks towards `floor` while fewer are.
-    pub(crate) fn regrant(&self, share: u32, floor: u32, max: u32) -> Regrant {
+    /// queue may grow), and shrinks towards `floor` while fewer are. Only
+    /// `work` (a frame other than flow control and keepalive,
+    /// `frame::grows_share`) grows a share; a frame that is not work
+    /// shrinks it whenever it is above `floor` (an idle peer's pings would
+    /// otherwise undo its give-back).
+    pub(crate) fn regrant(&self, share: u32, floor: u32, max: u32, work: bool) -> Regrant {
         self.frames.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
         let free = |st: &State| st.slots - st.shares.min(st.slots);
-        if free(&st) <= ROOM && share < max && st.slots < self.cfg.max_slots {
+        let may_grow = work && share < max;
+        if may_grow && free(&st) <= ROOM && st.slots < self.cfg.max_slots {
             // A busy connection and no room to spare: add a chunk.
             if let Err(e) = self.grow(&mut st) {
                 tracing::warn!(%e, "growing the hub's shared receive queue");
             }
         }
-        if free(&st) < ROOM && share > floor {
+        if share > floor && (!work || free(&st) < ROOM) {
             st.shares -= 1;
             self.withheld.fetch_add(1, Ordering::Relaxed);
             Regrant::Withhold
-        } else if free(&st) > ROOM && share < max {
+        } else if may_grow && free(&st) > ROOM {
             st.shares += 1;
             self.grown.fetch_add(1, Ordering::Relaxed);
             Regrant::Grow

@@ -425,25 +425,12 @@ impl<N: Nic> Link<N> {
         }
         if c.status.is_success() && self.conn.is_down().is_none() && !self.share_released {
             let (share, cfg) = (self.conn.receive_share(), self.conn.config());
-            // Flow control and keepalive alone need no more than the start
-            // credits: their receive is not granted again while the share
-            // is above them (an idle peer's pings would otherwise undo its
-            // give-back, and a frame in flight during a give-back would
-            // leave one over).
             // While a `GiveBack` is unanswered nothing is withheld: the peer
             // may already have dropped the credits it will say it returned,
             // and the share, still counting them, must not shrink below
             // them (the `Returned` is checked against it).
             let floor = if self.conn.giving_back() { share } else { cfg.start_credits };
-            let regrant = if grows {
-                srq.regrant(share, floor, cfg.ctrl_slots)
-            } else if share > floor {
-                srq.withhold();
-                Regrant::Withhold
-            } else {
-                srq.regrant(share, floor, share)
-            };
-            match regrant {
+            match srq.regrant(share, floor, cfg.ctrl_slots, grows) {
                 Regrant::Same => self.conn.grant_receives(1, 0),
                 Regrant::Grow => self.conn.grant_receives(2, 1),
                 Regrant::Withhold => {

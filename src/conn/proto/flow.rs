@@ -112,8 +112,7 @@ impl Connection {
     #[cold]
     #[inline(never)]
     pub(super) fn refuse_busy(&mut self, now: Duration, msg: u64, attach: RawAttaches<'_>) {
-        let limit = self.cfg.max_requests;
-        tracing::debug!(req = msg, limit, "request refused: too many unanswered");
+        tracing::debug!(req = msg, limit = self.cfg.max_requests, "request refused: too many unanswered");
         self.stats.requests_busy += 1;
         for (engine, bytes) in attach.iter() {
             self.on_attach(now, Some(msg), engine, bytes);
@@ -121,6 +120,13 @@ impl Connection {
                 return;
             }
         }
+        self.answer_busy(now, msg);
+    }
+
+    /// Server: request `msg`, refused past `Config::max_requests`, is
+    /// answered with a `Busy` frame.
+    fn answer_busy(&mut self, now: Duration, msg: u64) {
+        let limit = self.cfg.max_requests;
         if let Err(e) = self.send_frame(&Frame::Busy { msg_id: msg, limit }, None) {
             self.go_down(now, LossReason::Nic(e));
         }
@@ -167,7 +173,6 @@ impl Connection {
     #[cold]
     #[inline(never)]
     pub(super) fn refuse_again(&mut self, now: Duration, fm: fb::MsgId, m: u64) {
-        let limit = self.cfg.max_requests;
         self.stats.requests_busy += 1;
         if let Some(c) = self.confirm.as_mut() {
             c.msgs.remove(&fm);
@@ -176,8 +181,6 @@ impl Connection {
                 let _ = s.refuse(now, fm);
             }
         }
-        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: m, limit }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
+        self.answer_busy(now, m);
     }
 }
