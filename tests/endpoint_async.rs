@@ -10,12 +10,12 @@ mod util;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures::executor::LocalPool;
+use futures::executor::{LocalPool, LocalSpawner};
 use futures::task::LocalSpawnExt;
 use mwcap::bootstrap::{Auth, Key};
 use mwcap::conn::{
-    BufClass, CallError, Config, ConfigError, Connection, Endpoint, LossReason, Policies, Policy,
-    PolicyChoice, SetupError, SrqConfig,
+    BufClass, CallError, Config, ConfigError, Connection, Endpoint, EndpointDriver, LossReason, Policies,
+    Policy, PolicyChoice, SetupError, SrqConfig,
 };
 use mwcap::sim::{DeviceConfig, Fabric, SimNic};
 
@@ -54,6 +54,14 @@ async fn reverse(conn: Connection<SimNic>) {
     }
 }
 
+/// Run an endpoint's driver on `sp`.
+fn spawn_driver(sp: &LocalSpawner, drv: EndpointDriver<SimNic>) {
+    sp.spawn_local(async move {
+        drv.run().await;
+    })
+    .unwrap();
+}
+
 fn wait(pool: &mut LocalPool, f: impl FnMut() -> bool) -> bool {
     util::wait_for(pool, Duration::from_secs(10), f)
 }
@@ -68,14 +76,8 @@ fn clients_connect_to_a_listening_endpoint_and_call_it() {
     let sp = pool.spawner();
     let (server, sdrv) = Endpoint::builder(sn, auth()).config(small()).listen(any_port()).build().unwrap();
     let (client, cdrv) = Endpoint::builder(cn, auth()).config(small()).build().unwrap();
-    sp.spawn_local(async move {
-        sdrv.run().await;
-    })
-    .unwrap();
-    sp.spawn_local(async move {
-        cdrv.run().await;
-    })
-    .unwrap();
+    spawn_driver(&sp, sdrv);
+    spawn_driver(&sp, cdrv);
     let addr = server.local_addr().expect("it listens");
     let s2 = server.clone();
     let sp2 = sp.clone();
@@ -118,10 +120,7 @@ fn the_endpoint_keeps_each_bootstrap_stream_and_a_peer_that_goes_is_seen() {
     let mut pool = LocalPool::new();
     let sp = pool.spawner();
     let (server, sdrv) = Endpoint::builder(sn, auth()).config(small()).listen(any_port()).build().unwrap();
-    sp.spawn_local(async move {
-        sdrv.run().await;
-    })
-    .unwrap();
+    spawn_driver(&sp, sdrv);
     let addr = server.local_addr().unwrap();
     let accepted = std::rc::Rc::new(std::cell::RefCell::new(None));
     let a2 = accepted.clone();
@@ -137,11 +136,7 @@ fn the_endpoint_keeps_each_bootstrap_stream_and_a_peer_that_goes_is_seen() {
     let client = std::thread::spawn(move || {
         let (ep, drv) = Endpoint::builder(cn, auth()).config(small()).build().unwrap();
         let mut pool = LocalPool::new();
-        pool.spawner()
-            .spawn_local(async move {
-                drv.run().await;
-            })
-            .unwrap();
+        spawn_driver(&pool.spawner(), drv);
         let conn = pool.run_until(ep.connect(addr)).expect("connected");
         drop(ep); // only the connection is kept
         pool.run_until(async_io::Timer::after(Duration::from_millis(200)));
@@ -177,10 +172,7 @@ fn a_peer_the_application_says_is_gone_fails_calls_and_ends_as_peer_gone() {
     let mut pool = LocalPool::new();
     let sp = pool.spawner();
     for drv in [cdrv, sdrv] {
-        sp.spawn_local(async move {
-            drv.run().await;
-        })
-        .unwrap();
+        spawn_driver(&sp, drv);
     }
     sp.spawn_local(reverse(server.clone())).unwrap();
     let r = pool.run_until(client.call(b"x", None)).expect("a call while the peer is there");
@@ -211,10 +203,7 @@ fn a_call_past_the_servers_max_requests_fails_as_busy_and_the_connection_goes_on
     let mut pool = LocalPool::new();
     let sp = pool.spawner();
     for drv in [cdrv, sdrv] {
-        sp.spawn_local(async move {
-            drv.run().await;
-        })
-        .unwrap();
+        spawn_driver(&sp, drv);
     }
     let first = {
         let client = client.clone();

@@ -1045,32 +1045,41 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
             }
         }
     };
+    // A server connection on the endpoint, served, with a hand-driven peer.
+    let peer = |pool: &LocalPool| {
+        let (s, link) = server_with_link_client(&sh, &cn);
+        let conn = s.connect(&link.local()).unwrap();
+        spawn(pool, serve(conn.clone()));
+        (conn, link)
+    };
+    // Four requests grow the share; the idle time after them brings the
+    // `GiveBack`. Returns the share it asks about.
+    let grown = |pool: &mut LocalPool, conn: &Connection<SimNic>, link: &Link<SimNic>| {
+        let requests: Vec<Frame<'_>> = (1..=4)
+            .map(|msg_id| Frame::Request {
+                msg_id,
+                trace: None,
+                header: b"grow",
+                inline: b"",
+                attach: Default::default(),
+            })
+            .collect();
+        raw(link, &requests);
+        settle(pool, conn);
+        let share = conn.stats().receive_share;
+        assert!(share > 8 && conn.is_down().is_none(), "{:?}", conn.stats());
+        pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(200)));
+        share
+    };
     // Unasked.
-    let (s1, unasked) = server_with_link_client(&sh, &cn);
-    let c1 = s1.connect(&unasked.local()).unwrap();
-    spawn(&pool, serve(c1.clone()));
+    let (c1, unasked) = peer(&pool);
     raw(&unasked, &[Frame::Returned { count: 1 }]);
     settle(&mut pool, &c1);
     assert_eq!(c1.is_down(), Some(LossReason::PeerMisbehaved(Misbehavior::BadReturn { count: 1, most: 0 })));
     // Asked, but beyond the share: the requests grow it, the idle time brings
     // the GiveBack, and the answer gives back more than was granted.
-    let (s2, greedy) = server_with_link_client(&sh, &cn);
-    let c2 = s2.connect(&greedy.local()).unwrap();
-    spawn(&pool, serve(c2.clone()));
-    let requests: Vec<Frame<'_>> = (1..=4)
-        .map(|msg_id| Frame::Request {
-            msg_id,
-            trace: None,
-            header: b"grow",
-            inline: b"",
-            attach: Default::default(),
-        })
-        .collect();
-    raw(&greedy, &requests);
-    settle(&mut pool, &c2);
-    let share = c2.stats().receive_share;
-    assert!(share > 8 && c2.is_down().is_none(), "{:?}", c2.stats());
-    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(200)));
+    let (c2, greedy) = peer(&pool);
+    let share = grown(&mut pool, &c2, &greedy);
     raw(&greedy, &[Frame::Returned { count: 1000 }]);
     settle(&mut pool, &c2);
     assert_eq!(
@@ -1083,23 +1092,8 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
     // receives, its share fell to the start credits while still counting
     // the credit dropped, and the honest `Returned` was taken for
     // `BadReturn`).
-    let (s3, honest) = server_with_link_client(&sh, &cn);
-    let c3 = s3.connect(&honest.local()).unwrap();
-    spawn(&pool, serve(c3.clone()));
-    let requests: Vec<Frame<'_>> = (1..=4)
-        .map(|msg_id| Frame::Request {
-            msg_id,
-            trace: None,
-            header: b"grow",
-            inline: b"",
-            attach: Default::default(),
-        })
-        .collect();
-    raw(&honest, &requests);
-    settle(&mut pool, &c3);
-    let share = c3.stats().receive_share;
-    assert!(share > 8, "{:?}", c3.stats());
-    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(200)));
+    let (c3, honest) = peer(&pool);
+    let share = grown(&mut pool, &c3, &honest);
     let count = share - 8;
     let mut frames: Vec<Frame<'_>> = (0..count).map(|_| Frame::Credit).collect();
     frames.push(Frame::Returned { count });
