@@ -16,7 +16,8 @@
 //! - A READ copies the source bytes when the responder processes it: a CPU
 //!   write landing before that shows in the data read.
 //! - Faults ([`Faults`], [`Fabric::cut_link`], [`Fabric::kill_device`],
-//!   [`MwSupport`], [`DeviceConfig::rxe_quirks`]).
+//!   [`SimNic::fail_next`] for a verb that fails, [`MwSupport`],
+//!   [`DeviceConfig::rxe_quirks`]).
 //! - An oracle: [`Fabric::exposure`], [`Fabric::in_flight`],
 //!   [`Fabric::would_crash_rxe`], [`Fabric::qp_counters`].
 //!
@@ -50,7 +51,7 @@ mod world;
 pub use config::{DeviceConfig, FabricConfig, Faults, Latency, MwSupport, Progress};
 pub use exec::LATE_BYTE;
 pub use fabric::{Fabric, IDLE_EVENT_LIMIT};
-pub use nic::SimNic;
+pub use nic::{SimNic, Verb};
 pub use oracle::{
     Created, DeviceId, Exposure, Hazard, HazardKind, InFlightRead, QpAddr, QpCounters, ReadPhase, ReadSource,
     TraceEntry, Via, WindowState,

@@ -16,6 +16,63 @@ const ENODEV: i32 = 19;
 const EBUSY: i32 = 16;
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
+const EIO: i32 = 5;
+
+/// A verb [`SimNic::fail_next`] can make fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verb {
+    /// `ibv_create_cq`.
+    CreateCq,
+    /// `ibv_destroy_cq`.
+    DestroyCq,
+    /// `ibv_create_qp`.
+    CreateQp,
+    /// Moving a queue pair to RTS (`ibv_modify_qp` INIT, RTR, RTS).
+    ConnectQp,
+    /// Moving a queue pair to ERR (`ibv_modify_qp`).
+    SetQpError,
+    /// `ibv_destroy_qp`: the queue pair stays, in its state.
+    DestroyQp,
+    /// `ibv_dealloc_mw`: the window stays, bound or not.
+    DeallocMw,
+    /// `ibv_dereg_mr`: the region stays registered.
+    DeregMr,
+    /// `ibv_post_send`: nothing of the list is posted.
+    PostSend,
+    /// `ibv_post_recv`.
+    PostRecv,
+    /// `ibv_create_srq`.
+    CreateSrq,
+    /// `ibv_destroy_srq`.
+    DestroySrq,
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv,
+    /// `ibv_poll_cq`.
+    PollCq,
+}
+
+impl Verb {
+    /// The name its failure reports (`NicError::Os::op`).
+    fn op(self) -> &'static str {
+        match self {
+            Verb::CreateCq => "create_cq",
+            Verb::DestroyCq => "destroy_cq",
+            Verb::CreateQp => "create_qp",
+            Verb::ConnectQp => "connect_qp",
+            Verb::SetQpError => "set_qp_error",
+            Verb::DestroyQp => "destroy_qp",
+            Verb::DeallocMw => "dealloc_mw",
+            Verb::DeregMr => "dereg_mr",
+            Verb::PostSend => "post_send",
+            Verb::PostRecv => "post_recv",
+            Verb::CreateSrq => "create_srq",
+            Verb::DestroySrq => "destroy_srq",
+            Verb::PostSrqRecv => "post_srq_recv",
+            Verb::PollCq => "poll_cq",
+        }
+    }
+}
 
 /// One protection domain of a simulated device. Cheap to clone; clones
 /// share the PD. Objects of other PDs (even on the same device) are
@@ -69,6 +126,20 @@ impl SimNic {
         Ok(QpAddr { device: DeviceId(self.dev), qpn: q.qpn })
     }
 
+    /// The next `times` calls of `verb` on this device (any protection
+    /// domain) fail with `EIO` and change nothing, as a provider's error
+    /// would: a queue pair whose destroy failed is still there, and so is
+    /// its access to memory. Adds to failures already set for `verb`.
+    pub fn fail_next(&self, verb: Verb, times: u32) {
+        let mut w = self.fabric.lock();
+        if let Some(d) = w.devs.get_mut(self.dev as usize) {
+            match d.failing.iter_mut().find(|f| f.0 == verb.op()) {
+                Some(f) => f.1 += times,
+                None => d.failing.push((verb.op(), times)),
+            }
+        }
+    }
+
     /// The process owning this device dies ([`Fabric::kill_device`]).
     pub fn kill(&self) {
         self.fabric.kill_device(self.device());
@@ -81,7 +152,15 @@ fn live<'a>(
     op: &'static str,
 ) -> Result<&'a mut Device, NicError> {
     match w.devs.get_mut(dev as usize) {
-        Some(d) if d.alive => Ok(d),
+        Some(d) if d.alive => {
+            if !d.failing.is_empty() {
+                if let Some(f) = d.failing.iter_mut().find(|f| f.0 == op && f.1 > 0) {
+                    f.1 -= 1;
+                    return Err(os(op, EIO));
+                }
+            }
+            Ok(d)
+        }
         _ => Err(os(op, ENODEV)),
     }
 }

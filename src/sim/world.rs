@@ -58,6 +58,9 @@ pub(crate) struct Device {
     /// Numbers of destroyed QPs, handed out again first when the device
     /// reuses numbers ([`DeviceConfig::reuse_qpns`]): the latest first.
     pub(crate) free_qpns: Vec<u32>,
+    /// Verbs made to fail ([`crate::sim::SimNic::fail_next`]): the verb's
+    /// name and how many more calls of it fail.
+    pub(crate) failing: Vec<(&'static str, u32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +246,7 @@ impl Device {
             srqs: Vec::new(),
             by_qpn: std::collections::HashMap::new(),
             free_qpns: Vec::new(),
+            failing: Vec::new(),
         }
     }
 
