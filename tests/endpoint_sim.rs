@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use mwcap::conn::{Buf, CallError, Config, Event, Policies, Policy, SimPair};
+use mwcap::sim::Verb;
 
 fn pair(p: Policies) -> SimPair {
     SimPair::spec(7, p, Config::default(), Config::default()).expect("pair")
@@ -167,5 +168,77 @@ fn unsignaled_frames_give_their_send_slots_back_with_a_later_completion() {
         p.server.finish_close(now);
         assert_eq!(p.client.busy_buffers() + p.server.busy_buffers(), 0);
         assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
+    }
+}
+
+/// Close `p.client` without reaping its flushes, with its QP's destroy
+/// failing, as a driver does when its flush grace ends on a device that
+/// has stopped answering: no evidence says its NIC is done.
+fn close_client_stuck(p: &mut SimPair) {
+    let now = p.now();
+    p.client.nic().fail_next(Verb::DestroyQp, 1);
+    p.client.begin_close(now);
+    p.client.finish_close(now);
+}
+
+/// A READ still in flight when the QP cannot be destroyed may land later:
+/// its destination is never handed out again. (Given back, the next
+/// `alloc` took it, and the READ's late landing wrote into the user's
+/// buffer: `DmaIntoHeldBuffer`.)
+#[test]
+fn a_read_in_flight_when_the_qp_cannot_be_destroyed_keeps_its_buffer_until_its_completion() {
+    let mut cfg = Config::default();
+    cfg.buffers = 1;
+    let mut p = SimPair::spec(7, Policies::both(Policy::Mw), cfg, Config::default()).expect("pair");
+    let now = p.now();
+    p.client.call(now, b"get", None).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
+    let Some(Event::Request { req, .. }) = p.server_events.pop() else { panic!("no request") };
+    let out = filled(&mut p, false, &[7u8; 4096]);
+    let now = p.now();
+    p.server.reply(now, req, 0, b"ok", Some(out)).unwrap();
+    // The client takes the reply in and posts its READ into its one buffer.
+    assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 1));
+    close_client_stuck(&mut p);
+    assert_eq!(p.client.busy_buffers(), 1, "the READ's destination is still the NIC's");
+    assert_eq!(p.client.free_buffers(), 0);
+    assert!(p.client.alloc().is_none(), "the READ's destination was handed out");
+    // The READ's flush, after its late landing, is the evidence.
+    assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0));
+    assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
+}
+
+/// An exposure whose QP neither went to ERR nor could be destroyed, its
+/// window not freed either, stays the peer's: the peer can still READ it
+/// through the window (and does), so it never comes back. (Given back once
+/// its SEND completed, as when a failed move to ERR was taken for done, the
+/// user held it when the peer's READ came: `RemoteReadOfHeldBuffer`.)
+#[test]
+fn an_exposure_whose_qp_neither_errs_nor_dies_is_never_returned() {
+    for reply in [Policy::Mw, Policy::Confirm] {
+        let pol = Policies { request: Policy::Mw, reply };
+        let mut cfg = Config::default();
+        cfg.buffers = 1;
+        let mut p = SimPair::spec(7, pol, cfg, Config::default()).expect("pair");
+        // Past `MAX_INLINE`: exposed, not sent inline.
+        let b = filled(&mut p, true, &[3u8; 4096]);
+        let now = p.now();
+        p.client.call(now, b"put", Some(b)).unwrap();
+        assert_eq!(p.client.busy_buffers(), 1, "{pol:?}");
+        let nic = p.client.nic().clone();
+        nic.fail_next(Verb::SetQpError, 1);
+        nic.fail_next(Verb::DeallocMw, 64);
+        close_client_stuck(&mut p);
+        // The bind and the request's SEND complete, the server READs.
+        assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()), "{pol:?}");
+        p.run_for(Duration::from_secs(1));
+        assert_eq!(p.client.busy_buffers(), 1, "{pol:?}");
+        assert!(p.client.alloc().is_none(), "{pol:?}: the exposed buffer was handed out");
+        assert!(
+            !p.client_events.iter().any(|e| matches!(e, Event::BufferReturned(_))),
+            "{pol:?}: {:?}",
+            p.client_events
+        );
+        assert!(p.fabric.hazards().is_empty(), "{pol:?}: {:?}", p.fabric.hazards());
     }
 }

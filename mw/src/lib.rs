@@ -35,9 +35,11 @@
 //! 1. feed every input with a `handle_*` call: a decoded message
 //!    ([`Owner::handle_release`], [`Reader::handle_grant`]), a completion
 //!    routed by [`Token::engine`] (`handle_completion`), a receive with an
-//!    invalidated rkey ([`Owner::handle_peer_invalidation`]), the QP in ERR or
-//!    destroyed (`handle_qp_error`, `handle_qp_destroyed`: tell *both*
-//!    engines of the connection), a user request ([`Owner::grant`],
+//!    invalidated rkey ([`Owner::handle_peer_invalidation`]), the connection
+//!    taken down before its QP is in ERR ([`Owner::handle_connection_lost`]),
+//!    the QP in ERR or destroyed (`handle_qp_error` once the move to ERR
+//!    succeeded, `handle_qp_destroyed`: tell *both* engines of the
+//!    connection), a user request ([`Owner::grant`],
 //!    [`Owner::cancel`]), and `handle_timeout(now)` once `now` has reached
 //!    the deadline from `poll_timeout`;
 //! 2. drain `poll_action()` and carry out each action in order (post the

@@ -473,6 +473,16 @@ impl Owner {
         true
     }
 
+    /// The driver takes the connection down and has asked for its QP to go
+    /// to ERR, which has not happened yet (or failed): no more grants and
+    /// no expiry, and no leased buffer returns until the QP is known to be
+    /// in ERR ([`Owner::handle_qp_error`], or a completion in error) or
+    /// destroyed ([`Owner::handle_qp_destroyed`]).
+    pub fn handle_connection_lost(&mut self, _now: Duration) {
+        self.go_down(LossCause::ConnectionLost, false);
+        self.check_indexes();
+    }
+
     /// The QP is in ERR (async event, a flush the driver did, or the other
     /// engine's error). Leased buffers return once every outstanding work
     /// request of the owner has completed (flushed).

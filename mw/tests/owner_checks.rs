@@ -510,3 +510,40 @@ fn a_revocation_invalidates_a_live_lease_once_and_returns_its_buffer_on_the_evid
     assert_eq!(o.poll_action(), None);
     assert_eq!(o.outstanding_buffers(), 1);
 }
+
+/// Taken down by its driver before the QP is known to be in ERR
+/// (`handle_connection_lost`), the owner returns no leased buffer on a
+/// successful completion: the window is still bound and the QP may still
+/// serve READs. It returns once the QP is in ERR, or destroyed.
+#[test]
+fn a_connection_lost_returns_nothing_until_the_qp_is_in_err_or_destroyed() {
+    for destroyed in [false, true] {
+        let mut o = owner(2);
+        let lease = o.grant(ms(0), buffer(0), ms(50)).expect("a window is free");
+        let Some(OwnerAction::BindAndGrant(b)) = o.poll_action() else { panic!("expected a bind") };
+        o.handle_connection_lost(ms(1));
+        // The free window is retired (unbound: nothing to wait for).
+        assert_eq!(
+            events(&mut o),
+            vec![
+                OwnerEvent::ConnectionLost { cause: LossCause::ConnectionLost },
+                OwnerEvent::WindowRetired { window: 101 }
+            ]
+        );
+        assert_eq!(o.grant(ms(1), buffer(1), ms(50)), Err(GrantError::ConnectionLost));
+        // Its SEND completes: no work of the owner is outstanding.
+        o.handle_completion(ms(2), b.send_token, Status::Success);
+        // No expiry runs either.
+        o.handle_timeout(ms(100));
+        assert_eq!(o.poll_action(), None);
+        let evs = events(&mut o);
+        assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::BufferReturned { .. })), "{evs:?}");
+        if destroyed {
+            o.handle_qp_destroyed(ms(101));
+        } else {
+            o.handle_qp_error(ms(101));
+        }
+        let evs = events(&mut o);
+        assert!(evs.contains(&returned(lease, 0, LeaseEnd::ConnectionLost)), "{evs:?}");
+    }
+}

@@ -29,6 +29,11 @@ pub enum LossCause {
     QpError,
     /// The driver destroyed the QP.
     QpDestroyed,
+    /// The driver took the connection down and asked for its QP to go to
+    /// ERR ([`Owner::handle_connection_lost`](super::Owner::handle_connection_lost)):
+    /// until [`Owner::handle_qp_error`](super::Owner::handle_qp_error) says
+    /// it is there, nothing is evidence but completions.
+    ConnectionLost,
     /// The peer broke the protocol; the owner asked for the QP to be flushed.
     HostilePeer,
     /// One of its windows was invalidated by a SEND_WITH_INV received on

@@ -241,7 +241,7 @@ impl<N: Nic> Prepared<N> {
             #[cfg(any(test, feature = "testing"))]
             batch: vec![Completion::EMPTY; POLL_BATCH],
             inline: Vec::with_capacity(MAX_INLINE as usize),
-            destroyed: false,
+            qp: QpFate::Live,
             regions: std::sync::Arc::new(super::Regions::new(None, std::time::Instant::now())),
             span,
             delegation: Default::default(),

@@ -73,6 +73,18 @@ fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
     }
 }
 
+/// What became of a link's QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QpFate {
+    /// Not destroyed yet.
+    Live,
+    /// Destroyed: no DMA through it is possible any more.
+    Destroyed,
+    /// Its destroy failed: it may still reach whatever it could, so nothing
+    /// it could reach is used again (`Link::finish_close`).
+    Stuck,
+}
+
 /// One side of one RC connection: its device resources on a [`Nic`], and
 /// the [`Connection`] state machine it runs. The call order: create its QP
 /// (`Link::prepare_on`, through `Hub::prepare` on an endpoint;
@@ -116,7 +128,8 @@ pub struct Link<N: Nic> {
     /// An inline payload on its way out, read from the caller's buffer
     /// (capacity MAX_INLINE).
     inline: Vec<u8>,
-    destroyed: bool,
+    /// Whether its QP is still there, and if not, how it went.
+    qp: QpFate,
     /// The regions whose ranges it exposes: its endpoint's, once a hub
     /// adopts it (`Hub::add`); until then, or for a link of its own, its own.
     regions: std::sync::Arc<Regions<N>>,
@@ -228,7 +241,7 @@ impl<N: Nic> Link<N> {
     #[inline(never)]
     fn run_commands(&mut self) {
         let _in = self.span.enter();
-        let (nic, qp, destroyed) = (&self.nic, self.local.id, self.destroyed);
+        let (nic, qp, destroyed) = (&self.nic, self.local.id, self.qp == QpFate::Destroyed);
         let (ctrl, srq, lent) = (self.ctrl.as_ref(), self.srq.as_deref(), &mut self.lent);
         self.conn.drain_commands(|cmd, bytes| match cmd {
             Command::PostSend { chain, frame } => {
@@ -251,12 +264,10 @@ impl<N: Nic> Link<N> {
                 nic.post_send(qp, chain.as_slice())
             }
             Command::PostRecv { wr_id, sge } => nic.post_recv(qp, *wr_id, *sge),
-            Command::SetQpError => {
-                if !destroyed {
-                    let _ = nic.set_qp_error(qp);
-                }
-                Ok(())
-            }
+            // Its success is evidence the owner's exposures wait for: a
+            // failure goes back to the connection.
+            Command::SetQpError if destroyed => Ok(()),
+            Command::SetQpError => nic.set_qp_error(qp),
         });
     }
 
@@ -602,7 +613,7 @@ impl<N: Nic> Link<N> {
     pub fn close(&mut self, now: Duration) {
         self.begin_close(now);
         self.drive(now);
-        if self.destroyed {
+        if self.qp != QpFate::Live {
             return;
         }
         // Reap the flushes before destroying the QP (rxe warns, and waits,
@@ -624,7 +635,7 @@ impl<N: Nic> Link<N> {
     /// (nothing can reach or fill one after the destroy). Idempotent.
     pub fn finish_close(&mut self, now: Duration) {
         self.begin_close(now);
-        if self.destroyed {
+        if self.qp != QpFate::Live {
             return;
         }
         // The QP is in ERR: no remote access through it is possible. Free the
@@ -636,11 +647,17 @@ impl<N: Nic> Link<N> {
         }
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
-            tracing::warn!(%e, "destroy QP");
-            // No evidence: the shared pool's buffers must not serve others.
-            self.conn.quarantine_pool_buffers();
+            // No evidence: the QP may still reach every buffer it could
+            // (a READ not flushed may still land, a window not freed may
+            // still be read). They stay with it, for good.
+            self.qp = QpFate::Stuck;
+            let kept = self.conn.handle_qp_stuck(now);
+            tracing::warn!(%e, kept, "destroying the QP failed: the buffers and ranges it could still reach are never used again (the memory is released when the process ends)");
+            self.release_share();
+            self.run();
+            return;
         }
-        self.destroyed = true;
+        self.qp = QpFate::Destroyed;
         self.release_share();
         self.conn.handle_qp_destroyed(now);
         self.run();
@@ -651,14 +668,16 @@ impl<N: Nic> Drop for Link<N> {
     fn drop(&mut self) {
         // Order: QP to ERR (no more remote access), windows freed, QP
         // destroyed, then the memory and the CQ.
-        if !self.destroyed {
+        if self.qp == QpFate::Live {
             let _ = self.nic.set_qp_error(self.local.id);
         }
         for w in self.windows.drain(..) {
             let _ = self.nic.dealloc_mw(w);
         }
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
-        let gone = self.destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
+        // A QP whose destroy failed in `finish_close` is tried once more.
+        let gone =
+            self.qp == QpFate::Destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
         if gone {
             // Nothing can read the endpoint's regions, or the hub's send
             // slots it holds, through it any more.

@@ -17,9 +17,12 @@ impl Connection {
         // Nothing more goes out: frames waiting for credit are dropped.
         self.backlog.clear();
         self.backlog_bytes.clear();
+        // The owner's leased buffers wait for the QP to be in ERR: the
+        // command's success ([`Connection::handle_qp_in_error`]).
         self.commands.push_back(Command::SetQpError);
+        self.to_err = true;
         if let Some(o) = &mut self.owner {
-            o.engine.handle_qp_error(now);
+            o.engine.handle_connection_lost(now);
         }
         if let Some(r) = &mut self.reader {
             r.engine.handle_qp_error(now);
@@ -77,6 +80,32 @@ impl Connection {
     pub fn sends_in_flight(&self) -> usize {
         let silent = (self.unsignaled_run as usize).min(self.plain_sends.len());
         self.sends.count(Holder::Exposed) - silent
+    }
+
+    /// The QP is in ERR (the driver's `SetQpError` succeeded, see
+    /// [`Connection::drain_commands`]): nothing reaches it from the peer
+    /// any more, so once every work request of the owner has flushed, its
+    /// exposed buffers come back.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn handle_qp_in_error(&mut self) {
+        self.to_err = false;
+        if let Some(o) = &mut self.owner {
+            o.engine.handle_qp_error(self.now);
+            self.dirty = true;
+        }
+    }
+
+    /// Destroying the QP failed: it may still reach every buffer and range
+    /// it could (a READ not flushed may still land, a window not freed may
+    /// still be read), so they stay where they are, for good, and the
+    /// shared pool's buffers among them never go back to the pool. The
+    /// connection is down. Returns how many buffers and ranges are kept.
+    pub fn handle_qp_stuck(&mut self, now: Duration) -> usize {
+        self.now = now;
+        self.go_down(now, LossReason::Closed);
+        self.bufs.quarantine();
+        self.busy_buffers()
     }
 
     /// The QP is destroyed: no DMA through it is possible any more, so every

@@ -143,6 +143,8 @@ pub enum Command {
     },
     /// Move the QP to the error state: every outstanding work request
     /// flushes and no remote access through the QP is possible any more.
+    /// Its success is the evidence the owner's exposures wait for: until
+    /// then (or if it fails) they come back only once the QP is destroyed.
     SetQpError,
 }
 
@@ -284,6 +286,10 @@ pub struct Connection {
     /// Inputs arrived since the engines last ran (they run before any output
     /// is taken).
     dirty: bool,
+    /// A `SetQpError` is queued and has not failed: once the commands
+    /// ahead of it and it are carried out, the QP is in ERR
+    /// ([`Connection::handle_qp_in_error`]).
+    to_err: bool,
     commands: VecDeque<Command>,
     /// Frames staged for SENDs whose commands are not taken yet; reused
     /// from the start once every command is taken (never shrinks).
@@ -506,6 +512,7 @@ impl Connection {
             reclaimed: Vec::with_capacity(slots),
             now: Duration::ZERO,
             dirty: false,
+            to_err: false,
             commands: VecDeque::with_capacity(2 * cfg.ctrl_slots as usize + 2 * slots),
             tx: Vec::new(),
             tx_used: 0,

@@ -20,6 +20,10 @@ impl Connection {
             self.settle();
             let Some(cmd) = self.commands.front_mut() else {
                 self.tx_used = 0;
+                if self.to_err {
+                    // It went through (a failure clears the flag).
+                    self.handle_qp_in_error();
+                }
                 return;
             };
             let bytes = match cmd {
