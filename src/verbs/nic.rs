@@ -175,7 +175,27 @@ impl Drop for VerbsNic {
     fn drop(&mut self) {
         drop(std::mem::replace(&mut self.mws, Arc::new(Slots::new())));
         for id in std::mem::take(&mut *self.own_qps.lock()) {
-            let _ = self.shared.qps.remove(id, QpSlot::close);
+            // A post through another clone may pin it for a moment: wait
+            // that out. A QP that still cannot go stays in the table until
+            // its last handle (its regions' memory is never freed under it:
+            // a region whose deregistration fails is leaked).
+            let mut tries = 0;
+            let r = loop {
+                match self.shared.qps.remove(id, QpSlot::close) {
+                    Err(Removal::Busy) if tries < 1000 => {
+                        tries += 1;
+                        std::thread::yield_now();
+                    }
+                    r => break r,
+                }
+            };
+            match r {
+                Ok(()) | Err(Removal::Missing) => {}
+                Err(r) => {
+                    let e = removal(r, "queue pair", id, "destroy queue pair (a post is using it)");
+                    tracing::warn!(%e, qp = id, "a queue pair of a dropped NIC handle could not be destroyed: it is tried again when the last handle sharing its table is dropped");
+                }
+            }
         }
         // The shared receive queues go next, with the `srqs` field, if this
         // is the PD's last handle (a queue still held by a QP that could not
