@@ -514,6 +514,10 @@ fn a_request_past_max_requests_is_refused_unread_and_the_server_keeps_nothing_of
         }
         assert_eq!(replied, [first[0], first[1], next], "{policies:?}");
         assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none(), "{policies:?}");
+        // Nothing the client sent about the refused calls names what the
+        // server never kept (a refusal of the fetch did).
+        assert_eq!(p.s.conn.confirm_violations(), 0, "{policies:?}");
+        assert_eq!(p.c.conn.confirm_violations(), 0, "{policies:?}");
         assert_eq!(p.c.conn.free_buffers(), BUFFERS as usize, "{policies:?}: every client buffer is back");
         assert_eq!(p.s.conn.free_buffers(), BUFFERS as usize, "{policies:?}: every server buffer is back");
         for side in [&p.c, &p.s] {
@@ -585,6 +589,7 @@ fn a_stale_reply_asked_again_past_max_requests_is_refused_busy() {
     let st = p.s.conn.stats();
     assert_eq!((st.requests_busy, st.stale_reads, p.c.conn.stats().stale_reads), (1, 0, 1));
     assert!(p.c.conn.is_down().is_none() && p.s.conn.is_down().is_none());
+    assert_eq!((p.c.conn.confirm_violations(), p.s.conn.confirm_violations()), (0, 0));
 }
 
 #[test]

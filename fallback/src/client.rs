@@ -165,6 +165,20 @@ impl Client {
         live
     }
 
+    /// The server refused the request `msg` rode on outside this protocol
+    /// (the driver's own flow control), so it never saw the fetch: end it
+    /// as [`ReadError::Refused`], telling the server nothing. False if no
+    /// such fetch is in progress.
+    pub fn refused(&mut self, now: Duration, msg: MsgId) -> bool {
+        let _ = now;
+        if !self.fetches.contains_key(&msg) {
+            return false;
+        }
+        self.end_fetch(msg, ReadError::Refused);
+        self.check_indexes();
+        true
+    }
+
     /// A message from the server.
     pub fn handle_message(&mut self, now: Duration, message: Message) {
         let _ = now;

@@ -34,7 +34,10 @@
 //!    `handle_read_completion` (a completion whose `wr_id` is a [`ReadToken`],
 //!    flushed ones included), `handle_timeout` (when `poll_timeout`'s instant
 //!    has passed), `handle_connection_lost` (the QP is in ERR or destroyed),
-//!    and the local calls (`fetch`, `send_request`, `offer`, `refuse`, `cancel`);
+//!    and the local calls (`fetch`, `send_request`, `offer`, `refuse`, `cancel`;
+//!    `Client::refused` and `Server::forget_wanted` when the driver's own
+//!    flow control refused a request, and told the client, outside this
+//!    protocol);
 //! 2. then drain `poll_action` until `None`, carrying out each [`Action`] in
 //!    order: [`Action::Read`] → `SendWr::Read` (signaled) with the token as
 //!    `wr_id` into a destination of `remote().len()` bytes (a driver with no

@@ -155,6 +155,16 @@ impl Server {
         }
     }
 
+    /// Direction 1: drops the wanted `msg` without a word to the client,
+    /// which learns of the refusal another way (the driver's own flow
+    /// control, see [`crate::Client::refused`]).
+    pub fn forget_wanted(&mut self, now: Duration, msg: MsgId) -> Result<(), UsageError> {
+        let _ = now;
+        self.wanted.remove(&msg).ok_or(UsageError::NotWanted(msg))?;
+        self.check_indexes();
+        Ok(())
+    }
+
     /// Direction 1: declines the wanted `msg` (the client's fetch fails with
     /// [`ReadError::Refused`]).
     pub fn refuse(&mut self, now: Duration, msg: MsgId) -> Result<(), UsageError> {

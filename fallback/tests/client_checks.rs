@@ -310,3 +310,18 @@ fn fetch_of_read_names_the_fetch_until_the_completion() {
     c.handle_read_completion(secs(0), t, true);
     assert_eq!(c.fetch_of_read(t), None, "handled");
 }
+
+/// A fetch whose request the driver's flow control refused ends as
+/// `Refused`, with nothing sent to the server; a second word of it is no
+/// fetch in progress.
+#[test]
+fn a_fetch_refused_by_the_driver_ends_quietly() {
+    let mut c = client();
+    let m = fetch(&mut c, secs(0));
+    assert!(c.refused(secs(0), m));
+    assert_eq!(actions(&mut c), vec![]);
+    assert_eq!(events(&mut c), vec![Event::ReadFailed { msg: m, error: ReadError::Refused }]);
+    assert!(!c.refused(secs(0), m));
+    assert!(c.is_idle());
+    assert_eq!(c.peer_violations(), 0);
+}

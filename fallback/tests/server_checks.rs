@@ -434,3 +434,18 @@ fn a_withdrawn_offer_is_free_at_once_and_its_confirm_is_answered_reused() {
     assert_eq!(events(&mut s), vec![Event::ReplyWanted { msg: msg(1), attempt: 2 }]);
     s.offer(secs(1), msg(1), buf(0), 8).unwrap();
 }
+
+/// A wanted reply the driver refused by its own means is dropped without a
+/// message to the client; it is wanted no more.
+#[test]
+fn a_wanted_reply_forgotten_sends_nothing_and_is_gone() {
+    let mut s = server();
+    s.handle_message(secs(0), Message::Fetch { msg: msg(1), attempt: 1 });
+    assert_eq!(events(&mut s), vec![Event::ReplyWanted { msg: msg(1), attempt: 1 }]);
+    s.forget_wanted(secs(0), msg(1)).unwrap();
+    assert_eq!(actions(&mut s), vec![]);
+    assert!(s.is_idle());
+    assert_eq!(s.forget_wanted(secs(0), msg(1)), Err(UsageError::NotWanted(msg(1))));
+    assert!(s.offer(secs(0), msg(1), buf(0), 8).is_err(), "an offer for it is refused");
+    assert_eq!(s.peer_violations(), 0);
+}

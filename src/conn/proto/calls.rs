@@ -302,7 +302,12 @@ impl Connection {
             self.withdraw(now, e);
         }
         if let Some(fm) = call.fetch_fb {
-            self.unwant(now, fm, false);
+            if let CallError::Busy { .. } = error {
+                // Refused unread: the server kept nothing of the fetch.
+                self.fetch_refused(now, fm);
+            } else {
+                self.unwant(now, fm, false);
+            }
         }
         if let Data::Ready(slot, _) = call.data {
             self.bufs.hand(slot, Holder::User, Holder::Free);

@@ -173,6 +173,11 @@ impl ConfirmEngine {
         self.msgs.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn peer_violations(&self) -> u64 {
+        each!(&self.engine, e => e.peer_violations())
+    }
+
     pub(super) fn is_buffer_free(&self, slot: u32) -> bool {
         let Some(&id) = self.bufs.get(slot as usize) else { return false };
         each!(&self.engine, e => e.is_buffer_free(id))

@@ -177,8 +177,9 @@ impl Connection {
         if let Some(c) = self.confirm.as_mut() {
             c.msgs.remove(&fm);
             c.kept.remove(&m);
+            // The `Busy` answer ends the client's fetch (`fetch_refused`).
             if let Some(s) = c.server() {
-                let _ = s.refuse(now, fm);
+                let _ = s.forget_wanted(now, fm);
             }
         }
         self.answer_busy(now, m);

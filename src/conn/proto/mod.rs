@@ -584,6 +584,13 @@ impl Connection {
         self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
     }
 
+    /// Confirm-policy messages from the peer that fit no exchange and were
+    /// ignored (diagnostics: an honest peer causes none).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn confirm_violations(&self) -> u64 {
+        self.confirm.as_ref().map_or(0, ConfirmEngine::peer_violations)
+    }
+
     /// The QP is connected: post every receive slot. The peer may send
     /// `Config::start_credits` frames at once; the rest of the receives are
     /// granted in our first frame out. This side may send `peer_credits`

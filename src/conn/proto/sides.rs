@@ -160,6 +160,17 @@ impl Connection {
         }
     }
 
+    /// Reader side, on a client: the server refused the request `fetch`
+    /// rode on unread (`Busy`), so it never saw the fetch. The fetch ends
+    /// as the server's refusal would end it, with nothing sent (a refusal
+    /// of our own would name a fetch the server does not know).
+    #[cold]
+    pub(super) fn fetch_refused(&mut self, now: Duration, fetch: fb::MsgId) {
+        if let Some(c) = self.confirm.as_mut().and_then(ConfirmEngine::client) {
+            c.refused(now, fetch);
+        }
+    }
+
     /// Reader side, on a client: the call's payload is no longer wanted.
     /// With `quiet`, the call never went out: the engine's notices about it
     /// are dropped too.
