@@ -198,6 +198,11 @@ impl Memory {
         !self.holds.lock().ranges.is_empty()
     }
 
+    /// Whether a buffer handle holds any of `offset..offset + len`.
+    pub(crate) fn overlaps_hold(&self, offset: usize, len: usize) -> bool {
+        Memory::overlap(&self.holds.lock().ranges, offset, offset.saturating_add(len)).is_some()
+    }
+
     /// If a buffer handle holds any of its bytes now, run `hook()` once the
     /// last hold ends (on the thread that drops it, after the memory's own
     /// lock is released), and return true; otherwise return false and make

@@ -358,3 +358,47 @@ fn a_send_buffer_changed_while_in_flight_is_a_hazard() {
     assert_eq!(h.len(), 1, "{h:?}");
     assert_eq!(h[0].kind, HazardKind::SendBufferChanged);
 }
+
+/// A READ's response has landed, but until its completion shows another
+/// (retransmitted) response may land again: a destination lent to a buffer
+/// handle in between is `DmaIntoHeldBuffer`. Taken after the completion,
+/// it is not.
+#[test]
+fn a_read_destination_taken_before_its_completion_shows_is_a_hazard() {
+    use mwcap::sim::HazardKind;
+    let run = |before_completion: bool| {
+        let f = Fabric::with_seed(9);
+        let p = Pair::new(&f, DeviceConfig::spec(), DeviceConfig::spec()).unwrap();
+        f.set_progress(Progress::Manual);
+        let src = p.a.nic.reg_mr(64, Access::REMOTE_READ).unwrap();
+        p.a.nic.memory(src.id).unwrap().write(0, &[9; 16]).unwrap();
+        let dst = p.b.nic.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        let dst_mem = p.b.nic.memory(dst.id).unwrap();
+        p.b.nic.post_send(p.b.qp, &[read(1, dst.id, 0, 16, src.addr, src.rkey)]).unwrap();
+        // Step until the response has landed.
+        let mut bytes = [0u8; 16];
+        for _ in 0..10_000 {
+            dst_mem.read(0, &mut bytes).unwrap();
+            if bytes == [9; 16] {
+                break;
+            }
+            f.run_for(Duration::from_nanos(10));
+        }
+        assert_eq!(bytes, [9; 16], "the response landed");
+        let early = p.b.nic.poll_cq_vec(p.b.cq, 4).unwrap();
+        assert!(early.is_empty(), "its completion has not shown yet: {early:?}");
+        let held = before_completion.then(|| dst_mem.hold(0, 16).unwrap());
+        f.run_for(Duration::from_millis(1));
+        let cqes = p.b.nic.poll_cq_vec(p.b.cq, 4).unwrap();
+        assert_eq!(cqes.len(), 1);
+        assert_eq!(cqes[0].status, WcStatus::Success);
+        let after = (!before_completion).then(|| dst_mem.hold(0, 16).unwrap());
+        f.run_for(Duration::from_millis(1));
+        drop((held, after));
+        f.hazards()
+    };
+    let h = run(true);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].kind, HazardKind::DmaIntoHeldBuffer);
+    assert!(run(false).is_empty());
+}

@@ -6,7 +6,7 @@ use super::oracle::HazardKind;
 use super::resp::InvError;
 use super::sched::Lane;
 use super::world::{World, WrState};
-use crate::backend::{Access, QpState, SendWr, WcStatus};
+use crate::backend::{Access, QpState, SendWr, WcOpcode, WcStatus};
 
 /// What a READ that failed after its request went out leaves in its
 /// destination, written just before its completion shows: a NIC may still
@@ -57,10 +57,33 @@ impl World {
             EvKind::Deliver { dev, qp, cq, wc, late } => {
                 if let Some(local) = late {
                     self.land_late(dev, qp, wc.wr_id, &local);
+                } else if wc.opcode == WcOpcode::RdmaRead && wc.status == WcStatus::Success {
+                    self.check_landed(dev, qp, wc.wr_id);
                 }
                 self.on_deliver(dev, qp, cq, wc)
             }
         }
+    }
+
+    /// A READ's successful completion is about to show: its destination
+    /// must not have been lent to a buffer handle since its response landed
+    /// (a retransmitted response may land again until the completion; the
+    /// landing itself checks the instant it happens). A held destination is
+    /// `DmaIntoHeldBuffer`, unless its QP is destroyed (its completions are
+    /// dropped then, and the destruction is the evidence).
+    fn check_landed(&mut self, dev: u32, qp: u32, wr_id: u64) {
+        let Some(i) = self.landed.iter().position(|&(d, q, w, _)| (d, q, w) == (dev, qp, wr_id)) else {
+            return;
+        };
+        let (_, _, _, local) = self.landed.swap_remove(i);
+        if self.devs[dev as usize].qp(qp).is_none() || !self.held_in(dev, &local) {
+            return;
+        }
+        let detail = format!(
+            "READ wr_id {wr_id}: its destination was lent to a buffer handle after its response landed and \
+             before its completion showed (a retransmitted response may land until then)"
+        );
+        self.hazard(dev, HazardKind::DmaIntoHeldBuffer, detail);
     }
 
     /// The late bytes of a READ that failed after its request went out

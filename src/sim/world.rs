@@ -31,6 +31,10 @@ pub(crate) struct World {
     /// Byte vectors of finished packets, reused for the next ones (a
     /// simulated call allocates nothing in steady state).
     pub(crate) spare: SpareBytes,
+    /// READs that succeeded and whose completion has not shown yet (device,
+    /// QP, work request id, destination): until it shows, their response
+    /// may land again (`World::check_landed`).
+    pub(crate) landed: Vec<(u32, u32, u64, SgeList)>,
 }
 
 /// Spare byte vectors kept at most.
@@ -295,6 +299,7 @@ impl World {
             hazards: Vec::new(),
             trace: Vec::new(),
             spare: SpareBytes::new(),
+            landed: Vec::new(),
         }
     }
 
@@ -387,6 +392,17 @@ impl World {
                 // that evidence is caught (`land_late`). Not after a local
                 // protection error: the destination could not be written.
                 let late = match e.wr {
+                    // A READ that succeeded: until its completion shows, a
+                    // response may still land in its destination (a
+                    // retransmitted one, as RC allows), so it must not be
+                    // handed to anyone before (`check_landed`).
+                    SendWr::Read { local, wr_id, .. } if status == WcStatus::Success => {
+                        // (Held now, the landing just reported it.)
+                        if !self.held_in(dev, &local) {
+                            self.landed.push((dev, qp, wr_id, local));
+                        }
+                        None
+                    }
                     SendWr::Read { local, .. }
                         if !matches!(status, WcStatus::Success | WcStatus::LocProtErr) && e.psn.is_some() =>
                     {
@@ -397,6 +413,12 @@ impl World {
                 self.deliver_late(dev, qp, cq, wc, late);
             }
         }
+    }
+
+    /// Whether a buffer handle holds any byte of `local` on device `dev`.
+    pub(crate) fn held_in(&self, dev: u32, local: &SgeList) -> bool {
+        let d = &self.devs[dev as usize];
+        local.iter().any(|s| d.mr(s.mr.0).is_some_and(|mr| mr.data.overlaps_hold(s.offset, s.len as usize)))
     }
 
     /// A SEND ends (acknowledged or flushed): its memory must still hold
