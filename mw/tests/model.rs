@@ -215,6 +215,19 @@ fn lent_windows_retire_with_a_dead_peer() {
     check("lent windows, peer dies", cfg);
 }
 
+/// The owner's driver takes the connection down while the QP stays up
+/// (its move to ERR failed: `Owner::handle_connection_lost`, no ERR
+/// evidence), at any point, and destroys the QP later. No buffer comes
+/// back while a window over it is bound on the live QP or a READ of it is
+/// being served; once the QP is destroyed every one does.
+#[test]
+fn the_owner_takes_the_connection_down_without_err_evidence() {
+    for mode in [ReleaseMode::Message, ReleaseMode::Piggyback] {
+        let cfg = Config { takes_down: true, ..Config::small(mode) };
+        check(&format!("owner takes down, its QP up until destroyed ({mode:?})"), cfg);
+    }
+}
+
 /// Issue 19, finding 5: a peer of *another* connection of the device
 /// invalidates one of this owner's windows (rxe scopes a SEND_WITH_INV to
 /// neither the QP nor the PD), and the endpoint tells the owner only when

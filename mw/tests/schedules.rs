@@ -23,27 +23,31 @@ fn configs() -> impl Strategy<Value = Config> {
         2u32..6,
         any::<u64>(),
         0u8..3,
+        proptest::bool::weighted(0.2),
     )
-        .prop_map(|(windows, mode, cancels, peer_death, hostile, foreign, lease, seed, revokes)| {
-            Config {
-                windows,
-                buffers: windows + 1,
-                dests: windows,
-                grants: 8,
-                grant_until: 20,
-                t_end: 30,
-                lease,
-                margin: 1,
-                mode,
-                cancels,
-                revokes,
-                peer_death,
-                hostile,
-                foreign,
-                seed,
-                lend: None,
-            }
-        })
+        .prop_map(
+            |(windows, mode, cancels, peer_death, hostile, foreign, lease, seed, revokes, takes_down)| {
+                Config {
+                    windows,
+                    buffers: windows + 1,
+                    dests: windows,
+                    grants: 8,
+                    grant_until: 20,
+                    t_end: 30,
+                    lease,
+                    margin: 1,
+                    mode,
+                    cancels,
+                    revokes,
+                    peer_death,
+                    hostile,
+                    foreign,
+                    seed,
+                    lend: None,
+                    takes_down,
+                }
+            },
+        )
 }
 
 /// `configs()` with the windows lent per grant from a pool of one to one

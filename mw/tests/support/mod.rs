@@ -153,6 +153,14 @@ pub enum Step {
     /// A's NIC invalidates the window device-wide (rxe): A's owner sees no
     /// completion for it.
     ForeignSendsWithInv { w: u32 },
+    /// A's driver takes the connection down (`Owner::handle_connection_lost`)
+    /// and asks for its QP to go to ERR, which fails: the QP stays up, its
+    /// windows bound and readable.
+    OwnerTakesDown,
+    /// A's driver destroys its QP (after its flush grace): the responder
+    /// and the send queue stop, its completions never come, and the owner
+    /// is told (`Owner::handle_qp_destroyed`).
+    OwnerDestroysQp,
     /// A's endpoint polls the other connection's receives, sees that the
     /// oldest rkey not yet reported is none of that connection's, and tells
     /// A's owner (`Owner::handle_invalidation_elsewhere`), which takes A
@@ -187,6 +195,10 @@ pub struct Config {
     /// slots) and each grant takes a window from a pool of `n` that the
     /// world keeps, as a hub does for its connections.
     pub lend: Option<u32>,
+    /// A's driver may take the connection down while its QP stays up (its
+    /// move to ERR failed: `Step::OwnerTakesDown`), and then destroy the
+    /// QP (`Step::OwnerDestroysQp`).
+    pub takes_down: bool,
 }
 
 impl Config {
@@ -208,6 +220,7 @@ impl Config {
             foreign: 0,
             seed: 7,
             lend: None,
+            takes_down: false,
         }
     }
 }
@@ -223,6 +236,8 @@ pub struct World {
     pub owner_cq: VecDeque<(Token, Status)>,
     pub serving: VecDeque<Serving>,
     pub a_err: bool,
+    /// A's QP was destroyed (`Step::OwnerDestroysQp`).
+    pub a_destroyed: bool,
     // Host B's NIC.
     pub reader_sq: VecDeque<ReaderWr>,
     pub reader_cq: VecDeque<(Token, Status)>,
@@ -303,6 +318,7 @@ impl World {
             owner_cq: VecDeque::new(),
             serving: VecDeque::new(),
             a_err: false,
+            a_destroyed: false,
             reader_sq: VecDeque::new(),
             reader_cq: VecDeque::new(),
             b_reads: Vec::new(),
@@ -430,6 +446,13 @@ impl World {
         // so the reader's own timeout and flush are its only way out.
         if self.a_err && !self.owner.is_connection_lost() {
             out.push(Step::OwnerNoticesErr);
+        }
+        if cfg.takes_down && !self.a_destroyed {
+            if !self.owner.is_connection_lost() {
+                out.push(Step::OwnerTakesDown);
+            } else {
+                out.push(Step::OwnerDestroysQp);
+            }
         }
         if b_alive && self.b_err && !self.reader.is_connection_lost() {
             out.push(Step::ReaderNoticesErr);
@@ -564,6 +587,17 @@ impl World {
             Step::OwnerQpFails => self.fail_a(),
             Step::OwnerNoticesErr => {
                 self.owner.handle_qp_error(now);
+                self.drive_owner();
+            }
+            Step::OwnerTakesDown => {
+                self.owner.handle_connection_lost(now);
+                self.drive_owner();
+            }
+            Step::OwnerDestroysQp => {
+                self.a_destroyed = true;
+                self.fail_a();
+                self.owner_cq.clear();
+                self.owner.handle_qp_destroyed(now);
                 self.drive_owner();
             }
             Step::ReaderNoticesErr => {
@@ -1017,6 +1051,8 @@ impl World {
                     | Step::ReaderTimer
                     | Step::OwnerNoticesErr
                     | Step::ReaderNoticesErr
+                    // A driver that took its connection down destroys the QP.
+                    | Step::OwnerDestroysQp
             )
         };
         for _ in 0..10_000 {
