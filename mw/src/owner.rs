@@ -419,10 +419,7 @@ impl Owner {
             s.window.handle
         });
         self.events.push_back(OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey, window }));
-        if self.link == Link::Up {
-            self.actions.push_back(OwnerAction::FlushQp);
-            self.go_down(LossCause::HostilePeer, false);
-        }
+        self.flush_for(LossCause::HostilePeer);
         self.settle(None);
         self.check_indexes();
     }
@@ -464,10 +461,7 @@ impl Owner {
         }
         slot.peer_invalidated = true;
         self.stats.peer_invalidations += 1;
-        if self.link == Link::Up {
-            self.actions.push_back(OwnerAction::FlushQp);
-            self.go_down(LossCause::InvalidatedElsewhere, false);
-        }
+        self.flush_for(LossCause::InvalidatedElsewhere);
         self.settle(None);
         self.check_indexes();
         true
@@ -580,6 +574,22 @@ impl Owner {
             window: slot.window.handle,
             rkey: slot.window.rkey,
         });
+    }
+
+    /// A window was invalidated behind the owner's back: the QP must be
+    /// flushed before any LOCAL_INV the owner posted earlier executes.
+    /// Asks for it ([`OwnerAction::FlushQp`]) and goes down for `cause`; a
+    /// driver that took the connection down already is asked again unless
+    /// the QP is known to be in ERR (its move there may have failed).
+    fn flush_for(&mut self, cause: LossCause) {
+        match self.link {
+            Link::Up => {
+                self.actions.push_back(OwnerAction::FlushQp);
+                self.go_down(cause, false);
+            }
+            Link::Down { in_err: false } => self.actions.push_back(OwnerAction::FlushQp),
+            Link::Down { in_err: true } => {}
+        }
     }
 
     fn go_down(&mut self, cause: LossCause, in_err: bool) {

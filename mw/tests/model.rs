@@ -226,6 +226,11 @@ fn the_owner_takes_the_connection_down_without_err_evidence() {
         let cfg = Config { takes_down: true, ..Config::small(mode) };
         check(&format!("owner takes down, its QP up until destroyed ({mode:?})"), cfg);
     }
+    // And a window invalidated through another connection meanwhile: the
+    // owner asks again for the flush a LOCAL_INV posted before must not
+    // outrun.
+    let cfg = Config { takes_down: true, foreign: 1, grants: 1, ..Config::small(ReleaseMode::Message) };
+    check("owner takes down, then a foreign SEND_WITH_INV (release message)", cfg);
 }
 
 /// Issue 19, finding 5: a peer of *another* connection of the device

@@ -322,9 +322,12 @@ fn a_peer_invalidation_names_only_the_window_that_carried_the_rkey() {
         OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey: earlier.rkey, window: None })
     );
     assert_eq!(ev[1], OwnerEvent::ConnectionLost { cause: LossCause::HostilePeer });
-    // A second one, with the leased window's rkey: named, no second flush.
+    // A second one, with the leased window's rkey: named, and the flush
+    // asked for again (the first is not known to have worked: no
+    // `handle_qp_error` yet), with no second loss.
     o.handle_peer_invalidation(ms(3), leased.rkey);
     assert_eq!(o.stats().peer_invalidations, 2);
+    assert_eq!(o.poll_action(), Some(OwnerAction::FlushQp));
     assert_eq!(o.poll_action(), None);
     assert_eq!(
         events(&mut o),
@@ -545,5 +548,26 @@ fn a_connection_lost_returns_nothing_until_the_qp_is_in_err_or_destroyed() {
         }
         let evs = events(&mut o);
         assert!(evs.contains(&returned(lease, 0, LeaseEnd::ConnectionLost)), "{evs:?}");
+    }
+}
+
+/// Taken down without ERR evidence, the owner asks again for the flush
+/// when one of its windows is invalidated behind its back (a LOCAL_INV it
+/// posted before must not outrun it); known in ERR, it does not.
+#[test]
+fn a_foreign_invalidation_after_a_connection_lost_asks_for_the_flush_again() {
+    for in_err in [false, true] {
+        let mut o = owner(2);
+        o.grant(ms(0), buffer(0), ms(50)).expect("a window is free");
+        let Some(OwnerAction::BindAndGrant(b)) = o.poll_action() else { panic!("expected a bind") };
+        o.handle_connection_lost(ms(1));
+        if in_err {
+            o.handle_qp_error(ms(1));
+        }
+        let _ = events(&mut o);
+        assert!(o.handle_invalidation_elsewhere(ms(2), b.rkey));
+        let want = if in_err { None } else { Some(OwnerAction::FlushQp) };
+        assert_eq!(o.poll_action(), want, "in ERR: {in_err}");
+        assert_eq!(o.poll_action(), None);
     }
 }

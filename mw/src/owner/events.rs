@@ -73,8 +73,11 @@ pub enum OwnerAction {
         /// The window's current rkey.
         rkey: u32,
     },
-    /// Move the QP to ERR (the peer is hostile). Afterwards call
+    /// Move the QP to ERR (the peer is hostile, or a window was invalidated
+    /// through another connection). Afterwards call
     /// [`Owner::handle_qp_error`](super::Owner::handle_qp_error) (and the reader's) on this connection.
+    /// Asked again, while the connection is down, until that call: a move
+    /// that failed is retried on the next such news.
     FlushQp,
 }
 

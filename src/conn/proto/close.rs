@@ -82,6 +82,18 @@ impl Connection {
         self.sends.count(Holder::Exposed) - silent
     }
 
+    /// The owner engine asks again for the QP to go to ERR (a window was
+    /// invalidated behind its back after the connection went down, and no
+    /// move to ERR has been seen to work): queue one more `SetQpError`,
+    /// unless one is queued.
+    #[cold]
+    pub(super) fn ask_err_again(&mut self) {
+        if !self.to_err {
+            self.commands.push_back(Command::SetQpError);
+            self.to_err = true;
+        }
+    }
+
     /// The QP is in ERR (the driver's `SetQpError` succeeded, see
     /// [`Connection::drain_commands`]): nothing reaches it from the peer
     /// any more, so once every work request of the owner has flushed, its

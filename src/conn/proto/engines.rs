@@ -127,6 +127,9 @@ impl Connection {
             mw::OwnerAction::Invalidate { token, rkey, .. } => {
                 self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
             }
+            // Asked again once down: the move to ERR has not been seen to
+            // work, and a LOCAL_INV posted before must not execute.
+            mw::OwnerAction::FlushQp if self.down.is_some() => self.ask_err_again(),
             mw::OwnerAction::FlushQp => {
                 self.go_down(now, LossReason::LeaseEngine(mw::LossCause::HostilePeer))
             }
