@@ -257,13 +257,17 @@ fn main() {
         if let Some(q) = shub.stats().srq {
             println!(
                 "server shared receives after {:.1} s idle: shares={} ({} per connection) given_back={} \
-                 withheld={} send_slots_lent={}",
+                 withheld={} send_slots_lent={} slots={} registered_bytes={} chunks_retired={} chunks_freed={}",
                 wait.as_secs_f64(),
                 q.shares,
                 q.shares as f64 / n as f64,
                 q.given_back,
                 q.withheld,
-                q.send_slots_lent
+                q.send_slots_lent,
+                q.slots,
+                q.registered_bytes,
+                q.chunks_retired,
+                q.chunks_freed
             );
         }
     }

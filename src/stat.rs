@@ -201,7 +201,7 @@ impl Registry {
                 // The line goes on: the hub's shared receive queue.
                 let _ = write!(
                     out,
-                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_given_back={} srq_limit_events={} srq_refused={} srq_unclaimed={} srq_send_slots={} srq_send_lent={}",
+                    " srq_slots={} srq_shares={} srq_bytes={} srq_frames={} srq_grown={} srq_withheld={} srq_given_back={} srq_limit_events={} srq_refused={} srq_unclaimed={} srq_send_slots={} srq_send_lent={} srq_chunks_retired={} srq_chunks_freed={}",
                     q.slots,
                     q.shares,
                     q.registered_bytes,
@@ -213,7 +213,9 @@ impl Registry {
                     q.refused,
                     q.unclaimed,
                     q.send_slots,
-                    q.send_slots_lent
+                    q.send_slots_lent,
+                    q.chunks_retired,
+                    q.chunks_freed
                 );
             }
             if let Some(b) = h.buffers {

@@ -1108,3 +1108,78 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
     drop((unasked, greedy, honest));
 }
+
+/// After a burst the shares come back, and the chunks of receives they no
+/// longer need are retired, newest first, while a whole chunk stays free
+/// beyond the room kept for new connections. A retired chunk's receives
+/// serve frames as ever but are not posted again, and once none is left
+/// the chunk is deregistered: the burst's registered memory goes back as
+/// traffic goes on, and no frame ever finds the queue empty.
+#[test]
+fn chunks_the_shares_no_longer_need_are_retired_and_freed_as_traffic_goes_on() {
+    let give_back_after = mwcap::conn::Config::default().give_back_after;
+    let (fabric, ch, sh, mut pool, cdev) =
+        endpoints(DeviceConfig::spec(), SrqConfig { chunk: 16, max_slots: 64 });
+    // Shares of 8 to 16 receives: four busy connections fill the queue.
+    let side = |role| {
+        let mut c = cfg(role);
+        c.ctrl_slots = 16;
+        c
+    };
+    let conns: Vec<_> = (0..4)
+        .map(|_| {
+            let s = side(Role::Server).prepare(&sh).unwrap();
+            let c = side(Role::Client).prepare(&ch).unwrap();
+            let (ce, se) = (c.local(), s.local());
+            (c.connect(&se).unwrap(), s.connect(&ce).unwrap())
+        })
+        .collect();
+    for (_, s) in &conns {
+        spawn(&pool, serve(s.clone()));
+    }
+    let call = |c: Connection<SimNic>, i: usize| async move {
+        let mut b = c.alloc_for(100).await.unwrap();
+        b.copy_from(&pattern(i, 100)).unwrap();
+        let r = c.call(b"x", Some(b)).await.unwrap_or_else(|e| panic!("call {i}: {e}: {:?}", c.stats()));
+        let mut want = pattern(i, 100);
+        want.reverse();
+        let d = r.data.unwrap();
+        assert_eq!(d.to_vec(), want);
+        c.free(d);
+    };
+    // A burst: every connection with 8 calls in flight grows the queue.
+    for round in 0..16 {
+        let burst = conns.iter().flat_map(|(c, _)| (0..8).map(move |k| call(c.clone(), round * 32 + k)));
+        pool.run_until(futures::future::join_all(burst));
+    }
+    let burst = sh.stats().srq.unwrap();
+    assert_eq!(burst.slots, 64, "the burst grew the queue to its most: {burst:?}");
+    // Idle: the shares come back, and a chunk is retired.
+    pool.run_until(async_io::Timer::after(give_back_after + Duration::from_millis(300)));
+    let idle = sh.stats().srq.unwrap();
+    assert_eq!(idle.shares, 4 * 8, "{idle:?}");
+    assert_eq!((idle.chunks_retired, idle.slots), (1, 48), "{idle:?}");
+    // Calls on one connection, one at a time, take the retired receives
+    // and free the chunk.
+    for i in 0..120 {
+        pool.run_until(call(conns[0].0.clone(), 1000 + i));
+    }
+    let after = sh.stats().srq.unwrap();
+    assert_eq!((after.chunks_retired, after.chunks_freed), (1, 1), "{after:?}");
+    assert_eq!(after.registered_bytes, burst.registered_bytes / 4 * 3, "{burst:?} -> {after:?}");
+    assert!(after.shares <= after.slots, "{after:?}");
+    // Another burst grows the queue again, in the freed chunk's place.
+    for round in 0..8 {
+        let burst =
+            conns.iter().flat_map(|(c, _)| (0..8).map(move |k| call(c.clone(), 5000 + round * 32 + k)));
+        pool.run_until(futures::future::join_all(burst));
+    }
+    let again = sh.stats().srq.unwrap();
+    assert_eq!((again.slots, again.registered_bytes), (64, burst.registered_bytes), "{again:?}");
+    for (c, s) in &conns {
+        assert_eq!(c.stats().calls_failed, 0);
+        assert_eq!(rnr_naks(&fabric, c, cdev), 0, "a frame found the queue empty");
+        assert!(c.is_down().is_none() && s.is_down().is_none());
+    }
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}

@@ -186,6 +186,14 @@ pub fn table(text: &str) -> Result<String, String> {
             if f.contains_key("srq_send_slots") {
                 let _ = write!(hub, ", {} send slots ({} lent)", g("srq_send_slots"), g("srq_send_lent"));
             }
+            if f.contains_key("srq_chunks_retired") {
+                let _ = write!(
+                    hub,
+                    ", {} chunks retired ({} freed)",
+                    g("srq_chunks_retired"),
+                    g("srq_chunks_freed")
+                );
+            }
             if f.contains_key("pool_buffers") {
                 let _ = write!(
                     hub,

@@ -64,12 +64,18 @@ impl Default for SrqConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SrqStats {
-    /// Receives the queue holds (registered and posted, or being handed over).
+    /// Receives the queue holds for its connections (registered and
+    /// posted, or being handed over), a retiring chunk's not counted.
     pub slots: u32,
     /// The connections' shares, summed.
     pub shares: u32,
     /// Registered bytes of the receives.
     pub registered_bytes: u64,
+    /// Chunks of receives retired after the shares shrank (none of their
+    /// receives is posted again once a frame took it).
+    pub chunks_retired: u64,
+    /// Of those, deregistered (none of their receives was left).
+    pub chunks_freed: u64,
     /// Frames received through it.
     pub frames: u64,
     /// Shares grown by one.
@@ -106,11 +112,33 @@ pub(crate) enum Regrant {
 }
 
 struct State {
-    /// The regions of receive slots, with their memory: a frame is decoded
-    /// in its slot through it, without the NIC (`take_frame`).
-    slabs: Vec<Registered>,
+    /// The chunks of receive slots; slab `i`'s receives are numbered from
+    /// `i` x `chunk`. `None`: freed (a later chunk may take its place).
+    slabs: Vec<Option<Slab>>,
+    /// The receives of the chunks not retiring: posted, or taken by a frame
+    /// being decoded (after which they are posted again).
     slots: u32,
     shares: u32,
+}
+
+/// A chunk of receive slots.
+struct Slab {
+    /// Its region, with its memory: a frame is decoded in its slot through
+    /// it, without the NIC (`take_frame`).
+    mem: Registered,
+    /// Its receives posted, or taken by a frame being decoded.
+    held: u32,
+    /// No receive of it is posted again: once none is held, it is
+    /// deregistered (`SharedReceives::retire`).
+    retiring: bool,
+}
+
+impl State {
+    /// Receives posted or being decoded, retiring chunks' included: what
+    /// the queue itself holds.
+    fn held(&self) -> u32 {
+        self.slabs.iter().flatten().map(|s| s.held).sum()
+    }
 }
 
 /// The send slots the hub lends: regions of `SEND_CHUNK` slots, and those
@@ -179,6 +207,9 @@ pub(crate) struct SharedReceives<N: Nic> {
     limit_events: AtomicU64,
     refused: AtomicU64,
     unclaimed: AtomicU64,
+    /// Chunks retired, and of those deregistered.
+    retiring: AtomicU64,
+    freed: AtomicU64,
     /// Calls of `check_limit`.
     checks: AtomicU64,
     /// Whether its connections may run confirm: their regions' keys then
@@ -211,6 +242,8 @@ impl<N: Nic> SharedReceives<N> {
             limit_events: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             unclaimed: AtomicU64::new(0),
+            retiring: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             serves_confirm,
         };
@@ -239,27 +272,92 @@ impl<N: Nic> SharedReceives<N> {
     /// Register and post one more chunk, and re-arm the limit at an
     /// eighth of the new total.
     fn grow(&self, st: &mut State) -> Result<(), SetupError> {
-        let n = self.cfg.chunk.min(self.cfg.max_slots - st.slots);
+        // A retiring chunk's receives still posted take room in the queue.
+        let n = self.cfg.chunk.min(self.cfg.max_slots.saturating_sub(st.held()));
         if n == 0 {
             return Err(SetupError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
-        let slab = Registered::register(&self.nic, n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
-        let mr = slab.info.id;
+        let mem = Registered::register(&self.nic, n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let mr = mem.info.id;
         // Slab i's receives are numbered from i x chunk (`place`), whatever
-        // came of the others.
-        let first = st.slabs.len() as u32 * self.cfg.chunk;
-        st.slabs.push(slab);
+        // came of the others: the first free place.
+        let i = st.slabs.iter().position(Option::is_none).unwrap_or(st.slabs.len());
+        let first = i as u32 * self.cfg.chunk;
+        let slab = Slab { mem, held: 0, retiring: false };
+        if i == st.slabs.len() {
+            st.slabs.push(Some(slab));
+        } else {
+            st.slabs[i] = Some(slab);
+        }
+        let mut posted = 0;
+        let mut failed = None;
         for k in 0..n {
             let sge = Sge { mr, offset: k as usize * MAX_FRAME, len: MAX_FRAME as u32 };
             if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(first + k), sge) {
                 // Those posted stay posted (and are counted); the rest of the
                 // region is unused.
-                st.slots += k;
-                return Err(e.into());
+                failed = Some(e);
+                break;
+            }
+            posted += 1;
+        }
+        st.slots += posted;
+        if let Some(Some(s)) = st.slabs.get_mut(i) {
+            s.held = posted;
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
+    }
+
+    /// After the shares shrank: while a whole chunk is free beyond twice
+    /// [`ROOM`], the newest is retired (one at a time). Its receives still
+    /// posted serve frames as ever, but none is posted again, and once
+    /// none is held it is deregistered: the registered memory of a burst
+    /// goes back as traffic goes on. The first chunk stays.
+    fn retire(&self, st: &mut State) {
+        if st.slabs.iter().flatten().any(|s| s.retiring) {
+            return;
+        }
+        let Some(j) = st.slabs.iter().rposition(Option::is_some).filter(|&j| j > 0) else { return };
+        let Some(s) = st.slabs[j].as_mut() else { return };
+        if st.slots - s.held < st.shares + 2 * ROOM {
+            return;
+        }
+        s.retiring = true;
+        st.slots -= s.held;
+        self.retiring.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Receive `slot` of slab `i` is neither posted nor being decoded any
+    /// more (its chunk is retiring, or it could not be posted again). A
+    /// retiring chunk with none left is deregistered.
+    fn unhold(&self, slot: u32) {
+        let i = (slot / self.cfg.chunk) as usize;
+        let freed = {
+            let mut st = self.state.lock();
+            let Some(s) = st.slabs.get_mut(i).and_then(Option::as_mut) else { return };
+            s.held = s.held.saturating_sub(1);
+            let (retiring, left) = (s.retiring, s.held);
+            if !retiring {
+                st.slots = st.slots.saturating_sub(1);
+                None
+            } else if left == 0 {
+                let s = st.slabs[i].take();
+                // The next one, if the shares still leave it free.
+                self.retire(&mut st);
+                s
+            } else {
+                None
+            }
+        };
+        if let Some(s) = freed {
+            self.freed.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.nic.dereg_mr(s.mem.info.id) {
+                tracing::warn!(%e, "deregistering a retired chunk of the shared receive queue");
             }
         }
-        st.slots += n;
-        Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
     }
 
     /// A new connection's initial share of `start` receives, growing the
@@ -289,6 +387,7 @@ impl<N: Nic> SharedReceives<N> {
         let mut st = self.state.lock();
         debug_assert!(share <= st.shares, "a share of {share} released of {} held", st.shares);
         st.shares -= share.min(st.shares);
+        self.retire(&mut st);
     }
 
     /// A send slot of the hub's (its region and offset) to lend a
@@ -305,12 +404,6 @@ impl<N: Nic> SharedReceives<N> {
         s.free.reserve(made - free);
         s.free.extend((1..SEND_CHUNK).rev().map(|k| (slab.clone(), k * MAX_FRAME)));
         Ok((slab, 0))
-    }
-
-    /// A receive could not be posted again: the queue holds one fewer.
-    fn lost(&self) {
-        let mut st = self.state.lock();
-        st.slots = st.slots.saturating_sub(1);
     }
 
     /// A frame arrived for a connection whose share is `share` (at least
@@ -361,30 +454,35 @@ impl<N: Nic> SharedReceives<N> {
     ) -> Result<R, NicError> {
         let placed = self.place(slot);
         let decoded = match (&placed, len) {
-            (Ok((slab, offset)), Some(len)) => slab.with(*offset, len.min(MAX_FRAME), decode),
+            (Ok((slab, offset, _)), Some(len)) => slab.with(*offset, len.min(MAX_FRAME), decode),
             (Ok(_), None) => Ok(decode(&[])),
             (Err(e), _) => Err(e.clone()),
         };
-        let reposted = placed.and_then(|(slab, offset)| {
-            let sge = Sge { mr: slab.info.id, offset, len: MAX_FRAME as u32 };
-            self.nic.post_srq_recv(self.srq, wr_id(slot), sge)
-        });
-        if let Err(e) = reposted {
-            // The queue holds one receive fewer (the limit event adds more
-            // if most are in use).
-            tracing::warn!(%e, slot, "posting a shared receive again");
-            self.lost();
+        match placed {
+            Ok((slab, offset, false)) => {
+                let sge = Sge { mr: slab.info.id, offset, len: MAX_FRAME as u32 };
+                if let Err(e) = self.nic.post_srq_recv(self.srq, wr_id(slot), sge) {
+                    // The queue holds one receive fewer (the limit event
+                    // adds more if most are in use).
+                    tracing::warn!(%e, slot, "posting a shared receive again");
+                    self.unhold(slot);
+                }
+            }
+            // Its chunk is retiring: not posted again.
+            Ok((_, _, true)) => self.unhold(slot),
+            Err(_) => {}
         }
         decoded
     }
 
-    fn place(&self, slot: u32) -> Result<(Registered, usize), NicError> {
+    /// Receive `slot`'s region and offset, and whether its chunk is retiring.
+    fn place(&self, slot: u32) -> Result<(Registered, usize, bool), NicError> {
         let st = self.state.lock();
         let chunk = self.cfg.chunk;
         let offset = (slot % chunk) as usize * MAX_FRAME;
         let i = (slot / chunk) as usize;
-        match st.slabs.get(i) {
-            Some(slab) if offset < slab.info.len => Ok((slab.clone(), offset)),
+        match st.slabs.get(i).and_then(Option::as_ref) {
+            Some(s) if offset < s.mem.info.len => Ok((s.mem.clone(), offset, s.retiring)),
             _ => Err(NicError::NoSuchObject { what: "shared receive", id: slot }),
         }
     }
@@ -437,7 +535,9 @@ impl<N: Nic> SharedReceives<N> {
             send_slots_lent,
             slots: st.slots,
             shares: st.shares,
-            registered_bytes: st.slabs.iter().map(|m| m.info.len as u64).sum(),
+            registered_bytes: st.slabs.iter().flatten().map(|s| s.mem.info.len as u64).sum(),
+            chunks_retired: self.retiring.load(Ordering::Relaxed),
+            chunks_freed: self.freed.load(Ordering::Relaxed),
             frames: self.frames.load(Ordering::Relaxed),
             grown: self.grown.load(Ordering::Relaxed),
             withheld: self.withheld.load(Ordering::Relaxed),
@@ -454,8 +554,8 @@ impl<N: Nic> Drop for SharedReceives<N> {
         if let Err(e) = self.nic.destroy_srq(self.srq) {
             tracing::warn!(%e, "destroying the hub's shared receive queue");
         }
-        for slab in self.state.get_mut().slabs.drain(..) {
-            let _ = self.nic.dereg_mr(slab.info.id);
+        for slab in self.state.get_mut().slabs.drain(..).flatten() {
+            let _ = self.nic.dereg_mr(slab.mem.info.id);
         }
         // Every connection holds the queue while it lives (the last one
         // drops it), so no SEND can read these any more, except one of a
