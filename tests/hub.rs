@@ -1040,3 +1040,46 @@ fn an_invalidation_through_a_qp_with_no_connection_reaches_the_windows_owner() {
         victim.is_down()
     );
 }
+
+/// A connection whose QP cannot be destroyed keeps its entries of the
+/// endpoint's completion queue (the QP may still complete work there, so
+/// no new QP may count on them), what it completes later is an orphan,
+/// and the endpoint goes on; the entries come back only with a destroy
+/// that works (here, the link's second try as it goes).
+#[test]
+fn a_qp_that_cannot_be_destroyed_keeps_its_completion_queue_entries() {
+    let fabric = Fabric::with_seed(12);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mut pool = LocalPool::new();
+    let ch = endpoint(&pool, builder(cn).queue_depth(4096));
+    let sh = endpoint(&pool, builder(sn.clone()).queue_depth(4096));
+    let p = Policies::both(Policy::Mw);
+    let (client, server) = pair(&ch, &sh, p);
+    spawn(&pool, serve(server.clone()));
+    pool.run_until(async { client.call(b"x", None).await.expect("served") });
+    let reserved = sh.stats().reserved_entries;
+    // Its destroy fails once: at the close, not at the link's retry.
+    sn.fail_next(mwcap::sim::Verb::DestroyQp, 1);
+    server.close();
+    let why = pool.run_until(server.finished());
+    assert!(matches!(why, LossReason::Closed), "{why:?}");
+    let stuck = sh.stats();
+    assert_eq!(stuck.reserved_entries, reserved, "its entries stay reserved: {stuck:?}");
+    assert_eq!(stuck.connections, 0, "it is no connection any more: {stuck:?}");
+    // The endpoint goes on: a new connection is served.
+    let (c2, s2) = pair(&ch, &sh, p);
+    spawn(&pool, serve(s2.clone()));
+    pool.run_until(async { c2.call(b"y", None).await.expect("served") });
+    let with_two = sh.stats().reserved_entries;
+    let one = with_two - reserved;
+    assert!(one > 0);
+    // The last handle goes: the link tries the destroy again, which works,
+    // and the stuck connection's entries come back.
+    drop(server);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(50)));
+    let after = sh.stats();
+    assert_eq!(after.reserved_entries, with_two - one, "{after:?}");
+    drop((client, c2, s2));
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}

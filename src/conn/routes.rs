@@ -28,6 +28,9 @@ pub(super) struct Routes<T> {
     /// By QP number: small distinct integers, spread by one multiply
     /// (SipHash cost about 100 instructions a completion).
     by_qpn: IdMap<u32, Route<T>>,
+    /// Routes whose QP could not be destroyed ([`Routes::retire`]): not
+    /// counted among the QPs routed.
+    stuck: usize,
     orphans: u64,
     /// Rkeys that SEND_WITH_INVs received on routes without a target
     /// invalidated, for the owner to find whose windows they were
@@ -48,6 +51,10 @@ struct Route<T> {
     held: Vec<Completion>,
     /// Its reservation of the queue's entries.
     entries: u32,
+    /// Its QP could not be destroyed ([`Routes::retire`]): the route stays,
+    /// with its reservation (the QP may still complete work), and what
+    /// completes is an orphan.
+    stuck: bool,
 }
 
 /// Where [`Routes::route`] put a completion.
@@ -88,6 +95,7 @@ impl<T> Routes<T> {
             depth,
             reserved: u64::from(up_front),
             by_qpn: IdMap::default(),
+            stuck: 0,
             orphans: 0,
             foreign: Vec::new(),
             batch: vec![Completion::EMPTY; BATCH],
@@ -119,7 +127,7 @@ impl<T> Routes<T> {
     /// If `qpn` has a route: a device never gives a live QP's number to
     /// another, and a QP destroyed through [`Routes::retire`] has none.
     pub(super) fn open(&mut self, qpn: u32, entries: u32) {
-        let old = self.by_qpn.insert(qpn, Route { target: None, held: Vec::new(), entries });
+        let old = self.by_qpn.insert(qpn, Route { target: None, held: Vec::new(), entries, stuck: false });
         assert!(
             old.is_none(),
             "QP number {qpn:#x} has a route already: a QP on a shared completion queue was destroyed \
@@ -131,7 +139,7 @@ impl<T> Routes<T> {
     /// `early` (oldest first) for the caller to hand over. `Err(target)`
     /// when `qpn` has no route or has a target already.
     pub(super) fn attach(&mut self, qpn: u32, target: T, early: &mut Vec<Completion>) -> Result<(), T> {
-        let Some(route) = self.by_qpn.get_mut(&qpn).filter(|r| r.target.is_none()) else {
+        let Some(route) = self.by_qpn.get_mut(&qpn).filter(|r| r.target.is_none() && !r.stuck) else {
             return Err(target);
         };
         let held = std::mem::take(&mut route.held);
@@ -143,6 +151,10 @@ impl<T> Routes<T> {
     /// Where the completion `c`, just taken off the queue, goes.
     pub(super) fn route(&mut self, c: Completion) -> Routed<'_, T> {
         match self.by_qpn.get_mut(&c.qpn) {
+            Some(Route { stuck: true, .. }) | None => {
+                self.orphans += 1;
+                Routed::Orphan
+            }
             Some(Route { target: Some(t), .. }) => Routed::To(t),
             Some(Route { target: None, held, .. }) => {
                 if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
@@ -150,10 +162,6 @@ impl<T> Routes<T> {
                 }
                 held.push(c);
                 Routed::Held
-            }
-            None => {
-                self.orphans += 1;
-                Routed::Orphan
             }
         }
     }
@@ -166,23 +174,41 @@ impl<T> Routes<T> {
     /// route's target, to be dropped by the caller once its lock is
     /// released. The caller holds its lock throughout, so no QP takes the
     /// number until its completions are out of the queue.
+    ///
+    /// If `destroy` says the QP is still there (its destroy failed), the
+    /// route stays `stuck`, with its reservation: the QP may still complete
+    /// work into the queue, whose entries no new QP may count on, and what
+    /// completes is an orphan (a shared receive among them goes back to
+    /// its queue). A later retire whose destroy works forgets it.
     pub(super) fn retire(
         &mut self,
         qpn: u32,
         mut drain: impl FnMut(&mut Self),
-        destroy: impl FnOnce(),
+        destroy: impl FnOnce() -> bool,
         mut unclaimed: impl FnMut(&Completion),
     ) -> Option<T> {
         // Before the destroy too: some providers (mlx5) erase a destroyed
         // QP's completions, and a shared receive among them would never be
         // posted again.
         drain(self);
-        destroy();
+        let destroyed = destroy();
         // No completion of a destroyed QP appears any more: once these are
         // taken, the queue has none of it.
         drain(self);
+        if !destroyed {
+            let route = self.by_qpn.get_mut(&qpn)?;
+            if !route.stuck {
+                route.stuck = true;
+                self.stuck += 1;
+            }
+            std::mem::take(&mut route.held).iter().for_each(&mut unclaimed);
+            return route.target.take();
+        }
         let route = self.by_qpn.remove(&qpn)?;
         self.reserved -= u64::from(route.entries);
+        if route.stuck {
+            self.stuck -= 1;
+        }
         route.held.iter().for_each(&mut unclaimed);
         route.target
     }
@@ -213,16 +239,18 @@ impl<T> Routes<T> {
     /// its queue); the targets are dropped here.
     pub(super) fn clear(&mut self) {
         self.by_qpn.clear();
+        self.stuck = 0;
     }
 
-    /// QPs routed (prepared or running).
+    /// QPs routed (prepared or running), those that could not be destroyed
+    /// left out.
     pub(super) fn len(&self) -> usize {
-        self.by_qpn.len()
+        self.by_qpn.len() - self.stuck
     }
 
-    /// Whether no QP is routed.
+    /// Whether no QP is routed but those that could not be destroyed.
     pub(super) fn is_empty(&self) -> bool {
-        self.by_qpn.is_empty()
+        self.len() == 0
     }
 
     /// Entries reserved.
@@ -286,9 +314,35 @@ mod tests {
         r.reserve(60).unwrap();
         r.open(7, 60);
         assert_eq!(r.reserved(), 100);
-        assert!(r.retire(7, |_| {}, || {}, |_| {}).is_none());
+        assert!(r.retire(7, |_| {}, || true, |_| {}).is_none());
         assert_eq!(r.reserved(), 40, "only the up-front entries stay");
         assert_eq!(r.len(), 0);
+    }
+
+    /// A QP whose destroy failed keeps its reservation (it may still
+    /// complete work into the queue), its completions are orphans, and its
+    /// target goes; a later retire whose destroy works forgets it.
+    #[test]
+    fn a_qp_that_could_not_be_destroyed_keeps_its_entries_until_it_is() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        r.reserve(60).unwrap();
+        r.open(7, 60);
+        let mut early = Vec::new();
+        r.attach(7, 77, &mut early).unwrap();
+        assert!(route_all(&mut r, &[wc(7, 1)]) == [(77, 1)]);
+        // Held before the target came, or after: both end unclaimed.
+        let mut dropped = Vec::new();
+        assert_eq!(r.retire(7, |_| {}, || false, |c| dropped.push(c.wr_id)), Some(77), "the target goes");
+        assert_eq!(r.reserved(), 60, "its entries stay reserved");
+        assert!(r.is_empty(), "a stuck QP is no QP routed");
+        assert_eq!(r.retire(7, |_| {}, || false, |_| {}), None, "failing again changes nothing");
+        assert_eq!((r.reserved(), r.len()), (60, 0));
+        assert!(matches!(r.reserve(41), Err(SetupError::CqBudget { .. })));
+        assert!(route_all(&mut r, &[wc(7, 2)]).is_empty());
+        assert_eq!((r.orphans(), r.held()), (1, 0), "a completion of it is an orphan");
+        assert_eq!(r.attach(7, 78, &mut early), Err(78), "no new target");
+        assert!(r.retire(7, |_| {}, || true, |_| {}).is_none());
+        assert_eq!((r.reserved(), r.len()), (0, 0));
     }
 
     #[test]
@@ -339,7 +393,10 @@ mod tests {
                     cq.borrow_mut().push_back(wc(5, 2));
                 }
             },
-            || order.borrow_mut().push("destroy"),
+            || {
+                order.borrow_mut().push("destroy");
+                true
+            },
             |c| dropped.push(c.wr_id),
         );
         let order = order.into_inner();
@@ -520,7 +577,7 @@ mod tests {
                                 }
                             }
                         },
-                        || {},
+                        || true,
                         |c| dropped.push(*c),
                     );
                     self.r = r;

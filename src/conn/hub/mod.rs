@@ -244,7 +244,7 @@ impl<N: Nic> Hub<N> {
 struct Retire<N: Nic>(Weak<Hub<N>>, #[allow(dead_code)] Arc<CqHold<N>>);
 
 impl<N: Nic> SharedCq for Retire<N> {
-    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut()) {
+    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut() -> bool) {
         let Some(shared) = self.0.upgrade() else {
             destroy();
             return;

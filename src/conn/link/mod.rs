@@ -39,10 +39,12 @@ const POLL_BATCH: usize = 32;
 /// [`Link::handle_completions`], and it destroys its QP through
 /// [`SharedCq::retire`].
 pub(crate) trait SharedCq: Send + Sync {
-    /// Run `destroy` (which destroys the QP numbered `qpn`), then take that
-    /// QP's completions out of the shared queue and forget the QP, before
-    /// its number can name a new QP's completions there.
-    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut());
+    /// Run `destroy` (which destroys the QP numbered `qpn`, and says
+    /// whether it did), then take that QP's completions out of the shared
+    /// queue and forget the QP, before its number can name a new QP's
+    /// completions there. A QP `destroy` could not destroy keeps its place
+    /// in the queue (`Routes::retire`).
+    fn retire(&self, qpn: u32, destroy: &mut dyn FnMut() -> bool);
 }
 
 /// Destroy `qp` directly, or through the shared queue's `retire`.
@@ -55,7 +57,10 @@ fn destroy_qp<N: Nic>(
         None => nic.destroy_qp(qp.id),
         Some(s) => {
             let mut out = Ok(());
-            s.retire(qp.qpn, &mut || out = nic.destroy_qp(qp.id));
+            s.retire(qp.qpn, &mut || {
+                out = nic.destroy_qp(qp.id);
+                out.is_ok()
+            });
             out
         }
     }
@@ -638,8 +643,8 @@ impl<N: Nic> Link<N> {
         if self.qp != QpFate::Live {
             return;
         }
-        // The QP is in ERR: no remote access through it is possible. Free the
-        // windows first (freeing a bound window invalidates it without an
+        // The QP is in ERR (unless moving it there failed: then the destroy
+        // is the evidence, if it works). Free the windows first (freeing a bound window invalidates it without an
         // invalidation work request); rxe stalls ~50 s destroying a QP that
         // still has valid windows bound to it.
         for w in self.windows.drain(..) {
@@ -653,7 +658,8 @@ impl<N: Nic> Link<N> {
             self.qp = QpFate::Stuck;
             let kept = self.conn.handle_qp_stuck(now);
             tracing::warn!(%e, kept, "destroying the QP failed: the buffers and ranges it could still reach are never used again (the memory is released when the process ends)");
-            self.release_share();
+            // Its share of the shared receives stays taken too: the QP may
+            // still take receives.
             self.run();
             return;
         }
@@ -668,7 +674,7 @@ impl<N: Nic> Drop for Link<N> {
     fn drop(&mut self) {
         // Order: QP to ERR (no more remote access), windows freed, QP
         // destroyed, then the memory and the CQ.
-        if self.qp == QpFate::Live {
+        if self.qp != QpFate::Destroyed {
             let _ = self.nic.set_qp_error(self.local.id);
         }
         for w in self.windows.drain(..) {
@@ -686,12 +692,13 @@ impl<N: Nic> Drop for Link<N> {
             if let Some(srq) = &self.srq {
                 self.lent.give_back(srq);
             }
+            self.release_share();
         } else {
             // No evidence: the shared pool's buffers must not serve others,
-            // and the ranges it exposed stay unwritable.
+            // the ranges it exposed stay unwritable, and its share of the
+            // shared receives stays taken (the QP may still take them).
             self.conn.quarantine_pool_buffers();
         }
-        self.release_share();
         // Nothing can reach a buffer now (QP destroyed, windows freed): the
         // shared pool's go back to it.
         self.conn.release_pool_buffers();
