@@ -242,3 +242,22 @@ fn an_exposure_whose_qp_neither_errs_nor_dies_is_never_returned() {
         assert!(p.fabric.hazards().is_empty(), "{pol:?}: {:?}", p.fabric.hazards());
     }
 }
+
+/// When only the destroy fails, the move to ERR that worked is the
+/// evidence: once the owner's work requests have flushed, the exposed
+/// buffer comes back (the QP serves no READ in ERR).
+#[test]
+fn an_exposure_comes_back_on_the_flush_when_only_the_destroy_fails() {
+    let mut p = pair(Policies::both(Policy::Mw));
+    // Past `MAX_INLINE`: exposed, not sent inline.
+    let b = filled(&mut p, true, &[3u8; 4096]);
+    let now = p.now();
+    p.client.call(now, b"put", Some(b)).unwrap();
+    // The request (and its window's bind) went out before the close.
+    assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
+    assert_eq!(p.client.busy_buffers(), 1);
+    close_client_stuck(&mut p);
+    assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0));
+    assert!(p.client_events.iter().any(|e| matches!(e, Event::BufferReturned(_))), "{:?}", p.client_events);
+    assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
+}

@@ -131,10 +131,6 @@ impl Connection {
                 }
             }
         }
-        if let Command::SetQpError = cmd {
-            self.to_err = false;
-            tracing::warn!(%e, "moving the QP to ERR failed: what it exposed stays out of use until it is destroyed");
-        }
         self.dirty = true;
         self.go_down(self.now, LossReason::Nic(e));
     }

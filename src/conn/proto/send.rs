@@ -38,6 +38,11 @@ impl Connection {
                 }
                 Err(e) => {
                     if let Some(cmd) = self.commands.pop_front() {
+                        if let Command::SetQpError = cmd {
+                            // No evidence: the owner's exposures wait for the destroy.
+                            self.to_err = false;
+                            tracing::warn!(%e, "moving the QP to ERR failed: what it exposed stays out of use until it is destroyed");
+                        }
                         self.post_failed(&cmd, e);
                     }
                 }
