@@ -9,8 +9,12 @@
 //! The shares never add up to more than the receives the queue holds
 //! (posted, or taken by a frame being decoded in its slot, after which it
 //! is posted again), so a peer that keeps to its credit always finds one.
-//! How the queue grows, the lent send slots, and why it serves mw only
-//! unless the peers are trusted: `docs/serving.md`, "Shared receives".
+//! The queue grows by chunks, and a chunk the shares no longer need is
+//! retired: its receives are not posted again, and it is deregistered once
+//! none is left ([`SharedReceives::retire`]; they are not counted among
+//! those the queue holds meanwhile). How the queue grows, the lent send
+//! slots, and why it serves mw only unless the peers are trusted:
+//! `docs/serving.md`, "Shared receives".
 
 use super::{ConfigError, SetupError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -312,22 +316,38 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     /// After the shares shrank: while a whole chunk is free beyond twice
-    /// [`ROOM`], the newest is retired (one at a time). Its receives still
-    /// posted serve frames as ever, but none is posted again, and once
-    /// none is held it is deregistered: the registered memory of a burst
-    /// goes back as traffic goes on. The first chunk stays.
+    /// [`ROOM`], the chunk in the last place is retired (the first place's
+    /// never is). Its receives still posted serve frames as ever, but none
+    /// is posted again, and once none is held it is deregistered
+    /// (`unhold`; at once if none is): the registered memory of a burst
+    /// goes back as traffic goes on. A chunk whose last receive never
+    /// comes back (its completion lost) keeps its memory, and keeps no
+    /// other chunk from retiring.
     fn retire(&self, st: &mut State) {
-        if st.slabs.iter().flatten().any(|s| s.retiring) {
-            return;
+        loop {
+            let last = st.slabs.iter().rposition(|s| s.as_ref().is_some_and(|s| !s.retiring));
+            let Some(j) = last.filter(|&j| j > 0) else { return };
+            let Some(s) = st.slabs[j].as_mut() else { return };
+            if st.slots - s.held < st.shares + 2 * ROOM {
+                return;
+            }
+            s.retiring = true;
+            st.slots -= s.held;
+            self.retiring.fetch_add(1, Ordering::Relaxed);
+            if s.held == 0 {
+                if let Some(s) = st.slabs[j].take() {
+                    self.free_chunk(s);
+                }
+            }
         }
-        let Some(j) = st.slabs.iter().rposition(Option::is_some).filter(|&j| j > 0) else { return };
-        let Some(s) = st.slabs[j].as_mut() else { return };
-        if st.slots - s.held < st.shares + 2 * ROOM {
-            return;
+    }
+
+    /// Deregister a retired chunk none of whose receives is held.
+    fn free_chunk(&self, s: Slab) {
+        self.freed.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.nic.dereg_mr(s.mem.info.id) {
+            tracing::warn!(%e, "deregistering a retired chunk of the shared receive queue");
         }
-        s.retiring = true;
-        st.slots -= s.held;
-        self.retiring.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Receive `slot` of slab `i` is neither posted nor being decoded any
@@ -353,10 +373,7 @@ impl<N: Nic> SharedReceives<N> {
             }
         };
         if let Some(s) = freed {
-            self.freed.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.nic.dereg_mr(s.mem.info.id) {
-                tracing::warn!(%e, "deregistering a retired chunk of the shared receive queue");
-            }
+            self.free_chunk(s);
         }
     }
 
@@ -420,7 +437,8 @@ impl<N: Nic> SharedReceives<N> {
         let mut st = self.state.lock();
         let free = |st: &State| st.slots - st.shares.min(st.slots);
         let may_grow = work && share < max;
-        if may_grow && free(&st) <= ROOM && st.slots < self.cfg.max_slots {
+        // (A retiring chunk's receives still posted take room in the queue.)
+        if may_grow && free(&st) <= ROOM && st.held() < self.cfg.max_slots {
             // A busy connection and no room to spare: add a chunk.
             if let Err(e) = self.grow(&mut st) {
                 tracing::warn!(%e, "growing the hub's shared receive queue");
@@ -441,7 +459,8 @@ impl<N: Nic> SharedReceives<N> {
 
     /// A receive of the queue completed: hand `decode` its frame, in its
     /// slot, when `len` gives its length (a successful receive; the empty
-    /// slice otherwise), then post the receive again. `decode` runs under
+    /// slice otherwise), then post the receive again, unless its chunk is
+    /// retiring (`retire`). `decode` runs under
     /// the slab memory's lock: it must not call the NIC (the simulator
     /// takes its fabric's lock, then a memory's). Fails, without
     /// calling `decode`, only if the frame cannot be reached; a receive
@@ -501,7 +520,7 @@ impl<N: Nic> SharedReceives<N> {
             Ok(true) => {
                 self.limit_events.fetch_add(1, Ordering::Relaxed);
                 let mut st = self.state.lock();
-                let grown = if st.slots < self.cfg.max_slots {
+                let grown = if st.held() < self.cfg.max_slots {
                     self.grow(&mut st)
                 } else {
                     self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1)).map_err(SetupError::from)
@@ -585,6 +604,29 @@ mod tests {
 
     use super::*;
     use crate::sim::{DeviceConfig, Fabric};
+
+    /// A chunk none of whose receives could be posted is freed as soon as
+    /// it is retired (nothing will ever come back to free it later).
+    #[test]
+    fn a_chunk_retired_with_nothing_held_is_freed_at_once() {
+        let nic = Fabric::with_seed(4).add_device(DeviceConfig::spec());
+        let srq = SharedReceives::new(nic.clone(), SrqConfig { chunk: 16, max_slots: 64 }, false).unwrap();
+        srq.admit(8).unwrap();
+        // The second chunk is registered, and its first post fails.
+        nic.fail_next(crate::sim::Verb::PostSrqRecv, 1);
+        assert!(srq.admit(16).is_err());
+        let st = srq.stats();
+        assert_eq!((st.slots, st.registered_bytes), (16, 2 * 16 * MAX_FRAME as u64), "{st:?}");
+        // The share goes: the chunk in the last place, with none held, goes
+        // at once; the first place's stays.
+        srq.release(8);
+        let st = srq.stats();
+        assert_eq!((st.chunks_retired, st.chunks_freed), (1, 1), "{st:?}");
+        assert_eq!((st.slots, st.registered_bytes), (16, 16 * MAX_FRAME as u64), "{st:?}");
+        // And the queue grows again in its place.
+        srq.admit(24).unwrap();
+        assert_eq!(srq.stats().slots, 32);
+    }
 
     /// Connections take more send slots than one chunk holds: the hub
     /// registers chunks as needed, never lends a slot to two holders at
