@@ -151,7 +151,17 @@ impl<T> Routes<T> {
     /// Where the completion `c`, just taken off the queue, goes.
     pub(super) fn route(&mut self, c: Completion) -> Routed<'_, T> {
         match self.by_qpn.get_mut(&c.qpn) {
-            Some(Route { stuck: true, .. }) | None => {
+            // A QP that could not be destroyed: its peer may still invalidate
+            // a window of the device with a SEND_WITH_INV, whose owner must
+            // hear of it, as for a QP with no connection yet.
+            Some(Route { stuck: true, .. }) => {
+                if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
+                    self.foreign.push(rkey);
+                }
+                self.orphans += 1;
+                Routed::Orphan
+            }
+            None => {
                 self.orphans += 1;
                 Routed::Orphan
             }
@@ -245,7 +255,7 @@ impl<T> Routes<T> {
     /// QPs routed (prepared or running), those that could not be destroyed
     /// left out.
     pub(super) fn len(&self) -> usize {
-        self.by_qpn.len() - self.stuck
+        self.by_qpn.len().saturating_sub(self.stuck)
     }
 
     /// Whether no QP is routed but those that could not be destroyed.
@@ -330,9 +340,9 @@ mod tests {
         let mut early = Vec::new();
         r.attach(7, 77, &mut early).unwrap();
         assert!(route_all(&mut r, &[wc(7, 1)]) == [(77, 1)]);
-        // Held before the target came, or after: both end unclaimed.
         let mut dropped = Vec::new();
         assert_eq!(r.retire(7, |_| {}, || false, |c| dropped.push(c.wr_id)), Some(77), "the target goes");
+        assert!(dropped.is_empty());
         assert_eq!(r.reserved(), 60, "its entries stay reserved");
         assert!(r.is_empty(), "a stuck QP is no QP routed");
         assert_eq!(r.retire(7, |_| {}, || false, |_| {}), None, "failing again changes nothing");
@@ -341,8 +351,20 @@ mod tests {
         assert!(route_all(&mut r, &[wc(7, 2)]).is_empty());
         assert_eq!((r.orphans(), r.held()), (1, 0), "a completion of it is an orphan");
         assert_eq!(r.attach(7, 78, &mut early), Err(78), "no new target");
+        // Its peer's SEND_WITH_INV still reaches the window's owner.
+        let inv = Completion { invalidated_rkey: Some(0x1234), ..wc(7, 3) };
+        assert!(matches!(r.route(inv), Routed::Orphan));
+        assert_eq!(r.take_foreign(), [0x1234]);
         assert!(r.retire(7, |_| {}, || true, |_| {}).is_none());
         assert_eq!((r.reserved(), r.len()), (0, 0));
+        // A QP with no connection yet holds what it completes: a failed
+        // destroy hands that to `unclaimed` (a shared receive goes back).
+        r.reserve(10).unwrap();
+        r.open(8, 10);
+        assert!(matches!(r.route(wc(8, 4)), Routed::Held));
+        let mut dropped = Vec::new();
+        assert!(r.retire(8, |_| {}, || false, |c| dropped.push(c.wr_id)).is_none());
+        assert_eq!((dropped, r.held(), r.reserved()), (vec![4], 0, 10));
     }
 
     #[test]

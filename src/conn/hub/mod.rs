@@ -52,7 +52,9 @@ pub struct EndpointStats {
     /// Completions taken off the queue.
     pub completions: u64,
     /// Completions of QPs the endpoint does not know (none in a correct run: a
-    /// QP is known from its creation until its completions are drained).
+    /// QP is known from its creation until its completions are drained), or
+    /// of a QP whose destroy failed (`docs/protocol.md`, "Evidence, not
+    /// timeouts").
     pub orphans: u64,
     /// Turns the driver took (poll, timers, connection turns).
     pub turns: u64,
