@@ -14,7 +14,7 @@ use mwcap::conn::{
     BufClass, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason, Policies,
     Policy, PolicyChoice, Role, SetupError, SrqConfig,
 };
-use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic};
+use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic, Verb};
 
 mod hubs;
 mod util;
@@ -444,6 +444,39 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
     // was destroyed, never given back; the other two are the pool's.
     assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{st:?}");
     assert_eq!(fabric.windows(sdev).len(), 2);
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+/// A connection whose QP could be neither moved to ERR nor destroyed at
+/// its close, its window not freed either, keeps the pool's buffer it
+/// exposed (the peer may still READ it), and gives it back once the
+/// link's second try at the destroy, as it goes, works.
+/// (Before, they stayed out of the pool for good.)
+#[test]
+fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
+    let fabric = Fabric::with_seed(9);
+    let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let sh = small_pool_endpoint(&pool, sn.clone(), 3);
+    let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
+    spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
+    call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
+    assert_eq!(sh.stats().buffers.unwrap().free, 2, "the reply's buffer is exposed");
+    // Neither the move to ERR nor the window's release nor the destroy
+    // works at the close: nothing says the peer cannot READ the buffer.
+    for verb in [Verb::SetQpError, Verb::DeallocMw, Verb::DestroyQp] {
+        sn.fail_next(verb, 1);
+    }
+    a.close();
+    assert_eq!(pool.run_until(a.finished()), LossReason::Closed);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
+    assert_eq!(sh.stats().buffers.unwrap().free, 2, "the stuck QP's buffer stays out of the pool");
+    drop(a);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
+    let st = sh.stats().buffers.unwrap();
+    assert_eq!((st.free, st.held_bytes), (3, 0), "every buffer back once the QP is destroyed: {st:?}");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }
 

@@ -154,8 +154,11 @@ struct Backed {
     /// passed on (0: none pending): see [`Slots::end_turn`].
     settle_in: u8,
     /// No evidence will come for the buffers held (the QP could not be
-    /// destroyed): none goes back to the pool.
+    /// destroyed): none goes back to the pool, unless a later destroy works
+    /// ([`Slots::release_backing`]).
     quarantined: bool,
+    /// The pool buffers freed from their slots while quarantined.
+    kept: Vec<u32>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -221,6 +224,7 @@ impl Slots {
             turn,
             settle_in: 0,
             quarantined: false,
+            kept: Vec::new(),
         });
         Ok(())
     }
@@ -316,13 +320,20 @@ impl Slots {
         self.backed.is_some()
     }
 
-    /// Give every slot's pool buffer back, whoever holds the slot: only once
-    /// nothing can reach any of them (the QP destroyed, its windows freed).
-    pub(crate) fn release_backing(&mut self) {
-        if let Some(b) = self.backed.as_mut().filter(|b| !b.quarantined) {
+    /// Give every slot's pool buffer back, whoever holds the slot, if
+    /// `gone`: nothing can reach any of them (the QP destroyed, its windows
+    /// freed), even if an earlier destroy failed. Otherwise quarantine them.
+    pub(crate) fn release_backing(&mut self, gone: bool) {
+        if !gone {
+            self.quarantine();
+        } else if let Some(b) = &mut self.backed {
+            b.quarantined = false;
             b.by_mr.clear();
             for of in b.of.iter_mut().filter(|o| **o != NONE) {
                 b.pool.give(std::mem::replace(of, NONE));
+            }
+            for of in b.kept.drain(..) {
+                b.pool.give(of);
             }
         }
     }
@@ -454,7 +465,9 @@ impl Slots {
         let of = std::mem::replace(&mut b.of[at], NONE);
         if of != NONE {
             b.by_mr.remove(&b.pool.info(of).id.raw());
-            if !b.quarantined {
+            if b.quarantined {
+                b.kept.push(of);
+            } else {
                 b.pool.give(of);
             }
         }
@@ -552,5 +565,24 @@ mod tests {
         assert_eq!(s.take(Holder::User), None);
         assert!(s.hand(a, Holder::Exposed, Holder::Free));
         assert_eq!(s.holder(a), Some(Holder::Free));
+    }
+
+    /// A quarantined pool buffer stays out of the pool, whether its slot is
+    /// held or freed meanwhile (a READ's flush), until the destroy works.
+    #[test]
+    fn quarantined_buffers_come_back_only_when_the_qp_is_gone() {
+        let pool = crate::conn::bufpool::BufferPool::for_model(&[BufClass { size: 4096, count: 4 }], 4);
+        let mut s = Slots::new(2);
+        s.back_with(pool.clone(), &[(4096, 2)]).unwrap();
+        let (a, b) = (s.take(Holder::Exposed).unwrap(), s.take(Holder::Reading).unwrap());
+        assert_eq!(pool.stats().free, 2);
+        s.release_backing(false);
+        assert!(s.hand(b, Holder::Reading, Holder::Free));
+        assert_eq!(pool.stats().free, 2, "freed while quarantined: kept");
+        s.release_backing(false);
+        assert_eq!(pool.stats().free, 2);
+        s.release_backing(true);
+        assert_eq!(pool.stats().free, 4, "both back once the QP is gone");
+        assert_eq!(s.holder(a), Some(Holder::Exposed));
     }
 }

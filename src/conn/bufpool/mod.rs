@@ -319,8 +319,8 @@ impl BufferPool {
     }
 
     /// A pool of `classes` over stand-in regions (no NIC), for the loom
-    /// models of the wake-up protocol.
-    #[cfg(loom)]
+    /// models of the wake-up protocol and unit tests.
+    #[cfg(any(loom, test))]
     pub(crate) fn for_model(classes: &[BufClass], windows: u32) -> BufferPool {
         let (mut bufs, mut firsts, mut free) = (Vec::new(), Vec::new(), Vec::new());
         for c in classes {

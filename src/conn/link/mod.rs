@@ -693,15 +693,12 @@ impl<N: Nic> Drop for Link<N> {
                 self.lent.give_back(srq);
             }
             self.release_share();
-        } else {
-            // No evidence: the shared pool's buffers must not serve others,
-            // the ranges it exposed stay unwritable, and its share of the
-            // shared receives stays taken (the QP may still take them).
-            self.conn.quarantine_pool_buffers();
         }
         // Nothing can reach a buffer now (QP destroyed, windows freed): the
-        // shared pool's go back to it.
-        self.conn.release_pool_buffers();
+        // shared pool's go back to it. Otherwise they must not serve
+        // others, the ranges it exposed stay unwritable, and its share of
+        // the shared receives stays taken (the QP may still take them).
+        self.conn.release_pool_buffers(gone);
         if let Some(data) = self.data {
             let _ = self.nic.dereg_mr(data.id);
         }

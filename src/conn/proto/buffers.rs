@@ -380,13 +380,6 @@ impl Connection {
         self.bufs.end_turn(defer)
     }
 
-    /// Make sure no buffer of the shared pool goes back to it from now on:
-    /// the QP could not be destroyed, so no evidence says the peer's NIC
-    /// cannot reach them. They stay out of the pool (lost to it).
-    pub(crate) fn quarantine_pool_buffers(&mut self) {
-        self.bufs.quarantine();
-    }
-
     /// Wake `w` when the shared buffer pool gets a buffer back after a take
     /// found none (the hub's driver then asks
     /// [`Connection::pool_came_back`]). No-op without a shared pool.
@@ -413,10 +406,12 @@ impl Connection {
         self.bufs.windows_dropped(n);
     }
 
-    /// Give the shared pool's buffers back, whoever holds their slots. Call
-    /// it only once the QP is destroyed and the windows are freed (the
-    /// endpoint's drop), and use no buffer of the connection afterwards.
-    pub(crate) fn release_pool_buffers(&mut self) {
-        self.bufs.release_backing();
+    /// At the link's drop: if `gone` (the QP destroyed, the windows freed),
+    /// give the shared pool's buffers back, whoever holds their slots, and
+    /// use no buffer of the connection afterwards. Otherwise no evidence
+    /// says the peer's NIC cannot reach them: they stay out of the pool for
+    /// good.
+    pub(crate) fn release_pool_buffers(&mut self, gone: bool) {
+        self.bufs.release_backing(gone);
     }
 }
