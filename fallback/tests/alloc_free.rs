@@ -4,8 +4,9 @@
 //! in debug builds too (their index checks compare without collecting).
 //! Found on rxe, where a benchmark's short warm-up left the
 //! first growth of the engines' queues inside the measured calls. The
-//! process's allocator counts allocations (`stats_alloc`); this binary runs
-//! one test, and the messages cross as values in queues made beforehand.
+//! process's allocator counts allocations (`stats_alloc`); this binary is a
+//! plain program (no libtest thread), and the messages cross as values in
+//! queues made beforehand.
 
 use std::alloc::System;
 use std::collections::VecDeque;
@@ -105,7 +106,13 @@ fn burst(rig: &mut Rig) -> usize {
     allocs() - before
 }
 
-#[test]
+/// Run as a plain program (`harness = false` in `Cargo.toml`): no other
+/// thread runs, so every allocation counted is the engines'.
+fn main() {
+    a_first_burst_of_fetches_allocates_no_more_than_a_later_one();
+    println!("alloc_free: ok");
+}
+
 fn a_first_burst_of_fetches_allocates_no_more_than_a_later_one() {
     let mut sized = Rig::new(true);
     let (first, later) = (burst(&mut sized), burst(&mut sized));

@@ -3,8 +3,8 @@
 //! a connection's first burst of calls allocates no more than its
 //! thousandth (found on rxe, where a benchmark's short warm-up left the
 //! first growth of each table inside the measured calls). The process's
-//! allocator counts allocations (`stats_alloc`); this binary runs one test,
-//! so nothing else allocates meanwhile.
+//! allocator counts allocations (`stats_alloc`); this binary is a plain
+//! program (no libtest thread), so nothing else allocates meanwhile.
 
 use std::alloc::System;
 use std::time::Duration;
@@ -78,7 +78,13 @@ fn burst(reader: &mut Reader, rounds: u32) -> usize {
     made
 }
 
-#[test]
+/// Run as a plain program (`harness = false` in `Cargo.toml`): no other
+/// thread runs, so every allocation counted is the engines'.
+fn main() {
+    a_burst_of_leases_allocates_nothing_once_the_engines_are_made();
+    println!("alloc_free: ok");
+}
+
 fn a_burst_of_leases_allocates_nothing_once_the_engines_are_made() {
     let config = ReaderConfig { safety_margin: Duration::from_millis(1), release: ReleaseMode::Message };
     // A reader sized for them, and the owner: nothing, from the first round.
