@@ -46,6 +46,10 @@ pub(crate) struct Returns {
     queued: std::sync::atomic::AtomicBool,
     /// Woken when a handle is dropped (the async driver's waker).
     waker: parking_lot::Mutex<Option<std::task::Waker>>,
+    /// Whether `waker` may hold one: set and cleared only by the owning
+    /// connection's turns (under its state lock), so `clear_waker`, run
+    /// every turn, skips the lock when no waker was set.
+    armed: std::sync::atomic::AtomicBool,
 }
 
 impl Returns {
@@ -71,11 +75,16 @@ impl Returns {
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn set_waker(&self, w: &std::task::Waker) {
         crate::handle::store_waker(&mut self.waker.lock(), w);
+        self.armed.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     /// Wake nobody on a put.
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom
     pub(crate) fn clear_waker(&self) {
-        self.waker.lock().take();
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.armed.load(Relaxed) {
+            self.armed.store(false, Relaxed);
+            self.waker.lock().take();
+        }
     }
     /// Whether handles wait to be taken back (no lock: see `queued`).
     #[cfg_attr(loom, allow(dead_code))] // used by the async driver, absent under loom

@@ -601,7 +601,7 @@ impl<N: Nic + 'static> EndpointDriver<N> {
         // After the turns: a connection that finished in one ends its
         // watch now, closing its stream (the peer may be waiting for it).
         hub.run(move || {
-            if woke.due.swap(false, Ordering::AcqRel) {
+            if woke.due.load(Ordering::Acquire) && woke.due.swap(false, Ordering::AcqRel) {
                 let mut wcx = Context::from_waker(&watch_waker);
                 while let Poll::Ready(Some(w)) = streams.poll_next_unpin(&mut wcx) {
                     watching.push(w);

@@ -62,6 +62,12 @@ impl Mark {
 /// Members due a turn, each once, and the doorbell that wakes the driver.
 pub struct ReadyList<T> {
     list: Mutex<Vec<T>>,
+    /// Whether `list` may hold a member: set under its lock after a push,
+    /// so a [`ReadyList::take`] that finds nothing due (most of the
+    /// driver's loops) skips the lock. A take that misses a push this way
+    /// is one that took the lock before it: the push's ring (read after
+    /// the flag by the driver's doorbell) brings the driver back for it.
+    pending: AtomicBool,
     bell: Doorbell,
     /// Waiters polling the completion queue themselves.
     spinners: AtomicUsize,
@@ -88,6 +94,7 @@ impl<T> ReadyList<T> {
     pub fn new() -> ReadyList<T> {
         ReadyList {
             list: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
             bell: Doorbell::new(),
             spinners: AtomicUsize::new(0),
             watch: AtomicU64::new(0),
@@ -105,7 +112,11 @@ impl<T> ReadyList<T> {
         if mark.0.swap(true, Ordering::AcqRel) {
             return false;
         }
-        self.list.lock().push(item());
+        {
+            let mut list = self.list.lock();
+            list.push(item());
+            self.pending.store(true, Ordering::Release);
+        }
         if ring {
             self.bell.ring();
         }
@@ -116,7 +127,11 @@ impl<T> ReadyList<T> {
     /// the order they came.
     pub fn take(&self, out: &mut Vec<T>) {
         out.clear();
+        if !self.pending.load(Ordering::Acquire) {
+            return;
+        }
         let mut list = self.list.lock();
+        self.pending.store(false, Ordering::Relaxed);
         // The list and `out` trade places: each keeps room for as many
         // members as either has held, so a push never grows it after the
         // first time that many were due.

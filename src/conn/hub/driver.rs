@@ -82,7 +82,8 @@ impl<N: Nic> Hub<N> {
         loop {
             shared.ready.bell().take();
             shared.ready.driver_here();
-            shared.turns.fetch_add(1, Ordering::Relaxed);
+            // Counters with one writer, the driver: no locked add.
+            shared.turns.store(shared.turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             // One clock read a loop: the turns' time and the busy-poll window's.
             let at = Instant::now();
             let now = at.saturating_duration_since(shared.epoch);
@@ -241,7 +242,7 @@ impl<N: Nic> Hub<N> {
         });
         inbox.clear();
         inner.count_turn(t.busy);
-        self.connection_turns.fetch_add(1, Ordering::Relaxed);
+        self.connection_turns.store(self.connection_turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         for rkey in t.foreign_invalidations {
             self.invalidated_elsewhere(Some(inner), now, rkey);
         }

@@ -227,7 +227,9 @@ impl<N: Nic> Hub<N> {
                 self.queue_ringing(inner, ring);
             }
         })?;
-        self.completions.fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            self.completions.fetch_add(n as u64, Ordering::Relaxed);
+        }
         Ok((n, queued))
     }
 

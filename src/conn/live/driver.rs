@@ -86,16 +86,23 @@ impl Spin {
     /// what it waited for. The last to stop rings the hub's driver, unless
     /// it lingers and got it (`ReadyList::stop`): a waiter that comes back
     /// within the window, the usual case, then costs the driver no wake-up.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
-        if std::mem::take(&mut self.spinning) {
-            if got {
-                inner.quick.store(self.last_turn <= self.quick_until, std::sync::atomic::Ordering::Relaxed);
-            }
-            inner.spinning.store(false, std::sync::atomic::Ordering::Release);
-            if let Some(hub) = inner.hub.hub.upgrade() {
-                hub.ready.stop(self.long && got, || inner.now());
-            }
+        if self.spinning {
+            self.stopped(inner, got);
+        }
+    }
+
+    /// [`Spin::stop`] of a waiter that spins (out of line: most never do).
+    #[inline(never)]
+    fn stopped<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
+        self.spinning = false;
+        if got {
+            inner.quick.store(self.last_turn <= self.quick_until, std::sync::atomic::Ordering::Relaxed);
+        }
+        inner.spinning.store(false, std::sync::atomic::Ordering::Release);
+        if let Some(hub) = inner.hub.hub.upgrade() {
+            hub.ready.stop(self.long && got, || inner.now());
         }
     }
 }
@@ -407,7 +414,14 @@ impl<N: Nic> Inner<N> {
                 _ => st.ep.begin_close(now),
             }
         }
-        if st.ep.poll_timeout().is_some_and(|t| t <= now) {
+        // A deadline at or before now has its entry in the hub's timer heap
+        // due (`driver_next`): every deadline is armed there, or rings the
+        // driver to arm it (`State::needs_driver`, the turn's `arm`), so one
+        // not looked for here (a deadline earlier than the armed entry, now
+        // past) is found one driver loop later, never lost.
+        #[allow(clippy::unnecessary_map_or)] // `is_none_or`: Rust 1.82
+        let due = st.driver_next.map_or(true, |armed| armed <= now);
+        if due && st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);
         }
         let mut busy = st.ep.reclaim() > 0;
