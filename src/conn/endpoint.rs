@@ -476,7 +476,11 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
 
     /// Entries of the completion queue all connections share (65,536 by
     /// default; each connection reserves its worst case, see
-    /// [`SetupError::CqBudget`]).
+    /// [`SetupError::CqBudget`]). A connection needs about `ctrl_slots` +
+    /// 2 x its buffers + the READs of its payloads + 8 entries (small pools:
+    /// 60 to 200), so the default holds several hundred. A queue deeper
+    /// than the device allows (`max_cqe`) fails `build` with
+    /// `SetupError::Nic(`[`NicError::CqTooDeep`](crate::backend::NicError::CqTooDeep)`)`.
     pub fn queue_depth(mut self, depth: u32) -> Self {
         self.depth = depth;
         self

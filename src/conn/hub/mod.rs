@@ -6,12 +6,9 @@
 //! its connection (by QP number) and gives a turn to each connection that
 //! has something to do (a completion, a user's call or reply, a timer).
 //!
-//! The rules it keeps (a PD per connection, a retired QP's completions
-//! drained before its number can come back, the depth budget, shared
-//! receives and the shared pool being mw only unless the peers are
-//! trusted), and why: see `docs/serving.md`, "The hub's rules". The routing
-//! table and the depth's reservations are `routes.rs`'s `Routes`; the hub
-//! does the device work around it.
+//! The rules it keeps, and why: `docs/serving.md`, "The hub's rules". The
+//! routing table and the depth's reservations are `routes.rs`'s `Routes`;
+//! the hub does the device work around it.
 
 mod driver;
 
@@ -339,30 +336,12 @@ impl<N: Nic> futures::task::ArcWake for ConnWake<N> {
 
 impl<N: Nic + 'static> Hub<N> {
     /// A hub whose completion queue, of `depth` entries, is created on
-    /// `nic`; `Hub::run` drives it (the endpoint's `EndpointDriver`).
-    /// Without `srq` or `buffers` its connections' NIC handles are siblings
-    /// of `nic`, each in a protection domain of its own
-    /// ([`Hub::connection_nic`]).
-    ///
-    /// A connection needs about `ctrl_slots` + 2 x its buffers + the
-    /// READs of its payloads + 8 entries (small pools: 60 to 200); 65,536
-    /// holds several hundred. A queue deeper than the device allows
-    /// (`max_cqe`) fails with [`NicError::CqTooDeep`].
-    ///
-    /// With `srq`, its connections take their control receives from one
-    /// shared receive queue and borrow the hub's send slots; with `buffers`
-    /// (which come with shared receives, of the default size if `srq` is
-    /// `None`) they take their buffers from a pool of those classes,
-    /// registered now (`docs/serving.md`, "Shared receives" and "Shared
-    /// buffers"). Either puts its connections in the hub's protection
-    /// domain, so unless `confirm` (its peers are trusted:
-    /// `EndpointBuilder::trusted_peers`) it serves the mw policy only: a
-    /// connection that negotiates confirm fails to finish, with an error
-    /// that says so. With `confirm` the pool's buffers allow remote READs.
-    ///
-    /// The driver keeps polling the queue for `busy_poll` after its turns
-    /// stop finding work, before it arms the queue and sleeps (0: sleep at
-    /// once; `EndpointBuilder::busy_poll`).
+    /// `nic`; `Hub::run` drives it (the endpoint's `EndpointDriver`). The
+    /// options are the `EndpointBuilder`'s (`queue_depth`,
+    /// `shared_receives`, `shared_buffers`, `trusted_peers` as `confirm`,
+    /// `busy_poll`), documented there. Without `srq` or `buffers` its
+    /// connections' NIC handles are siblings of `nic`, each in a protection
+    /// domain of its own ([`Hub::connection_nic`]).
     pub fn new(
         nic: N,
         depth: u32,
