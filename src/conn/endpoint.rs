@@ -480,7 +480,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
     /// 2 x its buffers + the READs of its payloads + 8 entries (small pools:
     /// 60 to 200), so the default holds several hundred. A queue deeper
     /// than the device allows (`max_cqe`) fails `build` with
-    /// `SetupError::Nic(`[`NicError::CqTooDeep`](crate::backend::NicError::CqTooDeep)`)`.
+    /// `SetupError::Nic(`[`NicError::CqTooDeep`]`)`.
     pub fn queue_depth(mut self, depth: u32) -> Self {
         self.depth = depth;
         self
