@@ -209,7 +209,7 @@ pub(crate) struct DelegationFigures {
 /// An endpoint's delegations: its book, created with the first one.
 pub(crate) struct Delegations {
     /// The epoch of the endpoint's clock (its connections' `now`).
-    epoch: Instant,
+    epoch: super::clock::Epoch,
     state: Mutex<State>,
     /// Some live exposure was revoked and waits for its connection to
     /// invalidate it ([`Regions::take_ends`]).
@@ -248,7 +248,7 @@ struct State {
 }
 
 impl Delegations {
-    pub(crate) fn new(epoch: Instant) -> Delegations {
+    pub(crate) fn new(epoch: super::clock::Epoch) -> Delegations {
         Delegations {
             epoch,
             state: Mutex::new(State::default()),
@@ -258,7 +258,7 @@ impl Delegations {
     }
 
     fn now(&self) -> Duration {
-        self.epoch.elapsed()
+        self.epoch.now()
     }
 }
 
@@ -588,7 +588,7 @@ impl<N: Nic> Regions<N> {
     pub(crate) fn next_delegation_expiry(&self) -> Option<Instant> {
         let d = self.delegations();
         let st = d.state.lock();
-        st.book.as_ref().and_then(Book::poll_timeout).map(|t| d.epoch + t)
+        st.book.as_ref().and_then(Book::poll_timeout).map(|t| d.epoch.instant(t))
     }
 
     /// Whether some revoked exposure waits for its connection.

@@ -41,6 +41,7 @@ mod alarm;
 mod ask;
 mod buf;
 mod bufpool;
+mod clock;
 mod config;
 mod delegate;
 #[cfg(not(loom))]

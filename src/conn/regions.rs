@@ -128,7 +128,7 @@ impl<N: Nic> Regions<N> {
     /// No regions yet; `shared_pd`: a handle on the PD every connection
     /// of the endpoint is in, if they share one; `epoch`: the start of
     /// the clock its connections are driven on.
-    pub(crate) fn new(shared_pd: Option<N>, epoch: std::time::Instant) -> Self {
+    pub(crate) fn new(shared_pd: Option<N>, epoch: super::clock::Epoch) -> Self {
         Regions {
             shared_pd,
             table: Mutex::new(Table { next: FIRST_ID, regions: HashMap::new() }),

@@ -8,7 +8,7 @@ use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{EndpointStats, Hub, POLL_BATCH};
 use crate::backend::{Completion, Nic, NicError};
@@ -77,7 +77,7 @@ impl<N: Nic> Hub<N> {
         let mut swept_at: Option<u64> = None;
         // Since when turns have found nothing (for the busy-poll window),
         // and how many have (for `live::idle_turn`).
-        let mut idle_since: Option<Instant> = None;
+        let mut idle_since: Option<Duration> = None;
         let mut idle_turns = 0u32;
         loop {
             shared.ready.bell().take();
@@ -85,8 +85,7 @@ impl<N: Nic> Hub<N> {
             // Counters with one writer, the driver: no locked add.
             shared.turns.store(shared.turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             // One clock read a loop: the turns' time and the busy-poll window's.
-            let at = Instant::now();
-            let now = at.saturating_duration_since(shared.epoch);
+            let now = shared.epoch.now();
             let mut busy = false;
             if failed.is_none() {
                 let mut routes = shared.routes.lock();
@@ -160,8 +159,8 @@ impl<N: Nic> Hub<N> {
             let unpolled = waiter_polls || watched.is_some();
             // A waiter polling the queue: one polling thread is enough.
             if !shared.busy_poll.is_zero() && failed.is_none() && !unpolled {
-                let idle = *idle_since.get_or_insert(at);
-                if at.saturating_duration_since(idle) < shared.busy_poll {
+                let idle = *idle_since.get_or_insert(now);
+                if now.saturating_sub(idle) < shared.busy_poll {
                     crate::conn::live::idle_turn(&mut idle_turns);
                     crate::conn::live::yield_now().await;
                     continue;
@@ -177,7 +176,7 @@ impl<N: Nic> Hub<N> {
                 (t, w) => t.or(w),
             };
             if let Some(at) = wake.filter(|at| armed.map_or(true, |a| *at < a)) {
-                alarm.arm(Some(shared.epoch + at));
+                alarm.arm(Some(shared.epoch.instant(at)));
                 armed = Some(at);
             }
             // Unarmed while a waiter polls: its polls find the completions

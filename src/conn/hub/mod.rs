@@ -14,7 +14,7 @@ mod driver;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -148,7 +148,7 @@ pub(crate) struct Hub<N: Nic> {
     pool: Option<BufferPool>,
     /// The endpoint's regions (`regions.rs`); each connection holds them too.
     regions: Arc<Regions<N>>,
-    epoch: Instant,
+    epoch: crate::conn::clock::Epoch,
     /// Its connections by QP number. A QP is retired under this lock.
     routes: Mutex<Routes<Arc<Inner<N>>>>,
     /// Connections due a turn, the driver's doorbell, and the count of
@@ -366,7 +366,7 @@ impl<N: Nic + 'static> Hub<N> {
         super::alarm::start();
         // Connections on shared receives are in the hub's PD: a region is
         // registered once, there.
-        let epoch = Instant::now();
+        let epoch = crate::conn::clock::Epoch::new();
         let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }, epoch));
         let cq = nic.create_cq(depth)?;
         Ok(Arc::new(Hub {

@@ -242,7 +242,7 @@ impl<N: Nic> Prepared<N> {
             batch: vec![Completion::EMPTY; POLL_BATCH],
             inline: Vec::with_capacity(MAX_INLINE as usize),
             qp: QpFate::Live,
-            regions: std::sync::Arc::new(super::Regions::new(None, std::time::Instant::now())),
+            regions: std::sync::Arc::new(super::Regions::new(None, crate::conn::clock::Epoch::new())),
             span,
             delegation: Default::default(),
         })

@@ -47,7 +47,7 @@ pub(crate) struct Spin {
     /// something to do (a call of several steps, such as a confirm read's
     /// READ and confirm, spins through them while the peer answers each
     /// within the window).
-    until: Option<Instant>,
+    until: Option<Duration>,
     /// This waiter holds `Inner::spinning`.
     spinning: bool,
     /// Its window is long ([`LINGER_MIN`](crate::conn::ready::LINGER_MIN)
@@ -58,9 +58,9 @@ pub(crate) struct Spin {
     idle: u32,
     /// A quarter of the window after the waiter's first wait: got by then,
     /// the wait was quick (`Inner::quick`).
-    quick_until: Option<Instant>,
+    quick_until: Option<Duration>,
     /// When its last turn began.
-    last_turn: Option<Instant>,
+    last_turn: Option<Duration>,
 }
 
 /// A thread that busy-polls (a call taking its connection's turns, or the
@@ -135,7 +135,8 @@ impl Spin {
     #[inline(never)]
     pub(crate) fn turn<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let now = Instant::now();
+        // The connection's clock (its endpoint's), read once for the turn.
+        let now = inner.now();
         let until = match self.until {
             Some(until) => until,
             None => {
@@ -147,8 +148,6 @@ impl Spin {
             return false;
         }
         self.last_turn = Some(now);
-        // The connection's clock is its endpoint's (the ready list's).
-        let at = inner.now_at(now);
         let hub = inner.hub.hub.upgrade();
         if !self.spinning {
             if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
@@ -163,7 +162,7 @@ impl Spin {
                 || (inner.quick.load(std::sync::atomic::Ordering::Relaxed)
                     && hub.as_ref().is_some_and(|h| !h.ready.rings_local()));
             if let Some(hub) = &hub {
-                hub.ready.start(self.long.then(|| (inner.now_at(until), at)));
+                hub.ready.start(self.long.then_some((until, now)));
             }
         }
         let part = &inner.hub;
@@ -179,7 +178,7 @@ impl Spin {
         // routed completion would grow it.
         let mut inbox = std::mem::take(&mut *part.spin_scratch.lock());
         // The clock read above, not a second one.
-        let t = inner.turn(at, &mut inbox, |st, next| {
+        let t = inner.turn(now, &mut inbox, |st, next| {
             // The hub's timer heap must hold a deadline no later than
             // `next`: a turn by the driver puts it there.
             if next.is_some_and(|t| !matches!(st.driver_next, Some(armed) if armed <= t)) {
@@ -200,7 +199,7 @@ impl Spin {
         if t.busy {
             self.until = Some(now + window);
             if let Some(hub) = hub.as_ref().filter(|_| self.long) {
-                hub.ready.extend(at + window);
+                hub.ready.extend(now + window);
             }
         } else {
             idle_turn(&mut self.idle);

@@ -21,7 +21,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -190,7 +190,7 @@ pub(crate) struct Inner<N: Nic> {
     /// abandoned calls only when this is non-zero).
     abandoned: std::sync::atomic::AtomicUsize,
     recycle: Arc<Recycle<CallResult>>,
-    epoch: Instant,
+    epoch: crate::conn::clock::Epoch,
     /// A waiting call, or a server's `next_request`, takes the
     /// connection's turns itself (see [`driver::Spin`]); at most one does
     /// at a time.
@@ -255,7 +255,7 @@ impl<N: Nic> HubPart<N> {
 }
 
 impl<N: Nic> Inner<N> {
-    fn new(ep: Link<N>, epoch: Instant, hub: HubPart<N>) -> Inner<N> {
+    fn new(ep: Link<N>, epoch: crate::conn::clock::Epoch, hub: HubPart<N>) -> Inner<N> {
         let spin = ep.config().busy_poll;
         let serve_spin = ep.config().serve_busy_poll;
         // Made now, so that a first burst allocates no more than a later one:
@@ -303,13 +303,10 @@ impl<N: Nic> Inner<N> {
         }
     }
 
-    fn now(&self) -> Duration {
-        self.epoch.elapsed()
-    }
-
-    /// The connection's time at `at` (a clock read the caller made already).
-    pub(super) fn now_at(&self, at: Instant) -> Duration {
-        at.saturating_duration_since(self.epoch)
+    /// The connection's time: its endpoint's clock.
+    #[inline]
+    pub(super) fn now(&self) -> Duration {
+        self.epoch.now()
     }
 
     /// The hub's completion queue failed: take the connection down with
@@ -365,7 +362,7 @@ impl<N: Nic> Connection<N> {
     /// connection's weak handle (for its waker).
     pub(super) fn on_hub(
         ep: Link<N>,
-        epoch: Instant,
+        epoch: crate::conn::clock::Epoch,
         part: impl FnOnce(std::sync::Weak<Inner<N>>) -> HubPart<N>,
     ) -> Connection<N> {
         let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, part(w.clone())));
