@@ -646,10 +646,17 @@ impl<N: Nic> Link<N> {
         // The QP is in ERR (unless moving it there failed: then the destroy
         // is the evidence, if it works). Free the windows first (freeing a bound window invalidates it without an
         // invalidation work request); rxe stalls ~50 s destroying a QP that
-        // still has valid windows bound to it.
-        for w in self.windows.drain(..) {
-            let _ = self.nic.dealloc_mw(w);
-        }
+        // still has valid windows bound to it. One whose deallocation fails
+        // is kept and tried again at the drop (a window left allocated
+        // keeps its protection domain from being freed).
+        let nic = &self.nic;
+        self.windows.retain(|&w| match nic.dealloc_mw(w) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(%e, window = w.raw(), "deallocating a window at the close failed: tried again when the connection is dropped");
+                true
+            }
+        });
         self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
         if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
             // No evidence: the QP may still reach every buffer it could

@@ -396,13 +396,19 @@ impl Connection {
     /// allocates others. No-op without a shared pool.
     ///
     /// `dealloc` says whether the window was deallocated; one that was not
-    /// stays out of the pool for good (still counted among its windows).
+    /// never goes back to the pool either (still counted among its
+    /// windows), and is tried again at the next call (the link's drop
+    /// makes one).
     pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) {
         let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return };
+        // One whose deallocation fails stays, to be tried again (the link's
+        // drop calls this once more).
         let mut n = 0;
-        for (_, w) in lent.drain() {
-            n += u32::from(dealloc(MwId::from_raw(w)));
-        }
+        lent.retain(|_, w| {
+            let gone = dealloc(MwId::from_raw(*w));
+            n += u32::from(gone);
+            !gone
+        });
         self.bufs.windows_dropped(n);
     }
 
