@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME, MIN_START_CREDITS};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
@@ -1112,4 +1112,45 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, t: &mut Tally) {
             other => panic!("client: {other:?}"),
         }
     }
+}
+
+/// The interleaving `d9564df` fixed: the connection is down with its move
+/// to ERR queued when the link reports another loss (a failed poll, a
+/// frame it cannot read: `post_failed(&Command::SetQpError, ..)` with no
+/// `SetQpError` tried). The queued move then works, and that is evidence:
+/// the buffer the frozen server was given comes back without the QP's
+/// destroy. (Before the fix the second report cleared the flag saying a
+/// move was queued, so its success was never told to the owner engine and
+/// the buffer waited for a destroy that may fail.)
+#[test]
+fn a_loss_reported_while_the_move_to_err_is_queued_leaves_the_move_as_evidence() {
+    let mut p = Pair::new(Policies::both(Policy::Mw));
+    p.allow_down = true;
+    // The server takes the request in but never READs or releases it.
+    p.frozen_server = true;
+    let mut b = p.c.conn.alloc().unwrap();
+    // Past the inline maximum: exposed through a window, not sent inline.
+    b.copy_from(&[5u8; SIZE as usize]).unwrap();
+    p.c.conn.call(p.now, b"put", Some(b)).unwrap();
+    p.settle();
+    assert_eq!(p.c.conn.busy_buffers(), 1, "the payload is exposed to the server");
+    p.c.conn.begin_close(p.now);
+    // Before the queued move to ERR is carried out, the link reports a
+    // failed poll (`Link::drive`, `Link::cq_failed`).
+    let failed = NicError::NoSuchObject { what: "completion queue", id: 1 };
+    p.c.conn.post_failed(&Command::SetQpError, failed);
+    let mut moves = 0;
+    p.c.conn.drain_commands(|c, _| {
+        moves += matches!(c, Command::SetQpError) as u32;
+        Ok(())
+    });
+    assert!(moves >= 1, "no move to ERR was asked for");
+    // The QP is in ERR and nothing of the client's is in flight: the
+    // exposed buffer comes back (no destroy told).
+    let mut returned = 0;
+    while let Some(e) = p.c.conn.poll_event() {
+        returned += matches!(e, Event::BufferReturned(_)) as u32;
+    }
+    assert_eq!(returned, 1, "the buffer waits for the destroy: the move to ERR was lost as evidence");
+    assert_eq!(p.c.conn.busy_buffers(), 0);
 }
