@@ -9,7 +9,8 @@
 //!   to pin each object the call names (each distinct region and window of
 //!   a chain once) and one atomic decrement to unpin it;
 //! - a chain of up to [`MAX_CHAIN`] work requests and their scatter lists
-//!   are built as C structs on the stack ([`SendChain`](super::post::SendChain));
+//!   are built as C structs in place on the stack, never moved
+//!   ([`SendChain`]);
 //! - per queue pair, a post holds that queue's post mutex across recording
 //!   and `ibv_post_send`/`ibv_post_recv` (so records are in queue order),
 //!   and the QP's track mutex only while it records;
@@ -36,7 +37,9 @@ use super::error::OpenError;
 use super::mr::Mr;
 use super::mw::Mw;
 use super::pd::Pd;
-use super::post::{chain_too_long, srq_recv_error, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN};
+use super::post::{
+    chain_too_long, srq_recv_error, SendChain, SendOp, SendRequest, Slice, SliceList, MAX_CHAIN,
+};
 use super::qp::{PortInfo, Qp};
 use super::slots::{PinSet, Pinned, Removal, Slots};
 use super::srq::Srq;
@@ -394,8 +397,10 @@ impl VerbsNic {
             }
             Ok(out)
         };
-        let mut reqs = [SendRequest::EMPTY; N];
-        for (req, wr) in reqs.iter_mut().zip(wrs) {
+        // Built and posted in place: neither the chain nor a request is
+        // ever moved or copied whole.
+        let mut chain = SendChain::<N>::new(&slot.qp);
+        for wr in wrs {
             let op = match wr {
                 SendWr::Send { sge, .. } => SendOp::Send(slices(sge)?),
                 SendWr::SendWithInv { sge, invalidate_rkey, .. } => {
@@ -418,9 +423,10 @@ impl VerbsNic {
                 }
                 SendWr::LocalInv { rkey, .. } => SendOp::LocalInv(*rkey),
             };
-            *req = SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op };
+            chain
+                .push(&SendRequest { wr_id: wr.wr_id(), signaled: wr.signaled(), op })
+                .map_err(|e| e.error)?;
         }
-        let chain = slot.qp.prepare_send::<N>(&reqs[..wrs.len()]).map_err(|e| e.error)?;
         // Record, then post, under the send queue's post mutex: the records
         // are in the queue's order and exist before any completion can.
         let _order = slot.sq_post.lock();

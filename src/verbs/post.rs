@@ -153,11 +153,6 @@ pub struct SendRequest<'a> {
     pub op: SendOp<'a>,
 }
 
-impl<'a> SendRequest<'a> {
-    /// A placeholder for filling arrays of requests (never posted as such).
-    pub const EMPTY: SendRequest<'a> = SendRequest { wr_id: 0, signaled: false, op: SendOp::LocalInv(0) };
-}
-
 /// Why a post failed, and how many of the chain's requests the provider took.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{error} (work request {failed} of the chain; {posted} before it were posted)")]
@@ -171,12 +166,15 @@ pub struct PostError {
     pub posted: usize,
 }
 
-/// A validated chain of send requests as libibverbs structs, built on the
-/// stack by [`Qp::prepare_send`] and posted with one doorbell by
-/// [`SendChain::post`]. It borrows the QP, the regions and the windows it
-/// names, so none can go away before it is posted. `N` is the room it has
-/// (at most [`MAX_CHAIN`]): the backend builds the usual chain, one or two
-/// requests, in arrays of two, which it zeroes and moves on every post.
+/// A validated chain of send requests as libibverbs structs, built in
+/// place on the caller's stack ([`SendChain::new`], then
+/// [`SendChain::push`] for each request) and posted with one doorbell by
+/// [`SendChain::post`]; it is never moved (a chain is about 430 bytes: its
+/// two moves a post, when `Qp::prepare_send` returned it and `post` took
+/// it by value, cost about 280 instructions on rxe). It borrows the QP,
+/// the regions and the windows it names, so none can go away before it is
+/// posted. `N` is the room it has (at most [`MAX_CHAIN`]): the backend
+/// builds the usual chain, one or two requests, in arrays of two.
 pub struct SendChain<'a, const N: usize = MAX_CHAIN> {
     qp: &'a Qp,
     len: usize,
@@ -187,99 +185,6 @@ pub struct SendChain<'a, const N: usize = MAX_CHAIN> {
 }
 
 impl Qp {
-    /// Validate `reqs` and build them as C work requests in a chain with
-    /// room for `N` (at most [`MAX_CHAIN`]), without posting.
-    ///
-    /// Checks everything the device would otherwise fail on later or not at
-    /// all: the chain length (`N`, [`MAX_CHAIN`]), scatter list sizes, bind
-    /// ranges and that each bind's rkey carries its window's index. A
-    /// malformed chain is refused whole (`posted: 0`).
-    pub fn prepare_send<'a, const N: usize>(
-        &'a self,
-        reqs: &[SendRequest<'a>],
-    ) -> Result<SendChain<'a, N>, PostError> {
-        let fail = |failed, error| PostError { error, failed, posted: 0 };
-        let room = N.min(MAX_CHAIN);
-        if reqs.len() > room {
-            return Err(fail(room, chain_too_long(reqs.len())));
-        }
-        let mut chain = SendChain {
-            qp: self,
-            len: reqs.len(),
-            // SAFETY: ibv_send_wr is integers, raw pointers and unions of
-            // those; all-zero (NULL `next`, no scatter list) is valid.
-            wrs: unsafe { std::mem::zeroed() },
-            sges: [[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE]; N],
-            binds: [None; N],
-        };
-        for (i, r) in reqs.iter().enumerate() {
-            let list = match &r.op {
-                SendOp::Send(l) | SendOp::SendWithInv(l, _) | SendOp::Read { local: l, .. } => *l,
-                SendOp::BindMw { mw, rkey: new, mr, offset, len, .. } => {
-                    mr.check_range(*offset, *len).map_err(|e| fail(i, e))?;
-                    if !mw.owns_rkey(*new) {
-                        return Err(fail(
-                            i,
-                            NicError::InvalidWr(format!(
-                                "bind rkey {new:#x} does not carry the window's index {:#x}",
-                                rkey::index(mw.rkey())
-                            )),
-                        ));
-                    }
-                    chain.binds[i] = Some((*mw, *new));
-                    SliceList::new()
-                }
-                SendOp::LocalInv(_) => SliceList::new(),
-            };
-            if list.len() > self.max_sge() as usize {
-                return Err(fail(
-                    i,
-                    NicError::InvalidWr(format!(
-                        "{} scatter entries, the queue pair takes {}",
-                        list.len(),
-                        self.max_sge()
-                    )),
-                ));
-            }
-            for (sge, s) in chain.sges[i].iter_mut().zip(list.iter()) {
-                *sge = s.sge();
-            }
-            let wr = &mut chain.wrs[i];
-            wr.wr_id = r.wr_id;
-            wr.num_sge = list.len() as i32;
-            wr.send_flags = if r.signaled { ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
-            match &r.op {
-                SendOp::Send(_) => wr.opcode = op::IBV_WR_SEND,
-                SendOp::SendWithInv(_, inv) => {
-                    wr.opcode = op::IBV_WR_SEND_WITH_INV;
-                    wr.imm_data_invalidated_rkey_union.invalidated_rkey = *inv;
-                }
-                SendOp::Read { remote_addr, rkey, .. } => {
-                    wr.opcode = op::IBV_WR_RDMA_READ;
-                    wr.wr.rdma = sys::rdma_t { remote_addr: *remote_addr, rkey: *rkey };
-                }
-                SendOp::BindMw { mw, rkey, mr, offset, len, access } => {
-                    wr.opcode = op::IBV_WR_BIND_MW;
-                    wr.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
-                        mw: mw.as_ptr(),
-                        rkey: *rkey,
-                        bind_info: sys::ibv_mw_bind_info {
-                            mr: mr.as_ptr(),
-                            addr: mr.addr() + *offset as u64,
-                            length: *len as u64,
-                            mw_access_flags: access.bits(),
-                        },
-                    };
-                }
-                SendOp::LocalInv(inv) => {
-                    wr.opcode = op::IBV_WR_LOCAL_INV;
-                    wr.imm_data_invalidated_rkey_union.invalidated_rkey = *inv;
-                }
-            }
-        }
-        Ok(chain)
-    }
-
     /// Post one receive request with a scatter list of at most
     /// `MAX_SGE` (4) slices.
     pub fn post_recv(&self, wr_id: u64, local: &[Slice<'_>]) -> Result<(), NicError> {
@@ -315,20 +220,112 @@ impl Qp {
     }
 }
 
+impl<'a, const N: usize> SendChain<'a, N> {
+    /// An empty chain on `qp`, built in place with [`SendChain::push`].
+    #[inline]
+    pub fn new(qp: &'a Qp) -> Self {
+        SendChain {
+            qp,
+            len: 0,
+            // SAFETY: ibv_send_wr is integers, raw pointers and unions of
+            // those; all-zero (NULL `next`, no scatter list) is valid.
+            wrs: unsafe { std::mem::zeroed() },
+            sges: [[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE]; N],
+            binds: [None; N],
+        }
+    }
+
+    /// Validate `r` and build it as a C work request at the end of the
+    /// chain. Checks everything the device would otherwise fail on later
+    /// or not at all: the chain's room (`N`, at most [`MAX_CHAIN`]), the
+    /// scatter list's size, a bind's range and that its rkey carries its
+    /// window's index. On an error the chain is as it was (`posted: 0`,
+    /// `failed`: the request's index).
+    pub fn push(&mut self, r: &SendRequest<'a>) -> Result<(), PostError> {
+        let i = self.len;
+        let fail = |error| PostError { error, failed: i, posted: 0 };
+        if i >= N.min(MAX_CHAIN) {
+            return Err(fail(chain_too_long(i + 1)));
+        }
+        self.binds[i] = None;
+        let list = match &r.op {
+            SendOp::Send(l) | SendOp::SendWithInv(l, _) | SendOp::Read { local: l, .. } => *l,
+            SendOp::BindMw { mw, rkey: new, mr, offset, len, .. } => {
+                mr.check_range(*offset, *len).map_err(fail)?;
+                if !mw.owns_rkey(*new) {
+                    return Err(fail(NicError::InvalidWr(format!(
+                        "bind rkey {new:#x} does not carry the window's index {:#x}",
+                        rkey::index(mw.rkey())
+                    ))));
+                }
+                self.binds[i] = Some((*mw, *new));
+                SliceList::new()
+            }
+            SendOp::LocalInv(_) => SliceList::new(),
+        };
+        if list.len() > self.qp.max_sge() as usize {
+            return Err(fail(NicError::InvalidWr(format!(
+                "{} scatter entries, the queue pair takes {}",
+                list.len(),
+                self.qp.max_sge()
+            ))));
+        }
+        for (sge, s) in self.sges[i].iter_mut().zip(list.iter()) {
+            *sge = s.sge();
+        }
+        let wr = &mut self.wrs[i];
+        wr.wr_id = r.wr_id;
+        wr.num_sge = list.len() as i32;
+        wr.send_flags = if r.signaled { ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        match &r.op {
+            SendOp::Send(_) => wr.opcode = op::IBV_WR_SEND,
+            SendOp::SendWithInv(_, inv) => {
+                wr.opcode = op::IBV_WR_SEND_WITH_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = *inv;
+            }
+            SendOp::Read { remote_addr, rkey, .. } => {
+                wr.opcode = op::IBV_WR_RDMA_READ;
+                wr.wr.rdma = sys::rdma_t { remote_addr: *remote_addr, rkey: *rkey };
+            }
+            SendOp::BindMw { mw, rkey, mr, offset, len, access } => {
+                wr.opcode = op::IBV_WR_BIND_MW;
+                wr.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
+                    mw: mw.as_ptr(),
+                    rkey: *rkey,
+                    bind_info: sys::ibv_mw_bind_info {
+                        mr: mr.as_ptr(),
+                        addr: mr.addr() + *offset as u64,
+                        length: *len as u64,
+                        mw_access_flags: access.bits(),
+                    },
+                };
+            }
+            SendOp::LocalInv(inv) => {
+                wr.opcode = op::IBV_WR_LOCAL_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = *inv;
+            }
+        }
+        self.len = i + 1;
+        Ok(())
+    }
+}
+
 impl<const N: usize> SendChain<'_, N> {
     /// Post the chain with one `ibv_post_send`.
     ///
     /// The windows it binds are locked (in address order, so two chains
     /// cannot deadlock) across the post and the rkey write-back: rxe's
     /// provider reads `ibv_mw.rkey` inside the call. On return, each window
-    /// bound by a posted request tracks the bind's new rkey.
-    pub fn post(mut self) -> Result<(), PostError> {
-        let n = self.len;
+    /// bound by a posted request tracks the bind's new rkey. The chain is
+    /// empty afterwards, whatever the outcome: posting it again posts
+    /// nothing.
+    pub fn post(&mut self) -> Result<(), PostError> {
+        let n = std::mem::replace(&mut self.len, 0);
         if n == 0 {
             return Ok(());
         }
-        // Link the chain now that it has its final address (`self` is ours
-        // and does not move during this call). All pointers come from one
+        // Link the chain now that it has its final address (`self` is
+        // borrowed mutably and does not move during this call). All pointers come from one
         // raw pointer per array, so none is invalidated by a later borrow.
         let wrs = self.wrs.as_mut_ptr();
         let sges = self.sges.as_mut_ptr();
