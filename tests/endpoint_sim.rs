@@ -262,24 +262,26 @@ fn an_exposure_comes_back_on_the_flush_when_only_the_destroy_fails() {
     assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
 }
 
-/// A window whose deallocation fails at the close is tried again when the
-/// connection is dropped: none is left allocated on the device (a window
-/// left there keeps its protection domain from being freed). (Before, the
-/// close forgot it and it stayed allocated.)
+/// A window whose deallocation fails at the close keeps its QP from
+/// being destroyed under it (rxe would stall, then free the QP the window
+/// still points at), and both go when the connection is dropped: the
+/// window is tried again, then the QP destroyed. (Before, the close forgot
+/// the window, still allocated, and destroyed the QP under it.)
 #[test]
 fn a_window_whose_deallocation_failed_at_the_close_is_freed_at_the_drop() {
     let mut p = pair(Policies::both(Policy::Mw));
     assert_eq!(round_trip(&mut p, &[1u8; 4096], &[2u8; 4096]), vec![2u8; 4096]);
-    let dev = p.client.nic().device();
+    let (dev, qp) = (p.client.nic().device(), p.client_qp());
     let windows = p.fabric.windows(dev).len();
     assert!(windows > 0, "an mw client has windows");
     p.client.nic().fail_next(Verb::DeallocMw, 1);
     let now = p.now();
     p.client.close(now);
-    assert_eq!(p.client.busy_buffers(), 0);
     assert_eq!(p.fabric.windows(dev).len(), 1, "the one whose deallocation failed is still allocated");
+    assert!(p.fabric.qp_state(qp).is_some(), "the QP was destroyed under a window still allocated");
     let SimPair { fabric, client, .. } = p;
     drop(client);
     assert_eq!(fabric.windows(dev), vec![], "a window outlived its connection");
+    assert_eq!(fabric.qp_state(qp), None, "the QP outlived its connection");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
 }

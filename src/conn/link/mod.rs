@@ -66,6 +66,15 @@ fn destroy_qp<N: Nic>(
     }
 }
 
+/// Keep `qp` (not destroyed: a window of it could not be deallocated) as
+/// a QP whose destroy failed: on a shared queue its route stays, stuck, and
+/// lets its connection go, as `destroy_qp` failing does.
+fn hold_qp(shared: Option<&std::sync::Arc<dyn SharedCq>>, qp: &QpEndpoint) {
+    if let Some(s) = shared {
+        s.retire(qp.qpn, &mut || false);
+    }
+}
+
 /// Deallocate a window of the hub's pool that was lent to a connection
 /// going down (it never goes back to the pool); whether that worked.
 fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
@@ -644,27 +653,29 @@ impl<N: Nic> Link<N> {
             return;
         }
         // The QP is in ERR (unless moving it there failed: then the destroy
-        // is the evidence, if it works). Free the windows first (freeing a bound window invalidates it without an
-        // invalidation work request); rxe stalls ~50 s destroying a QP that
-        // still has valid windows bound to it. One whose deallocation fails
-        // is kept and tried again at the drop (a window left allocated
-        // keeps its protection domain from being freed).
-        let nic = &self.nic;
-        self.windows.retain(|&w| match nic.dealloc_mw(w) {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::warn!(%e, window = w.raw(), "deallocating a window at the close failed: tried again when the connection is dropped");
-                true
-            }
-        });
-        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
-        if let Err(e) = destroy_qp(&self.nic, self.shared.as_ref(), &self.local) {
+        // is the evidence, if it works). Free the windows first (freeing a
+        // bound window invalidates it without an invalidation work request).
+        // A window whose deallocation fails is kept, and the QP is not
+        // destroyed under it: rxe stalls ~50 s destroying a QP that still
+        // has a valid window bound to it, and then frees the QP while the
+        // window still points at it (its later deallocation, or the
+        // process's end, would invalidate through the freed QP). The QP
+        // then counts as stuck until the drop, which tries the windows
+        // again and, once none is left, the destroy.
+        let failed = if self.free_windows() {
+            hold_qp(self.shared.as_ref(), &self.local);
+            Some("a memory window of it could not be deallocated, so it was not destroyed".to_string())
+        } else {
+            destroy_qp(&self.nic, self.shared.as_ref(), &self.local).err().map(|e| e.to_string())
+        };
+        if let Some(why) = failed {
             // No evidence: the QP may still reach every buffer it could
             // (a READ not flushed may still land, a window not freed may
-            // still be read). They stay with it, for good.
+            // still be read). They stay with it until the drop destroys it,
+            // or for good.
             self.qp = QpFate::Stuck;
             let kept = self.conn.handle_qp_stuck(now);
-            tracing::warn!(%e, kept, "destroying the QP failed: the buffers and ranges it could still reach are never used again (the memory is released when the process ends)");
+            tracing::warn!(why, kept, "the QP is still alive after the close: the buffers and ranges it could still reach are not used again until it is destroyed (tried once more when the connection is dropped; otherwise the memory is released when the process ends)");
             // Its share of the shared receives stays taken too: the QP may
             // still take receives.
             self.run();
@@ -677,6 +688,24 @@ impl<N: Nic> Link<N> {
     }
 }
 
+impl<N: Nic> Link<N> {
+    /// Deallocate the connection's windows and the shared pool's windows
+    /// lent to it; one whose deallocation fails is kept (to be tried
+    /// again). Returns whether any is left.
+    fn free_windows(&mut self) -> bool {
+        let nic = &self.nic;
+        self.windows.retain(|&w| match nic.dealloc_mw(w) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(%e, window = w.raw(), "deallocating a window at the close failed: its queue pair is not destroyed under it; tried again when the connection is dropped");
+                true
+            }
+        });
+        let lent_left = self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
+        !self.windows.is_empty() || lent_left
+    }
+}
+
 impl<N: Nic> Drop for Link<N> {
     fn drop(&mut self) {
         // Order: QP to ERR (no more remote access), windows freed, QP
@@ -684,13 +713,14 @@ impl<N: Nic> Drop for Link<N> {
         if self.qp != QpFate::Destroyed {
             let _ = self.nic.set_qp_error(self.local.id);
         }
-        for w in self.windows.drain(..) {
-            let _ = self.nic.dealloc_mw(w);
-        }
-        self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
-        // A QP whose destroy failed in `finish_close` is tried once more.
-        let gone =
-            self.qp == QpFate::Destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
+        // Windows whose deallocation failed in `finish_close` (or all of
+        // them, if it never ran) are tried once more; a QP whose destroy
+        // failed or was held back there, too, unless a window is still
+        // allocated (see `finish_close`: the QP then stays, with all it
+        // could reach).
+        let windows_left = self.free_windows();
+        let gone = self.qp == QpFate::Destroyed
+            || (!windows_left && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok());
         if gone {
             // Nothing can read the endpoint's regions, or the hub's send
             // slots it holds, through it any more.

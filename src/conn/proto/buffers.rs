@@ -398,9 +398,9 @@ impl Connection {
     /// `dealloc` says whether the window was deallocated; one that was not
     /// never goes back to the pool either (still counted among its
     /// windows), and is tried again at the next call (the link's drop
-    /// makes one).
-    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) {
-        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return };
+    /// makes one). Returns whether any is left.
+    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) -> bool {
+        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return false };
         // One whose deallocation fails stays, to be tried again (the link's
         // drop calls this once more).
         let mut n = 0;
@@ -409,7 +409,9 @@ impl Connection {
             n += u32::from(gone);
             !gone
         });
+        let left = !lent.is_empty();
         self.bufs.windows_dropped(n);
+        left
     }
 
     /// At the link's drop: if `gone` (the QP destroyed, the windows freed),
