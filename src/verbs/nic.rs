@@ -636,7 +636,7 @@ impl NicOps for VerbsNic {
         let slot = self.qp(qp)?;
         // mwcap posts one or two requests at a time (a bind chained with its
         // grant's SEND): those are built in arrays of two, which every post
-        // fills, zeroes and moves (with room for MAX_CHAIN, about 1,500
+        // zeroes and fills (with room for MAX_CHAIN, about 1,500
         // instructions more a call on rxe, under callgrind).
         if wrs.len() <= 2 {
             self.post_chain::<2, { 2 * MAX_SGE }>(&slot, wrs)

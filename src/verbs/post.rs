@@ -359,7 +359,7 @@ impl<const N: usize> SendChain<'_, N> {
         // it points to live in `self` until the call returns (the provider
         // copies them into its queue); every local address is inside a
         // registered region that outlives the call (the `Slice` borrows
-        // checked at `prepare_send`); every bound window is locked; the
+        // checked at `push`); every bound window is locked; the
         // struct layouts match the C headers (tests/verbs_layout.rs).
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
         // Which requests the provider took: those before `bad` (pointer
