@@ -451,18 +451,27 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
 /// either not destroyed or (its window not freed) not destroyed under the
 /// window, keeps the pool's buffer it exposed (the peer may still READ
 /// it), and gives it back once the link's drop frees the window and
-/// destroys the QP. (Before, the buffers stayed out of the pool for good,
-/// and a window whose deallocation failed stayed allocated, its QP
-/// destroyed under it.)
+/// destroys the QP. A window that cannot be freed at the drop either does
+/// not keep the QP: the connection's route on the endpoint goes, so the
+/// endpoint counts no connection and no reserved entries. (Before, the
+/// buffers stayed out of the pool for good, and a window whose
+/// deallocation failed stayed allocated, its QP destroyed under it.)
 #[test]
 fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
-    for fails in [[Verb::SetQpError, Verb::DestroyQp], [Verb::SetQpError, Verb::DeallocMw]] {
+    // What fails: at the close, and (the window's deallocation) at the drop.
+    for (fails, again) in [
+        ([Verb::SetQpError, Verb::DestroyQp], false),
+        ([Verb::SetQpError, Verb::DeallocMw], false),
+        ([Verb::SetQpError, Verb::DeallocMw], true),
+    ] {
         let fabric = Fabric::with_seed(9);
         let silent_nic = fabric.add_device(DeviceConfig::spec().named("silent"));
         let sn = fabric.add_device(DeviceConfig::spec().named("s"));
         let sdev = sn.device();
         let mut pool = LocalPool::new();
         let sh = small_pool_endpoint(&pool, sn.clone(), 3);
+        // What the endpoint reserves with no connection (its shared receives).
+        let base = sh.stats().reserved_entries;
         let (a, mut silent, silent_qp) = hand_driven_client(&sh, &silent_nic);
         spawn(&pool, serve_fixed(a.clone(), 0xaa, || {}));
         call_and_wait_for_the_reply_window(&mut pool, &fabric, sdev, &mut silent, silent_qp);
@@ -470,6 +479,9 @@ fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
         // Nothing at the close says the peer cannot READ the buffer.
         for verb in fails {
             sn.fail_next(verb, 1);
+        }
+        if again {
+            sn.fail_next(Verb::DeallocMw, 2);
         }
         a.close();
         assert_eq!(pool.run_until(a.finished()), LossReason::Closed);
@@ -487,12 +499,21 @@ fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
             (3, 0),
             "{fails:?}: every buffer back once the QP is destroyed: {st:?}"
         );
-        // The lent window was deallocated (at the close, or at the drop if
-        // that failed), never given back: the other two are the pool's,
-        // and nothing else is allocated.
-        assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{fails:?}: {st:?}");
-        assert_eq!(fabric.windows(sdev).len(), 2, "{fails:?}");
-        assert!(fabric.hazards().is_empty(), "{fails:?}: {:?}", fabric.hazards());
+        let es = sh.stats();
+        assert_eq!((es.connections, es.reserved_entries), (0, base), "{fails:?} {again}: {es:?}");
+        if again {
+            // The window could not go: still allocated, still the pool's
+            // count, never lent again.
+            assert_eq!((st.windows, st.windows_free, st.windows_dropped), (3, 2, 0), "{st:?}");
+            assert_eq!(fabric.windows(sdev).len(), 3);
+        } else {
+            // The lent window was deallocated (at the close, or at the drop
+            // if that failed), never given back: the other two are the
+            // pool's, and nothing else is allocated.
+            assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{fails:?}: {st:?}");
+            assert_eq!(fabric.windows(sdev).len(), 2, "{fails:?}");
+        }
+        assert!(fabric.hazards().is_empty(), "{fails:?} {again}: {:?}", fabric.hazards());
     }
 }
 

@@ -656,12 +656,12 @@ impl<N: Nic> Link<N> {
         // is the evidence, if it works). Free the windows first (freeing a
         // bound window invalidates it without an invalidation work request).
         // A window whose deallocation fails is kept, and the QP is not
-        // destroyed under it: rxe stalls ~50 s destroying a QP that still
-        // has a valid window bound to it, and then frees the QP while the
-        // window still points at it (its later deallocation, or the
+        // destroyed under it now: rxe stalls ~50 s destroying a QP that
+        // still has a valid window bound to it, and then frees the QP while
+        // the window still points at it (its later deallocation, or the
         // process's end, would invalidate through the freed QP). The QP
-        // then counts as stuck until the drop, which tries the windows
-        // again and, once none is left, the destroy.
+        // counts as stuck until the drop, which tries the windows again
+        // before the destroy.
         let failed = if self.free_windows() {
             hold_qp(self.shared.as_ref(), &self.local);
             Some("a memory window of it could not be deallocated, so it was not destroyed".to_string())
@@ -714,13 +714,17 @@ impl<N: Nic> Drop for Link<N> {
             let _ = self.nic.set_qp_error(self.local.id);
         }
         // Windows whose deallocation failed in `finish_close` (or all of
-        // them, if it never ran) are tried once more; a QP whose destroy
-        // failed or was held back there, too, unless a window is still
-        // allocated (see `finish_close`: the QP then stays, with all it
-        // could reach).
-        let windows_left = self.free_windows();
-        let gone = self.qp == QpFate::Destroyed
-            || (!windows_left && destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok());
+        // them, if it never ran) are tried once more, before a QP whose
+        // destroy failed or was held back there is tried again. A window
+        // that still cannot go does not hold the QP back now: the NIC
+        // handle's own end destroys its QPs anyway, and a QP kept alive
+        // here would leave its route on the endpoint's queue stuck for
+        // good (its number, once the device reuses it, taken twice).
+        if self.free_windows() {
+            tracing::warn!("a memory window could not be deallocated at the connection's drop either: its queue pair is destroyed under it (rxe may stall on the destroy)");
+        }
+        let gone =
+            self.qp == QpFate::Destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
         if gone {
             // Nothing can read the endpoint's regions, or the hub's send
             // slots it holds, through it any more.
