@@ -75,18 +75,6 @@ fn hold_qp(shared: Option<&std::sync::Arc<dyn SharedCq>>, qp: &QpEndpoint) {
     }
 }
 
-/// Deallocate a window of the hub's pool that was lent to a connection
-/// going down (it never goes back to the pool); whether that worked.
-fn dealloc_lent<N: Nic>(nic: &N, w: MwId) -> bool {
-    match nic.dealloc_mw(w) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(%e, window = w.raw(), "deallocating a shared window lent to a closed connection failed: it stays out of the pool");
-            false
-        }
-    }
-}
-
 /// What became of a link's QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QpFate {
@@ -662,9 +650,9 @@ impl<N: Nic> Link<N> {
         // process's end, would invalidate through the freed QP). The QP
         // counts as stuck until the drop, which tries the windows again
         // before the destroy.
-        let failed = if self.free_windows() {
+        let failed = if let Some(left) = self.free_windows() {
             hold_qp(self.shared.as_ref(), &self.local);
-            Some("a memory window of it could not be deallocated, so it was not destroyed".to_string())
+            Some(format!("{left}, so it was not destroyed under them"))
         } else {
             destroy_qp(&self.nic, self.shared.as_ref(), &self.local).err().map(|e| e.to_string())
         };
@@ -690,19 +678,16 @@ impl<N: Nic> Link<N> {
 
 impl<N: Nic> Link<N> {
     /// Deallocate the connection's windows and the shared pool's windows
-    /// lent to it; one whose deallocation fails is kept (to be tried
-    /// again). Returns whether any is left.
-    fn free_windows(&mut self) -> bool {
+    /// lent to it (lent ones never go back to the pool); one whose
+    /// deallocation fails is kept, to be tried again. `None` once all are
+    /// gone; otherwise what is left, for the caller's one warning.
+    fn free_windows(&mut self) -> Option<String> {
         let nic = &self.nic;
-        self.windows.retain(|&w| match nic.dealloc_mw(w) {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::warn!(%e, window = w.raw(), "deallocating a window at the close failed: its queue pair is not destroyed under it; tried again when the connection is dropped");
-                true
-            }
-        });
-        let lent_left = self.conn.release_lent_windows(|w| dealloc_lent(&self.nic, w));
-        !self.windows.is_empty() || lent_left
+        let mut last = None;
+        let mut dealloc = |w: MwId| nic.dealloc_mw(w).map_err(|e| last = Some(e)).is_ok();
+        self.windows.retain(|&w| !dealloc(w));
+        let lent = self.conn.release_lent_windows(&mut dealloc);
+        last.map(|e| format!("{} memory window(s) of its own and {lent} lent by the shared pool could not be deallocated ({e})", self.windows.len()))
     }
 }
 
@@ -720,8 +705,8 @@ impl<N: Nic> Drop for Link<N> {
         // handle's own end destroys its QPs anyway, and a QP kept alive
         // here would leave its route on the endpoint's queue stuck for
         // good (its number, once the device reuses it, taken twice).
-        if self.free_windows() {
-            tracing::warn!("a memory window could not be deallocated at the connection's drop either: its queue pair is destroyed under it (rxe may stall on the destroy)");
+        if let Some(left) = self.free_windows() {
+            tracing::warn!(%left, "deallocating memory windows failed again at the connection's drop: its queue pair is destroyed under them (rxe may stall on the destroy), and they stay allocated until the device is closed");
         }
         let gone =
             self.qp == QpFate::Destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();

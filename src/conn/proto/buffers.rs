@@ -398,18 +398,16 @@ impl Connection {
     /// `dealloc` says whether the window was deallocated; one that was not
     /// never goes back to the pool either (still counted among its
     /// windows), and is tried again at the next call (the link's drop
-    /// makes one). Returns whether any is left.
-    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) -> bool {
-        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return false };
-        // One whose deallocation fails stays, to be tried again (the link's
-        // drop calls this once more).
+    /// makes one). Returns how many are left.
+    pub(crate) fn release_lent_windows(&mut self, mut dealloc: impl FnMut(MwId) -> bool) -> usize {
+        let Some(lent) = self.owner.as_mut().and_then(|o| o.lent.as_mut()) else { return 0 };
         let mut n = 0;
         lent.retain(|_, w| {
             let gone = dealloc(MwId::from_raw(*w));
             n += u32::from(gone);
             !gone
         });
-        let left = !lent.is_empty();
+        let left = lent.len();
         self.bufs.windows_dropped(n);
         left
     }
