@@ -421,7 +421,7 @@ impl Default for Config {
 
 impl Config {
     /// Control slots for SENDs: `send_slots`, or `ctrl_slots`.
-    pub fn sends(&self) -> u32 {
+    pub(crate) fn sends(&self) -> u32 {
         self.send_slots.unwrap_or(self.ctrl_slots)
     }
 

@@ -17,13 +17,6 @@ enum HeaderBytes {
     Shared(std::sync::Arc<[u8]>),
 }
 
-impl Header {
-    /// The bytes, as a vector.
-    pub fn into_vec(self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
-
 impl Default for Header {
     fn default() -> Header {
         Header(HeaderBytes::Inline { len: 0, bytes: [0; INLINE_HEADER] })
@@ -140,7 +133,7 @@ mod tests {
                 // On the heap, and the clone points at the same bytes.
                 assert_eq!(c.as_ptr(), h.as_ptr(), "a clone of a {len}-byte header allocated");
             }
-            assert_eq!(c.into_vec(), bytes);
+            assert_eq!(c.to_vec(), bytes);
         }
         assert_eq!(Header::default(), b"");
         assert_ne!(Header::from(b"a"), Header::from(b"ab"));
