@@ -32,12 +32,22 @@ pub(super) struct Member {
 }
 
 impl State {
+    /// Members on the pool now.
+    pub(super) fn live(&self) -> u32 {
+        (self.members.len() - self.vacant.len()) as u32
+    }
+
+    /// Windows allocated and not deallocated: free, or lent to a connection.
+    pub(super) fn windows_live(&self) -> u32 {
+        (self.windows_allocated - self.windows_dropped) as u32
+    }
+
     /// Each member's guaranteed share of a class of `count` buffers: the
     /// buffers divided by the members, rounded down. With more members
     /// than buffers it is none: nobody is owed a buffer, and every take
     /// while others wait goes through the queue.
     pub(super) fn share(&self, count: u32) -> u32 {
-        count / self.live.max(1)
+        count / self.live().max(1)
     }
 
     /// Whether member `m` was woken from queue `k` and has not tried since.

@@ -117,8 +117,6 @@ struct State {
     members: Vec<Member>,
     /// Ids of members that left, for the next to join.
     vacant: Vec<u32>,
-    /// Members on the pool now.
-    live: u32,
     /// Members waiting for each class, in the order they came, each with
     /// whether it waits only for an outgoing payload (which leaves the
     /// class's reserve); the last queue is the windows'.
@@ -136,8 +134,6 @@ struct State {
     held_bytes: u64,
     /// Unbound windows, with the rkey of their last bind.
     windows: Vec<mw::Window>,
-    /// Windows allocated and not deallocated: free, or lent to a connection.
-    windows_live: u32,
     windows_lent: u64,
     windows_allocated: u64,
     windows_dropped: u64,
@@ -298,7 +294,6 @@ impl BufferPool {
             clock: 0,
             members: Vec::new(),
             vacant: Vec::new(),
-            live: 0,
             queues: vec![std::collections::VecDeque::new(); classes + 1],
             woken_n: vec![0; classes + 1],
             spare: Vec::with_capacity(classes + 1),
@@ -306,7 +301,6 @@ impl BufferPool {
             empty: 0,
             wakeups: 0,
             held_bytes: 0,
-            windows_live: windows.len() as u32,
             windows_lent: 0,
             windows_allocated: windows.len() as u64,
             windows,
@@ -393,10 +387,9 @@ impl BufferPool {
             woken: 0,
             used: 0,
         };
-        st.live += 1;
         // Room in every queue for every member, made now: waiting
         // allocates nothing.
-        let live = st.live as usize;
+        let live = st.live() as usize;
         for q in &mut st.queues {
             if q.capacity() < live {
                 q.reserve(live - q.len());
@@ -425,7 +418,6 @@ impl BufferPool {
             }
             let woken = st.unwake_all(m);
             st.members[m as usize] = Member::default();
-            st.live -= 1;
             st.vacant.push(m);
             self.pass_on(&mut st, woken)
         };
@@ -654,7 +646,7 @@ impl BufferPool {
             empty: st.empty,
             wakeups: st.wakeups,
             waiting: st.members.iter().filter(|m| m.queued != 0).count() as u32,
-            windows: st.windows_live,
+            windows: st.windows_live(),
             windows_free: st.windows.len() as u32,
             windows_lent: st.windows_lent,
             windows_allocated: st.windows_allocated,

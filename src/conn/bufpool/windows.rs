@@ -26,7 +26,6 @@ impl BufferPool {
         let mut st = self.0.state.lock();
         let (taken, wake) = match made {
             Ok(w) => {
-                st.windows_live += 1;
                 st.windows_allocated += 1;
                 st.windows_lent += 1;
                 st.unwake(m, wk);
@@ -43,7 +42,7 @@ impl BufferPool {
                     if st.window_waits % 1024 == 0 {
                         tracing::warn!(
                             %e,
-                            live = st.windows_live,
+                            live = st.windows_live(),
                             waits = st.window_waits + 1,
                             "no memory window for an exposure and none can be allocated: waiting for one to come back"
                         );
@@ -87,7 +86,6 @@ impl BufferPool {
         let wk = self.0.sizes.len();
         let wake = {
             let mut st = self.0.state.lock();
-            st.windows_live -= n;
             st.windows_dropped += u64::from(n);
             st.wake_next(wk, None, 0)
         };

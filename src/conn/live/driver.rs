@@ -111,24 +111,40 @@ impl<N: Nic> Future for CallFuture<'_, N> {
     type Output = CallResult;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult> {
         let this = self.get_mut();
-        let mut r = Pin::new(&mut this.handle).poll(cx);
-        if r.is_pending() && !this.inner.spin.is_zero() && this.spin.turn(this.inner, this.inner.spin) {
-            r = Pin::new(&mut this.handle).poll(cx);
+        let handle = &mut this.handle;
+        let r = this.spin.wait(this.inner, this.inner.spin, cx, |cx| Pin::new(&mut *handle).poll(cx));
+        if r.is_ready() {
+            this.done = true;
+        }
+        r
+    }
+}
+
+impl Spin {
+    /// A waiter's poll: what `take` finds; if nothing, a turn of the
+    /// connection taken here while the `window` allows (then the waiter
+    /// yields and looks again), and otherwise the wait for the driver.
+    #[inline]
+    pub(crate) fn wait<N: Nic, T>(
+        &mut self,
+        inner: &Inner<N>,
+        window: Duration,
+        cx: &mut Context<'_>,
+        mut take: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let mut r = take(cx);
+        if r.is_pending() && !window.is_zero() && self.turn(inner, window) {
+            r = take(cx);
             if r.is_pending() {
                 // Yield, then look again.
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
         }
-        if r.is_ready() {
-            this.done = true;
-        }
-        this.spin.stop(this.inner, r.is_ready());
+        self.stop(inner, r.is_ready());
         r
     }
-}
 
-impl Spin {
     /// While the waiter may spin (its `window` is open and no other waiter
     /// of the connection spins): take a turn of the connection and return
     /// true.
@@ -218,8 +234,8 @@ pub(crate) struct NextRequest<'a, N: Nic> {
 impl<N: Nic> NextRequest<'_, N> {
     /// A request, or the end, if either is there.
     #[inline]
-    pub(crate) fn take(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
-        let mut st = self.inner.state.lock();
+    pub(crate) fn take(inner: &Inner<N>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        let mut st = inner.state.lock();
         if let Some(r) = st.requests.pop_front() {
             return Poll::Ready(Some(r));
         }
@@ -235,18 +251,8 @@ impl<N: Nic> Future for NextRequest<'_, N> {
     type Output = Option<Request>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
         let this = self.get_mut();
-        let mut r = this.take(cx);
-        let window = this.inner.serve_spin;
-        if r.is_pending() && !window.is_zero() && this.spin.turn(this.inner, window) {
-            r = this.take(cx);
-            if r.is_pending() {
-                // Yield, then look again.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        }
-        this.spin.stop(this.inner, r.is_ready());
-        r
+        let inner = this.inner;
+        this.spin.wait(inner, inner.serve_spin, cx, |cx| NextRequest::take(inner, cx))
     }
 }
 

@@ -408,19 +408,7 @@ impl<N: Nic> Connection<N> {
     /// Take a free buffer from the pool, waiting until one is free. Fails
     /// only when the connection is down.
     pub async fn alloc(&self) -> Result<Buf, UseError> {
-        poll_fn(|cx| {
-            let mut st = self.inner.state.lock();
-            if let Some(r) = &st.down {
-                return Poll::Ready(Err(UseError::Down(r.clone())));
-            }
-            st.capacity_polled = st.capacity_wakes;
-            if let Some(b) = st.ep.alloc() {
-                return Poll::Ready(Ok(b));
-            }
-            self.wait_for_buffer(&mut st, cx.waker());
-            Poll::Pending
-        })
-        .await
+        self.alloc_with(|ep| Ok(ep.alloc())).await
     }
 
     /// Take the smallest free buffer that holds `len` bytes (the standard
@@ -428,19 +416,28 @@ impl<N: Nic> Connection<N> {
     /// waiting until one is free. Fails when no buffer is that large, or
     /// the connection is down.
     pub async fn alloc_for(&self, len: usize) -> Result<Buf, UseError> {
+        self.alloc_with(|ep| ep.alloc_for(len)).await
+    }
+
+    /// A buffer from `take`, waiting while it finds none free.
+    async fn alloc_with(
+        &self,
+        take: impl Fn(&mut Link<N>) -> Result<Option<Buf>, UseError>,
+    ) -> Result<Buf, UseError> {
         poll_fn(|cx| {
             let mut st = self.inner.state.lock();
             if let Some(r) = &st.down {
                 return Poll::Ready(Err(UseError::Down(r.clone())));
             }
             st.capacity_polled = st.capacity_wakes;
-            match st.ep.alloc_for(len) {
-                Ok(Some(b)) => return Poll::Ready(Ok(b)),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(e)),
+            match take(&mut st.ep) {
+                Ok(Some(b)) => Poll::Ready(Ok(b)),
+                Ok(None) => {
+                    self.wait_for_buffer(&mut st, cx.waker());
+                    Poll::Pending
+                }
+                Err(e) => Poll::Ready(Err(e)),
             }
-            self.wait_for_buffer(&mut st, cx.waker());
-            Poll::Pending
         })
         .await
     }
@@ -614,12 +611,11 @@ impl<N: Nic> Connection<N> {
     /// With [`Config::serve_busy_poll`](super::Config::serve_busy_poll)
     /// set, a wait first takes the connection's turns itself for that long.
     pub async fn next_request(&self) -> Option<Request> {
-        let waiting = driver::NextRequest { inner: &self.inner, spin: driver::Spin::default() };
         if self.inner.serve_spin.is_zero() {
             // No spin: the plain wait, without a spinner's state.
-            poll_fn(|cx| waiting.take(cx)).await
+            poll_fn(|cx| driver::NextRequest::take(&self.inner, cx)).await
         } else {
-            waiting.await
+            driver::NextRequest { inner: &self.inner, spin: driver::Spin::default() }.await
         }
     }
 

@@ -264,11 +264,10 @@ impl Connection {
             self.owner_action(now, a, if chained { Some(&mut *frame) } else { None });
         }
         if !sent {
-            if let Err(e) = self.send_frame(frame, None) {
-                // The call or reply is committed: going down fails it with the
-                // reason, and its buffer returns on the flush evidence.
-                self.go_down(now, LossReason::Nic(e));
-            }
+            // The call or reply is committed: a failure takes the connection
+            // down, which fails it with the reason, and its buffer returns on
+            // the flush evidence.
+            self.send_frame(now, frame, None);
         }
     }
 

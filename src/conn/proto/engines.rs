@@ -120,9 +120,7 @@ impl Connection {
                     len: b.buffer.len as usize,
                     access: Access::REMOTE_READ,
                 };
-                if let Err(e) = self.send_frame(frame, Some((bind, b.send_token.wr_id()))) {
-                    self.go_down(now, LossReason::Nic(e));
-                }
+                self.send_frame(now, frame, Some((bind, b.send_token.wr_id())));
             }
             mw::OwnerAction::Invalidate { token, rkey, .. } => {
                 self.post(SendWr::LocalInv { wr_id: token.wr_id(), signaled: true, rkey });
@@ -142,10 +140,7 @@ impl Connection {
                 self.post_read(token.wr_id(), MrId(dest.mr), dest.offset as usize, remote_addr, rkey, len);
             }
             mw::ReaderAction::SendRelease(r) => {
-                let f = Frame::Engine(mw_attach(&mw::Message::Release(r)));
-                if let Err(e) = self.send_frame(&f, None) {
-                    self.go_down(now, LossReason::Nic(e));
-                }
+                self.send_frame(now, &Frame::Engine(mw_attach(&mw::Message::Release(r))), None);
             }
             mw::ReaderAction::FlushQp => self.go_down(now, LossReason::ReadHung),
         }
@@ -159,11 +154,7 @@ impl Connection {
                 let attach = fb_attach(&m);
                 match frame {
                     Some(f) => push_attach(f, attach),
-                    None => {
-                        if let Err(e) = self.send_frame(&Frame::Engine(attach), None) {
-                            self.go_down(now, LossReason::Nic(e));
-                        }
-                    }
+                    None => _ = self.send_frame(now, &Frame::Engine(attach), None),
                 }
             }
         }

@@ -95,10 +95,7 @@ impl Connection {
         // (Without credit or a send slot it waits in the backlog.)
         if self.reclaim_at().is_some_and(|t| now >= t) {
             let keep = self.cfg.start_credits;
-            match self.send_frame(&Frame::GiveBack { keep }, None) {
-                Ok(()) => self.giving_back = true,
-                Err(e) => self.go_down(now, LossReason::Nic(e)),
-            }
+            self.giving_back = self.send_frame(now, &Frame::GiveBack { keep }, None);
         }
     }
 
@@ -127,9 +124,7 @@ impl Connection {
     /// answered with a `Busy` frame.
     fn answer_busy(&mut self, now: Duration, msg: u64) {
         let limit = self.cfg.max_requests;
-        if let Err(e) = self.send_frame(&Frame::Busy { msg_id: msg, limit }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
+        self.send_frame(now, &Frame::Busy { msg_id: msg, limit }, None);
     }
 
     /// The peer, on shared receives, asks for its credit back: keep
@@ -142,9 +137,7 @@ impl Connection {
         let count = self.credits.saturating_sub(keep.max(MIN_START_CREDITS));
         self.credits -= count;
         self.stats.credits_returned += u64::from(count);
-        if let Err(e) = self.send_frame(&Frame::Returned { count }, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
+        self.send_frame(now, &Frame::Returned { count }, None);
     }
 
     /// The peer gave back `count` credits, answering our `GiveBack`: the

@@ -109,11 +109,7 @@ impl Connection {
                 self.on_reply(now, msg_id, status, header, inline, attach)
             }
             (Received::Engine(engine, bytes), _) => self.on_attach(now, None, engine, bytes),
-            (Received::Ping { seq }, _) => {
-                if let Err(e) = self.send_frame(&Frame::Pong { seq }, None) {
-                    self.go_down(now, LossReason::Nic(e));
-                }
-            }
+            (Received::Ping { seq }, _) => _ = self.send_frame(now, &Frame::Pong { seq }, None),
             (Received::Pong { seq }, _) => {
                 // Only the pong of the outstanding ping answers it (see
                 // `Config::keepalive`: what a ping proves); another is
@@ -643,10 +639,7 @@ impl Connection {
         if self.down.is_some() {
             return;
         }
-        let f = Frame::Engine(super::mw_attach(&mw::Message::Release(rel)));
-        if let Err(e) = self.send_frame(&f, None) {
-            self.go_down(now, LossReason::Nic(e));
-        }
+        self.send_frame(now, &Frame::Engine(super::mw_attach(&mw::Message::Release(rel))), None);
     }
 
     pub(super) fn fb_events(&mut self, now: Duration) -> bool {

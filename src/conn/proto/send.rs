@@ -6,6 +6,7 @@ use super::super::pool::Holder;
 use super::super::types::*;
 use super::{wr, Chain, Command, Connection, Staged, TAG_SEND};
 use crate::backend::{NicError, SendWr, Sge, SgeList};
+use std::time::Duration;
 
 impl Connection {
     /// Carry out every command in place, in order: `run` gets each with
@@ -83,30 +84,38 @@ impl Connection {
     /// with no chain that finds no credit or send slot (or older frames
     /// waiting) waits in the backlog; a chained one must find both (calls
     /// and replies check first, see [`Connection::send_capacity`]).
-    pub(super) fn send_frame(&mut self, f: &Frame, chain: Option<(SendWr, u64)>) -> Result<(), NicError> {
+    /// Returns whether it went or waits; otherwise (it does not encode, or
+    /// a chained one found no credit or slot) the connection went down.
+    pub(super) fn send_frame(&mut self, now: Duration, f: &Frame, chain: Option<(SendWr, u64)>) -> bool {
         let need = Self::credits_needed(f.kind_byte());
         let waits = !self.backlog.is_empty() && !matches!(f, Frame::Credit);
-        if chain.is_none() && (waits || !self.can_send(need)) {
-            return self.defer(f, need);
-        }
-        if !self.can_send(need) {
+        let e = if chain.is_none() && (waits || !self.can_send(need)) {
+            match self.defer(f, need) {
+                Ok(()) => return true,
+                Err(e) => e,
+            }
+        } else if !self.can_send(need) {
             let (queue, depth) = if self.credits < need {
                 ("peer receive credits", self.credits)
             } else {
                 ("control send slots", self.cfg.sends())
             };
-            return Err(NicError::QueueFull { queue, depth });
-        }
-        let start = self.stage_start();
-        let grant = self.owed.min(u32::from(u16::MAX)) as u16;
-        let len = match f.encode_with_credit(grant, &mut self.tx[start..start + MAX_FRAME]) {
-            Ok(n) => n,
-            Err(e) => return Err(NicError::InvalidWr(e.to_string())),
+            NicError::QueueFull { queue, depth }
+        } else {
+            let start = self.stage_start();
+            let grant = self.owed.min(u32::from(u16::MAX)) as u16;
+            match f.encode_with_credit(grant, &mut self.tx[start..start + MAX_FRAME]) {
+                Ok(len) => {
+                    self.owed -= u32::from(grant);
+                    self.granted_total += u64::from(grant);
+                    self.post_staged(start, len, chain);
+                    return true;
+                }
+                Err(e) => NicError::InvalidWr(e.to_string()),
+            }
         };
-        self.owed -= u32::from(grant);
-        self.granted_total += u64::from(grant);
-        self.post_staged(start, len, chain);
-        Ok(())
+        self.go_down(now, LossReason::Nic(e));
+        false
     }
 
     /// Whether frames wait in the backlog for a send slot or credit.
@@ -272,9 +281,7 @@ impl Connection {
         let threshold = (self.share / 2).max(2);
         if self.owed >= threshold && self.down.is_none() && self.can_send(1) {
             self.stats.credit_frames += 1;
-            if let Err(e) = self.send_frame(&Frame::Credit, None) {
-                self.go_down(self.now, LossReason::Nic(e));
-            }
+            self.send_frame(self.now, &Frame::Credit, None);
         }
     }
 }

@@ -56,8 +56,8 @@ impl Connection {
             Some(_) => {}
             None if now >= answered + k.interval => {
                 let seq = self.next_ping;
-                // No free send slot means traffic is flowing: try later.
-                if self.send_frame(&Frame::Ping { seq }, None).is_ok() {
+                // (Without a send slot or credit it waits in the backlog.)
+                if self.send_frame(now, &Frame::Ping { seq }, None) {
                     self.next_ping += 1;
                     self.ping = Some((seq, now));
                 }
