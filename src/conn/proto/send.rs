@@ -84,13 +84,15 @@ impl Connection {
     /// with no chain that finds no credit or send slot (or older frames
     /// waiting) waits in the backlog; a chained one must find both (calls
     /// and replies check first, see [`Connection::send_capacity`]).
-    /// Returns whether it went or waits; otherwise (it does not encode, or
-    /// a chained one found no credit or slot) the connection went down.
+    /// Returns false when it could not go (it does not encode, or a chained
+    /// one found no credit or slot): the connection went down with that
+    /// error. (One that waits past the backlog's bound takes the
+    /// connection down too, as withholding credit, and returns true.)
     pub(super) fn send_frame(&mut self, now: Duration, f: &Frame, chain: Option<(SendWr, u64)>) -> bool {
         let need = Self::credits_needed(f.kind_byte());
         let waits = !self.backlog.is_empty() && !matches!(f, Frame::Credit);
         let e = if chain.is_none() && (waits || !self.can_send(need)) {
-            match self.defer(f, need) {
+            match self.defer(now, f, need) {
                 Ok(()) => return true,
                 Err(e) => e,
             }
@@ -210,11 +212,11 @@ impl Connection {
     /// wait than it could ever cause ([`Connection::backlog_max`]) the
     /// peer withholds credit, and the connection goes down rather than
     /// queue without bound.
-    pub(super) fn defer(&mut self, f: &Frame, need: u32) -> Result<(), NicError> {
+    pub(super) fn defer(&mut self, now: Duration, f: &Frame, need: u32) -> Result<(), NicError> {
         if self.backlog.len() >= self.backlog_max() {
             let queued = self.backlog.len();
             tracing::warn!(queued, "peer withholds receive credit");
-            self.go_down(self.now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));
+            self.go_down(now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));
             return Ok(());
         }
         let start = self.backlog_bytes.len();
