@@ -84,19 +84,16 @@ impl Connection {
     /// with no chain that finds no credit or send slot (or older frames
     /// waiting) waits in the backlog; a chained one must find both (calls
     /// and replies check first, see [`Connection::send_capacity`]).
-    /// Returns false when it could not go (it does not encode, or a chained
-    /// one found no credit or slot): the connection went down with that
-    /// error. (One that waits past the backlog's bound takes the
-    /// connection down too, as withholding credit, and returns true.)
+    /// Returns whether it went or waits; otherwise (it does not encode, a
+    /// chained one found no credit or slot, or the backlog is past its
+    /// bound) the connection went down with the reason.
     pub(super) fn send_frame(&mut self, now: Duration, f: &Frame, chain: Option<(SendWr, u64)>) -> bool {
         let need = Self::credits_needed(f.kind_byte());
         let waits = !self.backlog.is_empty() && !matches!(f, Frame::Credit);
-        let e = if chain.is_none() && (waits || !self.can_send(need)) {
-            match self.defer(now, f, need) {
-                Ok(()) => return true,
-                Err(e) => e,
-            }
-        } else if !self.can_send(need) {
+        if chain.is_none() && (waits || !self.can_send(need)) {
+            return self.defer(now, f, need);
+        }
+        let e = if !self.can_send(need) {
             let (queue, depth) = if self.credits < need {
                 ("peer receive credits", self.credits)
             } else {
@@ -211,13 +208,14 @@ impl Connection {
     /// peer grants credit as it reposts its receives; when more frames
     /// wait than it could ever cause ([`Connection::backlog_max`]) the
     /// peer withholds credit, and the connection goes down rather than
-    /// queue without bound.
-    pub(super) fn defer(&mut self, now: Duration, f: &Frame, need: u32) -> Result<(), NicError> {
+    /// queue without bound. Whether `f` waits (otherwise the connection
+    /// went down: for that, or because `f` does not encode).
+    pub(super) fn defer(&mut self, now: Duration, f: &Frame, need: u32) -> bool {
         if self.backlog.len() >= self.backlog_max() {
             let queued = self.backlog.len();
             tracing::warn!(queued, "peer withholds receive credit");
             self.go_down(now, LossReason::PeerMisbehaved(Misbehavior::WithholdsCredit { queued }));
-            return Ok(());
+            return false;
         }
         let start = self.backlog_bytes.len();
         self.backlog_bytes.resize(start + MAX_FRAME, 0);
@@ -228,11 +226,12 @@ impl Connection {
                 if self.credits < need {
                     self.stats.credit_waits += 1;
                 }
-                Ok(())
+                true
             }
             Err(e) => {
                 self.backlog_bytes.truncate(start);
-                Err(NicError::InvalidWr(e.to_string()))
+                self.go_down(now, LossReason::Nic(NicError::InvalidWr(e.to_string())));
+                false
             }
         }
     }
