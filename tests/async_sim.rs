@@ -802,6 +802,58 @@ fn spinning_waiters_do_not_wake_their_drivers_once_a_call() {
     assert_no_hazards(&fabric);
 }
 
+/// A client calling on a thread of its own with a short spin window
+/// (under `LINGER_MIN`, so it never lingers), beside its endpoint's driver
+/// on another thread, as under a multi-threaded executor: on a NIC whose
+/// arm is cheap the driver keeps the queue armed through a waker that
+/// wakes it only while no call polls (`ReadyList::cq_waker`), and each
+/// call spins from before its post, so the reply and whatever the post
+/// set off wake the driver for no call. Before, the driver slept and woke
+/// about once per call (0.6-1.0 sleeps a call), each a wake-up of another
+/// thread. On a device whose arm is dear (`DeviceConfig::rxe`, as verbs)
+/// the driver leaves the queue unarmed while calls poll and is rung as
+/// each call stops: the calls succeed there too.
+#[test]
+fn short_spinning_calls_do_not_wake_their_driver_on_a_cheap_arm() {
+    for (dev, cheap) in [(DeviceConfig::spec(), true), (DeviceConfig::rxe(), false)] {
+        let fabric = Fabric::with_seed(13);
+        let cn = fabric.add_device(dev.clone().named("c"));
+        let sn = fabric.add_device(dev.named("s"));
+        let p = Policies::both(Policy::Mw);
+        let mut ccfg = Config::default();
+        ccfg.busy_poll = Duration::from_micros(400);
+        let ((ce, cd, client), (se, sd, server)) = pair_on(cn, sn, p, ccfg, Config::default());
+        let sdrv = Drive { driver: sd, conn: server.clone(), fabric: fabric.clone() };
+        let sdriving = std::thread::spawn(move || block_on(sdrv.run()));
+        let cdrv = Drive { driver: cd, conn: client.clone(), fabric: fabric.clone() };
+        let cdriving = std::thread::spawn(move || block_on(cdrv.run()));
+        let s2 = server.clone();
+        let serving = std::thread::spawn(move || block_on(echo(s2)));
+        let calls = 2000u64;
+        let c0 = ce.stats().sleeps;
+        block_on(async {
+            for _ in 0..calls {
+                client.call(b"hi", None).await.expect("a reply");
+            }
+        });
+        let slept = ce.stats().sleeps - c0;
+        if cheap {
+            assert!(
+                slept < calls / 4,
+                "over {calls} calls the client's driver slept {slept} times: woken per call"
+            );
+        }
+        assert_eq!(client.stats().calls_failed, 0);
+        client.close();
+        server.close();
+        drop((ce, se));
+        serving.join().unwrap();
+        cdriving.join().unwrap();
+        sdriving.join().unwrap();
+        assert_no_hazards(&fabric);
+    }
+}
+
 /// A pending call takes its connection's turns itself while it busy-polls
 /// (`Config::busy_poll`): it polls the endpoint's shared completion queue
 /// and finds its reply on its own thread. Here the client's endpoint driver

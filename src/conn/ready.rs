@@ -11,20 +11,33 @@
 //! after the clear puts the connection on the list again (another turn).
 //!
 //! A waiter that polls the completion queue itself (it spins,
-//! `live::driver::Spin`) is counted ([`ReadyList::start`],
-//! [`ReadyList::stop`]), and while any does the driver leaves the queue
-//! unarmed. The last to stop rings the doorbell, and the driver reads the
-//! count only after taking the doorbell, so it never sleeps with the queue
-//! unarmed and nobody polling it. A waiter that lingers (a long window,
-//! [`LINGER_MIN`] or more, or a short one while its connection's waits are
-//! quick and a ring would wake another thread, [`ReadyList::rings_local`])
-//! and got what it waited for stops without ringing instead: the queue
+//! `live::driver::Spin`) is counted ([`ReadyList::start`]). How the driver
+//! sleeps meanwhile depends on the NIC's arm:
+//!
+//! - **Dear** (verbs: an arm's event costs system calls to take). While
+//!   any waiter polls, the driver leaves the queue unarmed. The last to
+//!   stop rings the doorbell ([`ReadyList::stop`]), and the driver reads
+//!   the count only after taking the doorbell, so it never sleeps with the
+//!   queue unarmed and nobody polling it.
+//! - **Cheap** (`NicOps::cq_arm_is_cheap`: the simulator). The driver
+//!   keeps the queue armed through [`ReadyList::cq_waker`], which wakes it
+//!   only while no waiter polls; one that fires while a waiter polls marks
+//!   the queue as fired, and the last waiter to stop arms it again instead
+//!   of ringing ([`ReadyList::stop`]). A caller making call after call on
+//!   another thread than the driver's then wakes the driver for none of
+//!   them.
+//!
+//! Either way, a waiter with a long window ([`LINGER_MIN`] or more) that
+//! got what it waited for stops without ringing or arming: the queue
 //! counts as watched until the latest window end published
 //! ([`ReadyList::extend`], [`ReadyList::watched`]), and the driver sleeps
-//! unarmed with its alarm set for it. A lingering waiter whose window starts
-//! when none is open rings (a driver that saw no window may be asleep
-//! without the alarm). Why, and what it saves: `docs/architecture.md`,
-//! "The driver".
+//! unarmed with its alarm set for it (so that what a server posts between
+//! its requests, which its next spinning wait runs, wakes no driver on the
+//! simulator either). A lingering waiter whose window starts when none is
+//! open rings (a driver that saw no window may be asleep without the
+//! alarm).
+//!
+//! Why, and what it saves: `docs/architecture.md`, "The driver".
 //!
 //! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
 
@@ -34,12 +47,18 @@ use std::time::Duration;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
-/// always leaves without waking the driver ([`ReadyList::stop`]; a shorter
-/// one does where the ring would wake another thread, see the module
-/// docs): the driver then wakes on its alarm once per window, and over a
-/// shorter window the alarm's round trip (the alarm thread's wake-up, then
-/// the driver's) would cost more than the ring it saves.
+/// leaves without waking the driver of a queue whose arm is dear
+/// ([`ReadyList::stop`]): the driver then wakes on its alarm once per
+/// window, and over a shorter window the alarm's round trip (the alarm
+/// thread's wake-up, then the driver's) would cost more than the ring it
+/// saves.
 pub const LINGER_MIN: Duration = Duration::from_micros(500);
+
+/// Set beside the count of waiters polling the queue ([`ReadyList::cq_waker`])
+/// when the queue's waker fired while one polled: the queue is no longer
+/// armed, and the last waiter to stop arms it again
+/// ([`ReadyList::stop`]).
+const FIRED: usize = 1 << (usize::BITS - 1);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -68,19 +87,13 @@ pub struct ReadyList<T> {
     /// is one that took the lock before it: the push's ring (read after
     /// the flag by the driver's doorbell) brings the driver back for it.
     pending: AtomicBool,
-    bell: Doorbell,
-    /// Waiters polling the completion queue themselves.
-    spinners: AtomicUsize,
+    /// The doorbell, and the waiters polling the queue: shared with the
+    /// queue's waker, `cq_waker`.
+    signal: std::sync::Arc<Signal>,
+    cq_waker: std::task::Waker,
     /// The latest end of a long spin window, in ns since the endpoint's
     /// epoch ([`ns`]): until then the queue counts as watched.
     watch: AtomicU64,
-    /// The thread ([`thread_mark`]) of the last waiter that rang the
-    /// doorbell as it stopped, until the driver's next loop looks (0).
-    rang_from: AtomicUsize,
-    /// Whether, the last time a stopping waiter rang, the driver then ran
-    /// on that waiter's thread (the executor ran the woken driver where
-    /// it was woken).
-    rings_local: AtomicBool,
 }
 
 impl<T> Default for ReadyList<T> {
@@ -92,14 +105,13 @@ impl<T> Default for ReadyList<T> {
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
+        let signal = std::sync::Arc::new(Signal { bell: Doorbell::new(), spinners: AtomicUsize::new(0) });
         ReadyList {
             list: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
-            bell: Doorbell::new(),
-            spinners: AtomicUsize::new(0),
+            cq_waker: futures::task::waker(signal.clone()),
+            signal,
             watch: AtomicU64::new(0),
-            rang_from: AtomicUsize::new(0),
-            rings_local: AtomicBool::new(true),
         }
     }
 
@@ -118,7 +130,7 @@ impl<T> ReadyList<T> {
             self.pending.store(true, Ordering::Release);
         }
         if ring {
-            self.bell.ring();
+            self.signal.bell.ring();
         }
         true
     }
@@ -156,7 +168,17 @@ impl<T> ReadyList<T> {
     /// and by the last waiter to stop unless it lingers
     /// ([`ReadyList::stop`]).
     pub fn bell(&self) -> &Doorbell {
-        &self.bell
+        &self.signal.bell
+    }
+
+    /// The waker a driver arms a queue whose arm is cheap with: it rings
+    /// the doorbell unless a waiter polls the queue, and then marks the
+    /// queue as fired, for the last waiter to stop to arm it again
+    /// ([`ReadyList::stop`]). It holds only the doorbell and the
+    /// count (no connection, no queue), so a NIC may drop it under its own
+    /// lock.
+    pub fn cq_waker(&self) -> &std::task::Waker {
+        &self.cq_waker
     }
 
     /// A waiter starts polling the completion queue itself. With a long
@@ -167,11 +189,10 @@ impl<T> ReadyList<T> {
     pub fn start(&self, window: Option<(Duration, Duration)>) {
         if let Some((until, now)) = window {
             if self.watch.fetch_max(ns(until), Ordering::AcqRel) <= ns(now) {
-                self.rang_from.store(thread_mark(), Ordering::Relaxed);
-                self.bell.ring();
+                self.signal.bell.ring();
             }
         }
-        self.spinners.fetch_add(1, Ordering::AcqRel);
+        self.signal.spinners.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A long window's waiter's busy turn moved its end to `until`.
@@ -180,10 +201,15 @@ impl<T> ReadyList<T> {
         self.watch.fetch_max(ns(until), Ordering::AcqRel);
     }
 
-    /// A waiter stops polling the queue. The last to stop rings the
-    /// doorbell unless it `lingers` (a long window's waiter that got what
-    /// it waited for) and a window is still open at `now()`, read after
-    /// the count went down: then the queue stays watched until that end.
+    /// A waiter stops polling the queue. Unless it is the last to stop,
+    /// that is all. The last one that `lingers` (a long window's waiter
+    /// that got what it waited for) while a window is still open at
+    /// `now()`, read after the count went down, leaves the queue watched
+    /// until that end. Otherwise the last one rings the doorbell, or if
+    /// the queue's arm is `cheap`, returns true if the queue needs arming
+    /// again (its waker fired while waiters polled, or a window is open,
+    /// so the driver may sleep unarmed): the caller arms it, and rings if
+    /// the arm finds completions.
     ///
     /// Why the read comes after: a driver that saw this waiter counted
     /// ([`ReadyList::waiter_polls`]) read its clock before that, so its
@@ -192,14 +218,24 @@ impl<T> ReadyList<T> {
     /// it ([`ReadyList::watched`]); a window already over may have been
     /// over for the driver too (a waiter polled again only after its
     /// window ended, by a busy executor), and then the driver sleeps
-    /// with the queue unarmed and no alarm, so the waiter rings.
-    pub fn stop(&self, lingers: bool, now: impl FnOnce() -> Duration) {
-        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1
-            && (!lingers || self.watch.load(Ordering::Acquire) <= ns(now()))
-        {
-            self.rang_from.store(thread_mark(), Ordering::Relaxed);
-            self.bell.ring();
+    /// with the queue unarmed and no alarm, so the waiter rings (or arms).
+    pub fn stop(&self, lingers: bool, cheap: bool, now: impl FnOnce() -> Duration) -> bool {
+        let was = self.signal.spinners.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            Some(if s & !FIRED == 1 { 0 } else { s - 1 })
+        });
+        let was = was.unwrap_or_else(|s| s);
+        if was & !FIRED != 1 {
+            return false;
         }
+        let open = self.watch.load(Ordering::Acquire) > ns(now());
+        if lingers && open {
+            return false;
+        }
+        if cheap {
+            return was & FIRED != 0 || open;
+        }
+        self.signal.bell.ring();
+        false
     }
 
     /// Driver, after taking the doorbell and before it sleeps: whether a
@@ -207,7 +243,7 @@ impl<T> ReadyList<T> {
     /// waiter stops, the doorbell rings, or the window below is open).
     /// Read before [`ReadyList::watched`].
     pub fn waiter_polls(&self) -> bool {
-        self.spinners.load(Ordering::Acquire) > 0
+        self.signal.spinners.load(Ordering::Acquire) & !FIRED > 0
     }
 
     /// Driver, before it sleeps: the end of the latest long window if it is
@@ -218,34 +254,34 @@ impl<T> ReadyList<T> {
         let until = self.watch.load(Ordering::Acquire);
         (until > ns(now)).then(|| Duration::from_nanos(until))
     }
+}
 
-    /// Driver, on each loop: if a stopping waiter rang since the last
-    /// look, note whether the driver runs on that waiter's thread now.
-    #[inline]
-    pub fn driver_here(&self) {
-        if self.rang_from.load(Ordering::Relaxed) != 0 {
-            let from = self.rang_from.swap(0, Ordering::Relaxed);
-            if from != 0 {
-                self.rings_local.store(from == thread_mark(), Ordering::Relaxed);
-            }
-        }
-    }
+/// What wakes the driver: its doorbell, and for a queue whose arm is
+/// cheap, the queue's waker unless a waiter polls it.
+struct Signal {
+    bell: Doorbell,
+    /// Waiters polling the completion queue themselves, and [`FIRED`].
+    spinners: AtomicUsize,
+}
 
-    /// Whether a stopping waiter's ring last woke the driver on the
-    /// waiter's own thread (a cheap ring: the executor runs the driver
-    /// beside the waiter) rather than on another (a thread woken).
-    #[inline]
-    pub fn rings_local(&self) -> bool {
-        self.rings_local.load(Ordering::Relaxed)
+impl Signal {
+    /// The queue's waker fired: whether to wake the driver. Not while a
+    /// waiter polls the queue (what came is the waiters' to find): then
+    /// the queue is marked as fired, and the last waiter to stop arms it
+    /// again ([`ReadyList::stop`]).
+    fn cq_woke(&self) -> bool {
+        self.spinners
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| (s & !FIRED > 0).then_some(s | FIRED))
+            .is_err()
     }
 }
 
-/// This thread, as a number no other live thread has (the address of a
-/// thread-local).
-#[inline]
-fn thread_mark() -> usize {
-    std::thread_local!(static MARK: u8 = const { 0 });
-    MARK.with(|m| std::ptr::from_ref(m) as usize)
+impl futures::task::ArcWake for Signal {
+    fn wake_by_ref(this: &std::sync::Arc<Self>) {
+        if this.cq_woke() {
+            this.bell.ring();
+        }
+    }
 }
 
 /// A time since the endpoint's epoch in ns, as the window's end is kept
@@ -253,36 +289,4 @@ fn thread_mark() -> usize {
 #[inline]
 fn ns(t: Duration) -> u64 {
     t.as_nanos() as u64
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    /// A ring the driver answers on the ringing waiter's thread is local;
-    /// one it answers on another thread is not, until a ring is local again.
-    #[test]
-    fn a_ring_answered_on_another_thread_is_not_local() {
-        let list: ReadyList<()> = ReadyList::new();
-        assert!(list.rings_local(), "local until a ring shows otherwise");
-        list.start(None);
-        list.stop(false, || Duration::ZERO);
-        std::thread::scope(|s| {
-            s.spawn(|| list.driver_here());
-        });
-        assert!(!list.rings_local());
-        // The driver looks again only after another ring.
-        list.driver_here();
-        assert!(!list.rings_local());
-        list.start(None);
-        list.stop(false, || Duration::ZERO);
-        list.driver_here();
-        assert!(list.rings_local());
-        // A long window that opens while none is open rings too.
-        list.start(Some((Duration::from_millis(2), Duration::from_millis(1))));
-        std::thread::scope(|s| {
-            s.spawn(|| list.driver_here());
-        });
-        assert!(!list.rings_local());
-    }
 }

@@ -61,6 +61,9 @@ impl<N: Nic> Hub<N> {
     /// through [`Hub::ringer`], it finds what woke them).
     pub async fn run(self: Arc<Self>, mut after_turns: impl FnMut()) -> EndpointStats {
         let shared = &*self;
+        // Its queue's arm is cheap: kept armed, through a waker that wakes
+        // the driver only while no waiter polls (`ReadyList::cq_waker`).
+        let cq_waker = shared.cheap_arm.then(|| shared.ready.cq_waker());
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
@@ -81,7 +84,6 @@ impl<N: Nic> Hub<N> {
         let mut idle_turns = 0u32;
         loop {
             shared.ready.bell().take();
-            shared.ready.driver_here();
             // Counters with one writer, the driver: no locked add.
             shared.turns.store(shared.turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             // One clock read a loop: the turns' time and the busy-poll window's.
@@ -185,14 +187,24 @@ impl<N: Nic> Hub<N> {
             // The last waiter to stop rings the doorbell, or once the long
             // window ends the alarm above wakes the driver, which polls
             // and, with no waiter left, arms it.
-            let cq_gone = failed.is_some() || unpolled;
+            // A cheap arm is kept while waiters poll (not while a long
+            // window is watched): its waker wakes the driver only once none
+            // does, and the last to stop arms it again if it fired
+            // meanwhile (`ReadyList::stop`).
+            let cq_gone = failed.is_some() || if cq_waker.is_some() { watched.is_some() } else { unpolled };
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {
                     return Poll::Ready(());
                 }
-                if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
-                    return Poll::Ready(());
+                if !cq_gone {
+                    let ready = match &cq_waker {
+                        Some(w) => shared.hold.nic.poll_cq_ready(shared.hold.cq, &mut Context::from_waker(w)),
+                        None => shared.hold.nic.poll_cq_ready(shared.hold.cq, cx),
+                    };
+                    if ready.is_ready() {
+                        return Poll::Ready(());
+                    }
                 }
                 if alarm.poll(cx).is_ready() {
                     // Rung, and disarmed.

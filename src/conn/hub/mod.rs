@@ -159,6 +159,9 @@ pub(crate) struct Hub<N: Nic> {
     closed: AtomicBool,
     /// How long the driver keeps polling an idle queue before it sleeps.
     busy_poll: Duration,
+    /// The NIC's arm is cheap (`NicOps::cq_arm_is_cheap`): the queue stays
+    /// armed while waiters poll it, through `ReadyList::cq_waker`.
+    pub(in crate::conn) cheap_arm: bool,
     added: AtomicU64,
     completions: AtomicU64,
     turns: AtomicU64,
@@ -320,6 +323,21 @@ impl<N: Nic> Hub<N> {
     }
 }
 
+impl<N: Nic> Hub<N> {
+    /// The last waiter to stop polling a queue whose arm is cheap found
+    /// it needs arming (its waker fired meanwhile, or a long window is
+    /// open and the driver may sleep unarmed: `ReadyList::stop`): arm it
+    /// for the driver, and ring the doorbell if completions are there
+    /// already (come since the waiter's last poll).
+    #[inline(never)]
+    pub(in crate::conn) fn rearm(&self) {
+        let mut cx = std::task::Context::from_waker(self.ready.cq_waker());
+        if self.hold.nic.poll_cq_ready(self.hold.cq, &mut cx).is_ready() {
+            self.ready.bell().ring();
+        }
+    }
+}
+
 /// The waker of a connection on a hub: queue it for a turn.
 struct ConnWake<N: Nic> {
     conn: Weak<Inner<N>>,
@@ -369,6 +387,7 @@ impl<N: Nic + 'static> Hub<N> {
         let epoch = crate::conn::clock::Epoch::new();
         let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }, epoch));
         let cq = nic.create_cq(depth)?;
+        let cheap_arm = nic.cq_arm_is_cheap();
         Ok(Arc::new(Hub {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
@@ -379,6 +398,7 @@ impl<N: Nic + 'static> Hub<N> {
             ready: ReadyList::new(),
             closed: AtomicBool::new(false),
             busy_poll,
+            cheap_arm,
             added: AtomicU64::new(0),
             completions: AtomicU64::new(0),
             turns: AtomicU64::new(0),

@@ -35,6 +35,19 @@ pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) spin: Spin,
 }
 
+/// A call's spin from before its post until it waits for its reply
+/// ([`CallFuture`] takes it over): stopped if the call never gets there.
+pub(crate) struct Starting<'a, N: Nic> {
+    pub(crate) inner: &'a Inner<N>,
+    pub(crate) spin: Spin,
+}
+
+impl<N: Nic> Drop for Starting<'_, N> {
+    fn drop(&mut self) {
+        self.spin.stop(self.inner, false);
+    }
+}
+
 /// A waiter (a call for its reply, a serving loop for its next request)
 /// that takes its connection's turns itself for a while: it polls the
 /// hub's shared completion queue on its own thread, so what it waits for
@@ -56,11 +69,6 @@ pub(crate) struct Spin {
     long: bool,
     /// Turns taken while spinning that found nothing (see [`OS_YIELD_EVERY`]).
     idle: u32,
-    /// A quarter of the window after the waiter's first wait: got by then,
-    /// the wait was quick (`Inner::quick`).
-    quick_until: Option<Duration>,
-    /// When its last turn began.
-    last_turn: Option<Duration>,
 }
 
 /// A thread that busy-polls (a call taking its connection's turns, or the
@@ -83,9 +91,10 @@ pub(crate) fn idle_turn(idle: &mut u32) {
 
 impl Spin {
     /// The waiter no longer takes turns itself; `got` says whether it got
-    /// what it waited for. The last to stop rings the hub's driver, unless
-    /// it lingers and got it (`ReadyList::stop`): a waiter that comes back
-    /// within the window, the usual case, then costs the driver no wake-up.
+    /// what it waited for. The last to stop rings the hub's driver, or
+    /// with a cheap arm arms the queue again if need be, unless it lingers
+    /// and got it (`ReadyList::stop`): a waiter that comes back within the
+    /// window, the usual case, then costs the driver no wake-up.
     #[inline(always)]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         if self.spinning {
@@ -97,12 +106,11 @@ impl Spin {
     #[inline(never)]
     fn stopped<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         self.spinning = false;
-        if got {
-            inner.quick.store(self.last_turn <= self.quick_until, std::sync::atomic::Ordering::Relaxed);
-        }
         inner.spinning.store(false, std::sync::atomic::Ordering::Release);
         if let Some(hub) = inner.hub.hub.upgrade() {
-            hub.ready.stop(self.long && got, || inner.now());
+            if hub.ready.stop(self.long && got, hub.cheap_arm, || inner.now()) {
+                hub.rearm();
+            }
         }
     }
 }
@@ -145,41 +153,61 @@ impl Spin {
         r
     }
 
+    /// Start spinning, with the window ending at `until`, unless another
+    /// waiter of the connection spins: counted by the hub, the queue is
+    /// the waiter's to poll. Whether it spins now.
+    fn enter<N: Nic>(
+        &mut self,
+        inner: &Inner<N>,
+        hub: Option<&crate::conn::hub::Hub<N>>,
+        window: Duration,
+        until: Duration,
+        now: Duration,
+    ) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
+            return false;
+        }
+        self.spinning = true;
+        self.long = window >= crate::conn::ready::LINGER_MIN;
+        if let Some(hub) = hub {
+            hub.ready.start(self.long.then_some((until, now)));
+        }
+        true
+    }
+
+    /// A call about to post its request starts spinning, before the
+    /// post, where the hub's arm is cheap and its `window` short: what the
+    /// post sets off, down to the reply, is then the waiter's to find, and
+    /// wakes no driver through the armed queue (`ReadyList::cq_waker`).
+    /// (A long window lingers, and its driver sleeps with the queue
+    /// unarmed; on verbs nothing wakes a driver at a post.) Its window
+    /// opens at its first wait, as any waiter's.
+    #[inline]
+    pub(crate) fn begin<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) {
+        if window.is_zero() || window >= crate::conn::ready::LINGER_MIN || self.spinning {
+            return;
+        }
+        if let Some(hub) = inner.hub.hub.upgrade().filter(|h| h.cheap_arm) {
+            // Short: no window end to publish, so no clock read.
+            self.enter(inner, Some(&hub), window, Duration::ZERO, Duration::ZERO);
+        }
+    }
+
     /// While the waiter may spin (its `window` is open and no other waiter
     /// of the connection spins): take a turn of the connection and return
     /// true.
     #[inline(never)]
     pub(crate) fn turn<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) -> bool {
-        use std::sync::atomic::Ordering::{AcqRel, Acquire};
         // The connection's clock (its endpoint's), read once for the turn.
         let now = inner.now();
-        let until = match self.until {
-            Some(until) => until,
-            None => {
-                self.quick_until = Some(now + window / 4);
-                *self.until.insert(now + window)
-            }
-        };
+        let until = *self.until.get_or_insert(now + window);
         if now >= until {
             return false;
         }
-        self.last_turn = Some(now);
         let hub = inner.hub.hub.upgrade();
-        if !self.spinning {
-            if inner.spinning.compare_exchange(false, true, AcqRel, Acquire).is_err() {
-                return false;
-            }
-            self.spinning = true;
-            // A long window lingers; so does a short one whose ring would
-            // wake another thread, while the connection's waits are quick
-            // (a caller making call after call then costs its driver one
-            // wake-up per window, not one per call).
-            self.long = window >= crate::conn::ready::LINGER_MIN
-                || (inner.quick.load(std::sync::atomic::Ordering::Relaxed)
-                    && hub.as_ref().is_some_and(|h| !h.ready.rings_local()));
-            if let Some(hub) = &hub {
-                hub.ready.start(self.long.then_some((until, now)));
-            }
+        if !self.spinning && !self.enter(inner, hub.as_deref(), window, until, now) {
+            return false;
         }
         let part = &inner.hub;
         // Poll the shared queue (our completions come to our inbox, the

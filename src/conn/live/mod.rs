@@ -195,9 +195,6 @@ pub(crate) struct Inner<N: Nic> {
     /// connection's turns itself (see [`driver::Spin`]); at most one does
     /// at a time.
     spinning: std::sync::atomic::AtomicBool,
-    /// The last wait a spinning waiter saw through was quick: got within a
-    /// quarter of its window (`driver::Spin`).
-    quick: std::sync::atomic::AtomicBool,
     /// `Config::busy_poll`: how long a pending call takes turns itself.
     spin: Duration,
     /// `Config::serve_busy_poll`: how long `next_request` takes turns itself.
@@ -268,7 +265,6 @@ impl<N: Nic> Inner<N> {
         spare_slots.extend((0..slots).map(|_| Slot::new()));
         Inner {
             spinning: std::sync::atomic::AtomicBool::new(false),
-            quick: std::sync::atomic::AtomicBool::new(false),
             spin,
             serve_spin,
             state: Mutex::new(State {
@@ -499,25 +495,36 @@ impl<N: Nic> Connection<N> {
         mut data: Option<Buf>,
         mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
     ) -> Result<Reply, CallError> {
+        // The call spins from before its post (`Spin::begin`); stopped if
+        // it does not get to wait (refused, or dropped meanwhile).
+        let mut start = driver::Starting { inner: &self.inner, spin: driver::Spin::default() };
         // Its result's slot, taken under the lock the call starts under.
         let slot = poll_fn(|cx| {
+            start.spin.begin(&self.inner, self.inner.spin);
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
-            self.committed_or_wait(&mut st, cx, r, &mut data)
+            let r = self
+                .committed_or_wait(&mut st, cx, r, &mut data)
                 .map_ok(|id| {
                     let slot = st.spare_slot();
                     st.calls.insert(id, slot.clone());
                     slot
                 })
-                .map_err(CallError::Refused)
+                .map_err(CallError::Refused);
+            drop(st);
+            if r.is_pending() {
+                // It waits for capacity, not polling the queue.
+                start.spin.stop(&self.inner, false);
+            }
+            r
         })
         .await?;
         CallFuture {
             handle: Handle::new(slot, self.inner.recycle.clone()),
             inner: &self.inner,
             done: false,
-            spin: driver::Spin::default(),
+            spin: std::mem::take(&mut start.spin),
         }
         .await
     }
