@@ -357,3 +357,58 @@ fn a_cheap_arm_against_one_spinner() {
 fn a_cheap_arm_against_two_spinners() {
     a_cheap_arm_is_never_left_fired(2);
 }
+
+/// A cheap arm against a waiter with a long window whose start races the
+/// driver's look for a window. A window published earlier ends at 20; the
+/// waiter read its clock at 10, before that end, so its start (window to
+/// 40) does not ring; the driver, at 25, may look before that start, find
+/// no window and sleep on the arm; a completion then fires the arm while
+/// the waiter spins; and the waiter, which got what it waited for within
+/// its window, lingers. Under every interleaving a driver that slept on
+/// the arm finds the queue armed again, or its doorbell rung, and a
+/// completion nobody took is seen. (Before the fix the lingering waiter
+/// left the fired queue unarmed, with no alarm and no ring.)
+#[test]
+fn a_cheap_arm_against_a_lingering_waiter() {
+    model(|| {
+        let list = Arc::new(ReadyList::<u32>::new());
+        let cq = Arc::new(CheapCq::new());
+        list.extend(t(20));
+        let nic = {
+            let cq = cq.clone();
+            thread::spawn(move || cq.complete())
+        };
+        let waiter = {
+            let (list, cq) = (list.clone(), cq.clone());
+            thread::spawn(move || {
+                list.start(Some((t(40), t(10))));
+                let took = cq.poll();
+                if list.stop(true, true, || t(30)) && cq.arm(&list) {
+                    list.bell().ring();
+                }
+                took
+            })
+        };
+        // The driver's loop at 25: its doorbell, then a window; with none,
+        // it sleeps on the arm (with one, unarmed, its alarm at its end).
+        list.bell().take();
+        let alarm = list.watched(t(25));
+        let driver_polls = alarm.is_none() && cq.arm(&list);
+        nic.join().unwrap();
+        let took = waiter.join().unwrap();
+        let rung = list.bell().take();
+        let left = cq.state.lock().unwrap().0;
+        assert!(took + left == 1, "the completion was taken twice or lost");
+        if alarm.is_none() {
+            assert!(
+                driver_polls || rung || cq.armed(),
+                "the driver sleeps on an arm that fired, and the lingering waiter left it unarmed"
+            );
+            if left == 1 {
+                assert!(driver_polls || rung, "a completion waits, and the driver sleeps without a ring");
+            }
+        } else {
+            assert_eq!(alarm, Some(t(40)), "an alarm for an end no waiter published");
+        }
+    });
+}

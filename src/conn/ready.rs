@@ -39,7 +39,10 @@
 //!
 //! Why, and what it saves: `docs/architecture.md`, "The driver".
 //!
-//! `tests/loom_ready.rs` checks both hand-offs under every interleaving.
+//! `tests/loom_ready.rs` checks the hand-offs under every interleaving of
+//! the threads it models (the ready list's, the dear arm's with and
+//! without a long window, and the cheap arm's with short waiters and
+//! with a long one racing the driver's look for a window).
 
 use crate::handle::Doorbell;
 use std::time::Duration;
@@ -47,7 +50,7 @@ use std::time::Duration;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
-/// leaves without waking the driver of a queue whose arm is dear
+/// leaves without waking the driver, or arming its queue
 /// ([`ReadyList::stop`]): the driver then wakes on its alarm once per
 /// window, and over a shorter window the alarm's round trip (the alarm
 /// thread's wake-up, then the driver's) would cost more than the ring it
@@ -165,8 +168,9 @@ impl<T> ReadyList<T> {
 
     /// The driver's doorbell, rung by [`ReadyList::push`], by a waiter
     /// that opens a long window when none is open ([`ReadyList::start`]),
-    /// and by the last waiter to stop unless it lingers
-    /// ([`ReadyList::stop`]).
+    /// by the last waiter to stop unless it lingers, on a dear arm
+    /// ([`ReadyList::stop`]), and by the waker of a cheap arm while no
+    /// waiter polls ([`ReadyList::cq_waker`]).
     pub fn bell(&self) -> &Doorbell {
         &self.signal.bell
     }
@@ -202,14 +206,20 @@ impl<T> ReadyList<T> {
     }
 
     /// A waiter stops polling the queue. Unless it is the last to stop,
-    /// that is all. The last one that `lingers` (a long window's waiter
-    /// that got what it waited for) while a window is still open at
-    /// `now()`, read after the count went down, leaves the queue watched
-    /// until that end. Otherwise the last one rings the doorbell, or if
-    /// the queue's arm is `cheap`, returns true if the queue needs arming
-    /// again (its waker fired while waiters polled, or a window is open,
-    /// so the driver may sleep unarmed): the caller arms it, and rings if
-    /// the arm finds completions.
+    /// that is all. For the last one:
+    ///
+    /// - If the queue's arm is `cheap` and its waker fired while waiters
+    ///   polled, it returns true: the caller arms the queue again, and
+    ///   rings if the arm finds completions. Even if it lingers: a driver
+    ///   that armed the queue sleeps on that arm (it may have looked for
+    ///   a window before this waiter published its own, and found none).
+    /// - Otherwise, one that `lingers` (a long window's waiter that got
+    ///   what it waited for) while a window is still open at `now()`,
+    ///   read after the count went down, leaves the queue watched until
+    ///   that end.
+    /// - Otherwise it rings the doorbell, or with a cheap arm returns true
+    ///   if a window is open (the driver may sleep unarmed) for the
+    ///   caller to arm the queue.
     ///
     /// Why the read comes after: a driver that saw this waiter counted
     /// ([`ReadyList::waiter_polls`]) read its clock before that, so its
@@ -218,7 +228,9 @@ impl<T> ReadyList<T> {
     /// it ([`ReadyList::watched`]); a window already over may have been
     /// over for the driver too (a waiter polled again only after its
     /// window ended, by a busy executor), and then the driver sleeps
-    /// with the queue unarmed and no alarm, so the waiter rings (or arms).
+    /// with the queue unarmed and no alarm, so the waiter rings. (A
+    /// driver whose arm is cheap sleeps unarmed only while it sees a
+    /// window, and otherwise on the arm, which the first point keeps.)
     pub fn stop(&self, lingers: bool, cheap: bool, now: impl FnOnce() -> Duration) -> bool {
         let was = self.signal.spinners.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
             Some(if s & !FIRED == 1 { 0 } else { s - 1 })
@@ -227,21 +239,33 @@ impl<T> ReadyList<T> {
         if was & !FIRED != 1 {
             return false;
         }
+        if cheap && was & FIRED != 0 {
+            // The arm fired while waiters polled: armed again even by a
+            // waiter that lingers, for a driver that armed it sleeps on it
+            // (it may have looked for a window before this waiter's
+            // published one, and found none).
+            return true;
+        }
+        if !lingers && !cheap {
+            self.signal.bell.ring();
+            return false;
+        }
         let open = self.watch.load(Ordering::Acquire) > ns(now());
         if lingers && open {
             return false;
         }
         if cheap {
-            return was & FIRED != 0 || open;
+            return open;
         }
         self.signal.bell.ring();
         false
     }
 
     /// Driver, after taking the doorbell and before it sleeps: whether a
-    /// waiter polls the queue (then it need not arm it: when the last
-    /// waiter stops, the doorbell rings, or the window below is open).
-    /// Read before [`ReadyList::watched`].
+    /// waiter polls the queue (then it does not busy-poll, and on a dear
+    /// arm need not arm it: when the last waiter stops, the doorbell
+    /// rings, or the window below is open). Read before
+    /// [`ReadyList::watched`].
     pub fn waiter_polls(&self) -> bool {
         self.signal.spinners.load(Ordering::Acquire) & !FIRED > 0
     }

@@ -181,16 +181,16 @@ impl<N: Nic> Hub<N> {
                 alarm.arm(Some(shared.epoch.instant(at)));
                 armed = Some(at);
             }
-            // Unarmed while a waiter polls: its polls find the completions
-            // (and ring for the other connections'), and an armed queue
-            // would raise an event, a system call and a wake-up, for each.
-            // The last waiter to stop rings the doorbell, or once the long
-            // window ends the alarm above wakes the driver, which polls
-            // and, with no waiter left, arms it.
-            // A cheap arm is kept while waiters poll (not while a long
-            // window is watched): its waker wakes the driver only once none
-            // does, and the last to stop arms it again if it fired
-            // meanwhile (`ReadyList::stop`).
+            // A dear arm (verbs) is left off while a waiter polls: its polls
+            // find the completions (and ring for the other connections'),
+            // and an armed queue would raise an event, a system call and a
+            // wake-up, for each. The last waiter to stop rings the
+            // doorbell, or once the long window ends the alarm above wakes
+            // the driver, which polls and, with no waiter left, arms it.
+            // A cheap arm (the simulator) is kept while waiters poll, off
+            // only while a long window is watched: its waker wakes the
+            // driver only once none polls, and the last to stop arms it
+            // again if it fired meanwhile (`ReadyList::stop`).
             let cq_gone = failed.is_some() || if cq_waker.is_some() { watched.is_some() } else { unpolled };
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {

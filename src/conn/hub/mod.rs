@@ -475,6 +475,7 @@ impl<N: Nic + 'static> Hub<N> {
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             hub: Arc::downgrade(self),
+            cheap_arm: self.cheap_arm,
             lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();

@@ -185,10 +185,10 @@ impl Spin {
     /// opens at its first wait, as any waiter's.
     #[inline]
     pub(crate) fn begin<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) {
-        if window.is_zero() || window >= crate::conn::ready::LINGER_MIN || self.spinning {
+        if !inner.hub.cheap_arm || window.is_zero() || window >= crate::conn::ready::LINGER_MIN {
             return;
         }
-        if let Some(hub) = inner.hub.hub.upgrade().filter(|h| h.cheap_arm) {
+        if let Some(hub) = inner.hub.hub.upgrade() {
             // Short: no window end to publish, so no clock read.
             self.enter(inner, Some(&hub), window, Duration::ZERO, Duration::ZERO);
         }

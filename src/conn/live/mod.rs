@@ -226,6 +226,9 @@ pub(super) struct HubPart<N: Nic> {
     pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
     pub(super) hub: std::sync::Weak<super::hub::Hub<N>>,
+    /// The hub's queue's arm is cheap (`NicOps::cq_arm_is_cheap`): a call
+    /// with a short window spins from before its post (`Spin::begin`).
+    pub(super) cheap_arm: bool,
     /// Set at the end of each turn while nothing waits for a control send
     /// slot: a grant SEND's successful completion then goes to the inbox
     /// without queueing the connection, and is handled with its next
