@@ -199,8 +199,9 @@ pub(crate) fn store_waker(slot: &mut Option<Waker>, new: &Waker) {
 /// `tests/loom_handle.rs::a_ring_is_never_slept_through` checks this.
 pub struct Doorbell {
     state: Mutex<Bell>,
-    /// The waker [`Doorbell::poll_rung`] left is still there: no ring took
-    /// it since (and so none rang). Written under `state`'s lock.
+    /// A waker [`Doorbell::poll_rung`] left is there (a ring wakes it and
+    /// leaves it in place, so a driver that sleeps again with the same
+    /// waker need not store it again). Written under `state`'s lock.
     armed: AtomicBool,
     /// `Bell::rung`, readable without the lock. Written under the lock.
     rung: AtomicBool,
@@ -227,14 +228,17 @@ impl Doorbell {
         }
     }
 
-    /// User side: ring, waking the driver if it sleeps.
+    /// User side: ring, waking the driver if it sleeps. Only the first
+    /// ring since the driver's last [`Doorbell::take`] wakes it (the
+    /// others find the bell rung already: that ring woke it).
     pub fn ring(&self) {
         let waker = {
             let mut b = self.state.lock();
-            b.rung = true;
+            if std::mem::replace(&mut b.rung, true) {
+                return;
+            }
             self.rung.store(true, Ordering::Release);
-            self.armed.store(false, Ordering::Release);
-            b.waker.take()
+            b.waker.clone()
         };
         if let Some(w) = waker {
             w.wake();
@@ -269,11 +273,15 @@ impl Doorbell {
 
     /// [`Doorbell::poll_rung`] for the bell's one poller (the driver),
     /// which keeps in `held` the waker it left at its last `Pending`.
-    /// While that waker is still in the bell (no ring took it: none rang
-    /// since) and wakes `cx`'s task, the answer is `Pending` without the
-    /// lock: a ring that comes meanwhile wakes that waker. Only for a bell
-    /// nobody else polls (another poller's waker would replace `held`'s).
+    /// Without the lock: `Ready` if the bell is rung, and `Pending` if not
+    /// while `held`'s waker is in the bell (a ring leaves it there) and
+    /// wakes `cx`'s task: a ring that comes meanwhile wakes that waker.
+    /// Only for a bell nobody else polls (another poller's waker would
+    /// replace `held`'s).
     pub fn poll_rung_held(&self, cx: &mut Context<'_>, held: &mut Option<Waker>) -> Poll<()> {
+        if self.rung.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
         if held.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && self.armed.load(Ordering::Acquire) {
             return Poll::Pending;
         }
