@@ -192,14 +192,26 @@ impl<N: Nic> Hub<N> {
             // driver only once none polls, and the last to stop arms it
             // again if it fired meanwhile (`ReadyList::stop`).
             let cq_gone = failed.is_some() || if cq_waker.is_some() { watched.is_some() } else { unpolled };
+            let mut cq_armed = false;
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {
                     return Poll::Ready(());
                 }
-                if !cq_gone {
+                // A cheap arm holds until its waker fires, which rings the
+                // doorbell or, while a waiter polls, leaves the arm to the
+                // last waiter to stop: a driver polled again while a waiter
+                // polls (beside calls that spin under one `block_on`) does
+                // not arm it again, which would take the NIC's lock, and run
+                // the simulator, on every poll. Polled again with no waiter,
+                // it looks again.
+                let left_to_waiters = cq_waker.is_some() && cq_armed && shared.ready.waiter_polls();
+                if !cq_gone && !left_to_waiters {
                     let ready = match &cq_waker {
-                        Some(w) => shared.hold.nic.poll_cq_ready(shared.hold.cq, &mut Context::from_waker(w)),
+                        Some(w) => {
+                            cq_armed = true;
+                            shared.hold.nic.poll_cq_ready(shared.hold.cq, &mut Context::from_waker(w))
+                        }
                         None => shared.hold.nic.poll_cq_ready(shared.hold.cq, cx),
                     };
                     if ready.is_ready() {
