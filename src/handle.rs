@@ -199,10 +199,6 @@ pub(crate) fn store_waker(slot: &mut Option<Waker>, new: &Waker) {
 /// `tests/loom_handle.rs::a_ring_is_never_slept_through` checks this.
 pub struct Doorbell {
     state: Mutex<Bell>,
-    /// A waker [`Doorbell::poll_rung`] left is there (a ring wakes it and
-    /// leaves it in place, so a driver that sleeps again with the same
-    /// waker need not store it again). Written under `state`'s lock.
-    armed: AtomicBool,
     /// `Bell::rung`, readable without the lock. Written under the lock.
     rung: AtomicBool,
 }
@@ -221,11 +217,7 @@ impl Default for Doorbell {
 impl Doorbell {
     /// A silent doorbell.
     pub fn new() -> Doorbell {
-        Doorbell {
-            state: Mutex::new(Bell { rung: false, waker: None }),
-            armed: AtomicBool::new(false),
-            rung: AtomicBool::new(false),
-        }
+        Doorbell { state: Mutex::new(Bell { rung: false, waker: None }), rung: AtomicBool::new(false) }
     }
 
     /// User side: ring, waking the driver if it sleeps. Only the first
@@ -260,29 +252,39 @@ impl Doorbell {
     }
 
     /// Driver side, before sleeping: `Ready` if rung since the last
-    /// [`Doorbell::take`], else leave `cx`'s waker for the next ring.
+    /// [`Doorbell::take`], else leave `cx`'s waker for the next ring (it
+    /// stays in the bell until another replaces it, or
+    /// [`Doorbell::forget_waker`]).
     pub fn poll_rung(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut b = self.state.lock();
         if b.rung {
             return Poll::Ready(());
         }
         store_waker(&mut b.waker, cx.waker());
-        self.armed.store(true, Ordering::Release);
         Poll::Pending
+    }
+
+    /// Driver side, as it ends: let go of the waker it left (a ring
+    /// afterwards wakes nothing, and the ended task's waker is not kept).
+    pub fn forget_waker(&self) {
+        let waker = self.state.lock().waker.take();
+        drop(waker);
     }
 
     /// [`Doorbell::poll_rung`] for the bell's one poller (the driver),
     /// which keeps in `held` the waker it left at its last `Pending`.
     /// Without the lock: `Ready` if the bell is rung, and `Pending` if not
-    /// while `held`'s waker is in the bell (a ring leaves it there) and
-    /// wakes `cx`'s task: a ring that comes meanwhile wakes that waker.
+    /// while `held`'s waker (in the bell: a ring leaves it there) wakes
+    /// `cx`'s task: a ring that comes meanwhile wakes that waker.
     /// Only for a bell nobody else polls (another poller's waker would
     /// replace `held`'s).
     pub fn poll_rung_held(&self, cx: &mut Context<'_>, held: &mut Option<Waker>) -> Poll<()> {
         if self.rung.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        if held.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && self.armed.load(Ordering::Acquire) {
+        // `held` is what `poll_rung` left in the bell, where a ring leaves
+        // it (and only `poll_rung` replaces it).
+        if held.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             return Poll::Pending;
         }
         let r = self.poll_rung(cx);

@@ -141,6 +141,7 @@ impl<N: Nic> Hub<N> {
             }
             work.clear();
             if shared.closed.load(Ordering::Acquire) && shared.routes.lock().is_empty() {
+                shared.ready.bell().forget_waker();
                 return shared.stats();
             }
             after_turns();

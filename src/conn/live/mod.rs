@@ -468,6 +468,14 @@ impl<N: Nic> Connection<N> {
     /// Client: make a call and wait for its reply. Dropping the future
     /// cancels the call; its buffers still return only on evidence.
     ///
+    /// Poll the future to its end, or drop it. With
+    /// [`Config::busy_poll`](super::Config::busy_poll) set (the default),
+    /// a waiting call polls its endpoint's completion queue itself, and
+    /// the endpoint's driver leaves the queue to it: a future polled once
+    /// and then held unpolled leaves other connections' completions
+    /// waiting for the driver's next wake-up (a ring, or at the latest a
+    /// timer such as this call's deadline).
+    ///
     /// A call that finds no free control slot, memory window or receive
     /// credit (the peer has no receive free: flow control) waits for one.
     /// A call refused for any other reason (wrong role, a header that is
