@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use super::{EndpointStats, Hub, POLL_BATCH};
 use crate::backend::{Completion, Nic, NicError};
-use crate::conn::live::{HubPart, Inner};
+use crate::conn::hub::HubPart;
+use crate::conn::live::Inner;
 use crate::conn::routes::Routes;
 use parking_lot::MutexGuard;
 
@@ -63,7 +64,7 @@ impl<N: Nic> Hub<N> {
         let shared = &*self;
         // Its queue's arm is cheap: kept armed, through a waker that wakes
         // the driver only while no waiter polls (`ReadyList::cq_waker`).
-        let cq_waker = shared.cheap_arm.then(|| shared.ready.cq_waker());
+        let cq_waker = shared.hold.nic.cq_arm_is_cheap().then(|| shared.ready.cq_waker());
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);

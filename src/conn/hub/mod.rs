@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use super::bufpool::{BufferPool, BufferPoolStats};
 use super::link::{QueueSizes, SharedCq};
-use super::live::{HubPart, Inner};
+use super::live::Inner;
 use super::ready::{Mark, ReadyList};
 use super::regions::Regions;
 use super::routes::{Routed, Routes};
@@ -159,9 +159,6 @@ pub(crate) struct Hub<N: Nic> {
     closed: AtomicBool,
     /// How long the driver keeps polling an idle queue before it sleeps.
     busy_poll: Duration,
-    /// The NIC's arm is cheap (`NicOps::cq_arm_is_cheap`): the queue stays
-    /// armed while waiters poll it, through `ReadyList::cq_waker`.
-    pub(in crate::conn) cheap_arm: bool,
     added: AtomicU64,
     completions: AtomicU64,
     turns: AtomicU64,
@@ -321,9 +318,7 @@ impl<N: Nic> Hub<N> {
             }
         }
     }
-}
 
-impl<N: Nic> Hub<N> {
     /// The last waiter to stop polling a queue whose arm is cheap found
     /// it needs arming (its waker fired meanwhile, or a long window is
     /// open and the driver may sleep unarmed: `ReadyList::stop`): arm it
@@ -335,6 +330,49 @@ impl<N: Nic> Hub<N> {
         if self.hold.nic.poll_cq_ready(self.hold.cq, &mut cx).is_ready() {
             self.ready.bell().ring();
         }
+    }
+}
+
+/// A connection's place on its hub: the waker that puts it on the hub's
+/// ready list, and the completions the hub routed to it.
+pub(in crate::conn) struct HubPart<N: Nic> {
+    /// Woken by the user ([`Inner::ring`]), the buffer-return hook and
+    /// the pool: it queues the connection for a turn and wakes the hub.
+    pub(in crate::conn) waker: std::task::Waker,
+    /// On the hub's ready list already.
+    pub(in crate::conn) queued: crate::conn::ready::Mark,
+    /// Completions of its QP, taken off the shared queue by the hub.
+    pub(in crate::conn) inbox: Mutex<Vec<crate::backend::Completion>>,
+    /// The vector a spinning waiter trades for the inbox on its turns
+    /// (`driver::Spin`): empty between them.
+    pub(in crate::conn) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
+    /// The hub, for a call that polls its queue itself while it waits.
+    pub(in crate::conn) hub: Weak<Hub<N>>,
+    /// The hub's queue's arm is cheap (`NicOps::cq_arm_is_cheap`): a call
+    /// with a short window spins from before its post (`Spin::begin`).
+    pub(in crate::conn) cheap_arm: bool,
+    /// Set at the end of each turn while nothing waits for a control send
+    /// slot: a grant SEND's successful completion then goes to the inbox
+    /// without queueing the connection, and is handled with its next
+    /// completion (the peer's release, which comes soon after, or its
+    /// LOCAL_INV's). See [`HubPart::route`].
+    pub(in crate::conn) lazy_grant_sends: std::sync::atomic::AtomicBool,
+}
+
+impl<N: Nic> HubPart<N> {
+    /// Put `c` in the inbox; whether the connection needs a turn for it
+    /// (false only for a grant SEND's success while `lazy_grant_sends`).
+    /// The flag is read under the inbox's lock, which the turn that clears
+    /// it takes after it does (see the end of `Inner::turn`): a completion
+    /// either makes that turn queue the connection again or sees the flag
+    /// cleared.
+    #[inline]
+    pub(in crate::conn) fn route(&self, c: crate::backend::Completion) -> bool {
+        let mut inbox = self.inbox.lock();
+        inbox.push(c);
+        !(mwcap_mw::Token::from_wr_id(c.wr_id).is_grant_send()
+            && c.status.is_success()
+            && self.lazy_grant_sends.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -387,7 +425,6 @@ impl<N: Nic + 'static> Hub<N> {
         let epoch = crate::conn::clock::Epoch::new();
         let regions = Arc::new(Regions::new(if srq.is_some() { Some(nic.same_pd()?) } else { None }, epoch));
         let cq = nic.create_cq(depth)?;
-        let cheap_arm = nic.cq_arm_is_cheap();
         Ok(Arc::new(Hub {
             hold: Arc::new(CqHold { nic, cq }),
             srq,
@@ -398,7 +435,6 @@ impl<N: Nic + 'static> Hub<N> {
             ready: ReadyList::new(),
             closed: AtomicBool::new(false),
             busy_poll,
-            cheap_arm,
             added: AtomicU64::new(0),
             completions: AtomicU64::new(0),
             turns: AtomicU64::new(0),
@@ -475,7 +511,7 @@ impl<N: Nic + 'static> Hub<N> {
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             hub: Arc::downgrade(self),
-            cheap_arm: self.cheap_arm,
+            cheap_arm: self.hold.nic.cq_arm_is_cheap(),
             lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();

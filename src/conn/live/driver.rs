@@ -108,7 +108,7 @@ impl Spin {
         self.spinning = false;
         inner.spinning.store(false, std::sync::atomic::Ordering::Release);
         if let Some(hub) = inner.hub.hub.upgrade() {
-            if hub.ready.stop(self.long && got, hub.cheap_arm, || inner.now()) {
+            if hub.ready.stop(self.long && got, inner.hub.cheap_arm, || inner.now()) {
                 hub.rearm();
             }
         }

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::hub::HubPart;
 use super::{
     Buf, CallError, CallId, ConnStats, Event, Header, Link, LossReason, Policies, Refused, RegionRange,
     RequestId, Role, TraceId, UseError,
@@ -209,49 +210,6 @@ pub(crate) struct Inner<N: Nic> {
     /// connection has no address, and an identity only if the application
     /// vouched for one: [`super::Pending::authenticated_as`]).
     peer: std::sync::OnceLock<(Option<std::net::SocketAddr>, Option<std::sync::Arc<str>>)>,
-}
-
-/// A connection's place on its hub: the waker that puts it on the hub's
-/// ready list, and the completions the hub routed to it.
-pub(super) struct HubPart<N: Nic> {
-    /// Woken by the user ([`Inner::ring`]), the buffer-return hook and
-    /// the pool: it queues the connection for a turn and wakes the hub.
-    pub(super) waker: Waker,
-    /// On the hub's ready list already.
-    pub(super) queued: super::ready::Mark,
-    /// Completions of its QP, taken off the shared queue by the hub.
-    pub(super) inbox: Mutex<Vec<crate::backend::Completion>>,
-    /// The vector a spinning waiter trades for the inbox on its turns
-    /// (`driver::Spin`): empty between them.
-    pub(super) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
-    /// The hub, for a call that polls its queue itself while it waits.
-    pub(super) hub: std::sync::Weak<super::hub::Hub<N>>,
-    /// The hub's queue's arm is cheap (`NicOps::cq_arm_is_cheap`): a call
-    /// with a short window spins from before its post (`Spin::begin`).
-    pub(super) cheap_arm: bool,
-    /// Set at the end of each turn while nothing waits for a control send
-    /// slot: a grant SEND's successful completion then goes to the inbox
-    /// without queueing the connection, and is handled with its next
-    /// completion (the peer's release, which comes soon after, or its
-    /// LOCAL_INV's). See [`HubPart::route`].
-    pub(super) lazy_grant_sends: std::sync::atomic::AtomicBool,
-}
-
-impl<N: Nic> HubPart<N> {
-    /// Put `c` in the inbox; whether the connection needs a turn for it
-    /// (false only for a grant SEND's success while `lazy_grant_sends`).
-    /// The flag is read under the inbox's lock, which the turn that clears
-    /// it takes after it does (see the end of `Inner::turn`): a completion
-    /// either makes that turn queue the connection again or sees the flag
-    /// cleared.
-    #[inline]
-    pub(super) fn route(&self, c: crate::backend::Completion) -> bool {
-        let mut inbox = self.inbox.lock();
-        inbox.push(c);
-        !(mwcap_mw::Token::from_wr_id(c.wr_id).is_grant_send()
-            && c.status.is_success()
-            && self.lazy_grant_sends.load(std::sync::atomic::Ordering::Relaxed))
-    }
 }
 
 impl<N: Nic> Inner<N> {
