@@ -117,7 +117,7 @@ impl<T> Slot<T> {
 }
 
 /// Where values go back to the driver when their user gave up after they
-/// arrived. The driver drains it on every turn.
+/// arrived. The driver drains it in a turn that finds calls abandoned.
 pub struct Recycle<T> {
     queue: Mutex<Vec<T>>,
 }

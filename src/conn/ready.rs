@@ -28,7 +28,8 @@
 //!   them.
 //!
 //! Either way, a waiter with a long window ([`LINGER_MIN`] or more) that
-//! got what it waited for stops without ringing or arming: the queue
+//! got what it waited for stops without ringing (on a cheap arm, it arms
+//! the queue again only if the arm's waker fired while it spun): the queue
 //! counts as watched until the latest window end published
 //! ([`ReadyList::extend`], [`ReadyList::watched`]), and the driver sleeps
 //! unarmed with its alarm set for it (so that what a server posts between
