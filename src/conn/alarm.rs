@@ -148,16 +148,9 @@ impl Alarm {
     }
 
     /// Ring no later than `at` (an earlier deadline wins; `None` leaves the
-    /// alarm as it is).
-    pub(crate) fn arm(&mut self, at: Option<Instant>) {
-        if at.is_some() {
-            self.arm_until(at);
-        }
-    }
-
-    /// [`Alarm::arm`], returning when the alarm now rings (`None`:
+    /// alarm as it is); returns when the alarm now rings (`None`:
     /// disarmed), read under the same lock.
-    pub(crate) fn arm_until(&mut self, at: Option<Instant>) -> Option<Instant> {
+    pub(crate) fn arm(&mut self, at: Option<Instant>) -> Option<Instant> {
         let Some(at) = at else { return self.slot.as_ref().and_then(|s| s.state.lock().at) };
         let slot = self.slot.get_or_insert_with(Arc::default);
         let mut st = slot.state.lock();
@@ -245,11 +238,11 @@ mod tests {
         a.arm(Some(start + Duration::from_secs(3600)));
         a.arm(Some(start + Duration::from_millis(30)));
         a.arm(Some(start + Duration::from_secs(60))); // later: ignored
-        assert_eq!(a.arm_until(None), Some(start + Duration::from_millis(30)));
+        assert_eq!(a.arm(None), Some(start + Duration::from_millis(30)));
         futures::executor::block_on(std::future::poll_fn(|cx| a.poll(cx)));
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(30), "rang after {waited:?}");
-        assert_eq!(a.arm_until(None), None, "disarmed once rung");
+        assert_eq!(a.arm(None), None, "disarmed once rung");
     }
 
     /// An alarm never armed makes no slot (nothing to allocate), stays
@@ -259,7 +252,7 @@ mod tests {
         let mut a = Alarm::default();
         a.arm(None);
         assert!(a.slot.is_none());
-        assert_eq!(a.arm_until(None), None);
+        assert_eq!(a.arm(None), None);
         assert!(a.poll(&mut Context::from_waker(Waker::noop())).is_pending());
         assert!(a.slot.is_none(), "polling made a slot");
         a.arm(Some(Instant::now() + Duration::from_secs(3600)));

@@ -251,14 +251,16 @@ impl<N: Nic + 'static> Endpoint<N> {
         let mut alarm = super::alarm::Alarm::default();
         poll_fn(|cx| {
             let regions = self.shared.hub.regions();
-            let r = regions.poll_write(cx, id, offset, bytes);
-            if r.is_pending() {
-                alarm.arm(regions.next_delegation_expiry());
-                if alarm.poll(cx).is_ready() {
-                    cx.waker().wake_by_ref();
+            match regions.write(id, offset, bytes, Some(cx)) {
+                Err(UseError::RangeExposed { .. }) => {
+                    alarm.arm(regions.next_delegation_expiry());
+                    if alarm.poll(cx).is_ready() {
+                        cx.waker().wake_by_ref();
+                    }
+                    Poll::Pending
                 }
+                r => Poll::Ready(r),
             }
-            r
         })
         .await
     }
@@ -412,8 +414,7 @@ impl<N: Nic + 'static> Pending<N> {
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn connect_unadded(&mut self, peer: &QpEndpoint) -> Result<(), NicError> {
-        let credits = self.link.config().start_credits;
-        self.link.connect_with(peer, credits)
+        self.link.connect(peer)
     }
 
     /// [`Pending::connect`] to a peer whose `Config::start_credits` is

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
 use parking_lot::Mutex;
 
@@ -268,20 +268,6 @@ impl<N: Nic> Regions<N> {
         }
         // Under the book's lock: no exposure can begin during the copy.
         r.mem.with_mut_as(0, offset, bytes.len(), |b| b.copy_from_slice(bytes)).map_err(UseError::Nic)
-    }
-
-    /// [`Regions::write`], waiting while any of the bytes is exposed.
-    pub(crate) fn poll_write(
-        &self,
-        cx: &mut Context<'_>,
-        id: RegionId,
-        offset: usize,
-        bytes: &[u8],
-    ) -> Poll<Result<(), UseError>> {
-        match self.write(id, offset, bytes, Some(cx)) {
-            Err(UseError::RangeExposed { .. }) => Poll::Pending,
-            r => Poll::Ready(r),
-        }
     }
 
     /// Lend `len` bytes of region `id` at `offset` to `f`, without a copy.

@@ -41,7 +41,7 @@ pub(super) struct Routes<T> {
     foreign: Vec<u32>,
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
-    batch: Vec<Completion>,
+    pub(super) batch: Vec<Completion>,
 }
 
 struct Route<T> {
@@ -73,17 +73,6 @@ pub(super) enum Routed<'a, T> {
 pub(super) const BATCH: usize = 64;
 
 impl<T> Routes<T> {
-    /// The scratch array for a poll, taken out (give it back with
-    /// [`Routes::put_batch`]).
-    pub(super) fn take_batch(&mut self) -> Vec<Completion> {
-        std::mem::take(&mut self.batch)
-    }
-
-    /// Give the scratch array back.
-    pub(super) fn put_batch(&mut self, batch: Vec<Completion>) {
-        self.batch = batch;
-    }
-
     /// Routes on a queue of `depth` entries, `up_front` of them reserved for
     /// good (a shared receive queue's receives, which may all complete
     /// before a poll, whichever QP they land on).

@@ -30,7 +30,7 @@ use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::telemetry::Tally;
 
 /// Completions taken per poll of the shared queue.
-const POLL_BATCH: usize = 64;
+use super::routes::BATCH as POLL_BATCH;
 
 /// What an [`Endpoint`](super::Endpoint)'s completion queue and driver
 /// have done so far.
@@ -86,7 +86,7 @@ impl<N: Nic> CqHold<N> {
         srq: Option<&SharedReceives<N>>,
         mut deliver: impl FnMut(&T, Completion),
     ) -> Result<usize, NicError> {
-        let mut batch = routes.take_batch();
+        let mut batch = std::mem::take(&mut routes.batch);
         if batch.is_empty() {
             batch.resize(super::routes::BATCH, Completion::EMPTY);
         }
@@ -113,7 +113,7 @@ impl<N: Nic> CqHold<N> {
                 break Ok(total);
             }
         };
-        routes.put_batch(batch);
+        routes.batch = batch;
         r
     }
 }

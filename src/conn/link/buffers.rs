@@ -15,13 +15,6 @@ impl<N: Nic> Link<N> {
         n
     }
 
-    /// Wake `w` when it is this connection's turn for something of the
-    /// hub's shared buffer pool it waits for.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn wake_on_pool(&mut self, w: &std::task::Waker) {
-        self.conn.wake_on_pool(w);
-    }
-
     /// Whether a frame or an answer waits for a control send slot (or
     /// credit): a grant SEND's completion, which frees one, must then be
     /// handled at once.

@@ -439,13 +439,8 @@ impl<N: Nic> Inner<N> {
         // it broke the protocol).
         std::mem::swap(&mut *inner.hub.inbox.lock(), inbox);
         let completions = &inbox[..];
-        if st.closing.is_some() && st.ep.is_down().is_none() {
-            match st.closing.clone() {
-                Some(why @ (LossReason::PeerGone | LossReason::PeerMisbehaved(_))) => {
-                    st.ep.peer_lost(now, why)
-                }
-                _ => st.ep.begin_close(now),
-            }
+        if let Some(why) = st.closing.clone().filter(|_| st.ep.is_down().is_none()) {
+            st.ep.peer_lost(now, why);
         }
         // A deadline at or before now has its entry in the hub's timer heap
         // due (`driver_next`): every deadline is armed there, or rings the

@@ -325,7 +325,7 @@ impl<N: Nic> Connection<N> {
         let inner = Arc::new_cyclic(|w| Inner::new(ep, epoch, part(w.clone())));
         // A connection that finds the hub's shared buffer pool empty is
         // queued for a turn when a buffer comes back.
-        inner.state.lock().ep.wake_on_pool(&inner.hub.waker);
+        inner.state.lock().ep.connection_mut().wake_on_pool(&inner.hub.waker);
         Connection { inner }
     }
 

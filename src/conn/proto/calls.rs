@@ -85,39 +85,17 @@ impl Connection {
     ) -> Result<CallId, UseError> {
         self.now = now;
         let slot = self.take_range(range)?;
-        let r = self.start_exposed_call(now, trace, header, slot, range.len);
-        if r.is_err() {
-            self.untake_range(slot);
-        }
-        r
-    }
-
-    /// A call exposing buffer number `slot` (a user range).
-    fn start_exposed_call(
-        &mut self,
-        now: Duration,
-        trace: Option<TraceId>,
-        header: &[u8],
-        slot: u32,
-        len: u32,
-    ) -> Result<CallId, UseError> {
-        if let Err(e) = self.ready_to_send(Role::Client, header).and_then(|()| self.expose_ready(slot)) {
-            if e == UseError::NoCredit {
-                self.stats.credit_waits += 1;
+        let exposed = self
+            .ready_to_send(Role::Client, header)
+            .and_then(|()| self.expose_ready(slot))
+            .and_then(|()| self.expose_call(now, Some((slot, range.len))));
+        match exposed {
+            Ok((fetch, req)) => Ok(self.commit_call(now, trace, header, fetch, req, range.len, &[], false)),
+            Err(e) => {
+                self.untake_range(slot);
+                Err(self.counted(e))
             }
-            return Err(e);
         }
-        let fetch = self.want_payload(now)?;
-        let req = match self.expose(now, slot, len, None, self.cfg.lease_time) {
-            Ok(e) => e,
-            Err(why) => {
-                if let Some(fm) = fetch {
-                    self.unwant(now, fm, true);
-                }
-                return Err(why);
-            }
-        };
-        Ok(self.commit_call(now, trace, header, fetch, req, len, &[], false))
     }
 
     /// Client: ask the owner's library (`conn/delegate.rs`): an ask frame
@@ -165,36 +143,49 @@ impl Connection {
         redeem: bool,
     ) -> Result<CallId, Refused> {
         self.now = now;
-        if let Err(e) = check_inline(header, inline, self.cfg.inline_max)
+        let exposed = check_inline(header, inline, self.cfg.inline_max)
             .and_then(|()| self.check_call(header, data.as_ref()))
-        {
-            if e == UseError::NoCredit {
-                self.stats.credit_waits += 1;
-            }
-            return Err(Refused::new(e, data));
-        }
-        let fetch = match self.want_payload(now) {
-            Ok(f) => f,
-            Err(e) => return Err(Refused::new(e, data)),
-        };
-        let req = match &data {
-            Some(b) => match self.expose(now, b.slot, b.len, None, self.cfg.lease_time) {
-                Ok(e) => e,
-                Err(why) => {
-                    // Unwind the fetch and hand the buffer back.
-                    if let Some(fm) = fetch {
-                        self.unwant(now, fm, true);
-                    }
-                    return Err(Refused::new(why, data));
-                }
-            },
-            None => None,
+            .and_then(|()| self.expose_call(now, data.as_ref().map(|b| (b.slot, b.len))));
+        let (fetch, req) = match exposed {
+            Ok(e) => e,
+            // The buffer goes back to the caller.
+            Err(e) => return Err(Refused::new(self.counted(e), data)),
         };
         let data_len = data.as_ref().map_or(0, |b| b.len);
         if let Some(b) = data {
             b.disarm(); // now the NIC's: its drop must not return it
         }
         Ok(self.commit_call(now, trace, header, fetch, req, data_len, inline, redeem))
+    }
+
+    /// A call's exposures, once it may be sent: the fetch of its reply's
+    /// payload (confirm) and the exposure of buffer `slot`'s first `len`
+    /// bytes, if it has a payload; the fetch is unwound if the exposure
+    /// fails.
+    fn expose_call(
+        &mut self,
+        now: Duration,
+        payload: Option<(u32, u32)>,
+    ) -> Result<(Option<fb::MsgId>, Option<Exposure>), UseError> {
+        let fetch = self.want_payload(now)?;
+        let Some((slot, len)) = payload else { return Ok((fetch, None)) };
+        match self.expose(now, slot, len, None, self.cfg.lease_time) {
+            Ok(req) => Ok((fetch, req)),
+            Err(why) => {
+                if let Some(fm) = fetch {
+                    self.unwant(now, fm, true);
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// `e`, counted as a wait for credit if it is one.
+    fn counted(&mut self, e: UseError) -> UseError {
+        if e == UseError::NoCredit {
+            self.stats.credit_waits += 1;
+        }
+        e
     }
 
     /// Register a call whose payload is exposed (`req`) or inline, and send
@@ -360,12 +351,7 @@ impl Connection {
             .and_then(|()| self.check_reply(req, header, data.as_ref()))
         {
             Ok(f) => f,
-            Err(e) => {
-                if e == UseError::NoCredit {
-                    self.stats.credit_waits += 1;
-                }
-                return Err(Refused::new(e, data));
-            }
+            Err(e) => return Err(Refused::new(self.counted(e), data)),
         };
         let exposed = match &data {
             Some(b) => match self.expose(now, b.slot, b.len, fetch, self.cfg.lease_time) {
@@ -414,11 +400,7 @@ impl Connection {
     ) -> Result<Option<u64>, UseError> {
         let lease = lease.map_or(self.cfg.lease_time, |l| l.min(self.cfg.lease_time));
         self.now = now;
-        let fetch = self.check_reply(req, header, None).inspect_err(|e| {
-            if *e == UseError::NoCredit {
-                self.stats.credit_waits += 1;
-            }
-        })?;
+        let fetch = self.check_reply(req, header, None).map_err(|e| self.counted(e))?;
         let slot = self.take_range(range)?;
         let exposed =
             match self.expose_ready(slot).and_then(|()| self.expose(now, slot, range.len, fetch, lease)) {
@@ -508,8 +490,6 @@ impl Connection {
     }
 }
 
-/// An inline payload must fit one frame with its header (and the
-/// attachments a request or reply may carry).
 /// Whether `inline` may ride in a frame with `header`: at most `max`
 /// (`Config::inline_max`, which the peer's must allow: a receiver closes
 /// the connection on an inline payload above its own).

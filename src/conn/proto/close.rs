@@ -54,16 +54,15 @@ impl Connection {
     /// arriving. Once the QP is destroyed, tell
     /// [`Connection::handle_qp_destroyed`].
     pub fn begin_close(&mut self, now: Duration) {
-        self.now = now;
-        self.dirty = true;
-        self.go_down(now, LossReason::Closed);
+        self.peer_lost(now, LossReason::Closed)
     }
 
     /// Outside the connection, the peer went away or broke the protocol
     /// (its bootstrap stream closed, or carried a byte after the ready
     /// byte): as [`Connection::begin_close`], but the connection is down
     /// for `why` ([`LossReason::PeerGone`] or
-    /// [`LossReason::PeerMisbehaved`]), unless it was down already.
+    /// [`LossReason::PeerMisbehaved`]; `Closed` is `begin_close`), unless
+    /// it was down already.
     pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
         self.now = now;
         self.dirty = true;
@@ -155,7 +154,8 @@ impl Connection {
             o.leases.clear();
         }
         if let Some(c) = &mut self.confirm {
-            c.forget_reads();
+            // The QP is gone: no READ of ours will complete.
+            c.reads.clear();
         }
     }
 }

@@ -221,9 +221,4 @@ impl ConfirmEngine {
     pub(super) fn handle_connection_lost(&mut self, now: Duration) {
         each!(&mut self.engine, e => e.handle_connection_lost(now))
     }
-
-    /// The QP is gone: no READ of ours will complete.
-    pub(super) fn forget_reads(&mut self) {
-        self.reads.clear();
-    }
 }

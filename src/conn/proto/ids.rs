@@ -20,6 +20,7 @@ pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// up the free room, the next insert rehashes the table, in place if it is
 /// at most half full and into a new, larger allocation otherwise. So the
 /// table gets room for `2 * n`: with `n` live entries it is at most half
+/// full, and a rehash never needs a new allocation.
 pub(crate) fn id_map<K, V>(n: usize) -> IdMap<K, V> {
     HashMap::with_capacity_and_hasher(2 * n, BuildHasherDefault::default())
 }

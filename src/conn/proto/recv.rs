@@ -487,7 +487,6 @@ impl Connection {
         self.emit(Event::Request { req: RequestId(msg), header, data, trace, delegated: false });
     }
 
-    /// A payload for `msg` is resolved: on a server the request, on a client the call.
     /// Whether `msg` (a request on a server, a call on a client) still waits
     /// for its payload.
     fn awaits_payload(&self, msg: u64) -> bool {
@@ -506,6 +505,8 @@ impl Connection {
         }
     }
 
+    /// A payload for `msg` is resolved: on a server the request, on a
+    /// client the call.
     fn payload_done(&mut self, msg: u64, data: Data) {
         // A payload for a message that is gone, or whose payload is already
         // resolved, has nobody to go to: its buffer goes back to the pool.
