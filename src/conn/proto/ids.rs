@@ -75,6 +75,11 @@ impl<V> Timed<V> {
 
     /// Drop stale entries from the front; compact when most are stale.
     fn prune(&mut self) {
+        if self.map.is_empty() {
+            // All stale (one call in flight, the usual case: no lookup).
+            self.order.clear();
+            return;
+        }
         while let Some(&(_, id)) = self.order.front() {
             if self.map.contains_key(&id) {
                 break;
