@@ -22,12 +22,23 @@ use std::time::Instant;
 #[derive(Default)]
 pub(crate) struct Alarm {
     slot: Option<Arc<Slot>>,
+    /// The waker this alarm's last `Pending` left in the slot, while it is
+    /// there (only a ring takes it, and a ring sets `Slot::rang`): a poll
+    /// with a waker that wakes the same task and no ring answers `Pending`
+    /// without the lock ([`Alarm::poll`]).
+    held: Option<Waker>,
+    /// Disarmed, as the last poll found it: only [`Alarm::arm`] arms it
+    /// again, so until then a poll answers `Pending` without the lock.
+    idle: bool,
 }
 
 #[derive(Default)]
 struct Slot {
     /// parking_lot's: no poisoning to check on the driver's path.
     state: parking_lot::Mutex<SlotState>,
+    /// `SlotState::rang`, readable without the lock. Written under it,
+    /// before a ring wakes the waker.
+    rang: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -116,6 +127,7 @@ impl Wheel {
                         }
                         Some(_) => {
                             st.rang = true;
+                            slot.rang.store(true, std::sync::atomic::Ordering::Release);
                             st.at = None;
                             if let Some(w) = st.waker.take() {
                                 drop(st);
@@ -144,7 +156,7 @@ impl Alarm {
     /// An alarm with its slot made now: a driver's, whose first sleep
     /// (inside a call) then allocates nothing.
     pub(crate) fn with_slot() -> Alarm {
-        Alarm { slot: Some(Arc::default()) }
+        Alarm { slot: Some(Arc::default()), held: None, idle: false }
     }
 
     /// Ring no later than `at` (an earlier deadline wins; `None` leaves the
@@ -159,6 +171,10 @@ impl Alarm {
             _ => {
                 st.at = Some(at);
                 st.rang = false;
+                slot.rang.store(false, std::sync::atomic::Ordering::Relaxed);
+                // A ring since the last poll took the waker `held` names.
+                self.held = None;
+                self.idle = false;
                 drop(st);
                 let w = wheel();
                 let mut heap = w.heap.lock().unwrap_or_else(|p| p.into_inner());
@@ -182,14 +198,29 @@ impl Alarm {
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Never armed: nothing will ring.
         let Some(slot) = &self.slot else { return Poll::Pending };
+        // Disarmed; or not rung, and the waker in the slot wakes this
+        // task: a ring from now on wakes it (it sets `rang` before it
+        // takes the waker).
+        if self.idle
+            || (!slot.rang.load(std::sync::atomic::Ordering::Acquire)
+                && self.held.as_ref().is_some_and(|w| w.will_wake(cx.waker())))
+        {
+            return Poll::Pending;
+        }
         let mut st = slot.state.lock();
         if st.rang {
             st.rang = false;
+            slot.rang.store(false, std::sync::atomic::Ordering::Relaxed);
             st.at = None;
+            self.held = None;
+            self.idle = true;
             return Poll::Ready(());
         }
         if st.at.is_some() {
             crate::handle::store_waker(&mut st.waker, cx.waker());
+            self.held = st.waker.clone();
+        } else {
+            self.idle = true;
         }
         Poll::Pending
     }
@@ -266,6 +297,36 @@ mod tests {
         fn wake(self: Arc<Self>) {
             let _ = self.1.send(self.0);
         }
+    }
+
+    /// An alarm that rang before it was polled again, and was armed again
+    /// meanwhile, rings at the new deadline: the first ring took the
+    /// waker the last poll left, so the next poll must leave it again (a
+    /// poll that answered from the waker it remembered leaving would
+    /// sleep through the second ring). Likewise an alarm polled while
+    /// disarmed, then armed (a poll that still took it for disarmed would
+    /// leave no waker).
+    #[test]
+    fn an_alarm_armed_again_after_an_unpolled_ring_wakes_its_poller() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waker = Waker::from(Arc::new(Ring(0, tx)));
+        let mut a = Alarm::with_slot();
+        // Disarmed: the poll finds nothing to wait for, and the arm below
+        // must make the next poll leave its waker.
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_pending());
+        a.arm(Some(Instant::now() + Duration::from_millis(5)));
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_pending());
+        rx.recv_timeout(Duration::from_secs(10)).expect("the first ring wakes the poller");
+        a.arm(Some(Instant::now() + Duration::from_millis(200)));
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_pending(), "rang 200 ms early");
+        rx.recv_timeout(Duration::from_secs(10)).expect("the second ring wakes the poller");
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_ready());
+        // Rung and polled: disarmed, and armed again it rings again.
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_pending());
+        a.arm(Some(Instant::now() + Duration::from_millis(5)));
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_pending());
+        rx.recv_timeout(Duration::from_secs(10)).expect("the third ring wakes the poller");
+        assert!(a.poll(&mut Context::from_waker(&waker)).is_ready());
     }
 
     #[test]
