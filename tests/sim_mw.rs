@@ -539,3 +539,48 @@ fn read_in_flight_when_invalidated_spec_and_rxe() {
         }
     }
 }
+
+/// Deallocate `s`'s window, which `bind_and_send` bound with the rkey
+/// `stale`, allocate another, and bind it over the same bytes with the
+/// consumer key `key`; returns its rkey.
+fn replace_window(s: &Setup, stale: u32, key: u8) -> u32 {
+    s.p.a.nic.dealloc_mw(s.mw.id).unwrap();
+    let mw = s.p.a.nic.alloc_mw().unwrap();
+    assert_eq!(mw.rkey >> 8, stale >> 8, "the freed key index is given out again");
+    let rk = rkey::rebind(mw.rkey, key);
+    let wr = SendWr::BindMw {
+        wr_id: 1,
+        signaled: true,
+        mw: mw.id,
+        rkey: rk,
+        mr: s.mr.id,
+        offset: 256,
+        len: 512,
+        access: Access::REMOTE_READ,
+    };
+    s.p.a.nic.post_send(s.p.a.qp, &[wr]).unwrap();
+    let (a, _) = s.p.settle();
+    assert_eq!(statuses(&a), vec![(1, WcOpcode::BindMw, WcStatus::Success)]);
+    rk
+}
+
+/// Key indexes are reused, as on real devices: a window allocated after
+/// another was deallocated gets its index, so the old window's rkey names
+/// the new window. With another consumer key it reads nothing; with the
+/// same key (a key byte that wrapped) it reads what the new window
+/// exposes: only the key byte tells a stale rkey from a live one.
+#[test]
+fn a_deallocated_windows_index_is_reused_and_only_its_key_byte_stops_a_stale_rkey() {
+    let s = setup(DeviceConfig::spec());
+    let stale = bind_and_send(&s);
+    assert_ne!(replace_window(&s, stale, 0x77), stale);
+    let c = read_one(&s, s.mr.addr + 256, 64, stale);
+    assert_eq!(c.status, WcStatus::RemAccessErr, "a stale rkey with another key byte read the new window");
+    // (The failed READ took the reader's QP to ERR: a fresh pair.)
+    let s = setup(DeviceConfig::spec());
+    let stale = bind_and_send(&s);
+    assert_eq!(replace_window(&s, stale, (stale & 0xff) as u8), stale, "the same key byte, the same rkey");
+    let c = read_one(&s, s.mr.addr + 256, 64, stale);
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(dst_bytes(&s, 64), pattern(4096)[256..320]);
+}

@@ -325,6 +325,7 @@ impl NicOps for SimNic {
         }
         let index = m.rkey >> 8;
         d.keys.remove(&index);
+        d.free_indexes.push(index);
         d.mrs[mr.0 as usize] = None;
         Ok(())
     }
@@ -411,6 +412,7 @@ impl NicOps for SimNic {
         }
         let d = &mut w.devs[self.dev as usize];
         d.keys.remove(&(rkey >> 8));
+        d.free_indexes.push(rkey >> 8);
         d.mws[mw.0 as usize] = None;
         w.error_all(to_err);
         Ok(())

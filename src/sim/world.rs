@@ -50,6 +50,13 @@ pub(crate) struct Device {
     /// Key index (rkey >> 8) to the object it names; shared by all PDs, as on real devices.
     pub(crate) keys: BTreeMap<u32, KeyObj>,
     pub(crate) next_index: u32,
+    /// Key indexes freed (a region deregistered, a window deallocated),
+    /// given out again before new ones, the last freed first: real
+    /// devices reuse their key indexes, so a stale rkey may name a newer
+    /// object at the same index (with another consumer key, unless the
+    /// random byte repeats, 1 in 256, as the 8-bit key of real devices
+    /// wraps).
+    pub(crate) free_indexes: Vec<u32>,
     pub(crate) next_addr: u64,
     pub(crate) next_qpn: u32,
     pub(crate) mrs: Vec<Option<Mr>>,
@@ -241,6 +248,7 @@ impl Device {
             next_pd: 0,
             keys: BTreeMap::new(),
             next_index: 1,
+            free_indexes: Vec::new(),
             next_addr: 0x10_0000,
             next_qpn: 0x11,
             mrs: Vec::new(),
@@ -278,10 +286,13 @@ impl Device {
     pub(crate) fn qp_by_qpn(&self, qpn: u32) -> Option<u32> {
         self.by_qpn.get(&qpn).copied()
     }
-    /// A fresh key index with a random consumer key.
+    /// A key index (a freed one if any, `free_indexes`) with a random
+    /// consumer key.
     pub(crate) fn new_key(&mut self, obj: KeyObj, rng: &mut SmallRng) -> u32 {
-        let index = self.next_index;
-        self.next_index += 1;
+        let index = self.free_indexes.pop().unwrap_or_else(|| {
+            self.next_index += 1;
+            self.next_index - 1
+        });
         self.keys.insert(index, obj);
         (index << 8) | rng.gen::<u8>() as u32
     }
