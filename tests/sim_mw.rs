@@ -584,3 +584,22 @@ fn a_deallocated_windows_index_is_reused_and_only_its_key_byte_stops_a_stale_rke
     assert_eq!(c.status, WcStatus::Success, "{c:?}");
     assert_eq!(dst_bytes(&s, 64), pattern(4096)[256..320]);
 }
+
+/// A LOCAL_INV of a stale rkey whose index a newer, unbound window took
+/// fails on the key, as rxe checks it first (`rxe_invalidate_mw`): a
+/// wrong key, not the crash case of an unbound window's own key.
+#[test]
+fn a_stale_rkey_on_a_reused_index_is_a_wrong_key_not_the_crash_case() {
+    for dev in [DeviceConfig::spec(), DeviceConfig::rxe()] {
+        let s = setup(dev);
+        let stale = bind_and_send(&s);
+        s.p.a.nic.dealloc_mw(s.mw.id).unwrap();
+        let mw = s.p.a.nic.alloc_mw().unwrap();
+        assert_eq!(mw.rkey >> 8, stale >> 8, "the freed key index is given out again");
+        assert_ne!(mw.rkey, stale, "this seed draws another key byte");
+        s.p.a.nic.post_send(s.p.a.qp, &[SendWr::LocalInv { wr_id: 6, signaled: true, rkey: stale }]).unwrap();
+        let (a, _) = s.p.settle();
+        assert_eq!(statuses(&a), vec![(6, WcOpcode::LocalInv, WcStatus::LocQpOpErr)]);
+        assert!(s.p.fabric.would_crash_rxe().is_empty(), "{:?}", s.p.fabric.would_crash_rxe());
+    }
+}

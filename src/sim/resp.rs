@@ -358,13 +358,16 @@ impl World {
             _ => return Err(InvError::UnknownKey),
         };
         let mw = d.mw_mut(w).ok_or(InvError::UnknownKey)?;
+        // The key first, as rxe checks it (`rxe_invalidate_mw`): a stale
+        // rkey whose index a newer window took (indexes are reused) is
+        // refused, whatever that window's PD or state.
+        if mw.rkey != rk {
+            return Err(InvError::WrongKey);
+        }
         if !rxe && mw.pd != pd {
             return Err(InvError::OtherPd);
         }
         let MwState::Bound { mr, qp: bound_to, .. } = mw.state else { return Err(InvError::NotBound) };
-        if mw.rkey != rk {
-            return Err(InvError::WrongKey);
-        }
         if by_qp.is_some_and(|q| q != bound_to) && !rxe {
             return Err(InvError::OtherQp);
         }
