@@ -323,9 +323,8 @@ impl NicOps for SimNic {
         if m.bound_mws > 0 {
             return Err(os("dereg_mr", EBUSY));
         }
-        let index = m.rkey >> 8;
-        d.keys.remove(&index);
-        d.free_indexes.push(index);
+        let rkey = m.rkey;
+        d.free_key(rkey);
         d.mrs[mr.0 as usize] = None;
         Ok(())
     }
@@ -411,8 +410,7 @@ impl NicOps for SimNic {
             to_err = w.invalidate(self.dev, self.pd, rkey, None).unwrap_or_default();
         }
         let d = &mut w.devs[self.dev as usize];
-        d.keys.remove(&(rkey >> 8));
-        d.free_indexes.push(rkey >> 8);
+        d.free_key(rkey);
         d.mws[mw.0 as usize] = None;
         w.error_all(to_err);
         Ok(())
@@ -477,13 +475,7 @@ impl NicOps for SimNic {
         for cq in [cfg.send_cq, cfg.recv_cq] {
             d.cqs[cq.0 as usize].as_mut().expect("checked").users += 1;
         }
-        let qpn = match d.free_qpns.pop() {
-            Some(n) if d.cfg.reuse_qpns => n,
-            _ => {
-                d.next_qpn += 1;
-                d.next_qpn - 1
-            }
-        };
+        let qpn = d.qpns.take();
         let idx = d.qps.len() as u32;
         d.qps.push(Some(Qp::new(self.pd, qpn, cfg, retry, rnr)));
         d.by_qpn.insert(qpn, idx);
@@ -535,7 +527,7 @@ impl NicOps for SimNic {
         if let Some(q) = d.qps[qp.0 as usize].take() {
             d.by_qpn.remove(&q.qpn);
             if d.cfg.reuse_qpns {
-                d.free_qpns.push(q.qpn);
+                d.qpns.give_back(q.qpn);
             }
         }
         Ok(())

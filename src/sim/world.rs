@@ -42,6 +42,30 @@ const MAX_SPARE: usize = 256;
 /// The least room a new byte vector is made with (a control frame's).
 const MIN_BYTES: usize = 4096;
 
+/// Numbers handed out in order, freed ones again first (the latest freed
+/// first), as devices hand out key indexes and QP numbers.
+pub(crate) struct Numbers {
+    next: u32,
+    free: Vec<u32>,
+}
+
+impl Numbers {
+    pub(crate) fn from(first: u32) -> Numbers {
+        Numbers { next: first, free: Vec::new() }
+    }
+
+    pub(crate) fn take(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    pub(crate) fn give_back(&mut self, n: u32) {
+        self.free.push(n);
+    }
+}
+
 pub(crate) struct Device {
     pub(crate) cfg: DeviceConfig,
     pub(crate) alive: bool,
@@ -49,16 +73,16 @@ pub(crate) struct Device {
     pub(crate) next_pd: u32,
     /// Key index (rkey >> 8) to the object it names; shared by all PDs, as on real devices.
     pub(crate) keys: BTreeMap<u32, KeyObj>,
-    pub(crate) next_index: u32,
-    /// Key indexes freed (a region deregistered, a window deallocated),
-    /// given out again before new ones, the last freed first: real
-    /// devices reuse their key indexes, so a stale rkey may name a newer
-    /// object at the same index (with another consumer key, unless the
-    /// random byte repeats, 1 in 256, as the 8-bit key of real devices
-    /// wraps).
-    pub(crate) free_indexes: Vec<u32>,
+    /// Key indexes. A freed one (a region deregistered, a window
+    /// deallocated) is given out again first: real devices reuse their key
+    /// indexes, so a stale rkey may name a newer object at the same index
+    /// (with another consumer key, unless the random byte repeats, 1 in
+    /// 256, as the 8-bit key of real devices wraps).
+    pub(crate) indexes: Numbers,
     pub(crate) next_addr: u64,
-    pub(crate) next_qpn: u32,
+    /// QP numbers; a destroyed QP's is handed out again only when the
+    /// device reuses numbers ([`DeviceConfig::reuse_qpns`]).
+    pub(crate) qpns: Numbers,
     pub(crate) mrs: Vec<Option<Mr>>,
     pub(crate) mws: Vec<Option<Mw>>,
     pub(crate) cqs: Vec<Option<Cq>>,
@@ -66,9 +90,6 @@ pub(crate) struct Device {
     pub(crate) srqs: Vec<Option<Srq>>,
     /// QP number to index in `qps`, for the live QPs.
     pub(crate) by_qpn: std::collections::HashMap<u32, u32>,
-    /// Numbers of destroyed QPs, handed out again first when the device
-    /// reuses numbers ([`DeviceConfig::reuse_qpns`]): the latest first.
-    pub(crate) free_qpns: Vec<u32>,
     /// Verbs made to fail ([`crate::sim::SimNic::fail_next`]): the verb's
     /// name and how many more calls of it fail.
     pub(crate) failing: Vec<(&'static str, u32)>,
@@ -247,17 +268,15 @@ impl Device {
             gid,
             next_pd: 0,
             keys: BTreeMap::new(),
-            next_index: 1,
-            free_indexes: Vec::new(),
+            indexes: Numbers::from(1),
             next_addr: 0x10_0000,
-            next_qpn: 0x11,
+            qpns: Numbers::from(0x11),
             mrs: Vec::new(),
             mws: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
             srqs: Vec::new(),
             by_qpn: std::collections::HashMap::new(),
-            free_qpns: Vec::new(),
             failing: Vec::new(),
         }
     }
@@ -286,15 +305,18 @@ impl Device {
     pub(crate) fn qp_by_qpn(&self, qpn: u32) -> Option<u32> {
         self.by_qpn.get(&qpn).copied()
     }
-    /// A key index (a freed one if any, `free_indexes`) with a random
-    /// consumer key.
+    /// A key index (a freed one if any) with a random consumer key.
     pub(crate) fn new_key(&mut self, obj: KeyObj, rng: &mut SmallRng) -> u32 {
-        let index = self.free_indexes.pop().unwrap_or_else(|| {
-            self.next_index += 1;
-            self.next_index - 1
-        });
+        let index = self.indexes.take();
         self.keys.insert(index, obj);
         (index << 8) | rng.gen::<u8>() as u32
+    }
+
+    /// The object `rkey` names is gone: its index may be given out again.
+    pub(crate) fn free_key(&mut self, rkey: u32) {
+        if self.keys.remove(&(rkey >> 8)).is_some() {
+            self.indexes.give_back(rkey >> 8);
+        }
     }
 }
 

@@ -29,7 +29,8 @@ use super::{BufClass, Config, Connection, Link, Prepared, RegionId, Role, SetupE
 use crate::backend::{Completion, CqId, Nic, NicError};
 use crate::telemetry::Tally;
 
-/// Completions taken per poll of the shared queue.
+/// Completions taken per poll of the shared queue (the routes' scratch
+/// array's size).
 use super::routes::BATCH as POLL_BATCH;
 
 /// What an [`Endpoint`](super::Endpoint)'s completion queue and driver
@@ -88,7 +89,7 @@ impl<N: Nic> CqHold<N> {
     ) -> Result<usize, NicError> {
         let mut batch = std::mem::take(&mut routes.batch);
         if batch.is_empty() {
-            batch.resize(super::routes::BATCH, Completion::EMPTY);
+            batch.resize(POLL_BATCH, Completion::EMPTY);
         }
         let mut total = 0;
         let r = loop {
