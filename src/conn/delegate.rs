@@ -214,9 +214,8 @@ pub(crate) struct Delegations {
     /// Some live exposure was revoked and waits for its connection to
     /// invalidate it ([`Regions::take_ends`]).
     ends_due: AtomicBool,
-    /// Live exposures were revoked since the endpoint last rang the
-    /// connections exposing them, so that each takes a turn and ends them
-    /// ([`Regions::take_ring`], [`Regions::ends_conns`]).
+    /// Live exposures were revoked since the endpoint last rang their
+    /// connections (`Hub::ring_ends`, [`Regions::take_ring`]).
     ring: AtomicBool,
 }
 
@@ -409,8 +408,6 @@ impl<N: Nic> Regions<N> {
     /// at most as long as its own. The holder's token is redeemed into
     /// the new delegation (it exposes nothing to the holder) and `conn`
     /// holds it: it may revoke what it made ([`Regions::revoke_held`]).
-    /// A part wider or longer than the capability is refused
-    /// `OutsideCapability` before the holder's token is used.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn delegate_on(
         &self,

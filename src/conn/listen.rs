@@ -116,10 +116,7 @@ impl<N: Nic + 'static> Listener<N> {
         self.shut();
     }
 
-    /// What closes this listener from another task, while its accept
-    /// loop waits in [`Listener::accept`]: that `accept` (or the next)
-    /// then closes the listener as [`Listener::close`] does and returns
-    /// [`SetupError::ListenerClosed`].
+    /// The [`CloseSignal`] that closes this listener from another task.
     pub(super) fn closer(&self) -> Arc<CloseSignal> {
         self.close.clone()
     }
@@ -130,16 +127,10 @@ impl<N: Nic + 'static> Listener<N> {
         self.handshakes = FuturesUnordered::new();
     }
 
-    /// The next client whose handshake finished: connected, or the error
-    /// that ended its handshake (a wrong key, silence past the timeout,
-    /// ...), which concerns that client only: call `accept` again. Failing
-    /// to take a TCP connection at all (out of file descriptors, say) is
-    /// an error too. Once the listener is closed ([`Listener::close`],
-    /// [`CloseSignal::close`]) it returns [`SetupError::ListenerClosed`]:
-    /// end the accept loop then.
-    ///
-    /// Cancel-safe: dropping the future loses no handshake; the next call
-    /// goes on with them.
+    /// What [`Endpoint::accept`](super::Endpoint::accept) runs, with its
+    /// results (closed: [`SetupError::ListenerClosed`]); failing to take a TCP
+    /// connection at all (out of file descriptors, say) is an error too.
+    /// Cancel-safe: the next call goes on with the handshakes in progress.
     pub(super) async fn accept(&mut self) -> Result<AsyncConnected<N>, SetupError> {
         poll_fn(|cx| loop {
             // Registered before looking: a close from now on wakes this task.

@@ -26,15 +26,11 @@
 //! - the **reply** payload is the server's memory, READ by the client
 //!   ([`Policies::reply`]).
 //!
-//! Buffers are move-only [`Buf`] handles into registered memory that
-//! dereference to their payload (`&[u8]`, `&mut [u8]`) without a copy;
-//! while one is held nothing else touches its bytes (`src/mem.rs`). Giving
+//! Buffers are move-only [`Buf`] handles into registered memory. Giving
 //! one to a call or reply hands it to the NIC, and it comes back only in
-//! [`Event::BufferReturned`], which the connection emits only on evidence
-//! that no remote access is possible any more (the invalidation's
-//! completion, the confirm answered, the QP flushed or destroyed). A reply
-//! payload arrives as a `Buf` the user owns. Dropping a `Buf` returns it to
-//! the pool; a refused call or reply hands it back in [`Refused`].
+//! [`Event::BufferReturned`], on evidence that no remote access is
+//! possible any more (the invalidation's completion, the confirm answered,
+//! the QP flushed or destroyed).
 
 #[cfg(not(loom))]
 mod alarm;

@@ -11,32 +11,17 @@
 //! after the clear puts the connection on the list again (another turn).
 //!
 //! A waiter that polls the completion queue itself (it spins,
-//! `live::driver::Spin`) is counted ([`ReadyList::start`]). How the driver
-//! sleeps meanwhile depends on the NIC's arm:
-//!
-//! - **Dear** (verbs: an arm's event costs system calls to take). While
-//!   any waiter polls, the driver leaves the queue unarmed. The last to
-//!   stop rings the doorbell ([`ReadyList::stop`]), and the driver reads
-//!   the count only after taking the doorbell, so it never sleeps with the
-//!   queue unarmed and nobody polling it.
-//! - **Cheap** (`NicOps::cq_arm_is_cheap`: the simulator). The driver
-//!   keeps the queue armed through [`ReadyList::cq_waker`], which wakes it
-//!   only while no waiter polls; one that fires while a waiter polls marks
-//!   the queue as fired, and the last waiter to stop arms it again instead
-//!   of ringing ([`ReadyList::stop`]). A caller making call after call on
-//!   another thread than the driver's then wakes the driver for none of
-//!   them.
-//!
-//! Either way, a waiter with a long window ([`LINGER_MIN`] or more) that
-//! got what it waited for stops without ringing (on a cheap arm, it arms
-//! the queue again only if the arm's waker fired while it spun): the queue
-//! counts as watched until the latest window end published
-//! ([`ReadyList::extend`], [`ReadyList::watched`]), and the driver sleeps
-//! unarmed with its alarm set for it (so that what a server posts between
-//! its requests, which its next spinning wait runs, wakes no driver on the
-//! simulator either). A lingering waiter whose window starts when none is
-//! open rings (a driver that saw no window may be asleep without the
-//! alarm).
+//! `live::driver::Spin`) is counted ([`ReadyList::start`]), and the driver
+//! sleeps by the NIC's arm: a **dear** one (verbs) is left off while any
+//! waiter polls, and the last to stop rings ([`ReadyList::waiter_polls`]);
+//! a **cheap** one (the simulator) stays armed through
+//! [`ReadyList::cq_waker`], so a caller making call after call on another
+//! thread than the driver's wakes the driver for none of them. A waiter
+//! with a long window ([`LINGER_MIN`]) that got what it waited for leaves
+//! without ringing, the driver sleeping on its alarm until the window's
+//! end ([`ReadyList::watched`]): what a server posts between its requests
+//! wakes no driver on the simulator either. The cases, in full:
+//! [`ReadyList::stop`].
 //!
 //! Why, and what it saves: `docs/architecture.md`, "The driver".
 //!
@@ -241,10 +226,7 @@ impl<T> ReadyList<T> {
             return false;
         }
         if cheap && was & FIRED != 0 {
-            // The arm fired while waiters polled: armed again even by a
-            // waiter that lingers, for a driver that armed it sleeps on it
-            // (it may have looked for a window before this waiter's
-            // published one, and found none).
+            // The doc's first case: armed again, even by a waiter that lingers.
             return true;
         }
         if !lingers && !cheap {
@@ -290,10 +272,8 @@ struct Signal {
 }
 
 impl Signal {
-    /// The queue's waker fired: whether to wake the driver. Not while a
-    /// waiter polls the queue (what came is the waiters' to find): then
-    /// the queue is marked as fired, and the last waiter to stop arms it
-    /// again ([`ReadyList::stop`]).
+    /// The queue's waker fired: whether to wake the driver (not while a
+    /// waiter polls: [`ReadyList::cq_waker`]).
     fn cq_woke(&self) -> bool {
         self.spinners
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| (s & !FIRED > 0).then_some(s | FIRED))

@@ -1,7 +1,4 @@
-//! An endpoint's regions: memory the application registers once, with its
-//! [`Endpoint`](super::Endpoint), to keep its data in (a KV cache's
-//! values, a store's blocks) and expose ranges of to any of the endpoint's
-//! connections without copying them into buffers.
+//! An endpoint's regions ([`Endpoint::register_region`](super::Endpoint::register_region)).
 //!
 //! Every range a connection exposes is in its region's [`Book`] from
 //! before the exposure is posted until its evidence (the connection's

@@ -5,14 +5,9 @@
 //! inside [`Routes::retire`]; and posts a shared receive that nobody will
 //! take back to its queue.
 //!
-//! The rules, and why (`docs/serving.md`, "The hub's rules"): each QP's
-//! worst case is reserved before it is created ([`Routes::reserve`], or
-//! [`SetupError::CqBudget`]); its route is opened as soon as it exists
-//! ([`Routes::open`]), so a completion with no route is an orphan, never an
-//! early one; a completion of a route with no target yet is held until
-//! [`Routes::attach`]; and [`Routes::retire`] drains, destroys, drains
-//! again and only then forgets the number, which a device gives to a later
-//! QP.
+//! The rules it keeps are on [`Routes::reserve`], [`Routes::open`],
+//! [`Routes::attach`] and [`Routes::retire`]; why: `docs/serving.md`,
+//! "The hub's rules".
 
 use super::proto::ids::IdMap;
 use super::SetupError;
@@ -51,9 +46,7 @@ struct Route<T> {
     held: Vec<Completion>,
     /// Its reservation of the queue's entries.
     entries: u32,
-    /// Its QP could not be destroyed ([`Routes::retire`]): the route stays,
-    /// with its reservation (the QP may still complete work), and what
-    /// completes is an orphan.
+    /// Its QP could not be destroyed (see [`Routes::retire`]).
     stuck: bool,
 }
 

@@ -452,8 +452,7 @@ pub enum Misbehavior {
     },
     /// A server's user held every buffer a request payload fits, and the
     /// client sent more payloads (window grants, confirm exposures) than
-    /// `Config::max_waiting_payloads` lets wait for one. Payloads whose
-    /// lease ran out while they waited do not count.
+    /// `Config::max_waiting_payloads` lets wait for one.
     #[error(
         "{waiting} request payloads already wait for a free buffer (Config::max_waiting_payloads), \
          and the peer sent another: it sends faster than this side frees its buffers; free them \

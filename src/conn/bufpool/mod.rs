@@ -6,25 +6,17 @@
 //! "Shared buffers".
 //!
 //! # Fairness
-//! Each connection on the pool has a guaranteed *share* of each class: the
-//! class's buffers divided by the connections on the pool, rounded down
-//! (none, when connections outnumber buffers). A connection below its
-//! share takes a free buffer whenever there is one; any other take
-//! *borrows*, and may do so only while no other connection waits for that
-//! class (queued, or woken and on its way). A buffer given back wakes
-//! **one** waiter that can take it: one below its share first, then the
-//! one that has held the pool's buffers least of late ([`fair::Member`]'s
-//! `used`), then the first to come. The woken connection's next try takes
-//! it whatever its share; one that no longer wants it passes the wake-up
-//! on at the end of the turn after it (`Slots::end_turn`: not before tasks
-//! it woke, a user's `alloc`, have had a chance to run). A woken
-//! connection that takes one of several free buffers wakes the next waiter
-//! for the rest. (With no guaranteed share, a connection that holds
-//! buffers long is served after newcomers that have held none: a stream
-//! of new connections can keep it waiting.) Windows queue the same way,
-//! without shares (the pool allocates more when it runs short). The rules
-//! live in [`fair`]; what they do against hoarders: `docs/reliability.md`,
-//! "Fairness of a shared pool".
+//! Each connection on the pool has a guaranteed *share* of each class
+//! (`State::share`); any other take *borrows*, and only while no other
+//! connection waits for that class (`State::may_take`). A buffer given
+//! back wakes **one** waiter that can take it (`State::wake_next` says
+//! which); a wake-up its connection does not use is passed on
+//! (`Slots::end_turn`), and the rest of several free buffers go to the
+//! next waiter (`State::kick`). (With no guaranteed share, a connection
+//! that holds buffers long is served after newcomers that have held none:
+//! a stream of new connections can keep it waiting.) Windows queue the
+//! same way, without shares. The rules live in [`fair`]; what they do
+//! against hoarders: `docs/reliability.md`, "Fairness of a shared pool".
 
 mod fair;
 mod windows;

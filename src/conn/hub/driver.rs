@@ -1,7 +1,4 @@
-//! The hub's driver loop ([`Hub::run`]): poll the shared completion queue, route each
-//! completion to its connection, and give a turn to each connection that
-//! has something to do (a completion, a user's call or reply, a timer kept
-//! in a heap).
+//! The hub's driver loop ([`Hub::run`]; what it does: the hub's module docs).
 
 use std::collections::BinaryHeap;
 use std::future::poll_fn;
@@ -248,8 +245,7 @@ impl<N: Nic> Hub<N> {
         // user does and rings for from now on queues it again
         // (`Inner::ring`), and what it did before, this turn sees.
         part.queued.clear();
-        // `inbox` (empty, with its capacity) and the connection's routed
-        // completions trade places under the connection's lock (`Inner::turn`).
+        // `inbox` trades places with the routed completions (`Inner::turn`).
         let t = inner.turn(now, inbox, |st, next| {
             // A heap entry at or before now has fired (this turn may be
             // its): it arms nothing any more, and a deadline set from now on

@@ -137,9 +137,7 @@ impl<N: Nic> Drop for CqHold<N> {
 
 /// One completion queue and one driver for the connections of an
 /// [`Endpoint`](super::Endpoint), shared by the endpoint's handles, the
-/// driver ([`Hub::run`]) and each connection (weakly); see the module
-/// docs. The driver ends once the endpoint is closed ([`Hub::close`]) and
-/// every connection on the hub has finished.
+/// driver ([`Hub::run`]) and each connection (weakly); see the module docs.
 pub(crate) struct Hub<N: Nic> {
     hold: Arc<CqHold<N>>,
     /// The shared receive queue its connections take their receives from,
@@ -155,8 +153,7 @@ pub(crate) struct Hub<N: Nic> {
     /// Connections due a turn, the driver's doorbell, and the count of
     /// waiters taking their connection's turns themselves (see `ready.rs`).
     pub(in crate::conn) ready: ReadyList<Arc<Inner<N>>>,
-    /// The endpoint is gone ([`Hub::close`]): the driver ends once every
-    /// connection has finished.
+    /// The endpoint is gone ([`Hub::close`]).
     closed: AtomicBool,
     /// How long the driver keeps polling an idle queue before it sleeps.
     busy_poll: Duration,
@@ -352,21 +349,15 @@ pub(in crate::conn) struct HubPart<N: Nic> {
     /// The hub's queue's arm is cheap (`NicOps::cq_arm_is_cheap`): a call
     /// with a short window spins from before its post (`Spin::begin`).
     pub(in crate::conn) cheap_arm: bool,
-    /// Set at the end of each turn while nothing waits for a control send
-    /// slot: a grant SEND's successful completion then goes to the inbox
-    /// without queueing the connection, and is handled with its next
-    /// completion (the peer's release, which comes soon after, or its
-    /// LOCAL_INV's). See [`HubPart::route`].
+    /// A grant SEND's success may wait in the inbox for the next turn: set
+    /// by `Inner::turn` (its end says when), read by [`HubPart::route`].
     pub(in crate::conn) lazy_grant_sends: std::sync::atomic::AtomicBool,
 }
 
 impl<N: Nic> HubPart<N> {
     /// Put `c` in the inbox; whether the connection needs a turn for it
-    /// (false only for a grant SEND's success while `lazy_grant_sends`).
-    /// The flag is read under the inbox's lock, which the turn that clears
-    /// it takes after it does (see the end of `Inner::turn`): a completion
-    /// either makes that turn queue the connection again or sees the flag
-    /// cleared.
+    /// (false only for a grant SEND's success while `lazy_grant_sends`; why
+    /// no completion is missed: the end of `Inner::turn`).
     #[inline]
     pub(in crate::conn) fn route(&self, c: crate::backend::Completion) -> bool {
         let mut inbox = self.inbox.lock();

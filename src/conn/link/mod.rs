@@ -1,11 +1,6 @@
-//! The I/O layer: a [`Connection`] state machine run over a [`Nic`].
-//!
-//! A [`Link`] owns the device resources of a connection (its
-//! completion queue, control and data regions, memory windows and queue
-//! pair) and does the I/O its [`Connection`] asks for: it posts the
-//! [`Command`]s, polls the completion queue and feeds each completion (with
-//! a received frame's bytes) back. Everything else (the protocols, buffers,
-//! calls, timers) is the connection's.
+//! The I/O layer: a [`Connection`] state machine run over a [`Nic`] by a
+//! [`Link`] (the layers: `conn`'s module docs). Everything but the I/O
+//! (the protocols, buffers, calls, timers) is the connection's.
 
 use std::time::Duration;
 
@@ -474,12 +469,8 @@ impl<N: Nic> Link<N> {
 
     // ---- calls ----
 
-    /// Client: send a request with `header` and, optionally, a payload the
-    /// server will READ from `data` (which returns in an
-    /// [`Event::BufferReturned`]). The reply comes as [`Event::Reply`] or
-    /// [`Event::CallFailed`].
-    ///
-    /// A refusal sends nothing and hands `data` back in [`Refused::data`].
+    /// Client: send a request with `header` and an optional payload `data`,
+    /// as `proto::Connection::call` (the reply, the buffer's return, a refusal).
     pub fn call(&mut self, now: Duration, header: &[u8], data: Option<Buf>) -> Result<CallId, Refused> {
         self.call_traced(now, None, header, data)
     }
@@ -550,20 +541,15 @@ impl<N: Nic> Link<N> {
         }
     }
 
-    /// Client: give up on a call. Its exposures end as the protocols allow
-    /// (an mw window stays bound until the peer releases or it expires).
+    /// Client: give up on a call, as `proto::Connection::cancel`.
     pub fn cancel(&mut self, now: Duration, call: CallId) -> bool {
         let r = self.conn.cancel(now, call);
         self.run();
         r
     }
 
-    /// Server: answer `req` with `status`, `header` and optionally a payload
-    /// the client will READ from `data` (it returns in an
-    /// [`Event::BufferReturned`]).
-    ///
-    /// A refusal sends nothing, leaves the request waiting for a reply, and
-    /// hands `data` back in [`Refused::data`].
+    /// Server: answer `req` with `status`, `header` and an optional payload
+    /// `data`, as `proto::Connection::reply`.
     pub fn reply(
         &mut self,
         now: Duration,
@@ -584,21 +570,16 @@ impl<N: Nic> Link<N> {
 
     // ---- closing ----
 
-    /// Start closing: the QP goes to ERR (no remote access through it is
-    /// possible any more), every call fails, and the flushes start arriving.
-    /// `Link::drive` (tests), or the hub through `Link::handle_completions`,
-    /// reaps them; [`Link::finish_close`] then destroys the QP. Never
-    /// blocks.
+    /// Start closing (`proto::Connection::begin_close`); `Link::drive`
+    /// (tests) or the hub reaps the flushes, then [`Link::finish_close`]
+    /// destroys the QP. Never blocks.
     pub fn begin_close(&mut self, now: Duration) {
         self.span.in_scope(|| self.conn.begin_close(now));
         self.run();
     }
 
-    /// The peer went away or broke the protocol on its bootstrap stream
-    /// (an [`Endpoint`](super::Endpoint)'s driver watches it). Starts
-    /// closing as [`Link::begin_close`] does, with the connection down
-    /// for `why` (unless it was down already), so that calls fail saying
-    /// so (see `proto::Connection::peer_lost`). Never blocks.
+    /// The peer went away or broke the protocol on its bootstrap stream: as
+    /// `proto::Connection::peer_lost`, the commands carried out. Never blocks.
     pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
         self.span.in_scope(|| self.conn.peer_lost(now, why));
         self.run();
@@ -657,10 +638,8 @@ impl<N: Nic> Link<N> {
             destroy_qp(&self.nic, self.shared.as_ref(), &self.local).err().map(|e| e.to_string())
         };
         if let Some(why) = failed {
-            // No evidence: the QP may still reach every buffer it could
-            // (a READ not flushed may still land, a window not freed may
-            // still be read). They stay with it until the drop destroys it,
-            // or for good.
+            // No evidence (`proto::Connection::handle_qp_stuck`): what it could
+            // reach stays with it until the drop destroys it, or for good.
             self.qp = QpFate::Stuck;
             let kept = self.conn.handle_qp_stuck(now);
             tracing::warn!(why, kept, "the QP is still alive after the close: the buffers and ranges it could still reach are not used again until it is destroyed (tried once more when the connection is dropped; otherwise the memory is released when the process ends)");

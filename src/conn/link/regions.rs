@@ -11,10 +11,7 @@ use crate::conn::types::*;
 
 impl<N: Nic> Link<N> {
     /// Register `len` zeroed bytes in the link's regions (its endpoint's,
-    /// once a hub adopts it: `Endpoint::register_region` says more), to
-    /// expose ranges of without copying them into buffers
-    /// ([`Link::call_region`], [`Link::reply_region`]). The link registers
-    /// the region in its PD the first time it exposes a range of it.
+    /// once a hub adopts it; see `Endpoint::register_region`).
     #[cfg(any(test, feature = "testing"))]
     pub fn register_region(&mut self, len: usize) -> Result<RegionId, crate::backend::NicError> {
         self.regions.register(len)

@@ -91,10 +91,7 @@ pub(crate) fn idle_turn(idle: &mut u32) {
 
 impl Spin {
     /// The waiter no longer takes turns itself; `got` says whether it got
-    /// what it waited for. The last to stop rings the hub's driver, or
-    /// with a cheap arm arms the queue again if need be, unless it lingers
-    /// and got it (`ReadyList::stop`): a waiter that comes back within the
-    /// window, the usual case, then costs the driver no wake-up.
+    /// what it waited for (the last to stop: `ReadyList::stop`).
     #[inline(always)]
     pub(crate) fn stop<N: Nic>(&mut self, inner: &Inner<N>, got: bool) {
         if self.spinning {
@@ -216,10 +213,7 @@ impl Spin {
         if let Some(hub) = &hub {
             hub.poll_for(inner);
         }
-        // The spinner's own vector (one spinner at a time), empty and with
-        // its capacity, trades places with the inbox under the state lock:
-        // no vector without capacity enters the inbox, where the hub's next
-        // routed completion would grow it.
+        // The spinner's own vector trades places with the inbox (`Hub::add`).
         let mut inbox = std::mem::take(&mut *part.spin_scratch.lock());
         // The clock read above, not a second one.
         let t = inner.turn(now, &mut inbox, |st, next| {
@@ -404,8 +398,7 @@ pub(crate) struct Turn {
     pub(crate) busy: bool,
     /// The connection is down, closed and every buffer is back.
     pub(crate) finished: bool,
-    /// Rkeys the peer invalidated that were none of this connection's
-    /// windows: the endpoint looks for the connection each belongs to.
+    /// `proto::Connection::take_foreign_invalidations`, taken at the turn's end.
     pub(crate) foreign_invalidations: Vec<u32>,
 }
 
@@ -433,10 +426,8 @@ impl<N: Nic> Inner<N> {
     ) -> Turn {
         let inner = self;
         let mut st = inner.state.lock();
-        // Taken only now: a turn that took the inbox before it had the lock
-        // could run after one that took later completions (a request
-        // handled before the one sent ahead of it: the peer then looks like
-        // it broke the protocol).
+        // Taken only now (see above): a turn that took it earlier could handle
+        // a request before the one sent ahead of it, as if the peer misbehaved.
         std::mem::swap(&mut *inner.hub.inbox.lock(), inbox);
         let completions = &inbox[..];
         if let Some(why) = st.closing.clone().filter(|_| st.ep.is_down().is_none()) {
@@ -517,9 +508,8 @@ impl<N: Nic> Inner<N> {
             st.finish_waiters.wake_all();
         }
         arm(&mut st, next);
-        // A wake-up from the shared pool is passed on at the end of the
-        // turn after it, which must come, and not while tasks it woke (a
-        // user's alloc) have not run yet: a few turns at most.
+        // The pool's wake-up waits while tasks it woke have not run (a few
+        // turns at most; `Slots::end_turn`).
         let defer = st.capacity_polled < st.capacity_wakes && st.pool_defers < 16;
         st.pool_defers = if defer { st.pool_defers + 1 } else { 0 };
         let again = st.ep.connection_mut().end_pool_turn(defer);
@@ -559,9 +549,7 @@ impl<N: Nic> Inner<N> {
         Turn { busy, finished, foreign_invalidations: st.ep.connection_mut().take_foreign_invalidations() }
     }
 
-    /// A SEND_WITH_INV received on another connection's queue pair
-    /// invalidated `rkey`: whether it was one of this connection's windows
-    /// (which then goes down without ever invalidating it again).
+    /// `proto::Connection::window_invalidated_elsewhere`, under the state lock.
     pub(crate) fn window_invalidated_elsewhere(&self, now: Duration, rkey: u32) -> bool {
         self.state.lock().ep.window_invalidated_elsewhere(now, rkey)
     }

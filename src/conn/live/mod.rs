@@ -65,9 +65,8 @@ pub struct Request {
     /// The caller's trace id, if it sent one ([`Connection::call_traced`]);
     /// the same when the request comes again.
     pub trace: Option<TraceId>,
-    /// The request comes again: the client read a stale reply (confirm
-    /// policy) and needs the reply payload again. Answer it as the first
-    /// time, from `header`; `data` is `None`.
+    /// The request comes again (confirm policy; see
+    /// [`Connection::next_request`]): `data` is `None`.
     pub again: bool,
     /// The caller asked for the reply's payload as a delegation
     /// ([`Connection::call_delegated`]; to whom and for how long:
@@ -290,8 +289,6 @@ impl<N: Nic> Inner<N> {
 
     /// The user changed something the driver must act on: queue the
     /// connection for a turn (once, until the turn starts) and wake the hub.
-    /// A ring during a turn queues it again: the turn clears `queued` before
-    /// it takes the state lock.
     pub(super) fn ring(&self) {
         self.hub.waker.wake_by_ref();
     }

@@ -370,10 +370,7 @@ impl Connection {
         back
     }
 
-    /// The driver's turn of this connection is over: a wake-up from the
-    /// shared pool that no try used by the end of the turn after it goes to
-    /// the next waiter (not yet, if `defer`: tasks it woke have not run).
-    /// True: run one more turn soon (that next turn).
+    /// The driver's turn of this connection is over: `Slots::end_turn`.
     #[inline]
     #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
     pub(crate) fn end_pool_turn(&mut self, defer: bool) -> bool {

@@ -59,9 +59,7 @@ impl Connection {
     /// Client: a call whose request payload, `inline` (at most
     /// `Config::inline_max` bytes, with `header` fitting one frame), rides
     /// in the request frame: no window, READ or release. The I/O layer
-    /// reads it out of the caller's buffer. The server's `inline_max` must
-    /// be as large: it closes the connection on a longer inline payload
-    /// ([`Misbehavior::InlineTooLong`]).
+    /// reads it out of the caller's buffer (the peer's limit: `Config::inline_max`).
     pub fn call_inline(
         &mut self,
         now: Duration,
@@ -491,8 +489,7 @@ impl Connection {
 }
 
 /// Whether `inline` may ride in a frame with `header`: at most `max`
-/// (`Config::inline_max`, which the peer's must allow: a receiver closes
-/// the connection on an inline payload above its own).
+/// (`Config::inline_max`).
 fn check_inline(header: &[u8], inline: &[u8], max: u32) -> Result<(), UseError> {
     let max = max.min(MAX_INLINE);
     if inline.len() > max as usize {

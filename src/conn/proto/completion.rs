@@ -64,10 +64,7 @@ impl Connection {
             TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
                 if c.status.is_success() {
-                    // A frame past every credit granted: on a receive queue
-                    // of its own it met RNR or took a receive reposted for a
-                    // later grant, on a shared one a receive held for another
-                    // connection. Either way the peer ignores flow control.
+                    // A frame past every credit granted: `Misbehavior::ExceedsCredit`.
                     self.frames_in += 1;
                     if self.frames_in > self.granted_total {
                         // Its SEND_WITH_INV, if any, has happened all the same.

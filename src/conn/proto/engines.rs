@@ -18,13 +18,9 @@ use crate::backend::{Access, MrId, MwId, SendWr, Sge, SgeList};
 impl Connection {
     // ---- carrying out engine actions ----
 
-    /// Owner side: end this connection's exposure number `exposure` of a
-    /// user range now (a delegation was revoked). Under mw its window is
-    /// invalidated at once (its one LOCAL_INV; the range returns on its
-    /// completion, as after an expiry); under confirm (a server's offer)
-    /// the offer is withdrawn: the range returns at once, and the reader's confirm is
-    /// answered `Reused` (what it read is discarded, never returned).
-    /// Whether an exposure was found to end.
+    /// Owner side: end exposure number `exposure` of a user range now (a
+    /// delegation was revoked), as `Endpoint::revoke` describes (under
+    /// confirm the range returns at once). Whether an exposure was found to end.
     pub(crate) fn revoke_exposure(&mut self, now: Duration, exposure: u64) -> bool {
         self.now = now;
         let Some(slot) = self.exposed_slot(exposure) else { return false };
@@ -385,10 +381,8 @@ impl Connection {
     }
 
     /// A payload of the peer's found every buffer it fits busy: whether it
-    /// may wait for one. A server lets at most `Config::max_waiting_payloads`
-    /// wait (not counting those whose lease ran out, which go first); one
-    /// more takes the connection down. A client's waiting payloads are
-    /// replies to its own calls, one each.
+    /// may wait for one (the bound on a server: `Config::max_waiting_payloads`;
+    /// past it the connection goes down).
     fn may_wait(&mut self, now: Duration) -> bool {
         if self.role == Role::Client {
             return true;

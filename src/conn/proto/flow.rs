@@ -20,9 +20,7 @@ impl Connection {
     /// [`Connection::grant_receives`] (or [`Connection::withhold_receive`])
     /// for each.
     ///
-    /// Its completions arrive as for a receive of its own
-    /// (`TAG_RECV`): the owner copies the frame out of its slot and passes
-    /// the bytes to [`Connection::handle_completion`].
+    /// Its completions come as `SHARED_RECV_WR_ID` (see `Link::shared_receive`).
     pub(crate) fn start_shared(&mut self, peer_credits: u32) {
         self.shared_receives = true;
         self.credits = peer_credits;

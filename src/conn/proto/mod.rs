@@ -168,10 +168,8 @@ pub struct Resources {
 /// Where a connection's data buffers are.
 #[derive(Clone, Debug)]
 pub enum DataMemory {
-    /// A data region of its own: the buffers of every size class, one class
-    /// after the other (`Config::buffers` of `buffer_size`, then
-    /// `Config::large_buffers` by size), and its memory (which the
-    /// connection writes inline payloads into, and its buffer handles lend).
+    /// A data region of its own, laid out as `Layout` says, and its memory
+    /// (which the connection writes inline payloads into, and its buffer handles lend).
     Region(MrInfo, std::sync::Arc<crate::mem::Memory>),
     /// Buffers of a hub's shared pool, each a region of its own, taken while
     /// a slot is in use; the classes of the `Config` say how many of each
@@ -340,11 +338,8 @@ pub struct Connection {
     /// Receives come from a shared receive queue: nothing is posted here.
     shared_receives: bool,
     /// Flow control: frames the peer was granted credit for in all (the
-    /// initial credits and every grant sent), and frames received. The
-    /// first frame past the credit takes the connection down
-    /// ([`Misbehavior::ExceedsCredit`]): on a receive queue of its own it
-    /// would have met RNR or taken a receive reposted for a later grant, on
-    /// a shared one it takes a receive held for another connection.
+    /// initial credits and every grant sent), and frames received (past the
+    /// credit: [`Misbehavior::ExceedsCredit`]).
     granted_total: u64,
     frames_in: u64,
     /// Shared receives: when the peer's last frame other than flow control
@@ -383,11 +378,9 @@ pub struct Connection {
     last_answer: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
-    /// Rkeys the peer's SEND_WITH_INVs invalidated that are none of this
-    /// connection's windows: the endpoint looks for the connection whose
-    /// window each was ([`Connection::take_foreign_invalidations`]). Every
-    /// one, not only the first: frames already received when the first
-    /// took the connection down are still handled, and each may carry one.
+    /// See [`Connection::take_foreign_invalidations`]; every one, not only
+    /// the first (frames received before the first took the connection down
+    /// are still handled, and each may carry one).
     foreign_invalidations: Vec<u32>,
     /// Ask bodies handed back once answered ([`Connection::recycle_ask`]),
     /// for the next asks: an ask allocates nothing once a few were.

@@ -48,10 +48,8 @@ impl Connection {
     /// A frame from the peer came with SEND_WITH_INV of `rkey`, which the
     /// NIC has carried out, whatever else is wrong with the frame: only the
     /// owner invalidates, so the connection is over (the owner engine, if
-    /// any, keeps the window's slot until the flush). A window that is none
-    /// of ours was bound to another queue pair (rxe does not scope
-    /// invalidation): perhaps another connection's, which must then never
-    /// invalidate it again.
+    /// any, keeps the window's slot until the flush). One none of ours is
+    /// looked for elsewhere (`Hub::invalidated_elsewhere` says why).
     #[cold]
     #[inline(never)]
     pub(super) fn peer_invalidated(&mut self, now: Duration, rkey: u32) {

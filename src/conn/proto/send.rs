@@ -204,12 +204,10 @@ impl Connection {
         2 * (self.cfg.ctrl_slots as usize + payloads) + self.calls.len() + self.requests.len()
     }
 
-    /// Keep `f` (encoded) until credit and a send slot come. An honest
-    /// peer grants credit as it reposts its receives; when more frames
-    /// wait than it could ever cause ([`Connection::backlog_max`]) the
-    /// peer withholds credit, and the connection goes down rather than
-    /// queue without bound. Whether `f` waits (otherwise the connection
-    /// went down: for that, or because `f` does not encode).
+    /// Keep `f` (encoded) until credit and a send slot come; past
+    /// [`Connection::backlog_max`] frames the connection goes down instead.
+    /// Whether `f` waits (otherwise the connection went down: for that, or
+    /// because `f` does not encode).
     pub(super) fn defer(&mut self, now: Duration, f: &Frame, need: u32) -> bool {
         if self.backlog.len() >= self.backlog_max() {
             let queued = self.backlog.len();

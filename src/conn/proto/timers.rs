@@ -20,8 +20,7 @@ impl Connection {
         let mut t = self.owner.as_ref().and_then(|o| o.engine.poll_timeout());
         t = min(t, self.reader.as_ref().and_then(|r| r.engine.poll_timeout()));
         t = min(t, self.confirm.as_ref().and_then(ConfirmEngine::poll_timeout));
-        // Every call gets the same timeout as it starts and message ids grow
-        // with time, so the oldest call has the earliest deadline.
+        // The oldest call's deadline is the earliest (see `Timed`).
         t = min(t, self.calls.first_deadline());
         if self.shared_receives {
             t = min(t, self.reclaim_at());
