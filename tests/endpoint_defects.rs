@@ -370,7 +370,7 @@ fn a_users_rnr_retry_of_7_is_taken_as_6() {
 
 /// The client (configured by `cfg`, both directions mw) calls a raw peer that never posts a
 /// receive: it is declared dead within its RNR budget and its buffer
-/// returns.
+/// returns once the QP is destroyed.
 fn never_posting_peer(cfg: Config) {
     let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(9) });
     let raw = RawPeer::new(&fabric);
@@ -389,6 +389,11 @@ fn never_posting_peer(cfg: Config) {
         fabric.run_until(t);
         client.handle_timeout(t);
         client.drive(t);
+        if client.flushed() {
+            // As the endpoint's driver does: the destroy is the evidence
+            // the exposed buffer waits for.
+            client.finish_close(t);
+        }
         while let Some(e) = client.poll_event() {
             events.push(e);
         }

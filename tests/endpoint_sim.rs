@@ -243,11 +243,12 @@ fn an_exposure_whose_qp_neither_errs_nor_dies_is_never_returned() {
     }
 }
 
-/// When only the destroy fails, the move to ERR that worked is the
-/// evidence: once the owner's work requests have flushed, the exposed
-/// buffer comes back (the QP serves no READ in ERR).
+/// When only the destroy fails, the move to ERR that worked is no
+/// evidence: a NIC may still be copying a READ response's packet out of
+/// the exposed buffer after the flush, and nothing but the destroy says it
+/// has stopped. The buffer is kept for good, as when nothing worked.
 #[test]
-fn an_exposure_comes_back_on_the_flush_when_only_the_destroy_fails() {
+fn an_exposure_whose_qp_erred_but_was_not_destroyed_is_kept() {
     let mut p = pair(Policies::both(Policy::Mw));
     // Past `MAX_INLINE`: exposed, not sent inline.
     let b = filled(&mut p, true, &[3u8; 4096]);
@@ -257,8 +258,9 @@ fn an_exposure_comes_back_on_the_flush_when_only_the_destroy_fails() {
     assert!(p.drive_until(Duration::from_secs(1), |p| !p.server_events.is_empty()));
     assert_eq!(p.client.busy_buffers(), 1);
     close_client_stuck(&mut p);
-    assert!(p.drive_until(Duration::from_secs(1), |p| p.client.busy_buffers() == 0));
-    assert!(p.client_events.iter().any(|e| matches!(e, Event::BufferReturned(_))), "{:?}", p.client_events);
+    p.run_for(Duration::from_secs(1));
+    assert_eq!(p.client.busy_buffers(), 1);
+    assert!(!p.client_events.iter().any(|e| matches!(e, Event::BufferReturned(_))), "{:?}", p.client_events);
     assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
 }
 
@@ -284,4 +286,59 @@ fn a_window_whose_deallocation_failed_at_the_close_is_freed_at_the_drop() {
     assert_eq!(fabric.windows(dev), vec![], "a window outlived its connection");
     assert_eq!(fabric.qp_state(qp), None, "the QP outlived its connection");
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
+
+#[test]
+fn a_window_exposed_buffer_returns_on_the_qp_destroy_not_on_the_flush() {
+    // The server's connection goes down while the response to the
+    // client's READ of its reply payload is on the wire. The server's NIC
+    // may still be copying that response's last packet from the buffer
+    // after its QP went to ERR and its send queue flushed (rxe's
+    // responder looks at the QP's state only between packets): only the
+    // QP's destruction ends that, so the buffer returns only then.
+    let mut p = pair(Policies::both(Policy::Mw));
+    p.fabric.set_link_delay(p.client_device(), p.server_device(), Duration::from_millis(1));
+    let now = p.now();
+    let call = p.client.call(now, b"get", None).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. }))));
+    let Some(Event::Request { req, .. }) = p.server_events.pop() else { panic!("no request") };
+    let out = filled(&mut p, false, &[0x5a; 3000]);
+    let now = p.now();
+    p.server.reply(now, req, 0, b"ok", Some(out)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(1), |p| p
+        .fabric
+        .in_flight()
+        .iter()
+        .any(|r| r.source.is_some())));
+    let now = p.now();
+    p.server.begin_close(now);
+    // The server took in its flushes, long before the response lands.
+    assert!(p.drive_until(Duration::from_micros(200), |p| p.server.sends_in_flight() == 0));
+    p.run_for(Duration::from_micros(100));
+    let returned = |p: &SimPair| p.server_events.iter().any(|e| matches!(e, Event::BufferReturned(_)));
+    assert!(!returned(&p), "the buffer came back on the flush, while the NIC may still copy from it");
+    assert_eq!(p.server.busy_buffers(), 1);
+    // Destroyed: now it comes back.
+    let now = p.now();
+    p.server.finish_close(now);
+    p.settle();
+    assert!(returned(&p), "the destroy is the evidence");
+    // The response, copied at the latest by the destroy, carries the
+    // payload as it was: the client's call succeeds, and no READ touched a
+    // buffer a user held.
+    assert!(p.drive_until(Duration::from_millis(5), |p| p
+        .client_events
+        .iter()
+        .any(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. }))));
+    match p.client_events.iter().find(|e| matches!(e, Event::Reply { .. } | Event::CallFailed { .. })) {
+        Some(Event::Reply { call: c, data: Some(d), .. }) => {
+            assert_eq!(*c, call);
+            assert_eq!(d.to_vec(), vec![0x5a; 3000]);
+        }
+        other => panic!("expected the reply: {other:?}"),
+    }
+    assert!(p.fabric.hazards().is_empty(), "{:?}", p.fabric.hazards());
 }

@@ -1280,7 +1280,7 @@ fn a_peer_that_stops_posting_receives_is_declared_gone_and_every_buffer_returns(
                     w.run_until(Duration::from_millis(5), |w| w.victim.busy_buffers() == 0),
                     "{role:?} {pol:?}"
                 );
-                assert_eq!(w.returned, posted + 1, "back on the flush, before any close");
+                assert_eq!(w.returned, posted + 1, "back at the destroy after the flush, before any close");
                 w.finish();
             }
         }

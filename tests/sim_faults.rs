@@ -205,3 +205,33 @@ fn the_rxe_device_reports_itself() {
     assert_eq!(f.add_device(DeviceConfig::rxe()).device_info().driver, "sim-rxe");
     assert_eq!(f.add_device(DeviceConfig::spec()).device_info().driver, "sim");
 }
+
+#[test]
+fn a_response_whose_responder_went_to_err_on_its_way_lands_its_last_packet_as_copied_late() {
+    // The responder copies a packet's bytes just before it goes and looks
+    // at its QP's state only between packets: the move to ERR (and the
+    // flush of its send queue) may come while the last packet is being
+    // copied. Its destruction is the one point after which it copies
+    // nothing.
+    for destroy in [false, true] {
+        let r = rd(FabricConfig { progress: Progress::Manual, ..FabricConfig::default() });
+        r.p.a.nic.write_mr(r.src.id, 0, b"old-data").unwrap();
+        r.read(1);
+        while !r.p.fabric.in_flight().iter().any(|x| x.source.is_some()) {
+            assert!(r.p.fabric.step());
+        }
+        assert!(r.p.fabric.force_qp_error(r.p.a.addr));
+        // Reused on the ERR alone: the packet still being copied takes it.
+        r.p.a.nic.write_mr(r.src.id, 0, b"new-data").unwrap();
+        if destroy {
+            r.p.a.nic.destroy_qp(r.p.a.qp).unwrap();
+            // Reused after the destruction: the READ does not see it.
+            r.p.a.nic.write_mr(r.src.id, 0, b"3rd-data").unwrap();
+        }
+        let (_, b) = r.p.settle();
+        assert_eq!(st(&b), vec![(1, WcOpcode::RdmaRead, WcStatus::Success)], "destroy={destroy}");
+        let mut out = [0u8; 8];
+        r.p.b.nic.read_mr(r.dst.id, 0, &mut out).unwrap();
+        assert_eq!(&out, b"new-data", "destroy={destroy}");
+    }
+}

@@ -22,9 +22,10 @@
 //! and are retired. Peers never use SEND_WITH_INV: a release racing with
 //! the expiry would invalidate the same bind twice, which panics the rxe
 //! kernel. A buffer returns to its owner only on evidence: the LOCAL_INV's
-//! successful completion, or every owner work request flushed after the QP
-//! went to ERR, or the QP destroyed. `docs/protocol-mw.md` has the sequence
-//! diagrams and the argument.
+//! successful completion, or the QP destroyed (not the flush after a move
+//! to ERR: a NIC may still be copying a READ response's last packet out of
+//! the buffer). `docs/protocol-mw.md` has the sequence diagrams and the
+//! argument.
 //!
 //! # Driving an engine
 //! Both engines are deterministic state machines: no I/O, no clock, no

@@ -18,7 +18,7 @@ pub use events::*;
 /// It binds a window of its pool over a buffer, chained with the SEND that
 /// carries the [`Grant`], and takes the buffer back only on NIC evidence that
 /// no remote access is possible any more: the successful completion of its own
-/// LOCAL_INV of that bind, or the QP flushed or destroyed. It is the only
+/// LOCAL_INV of that bind, or the QP destroyed. It is the only
 /// party that invalidates, exactly once per bind. See the crate docs for the
 /// call order and `docs/protocol-mw.md` for the argument.
 ///
@@ -52,6 +52,9 @@ pub struct Owner {
     /// Grant SENDs and LOCAL_INVs posted and not completed (the slots'
     /// `send_pending` and `inv_pending` flags that are set).
     pending_wrs: usize,
+    /// The QP is destroyed ([`Owner::handle_qp_destroyed`]): what it
+    /// exposed is out of reach.
+    destroyed: bool,
     /// Scratch for [`Owner::handle_timeout`]: the slots due, to be
     /// invalidated in slot order. Empty between calls.
     due: Vec<u32>,
@@ -93,7 +96,7 @@ enum SlotState {
     Leased { buffer: Buffer, expiry: Duration, cancelled: bool },
     /// LOCAL_INV posted; the buffer returns on its successful completion.
     Invalidating { buffer: Buffer, end: LeaseEnd, cancelled: bool },
-    /// The QP is down; the buffer returns on flush evidence.
+    /// The QP is down; the buffer returns when it is destroyed.
     Stranded { buffer: Buffer, end: LeaseEnd, cancelled: bool },
     /// The QP is down and the buffer is back: never rebound; the driver
     /// deallocates the window.
@@ -150,6 +153,7 @@ impl Owner {
             expiries,
             outstanding: 0,
             pending_wrs: 0,
+            destroyed: false,
             due: Vec::with_capacity(n),
             rng: SplitMix64::new(seed),
             link: Link::Up,
@@ -469,17 +473,21 @@ impl Owner {
 
     /// The driver takes the connection down and has asked for its QP to go
     /// to ERR, which has not happened yet (or failed): no more grants and
-    /// no expiry, and no leased buffer returns until the QP is known to be
-    /// in ERR ([`Owner::handle_qp_error`], or a completion in error) or
-    /// destroyed ([`Owner::handle_qp_destroyed`]).
+    /// no expiry, and no leased buffer returns until the QP is destroyed
+    /// ([`Owner::handle_qp_destroyed`]).
     pub fn handle_connection_lost(&mut self, _now: Duration) {
         self.go_down(LossCause::ConnectionLost, false);
         self.check_indexes();
     }
 
     /// The QP is in ERR (async event, a flush the driver did, or the other
-    /// engine's error). Leased buffers return once every outstanding work
-    /// request of the owner has completed (flushed).
+    /// engine's error): no more grants and no expiry. Leased buffers still
+    /// do not return: a NIC may be copying a READ response's packet out of
+    /// one after the move to ERR and the flush of the send queue (rxe's
+    /// responder looks at the QP's state only between packets, copying
+    /// outside any lock). They return when the QP is destroyed
+    /// ([`Owner::handle_qp_destroyed`]), which the driver does once the
+    /// flushes are in.
     pub fn handle_qp_error(&mut self, _now: Duration) {
         self.go_down(LossCause::QpError, true);
         self.settle(None);
@@ -490,6 +498,7 @@ impl Owner {
     /// buffer returns now and every window is retired.
     pub fn handle_qp_destroyed(&mut self, _now: Duration) {
         self.go_down(LossCause::QpDestroyed, true);
+        self.destroyed = true;
         for s in &mut self.slots {
             s.send_pending = false;
             s.inv_pending = false;
@@ -629,9 +638,8 @@ impl Owner {
     /// it returns once its grant SEND has completed too. Only a completion
     /// changes that, and only for its own slot, so only `touched` needs a
     /// look (no other slot is `Stranded` and ready after any call). With
-    /// the QP down, a buffer returns once the QP is known to be in ERR and no
-    /// work request of the owner is outstanding (all flushed): then every
-    /// outstanding buffer is `Stranded` and returns, in slot order.
+    /// the QP down, every outstanding buffer is `Stranded` and returns, in
+    /// slot order, once the QP is destroyed.
     fn settle(&mut self, touched: Option<usize>) {
         match self.link {
             Link::Up => {
@@ -653,8 +661,8 @@ impl Owner {
                 self.free.insert(idx as u32);
                 self.outstanding -= 1;
             }
-            Link::Down { in_err } => {
-                if !in_err || self.pending_wrs != 0 || self.outstanding == 0 {
+            Link::Down { .. } => {
+                if !self.destroyed || self.outstanding == 0 {
                     return;
                 }
                 for (idx, s) in self.slots.iter_mut().enumerate() {
@@ -666,6 +674,18 @@ impl Owner {
                     self.outstanding -= 1;
                 }
             }
+        }
+    }
+
+    /// Buffers the owner keeps only until the QP is destroyed: with the
+    /// connection lost and none of its work requests outstanding, every
+    /// one it still holds (0 otherwise, and once the QP is destroyed).
+    pub fn waits_for_destroy(&self) -> usize {
+        let flushed = matches!(self.link, Link::Down { .. }) && self.pending_wrs == 0;
+        if flushed && !self.destroyed {
+            self.outstanding
+        } else {
+            0
         }
     }
 

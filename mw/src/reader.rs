@@ -165,7 +165,7 @@ pub enum ReaderEvent {
         /// In [`ReleaseMode::Piggyback`], the release to carry in the
         /// response; `None` in [`ReleaseMode::Message`] (already queued) or
         /// when the QP is going down (nothing can be sent; the owner gets its
-        /// buffer back on flush evidence).
+        /// buffer back when its QP is destroyed).
         release: Option<Release>,
     },
     /// The grant was not read; `dest` is untouched and free.

@@ -178,7 +178,7 @@ fn completions_of_other_engines_and_windows_are_not_the_owners() {
 }
 
 #[test]
-fn a_failed_bind_takes_the_error_path_and_the_buffer_returns_on_flush() {
+fn a_failed_bind_takes_the_error_path_and_the_buffer_returns_on_the_destroy() {
     let mut o = owner(2);
     let g = grant(&mut o, ms(0), 0);
     assert!(!o.is_connection_lost());
@@ -195,8 +195,13 @@ fn a_failed_bind_takes_the_error_path_and_the_buffer_returns_on_flush() {
         ]
     );
     assert_eq!(o.grant(ms(1), buffer(1), ms(50)), Err(GrantError::ConnectionLost));
-    // The grant SEND chained after the bind is flushed: that is the evidence.
+    // The grant SEND chained after the bind is flushed: that is no
+    // evidence (a NIC may still be copying a READ response's packet out of
+    // the buffer); the QP's destruction is.
     o.handle_completion(ms(2), g.send, Status::Flushed);
+    assert_eq!(events(&mut o), vec![]);
+    assert_eq!(o.outstanding_buffers(), 1);
+    o.handle_qp_destroyed(ms(3));
     assert_eq!(
         events(&mut o),
         vec![returned(g.lease, 0, LeaseEnd::ConnectionLost), OwnerEvent::WindowRetired { window: 100 }]
@@ -449,12 +454,15 @@ fn a_lending_owner_hands_windows_back_only_unbound() {
     assert_eq!(o.poll_action(), None);
     assert_eq!(o.stats().stale_releases, 1);
 
-    // Lent when the QP dies: retired once the flushes are in, not handed back.
+    // Lent when the QP dies: retired once it is destroyed, not handed back.
     let lease = o.grant_on(ms(3), buffer(1), ms(50), w(1)).expect("a slot is free");
     let Some(OwnerAction::BindAndGrant(b)) = o.poll_action() else { panic!("expected a bind") };
     o.handle_qp_error(ms(4));
     assert_eq!(o.free_windows(), 0);
     o.handle_completion(ms(4), b.send_token, Status::Flushed);
+    let evs = events(&mut o);
+    assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::BufferReturned { .. })), "{evs:?}");
+    o.handle_qp_destroyed(ms(5));
     let evs = events(&mut o);
     assert!(evs.contains(&OwnerEvent::BufferReturned {
         lease,
@@ -517,9 +525,10 @@ fn a_revocation_invalidates_a_live_lease_once_and_returns_its_buffer_on_the_evid
 /// Taken down by its driver before the QP is known to be in ERR
 /// (`handle_connection_lost`), the owner returns no leased buffer on a
 /// successful completion: the window is still bound and the QP may still
-/// serve READs. It returns once the QP is in ERR, or destroyed.
+/// serve READs. Not once the QP is in ERR either (a READ response's packet
+/// may still be copied out of the buffer): only once it is destroyed.
 #[test]
-fn a_connection_lost_returns_nothing_until_the_qp_is_in_err_or_destroyed() {
+fn a_connection_lost_returns_nothing_until_the_qp_is_destroyed() {
     for destroyed in [false, true] {
         let mut o = owner(2);
         let lease = o.grant(ms(0), buffer(0), ms(50)).expect("a window is free");
@@ -541,11 +550,14 @@ fn a_connection_lost_returns_nothing_until_the_qp_is_in_err_or_destroyed() {
         assert_eq!(o.poll_action(), None);
         let evs = events(&mut o);
         assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::BufferReturned { .. })), "{evs:?}");
-        if destroyed {
-            o.handle_qp_destroyed(ms(101));
-        } else {
+        if !destroyed {
+            // In ERR, every work request done: still nothing (a READ
+            // response's packet may still be copied out of the buffer).
             o.handle_qp_error(ms(101));
+            let evs = events(&mut o);
+            assert!(!evs.iter().any(|e| matches!(e, OwnerEvent::BufferReturned { .. })), "{evs:?}");
         }
+        o.handle_qp_destroyed(ms(102));
         let evs = events(&mut o);
         assert!(evs.contains(&returned(lease, 0, LeaseEnd::ConnectionLost)), "{evs:?}");
     }

@@ -200,6 +200,7 @@ fn no_timer_and_no_free_window_once_the_qp_is_lost() {
     o.handle_timeout(ms(20));
     assert!(o.poll_action().is_none(), "no LOCAL_INV on a dead QP");
     o.handle_completion(ms(2), send, Status::Flushed);
+    o.handle_qp_destroyed(ms(3));
     let mut back = 0;
     while let Some(e) = o.poll_event() {
         back += usize::from(matches!(e, OwnerEvent::BufferReturned { end: LeaseEnd::ConnectionLost, .. }));

@@ -5,7 +5,7 @@ use super::event::{EvKind, Packet, Resp};
 use super::oracle::HazardKind;
 use super::resp::InvError;
 use super::sched::Lane;
-use super::world::{World, WrState};
+use super::world::{Served, World, WrState};
 use crate::backend::{Access, QpState, SendWr, WcOpcode, WcStatus};
 
 /// What a READ that failed after its request went out leaves in its
@@ -400,7 +400,11 @@ impl World {
                 let n = q.sq[i].payload.as_ref().map_or(0, Vec::len) as u32;
                 q.sq[i].st = WrState::Done { status: WcStatus::Success, byte_len: n };
             }
-            Resp::ReadData(data) => {
+            Resp::ReadData(mut data) => {
+                if let Some(s) = q.sq[i].served.as_mut().map(|s| Served { tail: s.tail.take(), ..s.clone() })
+                {
+                    self.late_tail(s, &mut data);
+                }
                 if let Err(detail) = self.scatter(dev, qp, i, &data) {
                     self.hazard(dev, HazardKind::DmaIntoFreedMemory, detail);
                     self.enter_error(dev, qp, Some((i, WcStatus::LocProtErr)));

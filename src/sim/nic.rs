@@ -516,6 +516,8 @@ impl NicOps for SimNic {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "destroy_qp")?;
         let cfg = self.qp_of(d, qp)?.cfg;
+        w.responder_destroyed(self.dev, qp.0);
+        let d = live(&mut w, self.dev, "destroy_qp")?;
         for cq in [cfg.send_cq, cfg.recv_cq] {
             if let Some(Some(c)) = d.cqs.get_mut(cq.0 as usize) {
                 c.users -= 1;

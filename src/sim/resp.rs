@@ -218,7 +218,8 @@ impl World {
                     q.epsn += 1;
                 }
                 q.counters.bytes_served += data.len() as u64;
-                let served = Served { at: self.now, dev, qp, mr, range, mw };
+                let qpn = q.qpn;
+                let served = Served { at: self.now, dev, qp, qpn, mr, range, mw, tail: None };
                 if let Some(e) = self.devs[src.0 as usize]
                     .qp_mut(src.1)
                     .and_then(|q| q.sq.iter_mut().find(|e| e.psn == Some(psn) && e.st == WrState::Issued))
@@ -234,6 +235,87 @@ impl World {
                 self.log(|| format!("dev{dev} qpn {qpn:#x} remote access error, rkey {rk:#x}: {why}"));
                 self.respond(dev, src, psn, Resp::Nak(WcStatus::RemAccessErr));
                 self.enter_error(dev, qp, None);
+            }
+        }
+    }
+
+    /// A READ's response leaves its responder packet by packet, each copied
+    /// from memory just before it goes, and the responder looks at its QP's
+    /// state only between packets: rxe's `read_reply` copies outside any
+    /// lock while another CPU may move the QP to ERR and flush its send
+    /// queue, and nothing says a NIC's move to ERR waits for a copy under
+    /// way. So a READ whose responder QP went to ERR while the response was
+    /// on its way has its last packet copied as late as a NIC may: now, or
+    /// when the QP was destroyed (the one point after which it copies
+    /// nothing: `World::responder_destroyed`). The bytes so copied land in
+    /// the requester's destination; a buffer handle holding them is a
+    /// hazard, as for any READ (memory reused on the flush, before the
+    /// destroy, is caught).
+    pub(crate) fn late_tail(&mut self, s: Served, data: &mut [u8]) {
+        let bytes = match s.tail {
+            Some(t) => t,
+            None => {
+                let err = self.devs[s.dev as usize]
+                    .qp(s.qp)
+                    .is_some_and(|q| q.qpn == s.qpn && q.state == QpState::Err);
+                if !err {
+                    return;
+                }
+                match self.copy_tail(&s) {
+                    Some(t) => t,
+                    None => return,
+                }
+            }
+        };
+        if bytes.len() <= data.len() {
+            let at = data.len() - bytes.len();
+            data[at..].copy_from_slice(&bytes);
+        }
+    }
+
+    /// The last packet's bytes of the READ served as `s`, read from memory
+    /// now (none if its region is gone: deregistration waits for a copy
+    /// under way). A hazard if a buffer handle holds some of them.
+    fn copy_tail(&mut self, s: &Served) -> Option<Vec<u8>> {
+        let d = &self.devs[s.dev as usize];
+        let n = s.range.len().min(d.cfg.mtu.max(1) as usize);
+        let tail = s.range.end - n..s.range.end;
+        let m = d.mr(s.mr)?;
+        let mut out = Vec::with_capacity(n);
+        let met = m.data.dma_read(tail.start, n, &mut out).unwrap_or(false);
+        if met && (s.mw.is_some() || !m.data.reads_of_held_expected()) {
+            let detail = format!(
+                "the last packet of a READ from region {} bytes {tail:?} was still being copied after its \
+                 responder QP went to ERR, and some of them were lent to a buffer handle: the memory was \
+                 reused before the QP was destroyed",
+                s.mr
+            );
+            self.hazard(s.dev, HazardKind::RemoteReadOfHeldBuffer, detail);
+        }
+        Some(out)
+    }
+
+    /// Responder QP `qp` of `dev` is being destroyed: the READs it served
+    /// whose responses are still on their way, if it is in ERR, have their
+    /// last packet copied now, the latest it may be (`World::late_tail`).
+    pub(crate) fn responder_destroyed(&mut self, dev: u32, qp: u32) {
+        let Some(q) = self.devs[dev as usize].qp(qp) else { return };
+        let (Some((gid, rqpn)), QpState::Err, qpn) = (q.remote, q.state, q.qpn) else { return };
+        let Some(pd) = self.dev_by_gid(&gid) else { return };
+        let Some(pq) = self.devs[pd as usize].qp_by_qpn(rqpn) else { return };
+        let Some(peer) = self.devs[pd as usize].qp(pq) else { return };
+        let waiting: Vec<(usize, Served)> = peer
+            .sq
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.st == WrState::Issued)
+            .filter_map(|(i, e)| Some((i, e.served.clone()?)))
+            .filter(|(_, s)| s.dev == dev && s.qp == qp && s.qpn == qpn && s.tail.is_none())
+            .collect();
+        for (i, s) in waiting {
+            let tail = self.copy_tail(&s);
+            if let Some(s) = self.devs[pd as usize].qp_mut(pq).and_then(|q| q.sq[i].served.as_mut()) {
+                s.tail = tail;
             }
         }
     }

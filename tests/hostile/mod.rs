@@ -667,6 +667,11 @@ impl World {
             self.fabric.run_until(now);
             self.victim.handle_timeout(now);
             self.victim.drive(now);
+            if self.victim.flushed() {
+                // As an endpoint's driver does once the flushes are in: the
+                // destroy is the evidence window-exposed memory waits for.
+                self.victim.finish_close(now);
+            }
             let mut any = self.take_victim_events();
             any |= self.healthy.tick(now);
             any |= self.attacker.poll();

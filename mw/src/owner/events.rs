@@ -128,9 +128,9 @@ pub enum OwnerEvent {
     /// The peer broke the protocol; the connection is being torn down.
     PeerMisbehaved(Misbehavior),
     /// The window will never be bound again: deallocate it (it may still
-    /// be bound to the dead QP; freeing a bound window invalidates it). It
-    /// comes once the QP is in ERR and the owner's work requests are
-    /// flushed, or with [`Owner::handle_qp_destroyed`](super::Owner::handle_qp_destroyed) if they never are;
+    /// be bound to the dead QP; freeing a bound window invalidates it). A
+    /// free window's comes as the connection goes down, a leased one's
+    /// with its buffer's return, at [`Owner::handle_qp_destroyed`](super::Owner::handle_qp_destroyed);
     /// rxe stalls destroying a QP with windows still bound, so a driver
     /// deallocates the windows it knows of before the destroy (a lending
     /// owner's driver: the windows it lent and has not had back).

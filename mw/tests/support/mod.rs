@@ -84,7 +84,9 @@ pub enum Packet {
 }
 
 /// A READ the owner's responder is serving: it has passed the key check and
-/// is copying the buffer.
+/// is copying the buffer. A move of A's QP to ERR does not stop it (a NIC
+/// looks at the QP's state between packets, and may be copying the last
+/// one); only the QP's destruction does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Serving {
     pub token: Token,
@@ -157,9 +159,10 @@ pub enum Step {
     /// and asks for its QP to go to ERR, which fails: the QP stays up, its
     /// windows bound and readable.
     OwnerTakesDown,
-    /// A's driver destroys its QP (after its flush grace): the responder
-    /// and the send queue stop, its completions never come, and the owner
-    /// is told (`Owner::handle_qp_destroyed`).
+    /// A's driver destroys its QP (once the connection is down, as the
+    /// I/O layer does once the flushes are in, or after its flush grace):
+    /// the responder and the send queue stop, its completions never come,
+    /// and the owner is told (`Owner::handle_qp_destroyed`).
     OwnerDestroysQp,
     /// A's endpoint polls the other connection's receives, sees that the
     /// oldest rkey not yet reported is none of that connection's, and tells
@@ -196,8 +199,8 @@ pub struct Config {
     /// world keeps, as a hub does for its connections.
     pub lend: Option<u32>,
     /// A's driver may take the connection down while its QP stays up (its
-    /// move to ERR failed: `Step::OwnerTakesDown`), and then destroy the
-    /// QP (`Step::OwnerDestroysQp`).
+    /// move to ERR failed: `Step::OwnerTakesDown`). (Every connection that
+    /// went down may have its QP destroyed: `Step::OwnerDestroysQp`.)
     pub takes_down: bool,
 }
 
@@ -398,7 +401,7 @@ impl World {
         if !self.owner_cq.is_empty() {
             out.push(Step::OwnerCq);
         }
-        if !self.a_err && !self.serving.is_empty() {
+        if !self.a_destroyed && !self.serving.is_empty() {
             out.push(Step::Serve);
         }
         if !self.to_owner.is_empty() {
@@ -447,9 +450,11 @@ impl World {
         if self.a_err && !self.owner.is_connection_lost() {
             out.push(Step::OwnerNoticesErr);
         }
-        if cfg.takes_down && !self.a_destroyed {
+        if !self.a_destroyed {
             if !self.owner.is_connection_lost() {
-                out.push(Step::OwnerTakesDown);
+                if cfg.takes_down {
+                    out.push(Step::OwnerTakesDown);
+                }
             } else {
                 out.push(Step::OwnerDestroysQp);
             }
@@ -596,6 +601,7 @@ impl World {
             Step::OwnerDestroysQp => {
                 self.a_destroyed = true;
                 self.fail_a();
+                self.serving.clear();
                 self.owner_cq.clear();
                 self.owner.handle_qp_destroyed(now);
                 self.drive_owner();
@@ -790,7 +796,8 @@ impl World {
 
     /// A's QP goes to ERR: its send queue is flushed (signaled work requests
     /// complete with WR_FLUSH_ERR; the unsignaled bind gives nothing), its
-    /// responder stops, packets arriving for it are dropped.
+    /// responder starts no READ (those it is copying may still finish,
+    /// until the QP is destroyed), packets arriving for it are dropped.
     pub fn fail_a(&mut self) {
         if self.a_err {
             return;
@@ -804,7 +811,6 @@ impl World {
                 OwnerWr::Bind { .. } => {}
             }
         }
-        self.serving.clear();
         self.to_owner.clear();
     }
 

@@ -590,8 +590,7 @@ impl<N: Nic> Link<N> {
     ///
     /// This waits (a bounded number of polls) for the flushes; a driver that
     /// must not block calls [`Link::begin_close`], drives until
-    /// [`Connection::sends_in_flight`] and [`Connection::busy_buffers`] are 0,
-    /// then [`Link::finish_close`].
+    /// [`Connection::flushed`], then [`Link::finish_close`].
     #[cfg(any(test, feature = "testing"))]
     pub fn close(&mut self, now: Duration) {
         self.begin_close(now);
@@ -605,7 +604,7 @@ impl<N: Nic> Link<N> {
         // in manual mode) simply falls through to the destroy, which is
         // evidence enough.
         for _ in 0..2000 {
-            if self.sends_in_flight() == 0 && self.busy_buffers() == 0 {
+            if self.flushed() {
                 break;
             }
             std::thread::yield_now();

@@ -486,7 +486,7 @@ impl<N: Nic> Inner<N> {
         let mut finished = false;
         if st.down.is_some() {
             let down_at = *st.down_at.get_or_insert(now);
-            let drained = st.calls.is_empty() && st.ep.busy_buffers() == 0 && st.ep.sends_in_flight() == 0;
+            let drained = st.calls.is_empty() && st.ep.flushed();
             if drained || now >= down_at + FLUSH_GRACE {
                 // Destroying the QP is the evidence for whatever is left.
                 st.ep.finish_close(now);

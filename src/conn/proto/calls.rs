@@ -255,7 +255,7 @@ impl Connection {
         if !sent {
             // The call or reply is committed: a failure takes the connection
             // down, which fails it with the reason, and its buffer returns on
-            // the flush evidence.
+            // the evidence (the QP's destroy, after the flush).
             self.send_frame(now, frame, None);
         }
     }

@@ -94,9 +94,10 @@ impl Connection {
     }
 
     /// The QP is in ERR (the driver's `SetQpError` succeeded, see
-    /// [`Connection::drain_commands`]): nothing reaches it from the peer
-    /// any more, so once every work request of the owner has flushed, its
-    /// exposed buffers come back.
+    /// [`Connection::drain_commands`]): no new READ of the peer's starts.
+    /// The owner's exposed buffers still come back only with the QP's
+    /// destroy (a NIC may still be copying a READ response's packet out of
+    /// one: `Owner::handle_qp_error`).
     #[cold]
     #[inline(never)]
     pub(super) fn handle_qp_in_error(&mut self) {
@@ -105,6 +106,20 @@ impl Connection {
             o.engine.handle_qp_error(self.now);
             self.dirty = true;
         }
+    }
+
+    /// The connection is down and every completion it waits for is in (its
+    /// SENDs and READs, the owner's binds, grants and invalidations, done
+    /// or flushed): destroying the QP now loses none, and it is what the
+    /// buffers and ranges still exposed through windows wait for (a NIC
+    /// may still be copying a READ response's packet out of one after the
+    /// flush). What a driver waits for before [`Link::finish_close`](crate::conn::Link::finish_close).
+    pub fn flushed(&self) -> bool {
+        let kept = self.owner.as_ref().map_or(0, |o| o.engine.waits_for_destroy());
+        self.down.is_some()
+            && self.sends_in_flight() == 0
+            && self.bufs.count(Holder::Reading) == 0
+            && self.bufs.count(Holder::Exposed) + self.ranges.count(Holder::Exposed) == kept
     }
 
     /// Destroying the QP failed: it may still reach every buffer and range

@@ -30,7 +30,7 @@ impl Connection {
     /// invalidated `rkey`: if it is one of this connection's windows, that
     /// window has had its one invalidation (none is posted for it from now
     /// on) and the connection goes down (`InvalidatedElsewhere`), its
-    /// buffers coming back on the flush. Returns whether it was one.
+    /// buffers coming back at its QP's destroy. Returns whether it was one.
     pub(crate) fn window_invalidated_elsewhere(&mut self, now: Duration, rkey: u32) -> bool {
         let Some(o) = self.owner.as_mut() else { return false };
         if !o.engine.handle_invalidation_elsewhere(now, rkey) {
