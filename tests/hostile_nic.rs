@@ -1161,7 +1161,7 @@ fn mw_send_with_inv_of_the_granted_window_is_misbehaviour_and_nothing_is_invalid
             assert_eq!(owner_stats(&w).peer_invalidations, 1);
             // The window died by the peer's hand: the owner never LOCAL_INVs
             // it (the sim would record a would-crash-rxe hazard), and the
-            // buffer comes back on the flush.
+            // buffer comes back at the QP's destroy, after the flush.
             w.run_for(Duration::from_millis(5));
             assert_eq!(owner_stats(&w).invalidations, 0, "{:?}", owner_stats(&w));
             assert!(w.fabric.would_crash_rxe().is_empty());

@@ -750,7 +750,7 @@ fn run_until(fabric: &Fabric, pool: &mut LocalPool, mut done: impl FnMut() -> bo
 /// invalidates it again (on rxe the second invalidation panics the kernel;
 /// the simulator records it as a would-crash-rxe hazard), it goes down
 /// (`InvalidatedElsewhere`, not blamed on its peer) and its buffers come
-/// back on the flush; the attacker's connection is closed as misbehaving.
+/// back at its QP's destroy; the attacker's connection is closed as misbehaving.
 /// Without the endpoint's search, the victim's lease expiry posted the
 /// second LOCAL_INV.
 #[test]

@@ -894,7 +894,7 @@ fn a_pooled_window_goes_to_another_connection_only_after_its_invalidation() {
 /// posts no LOCAL_INV for it (before the endpoint's search it did, at the
 /// lease's end, and on rxe that second invalidation is a kernel panic,
 /// `would_crash_rxe`) and goes down. No byte is read or reused without
-/// evidence: B's buffer comes back on the flush.
+/// evidence: B's buffer comes back at its QP's destroy.
 #[test]
 fn a_send_with_inv_on_one_connection_reaches_a_window_of_another_in_the_same_pd() {
     use mwcap::sim::Via;

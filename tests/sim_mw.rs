@@ -603,3 +603,32 @@ fn a_stale_rkey_on_a_reused_index_is_a_wrong_key_not_the_crash_case() {
         assert!(s.p.fabric.would_crash_rxe().is_empty(), "{:?}", s.p.fabric.would_crash_rxe());
     }
 }
+
+#[test]
+fn a_read_served_before_its_window_was_invalidated_keeps_its_bytes_when_the_responder_errs_later() {
+    // Spec device: the READ was served, then its window invalidated (the
+    // owner may reuse the bytes on that completion), then the owner's QP
+    // goes to ERR before the response lands. The invalidation ended the
+    // bind, so the response is not copied again late (the ERR model's
+    // last-packet copy is for binds still live): the reader gets the
+    // bytes as served, not the reused ones.
+    let s = setup(DeviceConfig::spec());
+    s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
+    let rk = bind_and_send(&s);
+    s.p.b.nic.post_send(s.p.b.qp, &[read(&s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
+    while !s.p.fabric.in_flight().iter().any(|r| r.source.is_some()) {
+        assert!(s.p.fabric.step());
+    }
+    s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
+    let dev = s.p.a.device();
+    while !matches!(s.p.fabric.window(dev, s.mw.id), Some(WindowState::Invalidated { .. })) {
+        assert!(s.p.fabric.step());
+    }
+    assert_eq!(s.p.fabric.in_flight().len(), 1, "the response is still on its way");
+    s.p.a.nic.write_mr(s.mr.id, 0, &[0xee; 4096]).unwrap();
+    assert!(s.p.fabric.force_qp_error(s.p.a.addr));
+    let (_, b) = s.p.settle();
+    assert_eq!(statuses(&b), vec![(3, WcOpcode::RdmaRead, WcStatus::Success)]);
+    assert_eq!(dst_bytes(&s, 16), pattern(4096)[300..316].to_vec());
+    assert!(s.p.fabric.hazards().is_empty(), "{:?}", s.p.fabric.hazards());
+}

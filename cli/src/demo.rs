@@ -223,7 +223,7 @@ fn stale_read_caught(seed: u64) -> R {
 
 fn dead_peer(seed: u64) -> R {
     println!(
-        "\n4. the server dies mid-call: calls fail, and every client buffer returns once the QP is flushed"
+        "\n4. the server dies mid-call: calls fail, and every client buffer returns once the QP is flushed and destroyed"
     );
     let mut p = pair(seed, Policies::both(Policy::Mw), |_| {})?;
     let mut calls = Vec::new();
@@ -248,7 +248,7 @@ fn dead_peer(seed: u64) -> R {
     p.client.close(now);
     p.settle();
     let back = p.client_events.iter().filter(|e| matches!(e, Event::BufferReturned(_))).count();
-    ensure(back == 3, "all 3 request buffers returned (flush and QP destroy are the evidence)")?;
+    ensure(back == 3, "all 3 request buffers returned (the QP's destroy, after the flush, is the evidence)")?;
     ensure(p.fabric.would_crash_rxe().is_empty(), "no invalidation of a dead window was attempted")
 }
 

@@ -447,8 +447,8 @@ impl Owner {
     /// the owner never posts another for it (on rxe a second one panics the
     /// kernel). Its peer did nothing wrong, but a READ of it through the
     /// window now fails, so the connection goes down
-    /// ([`LossCause::InvalidatedElsewhere`]) and its buffers come back on
-    /// the flush, as for [`handle_peer_invalidation`](Owner::handle_peer_invalidation).
+    /// ([`LossCause::InvalidatedElsewhere`]) and its buffers come back at
+    /// the QP's destroy, as for [`handle_peer_invalidation`](Owner::handle_peer_invalidation).
     /// Returns false (and changes nothing) when no current bind has `rkey`;
     /// the same news again changes nothing either (returns true).
     pub fn handle_invalidation_elsewhere(&mut self, _now: Duration, rkey: u32) -> bool {

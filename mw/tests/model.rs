@@ -239,7 +239,7 @@ fn the_owner_takes_the_connection_down_without_err_evidence() {
 /// it polls that other connection's receive. Every property above holds:
 /// no buffer is reused while reachable, and once told the owner never
 /// posts the window's LOCAL_INV (the connection goes down, its buffers and
-/// windows come back on the flush or are retired). What the model also
+/// windows come back at the QP's destroy or are retired). What the model also
 /// finds, and why mw on rxe is served only to trusted peers
 /// (`ProbeReport::mw_safe_with_untrusted_peers`): a LOCAL_INV the owner
 /// posted *before* it was told can meet the window the attacker

@@ -123,7 +123,7 @@ fn late_read_after_expiry_flushes_and_everything_returns_on_evidence() {
     assert!(w.dests.iter().all(|d| d.free));
     // Both leases expired at once: the first LOCAL_INV killed the owner's
     // QP (the READ under it), the second was flushed unexecuted. The owner
-    // got both buffers back on flush evidence and retired its windows.
+    // got both buffers back at the QP's destroy and retired its windows.
     assert_eq!(returned(&w), vec![(LeaseEnd::Expired, false), (LeaseEnd::Expired, false)]);
     assert!(w.all_buffers_home());
     assert_eq!(w.invalidations, vec![1, 0], "nothing invalidated twice; the second bind died with the QP");

@@ -30,7 +30,7 @@
 //! one to a call or reply hands it to the NIC, and it comes back only in
 //! [`Event::BufferReturned`], on evidence that no remote access is
 //! possible any more (the invalidation's completion, the confirm answered,
-//! the QP flushed or destroyed).
+//! a READ's own completion, the QP destroyed).
 
 #[cfg(not(loom))]
 mod alarm;

@@ -9,6 +9,12 @@ use crate::sim::{DeviceConfig, DeviceId, Fabric, FabricConfig, Progress, QpAddr,
 
 /// A client and a server endpoint, each on its own simulated device,
 /// connected, on a fabric in manual progress mode.
+///
+/// It drives the links and nothing more: a side that goes down keeps its
+/// QP until the test destroys it (`Link::finish_close`, once
+/// [`Connection::flushed`](super::proto::Connection::flushed)), as an
+/// endpoint's driver does by itself; its buffers exposed through windows
+/// come back only then.
 pub struct SimPair {
     /// The fabric (faults, oracle).
     pub fabric: Fabric,

@@ -224,7 +224,7 @@ pub struct ConnStats {
     /// confirm): each a capability the peer may READ.
     pub exposures: u64,
     /// Exposures that ended on evidence (released, expired, or the QP
-    /// flushed or destroyed) and came back; `exposures - exposures_ended`
+    /// destroyed) and came back; `exposures - exposures_ended`
     /// are live.
     pub exposures_ended: u64,
     /// Exposures ended by their own expiry rather than by the peer (mw:

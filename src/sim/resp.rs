@@ -219,7 +219,7 @@ impl World {
                 }
                 q.counters.bytes_served += data.len() as u64;
                 let qpn = q.qpn;
-                let served = Served { at: self.now, dev, qp, qpn, mr, range, mw, tail: None };
+                let served = Served { at: self.now, dev, qp, qpn, mr, range, mw, rkey: rk, tail: None };
                 if let Some(e) = self.devs[src.0 as usize]
                     .qp_mut(src.1)
                     .and_then(|q| q.sq.iter_mut().find(|e| e.psn == Some(psn) && e.st == WrState::Issued))
@@ -250,7 +250,11 @@ impl World {
     /// nothing: `World::responder_destroyed`). The bytes so copied land in
     /// the requester's destination; a buffer handle holding them is a
     /// hazard, as for any READ (memory reused on the flush, before the
-    /// destroy, is caught).
+    /// destroy, is caught). A READ through a window whose bind has ended
+    /// since (an invalidation, a deallocation) is left as served: the
+    /// invalidation's completion is the owner's evidence, and the packet
+    /// a NIC may still be copying then is a gap this model does not cover
+    /// (`docs/protocol-mw.md`, "The one-packet gap").
     pub(crate) fn late_tail(&mut self, s: Served, data: &mut [u8]) {
         let bytes = match s.tail {
             Some(t) => t,
@@ -258,7 +262,7 @@ impl World {
                 let err = self.devs[s.dev as usize]
                     .qp(s.qp)
                     .is_some_and(|q| q.qpn == s.qpn && q.state == QpState::Err);
-                if !err {
+                if !err || self.bind_ended(&s) {
                     return;
                 }
                 match self.copy_tail(&s) {
@@ -271,6 +275,13 @@ impl World {
             let at = data.len() - bytes.len();
             data[at..].copy_from_slice(&bytes);
         }
+    }
+
+    /// Whether `s` came through a window whose bind has ended since.
+    fn bind_ended(&self, s: &Served) -> bool {
+        let Some(w) = s.mw else { return false };
+        let mw = self.devs[s.dev as usize].mw(w);
+        !mw.is_some_and(|m| m.rkey == s.rkey && matches!(m.state, MwState::Bound { .. }))
     }
 
     /// The last packet's bytes of the READ served as `s`, read from memory
@@ -308,9 +319,10 @@ impl World {
             .sq
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.st == WrState::Issued)
+            .filter(|(_, e)| e.st == WrState::Issued && !e.hung)
             .filter_map(|(i, e)| Some((i, e.served.clone()?)))
             .filter(|(_, s)| s.dev == dev && s.qp == qp && s.qpn == qpn && s.tail.is_none())
+            .filter(|(_, s)| !self.bind_ended(s))
             .collect();
         for (i, s) in waiting {
             let tail = self.copy_tail(&s);

@@ -147,12 +147,14 @@ pub(crate) struct Served {
     pub(crate) at: u64,
     pub(crate) dev: u32,
     pub(crate) qp: u32,
-    /// The responder QP's number (its index may be another QP's by the
-    /// time the response lands).
+    /// The responder QP's number (checked as well as the index).
     pub(crate) qpn: u32,
     pub(crate) mr: u32,
     pub(crate) range: Range<usize>,
     pub(crate) mw: Option<u32>,
+    /// The key the READ came with (a window's: its bind, which an
+    /// invalidation ends).
+    pub(crate) rkey: u32,
     /// The response's last packet as copied when its responder QP, gone
     /// to ERR meanwhile, was destroyed (`World::late_tail`).
     pub(crate) tail: Option<Vec<u8>>,

@@ -505,8 +505,13 @@ impl Conn {
             return false;
         }
         let since = self.drain.expect("draining").elapsed();
+        // A side that went down keeps its window-exposed buffers until its
+        // QP is destroyed (at the close, below): flushed is as idle as it gets.
         let idle = self.calls.is_empty()
-            && [&self.client, &self.server].into_iter().flatten().all(|ep| ep.busy_buffers() == 0);
+            && [&self.client, &self.server]
+                .into_iter()
+                .flatten()
+                .all(|ep| ep.busy_buffers() == 0 || ep.flushed());
         if self.fault.is_none() {
             let limit = self.call_timeout.max(LEASE) + Duration::from_secs(5);
             assert!(

@@ -661,7 +661,8 @@ impl<N: Nic> Connection<N> {
     /// Wait until the connection is down, and say why: the peer went away
     /// ([`LossReason::PeerGone`]) or broke the protocol, a work request
     /// failed, the user closed it ([`LossReason::Closed`]). Every
-    /// call fails once it is; its buffers come back as the NIC flushes.
+    /// call fails once it is; its buffers come back as the NIC flushes and
+    /// the driver destroys the QP.
     pub async fn closed(&self) -> LossReason {
         poll_fn(|cx| {
             let mut st = self.inner.state.lock();

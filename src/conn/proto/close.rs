@@ -7,7 +7,9 @@ use super::*;
 
 impl Connection {
     /// The connection is down: QP to ERR (every work request flushes), the
-    /// engines told, calls failed. Buffers come back as the flushes arrive.
+    /// engines told, calls failed. Buffers come back on their evidence:
+    /// READ destinations on their flushes, window exposures at the QP's
+    /// destroy ([`Connection::flushed`] says when only that is left).
     pub(super) fn go_down(&mut self, now: Duration, reason: LossReason) {
         if self.down.is_some() {
             return;
@@ -17,8 +19,9 @@ impl Connection {
         // Nothing more goes out: frames waiting for credit are dropped.
         self.backlog.clear();
         self.backlog_bytes.clear();
-        // The owner's leased buffers wait for the QP to be in ERR: the
-        // command's success ([`Connection::handle_qp_in_error`]).
+        // No new READ of the peer's starts once it works
+        // ([`Connection::handle_qp_in_error`]); the owner's leased buffers
+        // still wait for the destroy.
         self.commands.push_back(Command::SetQpError);
         self.to_err = true;
         if let Some(o) = &mut self.owner {

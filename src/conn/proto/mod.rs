@@ -143,8 +143,8 @@ pub enum Command {
     },
     /// Move the QP to the error state: every outstanding work request
     /// flushes and no remote access through the QP is possible any more.
-    /// Its success is the evidence the owner's exposures wait for: until
-    /// then (or if it fails) they come back only once the QP is destroyed.
+    /// (The owner's exposures wait for the QP's destroy all the same: a
+    /// NIC may still be copying a READ response's packet after the move.)
     SetQpError,
 }
 
