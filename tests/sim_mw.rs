@@ -497,6 +497,18 @@ fn dealloc_of_a_bound_window_invalidates_it_without_a_hazard() {
     s.p.a.nic.dereg_mr(s.mr.id).unwrap();
 }
 
+/// Bind `s`'s window and send its rkey, post a 16-byte READ (wr_id 3) of
+/// bytes 300.. through it, and step the fabric (manual progress) until the
+/// responder has served it: its response is on its way. Returns the rkey.
+fn read_served(s: &Setup) -> u32 {
+    let rk = bind_and_send(s);
+    s.p.b.nic.post_send(s.p.b.qp, &[read(s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
+    while !s.p.fabric.in_flight().iter().any(|r| r.source.is_some()) {
+        assert!(s.p.fabric.step());
+    }
+    rk
+}
+
 #[test]
 fn read_in_flight_when_invalidated_spec_and_rxe() {
     // Spec: the READ's bytes are copied when the responder processes it; an
@@ -514,12 +526,7 @@ fn read_in_flight_when_invalidated_spec_and_rxe() {
         let rxe = dev.rxe_quirks;
         let s = setup(dev);
         s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
-        let rk = bind_and_send(&s);
-        s.p.b.nic.post_send(s.p.b.qp, &[read(&s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
-        // Run until the responder has copied the bytes.
-        while !s.p.fabric.in_flight().iter().any(|r| r.source.is_some()) {
-            assert!(s.p.fabric.step());
-        }
+        let rk = read_served(&s);
         s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
         let (_, b) = s.p.settle();
         if rxe {
@@ -614,11 +621,7 @@ fn a_read_served_before_its_window_was_invalidated_keeps_its_bytes_when_the_resp
     // bytes as served, not the reused ones.
     let s = setup(DeviceConfig::spec());
     s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
-    let rk = bind_and_send(&s);
-    s.p.b.nic.post_send(s.p.b.qp, &[read(&s, 3, s.mr.addr + 300, 16, rk)]).unwrap();
-    while !s.p.fabric.in_flight().iter().any(|r| r.source.is_some()) {
-        assert!(s.p.fabric.step());
-    }
+    let rk = read_served(&s);
     s.p.a.nic.post_send(s.p.a.qp, &[inv_wr(rk)]).unwrap();
     let dev = s.p.a.device();
     while !matches!(s.p.fabric.window(dev, s.mw.id), Some(WindowState::Invalidated { .. })) {

@@ -5,7 +5,7 @@ use super::event::{EvKind, Packet, Resp};
 use super::oracle::HazardKind;
 use super::resp::InvError;
 use super::sched::Lane;
-use super::world::{Served, World, WrState};
+use super::world::{World, WrState};
 use crate::backend::{Access, QpState, SendWr, WcOpcode, WcStatus};
 
 /// What a READ that failed after its request went out leaves in its
@@ -401,9 +401,12 @@ impl World {
                 q.sq[i].st = WrState::Done { status: WcStatus::Success, byte_len: n };
             }
             Resp::ReadData(mut data) => {
-                if let Some(s) = q.sq[i].served.as_mut().map(|s| Served { tail: s.tail.take(), ..s.clone() })
-                {
-                    self.late_tail(s, &mut data);
+                // Taken for the look, put back for the oracle.
+                if let Some(mut s) = q.sq[i].served.take() {
+                    self.late_tail(&mut s, &mut data);
+                    if let Some(q) = self.devs[dev as usize].qp_mut(qp) {
+                        q.sq[i].served = Some(s);
+                    }
                 }
                 if let Err(detail) = self.scatter(dev, qp, i, &data) {
                     self.hazard(dev, HazardKind::DmaIntoFreedMemory, detail);

@@ -199,13 +199,7 @@ impl World {
             Ok((mr, range, mw)) => {
                 let m = self.devs[dev as usize].mr(mr).expect("checked");
                 let mut data = self.spare.take(range.len());
-                // Held bytes read as POISON, reported unless the memory's
-                // policy lets a peer read a held buffer (confirm, through
-                // the region's own key): a READ through a window never may,
-                // whatever else reads the memory (under mw a window never
-                // covers a buffer a user holds).
-                let met = m.data.dma_read(range.start, range.len(), &mut data).unwrap_or(false);
-                if met && (mw.is_some() || !m.data.reads_of_held_expected()) {
+                if serve_bytes(m, range.clone(), mw.is_some(), &mut data) {
                     let via =
                         if mw.is_some() { "through a memory window" } else { "through the region's key" };
                     let detail = format!(
@@ -255,17 +249,17 @@ impl World {
     /// invalidation's completion is the owner's evidence, and the packet
     /// a NIC may still be copying then is a gap this model does not cover
     /// (`docs/protocol-mw.md`, "The one-packet gap").
-    pub(crate) fn late_tail(&mut self, s: Served, data: &mut [u8]) {
-        let bytes = match s.tail {
+    pub(crate) fn late_tail(&mut self, s: &mut Served, data: &mut [u8]) {
+        let bytes = match s.tail.take() {
             Some(t) => t,
             None => {
                 let err = self.devs[s.dev as usize]
                     .qp(s.qp)
                     .is_some_and(|q| q.qpn == s.qpn && q.state == QpState::Err);
-                if !err || self.bind_ended(&s) {
+                if !err || self.bind_ended(s) {
                     return;
                 }
-                match self.copy_tail(&s) {
+                match self.copy_tail(s) {
                     Some(t) => t,
                     None => return,
                 }
@@ -293,8 +287,7 @@ impl World {
         let tail = s.range.end - n..s.range.end;
         let m = d.mr(s.mr)?;
         let mut out = Vec::with_capacity(n);
-        let met = m.data.dma_read(tail.start, n, &mut out).unwrap_or(false);
-        if met && (s.mw.is_some() || !m.data.reads_of_held_expected()) {
+        if serve_bytes(m, tail.clone(), s.mw.is_some(), &mut out) {
             let detail = format!(
                 "the last packet of a READ from region {} bytes {tail:?} was still being copied after its \
                  responder QP went to ERR, and some of them were lent to a buffer handle: the memory was \
@@ -494,4 +487,15 @@ impl World {
         }
         owners
     }
+}
+
+/// Read `range` of region `m` into `out` as a responder's DMA, held bytes
+/// as POISON; whether that is a hazard: it met bytes a buffer handle holds
+/// and the memory's policy does not let a peer read a held buffer (only
+/// confirm's does, through the region's own key). A READ through a window
+/// never may, whatever else reads the memory: under mw a window never
+/// covers a buffer a user holds.
+fn serve_bytes(m: &super::world::Mr, range: Range<usize>, via_window: bool, out: &mut Vec<u8>) -> bool {
+    let met = m.data.dma_read(range.start, range.len(), out).unwrap_or(false);
+    met && (via_window || !m.data.reads_of_held_expected())
 }
