@@ -7,12 +7,17 @@
 //! of the same lane never overtakes an earlier one, whatever their times.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use rand::rngs::SmallRng;
 use rand::Rng;
 
 use super::event::EvKind;
 use super::ranked::RankedSet;
+
+/// Sequence numbers hashed by a multiply (`IdHasher`), not SipHash: they
+/// are the simulator's own, never chosen by a peer.
+type SeqMap<V> = HashMap<u64, V, BuildHasherDefault<mwcap_delegation::IdHasher>>;
 
 /// A FIFO of events that must run in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,7 +59,7 @@ pub(crate) struct Scheduler {
     /// The ordered lanes' events.
     slab: Slab,
     /// Unordered events by sequence number.
-    free: HashMap<u64, Ev>,
+    free: SeqMap<Ev>,
     /// (time, lane) of every lane's head and every free event.
     heads: RankedSet<(u64, Lane)>,
     next_free: u64,
@@ -69,7 +74,7 @@ impl Default for Scheduler {
             // Room for twice the timers a busy fabric has at once: a hash
             // map whose removals' tombstones fill it rehashes in place only
             // while it is at most half full.
-            free: HashMap::with_capacity(256),
+            free: SeqMap::with_capacity_and_hasher(256, BuildHasherDefault::default()),
             heads: RankedSet::default(),
             next_free: 0,
             len: 0,

@@ -88,8 +88,10 @@ pub(crate) struct Device {
     pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) qps: Vec<Option<Qp>>,
     pub(crate) srqs: Vec<Option<Srq>>,
-    /// QP number to index in `qps`, for the live QPs.
-    pub(crate) by_qpn: std::collections::HashMap<u32, u32>,
+    /// QP number to index in `qps`, for the live QPs; the numbers are the
+    /// simulator's own, so hashed by a multiply, not SipHash.
+    pub(crate) by_qpn:
+        std::collections::HashMap<u32, u32, std::hash::BuildHasherDefault<mwcap_delegation::IdHasher>>,
     /// Verbs made to fail ([`crate::sim::SimNic::fail_next`]): the verb's
     /// name and how many more calls of it fail.
     pub(crate) failing: Vec<(&'static str, u32)>,
@@ -284,7 +286,7 @@ impl Device {
             cqs: Vec::new(),
             qps: Vec::new(),
             srqs: Vec::new(),
-            by_qpn: std::collections::HashMap::new(),
+            by_qpn: std::collections::HashMap::default(),
             failing: Vec::new(),
         }
     }
