@@ -162,6 +162,28 @@ fn a_replayed_request_id_closes_the_connection() {
 }
 
 #[test]
+fn frames_after_a_violation_are_not_carried_out() {
+    // A bad frame, then valid ones that land before the QP is in ERR (the
+    // same poll batch): the condemned peer's later frames are dropped, not
+    // handed to the application after the connection said it was lost.
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut v = Victim::new(Role::Server, policy);
+        v.receive(&[0xff; 7], None);
+        v.receive(&request(1, &[]), None);
+        let ask = Frame::Ask { msg_id: 2, body: b"token", attach: Attaches::new() }.encode().unwrap();
+        v.receive(&ask, None);
+        let events: Vec<Event> = std::iter::from_fn(|| v.conn.poll_event()).collect();
+        assert!(
+            events.iter().all(|e| matches!(e, Event::ConnectionLost(_))),
+            "{policy:?}: only the loss is reported, got {events:?}"
+        );
+        assert_eq!(events.len(), 1);
+        assert!(matches!(v.conn.is_down(), Some(LossReason::PeerMisbehaved(Misbehavior::MalformedFrame(_)))));
+        assert_eq!(v.conn.free_buffers(), BUFFERS as usize, "no buffer lost");
+    }
+}
+
+#[test]
 fn a_request_id_below_the_last_one_closes_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Mw);
     v.receive(&request(5, &[]), None);

@@ -79,6 +79,14 @@ impl Connection {
             self.peer_invalidated(now, rkey);
             return self.misbehaved(now, Misbehavior::SendWithInvalidate { rkey });
         }
+        if self.down.is_some() {
+            // Condemned, lost or closed, with the QP not yet in ERR (the
+            // same poll batch): `go_down` ended every call and request, so
+            // what comes after is not carried out. A request or redemption
+            // would reach the application, or use up a token, after the
+            // loss was reported; engine messages wait for the destroy.
+            return;
+        }
         // (Flow control and keepalive, which an idle peer sends too, do
         // not count: `Config::give_back_after`.)
         if grows_share(bytes) {
