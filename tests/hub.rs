@@ -661,6 +661,7 @@ fn a_hub_busy_polls_for_its_window_then_sleeps() {
 fn invalidation_by_another_connection(
     dev: DeviceConfig,
     victims: usize,
+    attacker_spins: bool,
 ) -> (Fabric, LocalPool, Vec<Connection<SimNic>>, Connection<SimNic>, Vec<u32>, Vec<mwcap::conn::Link<SimNic>>)
 {
     let fabric = Fabric::with_seed(17);
@@ -712,9 +713,20 @@ fn invalidation_by_another_connection(
         links.push(victim_c);
         rkeys.push(rkey);
     }
-    let (attack_s, attack_c) = server_with_link_client(&sh, &cn, cfg(Role::Server, p), cfg(Role::Client, p));
+    let mut attack_cfg = cfg(Role::Server, p);
+    if attacker_spins {
+        // Its server waits for requests polling the queue itself, so the
+        // attack lands in a waiter's turn, not in the driver's.
+        attack_cfg.serve_busy_poll = Duration::from_secs(10);
+    }
+    let (attack_s, attack_c) = server_with_link_client(&sh, &cn, attack_cfg, cfg(Role::Client, p));
     let attacked = attack_s.connect(&attack_c.local()).unwrap();
     pool.run_until_stalled();
+    if attacker_spins {
+        // Spawned last: a waiter in its spin window never lets the pool stall.
+        spawn(&pool, serve(attacked.clone()));
+        pool.run_until(async_io::Timer::after(Duration::from_millis(5)));
+    }
     // The attacker's peer invalidates them through its own connection.
     let wrs: Vec<SendWr> = rkeys
         .iter()
@@ -755,7 +767,7 @@ fn run_until(fabric: &Fabric, pool: &mut LocalPool, mut done: impl FnMut() -> bo
 /// second LOCAL_INV.
 #[test]
 fn on_rxe_a_peer_that_invalidates_another_connections_window_never_makes_it_invalidated_twice() {
-    rxe_invalidations_by_another_connection(1);
+    rxe_invalidations_by_another_connection(1, false);
 }
 
 /// As above with two victims, their windows invalidated by two
@@ -765,14 +777,31 @@ fn on_rxe_a_peer_that_invalidates_another_connections_window_never_makes_it_inva
 /// window again.)
 #[test]
 fn on_rxe_two_windows_invalidated_at_once_through_another_connection_are_both_found() {
-    rxe_invalidations_by_another_connection(2);
+    rxe_invalidations_by_another_connection(2, false);
 }
 
-fn rxe_invalidations_by_another_connection(n: usize) {
+/// As the first, with the attacked connection's server waiting for
+/// requests in a spin window (`serve_busy_poll`): the attack lands in the
+/// waiter's own turn, which hands the rkey to the endpoint as the driver's
+/// turn does. (Before, a waiter's turn dropped it: the victim was never
+/// told, and its expiry invalidated the window a second time.)
+#[test]
+fn on_rxe_an_invalidation_found_by_a_waiters_turn_reaches_the_windows_owner() {
+    rxe_invalidations_by_another_connection(1, true);
+}
+
+fn rxe_invalidations_by_another_connection(n: usize, attacker_spins: bool) {
     let (fabric, mut pool, victims, attacked, rkeys, _links) =
-        invalidation_by_another_connection(DeviceConfig::rxe(), n);
-    assert!(run_until(&fabric, &mut pool, || victims.iter().all(|v| v.is_down().is_some())
-        && attacked.is_down().is_some()));
+        invalidation_by_another_connection(DeviceConfig::rxe(), n, attacker_spins);
+    let done = run_until(&fabric, &mut pool, || {
+        victims.iter().all(|v| v.is_down().is_some()) && attacked.is_down().is_some()
+    });
+    assert!(
+        done,
+        "victims {:?}, attacked {:?}",
+        victims.iter().map(|v| v.is_down()).collect::<Vec<_>>(),
+        attacked.is_down()
+    );
     assert_eq!(
         attacked.is_down(),
         Some(LossReason::PeerMisbehaved(mwcap::conn::Misbehavior::SendWithInvalidate { rkey: rkeys[0] }))
@@ -800,7 +829,7 @@ fn rxe_invalidations_by_another_connection(n: usize) {
 #[test]
 fn on_a_spec_nic_a_peer_cannot_invalidate_another_connections_window() {
     let (fabric, mut pool, victims, attacked, _, _links) =
-        invalidation_by_another_connection(DeviceConfig::spec(), 1);
+        invalidation_by_another_connection(DeviceConfig::spec(), 1, false);
     let victim = &victims[0];
     assert!(run_until(&fabric, &mut pool, || attacked.is_down().is_some()));
     assert!(

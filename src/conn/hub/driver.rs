@@ -265,7 +265,7 @@ impl<N: Nic> Hub<N> {
         inner.count_turn(t.busy);
         self.connection_turns.store(self.connection_turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         for rkey in t.foreign_invalidations {
-            self.invalidated_elsewhere(Some(inner), now, rkey);
+            self.invalidated_elsewhere(Some(&**inner), now, rkey);
         }
         // A holder may have revoked a delegation on this turn.
         self.ring_ends();
@@ -295,12 +295,15 @@ impl<N: Nic> Hub<N> {
     /// happened, so it must never post another (on rxe a second one panics
     /// the kernel), and it goes down. A search of every connection, only
     /// ever run for a hostile peer (which `from`'s connection is closed as).
+    /// Called by every turn that took foreign invalidations: the driver's
+    /// and a waiter's (`Spin::turn`).
     #[inline(never)]
-    fn invalidated_elsewhere(&self, from: Option<&Arc<Inner<N>>>, now: Duration, rkey: u32) {
+    pub(crate) fn invalidated_elsewhere(&self, from: Option<&Inner<N>>, now: Duration, rkey: u32) {
         let conns: Vec<Arc<Inner<N>>> = self.routes.lock().targets().cloned().collect();
-        let owner = conns
-            .iter()
-            .find(|c| from.map_or(true, |f| !Arc::ptr_eq(c, f)) && c.window_invalidated_elsewhere(now, rkey));
+        let owner = conns.iter().find(|c| {
+            from.map_or(true, |f| !std::ptr::eq(Arc::as_ptr(c), f))
+                && c.window_invalidated_elsewhere(now, rkey)
+        });
         match owner {
             Some(c) => self.queue(c),
             None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),

@@ -226,8 +226,12 @@ impl Spin {
         inbox.clear();
         *part.spin_scratch.lock() = inbox;
         if let Some(hub) = &hub {
-            // A holder's revocation answered on this turn rings the
-            // connections exposing what it revoked, as the driver's would.
+            // Windows of other connections its peer invalidated (rxe), and a
+            // holder's revocation answered on this turn: handed on as the
+            // driver's turn does (`Hub::turn`).
+            for rkey in t.foreign_invalidations {
+                hub.invalidated_elsewhere(Some(inner), now, rkey);
+            }
             hub.ring_ends();
         }
         if t.finished {
