@@ -394,6 +394,53 @@ fn a_call_for_a_delegation_answered_after_its_connection_went_down_pins_nothing(
 /// is live: the delegate holds the first window) and is revoked meanwhile
 /// is refused `Revoked` and never exposed, and its range is unpinned at
 /// once; the window held stays until its own end.
+/// A redemption waits for capacity (the one region exposure is held) past
+/// its token's expiry: it is refused as expired when too little of the
+/// token's life is left for a READ, and its range is the owner's again
+/// then, not when capacity comes back (before, it stayed pinned until then
+/// and was exposed after its token's expiry, with its lease counted again
+/// from that moment).
+#[test]
+fn a_redemption_waiting_for_capacity_past_its_tokens_expiry_is_refused_never_exposed() {
+    let mut w = World::with_config(Role::Server, MW, |c| c.region_exposures = 1);
+    w.victim.set_peer_identity("compute");
+    let region = w.victim.register_region(64 << 10).unwrap();
+    w.victim.region_write(region, 0, &vec![GRANTED; 64 << 10]).unwrap();
+    let (first, second) =
+        (RegionRange { region, offset: 0, len: 1000 }, RegionRange { region, offset: 8192, len: 1000 });
+    let a = w.victim.delegate_region(w.now(), first, "compute", Duration::from_secs(10)).unwrap();
+    // Its window's lease (100 ms, `LEASE`) outlives the second token.
+    let b = w.victim.delegate_region(w.now(), second, "compute", Duration::from_millis(50)).unwrap();
+    let seen = redeem(&mut w, 1, a.token.as_bytes());
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the first window is held (no release)");
+    let frame = Frame::Ask {
+        msg_id: 2,
+        body: &OwnerAsk::Redeem { token: b.token.as_bytes() }.encode(),
+        attach: Attaches::new(),
+    };
+    w.send_within_credit(&frame.encode().unwrap());
+    w.settle();
+    assert!(w.attacker.frames.is_empty(), "no answer while no exposure is free");
+    assert!(w.victim.region_write(region, second.offset, b"new").is_err(), "pinned while it waits");
+    // Past the second token's expiry less the safety margin (10 ms), before
+    // the first window's lease ends.
+    w.run_for(Duration::from_millis(60));
+    let seen = Seen::of(&w.next_frame());
+    assert_eq!(
+        (seen.kind, seen.msg_id, seen.status),
+        ("reply", Some(2), Some(4)),
+        "refused Expired (4): {seen:?}"
+    );
+    assert!(seen.grant.is_none(), "nothing exposed");
+    assert!(w.victim.region_write(region, second.offset, b"new").is_ok(), "the expired range is unpinned");
+    assert!(
+        w.victim.region_write(region, first.offset, b"new").is_err(),
+        "the held window's range stays pinned"
+    );
+    w.finish();
+}
+
 #[test]
 fn a_redemption_revoked_while_it_waits_for_capacity_is_refused_never_exposed() {
     let mut w = World::with_config(Role::Server, MW, |c| c.region_exposures = 1);

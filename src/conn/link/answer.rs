@@ -38,8 +38,9 @@ pub(crate) struct LinkDelegation {
 
 /// What a redemption is answered with.
 enum Answer {
-    /// The delegated range, its window's lease at most `lease`.
-    Expose { req: RequestId, cap: CapId, range: RegionRange, lease: Duration },
+    /// The delegated range, its window's lease ending at `expiry` (the
+    /// token's) at the latest, however long the answer waits.
+    Expose { req: RequestId, cap: CapId, range: RegionRange, expiry: Duration },
     /// A refusal, in a status and words.
     Refuse { req: RequestId, refusal: Refusal, message: String },
     /// Done: `status` and `header` (a holder's new delegation: its id and
@@ -303,19 +304,8 @@ impl<N: Nic> Link<N> {
         let policy = crate::telemetry::own_policy(self.conn.policies(), self.conn.role());
         let margin = self.config().safety_margin;
         match self.regions.redeem(now, self.conn.id(), identity.as_deref(), token, policy) {
-            // Too little of the token's life is left for a READ: the
-            // delegate would decline the grant (its safety margin) and
-            // learn nothing it can match. Expired, as it is in a moment.
-            Ok((cap, _, lease)) if lease <= margin => {
-                self.regions.delegation_ended(cap);
-                self.regions.count_refusal(Refusal::Expired);
-                let message = format!(
-                    "the token expires in {lease:?}, within the {margin:?} safety margin a read of it \
-                     needs: ask its holder for a new token, or delegate with a longer ttl"
-                );
-                Answer::Refuse { req, refusal: Refusal::Expired, message }
-            }
-            Ok((cap, range, lease)) => Answer::Expose { req, cap, range, lease },
+            Ok((cap, _, lease)) if lease <= margin => self.expired(req, cap, lease),
+            Ok((cap, range, lease)) => Answer::Expose { req, cap, range, expiry: now + lease },
             Err((refusal, message)) => {
                 tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
                 Answer::Refuse { req, refusal, message }
@@ -323,11 +313,32 @@ impl<N: Nic> Link<N> {
         }
     }
 
+    /// Too little of the token's life (`left`) is left for a READ: the
+    /// delegate would decline the grant (its safety margin) and learn
+    /// nothing it can match. Expired, as it is in a moment; the range is
+    /// the owner's again.
+    fn expired(&mut self, req: RequestId, cap: CapId, left: Duration) -> Answer {
+        let margin = self.config().safety_margin;
+        self.regions.delegation_ended(cap);
+        self.regions.count_refusal(Refusal::Expired);
+        let message = format!(
+            "the token expires in {left:?}, within the {margin:?} safety margin a read of it \
+             needs: ask its holder for a new token, or delegate with a longer ttl"
+        );
+        Answer::Refuse { req, refusal: Refusal::Expired, message }
+    }
+
     /// Send `a`, or keep it for a later turn while capacity lacks.
     fn answer(&mut self, now: Duration, a: Answer) {
         let r = match &a {
-            Answer::Expose { req, range, lease, .. } => {
-                self.reply_region_for(now, *req, 0, &[], *range, Some(*lease))
+            Answer::Expose { req, cap, range, expiry } => {
+                // It may have waited for capacity: what is left of the token.
+                let left = expiry.saturating_sub(now);
+                if left <= self.config().safety_margin {
+                    let refusal = self.expired(*req, *cap, left);
+                    return self.answer(now, refusal);
+                }
+                self.reply_region_for(now, *req, 0, &[], *range, Some(left))
             }
             Answer::Refuse { req, refusal, message } => self
                 .reply(now, *req, refusal.status(), message.as_bytes(), None)
@@ -356,6 +367,38 @@ impl<N: Nic> Link<N> {
                 // The request is gone (the connection is down): nothing to answer.
                 tracing::debug!(parent: &self.span, ?req, %e, "a redemption's refusal was not sent");
             }
+        }
+    }
+
+    /// When an answer waiting for capacity must be refused as expired (its
+    /// token's expiry less the safety margin), if one waits: the link's
+    /// `poll_timeout` includes it, so a turn refuses it then and its range
+    /// is the owner's again, capacity or not.
+    #[cold]
+    #[inline(never)]
+    fn waiting_expires_at(&self) -> Option<Duration> {
+        let margin = self.config().safety_margin;
+        self.delegation
+            .waiting
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Expose { expiry, .. } => Some(expiry.saturating_sub(margin)),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// [`Connection::poll_timeout`](super::proto::Connection::poll_timeout),
+    /// and the expiry of an answer to a redemption waiting for capacity.
+    #[inline]
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let t = self.conn.poll_timeout();
+        if self.delegation.waiting.is_empty() {
+            return t;
+        }
+        match (t, self.waiting_expires_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
