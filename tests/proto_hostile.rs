@@ -183,6 +183,41 @@ fn frames_after_a_violation_are_not_carried_out() {
     }
 }
 
+/// A confirm client asks for a reply "again" (a fetch retry) of a request
+/// the server has not answered yet: nothing of the live request is lost
+/// or replaced, and no "reply again" reaches the application. (Before, the
+/// retry replaced the live request with an empty one and emitted
+/// `ReplyAgain` for it.)
+#[test]
+fn a_fetch_retry_for_a_request_not_yet_answered_replaces_nothing() {
+    let fetch = |msg, attempt| confirm_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(msg), attempt });
+    for (first, stale) in [(0, false), (1, false), (1, true)] {
+        let mut v = Victim::new(Role::Server, Policy::Confirm);
+        if stale {
+            // Fetch 7 used and answered (refused: no payload) by request 1.
+            v.receive(&request(1, &[fetch(7, 1)]), None);
+            let Some(Event::Request { req, .. }) = v.conn.poll_event() else { panic!("the request") };
+            v.conn.reply(Duration::from_millis(1), req, 0, b"done", None).unwrap();
+            v.take_commands();
+            while v.conn.poll_event().is_some() {}
+        }
+        v.receive(&request(2, &[fetch(7, first)]), None);
+        let Some(Event::Request { req, .. }) = v.conn.poll_event() else { panic!("the request") };
+        let retry = Frame::Engine(fetch(7, 2)).encode().unwrap();
+        v.receive(&retry, None);
+        let events: Vec<Event> = std::iter::from_fn(|| v.conn.poll_event()).collect();
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::ReplyAgain { .. })),
+            "first attempt {first}: no reply again for a live request: {events:?}"
+        );
+        // The live request is still the one to answer, header and all.
+        if v.conn.is_down().is_none() {
+            v.conn.reply(Duration::from_millis(2), req, 0, b"answer", None).expect("the request is live");
+        }
+        assert_eq!(v.conn.free_buffers(), BUFFERS as usize, "no buffer lost");
+    }
+}
+
 #[test]
 fn a_request_id_below_the_last_one_closes_the_connection() {
     let mut v = Victim::new(Role::Server, Policy::Mw);

@@ -701,7 +701,17 @@ impl Connection {
                 }
                 fb::Event::ReplyWanted { msg, attempt } => {
                     if let Some(m) = self.cf().msgs.get(&msg).copied() {
-                        if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
+                        if attempt > 1 && self.requests.contains_key(&m) {
+                            // A retry names a request not yet answered (a
+                            // stale fetch id the engine took for another's):
+                            // no stale read of it can have happened. The
+                            // live request stays as it is.
+                            tracing::debug!(
+                                req = m,
+                                attempt,
+                                "a fetch retry for a request not yet answered, ignored"
+                            );
+                        } else if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
                             // Asked again while `max_requests` are
                             // unanswered: refused like a new request.
                             self.refuse_again(now, msg, m);
