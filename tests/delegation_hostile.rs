@@ -300,6 +300,41 @@ fn a_holder_revoking_what_it_delegated_invalidates_the_window_being_read() {
     a_revoked_window_ends(w, range, (addr, rkey, len));
 }
 
+/// A peer that delegates its capability to itself, again and again, each
+/// time with the token it got back, would grow the owner's book (and the
+/// walks of its tree, under the lock every connection's delegation work
+/// takes) for as long as the root lives. The chain stops at `MAX_DEPTH`:
+/// the next hand-on is refused `OutsideCapability` with its token unused,
+/// which still redeems, and the connection runs on.
+#[test]
+fn a_chain_of_hand_ons_stops_at_the_books_depth() {
+    let (mut w, _, range) = world();
+    let d = w.victim.delegate_region(w.now(), range, "compute", Duration::from_secs(10)).unwrap();
+    let mut token = d.token.as_bytes().to_vec();
+    let mut msg = 1;
+    // The application's delegation is one from the root; each hand-on one more.
+    for depth in 2..=mwcap_delegation::MAX_DEPTH {
+        // Each a little shorter than the one it is made from.
+        let ttl_ms = 9000 - 100 * u32::from(depth);
+        let on = OwnerAsk::DelegateOn { token: &token, offset: 0, len: 0, ttl_ms, identity: "compute" };
+        let seen = ask(&mut w, msg, &on.encode());
+        msg += 1;
+        assert_eq!(seen.status, Some(0), "hand-on {depth}: {}", String::from_utf8_lossy(&seen.header));
+        token = seen.header[8..].to_vec();
+    }
+    let on = OwnerAsk::DelegateOn { token: &token, offset: 0, len: 0, ttl_ms: 1000, identity: "compute" };
+    let seen = ask(&mut w, msg, &on.encode());
+    let words = String::from_utf8_lossy(&seen.header).into_owned();
+    assert_eq!(seen.status, Some(9), "OutsideCapability: {words}");
+    assert!(words.contains("a chain of delegations stops"), "{words}");
+    assert!(w.victim.is_down().is_none(), "the connection runs on");
+    // The token it could not hand on is still its own to redeem.
+    let seen = redeem(&mut w, msg + 1, &token);
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(len, range.len);
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success);
+}
+
 /// A holder's call for a delegation, from a hostile peer: malformed fields
 /// and a life longer than the owner's lease are refused before the
 /// application sees the call (the connection runs on); a well-formed one

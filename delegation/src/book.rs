@@ -45,9 +45,19 @@ struct Node {
     /// delegation and never reuses an id, so a token that opens names the
     /// identity the delegation was made for.)
     parent: Option<CapId>,
+    /// Delegations between it and its root (a root's is 0).
+    depth: u8,
     revoked: bool,
     children: Children,
 }
+
+/// The longest chain of delegations below a root: a capability this many
+/// delegations from its root delegates no further
+/// ([`DelegateError::TooDeep`]). Each delegation a holder makes uses up
+/// the token it redeemed, so a tree is a chain of at most this many nodes
+/// per delegation its owner made: a holder cannot grow the book, nor the
+/// walks of its tree, without bound.
+pub const MAX_DEPTH: u8 = 16;
 
 /// A capability's delegations, in the order made. The first is kept
 /// inline: most capabilities are delegated once (a holder hands its reply
@@ -151,6 +161,8 @@ pub enum DelegateError {
     },
     /// The identity is longer than a token can name.
     IdentityTooLong(usize),
+    /// The capability is [`MAX_DEPTH`] delegations from its root already.
+    TooDeep(CapId),
 }
 
 impl std::fmt::Display for DelegateError {
@@ -186,6 +198,11 @@ impl std::fmt::Display for DelegateError {
             DelegateError::IdentityTooLong(n) => {
                 write!(f, "an identity of {n} bytes: a token names one of at most {MAX_IDENTITY}")
             }
+            DelegateError::TooDeep(c) => write!(
+                f,
+                "capability {c:?} is {MAX_DEPTH} delegations from its owner's exposure, where a chain of \
+                 delegations stops: ask the owner for a delegation of its own"
+            ),
         }
     }
 }
@@ -358,6 +375,7 @@ impl Book {
                 state: State::Live,
                 holder: Some(holder),
                 parent: None,
+                depth: 0,
                 revoked: false,
                 children: Children::default(),
             },
@@ -385,7 +403,7 @@ impl Book {
         if r.is_err() {
             self.stats.delegations_refused += 1;
         }
-        let root = r?;
+        let (root, depth) = r?;
         let id = self.fresh();
         let claims = Claims { cap: id, root, range, expiry, identity, nonce };
         let token = token::seal(&self.key, &claims).expect("the identity's length was checked");
@@ -399,6 +417,7 @@ impl Book {
                 state: State::Pending,
                 holder: None,
                 parent: Some(cap),
+                depth,
                 revoked: false,
                 children: Children::default(),
             },
@@ -417,7 +436,7 @@ impl Book {
         range: Range,
         identity: &str,
         expiry: Duration,
-    ) -> Result<CapId, DelegateError> {
+    ) -> Result<(CapId, u8), DelegateError> {
         let n = self.nodes.get(&cap).ok_or(DelegateError::Unknown(cap))?;
         if n.holder != Some(by) {
             return Err(DelegateError::NotHolder(cap));
@@ -440,7 +459,16 @@ impl Book {
         if identity.len() > MAX_IDENTITY {
             return Err(DelegateError::IdentityTooLong(identity.len()));
         }
-        Ok(n.root)
+        if n.depth >= MAX_DEPTH {
+            return Err(DelegateError::TooDeep(cap));
+        }
+        Ok((n.root, n.depth + 1))
+    }
+
+    /// How many delegations capability `cap` is from its root (0 for a
+    /// root), while the book knows it.
+    pub fn depth(&self, cap: CapId) -> Option<u8> {
+        self.nodes.get(&cap).map(|n| n.depth)
     }
 
     /// `by`, authenticated as `identity`, redeems `token`: on success the
@@ -557,8 +585,8 @@ impl Book {
     }
 
     /// `cap`'s exposure ended on evidence (its window's invalidation
-    /// completed, its QP was destroyed or flushed, its offer was confirmed
-    /// or withdrawn), or could not be made. Returns whether it was live:
+    /// completed, its QP was destroyed, its offer was confirmed or
+    /// withdrawn), or could not be made. Returns whether it was live:
     /// a second report of the same end changes nothing.
     pub fn ended(&mut self, cap: CapId) -> bool {
         let Some(n) = self.nodes.get_mut(&cap) else { return false };

@@ -18,14 +18,14 @@
 //!    identity, redeems the token once ([`Book::redeem`]); the owner then
 //!    exposes the range to it (a window on the delegate's QP, or an offer)
 //!    as to any holder. A delegate may delegate further, never wider or
-//!    longer.
+//!    longer, and at most [`MAX_DEPTH`] delegations from the root.
 //! 4. The owner's application revokes a capability ([`Book::revoke`]), or
 //!    a holder the delegations it made ([`Book::revoke_delegations`]):
 //!    every delegation below ends ([`Event::End`] for each live one; tokens
 //!    out are refused). Expiry bounds everything.
 //! 5. Each exposure ends on evidence from the NIC ([`Book::ended`]: the
-//!    invalidation's completion, the QP destroyed or flushed, the offer
-//!    confirmed or withdrawn), never on a timer alone. When every exposure
+//!    invalidation's completion, the QP destroyed, the offer confirmed or
+//!    withdrawn), never on a timer alone. When every exposure
 //!    of a tree has ended and no token of it can be redeemed, the book says
 //!    [`Event::Done`]: only then may the memory be reused.
 //!
@@ -53,6 +53,7 @@ mod token;
 
 pub use book::{
     Book, BookStats, DelegateError, Delegation, Event, IdHasher, RedeemError, Redeemed, RevokeError,
+    MAX_DEPTH,
 };
 pub use token::{Claims, Token, TokenTooLong, MAX_IDENTITY, MAX_TOKEN};
 

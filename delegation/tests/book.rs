@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mwcap_delegation::{
     Book, CapId, DelegateError, Event, Holder, Range, RedeemError, Redeemed, RevokeError, Token,
-    TokenTooLong, MAX_TOKEN,
+    TokenTooLong, MAX_DEPTH, MAX_TOKEN,
 };
 
 const OWNER_SECRET: [u8; 32] = [0x5e; 32];
@@ -283,4 +283,22 @@ proptest::proptest! {
         proptest::prop_assert_eq!(b.redeem(ms(0), DELEGATE, "d", &x), Err(RedeemError::Forged));
         proptest::prop_assert!(b.redeem(ms(0), DELEGATE, "d", t.as_bytes()).is_ok());
     }
+}
+
+#[test]
+fn a_chain_of_delegations_stops_at_max_depth() {
+    let (mut b, root) = exposed();
+    assert_eq!(b.depth(root), Some(0));
+    let mut cap = root;
+    for depth in 1..=MAX_DEPTH {
+        let t =
+            b.delegate(ms(0), HOLDER, cap, range(0, 4096), "self", ms(900), u64::from(depth)).unwrap().token;
+        cap = b.redeem(ms(0), HOLDER, "self", t.as_bytes()).unwrap().cap;
+        assert_eq!(b.depth(cap), Some(depth));
+    }
+    let e = b.delegate(ms(0), HOLDER, cap, range(0, 4096), "self", ms(900), 99).unwrap_err();
+    assert_eq!(e, DelegateError::TooDeep(cap));
+    assert!(e.to_string().contains("a chain of delegations stops"), "{e}");
+    // The capability at the bottom is still live and held.
+    assert!(b.is_exposed(cap));
 }

@@ -464,6 +464,13 @@ impl<N: Nic> Regions<N> {
                         "a life of {ttl:?} from a capability with {left:?} left: delegate for no longer"
                     )));
                 }
+                if book.depth(c.cap).is_some_and(|d| d >= mwcap_delegation::MAX_DEPTH) {
+                    return Err(outside(format!(
+                        "this capability is {} delegations from the owner's exposure, where a chain of \
+                         delegations stops: read it, or ask the owner for a delegation of its own",
+                        mwcap_delegation::MAX_DEPTH
+                    )));
+                }
                 Range { offset: c.range.offset + offset, len }
             }
             // Not a token of this owner's: the redemption says why.
