@@ -455,7 +455,10 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
 /// not keep the QP: the connection's route on the endpoint goes, so the
 /// endpoint counts no connection and no reserved entries. (Before, the
 /// buffers stayed out of the pool for good, and a window whose
-/// deallocation failed stayed allocated, its QP destroyed under it.)
+/// deallocation failed stayed allocated, its QP destroyed under it.) A
+/// window that cannot be freed at the drop either keeps the buffer it may
+/// cover out of the pool for good: the destroy of its QP alone is no
+/// evidence (before, the buffer went back to the pool under it).
 #[test]
 fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
     // What fails: at the close, and (the window's deallocation) at the drop.
@@ -494,11 +497,18 @@ fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
         drop(a);
         pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
         let st = sh.stats().buffers.unwrap();
-        assert_eq!(
-            (st.free, st.held_bytes),
-            (3, 0),
-            "{fails:?}: every buffer back once the QP is destroyed: {st:?}"
-        );
+        if again {
+            // The window over the buffer is still allocated, still bound:
+            // no evidence that nothing reaches the buffer, which stays out
+            // of the pool for good.
+            assert_eq!(st.free, 2, "{fails:?}: kept while a window may cover it: {st:?}");
+        } else {
+            assert_eq!(
+                (st.free, st.held_bytes),
+                (3, 0),
+                "{fails:?}: every buffer back once the QP is destroyed: {st:?}"
+            );
+        }
         let es = sh.stats();
         assert_eq!((es.connections, es.reserved_entries), (0, base), "{fails:?} {again}: {es:?}");
         if again {

@@ -683,26 +683,33 @@ impl<N: Nic> Drop for Link<N> {
         // handle's own end destroys its QPs anyway, and a QP kept alive
         // here would leave its route on the endpoint's queue stuck for
         // good (its number, once the device reuses it, taken twice).
-        if let Some(left) = self.free_windows() {
-            tracing::warn!(%left, "deallocating memory windows failed again at the connection's drop: its queue pair is destroyed under them (rxe may stall on the destroy), and they stay allocated until the device is closed");
+        let windows_left = self.free_windows();
+        if let Some(left) = &windows_left {
+            tracing::warn!(%left, "deallocating memory windows failed again at the connection's drop: its queue pair is destroyed under them (rxe may stall on the destroy); they stay allocated until the device is closed, and the memory they may cover is not used again");
         }
         let gone =
             self.qp == QpFate::Destroyed || destroy_qp(&self.nic, self.shared.as_ref(), &self.local).is_ok();
         if gone {
-            // Nothing can read the endpoint's regions, or the hub's send
-            // slots it holds, through it any more.
-            self.regions.forget(self.conn.id());
-            self.delegations_gone();
+            // The QP's own: nothing sends from the hub's send slots it
+            // holds, or takes its share of the shared receives, any more.
             if let Some(srq) = &self.srq {
                 self.lent.give_back(srq);
             }
             self.release_share();
         }
-        // Nothing can reach a buffer now (QP destroyed, windows freed): the
-        // shared pool's go back to it. Otherwise they must not serve
-        // others, the ranges it exposed stay unwritable, and its share of
-        // the shared receives stays taken (the QP may still take them).
-        self.conn.release_pool_buffers(gone);
+        // Nothing can reach the memory only once the QP is destroyed and
+        // every window freed: a window still allocated is still bound, and
+        // what checks its QP (on rxe a pointer to the freed QP) is no
+        // evidence. Then the endpoint's regions and the shared pool's
+        // buffers it exposed are the owner's again and its delegations
+        // end; otherwise the pool's buffers serve nobody, the ranges stay
+        // unwritable and the delegations' trees stay pinned, for good.
+        let unreachable = gone && windows_left.is_none();
+        if unreachable {
+            self.regions.forget(self.conn.id());
+            self.delegations_gone();
+        }
+        self.conn.release_pool_buffers(unreachable);
         if let Some(data) = self.data {
             let _ = self.nic.dereg_mr(data.id);
         }
