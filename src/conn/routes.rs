@@ -27,13 +27,15 @@ pub(super) struct Routes<T> {
     /// counted among the QPs routed.
     stuck: usize,
     orphans: u64,
-    /// Rkeys that SEND_WITH_INVs received on routes without a target
-    /// invalidated, for the owner to find whose windows they were
-    /// ([`Routes::take_foreign`]): such a QP belongs to no connection yet
-    /// (connected by an application's own bootstrap, or in the moment
-    /// between a listener connecting it and adding it), and may never, so
-    /// its held completions may never reach one.
-    foreign: Vec<u32>,
+    /// Rkeys that SEND_WITH_INVs invalidated, each with the target of the
+    /// route it came on (none: a QP with no connection yet, connected by
+    /// an application's own bootstrap or in the moment between a listener
+    /// connecting it and adding it, or one that could not be destroyed),
+    /// for the owner to find whose windows they were
+    /// ([`Routes::take_foreign`]) before any connection's next turn. The
+    /// protocol never sends one: each is a hostile peer's, and on rxe it
+    /// reaches any window of the device.
+    foreign: Vec<(u32, Option<T>)>,
     /// The owner's scratch array for polling the queue (kept: filling 64
     /// fresh entries on every poll cost more than the routing).
     pub(super) batch: Vec<Completion>,
@@ -130,28 +132,27 @@ impl<T> Routes<T> {
         Ok(())
     }
 
-    /// Where the completion `c`, just taken off the queue, goes.
-    pub(super) fn route(&mut self, c: Completion) -> Routed<'_, T> {
-        match self.by_qpn.get_mut(&c.qpn) {
-            // A QP that could not be destroyed: its peer may still invalidate
-            // a window of the device with a SEND_WITH_INV, whose owner must
-            // hear of it, as for a QP with no connection yet.
-            Some(Route { stuck: true, .. }) => {
-                if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
-                    self.foreign.push(rkey);
-                }
-                self.orphans += 1;
-                Routed::Orphan
+    /// Where the completion `c`, just taken off the queue, goes. A
+    /// SEND_WITH_INV's rkey is noted for [`Routes::take_foreign`] whatever
+    /// the route (a QP that could not be destroyed included: its peer may
+    /// still invalidate a window of the device).
+    pub(super) fn route(&mut self, c: Completion) -> Routed<'_, T>
+    where
+        T: Clone,
+    {
+        let route = self.by_qpn.get_mut(&c.qpn);
+        if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
+            if let Some(r) = &route {
+                self.foreign.push((rkey, r.target.clone()));
             }
-            None => {
+        }
+        match route {
+            Some(Route { stuck: true, .. }) | None => {
                 self.orphans += 1;
                 Routed::Orphan
             }
             Some(Route { target: Some(t), .. }) => Routed::To(t),
             Some(Route { target: None, held, .. }) => {
-                if let Some(rkey) = c.invalidated_rkey.filter(|_| c.status.is_success()) {
-                    self.foreign.push(rkey);
-                }
                 held.push(c);
                 Routed::Held
             }
@@ -205,20 +206,19 @@ impl<T> Routes<T> {
         route.target
     }
 
-    /// Whether some SEND_WITH_INV on a route without a target waits for
-    /// [`Routes::take_foreign`].
+    /// Whether some SEND_WITH_INV's rkey waits for [`Routes::take_foreign`].
     #[inline]
     pub(super) fn has_foreign(&self) -> bool {
         !self.foreign.is_empty()
     }
 
-    /// Take the rkeys that SEND_WITH_INVs received on routes without a
-    /// target invalidated. The owner finds whose windows they
-    /// were (once the lock is released): each has had its one
-    /// invalidation. (A route that gets its target later hands the
-    /// completion over too, and its connection reports the key again,
-    /// which changes nothing.)
-    pub(super) fn take_foreign(&mut self) -> Vec<u32> {
+    /// Take the rkeys that SEND_WITH_INVs invalidated, with the target of
+    /// the route each came on: the owner finds whose windows they were
+    /// (once the lock is released), each having had its one invalidation.
+    /// (The completion itself goes on to its connection, which treats it
+    /// as its peer's breach, and as its own window's invalidation if the
+    /// rkey was one of its own.)
+    pub(super) fn take_foreign(&mut self) -> Vec<(u32, Option<T>)> {
         std::mem::take(&mut self.foreign)
     }
 
@@ -311,6 +311,28 @@ mod tests {
         assert_eq!(r.len(), 0);
     }
 
+    /// Every SEND_WITH_INV is noted as it is routed, with the target of
+    /// its route (none for a QP with no connection yet), so that its
+    /// window's owner hears of it before any turn; the completion goes on
+    /// as it would. A failed one invalidated nothing and is not noted.
+    #[test]
+    fn every_send_with_invalidate_is_noted_with_its_routes_target() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        r.reserve(20).unwrap();
+        r.open(7, 10);
+        r.open(8, 10);
+        r.attach(7, 77, &mut Vec::new()).unwrap();
+        assert!(!r.has_foreign());
+        let inv = |qpn, tag, rkey| Completion { invalidated_rkey: Some(rkey), ..wc(qpn, tag) };
+        assert!(matches!(r.route(inv(7, 1, 0xa1)), Routed::To(77)));
+        assert!(matches!(r.route(inv(8, 2, 0xb2)), Routed::Held));
+        let failed = Completion { status: crate::backend::WcStatus::RemInvReqErr, ..inv(7, 3, 0xc3) };
+        assert!(matches!(r.route(failed), Routed::To(77)));
+        assert!(r.has_foreign());
+        assert_eq!(r.take_foreign(), [(0xa1, Some(77)), (0xb2, None)]);
+        assert!(!r.has_foreign());
+    }
+
     /// A QP whose destroy failed keeps its reservation (it may still
     /// complete work into the queue), its completions are orphans, and its
     /// target goes; a later retire whose destroy works forgets it.
@@ -336,7 +358,7 @@ mod tests {
         // Its peer's SEND_WITH_INV still reaches the window's owner.
         let inv = Completion { invalidated_rkey: Some(0x1234), ..wc(7, 3) };
         assert!(matches!(r.route(inv), Routed::Orphan));
-        assert_eq!(r.take_foreign(), [0x1234]);
+        assert_eq!(r.take_foreign(), [(0x1234, None)]);
         assert!(r.retire(7, |_| {}, || true, |_| {}).is_none());
         assert_eq!((r.reserved(), r.len()), (0, 0));
         // A QP with no connection yet holds what it completes: a failed

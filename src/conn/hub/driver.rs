@@ -11,8 +11,6 @@ use super::{EndpointStats, Hub, POLL_BATCH};
 use crate::backend::{Completion, Nic, NicError};
 use crate::conn::hub::HubPart;
 use crate::conn::live::Inner;
-use crate::conn::routes::Routes;
-use parking_lot::MutexGuard;
 
 /// A connection's next timer, in the hub's heap (earliest first).
 struct Due<N: Nic> {
@@ -88,14 +86,7 @@ impl<N: Nic> Hub<N> {
             let now = shared.epoch.now();
             let mut busy = false;
             if failed.is_none() {
-                let mut routes = shared.routes.lock();
-                let polled = shared.poll(&mut routes, false);
-                if routes.has_foreign() {
-                    // Rkeys invalidated through QPs with no connection yet.
-                    self.invalidated_through_unconnected(now, routes);
-                } else {
-                    drop(routes);
-                }
+                let polled = shared.poll(&mut shared.routes.lock(), false);
                 match polled {
                     Ok((n, queued)) => {
                         // Completions that only wait for their connection's
@@ -135,6 +126,9 @@ impl<N: Nic> Hub<N> {
             shared.ready.take(&mut work);
             for inner in &work {
                 busy = true;
+                // Windows invalidated by a SEND_WITH_INV this poll, or a
+                // turn's retire, found: their owners hear of it first.
+                self.invalidations_found(now);
                 self.turn(inner, now, &mut inbox, &mut timers);
             }
             work.clear();
@@ -264,41 +258,23 @@ impl<N: Nic> Hub<N> {
         inbox.clear();
         inner.count_turn(t.busy);
         self.connection_turns.store(self.connection_turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        for rkey in t.foreign_invalidations {
-            self.invalidated_elsewhere(Some(&**inner), now, rkey);
-        }
         // A holder may have revoked a delegation on this turn.
         self.ring_ends();
     }
 
-    /// SEND_WITH_INVs received on QPs with no connection yet invalidated
-    /// windows (`Routes::take_foreign`): release `routes` and find whose
-    /// they were.
-    #[cold]
+    /// The peer of `from` (or of a QP with no connection yet, or stuck:
+    /// `None`) invalidated `rkey` with a SEND_WITH_INV, which the protocol
+    /// never sends. If the rkey is another connection's window (rxe lets
+    /// any queue pair reach any window of the device), find it: its one
+    /// invalidation has happened, so it must never post another (on rxe a
+    /// second one panics the kernel), and it goes down. `from`'s own
+    /// window, if it was one, is `from`'s to handle on its turn, which
+    /// closes it as misbehaving either way. A search of every connection,
+    /// only ever run for a hostile peer; run when a poll finds the
+    /// completion, before any connection's next turn
+    /// ([`Hub::invalidations_found`]).
     #[inline(never)]
-    fn invalidated_through_unconnected(
-        &self,
-        now: Duration,
-        mut routes: MutexGuard<'_, Routes<Arc<Inner<N>>>>,
-    ) {
-        let rkeys = routes.take_foreign();
-        drop(routes);
-        for rkey in rkeys {
-            self.invalidated_elsewhere(None, now, rkey);
-        }
-    }
-
-    /// The peer of `from` (or of a QP with no connection yet: `None`)
-    /// invalidated `rkey`, which is none of `from`'s windows, and the NIC
-    /// let it (rxe: any queue pair reaches any window of the device). Find
-    /// the connection whose window it was: its one invalidation has
-    /// happened, so it must never post another (on rxe a second one panics
-    /// the kernel), and it goes down. A search of every connection, only
-    /// ever run for a hostile peer (which `from`'s connection is closed as).
-    /// Called by every turn that took foreign invalidations: the driver's
-    /// and a waiter's (`Spin::turn`).
-    #[inline(never)]
-    pub(crate) fn invalidated_elsewhere(&self, from: Option<&Inner<N>>, now: Duration, rkey: u32) {
+    pub(super) fn invalidated_elsewhere(&self, from: Option<&Inner<N>>, now: Duration, rkey: u32) {
         let conns: Vec<Arc<Inner<N>>> = self.routes.lock().targets().cloned().collect();
         let owner = conns.iter().find(|c| {
             from.map_or(true, |f| !std::ptr::eq(Arc::as_ptr(c), f))
@@ -306,7 +282,11 @@ impl<N: Nic> Hub<N> {
         });
         match owner {
             Some(c) => self.queue(c),
-            None => tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint"),
+            // (With `from`, the rkey may be its own window's.)
+            None if from.is_none() => {
+                tracing::warn!(rkey, "a peer invalidated a window of no connection of this endpoint")
+            }
+            None => {}
         }
     }
 }

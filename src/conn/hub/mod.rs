@@ -81,7 +81,7 @@ impl<N: Nic> CqHold<N> {
     /// `deliver` with its route's target, held for its route, or, with no
     /// route, to nobody ([`unclaimed`]). How many were taken. Under the
     /// owner's lock (a QP is retired under it).
-    pub(super) fn drain<T>(
+    pub(super) fn drain<T: Clone>(
         &self,
         routes: &mut Routes<T>,
         srq: Option<&SharedReceives<N>>,
@@ -155,6 +155,10 @@ pub(crate) struct Hub<N: Nic> {
     pub(in crate::conn) ready: ReadyList<Arc<Inner<N>>>,
     /// The endpoint is gone ([`Hub::close`]).
     closed: AtomicBool,
+    /// A poll found SEND_WITH_INVs (`Routes::take_foreign`), whose windows'
+    /// owners must hear of them before any connection's next turn
+    /// ([`Hub::invalidations_found`]). Set under the routing lock.
+    foreign: AtomicBool,
     /// How long the driver keeps polling an idle queue before it sleeps.
     busy_poll: Duration,
     added: AtomicU64,
@@ -221,11 +225,53 @@ impl<N: Nic> Hub<N> {
                 queued += 1;
                 self.queue_ringing(inner, ring);
             }
-        })?;
+        });
+        // (On a failure too: what was routed before it counts.)
+        self.note_foreign(routes);
+        let n = n?;
         if n > 0 {
             self.completions.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok((n, queued))
+    }
+
+    /// After a poll, under the routing lock: whether SEND_WITH_INVs came.
+    #[inline]
+    fn note_foreign(&self, routes: &Routes<Arc<Inner<N>>>) {
+        if routes.has_foreign() {
+            self.mark_foreign();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_foreign(&self) {
+        self.foreign.store(true, Ordering::Release);
+    }
+
+    /// Hand the rkeys of windows that SEND_WITH_INVs invalidated, found by
+    /// any poll, to their owners (`Hub::invalidated_elsewhere`), before
+    /// any connection's next turn: called by the driver after its poll and
+    /// before each turn, and by a waiter before its own, with no
+    /// connection's state locked. One load when none came.
+    #[inline]
+    pub(in crate::conn) fn invalidations_found(&self, now: Duration) {
+        if self.foreign.load(Ordering::Acquire) {
+            self.hand_on_foreign(now);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn hand_on_foreign(&self, now: Duration) {
+        let found = {
+            let mut routes = self.routes.lock();
+            self.foreign.store(false, Ordering::Relaxed);
+            routes.take_foreign()
+        };
+        for (rkey, from) in found {
+            self.invalidated_elsewhere(from.as_deref(), now, rkey);
+        }
     }
 
     /// Put a connection on the ready list (once) and wake the driver.
@@ -261,6 +307,8 @@ impl<N: Nic> SharedCq for Retire<N> {
             destroy,
             |c| unclaimed(shared.srq.as_deref(), c),
         );
+        // (Its polls noted any SEND_WITH_INV: handed on before the next
+        // turn, not here, where a connection's state is locked.)
         drop(routes);
         // Dropped outside the lock: it may hold the last handle on a
         // connection, whose endpoint would retire through here again.
@@ -300,10 +348,8 @@ impl<N: Nic> Hub<N> {
                 self.queue(inner);
             }
         });
-        if routes.has_foreign() {
-            // The driver finds whose windows they were.
-            self.ready.bell().ring();
-        }
+        // The caller hands them on before its turn (`Spin::turn`).
+        self.note_foreign(&routes);
         match n {
             Ok(n) => {
                 self.completions.fetch_add(n as u64, Ordering::Relaxed);
@@ -426,6 +472,7 @@ impl<N: Nic + 'static> Hub<N> {
             routes: Mutex::new(routes),
             ready: ReadyList::new(),
             closed: AtomicBool::new(false),
+            foreign: AtomicBool::new(false),
             busy_poll,
             added: AtomicU64::new(0),
             completions: AtomicU64::new(0),

@@ -212,6 +212,9 @@ impl Spin {
         // turn with what came.
         if let Some(hub) = &hub {
             hub.poll_for(inner);
+            // Windows a SEND_WITH_INV invalidated: their owners hear of it
+            // before this turn (`Hub::invalidations_found`).
+            hub.invalidations_found(now);
         }
         // The spinner's own vector trades places with the inbox (`Hub::add`).
         let mut inbox = std::mem::take(&mut *part.spin_scratch.lock());
@@ -226,12 +229,8 @@ impl Spin {
         inbox.clear();
         *part.spin_scratch.lock() = inbox;
         if let Some(hub) = &hub {
-            // Windows of other connections its peer invalidated (rxe), and a
-            // holder's revocation answered on this turn: handed on as the
-            // driver's turn does (`Hub::turn`).
-            for rkey in t.foreign_invalidations {
-                hub.invalidated_elsewhere(Some(inner), now, rkey);
-            }
+            // A holder's revocation answered on this turn rings the
+            // connections exposing what it revoked, as the driver's would.
             hub.ring_ends();
         }
         if t.finished {
@@ -402,8 +401,6 @@ pub(crate) struct Turn {
     pub(crate) busy: bool,
     /// The connection is down, closed and every buffer is back.
     pub(crate) finished: bool,
-    /// `proto::Connection::take_foreign_invalidations`, taken at the turn's end.
-    pub(crate) foreign_invalidations: Vec<u32>,
 }
 
 impl<N: Nic> Inner<N> {
@@ -550,7 +547,7 @@ impl<N: Nic> Inner<N> {
         if returns || again || routed {
             inner.hub.waker.wake_by_ref();
         }
-        Turn { busy, finished, foreign_invalidations: st.ep.connection_mut().take_foreign_invalidations() }
+        Turn { busy, finished }
     }
 
     /// `proto::Connection::window_invalidated_elsewhere`, under the state lock.

@@ -378,10 +378,6 @@ pub struct Connection {
     last_answer: Option<Duration>,
     /// Keepalive: the unanswered ping (seq, sent at).
     ping: Option<(u64, Duration)>,
-    /// See [`Connection::take_foreign_invalidations`]; every one, not only
-    /// the first (frames received before the first took the connection down
-    /// are still handled, and each may carry one).
-    foreign_invalidations: Vec<u32>,
     /// Ask bodies handed back once answered ([`Connection::recycle_ask`]),
     /// for the next asks: an ask allocates nothing once a few were.
     spare_asks: Vec<Vec<u8>>,
@@ -519,7 +515,6 @@ impl Connection {
             ages: Default::default(),
             last_answer: None,
             ping: None,
-            foreign_invalidations: Vec::new(),
             spare_asks: Vec::new(),
             spare_ask_bytes: 0,
             next_ping: 1,

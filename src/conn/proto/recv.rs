@@ -16,16 +16,6 @@ use super::confirm::ConfirmEngine;
 use super::*;
 
 impl Connection {
-    /// The rkeys of windows this connection's peer invalidated that were
-    /// none of this connection's, each once: the endpoint hands each to the
-    /// connection that bound it ([`Connection::window_invalidated_elsewhere`]).
-    /// Empty (no allocation) unless a peer sent SEND_WITH_INV.
-    #[inline]
-    #[cfg_attr(loom, allow(dead_code))] // the async driver's, absent under loom
-    pub(crate) fn take_foreign_invalidations(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.foreign_invalidations)
-    }
-
     /// A SEND_WITH_INV received on another connection's queue pair
     /// invalidated `rkey`: if it is one of this connection's windows, that
     /// window has had its one invalidation (none is posted for it from now
@@ -48,17 +38,14 @@ impl Connection {
     /// A frame from the peer came with SEND_WITH_INV of `rkey`, which the
     /// NIC has carried out, whatever else is wrong with the frame: only the
     /// owner invalidates, so the connection is over (the owner engine, if
-    /// any, keeps the window's slot until the flush). One none of ours is
-    /// looked for elsewhere (`Hub::invalidated_elsewhere` says why).
+    /// any, keeps the window's slot until the flush). One of another
+    /// connection's windows: the endpoint told that connection when it
+    /// polled the completion (`Hub::invalidations_found`).
     #[cold]
     #[inline(never)]
     pub(super) fn peer_invalidated(&mut self, now: Duration, rkey: u32) {
-        let ours = self.owner.as_ref().is_some_and(|o| o.engine.binds_rkey(rkey));
         if let Some(o) = self.owner.as_mut() {
             o.engine.handle_peer_invalidation(now, rkey);
-        }
-        if !ours {
-            self.foreign_invalidations.push(rkey);
         }
     }
 
