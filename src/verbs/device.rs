@@ -273,8 +273,11 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: the context was opened by us and every child object holds
-        // an Arc to it, so none is alive any more; it is closed once.
+        // SAFETY: the context was opened by us and is closed once. Every
+        // child object holds an Arc to it, so none is alive as a Rust
+        // object; one whose teardown failed was leaked and is never touched
+        // again (its memory kept). Closing the device has the kernel
+        // destroy what is left of it and unpin its pages.
         let rc = unsafe { sys::ibv_close_device(self.as_ptr()) };
         if rc != 0 {
             tracing::warn!(device = %self.name, rc, "ibv_close_device failed");

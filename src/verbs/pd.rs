@@ -42,8 +42,12 @@ impl Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        // SAFETY: every MR, MW and QP of this PD holds an Arc to it, so none
-        // is alive; the PD is deallocated once.
+        // SAFETY: the PD is deallocated once. Every MR, MW and QP of it
+        // holds an Arc to it, so none is alive as a Rust object; one whose
+        // own teardown failed (`Mr`, `Mw`, `Qp` drops) was leaked and is
+        // never touched again, and its memory kept (an `Mr` forgets its
+        // `Arc<Memory>`). Then `ibv_dealloc_pd` fails (EBUSY) and frees
+        // nothing, which is what the warning below reports.
         let rc = unsafe { sys::ibv_dealloc_pd(self.as_ptr()) };
         if rc != 0 {
             tracing::warn!(rc, "ibv_dealloc_pd failed");

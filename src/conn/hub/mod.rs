@@ -350,9 +350,15 @@ impl<N: Nic> Hub<N> {
         });
         // The caller hands them on before its turn (`Spin::turn`).
         self.note_foreign(&routes);
+        drop(routes);
         match n {
             Ok(n) => {
                 self.completions.fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(srq) = self.srq.as_ref().filter(|_| n > 0) {
+                    // As the driver does after a poll that took receives:
+                    // while waiters poll, its own polls find few.
+                    srq.check_limit();
+                }
                 n > 0
             }
             // The driver sees the failure at its next poll.

@@ -4,9 +4,11 @@
 
 use super::*;
 
-/// The turns taken for a connection so far (by its endpoint's driver, or
-/// by a call waiting for its reply). An idle connection takes none; the
-/// endpoint's sleeps are in its [`EndpointStats`](crate::conn::EndpointStats).
+/// The turns its endpoint's driver took for a connection so far. Turns a
+/// waiting call (or `next_request`) takes itself in its busy-poll window
+/// are not counted (only the driver writes these counts). An idle
+/// connection takes none; the endpoint's sleeps are in its
+/// [`EndpointStats`](crate::conn::EndpointStats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DriverStats {
@@ -234,7 +236,9 @@ impl Spin {
             hub.ring_ends();
         }
         if t.finished {
-            // The hub's driver finishes it on its turn.
+            // Finished in this turn, which retired it and folded its
+            // figures: the driver's turn this queues finds nothing left to
+            // do (kept as a wake-up that costs one idle turn, once).
             part.waker.wake_by_ref();
         }
         if t.busy {

@@ -750,7 +750,8 @@ impl<N: Nic> Connection<N> {
         let _ = self.inner.peer.set((addr, identity));
     }
 
-    /// The turns its endpoint's driver (or a waiting call) took for it.
+    /// The turns its endpoint's driver took for it (not those a waiting
+    /// call took itself).
     pub fn driver_stats(&self) -> DriverStats {
         use std::sync::atomic::Ordering::Relaxed;
         let c = &self.inner.counters;
