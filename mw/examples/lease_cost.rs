@@ -139,8 +139,11 @@ fn run(windows: u32, calls: u64) -> Duration {
     assert!(windows >= 4, "the pipeline needs a few windows");
     let pool = (0..windows).map(|i| Window { handle: i, rkey: i << 8 });
     let mut owner = Owner::new(7, pool);
-    let mut reader =
-        Reader::new(ReaderConfig { safety_margin: Duration::from_millis(1), release: ReleaseMode::Message });
+    let mut reader = Reader::new(ReaderConfig {
+        safety_margin: Duration::from_millis(1),
+        release: ReleaseMode::Message,
+        max_lease: mwcap_mw::MAX_LEASE_TIME,
+    });
     // A lease lives from its grant (iteration i) to the LOCAL_INV completion
     // of its release: READ done at i + read_delay, release handed in at
     // i + read_delay + release_delay + 1. The next grant comes before that,

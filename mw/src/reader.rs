@@ -29,6 +29,12 @@ pub struct ReaderConfig {
     pub safety_margin: Duration,
     /// How releases travel.
     pub release: ReleaseMode,
+    /// The longest lease an owner of this connection may grant (the lease
+    /// time both sides agreed on). A grant's time left is counted as at
+    /// most this: a hostile owner's larger one would otherwise put the
+    /// READ's deadline, the reader's only bound on a READ that never
+    /// completes, as far out as the wire allows (71 minutes).
+    pub max_lease: Duration,
 }
 
 /// The reader side of the MW policy for one connection (one RC QP).
@@ -244,7 +250,8 @@ impl Reader {
     /// A grant arrived at `now`; `dest` is where to READ it. Either a
     /// [`ReaderAction::Read`] is queued, or the grant is declined at once
     /// (with a release, so the owner need not wait for the expiry).
-    pub fn handle_grant(&mut self, now: Duration, grant: Grant, dest: Buffer) {
+    pub fn handle_grant(&mut self, now: Duration, mut grant: Grant, dest: Buffer) {
+        grant.time_left = grant.time_left.min(self.config.max_lease);
         let reason = if self.link != Link::Up {
             Some(DeclineReason::ConnectionLost)
         } else if grant.len == 0 {
@@ -320,7 +327,10 @@ impl Reader {
         self.free.insert(idx as u32);
         self.deadlines.remove(idx as u32);
         let lease = read.grant.lease;
-        if status.is_success() {
+        // A READ that timed out already was reported (`ReadTimedOut`) and
+        // made the reader flush the QP: its bytes overlapped the owner's
+        // expiry and are not handed out, whatever the status.
+        if status.is_success() && !read.timed_out {
             self.stats.reads_done += 1;
             let release = self.release(&read.grant);
             self.events.push_back(ReaderEvent::ReadDone {

@@ -33,8 +33,9 @@ pub const fn inc(rkey: u32) -> u32 {
 ///
 /// A key equal to the current one is never returned (it is bumped by one,
 /// wrapping inside the low byte): a peer holding the old rkey must not find
-/// it valid again on the very next bind. (It may after 255 more binds; the
-/// window's scoping to one QP and its short life bound what that buys an
+/// it valid again on the very next bind. (Any later bind may give it
+/// back: the key is random, one chance in 255 each time. The window's
+/// scoping to one QP and its short life bound what that buys an
 /// attacker.)
 pub const fn rebind(current: u32, random: u8) -> u32 {
     if random == key(current) {

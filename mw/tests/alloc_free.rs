@@ -86,7 +86,11 @@ fn main() {
 }
 
 fn a_burst_of_leases_allocates_nothing_once_the_engines_are_made() {
-    let config = ReaderConfig { safety_margin: Duration::from_millis(1), release: ReleaseMode::Message };
+    let config = ReaderConfig {
+        safety_margin: Duration::from_millis(1),
+        release: ReleaseMode::Message,
+        max_lease: mwcap_mw::MAX_LEASE_TIME,
+    };
     // A reader sized for them, and the owner: nothing, from the first round.
     let mut sized = Reader::with_reads(config, WINDOWS as usize);
     assert_eq!(burst(&mut sized, 3), 0, "the owner or a sized reader allocated");

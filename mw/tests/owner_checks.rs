@@ -156,7 +156,11 @@ fn completions_of_other_engines_and_windows_are_not_the_owners() {
     let mut o = owner(1);
     let g = grant(&mut o, ms(0), 0);
     // A READ of the reader sharing the QP.
-    let mut r = Reader::new(ReaderConfig { safety_margin: ms(1), release: ReleaseMode::Message });
+    let mut r = Reader::new(ReaderConfig {
+        safety_margin: ms(1),
+        release: ReleaseMode::Message,
+        max_lease: mwcap_mw::MAX_LEASE_TIME,
+    });
     let grant_msg = Grant { lease: g.lease, addr: 0x1000, len: 8, rkey: g.rkey, time_left: ms(50) };
     r.handle_grant(ms(0), grant_msg, buffer(5));
     let Some(ReaderAction::Read { token: read, .. }) = r.poll_action() else { panic!("a READ") };

@@ -335,7 +335,7 @@ fn failed_local_inv_takes_the_error_path_and_qp_destroy_returns_the_rest() {
 }
 
 fn reader(mode: ReleaseMode) -> Reader {
-    Reader::new(ReaderConfig { safety_margin: at(1), release: mode })
+    Reader::new(ReaderConfig { safety_margin: at(1), release: mode, max_lease: mwcap_mw::MAX_LEASE_TIME })
 }
 
 fn grant_for(o: &mut Owner) -> mwcap_mw::Grant {

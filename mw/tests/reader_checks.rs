@@ -13,7 +13,7 @@ fn ms(n: u64) -> Duration {
 }
 
 fn reader(release: ReleaseMode) -> Reader {
-    Reader::new(ReaderConfig { safety_margin: ms(1), release })
+    Reader::new(ReaderConfig { safety_margin: ms(1), release, max_lease: mwcap_mw::MAX_LEASE_TIME })
 }
 
 fn grant(slot: u64) -> Grant {
@@ -167,4 +167,40 @@ fn has_output_counts_actions_and_events_each() {
     assert!(r.has_output(), "the ConnectionLost event alone");
     let _ = events(&mut r);
     assert!(!r.has_output());
+}
+
+/// A grant's time left is counted as at most the agreed lease
+/// (`ReaderConfig::max_lease`): a hostile owner's larger one does not push
+/// the READ's deadline, the reader's only bound on a READ that never
+/// completes, out to the 71 minutes the wire allows.
+#[test]
+fn a_grant_past_the_agreed_lease_is_bounded_by_it() {
+    let mut r =
+        Reader::new(ReaderConfig { safety_margin: ms(1), release: ReleaseMode::Message, max_lease: ms(50) });
+    let g = Grant { time_left: mwcap_mw::MAX_LEASE_TIME, ..grant(1) };
+    r.handle_grant(ms(0), g, dest(0));
+    let _ = read_token(&mut r);
+    assert_eq!(r.poll_timeout(), Some(ms(50)), "the deadline is the agreed lease's");
+    r.handle_timeout(ms(50));
+    assert_eq!(r.poll_event(), Some(ReaderEvent::ReadTimedOut { lease: g.lease }));
+    assert_eq!(r.poll_action(), Some(ReaderAction::FlushQp));
+}
+
+/// A READ that completes successfully after it timed out (its deadline,
+/// the owner's expiry as the reader sees it, passed: its bytes overlap the
+/// expiry) fails as `TimedOut`; its bytes are not handed out.
+#[test]
+fn a_read_that_succeeds_after_its_timeout_fails_as_timed_out() {
+    let mut r = reader(ReleaseMode::Message);
+    let g = grant(1);
+    r.handle_grant(ms(0), g, dest(0));
+    let token = read_token(&mut r);
+    r.handle_timeout(ms(20));
+    assert_eq!(r.poll_event(), Some(ReaderEvent::ReadTimedOut { lease: g.lease }));
+    let _ = events(&mut r);
+    r.handle_completion(ms(21), token, Status::Success);
+    assert_eq!(
+        events(&mut r),
+        vec![ReaderEvent::ReadFailed { lease: g.lease, dest: dest(0), error: ReadError::TimedOut }]
+    );
 }

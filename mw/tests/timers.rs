@@ -210,7 +210,11 @@ fn no_timer_and_no_free_window_once_the_qp_is_lost() {
 }
 
 fn reader() -> Reader {
-    Reader::new(ReaderConfig { safety_margin: ms(1), release: ReleaseMode::Piggyback })
+    Reader::new(ReaderConfig {
+        safety_margin: ms(1),
+        release: ReleaseMode::Piggyback,
+        max_lease: mwcap_mw::MAX_LEASE_TIME,
+    })
 }
 
 fn grant_msg(slot: u64, time_left: Duration) -> Grant {

@@ -8,7 +8,11 @@ use super::*;
 #[test]
 #[should_panic(expected = "READ deadlines")]
 fn check_indexes_notices_a_lost_read_deadline() {
-    let mut r = Reader::new(ReaderConfig { safety_margin: Duration::ZERO, release: ReleaseMode::Message });
+    let mut r = Reader::new(ReaderConfig {
+        safety_margin: Duration::ZERO,
+        release: ReleaseMode::Message,
+        max_lease: crate::MAX_LEASE_TIME,
+    });
     let grant = Grant {
         lease: LeaseId::from_raw(1),
         addr: 0x1000,

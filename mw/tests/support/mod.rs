@@ -315,7 +315,11 @@ impl World {
         World {
             now: 0,
             owner,
-            reader: Reader::new(ReaderConfig { safety_margin: at(cfg.margin), release: cfg.mode }),
+            reader: Reader::new(ReaderConfig {
+                safety_margin: at(cfg.margin),
+                release: cfg.mode,
+                max_lease: mwcap_mw::MAX_LEASE_TIME,
+            }),
             windows: vec![WinState::Unbound; nic_windows as usize],
             owner_sq: VecDeque::new(),
             owner_cq: VecDeque::new(),

@@ -438,7 +438,7 @@ impl Connection {
             MwReader {
                 // A READ for each buffer it can land in, sized now.
                 engine: mw::Reader::with_reads(
-                    mw::ReaderConfig { safety_margin: cfg.safety_margin, release },
+                    mw::ReaderConfig { safety_margin: cfg.safety_margin, release, max_lease: cfg.lease_time },
                     slots,
                 ),
                 leases: id_map(slots),
