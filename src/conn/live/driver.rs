@@ -438,6 +438,14 @@ impl<N: Nic> Inner<N> {
         if let Some(why) = st.closing.clone().filter(|_| st.ep.is_down().is_none()) {
             st.ep.peer_lost(now, why);
         }
+        let mut busy = st.ep.reclaim() > 0;
+        // Completions first, then timers: a READ that completed in time, or
+        // a release that came in time, whose turn came late, is not taken
+        // for one past its deadline (the reader would flush a healthy QP).
+        if !completions.is_empty() {
+            st.ep.handle_completions(now, completions);
+            busy = true;
+        }
         // A deadline at or before now has its entry in the hub's timer heap
         // due (`driver_next`): every deadline is armed there, or rings the
         // driver to arm it (`State::needs_driver`, the turn's `arm`), so one
@@ -447,11 +455,6 @@ impl<N: Nic> Inner<N> {
         let due = st.driver_next.map_or(true, |armed| armed <= now);
         if due && st.ep.poll_timeout().is_some_and(|t| t <= now) {
             st.ep.handle_timeout(now);
-        }
-        let mut busy = st.ep.reclaim() > 0;
-        if !completions.is_empty() {
-            st.ep.handle_completions(now, completions);
-            busy = true;
         }
         // Redemptions that waited for capacity, revoked delegations.
         st.ep.delegation_turn();
