@@ -1656,6 +1656,77 @@ fn confirm_a_request_whose_exposure_is_refused_is_dropped_not_kept_forever() {
 }
 
 #[test]
+fn confirm_a_dropped_requests_fetch_is_forgotten_and_its_retry_brings_nothing_back() {
+    // Each request exposes a payload the engine refuses (longer than a
+    // buffer) and asks for its reply's payload: it is dropped unread.
+    // Nothing may stay kept for its fetch (before, every such request left
+    // one mapping for good), and a "retry" of that fetch must not bring
+    // the request back as a `ReplyAgain`.
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    for i in 1..=20u64 {
+        let region = fb::Region::new(w.attacker.mem.addr, BUFFER_SIZE + 1, w.attacker.mem.rkey);
+        let expose = fb::Message::Expose {
+            msg: fb::MsgId::from_raw(i),
+            buffer: fb::BufferId::from_raw(0),
+            generation: fb::Generation::from_raw(1),
+            region,
+        };
+        let fetch = fb::Message::Fetch { msg: fb::MsgId::from_raw(100 + i), attempt: 1 };
+        w.send(&request_frame(i, &[fb_attach(expose), fb_attach(fetch)]));
+    }
+    w.run_for(Duration::from_millis(2));
+    for i in 1..=20 {
+        assert!(dropped_as_refused(&w, i), "request {i}: {:?}", w.events);
+    }
+    assert_eq!(w.victim.tracked_messages(), 0, "nothing kept for the dropped requests' fetches");
+    w.events.clear();
+    for i in 1..=20u64 {
+        let retry = fb::Message::Fetch { msg: fb::MsgId::from_raw(100 + i), attempt: 2 };
+        w.send(&engine_frame(fb_attach(retry)));
+    }
+    w.run_for(Duration::from_millis(2));
+    assert!(
+        !w.events.iter().any(|e| matches!(e, Event::ReplyAgain { .. } | Event::Request { .. })),
+        "a dropped request came back: {:?}",
+        w.events
+    );
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
+fn confirm_a_fetch_on_a_request_whose_reply_goes_under_mw_is_not_kept() {
+    // Replies go under mw, requests under confirm: a fetch asks for
+    // nothing the server will offer. Before, each was kept (with its
+    // request, after the reply) for good: one leak per reply.
+    let mut w = World::server(Policies { request: Policy::Confirm, reply: Policy::Mw });
+    for i in 1..=20u64 {
+        let fetch = fb::Message::Fetch { msg: fb::MsgId::from_raw(100 + i), attempt: 1 };
+        w.send(&request_frame(i, &[fb_attach(fetch)]));
+    }
+    w.run_for(Duration::from_millis(2));
+    let reqs: Vec<_> = w
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Request { req, .. } => Some(*req),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reqs.len(), 20, "{:?}", w.events);
+    assert_eq!(w.victim.tracked_messages(), 0, "no fetch recorded");
+    for req in reqs {
+        let now = w.now();
+        w.victim.reply(now, req, 0, b"done", None).expect("replies");
+        w.run_for(Duration::from_micros(200));
+    }
+    w.run_for(Duration::from_millis(2));
+    assert_eq!(w.victim.tracked_messages(), 0, "nothing kept after the replies");
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
 fn confirm_a_reused_exposure_id_fails_only_the_request_that_reused_it() {
     // Request 2 exposes under the engine message id of request 1, whose
     // payload is still being confirmed: request 2 is dropped, request 1

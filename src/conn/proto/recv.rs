@@ -387,6 +387,11 @@ impl Connection {
                         // fetch, whatever it rides on: the engine maps it
                         // back (`ReplyWanted`).
                         fb::Message::Fetch { msg: fm, attempt } if attempt <= 1 => {
+                            if self.policies.reply != Policy::Confirm {
+                                // Replies go under mw: no confirm exposure
+                                // would ever end what it kept.
+                                return;
+                            }
                             match self.requests.get_mut(&msg) {
                                 Some(r) if r.fetch_fb.is_none() && !c.msgs.contains_key(&fm) => {
                                     r.fetch_fb = Some(fm);
@@ -415,6 +420,21 @@ impl Connection {
                     }
                 }
             }
+        }
+    }
+
+    /// Server: request `msg`, which asked for its reply's payload with
+    /// fetch `fm`, was dropped unanswered: the connection's mapping and the
+    /// engine's wanted entry go.
+    #[cold]
+    fn forget_fetch(&mut self, fm: fb::MsgId, msg: u64) {
+        let now = self.now;
+        let Some(c) = self.confirm.as_mut() else { return };
+        if c.msgs.get(&fm) == Some(&msg) {
+            c.msgs.remove(&fm);
+        }
+        if let Some(s) = c.server() {
+            let _ = s.forget_wanted(now, fm);
         }
     }
 
@@ -458,6 +478,12 @@ impl Connection {
                 let error = CallError::Payload(*why);
                 if let Some(r) = self.requests.remove(&msg) {
                     tracing::debug!(parent: &r.span, %error, "request dropped");
+                    if let Some(fm) = r.fetch_fb {
+                        // Its reply will never be sent: the fetch it asked
+                        // for is forgotten, so a "retry" of it cannot bring
+                        // the request back, and nothing is kept for it.
+                        self.forget_fetch(fm, msg);
+                    }
                 }
                 self.emit(Event::RequestDropped { req: RequestId(msg), error });
                 return;
