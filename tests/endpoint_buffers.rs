@@ -192,6 +192,11 @@ fn broken_settings() -> Vec<Case> {
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
         (|c| c.send_slots = Some(1), |e| matches!(e, ConfigError::TooFewSendSlots { send_slots: 1 })),
+        (|c| c.lease_time = c.safety_margin, |e| matches!(e, ConfigError::BadLeaseTime { .. })),
+        (
+            |c| c.lease_time = mwcap_mw::MAX_LEASE_TIME + std::time::Duration::from_micros(1),
+            |e| matches!(e, ConfigError::BadLeaseTime { .. }),
+        ),
     ]
 }
 

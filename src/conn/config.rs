@@ -351,6 +351,20 @@ pub enum ConfigError {
         /// The policy choice it was built with.
         choice: super::PolicyChoice,
     },
+    /// The lease time leaves a reader no time to READ (it is at most the
+    /// safety margin), or is longer than a grant can say.
+    #[error(
+        "Config::lease_time is {lease_time:?} and Config::safety_margin {safety_margin:?}: a reader \
+         READs only while more than the margin of a lease is left, so every mw payload would be \
+         declined; make the lease longer than the margin (and at most 71 minutes, what a grant \
+         can carry)"
+    )]
+    BadLeaseTime {
+        /// `Config::lease_time`.
+        lease_time: std::time::Duration,
+        /// `Config::safety_margin`.
+        safety_margin: std::time::Duration,
+    },
     /// A shared receive queue's settings cannot work.
     #[error(
         "SrqConfig {{ chunk: {chunk}, max_slots: {max_slots} }}: a chunk holds at least \
@@ -459,6 +473,12 @@ impl Config {
         }
         if self.max_requests == 0 {
             return Err(ConfigError::NoRequests);
+        }
+        if self.lease_time <= self.safety_margin || self.lease_time > mwcap_mw::MAX_LEASE_TIME {
+            return Err(ConfigError::BadLeaseTime {
+                lease_time: self.lease_time,
+                safety_margin: self.safety_margin,
+            });
         }
         Ok(())
     }
