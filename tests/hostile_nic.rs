@@ -1695,6 +1695,36 @@ fn confirm_a_dropped_requests_fetch_is_forgotten_and_its_retry_brings_nothing_ba
 }
 
 #[test]
+fn confirm_a_replayed_fetch_retry_brings_the_request_back_once() {
+    // A client whose read was stale asks again (attempt 2), and the request
+    // comes again once; a replay of that same attempt, after the second
+    // reply, must not bring it back again (before, every replay made the
+    // application handle the request again, and hold another buffer).
+    let mut w = World::server(Policies::both(Policy::Confirm));
+    let fetch = |attempt| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(100), attempt });
+    w.send(&request_frame(1, &[fetch(1)]));
+    w.run_for(Duration::from_millis(1));
+    let (req, _) = w.take_request();
+    w.reply_granted(req);
+    w.run_for(Duration::from_millis(1));
+    let again = |w: &World| w.events.iter().filter(|e| matches!(e, Event::ReplyAgain { .. })).count();
+    for round in 0..3 {
+        w.send(&engine_frame(fetch(2)));
+        w.run_for(Duration::from_millis(1));
+        assert_eq!(again(&w), 1, "round {round}: the request comes again once: {:?}", w.events);
+        if round == 0 {
+            w.reply_granted(req);
+            w.run_for(Duration::from_millis(1));
+        }
+    }
+    // A later attempt is a retry of the second reply: it comes again.
+    w.send(&engine_frame(fetch(3)));
+    w.run_for(Duration::from_millis(1));
+    assert_eq!(again(&w), 2, "{:?}", w.events);
+    assert!(w.down().is_none());
+}
+
+#[test]
 fn confirm_a_fetch_on_a_request_whose_reply_goes_under_mw_is_not_kept() {
     // Replies go under mw, requests under confirm: a fetch asks for
     // nothing the server will offer. Before, each was kept (with its

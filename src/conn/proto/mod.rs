@@ -223,6 +223,9 @@ struct Request {
     /// The release of the request payload, to piggyback on the reply.
     release: Option<mw::Release>,
     fetch_fb: Option<fb::MsgId>,
+    /// The fetch attempt this request answers (1, or a retry's): a retry
+    /// of it must be a later one.
+    attempt: u32,
     surfaced: bool,
     /// A delegate's redemption: it surfaces as [`Event::Ask`], for the
     /// I/O layer to answer (its header is the token).

@@ -167,6 +167,7 @@ impl Connection {
                 data: Data::Absent,
                 release: None,
                 fetch_fb: None,
+                attempt: 1,
                 surfaced: true,
                 redeem,
                 ask: Vec::new(),
@@ -195,6 +196,7 @@ impl Connection {
                 data: Data::Absent,
                 release: None,
                 fetch_fb: None,
+                attempt: 1,
                 surfaced: false,
                 redeem,
                 ask,
@@ -724,6 +726,20 @@ impl Connection {
                                 attempt,
                                 "a fetch retry for a request not yet answered, ignored"
                             );
+                        } else if attempt > 1 && !self.cf().kept.get(&m).is_some_and(|r| attempt > r.attempt)
+                        {
+                            // No reply of it was offered under confirm (so
+                            // none was read stale), or this retry is not a
+                            // later attempt than the one it answered (a
+                            // replay): the request does not come again.
+                            tracing::debug!(
+                                req = m,
+                                attempt,
+                                "a fetch retry with no stale reply to redo, ignored"
+                            );
+                            if let Some(s) = self.cf().server() {
+                                let _ = s.forget_wanted(now, msg);
+                            }
                         } else if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
                             // Asked again while `max_requests` are
                             // unanswered: refused like a new request.
@@ -744,6 +760,7 @@ impl Connection {
                                     data: Data::Absent,
                                     release: None,
                                     fetch_fb: Some(msg),
+                                    attempt,
                                     surfaced: true,
                                     redeem,
                                     ask: Vec::new(),
