@@ -43,6 +43,7 @@ mod close;
 mod completion;
 #[macro_use] // `each!`, for the modules below
 mod confirm;
+mod confirm_events;
 mod engines;
 mod flow;
 pub(crate) mod ids;

@@ -1,0 +1,175 @@
+//! The connection's side of the confirm engine's events: payloads read
+//! and verified or discarded, fetches wanted (a request again after a
+//! stale read), offers ended, and the bookkeeping of fetch ids.
+
+use std::time::Duration;
+
+use mwcap_fallback as fb;
+
+use super::confirm::ConfirmEngine;
+use super::*;
+
+impl Connection {
+    /// Carry out what the confirm engine reported since the last call;
+    /// whether there was anything.
+    pub(super) fn fb_events(&mut self, now: Duration) -> bool {
+        let mut any = false;
+        let Some(c) = self.confirm.as_mut() else { return false };
+        // Expired offers' entries outlive any retry of the client's fetch
+        // (which ends within the call timeout) and then go.
+        while let Some(&(msg, at)) = c.expired.front() {
+            if now < at + self.cfg.call_timeout {
+                break;
+            }
+            c.expired.pop_front();
+            if !self.requests.values().any(|r| r.fetch_fb == Some(msg)) {
+                if let Some(m) = c.msgs.remove(&msg) {
+                    c.kept.remove(&m);
+                }
+            }
+        }
+        while let Some(ev) = self.confirm.as_mut().and_then(ConfirmEngine::poll_event) {
+            any = true;
+            match ev {
+                fb::Event::ReadVerified { msg, token, len } => {
+                    self.stats.bytes_read += u64::from(len);
+                    let slot = self.cf().reads.remove(&token.raw());
+                    if let Some(slot) = slot {
+                        self.bufs.hand(slot, Holder::Reading, Holder::User);
+                    }
+                    // The read side of `msg` is over (a fetch's reply, or an
+                    // exposed request's data).
+                    match (self.cf().msgs.remove(&msg), slot) {
+                        (Some(m), Some(slot)) => self.payload_done(m, Data::Ready(slot, len)),
+                        (None, Some(slot)) => self.drop_payload(Data::Ready(slot, len)),
+                        _ => {}
+                    }
+                }
+                fb::Event::ReadDiscarded { token } => {
+                    self.stats.stale_reads += 1;
+                    if let Some(slot) = self.cf().reads.remove(&token.raw()) {
+                        self.bufs.hand(slot, Holder::Reading, Holder::Free);
+                    }
+                }
+                fb::Event::ReadFailed { msg, error } => {
+                    if let Some(m) = self.cf().msgs.remove(&msg) {
+                        // A reply without data, or with its data inline,
+                        // refuses the client's fetch: no failure.
+                        let refused_without_data = error == fb::ReadError::Refused
+                            && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent || c.inline);
+                        if !refused_without_data {
+                            self.payload_failed(m, PayloadError::Confirm(error));
+                        }
+                    }
+                }
+                fb::Event::ReplyWanted { msg, attempt } => {
+                    if let Some(m) = self.cf().msgs.get(&msg).copied() {
+                        if attempt > 1 && self.requests.contains_key(&m) {
+                            // A retry names a request not yet answered (a
+                            // stale fetch id the engine took for another's):
+                            // no stale read of it can have happened. The
+                            // live request stays as it is.
+                            tracing::debug!(
+                                req = m,
+                                attempt,
+                                "a fetch retry for a request not yet answered, ignored"
+                            );
+                        } else if attempt > 1 && !self.cf().kept.get(&m).is_some_and(|r| attempt > r.attempt)
+                        {
+                            // No reply of it was offered under confirm (so
+                            // none was read stale), or this retry is not a
+                            // later attempt than the one it answered (a
+                            // replay): the request does not come again.
+                            tracing::debug!(
+                                req = m,
+                                attempt,
+                                "a fetch retry with no stale reply to redo, ignored"
+                            );
+                            if let Some(s) = self.cf().server() {
+                                let _ = s.forget_wanted(now, msg);
+                            }
+                        } else if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
+                            // Asked again while `max_requests` are
+                            // unanswered: refused like a new request.
+                            self.refuse_again(now, msg, m);
+                        } else if attempt > 1 {
+                            // The client read a stale reply: it needs the data
+                            // again. The request comes again as it came.
+                            let kept = self.cf().kept.remove(&m);
+                            let redeem = kept.as_ref().is_some_and(|r| r.redeem);
+                            let (header, trace) = kept.map(|r| (r.header, r.trace)).unwrap_or_default();
+                            let span = tracing::debug_span!("mwcap.request", req = m, attempt);
+                            self.requests.insert(
+                                m,
+                                Request {
+                                    span,
+                                    trace,
+                                    header: header.clone(),
+                                    data: Data::Absent,
+                                    release: None,
+                                    fetch_fb: Some(msg),
+                                    attempt,
+                                    surfaced: true,
+                                    redeem,
+                                    ask: Vec::new(),
+                                },
+                            );
+                            if redeem {
+                                // The I/O layer answers it (its read was stale).
+                                // Refused as stale, its body unread.
+                                self.emit(Event::Ask { req: RequestId(m), body: Vec::new(), again: true });
+                            } else {
+                                self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
+                            }
+                        } else if let Some(r) = self.requests.get_mut(&m) {
+                            r.fetch_fb = Some(msg);
+                        }
+                    }
+                }
+                fb::Event::BufferFree { buffer, msg, reason } => {
+                    // The owner side of `msg` is over. On a client that ends
+                    // an exposed request; on a server an offer ends it unless
+                    // the client may ask again after a stale read (the hold
+                    // expired, or was withdrawn: a revoked delegation), in
+                    // which case the entry lives until the client's fetch
+                    // is over (pruned by age).
+                    if reason == fb::Release::Expired {
+                        self.stats.expiries += 1;
+                    }
+                    let may_ask_again = matches!(reason, fb::Release::Expired | fb::Release::Withdrawn);
+                    if self.role == Role::Client || !may_ask_again {
+                        if let Some(m) = self.cf().msgs.remove(&msg) {
+                            self.cf().kept.remove(&m);
+                        }
+                    } else {
+                        self.cf().expired.push_back((msg, now));
+                    }
+                    if let Some(slot) = self.cf().slot_of.get(&buffer).copied() {
+                        self.exposure_over(slot, 0);
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    /// The confirm engine, for its own events (which only it makes).
+    fn cf(&mut self) -> &mut ConfirmEngine {
+        self.confirm.as_mut().expect("confirm events come from the confirm engine")
+    }
+
+    /// Server: request `msg`, which asked for its reply's payload with
+    /// fetch `fm`, was dropped unanswered: the connection's mapping and the
+    /// engine's wanted entry go.
+    #[cold]
+    pub(super) fn forget_fetch(&mut self, fm: fb::MsgId, msg: u64) {
+        let now = self.now;
+        let Some(c) = self.confirm.as_mut() else { return };
+        if c.msgs.get(&fm) == Some(&msg) {
+            c.msgs.remove(&fm);
+        }
+        if let Some(s) = c.server() {
+            let _ = s.forget_wanted(now, fm);
+        }
+    }
+}
