@@ -192,11 +192,6 @@ fn broken_settings() -> Vec<Case> {
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
         (|c| c.send_slots = Some(1), |e| matches!(e, ConfigError::TooFewSendSlots { send_slots: 1 })),
-        (|c| c.lease_time = c.safety_margin, |e| matches!(e, ConfigError::BadLeaseTime { .. })),
-        (
-            |c| c.lease_time = mwcap_mw::MAX_LEASE_TIME + std::time::Duration::from_micros(1),
-            |e| matches!(e, ConfigError::BadLeaseTime { .. }),
-        ),
     ]
 }
 
@@ -226,6 +221,42 @@ fn settings_that_cannot_work_are_refused_with_the_field_to_change() {
     cfg.large_buffers = (1..=255).map(|i| BufClass { size: 64 + i, count: 1 }).collect();
     assert_eq!(cfg.check(), Ok(()));
     Link::new(nic.clone(), Role::Server, mw, base).expect("the defaults work");
+}
+
+/// Under mw a reader READs only while more than its safety margin of a
+/// lease is left: a lease at most the margin (which would decline every
+/// payload), or longer than a grant carries, is refused when the
+/// connection gets its policies. Under confirm the margin is not used and
+/// a short lease is fine.
+#[test]
+fn a_lease_no_mw_reader_could_read_within_is_refused() {
+    use mwcap::conn::{ConfigError, SetupError};
+    let fabric = Fabric::with_seed(3);
+    let nic = fabric.add_device(DeviceConfig::spec());
+    let with_lease = |lease| {
+        let mut c = Config::default();
+        c.lease_time = lease;
+        c
+    };
+    let short = with_lease(std::time::Duration::from_millis(20));
+    let long = with_lease(mwcap_mw::MAX_LEASE_TIME + std::time::Duration::from_micros(1));
+    for (role, policies, cfg, refused) in [
+        (Role::Server, Policies::both(Policy::Mw), short.clone(), true),
+        // A client reads replies: under mw it reads, under confirm it does not.
+        (Role::Client, Policies { request: Policy::Confirm, reply: Policy::Mw }, short.clone(), true),
+        (Role::Client, Policies { request: Policy::Mw, reply: Policy::Confirm }, short.clone(), false),
+        (Role::Server, Policies::both(Policy::Confirm), short, false),
+        (Role::Server, Policies::both(Policy::Mw), long, true),
+    ] {
+        match Link::new(nic.clone(), role, policies, cfg) {
+            Err(SetupError::Config(e @ ConfigError::BadLeaseTime { .. })) if refused => {
+                assert!(e.to_string().contains("Config::lease_time"), "{e}");
+            }
+            Ok(_) if !refused => {}
+            Err(e) => panic!("{role:?} {policies:?}: {e}"),
+            Ok(_) => panic!("{role:?} {policies:?}: accepted"),
+        }
+    }
 }
 
 /// Every way to connect checks the settings before it creates anything on

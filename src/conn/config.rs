@@ -351,13 +351,13 @@ pub enum ConfigError {
         /// The policy choice it was built with.
         choice: super::PolicyChoice,
     },
-    /// The lease time leaves a reader no time to READ (it is at most the
-    /// safety margin), or is longer than a grant can say.
+    /// Under mw, the lease time leaves a reader no time to READ (it is at
+    /// most the safety margin), or is longer than a grant can say.
     #[error(
-        "Config::lease_time is {lease_time:?} and Config::safety_margin {safety_margin:?}: a reader \
-         READs only while more than the margin of a lease is left, so every mw payload would be \
-         declined; make the lease longer than the margin (and at most 71 minutes, what a grant \
-         can carry)"
+        "Config::lease_time is {lease_time:?} (the shorter of the two sides' after a handshake) and \
+         Config::safety_margin {safety_margin:?}: under mw a reader READs only while more than the \
+         margin of a lease is left, so every payload would be declined; make the lease longer than \
+         the margin (and at most 71 minutes, what a grant can carry)"
     )]
     BadLeaseTime {
         /// `Config::lease_time`.
@@ -474,7 +474,21 @@ impl Config {
         if self.max_requests == 0 {
             return Err(ConfigError::NoRequests);
         }
-        if self.lease_time <= self.safety_margin || self.lease_time > mwcap_mw::MAX_LEASE_TIME {
+        Ok(())
+    }
+
+    /// The lease against the policies a connection of `role` runs (its
+    /// lease time the one agreed with its peer, if a handshake made it):
+    /// reading under mw, a lease at most the safety margin would have
+    /// every payload declined; under mw either way, a grant carries at
+    /// most [`mwcap_mw::MAX_LEASE_TIME`]. (Under confirm the lease is how
+    /// long an offer is held, and the margin is not used.)
+    pub(crate) fn check_lease(&self, role: Role, policies: Policies) -> Result<(), ConfigError> {
+        let (owns, reads) = policies.directions(role);
+        let mw = owns == Policy::Mw || reads == Policy::Mw;
+        if (reads == Policy::Mw && self.lease_time <= self.safety_margin)
+            || (mw && self.lease_time > mwcap_mw::MAX_LEASE_TIME)
+        {
             return Err(ConfigError::BadLeaseTime {
                 lease_time: self.lease_time,
                 safety_margin: self.safety_margin,

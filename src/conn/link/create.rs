@@ -158,6 +158,7 @@ impl<N: Nic> Prepared<N> {
     pub fn finish(mut self, policies: Policies) -> Result<Link<N>, SetupError> {
         let cfg = self.cfg.clone();
         let role = self.role;
+        cfg.check_lease(role, policies)?;
         let (owns, _) = policies.directions(role);
         let access =
             Access::LOCAL_WRITE | if owns == Policy::Mw { Access::MW_BIND } else { Access::REMOTE_READ };
