@@ -425,18 +425,14 @@ fn a_call_for_a_delegation_answered_after_its_connection_went_down_pins_nothing(
     }
 }
 
-/// A redemption whose answer waits for capacity (every region exposure
-/// is live: the delegate holds the first window) and is revoked meanwhile
-/// is refused `Revoked` and never exposed, and its range is unpinned at
-/// once; the window held stays until its own end.
-/// A redemption waits for capacity (the one region exposure is held) past
-/// its token's expiry: it is refused as expired when too little of the
-/// token's life is left for a READ, and its range is the owner's again
-/// then, not when capacity comes back (before, it stayed pinned until then
-/// and was exposed after its token's expiry, with its lease counted again
-/// from that moment).
-#[test]
-fn a_redemption_waiting_for_capacity_past_its_tokens_expiry_is_refused_never_exposed() {
+/// A server with one region exposure, held by the attacker's window of a
+/// first delegation (read, never released), while the redemption of a
+/// second delegation, whose token lives `ttl`, waits for capacity as
+/// request 2: (world, the held window's range and its `(addr, len,
+/// rkey)`, the waiting range, the waiting delegation).
+fn a_redemption_waiting_for_capacity(
+    ttl: Duration,
+) -> (World, RegionRange, (u64, u32, u32), RegionRange, mwcap::conn::Delegation) {
     let mut w = World::with_config(Role::Server, MW, |c| c.region_exposures = 1);
     w.victim.set_peer_identity("compute");
     let region = w.victim.register_region(64 << 10).unwrap();
@@ -444,11 +440,9 @@ fn a_redemption_waiting_for_capacity_past_its_tokens_expiry_is_refused_never_exp
     let (first, second) =
         (RegionRange { region, offset: 0, len: 1000 }, RegionRange { region, offset: 8192, len: 1000 });
     let a = w.victim.delegate_region(w.now(), first, "compute", Duration::from_secs(10)).unwrap();
-    // Its window's lease (100 ms, `LEASE`) outlives the second token.
-    let b = w.victim.delegate_region(w.now(), second, "compute", Duration::from_millis(50)).unwrap();
-    let seen = redeem(&mut w, 1, a.token.as_bytes());
-    let (addr, len, rkey) = seen.target();
-    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the first window is held (no release)");
+    let b = w.victim.delegate_region(w.now(), second, "compute", ttl).unwrap();
+    let held = redeem(&mut w, 1, a.token.as_bytes()).target();
+    assert_eq!(w.read(held.0, held.2, held.1).0, WcStatus::Success, "the first window is held (no release)");
     let frame = Frame::Ask {
         msg_id: 2,
         body: &OwnerAsk::Redeem { token: b.token.as_bytes() }.encode(),
@@ -458,60 +452,57 @@ fn a_redemption_waiting_for_capacity_past_its_tokens_expiry_is_refused_never_exp
     w.settle();
     assert!(w.attacker.frames.is_empty(), "no answer while no exposure is free");
     assert!(w.victim.region_write(region, second.offset, b"new").is_err(), "pinned while it waits");
+    (w, first, held, second, b)
+}
+
+/// The waiting redemption of `a_redemption_waiting_for_capacity` is
+/// refused with `status`, nothing exposed; its range is the owner's again
+/// at once, and the held window's range stays pinned.
+fn refused_never_exposed(w: &mut World, first: RegionRange, second: RegionRange, status: u8, why: &str) {
+    let seen = Seen::of(&w.next_frame());
+    assert_eq!(
+        (seen.kind, seen.msg_id, seen.status),
+        ("reply", Some(2), Some(status)),
+        "refused {why}: {seen:?}"
+    );
+    assert!(seen.grant.is_none(), "nothing exposed");
+    assert!(
+        w.victim.region_write(second.region, second.offset, b"new").is_ok(),
+        "the {why} range is unpinned"
+    );
+    assert!(
+        w.victim.region_write(first.region, first.offset, b"new").is_err(),
+        "the held window's range stays pinned"
+    );
+}
+
+/// A redemption waits for capacity (the one region exposure is held) past
+/// its token's expiry: it is refused as expired when too little of the
+/// token's life is left for a READ, and its range is the owner's again
+/// then, not when capacity comes back (before, it stayed pinned until then
+/// and was exposed after its token's expiry, with its lease counted again
+/// from that moment).
+#[test]
+fn a_redemption_waiting_for_capacity_past_its_tokens_expiry_is_refused_never_exposed() {
+    // The held window's lease (100 ms, `LEASE`) outlives the second token.
+    let (mut w, first, _, second, _) = a_redemption_waiting_for_capacity(Duration::from_millis(50));
     // Past the second token's expiry less the safety margin (10 ms), before
     // the first window's lease ends.
     w.run_for(Duration::from_millis(60));
-    let seen = Seen::of(&w.next_frame());
-    assert_eq!(
-        (seen.kind, seen.msg_id, seen.status),
-        ("reply", Some(2), Some(4)),
-        "refused Expired (4): {seen:?}"
-    );
-    assert!(seen.grant.is_none(), "nothing exposed");
-    assert!(w.victim.region_write(region, second.offset, b"new").is_ok(), "the expired range is unpinned");
-    assert!(
-        w.victim.region_write(region, first.offset, b"new").is_err(),
-        "the held window's range stays pinned"
-    );
+    refused_never_exposed(&mut w, first, second, 4, "expired");
     w.finish();
 }
 
+/// A redemption whose answer waits for capacity (every region exposure
+/// is live: the delegate holds the first window) and is revoked meanwhile
+/// is refused `Revoked` and never exposed, and its range is unpinned at
+/// once; the window held stays until its own end.
 #[test]
 fn a_redemption_revoked_while_it_waits_for_capacity_is_refused_never_exposed() {
-    let mut w = World::with_config(Role::Server, MW, |c| c.region_exposures = 1);
-    w.victim.set_peer_identity("compute");
-    let region = w.victim.register_region(64 << 10).unwrap();
-    w.victim.region_write(region, 0, &vec![GRANTED; 64 << 10]).unwrap();
-    let (first, second) =
-        (RegionRange { region, offset: 0, len: 1000 }, RegionRange { region, offset: 8192, len: 1000 });
-    let ttl = Duration::from_secs(10);
-    let a = w.victim.delegate_region(w.now(), first, "compute", ttl).unwrap();
-    let b = w.victim.delegate_region(w.now(), second, "compute", ttl).unwrap();
-    let seen = redeem(&mut w, 1, a.token.as_bytes());
-    let (addr, len, rkey) = seen.target();
-    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the first window is held (no release)");
-    // The second waits: the one region exposure is live.
-    let frame = Frame::Ask {
-        msg_id: 2,
-        body: &OwnerAsk::Redeem { token: b.token.as_bytes() }.encode(),
-        attach: Attaches::new(),
-    };
-    w.send_within_credit(&frame.encode().unwrap());
-    w.settle();
-    assert!(w.attacker.frames.is_empty(), "no answer while no exposure is free");
+    let (mut w, first, (addr, len, rkey), second, b) =
+        a_redemption_waiting_for_capacity(Duration::from_secs(10));
     w.victim.revoke(b.cap).unwrap();
-    let seen = Seen::of(&w.next_frame());
-    assert_eq!(
-        (seen.kind, seen.msg_id, seen.status),
-        ("reply", Some(2), Some(5)),
-        "refused Revoked: {seen:?}"
-    );
-    assert!(seen.grant.is_none(), "nothing exposed");
-    assert!(w.victim.region_write(region, second.offset, b"new").is_ok(), "the revoked range is unpinned");
-    assert!(
-        w.victim.region_write(region, first.offset, b"new").is_err(),
-        "the held window's range stays pinned"
-    );
+    refused_never_exposed(&mut w, first, second, 5, "revoked");
     assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success, "the held window is untouched");
     w.finish();
 }

@@ -1628,6 +1628,17 @@ fn dropped_as_refused(w: &World, req: u64) -> bool {
         .any(|e| matches!(e, Event::RequestDropped { req: r, error } if r.raw() == req && *error == refused))
 }
 
+/// The requests that surfaced, in order.
+fn requests(w: &World) -> Vec<mwcap::conn::RequestId> {
+    w.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Request { req, .. } => Some(*req),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The payload request `req` surfaced with, if it did.
 fn request_payload(w: &World, req: u64) -> Option<Vec<u8>> {
     w.events.iter().find_map(|e| match e {
@@ -1735,14 +1746,7 @@ fn confirm_a_fetch_on_a_request_whose_reply_goes_under_mw_is_not_kept() {
         w.send(&request_frame(i, &[fb_attach(fetch)]));
     }
     w.run_for(Duration::from_millis(2));
-    let reqs: Vec<_> = w
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Request { req, .. } => Some(*req),
-            _ => None,
-        })
-        .collect();
+    let reqs = requests(&w);
     assert_eq!(reqs.len(), 20, "{:?}", w.events);
     assert_eq!(w.victim.tracked_messages(), 0, "no fetch recorded");
     for req in reqs {
@@ -1823,14 +1827,7 @@ fn confirm_a_request_carrying_two_fetches_keeps_only_its_first() {
         w.send_within_credit(&request_frame(i, &fetches));
     }
     w.run_for(Duration::from_millis(2));
-    let reqs: Vec<_> = w
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Request { req, .. } => Some(*req),
-            _ => None,
-        })
-        .collect();
+    let reqs = requests(&w);
     assert_eq!(reqs.len(), 50, "{:?}", w.events);
     assert!(w.victim.tracked_messages() <= 50, "tracked {}", w.victim.tracked_messages());
     // Each reply ends its request's one fetch: nothing is left.

@@ -63,67 +63,11 @@ impl Connection {
                     }
                 }
                 fb::Event::ReplyWanted { msg, attempt } => {
-                    if let Some(m) = self.cf().msgs.get(&msg).copied() {
-                        if attempt > 1 && self.requests.contains_key(&m) {
-                            // A retry names a request not yet answered (a
-                            // stale fetch id the engine took for another's):
-                            // no stale read of it can have happened. The
-                            // live request stays as it is.
-                            tracing::debug!(
-                                req = m,
-                                attempt,
-                                "a fetch retry for a request not yet answered, ignored"
-                            );
-                        } else if attempt > 1 && !self.cf().kept.get(&m).is_some_and(|r| attempt > r.attempt)
-                        {
-                            // No reply of it was offered under confirm (so
-                            // none was read stale), or this retry is not a
-                            // later attempt than the one it answered (a
-                            // replay): the request does not come again.
-                            tracing::debug!(
-                                req = m,
-                                attempt,
-                                "a fetch retry with no stale reply to redo, ignored"
-                            );
-                            if let Some(s) = self.cf().server() {
-                                let _ = s.forget_wanted(now, msg);
-                            }
-                        } else if attempt > 1 && self.requests.len() >= self.cfg.max_requests as usize {
-                            // Asked again while `max_requests` are
-                            // unanswered: refused like a new request.
-                            self.refuse_again(now, msg, m);
-                        } else if attempt > 1 {
-                            // The client read a stale reply: it needs the data
-                            // again. The request comes again as it came.
-                            let kept = self.cf().kept.remove(&m);
-                            let redeem = kept.as_ref().is_some_and(|r| r.redeem);
-                            let (header, trace) = kept.map(|r| (r.header, r.trace)).unwrap_or_default();
-                            let span = tracing::debug_span!("mwcap.request", req = m, attempt);
-                            self.requests.insert(
-                                m,
-                                Request {
-                                    span,
-                                    trace,
-                                    header: header.clone(),
-                                    data: Data::Absent,
-                                    release: None,
-                                    fetch_fb: Some(msg),
-                                    attempt,
-                                    surfaced: true,
-                                    redeem,
-                                    ask: Vec::new(),
-                                },
-                            );
-                            if redeem {
-                                // The I/O layer answers it (its read was stale).
-                                // Refused as stale, its body unread.
-                                self.emit(Event::Ask { req: RequestId(m), body: Vec::new(), again: true });
-                            } else {
-                                self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
-                            }
-                        } else if let Some(r) = self.requests.get_mut(&m) {
-                            r.fetch_fb = Some(msg);
-                        }
+                    let Some(m) = self.cf().msgs.get(&msg).copied() else { continue };
+                    if attempt > 1 {
+                        self.reply_wanted_again(now, msg, m, attempt);
+                    } else if let Some(r) = self.requests.get_mut(&m) {
+                        r.fetch_fb = Some(msg);
                     }
                 }
                 fb::Event::BufferFree { buffer, msg, reason } => {
@@ -158,16 +102,78 @@ impl Connection {
         self.confirm.as_mut().expect("confirm events come from the confirm engine")
     }
 
-    /// Server: request `msg`, which asked for its reply's payload with
-    /// fetch `fm`, was dropped unanswered: the connection's mapping and the
-    /// engine's wanted entry go.
+    /// Server: a retry (`attempt` > 1) of fetch `msg`, which maps to
+    /// request `m`: the client read a stale reply and needs it again.
     #[cold]
-    pub(super) fn forget_fetch(&mut self, fm: fb::MsgId, msg: u64) {
-        let now = self.now;
+    fn reply_wanted_again(&mut self, now: Duration, msg: fb::MsgId, m: u64, attempt: u32) {
+        if self.requests.contains_key(&m) {
+            // A retry names a request not yet answered (a stale fetch id
+            // the engine took for another's): no stale read of it can have
+            // happened. The live request stays as it is.
+            tracing::debug!(req = m, attempt, "a fetch retry for a request not yet answered, ignored");
+            return;
+        }
+        let Some(kept) = self.cf().kept.get(&m).filter(|r| attempt > r.attempt) else {
+            // No reply of it was offered under confirm (so none was read
+            // stale), or this retry is not a later attempt than the one it
+            // answered (a replay): the request does not come again. Only
+            // the engine's wanted entry goes; the mapping and the kept
+            // reply stay for the offer that is still out.
+            tracing::debug!(req = m, attempt, "a fetch retry with no stale reply to redo, ignored");
+            if let Some(s) = self.cf().server() {
+                let _ = s.forget_wanted(now, msg);
+            }
+            return;
+        };
+        let redeem = kept.redeem;
+        if self.requests.len() >= self.cfg.max_requests as usize {
+            // Asked again while `max_requests` are unanswered: refused
+            // like a new request. The `Busy` answer ends the client's
+            // fetch (`fetch_refused`).
+            self.stats.requests_busy += 1;
+            self.forget_fetch(now, msg, m);
+            self.answer_busy(now, m);
+            return;
+        }
+        // The request comes again as it came.
+        let Some(kept) = self.cf().kept.remove(&m) else { return };
+        let (header, trace) = (kept.header, kept.trace);
+        let span = tracing::debug_span!("mwcap.request", req = m, attempt);
+        self.requests.insert(
+            m,
+            Request {
+                span,
+                trace,
+                header: header.clone(),
+                data: Data::Absent,
+                release: None,
+                fetch_fb: Some(msg),
+                attempt,
+                surfaced: true,
+                redeem,
+                ask: Vec::new(),
+            },
+        );
+        if redeem {
+            // The I/O layer answers it (its read was stale). Refused as
+            // stale, its body unread.
+            self.emit(Event::Ask { req: RequestId(m), body: Vec::new(), again: true });
+        } else {
+            self.emit(Event::ReplyAgain { req: RequestId(m), header, trace });
+        }
+    }
+
+    /// Server: fetch `fm` of request `m` will not bring the request back
+    /// (the request was dropped unanswered, or its retry refused busy):
+    /// the fetch's mapping, the reply kept for it and the engine's wanted
+    /// entry go.
+    #[cold]
+    pub(super) fn forget_fetch(&mut self, now: Duration, fm: fb::MsgId, m: u64) {
         let Some(c) = self.confirm.as_mut() else { return };
-        if c.msgs.get(&fm) == Some(&msg) {
+        if c.msgs.get(&fm) == Some(&m) {
             c.msgs.remove(&fm);
         }
+        c.kept.remove(&m);
         if let Some(s) = c.server() {
             let _ = s.forget_wanted(now, fm);
         }

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use mwcap_fallback as fb;
-
 use super::super::frame::{Frame, RawAttaches, MIN_START_CREDITS};
 use super::*;
 
@@ -120,7 +118,7 @@ impl Connection {
 
     /// Server: request `msg`, refused past `Config::max_requests`, is
     /// answered with a `Busy` frame.
-    fn answer_busy(&mut self, now: Duration, msg: u64) {
+    pub(super) fn answer_busy(&mut self, now: Duration, msg: u64) {
         let limit = self.cfg.max_requests;
         self.send_frame(now, &Frame::Busy { msg_id: msg, limit }, None);
     }
@@ -155,24 +153,5 @@ impl Connection {
         self.share -= count;
         self.granted_total -= u64::from(count);
         self.returned += count;
-    }
-
-    /// Server: a client that read a stale reply asks for request `m`'s
-    /// data again (fetch `fm`) while `Config::max_requests` requests are
-    /// unanswered: the fetch is refused, the request forgotten, and the
-    /// call fails with `CallError::Busy`, as a new request would.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn refuse_again(&mut self, now: Duration, fm: fb::MsgId, m: u64) {
-        self.stats.requests_busy += 1;
-        if let Some(c) = self.confirm.as_mut() {
-            c.msgs.remove(&fm);
-            c.kept.remove(&m);
-            // The `Busy` answer ends the client's fetch (`fetch_refused`).
-            if let Some(s) = c.server() {
-                let _ = s.forget_wanted(now, fm);
-            }
-        }
-        self.answer_busy(now, m);
     }
 }

@@ -468,7 +468,7 @@ impl Connection {
                         // Its reply will never be sent: the fetch it asked
                         // for is forgotten, so a "retry" of it cannot bring
                         // the request back, and nothing is kept for it.
-                        self.forget_fetch(fm, msg);
+                        self.forget_fetch(self.now, fm, msg);
                     }
                 }
                 self.emit(Event::RequestDropped { req: RequestId(msg), error });
