@@ -1972,6 +1972,29 @@ fn addresses_at_the_top_of_the_address_space_fail_cleanly() {
 }
 
 #[test]
+fn confirm_a_request_the_server_refuses_unread_fails_its_call_at_once() {
+    use mwcap::conn::{CallError, PayloadError};
+    // A server that does not read a request's payload refuses its
+    // exposure (too long, too many reads outstanding, or its READ and
+    // confirm did not finish within its confirm timeout) and drops the
+    // request. Before, the client's buffer came back but its call waited
+    // for its call timeout, for a reply that could not come.
+    let mut w = World::client(Policies::both(Policy::Confirm));
+    let (call, seen) = w.take_call();
+    let (msg, ..) = seen.exposed.expect("the request's payload is exposed");
+    let (start, returned) = (w.now(), w.returned);
+    w.send(&engine_frame(fb_attach(fb::Message::Refuse { msg })));
+    let failed = |w: &mut World| w.events.iter().any(|e| matches!(e, Event::CallFailed { .. }));
+    assert!(w.run_until(CALL_TIMEOUT * 2, failed), "{:?}", w.events);
+    assert!(w.now() - start < CALL_TIMEOUT / 4, "failed at once, not at the call timeout");
+    let error = CallError::Payload(PayloadError::Unread);
+    assert!(w.events.contains(&Event::CallFailed { call, error }), "{:?}", w.events);
+    assert_eq!(w.returned, returned + 1, "the buffer came back");
+    assert!(w.down().is_none());
+    w.finish();
+}
+
+#[test]
 fn confirm_offers_the_client_cannot_take_fail_the_call() {
     use mwcap::conn::{CallError, PayloadError};
     // Longer than a buffer: refused at once. For a fetch never made:

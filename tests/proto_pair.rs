@@ -20,7 +20,8 @@ use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, NicError, SendWr, S
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME, MIN_START_CREDITS};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
-    Buf, CallError, CallId, Config, Event, Keepalive, LossReason, Policies, Policy, RequestId, Role, UseError,
+    Buf, CallError, CallId, Config, Event, Keepalive, LossReason, PayloadError, Policies, Policy, RequestId,
+    Role, UseError,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -1050,8 +1051,8 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
             p.c.conn.stats(),
             p.s.conn.stats()
         );
-        // A call times out only when the server dropped its request (its
-        // payload out of time): the server says nothing then. Any other
+        // A call times out (or fails unread) only when the server dropped
+        // its request (its payload out of time). Any other
         // timeout is a call that never finished (a credit deadlock, say).
         assert_eq!(
             t.timed_out, t.dropped,
@@ -1070,7 +1071,9 @@ fn random_stalls_never_overrun_receives_and_never_deadlock() {
 struct Tally {
     /// Finished: a reply, or a reply payload the client could not read.
     done: u64,
-    /// Failed by their timeout.
+    /// Failed by their timeout (mw: a server says nothing when it drops
+    /// a request), or told their request was dropped unread (confirm:
+    /// `PayloadError::Unread`).
     timed_out: u64,
     /// Requests the server dropped (their payload out of time).
     dropped: u64,
@@ -1090,7 +1093,7 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, t: &mut Tally) {
             // Confirm: the client read a reply whose buffer was reused; answer again.
             Event::ReplyAgain { req, .. } => pending.push(req),
             // A request payload out of time (the call times out at the
-            // client).
+            // client, or fails as unread under confirm).
             Event::RequestDropped { .. } => t.dropped += 1,
             Event::BufferReturned(b) => p.s.conn.free(b),
             other => panic!("server: {other:?}"),
@@ -1104,10 +1107,13 @@ fn drain(p: &mut Pair, pending: &mut Vec<RequestId>, t: &mut Tally) {
                 }
                 t.done += 1;
             }
+            Event::CallFailed {
+                error: CallError::TimedOut | CallError::Payload(PayloadError::Unread),
+                ..
+            } => t.timed_out += 1,
             // A payload the client could not read in time: finished, not
             // lost.
             Event::CallFailed { error: CallError::Payload(_), .. } => t.done += 1,
-            Event::CallFailed { error: CallError::TimedOut, .. } => t.timed_out += 1,
             Event::BufferReturned(b) => p.c.conn.free(b),
             other => panic!("client: {other:?}"),
         }

@@ -523,6 +523,15 @@ pub enum PayloadError {
     /// Confirm policy: the read failed or every read was stale.
     #[error("{0}")]
     Confirm(mwcap_fallback::ReadError),
+    /// Confirm policy: the server did not read the request's payload (it
+    /// refused it: longer than it reads, or too many reads outstanding;
+    /// or its READ and confirm did not finish within its confirm timeout),
+    /// so it dropped the request: nothing of it reached the server's user.
+    #[error(
+        "the server dropped the request unread: it refused its payload, or could not read and confirm it \
+         in time; nothing of it reached the server's user, so the call may be retried"
+    )]
+    Unread,
     /// An inline payload longer than every buffer of the reader's pool.
     #[error("an inline payload of {len} bytes does not fit the largest buffer ({have} bytes); give the reader larger buffers or the sender a smaller Config::inline_max")]
     TooLarge {
