@@ -62,13 +62,14 @@ fn bad_modes_reasons_lengths_and_kinds_are_named() {
         Err(DecodeError::FrameTooLarge { len: MAX_BODY_LEN + 1, max: MAX_BODY_LEN })
     );
     // Kinds: a hello is not an auth frame, 0 and 7 are no frame at all.
-    let hello_header = [b'M', b'W', b'C', b'P', 0, 3, 1];
+    let [v0, v1] = PROTOCOL_VERSION.to_be_bytes();
+    let hello_header = [b'M', b'W', b'C', b'P', v0, v1, 1];
     assert_eq!(
         decode_auth(&hello_header),
         Err(DecodeError::UnexpectedFrame { got: "a hello", expected: "an auth frame" })
     );
     for k in [0u8, 7, 0xff] {
-        let header = [b'M', b'W', b'C', b'P', 0, 3, k];
+        let header = [b'M', b'W', b'C', b'P', v0, v1, k];
         assert_eq!(decode_auth(&header), Err(DecodeError::UnknownKind(k)));
     }
     let mut bytes = encode_auth(&AuthFrame::HelloTag(MAC));
@@ -90,10 +91,9 @@ fn streaming_takes_one_frame_and_leaves_the_next() {
     assert_eq!(d.frame(), Some(&first));
     assert_eq!((d.consumed(), d.wanted()), (len, 0));
     let mut d = AuthDecoder::new();
-    assert_eq!(
-        d.feed(b"MWCP\x00\x03\x04\xff\xff"),
-        Err(DecodeError::FrameTooLarge { len: 0xffff, max: MAX_BODY_LEN })
-    );
+    let mut too_large = *b"MWCP\x00\x00\x04\xff\xff";
+    too_large[4..6].copy_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    assert_eq!(d.feed(&too_large), Err(DecodeError::FrameTooLarge { len: 0xffff, max: MAX_BODY_LEN }));
     assert_eq!(d.wanted(), 0, "a failed decoder wants nothing more");
 }
 
@@ -114,7 +114,9 @@ fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..400),
         (2u8..=6, any::<u16>(), prop::collection::vec(any::<u8>(), 0..300)).prop_map(|(kind, len, rest)| {
-            let mut v = vec![b'M', b'W', b'C', b'P', 0, 3, kind];
+            let mut v = b"MWCP".to_vec();
+            v.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+            v.push(kind);
             v.extend_from_slice(&len.to_be_bytes());
             v.extend(rest);
             v

@@ -67,8 +67,8 @@ fn a_stranger_is_not_an_mwcap_peer() {
 
 #[test]
 fn another_version_is_a_version_mismatch_even_with_a_different_body() {
-    let e = decode(&encoded_with(VERSION, &4u16.to_be_bytes())).unwrap_err();
-    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 4 });
+    let e = decode(&encoded_with(VERSION, &3u16.to_be_bytes())).unwrap_err();
+    assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 });
     // Version 1 (no auth phase) is refused the same way.
     let e = decode(&encoded_with(VERSION, &1u16.to_be_bytes())).unwrap_err();
     assert_eq!(e, DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1 });

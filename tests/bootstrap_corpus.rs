@@ -75,9 +75,14 @@ fn seeds() -> Vec<(&'static str, Vec<u8>, Result<(), DecodeError>)> {
             Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 2 }),
         ),
         (
-            "hello_version_4",
-            with_version(4),
-            Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 4 }),
+            "hello_version_3",
+            with_version(3),
+            Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 3 }),
+        ),
+        (
+            "hello_version_5",
+            with_version(5),
+            Err(DecodeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 5 }),
         ),
         ("auth_init_key", encode_auth(&AuthFrame::Init { mode: AuthMode::PreSharedKey, nonce }), Ok(())),
         ("auth_init_none", encode_auth(&AuthFrame::Init { mode: AuthMode::Unauthenticated, nonce }), Ok(())),

@@ -251,7 +251,7 @@ fn mw_a_read_after_the_release_fails() {
             let (mut w, seen) = exposed(role, pol);
             assert_eq!(w.payload(&seen).0, WcStatus::Success);
             let g = seen.grant.unwrap();
-            let release = mw::Release { lease: g.lease, rkey: g.rkey };
+            let release = mw::Release { lease: g.lease, rkey: g.rkey, unread: false };
             w.send(&engine_frame(mw_attach(mw::Message::Release(release))));
             assert!(w.run_until(Duration::from_millis(5), |w| w.returned == 1), "{role:?} {pol:?}");
             assert!(w.down().is_none());
@@ -291,7 +291,11 @@ fn mw_a_read_after_the_expiry_fails_and_the_buffer_waits_for_the_invalidation() 
 // ---- forged, replayed and unknown releases ----
 
 fn release(lease: u64, rkey: u32) -> Vec<u8> {
-    engine_frame(mw_attach(mw::Message::Release(mw::Release { lease: mw::LeaseId::from_raw(lease), rkey })))
+    engine_frame(mw_attach(mw::Message::Release(mw::Release {
+        lease: mw::LeaseId::from_raw(lease),
+        rkey,
+        unread: false,
+    })))
 }
 
 fn owner_stats(w: &World) -> mw::OwnerStats {
@@ -1972,25 +1976,62 @@ fn addresses_at_the_top_of_the_address_space_fail_cleanly() {
 }
 
 #[test]
-fn confirm_a_request_the_server_refuses_unread_fails_its_call_at_once() {
+fn a_request_the_server_does_not_read_fails_its_call_at_once() {
     use mwcap::conn::{CallError, PayloadError};
-    // A server that does not read a request's payload refuses its
-    // exposure (too long, too many reads outstanding, or its READ and
-    // confirm did not finish within its confirm timeout) and drops the
-    // request. Before, the client's buffer came back but its call waited
-    // for its call timeout, for a reply that could not come.
-    let mut w = World::client(Policies::both(Policy::Confirm));
+    // A server that does not read a request's payload drops the request:
+    // under mw it declines the grant (too little time left, a destination
+    // too small) with a release marked unread; under confirm it refuses
+    // the exposure (too long, too many reads outstanding, or its READ and
+    // confirm past its confirm timeout). Before, the client's buffer came
+    // back but its call waited for its call timeout, for a reply that
+    // could not come.
+    for policy in [Policy::Mw, Policy::Confirm] {
+        let mut w = World::client(Policies::both(policy));
+        let (call, seen) = w.take_call();
+        let (start, returned) = (w.now(), w.returned);
+        match policy {
+            Policy::Mw => {
+                let g = seen.grant.expect("the request's payload is granted");
+                let unread = mw::Release { lease: g.lease, rkey: g.rkey, unread: true };
+                w.send(&engine_frame(mw_attach(mw::Message::Release(unread))));
+            }
+            Policy::Confirm => {
+                let (msg, ..) = seen.exposed.expect("the request's payload is exposed");
+                w.send(&engine_frame(fb_attach(fb::Message::Refuse { msg })));
+            }
+        }
+        let failed = |w: &mut World| w.events.iter().any(|e| matches!(e, Event::CallFailed { .. }));
+        assert!(w.run_until(CALL_TIMEOUT * 2, failed), "{policy:?}: {:?}", w.events);
+        assert!(w.now() - start < CALL_TIMEOUT / 4, "{policy:?}: failed at once, not at the call timeout");
+        let error = CallError::Payload(PayloadError::Unread);
+        assert!(w.events.contains(&Event::CallFailed { call, error }), "{policy:?}: {:?}", w.events);
+        w.run_for(Duration::from_millis(1));
+        assert_eq!(w.returned, returned + 1, "{policy:?}: the buffer came back");
+        assert!(w.down().is_none());
+        w.finish();
+    }
+}
+
+#[test]
+fn mw_a_release_after_a_read_leaves_the_call_waiting_for_its_reply() {
+    // Only a release marked unread fails the call: an ordinary one is the
+    // server saying it read the payload, and the reply is still to come.
+    let mut w = World::client(Policies::both(Policy::Mw));
     let (call, seen) = w.take_call();
-    let (msg, ..) = seen.exposed.expect("the request's payload is exposed");
-    let (start, returned) = (w.now(), w.returned);
-    w.send(&engine_frame(fb_attach(fb::Message::Refuse { msg })));
-    let failed = |w: &mut World| w.events.iter().any(|e| matches!(e, Event::CallFailed { .. }));
-    assert!(w.run_until(CALL_TIMEOUT * 2, failed), "{:?}", w.events);
-    assert!(w.now() - start < CALL_TIMEOUT / 4, "failed at once, not at the call timeout");
-    let error = CallError::Payload(PayloadError::Unread);
-    assert!(w.events.contains(&Event::CallFailed { call, error }), "{:?}", w.events);
+    let g = seen.grant.expect("the request's payload is granted");
+    let read = mw::Release { lease: g.lease, rkey: g.rkey, unread: false };
+    let returned = w.returned;
+    w.send(&engine_frame(mw_attach(mw::Message::Release(read))));
+    w.run_for(CALL_TIMEOUT / 4);
     assert_eq!(w.returned, returned + 1, "the buffer came back");
-    assert!(w.down().is_none());
+    assert!(w.events.iter().all(|e| !matches!(e, Event::CallFailed { .. })), "{:?}", w.events);
+    w.send(&reply_frame(seen.msg_id.unwrap(), &[]));
+    w.run_for(Duration::from_millis(1));
+    assert!(
+        w.events.iter().any(|e| matches!(e, Event::Reply { call: c, .. } if *c == call)),
+        "the reply ends the call: {:?}",
+        w.events
+    );
     w.finish();
 }
 

@@ -325,7 +325,7 @@ impl Owner {
         match slot.state {
             SlotState::Leased { .. } if self.link == Link::Up => {
                 self.stats.released += 1;
-                self.invalidate(idx, LeaseEnd::Released);
+                self.invalidate(idx, if release.unread { LeaseEnd::Unread } else { LeaseEnd::Released });
             }
             SlotState::Leased { .. }
             | SlotState::Invalidating { .. }

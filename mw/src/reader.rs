@@ -268,7 +268,7 @@ impl Reader {
         };
         if let Some(reason) = reason {
             self.stats.declined += 1;
-            let release = self.release(&grant);
+            let release = self.release(&grant, true);
             self.events.push_back(ReaderEvent::Declined { lease: grant.lease, dest, reason, release });
             return;
         }
@@ -304,7 +304,7 @@ impl Reader {
     pub fn decline(&mut self, _now: Duration, grant: Grant, reason: DeclineReason) {
         let reason = if self.link != Link::Up { DeclineReason::ConnectionLost } else { reason };
         self.stats.declined += 1;
-        let release = self.release(&grant);
+        let release = self.release(&grant, true);
         let dest = Buffer { mr: u32::MAX, offset: 0, len: 0, addr: 0 };
         self.events.push_back(ReaderEvent::Declined { lease: grant.lease, dest, reason, release });
     }
@@ -332,7 +332,7 @@ impl Reader {
         // expiry and are not handed out, whatever the status.
         if status.is_success() && !read.timed_out {
             self.stats.reads_done += 1;
-            let release = self.release(&read.grant);
+            let release = self.release(&read.grant, false);
             self.events.push_back(ReaderEvent::ReadDone {
                 lease,
                 dest: read.dest,
@@ -456,13 +456,14 @@ impl Reader {
         self.stats
     }
 
-    /// The release for `grant`: queued as a message, or returned for the
-    /// user to piggyback. Nothing when the QP is down.
-    fn release(&mut self, grant: &Grant) -> Option<Release> {
+    /// The release for `grant` (`unread` when it was declined): queued as
+    /// a message, or returned for the user to piggyback. Nothing when the
+    /// QP is down.
+    fn release(&mut self, grant: &Grant, unread: bool) -> Option<Release> {
         if self.link != Link::Up {
             return None;
         }
-        let release = Release { lease: grant.lease, rkey: grant.rkey };
+        let release = Release { lease: grant.lease, rkey: grant.rkey, unread };
         match self.config.release {
             ReleaseMode::Message => {
                 self.actions.push_back(ReaderAction::SendRelease(release));

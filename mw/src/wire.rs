@@ -7,6 +7,7 @@
 //! |---|---|---|---|
 //! | 1 | [`Grant`] | lease u64, addr u64, len u32, rkey u32, time left in µs u32 | 30 bytes |
 //! | 2 | [`Release`] | lease u64, rkey u32 | 14 bytes |
+//! | 3 | [`Release`] unread (the grant was declined) | lease u64, rkey u32 | 14 bytes |
 //!
 //! A message is exactly that long: trailing bytes are an error, so a
 //! truncated or padded frame is never half-understood. A later version that
@@ -26,6 +27,7 @@ pub const MAX_LEASE_TIME: Duration = Duration::from_micros(u32::MAX as u64);
 
 const TYPE_GRANT: u8 = 1;
 const TYPE_RELEASE: u8 = 2;
+const TYPE_RELEASE_UNREAD: u8 = 3;
 const GRANT_LEN: usize = 30;
 const RELEASE_LEN: usize = 14;
 
@@ -54,6 +56,10 @@ pub struct Release {
     /// The rkey the grant carried; the owner ignores a release whose rkey is
     /// not the window's current one.
     pub rkey: u32,
+    /// The reader declined the grant: it did not READ through it, and
+    /// drops whatever the data was for (the owner's
+    /// [`LeaseEnd::Unread`](crate::LeaseEnd::Unread)).
+    pub unread: bool,
 }
 
 /// Either message.
@@ -148,7 +154,7 @@ impl Message {
                 out.extend_from_slice(&micros.to_le_bytes());
             }
             Message::Release(r) => {
-                out.push(TYPE_RELEASE);
+                out.push(if r.unread { TYPE_RELEASE_UNREAD } else { TYPE_RELEASE });
                 out.extend_from_slice(&r.lease.raw().to_le_bytes());
                 out.extend_from_slice(&r.rkey.to_le_bytes());
             }
@@ -181,11 +187,12 @@ impl Message {
                     time_left: Duration::from_micros(u64::from(u32::from_le_bytes(field(&b, 24)))),
                 }))
             }
-            TYPE_RELEASE => {
+            TYPE_RELEASE | TYPE_RELEASE_UNREAD => {
                 let b = exact::<{ RELEASE_LEN - 2 }>(body, "release")?;
                 Ok(Message::Release(Release {
                     lease: LeaseId::from_raw(u64::from_le_bytes(field(&b, 0))),
                     rkey: u32::from_le_bytes(field(&b, 8)),
+                    unread: *kind == TYPE_RELEASE_UNREAD,
                 }))
             }
             other => Err(DecodeError::UnknownType(other)),
@@ -244,8 +251,10 @@ mod tests {
     #[test]
     fn grant_and_release_round_trip_with_documented_lengths() {
         let g = Message::Grant(grant());
-        let r = Message::Release(Release { lease: LeaseId::new(1, 2), rkey: 7 });
-        for (m, len) in [(g, 30), (r, 14)] {
+        let r = Message::Release(Release { lease: LeaseId::new(1, 2), rkey: 7, unread: false });
+        let unread = Message::Release(Release { lease: LeaseId::new(1, 2), rkey: 7, unread: true });
+        assert_eq!((r.to_bytes()[1], unread.to_bytes()[1]), (2, 3), "types 2 and 3");
+        for (m, len) in [(g, 30), (r, 14), (unread, 14)] {
             let bytes = m.to_bytes();
             assert_eq!(bytes.len(), len);
             assert_eq!(bytes.len(), m.encoded_len());

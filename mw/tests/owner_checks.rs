@@ -35,7 +35,7 @@ struct Granted {
 
 impl Granted {
     fn release(self) -> Release {
-        Release { lease: self.lease, rkey: self.rkey }
+        Release { lease: self.lease, rkey: self.rkey, unread: false }
     }
 }
 
@@ -442,7 +442,7 @@ fn a_lending_owner_hands_windows_back_only_unbound() {
     assert_eq!(b.rkey >> 8, w(0).rkey >> 8, "the bind keeps the window's index");
     assert_ne!(b.rkey, w(0).rkey, "and changes its consumer key");
     o.handle_completion(ms(1), b.send_token, Status::Success);
-    o.handle_release(ms(1), Release { lease, rkey: b.rkey });
+    o.handle_release(ms(1), Release { lease, rkey: b.rkey, unread: false });
     let inv = invalidation(&mut o);
     assert_eq!(events(&mut o), vec![], "nothing back before the LOCAL_INV completes");
     o.handle_completion(ms(2), inv, Status::Success);
@@ -454,7 +454,7 @@ fn a_lending_owner_hands_windows_back_only_unbound() {
         ]
     );
     // A replayed release of the returned lease is stale, not a new LOCAL_INV.
-    o.handle_release(ms(3), Release { lease, rkey: b.rkey });
+    o.handle_release(ms(3), Release { lease, rkey: b.rkey, unread: false });
     assert_eq!(o.poll_action(), None);
     assert_eq!(o.stats().stale_releases, 1);
 

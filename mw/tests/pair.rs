@@ -143,7 +143,8 @@ fn too_short_a_lease_is_declined_and_released_at_once() {
         ReaderEvent::Declined { reason: DeclineReason::LeaseTooShort { .. }, release: None, .. }
     ));
     assert_eq!(w.reader.stats().reads, 0);
-    assert_eq!(returned(&w), vec![(LeaseEnd::Released, false)]);
+    // The owner hears that it was not read.
+    assert_eq!(returned(&w), vec![(LeaseEnd::Unread, false)]);
     assert_eq!(w.now, 0);
 }
 
@@ -233,11 +234,11 @@ fn forged_stale_and_replayed_releases_are_counted_and_ignored() {
     let t0 = Duration::ZERO;
     let lease = o.grant(t0, buf(0), at(4)).unwrap();
     let bg = take_bind(&mut o);
-    let good = Release { lease, rkey: bg.rkey };
+    let good = Release { lease, rkey: bg.rkey, unread: false };
     o.handle_release(t0, Release { rkey: bg.rkey ^ 1, ..good }); // wrong rkey
     o.handle_release(t0, Release { lease: mwcap_mw::LeaseId::from_raw(7 << 32 | 1), ..good }); // no such window
     o.handle_release(t0, Release { lease: mwcap_mw::LeaseId::from_raw(lease.raw() + 1), ..good }); // future bind
-    o.handle_release(t0, Release { lease: mwcap_mw::LeaseId::from_raw(1 << 32), rkey: 0x200 }); // never granted
+    o.handle_release(t0, Release { lease: mwcap_mw::LeaseId::from_raw(1 << 32), rkey: 0x200, unread: false }); // never granted
     assert_eq!(o.stats().forged_releases, 4);
     assert_eq!(o.poll_action(), None, "nothing invalidated");
     o.handle_release(t0, good);
@@ -270,7 +271,7 @@ fn every_bind_gets_a_new_rkey_in_the_low_byte_only() {
         assert_eq!(bg.rkey & !0xff, 0x100);
         assert_eq!((bg.grant.rkey, bg.grant.len, bg.grant.addr), (bg.rkey, 64, 0x1000));
         last = bg.rkey;
-        o.handle_release(t0, Release { lease, rkey: bg.rkey });
+        o.handle_release(t0, Release { lease, rkey: bg.rkey, unread: false });
         let inv = take_inv(&mut o);
         o.handle_completion(t0, bg.send_token, Status::Success);
         o.handle_completion(t0, inv, Status::Success);
@@ -313,7 +314,7 @@ fn failed_local_inv_takes_the_error_path_and_qp_destroy_returns_the_rest() {
     o.grant(t0, buf(1), at(4)).unwrap();
     let _b = take_bind(&mut o);
     o.handle_completion(t0, a.send_token, Status::Success);
-    o.handle_release(t0, Release { lease: l0, rkey: a.rkey });
+    o.handle_release(t0, Release { lease: l0, rkey: a.rkey, unread: false });
     let inv = take_inv(&mut o);
     o.handle_completion(t0, inv, Status::Failed(11));
     assert_eq!(
@@ -375,7 +376,7 @@ fn reader_declines_bad_destinations_and_returns_reads_on_destroy() {
     r.handle_grant(at(0), g, Buffer { len: 10, ..buf(9) });
     let Some(ReaderEvent::Declined { reason, release: Some(rel), .. }) = r.poll_event() else { panic!() };
     assert_eq!(reason, DeclineReason::DestinationTooSmall { need: 64, have: 10 });
-    assert_eq!(rel, Release { lease: g.lease, rkey: g.rkey });
+    assert_eq!(rel, Release { lease: g.lease, rkey: g.rkey, unread: true }, "a decline's release is unread");
     let g2 = grant_for(&mut o);
     r.handle_grant(at(0), g2, buf(7));
     let Some(ReaderAction::Read { token, .. }) = r.poll_action() else { panic!() };

@@ -30,8 +30,9 @@ fn dest(i: u32) -> Buffer {
     Buffer { mr: 2, offset: u64::from(i) * 64, len: 64, addr: 0 }
 }
 
+/// The release of a declined grant (unread).
 fn release_of(g: Grant) -> Release {
-    Release { lease: g.lease, rkey: g.rkey }
+    Release { lease: g.lease, rkey: g.rkey, unread: true }
 }
 
 fn read_token(r: &mut Reader) -> Token {

@@ -29,7 +29,7 @@ fn grant(o: &mut Owner, now: Duration, i: u32, lease: Duration) -> (LeaseId, Rel
     match o.poll_action() {
         Some(OwnerAction::BindAndGrant(b)) => {
             assert_eq!(b.grant.lease, id);
-            (id, Release { lease: id, rkey: b.rkey }, b.send_token)
+            (id, Release { lease: id, rkey: b.rkey, unread: false }, b.send_token)
         }
         other => panic!("expected a bind and grant, got {other:?}"),
     }

@@ -19,7 +19,11 @@ fn grants() -> impl Strategy<Value = Grant> {
 }
 
 fn releases() -> impl Strategy<Value = Release> {
-    (any::<u64>(), any::<u32>()).prop_map(|(lease, rkey)| Release { lease: LeaseId::from_raw(lease), rkey })
+    (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(lease, rkey, unread)| Release {
+        lease: LeaseId::from_raw(lease),
+        rkey,
+        unread,
+    })
 }
 
 fn messages() -> impl Strategy<Value = Message> {

@@ -523,13 +523,17 @@ pub enum PayloadError {
     /// Confirm policy: the read failed or every read was stale.
     #[error("{0}")]
     Confirm(mwcap_fallback::ReadError),
-    /// Confirm policy: the server did not read the request's payload (it
-    /// refused it: longer than it reads, or too many reads outstanding;
-    /// or its READ and confirm did not finish within its confirm timeout),
-    /// so it dropped the request: nothing of it reached the server's user.
+    /// The server did not read the request's payload, so it dropped the
+    /// request: nothing of it reached the server's user. Under mw it
+    /// declined the grant (too little of the lease left, a destination too
+    /// small) with a release marked unread; under confirm it refused the
+    /// exposure (longer than it reads, too many reads outstanding, or its
+    /// READ and confirm past its confirm timeout). The call fails at once,
+    /// not at its timeout; its buffer comes back as the policy allows.
     #[error(
-        "the server dropped the request unread: it refused its payload, or could not read and confirm it \
-         in time; nothing of it reached the server's user, so the call may be retried"
+        "the server dropped the request unread: it declined or refused its payload, or could not read it \
+         in time; nothing of it reached the server's user, so the call may be retried (a lease too \
+         short for the server to read in: raise Config::lease_time)"
     )]
     Unread,
     /// An inline payload longer than every buffer of the reader's pool.

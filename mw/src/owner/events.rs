@@ -12,6 +12,11 @@ use crate::{Buffer, Grant, LeaseId, Status, Token, Window};
 pub enum LeaseEnd {
     /// The peer released it (it will not READ again).
     Released,
+    /// The peer released it unread: it declined the grant (too little
+    /// time left, a destination too small, or the data no longer wanted)
+    /// and drops whatever the data was for. A release like any other for
+    /// the window; the driver may tell its user at once.
+    Unread,
     /// The owner's expiry timer fired.
     Expired,
     /// The owner's user took it back early ([`Owner::revoke`](super::Owner::revoke)).

@@ -29,9 +29,11 @@ pub const MAGIC: [u8; 4] = *b"MWCP";
 ///
 /// Version 2 added the auth phase before the hello; version 3 made the
 /// hello's fourth limit the sender's start credits (it was a queue depth
-/// no side used). A peer of another version is told apart by the header
-/// and fails with a version mismatch.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// no side used); version 4 added the mw release marked unread (a
+/// declined grant), which a version-3 peer would take for a protocol
+/// violation. A peer of another version is told apart by the header and
+/// fails with a version mismatch.
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 9;
 /// The largest body length any frame may announce; longer frames are refused unread.

@@ -283,6 +283,20 @@ impl Connection {
         live
     }
 
+    /// Client: the server did not read the request payload exposed as
+    /// `e` (under mw it declined the grant: a release marked unread;
+    /// under confirm it refused the exposure) and so dropped the request:
+    /// its call fails now, as `PayloadError::Unread`, rather than at its
+    /// timeout. A scan of the calls, on this cold path only.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn request_unread(&mut self, now: Duration, e: super::sides::Exposure) {
+        let call = self.calls.iter().find(|(_, c)| c.req == Some(e) && c.reply.is_none()).map(|(m, _)| *m);
+        if let Some(m) = call {
+            self.abandon_call(now, m, CallError::Payload(PayloadError::Unread));
+        }
+    }
+
     pub(super) fn abandon_call(&mut self, now: Duration, msg: u64, error: CallError) {
         let Some(call) = self.calls.remove(&msg) else { return };
         tracing::debug!(parent: &call.span, %error, "call failed");

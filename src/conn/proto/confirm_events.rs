@@ -81,11 +81,9 @@ impl Connection {
                         self.stats.expiries += 1;
                     }
                     let may_ask_again = matches!(reason, fb::Release::Expired | fb::Release::Withdrawn);
-                    let mut unread = None;
                     if self.role == Role::Client || !may_ask_again {
                         if let Some(m) = self.cf().msgs.remove(&msg) {
                             self.cf().kept.remove(&m);
-                            unread = Some(m).filter(|_| reason == fb::Release::Refused);
                         }
                     } else {
                         self.cf().expired.push_back((msg, now));
@@ -93,29 +91,14 @@ impl Connection {
                     if let Some(slot) = self.cf().slot_of.get(&buffer).copied() {
                         self.exposure_over(slot, 0);
                     }
-                    if let Some(m) = unread {
-                        self.refused_unread(now, msg, m);
+                    if reason == fb::Release::Refused && self.role == Role::Client {
+                        // The server did not read the request's payload.
+                        self.request_unread(now, super::sides::Exposure::Confirm(msg));
                     }
                 }
             }
         }
         any
-    }
-
-    /// Client: the server refused the exposure `msg` of call `m`'s
-    /// request payload: it did not take it (too long, too many reads
-    /// outstanding) or could not read and confirm it within its confirm
-    /// timeout, and a server drops a request whose payload it did not
-    /// read. The call fails now rather than at its timeout.
-    #[cold]
-    fn refused_unread(&mut self, now: Duration, msg: fb::MsgId, m: u64) {
-        let ours = self
-            .calls
-            .get(&m)
-            .is_some_and(|c| matches!(c.req, Some(super::sides::Exposure::Confirm(e)) if e == msg));
-        if ours {
-            self.abandon_call(now, m, CallError::Payload(PayloadError::Unread));
-        }
     }
 
     /// The confirm engine, for its own events (which only it makes).

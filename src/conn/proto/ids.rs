@@ -62,6 +62,11 @@ impl<V> Timed<V> {
         self.map.contains_key(id)
     }
 
+    /// Every live entry, in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u64, &V)> {
+        self.map.iter()
+    }
+
     /// Live entries.
     pub(crate) fn len(&self) -> usize {
         self.map.len()

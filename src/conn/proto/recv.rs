@@ -542,11 +542,14 @@ impl Connection {
         while let Some(ev) = self.owner.as_mut().and_then(|o| o.engine.poll_event()) {
             any = true;
             match ev {
-                mw::OwnerEvent::BufferReturned { lease, buffer, .. } => {
+                mw::OwnerEvent::BufferReturned { lease, buffer, end, .. } => {
                     let slot = self.owner.as_mut().and_then(|o| o.leases.remove(&lease));
                     let slot = slot.or_else(|| self.slot_of_mw(&buffer));
                     if let Some(slot) = slot {
                         self.exposure_over(slot, buffer.len);
+                    }
+                    if end == mw::LeaseEnd::Unread && self.role == Role::Client {
+                        self.request_unread(now, sides::Exposure::Lease(lease));
                     }
                 }
                 mw::OwnerEvent::ConnectionLost { cause } => {
