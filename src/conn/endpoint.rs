@@ -92,7 +92,13 @@ impl<N: Nic + 'static> Endpoint<N> {
     pub fn builder(nic: N, auth: Auth) -> EndpointBuilder<N> {
         EndpointBuilder {
             nic,
-            opts: SetupOptions::new(PolicyChoice::Auto, auth),
+            opts: SetupOptions {
+                choice: PolicyChoice::Auto,
+                auth,
+                timeout: Duration::from_secs(10),
+                probes: ProbeCache::new(),
+                trusted_peers: false,
+            },
             cfg: Config::default(),
             depth: 1 << 16,
             srq: None,
@@ -323,7 +329,8 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// Its counts for as long as its hub lives, without keeping it alive
     /// (for [`crate::stat::Registry::add_endpoint`]).
     pub(crate) fn stats_source(&self) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
-        self.shared.hub.stats_source()
+        let weak = Arc::downgrade(&self.shared.hub);
+        move || weak.upgrade().map(|s| s.stats())
     }
 
     /// Keep the connection made by a handshake: its bootstrap stream goes

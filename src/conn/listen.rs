@@ -270,7 +270,7 @@ async fn finish_setup_async<N: Nic + 'static>(
     let hello = Hello::new(prepared.local(), local_caps(&cfg, serve));
     let hs = authed.hello(&hello, opts.timeout).await?;
     let policies = agreed(&hs, role, &mut cfg)?;
-    prepared.config_mut().lease_time = cfg.lease_time;
+    prepared.set_lease_time(cfg.lease_time);
     let mut endpoint = prepared.finish(policies)?;
     let (remote, credits) = (hs.remote_endpoint(), hs.peer().caps.start_credits);
     let (connection, stream) = match role {

@@ -199,16 +199,3 @@ pub(crate) struct SetupOptions {
     /// [`EndpointBuilder::trusted_peers`](super::EndpointBuilder::trusted_peers).
     pub trusted_peers: bool,
 }
-
-impl SetupOptions {
-    /// `choice` and `auth`, 10 s per phase, a new probe cache.
-    pub(crate) fn new(choice: PolicyChoice, auth: Auth) -> SetupOptions {
-        SetupOptions {
-            choice,
-            auth,
-            timeout: Duration::from_secs(10),
-            probes: ProbeCache::new(),
-            trusted_peers: false,
-        }
-    }
-}

@@ -631,13 +631,6 @@ impl<N: Nic + 'static> Hub<N> {
         crate::telemetry::record_regions(name, s.regions.figures());
         crate::telemetry::record_delegations(name, &delegations);
     }
-
-    /// The hub's counts for as long as it lives, without keeping it alive
-    /// (for [`crate::stat::Registry::add_endpoint`], through its endpoint).
-    pub(crate) fn stats_source(self: &Arc<Self>) -> impl Fn() -> Option<EndpointStats> + Send + 'static {
-        let weak = Arc::downgrade(self);
-        move || weak.upgrade().map(|s| s.stats())
-    }
 }
 
 impl<N: Nic> Hub<N> {

@@ -148,10 +148,11 @@ impl<N: Nic> Prepared<N> {
         self.local
     }
 
-    /// The settings `finish` will use (adjust them after the bootstrap, e.g.
-    /// to the negotiated lease time).
-    pub(crate) fn config_mut(&mut self) -> &mut Config {
-        &mut self.cfg
+    /// The lease time the bootstrap agreed on, for `finish` (the one
+    /// setting that changes after `prepare`; the pool's classes were
+    /// checked against the others there).
+    pub(crate) fn set_lease_time(&mut self, lease: Duration) {
+        self.cfg.lease_time = lease;
     }
 
     /// Create the rest for `policies`: regions, windows, the connection.
@@ -170,10 +171,6 @@ impl<N: Nic> Prepared<N> {
         if confirm && self.srq.as_ref().is_some_and(|q| !q.serves_confirm()) {
             let Policies { request, reply } = policies;
             return Err(ConfigError::SharedReceivesNeedMw { request, reply }.into());
-        }
-        // The settings may have changed since `prepare` (`config_mut`).
-        if let Some(p) = &self.pool {
-            check_pool_classes(&cfg, p)?;
         }
         // Send slots, then receive slots; on shared receives neither: the
         // hub's queue receives, and the hub lends send slots per frame.
