@@ -237,13 +237,19 @@ fn dead_peer(seed: u64) -> R {
     println!("  {} server process killed with 3 calls outstanding, 3 windows bound", t(&p));
     let now = p.now();
     let _ = p.client.call(now, b"PING", None);
-    p.run_for(Duration::from_secs(12));
+    // The SENDs to the dead peer are retried (7 times, `ack_timeout`
+    // apart) before the QP goes to error and every call fails.
+    let all_failed = |p: &mut SimPair| {
+        p.client_events.iter().filter(|e| matches!(e, Event::CallFailed { .. })).count() == 4
+    };
+    p.drive_until(Duration::from_secs(12), all_failed);
     let failed = p.client_events.iter().filter(|e| matches!(e, Event::CallFailed { .. })).count();
     println!(
-        "  {} {failed} calls failed ({})",
+        "  {} {failed} calls failed, the 3 and a ping sent after the kill ({})",
         t(&p),
         p.client.is_down().map(|r| r.to_string()).unwrap_or_default()
     );
+    ensure(failed == 4, "every call failed")?;
     let now = p.now();
     p.client.close(now);
     p.settle();
