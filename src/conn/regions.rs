@@ -75,7 +75,9 @@ struct Book {
 
 impl Book {
     fn add(&mut self, conn: u64, range: (usize, usize)) {
-        self.by_conn.entry(conn).or_insert_with(|| self.spare.pop().unwrap_or_default()).push(range);
+        let (by_conn, spare) = (&mut self.by_conn, &mut self.spare);
+        let made = by_conn.len();
+        by_conn.entry(conn).or_insert_with(|| take_list(spare, made)).push(range);
         self.exposed.add(range);
     }
 
@@ -346,6 +348,32 @@ impl<N: Nic> Drop for Regions<N> {
     }
 }
 
+/// Lists a book makes as it first needs one, each with room for as many
+/// entries.
+const FIRST_LISTS: usize = 4;
+
+/// A list from `spare`, where lists emptied are kept for the next. The
+/// first time one is needed, [`FIRST_LISTS`] are made at once, with room
+/// for as many entries; after that one at a time, as lists in use reach a
+/// new high. `spare` keeps room for every list made, so that a list given
+/// back never grows it. With calls and delegations one at a time, the
+/// number alive at once varies with the threads' timing: a third
+/// delegation alive, reached for the first time while a benchmark counted
+/// allocations at one call in flight, allocated there (two lists, and the
+/// spares' growth when they emptied).
+fn take_list<T>(spare: &mut Vec<Vec<T>>, in_use: usize) -> Vec<T> {
+    if let Some(list) = spare.pop() {
+        return list;
+    }
+    if in_use == 0 {
+        spare.reserve(FIRST_LISTS);
+        spare.extend((1..FIRST_LISTS).map(|_| Vec::with_capacity(FIRST_LISTS)));
+        return Vec::with_capacity(FIRST_LISTS);
+    }
+    spare.reserve(in_use + 1);
+    Vec::new()
+}
+
 /// A range exposed: (offset, length, exposures of it).
 type Entry = (usize, usize, u32);
 
@@ -383,7 +411,9 @@ impl Exposed {
 
     fn add(&mut self, (offset, len): (usize, usize)) {
         let (k, g) = Exposed::class(len);
-        let list = self.lists.entry((k, offset >> g)).or_insert_with(|| self.spare.pop().unwrap_or_default());
+        let (lists, spare) = (&mut self.lists, &mut self.spare);
+        let made = lists.len();
+        let list = lists.entry((k, offset >> g)).or_insert_with(|| take_list(spare, made));
         match list.iter_mut().find(|e| (e.0, e.1) == (offset, len)) {
             Some(e) => e.2 += 1,
             None => {
@@ -524,6 +554,28 @@ mod tests {
             }
             prop_assert!(x.is_empty() && x.lists.is_empty() && x.classes.iter().all(|&n| n == 0));
         }
+    }
+
+    /// Lists emptied go back to the spares without growing them, whatever
+    /// the number alive at once (each range here is in a granule of its
+    /// own): the spares' room is made with the lists. The first lists
+    /// come with room for their first entries.
+    #[test]
+    fn lists_emptied_never_grow_the_spares() {
+        let mut x = Exposed::default();
+        for high in [1, 3, 4, 5, 9, 2, 17, 17] {
+            for i in 0..high {
+                x.add((i << 12, 64));
+            }
+            assert_eq!(x.lists.len(), high);
+            let room = x.spare.capacity();
+            for i in 0..high {
+                x.remove((i << 12, 64));
+            }
+            assert_eq!(x.spare.capacity(), room, "{high} lists emptied at once grew the spares");
+            assert!(x.spare.len() >= high && x.lists.is_empty());
+        }
+        assert!(x.spare.iter().filter(|l| l.capacity() >= super::FIRST_LISTS).count() >= super::FIRST_LISTS);
     }
 
     #[test]
