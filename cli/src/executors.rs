@@ -25,8 +25,12 @@
 //! what they do to the client's calls); or `joined`, as one more future of
 //! the client's executor (under block_on the whole call then runs on one
 //! thread with no hand-over at all, like the sans-IO loop the bench
-//! compares it with; under smol and tokio the server's future runs on
-//! the executor's threads beside the client's driver).
+//! compares it with; under smol it runs under `smol::block_on` with the
+//! calls, the client's driver on the executor's thread; under tokio in
+//! the calls' task). (Spawned as a task of its own on smol's executor, or
+//! as a tokio task, it made the 16-in-flight mw 4 KiB read 2.0-2.4x slower
+//! than under block_on, against 1.6x joined this way: `docs/benchmarks.md`,
+//! stop 60.)
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
