@@ -958,3 +958,77 @@ fn a_driver_does_not_busy_poll_while_a_call_polls_for_it() {
     served.join().unwrap();
     assert_no_hazards(&fabric);
 }
+
+/// A turn takes the completions that came before its timers: a READ that
+/// completed within its lease, whose connection's turn came only after
+/// the lease's end (a driver held up), delivers its call's reply. (With
+/// the timers first, the reader took the READ for one past its deadline
+/// and flushed a healthy QP: the call failed with the connection down for
+/// `ReadHung`.) The fabric moves only when the test says, and the client's
+/// driver is polled by hand: not between the READ's completion and the
+/// lease's end.
+#[test]
+fn a_read_that_completed_in_time_is_taken_though_its_turn_comes_after_its_deadline() {
+    use futures::task::{noop_waker, Context, Poll};
+    use mwcap::sim::{FabricConfig, Progress};
+    use std::future::Future;
+    let fabric = Fabric::new(FabricConfig { progress: Progress::Manual, ..FabricConfig::with_seed(61) });
+    let (cn, sn) = (fabric.add_device(DeviceConfig::spec()), fabric.add_device(DeviceConfig::spec()));
+    let lease = Duration::from_millis(150);
+    let mut cfg = Config::default();
+    cfg.lease_time = lease;
+    cfg.safety_margin = Duration::from_millis(10);
+    // Only the driver takes the client's turns (a waiting call does not).
+    cfg.busy_poll = Duration::ZERO;
+    let ((ce, cd), (se, sd)) = (endpoint(cn), endpoint(sn));
+    let p = Policies::both(Policy::Mw);
+    let (c, s) =
+        (ce.prepare(Role::Client, p, cfg.clone()).unwrap(), se.prepare(Role::Server, p, cfg).unwrap());
+    let (cl, sl) = (c.local(), s.local());
+    let qp = fabric.qp_addr(&cl).expect("the client's QP is on the fabric");
+    let (client, server) = (c.connect(&sl).unwrap(), s.connect(&cl).unwrap());
+    let serve = {
+        let server = server.clone();
+        async move {
+            let req = server.next_request().await.expect("the call's request");
+            let mut out = server.alloc().await.expect("a buffer for the reply");
+            out.copy_from(&[7u8; 4096]).unwrap();
+            server.reply(req.id, 0, b"", Some(out)).await.expect("the reply");
+        }
+    };
+    // (Fused: polled again once it has replied.)
+    let mut serve = Box::pin(serve.fuse());
+    let mut sdrv = Box::pin(sd.run());
+    let mut cdrv = Box::pin(cd.run());
+    let mut call = Box::pin(client.call(b"get", None));
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let read = |f: &Fabric| f.qp_counters(qp).map_or(0, |c| c.bytes_read);
+    // Until the client's READ has completed on the fabric, its completion
+    // in the client's queue: every side polled, then the fabric run.
+    let mut rounds = 0;
+    while read(&fabric) < 4096 {
+        rounds += 1;
+        assert!(rounds < 10_000, "the client never READ the reply's payload");
+        let _ = serve.as_mut().poll(&mut cx);
+        let _ = sdrv.as_mut().poll(&mut cx);
+        let _ = cdrv.as_mut().poll(&mut cx);
+        assert!(call.as_mut().poll(&mut cx).is_pending(), "the call ended before its READ completed");
+        fabric.run_until_idle();
+    }
+    // The client's driver is held up past the lease: the READ's deadline
+    // passes with its completion waiting in the queue.
+    std::thread::sleep(lease + Duration::from_millis(100));
+    let mut got = None;
+    for _ in 0..100 {
+        let _ = cdrv.as_mut().poll(&mut cx);
+        if let Poll::Ready(r) = call.as_mut().poll(&mut cx) {
+            got = Some(r);
+            break;
+        }
+    }
+    let reply = got.expect("the call ended").expect("the call's reply, not a READ taken for a late one");
+    assert_eq!(reply.data.as_deref(), Some(&[7u8; 4096][..]));
+    assert!(client.is_down().is_none(), "the client's connection went down: {:?}", client.is_down());
+    assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
+}
