@@ -321,7 +321,7 @@ pub struct ConnArgs {
     /// connection's turns themselves, and how long the endpoint's driver
     /// keeps polling an idle completion queue before it sleeps on the
     /// completion channel (`EndpointBuilder::busy_poll`), in µs. Default:
-    /// the library's (50 µs for a call, 0 for a server's wait and for a
+    /// the library's (200 µs for a call, 0 for a server's wait and for a
     /// driver: they wait, and sleep, at once). A
     /// one-connection `bench ADDR`, whose driver runs on the calling
     /// thread, polls it for as long as its calls; `bench --sim` leaves its

@@ -116,7 +116,11 @@ pub struct Config {
     /// thread) before it leaves the work to the endpoint's driver, counted
     /// from the start of its wait and again from each turn that found
     /// something to do (a reply's READ, a confirm's answer). Longer costs
-    /// CPU; shorter costs a wake-up, often across threads, per call. A
+    /// CPU; shorter costs a wake-up, often across threads, per call. 200 µs
+    /// by default: longer than a call takes with 16 in flight on the
+    /// simulator (p50 about 80 µs), which a 50 µs window outlived, so that
+    /// under smol and tokio such calls were handed over across threads
+    /// (`docs/benchmarks.md`, stop 60). A
     /// window of 500 µs or more lingers: calls made one after another cost
     /// the driver no wake-up each. How the spin yields its core and how it
     /// lingers: `docs/architecture.md`, "The driver". The driver's own
@@ -420,7 +424,7 @@ impl Default for Config {
             call_timeout: Duration::from_secs(10),
             max_attempts: 3,
             seed: 0x6d77_6361_7000_0001,
-            busy_poll: Duration::from_micros(50),
+            busy_poll: Duration::from_micros(200),
             serve_busy_poll: Duration::ZERO,
             rnr_retry: 6,
             ack_timeout: Duration::from_secs(1),
