@@ -76,8 +76,8 @@ struct Book {
 impl Book {
     fn add(&mut self, conn: u64, range: (usize, usize)) {
         let (by_conn, spare) = (&mut self.by_conn, &mut self.spare);
-        let made = by_conn.len();
-        by_conn.entry(conn).or_insert_with(|| take_list(spare, made)).push(range);
+        let in_use = by_conn.len();
+        by_conn.entry(conn).or_insert_with(|| take_list(spare, in_use)).push(range);
         self.exposed.add(range);
     }
 
@@ -412,8 +412,8 @@ impl Exposed {
     fn add(&mut self, (offset, len): (usize, usize)) {
         let (k, g) = Exposed::class(len);
         let (lists, spare) = (&mut self.lists, &mut self.spare);
-        let made = lists.len();
-        let list = lists.entry((k, offset >> g)).or_insert_with(|| take_list(spare, made));
+        let in_use = lists.len();
+        let list = lists.entry((k, offset >> g)).or_insert_with(|| take_list(spare, in_use));
         match list.iter_mut().find(|e| (e.0, e.1) == (offset, len)) {
             Some(e) => e.2 += 1,
             None => {
