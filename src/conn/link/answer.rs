@@ -110,9 +110,7 @@ impl<N: Nic> Link<N> {
     /// Client: ask the owner's library (`body`, an encoded [`OwnerAsk`]:
     /// see `Connection::redeem`, `delegate`, `revoke`).
     pub(crate) fn call_ask(&mut self, now: Duration, body: &[u8]) -> Result<CallId, Refused> {
-        let r = self.span.in_scope(|| self.conn.call_ask(now, body));
-        self.run();
-        r
+        self.in_span(|c| c.call_ask(now, body))
     }
 
     /// A peer asks the owner's library (`body`, an [`OwnerAsk`]) with

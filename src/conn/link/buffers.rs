@@ -5,14 +5,13 @@
 use super::Link;
 use crate::backend::Nic;
 use crate::conn::buf::Buf;
+use crate::conn::proto::Connection;
 use crate::conn::types::*;
 
 impl<N: Nic> Link<N> {
     /// Take back the buffers whose handles were dropped; returns how many.
     pub(crate) fn reclaim(&mut self) -> usize {
-        let n = self.conn.reclaim() + usize::from(self.conn.pool_came_back());
-        self.run();
-        n
+        self.with_conn(|c| c.reclaim() + usize::from(c.pool_came_back()))
     }
 
     /// Whether a frame or an answer waits for a control send slot (or
@@ -25,30 +24,23 @@ impl<N: Nic> Link<N> {
 
     /// Take a free buffer from the pool, or `None` when all are in use.
     pub fn alloc(&mut self) -> Option<Buf> {
-        let b = self.conn.alloc();
-        self.run();
-        b
+        self.with_conn(Connection::alloc)
     }
 
     /// Take the smallest free buffer that holds `len` bytes (see
     /// [`Config::large_buffers`](crate::conn::Config::large_buffers)), or `Ok(None)` when all such buffers are
     /// in use; fails when no buffer is that large.
     pub fn alloc_for(&mut self, len: usize) -> Result<Option<Buf>, UseError> {
-        let b = self.conn.alloc_for(len);
-        self.run();
-        b
+        self.with_conn(|c| c.alloc_for(len))
     }
 
     /// Put a buffer back in the pool (dropping it does the same, a little later).
     pub fn free(&mut self, buf: Buf) {
-        self.conn.free(buf);
-        self.run();
+        self.with_conn(|c| c.free(buf))
     }
 
     /// Buffers free in the pool (dropped handles included).
     pub fn free_buffers(&mut self) -> usize {
-        let n = self.conn.free_buffers();
-        self.run();
-        n
+        self.with_conn(Connection::free_buffers)
     }
 }

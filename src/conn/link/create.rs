@@ -238,7 +238,6 @@ impl<N: Nic> Prepared<N> {
             share_released: false,
             #[cfg(any(test, feature = "testing"))]
             batch: vec![Completion::EMPTY; POLL_BATCH],
-            inline: Vec::with_capacity(MAX_INLINE as usize),
             qp: QpFate::Live,
             regions: std::sync::Arc::new(super::Regions::new(None, crate::conn::clock::Epoch::new())),
             span,

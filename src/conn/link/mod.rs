@@ -122,9 +122,6 @@ pub struct Link<N: Nic> {
     /// tests).
     #[cfg(any(test, feature = "testing"))]
     batch: Vec<Completion>,
-    /// An inline payload on its way out, read from the caller's buffer
-    /// (capacity MAX_INLINE).
-    inline: Vec<u8>,
     /// Whether its QP is still there, and if not, how it went.
     qp: QpFate,
     /// The regions whose ranges it exposes: its endpoint's, once a hub
@@ -234,6 +231,24 @@ impl<N: Nic> Link<N> {
         }
     }
 
+    /// `f` on the connection, then what it asks of the NIC carried out.
+    #[inline(always)]
+    fn with_conn<T>(&mut self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let r = f(&mut self.conn);
+        self.run();
+        r
+    }
+
+    /// `f` on the connection in its span, then what it asks of the NIC
+    /// carried out.
+    #[inline(always)]
+    fn in_span<T>(&mut self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let conn = &mut self.conn;
+        let r = self.span.in_scope(|| f(conn));
+        self.run();
+        r
+    }
+
     /// [`Link::run`] with commands queued.
     #[inline(never)]
     fn run_commands(&mut self) {
@@ -311,8 +326,7 @@ impl<N: Nic> Link<N> {
 
     /// Time has reached `now`: fire the engines' timers and call deadlines.
     pub fn handle_timeout(&mut self, now: Duration) {
-        self.span.in_scope(|| self.conn.handle_timeout(now));
-        self.run();
+        self.in_span(|c| c.handle_timeout(now))
     }
 
     /// Poll the completion queue, feed every completion and received frame
@@ -352,16 +366,13 @@ impl<N: Nic> Link<N> {
     /// device is gone): the connection goes down with `e`, as when its own
     /// queue fails in `Link::drive` (tests).
     pub(crate) fn cq_failed(&mut self, e: NicError) {
-        self.conn.post_failed(&Command::SetQpError, e);
-        self.run();
+        self.with_conn(|c| c.post_failed(&Command::SetQpError, e))
     }
 
     /// See [`Connection::window_invalidated_elsewhere`](super::proto::Connection::window_invalidated_elsewhere);
     /// the commands it leads to are carried out.
     pub(crate) fn window_invalidated_elsewhere(&mut self, now: Duration, rkey: u32) -> bool {
-        let hit = self.conn.window_invalidated_elsewhere(now, rkey);
-        self.run();
-        hit
+        self.with_conn(|c| c.window_invalidated_elsewhere(now, rkey))
     }
 
     /// Feed completions of this endpoint's QP (taken off a completion queue
@@ -492,60 +503,37 @@ impl<N: Nic> Link<N> {
     }
 
     /// Send a call or reply with `data` inline (`inline_send`, when it fits
-    /// `Config::inline_max`) or exposed (`send`), in the connection's span,
-    /// then carry out what it asks of the NIC.
+    /// `Config::inline_max`: its bytes are copied from the buffer straight
+    /// into the send slot, and the buffer goes back to the pool, since
+    /// nothing can reach it) or exposed (`send`), in the connection's span,
+    /// then carry out what it asks of the NIC. Refused, the buffer goes
+    /// back to the caller.
     fn send_maybe_inline<T>(
         &mut self,
         data: Option<Buf>,
         inline_send: impl FnOnce(&mut Connection, &[u8]) -> Result<T, Refused>,
         send: impl FnOnce(&mut Connection, Option<Buf>) -> Result<T, Refused>,
     ) -> Result<T, Refused> {
-        let r = if self.stage_inline(data.as_ref()) {
-            let inline = std::mem::take(&mut self.inline);
-            let conn = &mut self.conn;
-            let r = self.span.in_scope(|| inline_send(conn, &inline));
-            self.inline = inline;
-            self.sent_inline(r, data)
-        } else {
-            let conn = &mut self.conn;
-            self.span.in_scope(|| send(conn, data))
+        let conn = &mut self.conn;
+        let r = match data {
+            Some(b) if b.len > 0 && b.len <= conn.config().inline_max && conn.check_buf(&b).is_ok() => {
+                match self.span.in_scope(|| inline_send(conn, &b)) {
+                    Ok(v) => {
+                        conn.free(b);
+                        Ok(v)
+                    }
+                    Err(Refused { error, .. }) => Err(Refused { error, data: Some(b) }),
+                }
+            }
+            data => self.span.in_scope(|| send(conn, data)),
         };
         self.run();
         r
     }
 
-    /// Whether `data` goes inline (`Config::inline_max`): then its bytes
-    /// are copied into `self.inline`.
-    fn stage_inline(&mut self, data: Option<&Buf>) -> bool {
-        let Some(b) = data else { return false };
-        let len = b.len as usize;
-        if len == 0 || len > self.conn.config().inline_max as usize || self.conn.check_buf(b).is_err() {
-            return false;
-        }
-        self.inline.clear();
-        self.inline.extend_from_slice(b);
-        true
-    }
-
-    /// After an inline call or reply: sent, the buffer goes back to the
-    /// pool (nothing can reach it); refused, it goes back to the caller.
-    fn sent_inline<T>(&mut self, r: Result<T, Refused>, data: Option<Buf>) -> Result<T, Refused> {
-        match r {
-            Ok(v) => {
-                if let Some(b) = data {
-                    self.conn.free(b);
-                }
-                Ok(v)
-            }
-            Err(Refused { error, .. }) => Err(Refused { error, data }),
-        }
-    }
-
     /// Client: give up on a call, as `proto::Connection::cancel`.
     pub fn cancel(&mut self, now: Duration, call: CallId) -> bool {
-        let r = self.conn.cancel(now, call);
-        self.run();
-        r
+        self.with_conn(|c| c.cancel(now, call))
     }
 
     /// Server: answer `req` with `status`, `header` and an optional payload
@@ -574,15 +562,13 @@ impl<N: Nic> Link<N> {
     /// (tests) or the hub reaps the flushes, then [`Link::finish_close`]
     /// destroys the QP. Never blocks.
     pub fn begin_close(&mut self, now: Duration) {
-        self.span.in_scope(|| self.conn.begin_close(now));
-        self.run();
+        self.in_span(|c| c.begin_close(now))
     }
 
     /// The peer went away or broke the protocol on its bootstrap stream: as
     /// `proto::Connection::peer_lost`, the commands carried out. Never blocks.
     pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
-        self.span.in_scope(|| self.conn.peer_lost(now, why));
-        self.run();
+        self.in_span(|c| c.peer_lost(now, why))
     }
 
     /// Close the connection: QP to ERR, reap the flushes, destroy the QP

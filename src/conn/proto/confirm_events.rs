@@ -143,21 +143,8 @@ impl Connection {
         let Some(kept) = self.cf().kept.remove(&m) else { return };
         let (header, trace) = (kept.header, kept.trace);
         let span = tracing::debug_span!("mwcap.request", req = m, attempt);
-        self.requests.insert(
-            m,
-            Request {
-                span,
-                trace,
-                header: header.clone(),
-                data: Data::Absent,
-                release: None,
-                fetch_fb: Some(msg),
-                attempt,
-                surfaced: true,
-                redeem,
-                ask: Vec::new(),
-            },
-        );
+        let r = Request::new(span, trace, header.clone(), redeem);
+        self.requests.insert(m, Request { fetch_fb: Some(msg), attempt, surfaced: true, ..r });
         if redeem {
             // The I/O layer answers it (its read was stale). Refused as
             // stale, its body unread.

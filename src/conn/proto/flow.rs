@@ -107,11 +107,8 @@ impl Connection {
     pub(super) fn refuse_busy(&mut self, now: Duration, msg: u64, attach: RawAttaches<'_>) {
         tracing::debug!(req = msg, limit = self.cfg.max_requests, "request refused: too many unanswered");
         self.stats.requests_busy += 1;
-        for (engine, bytes) in attach.iter() {
-            self.on_attach(now, Some(msg), engine, bytes);
-            if self.down.is_some() {
-                return;
-            }
+        if !self.on_attaches(now, msg, attach) {
+            return;
         }
         self.answer_busy(now, msg);
     }

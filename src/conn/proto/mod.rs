@@ -236,6 +236,15 @@ struct Request {
     ask: Vec<u8>,
 }
 
+impl Request {
+    /// A request just received (attempt 1): no payload yet, not surfaced.
+    #[inline(always)]
+    fn new(span: tracing::Span, trace: Option<TraceId>, header: Header, redeem: bool) -> Request {
+        let (data, release, fetch_fb, ask) = (Data::Absent, None, None, Vec::new());
+        Request { span, trace, header, data, release, fetch_fb, attempt: 1, surfaced: false, redeem, ask }
+    }
+}
+
 /// Events the queue holds before it grows.
 const EVENTS_ROOM: usize = 32;
 

@@ -159,18 +159,7 @@ impl Connection {
             // No payload, no fetch: the request surfaces at once (as
             // maybe_surface would), its header going straight into the
             // event (the request keeps none: only a confirm fetch needs it).
-            let r = Request {
-                span,
-                trace,
-                header: Header::default(),
-                data: Data::Absent,
-                release: None,
-                fetch_fb: None,
-                attempt: 1,
-                surfaced: true,
-                redeem,
-                ask: Vec::new(),
-            };
+            let r = Request { surfaced: true, ..Request::new(span, trace, Header::default(), redeem) };
             self.requests.insert(msg, r);
             if redeem {
                 let body = self.ask_body(header);
@@ -186,26 +175,10 @@ impl Connection {
             });
         }
         let ask = if redeem { self.ask_body(header) } else { Vec::new() };
-        self.requests.insert(
-            msg,
-            Request {
-                span,
-                trace,
-                header: if redeem { Header::default() } else { header.into() },
-                data: Data::Absent,
-                release: None,
-                fetch_fb: None,
-                attempt: 1,
-                surfaced: false,
-                redeem,
-                ask,
-            },
-        );
-        for (engine, bytes) in attach.iter() {
-            self.on_attach(now, Some(msg), engine, bytes);
-            if self.down.is_some() {
-                return;
-            }
+        let header = if redeem { Header::default() } else { header.into() };
+        self.requests.insert(msg, Request { ask, ..Request::new(span, trace, header, redeem) });
+        if !self.on_attaches(now, msg, attach) {
+            return;
         }
         if !inline.is_empty() {
             if let Some(r) = self.requests.get_mut(&msg) {
@@ -321,11 +294,8 @@ impl Connection {
                 return self.emit(Event::Reply { call: CallId(msg), status, header, data: None });
             }
         }
-        for (engine, bytes) in attach.iter() {
-            self.on_attach(now, Some(msg), engine, bytes);
-            if self.down.is_some() {
-                return;
-            }
+        if !self.on_attaches(now, msg, attach) {
+            return;
         }
         if let Some(call) = self.calls.get_mut(&msg) {
             call.reply = Some((status, header.into()));
@@ -341,6 +311,20 @@ impl Connection {
             }
             self.maybe_finish(msg);
         }
+    }
+
+    /// The engine messages riding in a request or reply for `msg`, in
+    /// order; false when one took the connection down (the rest are not
+    /// read).
+    #[inline(always)]
+    pub(super) fn on_attaches(&mut self, now: Duration, msg: u64, attach: RawAttaches<'_>) -> bool {
+        for (engine, bytes) in attach.iter() {
+            self.on_attach(now, Some(msg), engine, bytes);
+            if self.down.is_some() {
+                return false;
+            }
+        }
+        true
     }
 
     /// One engine message, riding in a request or reply for `msg`, or alone.
