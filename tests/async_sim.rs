@@ -818,29 +818,18 @@ fn spinning_waiters_do_not_wake_their_drivers_once_a_call() {
 
 /// A client calling on a thread of its own with a short spin window
 /// (under `LINGER_MIN`, so it never lingers), beside its endpoint's driver
-/// on another thread, as under a multi-threaded executor: on a NIC whose
-/// arm is cheap the driver keeps the queue armed through a waker that
-/// wakes it only while no call polls (`ReadyList::cq_waker`), and each
-/// call spins from before its post, so the reply and whatever the post
-/// set off wake the driver for no call. Before, the driver slept and woke
-/// about once per call (0.6-1.0 sleeps a call), each a wake-up of another
-/// thread. On a device whose arm is dear (`DeviceConfig::rxe`, as verbs)
-/// the driver leaves the queue unarmed while calls poll and is rung as
-/// each call stops: the calls succeed there too.
+/// on another thread, as under a multi-threaded executor: the driver
+/// leaves the queue unarmed while a call polls it, and the last call to
+/// stop rings it (`ReadyList::stop`). Every call gets its reply, and the
+/// simulator's oracle finds no hazard. (The simulator's queue arm once
+/// had a second protocol of its own, kept armed while calls polled; it
+/// is gone, so what runs here is what runs on verbs.)
 #[test]
-fn short_spinning_calls_do_not_wake_their_driver_on_a_cheap_arm() {
+fn short_spinning_calls_beside_their_driver_on_another_thread_all_succeed() {
     let mut ccfg = Config::default();
     ccfg.busy_poll = Duration::from_micros(400);
-    let calls = 2000u64;
-    let (slept, _) =
-        driver_sleeps_over_threaded_calls(DeviceConfig::spec(), ccfg.clone(), Config::default(), calls);
-    // Before: a sleep per call (1,987 of 2,000). Now about none on an
-    // idle host; under load some replies come after the 400 µs window,
-    // and their calls wait for the driver (526 seen with a CI run beside
-    // the tests): half is the bar.
-    assert!(slept < calls / 2, "over {calls} calls the client's driver slept {slept} times: woken per call");
-    // The dear arm: the calls succeed, however often the driver sleeps.
-    driver_sleeps_over_threaded_calls(DeviceConfig::rxe(), ccfg, Config::default(), calls);
+    // The helper asserts that no call failed and that no hazard was seen.
+    driver_sleeps_over_threaded_calls(DeviceConfig::spec(), ccfg, Config::default(), 2000);
 }
 
 /// A pending call takes its connection's turns itself while it busy-polls

@@ -613,9 +613,9 @@ fn a_reconnecting_client_comes_back_on_its_endpoints_hub() {
 /// when the endpoint is built: each window has a client endpoint of its
 /// own, on one device, against one server endpoint.) The client's calls
 /// do not spin (`Config::busy_poll` 0), so the driver alone takes the
-/// turns: a call that spins leaves the driver asleep on the simulator's
-/// cheap arm when it ends (`ready::ReadyList::stop`), whatever the
-/// driver's window.
+/// turns: a call that spins would take some of them itself, and its end
+/// rings the driver (`ready::ReadyList::stop`), whatever the driver's
+/// window.
 #[test]
 fn a_hub_busy_polls_for_its_window_then_sleeps() {
     let fabric = Fabric::with_seed(11);

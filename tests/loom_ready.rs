@@ -8,9 +8,7 @@
 //! completion queue themselves: a driver that leaves the queue unarmed for
 //! them is rung when the last one stops, or, when that one had a long
 //! window and got what it waited for, sleeps with its alarm at the end of
-//! that window. And a queue whose arm is cheap (the simulator's), kept
-//! armed while waiters poll it: a completion is never left in the queue
-//! with the driver asleep, nor the queue left unarmed.
+//! that window.
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" cargo test --release --test loom_ready`
 #![cfg(loom)]
@@ -108,7 +106,7 @@ fn no_sleep_with_the_queue_unpolled(spinners: usize) {
                         list.start(None);
                     }
                     // ... polls the queue for a while ...
-                    list.stop(false, false, || t(0));
+                    list.stop(false, || t(0));
                 })
             })
             .collect();
@@ -159,7 +157,7 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
         list.start(None);
         let short = {
             let list = list.clone();
-            thread::spawn(move || list.stop(false, false, || t(0)))
+            thread::spawn(move || list.stop(false, || t(0)))
         };
         let long = {
             let list = list.clone();
@@ -168,7 +166,7 @@ fn a_lingering_waiter_leaves_the_driver_an_alarm_or_a_ring() {
                 // A busy turn moved the window's end.
                 list.extend(t(30));
                 // ... got its reply, within its window ...
-                list.stop(true, false, || now);
+                list.stop(true, || now);
             })
         };
         list.bell().take();
@@ -237,7 +235,7 @@ fn a_waiter_stopping_after_its_window_ended_rings() {
         let waiter = {
             let list = list.clone();
             // Its next poll, at 30, finds its reply: got it, window long.
-            thread::spawn(move || list.stop(true, false, || t(30)))
+            thread::spawn(move || list.stop(true, || t(30)))
         };
         // The driver's loop at 25, woken by its alarm at the window's end.
         list.bell().take();
@@ -250,165 +248,6 @@ fn a_waiter_stopping_after_its_window_ended_rings() {
                 list.bell().take(),
                 "the driver sleeps unarmed with no alarm, and the waiter stopped without ringing"
             );
-        }
-    });
-}
-
-/// A completion queue whose arm is cheap, as the simulator's: its entries,
-/// and the waker it was armed with. A completion wakes that waker (once)
-/// under the queue's lock; arming finds entries (`Ready`) or stores the
-/// waker (`Pending`), as `NicOps::poll_cq_ready` does.
-struct CheapCq {
-    state: Mutex<(usize, Option<std::task::Waker>)>,
-}
-
-impl CheapCq {
-    fn new() -> CheapCq {
-        CheapCq { state: Mutex::new((0, None)) }
-    }
-    /// The NIC queues a completion.
-    fn complete(&self) {
-        let mut s = self.state.lock().unwrap();
-        s.0 += 1;
-        if let Some(w) = s.1.take() {
-            w.wake();
-        }
-    }
-    /// Arm with the list's waker: whether entries were there (`Ready`).
-    fn arm(&self, list: &ReadyList<u32>) -> bool {
-        let mut s = self.state.lock().unwrap();
-        if s.0 > 0 {
-            return true;
-        }
-        s.1 = Some(list.cq_waker().clone());
-        false
-    }
-    /// Take every entry; how many.
-    fn poll(&self) -> usize {
-        std::mem::take(&mut self.state.lock().unwrap().0)
-    }
-    fn armed(&self) -> bool {
-        self.state.lock().unwrap().1.is_some()
-    }
-}
-
-/// A queue whose arm is cheap stays armed while waiters poll it
-/// (`ReadyList::cq_waker`, `ReadyList::stop`). `spinners` waiters
-/// each start (the first before the post, as a call does), poll the queue
-/// once and stop, re-arming it if they are the last and its waker fired
-/// meanwhile; the NIC queues one completion, racing them; the driver takes
-/// its doorbell and arms the queue, then sleeps unless the arm found
-/// entries. Under every interleaving, once all are done a completion
-/// nobody took is found: the driver's arm saw it, or its doorbell is rung.
-/// And the queue is left armed unless the doorbell is rung (the driver
-/// then arms it itself): no completion later can go unseen.
-fn a_cheap_arm_is_never_left_fired(spinners: usize) {
-    model(move || {
-        let list = Arc::new(ReadyList::<u32>::new());
-        let cq = Arc::new(CheapCq::new());
-        list.start(None);
-        let nic = {
-            let cq = cq.clone();
-            thread::spawn(move || cq.complete())
-        };
-        let waiters: Vec<_> = (0..spinners)
-            .map(|i| {
-                let (list, cq) = (list.clone(), cq.clone());
-                thread::spawn(move || {
-                    if i > 0 {
-                        list.start(None);
-                    }
-                    let took = cq.poll();
-                    if list.stop(false, true, || t(0)) && cq.arm(&list) {
-                        list.bell().ring();
-                    }
-                    took
-                })
-            })
-            .collect();
-        // The driver's loop: its doorbell, then the arm it sleeps on.
-        list.bell().take();
-        let driver_polls = cq.arm(&list);
-        nic.join().unwrap();
-        let took: usize = waiters.into_iter().map(|w| w.join().unwrap()).sum();
-        assert!(!list.waiter_polls(), "every waiter stopped");
-        let rung = list.bell().take();
-        let left = cq.state.lock().unwrap().0;
-        assert!(took + left == 1, "the completion was taken twice or lost");
-        if left == 1 {
-            assert!(
-                driver_polls || rung,
-                "a completion waits in the queue, and neither the driver's arm saw it nor its doorbell rang"
-            );
-        }
-        assert!(
-            driver_polls || rung || cq.armed(),
-            "the queue is left unarmed (its waker fired while a waiter polled) and the driver sleeps"
-        );
-    });
-}
-
-#[test]
-fn a_cheap_arm_against_one_spinner() {
-    a_cheap_arm_is_never_left_fired(1);
-}
-
-#[test]
-fn a_cheap_arm_against_two_spinners() {
-    a_cheap_arm_is_never_left_fired(2);
-}
-
-/// A cheap arm against a waiter with a long window whose start races the
-/// driver's look for a window. A window published earlier ends at 20; the
-/// waiter read its clock at 10, before that end, so its start (window to
-/// 40) does not ring; the driver, at 25, may look before that start, find
-/// no window and sleep on the arm; a completion then fires the arm while
-/// the waiter spins; and the waiter, which got what it waited for within
-/// its window, lingers. Under every interleaving a driver that slept on
-/// the arm finds the queue armed again, or its doorbell rung, and a
-/// completion nobody took is seen. (Before the fix the lingering waiter
-/// left the fired queue unarmed, with no alarm and no ring.)
-#[test]
-fn a_cheap_arm_against_a_lingering_waiter() {
-    model(|| {
-        let list = Arc::new(ReadyList::<u32>::new());
-        let cq = Arc::new(CheapCq::new());
-        list.extend(t(20));
-        let nic = {
-            let cq = cq.clone();
-            thread::spawn(move || cq.complete())
-        };
-        let waiter = {
-            let (list, cq) = (list.clone(), cq.clone());
-            thread::spawn(move || {
-                list.start(Some((t(40), t(10))));
-                let took = cq.poll();
-                if list.stop(true, true, || t(30)) && cq.arm(&list) {
-                    list.bell().ring();
-                }
-                took
-            })
-        };
-        // The driver's loop at 25: its doorbell, then a window; with none,
-        // it sleeps on the arm (with one, unarmed, its alarm at its end).
-        list.bell().take();
-        let alarm = list.watched(t(25));
-        let driver_polls = alarm.is_none() && cq.arm(&list);
-        nic.join().unwrap();
-        let took = waiter.join().unwrap();
-        let rung = list.bell().take();
-        let left = cq.state.lock().unwrap().0;
-        assert!(took + left == 1, "the completion was taken twice or lost");
-        if alarm.is_none() {
-            assert!(
-                driver_polls || rung || cq.armed(),
-                "the driver sleeps on an arm that fired, and the lingering waiter left it unarmed"
-            );
-            if left == 1 {
-                assert!(driver_polls || rung, "a completion waits, and the driver sleeps without a ring");
-            }
-        } else {
-            assert_eq!(alarm, Some(t(40)), "an alarm for an end no waiter published");
         }
     });
 }

@@ -165,18 +165,4 @@ pub trait NicOps: Send + Sync {
         cq: CqId,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), NicError>>;
-
-    /// Whether arming a completion queue ([`NicOps::poll_cq_ready`]) is
-    /// cheap enough to do on a caller's path, and an arm that fires while
-    /// nobody sleeps costs nothing but the waker's call. Then an
-    /// endpoint's driver keeps its queue armed while callers poll it
-    /// themselves, through a waker that wakes the driver only when no
-    /// caller polls, and the last caller to stop arms it again. True for
-    /// the simulator (a waker stored under a lock) unless its device is
-    /// configured otherwise (`DeviceConfig::cq_arm_is_cheap`); false, the
-    /// default, for verbs, where an arm is a request to the device whose
-    /// event costs system calls to take.
-    fn cq_arm_is_cheap(&self) -> bool {
-        false
-    }
 }

@@ -12,23 +12,17 @@
 //!
 //! A waiter that polls the completion queue itself (it spins,
 //! `live::driver::Spin`) is counted ([`ReadyList::start`]), and the driver
-//! sleeps by the NIC's arm: a **dear** one (verbs) is left off while any
-//! waiter polls, and the last to stop rings ([`ReadyList::waiter_polls`]);
-//! a **cheap** one (the simulator) stays armed through
-//! [`ReadyList::cq_waker`], so a caller making call after call on another
-//! thread than the driver's wakes the driver for none of them. A waiter
-//! with a long window ([`LINGER_MIN`]) that got what it waited for leaves
-//! without ringing, the driver sleeping on its alarm until the window's
-//! end ([`ReadyList::watched`]): what a server posts between its requests
-//! wakes no driver on the simulator either. The cases, in full:
-//! [`ReadyList::stop`].
+//! leaves the queue's arm off while any waiter polls: the last to stop
+//! rings ([`ReadyList::waiter_polls`]). A waiter with a long window
+//! ([`LINGER_MIN`]) that got what it waited for leaves without ringing,
+//! the driver sleeping on its alarm until the window's end
+//! ([`ReadyList::watched`]). The cases, in full: [`ReadyList::stop`].
 //!
 //! Why, and what it saves: `docs/architecture.md`, "The driver".
 //!
 //! `tests/loom_ready.rs` checks the hand-offs under every interleaving of
-//! the threads it models (the ready list's, the dear arm's with and
-//! without a long window, and the cheap arm's with short waiters and
-//! with a long one racing the driver's look for a window).
+//! the threads it models (the ready list's, and the waiters' and the
+//! driver's with and without a long window).
 
 use crate::handle::Doorbell;
 use std::time::Duration;
@@ -36,18 +30,11 @@ use std::time::Duration;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
-/// leaves without waking the driver, or arming its queue
-/// ([`ReadyList::stop`]): the driver then wakes on its alarm once per
+/// leaves without waking the driver ([`ReadyList::stop`]): the driver then wakes on its alarm once per
 /// window, and over a shorter window the alarm's round trip (the alarm
 /// thread's wake-up, then the driver's) would cost more than the ring it
 /// saves.
 pub const LINGER_MIN: Duration = Duration::from_micros(500);
-
-/// Set beside the count of waiters polling the queue ([`ReadyList::cq_waker`])
-/// when the queue's waker fired while one polled: the queue is no longer
-/// armed, and the last waiter to stop arms it again
-/// ([`ReadyList::stop`]).
-const FIRED: usize = 1 << (usize::BITS - 1);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
 /// before its turn clears it).
@@ -76,10 +63,10 @@ pub struct ReadyList<T> {
     /// is one that took the lock before it: the push's ring (read after
     /// the flag by the driver's doorbell) brings the driver back for it.
     pending: AtomicBool,
-    /// The doorbell, and the waiters polling the queue: shared with the
-    /// queue's waker, `cq_waker`.
-    signal: std::sync::Arc<Signal>,
-    cq_waker: std::task::Waker,
+    /// The driver's doorbell.
+    bell: Doorbell,
+    /// Waiters polling the completion queue themselves.
+    spinners: AtomicUsize,
     /// The latest end of a long spin window, in ns since the endpoint's
     /// epoch ([`ns`]): until then the queue counts as watched.
     watch: AtomicU64,
@@ -94,12 +81,11 @@ impl<T> Default for ReadyList<T> {
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
-        let signal = std::sync::Arc::new(Signal { bell: Doorbell::new(), spinners: AtomicUsize::new(0) });
         ReadyList {
             list: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
-            cq_waker: futures::task::waker(signal.clone()),
-            signal,
+            bell: Doorbell::new(),
+            spinners: AtomicUsize::new(0),
             watch: AtomicU64::new(0),
         }
     }
@@ -119,7 +105,7 @@ impl<T> ReadyList<T> {
             self.pending.store(true, Ordering::Release);
         }
         if ring {
-            self.signal.bell.ring();
+            self.bell.ring();
         }
         true
     }
@@ -154,21 +140,10 @@ impl<T> ReadyList<T> {
 
     /// The driver's doorbell, rung by [`ReadyList::push`], by a waiter
     /// that opens a long window when none is open ([`ReadyList::start`]),
-    /// by the last waiter to stop unless it lingers, on a dear arm
-    /// ([`ReadyList::stop`]), and by the waker of a cheap arm while no
-    /// waiter polls ([`ReadyList::cq_waker`]).
+    /// and by the last waiter to stop unless it lingers
+    /// ([`ReadyList::stop`]).
     pub fn bell(&self) -> &Doorbell {
-        &self.signal.bell
-    }
-
-    /// The waker a driver arms a queue whose arm is cheap with: it rings
-    /// the doorbell unless a waiter polls the queue, and then marks the
-    /// queue as fired, for the last waiter to stop to arm it again
-    /// ([`ReadyList::stop`]). It holds only the doorbell and the
-    /// count (no connection, no queue), so a NIC may drop it under its own
-    /// lock.
-    pub fn cq_waker(&self) -> &std::task::Waker {
-        &self.cq_waker
+        &self.bell
     }
 
     /// A waiter starts polling the completion queue itself. With a long
@@ -179,10 +154,10 @@ impl<T> ReadyList<T> {
     pub fn start(&self, window: Option<(Duration, Duration)>) {
         if let Some((until, now)) = window {
             if self.watch.fetch_max(ns(until), Ordering::AcqRel) <= ns(now) {
-                self.signal.bell.ring();
+                self.bell.ring();
             }
         }
-        self.signal.spinners.fetch_add(1, Ordering::AcqRel);
+        self.spinners.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A long window's waiter's busy turn moved its end to `until`.
@@ -192,20 +167,10 @@ impl<T> ReadyList<T> {
     }
 
     /// A waiter stops polling the queue. Unless it is the last to stop,
-    /// that is all. For the last one:
-    ///
-    /// - If the queue's arm is `cheap` and its waker fired while waiters
-    ///   polled, it returns true: the caller arms the queue again, and
-    ///   rings if the arm finds completions. Even if it lingers: a driver
-    ///   that armed the queue sleeps on that arm (it may have looked for
-    ///   a window before this waiter published its own, and found none).
-    /// - Otherwise, one that `lingers` (a long window's waiter that got
-    ///   what it waited for) while a window is still open at `now()`,
-    ///   read after the count went down, leaves the queue watched until
-    ///   that end.
-    /// - Otherwise it rings the doorbell, or with a cheap arm returns true
-    ///   if a window is open (the driver may sleep unarmed) for the
-    ///   caller to arm the queue.
+    /// that is all. The last one rings the doorbell, unless it `lingers`
+    /// (a long window's waiter that got what it waited for) while a window
+    /// is still open at `now()`, read after the count went down: the queue
+    /// then stays watched until that end.
     ///
     /// Why the read comes after: a driver that saw this waiter counted
     /// ([`ReadyList::waiter_polls`]) read its clock before that, so its
@@ -214,43 +179,24 @@ impl<T> ReadyList<T> {
     /// it ([`ReadyList::watched`]); a window already over may have been
     /// over for the driver too (a waiter polled again only after its
     /// window ended, by a busy executor), and then the driver sleeps
-    /// with the queue unarmed and no alarm, so the waiter rings. (A
-    /// driver whose arm is cheap sleeps unarmed only while it sees a
-    /// window, and otherwise on the arm, which the first point keeps.)
-    pub fn stop(&self, lingers: bool, cheap: bool, now: impl FnOnce() -> Duration) -> bool {
-        let was = self.signal.spinners.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-            Some(if s & !FIRED == 1 { 0 } else { s - 1 })
-        });
-        let was = was.unwrap_or_else(|s| s);
-        if was & !FIRED != 1 {
-            return false;
+    /// with the queue unarmed and no alarm, so the waiter rings.
+    pub fn stop(&self, lingers: bool, now: impl FnOnce() -> Duration) {
+        if self.spinners.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
         }
-        if cheap && was & FIRED != 0 {
-            // The doc's first case: armed again, even by a waiter that lingers.
-            return true;
+        if lingers && self.watch.load(Ordering::Acquire) > ns(now()) {
+            return;
         }
-        if !lingers && !cheap {
-            self.signal.bell.ring();
-            return false;
-        }
-        let open = self.watch.load(Ordering::Acquire) > ns(now());
-        if lingers && open {
-            return false;
-        }
-        if cheap {
-            return open;
-        }
-        self.signal.bell.ring();
-        false
+        self.bell.ring();
     }
 
     /// Driver, after taking the doorbell and before it sleeps: whether a
-    /// waiter polls the queue (then it does not busy-poll, and on a dear
-    /// arm need not arm it: when the last waiter stops, the doorbell
+    /// waiter polls the queue (then it does not busy-poll, and need not
+    /// arm it: when the last waiter stops, the doorbell
     /// rings, or the window below is open). Read before
     /// [`ReadyList::watched`].
     pub fn waiter_polls(&self) -> bool {
-        self.signal.spinners.load(Ordering::Acquire) & !FIRED > 0
+        self.spinners.load(Ordering::Acquire) > 0
     }
 
     /// Driver, before it sleeps: the end of the latest long window if it is
@@ -260,32 +206,6 @@ impl<T> ReadyList<T> {
     pub fn watched(&self, now: Duration) -> Option<Duration> {
         let until = self.watch.load(Ordering::Acquire);
         (until > ns(now)).then(|| Duration::from_nanos(until))
-    }
-}
-
-/// What wakes the driver: its doorbell, and for a queue whose arm is
-/// cheap, the queue's waker unless a waiter polls it.
-struct Signal {
-    bell: Doorbell,
-    /// Waiters polling the completion queue themselves, and [`FIRED`].
-    spinners: AtomicUsize,
-}
-
-impl Signal {
-    /// The queue's waker fired: whether to wake the driver (not while a
-    /// waiter polls: [`ReadyList::cq_waker`]).
-    fn cq_woke(&self) -> bool {
-        self.spinners
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| (s & !FIRED > 0).then_some(s | FIRED))
-            .is_err()
-    }
-}
-
-impl futures::task::ArcWake for Signal {
-    fn wake_by_ref(this: &std::sync::Arc<Self>) {
-        if this.cq_woke() {
-            this.bell.ring();
-        }
     }
 }
 

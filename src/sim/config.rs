@@ -163,12 +163,6 @@ pub struct DeviceConfig {
     /// shared by many connections must tell a new QP's completions from
     /// an old one's of the same number: the tests turn this on to check it.
     pub reuse_qpns: bool,
-    /// Whether arming a completion queue is cheap
-    /// (`NicOps::cq_arm_is_cheap`), so that an endpoint keeps its queue
-    /// armed while callers poll it. On by default; off for
-    /// [`DeviceConfig::rxe`], whose endpoints then drive the queue as on
-    /// verbs (where an arm's event costs system calls to take).
-    pub cq_arm_is_cheap: bool,
 }
 
 impl Default for DeviceConfig {
@@ -182,7 +176,6 @@ impl Default for DeviceConfig {
             mtu: 4096,
             max_cqe: (1 << 22) - 1,
             reuse_qpns: false,
-            cq_arm_is_cheap: true,
         }
     }
 }
@@ -192,11 +185,9 @@ impl DeviceConfig {
     pub fn spec() -> DeviceConfig {
         DeviceConfig::default()
     }
-    /// A device with SoftRoCE's deviations ([`DeviceConfig::rxe_quirks`]),
-    /// whose completion queue's arm is dear, as on verbs
-    /// ([`DeviceConfig::cq_arm_is_cheap`]).
+    /// A device with SoftRoCE's deviations ([`DeviceConfig::rxe_quirks`]).
     pub fn rxe() -> DeviceConfig {
-        DeviceConfig { rxe_quirks: true, cq_arm_is_cheap: false, ..DeviceConfig::default() }
+        DeviceConfig { rxe_quirks: true, ..DeviceConfig::default() }
     }
     /// This configuration with another window support level.
     pub fn with_mw(self, mw: MwSupport) -> DeviceConfig {

@@ -670,10 +670,6 @@ impl NicOps for SimNic {
         Ok(n)
     }
 
-    fn cq_arm_is_cheap(&self) -> bool {
-        self.fabric.lock().devs[self.dev as usize].cfg.cq_arm_is_cheap
-    }
-
     fn poll_cq_ready(
         &self,
         cq: CqId,

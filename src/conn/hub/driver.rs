@@ -57,9 +57,6 @@ impl<N: Nic> Hub<N> {
     /// through [`Hub::ringer`], it finds what woke them).
     pub async fn run(self: Arc<Self>, mut after_turns: impl FnMut()) -> EndpointStats {
         let shared = &*self;
-        // Its queue's arm is cheap: kept armed, through a waker that wakes
-        // the driver only while no waiter polls (`ReadyList::cq_waker`).
-        let cq_waker = shared.hold.nic.cq_arm_is_cheap().then(|| shared.ready.cq_waker());
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
         let mut work: Vec<Arc<Inner<N>>> = Vec::new();
         let mut inbox: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
@@ -174,42 +171,20 @@ impl<N: Nic> Hub<N> {
                 alarm.arm(Some(shared.epoch.instant(at)));
                 armed = Some(at);
             }
-            // A dear arm (verbs) is left off while a waiter polls: its polls
-            // find the completions (and ring for the other connections'),
-            // and an armed queue would raise an event, a system call and a
+            // The arm is left off while a waiter polls: its polls find the
+            // completions (and ring for the other connections'), and an
+            // armed queue would raise an event, a system call and a
             // wake-up, for each. The last waiter to stop rings the
             // doorbell, or once the long window ends the alarm above wakes
             // the driver, which polls and, with no waiter left, arms it.
-            // A cheap arm (the simulator) is kept while waiters poll, off
-            // only while a long window is watched: its waker wakes the
-            // driver only once none polls, and the last to stop arms it
-            // again if it fired meanwhile (`ReadyList::stop`).
-            let cq_gone = failed.is_some() || if cq_waker.is_some() { watched.is_some() } else { unpolled };
-            let mut cq_armed = false;
+            let cq_gone = failed.is_some() || unpolled;
             let mut slept = false;
             poll_fn(|cx: &mut Context<'_>| {
                 if shared.ready.bell().poll_rung_held(cx, &mut bell_waker).is_ready() {
                     return Poll::Ready(());
                 }
-                // A cheap arm holds until its waker fires, which rings the
-                // doorbell or, while a waiter polls, leaves the arm to the
-                // last waiter to stop: a driver polled again while a waiter
-                // polls (beside calls that spin under one `block_on`) does
-                // not arm it again, which would take the NIC's lock, and run
-                // the simulator, on every poll. Polled again with no waiter,
-                // it looks again.
-                let left_to_waiters = cq_waker.is_some() && cq_armed && shared.ready.waiter_polls();
-                if !cq_gone && !left_to_waiters {
-                    let ready = match &cq_waker {
-                        Some(w) => {
-                            cq_armed = true;
-                            shared.hold.nic.poll_cq_ready(shared.hold.cq, &mut Context::from_waker(w))
-                        }
-                        None => shared.hold.nic.poll_cq_ready(shared.hold.cq, cx),
-                    };
-                    if ready.is_ready() {
-                        return Poll::Ready(());
-                    }
+                if !cq_gone && shared.hold.nic.poll_cq_ready(shared.hold.cq, cx).is_ready() {
+                    return Poll::Ready(());
                 }
                 if alarm.poll(cx).is_ready() {
                     // Rung, and disarmed.

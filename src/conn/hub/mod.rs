@@ -368,19 +368,6 @@ impl<N: Nic> Hub<N> {
             }
         }
     }
-
-    /// The last waiter to stop polling a queue whose arm is cheap found
-    /// it needs arming (its waker fired meanwhile, or a long window is
-    /// open and the driver may sleep unarmed: `ReadyList::stop`): arm it
-    /// for the driver, and ring the doorbell if completions are there
-    /// already (come since the waiter's last poll).
-    #[inline(never)]
-    pub(in crate::conn) fn rearm(&self) {
-        let mut cx = std::task::Context::from_waker(self.ready.cq_waker());
-        if self.hold.nic.poll_cq_ready(self.hold.cq, &mut cx).is_ready() {
-            self.ready.bell().ring();
-        }
-    }
 }
 
 /// A connection's place on its hub: the waker that puts it on the hub's
@@ -398,9 +385,6 @@ pub(in crate::conn) struct HubPart<N: Nic> {
     pub(in crate::conn) spin_scratch: Mutex<Vec<crate::backend::Completion>>,
     /// The hub, for a call that polls its queue itself while it waits.
     pub(in crate::conn) hub: Weak<Hub<N>>,
-    /// The hub's queue's arm is cheap (`NicOps::cq_arm_is_cheap`): a call
-    /// with a short window spins from before its post (`Spin::begin`).
-    pub(in crate::conn) cheap_arm: bool,
     /// A grant SEND's success may wait in the inbox for the next turn: set
     /// by `Inner::turn` (its end says when), read by [`HubPart::route`].
     pub(in crate::conn) lazy_grant_sends: std::sync::atomic::AtomicBool,
@@ -556,7 +540,6 @@ impl<N: Nic + 'static> Hub<N> {
             inbox: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             spin_scratch: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             hub: Arc::downgrade(self),
-            cheap_arm: self.hold.nic.cq_arm_is_cheap(),
             lazy_grant_sends: std::sync::atomic::AtomicBool::new(false),
         });
         let inner = conn.inner_arc();

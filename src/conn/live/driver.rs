@@ -37,19 +37,6 @@ pub(crate) struct CallFuture<'a, N: Nic> {
     pub(crate) spin: Spin,
 }
 
-/// A call's spin from before its post until it waits for its reply
-/// ([`CallFuture`] takes it over): stopped if the call never gets there.
-pub(crate) struct Starting<'a, N: Nic> {
-    pub(crate) inner: &'a Inner<N>,
-    pub(crate) spin: Spin,
-}
-
-impl<N: Nic> Drop for Starting<'_, N> {
-    fn drop(&mut self) {
-        self.spin.stop(self.inner, false);
-    }
-}
-
 /// A waiter (a call for its reply, a serving loop for its next request)
 /// that takes its connection's turns itself for a while: it polls the
 /// hub's shared completion queue on its own thread, so what it waits for
@@ -107,9 +94,7 @@ impl Spin {
         self.spinning = false;
         inner.spinning.store(false, std::sync::atomic::Ordering::Release);
         if let Some(hub) = inner.hub.hub.upgrade() {
-            if hub.ready.stop(self.long && got, inner.hub.cheap_arm, || inner.now()) {
-                hub.rearm();
-            }
+            hub.ready.stop(self.long && got, || inner.now());
         }
     }
 }
@@ -173,24 +158,6 @@ impl Spin {
             hub.ready.start(self.long.then_some((until, now)));
         }
         true
-    }
-
-    /// A call about to post its request starts spinning, before the
-    /// post, where the hub's arm is cheap and its `window` short: what the
-    /// post sets off, down to the reply, is then the waiter's to find, and
-    /// wakes no driver through the armed queue (`ReadyList::cq_waker`).
-    /// (A long window lingers, and its driver sleeps with the queue
-    /// unarmed; on verbs nothing wakes a driver at a post.) Its window
-    /// opens at its first wait, as any waiter's.
-    #[inline]
-    pub(crate) fn begin<N: Nic>(&mut self, inner: &Inner<N>, window: Duration) {
-        if !inner.hub.cheap_arm || window.is_zero() || window >= crate::conn::ready::LINGER_MIN {
-            return;
-        }
-        if let Some(hub) = inner.hub.hub.upgrade() {
-            // Short: no window end to publish, so no clock read.
-            self.enter(inner, Some(&hub), window, Duration::ZERO, Duration::ZERO);
-        }
     }
 
     /// While the waiter may spin (its `window` is open and no other waiter

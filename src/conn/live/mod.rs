@@ -461,12 +461,8 @@ impl<N: Nic> Connection<N> {
         mut data: Option<Buf>,
         mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<CallId, Refused>,
     ) -> Result<Reply, CallError> {
-        // The call spins from before its post (`Spin::begin`); stopped if
-        // it does not get to wait (refused, or dropped meanwhile).
-        let mut start = driver::Starting { inner: &self.inner, spin: driver::Spin::default() };
         // Its result's slot, taken under the lock the call starts under.
         let slot = poll_fn(|cx| {
-            start.spin.begin(&self.inner, self.inner.spin);
             let now = self.inner.now();
             let mut st = self.inner.state.lock();
             let r = attempt(&mut st.ep, now, data.take());
@@ -479,10 +475,6 @@ impl<N: Nic> Connection<N> {
                 })
                 .map_err(CallError::Refused);
             drop(st);
-            if r.is_pending() {
-                // It waits for capacity, not polling the queue.
-                start.spin.stop(&self.inner, false);
-            }
             r
         })
         .await?;
@@ -490,7 +482,7 @@ impl<N: Nic> Connection<N> {
             handle: Handle::new(slot, self.inner.recycle.clone()),
             inner: &self.inner,
             done: false,
-            spin: std::mem::take(&mut start.spin),
+            spin: driver::Spin::default(),
         }
         .await
     }
