@@ -12,8 +12,8 @@
 //!
 //! A waiter that polls the completion queue itself (it spins,
 //! `live::driver::Spin`) is counted ([`ReadyList::start`]), and the driver
-//! leaves the queue's arm off while any waiter polls: the last to stop
-//! rings ([`ReadyList::waiter_polls`]). A waiter with a long window
+//! leaves the queue's arm off while any waiter polls
+//! ([`ReadyList::waiter_polls`]): the last to stop rings. A waiter with a long window
 //! ([`LINGER_MIN`]) that got what it waited for leaves without ringing,
 //! the driver sleeping on its alarm until the window's end
 //! ([`ReadyList::watched`]). The cases, in full: [`ReadyList::stop`].
@@ -30,10 +30,10 @@ use std::time::Duration;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The shortest spin window whose waiter, having got what it waited for,
-/// leaves without waking the driver ([`ReadyList::stop`]): the driver then wakes on its alarm once per
-/// window, and over a shorter window the alarm's round trip (the alarm
-/// thread's wake-up, then the driver's) would cost more than the ring it
-/// saves.
+/// leaves without waking the driver ([`ReadyList::stop`]): the driver
+/// then wakes on its alarm once per window, and over a shorter window the
+/// alarm's round trip (the alarm thread's wake-up, then the driver's)
+/// would cost more than the ring it saves.
 pub const LINGER_MIN: Duration = Duration::from_micros(500);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
@@ -192,9 +192,8 @@ impl<T> ReadyList<T> {
 
     /// Driver, after taking the doorbell and before it sleeps: whether a
     /// waiter polls the queue (then it does not busy-poll, and need not
-    /// arm it: when the last waiter stops, the doorbell
-    /// rings, or the window below is open). Read before
-    /// [`ReadyList::watched`].
+    /// arm it: when the last waiter stops, the doorbell rings, or the
+    /// window below is open). Read before [`ReadyList::watched`].
     pub fn waiter_polls(&self) -> bool {
         self.spinners.load(Ordering::Acquire) > 0
     }

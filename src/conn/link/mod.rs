@@ -503,9 +503,9 @@ impl<N: Nic> Link<N> {
     }
 
     /// Send a call or reply with `data` inline (`inline_send`, when it fits
-    /// `Config::inline_max`: its bytes are copied from the buffer straight
-    /// into the send slot, and the buffer goes back to the pool, since
-    /// nothing can reach it) or exposed (`send`), in the connection's span,
+    /// `Config::inline_max`: its bytes are copied from the buffer into the
+    /// frame, with no copy of their own on the way, and the buffer goes
+    /// back to the pool, since nothing can reach it) or exposed (`send`), in the connection's span,
     /// then carry out what it asks of the NIC. Refused, the buffer goes
     /// back to the caller.
     fn send_maybe_inline<T>(
