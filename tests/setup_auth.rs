@@ -71,18 +71,6 @@ impl NicOps for Counting {
     fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
         self.nic.read_mr(mr, offset, out)
     }
-    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
-        self.nic.with_mr(mr, offset, len, f)
-    }
-    fn with_mr_mut(
-        &self,
-        mr: MrId,
-        offset: usize,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), NicError> {
-        self.nic.with_mr_mut(mr, offset, len, f)
-    }
     fn memory(&self, mr: MrId) -> Result<std::sync::Arc<mwcap::backend::Memory>, NicError> {
         self.nic.memory(mr)
     }

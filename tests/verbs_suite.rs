@@ -466,12 +466,12 @@ fn send_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64, k: usize) {
     for j in 0..k {
         let slot = Sge { mr: b.rx.id, offset: j * SLOT, len: SLOT as u32 };
         nic.post_recv(l.b.id, round << 8 | j as u64, slot).expect("post recv");
-        nic.with_mr_mut(b.tx.id, j * SLOT, len(j) as usize, &mut |m| {
-            for (i, x) in m.iter_mut().enumerate() {
-                *x = pattern(round + j as u64, i);
-            }
-        })
-        .expect("fill");
+        let mut m = [0u8; SLOT];
+        let m = &mut m[..len(j) as usize];
+        for (i, x) in m.iter_mut().enumerate() {
+            *x = pattern(round + j as u64, i);
+        }
+        nic.write_mr(b.tx.id, j * SLOT, m).expect("fill");
     }
     let mut chain = [SendWr::LocalInv { wr_id: 0, signaled: false, rkey: 0 }; MAX_CHAIN];
     for (j, wr) in chain[..k].iter_mut().enumerate() {
@@ -487,13 +487,13 @@ fn send_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64, k: usize) {
             (round << 8 | j as u64, WcStatus::Success, WcOpcode::Recv, len(j)),
             "round {round}: {c:?}"
         );
-        nic.with_mr(b.rx.id, j * SLOT, len(j) as usize, &mut |m| {
-            assert!(
-                m.iter().enumerate().all(|(i, x)| *x == pattern(round + j as u64, i)),
-                "round {round} msg {j}"
-            );
-        })
-        .expect("check");
+        let mut m = [0u8; SLOT];
+        let m = &mut m[..len(j) as usize];
+        nic.read_mr(b.rx.id, j * SLOT, m).expect("check");
+        assert!(
+            m.iter().enumerate().all(|(i, x)| *x == pattern(round + j as u64, i)),
+            "round {round} msg {j}"
+        );
     }
     let mut sent = [Completion::EMPTY; 1];
     reap(nic, l.cq_a, &mut sent);
@@ -508,12 +508,11 @@ fn send_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64, k: usize) {
 /// rkey (B), LOCAL_INV (A); the bytes read are checked. Allocates nothing.
 fn read_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64) {
     let off = (round as usize * 64) % 4096;
-    nic.with_mr_mut(b.src.id, off, 256, &mut |m| {
-        for (i, x) in m.iter_mut().enumerate() {
-            *x = pattern(round, i);
-        }
-    })
-    .expect("fill src");
+    let mut m = [0u8; 256];
+    for (i, x) in m.iter_mut().enumerate() {
+        *x = pattern(round, i);
+    }
+    nic.write_mr(b.src.id, off, &m).expect("fill src");
     let new = rkey::rebind(nic.mw_rkey(b.mw.id).expect("rkey"), round as u8);
     let bind = bind_read(round << 8 | 1, true, b.mw.id, new, b.src.id, 8192);
     nic.post_send(l.a.id, &[bind]).expect("bind");
@@ -538,17 +537,11 @@ fn read_round(nic: &VerbsNic, l: &Loop, b: &LoopBufs, round: u64) {
         (round << 8 | 2, WcStatus::Success, WcOpcode::RdmaRead, 256),
         "round {round}"
     );
-    nic.with_mr(b.dst.id, 4096, 100, &mut |m| {
-        assert!(m.iter().enumerate().all(|(i, x)| *x == pattern(round, i)), "round {round}, first entry");
-    })
-    .expect("check");
-    nic.with_mr(b.dst.id, 0, 156, &mut |m| {
-        assert!(
-            m.iter().enumerate().all(|(i, x)| *x == pattern(round, 100 + i)),
-            "round {round}, second entry"
-        );
-    })
-    .expect("check");
+    let mut m = [0u8; 156];
+    nic.read_mr(b.dst.id, 4096, &mut m[..100]).expect("check");
+    assert!(m[..100].iter().enumerate().all(|(i, x)| *x == pattern(round, i)), "round {round}, first entry");
+    nic.read_mr(b.dst.id, 0, &mut m).expect("check");
+    assert!(m.iter().enumerate().all(|(i, x)| *x == pattern(round, 100 + i)), "round {round}, second entry");
     nic.post_send(l.a.id, &[SendWr::LocalInv { wr_id: round << 8 | 3, signaled: true, rkey: new }])
         .expect("inv");
     reap(nic, l.cq_a, &mut c);
@@ -637,7 +630,7 @@ fn steady_state_post_and_poll_allocate_nothing() {
     let allocs = allocations_here() - before;
     assert_eq!(
         allocs, 0,
-        "100 rounds of post_recv/post_send/bind/READ/LOCAL_INV/poll_cq/with_mr allocated {allocs} times"
+        "100 rounds of post_recv/post_send/bind/READ/LOCAL_INV/poll_cq/write_mr/read_mr allocated {allocs} times"
     );
     teardown(&nic, l, b);
 }

@@ -31,24 +31,6 @@ pub trait NicOps: Send + Sync {
     fn write_mr(&self, mr: MrId, offset: usize, data: &[u8]) -> Result<(), NicError>;
     /// Copy bytes out of a region with the CPU (not a DMA).
     fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError>;
-    /// Lend `offset..offset + len` of a region to `f` for the CPU to read,
-    /// without a copy. CPU accesses to a region are serialised (a reader
-    /// never sees another thread's write half done).
-    ///
-    /// The caller must own the range in the protocol's sense: no local work
-    /// request (a posted RECV, a READ in flight) may target it, or `f` may
-    /// see the NIC's DMA half done.
-    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError>;
-    /// Lend `offset..offset + len` of a region to `f` for the CPU to write,
-    /// without a copy; exclusive of every other CPU access to the region.
-    /// The same ownership rule as [`NicOps::with_mr`] applies.
-    fn with_mr_mut(
-        &self,
-        mr: MrId,
-        offset: usize,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), NicError>;
 
     /// The memory of a region, which a buffer handle
     /// ([`crate::conn::Buf`]) lends as a slice while it holds a range of

@@ -602,7 +602,7 @@ pub enum NicError {
         /// What state it needs.
         needs: &'static str,
     },
-    /// A CPU access (`write_mr`, `read_mr`, `with_mr`, `with_mr_mut`)
+    /// A CPU access (`write_mr`, `read_mr`)
     /// reached bytes a buffer handle ([`crate::conn::Buf`]) holds: while a
     /// handle holds them, only it reads or writes them.
     #[error("bytes {offset}..{end} of memory region {mr} are lent to a buffer handle (Buf): read and write them through the handle, or after it is given back")]

@@ -345,28 +345,6 @@ impl NicOps for SimNic {
         m.data.read(offset, out).map_err(|e| e.into_nic(mr.0, offset, out.len(), m.data.len()))
     }
 
-    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
-        let mut w = self.fabric.lock();
-        let d = live(&mut w, self.dev, "with_mr")?;
-        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
-        let m = self.mr_of(d, mr)?;
-        m.data.with_as(mr.0, offset, len, |b| f(b))
-    }
-
-    fn with_mr_mut(
-        &self,
-        mr: MrId,
-        offset: usize,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), NicError> {
-        let mut w = self.fabric.lock();
-        let d = live(&mut w, self.dev, "with_mr_mut")?;
-        self.check_sge(d, &Sge { mr, offset, len: u32::try_from(len).unwrap_or(u32::MAX) })?;
-        let m = d.mr_mut(mr.0).expect("checked");
-        m.data.with_mut_as(mr.0, offset, len, |b| f(b))
-    }
-
     fn memory(&self, mr: MrId) -> Result<std::sync::Arc<crate::mem::Memory>, NicError> {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "memory")?;

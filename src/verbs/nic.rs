@@ -2,7 +2,7 @@
 //!
 //! # The hot path
 //! `post_send`, `post_recv`, `post_srq_recv`, `poll_cq` and the CPU
-//! accessors (`with_mr`, `write_mr`, ...) allocate nothing and take no lock
+//! accessors (`write_mr`, `read_mr`) allocate nothing and take no lock
 //! that covers the whole handle:
 //!
 //! - ids resolve through lock-free [`Slots`] tables: one compare-and-swap
@@ -511,20 +511,6 @@ impl NicOps for VerbsNic {
 
     fn read_mr(&self, mr: MrId, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
         self.mr(mr)?.read(offset, out).map_err(|e| relabel(e, mr))
-    }
-
-    fn with_mr(&self, mr: MrId, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
-        self.mr(mr)?.with_bytes(offset, len, f).map_err(|e| relabel(e, mr))
-    }
-
-    fn with_mr_mut(
-        &self,
-        mr: MrId,
-        offset: usize,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), NicError> {
-        self.mr(mr)?.with_bytes_mut(offset, len, f).map_err(|e| relabel(e, mr))
     }
 
     fn memory(&self, mr: MrId) -> Result<Arc<crate::mem::Memory>, NicError> {
