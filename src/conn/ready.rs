@@ -13,9 +13,9 @@
 //! A waiter that polls the completion queue itself (it spins,
 //! `live::driver::Spin`) is counted ([`ReadyList::start`]), and the driver
 //! leaves the queue's arm off while any waiter polls
-//! ([`ReadyList::waiter_polls`]): the last to stop rings. A waiter with a long window
-//! ([`LINGER_MIN`]) that got what it waited for leaves without ringing,
-//! the driver sleeping on its alarm until the window's end
+//! ([`ReadyList::waiter_polls`]): the last to stop rings. A waiter with a
+//! long window ([`LINGER_MIN`]) that got what it waited for leaves without
+//! ringing, the driver sleeping on its alarm until the window's end
 //! ([`ReadyList::watched`]). The cases, in full: [`ReadyList::stop`].
 //!
 //! Why, and what it saves: `docs/architecture.md`, "The driver".

@@ -18,10 +18,8 @@ use crate::mem::Memory;
 /// the allocator while a DMA might still reach it. A buffer handle may keep
 /// it alive after deregistration (then it is plain memory).
 ///
-/// The CPU accesses the memory by copying ([`Mr::write`], [`Mr::read`]) or
-/// through a borrow lent to a closure ([`Mr::with_bytes`],
-/// [`Mr::with_bytes_mut`]), under the memory's lock, never in a range a
-/// buffer handle holds (see `crate::mem`). The NIC's own DMA is outside that
+/// The CPU accesses the memory by copying ([`Mr::write`], [`Mr::read`]),
+/// under the memory's lock, never in a range a buffer handle holds (see `crate::mem`). The NIC's own DMA is outside that
 /// lock; the protocol layer lends only ranges no local work request targets.
 pub struct Mr {
     ptr: NonNull<sys::ibv_mr>,
@@ -115,35 +113,20 @@ impl Mr {
         }
     }
 
-    /// Copy `data` into the region at `offset` with the CPU.
+    /// Copy `data` into the region at `offset` with the CPU, under the
+    /// memory's lock, unless a buffer handle holds any of the range. The
+    /// caller must own the range in the protocol's sense: no local work
+    /// request (posted RECV, READ in flight) targets it.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), NicError> {
-        self.with_bytes_mut(offset, data.len(), &mut |b| b.copy_from_slice(data))
+        self.check_range(offset, data.len())?;
+        self.mem.with_mut_as(self.lkey(), offset, data.len(), |b| b.copy_from_slice(data))
     }
 
-    /// Copy bytes at `offset` out of the region with the CPU.
+    /// Copy bytes at `offset` out of the region with the CPU; the rules of
+    /// [`Mr::write`] apply.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), NicError> {
-        self.with_bytes(offset, out.len(), &mut |b| out.copy_from_slice(b))
-    }
-
-    /// Lend `offset..offset + len` to `f` for reading, under the memory's
-    /// lock, unless a buffer handle holds any of it. The caller must own the
-    /// range in the protocol's sense: no local work request (posted RECV,
-    /// READ in flight) targets it.
-    pub fn with_bytes(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), NicError> {
-        self.check_range(offset, len)?;
-        self.mem.with_as(self.lkey(), offset, len, |b| f(b))
-    }
-
-    /// Lend `offset..offset + len` to `f` for writing; the rules of
-    /// [`Mr::with_bytes`] apply.
-    pub fn with_bytes_mut(
-        &self,
-        offset: usize,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), NicError> {
-        self.check_range(offset, len)?;
-        self.mem.with_mut_as(self.lkey(), offset, len, |b| f(b))
+        self.check_range(offset, out.len())?;
+        self.mem.with_as(self.lkey(), offset, out.len(), |b| out.copy_from_slice(b))
     }
 
     /// The region's memory (for a buffer handle to hold ranges of).
