@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use mwcap::backend::{Completion, MrId, MrInfo, MwId, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{Completion, MrId, MrInfo, MwId, MwInfo, SendWr, Sge, WcOpcode, WcStatus};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, Policies, Policy, Role, MAX_FRAME};
 
@@ -57,8 +57,7 @@ impl Side {
         let res = Resources {
             ctrl: MrId::from_raw(1),
             data: DataMemory::Region(data, mwcap::backend::Memory::zeroed(data.len, 8).expect("memory")),
-            windows: (0..n).map(|i| MwId::from_raw(10 + i)).collect(),
-            window_rkeys: (0..n).map(|i| (0x100 + i) << 8).collect(),
+            windows: (0..n).map(|i| MwInfo { id: MwId::from_raw(10 + i), rkey: (0x100 + i) << 8 }).collect(),
         };
         let mut conn = Connection::new(role, Policies::both(p), cfg, res);
         conn.start(conn.config().start_credits);

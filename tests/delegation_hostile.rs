@@ -376,7 +376,7 @@ fn a_call_for_a_delegation_exposes_nothing_to_its_caller_and_is_revoked_by_it() 
     let refused = w.victim.reply(now, req, 0, b"", Some(buf)).unwrap_err();
     assert!(matches!(refused.error, mwcap::conn::UseError::NotDelegable(4)), "{}", refused.error);
     w.victim.free(refused.data.expect("handed back"));
-    w.victim.reply_region(now, req, 0, b"blk", range).unwrap();
+    w.victim.reply_region(now, req, 0, b"blk", range, None).unwrap();
     let seen = Seen::of(&w.next_frame());
     assert_eq!((seen.status, seen.grant.is_none(), seen.exposed.is_none()), (Some(0), true, true));
     let (&kind, rest) = seen.header.split_first().unwrap();
@@ -416,7 +416,7 @@ fn a_call_for_a_delegation_answered_after_its_connection_went_down_pins_nothing(
     let now = w.now();
     w.victim.begin_close(now);
     for _ in 0..2 {
-        let err = w.victim.reply_region(now, req, 0, b"", range).unwrap_err();
+        let err = w.victim.reply_region(now, req, 0, b"", range, None).unwrap_err();
         assert!(
             matches!(err, mwcap::conn::UseError::Down(_) | mwcap::conn::UseError::NoSuchRequest(_)),
             "{err}"

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use mwcap::backend::{Completion, MrId, MrInfo, MwId, WcOpcode, WcStatus};
+use mwcap::backend::{Completion, MrId, MrInfo, MwId, MwInfo, WcOpcode, WcStatus};
 use mwcap::conn::frame::{Attach, Attaches, EngineTag, Frame, INITIAL_CREDITS, MAX_FRAME};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{Config, Event, LossReason, Misbehavior, Policies, Policy, Role};
@@ -38,24 +38,16 @@ impl Victim {
         tweak(&mut cfg);
         let data = MrInfo { id: MrId::from_raw(2), addr: 0x1000_0000, len: 4 * 4096, lkey: 2, rkey: 0x22 };
         let memory = mwcap::backend::Memory::zeroed(data.len, 8).unwrap();
-        let (windows, window_rkeys) = if policy == Policy::Mw {
-            (
-                (0..BUFFERS).map(|i| MwId::from_raw(10 + i)).collect(),
-                (0..BUFFERS).map(|i| (0x100 + i) << 8).collect(),
-            )
+        let windows = if policy == Policy::Mw {
+            (0..BUFFERS).map(|i| MwInfo { id: MwId::from_raw(10 + i), rkey: (0x100 + i) << 8 }).collect()
         } else {
-            (vec![], vec![])
+            vec![]
         };
         let mut conn = Connection::new(
             role,
             Policies::both(policy),
             cfg,
-            Resources {
-                ctrl: MrId::from_raw(1),
-                data: DataMemory::Region(data, memory),
-                windows,
-                window_rkeys,
-            },
+            Resources { ctrl: MrId::from_raw(1), data: DataMemory::Region(data, memory), windows },
         );
         conn.start(INITIAL_CREDITS);
         let mut v =

@@ -16,7 +16,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use mwcap::backend::{Completion, Memory, MrId, MrInfo, MwId, NicError, SendWr, Sge, WcOpcode, WcStatus};
+use mwcap::backend::{
+    Completion, Memory, MrId, MrInfo, MwId, MwInfo, NicError, SendWr, Sge, WcOpcode, WcStatus,
+};
 use mwcap::conn::frame::{INITIAL_CREDITS, MAX_FRAME, MIN_START_CREDITS};
 use mwcap::conn::proto::{Command, Connection, DataMemory, Resources};
 use mwcap::conn::{
@@ -70,24 +72,16 @@ impl Side {
         let owns_mw = policies.directions(role).0 == Policy::Mw;
         let data = MrInfo { id: MrId::from_raw(2), addr, len: (BUFFERS * SIZE) as usize, lkey: 2, rkey };
         let memory = Memory::zeroed(data.len, 8).unwrap();
-        let (windows, window_rkeys) = if owns_mw {
-            (
-                (0..BUFFERS).map(|i| MwId::from_raw(10 + i)).collect(),
-                (0..BUFFERS).map(|i| (0x100 + i) << 8).collect(),
-            )
+        let windows = if owns_mw {
+            (0..BUFFERS).map(|i| MwInfo { id: MwId::from_raw(10 + i), rkey: (0x100 + i) << 8 }).collect()
         } else {
-            (vec![], vec![])
+            vec![]
         };
         let conn = Connection::new(
             role,
             policies,
             cfg,
-            Resources {
-                ctrl: MrId::from_raw(1),
-                data: DataMemory::Region(data, memory.clone()),
-                windows,
-                window_rkeys,
-            },
+            Resources { ctrl: MrId::from_raw(1), data: DataMemory::Region(data, memory.clone()), windows },
         );
         Side {
             conn,

@@ -85,7 +85,7 @@ fn a_range_of_a_user_region_is_served_without_a_copy_and_comes_back_on_evidence(
             let req = take_request(&mut p);
             let range = RegionRange { region: r, offset: usize::from(k) * 4096, len: 3000 };
             let now = p.now();
-            p.server.reply_region(now, req, 0, b"ok", range).unwrap();
+            p.server.reply_region(now, req, 0, b"ok", range, None).unwrap();
             // While exposed, the range is the NIC's: no write, no deregistration.
             assert_eq!(
                 p.server.region_write(r, usize::from(k) * 4096 + 10, b"x"),
@@ -162,7 +162,7 @@ fn an_unreleased_range_expires_and_returns_only_after_its_lease() {
         let now = p.now();
         p.client.cancel(now, call);
         let exposed_at = p.now();
-        p.server.reply_region(exposed_at, req, 0, b"ok", range).unwrap();
+        p.server.reply_region(exposed_at, req, 0, b"ok", range, None).unwrap();
         assert!(p.drive_until(Duration::from_secs(3), |p| range_returned(p, range)), "{pol:?}");
         if pol.reply == Policy::Mw && p.server.stats().lease_owner.unwrap().released == 0 {
             assert!(
@@ -206,7 +206,7 @@ fn the_window_of_a_range_covers_exactly_that_range_on_the_connections_qp() {
     let req = take_request(&mut p);
     let range = RegionRange { region: r, offset: 2 * 4096 + 100, len: 2000 };
     let now = p.now();
-    p.server.reply_region(now, req, 0, b"ok", range).unwrap();
+    p.server.reply_region(now, req, 0, b"ok", range, None).unwrap();
     // The NICs carry out the bind and the SEND; no endpoint runs, so the
     // client has not READ or released yet.
     p.fabric.run_until_idle();

@@ -267,12 +267,13 @@ impl World {
             ),
         ];
         for (ep, dev, peer, owned, me) in sides {
-            let busy = ep.busy_ranges();
+            let ranges = ep.buffer_ranges();
+            let busy: Vec<_> = ranges.iter().filter(|(_, b)| *b).map(|(r, _)| r.clone()).collect();
             let mr = ep.data_region();
             if owned == Policy::Mw {
                 // Every buffer of every class: standard and large.
-                for (slot, r) in ep.buffer_ranges().into_iter().enumerate() {
-                    if !busy.contains(&r) {
+                for (slot, (r, busy)) in ranges.into_iter().enumerate() {
+                    if !busy {
                         assert!(
                             !f.can_reach(peer, dev, mr.id, r.clone()),
                             "buffer {slot} is back with its owner but the peer can still reach it"

@@ -41,11 +41,16 @@ enum Answer {
     /// The delegated range, its window's lease ending at `expiry` (the
     /// token's) at the latest, however long the answer waits.
     Expose { req: RequestId, cap: CapId, range: RegionRange, expiry: Duration },
-    /// A refusal, in a status and words.
-    Refuse { req: RequestId, refusal: Refusal, message: String },
     /// Done: `status` and `header` (a holder's new delegation: its id and
-    /// token), no payload.
+    /// token; a refusal's words), no payload.
     Plain { req: RequestId, status: u8, header: Vec<u8> },
+}
+
+impl Answer {
+    /// A refusal, in a status and words.
+    fn refuse(req: RequestId, refusal: Refusal, message: String) -> Answer {
+        Answer::Plain { req, status: refusal.status(), header: message.into_bytes() }
+    }
 }
 
 impl LinkDelegation {
@@ -139,7 +144,7 @@ impl<N: Nic> Link<N> {
                                a new token"
                     .to_owned();
                 self.regions.count_refusal(Refusal::Stale);
-                Answer::Refuse { req, refusal: Refusal::Stale, message }
+                Answer::refuse(req, Refusal::Stale, message)
             }
             (false, Some(OwnerAsk::Redeem { token })) => self.redeem(now, req, token),
             (false, Some(OwnerAsk::DelegateOn { token, offset, len, ttl_ms, identity: to })) => {
@@ -155,13 +160,13 @@ impl<N: Nic> Link<N> {
                     },
                     Err((refusal, message)) => {
                         tracing::info!(parent: &self.span, ?req, ?refusal, %message, "delegation on refused");
-                        Answer::Refuse { req, refusal, message }
+                        Answer::refuse(req, refusal, message)
                     }
                 }
             }
             (false, Some(OwnerAsk::Revoke { cap })) => match self.regions.revoke_held(self.conn.id(), cap) {
                 Ok(()) => Answer::Plain { req, status: 0, header: Vec::new() },
-                Err((refusal, message)) => Answer::Refuse { req, refusal, message },
+                Err((refusal, message)) => Answer::refuse(req, refusal, message),
             },
             (false, Some(OwnerAsk::Call { ttl_ms, identity, header })) => {
                 let ttl = Duration::from_millis(u64::from(ttl_ms));
@@ -190,7 +195,7 @@ impl<N: Nic> Link<N> {
                     "an ask the owner does not know (its op or fields): is the peer running another \
                                version of mwcap?"
                         .to_owned();
-                Answer::Refuse { req, refusal: Refusal::Malformed, message }
+                Answer::refuse(req, Refusal::Malformed, message)
             }
         };
         self.answer(now, answer);
@@ -306,7 +311,7 @@ impl<N: Nic> Link<N> {
             Ok((cap, range, lease)) => Answer::Expose { req, cap, range, expiry: now + lease },
             Err((refusal, message)) => {
                 tracing::info!(parent: &self.span, ?req, ?refusal, %message, "redemption refused");
-                Answer::Refuse { req, refusal, message }
+                Answer::refuse(req, refusal, message)
             }
         }
     }
@@ -323,7 +328,7 @@ impl<N: Nic> Link<N> {
             "the token expires in {left:?}, within the {margin:?} safety margin a read of it \
              needs: ask its holder for a new token, or delegate with a longer ttl"
         );
-        Answer::Refuse { req, refusal: Refusal::Expired, message }
+        Answer::refuse(req, Refusal::Expired, message)
     }
 
     /// Send `a`, or keep it for a later turn while capacity lacks.
@@ -336,12 +341,8 @@ impl<N: Nic> Link<N> {
                     let refusal = self.expired(*req, *cap, left);
                     return self.answer(now, refusal);
                 }
-                self.reply_region_for(now, *req, 0, &[], *range, Some(left))
+                self.reply_region(now, *req, 0, &[], *range, Some(left))
             }
-            Answer::Refuse { req, refusal, message } => self
-                .reply(now, *req, refusal.status(), message.as_bytes(), None)
-                .map(|()| None)
-                .map_err(|r| r.error),
             Answer::Plain { req, status, header } => {
                 self.reply(now, *req, *status, header, None).map(|()| None).map_err(|r| r.error)
             }
@@ -350,7 +351,7 @@ impl<N: Nic> Link<N> {
             (Ok(Some(exposure)), Answer::Expose { cap, .. }) => self.delegation.live.push((cap, exposure)),
             // The delegate no longer wanted it: the range came back at once.
             (Ok(None), Answer::Expose { cap, .. }) => self.regions.delegation_ended(cap),
-            (Ok(_), Answer::Refuse { .. } | Answer::Plain { .. }) => {}
+            (Ok(_), Answer::Plain { .. }) => {}
             (Err(UseError::NoFreeWindow | UseError::NoCtrlSlot | UseError::NoCredit), a) => {
                 self.delegation.waiting.push(a)
             }
@@ -359,9 +360,9 @@ impl<N: Nic> Link<N> {
                 self.regions.delegation_ended(cap);
                 self.regions.count_refusal(Refusal::Unavailable);
                 let message = format!("the owner could not expose the delegated range: {e}");
-                self.answer(now, Answer::Refuse { req, refusal: Refusal::Unavailable, message });
+                self.answer(now, Answer::refuse(req, Refusal::Unavailable, message));
             }
-            (Err(e), Answer::Refuse { req, .. } | Answer::Plain { req, .. }) => {
+            (Err(e), Answer::Plain { req, .. }) => {
                 // The request is gone (the connection is down): nothing to answer.
                 tracing::debug!(parent: &self.span, ?req, %e, "a redemption's refusal was not sent");
             }
@@ -434,7 +435,7 @@ impl<N: Nic> Link<N> {
                 if let Some(Answer::Expose { req, .. }) = waiting.map(|i| self.delegation.waiting.remove(i)) {
                     self.regions.delegation_ended(cap);
                     let message = format!("delegation {} was revoked before it could be exposed", cap.0);
-                    self.answer(now, Answer::Refuse { req, refusal: Refusal::Revoked, message });
+                    self.answer(now, Answer::refuse(req, Refusal::Revoked, message));
                     continue;
                 }
                 // Its own exposure: another delegation of the same range

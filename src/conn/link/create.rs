@@ -4,6 +4,7 @@
 //! policies are known ([`Prepared::finish`]).
 
 use super::*;
+use crate::backend::MwInfo;
 
 /// The queue depths a connection's settings need, worked out once (after
 /// [`Config::check`]) for the QP and for the completion queue it uses.
@@ -166,7 +167,7 @@ impl<N: Nic> Prepared<N> {
         // The NIC stays in `self` until success, so that an error drops the
         // QP and the CQ; `Resources` cleans up what was made so far.
         let nic = self.nic.as_ref().expect("finish runs once");
-        let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new(), rkeys: Vec::new() };
+        let mut made = Made { nic, mrs: Vec::new(), windows: Vec::new() };
         let confirm = policies.request != Policy::Mw || policies.reply != Policy::Mw;
         if confirm && self.srq.as_ref().is_some_and(|q| !q.serves_confirm()) {
             let Policies { request, reply } = policies;
@@ -187,15 +188,14 @@ impl<N: Nic> Prepared<N> {
         // On a shared pool the windows are the pool's, lent per exposure.
         if owns == Policy::Mw && self.pool.is_none() {
             for _ in 0..layout.slots() + cfg.region_exposures {
-                let w = nic.alloc_mw()?;
-                made.windows.push(w.id);
-                made.rkeys.push(w.rkey);
+                made.windows.push(nic.alloc_mw()?);
             }
         }
         // Looked up before `keep`: a failure still releases what was made.
         let data_region = data.map(|d| Registered::of(nic, d)).transpose()?;
         let ctrl = ctrl.map(|c| Registered::of(nic, c)).transpose()?;
-        let (windows, window_rkeys) = made.keep();
+        let windows = made.keep();
+        let window_ids: Vec<MwId> = windows.iter().map(|w| w.id).collect();
         let span = tracing::debug_span!(
             "mwcap.conn",
             id = tracing::field::Empty,
@@ -217,8 +217,7 @@ impl<N: Nic> Prepared<N> {
             Resources {
                 ctrl: ctrl.as_ref().map_or(MrId::from_raw(u32::MAX), |c| c.info.id),
                 data: memory,
-                windows: windows.clone(),
-                window_rkeys,
+                windows,
             },
         );
         span.record("id", conn.id());
@@ -232,7 +231,7 @@ impl<N: Nic> Prepared<N> {
             lent,
             data,
             access,
-            windows,
+            windows: window_ids,
             shared: self.shared.take(),
             srq: self.srq.take(),
             share_released: false,
@@ -250,8 +249,7 @@ impl<N: Nic> Prepared<N> {
 struct Made<'a, N: Nic> {
     nic: &'a N,
     mrs: Vec<MrInfo>,
-    windows: Vec<MwId>,
-    rkeys: Vec<u32>,
+    windows: Vec<MwInfo>,
 }
 
 impl<N: Nic> Made<'_, N> {
@@ -260,17 +258,17 @@ impl<N: Nic> Made<'_, N> {
         self.mrs.push(mr);
         Ok(mr)
     }
-    /// Success: keep everything; returns the windows and their rkeys.
-    fn keep(mut self) -> (Vec<MwId>, Vec<u32>) {
+    /// Success: keep everything; returns the windows.
+    fn keep(mut self) -> Vec<MwInfo> {
         self.mrs.clear();
-        (std::mem::take(&mut self.windows), std::mem::take(&mut self.rkeys))
+        std::mem::take(&mut self.windows)
     }
 }
 
 impl<N: Nic> Drop for Made<'_, N> {
     fn drop(&mut self) {
         for w in self.windows.drain(..) {
-            let _ = self.nic.dealloc_mw(w);
+            let _ = self.nic.dealloc_mw(w.id);
         }
         for mr in self.mrs.drain(..) {
             let _ = self.nic.dereg_mr(mr.id);

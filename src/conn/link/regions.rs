@@ -55,22 +55,10 @@ impl<N: Nic> Link<N> {
     }
 
     /// Server: answer `req` with `range` of a user region as the payload,
-    /// exposed until its [`Event::RangeReturned`].
+    /// exposed until its [`Event::RangeReturned`], its window's lease at
+    /// most `lease`. The exposure's number (see [`Event::RangeReturned`]),
+    /// if the range was exposed rather than returned at once.
     pub fn reply_region(
-        &mut self,
-        now: Duration,
-        req: RequestId,
-        status: u8,
-        header: &[u8],
-        range: RegionRange,
-    ) -> Result<(), UseError> {
-        self.reply_region_for(now, req, status, header, range, None).map(|_| ())
-    }
-
-    /// [`Link::reply_region`], its window's lease at most `lease`. The
-    /// exposure's number (see [`Event::RangeReturned`]), if the range was
-    /// exposed rather than returned at once.
-    pub(crate) fn reply_region_for(
         &mut self,
         now: Duration,
         req: RequestId,

@@ -517,7 +517,9 @@ impl<N: Nic> Connection<N> {
         range: RegionRange,
     ) -> Result<(), UseError> {
         self.send_reply(None, |ep, now, _| {
-            ep.reply_region(now, req, status, header, range).map_err(|error| Refused { error, data: None })
+            ep.reply_region(now, req, status, header, range, None)
+                .map(|_| ())
+                .map_err(|error| Refused { error, data: None })
         })
         .await
         .map_err(|Refused { error, .. }| error)

@@ -205,35 +205,20 @@ impl Connection {
         self.bufs.count(Holder::Free)
     }
 
-    /// Byte ranges of the data region that are exposed to the peer or being
-    /// read into: every other byte must be unreachable by the peer (mw policy).
+    /// The byte range of every buffer of the data region, every class, in
+    /// slot order, and whether it is busy: exposed to the peer or being read
+    /// into. Every other byte must be unreachable by the peer (mw policy).
     /// Empty with a shared buffer pool (each buffer is a region of its own).
     #[cfg(any(test, feature = "testing"))]
-    pub fn busy_ranges(&self) -> Vec<std::ops::Range<usize>> {
-        if self.bufs.is_backed() {
-            return Vec::new();
-        }
-        (0..self.layout.slots())
-            .filter(|s| matches!(self.bufs.holder(*s), Some(Holder::Exposed | Holder::Reading)))
-            .map(|s| {
-                let o = self.layout.offset(s) as usize;
-                o..o + self.layout.size(s) as usize
-            })
-            .collect()
-    }
-
-    /// The byte range of every buffer of the data region, every class,
-    /// in slot order (for checking [`Connection::busy_ranges`] against).
-    /// Empty with a shared buffer pool.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn buffer_ranges(&self) -> Vec<std::ops::Range<usize>> {
+    pub fn buffer_ranges(&self) -> Vec<(std::ops::Range<usize>, bool)> {
         if self.bufs.is_backed() {
             return Vec::new();
         }
         (0..self.layout.slots())
             .map(|s| {
                 let o = self.layout.offset(s) as usize;
-                o..o + self.layout.size(s) as usize
+                let busy = matches!(self.bufs.holder(s), Some(Holder::Exposed | Holder::Reading));
+                (o..o + self.layout.size(s) as usize, busy)
             })
             .collect()
     }

@@ -35,7 +35,7 @@ use super::frame::{Attach, EngineTag, Frame, MAX_FRAME};
 use super::header::Header;
 use super::pool::{Holder, Layout, Slots};
 use super::types::*;
-use crate::backend::{Completion, MrId, MrInfo, MwId, NicError, SendWr, Sge, SgeList, WcStatus};
+use crate::backend::{Completion, MrId, MrInfo, MwId, MwInfo, NicError, SendWr, Sge, SgeList, WcStatus};
 
 mod buffers;
 mod calls;
@@ -160,10 +160,8 @@ pub struct Resources {
     /// Where the buffers are.
     pub data: DataMemory,
     /// Under the mw policy for the direction we own, one type-2 window per
-    /// buffer of every class; otherwise empty.
-    pub windows: Vec<MwId>,
-    /// The windows' rkeys at allocation, in the same order.
-    pub window_rkeys: Vec<u32>,
+    /// buffer of every class, with its rkey at allocation; otherwise empty.
+    pub windows: Vec<MwInfo>,
 }
 
 /// Where a connection's data buffers are.
@@ -419,7 +417,6 @@ impl Connection {
         let layout = Layout::new(&cfg);
         let slots = layout.slots() as usize;
         let exposable = slots + cfg.region_exposures as usize;
-        assert_eq!(res.windows.len(), res.window_rkeys.len(), "one rkey per window");
         let pooled = matches!(res.data, DataMemory::Pool(_));
         let owner = (owns == Policy::Mw).then(|| {
             let engine = if pooled {
@@ -431,12 +428,8 @@ impl Connection {
                     exposable,
                     "one window per buffer and region exposure under mw"
                 );
-                let ws: Vec<mw::Window> = res
-                    .windows
-                    .iter()
-                    .zip(&res.window_rkeys)
-                    .map(|(w, &rkey)| mw::Window { handle: w.raw(), rkey })
-                    .collect();
+                let ws: Vec<mw::Window> =
+                    res.windows.iter().map(|w| mw::Window { handle: w.id.raw(), rkey: w.rkey }).collect();
                 mw::Owner::new(cfg.seed, ws)
             };
             MwOwner {
