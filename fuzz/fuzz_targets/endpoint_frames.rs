@@ -1,7 +1,9 @@
 //! Sequences of untrusted frames from a peer into a live endpoint (client or
 //! server, any policy pair) on the simulated NIC, with time passing between
-//! them: nothing may panic, and the endpoint must never do what would crash
-//! rxe (invalidate an unbound window or one twice) nor DMA into freed memory.
+//! them, each counted against the credit granted as a received frame is
+//! (past it the endpoint goes down): nothing may panic, and the endpoint
+//! must never do what would crash rxe (invalidate an unbound window or one
+//! twice) nor DMA into freed memory.
 #![no_main]
 
 use std::time::Duration;

@@ -63,18 +63,7 @@ impl Connection {
         match tag_of(c.wr_id) {
             TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
-                if c.status.is_success() {
-                    // A frame past every credit granted: `Misbehavior::ExceedsCredit`.
-                    self.frames_in += 1;
-                    if self.frames_in > self.granted_total {
-                        // Its SEND_WITH_INV, if any, has happened all the same.
-                        if let Some(rkey) = c.invalidated_rkey {
-                            self.peer_invalidated(now, rkey);
-                        }
-                        let (granted, received) = (self.granted_total, self.frames_in);
-                        return self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
-                    }
-                    self.on_recv(now, frame, c.invalidated_rkey);
+                if c.status.is_success() && self.frame_in(now, frame, c.invalidated_rkey) {
                     if self.down.is_none() && !self.shared_receives {
                         self.post_recv(low as u32);
                         self.owed += 1; // granted with the next frame out
@@ -109,6 +98,26 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// A frame the peer sent (`bytes`, with the rkey its SEND_WITH_INV
+    /// invalidated), counted against the credit granted: one past every
+    /// credit granted takes the connection down
+    /// (`Misbehavior::ExceedsCredit`) unread, and returns false.
+    #[inline]
+    pub(super) fn frame_in(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) -> bool {
+        self.frames_in += 1;
+        if self.frames_in > self.granted_total {
+            // Its SEND_WITH_INV, if any, has happened all the same.
+            if let Some(rkey) = invalidated {
+                self.peer_invalidated(now, rkey);
+            }
+            let (granted, received) = (self.granted_total, self.frames_in);
+            self.misbehaved(now, Misbehavior::ExceedsCredit { granted, received });
+            return false;
+        }
+        self.on_recv(now, bytes, invalidated);
+        true
     }
 
     /// The I/O layer could not carry out `cmd`: the connection goes down

@@ -757,10 +757,13 @@ pub(super) fn fb_attach(m: &fb::Message) -> Attach {
 #[cfg(fuzzing)]
 impl Connection {
     /// Fuzzing hook: handle `bytes` as if a SEND carrying them had arrived
-    /// (with `invalidated` as a SEND_WITH_INV's rkey).
+    /// (with `invalidated` as a SEND_WITH_INV's rkey), counted against the
+    /// credit granted as a received frame is: past it, the connection goes
+    /// down (`ExceedsCredit`). No receive is consumed, so none is posted
+    /// again nor granted back to the peer.
     pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.now = now;
         self.dirty = true;
-        self.on_recv(now, &bytes[..bytes.len().min(MAX_FRAME)], invalidated);
+        self.frame_in(now, &bytes[..bytes.len().min(MAX_FRAME)], invalidated);
     }
 }
