@@ -716,7 +716,9 @@ impl<N: Nic> Drop for Link<N> {
 #[cfg(fuzzing)]
 impl<N: Nic> Link<N> {
     /// Fuzzing hook: handle `bytes` as if a SEND carrying them had arrived
-    /// (with `invalidated` as a SEND_WITH_INV's rkey), then run the engines.
+    /// (with `invalidated` as a SEND_WITH_INV's rkey), counted against the
+    /// credit granted (`proto::Connection::fuzz_deliver`), then run the
+    /// engines.
     pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
         self.conn.fuzz_deliver(now, bytes, invalidated);
         self.run();
