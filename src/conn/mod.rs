@@ -156,7 +156,11 @@ pub mod pool_model {
         }
     }
 }
-pub use ask::{DelegatedCall, DelegatedReply, OwnerAsk};
+pub use ask::{DelegatedCall, DelegatedReply};
+// The wire form of an ask of the owner's library, like the frames: public
+// only to mwcap's own hostile-peer tests (`testing`).
+#[cfg(feature = "testing")]
+pub use ask::OwnerAsk;
 pub use buf::Buf;
 pub use config::*;
 pub use delegate::{

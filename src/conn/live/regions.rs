@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use super::super::ask::OwnerAsk;
 use super::super::{
-    CapId, DelegatedReply, Delegation, OwnerAsk, RedeemFailed, RegionId, Token, MAX_HEADER, MAX_IDENTITY,
+    CapId, DelegatedReply, Delegation, RedeemFailed, RegionId, Token, MAX_HEADER, MAX_IDENTITY,
 };
 use super::{Connection, Inner, Reply};
 use crate::backend::Nic;

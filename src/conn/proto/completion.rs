@@ -63,11 +63,15 @@ impl Connection {
         match tag_of(c.wr_id) {
             TAG_SEND => self.plain_send_done(low as u32),
             TAG_RECV => {
-                if c.status.is_success() && self.frame_in(now, frame, c.invalidated_rkey) {
-                    if self.down.is_none() && !self.shared_receives {
-                        self.post_recv(low as u32);
-                        self.owed += 1; // granted with the next frame out
-                    }
+                // The receive goes back (granted with the next frame out)
+                // unless the frame took the connection down.
+                if c.status.is_success()
+                    && self.frame_in(now, frame, c.invalidated_rkey)
+                    && self.down.is_none()
+                    && !self.shared_receives
+                {
+                    self.post_recv(low as u32);
+                    self.owed += 1;
                 }
             }
             TAG_FB_CLIENT | TAG_FB_SERVER => {
