@@ -7,7 +7,6 @@ use mwcap_fallback as fb;
 use super::super::buf::Buf;
 use super::super::config::*;
 use super::super::frame::{Attaches, Frame, MAX_FRAME, MAX_HEADER};
-use super::super::pool::Holder;
 use super::super::types::*;
 use super::confirm::ConfirmEngine;
 use super::sides::Exposure;
@@ -311,9 +310,7 @@ impl Connection {
                 self.unwant(now, fm, false);
             }
         }
-        if let Data::Ready(slot, _) = call.data {
-            self.bufs.hand(slot, Holder::User, Holder::Free);
-        }
+        self.drop_payload(call.data);
         self.emit(Event::CallFailed { call: CallId(msg), error });
     }
 

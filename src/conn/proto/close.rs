@@ -31,7 +31,7 @@ impl Connection {
             r.engine.handle_qp_error(now);
         }
         if let Some(c) = &mut self.confirm {
-            c.handle_connection_lost(now);
+            each!(&mut c.engine, e => e.handle_connection_lost(now));
         }
         for (msg, _) in self.calls.drain() {
             self.emit(Event::CallFailed {

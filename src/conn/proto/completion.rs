@@ -77,7 +77,9 @@ impl Connection {
             TAG_FB_CLIENT | TAG_FB_SERVER => {
                 let token = fb::ReadToken::from_raw(low);
                 match &mut self.confirm {
-                    Some(e) => e.handle_read_completion(now, token, c.status.is_success()),
+                    Some(e) => {
+                        each!(&mut e.engine, e => e.handle_read_completion(now, token, c.status.is_success()))
+                    }
                     None => tracing::warn!(wr_id = c.wr_id, "confirm READ completion with no confirm engine"),
                 }
             }

@@ -121,10 +121,6 @@ impl ConfirmEngine {
         }
     }
 
-    pub(super) fn is_client(&self) -> bool {
-        matches!(self.engine, Engine::Client(_))
-    }
-
     /// The client engine (on a client).
     pub(super) fn client(&mut self) -> Option<&mut fb::Client> {
         match &mut self.engine {
@@ -149,13 +145,6 @@ impl ConfirmEngine {
         Some(rr.remote().len())
     }
 
-    /// Whether READ `token`, which waited for a destination and was never
-    /// posted, is no longer wanted (its request or fetch ended): then the
-    /// engine forgets it, and it must not be posted.
-    pub(super) fn withdraw_read(&mut self, token: fb::ReadToken) -> bool {
-        each!(&mut self.engine, e => e.withdraw_read(token))
-    }
-
     /// Whether READ `token`, waiting for a destination, has no more than
     /// `margin` left before its request is due (a server's: an exposure is
     /// read and confirmed within a lease of its arrival), so that starting
@@ -168,27 +157,9 @@ impl ConfirmEngine {
         }
     }
 
-    #[cfg(any(test, feature = "testing"))]
-    pub(super) fn tracked(&self) -> usize {
-        self.msgs.len()
-    }
-
-    #[cfg(any(test, feature = "testing"))]
-    pub(super) fn peer_violations(&self) -> u64 {
-        each!(&self.engine, e => e.peer_violations())
-    }
-
     pub(super) fn is_buffer_free(&self, slot: u32) -> bool {
         let Some(&id) = self.bufs.get(slot as usize) else { return false };
         each!(&self.engine, e => e.is_buffer_free(id))
-    }
-
-    pub(super) fn handle_message(&mut self, now: Duration, m: fb::Message) {
-        each!(&mut self.engine, e => e.handle_message(now, m))
-    }
-
-    pub(super) fn handle_read_completion(&mut self, now: Duration, token: fb::ReadToken, ok: bool) {
-        each!(&mut self.engine, e => e.handle_read_completion(now, token, ok))
     }
 
     /// Whether the connection's pump has nothing of the engine's to carry
@@ -203,10 +174,6 @@ impl ConfirmEngine {
         each!(&mut self.engine, e => e.poll_action())
     }
 
-    pub(super) fn poll_event(&mut self) -> Option<fb::Event> {
-        each!(&mut self.engine, e => e.poll_event())
-    }
-
     pub(super) fn poll_timeout(&self) -> Option<Duration> {
         each!(&self.engine, e => e.poll_timeout())
     }
@@ -216,9 +183,5 @@ impl ConfirmEngine {
         if self.poll_timeout().is_some_and(|t| t <= now) {
             each!(&mut self.engine, e => e.handle_timeout(now))
         }
-    }
-
-    pub(super) fn handle_connection_lost(&mut self, now: Duration) {
-        each!(&mut self.engine, e => e.handle_connection_lost(now))
     }
 }

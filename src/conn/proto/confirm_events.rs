@@ -28,7 +28,7 @@ impl Connection {
                 }
             }
         }
-        while let Some(ev) = self.confirm.as_mut().and_then(ConfirmEngine::poll_event) {
+        while let Some(ev) = self.confirm.as_mut().and_then(|c| each!(&mut c.engine, e => e.poll_event())) {
             any = true;
             match ev {
                 fb::Event::ReadVerified { msg, token, len } => {
@@ -58,7 +58,7 @@ impl Connection {
                         let refused_without_data = error == fb::ReadError::Refused
                             && self.calls.get(&m).is_some_and(|c| c.data == Data::Absent || c.inline);
                         if !refused_without_data {
-                            self.payload_failed(m, PayloadError::Confirm(error));
+                            self.payload_done(m, Data::Failed(PayloadError::Confirm(error)));
                         }
                     }
                 }

@@ -207,7 +207,7 @@ impl Connection {
         };
         let c = self.confirm.as_mut().expect("checked");
         let token = rr.token().raw();
-        let tag = if c.is_client() { TAG_FB_CLIENT } else { TAG_FB_SERVER };
+        let tag = if self.role == Role::Client { TAG_FB_CLIENT } else { TAG_FB_SERVER };
         c.reads.insert(token, slot);
         let (mr, offset) = self.place(slot);
         self.post_read(wr(tag, token), mr.id, offset as usize, rr.remote().addr(), rr.remote().rkey(), len);
@@ -247,7 +247,7 @@ impl Connection {
         for _ in 0..waiting {
             let Some(rr) = self.confirm.as_mut().and_then(|c| c.pending_reads.pop_front()) else { break };
             let margin = self.cfg.safety_margin;
-            if self.confirm.as_mut().is_some_and(|c| c.withdraw_read(rr.token())) {
+            if self.confirm.as_mut().is_some_and(|c| each!(&mut c.engine, e => e.withdraw_read(rr.token()))) {
                 // Its request ended while it waited (its time ran out, or
                 // the fetch was cancelled): nothing is read for nobody.
                 any = true;
@@ -406,7 +406,7 @@ impl Connection {
         if let Some(c) = self.confirm.as_mut() {
             for _ in 0..c.pending_reads.len() {
                 let Some(rr) = c.pending_reads.pop_front() else { break };
-                if !c.withdraw_read(rr.token()) {
+                if !each!(&mut c.engine, e => e.withdraw_read(rr.token())) {
                     c.pending_reads.push_back(rr);
                 }
             }

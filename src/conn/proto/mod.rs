@@ -37,12 +37,13 @@ use super::pool::{Holder, Layout, Slots};
 use super::types::*;
 use crate::backend::{Completion, MrId, MrInfo, MwId, MwInfo, NicError, SendWr, Sge, SgeList, WcStatus};
 
+#[macro_use] // `each!`, for the modules below
+mod confirm;
+
 mod buffers;
 mod calls;
 mod close;
 mod completion;
-#[macro_use] // `each!`, for the modules below
-mod confirm;
 mod confirm_events;
 mod engines;
 mod flow;
@@ -575,14 +576,14 @@ impl Connection {
     /// stays bounded by the calls and requests in progress).
     #[cfg(any(test, feature = "testing"))]
     pub fn tracked_messages(&self) -> usize {
-        self.confirm.as_ref().map_or(0, ConfirmEngine::tracked)
+        self.confirm.as_ref().map_or(0, |c| c.msgs.len())
     }
 
     /// Confirm-policy messages from the peer that fit no exchange and were
     /// ignored (diagnostics: an honest peer causes none).
     #[cfg(any(test, feature = "testing"))]
     pub fn confirm_violations(&self) -> u64 {
-        self.confirm.as_ref().map_or(0, ConfirmEngine::peer_violations)
+        self.confirm.as_ref().map_or(0, |c| each!(&c.engine, e => e.peer_violations()))
     }
 
     /// The QP is connected: post every receive slot. The peer may send

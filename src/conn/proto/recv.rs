@@ -206,7 +206,7 @@ impl Connection {
         self.stats.inline_received += 1;
         let have = self.layout.largest();
         if len > have {
-            return self.payload_failed(msg, PayloadError::TooLarge { len, have });
+            return self.payload_done(msg, Data::Failed(PayloadError::TooLarge { len, have }));
         }
         match self.take_fit(len, Holder::User) {
             Some(slot) => {
@@ -388,7 +388,7 @@ impl Connection {
                         _ => {}
                     }
                 }
-                c.handle_message(now, m);
+                each!(&mut c.engine, e => e.handle_message(now, m));
                 if let Some((fm, msg)) = exposure {
                     let ours = c.msgs.get(&fm) == Some(&msg);
                     if !(ours && c.server().is_some_and(|s| s.is_reading(fm))) {
@@ -483,14 +483,6 @@ impl Connection {
         match self.role {
             Role::Server => self.requests.get(&msg).is_some_and(|r| !r.surfaced && pending(&r.data)),
             Role::Client => self.calls.get(&msg).is_some_and(|c| pending(&c.data)),
-        }
-    }
-
-    /// A payload could not be read: the message waiting for it fails (its
-    /// reason formatted only then).
-    pub(super) fn payload_failed(&mut self, msg: u64, why: PayloadError) {
-        if self.awaits_payload(msg) {
-            self.payload_done(msg, Data::Failed(why));
         }
     }
 
@@ -602,7 +594,7 @@ impl Connection {
                         self.send_release(now, rel);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_failed(msg, PayloadError::Declined(reason));
+                        self.payload_done(msg, Data::Failed(PayloadError::Declined(reason)));
                     }
                 }
                 mw::ReaderEvent::ReadTimedOut { lease } => {
@@ -616,7 +608,7 @@ impl Connection {
                         self.bufs.hand(slot, Holder::Reading, Holder::Free);
                     }
                     if let Some(msg) = self.reader.as_mut().and_then(|r| r.leases.remove(&lease)) {
-                        self.payload_failed(msg, PayloadError::ReadFailed(error));
+                        self.payload_done(msg, Data::Failed(PayloadError::ReadFailed(error)));
                     }
                 }
                 mw::ReaderEvent::ConnectionLost => {
