@@ -32,7 +32,7 @@ use loom_common::model;
 fn no_wake_up_is_lost(wakers: usize, rounds: usize) {
     model(move || {
         let list = Arc::new(ReadyList::<u32>::new());
-        let mark = Arc::new(Mark::new());
+        let mark = Arc::new(Mark::default());
         // The connection's state: how many changes were made.
         let state = Arc::new(Mutex::new(0usize));
         let threads: Vec<_> = (0..wakers)

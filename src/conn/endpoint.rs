@@ -188,7 +188,7 @@ impl<N: Nic + 'static> Endpoint<N> {
             c.close();
         }
         if let Some(mut l) = self.shared.listener.as_ref().and_then(|l| l.try_lock()) {
-            l.close();
+            l.shut();
         }
     }
 
@@ -578,7 +578,7 @@ impl<N: Nic + 'static> EndpointBuilder<N> {
             None => (None, None, None),
             Some(addr) => {
                 let l = Listener::bind(addr, cfg.clone(), opts.clone(), hub.clone())?;
-                let local = l.local_addr().ok();
+                let local = l.local_addr();
                 let closer = l.closer();
                 (Some(futures::lock::Mutex::new(l)), local, Some(closer))
             }

@@ -54,8 +54,8 @@ struct Shared<N: Nic> {
 /// ready) side by side inside its one future, at most 256 at a time, and
 /// returns the first that finishes, successful or not; a client that
 /// stays silent holds only its own handshake, for at most
-/// [`SetupOptions::timeout`] per phase. [`Listener::close`] (or
-/// [`CloseSignal::close`] from another task; or dropping it) ends the
+/// [`SetupOptions::timeout`] per phase. [`CloseSignal::close`] (with
+/// [`Listener::shut`]; or dropping it) ends the
 /// handshakes in progress, not the connections accepted before. The
 /// capability probe runs when it is bound, not per client. What this
 /// means for a server: `docs/serving.md`, "The endpoint" and "Slow and
@@ -99,21 +99,9 @@ impl<N: Nic + 'static> Listener<N> {
         })
     }
 
-    /// The address the listener is bound to (an error once it is closed).
-    pub(super) fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        match &self.tcp {
-            Some(tcp) => tcp.get_ref().local_addr(),
-            None => Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the listener was closed")),
-        }
-    }
-
-    /// Close the listener now: its socket closes, so new clients are
-    /// refused, and the handshakes in progress end (whatever was made for
-    /// them is destroyed); [`Listener::accept`] returns
-    /// [`SetupError::ListenerClosed`] from now on. Idempotent.
-    pub(super) fn close(&mut self) {
-        self.close.close();
-        self.shut();
+    /// The address the listener is bound to (`None` once it is closed).
+    pub(super) fn local_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|tcp| tcp.get_ref().local_addr().ok())
     }
 
     /// The [`CloseSignal`] that closes this listener from another task.
@@ -121,8 +109,11 @@ impl<N: Nic + 'static> Listener<N> {
         self.close.clone()
     }
 
-    /// Drop the socket and the handshakes in progress.
-    fn shut(&mut self) {
+    /// Drop the socket, so new clients are refused, and the handshakes in
+    /// progress (whatever was made for them is destroyed). With its
+    /// [`CloseSignal`] closed first, [`Listener::accept`] returns
+    /// [`SetupError::ListenerClosed`] from then on. Idempotent.
+    pub(super) fn shut(&mut self) {
         self.tcp = None;
         self.handshakes = FuturesUnordered::new();
     }
@@ -177,7 +168,7 @@ pub(super) struct CloseSignal {
 
 impl CloseSignal {
     /// Close the listener: the `accept` its loop waits in (or its next
-    /// one) closes it as [`Listener::close`] does and returns
+    /// one) shuts it ([`Listener::shut`]) and returns
     /// [`SetupError::ListenerClosed`]. Idempotent.
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);

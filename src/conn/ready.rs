@@ -37,16 +37,11 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 pub const LINGER_MIN: Duration = Duration::from_micros(500);
 
 /// Whether a member is on its [`ReadyList`] (or in the driver's hands,
-/// before its turn clears it).
+/// before its turn clears it); `Mark::default()`: not on it.
 #[derive(Debug, Default)]
 pub struct Mark(AtomicBool);
 
 impl Mark {
-    /// A member not on the list.
-    pub fn new() -> Mark {
-        Mark(AtomicBool::new(false))
-    }
-
     /// Driver, at the start of the member's turn and before it reads the
     /// member's state: a wake-up from now on puts it on the list again.
     pub fn clear(&self) {
@@ -72,12 +67,6 @@ pub struct ReadyList<T> {
     watch: AtomicU64,
 }
 
-impl<T> Default for ReadyList<T> {
-    fn default() -> Self {
-        ReadyList::new()
-    }
-}
-
 impl<T> ReadyList<T> {
     /// An empty list.
     pub fn new() -> ReadyList<T> {
@@ -93,11 +82,11 @@ impl<T> ReadyList<T> {
     /// Put the member whose mark is `mark` on the list (made by `item`)
     /// unless it is on it already, and with `ring` wake the driver (not
     /// when the driver itself pushes: it takes the list next anyway).
-    /// Call it after the change that is the reason. Whether it was added.
+    /// Call it after the change that is the reason.
     #[inline(always)]
-    pub fn push(&self, mark: &Mark, item: impl FnOnce() -> T, ring: bool) -> bool {
+    pub fn push(&self, mark: &Mark, item: impl FnOnce() -> T, ring: bool) {
         if mark.0.swap(true, Ordering::AcqRel) {
-            return false;
+            return;
         }
         {
             let mut list = self.list.lock();
@@ -107,7 +96,6 @@ impl<T> ReadyList<T> {
         if ring {
             self.bell.ring();
         }
-        true
     }
 
     /// Driver: move the members due a turn into `out` (emptied first), in

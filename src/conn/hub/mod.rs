@@ -532,7 +532,7 @@ impl<N: Nic + 'static> Hub<N> {
         let hub = Arc::downgrade(self);
         let conn = Connection::on_hub(ep, self.epoch, |w| HubPart {
             waker: futures::task::waker(Arc::new(ConnWake { conn: w, hub })),
-            queued: Mark::new(),
+            queued: Mark::default(),
             // The inbox, the spinner's vector and the driver's trade places
             // (`Inner::turn`): each has a batch's room from the start, or
             // the first burst routed to one without would grow it on the

@@ -1,5 +1,5 @@
 //! Making a [`Link`]: the queue sizes a connection's settings need, the QP
-//! on a given CQ ([`Link::prepare_on`]; in tests `Link::prepare`, which
+//! on a given CQ ([`Link::prepare_on`]; in tests `Link::new`, which
 //! creates the CQ too), then the regions, windows and connection once the
 //! policies are known ([`Prepared::finish`]).
 
@@ -64,18 +64,11 @@ impl<N: Nic> Link<N> {
     /// [`Link::connect`] with the peer's.
     #[cfg(any(test, feature = "testing"))]
     pub fn new(nic: N, role: Role, policies: Policies, cfg: Config) -> Result<Link<N>, SetupError> {
-        Link::prepare(nic, role, cfg)?.finish(policies)
-    }
-
-    /// The first half of [`Link::new`], for when the policies are only
-    /// known after the bootstrap exchange (which needs the QP number): the
-    /// completion queue and the QP.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn prepare(nic: N, role: Role, cfg: Config) -> Result<Prepared<N>, SetupError> {
         let sizes = QueueSizes::of(&cfg)?;
         let cq = nic.create_cq(sizes.cq_entries)?;
         match Link::prepare_on(nic, role, cfg, sizes, cq, None, None, None) {
-            Ok(p) => Ok(p),
+            // (A failed finish drops the `Prepared`: its QP and CQ go.)
+            Ok(p) => p.finish(policies),
             Err((nic, e)) => {
                 let _ = nic.destroy_cq(cq);
                 Err(e)
@@ -83,7 +76,7 @@ impl<N: Nic> Link<N> {
         }
     }
 
-    /// `Link::prepare` (the tests') with a QP sized by `sizes` (from the
+    /// The QP of a connection with `cfg`, a QP sized by `sizes` (from the
     /// same `cfg`) on the completion queue `cq`, which the endpoint does not own
     /// when `shared` is given, taking its receives from `srq` when given
     /// (`nic` then in the SRQ's PD), whose initial share it takes. On
@@ -129,7 +122,7 @@ impl<N: Nic> Link<N> {
 }
 
 /// An endpoint whose QP exists but whose policies are not chosen yet; see
-/// `Link::prepare_on` (and the tests' `Link::prepare`). Dropping it
+/// `Link::prepare_on`. Dropping it
 /// destroys the QP, and the CQ unless it is the endpoint's (shared).
 pub struct Prepared<N: Nic> {
     nic: Option<N>,

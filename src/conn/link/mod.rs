@@ -85,7 +85,7 @@ enum QpFate {
 /// One side of one RC connection: its device resources on a [`Nic`], and
 /// the [`Connection`] state machine it runs. The call order: create its QP
 /// (`Link::prepare_on`, through `Hub::prepare` on an endpoint;
-/// `Link::prepare` in tests), then [`Prepared::finish`] once the policies
+/// `Link::new` in tests), then [`Prepared::finish`] once the policies
 /// are known, and connect it to the peer (`Link::connect_with`;
 /// `Link::connect` in tests); then feed it completions
 /// (`Link::handle_completions`; `Link::drive` in tests) and the time

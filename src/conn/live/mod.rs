@@ -116,10 +116,6 @@ impl Waiters {
         self.0.drain(..).for_each(Waker::wake);
         true
     }
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 pub(crate) struct State<N: Nic> {
