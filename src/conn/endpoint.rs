@@ -608,7 +608,7 @@ impl<N: Nic + 'static> EndpointDriver<N> {
         // polling them on every loop of the driver cost about 150
         // instructions a call, and a future around its loop to poll them
         // after it about 40 a call per side.
-        let woke = Arc::new(WatchWake { due: AtomicBool::new(true), ring: Box::new(hub.ringer()) });
+        let woke = Arc::new(WatchWake { due: AtomicBool::new(true), hub: Arc::downgrade(&hub) });
         let watch_waker = futures::task::waker(woke.clone());
         // After the turns: a connection that finished in one ends its
         // watch now, closing its stream (the peer may be waiting for it).
@@ -626,16 +626,18 @@ impl<N: Nic + 'static> EndpointDriver<N> {
 }
 
 /// The waker the driver polls the bootstrap streams with: it marks them
-/// due and rings the driver's doorbell.
-struct WatchWake {
+/// due and rings the driver's doorbell, for as long as the hub lives.
+struct WatchWake<N: Nic> {
     due: AtomicBool,
-    ring: Box<dyn Fn() + Send + Sync>,
+    hub: std::sync::Weak<Hub<N>>,
 }
 
-impl futures::task::ArcWake for WatchWake {
+impl<N: Nic> futures::task::ArcWake for WatchWake<N> {
     fn wake_by_ref(this: &Arc<Self>) {
         this.due.store(true, Ordering::Release);
-        (this.ring)();
+        if let Some(hub) = this.hub.upgrade() {
+            hub.ready.bell().ring();
+        }
     }
 }
 

@@ -36,25 +36,11 @@ impl<N: Nic> Ord for Due<N> {
 }
 
 impl<N: Nic> Hub<N> {
-    /// A ring of this hub's doorbell, for as long as the hub lives (from a
-    /// waker of the endpoint's: its bootstrap streams').
-    pub(crate) fn ringer(self: &Arc<Self>) -> impl Fn() + Send + Sync + 'static
-    where
-        N: 'static,
-    {
-        let hub = Arc::downgrade(self);
-        move || {
-            if let Some(s) = hub.upgrade() {
-                s.ready.bell().ring();
-            }
-        }
-    }
-
     /// Drive every connection on the hub; ends once the hub is closed
     /// ([`Hub::close`]) and every connection has finished. Returns the hub's
     /// final counts. `after_turns` runs after each loop's turns, unless
     /// that loop ended the driver (the endpoint's bootstrap streams: rung
-    /// through [`Hub::ringer`], it finds what woke them).
+    /// through their waker, `WatchWake` in endpoint.rs, it finds what woke them).
     pub async fn run(self: Arc<Self>, mut after_turns: impl FnMut()) -> EndpointStats {
         let shared = &*self;
         let mut timers: BinaryHeap<Due<N>> = BinaryHeap::new();
