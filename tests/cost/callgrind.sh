@@ -14,7 +14,9 @@
 # warm-up) are subtracted, so setup and teardown cancel out, and the
 # difference is divided by the calls and by 2 (client and server). The
 # driver's busy-poll is off in the example, so spinning is not counted.
-# Prints one machine-readable line per case.
+# Prints one machine-readable line per case (`cost case=...`), then the
+# example's own counts for each side (`cost: CASE: ...`: driver loops,
+# connection turns and sleeps per call, warm-up calls included).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "cost: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
@@ -31,7 +33,7 @@ cases=("$@")
 mode=endpoint
 for c in "${cases[@]}"; do
     for n in "$n1" "$n2"; do
-        valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" >/dev/null 2>"$work/$c.$n.log"
+        valgrind --tool=callgrind --callgrind-out-file="$work/$c.$n.out" "$bin" "$c" "$n" >"$work/$c.$n.stdout" 2>"$work/$c.$n.log"
         callgrind_annotate --inclusive=yes --threshold=100 "$work/$c.$n.out" >"$work/$c.$n.txt" 2>/dev/null
     done
     PYTHONPATH=tests/cost python3 - "$work/$c.$n1.txt" "$work/$c.$n2.txt" "$c" "$n1" "$n2" "$mode" <<'PY'
@@ -56,6 +58,10 @@ if s1 == 0 or s2 == 0:
 mw = ((t2 - s2) - (t1 - s1)) / calls / 2
 print(f"cost case={case} mode={mode} mwcap_ir_per_call_per_side={mw:.0f} sim_ir_per_call={(s2 - s1) / calls:.0f} total_ir_per_call={(t2 - t1) / calls:.0f}")
 PY
+    # How the calls ran (the example's own counts, from the longer run):
+    # driver loops, connection turns and sleeps per call on each side, which
+    # a change to the driver's loop moves before the instructions show it.
+    grep -a '^call_cost: .* endpoint: ' "$work/$c.$n2.stdout" | sed -e "s/^call_cost: /cost: $c: /" || true
 done
 
 # The sans-IO layer alone: examples/proto_cost.rs runs two proto::Connections
