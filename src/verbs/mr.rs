@@ -19,8 +19,9 @@ use crate::mem::Memory;
 /// it alive after deregistration (then it is plain memory).
 ///
 /// The CPU accesses the memory by copying ([`Mr::write`], [`Mr::read`]),
-/// under the memory's lock, never in a range a buffer handle holds (see `crate::mem`). The NIC's own DMA is outside that
-/// lock; the protocol layer lends only ranges no local work request targets.
+/// under the memory's lock, never in a range a buffer handle holds (see
+/// `crate::mem`). The NIC's own DMA is outside that lock; the protocol
+/// layer lends only ranges no local work request targets.
 pub struct Mr {
     ptr: NonNull<sys::ibv_mr>,
     mem: Arc<Memory>,

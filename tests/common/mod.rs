@@ -268,11 +268,10 @@ impl World {
         ];
         for (ep, dev, peer, owned, me) in sides {
             let ranges = ep.buffer_ranges();
-            let busy: Vec<_> = ranges.iter().filter(|(_, b)| *b).map(|(r, _)| r.clone()).collect();
             let mr = ep.data_region();
             if owned == Policy::Mw {
                 // Every buffer of every class: standard and large.
-                for (slot, (r, busy)) in ranges.into_iter().enumerate() {
+                for (slot, (r, busy)) in ranges.iter().enumerate() {
                     if !busy {
                         assert!(
                             !f.can_reach(peer, dev, mr.id, r.clone()),
@@ -284,9 +283,9 @@ impl World {
             for read in f.in_flight().iter().filter(|r| r.requester == me) {
                 for sge in &read.dest {
                     if sge.mr == mr.id {
-                        let inside = busy
-                            .iter()
-                            .any(|b| b.start <= sge.offset && sge.offset + sge.len as usize <= b.end);
+                        let inside = ranges.iter().any(|(b, busy)| {
+                            *busy && b.start <= sge.offset && sge.offset + sge.len as usize <= b.end
+                        });
                         assert!(inside, "a READ is in flight into a buffer the user holds: {read:?}");
                     }
                 }
