@@ -282,8 +282,8 @@ impl<T> Slots<T> {
     /// Pin the live object `id`, or `None` if there is none.
     ///
     /// Inlined into every post and poll: one load and one compare-and-swap
-    /// when the slot is live and uncontended; anything else is
-    /// [`Slots::pin_slow`], out of line.
+    /// when the slot is live and uncontended; only the wait for a destroy
+    /// in progress ([`Slots::await_destroy`]) is out of line.
     #[inline]
     pub(super) fn pin(&self, id: u32) -> Option<Pinned<'_, T>> {
         let (index, gen) = split(id);
@@ -291,23 +291,6 @@ impl<T> Slots<T> {
             return None;
         }
         let slot = self.slot(index)?;
-        let s = slot.state.load(Ordering::Relaxed);
-        if gen_of(s) == gen
-            && s & LIVE != 0
-            && s & PINS != PINS
-            // Acquire: pairs with the release store that made the value LIVE.
-            && slot.state.compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
-        {
-            return Some(Pinned { slot, id });
-        }
-        self.pin_slow(slot, id, gen)
-    }
-
-    /// [`Slots::pin`] of a slot that is not live with `gen`, being
-    /// destroyed, or raced with.
-    #[cold]
-    #[inline(never)]
-    fn pin_slow<'a>(&'a self, slot: &'a Slot<T>, id: u32, gen: u32) -> Option<Pinned<'a, T>> {
         let mut s = slot.state.load(Ordering::Relaxed);
         loop {
             if gen_of(s) != gen {
@@ -317,9 +300,7 @@ impl<T> Slots<T> {
                 if s & CLOSING == 0 {
                     return None;
                 }
-                // Being destroyed: the destroyer holds the admin mutex until
-                // the slot is LIVE again or freed. Wait for that, then look again.
-                drop(self.admin.lock());
+                self.await_destroy();
                 s = slot.state.load(Ordering::Relaxed);
                 continue;
             }
@@ -330,6 +311,15 @@ impl<T> Slots<T> {
                 Err(now) => s = now,
             }
         }
+    }
+
+    /// A slot is being destroyed: the destroyer holds the admin mutex
+    /// until the slot is LIVE again or freed. Wait for that (the caller
+    /// then looks again).
+    #[cold]
+    #[inline(never)]
+    fn await_destroy(&self) {
+        drop(self.admin.lock());
     }
 
     /// Pin the first live object whose key is `key` and that `pred` accepts.
