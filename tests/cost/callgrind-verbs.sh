@@ -20,9 +20,15 @@
 #
 # Two runs of the same case (N1 and N2 timed calls after the same warm-up)
 # are subtracted, so setup and teardown cancel out; prints one line per
-# case, with the total split by where the instructions are (conn: src/conn,
-# verbs: src/verbs, provider: libibverbs and lib*-rdmav*, libc, and the
-# rest: std, futures, the benchmark's own loop).
+# case, with the total split by where the instructions are: conn (the code
+# of src/conn, and the std and dependency code inlined into its functions),
+# verbs (the same for src/verbs), provider (libibverbs and lib*-rdmav*),
+# libc, bench (the benchmark's own loop, cli/, with what is inlined into
+# it), and the rest (std and dependency functions of their own: futures'
+# joins, parking_lot's slow paths, hashbrown; mwcap's other modules).
+# A row of callgrind_annotate is one function of one source file, so code
+# inlined from std into `mwcap::conn::...` is a row of its own under std's
+# file: it is counted by the function it was inlined into.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bin=${1:?usage: callgrind-verbs.sh MWCAP_BINARY [DEVICE]}
@@ -50,6 +56,8 @@ for c in "rpc mw 64" "reply_read mw 4096" "reply_read confirm 4096"; do
     PYTHONPATH="$here" python3 - "$work/$n1.txt" "$work/$n2.txt" "$case_" "$policy" "$size" "$n1" "$n2" <<'PY'
 import sys
 from annotate import rows
+# The benchmark binary is also called `mwcap`: its modules, by name.
+BENCH = tuple(f"mwcap::{m}::" for m in ("asyncbench", "bench", "cases", "count", "executors", "main"))
 def parts(path):
     out = {"total": 0}
     for ir, rest in rows(path):
@@ -57,11 +65,17 @@ def parts(path):
             out["total"] = ir
             continue
         # Paths under the working directory print relative to it.
-        f = "/" + rest.split(":", 1)[0]
-        if "/src/conn/" in f:
+        f, _, func = rest.partition(":")
+        f = "/" + f
+        # The function the code was compiled into (a trait impl's type
+        # first): std's and dependencies' code inlined into mwcap's.
+        func = func.lstrip("<")
+        if "/src/conn/" in f or func.startswith("mwcap::conn::"):
             k = "conn"
-        elif "/src/verbs/" in f:
+        elif "/src/verbs/" in f or func.startswith("mwcap::verbs::"):
             k = "verbs"
+        elif "/cli/src/" in f or func.startswith(BENCH) or func.split(" [")[0] == "mwcap::main":
+            k = "bench"
         elif "libibverbs" in rest or "rdmav" in rest:
             k = "provider"
         elif "libc.so" in rest:
@@ -72,9 +86,11 @@ def parts(path):
     return out
 a, b = parts(sys.argv[1]), parts(sys.argv[2])
 case, policy, size, n1, n2 = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
-per = {k: (b.get(k, 0) - a.get(k, 0)) / (n2 - n1) for k in ("total", "conn", "verbs", "provider", "libc")}
-rest = per["total"] - per["conn"] - per["verbs"] - per["provider"] - per["libc"]
+parts_ = ("conn", "verbs", "provider", "libc", "bench")
+per = {k: (b.get(k, 0) - a.get(k, 0)) / (n2 - n1) for k in ("total",) + parts_}
+rest = per["total"] - sum(per[k] for k in parts_)
 print(f"cost case={case} policy={policy} size={size} backend=verbs ir_per_call={per['total']:.0f} "
-      f"conn={per['conn']:.0f} verbs={per['verbs']:.0f} provider={per['provider']:.0f} libc={per['libc']:.0f} rest={rest:.0f}")
+      f"conn={per['conn']:.0f} verbs={per['verbs']:.0f} provider={per['provider']:.0f} libc={per['libc']:.0f} "
+      f"bench={per['bench']:.0f} rest={rest:.0f}")
 PY
 done
