@@ -320,9 +320,10 @@ const RXE_WITH_INV: u32 = 0x4;
 /// A provider writes only the fields the verbs spec makes valid for an
 /// entry (mlx5 leaves `opcode`, `byte_len` and the immediate/invalidate
 /// union unwritten on an error or flush, and `byte_len` and the union on a
-/// successful send-queue completion): `wr_id`, `status`, `qp_num` and
-/// `vendor_err` always, `opcode` on success, `byte_len` on a successful
-/// receive or READ, `wc_flags` and the union on a successful receive. Only
+/// successful send-queue completion, and `vendor_err` on a success):
+/// `wr_id`, `status` and `qp_num` always, `vendor_err` on an error or
+/// flush, `opcode` on success, `byte_len` on a successful receive or READ,
+/// `wc_flags` and the union on a successful receive. Only
 /// those are read, each on its own (no reference to the whole entry, whose
 /// other fields may be uninitialised). The opcode of an unsuccessful
 /// completion is filled in from what was posted (`track.rs`).
@@ -332,18 +333,19 @@ const RXE_WITH_INV: u32 = 0x4;
 unsafe fn completion(wc: *const sys::ibv_wc) -> Completion {
     use std::ptr::addr_of;
     // SAFETY: `wc` is an entry ibv_poll_cq returned (the caller's
-    // promise); these four fields are written for every entry.
-    let (wr_id, status, qpn, vendor_err) = unsafe {
+    // promise); these three fields are written for every entry.
+    let (wr_id, status, qpn) = unsafe {
         (
             addr_of!((*wc).wr_id).read(),
             wc_status(addr_of!((*wc).status).read()),
             addr_of!((*wc).qp_num).read(),
-            addr_of!((*wc).vendor_err).read(),
         )
     };
-    let mut c =
-        Completion { wr_id, status, opcode: WcOpcode::Other(u32::MAX), qpn, vendor_err, ..Completion::EMPTY };
+    let mut c = Completion { wr_id, status, opcode: WcOpcode::Other(u32::MAX), qpn, ..Completion::EMPTY };
     if !status.is_success() {
+        // SAFETY: as above; the vendor's syndrome is written for an
+        // unsuccessful entry (mlx5 writes it for no other).
+        c.vendor_err = unsafe { addr_of!((*wc).vendor_err).read() };
         return c;
     }
     // SAFETY: as above; the opcode is written for a successful entry.
