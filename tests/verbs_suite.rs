@@ -358,6 +358,87 @@ fn rxe_stalls_a_send_queue_retried_past_a_completed_bind() {
     nic.dereg_mr(ctrl.id).expect("dereg");
 }
 
+/// rxe queues a chain before it rings the doorbell, and the doorbell of a
+/// queue pair not yet ready to send fails with no request named (`bad`
+/// NULL): the chain counts as posted. Its window's new rkey is tracked, and
+/// once the queue pair is connected the next doorbell runs it: the bind's
+/// and the SEND's completions come, with their opcodes, and the peer reads
+/// through the window.
+#[test]
+fn a_chain_whose_doorbell_fails_counts_as_posted() {
+    let nic = open();
+    let cq_a = nic.create_cq(32).expect("cq");
+    let cq_b = nic.create_cq(32).expect("cq");
+    let a = nic.create_qp(QpConfig::new(cq_a, cq_a)).expect("qp a");
+    let b = nic.create_qp(QpConfig::new(cq_b, cq_b)).expect("qp b");
+    let src = nic.reg_mr(4096, Access::MW_BIND).expect("src");
+    nic.write_mr(src.id, 0, &[0x3c; 4096]).expect("fill");
+    let ctrl = nic.reg_mr(4096, Access::LOCAL_WRITE).expect("ctrl");
+    let mw = nic.alloc_mw().expect("mw");
+    let new = rkey::rebind(mw.rkey, 0x42);
+    let chain = [
+        bind_read(1, true, mw.id, new, src.id, 4096),
+        SendWr::Send {
+            wr_id: 2,
+            signaled: true,
+            sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: 16 }]),
+        },
+    ];
+    // In INIT: the provider takes both, its doorbell fails.
+    let e = nic.post_send(a.id, &chain).expect_err("a doorbell before RTS fails on rxe");
+    assert!(e.to_string().contains("took all 2"), "the error says the chain was taken: {e}");
+    assert_eq!(nic.mw_rkey(mw.id).expect("rkey"), new, "a bind that may run is tracked");
+    nic.post_recv(b.id, 10, Sge { mr: ctrl.id, offset: 1024, len: 64 }).expect("recv");
+    nic.post_recv(b.id, 11, Sge { mr: ctrl.id, offset: 2048, len: 64 }).expect("recv");
+    nic.connect_qp(a.id, &b).expect("connect a");
+    nic.connect_qp(b.id, &a).expect("connect b");
+    // The next doorbell runs the queue from its start.
+    let later = SendWr::Send {
+        wr_id: 3,
+        signaled: true,
+        sge: SgeList::from([Sge { mr: ctrl.id, offset: 0, len: 16 }]),
+    };
+    nic.post_send(a.id, &[later]).expect("send");
+    let got: Vec<_> = (0..3).map(|_| poll_one(&nic, cq_a)).map(|c| (c.wr_id, c.status, c.opcode)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::BindMw),
+            (2, WcStatus::Success, WcOpcode::Send),
+            (3, WcStatus::Success, WcOpcode::Send)
+        ],
+        "the chain the failed doorbell left queued ran first"
+    );
+    for id in [10, 11] {
+        let c = poll_one(&nic, cq_b);
+        assert_eq!((c.wr_id, c.status), (id, WcStatus::Success), "{c:?}");
+    }
+    let dst = nic.reg_mr(4096, Access::LOCAL_WRITE).expect("dst");
+    let read = SendWr::Read {
+        wr_id: 20,
+        signaled: true,
+        local: SgeList::from([Sge { mr: dst.id, offset: 0, len: 64 }]),
+        remote_addr: src.addr,
+        rkey: new,
+    };
+    nic.post_send(b.id, &[read]).expect("read");
+    let c = poll_one(&nic, cq_b);
+    assert_eq!((c.status, c.byte_len), (WcStatus::Success, 64), "read through the tracked key: {c:?}");
+    let mut back = [0u8; 64];
+    nic.read_mr(dst.id, 0, &mut back).expect("read back");
+    assert_eq!(back, [0x3c; 64]);
+    // The window's one invalidation.
+    nic.post_send(a.id, &[SendWr::LocalInv { wr_id: 30, signaled: true, rkey: new }]).expect("inv");
+    let c = poll_one(&nic, cq_a);
+    assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::LocalInv), "{c:?}");
+    nic.destroy_qp(a.id).expect("destroy");
+    nic.destroy_qp(b.id).expect("destroy");
+    nic.dealloc_mw(mw.id).expect("dealloc");
+    for mr in [src.id, ctrl.id, dst.id] {
+        nic.dereg_mr(mr).expect("dereg");
+    }
+}
+
 #[test]
 fn flushed_receive_reports_its_opcode() {
     let nic = open();

@@ -91,8 +91,14 @@ pub trait NicOps: Send + Sync {
     /// Destroy a queue pair. After this returns no DMA of it is in flight.
     fn destroy_qp(&self, qp: QpId) -> Result<(), NicError>;
 
-    /// Post a chain of send-queue work requests with one doorbell. Either all
-    /// are posted or none is (an error names the first bad one).
+    /// Post a chain of send-queue work requests with one doorbell. On an
+    /// error none is posted if the chain was refused before the provider saw
+    /// it (the simulator validates every request first), but a device's
+    /// provider takes requests one by one and may have queued some or all of
+    /// them (rxe queues them all, then fails the doorbell of a queue pair not
+    /// ready to send): a caller must treat a failed chain as possibly posted.
+    /// mwcap's connection goes down on it and takes no payload buffer back
+    /// before its queue pair's flush or destroy.
     fn post_send(&self, qp: QpId, wrs: &[SendWr]) -> Result<(), NicError>;
     /// Post one receive buffer.
     fn post_recv(&self, qp: QpId, wr_id: u64, sge: Sge) -> Result<(), NicError>;

@@ -155,15 +155,26 @@ pub struct SendRequest<'a> {
 
 /// Why a post failed, and how many of the chain's requests the provider took.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{error} (work request {failed} of the chain; {posted} before it were posted)")]
+#[error("{error} ({})", taken(*.failed, *.posted))]
 pub struct PostError {
     /// What went wrong.
     #[source]
     pub error: NicError,
-    /// Index of the failing request.
+    /// Index of the failing request; the chain's length when the provider
+    /// named none (it queued every request and failed after: rxe's doorbell
+    /// fails so on a queue pair not yet ready to send).
     pub failed: usize,
-    /// How many requests before it were handed to the device (they will complete).
+    /// How many requests the provider took (they will execute or be
+    /// flushed, and complete).
     pub posted: usize,
+}
+
+fn taken(failed: usize, posted: usize) -> String {
+    if failed == posted {
+        format!("after the provider took all {posted} of the chain's work requests")
+    } else {
+        format!("work request {failed} of the chain; {posted} before it were posted")
+    }
 }
 
 /// A validated chain of send requests as libibverbs structs, built in
@@ -363,9 +374,12 @@ impl<const N: usize> SendChain<'_, N> {
         // struct layouts match the C headers (tests/verbs_layout.rs).
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
         // Which requests the provider took: those before `bad` (pointer
-        // comparisons only).
+        // comparisons only). With no `bad` in the chain, all of them: rxe
+        // queues every request, then fails its doorbell with `bad` NULL, and
+        // a request that may run counts as posted (its window's new rkey
+        // recorded, its record kept for its completion).
         let posted =
-            if rc == 0 { n } else { (0..n).find(|&i| ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(0) };
+            if rc == 0 { n } else { (0..n).find(|&i| ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(n) };
         for (mw, new) in self.binds[..posted].iter().flatten() {
             // SAFETY: `guards` holds the bind lock of every window in the chain.
             unsafe { mw.set_rkey(*new) };
