@@ -1489,6 +1489,14 @@ fn protocol_violations_end_the_connection_with_their_reason() {
         time_left: LEASE,
     }));
     let fetch = |m| fb_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(m), attempt: 1 });
+    let expose = |m| {
+        fb_attach(fb::Message::Expose {
+            msg: fb::MsgId::from_raw(m),
+            buffer: fb::BufferId::from_raw(0),
+            generation: fb::Generation::from_raw(1),
+            region: fb::Region::new(0x1000, 64, 0x100),
+        })
+    };
     let mut bad_lease = grant.bytes().to_vec();
     bad_lease.truncate(5);
     let bad_lease = Attach::new(EngineTag::Mw, &bad_lease).unwrap();
@@ -1536,6 +1544,18 @@ fn protocol_violations_end_the_connection_with_their_reason() {
             Policies::both(Policy::Mw),
             vec![request_frame(1, &[fetch(1)])],
             |m| matches!(m, Misbehavior::WrongPolicy { what: "confirm message" }),
+        ),
+        (
+            "a confirm exposure on a request whose payloads go under mw",
+            Role::Server,
+            Policies { request: Policy::Mw, reply: Policy::Confirm },
+            vec![request_frame(1, &[expose(1)])],
+            |m| {
+                matches!(
+                    m,
+                    Misbehavior::WrongPolicy { what: "confirm exposure of a payload that goes under mw" }
+                )
+            },
         ),
         (
             "a grant under confirm",

@@ -427,10 +427,12 @@ pub enum Misbehavior {
     #[error("a window grant outside a request or reply")]
     GrantOutsideMessage,
     /// A message of a policy neither direction uses (a grant, a release, or
-    /// a confirm message).
-    #[error("a {what}, but no direction of this connection uses that policy")]
+    /// a confirm message), or a confirm exposure of a payload whose direction
+    /// goes under mw.
+    #[error("a {what}, which the policies this connection agreed do not allow")]
     WrongPolicy {
-        /// What came: `"window grant"`, `"window release"` or `"confirm message"`.
+        /// What came: `"window grant"`, `"window release"`, `"confirm
+        /// message"` or `"confirm exposure of a payload that goes under mw"`.
         what: &'static str,
     },
     /// The peer invalidated a window itself (SEND_WITH_INV): only the owner

@@ -351,6 +351,18 @@ impl Connection {
                 if let Some(msg) = msg {
                     match m {
                         fb::Message::Expose { msg: fm, .. } => {
+                            // The payload of this direction goes under mw
+                            // (the engine is here for the other): a READ
+                            // of it would bypass the policy agreed.
+                            let agreed = if self.role == Role::Server {
+                                self.policies.request
+                            } else {
+                                self.policies.reply
+                            };
+                            if agreed != Policy::Confirm {
+                                let what = "confirm exposure of a payload that goes under mw";
+                                return self.misbehaved(now, Misbehavior::WrongPolicy { what });
+                            }
                             match self.requests.get_mut(&msg) {
                                 Some(r) => r.data = Data::Reading,
                                 // A request refused unread (`refuse_busy`).
