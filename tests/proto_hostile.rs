@@ -427,3 +427,68 @@ fn the_fuzz_seeds_are_frames_of_this_version() {
     }
     assert!(frames >= 4);
 }
+
+/// Engine messages the connection queued from a batch of frames not yet
+/// settled (four confirms of buffers never offered: four answers) do not
+/// crowd a reply's own exposure out of its frame (a frame carries four):
+/// a reply, or a call, first sends what was queued. Before, the offer was
+/// dropped (a debug build panicked), and the client got the reply without
+/// its payload while the server kept the buffer until `hold_timeout`.
+#[test]
+fn messages_queued_before_a_reply_leave_room_for_its_payload() {
+    let fetch = confirm_attach(fb::Message::Fetch { msg: fb::MsgId::from_raw(7), attempt: 1 });
+    let mut v = Victim::new(Role::Server, Policy::Confirm);
+    v.receive(&request(1, &[fetch]), None);
+    let Some(Event::Request { req, .. }) = v.conn.poll_event() else { panic!("the request") };
+    // Four confirms in one batch, handed over without a settle between
+    // them and the reply (`Victim::receive` settles).
+    for m in 0..4u64 {
+        let confirm = confirm_attach(fb::Message::Confirm {
+            msg: fb::MsgId::from_raw(100 + m),
+            buffer: fb::BufferId::from_raw(0),
+            generation: fb::Generation::from_raw(1),
+        });
+        let bytes = Frame::Engine(confirm).encode().unwrap();
+        let wr_id = v.recvs.pop_front().expect("a receive is posted");
+        let c = Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: bytes.len() as u32,
+            invalidated_rkey: None,
+            qpn: 1,
+            vendor_err: 0,
+        };
+        v.conn.handle_completion(Duration::from_millis(1), &c, &bytes);
+    }
+    let mut buf = v.conn.alloc().expect("a buffer");
+    buf.copy_from(&[0x5a; 100]).unwrap();
+    v.conn.reply(Duration::from_millis(2), req, 0, b"payload", Some(buf)).expect("the reply");
+    let mut replies = Vec::new();
+    let mut answers = 0;
+    v.conn.drain_commands(|c, staged| {
+        if let Command::PostSend { frame: Some(_), .. } = c {
+            let (f, _) = Frame::decode_with_credit(staged).expect("a frame");
+            let list: Vec<Attach> = match &f {
+                Frame::Reply { attach, .. } => attach.to_vec(),
+                Frame::Engine(a) => vec![*a],
+                _ => vec![],
+            };
+            let attach: Vec<fb::Message> =
+                list.iter().map(|a| fb::Message::decode(a.bytes()).expect("a confirm message").0).collect();
+            answers += attach.iter().filter(|m| matches!(m, fb::Message::ConfirmReply { .. })).count();
+            if let Frame::Reply { msg_id, .. } = f {
+                replies.push((msg_id, attach));
+            }
+        }
+        Ok(())
+    });
+    assert_eq!(answers, 4, "every confirm is answered");
+    assert_eq!(replies.len(), 1, "one reply: {replies:?}");
+    let (msg_id, attach) = &replies[0];
+    assert_eq!(*msg_id, 1);
+    assert!(
+        attach.iter().any(|m| matches!(m, fb::Message::Offer { msg, .. } if *msg == fb::MsgId::from_raw(7))),
+        "the reply carries its payload's offer: {attach:?}"
+    );
+}

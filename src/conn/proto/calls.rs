@@ -81,6 +81,7 @@ impl Connection {
         range: RegionRange,
     ) -> Result<CallId, UseError> {
         self.now = now;
+        self.settle(); // room for the frame's own messages (`settle`)
         let slot = self.take_range(range)?;
         let exposed = self
             .ready_to_send(Role::Client, header)
@@ -140,6 +141,7 @@ impl Connection {
         redeem: bool,
     ) -> Result<CallId, Refused> {
         self.now = now;
+        self.settle(); // room for the frame's own messages (`settle`)
         let exposed = check_inline(header, inline, self.cfg.inline_max)
             .and_then(|()| self.check_call(header, data.as_ref()))
             .and_then(|()| self.expose_call(now, data.as_ref().map(|b| (b.slot, b.len))));
@@ -356,6 +358,7 @@ impl Connection {
         inline: &[u8],
     ) -> Result<(), Refused> {
         self.now = now;
+        self.settle(); // room for the frame's own messages (`settle`)
         let fetch = match check_inline(header, inline, self.cfg.inline_max)
             .and_then(|()| self.check_reply(req, header, data.as_ref()))
         {
@@ -409,6 +412,7 @@ impl Connection {
     ) -> Result<Option<u64>, UseError> {
         let lease = lease.map_or(self.cfg.lease_time, |l| l.min(self.cfg.lease_time));
         self.now = now;
+        self.settle(); // room for the frame's own messages (`settle`)
         let fetch = self.check_reply(req, header, None).map_err(|e| self.counted(e))?;
         let slot = self.take_range(range)?;
         let exposed =

@@ -636,6 +636,14 @@ impl Connection {
     // ---- outputs ----
 
     /// Run the engines if inputs arrived since they last ran.
+    ///
+    /// Calls and replies settle before they build their frame: what the
+    /// engines queued from inputs not settled yet (a batch of frames, each
+    /// of which may queue an answer) goes out first, so that the frame's own
+    /// messages (its payload's grant or offer, a fetch, a release) find room
+    /// among the `MAX_ATTACH` it carries. The I/O layer settles after every
+    /// input, so there they find nothing to do.
+    #[inline]
     pub(crate) fn settle(&mut self) {
         if self.dirty {
             self.dirty = false;
