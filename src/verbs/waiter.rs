@@ -11,6 +11,9 @@
 //! it stays quiet until its driver sleeps again ([`Registration::poll_readable`]
 //! re-arms it, and epoll reports at once an fd that is readable when
 //! re-armed, so no event between the driver's look and its sleep is lost).
+//! A channel still armed (not reported since) is not armed again: a driver
+//! woken by something else (its doorbell, its alarm) sleeps again without
+//! an `epoll_ctl`.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +30,13 @@ const EVENTS: usize = 64;
 #[derive(Default)]
 struct Watch {
     ready: AtomicBool,
+    /// The fd is armed in epoll: set by the poll that arms it, cleared by
+    /// the thread when epoll reports it (a one-shot event disarms it).
+    armed: AtomicBool,
     waker: AtomicWaker,
+    /// `epoll_ctl` re-arms, for the tests.
+    #[cfg(test)]
+    arms: std::sync::atomic::AtomicUsize,
 }
 
 struct Waiter {
@@ -91,6 +100,11 @@ impl Waiter {
                 // code that registers or deregisters a channel).
                 let watch = self.watches.lock().by_token.get(token).and_then(Option::clone);
                 if let Some(w) = watch {
+                    // Disarmed by the report: the next sleep arms it again.
+                    // (Cleared before `ready` is set: a poll that finds the
+                    // fd still armed and skips the re-arm finds `ready`
+                    // after registering its waker, or is woken below.)
+                    w.armed.store(false, Ordering::Release);
                     w.ready.store(true, Ordering::Release);
                     w.waker.wake();
                 }
@@ -139,19 +153,25 @@ impl Registration {
     }
 
     /// `Ready` once the fd was readable since the last `Ready`; otherwise
-    /// arm the fd and wake `cx` when it becomes readable.
+    /// arm the fd (unless it is armed already) and wake `cx` when it
+    /// becomes readable.
     pub(crate) fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         if self.watch.ready.swap(false, Ordering::AcqRel) {
             return Poll::Ready(Ok(()));
         }
         self.watch.waker.register(cx.waker());
-        let w = waiter()?;
-        let mut ev =
-            libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, u64: self.token };
-        // SAFETY: the fd is registered with the epoll fd and open (the
-        // registration lives); `ev` is valid.
-        if unsafe { libc::epoll_ctl(w.epfd, libc::EPOLL_CTL_MOD, self.fd, &mut ev) } < 0 {
-            return Poll::Ready(Err(std::io::Error::last_os_error()));
+        if !self.watch.armed.swap(true, Ordering::AcqRel) {
+            let w = waiter().inspect_err(|_| self.watch.armed.store(false, Ordering::Release))?;
+            let mut ev =
+                libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, u64: self.token };
+            #[cfg(test)]
+            self.watch.arms.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: the fd is registered with the epoll fd and open (the
+            // registration lives); `ev` is valid.
+            if unsafe { libc::epoll_ctl(w.epfd, libc::EPOLL_CTL_MOD, self.fd, &mut ev) } < 0 {
+                self.watch.armed.store(false, Ordering::Release);
+                return Poll::Ready(Err(std::io::Error::last_os_error()));
+            }
         }
         // Readable already (reported at once by the re-arm) or meanwhile.
         if self.watch.ready.swap(false, Ordering::AcqRel) {
@@ -225,6 +245,48 @@ mod tests {
         let before = count.0.load(Ordering::SeqCst);
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(count.0.load(Ordering::SeqCst), before, "no wake-up without data");
+        drop(reg);
+        // SAFETY: both ends are open and closed once.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
+    }
+
+    /// A driver woken by something else polls again while its fd is still
+    /// armed: no second `epoll_ctl`, and the fd's report still wakes the
+    /// latest waker. Once reported, the next sleep arms it again.
+    #[test]
+    fn an_armed_fd_is_not_armed_again() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
+        let (rd, wr) = (fds[0], fds[1]);
+        let reg = Registration::new(rd).unwrap();
+        let arms = || reg.watch.arms.load(Ordering::Relaxed);
+        let first = Arc::new(Count(AtomicUsize::new(0)));
+        let second = Arc::new(Count(AtomicUsize::new(0)));
+        let (w1, w2) = (futures::task::waker(first.clone()), futures::task::waker(second.clone()));
+        assert!(reg.poll_readable(&mut Context::from_waker(&w1)).is_pending());
+        assert_eq!(arms(), 1);
+        for _ in 0..3 {
+            assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_pending());
+        }
+        assert_eq!(arms(), 1, "armed once while not reported");
+        // SAFETY: `wr` is the pipe's open write end; one byte from a valid buffer.
+        assert_eq!(unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) }, 1);
+        let t0 = std::time::Instant::now();
+        while second.0.load(Ordering::SeqCst) == 0 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the latest waker was never woken");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(first.0.load(Ordering::SeqCst), 0, "the replaced waker is not woken");
+        assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_ready());
+        let mut b = [0u8; 8];
+        // SAFETY: `rd` is open; `b` is a valid buffer of its length.
+        unsafe { libc::read(rd, b.as_mut_ptr().cast(), b.len()) };
+        assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_pending());
+        assert_eq!(arms(), 2, "reported, so armed again");
         drop(reg);
         // SAFETY: both ends are open and closed once.
         unsafe {
