@@ -157,6 +157,32 @@ fn a_delegated_window_ends_by_the_tokens_expiry_not_the_connections_lease() {
     w.finish();
 }
 
+/// Under confirm as under mw: the offer of a delegated range is held until
+/// the token's expiry, not the connection's lease, so a read confirmed
+/// after it is stale and the range is the owner's again. (It was held for
+/// the connection's lease: a delegate could have its read confirmed
+/// `Intact` after its token expired.)
+#[test]
+fn under_confirm_a_delegated_offer_ends_by_the_tokens_expiry_not_the_connections_lease() {
+    let (mut w, region, range) = world_under(CONFIRM);
+    let ttl = Duration::from_millis(30);
+    assert!(ttl < LEASE);
+    let d = w.victim.delegate_region(w.now(), range, "compute", ttl).unwrap();
+    let seen = redeem(&mut w, 1, d.token.as_bytes());
+    let (msg, buffer, generation, _) = seen.exposed.expect("an offer");
+    let (addr, len, rkey) = seen.target();
+    assert_eq!(w.read(addr, rkey, len).0, WcStatus::Success);
+    w.run_for(ttl + Duration::from_millis(5));
+    assert!(
+        w.run_until(Duration::from_millis(20), |w| w.victim.region_write(region, range.offset, b"x").is_ok()),
+        "the range is the owner's once the token expired"
+    );
+    let verdict = w.verdict(fb::Message::Confirm { msg, buffer, generation });
+    assert_eq!(verdict, fb::Verdict::Reused, "a read confirmed after the token's expiry is stale");
+    assert!(w.down().is_none());
+    w.finish();
+}
+
 #[test]
 fn a_redemption_carrying_a_payload_takes_only_its_connection_down() {
     let (mut w, _, range) = world();

@@ -114,14 +114,30 @@ impl Server {
     }
 
     /// Direction 1: offers `buffer[..len]`, already holding the reply, for the
-    /// wanted `msg`. The buffer is exposed until its [`Event::BufferFree`].
+    /// wanted `msg`. The buffer is exposed until its [`Event::BufferFree`]
+    /// ([`Config::hold_timeout`] at the latest).
     pub fn offer(&mut self, now: Duration, msg: MsgId, buffer: BufferId, len: u32) -> Result<(), UsageError> {
+        self.offer_within(now, msg, buffer, len, self.config.hold_timeout)
+    }
+
+    /// [`Server::offer`], held for at most `hold` (and at most
+    /// [`Config::hold_timeout`]): an offer whose capability ends sooner (a
+    /// delegation's token) ends with it, and a confirm after that is
+    /// answered `Reused`.
+    pub fn offer_within(
+        &mut self,
+        now: Duration,
+        msg: MsgId,
+        buffer: BufferId,
+        len: u32,
+        hold: Duration,
+    ) -> Result<(), UsageError> {
         if self.lost {
             return Err(UsageError::ConnectionLost);
         }
         // One lookup instead of two: taken out now, put back if refused.
         let attempt = self.wanted.remove(&msg).ok_or(UsageError::NotWanted(msg))?;
-        let deadline = now.saturating_add(self.config.hold_timeout);
+        let deadline = now.saturating_add(hold.min(self.config.hold_timeout));
         let (generation, region) = match self.owner.hold(buffer, len, msg, deadline) {
             Ok(exposed) => exposed,
             Err(e) => {

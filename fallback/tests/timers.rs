@@ -70,6 +70,34 @@ fn offered(s: &mut Server, m: MsgId) -> (BufferId, mwcap_fallback::Generation) {
     }
 }
 
+/// An offer held for less than `hold_timeout` (a delegation's token ends
+/// sooner) ends at its own deadline, and a confirm after it is answered
+/// `Reused`; a longer `hold` is cut to `hold_timeout`.
+#[test]
+fn an_offer_within_a_shorter_hold_ends_with_it() {
+    let b = BufferId::from_raw(0);
+    let mut s = server(1, 2);
+    s.offer_within(ms(0), msg(1), b, 8, ms(20)).unwrap();
+    let (_, g) = offered(&mut s, msg(1));
+    assert_eq!(s.poll_timeout(), Some(ms(20)));
+    s.handle_timeout(ms(20));
+    assert_eq!(
+        events_of_server(&mut s),
+        vec![Event::BufferFree { buffer: b, msg: msg(1), reason: Release::Expired }]
+    );
+    s.handle_message(ms(21), Message::Confirm { msg: msg(1), buffer: b, generation: g });
+    assert!(
+        matches!(
+            sends(actions_of_server(&mut s))[..],
+            [Message::ConfirmReply { verdict: Verdict::Reused, .. }]
+        ),
+        "a read confirmed after the hold ended is stale"
+    );
+    s.offer_within(ms(30), msg(2), b, 8, ms(1000)).unwrap();
+    let _ = offered(&mut s, msg(2));
+    assert_eq!(s.poll_timeout(), Some(ms(80)), "at most hold_timeout (50 ms here)");
+}
+
 #[test]
 fn a_reoffered_buffer_does_not_inherit_its_old_hold_deadline() {
     let b = BufferId::from_raw(0);

@@ -96,7 +96,9 @@ impl Connection {
                 }
                 super::confirm::Engine::Server(e) => {
                     let Some(fm) = fetch else { return Ok(None) };
-                    match e.offer(now, fm, id, len) {
+                    // Held no longer than the exposure's capability
+                    // lives (a delegation's token), as a window's lease.
+                    match e.offer_within(now, fm, id, len, lease) {
                         Ok(()) => fm,
                         // The client's call ended (cancelled, timed out) and
                         // it said so: nothing to expose.
