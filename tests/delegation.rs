@@ -376,6 +376,25 @@ fn a_range_waits_for_its_token_to_expire_before_it_is_written() {
     assert!(started.elapsed() >= Duration::from_millis(90), "written only after the token expired");
 }
 
+/// A token that expired unredeemed pins nothing, whether or not anything
+/// has looked at the delegations since: the region can be deregistered
+/// (it stayed `RegionBusy` until a write or a redemption ran the expiry).
+/// A time to live past what a token holds (about 584 years) is that long,
+/// not a panic.
+#[test]
+fn a_region_whose_tokens_expired_unredeemed_can_be_deregistered() {
+    let net = Net::new(PolicyChoice::Mw);
+    let forever = net.owner.delegate_region(net.range(4096, 64), "compute", Duration::MAX).unwrap();
+    net.owner.revoke(forever.cap).unwrap();
+    let _d = net.owner.delegate_region(net.range(0, 64), "compute", Duration::from_millis(50)).unwrap();
+    assert!(
+        matches!(net.owner.deregister_region(net.region), Err(UseError::RegionBusy(_))),
+        "pinned while its token lives"
+    );
+    std::thread::sleep(Duration::from_millis(80));
+    net.owner.deregister_region(net.region).expect("an expired token pins nothing");
+}
+
 #[test]
 fn delegations_that_cannot_be_made_say_why() {
     let net = Net::new(PolicyChoice::Mw);

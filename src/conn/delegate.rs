@@ -341,7 +341,9 @@ impl<N: Nic> Regions<N> {
         }
         let holder = by.map_or(APP, Holder);
         let d = self.delegations();
-        let expiry = now + ttl;
+        // A token holds its expiry in u64 nanoseconds (about 584 years):
+        // a longer life is that long.
+        let expiry = now.saturating_add(ttl).min(Duration::from_nanos(u64::MAX));
         let mut st = d.state.lock();
         let bytes = Range { offset: range.offset as u64, len: u64::from(range.len) };
         let root = st.book().expose(holder, bytes, expiry);

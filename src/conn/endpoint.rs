@@ -281,7 +281,8 @@ impl<N: Nic + 'static> Endpoint<N> {
     /// through an exposure made for it alone (under mw a window over
     /// exactly the range on its QP, whose lease ends by the token's
     /// expiry). Nobody else can make or alter a token (HMAC-SHA256 under
-    /// a secret of this endpoint's).
+    /// a secret of this endpoint's). A token holds its expiry in 64 bits of
+    /// nanoseconds: a `ttl` beyond that (about 584 years) is taken as that.
     ///
     /// The range is pinned until the delegation is over: redeemed and its
     /// exposure ended on evidence, or expired or revoked unredeemed.

@@ -288,6 +288,9 @@ impl<N: Nic> Regions<N> {
     /// (`Link::forget_region`).
     pub(crate) fn deregister(&self, id: RegionId) -> Result<(), UseError> {
         let r = self.lookup(id)?;
+        // Delegations whose tokens expired unredeemed unpin their ranges
+        // (nothing else may have looked at the clock since).
+        self.expire_delegations();
         let mut book = r.book.lock();
         if book.retired {
             return Err(UseError::NoSuchRegion(id));
