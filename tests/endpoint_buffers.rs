@@ -165,7 +165,7 @@ type Case = (fn(&mut Config), fn(&mwcap::conn::ConfigError) -> bool);
 
 /// Settings that cannot work, each with the error it must meet.
 fn broken_settings() -> Vec<Case> {
-    use mwcap::conn::{BufClass, ConfigError};
+    use mwcap::conn::{BufClass, ConfigError, Keepalive};
     vec![
         (|c| c.buffers = 0, |e| matches!(e, ConfigError::NoBuffers { buffers: 0, .. })),
         (|c| c.buffer_size = 0, |e| matches!(e, ConfigError::NoBuffers { buffer_size: 0, .. })),
@@ -189,6 +189,24 @@ fn broken_settings() -> Vec<Case> {
         (|c| c.inline_max = 1025, |e| matches!(e, ConfigError::InlineTooLarge { inline_max: 1025 })),
         (|c| c.max_attempts = 0, |e| matches!(e, ConfigError::NoAttempts)),
         (|c| c.send_slots = Some(1), |e| matches!(e, ConfigError::TooFewSendSlots { send_slots: 1 })),
+        // Deadlines past the clock's range (they panicked in a call, or in
+        // the endpoint's driver): a year at most.
+        (
+            |c| c.call_timeout = Duration::MAX,
+            |e| matches!(e, ConfigError::TimeTooLong { setting: "call_timeout", .. }),
+        ),
+        (
+            |c| c.busy_poll = Duration::MAX,
+            |e| matches!(e, ConfigError::TimeTooLong { setting: "busy_poll", .. }),
+        ),
+        (
+            |c| c.serve_busy_poll = mwcap::conn::MAX_TIME_SETTING + Duration::from_secs(1),
+            |e| matches!(e, ConfigError::TimeTooLong { setting: "serve_busy_poll", .. }),
+        ),
+        (
+            |c| c.keepalive = Some(Keepalive { interval: Duration::from_secs(1), timeout: Duration::MAX }),
+            |e| matches!(e, ConfigError::TimeTooLong { setting: "keepalive.timeout", .. }),
+        ),
     ]
 }
 

@@ -210,6 +210,11 @@ pub const MAX_INLINE: u32 = 1024;
 /// [`Config::large_buffers`] classes.
 pub const MAX_CLASSES: usize = 256;
 
+/// The longest time setting (a year): deadlines are the clock plus a
+/// setting, and a longer one would overflow it. [`Config::give_back_after`]
+/// may also be `Duration::MAX` (never).
+pub const MAX_TIME_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Why [`Config::check`] refused a configuration (the field to change is
 /// in the message).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -277,6 +282,17 @@ pub enum ConfigError {
     /// `Config::max_requests` is 0.
     #[error("Config::max_requests is 0: a server would refuse every request; set it to 1 or more (1,024 is the default)")]
     NoRequests,
+    /// A time setting is longer than [`MAX_TIME_SETTING`].
+    #[error(
+        "Config::{setting} is {value:?}, longer than a year ({max:?}): the deadlines it sets would overflow the          clock; give a year or less (for a call that may wait as long as it likes, a year will do)",
+        max = MAX_TIME_SETTING
+    )]
+    TimeTooLong {
+        /// The setting.
+        setting: &'static str,
+        /// Its value.
+        value: Duration,
+    },
     /// The settings need more work requests on the send queue than a queue
     /// can be asked for.
     #[error(
@@ -477,6 +493,24 @@ impl Config {
         }
         if self.max_requests == 0 {
             return Err(ConfigError::NoRequests);
+        }
+        let keepalive = self.keepalive.map_or([Duration::ZERO; 2], |k| [k.interval, k.timeout]);
+        let times = [
+            ("lease_time", self.lease_time),
+            ("safety_margin", self.safety_margin),
+            ("call_timeout", self.call_timeout),
+            ("busy_poll", self.busy_poll),
+            ("serve_busy_poll", self.serve_busy_poll),
+            ("ack_timeout", self.ack_timeout),
+            (
+                "give_back_after",
+                if self.give_back_after == Duration::MAX { Duration::ZERO } else { self.give_back_after },
+            ),
+            ("keepalive.interval", keepalive[0]),
+            ("keepalive.timeout", keepalive[1]),
+        ];
+        if let Some(&(setting, value)) = times.iter().find(|(_, t)| *t > MAX_TIME_SETTING) {
+            return Err(ConfigError::TimeTooLong { setting, value });
         }
         Ok(())
     }
