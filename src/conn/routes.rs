@@ -104,12 +104,31 @@ impl<T> Routes<T> {
         self.reserved = self.reserved.saturating_sub(u64::from(entries));
     }
 
+    /// Before [`Routes::open`] of the QP numbered `qpn`, just created: if
+    /// `qpn` has a stuck route (a QP whose destroy failed), its QP is gone
+    /// (a device gives a number to one live QP only; the NIC handle's end
+    /// destroyed it). `drain` takes what it left on the queue off first (as
+    /// orphans: the new QP has completed nothing yet), then the route and
+    /// its reservation are forgotten. Whether there was one.
+    pub(super) fn take_over_stuck(&mut self, qpn: u32, drain: impl FnOnce(&mut Self)) -> bool {
+        if !self.by_qpn.get(&qpn).is_some_and(|r| r.stuck) {
+            return false;
+        }
+        drain(self);
+        if let Some(old) = self.by_qpn.remove(&qpn) {
+            self.reserved -= u64::from(old.entries);
+            self.stuck -= 1;
+        }
+        true
+    }
+
     /// Route the QP numbered `qpn`, just created with `entries` reserved,
     /// before it can complete anything.
     ///
     /// # Panics
     /// If `qpn` has a route: a device never gives a live QP's number to
-    /// another, and a QP destroyed through [`Routes::retire`] has none.
+    /// another, a QP destroyed through [`Routes::retire`] has none, and a
+    /// stuck one's is taken over first ([`Routes::take_over_stuck`]).
     pub(super) fn open(&mut self, qpn: u32, entries: u32) {
         let old = self.by_qpn.insert(qpn, Route { target: None, held: Vec::new(), entries, stuck: false });
         assert!(
@@ -309,6 +328,36 @@ mod tests {
         assert!(r.retire(7, |_| {}, || true, |_| {}).is_none());
         assert_eq!(r.reserved(), 40, "only the up-front entries stay");
         assert_eq!(r.len(), 0);
+    }
+
+    /// A QP whose destroy failed keeps a stuck route (its completions
+    /// orphans, its entries reserved). When the device gives its number to
+    /// a new QP, the old one is gone: what it left on the queue is drained
+    /// as orphans, its reservation given back, and the new QP routed (this
+    /// panicked in `open`).
+    #[test]
+    fn a_stuck_routes_number_given_to_a_new_qp_is_taken_over() {
+        let mut r = Routes::<u64>::new(100, 0).unwrap();
+        r.reserve(10).unwrap();
+        r.open(7, 10);
+        r.attach(7, 77, &mut Vec::new()).unwrap();
+        assert_eq!(r.retire(7, |_| {}, || false, |_| {}), Some(77), "its target goes; the route stays");
+        assert_eq!((r.stuck, r.reserved()), (1, 10));
+        assert!(!r.take_over_stuck(8, |_| unreachable!("no route of 8")));
+        r.reserve(20).unwrap();
+        let mut drained = 0;
+        let taken = r.take_over_stuck(7, |r| {
+            // The old QP's last completion, still on the queue.
+            assert!(matches!(r.route(wc(7, 1)), Routed::Orphan));
+            drained += 1;
+        });
+        assert!(taken);
+        assert_eq!(drained, 1, "drained before the route went");
+        assert_eq!((r.stuck, r.reserved()), (0, 20), "the old reservation given back");
+        r.open(7, 20);
+        assert!(matches!(r.route(wc(7, 2)), Routed::Held), "the new QP's completion waits for its target");
+        r.attach(7, 78, &mut Vec::new()).unwrap();
+        assert!(matches!(r.route(wc(7, 3)), Routed::To(78)));
     }
 
     /// Every SEND_WITH_INV is noted as it is routed, with the target of

@@ -512,8 +512,24 @@ impl<N: Nic + 'static> Hub<N> {
         // The QP has posted nothing and is not connected: it has no
         // completion yet, and is known to the hub before it can have one.
         // A QP destroyed with this number had its completions drained under
-        // the lock by then.
-        self.routes.lock().open(prepared.local().qpn, entries);
+        // the lock by then; one whose destroy failed (a stuck route) is
+        // gone now that the device gave its number out again, and what it
+        // left on the queue is drained first.
+        let qpn = prepared.local().qpn;
+        let mut routes = self.routes.lock();
+        let took = routes.take_over_stuck(qpn, |routes| {
+            if let Err(e) = self.poll(routes, true) {
+                tracing::warn!(%e, "polling the hub's completion queue");
+            }
+        });
+        if took {
+            tracing::info!(
+                qpn,
+                "a new queue pair has the number of one whose destroy failed: its route is the new one's"
+            );
+        }
+        routes.open(qpn, entries);
+        drop(routes);
         Ok(prepared)
     }
 
