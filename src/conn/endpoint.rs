@@ -45,6 +45,14 @@ impl<N: Nic> Clone for Endpoint<N> {
 /// The future that runs every connection of an [`Endpoint`]: spawn it
 /// once (or `block_on` it on a thread of its own). It ends once every
 /// [`Endpoint`] clone is dropped and every connection has finished.
+///
+/// Nothing else runs the connections' timers and turns: dropped before it
+/// ends (its task aborted, a runtime shut down, a `select!` that drops it
+/// while the work goes on), it leaves calls waiting past their timeout and
+/// `close()` and `finished()` never completing (memory stays safe: no
+/// buffer is taken back without evidence). Drop it only with the endpoint
+/// and its connections, as when a `select!` of the driver and the work
+/// ends with the work.
 pub struct EndpointDriver<N: Nic> {
     hub: Arc<Hub<N>>,
     streams: mpsc::UnboundedReceiver<Watch>,
