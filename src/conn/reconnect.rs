@@ -277,7 +277,11 @@ async fn sleep_unless_stopped<N: Nic>(state: &Mutex<State<N>>, wait: Duration) {
         if st.stopped {
             return Poll::Ready(());
         }
-        st.waiters.push(cx.waker().clone());
+        // (Once per waker: the timer wakes this task too, and each of its
+        // wake-ups would add a clone until the waiters are woken.)
+        if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            st.waiters.push(cx.waker().clone());
+        }
         Poll::Pending
     })
     .await;
