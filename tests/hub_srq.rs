@@ -912,6 +912,79 @@ fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
     drop(hs);
 }
 
+/// The mirror of the test above, for a client endpoint with shared
+/// receives: a server that ran the auth and hello, connected its QP to the
+/// client's and sent 40 SENDs without its ready byte. The client's QP is up
+/// from the hello on, and its connection went on the endpoint only after
+/// the ready byte: until then its route held every receive those SENDs
+/// took, the shared queue ran dry, and another connection's reply met
+/// RNR. The connection is now on the endpoint as soon as its QP is up:
+/// the SENDs are frames it takes (past its credit they end only it), and
+/// their receives go back to the queue.
+#[test]
+fn a_server_before_its_ready_byte_takes_none_of_a_clients_shared_receives() {
+    use async_io::Async;
+    use mwcap::bootstrap::{authenticate_server_async, Auth, Capabilities, Hello, PolicySet};
+    use mwcap::conn::frame::Frame;
+    let fabric = Fabric::with_seed(43);
+    let cn = fabric.add_device(DeviceConfig::spec().named("c"));
+    let sn = fabric.add_device(DeviceConfig::spec().named("s"));
+    let mn = fabric.add_device(DeviceConfig::spec().named("m"));
+    let sdev = sn.device();
+    let mut pool = LocalPool::new();
+    let ch = hubs::endpoint(
+        &pool,
+        shared(cn, 1 << 14, SrqConfig { chunk: 32, max_slots: 32 })
+            .config(cfg(Role::Client).cfg)
+            .handshake_timeout(Duration::from_secs(5)),
+    );
+    let sh = hubs::endpoint(&pool, builder(sn).queue_depth(1 << 14));
+    let (vclient, victim) = hubs::pair(&ch, &sh, cfg(Role::Client), cfg(Role::Server));
+    spawn(&pool, serve(victim.clone()));
+    pool.run_until(async { vclient.call(b"x", None).await.expect("the victim's first call") });
+    // The attacker: a server that runs auth and hello, connects its own QP
+    // to the client's, sends 40 pings, and never the ready byte.
+    let listener = Async::<std::net::TcpListener>::bind(([127, 0, 0, 1], 0)).unwrap();
+    let addr = listener.get_ref().local_addr().unwrap();
+    let client = ch.clone();
+    spawn(&pool, async move {
+        let _ = client.connect(addr).await;
+    });
+    let mut m = cfg(Role::Server).link(mn.new_pd().unwrap()).unwrap();
+    let mut caps = Capabilities::new();
+    caps.serve = PolicySet::MW;
+    let hello = Hello::new(m.local(), caps);
+    let hs = pool.run_until(async {
+        let t = Duration::from_secs(5);
+        let authed = authenticate_server_async(&listener, &Auth::Unauthenticated, t).await.expect("auth");
+        authed.hello(&hello, t).await.expect("hello")
+    });
+    m.connect(&hs.remote_endpoint()).unwrap();
+    let n = 40u64;
+    let tx = m.nic().reg_mr(n as usize * 64, Access::LOCAL_WRITE).unwrap();
+    let mut wrs = Vec::new();
+    for i in 0..n {
+        let bytes = Frame::Ping { seq: i }.encode().unwrap();
+        m.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
+        let sge = SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 });
+        wrs.push(SendWr::Send { wr_id: 0xf100 + i, signaled: false, sge });
+    }
+    for chunk in wrs.chunks(8) {
+        m.nic().post_send(m.local().id, chunk).unwrap();
+    }
+    for _ in 0..50 {
+        fabric.run_until_idle();
+        pool.run_until_stalled();
+    }
+    // The victim's next calls are answered, their replies never refused.
+    for _ in 0..3 {
+        let r = pool.run_until(async { vclient.call(b"x", None).await.map(|_| ()) });
+        assert!(r.is_ok(), "an honest connection's call failed because of another peer's handshake: {r:?}");
+    }
+    assert_eq!(rnr_naks(&fabric, &victim, sdev), 0, "the honest server's replies met no empty queue");
+    drop(hs);
+}
+
 /// A connection whose share grew while it was busy gives it back once its
 /// peer has been idle for `Config::give_back_after` (1 s by default): the
 /// endpoint asks the peer

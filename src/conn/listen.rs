@@ -266,9 +266,20 @@ async fn finish_setup_async<N: Nic + 'static>(
     let (remote, credits) = (hs.remote_endpoint(), hs.peer().caps.start_credits);
     let (connection, stream) = match role {
         Role::Client => {
+            // On the hub as soon as its queue pair is up: the server may
+            // send from then on, and frames a connection not on the hub
+            // received would hold the endpoint's shared receives until the
+            // handshake ended (past its credit a flood ends only this
+            // connection). Closed if the ready byte does not come.
             endpoint.connect_with(&remote, credits)?;
-            let stream = hs.ready(opts.timeout).await?;
-            (hub.add(endpoint, peer_identity.clone()), stream)
+            let connection = hub.add(endpoint, peer_identity.clone());
+            match hs.ready(opts.timeout).await {
+                Ok(stream) => (connection, stream),
+                Err(e) => {
+                    connection.close();
+                    return Err(e.into());
+                }
+            }
         }
         Role::Server => {
             // The client's ready byte before the queue pair is up, and the
