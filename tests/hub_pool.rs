@@ -494,6 +494,14 @@ fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
             2,
             "{fails:?}: the stuck QP's buffer stays out of the pool"
         );
+        // A user still holding the connection takes nothing more from the
+        // pool (each buffer taken and dropped joined what the stuck
+        // connection keeps: a loop of these drained the pool).
+        for _ in 0..4 {
+            assert!(a.try_alloc().is_none(), "{fails:?}: a buffer for a connection that is down");
+        }
+        pool.run_until(async_io::Timer::after(Duration::from_millis(5)));
+        assert_eq!(sh.stats().buffers.unwrap().free, 2, "{fails:?}: nothing taken from the pool");
         drop(a);
         pool.run_until(async_io::Timer::after(Duration::from_millis(20)));
         let st = sh.stats().buffers.unwrap();

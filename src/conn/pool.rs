@@ -367,10 +367,12 @@ impl Slots {
         Some(i)
     }
 
-    /// Take a buffer of the pool for slot `i` of class `k` (backed).
+    /// Take a buffer of the pool for slot `i` of class `k` (backed); none
+    /// while quarantined (the connection is down: what it took would only
+    /// join what it keeps until its QP is gone).
     #[inline(never)]
     fn back(&mut self, k: usize, i: u32, outgoing: bool) -> Option<()> {
-        let b = self.backed.as_mut()?;
+        let b = self.backed.as_mut().filter(|b| !b.quarantined)?;
         let class = b.class[k];
         let of = b.pool.take(b.member, class, outgoing)?;
         b.of[i as usize] = of;
@@ -579,6 +581,10 @@ mod tests {
         s.release_backing(false);
         assert!(s.hand(b, Holder::Reading, Holder::Free));
         assert_eq!(pool.stats().free, 2, "freed while quarantined: kept");
+        // Nor does a quarantined connection take more (each take after a
+        // give drained the pool into what it keeps).
+        assert_eq!(s.take(Holder::User), None);
+        assert_eq!(pool.stats().free, 2, "a quarantined connection takes no buffer");
         s.release_backing(false);
         assert_eq!(pool.stats().free, 2);
         s.release_backing(true);

@@ -350,9 +350,10 @@ impl<N: Nic> Connection<N> {
     }
 
     /// Take a free buffer from the pool, or `None` when every buffer is in
-    /// use. [`Connection::alloc`] waits for one instead.
+    /// use or the connection is down. [`Connection::alloc`] waits for one
+    /// instead.
     pub fn try_alloc(&self) -> Option<Buf> {
-        self.peek(|s| s.ep.alloc())
+        self.peek(|s| if s.down.is_some() { None } else { s.ep.alloc() })
     }
 
     /// Take a free buffer from the pool, waiting until one is free. Fails
