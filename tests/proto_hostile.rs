@@ -492,3 +492,20 @@ fn messages_queued_before_a_reply_leave_room_for_its_payload() {
         "the reply carries its payload's offer: {attach:?}"
     );
 }
+
+/// The connection's time never goes back: a call started with a clock
+/// read before a turn that read a later one (the driver reads it once for
+/// a loop of turns) counts from the later time, so no engine sees time go
+/// back and no deadline is set in the past of one already seen.
+#[test]
+fn a_late_clock_reading_does_not_take_the_connections_time_back() {
+    let mut v = Victim::new(Role::Client, Policy::Mw);
+    let timeout = Config::default().call_timeout;
+    v.conn.handle_timeout(Duration::from_millis(100));
+    v.conn.call_inline(Duration::from_millis(50), None, b"h", b"").expect("the call");
+    assert_eq!(
+        v.conn.poll_timeout(),
+        Some(Duration::from_millis(100) + timeout),
+        "the call's deadline counts from the latest time seen"
+    );
+}

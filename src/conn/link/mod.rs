@@ -379,6 +379,9 @@ impl<N: Nic> Link<N> {
     /// by whoever polls it) and the frames they received to the connection,
     /// and post what it asks for.
     pub(crate) fn handle_completions(&mut self, now: Duration, completions: &[Completion]) {
+        // The driver read the clock before it took this connection, and a
+        // caller may have taken it since with a later time.
+        let now = self.conn.advance(now);
         let span = self.span.clone();
         let _in = span.enter();
         for c in completions {

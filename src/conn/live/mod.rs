@@ -460,8 +460,10 @@ impl<N: Nic> Connection<N> {
     ) -> Result<Reply, CallError> {
         // Its result's slot, taken under the lock the call starts under.
         let slot = poll_fn(|cx| {
-            let now = self.inner.now();
+            // The clock read under the lock: a wait for it would make the
+            // time a lease starts at stale (its grant goes out later).
             let mut st = self.inner.state.lock();
+            let now = self.inner.now();
             let r = attempt(&mut st.ep, now, data.take());
             let r = self
                 .committed_or_wait(&mut st, cx, r, &mut data)
@@ -607,8 +609,9 @@ impl<N: Nic> Connection<N> {
         mut attempt: impl FnMut(&mut Link<N>, Duration, Option<Buf>) -> Result<(), Refused> + 'a,
     ) -> impl Future<Output = Result<(), Refused>> + 'a {
         poll_fn(move |cx| {
-            let now = self.inner.now();
+            // The clock read under the lock, as `make_call`'s.
             let mut st = self.inner.state.lock();
+            let now = self.inner.now();
             let r = attempt(&mut st.ep, now, data.take());
             let r = self.committed_or_wait(&mut st, cx, r, &mut data);
             if matches!(r, Poll::Ready(Err(_))) {

@@ -80,7 +80,7 @@ impl Connection {
         header: &[u8],
         range: RegionRange,
     ) -> Result<CallId, UseError> {
-        self.now = now;
+        let now = self.advance(now);
         self.settle(); // room for the frame's own messages (`settle`)
         let slot = self.take_range(range)?;
         let exposed = self
@@ -140,7 +140,7 @@ impl Connection {
         inline: &[u8],
         redeem: bool,
     ) -> Result<CallId, Refused> {
-        self.now = now;
+        let now = self.advance(now);
         self.settle(); // room for the frame's own messages (`settle`)
         let exposed = check_inline(header, inline, self.cfg.inline_max)
             .and_then(|()| self.check_call(header, data.as_ref()))
@@ -275,7 +275,7 @@ impl Connection {
     /// Client: give up on a call. Its exposures end as the protocols allow
     /// (an mw window stays bound until the peer releases or it expires).
     pub fn cancel(&mut self, now: Duration, call: CallId) -> bool {
-        self.now = now;
+        let now = self.advance(now);
         let live = self.calls.contains_key(&call.0);
         if live {
             self.abandon_call(now, call.0, CallError::Cancelled);
@@ -357,7 +357,7 @@ impl Connection {
         data: Option<Buf>,
         inline: &[u8],
     ) -> Result<(), Refused> {
-        self.now = now;
+        let now = self.advance(now);
         self.settle(); // room for the frame's own messages (`settle`)
         let fetch = match check_inline(header, inline, self.cfg.inline_max)
             .and_then(|()| self.check_reply(req, header, data.as_ref()))
@@ -411,7 +411,7 @@ impl Connection {
         lease: Option<Duration>,
     ) -> Result<Option<u64>, UseError> {
         let lease = lease.map_or(self.cfg.lease_time, |l| l.min(self.cfg.lease_time));
-        self.now = now;
+        let now = self.advance(now);
         self.settle(); // room for the frame's own messages (`settle`)
         let fetch = self.check_reply(req, header, None).map_err(|e| self.counted(e))?;
         let slot = self.take_range(range)?;

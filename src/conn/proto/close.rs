@@ -67,7 +67,7 @@ impl Connection {
     /// [`LossReason::PeerMisbehaved`]; `Closed` is `begin_close`), unless
     /// it was down already.
     pub fn peer_lost(&mut self, now: Duration, why: LossReason) {
-        self.now = now;
+        let now = self.advance(now);
         self.dirty = true;
         match why {
             LossReason::PeerMisbehaved(what) => self.misbehaved(now, what),
@@ -131,7 +131,7 @@ impl Connection {
     /// shared pool's buffers among them never go back to the pool. The
     /// connection is down. Returns how many buffers and ranges are kept.
     pub fn handle_qp_stuck(&mut self, now: Duration) -> usize {
-        self.now = now;
+        let now = self.advance(now);
         self.go_down(now, LossReason::Closed);
         self.bufs.quarantine();
         self.busy_buffers()
@@ -140,7 +140,7 @@ impl Connection {
     /// The QP is destroyed: no DMA through it is possible any more, so every
     /// buffer comes back. Idempotent.
     pub fn handle_qp_destroyed(&mut self, now: Duration) {
-        self.now = now;
+        let now = self.advance(now);
         self.go_down(now, LossReason::Closed);
         if self.destroyed {
             return;

@@ -36,6 +36,9 @@ impl Connection {
     /// successful receive, `frame` is the received bytes (see
     /// [`Connection::received_frame`]); otherwise it is ignored.
     pub fn handle_completion(&mut self, now: Duration, c: &Completion, frame: &[u8]) {
+        // No earlier than the connection's time: the I/O layer advances it
+        // once a batch ([`Connection::advance`]), not once a completion.
+        debug_assert!(now >= self.now, "a completion's time before the connection's");
         self.now = now;
         self.dirty = true;
         self.stats.completions += 1;

@@ -22,7 +22,7 @@ impl Connection {
     /// delegation was revoked), as `Endpoint::revoke` describes (under
     /// confirm the range returns at once). Whether an exposure was found to end.
     pub(crate) fn revoke_exposure(&mut self, now: Duration, exposure: u64) -> bool {
-        self.now = now;
+        let now = self.advance(now);
         let Some(slot) = self.exposed_slot(exposure) else { return false };
         let revoked = if let Some(o) = self.owner.as_mut() {
             let lease = o.leases.iter().find(|&(_, &s)| s == slot).map(|(&l, _)| l);

@@ -635,6 +635,16 @@ impl Connection {
 
     // ---- outputs ----
 
+    /// Time has reached `now` (an entry point's): the connection's time,
+    /// which never goes back. A caller may read the clock before a turn
+    /// that read it earlier takes the connection (the driver reads it once
+    /// for a loop of turns), and the engines must not see time go back.
+    #[inline]
+    pub(crate) fn advance(&mut self, now: Duration) -> Duration {
+        self.now = self.now.max(now);
+        self.now
+    }
+
     /// Run the engines if inputs arrived since they last ran.
     ///
     /// Calls and replies settle before they build their frame: what the
@@ -771,7 +781,7 @@ impl Connection {
     /// down (`ExceedsCredit`). No receive is consumed, so none is posted
     /// again nor granted back to the peer.
     pub fn fuzz_deliver(&mut self, now: Duration, bytes: &[u8], invalidated: Option<u32>) {
-        self.now = now;
+        let now = self.advance(now);
         self.dirty = true;
         self.frame_in(now, &bytes[..bytes.len().min(MAX_FRAME)], invalidated);
     }

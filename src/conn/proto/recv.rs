@@ -26,7 +26,7 @@ impl Connection {
             return false;
         }
         tracing::warn!(rkey, "a window of this connection was invalidated through another queue pair");
-        self.now = now;
+        let now = self.advance(now);
         self.dirty = true;
         // Down with this reason before the engine's flush says "hostile peer".
         self.go_down(now, LossReason::LeaseEngine(mw::LossCause::InvalidatedElsewhere));

@@ -67,7 +67,7 @@ impl Connection {
 
     /// Time has reached `now`: fire the engines' timers and call deadlines.
     pub fn handle_timeout(&mut self, now: Duration) {
-        self.now = now;
+        let now = self.advance(now);
         // A call out of time whose reply came but whose payload found no
         // free buffer says so (the user's buffers, not the server, are
         // the matter); asked before the engines' timers end its fetch.
