@@ -422,6 +422,7 @@ impl Owner {
             s.peer_invalidated = true;
             s.window.handle
         });
+        self.withdraw_invalidation(rkey);
         self.events.push_back(OwnerEvent::PeerMisbehaved(Misbehavior::SendWithInvalidate { rkey, window }));
         self.flush_for(LossCause::HostilePeer);
         self.settle(None);
@@ -465,6 +466,7 @@ impl Owner {
         }
         slot.peer_invalidated = true;
         self.stats.peer_invalidations += 1;
+        self.withdraw_invalidation(rkey);
         self.flush_for(LossCause::InvalidatedElsewhere);
         self.settle(None);
         self.check_indexes();
@@ -583,6 +585,25 @@ impl Owner {
             window: slot.window.handle,
             rkey: slot.window.rkey,
         });
+    }
+
+    /// The window bound with `rkey` was invalidated by someone else: a
+    /// LOCAL_INV of it still queued (the driver has not taken it: the
+    /// release came in the same batch) is withdrawn, for the window has had
+    /// its one invalidation and on rxe a second panics the kernel. (One the
+    /// driver took is posted before the move to ERR this asks for, and
+    /// flushed by it, unless that move fails.) Its slot waits for the QP's
+    /// destroy, as any the peer invalidated.
+    fn withdraw_invalidation(&mut self, rkey: u32) {
+        let queued = self.actions.len();
+        self.actions.retain(|a| !matches!(a, OwnerAction::Invalidate { rkey: r, .. } if *r == rkey));
+        if self.actions.len() == queued {
+            return;
+        }
+        if let Some(s) = self.slots.iter_mut().find(|s| s.window.rkey == rkey && s.inv_pending) {
+            s.inv_pending = false;
+            self.pending_wrs -= 1;
+        }
     }
 
     /// A window was invalidated behind the owner's back: the QP must be
@@ -739,6 +760,40 @@ mod tests;
 #[cfg(test)]
 mod wrap {
     use super::*;
+
+    /// The peer's release and its SEND_WITH_INV of the same window come in
+    /// one batch, before the driver takes the LOCAL_INV the release queued:
+    /// the LOCAL_INV is withdrawn (the window had its one invalidation, and
+    /// on rxe a second panics the kernel), the QP is flushed, and the
+    /// buffer comes back at the destroy. Before, the LOCAL_INV stayed
+    /// queued, and went out on a live QP if the move to ERR failed.
+    #[test]
+    fn a_queued_invalidation_of_a_window_the_peer_invalidated_is_withdrawn() {
+        let mut o = Owner::new(1, [Window { handle: 0, rkey: 0x100 }]);
+        let buffer = Buffer { mr: 1, offset: 0, len: 8, addr: 0x1000 };
+        let t = Duration::ZERO;
+        let lease = o.grant(t, buffer, Duration::from_secs(1)).expect("a free window");
+        let Some(OwnerAction::BindAndGrant(bg)) = o.poll_action() else { panic!("a bind") };
+        o.handle_completion(t, bg.send_token, Status::Success);
+        assert!(o.revoke(t, lease).is_ok());
+        // The LOCAL_INV is queued, not taken; the peer invalidates the window.
+        o.handle_peer_invalidation(t, bg.rkey);
+        let actions: Vec<_> = std::iter::from_fn(|| o.poll_action()).collect();
+        assert!(
+            !actions.iter().any(|a| matches!(a, OwnerAction::Invalidate { .. })),
+            "no second invalidation: {actions:?}"
+        );
+        assert!(actions.iter().any(|a| matches!(a, OwnerAction::FlushQp)), "the QP is flushed: {actions:?}");
+        assert_eq!(
+            o.waits_for_destroy(),
+            1,
+            "nothing posted waits for a completion: the buffer waits for the destroy"
+        );
+        o.handle_qp_destroyed(t);
+        let returned =
+            std::iter::from_fn(|| o.poll_event()).any(|e| matches!(e, OwnerEvent::BufferReturned { .. }));
+        assert!(returned, "the buffer comes back at the destroy");
+    }
 
     /// After 2^32 binds of a window its bind number wraps: it skips 0,
     /// which names no bind (before, the 2^32nd-and-first lease was taken
