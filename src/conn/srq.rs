@@ -281,7 +281,13 @@ impl<N: Nic> SharedReceives<N> {
         if n == 0 {
             return Err(SetupError::SrqBudget { max_slots: self.cfg.max_slots, shares: st.shares });
         }
-        let mem = Registered::register(&self.nic, n as usize * MAX_FRAME, Access::LOCAL_WRITE)?;
+        let mem = match Registered::register(&self.nic, n as usize * MAX_FRAME, Access::LOCAL_WRITE) {
+            Ok(mem) => mem,
+            Err(e) => {
+                self.rearm_limit(st);
+                return Err(e.into());
+            }
+        };
         let mr = mem.info.id;
         // Slab i's receives are numbered from i x chunk (`place`), whatever
         // came of the others: the first free place.
@@ -310,9 +316,20 @@ impl<N: Nic> SharedReceives<N> {
             s.held = posted;
         }
         if let Some(e) = failed {
+            self.rearm_limit(st);
             return Err(e.into());
         }
         Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
+    }
+
+    /// After a growth that failed part-way: the limit event (disarmed when
+    /// it fired, which may be what asked for the growth) is armed again
+    /// for what is posted, so that the next time the queue runs low asks
+    /// again. (Its own failure is only logged: the growth's is returned.)
+    fn rearm_limit(&self, st: &State) {
+        if let Err(e) = self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1)) {
+            tracing::warn!(%e, "arming the shared receive queue's limit event again");
+        }
     }
 
     /// After the shares shrank: while a whole chunk is free beyond twice
@@ -626,6 +643,45 @@ mod tests {
         // And the queue grows again in its place.
         srq.admit(24).unwrap();
         assert_eq!(srq.stats().slots, 32);
+    }
+
+    /// A growth that fails (here its chunk's first receive cannot be
+    /// posted) arms the limit event again: the event that asked for it
+    /// fired once, and before it stayed disarmed, so the queue running low
+    /// later asked for nothing.
+    #[test]
+    fn a_failed_growth_arms_the_limit_event_again() {
+        use crate::backend::{ops::NicOps, Access, QpConfig, SendWr, Sge, SgeList};
+        let fabric = Fabric::with_seed(6);
+        let a = fabric.add_device(DeviceConfig::spec().named("a"));
+        let b = fabric.add_device(DeviceConfig::spec().named("b"));
+        let srq = SharedReceives::new(b.clone(), SrqConfig { chunk: 16, max_slots: 64 }, false).unwrap();
+        srq.admit(8).unwrap();
+        let (acq, bcq) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut on_srq = QpConfig::new(bcq, bcq);
+        on_srq.srq = Some(srq.id());
+        let (x, y) = (a.create_qp(QpConfig::new(acq, acq)).unwrap(), b.create_qp(on_srq).unwrap());
+        a.connect_qp(x.id, &y).unwrap();
+        b.connect_qp(y.id, &x).unwrap();
+        let src = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        let send = |n: u64| {
+            for k in 0..n {
+                let sge = SgeList::one(Sge { mr: src.id, offset: 0, len: 16 });
+                a.post_send(x.id, &[SendWr::Send { wr_id: k, sge, signaled: false }]).unwrap();
+            }
+            fabric.run_until_idle();
+        };
+        // 16 posted, the limit at 2: 15 taken leave 1, and the event fires.
+        send(15);
+        // The growth it asks for fails.
+        b.fail_next(crate::sim::Verb::PostSrqRecv, 1);
+        for _ in 0..LIMIT_CHECK_EVERY {
+            srq.check_limit();
+        }
+        assert_eq!(srq.stats().slots, 16, "the growth failed");
+        // Armed again at 2 for the 16 posted: one more taken fires it.
+        send(1);
+        assert!(b.take_srq_limit(srq.id()).unwrap(), "the limit event is armed again");
     }
 
     /// Connections take more send slots than one chunk holds: the hub
