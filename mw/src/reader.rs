@@ -310,13 +310,7 @@ impl Reader {
     }
 
     /// A READ completed (route by [`Token::engine`]).
-    pub fn handle_completion(&mut self, now: Duration, token: Token, status: Status) {
-        // Deadlines that passed before this completion was handled (a
-        // driver's late turn, which takes completions before timers) count
-        // first: a READ completed past its lease's end is never handed out.
-        if self.link == Link::Up && self.deadlines.peek().is_some_and(|(d, _)| d <= now) {
-            self.handle_timeout(now);
-        }
+    pub fn handle_completion(&mut self, _now: Duration, token: Token, status: Status) {
         let idx = token.slot() as usize;
         let slot = match self.slots.get_mut(idx) {
             Some(s)

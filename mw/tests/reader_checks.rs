@@ -205,26 +205,3 @@ fn a_read_that_succeeds_after_its_timeout_fails_as_timed_out() {
         vec![ReaderEvent::ReadFailed { lease: g.lease, dest: dest(0), error: ReadError::TimedOut }]
     );
 }
-
-/// A READ whose completion is handled after its deadline, before any
-/// timeout was handled (a driver's late turn takes completions first), is
-/// not handed out: its deadline counts first, as if the timer had run in
-/// time. One handled in time is.
-#[test]
-fn a_read_completed_past_its_deadline_is_never_handed_out() {
-    let mut r = reader(ReleaseMode::Message);
-    r.handle_grant(ms(0), grant(0), dest(0));
-    let t = read_token(&mut r);
-    r.handle_completion(ms(25), t, Status::Success);
-    let ev = events(&mut r);
-    assert!(!ev.iter().any(|e| matches!(e, ReaderEvent::ReadDone { .. })), "{ev:?}");
-    assert!(
-        ev.iter().any(|e| matches!(e, ReaderEvent::ReadFailed { error: ReadError::TimedOut, .. })),
-        "{ev:?}"
-    );
-    let mut r = reader(ReleaseMode::Message);
-    r.handle_grant(ms(0), grant(0), dest(0));
-    let t = read_token(&mut r);
-    r.handle_completion(ms(5), t, Status::Success);
-    assert!(events(&mut r).iter().any(|e| matches!(e, ReaderEvent::ReadDone { .. })));
-}
