@@ -72,8 +72,16 @@ impl Victim {
         });
     }
 
-    /// The peer's SEND of `bytes` lands in the oldest posted receive.
+    /// The peer's SEND of `bytes` lands in the oldest posted receive, and
+    /// the connection's commands are taken.
     fn receive(&mut self, bytes: &[u8], invalidated: Option<u32>) {
+        self.receive_unsettled(bytes, invalidated);
+        self.take_commands();
+    }
+
+    /// As [`Victim::receive`], but the commands the completion queued stay
+    /// with the connection (a batch of completions with no settle between).
+    fn receive_unsettled(&mut self, bytes: &[u8], invalidated: Option<u32>) {
         let wr_id = self.recvs.pop_front().expect("a receive is posted");
         let c = Completion {
             wr_id,
@@ -86,7 +94,6 @@ impl Victim {
         };
         assert!(self.conn.received_frame(&c).is_some(), "a successful receive carries a frame");
         self.conn.handle_completion(Duration::from_millis(1), &c, bytes);
-        self.take_commands();
     }
 
     /// The connection is down for `want`, said so once in an event, and
@@ -441,25 +448,14 @@ fn messages_queued_before_a_reply_leave_room_for_its_payload() {
     v.receive(&request(1, &[fetch]), None);
     let Some(Event::Request { req, .. }) = v.conn.poll_event() else { panic!("the request") };
     // Four confirms in one batch, handed over without a settle between
-    // them and the reply (`Victim::receive` settles).
+    // them and the reply.
     for m in 0..4u64 {
         let confirm = confirm_attach(fb::Message::Confirm {
             msg: fb::MsgId::from_raw(100 + m),
             buffer: fb::BufferId::from_raw(0),
             generation: fb::Generation::from_raw(1),
         });
-        let bytes = Frame::Engine(confirm).encode().unwrap();
-        let wr_id = v.recvs.pop_front().expect("a receive is posted");
-        let c = Completion {
-            wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: bytes.len() as u32,
-            invalidated_rkey: None,
-            qpn: 1,
-            vendor_err: 0,
-        };
-        v.conn.handle_completion(Duration::from_millis(1), &c, &bytes);
+        v.receive_unsettled(&Frame::Engine(confirm).encode().unwrap(), None);
     }
     let mut buf = v.conn.alloc().expect("a buffer");
     buf.copy_from(&[0x5a; 100]).unwrap();
