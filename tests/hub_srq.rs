@@ -131,6 +131,23 @@ fn rnr_naks(fabric: &Fabric, c: &Connection<SimNic>, dev: DeviceId) -> u64 {
 /// The simulator's SRQ: QPs of one PD take its receives oldest first, each
 /// completion carries its own QP's number; the limit event fires once; a
 /// QP in ERR flushes none of them; a QP of another PD cannot use it.
+/// Posts `n` pings on `link`'s QP, unsignaled, eight to a doorbell: a peer
+/// that sends before its ready byte.
+fn flood_pings(link: &Link<SimNic>, n: u64) {
+    use mwcap::conn::frame::Frame;
+    let tx = link.nic().reg_mr(n as usize * 64, Access::LOCAL_WRITE).unwrap();
+    let mut wrs = Vec::new();
+    for i in 0..n {
+        let bytes = Frame::Ping { seq: i }.encode().unwrap();
+        link.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
+        let sge = SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 });
+        wrs.push(SendWr::Send { wr_id: 0xf100 + i, signaled: false, sge });
+    }
+    for chunk in wrs.chunks(8) {
+        link.nic().post_send(link.local().id, chunk).unwrap();
+    }
+}
+
 #[test]
 fn the_simulated_srq_serves_its_qps_in_post_order_and_raises_its_limit_once() {
     let fabric = Fabric::with_seed(5);
@@ -864,7 +881,6 @@ fn start_credits_are_told_in_the_hello_and_an_idle_connection_holds_only_those()
 #[test]
 fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
     use mwcap::backend::QpState;
-    use mwcap::conn::frame::Frame;
     let fabric = Fabric::with_seed(41);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -886,18 +902,7 @@ fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
     // 40 pings, and never the ready byte.
     let mut c = cfg(Role::Client).link(cn.new_pd().unwrap()).unwrap();
     let (hs, at, _rx) = hubs::half_bootstrap(&mut pool, &sh, sdev, &mut c);
-    let n = 40u64;
-    let tx = c.nic().reg_mr(n as usize * 64, Access::LOCAL_WRITE).unwrap();
-    let mut wrs = Vec::new();
-    for i in 0..n {
-        let bytes = Frame::Ping { seq: i }.encode().unwrap();
-        c.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
-        let sge = SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 });
-        wrs.push(SendWr::Send { wr_id: 0xf100 + i, signaled: false, sge });
-    }
-    for chunk in wrs.chunks(8) {
-        c.nic().post_send(c.local().id, chunk).unwrap();
-    }
+    flood_pings(&c, 40);
     for _ in 0..50 {
         fabric.run_until_idle();
         pool.run_until_stalled();
@@ -925,7 +930,6 @@ fn a_client_before_its_ready_byte_takes_none_of_the_shared_receives() {
 fn a_server_before_its_ready_byte_takes_none_of_a_clients_shared_receives() {
     use async_io::Async;
     use mwcap::bootstrap::{authenticate_server_async, Auth, Capabilities, Hello, PolicySet};
-    use mwcap::conn::frame::Frame;
     let fabric = Fabric::with_seed(43);
     let cn = fabric.add_device(DeviceConfig::spec().named("c"));
     let sn = fabric.add_device(DeviceConfig::spec().named("s"));
@@ -960,18 +964,7 @@ fn a_server_before_its_ready_byte_takes_none_of_a_clients_shared_receives() {
         authed.hello(&hello, t).await.expect("hello")
     });
     m.connect(&hs.remote_endpoint()).unwrap();
-    let n = 40u64;
-    let tx = m.nic().reg_mr(n as usize * 64, Access::LOCAL_WRITE).unwrap();
-    let mut wrs = Vec::new();
-    for i in 0..n {
-        let bytes = Frame::Ping { seq: i }.encode().unwrap();
-        m.nic().write_mr(tx.id, i as usize * 64, &bytes).unwrap();
-        let sge = SgeList::one(Sge { mr: tx.id, offset: i as usize * 64, len: bytes.len() as u32 });
-        wrs.push(SendWr::Send { wr_id: 0xf100 + i, signaled: false, sge });
-    }
-    for chunk in wrs.chunks(8) {
-        m.nic().post_send(m.local().id, chunk).unwrap();
-    }
+    flood_pings(&m, 40);
     for _ in 0..50 {
         fabric.run_until_idle();
         pool.run_until_stalled();
