@@ -235,6 +235,16 @@ impl<N: Nic> Hub<N> {
         Ok((n, queued))
     }
 
+    /// Drain the queue before a route changes hands (a QP retired, a stuck
+    /// one's number taken over): every completion of the old QP reaches its
+    /// connection, or nobody. A failed poll is logged, and the change goes
+    /// on: the QP is gone either way.
+    fn drain_for_route(&self, routes: &mut Routes<Arc<Inner<N>>>) {
+        if let Err(e) = self.poll(routes, true) {
+            tracing::warn!(%e, "polling the hub's completion queue");
+        }
+    }
+
     /// After a poll, under the routing lock: whether SEND_WITH_INVs came.
     #[inline]
     fn note_foreign(&self, routes: &Routes<Arc<Inner<N>>>) {
@@ -299,11 +309,7 @@ impl<N: Nic> SharedCq for Retire<N> {
         // the others'; an unadded connection's go to nobody.
         let gone = routes.retire(
             qpn,
-            |routes| {
-                if let Err(e) = shared.poll(routes, true) {
-                    tracing::warn!(%e, "polling the hub's completion queue");
-                }
-            },
+            |routes| shared.drain_for_route(routes),
             destroy,
             |c| unclaimed(shared.srq.as_deref(), c),
         );
@@ -517,11 +523,7 @@ impl<N: Nic + 'static> Hub<N> {
         // left on the queue is drained first.
         let qpn = prepared.local().qpn;
         let mut routes = self.routes.lock();
-        let took = routes.take_over_stuck(qpn, |routes| {
-            if let Err(e) = self.poll(routes, true) {
-                tracing::warn!(%e, "polling the hub's completion queue");
-            }
-        });
+        let took = routes.take_over_stuck(qpn, |routes| self.drain_for_route(routes));
         if took {
             tracing::info!(
                 qpn,
