@@ -208,22 +208,55 @@ mod tests {
         }
     }
 
+    /// A non-blocking pipe, both ends closed on drop (after the
+    /// registration of its read end, declared later, is dropped).
+    struct Pipe {
+        rd: RawFd,
+        wr: RawFd,
+    }
+
+    impl Pipe {
+        fn new() -> Pipe {
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
+            Pipe { rd: fds[0], wr: fds[1] }
+        }
+
+        fn write_byte(&self) {
+            // SAFETY: `wr` is the pipe's open write end; one byte from a valid buffer.
+            assert_eq!(unsafe { libc::write(self.wr, b"x".as_ptr().cast(), 1) }, 1);
+        }
+
+        fn drain(&self) {
+            let mut b = [0u8; 8];
+            // SAFETY: `rd` is open; `b` is a valid buffer of its length.
+            unsafe { libc::read(self.rd, b.as_mut_ptr().cast(), b.len()) };
+        }
+    }
+
+    impl Drop for Pipe {
+        fn drop(&mut self) {
+            // SAFETY: both ends are open and closed once, here.
+            unsafe {
+                libc::close(self.rd);
+                libc::close(self.wr);
+            }
+        }
+    }
+
     /// A pipe's read end stands in for a completion channel: pending until
     /// written, woken by the waiter thread, ready once, quiet until armed
     /// again, and reported at once when readable as it is armed.
     #[test]
     fn a_registered_fd_wakes_its_waker_once_per_arming() {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
-        let (rd, wr) = (fds[0], fds[1]);
-        let reg = Registration::new(rd).unwrap();
+        let pipe = Pipe::new();
+        let reg = Registration::new(pipe.rd).unwrap();
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let waker = futures::task::waker(count.clone());
         let mut cx = Context::from_waker(&waker);
         assert!(reg.poll_readable(&mut cx).is_pending());
-        // SAFETY: `wr` is the pipe's open write end; one byte from a valid buffer.
-        assert_eq!(unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) }, 1);
+        pipe.write_byte();
         let t0 = std::time::Instant::now();
         while count.0.load(Ordering::SeqCst) == 0 {
             assert!(t0.elapsed() < std::time::Duration::from_secs(5), "never woken");
@@ -238,19 +271,11 @@ mod tests {
             reg.poll_readable(&mut cx).is_ready()
         };
         assert!(woken_again, "a readable fd is reported when armed");
-        let mut b = [0u8; 8];
-        // SAFETY: `rd` is open; `b` is a valid buffer of its length.
-        unsafe { libc::read(rd, b.as_mut_ptr().cast(), b.len()) };
+        pipe.drain();
         assert!(reg.poll_readable(&mut cx).is_pending(), "drained: pending again");
         let before = count.0.load(Ordering::SeqCst);
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(count.0.load(Ordering::SeqCst), before, "no wake-up without data");
-        drop(reg);
-        // SAFETY: both ends are open and closed once.
-        unsafe {
-            libc::close(rd);
-            libc::close(wr);
-        }
     }
 
     /// A driver woken by something else polls again while its fd is still
@@ -258,11 +283,8 @@ mod tests {
     /// latest waker. Once reported, the next sleep arms it again.
     #[test]
     fn an_armed_fd_is_not_armed_again() {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
-        let (rd, wr) = (fds[0], fds[1]);
-        let reg = Registration::new(rd).unwrap();
+        let pipe = Pipe::new();
+        let reg = Registration::new(pipe.rd).unwrap();
         let arms = || reg.watch.arms.load(Ordering::Relaxed);
         let first = Arc::new(Count(AtomicUsize::new(0)));
         let second = Arc::new(Count(AtomicUsize::new(0)));
@@ -273,8 +295,7 @@ mod tests {
             assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_pending());
         }
         assert_eq!(arms(), 1, "armed once while not reported");
-        // SAFETY: `wr` is the pipe's open write end; one byte from a valid buffer.
-        assert_eq!(unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) }, 1);
+        pipe.write_byte();
         let t0 = std::time::Instant::now();
         while second.0.load(Ordering::SeqCst) == 0 {
             assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the latest waker was never woken");
@@ -282,16 +303,8 @@ mod tests {
         }
         assert_eq!(first.0.load(Ordering::SeqCst), 0, "the replaced waker is not woken");
         assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_ready());
-        let mut b = [0u8; 8];
-        // SAFETY: `rd` is open; `b` is a valid buffer of its length.
-        unsafe { libc::read(rd, b.as_mut_ptr().cast(), b.len()) };
+        pipe.drain();
         assert!(reg.poll_readable(&mut Context::from_waker(&w2)).is_pending());
         assert_eq!(arms(), 2, "reported, so armed again");
-        drop(reg);
-        // SAFETY: both ends are open and closed once.
-        unsafe {
-            libc::close(rd);
-            libc::close(wr);
-        }
     }
 }
