@@ -44,6 +44,8 @@ struct Side {
     /// Valid windows over our data: rkey → byte range.
     windows: HashMap<u32, std::ops::Range<usize>>,
     binds: u64,
+    /// The consumer key (low 8 bits) of each bind, in order.
+    keys: Vec<u8>,
     invalidations: u64,
     /// Answer a READ of a window that is not bound with REM_ACCESS_ERR (as
     /// a NIC does) instead of failing the test.
@@ -94,6 +96,7 @@ impl Side {
             cq: VecDeque::new(),
             windows: HashMap::new(),
             binds: 0,
+            keys: Vec::new(),
             invalidations: 0,
             refuse_unbound_reads: false,
         }
@@ -133,6 +136,7 @@ fn post_send(me: &mut Side, peer: &mut Side, chain: &[SendWr], chains_with_bind:
                 );
                 me.windows.insert(rkey, offset..offset + len);
                 me.binds += 1;
+                me.keys.push(rkey as u8);
                 if signaled {
                     me.done(wr_id, WcOpcode::BindMw, 0);
                 }
@@ -285,7 +289,11 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 /// `calls` calls, each with a request and a reply payload, checked byte
 /// for byte; afterwards every buffer is back and every window invalidated.
 fn run_calls(policies: Policies, calls: u64) -> Pair {
-    let mut p = Pair::new(policies);
+    run_calls_on(Pair::new(policies), policies, calls)
+}
+
+/// [`run_calls`] on a pair already made, with `policies`.
+fn run_calls_on(mut p: Pair, policies: Policies, calls: u64) -> Pair {
     let (mut req_bytes, mut rep_bytes) = (0u64, 0u64);
     for i in 0..calls {
         p.now += Duration::from_micros(10);
@@ -388,6 +396,29 @@ fn mw_calls_run_without_a_nic() {
     assert_eq!(p.c.binds, 300);
     assert_eq!(p.s.binds, 300);
     assert_eq!(p.chains_with_bind, 600);
+}
+
+/// A window's consumer key is drawn from the connection's own sequence:
+/// two connections made with the default config bind with different keys
+/// (a peer of one learns nothing of the other's), and so do the two sides
+/// of one; a seed set in the config repeats its sequence.
+#[test]
+fn each_connection_binds_with_keys_of_its_own_unless_seeded() {
+    // `None`: the config's default, untouched.
+    let keys = |seed: Option<u64>| {
+        let mw = Policies::both(Policy::Mw);
+        let seeded = |c: &mut Config| c.seed = seed.or(c.seed);
+        let c = Side::configured(Role::Client, mw, 0x1000_0000, 0x77, seeded);
+        let s = Side::configured(Role::Server, mw, 0x2000_0000, 0x88, seeded);
+        let p = run_calls_on(Pair::started(c, s), mw, 16);
+        (p.c.keys, p.s.keys)
+    };
+    let (a, b) = (keys(None), keys(None));
+    assert_eq!((a.0.len(), a.1.len()), (16, 16), "a bind per payload");
+    assert_ne!(a.0, b.0, "two clients bound with the same consumer keys");
+    assert_ne!(a.1, b.1, "two servers bound with the same consumer keys");
+    assert_ne!(a.0, a.1, "the two sides of a connection bound with the same consumer keys");
+    assert_eq!(keys(Some(7)), keys(Some(7)), "a seeded connection repeats its keys");
 }
 
 #[test]

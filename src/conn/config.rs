@@ -109,8 +109,13 @@ pub struct Config {
     pub call_timeout: Duration,
     /// Confirm policy: READs of a reply before giving up on stale reads.
     pub max_attempts: u32,
-    /// Seed for the consumer keys of window binds.
-    pub seed: u64,
+    /// Seed for the consumer keys (a window key's low 8 bits) of this
+    /// connection's window binds. `None`, the default: drawn from the
+    /// operating system's random source for each connection, so that no
+    /// peer can tell one connection's keys from another's (on rxe, a peer
+    /// that knows a window's key can invalidate it through any QP of the
+    /// device). Set it only to make a test's keys repeatable.
+    pub seed: Option<u64>,
     /// How long a call waiting for its reply takes its connection's turns
     /// itself (polling the endpoint's completion queue on the caller's
     /// thread) before it leaves the work to the endpoint's driver, counted
@@ -439,7 +444,7 @@ impl Default for Config {
             safety_margin: Duration::from_millis(500),
             call_timeout: Duration::from_secs(10),
             max_attempts: 3,
-            seed: 0x6d77_6361_7000_0001,
+            seed: None,
             busy_poll: Duration::from_micros(200),
             serve_busy_poll: Duration::ZERO,
             rnr_retry: 6,

@@ -68,7 +68,7 @@ impl World {
             c.lease_time = Duration::from_millis(2000);
             c.safety_margin = Duration::from_millis(200);
             c.call_timeout = Duration::from_millis(4000);
-            c.seed = seed;
+            c.seed = Some(seed);
             c
         };
         let p = SimPair::spec(seed, policies, cfg(), cfg()).unwrap();

@@ -204,7 +204,7 @@ impl Conn {
             c.lease_time = LEASE;
             c.safety_margin = MARGIN;
             c.call_timeout = call_timeout;
-            c.seed = seed;
+            c.seed = Some(seed);
             c
         };
         let mut client = Link::new(super::open(), Role::Client, policies, cfg()).expect("client endpoint");

@@ -420,9 +420,12 @@ impl Connection {
         let exposable = slots + cfg.region_exposures as usize;
         let pooled = matches!(res.data, DataMemory::Pool(_));
         let owner = (owns == Policy::Mw).then(|| {
+            // (A connection is made once; its keys' seed is the one input
+            // here not given by the caller, unless the config gives it.)
+            let seed = cfg.seed.unwrap_or_else(|| rand::RngCore::next_u64(&mut rand::rngs::OsRng));
             let engine = if pooled {
                 assert!(res.windows.is_empty(), "on a shared pool the windows are the pool's");
-                mw::Owner::lending(cfg.seed, exposable)
+                mw::Owner::lending(seed, exposable)
             } else {
                 assert_eq!(
                     res.windows.len(),
@@ -431,7 +434,7 @@ impl Connection {
                 );
                 let ws: Vec<mw::Window> =
                     res.windows.iter().map(|w| mw::Window { handle: w.id.raw(), rkey: w.rkey }).collect();
-                mw::Owner::new(cfg.seed, ws)
+                mw::Owner::new(seed, ws)
             };
             MwOwner {
                 engine,
