@@ -274,7 +274,10 @@ impl<N: Nic> SharedReceives<N> {
     }
 
     /// Register and post one more chunk, and re-arm the limit at an
-    /// eighth of the new total.
+    /// eighth of the new total. Once the chunk is posted the growth
+    /// stands: a failure to arm the limit is logged, not returned (the
+    /// connection that asked for the room has it; the next growth arms
+    /// the limit again).
     fn grow(&self, st: &mut State) -> Result<(), SetupError> {
         // A retiring chunk's receives still posted take room in the queue.
         let n = self.cfg.chunk.min(self.cfg.max_slots.saturating_sub(st.held()));
@@ -315,17 +318,19 @@ impl<N: Nic> SharedReceives<N> {
         if let Some(Some(s)) = st.slabs.get_mut(i) {
             s.held = posted;
         }
-        if let Some(e) = failed {
-            self.rearm_limit(st);
-            return Err(e.into());
+        self.rearm_limit(st);
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
-        Ok(self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1))?)
     }
 
-    /// After a growth that failed part-way: the limit event (disarmed when
-    /// it fired, which may be what asked for the growth) is armed again
+    /// After a growth, failed part-way or not: the limit event (disarmed
+    /// when it fired, which may be what asked for the growth) is armed
     /// for what is posted, so that the next time the queue runs low asks
-    /// again. (Its own failure is only logged: the growth's is returned.)
+    /// again. Its own failure is only logged: a growth's failure is the
+    /// growth's, and posted receives serve whether the limit is armed or
+    /// not.
     fn rearm_limit(&self, st: &State) {
         if let Err(e) = self.nic.arm_srq_limit(self.srq, (st.slots / 8).max(1)) {
             tracing::warn!(%e, "arming the shared receive queue's limit event again");
@@ -682,6 +687,23 @@ mod tests {
         // Armed again at 2 for the 16 posted: one more taken fires it.
         send(1);
         assert!(b.take_srq_limit(srq.id()).unwrap(), "the limit event is armed again");
+    }
+
+    /// A growth whose receives are all posted stands though arming the
+    /// limit event after it fails: the connection that asked for the room
+    /// is admitted (the failure is logged), and the next growth arms the
+    /// limit again.
+    #[test]
+    fn a_growth_stands_when_arming_the_limit_after_it_fails() {
+        let nic = Fabric::with_seed(7).add_device(DeviceConfig::spec());
+        let srq = SharedReceives::new(nic.clone(), SrqConfig { chunk: 16, max_slots: 64 }, false).unwrap();
+        srq.admit(16).unwrap();
+        nic.fail_next(crate::sim::Verb::ArmSrqLimit, 1);
+        srq.admit(8).expect("admitted: the chunk that makes room is posted");
+        let st = srq.stats();
+        assert_eq!((st.slots, st.shares, st.refused), (32, 24, 0), "{st:?}");
+        srq.admit(16).expect("the next growth");
+        assert_eq!(srq.stats().slots, 48);
     }
 
     /// Connections take more send slots than one chunk holds: the hub

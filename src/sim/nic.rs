@@ -48,6 +48,8 @@ pub enum Verb {
     DestroySrq,
     /// `ibv_post_srq_recv`.
     PostSrqRecv,
+    /// Arming an SRQ's limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    ArmSrqLimit,
     /// `ibv_poll_cq`.
     PollCq,
 }
@@ -69,6 +71,7 @@ impl Verb {
             Verb::CreateSrq => "create_srq",
             Verb::DestroySrq => "destroy_srq",
             Verb::PostSrqRecv => "post_srq_recv",
+            Verb::ArmSrqLimit => "arm_srq_limit",
             Verb::PollCq => "poll_cq",
         }
     }
