@@ -1072,9 +1072,11 @@ fn an_idle_connections_grown_share_comes_back_and_makes_room() {
 
 /// A `Returned` frame answers a `GiveBack`, and gives back no more than
 /// the peer could hold past the start credits: one that answers nothing,
-/// or gives back more, ends that connection (`BadReturn`), and only it.
+/// or gives back more, ends that connection (`BadReturn`), and only it. A
+/// `GiveBack` left unanswered past its bound ends that connection too
+/// (`PeerUnresponsive`), and its share comes back to the queue.
 #[test]
-fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection() {
+fn a_peer_that_returns_credit_unasked_or_beyond_its_share_or_never_loses_its_connection() {
     use mwcap::conn::frame::Frame;
     use mwcap::conn::Misbehavior;
     let give_back_after = mwcap::conn::Config::default().give_back_after;
@@ -1167,12 +1169,26 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_loses_its_connection()
     settle(&mut pool, &c3);
     assert!(c3.is_down().is_none(), "{:?}", c3.is_down());
     assert_eq!(c3.stats().receive_share, 8, "{:?}", c3.stats());
+    // Asked, and silent: the peer keeps its grown credit and never says
+    // so. Before the bound, its share stayed at its peak for ever.
+    let (c4, silent) = peer(&pool);
+    let share = grown(&mut pool, &c4, &silent);
+    let before = sh.stats().srq.unwrap().shares;
+    let bound = give_back_after.max(Duration::from_secs(1));
+    pool.run_until(async_io::Timer::after(bound + Duration::from_millis(300)));
+    settle(&mut pool, &c4);
+    match c4.is_down() {
+        Some(LossReason::PeerUnresponsive { silent }) => assert!(silent >= bound, "{silent:?}"),
+        other => panic!("the silent peer's connection: {other:?}"),
+    }
+    let after = sh.stats().srq.unwrap().shares;
+    assert_eq!(after, before - share, "the silent peer's share of {share} came back ({before} -> {after})");
     // The victim on the same queue goes on.
     let r = pool.run_until(vclient.call(b"still", None)).expect("the victim's call");
     assert_eq!(r.status, 0);
     assert!(victim.is_down().is_none());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-    drop((unasked, greedy, honest));
+    drop((unasked, greedy, honest, silent));
 }
 
 /// After a burst the shares come back, and the chunks of receives they no

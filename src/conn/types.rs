@@ -307,10 +307,13 @@ pub enum LossReason {
     PeerMisbehaved(Misbehavior),
     /// A READ did not complete in time and the QP was flushed.
     ReadHung,
-    /// Keepalive: the peer answered no ping (nor sent anything) for this
-    /// long; it is dead, hung or cut off.
+    /// The peer left unanswered what it must answer: a keepalive ping
+    /// (`Config::keepalive`), or, on shared receives, a request to give
+    /// back the credit its share grew by (`Config::give_back_after`). It is
+    /// dead, hung, cut off, or holding receives other connections need.
     PeerUnresponsive {
-        /// Time since the last frame from the peer.
+        /// For a ping, the time since the peer last answered one; for a
+        /// give-back, the time since it was asked.
         silent: Duration,
     },
     /// The user closed it.
@@ -339,7 +342,8 @@ impl fmt::Display for LossReason {
             LossReason::ReadHung => f.write_str("a READ never completed; the QP was flushed, reconnect"),
             LossReason::PeerUnresponsive { silent } => write!(
                 f,
-                "the peer answered no keepalive ping for {silent:?}: it is dead, hung or cut off; reconnect"
+                "the peer left a keepalive ping or a request to give back receives unanswered for {silent:?}: \
+                 it is dead, hung or cut off; reconnect"
             ),
             LossReason::Closed => f.write_str("closed by the user"),
             LossReason::PeerGone => f.write_str(

@@ -8,6 +8,11 @@ use std::time::Duration;
 use super::super::frame::{Frame, RawAttaches, MIN_START_CREDITS};
 use super::*;
 
+/// The least time a peer has to answer a `GiveBack`
+/// (`Config::give_back_after`, at least this): its driver answers on its
+/// next turn, so only a peer dead, hung or hostile takes this long.
+const GIVE_BACK_ANSWER_AT_LEAST: Duration = Duration::from_secs(1);
+
 impl Connection {
     /// [`Connection::start`] for a QP that takes its receives from a
     /// shared receive queue its owner posts (an endpoint with shared
@@ -39,7 +44,7 @@ impl Connection {
 
     /// Shared receives: whether a `GiveBack` of this side is unanswered.
     pub(crate) fn giving_back(&self) -> bool {
-        self.giving_back
+        self.giving_back.is_some()
     }
 
     /// Shared receives: the credits the peer gave back since the last
@@ -73,25 +78,47 @@ impl Connection {
 
     /// Shared receives: when to ask an idle peer to give back the credit
     /// it holds past the start credits (`Config::give_back_after` after its
-    /// last frame), if it holds any and is not asked already.
+    /// last frame), if it holds any and is not asked already; once asked,
+    /// when the answer is due (`Config::give_back_after` after the asking,
+    /// at least [`GIVE_BACK_ANSWER_AT_LEAST`]).
     #[cold]
     pub(super) fn reclaim_at(&self) -> Option<Duration> {
-        if !self.shared_receives
-            || self.giving_back
-            || self.down.is_some()
-            || self.share <= self.cfg.start_credits
-        {
+        if !self.shared_receives || self.down.is_some() {
+            return None;
+        }
+        if let Some(asked) = self.giving_back {
+            return asked.checked_add(self.cfg.give_back_after.max(GIVE_BACK_ANSWER_AT_LEAST));
+        }
+        if self.share <= self.cfg.start_credits {
             return None;
         }
         self.last_frame_at.checked_add(self.cfg.give_back_after)
     }
 
+    /// Ask an idle peer for its credit back, or, when its answer is
+    /// overdue, give up on the peer: it keeps the credit and may spend it
+    /// any time, so only its QP's destroy takes the receives back for the
+    /// other connections of the queue.
     #[cold]
     pub(super) fn handle_reclaim(&mut self, now: Duration) {
-        // (Without credit or a send slot it waits in the backlog.)
-        if self.reclaim_at().is_some_and(|t| now >= t) {
-            let keep = self.cfg.start_credits;
-            self.giving_back = self.send_frame(now, &Frame::GiveBack { keep }, None);
+        if !self.reclaim_at().is_some_and(|t| now >= t) {
+            return;
+        }
+        match self.giving_back {
+            Some(asked) => {
+                tracing::debug!(
+                    share = self.share,
+                    "a give-back went unanswered: the peer is declared unresponsive"
+                );
+                self.go_down(now, LossReason::PeerUnresponsive { silent: now.saturating_sub(asked) });
+            }
+            None => {
+                let keep = self.cfg.start_credits;
+                // (Without credit or a send slot it waits in the backlog.)
+                if self.send_frame(now, &Frame::GiveBack { keep }, None) {
+                    self.giving_back = Some(now);
+                }
+            }
         }
     }
 
@@ -141,12 +168,12 @@ impl Connection {
     #[inline(never)]
     pub(super) fn on_returned(&mut self, now: Duration, count: u32) {
         let most = self.share.saturating_sub(self.cfg.start_credits);
-        if !self.giving_back || !self.shared_receives || count > most {
-            let asked = self.giving_back && self.shared_receives;
+        if self.giving_back.is_none() || !self.shared_receives || count > most {
+            let asked = self.giving_back.is_some() && self.shared_receives;
             return self
                 .misbehaved(now, Misbehavior::BadReturn { count, most: if asked { most } else { 0 } });
         }
-        self.giving_back = false;
+        self.giving_back = None;
         self.share -= count;
         self.granted_total -= u64::from(count);
         self.returned += count;

@@ -358,8 +358,8 @@ pub struct Connection {
     /// and keepalive came (an idle peer is asked to give back the credit
     /// past its start credits, see `Config::give_back_after`).
     last_frame_at: Duration,
-    /// Shared receives: a `GiveBack` is unanswered.
-    giving_back: bool,
+    /// Shared receives: a `GiveBack` is unanswered, asked at this time.
+    giving_back: Option<Duration>,
     /// Shared receives: the credits the peer gave back in a `Returned`
     /// frame that the owner of the queue has not taken yet
     /// ([`Connection::take_returned`]).
@@ -489,7 +489,7 @@ impl Connection {
             share: cfg.ctrl_slots,
             shared_receives: false,
             last_frame_at: Duration::ZERO,
-            giving_back: false,
+            giving_back: None,
             returned: 0,
             granted_total: u64::from(cfg.start_credits),
             frames_in: 0,
