@@ -326,10 +326,9 @@ fn a_window_exposed_buffer_returns_on_the_qp_destroy_not_on_the_flush() {
     p.server.finish_close(now);
     p.settle();
     assert!(returned(&p), "the destroy is the evidence");
-    // The response carries the payload as it was (the simulator copied it
-    // before the window was freed; it does not model rxe's late copy of a
-    // last packet after the free): the client's call succeeds, and no READ
-    // touched a buffer a user held.
+    // The response carries the payload as it was (its last packet copied
+    // late, at the destroy, while the buffer still held it): the client's
+    // call succeeds, and no READ touched a buffer a user held.
     assert!(p.drive_until(Duration::from_millis(5), |p| p
         .client_events
         .iter()

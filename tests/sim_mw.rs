@@ -612,6 +612,35 @@ fn a_stale_rkey_on_a_reused_index_is_a_wrong_key_not_the_crash_case() {
 }
 
 #[test]
+fn a_window_deallocated_after_its_responder_erred_does_not_end_the_late_copy() {
+    // The owner's QP goes to ERR while the response to a READ through its
+    // bound window is on its way, and the owner then deallocates the
+    // window (as a down connection does with its lent windows, before the
+    // destroy). A deallocation is no evidence that a copy under way ended:
+    // the responder may still copy the last packet until the QP is
+    // destroyed, so bytes rewritten before the destroy reach the reader,
+    // and after it they do not. (Before, the freed window ended the
+    // modelled late copy, and a reuse between the deallocation and the
+    // destroy went unseen.)
+    for destroy in [false, true] {
+        let s = setup(DeviceConfig::spec());
+        s.p.fabric.set_progress(mwcap::sim::Progress::Manual);
+        read_served(&s);
+        assert!(s.p.fabric.force_qp_error(s.p.a.addr));
+        s.p.a.nic.dealloc_mw(s.mw.id).unwrap();
+        s.p.a.nic.write_mr(s.mr.id, 0, &[0xee; 4096]).unwrap();
+        if destroy {
+            s.p.a.nic.destroy_qp(s.p.a.qp).unwrap();
+            s.p.a.nic.write_mr(s.mr.id, 0, &[0x33; 4096]).unwrap();
+        }
+        let (_, b) = s.p.settle();
+        assert_eq!(statuses(&b), vec![(3, WcOpcode::RdmaRead, WcStatus::Success)], "destroy={destroy}");
+        // 16 bytes: one packet, the last, copied late.
+        assert_eq!(dst_bytes(&s, 16), vec![0xee; 16], "destroy={destroy}");
+    }
+}
+
+#[test]
 fn a_read_served_before_its_window_was_invalidated_keeps_its_bytes_when_the_responder_errs_later() {
     // Spec device: the READ was served, then its window invalidated (the
     // owner may reuse the bytes on that completion), then the owner's QP

@@ -244,11 +244,12 @@ impl World {
     /// nothing: `World::responder_destroyed`). The bytes so copied land in
     /// the requester's destination; a buffer handle holding them is a
     /// hazard, as for any READ (memory reused on the flush, before the
-    /// destroy, is caught). A READ through a window whose bind has ended
-    /// since (an invalidation, a deallocation) is left as served: the
-    /// invalidation's completion is the owner's evidence, and the packet
-    /// a NIC may still be copying then is a gap this model does not cover
-    /// (`docs/protocol-mw.md`, "The one-packet gap").
+    /// destroy, is caught). A READ through a window whose bind was
+    /// invalidated since is left as served: the invalidation's completion
+    /// is the owner's evidence, and the packet a NIC may still be copying
+    /// then is a gap this model does not cover (`docs/protocol-mw.md`, "The
+    /// one-packet gap"). A window deallocated is no such evidence: its
+    /// READs' last packets are still copied late.
     pub(crate) fn late_tail(&mut self, s: &mut Served, data: &mut [u8]) {
         let bytes = match s.tail.take() {
             Some(t) => t,
@@ -271,11 +272,18 @@ impl World {
         }
     }
 
-    /// Whether `s` came through a window whose bind has ended since.
+    /// Whether `s` came through a window whose bind has been invalidated
+    /// since (a LOCAL_INV, a SEND_WITH_INV, or a bind anew: the key
+    /// changed). A window deallocated while bound has not: a deallocation
+    /// is no evidence a copy under way ended (mwcap deallocates a down
+    /// connection's lent windows before the destroy, and the buffers wait
+    /// for the destroy), so its READs' last packets are still copied late.
     fn bind_ended(&self, s: &Served) -> bool {
         let Some(w) = s.mw else { return false };
-        let mw = self.devs[s.dev as usize].mw(w);
-        !mw.is_some_and(|m| m.rkey == s.rkey && matches!(m.state, MwState::Bound { .. }))
+        match self.devs[s.dev as usize].mw(w) {
+            Some(m) => !(m.rkey == s.rkey && matches!(m.state, MwState::Bound { .. })),
+            None => false,
+        }
     }
 
     /// The last packet's bytes of the READ served as `s`, read from memory
