@@ -14,7 +14,7 @@ use mwcap::conn::{
     BufClass, ConfigError, Connection, Endpoint, EndpointBuilder, EndpointDriver, Link, LossReason, Policies,
     Policy, PolicyChoice, Role, SetupError, SrqConfig,
 };
-use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, QpAddr, SimNic, Verb};
+use mwcap::sim::{DeviceConfig, DeviceId, Exposure, Fabric, HazardKind, QpAddr, SimNic, Verb};
 
 mod hubs;
 mod util;
@@ -458,7 +458,9 @@ fn a_torn_down_connections_buffers_come_back_after_its_qp_is_destroyed() {
 /// deallocation failed stayed allocated, its QP destroyed under it.) A
 /// window that cannot be freed at the drop either keeps the buffer it may
 /// cover out of the pool for good: the destroy of its QP alone is no
-/// evidence (before, the buffer went back to the pool under it).
+/// evidence (before, the buffer went back to the pool under it). That
+/// destroy under a bound window is the simulator's one record
+/// (`DestroyUnderBoundWindow`: rxe would stall on it).
 #[test]
 fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
     // What fails: at the close, and (the window's deallocation) at the drop.
@@ -531,7 +533,12 @@ fn a_stuck_connections_buffers_come_back_when_its_destroy_works_at_last() {
             assert_eq!((st.windows, st.windows_free, st.windows_dropped), (2, 2, 1), "{fails:?}: {st:?}");
             assert_eq!(fabric.windows(sdev).len(), 2, "{fails:?}");
         }
-        assert!(fabric.hazards().is_empty(), "{fails:?} {again}: {:?}", fabric.hazards());
+        // The QP went at the drop although its window could not: the one
+        // record, of the rxe stall the drop accepts rather than keep the
+        // QP (and its route) for good.
+        let kinds: Vec<HazardKind> = fabric.hazards().iter().map(|h| h.kind).collect();
+        let expected = if again { vec![HazardKind::DestroyUnderBoundWindow] } else { vec![] };
+        assert_eq!(kinds, expected, "{fails:?} {again}: {:?}", fabric.hazards());
     }
 }
 

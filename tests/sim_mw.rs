@@ -5,7 +5,7 @@ use mwcap::backend::NicOps;
 use mwcap::backend::{
     rkey, Access, Completion, MrInfo, MwInfo, NicError, QpState, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
-use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, Pair, SimNic, WindowState};
+use mwcap::sim::{DeviceConfig, End, Fabric, FabricConfig, HazardKind, Pair, SimNic, WindowState};
 
 struct Setup {
     p: Pair,
@@ -608,6 +608,25 @@ fn a_stale_rkey_on_a_reused_index_is_a_wrong_key_not_the_crash_case() {
         let (a, _) = s.p.settle();
         assert_eq!(statuses(&a), vec![(6, WcOpcode::LocalInv, WcStatus::LocQpOpErr)]);
         assert!(s.p.fabric.would_crash_rxe().is_empty(), "{:?}", s.p.fabric.would_crash_rxe());
+    }
+}
+
+#[test]
+fn destroying_a_qp_under_a_bound_window_is_recorded() {
+    // rxe stalls about 50 s destroying a QP with a window still bound
+    // through it, then frees the QP under the window: the simulator
+    // destroys it at once and records it. Deallocated first (as mwcap
+    // does), the window leaves no record.
+    for dealloc_first in [false, true] {
+        let s = setup(DeviceConfig::spec());
+        bind_and_send(&s);
+        if dealloc_first {
+            s.p.a.nic.dealloc_mw(s.mw.id).unwrap();
+        }
+        s.p.a.nic.destroy_qp(s.p.a.qp).unwrap();
+        let kinds: Vec<HazardKind> = s.p.fabric.hazards().iter().map(|h| h.kind).collect();
+        let expected = if dealloc_first { vec![] } else { vec![HazardKind::DestroyUnderBoundWindow] };
+        assert_eq!(kinds, expected, "dealloc_first={dealloc_first}: {:?}", s.p.fabric.hazards());
     }
 }
 

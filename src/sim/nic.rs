@@ -4,7 +4,7 @@
 use parking_lot::MutexGuard;
 
 use super::config::{MwSupport, Progress};
-use super::oracle::{DeviceId, QpAddr};
+use super::oracle::{DeviceId, HazardKind, QpAddr};
 use super::world::{Cq, Device, KeyObj, Mr, Mw, MwState, Qp, RqEntry, SqEntry, Srq, World, WrState};
 use super::Fabric;
 use crate::backend::{
@@ -497,6 +497,18 @@ impl NicOps for SimNic {
         let mut w = self.fabric.lock();
         let d = live(&mut w, self.dev, "destroy_qp")?;
         let cfg = self.qp_of(d, qp)?.cfg;
+        let bound =
+            d.mws.iter().flatten().filter(|m| matches!(m.state, MwState::Bound { qp: q, .. } if q == qp.0));
+        let rkeys: Vec<u32> = bound.map(|m| m.rkey).collect();
+        if !rkeys.is_empty() {
+            let detail = format!(
+                "queue pair {} destroyed with {} memory window(s) still bound through it (rkeys {rkeys:#x?}): \
+                 rxe stalls in the destroy, then frees the QP under the windows",
+                qp.0,
+                rkeys.len()
+            );
+            w.hazard(self.dev, HazardKind::DestroyUnderBoundWindow, detail);
+        }
         w.responder_destroyed(self.dev, qp.0);
         let d = live(&mut w, self.dev, "destroy_qp")?;
         for cq in [cfg.send_cq, cfg.recv_cq] {

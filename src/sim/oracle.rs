@@ -127,6 +127,12 @@ pub enum HazardKind {
     /// and a retransmission would have sent the new bytes (the simulator
     /// sends the first ones).
     SendBufferChanged,
+    /// A queue pair was destroyed while a memory window was still bound
+    /// through it: rxe stalls about 50 s in the destroy, then frees the QP
+    /// while the window still points at it (the window's later
+    /// deallocation, or the process's end, invalidates through the freed
+    /// QP). The simulator destroys it at once and leaves the window bound.
+    DestroyUnderBoundWindow,
 }
 
 /// A recorded hazard.
