@@ -455,7 +455,7 @@ fn the_crash_cases_are_errors_and_are_counted() {
 }
 
 #[test]
-fn a_local_inv_of_another_pds_window_is_a_crash_case_in_spec_mode_too() {
+fn a_local_inv_of_another_pds_window_is_a_crash_case_in_both_modes() {
     // The spec does not find a window of another PD (LOC_QP_OP_ERR, the
     // window stays bound); rxe finds it across the device and invalidates
     // it (its owner's own LOCAL_INV then panics the kernel) or, not bound,
@@ -479,6 +479,21 @@ fn a_local_inv_of_another_pds_window_is_a_crash_case_in_spec_mode_too() {
         assert_eq!(crashes.len(), 1, "bound {bound}: {crashes:?}");
         assert!(crashes[0].detail.contains("OtherPd"), "{crashes:?}");
     }
+    // rxe mode invalidates the bound window of the other PD, as rxe does,
+    // and records it all the same (before, it recorded nothing).
+    let s = setup(DeviceConfig::rxe());
+    let rk = bind_and_send(&s);
+    let other = s.p.a.nic.new_pd().unwrap();
+    let a2 = End::new(&other).unwrap();
+    let b2 = End::new(&s.p.b.nic).unwrap();
+    End::connect(&a2, &b2).unwrap();
+    a2.nic.post_send(a2.qp, &[SendWr::LocalInv { wr_id: 9, signaled: true, rkey: rk }]).unwrap();
+    s.p.fabric.run_until_idle();
+    assert_eq!(statuses(&a2.poll()), vec![(9, WcOpcode::LocalInv, WcStatus::Success)], "rxe");
+    assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
+    let crashes = s.p.fabric.would_crash_rxe();
+    assert_eq!(crashes.len(), 1, "rxe: {crashes:?}");
+    assert!(crashes[0].detail.contains("OtherPd"), "{crashes:?}");
 }
 
 fn inv_wr(rk: u32) -> SendWr {

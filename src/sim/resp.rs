@@ -466,11 +466,22 @@ impl World {
         if by_qp.is_some_and(|q| q != bound_to) && !rxe {
             return Err(InvError::OtherQp);
         }
+        let foreign = by_qp.is_none() && mw.pd != pd;
         mw.state = MwState::Invalidated;
         if let Some(m) = d.mr_mut(mr) {
             m.bound_mws -= 1;
         }
         self.log(|| format!("dev{dev} window rkey {rk:#x} invalidated"));
+        if foreign {
+            // rxe found another PD's window for a LOCAL_INV (a spec device
+            // refuses it, and that is recorded as the same hazard): its
+            // owner, not told, would invalidate it again.
+            let detail = format!(
+                "LOCAL_INV of rkey {rk:#x} posted in protection domain {pd} invalidated another domain's window \
+                 (OtherPd; rxe checks neither QP nor PD): its owner's own LOCAL_INV of it would panic rxe's kernel"
+            );
+            self.hazard(dev, HazardKind::WouldCrashRxe, detail);
+        }
         Ok(if self.devs[dev as usize].cfg.rxe_quirks { self.hang_reads_through(dev, w) } else { Vec::new() })
     }
 
