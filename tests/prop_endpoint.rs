@@ -1,6 +1,8 @@
 //! proptest: pairs of endpoints (and so pairs of engines) over the simulated
 //! NIC under random schedules — calls, replies, cancels, clock jumps past
-//! lease expiries, link delays, QP errors and the death of the server —
+//! lease expiries, link delays, lost packets (a link that drops everything
+//! for up to 16 ms: resent within the transport's retries, or the
+//! connection lost), QP errors and the death of the server —
 //! with the safety invariants checked through the sim's oracle after every
 //! step:
 //!
@@ -35,6 +37,7 @@ fn ops() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|pick| Op::Cancel { pick }),
         4 => (0u16..3000).prop_map(|ms| Op::Advance { ms }),
         1 => (0u16..1500).prop_map(|ms| Op::LinkDelay { ms }),
+        1 => (0u16..16).prop_map(|ms| Op::LinkLoss { ms }),
         1 => any::<bool>().prop_map(|client| Op::QpError { client }),
         1 => Just(Op::KillServer),
     ]
@@ -108,7 +111,8 @@ proptest! {
             policies.iter().enumerate().map(|(i, p)| World::new(*p, seed.wrapping_add(i as u64))).collect();
         let mut faulted = [false; CONNS];
         for (i, op) in &schedule {
-            faulted[*i] |= matches!(op, Op::LinkDelay { .. } | Op::QpError { .. } | Op::KillServer);
+            faulted[*i] |=
+                matches!(op, Op::LinkDelay { .. } | Op::LinkLoss { .. } | Op::QpError { .. } | Op::KillServer);
             worlds[*i].apply(op);
             for (k, w) in worlds.iter().enumerate() {
                 w.check();

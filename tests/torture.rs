@@ -6,7 +6,8 @@
 //! injected into is never torn down (timeouts fail calls, not connections).
 //!
 //! Faults: cancels, clock jumps past leases and call timeouts, link delays,
-//! QP errors, and the death of the server. A connection that goes down (or
+//! lost packets (the link dropping everything for up to 16 ms), QP errors,
+//! and the death of the server. A connection that goes down (or
 //! has run its course) is finished (closed, every buffer checked back) and
 //! replaced by a fresh one with random policies.
 //!
@@ -53,7 +54,8 @@ fn op(rng: &mut SmallRng) -> (Op, bool) {
         700..=729 => (Op::Cancel { pick: rng.gen() }, false),
         730..=969 => (Op::Advance { ms: rng.gen_range(0..40) }, false),
         970..=984 => (Op::Advance { ms: rng.gen_range(500..3000) }, false),
-        985..=989 => (Op::LinkDelay { ms: rng.gen_range(0..1500) }, true),
+        985..=987 => (Op::LinkDelay { ms: rng.gen_range(0..1500) }, true),
+        988..=989 => (Op::LinkLoss { ms: rng.gen_range(0..16) }, true),
         990..=995 => (Op::QpError { client: rng.gen_bool(0.5) }, true),
         _ => (Op::KillServer, true),
     }

@@ -10,12 +10,33 @@ use mwcap::conn::{Buf, Config, Event, Policies, Policy, RequestId, SimPair};
 
 #[derive(Clone, Debug)]
 pub enum Op {
-    Call { len: u16, payload: bool },
-    Reply { pick: u8, len: u16, payload: bool },
-    Cancel { pick: u8 },
-    Advance { ms: u16 },
-    LinkDelay { ms: u16 },
-    QpError { client: bool },
+    Call {
+        len: u16,
+        payload: bool,
+    },
+    Reply {
+        pick: u8,
+        len: u16,
+        payload: bool,
+    },
+    Cancel {
+        pick: u8,
+    },
+    Advance {
+        ms: u16,
+    },
+    LinkDelay {
+        ms: u16,
+    },
+    /// The link drops every packet for `ms` of simulated time, then
+    /// carries them again: lost packets, resent by the transport within
+    /// its retries (about 7 ms), or the connection lost past them.
+    LinkLoss {
+        ms: u16,
+    },
+    QpError {
+        client: bool,
+    },
     KillServer,
 }
 
@@ -145,6 +166,12 @@ impl World {
             Op::LinkDelay { ms } => {
                 let (c, s) = (self.p.client_device(), self.p.server_device());
                 self.p.fabric.set_link_delay(c, s, Duration::from_millis(ms.into()));
+            }
+            Op::LinkLoss { ms } => {
+                let (c, s) = (self.p.client_device(), self.p.server_device());
+                self.p.fabric.cut_link(c, s);
+                self.p.run_for(Duration::from_millis(ms.into()));
+                self.p.fabric.restore_link(c, s);
             }
             Op::QpError { client } => {
                 let qp = if client { self.p.client_qp() } else { self.p.server_qp() };
