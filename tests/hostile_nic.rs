@@ -2179,3 +2179,58 @@ fn a_give_back_asking_for_everything_leaves_the_victim_its_least_credit() {
         }
     }
 }
+
+#[test]
+fn confirm_a_client_neither_reads_nor_keeps_the_offers_of_a_second_reply_to_a_call() {
+    // The confirm side of `mw_a_client_releases_the_grant_of_a_second_reply_to_a_call_unread`:
+    // a server that replies again and again to one call, each time with an
+    // offer of its reply's payload, while the client's user holds every
+    // buffer. The client keeps the first offer only (one message tracked),
+    // reads none of them while it has no buffer, and ignores the others:
+    // a `Refuse` names only the message, so it would refuse the first
+    // offer too. Once a buffer is free it reads the first offer, once, and
+    // the call ends on the server's verdict.
+    for pol in ALL.into_iter().filter(|p| p.reply == Policy::Confirm) {
+        let mut w = World::new(Role::Client, pol);
+        let held = hold_every_buffer(&mut w);
+        let now = w.now();
+        let call = w.victim.call(now, b"call", None).unwrap();
+        let seen = Seen::of(&w.next_frame());
+        let (msg_id, fetch) =
+            (seen.msg_id.unwrap(), seen.fetch.expect("the call asks for its reply's payload"));
+        w.attacker.nic.write_mr(w.attacker.mem.id, 0, &[0x77; PAYLOAD]).unwrap();
+        let region = fb::Region::new(w.attacker.mem.addr, PAYLOAD as u32, w.attacker.mem.rkey);
+        let generation = fb::Generation::from_raw(1);
+        let n = 3 * CTRL_SLOTS;
+        for k in 1..=n {
+            let offer =
+                fb::Message::Offer { msg: fetch, buffer: fb::BufferId::from_raw(k), generation, region };
+            w.send_within_credit(&reply_frame(msg_id, &[fb_attach(offer)]));
+        }
+        w.run_for(Duration::from_millis(2));
+        let served = |w: &World| w.fabric.qp_counters(w.attacker.qp_addr()).unwrap().bytes_served;
+        assert_eq!(served(&w), 0, "{pol:?}: nothing read while every buffer is held");
+        assert_eq!(w.victim.tracked_messages(), 1, "{pol:?}: the call's one message, nothing per offer");
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        assert!(w.attacker.frames.iter().all(|f| Seen::of(f).refuse.is_none()), "{pol:?}: no refusal");
+        for b in held {
+            w.victim.free(b);
+        }
+        let (msg, buffer, g) = victims_confirm(&mut w);
+        assert_eq!(
+            (msg, buffer, g),
+            (fetch, fb::BufferId::from_raw(1), generation),
+            "{pol:?}: the first offer"
+        );
+        assert_eq!(served(&w), PAYLOAD as u64, "{pol:?}: read once");
+        w.attacker.send(&confirm_reply(msg, buffer, g, fb::Verdict::Intact));
+        let got = w.run_until(Duration::from_millis(20), |w| {
+            w.events.iter().any(|e| matches!(e, Event::Reply { call: c, data: Some(b), .. } if *c == call && b[..] == [0x77; PAYLOAD][..]))
+        });
+        assert!(got, "{pol:?}: {:?} {:?}", w.events, w.down());
+        w.run_for(Duration::from_millis(2));
+        assert_eq!(served(&w), PAYLOAD as u64, "{pol:?}: no other offer read");
+        assert!(w.down().is_none(), "{pol:?}: {:?}", w.down());
+        w.finish();
+    }
+}
