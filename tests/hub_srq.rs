@@ -1072,9 +1072,10 @@ fn an_idle_connections_grown_share_comes_back_and_makes_room() {
 
 /// A `Returned` frame answers a `GiveBack`, and gives back no more than
 /// the peer could hold past the start credits: one that answers nothing,
-/// or gives back more, ends that connection (`BadReturn`), and only it. A
-/// `GiveBack` left unanswered past its bound ends that connection too
-/// (`PeerUnresponsive`), and its share comes back to the queue.
+/// or gives back more, ends that connection (`BadReturn`), and only it.
+/// With keepalive on, a `GiveBack` left unanswered for its timeout ends
+/// that connection too (`PeerUnresponsive`), and its share comes back to
+/// the queue; with it off, the share waits for the answer.
 #[test]
 fn a_peer_that_returns_credit_unasked_or_beyond_its_share_or_never_loses_its_connection() {
     use mwcap::conn::frame::Frame;
@@ -1170,16 +1171,32 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_or_never_loses_its_con
     assert!(c3.is_down().is_none(), "{:?}", c3.is_down());
     assert_eq!(c3.stats().receive_share, 8, "{:?}", c3.stats());
     // Asked, and silent: the peer keeps its grown credit and never says
-    // so. Before the bound, its share stayed at its peak for ever.
-    let (c4, silent) = peer(&pool);
-    let share = grown(&mut pool, &c4, &silent);
-    let before = sh.stats().srq.unwrap().shares;
-    let bound = give_back_after.max(Duration::from_secs(1));
-    pool.run_until(async_io::Timer::after(bound + Duration::from_millis(300)));
+    // so. Without keepalive nothing bounds how long a peer may take (an
+    // honest one whose driver shares a thread with a busy application
+    // may take seconds): the share stays as it grew.
+    let (c4, quiet) = peer(&pool);
+    let share = grown(&mut pool, &c4, &quiet);
+    pool.run_until(async_io::Timer::after(Duration::from_millis(500)));
     settle(&mut pool, &c4);
-    match c4.is_down() {
-        Some(LossReason::PeerUnresponsive { silent }) => assert!(silent >= bound, "{silent:?}"),
-        other => panic!("the silent peer's connection: {other:?}"),
+    assert!(c4.is_down().is_none(), "without keepalive: {:?}", c4.is_down());
+    assert_eq!(c4.stats().receive_share, share, "without keepalive the share waits for the answer");
+    // With keepalive on, the give-back is due within its timeout, as a
+    // ping's pong (its interval here too long for a ping to go): the
+    // silent peer is unresponsive, and its share comes back. Before this
+    // bound, it stayed at its peak for the connection's life.
+    let timeout = Duration::from_millis(300);
+    let mut scfg = cfg(Role::Server);
+    scfg.keepalive = Some(mwcap::conn::Keepalive { interval: Duration::from_secs(3600), timeout });
+    let (s, silent) = hubs::server_with_link_client(&sh, &cn, scfg, cfg(Role::Client));
+    let c5 = s.connect(&silent.local()).unwrap();
+    spawn(&pool, serve(c5.clone()));
+    let share = grown(&mut pool, &c5, &silent);
+    let before = sh.stats().srq.unwrap().shares;
+    pool.run_until(async_io::Timer::after(timeout + Duration::from_millis(300)));
+    settle(&mut pool, &c5);
+    match c5.is_down() {
+        Some(LossReason::PeerUnresponsive { silent }) => assert!(silent >= timeout, "{silent:?}"),
+        other => panic!("the silent peer's connection, with keepalive: {other:?}"),
     }
     let after = sh.stats().srq.unwrap().shares;
     assert_eq!(after, before - share, "the silent peer's share of {share} came back ({before} -> {after})");
@@ -1188,7 +1205,7 @@ fn a_peer_that_returns_credit_unasked_or_beyond_its_share_or_never_loses_its_con
     assert_eq!(r.status, 0);
     assert!(victim.is_down().is_none());
     assert!(fabric.hazards().is_empty(), "{:?}", fabric.hazards());
-    drop((unasked, greedy, honest, silent));
+    drop((unasked, greedy, honest, quiet, silent));
 }
 
 /// After a burst the shares come back, and the chunks of receives they no

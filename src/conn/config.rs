@@ -195,12 +195,13 @@ pub struct Config {
     /// give back the credit its share of the queue grew by while it was
     /// busy (1 s by default; `Duration::MAX`: never). The receives go to
     /// other connections, so that connections busy once and idle since do
-    /// not keep the queue full (`docs/serving.md`, "Shared receives"). A
-    /// peer that does not answer the request within as long again (at
-    /// least a second) is declared unresponsive
-    /// ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)):
-    /// it holds the credit, and only its QP's destroy takes the receives
-    /// back.
+    /// not keep the queue full (`docs/serving.md`, "Shared receives").
+    /// With [`Config::keepalive`] on, a peer that leaves the request
+    /// unanswered for the keepalive's `timeout` is declared unresponsive
+    /// ([`LossReason::PeerUnresponsive`](super::LossReason::PeerUnresponsive)),
+    /// as for an unanswered ping: it holds the credit, and only its QP's
+    /// destroy takes the receives back. With keepalive off it keeps them
+    /// until it answers.
     pub give_back_after: Duration,
     /// Dead-peer detection: with `Some`, a connection pings its peer
     /// `interval` after the peer last answered one (busy or idle), and

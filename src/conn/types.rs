@@ -307,9 +307,9 @@ pub enum LossReason {
     PeerMisbehaved(Misbehavior),
     /// A READ did not complete in time and the QP was flushed.
     ReadHung,
-    /// The peer left unanswered what it must answer: a keepalive ping
-    /// (`Config::keepalive`), or, on shared receives, a request to give
-    /// back the credit its share grew by (`Config::give_back_after`). It is
+    /// Keepalive (`Config::keepalive`): the peer left unanswered what it
+    /// must answer, a ping or, on shared receives, a request to give back
+    /// the credit its share grew by (`Config::give_back_after`). It is
     /// dead, hung, cut off, or holding receives other connections need.
     PeerUnresponsive {
         /// For a ping, the time since the peer last answered one; for a

@@ -8,11 +8,6 @@ use std::time::Duration;
 use super::super::frame::{Frame, RawAttaches, MIN_START_CREDITS};
 use super::*;
 
-/// The least time a peer has to answer a `GiveBack`
-/// (`Config::give_back_after`, at least this): its driver answers on its
-/// next turn, so only a peer dead, hung or hostile takes this long.
-const GIVE_BACK_ANSWER_AT_LEAST: Duration = Duration::from_secs(1);
-
 impl Connection {
     /// [`Connection::start`] for a QP that takes its receives from a
     /// shared receive queue its owner posts (an endpoint with shared
@@ -79,15 +74,18 @@ impl Connection {
     /// Shared receives: when to ask an idle peer to give back the credit
     /// it holds past the start credits (`Config::give_back_after` after its
     /// last frame), if it holds any and is not asked already; once asked,
-    /// when the answer is due (`Config::give_back_after` after the asking,
-    /// at least [`GIVE_BACK_ANSWER_AT_LEAST`]).
+    /// when the answer is due: with keepalive on, its `timeout` after the
+    /// asking (an unanswered give-back is an unanswered ping); with it
+    /// off, never (a peer whose driver shares a thread with a busy
+    /// application may answer seconds later, and only keepalive says how
+    /// long a peer may be silent).
     #[cold]
     pub(super) fn reclaim_at(&self) -> Option<Duration> {
         if !self.shared_receives || self.down.is_some() {
             return None;
         }
         if let Some(asked) = self.giving_back {
-            return asked.checked_add(self.cfg.give_back_after.max(GIVE_BACK_ANSWER_AT_LEAST));
+            return self.cfg.keepalive.and_then(|k| asked.checked_add(k.timeout));
         }
         if self.share <= self.cfg.start_credits {
             return None;
