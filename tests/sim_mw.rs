@@ -454,6 +454,18 @@ fn the_crash_cases_are_errors_and_are_counted() {
     assert!(crashes[0].detail.contains("SEND_WITH_INV"), "{crashes:?}");
 }
 
+/// A LOCAL_INV of `rk` posted on a QP of another PD of the owner's
+/// device, run to its completion: its (wr_id, opcode, status).
+fn local_inv_from_another_pd(s: &Setup, rk: u32) -> Vec<(u64, WcOpcode, WcStatus)> {
+    let other = s.p.a.nic.new_pd().unwrap();
+    let a2 = End::new(&other).unwrap();
+    let b2 = End::new(&s.p.b.nic).unwrap();
+    End::connect(&a2, &b2).unwrap();
+    a2.nic.post_send(a2.qp, &[SendWr::LocalInv { wr_id: 9, signaled: true, rkey: rk }]).unwrap();
+    s.p.fabric.run_until_idle();
+    statuses(&a2.poll())
+}
+
 #[test]
 fn a_local_inv_of_another_pds_window_is_a_crash_case_in_both_modes() {
     // The spec does not find a window of another PD (LOC_QP_OP_ERR, the
@@ -464,14 +476,8 @@ fn a_local_inv_of_another_pds_window_is_a_crash_case_in_both_modes() {
     for bound in [true, false] {
         let s = setup(DeviceConfig::spec());
         let rk = if bound { bind_and_send(&s) } else { s.mw.rkey };
-        let other = s.p.a.nic.new_pd().unwrap();
-        let a2 = End::new(&other).unwrap();
-        let b2 = End::new(&s.p.b.nic).unwrap();
-        End::connect(&a2, &b2).unwrap();
-        a2.nic.post_send(a2.qp, &[SendWr::LocalInv { wr_id: 9, signaled: true, rkey: rk }]).unwrap();
-        s.p.fabric.run_until_idle();
         assert_eq!(
-            statuses(&a2.poll()),
+            local_inv_from_another_pd(&s, rk),
             vec![(9, WcOpcode::LocalInv, WcStatus::LocQpOpErr)],
             "bound {bound}"
         );
@@ -483,13 +489,7 @@ fn a_local_inv_of_another_pds_window_is_a_crash_case_in_both_modes() {
     // and records it all the same (before, it recorded nothing).
     let s = setup(DeviceConfig::rxe());
     let rk = bind_and_send(&s);
-    let other = s.p.a.nic.new_pd().unwrap();
-    let a2 = End::new(&other).unwrap();
-    let b2 = End::new(&s.p.b.nic).unwrap();
-    End::connect(&a2, &b2).unwrap();
-    a2.nic.post_send(a2.qp, &[SendWr::LocalInv { wr_id: 9, signaled: true, rkey: rk }]).unwrap();
-    s.p.fabric.run_until_idle();
-    assert_eq!(statuses(&a2.poll()), vec![(9, WcOpcode::LocalInv, WcStatus::Success)], "rxe");
+    assert_eq!(local_inv_from_another_pd(&s, rk), vec![(9, WcOpcode::LocalInv, WcStatus::Success)], "rxe");
     assert_eq!(s.p.fabric.window(s.p.a.device(), s.mw.id), Some(WindowState::Invalidated { rkey: rk }));
     let crashes = s.p.fabric.would_crash_rxe();
     assert_eq!(crashes.len(), 1, "rxe: {crashes:?}");
